@@ -1,0 +1,1 @@
+"""The artefact format: write, read safely, manifest, blobs, .input, fingerprints."""

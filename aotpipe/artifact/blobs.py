@@ -1,0 +1,56 @@
+"""Content-addressed tensor storage: ``blobs/<sha256>.safetensors``, one tensor per file.
+
+A tensor used by several graphs (a weight shared by the inference, forward and joint
+graphs) is stored once: its file name is the sha256 of the file's bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from aotpipe.errors import ArtifactError
+
+BLOB_DIR = "blobs"
+_KEY = "tensor"
+
+
+def encode(t: torch.Tensor) -> tuple[str, bytes]:
+    """(sha256, safetensors bytes) of one tensor, stored contiguous."""
+    data = st_save({_KEY: t.detach().to("cpu").contiguous()})
+    return hashlib.sha256(data).hexdigest(), data
+
+
+class BlobStore:
+    """Writes and reads the blobs of one model folder."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.dir = self.root / BLOB_DIR
+
+    def put(self, t: torch.Tensor) -> str:
+        digest, data = encode(t)
+        path = self.dir / f"{digest}.safetensors"
+        if not path.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        return digest
+
+    def get(self, digest: str) -> torch.Tensor:
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise ArtifactError(f"bad blob name {digest!r}")
+        path = self.dir / f"{digest}.safetensors"
+        try:
+            data = path.read_bytes()
+        except OSError:
+            raise ArtifactError(f"{path}: blob missing") from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ArtifactError(f"{path}: contents do not match its hash (the file was changed)")
+        try:
+            return st_load(data)[_KEY]
+        except Exception as e:
+            raise ArtifactError(f"{path}: not a valid safetensors file ({e})") from None

@@ -1,0 +1,47 @@
+"""manifest.json: what a model folder holds, how it was made, and every file's sha256."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def dump_json(data: Any) -> bytes:
+    """Deterministic JSON bytes: sorted keys, fixed indent, trailing newline."""
+    return (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def versions() -> dict[str, str]:
+    from aotpipe import __version__
+
+    return {"aotpipe": __version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(model_spec: dict[str, Any], source_sha256: str | None, options: dict[str, Any]) -> str:
+    """Hash of everything that decides a model's artefact: spec, source code, options, versions."""
+    v = versions()
+    payload = {
+        "format_version": FORMAT_VERSION,
+        "model": model_spec,
+        "source_sha256": source_sha256,
+        "options": options,
+        "aotpipe": v["aotpipe"],
+        "torch": v["torch"],
+    }
+    return hashlib.sha256(dump_json(payload)).hexdigest()

@@ -1,0 +1,410 @@
+"""Capture mode `export`: torch.export (non-strict), then AOTAutograd for training graphs.
+
+- inference: ``torch.export.export`` of the model in eval mode, decomposed to core ATen.
+- joint: the model is exported again in train mode; its unlifted module, wrapped so that it
+  returns a scalar loss, goes through AOTAutograd's joint export with descriptors, which
+  names every input (parameter, buffer, user input, tangent) and output (user output,
+  mutated input, gradient). Exporting first matters: AOTAutograd on the raw model trips
+  on data-dependent code that torch.export handles (transformers' Llama).
+- forward / backward: the joint graph split by functorch's default partitioner; the split
+  is recorded as a :class:`PartitionContract`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from typing import Any, Optional
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch._decomp import core_aten_decompositions
+from torch.export.graph_signature import InputKind, OutputKind
+
+from aotpipe.capture.types import (
+    CapturedGraph,
+    CapturedGraphs,
+    GraphInput,
+    GraphOutput,
+    PartitionContract,
+    TensorMeta,
+)
+from aotpipe.errors import CaptureError
+
+_INPUT_KIND_ROLE = {
+    InputKind.PARAMETER: "param",
+    InputKind.BUFFER: "buffer",
+    InputKind.CONSTANT_TENSOR: "constant",
+    InputKind.USER_INPUT: "user",
+}
+
+
+class _SumLoss(torch.nn.Module):
+    """Wraps a module so that it returns the sum of all its floating-point outputs."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = self.model(*args, **kwargs)
+        leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if not leaves:
+            raise CaptureError("the model has no floating-point output to build a loss from")
+        loss = leaves[0].sum()
+        for t in leaves[1:]:
+            loss = loss + t.sum()
+        return loss
+
+
+def _meta_of(node: torch.fx.Node) -> Optional[TensorMeta]:
+    val = node.meta.get("val")
+    return TensorMeta.of(val) if isinstance(val, torch.Tensor) else None
+
+
+def _scalar_type(node: torch.fx.Node) -> Optional[type]:
+    val = node.meta.get("val")
+    if isinstance(val, (bool, torch.SymBool)):
+        return bool
+    if isinstance(val, (int, torch.SymInt)):
+        return int
+    if isinstance(val, (float, torch.SymFloat)):
+        return float
+    return None
+
+
+def _flat_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of `gm` whose placeholders and outputs are flat (no pytree codegen)."""
+    gm = copy.deepcopy(gm)
+    gm.graph.set_codegen(torch.fx.graph.CodeGen())
+    gm.recompile()
+    return gm
+
+
+def _observed_range(t: torch.Tensor) -> Optional[tuple[int, int]]:
+    """[min, max + 1) of an integer tensor, None for other dtypes or empty tensors."""
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.numel() == 0:
+        return None
+    return int(t.min()), int(t.max()) + 1
+
+
+def _embedding_ranges(gm: torch.fx.GraphModule) -> dict[str, tuple[int, int]]:
+    """Placeholders used as embedding indices -> [0, table size)."""
+    out: dict[str, tuple[int, int]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
+            weight, indices = node.args[0], node.args[1]
+            if isinstance(indices, torch.fx.Node) and indices.op == "placeholder":
+                rows = weight.meta["val"].shape[0]
+                out[indices.name] = (0, int(rows))
+    return out
+
+
+def _user_input_names(args: tuple, kwargs: dict, names: list[str]) -> list[str]:
+    """Names of the flattened (args, kwargs) leaves, in pytree order."""
+    by_id = {}
+    leaves_args = list(args)
+    for i, t in enumerate(leaves_args):
+        by_id[id(t)] = names[i]
+    for k, t in kwargs.items():
+        by_id[id(t)] = k
+    return [by_id.get(id(t), f"input{i}") for i, t in enumerate(pytree.tree_leaves((args, kwargs)))]
+
+
+def capture_export(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    *,
+    name: str,
+    graphs: list[str],
+    input_names: list[str],
+    int_ranges: dict[str, tuple[int, int]] | None = None,
+) -> CapturedGraphs:
+    """Trace `model` on the example inputs into the requested graph kinds."""
+    start = time.perf_counter()
+    int_ranges = dict(int_ranges or {})
+    user_names = _user_input_names(args, kwargs, input_names)
+    user_values = pytree.tree_leaves((args, kwargs))
+    for n, v in zip(user_names, user_values):
+        if n not in int_ranges and isinstance(v, torch.Tensor):
+            r = _observed_range(v)
+            if r is not None:
+                int_ranges[n] = r
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    notes: list[str] = []
+    captured: dict[str, CapturedGraph] = {}
+    contract = None
+
+    if "inference" in graphs:
+        model.eval()
+        ep = _export(model, args, kwargs, "inference")
+        captured["inference"] = _inference_graph(ep, user_names, int_ranges, state)
+        # Index ranges learnt from embeddings apply to the training graphs as well.
+        for ph_name, rng in _embedding_ranges(captured["inference"].gm).items():
+            for gi in captured["inference"].inputs:
+                if gi.name == ph_name and gi.role == "user" and gi.target is not None:
+                    int_ranges[gi.target] = rng
+
+    if {"forward", "backward", "joint"} & set(graphs):
+        model.train()
+        ep_train = _export(model, args, kwargs, "training")
+        joint, fw, bw, contract, no_grad = _training_graphs(ep_train, args, kwargs, user_names, int_ranges, state)
+        if no_grad:
+            notes.append(f"{len(no_grad)} parameter(s) get no gradient: {', '.join(no_grad[:8])}"
+                         + (" ..." if len(no_grad) > 8 else ""))
+        for kind, g in (("joint", joint), ("forward", fw), ("backward", bw)):
+            if kind in graphs:
+                captured[kind] = g
+        model.eval()
+
+    ordered = {k: captured[k] for k in ("inference", "forward", "backward", "joint") if k in captured}
+    return CapturedGraphs(
+        model=name,
+        mode="export",
+        graphs=ordered,
+        contract=contract if {"forward", "backward"} & set(ordered) else None,
+        seconds=time.perf_counter() - start,
+        options={"strict": False, "decompositions": "core_aten", "partitioner": "default_partition", "loss": "sum"},
+        notes=notes,
+    )
+
+
+def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str) -> torch.export.ExportedProgram:
+    try:
+        return torch.export.export(model, args, kwargs, strict=False)
+    except Exception as e:
+        raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)
+
+
+def _inference_graph(
+    ep: torch.export.ExportedProgram,
+    user_names: list[str],
+    int_ranges: dict[str, tuple[int, int]],
+    state: dict[str, torch.Tensor],
+) -> CapturedGraph:
+    try:
+        ep = ep.run_decompositions(core_aten_decompositions())
+    except Exception as e:
+        raise CaptureError(f"decomposing the inference graph failed: {e.__class__.__name__}: {_first_line(e)}") from e
+    gm = _flat_graph(ep.graph_module)
+    sig = ep.graph_signature
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    emb = _embedding_ranges(gm)
+    inputs = []
+    user_i = 0
+    for node, spec in zip(placeholders, sig.input_specs):
+        role = _INPUT_KIND_ROLE.get(spec.kind, "other")
+        if role == "user":
+            target = user_names[user_i] if user_i < len(user_names) else node.name
+            user_i += 1
+        else:
+            target = spec.target
+        meta = _meta_of(node)
+        rng = None
+        if meta is not None and not meta.dtype.is_floating_point and meta.dtype != torch.bool:
+            if node.name in emb:
+                rng = emb[node.name]
+            elif role == "user":
+                rng = int_ranges.get(target)
+            elif target in state:
+                rng = _observed_range(state[target])
+            elif role == "constant" and target in ep.constants:
+                rng = _observed_range(ep.constants[target])
+        inputs.append(GraphInput(node.name, role, target, meta, _scalar_type(node) if meta is None else None, rng))
+
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_args = pytree.tree_leaves(out_node.args[0], is_leaf=lambda x: x is None)
+    outputs = []
+    for i, (arg, spec) in enumerate(zip(out_args, sig.output_specs)):
+        meta = _meta_of(arg) if isinstance(arg, torch.fx.Node) else None
+        if spec.kind == OutputKind.USER_OUTPUT:
+            outputs.append(GraphOutput(i, "user", None, meta))
+        elif spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION, OutputKind.PARAMETER_MUTATION):
+            outputs.append(GraphOutput(i, "mutation", spec.target, meta))
+        else:
+            outputs.append(GraphOutput(i, spec.kind.name.lower(), spec.target, meta))
+    return CapturedGraph("inference", gm, inputs, outputs)
+
+
+def _lift_constants_to_buffers(gm: torch.fx.GraphModule) -> set[str]:
+    """Register plain tensor attributes as non-persistent buffers; returns their names.
+
+    AOTAutograd fakeifies parameters and buffers only; a plain tensor attribute (a lifted
+    constant after torch.export) would meet fake tensors as a real one and fail.
+    """
+    known = set(dict(gm.named_parameters())) | set(dict(gm.named_buffers()))
+    lifted = set()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target not in known and node.target not in lifted:
+            owner_path, _, attr = node.target.rpartition(".")
+            owner = gm.get_submodule(owner_path) if owner_path else gm
+            value = getattr(owner, attr)
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                delattr(owner, attr)
+                owner.register_buffer(attr, value, persistent=False)
+                lifted.add(node.target)
+    return lifted
+
+
+def _desc_target(desc: Any) -> tuple[str, Optional[str]]:
+    """(role, target) of an AOTAutograd input descriptor."""
+    cls = type(desc).__name__
+    if cls == "ParamAOTInput":
+        return "param", desc.target
+    if cls == "BufferAOTInput":
+        return "buffer", desc.target
+    if cls == "PlainAOTInput":
+        return "user", str(desc.idx)
+    if cls == "TangentAOTInput":
+        return "tangent", f"output[{getattr(desc.output, 'idx', '?')}]"
+    return "other", repr(desc)
+
+
+_WRAPPER_PREFIX = "model."
+
+
+def _strip(target: Optional[str]) -> Optional[str]:
+    return target[len(_WRAPPER_PREFIX):] if target and target.startswith(_WRAPPER_PREFIX) else target
+
+
+def _training_graphs(
+    ep: torch.export.ExportedProgram,
+    args: tuple,
+    kwargs: dict,
+    user_names: list[str],
+    int_ranges: dict[str, tuple[int, int]],
+    state: dict[str, torch.Tensor],
+) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
+    from torch._functorch.aot_autograd import (
+        aot_compile_joint_with_descriptors,
+        aot_export_joint_with_descriptors,
+    )
+    from torch._functorch.partitioners import default_partition
+
+    module = ep.module()
+    constants = _lift_constants_to_buffers(module)
+    loss_module = _SumLoss(module)
+    parts: dict[str, Any] = {}
+
+    def partition(joint_module, joint_inputs, *, num_fwd_outputs, **kw):
+        fw, bw = default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
+        parts.update(fw=fw, bw=bw, num_fwd_outputs=num_fwd_outputs)
+        return fw, bw
+
+    try:
+        with contextlib.ExitStack() as stack:
+            jd = aot_export_joint_with_descriptors(stack, loss_module, args, kwargs, decompositions=core_aten_decompositions())
+            joint_gm = _flat_graph(jd.graph_module)
+            aot_compile_joint_with_descriptors(jd, partition_fn=partition)
+    except CaptureError:
+        raise
+    except Exception as e:
+        raise CaptureError(f"AOTAutograd joint capture failed: {e.__class__.__name__}: {_first_line(e)}") from e
+
+    # Inputs: the joint's placeholders carry descriptors; forward placeholders share names.
+    ph_info: dict[str, GraphInput] = {}
+    primals, tangents = [], []
+    for node in joint_gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        role, target = _desc_target(node.meta.get("desc"))
+        if role == "user":
+            target = user_names[int(target)] if int(target) < len(user_names) else target
+        elif role in ("param", "buffer"):
+            target = _strip(target)
+            if role == "buffer" and _WRAPPER_PREFIX + target in constants:
+                role = "constant"
+        meta = _meta_of(node)
+        rng = None
+        if meta is not None and not meta.dtype.is_floating_point and meta.dtype != torch.bool:
+            rng = int_ranges.get(target) if role == "user" else (
+                _observed_range(state[target]) if target in state else None)
+        if meta is not None and role == "param":
+            meta = TensorMeta(meta.shape, meta.stride, meta.dtype, meta.device, meta.storage_offset, True)
+        gi = GraphInput(node.name, role, target, meta, _scalar_type(node) if meta is None else None, rng)
+        ph_info[node.name] = gi
+        (tangents if role == "tangent" else primals).append(gi)
+
+    joint_out = next(n for n in joint_gm.graph.nodes if n.op == "output")
+    joint_out_args = list(joint_out.args[0])
+    descs = list(joint_out.meta.get("desc", [None] * len(joint_out_args)))
+    joint_outputs = []
+    for i, (arg, desc) in enumerate(zip(joint_out_args, descs)):
+        joint_outputs.append(_output_from_desc(i, arg, desc))
+
+    nfo = parts["num_fwd_outputs"]
+    fw_gm = _flat_graph(parts["fw"])
+    bw_gm = _flat_graph(parts["bw"])
+
+    fw_inputs = [ph_info[n.name] for n in fw_gm.graph.nodes if n.op == "placeholder"]
+    fw_out_node = next(n for n in fw_gm.graph.nodes if n.op == "output")
+    fw_out_args = list(fw_out_node.args[0])
+    fw_outputs = []
+    saved_names = []
+    for i, arg in enumerate(fw_out_args):
+        if i < nfo:
+            j = joint_outputs[i]
+            fw_outputs.append(GraphOutput(i, j.role, j.target, _meta_of(arg) if isinstance(arg, torch.fx.Node) else None))
+        else:
+            saved_names.append(arg.name if isinstance(arg, torch.fx.Node) else str(arg))
+            fw_outputs.append(GraphOutput(i, "saved", None, _meta_of(arg) if isinstance(arg, torch.fx.Node) else None))
+
+    bw_inputs = []
+    bw_placeholders = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
+    num_saved = len(fw_out_args) - nfo
+    for k, node in enumerate(bw_placeholders):
+        if node.name in ph_info and ph_info[node.name].role == "tangent":
+            bw_inputs.append(ph_info[node.name])
+        else:
+            meta = _meta_of(node)
+            bw_inputs.append(GraphInput(node.name, "saved" if meta is not None else "symint",
+                                        f"forward_output[{nfo + k}]", meta,
+                                        _scalar_type(node) if meta is None else None))
+    bw_out_node = next(n for n in bw_gm.graph.nodes if n.op == "output")
+    bw_out_args = list(bw_out_node.args[0])
+    bw_outputs = []
+    grad_of: list[Optional[str]] = []
+    for i, arg in enumerate(bw_out_args):
+        j = joint_outputs[nfo + i] if nfo + i < len(joint_outputs) else None
+        target = j.target if j is not None and j.role == "grad" else None
+        meta = _meta_of(arg) if isinstance(arg, torch.fx.Node) else None
+        bw_outputs.append(GraphOutput(i, "grad" if arg is not None else "none", target, meta))
+        grad_of.append(target if arg is not None else None)
+
+    no_grad = [j.target for j in joint_outputs if j.role == "none" and j.target]
+    saved_symints = sum(1 for gi in bw_inputs if gi.role == "symint")
+    mutated = tuple(o.target for o in fw_outputs if o.role == "mutation")
+    contract = PartitionContract(
+        num_mutated_inputs=len(mutated),
+        num_user_outputs=sum(1 for o in fw_outputs if o.role == "user"),
+        num_saved_tensors=num_saved - saved_symints,
+        num_saved_symints=saved_symints,
+        num_tangents=sum(1 for gi in bw_inputs if gi.role == "tangent"),
+        mutated_inputs=mutated,
+        grad_of=tuple(grad_of),
+    )
+    joint = CapturedGraph("joint", joint_gm, primals + tangents, joint_outputs, (len(primals), len(tangents)))
+    fw = CapturedGraph("forward", fw_gm, fw_inputs, fw_outputs)
+    bw = CapturedGraph("backward", bw_gm, bw_inputs, bw_outputs)
+    return joint, fw, bw, contract, no_grad
+
+
+def _output_from_desc(i: int, arg: Any, desc: Any) -> GraphOutput:
+    cls = type(desc).__name__
+    meta = _meta_of(arg) if isinstance(arg, torch.fx.Node) else None
+    if cls == "PlainAOTOutput":
+        return GraphOutput(i, "user", f"output[{desc.idx}]", meta)
+    if cls == "InputMutationAOTOutput":
+        return GraphOutput(i, "mutation", _strip(_desc_target(desc.mutated_input)[1]), meta)
+    if cls == "GradAOTOutput":
+        role, target = _desc_target(desc.grad_of)
+        return GraphOutput(i, "grad" if arg is not None else "none", _strip(target), meta)
+    return GraphOutput(i, "none" if arg is None else "other", None, meta)

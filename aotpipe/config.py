@@ -1,0 +1,436 @@
+"""Pipeline YAML -> typed :class:`Pipeline`, with every error reported at once as file:line.
+
+The YAML is parsed once here. The rest of aotpipe sees only :class:`Pipeline` and
+:class:`ModelSpec`, never raw dicts: defaults are resolved into each model, dtypes are
+checked, sources are checked to import.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from aotpipe.errors import ConfigError, Problem
+
+SCHEMA_VERSION = 1
+
+GraphKind = Literal["inference", "forward", "backward", "joint"]
+GRAPH_KINDS: tuple[str, ...] = get_args(GraphKind)
+
+# Names accepted for `dtype:`; values are torch dtype attribute names.
+DTYPES: dict[str, str] = {
+    "float32": "float32",
+    "float": "float32",
+    "float64": "float64",
+    "double": "float64",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "int64": "int64",
+    "long": "int64",
+    "int32": "int32",
+    "int": "int32",
+    "int16": "int16",
+    "int8": "int8",
+    "uint8": "uint8",
+    "bool": "bool",
+}
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class InputSpec(_Strict):
+    """One example input of a model: a tensor made from a seeded generator."""
+
+    name: Optional[str] = Field(None, description="keyword argument name; positional when absent")
+    shape: list[int] = Field(description="tensor shape, e.g. [8, 3, 32, 32]")
+    dtype: str = Field("float32", description="one of: " + ", ".join(DTYPES))
+    low: Optional[Union[int, float]] = Field(
+        None, description="lowest value (inclusive); integers default to 0, floats are N(0, 1) when unset"
+    )
+    high: Optional[Union[int, float]] = Field(
+        None, description="highest value (exclusive); integers default to 2"
+    )
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str) -> str:
+        if v not in DTYPES:
+            raise ValueError(f"unknown dtype {v!r}; use one of: {', '.join(DTYPES)}")
+        return DTYPES[v]
+
+    @field_validator("shape")
+    @classmethod
+    def _non_negative(cls, v: list[int]) -> list[int]:
+        if any(d < 0 for d in v):
+            raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
+        return v
+
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype in ("int64", "int32", "int16", "int8", "uint8")
+
+
+class ExecutorSpec(_Strict):
+    """How models are scheduled. Only `local` (in-process, one after another) exists yet."""
+
+    kind: Literal["local"] = Field("local", description="local (process and ray come later)")
+    workers: int = Field(1, ge=1, description="parallel workers (local runs one at a time)")
+    timeout_s: Optional[float] = Field(None, gt=0, description="per-model time limit (not enforced by local)")
+
+
+class Defaults(_Strict):
+    """Settings every model inherits and may override."""
+
+    mode: Literal["export"] = Field("export", description="capture mode (dynamo and meta come later)")
+    graphs: list[GraphKind] = Field(list(GRAPH_KINDS), description="graph kinds to save")
+    passes: list[str] = Field([], description="passes applied to inference graphs")
+    save_inputs: bool = Field(True, description="save example inputs and reference outputs")
+    verify: bool = Field(True, description="replay each graph after writing it")
+    loss: Literal["sum"] = Field("sum", description="training loss: sum of all floating-point outputs")
+
+
+class ModelEntry(_Strict):
+    """One model as written in the YAML; unset fields inherit from `defaults`."""
+
+    name: str = Field(description="unique name; becomes the artefact folder name")
+    source: str = Field(description="'module:callable', 'aotpipe.zoo:<name>' or 'hf:<ClassName>'")
+    args: dict[str, Any] = Field({}, description="keyword arguments for a module:callable source")
+    config: Optional[dict[str, Any]] = Field(None, description="transformers config fields for an hf: source")
+    inputs: list[InputSpec] = Field(description="example inputs")
+    mode: Optional[Literal["export"]] = None
+    graphs: Optional[list[GraphKind]] = None
+    passes: Optional[list[str]] = None
+    save_inputs: Optional[bool] = None
+    verify: Optional[bool] = None
+    loss: Optional[Literal["sum"]] = None
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(
+                f"model name {v!r} is not a safe folder name; use letters, digits, '_', '.', '-'"
+            )
+        return v
+
+    @field_validator("source")
+    @classmethod
+    def _source_form(cls, v: str) -> str:
+        if v.startswith("hf:"):
+            if not v[3:].isidentifier():
+                raise ValueError(f"source {v!r}: after 'hf:' put a transformers class name, e.g. hf:BertModel")
+            return v
+        module, sep, attr = v.partition(":")
+        if not sep or not module or not attr:
+            raise ValueError(
+                f"source {v!r} is not 'module:callable' (e.g. aotpipe.zoo:mlp) or 'hf:<ClassName>'"
+            )
+        return v
+
+
+class PipelineFile(_Strict):
+    """The pipeline YAML, schema version 1, exactly as written."""
+
+    version: Literal[1] = Field(description="schema version; this aotpipe reads 1")
+    name: str = Field(description="pipeline name; artefacts go in <output>/<name>/")
+    output: str = Field("artifacts", description="output folder, relative to the working directory")
+    seed: int = Field(0, description="seed for weights and example inputs")
+    executor: ExecutorSpec = ExecutorSpec()
+    defaults: Defaults = Defaults()
+    models: list[ModelEntry] = Field(min_length=1, description="the models to capture")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"pipeline name {v!r} is not a safe folder name; use letters, digits, '_', '.', '-'")
+        return v
+
+
+class ModelSpec(_Strict):
+    """One model with every default resolved: what capture and the fingerprint see."""
+
+    name: str
+    source: str
+    args: dict[str, Any]
+    config: Optional[dict[str, Any]]
+    inputs: list[InputSpec]
+    mode: Literal["export"]
+    graphs: list[GraphKind]
+    passes: list[str]
+    save_inputs: bool
+    verify: bool
+    loss: Literal["sum"]
+    seed: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as plain JSON data (for manifests)."""
+        return json.loads(self.model_dump_json())
+
+
+class Pipeline(_Strict):
+    """A validated pipeline: what `aotpipe run` executes."""
+
+    name: str
+    path: str
+    output: str
+    seed: int
+    executor: ExecutorSpec
+    models: list[ModelSpec]
+
+
+# ---------------------------------------------------------------------------------------
+# YAML with line numbers
+
+
+def _compose_with_lines(text: str) -> tuple[Any, dict[tuple, int]]:
+    """Parse YAML into plain data plus a map from field path to 1-based line number."""
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines: dict[tuple, int] = {}
+    if node is None:
+        return None, lines
+    constructor = yaml.SafeLoader("")
+
+    def walk(n: yaml.Node, path: tuple) -> Any:
+        lines.setdefault(path, n.start_mark.line + 1)
+        if isinstance(n, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for k, v in n.value:
+                key = constructor.construct_object(k, deep=True)
+                if isinstance(key, (list, dict)):
+                    key = str(key)
+                lines[path + (key,)] = k.start_mark.line + 1
+                out[key] = walk(v, path + (key,))
+                lines[path + (key,)] = k.start_mark.line + 1
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [walk(v, path + (i,)) for i, v in enumerate(n.value)]
+        return constructor.construct_object(n, deep=True)
+
+    return walk(node, ()), lines
+
+
+def _line_for(lines: dict[tuple, int], loc: tuple) -> int | None:
+    for i in range(len(loc), -1, -1):
+        if loc[:i] in lines:
+            return lines[loc[:i]]
+    return None
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names accepted at `loc` (a pydantic error location), for hints."""
+    t: Any = model
+    for part in loc:
+        while get_origin(t) in (Union, Optional) or str(get_origin(t)) == "types.UnionType":
+            args = [a for a in get_args(t) if a is not type(None)]
+            t = args[0]
+        if isinstance(part, int):
+            args = get_args(t)
+            t = args[0] if args else Any
+        elif isinstance(t, type) and issubclass(t, BaseModel) and part in t.model_fields:
+            t = t.model_fields[part].annotation
+        else:
+            return []
+    while get_origin(t) in (Union, Optional) or str(get_origin(t)) == "types.UnionType":
+        t = [a for a in get_args(t) if a is not type(None)][0]
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        return list(t.model_fields)
+    return []
+
+
+def _field_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _problem_from_pydantic(path: str, lines: dict[tuple, int], data: Any, err: dict) -> Problem:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS)))
+    kind = err["type"]
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if kind == "extra_forbidden":
+        valid = _fields_at(PipelineFile, loc[:-1])
+        msg = f"unknown key {loc[-1]!r}" + (f"; valid keys here: {', '.join(valid)}" if valid else "")
+    elif kind == "missing":
+        msg = f"missing required field {loc[-1]!r}; add it"
+        if loc[-1] == "source":
+            msg += " (e.g. source: aotpipe.zoo:mlp)"
+    elif kind == "literal_error" and loc == ("version",):
+        msg = f"schema version {err.get('input')!r} is not one this aotpipe reads; set version: 1"
+    elif "input" in err and kind not in ("value_error",) and not isinstance(err["input"], (dict, list)):
+        msg = f"{msg} (got {err['input']!r})"
+    # A missing mapping key has no line of its own: point at its parent.
+    return Problem(path, _line_for(lines, loc), _field_path(loc), msg)
+
+
+_TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "function-after", "literal"}
+
+
+def _check_duplicates(path: str, lines: dict[tuple, int], data: Any) -> list[Problem]:
+    problems = []
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, list):
+        return problems
+    seen: dict[str, int] = {}
+    for i, m in enumerate(models):
+        if isinstance(m, dict) and isinstance(m.get("name"), str):
+            name = m["name"]
+            line = lines.get(("models", i, "name"))
+            if name in seen:
+                problems.append(
+                    Problem(
+                        path, line, f"models[{i}].name",
+                        f"duplicate model name {name!r} (first at line {seen[name]}); names must be unique",
+                    )
+                )
+            else:
+                seen[name] = line or 0
+    return problems
+
+
+def load_pipeline(path: str | Path, *, check_sources: bool = True) -> Pipeline:
+    """Read and validate a pipeline YAML; raise ConfigError listing every problem found."""
+    p = Path(path)
+    shown = str(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([Problem(shown, None, "", "no such file; check the path")]) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise ConfigError([Problem(shown, None, "", f"cannot read the file ({e.__class__.__name__}: {e})")]) from None
+    return parse_pipeline(text, shown, base_dir=p.resolve().parent, check_sources=check_sources)
+
+
+def parse_pipeline(
+    text: str, path: str = "<string>", *, base_dir: Path | None = None, check_sources: bool = True
+) -> Pipeline:
+    """Validate pipeline YAML text; `path` only names the file in error messages."""
+    try:
+        data, lines = _compose_with_lines(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError([Problem(path, line, "", f"malformed YAML: {problem}; fix the syntax")]) from None
+    except (ValueError, TypeError, RecursionError) as e:
+        raise ConfigError([Problem(path, None, "", f"malformed YAML: {e}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [Problem(path, 1, "", "a pipeline must be a mapping with version, name and models; see `aotpipe schema`")]
+        )
+
+    problems: list[Problem] = []
+    parsed: PipelineFile | None = None
+    try:
+        parsed = PipelineFile.model_validate(data)
+    except ValidationError as e:
+        problems.extend(_problem_from_pydantic(path, lines, data, err) for err in e.errors())
+    problems.extend(_check_duplicates(path, lines, data))
+
+    if check_sources:
+        from aotpipe.sources import check_source
+
+        models = data.get("models") if isinstance(data.get("models"), list) else []
+        for i, m in enumerate(models):
+            if not isinstance(m, dict) or not isinstance(m.get("source"), str):
+                continue
+            try:
+                ModelEntry._source_form(m["source"])  # malformed ones are reported by pydantic
+            except ValueError:
+                continue
+            msg = check_source(m["source"], base_dir=base_dir)
+            if msg:
+                problems.append(Problem(path, lines.get(("models", i, "source")), f"models[{i}].source", msg))
+
+    problems.extend(_check_field_combinations(path, lines, data))
+    if problems:
+        problems.sort(key=lambda p: (p.line or 0, p.field))
+        raise ConfigError(problems)
+    assert parsed is not None
+    return _resolve(parsed, path)
+
+
+def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) -> list[Problem]:
+    problems = []
+    models = data.get("models") if isinstance(data.get("models"), list) else []
+    defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
+    for i, m in enumerate(models):
+        if not isinstance(m, dict) or not isinstance(m.get("source"), str):
+            continue
+        is_hf = m["source"].startswith("hf:")
+        if m.get("config") is not None and not is_hf:
+            problems.append(
+                Problem(path, lines.get(("models", i, "config")), f"models[{i}].config",
+                        "config is only for hf: sources; pass constructor arguments with args")
+            )
+        if m.get("args") and is_hf:
+            problems.append(
+                Problem(path, lines.get(("models", i, "args")), f"models[{i}].args",
+                        "hf: sources are built from config; move these fields under config")
+            )
+        inputs = m.get("inputs") if isinstance(m.get("inputs"), list) else []
+        named = False
+        for j, inp in enumerate(inputs):
+            if isinstance(inp, dict) and inp.get("name") is not None:
+                named = True
+            elif named:
+                problems.append(
+                    Problem(path, lines.get(("models", i, "inputs", j)), f"models[{i}].inputs[{j}]",
+                            "a positional input (no name) follows a named one; put positional inputs first")
+                )
+    from aotpipe.passes import check_pass_names
+
+    for loc, passes in [(("defaults", "passes"), defaults.get("passes"))] + [
+        (("models", i, "passes"), m.get("passes")) for i, m in enumerate(models) if isinstance(m, dict)
+    ]:
+        if isinstance(passes, list):
+            for j, name in enumerate(passes):
+                msg = check_pass_names(name)
+                if msg:
+                    problems.append(Problem(path, _line_for(lines, loc + (j,)), _field_path(loc + (j,)), msg))
+    return problems
+
+
+def _resolve(f: PipelineFile, path: str) -> Pipeline:
+    d = f.defaults
+    models = []
+    for m in f.models:
+        pick = lambda name: getattr(m, name) if getattr(m, name) is not None else getattr(d, name)  # noqa: E731
+        models.append(
+            ModelSpec(
+                name=m.name,
+                source=m.source,
+                args=m.args,
+                config=m.config,
+                inputs=m.inputs,
+                mode=pick("mode"),
+                graphs=pick("graphs"),
+                passes=pick("passes"),
+                save_inputs=pick("save_inputs"),
+                verify=pick("verify"),
+                loss=pick("loss"),
+                seed=f.seed,
+            )
+        )
+    return Pipeline(name=f.name, path=path, output=f.output, seed=f.seed, executor=f.executor, models=models)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the pipeline YAML, for editors."""
+    schema = PipelineFile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "aotpipe pipeline (schema version 1)"
+    return schema

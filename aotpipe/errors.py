@@ -1,0 +1,57 @@
+"""User errors: problems with what the user gave us, as opposed to bugs in aotpipe.
+
+The CLI prints an :class:`AotpipeError` as one line per problem and exits 2; anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class AotpipeError(Exception):
+    """Base class of every error caused by the user's input."""
+
+    exit_code = 2
+
+    def lines(self) -> list[str]:
+        """The messages to print, one per problem."""
+        return [str(self)]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem in a config file: where it is, which field, and what would fix it."""
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        place = f"{self.file}:{self.line}" if self.line is not None else self.file
+        field = f" {self.field}:" if self.field else ""
+        return f"{place}:{field} {self.message}"
+
+
+class ConfigError(AotpipeError):
+    """A pipeline file is wrong; carries every problem found, not just the first."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+    def lines(self) -> list[str]:
+        return [str(p) for p in self.problems]
+
+
+class SourceError(AotpipeError):
+    """A model source could not be imported or built."""
+
+
+class CaptureError(AotpipeError):
+    """A model could not be traced into graphs."""
+
+
+class ArtifactError(AotpipeError):
+    """An artefact on disk is missing, malformed, of an unknown version, or unsafe."""

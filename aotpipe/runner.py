@@ -1,0 +1,143 @@
+"""One job per model (source -> capture -> write), and a whole pipeline over an executor."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from aotpipe.config import ModelSpec, Pipeline
+from aotpipe.errors import AotpipeError
+
+
+@dataclass
+class GraphResult:
+    kind: str
+    folder: str
+    nodes: int
+    inputs: int
+    outputs: int
+
+
+@dataclass
+class ModelResult:
+    """What happened to one model; `status` is ok or failed."""
+
+    name: str
+    status: str
+    stage: Optional[str] = None  # where it failed: source | capture | write
+    error: Optional[str] = None
+    graphs: list[GraphResult] = field(default_factory=list)
+    capture_seconds: float = 0.0
+    write_seconds: float = 0.0
+    total_seconds: float = 0.0
+    bytes: int = 0
+    files: int = 0
+    notes: list[str] = field(default_factory=list)
+    traceback: Optional[str] = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("traceback")
+        return d
+
+
+def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None) -> ModelResult:
+    """Build, capture and write one model; never raises for a model's own failure."""
+    from aotpipe.artifact.manifest import file_sha256, fingerprint
+    from aotpipe.artifact.writer import write_model
+    from aotpipe.capture import capture_export
+    from aotpipe.sources import build_model, make_example_inputs, source_file
+
+    start = time.perf_counter()
+    result = ModelResult(name=spec.name, status="failed")
+    stage = "source"
+    try:
+        model = build_model(spec, base_dir)
+        args, kwargs = make_example_inputs(spec)
+        names = [inp.name or f"arg{i}" for i, inp in enumerate(spec.inputs)]
+        ranges = {
+            (inp.name or f"arg{i}"): (int(inp.low or 0), int(inp.high if inp.high is not None else 2))
+            for i, inp in enumerate(spec.inputs)
+            if inp.is_integer
+        }
+        stage = "capture"
+        captured = capture_export(
+            model, args, kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names, int_ranges=ranges
+        )
+        result.capture_seconds = captured.seconds
+        result.notes = list(captured.notes)
+        stage = "write"
+        t0 = time.perf_counter()
+        src = source_file(spec, base_dir)
+        src_hash = file_sha256(src) if src is not None and src.is_file() else None
+        record = spec.to_json()
+        written = write_model(
+            out_dir,
+            captured,
+            model_record=record,
+            fingerprint=fingerprint(record, src_hash, captured.options),
+        )
+        result.write_seconds = time.perf_counter() - t0
+        result.graphs = [GraphResult(g.kind, g.folder, g.nodes, g.num_inputs, g.num_outputs) for g in written.graphs]
+        result.bytes = written.bytes
+        result.files = written.files
+        result.status = "ok"
+    except AotpipeError as e:
+        result.stage, result.error = stage, str(e)
+        result.traceback = traceback.format_exc()
+    except Exception as e:  # a model's own code (or torch) failed: record it, go on
+        result.stage, result.error = stage, f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        result.traceback = traceback.format_exc()
+    result.total_seconds = time.perf_counter() - start
+    return result
+
+
+@dataclass
+class RunResult:
+    pipeline: str
+    output: Path
+    models: list[ModelResult]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(m.status == "ok" for m in self.models)
+
+
+def select_models(pipeline: Pipeline, only: tuple[str, ...] | list[str] | None) -> list[ModelSpec]:
+    """The models to run: all, or those named by --only (an unknown name is a user error)."""
+    from aotpipe.errors import AotpipeError as _E
+
+    if not only:
+        return list(pipeline.models)
+    names = {m.name for m in pipeline.models}
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise _E(f"--only: no model named {', '.join(map(repr, unknown))} in {pipeline.path}; "
+                 f"models: {', '.join(sorted(names))}")
+    return [m for m in pipeline.models if m.name in set(only)]
+
+
+def run_pipeline(
+    pipeline: Pipeline,
+    *,
+    output: str | Path | None = None,
+    only: tuple[str, ...] | list[str] | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Run every selected model of `pipeline`; write run.json and report.md beside them."""
+    from aotpipe.executors import run_local
+    from aotpipe.report import write_reports
+
+    start = time.perf_counter()
+    out_root = Path(output if output is not None else pipeline.output) / pipeline.name
+    out_root.mkdir(parents=True, exist_ok=True)
+    base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
+    specs = select_models(pipeline, only)
+    results = run_local(specs, out_root, base_dir, progress=progress)
+    run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start)
+    write_reports(run, pipeline)
+    return run

@@ -1,0 +1,156 @@
+"""Model sources: build the nn.Module and its example inputs from a ModelSpec.
+
+Three forms of `source:`
+- ``module:callable``: import `module`, call `callable(**args)`, which returns an nn.Module;
+- ``aotpipe.zoo:<name>``: the same, for the builtin zoo;
+- ``hf:<ClassName>``: a transformers class built from ``config:`` with random weights
+  (no hub access).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from aotpipe.config import InputSpec, ModelSpec
+from aotpipe.errors import SourceError
+
+
+@contextlib.contextmanager
+def _import_path(base_dir: Path | None) -> Iterator[None]:
+    """Let `module:callable` sources import modules that sit beside the pipeline file."""
+    extra = [str(p) for p in (base_dir, Path.cwd()) if p is not None and str(p) not in sys.path]
+    sys.path[:0] = extra
+    try:
+        yield
+    finally:
+        for p in extra:
+            if p in sys.path:
+                sys.path.remove(p)
+
+
+def _resolve_callable(source: str, base_dir: Path | None) -> Any:
+    module_name, _, attr = source.partition(":")
+    with _import_path(base_dir):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise SourceError(
+                f"cannot import module {module_name!r} ({e}); check the module path, or install it"
+            ) from None
+        except Exception as e:  # the user's module raised while importing
+            raise SourceError(f"importing {module_name!r} raised {e.__class__.__name__}: {e}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
+            hint = f"; it has: {', '.join(names[:20])}" if names else ""
+            raise SourceError(f"module {module_name!r} has no attribute {attr!r}{hint}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise SourceError(f"{source!r} is not callable; point at a function or class returning an nn.Module")
+    return obj
+
+
+def _resolve_hf(source: str) -> Any:
+    cls_name = source[3:]
+    try:
+        import transformers
+    except ImportError:
+        raise SourceError(
+            f"{source!r} needs transformers; install the extra: pip install 'aotpipe[hf]' -c constraints.txt"
+        ) from None
+    cls = getattr(transformers, cls_name, None)
+    if cls is None or not inspect.isclass(cls) or not hasattr(cls, "config_class"):
+        raise SourceError(
+            f"transformers has no model class {cls_name!r}; use a class such as BertModel or LlamaForCausalLM"
+        )
+    return cls
+
+
+def check_source(source: str, base_dir: Path | None = None) -> str | None:
+    """None if the source resolves, else a message saying what is wrong and how to fix it."""
+    try:
+        if source.startswith("hf:"):
+            _resolve_hf(source)
+        else:
+            _resolve_callable(source, base_dir)
+    except SourceError as e:
+        return str(e)
+    return None
+
+
+def derived_seed(seed: int, *parts: str) -> int:
+    """A 63-bit seed from the pipeline seed and names: stable across processes and machines."""
+    digest = hashlib.sha256(":".join([str(seed), *parts]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Module:
+    """Build the model with weights from a seed derived from the pipeline seed and its name."""
+    torch.manual_seed(derived_seed(spec.seed, spec.name, "weights"))
+    if spec.source.startswith("hf:"):
+        cls = _resolve_hf(spec.source)
+        try:
+            config = cls.config_class(**(spec.config or {}))
+            model = cls(config)
+        except Exception as e:
+            raise SourceError(f"building {spec.source} from its config failed: {e.__class__.__name__}: {e}") from e
+    else:
+        fn = _resolve_callable(spec.source, base_dir)
+        try:
+            model = fn(**spec.args)
+        except TypeError as e:
+            raise SourceError(f"calling {spec.source}(**args) failed: {e}; check args") from e
+    if not isinstance(model, torch.nn.Module):
+        raise SourceError(f"{spec.source} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def source_file(spec: ModelSpec, base_dir: Path | None = None) -> Path | None:
+    """The file that defines the model's code, for the fingerprint; None if unknown."""
+    try:
+        obj = _resolve_hf(spec.source) if spec.source.startswith("hf:") else _resolve_callable(spec.source, base_dir)
+        f = inspect.getsourcefile(obj)
+    except (SourceError, TypeError):
+        return None
+    return Path(f) if f else None
+
+
+def make_input(spec: InputSpec, generator: torch.Generator) -> torch.Tensor:
+    """One example input tensor, drawn from `generator`."""
+    dtype = getattr(torch, spec.dtype)
+    shape = tuple(spec.shape)
+    if spec.dtype == "bool":
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if spec.is_integer:
+        low = int(spec.low) if spec.low is not None else 0
+        high = int(spec.high) if spec.high is not None else 2
+        return torch.randint(low, high, shape, generator=generator, dtype=torch.int64).to(dtype)
+    if spec.low is not None or spec.high is not None:
+        low = float(spec.low if spec.low is not None else 0.0)
+        high = float(spec.high if spec.high is not None else 1.0)
+        return (torch.rand(shape, generator=generator, dtype=torch.float32) * (high - low) + low).to(dtype)
+    return torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype)
+
+
+def make_example_inputs(spec: ModelSpec) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """Positional and keyword example inputs, the same for the same seed on any machine."""
+    g = torch.Generator().manual_seed(derived_seed(spec.seed, spec.name, "inputs"))
+    args, kwargs = [], {}
+    for inp in spec.inputs:
+        t = make_input(inp, g)
+        if inp.name is None:
+            if kwargs:
+                raise SourceError(f"model {spec.name!r}: positional inputs must come before named ones")
+            args.append(t)
+        else:
+            kwargs[inp.name] = t
+    return tuple(args), kwargs
