@@ -255,8 +255,33 @@ def _field_path(loc: tuple) -> str:
     return out
 
 
+def _data_loc(data: Any, loc: tuple, kind: str) -> tuple:
+    """The part of a pydantic error location that indexes the YAML data.
+
+    Pydantic adds union-member tags ('int', 'float', 'function-after[...]') to locations;
+    they are dropped by following the location through the data itself, so a user key
+    that happens to be called 'int' is kept.
+    """
+    out: list = []
+    node = data
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and kind == "missing" and i == len(loc) - 1:
+            out.append(part)
+        elif isinstance(node, dict) or isinstance(node, list):
+            continue  # a tag between two data levels
+        else:
+            break  # below a scalar: only tags remain
+    return tuple(out)
+
+
 def _problem_from_pydantic(path: str, lines: dict[tuple, int], data: Any, err: dict) -> Problem:
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS)))
+    loc = _data_loc(data, tuple(err["loc"]), err["type"])
     kind = err["type"]
     msg = err["msg"]
     if msg.startswith("Value error, "):
@@ -274,9 +299,6 @@ def _problem_from_pydantic(path: str, lines: dict[tuple, int], data: Any, err: d
         msg = f"{msg} (got {err['input']!r})"
     # A missing mapping key has no line of its own: point at its parent.
     return Problem(path, _line_for(lines, loc), _field_path(loc), msg)
-
-
-_TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "function-after", "literal"}
 
 
 def _check_duplicates(path: str, lines: dict[tuple, int], data: Any) -> list[Problem]:
@@ -323,6 +345,12 @@ def parse_pipeline(
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line + 1 if mark is not None else None
+        last_line = max(1, len(text.splitlines()))
+        context = getattr(e, "context_mark", None)
+        if line is not None and line > last_line:
+            # The parser hit the end of the file (an unclosed bracket or quote): point at
+            # where the unclosed construct began, or at the last line.
+            line = context.line + 1 if context is not None else last_line
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError([Problem(path, line, "", f"malformed YAML: {problem}; fix the syntax")]) from None
     except (ValueError, TypeError, RecursionError) as e:

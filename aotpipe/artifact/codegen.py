@@ -43,6 +43,7 @@ def module_source(
 ) -> str:
     """The module.py text for `gm` (its stack-trace comments already stripped)."""
     body = gm.print_readable(print_output=False, include_stride=True, include_device=True)
+    body = "\n".join(line for line in body.splitlines() if line.strip() != "# No stacktrace found for following nodes")
     if constants:
         body = body.replace(
             "class GraphModule(torch.nn.Module):\n",

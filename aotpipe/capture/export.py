@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -77,7 +78,10 @@ def _scalar_type(node: torch.fx.Node) -> Optional[type]:
 
 def _flat_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A copy of `gm` whose placeholders and outputs are flat (no pytree codegen)."""
-    gm = copy.deepcopy(gm)
+    with warnings.catch_warnings():
+        # deepcopy of a pytree-codegen graph trips a torch-internal LeafSpec deprecation
+        warnings.simplefilter("ignore", FutureWarning)
+        gm = copy.deepcopy(gm)
     gm.graph.set_codegen(torch.fx.graph.CodeGen())
     gm.recompile()
     return gm
@@ -320,7 +324,7 @@ def _training_graphs(
             target = user_names[int(target)] if int(target) < len(user_names) else target
         elif role in ("param", "buffer"):
             target = _strip(target)
-            if role == "buffer" and _WRAPPER_PREFIX + target in constants:
+            if role == "buffer" and target in constants:
                 role = "constant"
         meta = _meta_of(node)
         rng = None

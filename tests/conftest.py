@@ -1,0 +1,24 @@
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PIPELINES = REPO / "pipelines"
+
+# Deep-copying pytree-codegen graphs trips a torch-internal FutureWarning; it is noise here.
+warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+
+
+@pytest.fixture(scope="session")
+def quickstart_run(tmp_path_factory):
+    """The quickstart pipeline, run once per test session through the real CLI."""
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    out = tmp_path_factory.mktemp("qs")
+    result = CliRunner().invoke(main, ["run", str(PIPELINES / "quickstart.yaml"), "--output", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    return out / "quickstart", result
