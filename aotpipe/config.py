@@ -193,12 +193,13 @@ class Pipeline(_Strict):
 # YAML with line numbers
 
 
-def _compose_with_lines(text: str) -> tuple[Any, dict[tuple, int]]:
-    """Parse YAML into plain data plus a map from field path to 1-based line number."""
+def _compose_with_lines(text: str) -> tuple[Any, dict[tuple, int], list[tuple[int, tuple, str]]]:
+    """Parse YAML into plain data, a map from field path to 1-based line, and duplicate keys."""
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     lines: dict[tuple, int] = {}
+    duplicates: list[tuple[int, tuple, str]] = []
     if node is None:
-        return None, lines
+        return None, lines, duplicates
     constructor = yaml.SafeLoader("")
 
     def walk(n: yaml.Node, path: tuple) -> Any:
@@ -209,6 +210,8 @@ def _compose_with_lines(text: str) -> tuple[Any, dict[tuple, int]]:
                 key = constructor.construct_object(k, deep=True)
                 if isinstance(key, (list, dict)):
                     key = str(key)
+                if key in out:
+                    duplicates.append((k.start_mark.line + 1, path + (key,), f"{key!r} appears twice in this mapping; keep one"))
                 lines[path + (key,)] = k.start_mark.line + 1
                 out[key] = walk(v, path + (key,))
                 lines[path + (key,)] = k.start_mark.line + 1
@@ -217,7 +220,7 @@ def _compose_with_lines(text: str) -> tuple[Any, dict[tuple, int]]:
             return [walk(v, path + (i,)) for i, v in enumerate(n.value)]
         return constructor.construct_object(n, deep=True)
 
-    return walk(node, ()), lines
+    return walk(node, ()), lines, duplicates
 
 
 def _line_for(lines: dict[tuple, int], loc: tuple) -> int | None:
@@ -268,6 +271,10 @@ def _data_loc(data: Any, loc: tuple, kind: str) -> tuple:
         if isinstance(node, dict) and part in node:
             out.append(part)
             node = node[part]
+        elif isinstance(node, dict) and any(str(k) == part for k in node):
+            key = next(k for k in node if str(k) == part)  # pydantic names a null key 'None'
+            out.append(key)
+            node = node[key]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             out.append(part)
             node = node[part]
@@ -341,7 +348,7 @@ def parse_pipeline(
 ) -> Pipeline:
     """Validate pipeline YAML text; `path` only names the file in error messages."""
     try:
-        data, lines = _compose_with_lines(text)
+        data, lines, duplicate_keys = _compose_with_lines(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -353,14 +360,19 @@ def parse_pipeline(
             line = context.line + 1 if context is not None else last_line
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError([Problem(path, line, "", f"malformed YAML: {problem}; fix the syntax")]) from None
-    except (ValueError, TypeError, RecursionError) as e:
+    except RecursionError:
+        raise ConfigError([Problem(path, None, "", "malformed YAML: an alias refers to itself (&a ... *a); "
+                                   "replace the recursive alias with plain values")]) from None
+    except (ValueError, TypeError) as e:
         raise ConfigError([Problem(path, None, "", f"malformed YAML: {e}")]) from None
     if not isinstance(data, dict):
         raise ConfigError(
             [Problem(path, 1, "", "a pipeline must be a mapping with version, name and models; see `aotpipe schema`")]
         )
 
-    problems: list[Problem] = []
+    problems: list[Problem] = [
+        Problem(path, line, _field_path(loc), msg) for line, loc, msg in duplicate_keys
+    ]
     parsed: PipelineFile | None = None
     try:
         parsed = PipelineFile.model_validate(data)
@@ -426,6 +438,8 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
     ]:
         if isinstance(passes, list):
             for j, name in enumerate(passes):
+                if not isinstance(name, str):
+                    continue  # pydantic already reports the wrong type
                 msg = check_pass_names(name)
                 if msg:
                     problems.append(Problem(path, _line_for(lines, loc + (j,)), _field_path(loc + (j,)), msg))

@@ -512,11 +512,6 @@ def test_union_tags_are_not_part_of_the_field_path():
     assert all("(got 'x')" in p.message for p in ps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a null mapping key (`null: 1`) is reported at line 1 with an empty field "
-    "instead of at its own line (config.py _data_loc cannot follow pydantic's 'None' loc)",
-)
 def test_null_key_points_at_its_line():
     p = only_problem(GOOD + "null: 1\n")
     assert p.line == 7
@@ -784,3 +779,22 @@ def test_cli_non_mapping_file_one_line(runner, tmp_path, text):
     assert result.exit_code == 2
     assert "Traceback" not in result.output
     assert result.stderr.splitlines() == [f"error: {f}:1: {NOT_A_MAPPING}"]
+
+
+def test_duplicate_key_in_a_mapping_is_an_error():
+    ps = problems(dedent("""\
+        version: 1
+        name: t
+        models:
+          - name: m
+            source: aotpipe.zoo:mlp
+            source: aotpipe.zoo:small_cnn
+            inputs: [{shape: [2, 32]}]
+    """))
+    assert [(p.line, p.field) for p in ps] == [(6, "models[0].source")]
+    assert "appears twice" in ps[0].message
+
+
+def test_recursive_alias_is_a_clear_error():
+    ps = problems("version: 1\nname: t\nx: &a [*a]\n")
+    assert len(ps) == 1 and "refers to itself" in ps[0].message

@@ -117,7 +117,15 @@ def _user_input_names(args: tuple, kwargs: dict, names: list[str]) -> list[str]:
     return [by_id.get(id(t), f"input{i}") for i, t in enumerate(pytree.tree_leaves((args, kwargs)))]
 
 
-def capture_export(
+def capture_export(*args: Any, **kwargs: Any) -> CapturedGraphs:
+    """Trace `model` on the example inputs into the requested graph kinds (see _capture)."""
+    with warnings.catch_warnings():
+        # torch-internal deprecation noise from deep-copying pytree specs; not the user's concern
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        return _capture(*args, **kwargs)
+
+
+def _capture(
     model: torch.nn.Module,
     args: tuple,
     kwargs: dict,
@@ -139,12 +147,14 @@ def capture_export(
                 int_ranges[n] = r
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     notes: list[str] = []
+    constants: dict[str, torch.Tensor] = {}
     captured: dict[str, CapturedGraph] = {}
     contract = None
 
     if "inference" in graphs:
         model.eval()
         ep = _export(model, args, kwargs, "inference")
+        constants.update({k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)})
         captured["inference"] = _inference_graph(ep, user_names, int_ranges, state)
         # Index ranges learnt from embeddings apply to the training graphs as well.
         for ph_name, rng in _embedding_ranges(captured["inference"].gm).items():
@@ -155,7 +165,8 @@ def capture_export(
     if {"forward", "backward", "joint"} & set(graphs):
         model.train()
         ep_train = _export(model, args, kwargs, "training")
-        joint, fw, bw, contract, no_grad = _training_graphs(ep_train, args, kwargs, user_names, int_ranges, state)
+        joint, fw, bw, contract, no_grad = _training_graphs(
+            ep_train, args, kwargs, user_names, int_ranges, state, constants)
         if no_grad:
             notes.append(f"{len(no_grad)} parameter(s) get no gradient: {', '.join(no_grad[:8])}"
                          + (" ..." if len(no_grad) > 8 else ""))
@@ -173,6 +184,7 @@ def capture_export(
         seconds=time.perf_counter() - start,
         options={"strict": False, "decompositions": "core_aten", "partitioner": "default_partition", "loss": "sum"},
         notes=notes,
+        constants=constants,
     )
 
 
@@ -286,6 +298,7 @@ def _training_graphs(
     user_names: list[str],
     int_ranges: dict[str, tuple[int, int]],
     state: dict[str, torch.Tensor],
+    constants_out: dict[str, torch.Tensor],
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
     from torch._functorch.aot_autograd import (
         aot_compile_joint_with_descriptors,
@@ -295,6 +308,8 @@ def _training_graphs(
 
     module = ep.module()
     constants = _lift_constants_to_buffers(module)
+    for target in constants:
+        constants_out.setdefault(target, module.get_buffer(target))
     loss_module = _SumLoss(module)
     parts: dict[str, Any] = {}
 
