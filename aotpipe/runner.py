@@ -31,7 +31,11 @@ class ModelResult:
     error: Optional[str] = None
     graphs: list[GraphResult] = field(default_factory=list)
     capture_seconds: float = 0.0
+    values_seconds: float = 0.0
     write_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    verification: Optional[dict[str, Any]] = None
+    eager: dict[str, Any] = field(default_factory=dict)
     total_seconds: float = 0.0
     bytes: int = 0
     files: int = 0
@@ -49,6 +53,8 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None) -> M
     from aotpipe.artifact.manifest import file_sha256, fingerprint
     from aotpipe.artifact.writer import write_model
     from aotpipe.capture import capture_export
+    from aotpipe.capture.values import record_values
+    from aotpipe.replay import verify_folder
     from aotpipe.sources import build_model, make_example_inputs, source_file
 
     start = time.perf_counter()
@@ -69,8 +75,37 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None) -> M
         )
         result.capture_seconds = captured.seconds
         result.notes = list(captured.notes)
+        values = None
+        eager_problems: list[str] = []
+        if spec.save_inputs or spec.verify:
+            stage = "reference"
+            t0 = time.perf_counter()
+            values = record_values(model, args, kwargs, captured, captured.user_inputs)
+            result.values_seconds = time.perf_counter() - t0
+            for kind, gv in values.items():
+                if gv.eager_skipped:
+                    result.eager[kind] = {"skipped": gv.eager_skipped}
+                elif gv.eager:
+                    worst = max(c.max_abs_error for c in gv.eager)
+                    ok = all(c.within_tolerance for c in gv.eager)
+                    result.eager[kind] = {"max_abs_error": worst if worst != float("inf") else "inf",
+                                          "within_tolerance": ok}
+                    if not ok:
+                        bad = [c for c in gv.eager if not c.within_tolerance]
+                        eager_problems.append(
+                            f"{kind} graph differs from the eager model: {len(bad)} output(s) beyond tolerance, "
+                            f"e.g. {bad[0].what} by {bad[0].max_abs_error:.3g} (rtol={bad[0].rtol}, atol={bad[0].atol})")
         stage = "write"
         t0 = time.perf_counter()
+        verify_t = [0.0]
+
+        def verify(path: Path) -> dict[str, Any]:
+            v0 = time.perf_counter()
+            try:
+                return verify_folder(path)
+            finally:
+                verify_t[0] = time.perf_counter() - v0
+
         src = source_file(spec, base_dir)
         src_hash = file_sha256(src) if src is not None and src.is_file() else None
         record = spec.to_json()
@@ -79,12 +114,22 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None) -> M
             captured,
             model_record=record,
             fingerprint=fingerprint(record, src_hash, captured.options),
+            values=values,
+            save_inputs=spec.save_inputs,
+            verify=verify if spec.verify else None,
         )
-        result.write_seconds = time.perf_counter() - t0
+        result.verify_seconds = verify_t[0]
+        result.write_seconds = time.perf_counter() - t0 - verify_t[0]
         result.graphs = [GraphResult(g.kind, g.folder, g.nodes, g.num_inputs, g.num_outputs) for g in written.graphs]
         result.bytes = written.bytes
         result.files = written.files
         result.status = "ok"
+        if spec.verify:
+            result.verification = _verification_summary(written_manifest(written.path))
+            problems = result.verification["problems"] + eager_problems
+            if problems:
+                result.status, result.stage = "failed", "verify"
+                result.error = "; ".join(problems[:3])
     except AotpipeError as e:
         result.stage, result.error = stage, str(e)
         result.traceback = traceback.format_exc()
@@ -93,6 +138,26 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None) -> M
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start
     return result
+
+
+def written_manifest(path: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+
+
+def _verification_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    rec = manifest.get("verification") or {}
+    problems = []
+    statuses = {}
+    for kind, r in rec.items():
+        statuses[kind] = r["status"]
+        if r["status"] not in ("match", "ran"):
+            detail = r.get("error") or "; ".join(r.get("mismatches") or r.get("problems") or [])
+            if r.get("first_divergence"):
+                detail += f" (first divergence: {r['first_divergence']})"
+            problems.append(f"{kind} replay {r['status']}: {detail}")
+    return {"ok": not problems, "graphs": statuses, "problems": problems}
 
 
 @dataclass

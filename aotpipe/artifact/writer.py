@@ -7,18 +7,26 @@ files fsynced, then renamed into place, so a folder under its final name is comp
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
+import torch
 import torch.fx
 
 from aotpipe.artifact import codegen, graph_json, input_meta
 from aotpipe.artifact.blobs import BLOB_DIR, BlobStore
 from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST, dump_json, file_sha256, versions
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput
+from aotpipe.tensors import storage_base, storage_groups
+
+TRACE = "trace.json"
+INPUTS_JSON = "inputs.json"
+GRAPH_JSON = "graph.json"
+MODULE_PY = "module.py"
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -55,30 +63,82 @@ def _input_line(gi: GraphInput) -> str:
     return f"{gi.name}: {gi.role}{target} {str(m.dtype).removeprefix('torch.')}{list(m.shape)}{rng}"
 
 
-def inputs_record(g: CapturedGraph, contract: dict[str, Any] | None) -> dict[str, Any]:
-    """inputs.json: per input its role, name, layout, range; per output its role."""
+def inputs_record(
+    g: CapturedGraph,
+    contract: dict[str, Any] | None,
+    values: Any = None,
+    blobs: Optional[BlobStore] = None,
+) -> dict[str, Any]:
+    """inputs.json: per input its role, name, layout, range and storage; per output its role.
+
+    With `values` (reference values from capture) and `blobs`, each storage's contents and
+    each output's reference value are stored as blobs and named by hash.
+    """
+    from aotpipe.capture.values import RNG_SEED
+
+    placeholders = [n for n in g.gm.graph.nodes if n.op == "placeholder"]
+    layout_source = values.inputs if values is not None else [n.meta.get("val") for n in placeholders]
+    groups, member = storage_groups(layout_source)
+    bases = storage_base(layout_source, member, groups) if values is not None and blobs is not None else None
+    storages = []
+    for k, grp in enumerate(groups):
+        rng = None
+        for gi, m in zip(g.inputs, member):
+            if m == k and gi.int_range is not None:
+                rng = list(gi.int_range)
+                break
+        storages.append({
+            "dtype": str(grp.dtype).removeprefix("torch."),
+            "device": grp.device,
+            "numel": grp.numel,
+            "range": rng,
+            "blob": blobs.put(bases[k]) if bases is not None else None,
+        })
     inputs = []
-    for i, gi in enumerate(g.inputs):
+    for i, (gi, m) in enumerate(zip(g.inputs, member)):
         rec: dict[str, Any] = {"index": i, "name": gi.name, "role": gi.role, "target": gi.target}
         if gi.meta is None:
             rec["type"] = getattr(gi.scalar_type, "__name__", "int")
+            if values is not None:
+                rec["value"] = values.inputs[i]
         else:
             rec["type"] = "tensor"
             rec.update(gi.meta.to_json())
         rec["range"] = list(gi.int_range) if gi.int_range else None
+        rec["storage"] = m
         inputs.append(rec)
+
+    out_node = next(n for n in g.gm.graph.nodes if n.op == "output")
+    out_args = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    first_seen: dict[str, int] = {}
+    ph_index = {n.name: i for i, n in enumerate(placeholders)}
     outputs = []
-    for go in g.outputs:
+    for go, arg in zip(g.outputs, out_args):
         rec = {"index": go.index, "role": go.role, "target": go.target}
         if go.meta is not None:
             rec.update(go.meta.to_json())
+        rec["same_as"] = None
+        rec["same_as_input"] = None
+        rec["blob"] = None
+        if isinstance(arg, torch.fx.Node):
+            if arg.name in first_seen:
+                rec["same_as"] = first_seen[arg.name]  # a de-duplicated output
+            else:
+                first_seen[arg.name] = go.index
+                if arg.op == "placeholder":
+                    rec["same_as_input"] = ph_index[arg.name]
+                if values is not None and blobs is not None and isinstance(values.outputs[go.index], torch.Tensor):
+                    rec["blob"] = blobs.put(values.outputs[go.index])
         outputs.append(rec)
     out: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "kind": g.kind,
         "groups": list(g.input_groups) if g.input_groups else None,
+        "rng_seed": RNG_SEED,
+        "storages": storages,
         "inputs": inputs,
         "outputs": outputs,
+        "saved_values": values is not None and blobs is not None,
     }
     if contract is not None and g.kind in ("forward", "backward"):
         out["partition"] = contract
@@ -118,8 +178,16 @@ def write_model(
     *,
     model_record: dict[str, Any],
     fingerprint: str,
+    values: Optional[dict[str, Any]] = None,
+    save_inputs: bool = True,
+    verify: Optional[Callable[[Path], dict[str, Any]]] = None,
 ) -> WrittenArtifact:
-    """Write `<out_dir>/<model>/` from captured graphs; returns what was written."""
+    """Write `<out_dir>/<model>/` from captured graphs; returns what was written.
+
+    `values` are the reference values from capture; with `save_inputs` they are stored as
+    blobs. `verify`, if given, is called on the finished folder before it is renamed into
+    place, and what it returns is recorded in the manifest under "verification".
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = captured.model
@@ -129,7 +197,12 @@ def write_model(
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        written = _write_contents(tmp, captured, model_record, fingerprint)
+        written = _write_contents(tmp, captured, model_record, fingerprint, values if save_inputs else None, values)
+        if verify is not None:
+            manifest = json.loads((tmp / MANIFEST).read_text(encoding="utf-8"))
+            manifest["verification"] = verify(tmp)
+            _write(tmp / MANIFEST, dump_json(manifest))
+            written.bytes = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         _fsync_dir(tmp)
         old = out_dir / f"{OLD_PREFIX}{name}-{os.getpid()}"
         if final.exists():
@@ -146,7 +219,12 @@ def write_model(
 
 
 def _write_contents(
-    root: Path, captured: CapturedGraphs, model_record: dict[str, Any], fingerprint: str
+    root: Path,
+    captured: CapturedGraphs,
+    model_record: dict[str, Any],
+    fingerprint: str,
+    saved: Optional[dict[str, Any]],
+    checked: Optional[dict[str, Any]],
 ) -> WrittenArtifact:
     import aotpipe
 
@@ -168,7 +246,7 @@ def _write_contents(
         gj = graph_json.graph_to_json(g.gm, constants)
         gj["kind"] = kind
         gj["input_groups"] = list(g.input_groups) if g.input_groups else None
-        _write(d / "graph.json", dump_json(gj))
+        _write(d / GRAPH_JSON, dump_json(gj))
         src = codegen.module_source(
             g.gm,
             title=f"{folder}: the {kind} graph of model {captured.model} ({captured.mode} capture)",
@@ -177,9 +255,12 @@ def _write_contents(
             version=aotpipe.__version__,
             torch_version=v["torch"],
         )
-        _write(d / "module.py", src.encode("utf-8"))
+        _write(d / MODULE_PY, src.encode("utf-8"))
         _write(d / f"{folder}.input", input_meta.dumps(input_meta.input_meta(g.inputs, g.input_groups)))
-        _write(d / "inputs.json", dump_json(inputs_record(g, contract)))
+        gv = saved.get(kind) if saved else None
+        _write(d / INPUTS_JSON, dump_json(inputs_record(g, contract, gv, blobs if gv is not None else None)))
+        if gv is not None:
+            _write(d / TRACE, dump_json({"format_version": FORMAT_VERSION, "nodes": gv.trace}))
         graphs_record[kind] = {
             "folder": folder,
             "nodes": g.num_nodes,
@@ -187,6 +268,13 @@ def _write_contents(
             "outputs": len(g.outputs),
             "ops": sum(1 for n in g.gm.graph.nodes if n.op == "call_function"),
         }
+        cv = checked.get(kind) if checked else None
+        if cv is not None:
+            graphs_record[kind]["eager"] = {
+                "checks": [c.to_json() for c in cv.eager],
+                "within_tolerance": all(c.within_tolerance for c in cv.eager),
+                "skipped": cv.eager_skipped,
+            }
         written.graphs.append(WrittenGraph(kind, folder, g.num_nodes, len(g.inputs), len(g.outputs)))
 
     files = {}

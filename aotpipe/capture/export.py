@@ -23,6 +23,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.capture.types import (
     CapturedGraph,
@@ -167,9 +168,16 @@ def _capture(
         ep_train = _export(model, args, kwargs, "training")
         joint, fw, bw, contract, no_grad = _training_graphs(
             ep_train, args, kwargs, user_names, int_ranges, state, constants)
-        if no_grad:
-            notes.append(f"{len(no_grad)} parameter(s) get no gradient: {', '.join(no_grad[:8])}"
-                         + (" ..." if len(no_grad) > 8 else ""))
+        tied = _tied_names(model)
+        got_grad = {t for t in contract.grad_of if t is not None}
+        really_none = [n for n in no_grad if not (tied.get(n, set()) & got_grad)]
+        tied_only = [n for n in no_grad if n not in really_none]
+        if really_none:
+            notes.append(f"{len(really_none)} parameter(s) get no gradient: {', '.join(really_none[:8])}"
+                         + (" ..." if len(really_none) > 8 else ""))
+        for n in tied_only:
+            twin = sorted(tied[n] & got_grad)[0]
+            notes.append(f"{n} is tied to {twin}: the graph's gradient for both is {twin}'s")
         for kind, g in (("joint", joint), ("forward", fw), ("backward", bw)):
             if kind in graphs:
                 captured[kind] = g
@@ -185,7 +193,16 @@ def _capture(
         options={"strict": False, "decompositions": "core_aten", "partitioner": "default_partition", "loss": "sum"},
         notes=notes,
         constants=constants,
+        user_inputs=user_names,
     )
+
+
+def _tied_names(model: torch.nn.Module) -> dict[str, set[str]]:
+    """Parameter name -> the other names of the same tensor (tied weights)."""
+    by_id: dict[int, set[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), set()).add(n)
+    return {n: names - {n} for names in by_id.values() for n in names if len(names) > 1}
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str) -> torch.export.ExportedProgram:
@@ -320,6 +337,11 @@ def _training_graphs(
 
     try:
         with contextlib.ExitStack() as stack:
+            # Route scaled_dot_product_attention through its math composite so autograd
+            # differentiates plain ops. Left to the CPU flash kernel, core-ATen decomposition
+            # rewrites its forward (whose second output becomes the attention weights) but
+            # not its backward (which reads that output as logsumexp): wrong gradients.
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
             jd = aot_export_joint_with_descriptors(stack, loss_module, args, kwargs, decompositions=core_aten_decompositions())
             joint_gm = _flat_graph(jd.graph_module)
             aot_compile_joint_with_descriptors(jd, partition_fn=partition)

@@ -138,5 +138,7 @@ class CapturedGraphs:
     seconds: float
     options: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Names of the user inputs in flattened (args, kwargs) order: GraphInput.target of role user.
+    user_inputs: list[str] = field(default_factory=list)
     # Real values of inputs with role "constant" (lifted tensor constants), by target.
     constants: dict[str, torch.Tensor] = field(default_factory=dict)

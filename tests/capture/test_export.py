@@ -188,3 +188,44 @@ def test_untraceable_model_raises_capture_error():
 
     with pytest.raises(CaptureError, match="torch.export"):
         _capture(Bad(), (torch.randn(3),))
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_sdpa_gradients_match_eager():
+    # Regression: left to the CPU flash kernel, core-ATen decomposition rewrote the forward
+    # but not the backward, and the joint graph's gradients were off by ~100.
+    from aotpipe.capture.values import record_values
+
+    torch.manual_seed(0)
+    model, x = _Attention(), torch.randn(2, 8, 16)
+    cap = _capture(model, (x,))
+    values = record_values(model, (x,), {}, cap, cap.user_inputs)
+    for kind in ("joint", "backward"):
+        checks = values[kind].eager
+        assert any(c.what.startswith("gradient of qkv.weight") for c in checks)
+        assert all(c.within_tolerance for c in checks), [(c.what, c.max_abs_error) for c in checks]
+
+
+def test_tied_weights_are_noted_as_tied_not_gradientless():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.head = nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    cap = _capture(Tied(), (torch.randint(0, 10, (2, 3)),))
+    assert not any("get no gradient" in n for n in cap.notes), cap.notes
+    assert any("tied to" in n for n in cap.notes), cap.notes

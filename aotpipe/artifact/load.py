@@ -1,0 +1,192 @@
+"""Load an artefact folder without executing any code from it.
+
+Graphs are rebuilt from graph.json (ops resolved only in an allow-list of torch op
+namespaces), `.input` pickles go through a restricted unpickler, tensors come from
+safetensors blobs checked against their hashes. ``trust_code=True`` imports module.py
+instead of rebuilding from graph.json: only for artefacts you made yourself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from aotpipe.artifact import input_meta
+from aotpipe.artifact.blobs import BlobStore
+from aotpipe.artifact.graph_json import decode_dtype, graph_from_json
+from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST
+from aotpipe.artifact.writer import GRAPH_JSON, INPUTS_JSON, MODULE_PY, TRACE
+from aotpipe.errors import ArtifactError
+
+GRAPH_KINDS = ("inference", "forward", "backward", "joint")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path}: cannot read ({e})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+
+
+def check_version(data: Any, where: Path) -> None:
+    version = data.get("format_version") if isinstance(data, dict) else None
+    if version != FORMAT_VERSION:
+        newer = isinstance(version, int) and version > FORMAT_VERSION
+        raise ArtifactError(
+            f"{where}: format version {version!r}; this aotpipe reads version {FORMAT_VERSION}"
+            + ("; upgrade aotpipe to read it" if newer else "")
+        )
+
+
+@dataclass
+class GraphArtifact:
+    """One saved graph: its module, input/output records, and saved values if any."""
+
+    kind: str
+    folder: Path
+    record: dict[str, Any]  # inputs.json
+    module: torch.nn.Module  # a GraphModule rebuilt from graph.json, or module.py's with trust_code
+    blobs: BlobStore
+    trace: Optional[dict[str, Any]] = None
+
+    @property
+    def input_file(self) -> Path:
+        return self.folder / f"{self.folder.name}.input"
+
+    @property
+    def has_saved_values(self) -> bool:
+        return bool(self.record.get("saved_values"))
+
+    def input_meta(self) -> list:
+        """The .input metadata, read through the restricted unpickler."""
+        return input_meta.read(self.input_file)
+
+    def saved_inputs(self) -> list[Any]:
+        """The example inputs saved at capture, with their recorded layout and aliasing."""
+        if not self.has_saved_values:
+            raise ArtifactError(f"{self.folder}: no saved inputs (the model ran with save_inputs: false)")
+        bases = []
+        for s in self.record["storages"]:
+            t = self.blobs.get(s["blob"])
+            if t.dtype != decode_dtype(s["dtype"]) or t.numel() != s["numel"]:
+                raise ArtifactError(f"{self.folder}: blob {s['blob'][:12]} does not match its storage record")
+            bases.append(t)
+        return build_inputs(self.record, bases)
+
+    def reference_outputs(self) -> list[Any]:
+        """The graph's outputs recorded at capture (de-duplicated outputs re-expanded)."""
+        if not self.has_saved_values:
+            raise ArtifactError(f"{self.folder}: no reference outputs (save_inputs: false)")
+        inputs: Optional[list[Any]] = None
+        out: list[Any] = []
+        for rec in self.record["outputs"]:
+            if rec["same_as"] is not None:
+                out.append(out[rec["same_as"]])
+            elif rec["blob"] is not None:
+                t = self.blobs.get(rec["blob"])
+                # Values only: the recorded stride is in `rec`, compared separately at replay.
+                out.append(t.reshape(rec["shape"]))
+            elif rec["same_as_input"] is not None:
+                inputs = inputs if inputs is not None else self.saved_inputs()
+                out.append(inputs[rec["same_as_input"]])
+            else:
+                out.append(None)
+        return out
+
+
+def build_inputs(record: dict[str, Any], bases: list[torch.Tensor]) -> list[Any]:
+    """Graph inputs as views over storage bases, with recorded shape, stride and offset."""
+    from aotpipe.tensors import view_of
+
+    out: list[Any] = []
+    for rec in record["inputs"]:
+        if rec["type"] != "tensor":
+            kind = int if rec["type"] == "int" else (bool if rec["type"] == "bool" else float)
+            out.append(kind(rec.get("value", 1)))
+            continue
+        base = bases[rec["storage"]]
+        out.append(view_of(base, rec["shape"], rec["stride"], rec["storage_offset"]))
+    return out
+
+
+@dataclass
+class Artifact:
+    """A loaded model artefact: manifest and graphs by kind."""
+
+    path: Path
+    manifest: dict[str, Any]
+    graphs: dict[str, GraphArtifact] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.get("model", {}).get("name", self.path.name)
+
+
+def _import_module_py(path: Path) -> torch.nn.Module:
+    """Import module.py and instantiate its GraphModule class (runs the file's code)."""
+    spec = importlib.util.spec_from_file_location(f"aotpipe_artifact_{path.parent.name}", path)
+    if spec is None or spec.loader is None:
+        raise ArtifactError(f"{path}: cannot import")
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+        return mod.GraphModule()
+    except Exception as e:
+        raise ArtifactError(f"{path}: importing it failed ({e.__class__.__name__}: {e})") from None
+
+
+def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> GraphArtifact:
+    """Load one graph folder (`<model>_<kind>_<i>/`)."""
+    folder = Path(folder)
+    graph_data = read_json(folder / GRAPH_JSON)
+    record = read_json(folder / INPUTS_JSON)
+    check_version(graph_data, folder / GRAPH_JSON)
+    check_version(record, folder / INPUTS_JSON)
+    constants = {}
+    for node in graph_data.get("nodes", []):
+        if isinstance(node, dict) and node.get("op") == "get_attr":
+            constants[node.get("blob")] = blobs.get(node.get("blob"))
+    gm = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON))
+    module: torch.nn.Module = _import_module_py(folder / MODULE_PY) if trust_code else gm
+    trace = read_json(folder / TRACE) if (folder / TRACE).exists() else None
+    kind = record.get("kind")
+    if kind not in GRAPH_KINDS:
+        raise ArtifactError(f"{folder / INPUTS_JSON}: unknown graph kind {kind!r}")
+    return GraphArtifact(kind, folder, record, module, blobs, trace)
+
+
+def load(path: str | Path, *, trust_code: bool = False) -> Artifact:
+    """Load a model artefact folder (the one holding manifest.json), without running its code."""
+    p = Path(path)
+    if (p / GRAPH_JSON).exists() and not (p / MANIFEST).exists():
+        p = p.parent  # a graph folder: load its model
+    if not p.is_dir():
+        raise ArtifactError(f"{path}: no such artefact folder")
+    manifest = read_json(p / MANIFEST)
+    check_version(manifest, p / MANIFEST)
+    blobs = BlobStore(p)
+    art = Artifact(p, manifest)
+    graphs = manifest.get("graphs")
+    if not isinstance(graphs, dict):
+        raise ArtifactError(f"{p / MANIFEST}: no graphs record")
+    for kind in GRAPH_KINDS:
+        if kind not in graphs:
+            continue
+        rec = graphs[kind]
+        folder = rec.get("folder") if isinstance(rec, dict) else None
+        if not isinstance(folder, str) or "/" in folder or "\\" in folder or folder.startswith("."):
+            raise ArtifactError(f"{p / MANIFEST}: bad folder name for the {kind} graph: {folder!r}")
+        art.graphs[kind] = load_graph(p / folder, blobs, trust_code=trust_code)
+    return art
