@@ -20,7 +20,7 @@ def test_quickstart_writes_every_graph_kind_with_its_files(quickstart_run):
         for k in KINDS:
             d = root / m / f"{m}_{k}_0"
             assert sorted(p.name for p in d.iterdir()) == sorted(
-                ["module.py", "graph.json", "inputs.json", f"{m}_{k}_0.input"]
+                ["module.py", "graph.json", "inputs.json", "trace.json", f"{m}_{k}_0.input"]
             ), d
         assert (root / m / "manifest.json").is_file()
     assert (root / "run.json").is_file() and (root / "report.md").is_file()
@@ -192,7 +192,7 @@ def test_only_runs_the_named_models_and_graphs_selects_kinds(tmp_path):
     run = json.loads(r.output)
     assert [m["name"] for m in run["models"]] == ["b"]
     root = tmp_path / "out" / "sel"
-    assert sorted(d.name for d in (root / "b").iterdir() if d.is_dir()) == ["b_backward_0", "b_forward_0"]
+    assert sorted(d.name for d in (root / "b").iterdir() if d.is_dir()) == ["b_backward_0", "b_forward_0", "blobs"]
     assert not (root / "a").exists()
     r = CliRunner().invoke(main, ["run", str(p), "-o", str(tmp_path / "out"), "--only", "zzz"])
     assert r.exit_code == 2 and "no model named 'zzz'" in r.output
