@@ -90,5 +90,99 @@ def schema() -> None:
     click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
 
 
+@main.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--graph", "graphs", multiple=True, type=click.Choice(["inference", "forward", "backward", "joint"]),
+              help="Replay only this graph kind (repeatable); default: all.")
+@click.option("--inputs", type=click.Choice(["saved", "random"]), default="saved", show_default=True,
+              help="Saved example inputs (compared with saved outputs) or random ones from get_inputs.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --inputs random.")
+@click.option("--device", default=None, help="Run on this device (cuda, meta, ...): inputs and factory ops move.")
+@click.option("--bench", type=click.IntRange(min=0), default=0, help="Also time N runs (median), beside eager's.")
+@click.option("--chain", is_flag=True, help="Also run forward then backward and check gradients vs joint and eager.")
+@click.option("--trust-code", is_flag=True, help="Import module.py instead of rebuilding from graph.json (runs its code).")
+@click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
+@_user_errors
+def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
+           chain: bool, trust_code: bool, as_json: bool) -> None:
+    """Replay the graphs of the artefact at PATH and compare with what was recorded."""
+    from pathlib import Path
+
+    from aotpipe.artifact.load import load
+    from aotpipe.replay import eager_bench, replay as replay_graphs, replay_chain
+
+    p = Path(path)
+    art = load(p, trust_code=trust_code)
+    kinds = list(graphs)
+    if not kinds and (p / "graph.json").exists():
+        kinds = [k for k, g in art.graphs.items() if g.folder.resolve() == p.resolve()]
+    results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench)
+    if bench:
+        for r in results:
+            r.eager_bench_seconds = eager_bench(art, r.kind, bench)
+    chained = replay_chain(art) if chain else None
+    ok = all(r.ok for r in results) and (chained is None or chained.status == "match")
+    if as_json:
+        out = {"artifact": art.name, "ok": ok, "graphs": [r.to_json() for r in results]}
+        if chained is not None:
+            out["chain"] = chained.to_json()
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        for r in results:
+            line = f"{r.kind:<10} {r.status:<9} ({r.inputs} inputs)"
+            if r.max_abs_error is not None:
+                line += f"  max abs error {r.max_abs_error:.3g}"
+            line += f"  {r.seconds * 1e3:.2f} ms"
+            if r.bench_seconds is not None:
+                line += f"  median of {bench}: {r.bench_seconds * 1e3:.3f} ms"
+                if r.eager_bench_seconds is not None:
+                    line += f" (eager {'model' if r.kind == 'inference' else 'fwd+bwd'}: {r.eager_bench_seconds * 1e3:.3f} ms)"
+            click.echo(line)
+            for m in r.mismatches:
+                click.echo(f"    {m}")
+            if r.first_divergence:
+                click.echo(f"    first diverging node: {r.first_divergence}")
+            if r.error:
+                click.echo(f"    error: {r.error}")
+        if chained is not None:
+            eager = ("" if chained.max_abs_error_vs_eager is None
+                     else f", vs eager autograd max abs error {chained.max_abs_error_vs_eager:.3g}")
+            click.echo(f"{'chain':<10} {chained.status:<9} forward -> backward, {chained.compared} gradients "
+                       f"vs joint max abs error {chained.max_abs_error_vs_joint:.3g}{eager}")
+            for m in chained.problems:
+                click.echo(f"    {m}")
+    sys.exit(0 if ok else 1)
+
+
+@main.command(name="ls")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@_user_errors
+def ls_cmd(directory: str) -> None:
+    """List the artefacts under DIRECTORY with their status."""
+    from pathlib import Path
+
+    from aotpipe.inspect import list_artifacts
+
+    rows = list_artifacts(Path(directory))
+    if not rows:
+        click.echo(f"no artefacts under {directory}")
+        return
+    width = max(len(r["path"]) for r in rows)
+    for r in rows:
+        click.echo(f"{r['path']:<{width}}  {r['status']:<10} {r['graphs']:<36} {r['size']}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(exists=True))
+@_user_errors
+def show(artifact: str) -> None:
+    """Print an artefact's graphs, node counts, op histogram, inputs and outputs."""
+    from pathlib import Path
+
+    from aotpipe.inspect import describe
+
+    click.echo(describe(Path(artifact)))
+
+
 if __name__ == "__main__":
     main()

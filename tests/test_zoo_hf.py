@@ -51,3 +51,28 @@ def test_zoo_graphs_rebuild_from_graph_json(zoo_run):
     for gj in root.rglob("graph.json"):
         data = json.loads(gj.read_text())
         assert len(graph_from_json(data, where=str(gj)).graph.nodes) == len(data["nodes"])
+
+
+@pytest.mark.slow
+def test_every_zoo_graph_replays_bit_exactly_and_runs_on_random_inputs(zoo_run):
+    from aotpipe.replay import replay, replay_chain
+
+    root, _ = zoo_run
+    for name in ZOO:
+        manifest = json.loads((root / name / "manifest.json").read_text())
+        assert {k: v["status"] for k, v in manifest["verification"].items()} == {
+            **{k: "match" for k in KINDS}, "chain": "match"}, name
+        for r in replay(root / name):
+            assert r.status == "match" and r.max_abs_error == 0.0, (name, r.kind, r.mismatches)
+        for r in replay(root / name, inputs="random", seed=1):
+            assert r.status == "ran", (name, r.kind, r.error, r.mismatches)
+
+
+@pytest.mark.slow
+def test_zoo_graphs_agree_with_eager_within_tolerance(zoo_run):
+    root, _ = zoo_run
+    run = json.loads((root / "run.json").read_text())
+    for m in run["models"]:
+        assert m["eager"]["inference"]["within_tolerance"], m["name"]
+        for kind, e in m["eager"].items():
+            assert e.get("within_tolerance", True), (m["name"], kind, e)

@@ -1,0 +1,89 @@
+"""`aotpipe ls` and `aotpipe show`: what is in an artefact folder, for people."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+from typing import Any
+
+from aotpipe.artifact.graph_json import target_name
+from aotpipe.artifact.load import load
+from aotpipe.artifact.manifest import MANIFEST
+from aotpipe.errors import ArtifactError
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def artifact_status(manifest: dict[str, Any]) -> str:
+    """verified, unverified, or FAILED (some graph did not replay as recorded)."""
+    rec = manifest.get("verification")
+    if not rec:
+        return "unverified"
+    if all(r.get("status") in ("match", "ran") for r in rec.values()):
+        return "verified"
+    return "FAILED"
+
+
+def list_artifacts(root: Path) -> list[dict[str, str]]:
+    """One row per model artefact under `root`: path, status, graphs, size."""
+    rows = []
+    for manifest_path in sorted(root.rglob(MANIFEST)):
+        folder = manifest_path.parent
+        if any(part.startswith(".") for part in folder.relative_to(root).parts):
+            continue  # a temporary folder of a run in progress
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            status = artifact_status(manifest)
+            graphs = ", ".join(f"{k}({v.get('nodes')})" for k, v in manifest.get("graphs", {}).items())
+        except (OSError, ValueError, AttributeError):
+            status, graphs = "unreadable", "-"
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        rows.append({"path": str(folder.relative_to(root)) or ".", "status": status, "graphs": graphs,
+                     "size": _size(size)})
+    return rows
+
+
+def describe(path: Path) -> str:
+    """A multi-line description of one artefact."""
+    art = load(path)
+    m = art.manifest
+    lines = [
+        f"{art.name}: {m['model'].get('source')}  (format {m['format_version']}, torch {m['versions']['torch']}, "
+        f"{artifact_status(m)})",
+    ]
+    for kind, ga in art.graphs.items():
+        gm = ga.module
+        ops = collections.Counter(
+            target_name(n.target).removeprefix("aten.") for n in gm.graph.nodes if n.op == "call_function"
+        ) if hasattr(gm, "graph") else collections.Counter()
+        rec = ga.record
+        lines.append("")
+        lines.append(f"{ga.folder.name}: {kind} graph, {len(gm.graph.nodes)} nodes, {sum(ops.values())} ops")
+        top = ", ".join(f"{op} x{n}" for op, n in ops.most_common(12))
+        lines.append(f"  ops: {top}" + (f", ... ({len(ops)} kinds)" if len(ops) > 12 else ""))
+        roles = collections.Counter(i["role"] for i in rec["inputs"])
+        lines.append(f"  inputs ({len(rec['inputs'])}): " + ", ".join(f"{n} {r}" for r, n in roles.items()))
+        for i in rec["inputs"]:
+            if i["role"] in ("user", "tangent"):
+                rng = f" in [{i['range'][0]}, {i['range'][1]})" if i.get("range") else ""
+                lines.append(f"    {i['name']}: {i['role']} {i.get('target') or ''} "
+                             f"{i.get('dtype', i['type'])}{i.get('shape', '')}{rng}")
+        oroles = collections.Counter(o["role"] for o in rec["outputs"])
+        lines.append(f"  outputs ({len(rec['outputs'])}): " + ", ".join(f"{n} {r}" for r, n in oroles.items()))
+        if rec.get("partition"):
+            c = rec["partition"]
+            lines.append(f"  partition: {c['num_mutated_inputs']} mutated, {c['num_user_outputs']} user outputs, "
+                         f"{c['num_saved_tensors']} saved tensors, {c['num_tangents']} tangents")
+        v = (m.get("verification") or {}).get(kind)
+        if v:
+            lines.append(f"  verified: {v['status']} ({v['inputs']} inputs)")
+    if not art.graphs:
+        raise ArtifactError(f"{path}: no graphs")
+    return "\n".join(lines)
