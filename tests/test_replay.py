@@ -352,3 +352,12 @@ def test_duplicated_outputs_are_recorded_and_re_expanded(tmp_path):
     assert res.status == "match"
     ref = aotpipe.load(folder).graphs["inference"].reference_outputs()
     assert ref[1] is ref[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_capture_replays_on_cuda_within_tolerance(quickstart_run):
+    root, _ = quickstart_run
+    for m in MODELS:
+        for r in replay(root / m, device="cuda"):
+            assert r.status == "close", (m, r.kind, r.error, r.mismatches)

@@ -79,7 +79,7 @@ def inputs_record(
     placeholders = [n for n in g.gm.graph.nodes if n.op == "placeholder"]
     layout_source = values.inputs if values is not None else [n.meta.get("val") for n in placeholders]
     groups, member = storage_groups(layout_source)
-    bases = storage_base(layout_source, member, groups) if values is not None and blobs is not None else None
+    bases = storage_base(layout_source, member, groups) if values is not None else None
     storages = []
     for k, grp in enumerate(groups):
         rng = None
@@ -87,12 +87,16 @@ def inputs_record(
             if m == k and gi.int_range is not None:
                 rng = list(gi.int_range)
                 break
+        if rng is None and bases is not None and not grp.dtype.is_floating_point and grp.dtype != torch.bool \
+                and not grp.dtype.is_complex and bases[k].numel():
+            # e.g. indices a forward saved for its backward: keep random ones as valid
+            rng = [int(bases[k].min()), int(bases[k].max()) + 1]
         storages.append({
             "dtype": str(grp.dtype).removeprefix("torch."),
             "device": grp.device,
             "numel": grp.numel,
             "range": rng,
-            "blob": blobs.put(bases[k]) if bases is not None else None,
+            "blob": blobs.put(bases[k]) if bases is not None and blobs is not None else None,
         })
     inputs = []
     for i, (gi, m) in enumerate(zip(g.inputs, member)):

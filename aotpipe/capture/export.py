@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 import time
 import warnings
@@ -157,11 +158,6 @@ def _capture(
         ep = _export(model, args, kwargs, "inference")
         constants.update({k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)})
         captured["inference"] = _inference_graph(ep, user_names, int_ranges, state)
-        # Index ranges learnt from embeddings apply to the training graphs as well.
-        for ph_name, rng in _embedding_ranges(captured["inference"].gm).items():
-            for gi in captured["inference"].inputs:
-                if gi.name == ph_name and gi.role == "user" and gi.target is not None:
-                    int_ranges[gi.target] = rng
 
     if {"forward", "backward", "joint"} & set(graphs):
         model.train()
@@ -183,6 +179,7 @@ def _capture(
                 captured[kind] = g
         model.eval()
 
+    _share_embedding_ranges(captured)
     ordered = {k: captured[k] for k in ("inference", "forward", "backward", "joint") if k in captured}
     return CapturedGraphs(
         model=name,
@@ -195,6 +192,27 @@ def _capture(
         constants=constants,
         user_inputs=user_names,
     )
+
+
+def _share_embedding_ranges(captured: dict[str, CapturedGraph]) -> None:
+    """Give every graph's index inputs the range of the embedding table they index.
+
+    An embedding's indices must lie in [0, rows). The range is found where the graph
+    calls aten.embedding on a placeholder, and applied to the same user input (or
+    buffer) in every graph, so random inputs for any of them stay in bounds.
+    """
+    by_target: dict[tuple[str, Optional[str]], tuple[int, int]] = {}
+    for g in captured.values():
+        emb = _embedding_ranges(g.gm)
+        for gi in g.inputs:
+            if gi.name in emb:
+                by_target[(gi.role, gi.target)] = emb[gi.name]
+    for g in captured.values():
+        g.inputs = [
+            dataclasses.replace(gi, int_range=by_target[(gi.role, gi.target)])
+            if (gi.role, gi.target) in by_target and gi.meta is not None else gi
+            for gi in g.inputs
+        ]
 
 
 def _tied_names(model: torch.nn.Module) -> dict[str, set[str]]:

@@ -229,3 +229,12 @@ def test_tied_weights_are_noted_as_tied_not_gradientless():
     cap = _capture(Tied(), (torch.randint(0, 10, (2, 3)),))
     assert not any("get no gradient" in n for n in cap.notes), cap.notes
     assert any("tied to" in n for n in cap.notes), cap.notes
+
+
+def test_embedding_range_applies_to_training_graphs_without_inference():
+    model = zoo.tiny_transformer(vocab=50, dim=16, heads=2, layers=1, max_len=8)
+    ids = torch.randint(0, 3, (2, 5))
+    cap = _capture(model, (), {"input_ids": ids}, names=[], graphs=["forward", "joint"])
+    for kind in ("forward", "joint"):
+        (user,) = [gi for gi in cap.graphs[kind].inputs if gi.role == "user"]
+        assert user.int_range == (0, 50), kind
