@@ -154,12 +154,14 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> G
     record = read_json(folder / INPUTS_JSON)
     check_version(graph_data, folder / GRAPH_JSON)
     check_version(record, folder / INPUTS_JSON)
-    constants = {}
-    for node in graph_data.get("nodes", []):
-        if isinstance(node, dict) and node.get("op") == "get_attr":
-            constants[node.get("blob")] = blobs.get(node.get("blob"))
-    gm = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON))
-    module: torch.nn.Module = _import_module_py(folder / MODULE_PY) if trust_code else gm
+    if trust_code:
+        module: torch.nn.Module = _import_module_py(folder / MODULE_PY)
+    else:
+        constants = {}
+        for node in graph_data.get("nodes", []):
+            if isinstance(node, dict) and node.get("op") == "get_attr":
+                constants[node.get("blob")] = blobs.get(node.get("blob"))
+        module = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON))
     trace = read_json(folder / TRACE) if (folder / TRACE).exists() else None
     kind = record.get("kind")
     if kind not in GRAPH_KINDS:
