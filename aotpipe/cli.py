@@ -43,7 +43,7 @@ def main(verbose: bool) -> None:
 @click.option("--only", multiple=True, metavar="NAME", help="Run only this model (repeatable).")
 @click.option("--executor", type=click.Choice(["local"]), default=None, help="Where models run (local: in-process).")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Parallel workers (local runs one at a time).")
-@click.option("--force", is_flag=True, help="Redo models even if their artefacts exist.")
+@click.option("--force", is_flag=True, help="Redo models even if their artefacts are up to date.")
 @click.option("--json", "as_json", is_flag=True, help="Print run.json to stdout instead of a summary.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @_user_errors
@@ -55,14 +55,17 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
     from aotpipe.runner import run_pipeline
 
     p = load_pipeline(pipeline)
-    result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json)
+    result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force)
     if as_json:
         click.echo((result.output / RUN_JSON).read_text())
     else:
         for m in result.models:
             if m.status == "ok":
                 kinds = ", ".join(f"{g.kind}({g.nodes})" for g in m.graphs)
-                click.echo(f"ok      {m.name:<24} {m.capture_seconds:6.2f}s  {kinds}")
+                if m.skipped:
+                    click.echo(f"kept    {m.name:<24} up to date  {kinds}")
+                else:
+                    click.echo(f"ok      {m.name:<24} {m.capture_seconds:6.2f}s  {kinds}")
             else:
                 click.echo(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
         n_ok = sum(m.status == "ok" for m in result.models)
@@ -152,6 +155,34 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
             for m in chained.problems:
                 click.echo(f"    {m}")
     sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the problems as JSON.")
+@_user_errors
+def verify(directory: str, as_json: bool) -> None:
+    """Check every artefact under DIRECTORY: hashes, format version, safe loading."""
+    from pathlib import Path
+
+    from aotpipe.artifact.verify import verify_tree
+
+    results = verify_tree(Path(directory))
+    bad = {str(k): v for k, v in results.items() if v}
+    if as_json:
+        click.echo(json.dumps({"checked": len(results), "problems": bad}, indent=2, sort_keys=True))
+    else:
+        for folder, problems in results.items():
+            if problems:
+                click.echo(f"FAILED  {folder}")
+                for p in problems:
+                    click.echo(f"    {p}")
+            else:
+                click.echo(f"ok      {folder}")
+        click.echo(f"{len(results) - len(bad)}/{len(results)} artefacts ok")
+    if not results:
+        click.echo(f"no artefacts under {directory}", err=True)
+    sys.exit(1 if bad else 0)
 
 
 @main.command(name="ls")

@@ -10,16 +10,18 @@ from aotpipe.config import ModelSpec
 from aotpipe.runner import ModelResult, run_model
 
 
-def run_local(specs: list[ModelSpec], out_root: Path, base_dir: Path | None, *, progress: bool = True) -> list[ModelResult]:
+def run_local(
+    specs: list[ModelSpec], out_root: Path, base_dir: Path | None, *, progress: bool = True, force: bool = False
+) -> list[ModelResult]:
     """Run each model in this process, in order, with a progress bar over models."""
     results = []
     bar = tqdm(total=len(specs), unit="model", disable=not progress, dynamic_ncols=True)
     try:
         for spec in specs:
             bar.set_description(spec.name)
-            r = run_model(spec, out_root, base_dir)
+            r = run_model(spec, out_root, base_dir, force=force)
             results.append(r)
-            bar.set_postfix_str(f"{spec.name}: {r.status}")
+            bar.set_postfix_str(f"{spec.name}: {'up to date' if r.skipped else r.status}")
             if r.status != "ok":
                 bar.write(f"FAILED {spec.name} ({r.stage}): {r.error}")
             bar.update(1)

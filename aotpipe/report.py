@@ -24,6 +24,7 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> dict:
         "summary": {
             "models": len(run.models),
             "ok": sum(m.status == "ok" for m in run.models),
+            "up_to_date": sum(m.skipped for m in run.models),
             "failed": sum(m.status != "ok" for m in run.models),
             "graphs": sum(len(m.graphs) for m in run.models),
             "bytes": sum(m.bytes for m in run.models),
@@ -70,8 +71,9 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
     lines = [
         f"# aotpipe run: {pipeline.name}",
         "",
-        f"{s['ok']} of {s['models']} models captured, {s['graphs']} graphs, {_size(s['bytes'])} on disk, "
-        f"{run.seconds:.1f} s (torch {v['torch']}, python {v['python']}, aotpipe {v['aotpipe']}).",
+        f"{s['ok']} of {s['models']} models ok, {s['graphs']} graphs, {_size(s['bytes'])} on disk, "
+        f"{run.seconds:.1f} s (torch {v['torch']}, python {v['python']}, aotpipe {v['aotpipe']})"
+        + (f"; {s['up_to_date']} up to date and kept." if s["up_to_date"] else "."),
         "",
         "| model | status | graphs (nodes) | replay | max abs error vs eager | capture s | reference s "
         "| write s | verify s | size |",
@@ -79,7 +81,7 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
     ]
     for m in run.models:
         graphs = ", ".join(f"{g.kind} ({g.nodes})" for g in m.graphs) or "-"
-        status = m.status if m.status == "ok" else f"**{m.status}** ({m.stage})"
+        status = ("up to date" if m.skipped else m.status) if m.status == "ok" else f"**{m.status}** ({m.stage})"
         lines.append(
             f"| {m.name} | {status} | {graphs} | {_replay_cell(m)} | {_eager_cell(m)} | {m.capture_seconds:.2f} "
             f"| {m.values_seconds:.2f} | {m.write_seconds:.2f} | {m.verify_seconds:.2f} | {_size(m.bytes)} |"
@@ -94,6 +96,8 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
               "backward and compares gradients with the joint graph's. Eager: the graph's outputs against the "
               "eager model's on the same inputs (float32 tolerance rtol=atol=1e-4; training graphs that draw "
               "random numbers are not compared)."]
+    if run.cleaned:
+        lines += ["", "## Cleaned up", ""] + [f"- {c}" for c in run.cleaned]
     noted = [m for m in run.models if m.notes]
     if noted:
         lines += ["", "## Notes", ""]
@@ -104,5 +108,12 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
 
 
 def write_reports(run: "RunResult", pipeline: "Pipeline") -> None:
-    (run.output / RUN_JSON).write_bytes(dump_json(run_record(run, pipeline)))
-    (run.output / REPORT_MD).write_text(report_markdown(run, pipeline), encoding="utf-8")
+    """Write run.json and report.md, each replaced atomically."""
+    from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
+
+    for name, data in ((RUN_JSON, dump_json(run_record(run, pipeline))),
+                       (REPORT_MD, report_markdown(run, pipeline).encode("utf-8"))):
+        try:
+            write_atomic(run.output / name, data)
+        except OSError as e:
+            raise OutputError(describe_os_error(e, run.output / name)) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -40,6 +41,7 @@ class ModelResult:
     bytes: int = 0
     files: int = 0
     notes: list[str] = field(default_factory=list)
+    skipped: bool = False  # up to date: the artefact on disk was kept
     traceback: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
@@ -48,19 +50,82 @@ class ModelResult:
         return d
 
 
-def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None) -> ModelResult:
-    """Build, capture and write one model; never raises for a model's own failure."""
+def model_fingerprint(spec: ModelSpec, base_dir: Path | None = None) -> str:
+    """The fingerprint an up-to-date artefact of `spec` carries (spec, source file, options, versions)."""
     from aotpipe.artifact.manifest import file_sha256, fingerprint
+    from aotpipe.capture.export import OPTIONS
+    from aotpipe.sources import source_file
+
+    src = source_file(spec, base_dir)
+    src_hash = file_sha256(src) if src is not None and src.is_file() else None
+    return fingerprint(spec.to_json(), src_hash, {"mode": spec.mode, **OPTIONS})
+
+
+def up_to_date(folder: Path, fp: str) -> Optional[dict[str, Any]]:
+    """The manifest of `folder` if it carries fingerprint `fp`, verifies, and passed its checks."""
+    from aotpipe.artifact.verify import verify_artifact
+
+    try:
+        manifest = written_manifest(folder)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("fingerprint") != fp:
+        return None
+    if verify_artifact(folder, load_graphs=False):
+        return None
+    if _verification_summary(manifest)["problems"] or _eager_problems(manifest):
+        return None  # it failed last time: try again
+    return manifest
+
+
+def _eager_problems(manifest: dict[str, Any]) -> list[str]:
+    return [k for k, g in (manifest.get("graphs") or {}).items()
+            if isinstance(g, dict) and g.get("eager") and not g["eager"].get("within_tolerance", True)]
+
+
+def _skipped_result(spec: ModelSpec, folder: Path, manifest: dict[str, Any], start: float) -> ModelResult:
+    r = ModelResult(name=spec.name, status="ok", skipped=True)
+    graphs = manifest.get("graphs", {})
+    order = ["inference", "forward", "backward", "joint"]
+    r.graphs = [GraphResult(k, graphs[k]["folder"], graphs[k]["nodes"], graphs[k]["inputs"], graphs[k]["outputs"])
+                for k in sorted(graphs, key=lambda k: order.index(k) if k in order else len(order))]
+    for k, g in graphs.items():
+        e = g.get("eager") if isinstance(g, dict) else None
+        if e and e.get("skipped"):
+            r.eager[k] = {"skipped": e["skipped"]}
+        elif e and e.get("checks"):
+            errs = [c["max_abs_error"] for c in e["checks"]]
+            worst = max((float(x) for x in errs), default=0.0)
+            r.eager[k] = {"max_abs_error": worst, "within_tolerance": e["within_tolerance"]}
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    r.bytes, r.files = sum(p.stat().st_size for p in files), len(files)
+    r.notes = list(manifest.get("capture", {}).get("notes", []))
+    if manifest.get("verification"):
+        r.verification = _verification_summary(manifest)
+    r.total_seconds = time.perf_counter() - start
+    return r
+
+
+def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False) -> ModelResult:
+    """Build, capture and write one model, unless its artefact is up to date.
+
+    Never raises for a model's own failure: the result says what failed and where.
+    """
     from aotpipe.artifact.writer import write_model
     from aotpipe.capture import capture_export
     from aotpipe.capture.values import record_values
     from aotpipe.replay import verify_folder
-    from aotpipe.sources import build_model, make_example_inputs, source_file
+    from aotpipe.sources import build_model, make_example_inputs
 
     start = time.perf_counter()
     result = ModelResult(name=spec.name, status="failed")
     stage = "source"
     try:
+        fp = model_fingerprint(spec, base_dir)
+        if not force:
+            manifest = up_to_date(out_dir / spec.name, fp)
+            if manifest is not None:
+                return _skipped_result(spec, out_dir / spec.name, manifest, start)
         model = build_model(spec, base_dir)
         args, kwargs = make_example_inputs(spec)
         names = [inp.name or f"arg{i}" for i, inp in enumerate(spec.inputs)]
@@ -106,14 +171,11 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None) -> M
             finally:
                 verify_t[0] = time.perf_counter() - v0
 
-        src = source_file(spec, base_dir)
-        src_hash = file_sha256(src) if src is not None and src.is_file() else None
-        record = spec.to_json()
         written = write_model(
             out_dir,
             captured,
-            model_record=record,
-            fingerprint=fingerprint(record, src_hash, captured.options),
+            model_record=spec.to_json(),
+            fingerprint=fp,
             values=values,
             save_inputs=spec.save_inputs,
             verify=verify if spec.verify else None,
@@ -166,6 +228,7 @@ class RunResult:
     output: Path
     models: list[ModelResult]
     seconds: float
+    cleaned: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -192,17 +255,33 @@ def run_pipeline(
     output: str | Path | None = None,
     only: tuple[str, ...] | list[str] | None = None,
     progress: bool = True,
+    force: bool = False,
 ) -> RunResult:
-    """Run every selected model of `pipeline`; write run.json and report.md beside them."""
+    """Run every selected model of `pipeline`; write run.json and report.md beside them.
+
+    Models whose artefacts are up to date (same fingerprint, files intact, checks passed)
+    are kept, unless `force`.
+    """
+    from aotpipe.artifact.fsio import OutputError, describe_os_error
+    from aotpipe.artifact.writer import clean_stale
     from aotpipe.executors import run_local
     from aotpipe.report import write_reports
 
     start = time.perf_counter()
-    out_root = Path(output if output is not None else pipeline.output) / pipeline.name
-    out_root.mkdir(parents=True, exist_ok=True)
-    base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
     specs = select_models(pipeline, only)
-    results = run_local(specs, out_root, base_dir, progress=progress)
-    run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start)
+    out_root = Path(output if output is not None else pipeline.output) / pipeline.name
+    try:
+        out_root.mkdir(parents=True, exist_ok=True)
+        probe = out_root / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        err = OutputError(describe_os_error(e, out_root))
+        err.exit_code = 2  # the output folder given cannot be used: nothing ran
+        raise err from None
+    cleaned = clean_stale(out_root)
+    base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
+    results = run_local(specs, out_root, base_dir, progress=progress, force=force)
+    run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start, cleaned)
     write_reports(run, pipeline)
     return run

@@ -115,7 +115,7 @@ def test_report_and_run_json_give_status_nodes_seconds_bytes(quickstart_run):
     root, result = quickstart_run
     run = json.loads((root / "run.json").read_text())
     assert run["ok"] is True and run["summary"] == {
-        "models": 4, "ok": 4, "failed": 0, "graphs": 16, "bytes": run["summary"]["bytes"]}
+        "models": 4, "ok": 4, "up_to_date": 0, "failed": 0, "graphs": 16, "bytes": run["summary"]["bytes"]}
     for m in run["models"]:
         assert m["status"] == "ok" and m["capture_seconds"] > 0 and m["bytes"] > 0
         assert {g["kind"] for g in m["graphs"]} == set(KINDS) and all(g["nodes"] > 0 for g in m["graphs"])

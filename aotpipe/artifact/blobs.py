@@ -36,8 +36,10 @@ class BlobStore:
         digest, data = encode(t)
         path = self.dir / f"{digest}.safetensors"
         if not path.exists():
+            from aotpipe.artifact.fsio import write_durable
+
             self.dir.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            write_durable(path, data)
         return digest
 
     def get(self, digest: str) -> torch.Tensor:

@@ -19,6 +19,19 @@ def dump_json(data: Any) -> bytes:
     return (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
+def seal(manifest: dict[str, Any]) -> bytes:
+    """Manifest bytes carrying a checksum of their own content (any changed byte shows)."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    body["checksum"] = hashlib.sha256(dump_json({k: v for k, v in body.items() if k != "checksum"})).hexdigest()
+    return dump_json(body)
+
+
+def seal_ok(manifest: dict[str, Any]) -> bool:
+    """Whether a loaded manifest's checksum matches its content."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return manifest.get("checksum") == hashlib.sha256(dump_json(body)).hexdigest()
+
+
 def versions() -> dict[str, str]:
     from aotpipe import __version__
 

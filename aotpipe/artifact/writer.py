@@ -19,7 +19,8 @@ import torch.fx
 
 from aotpipe.artifact import codegen, graph_json, input_meta
 from aotpipe.artifact.blobs import BLOB_DIR, BlobStore
-from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST, dump_json, file_sha256, versions
+from aotpipe.artifact.fsio import OutputError, describe_os_error, fsync_dir, pid_alive, write_durable
+from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST, dump_json, file_sha256, seal, versions
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput
 from aotpipe.tensors import storage_base, storage_groups
 
@@ -156,24 +157,35 @@ def _strip_paths(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+_write = write_durable
+_fsync_dir = fsync_dir
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def clean_stale(out_dir: Path) -> list[str]:
+    """Remove what killed runs left behind; returns what was done, one line each.
+
+    A `.tmp-<model>-<pid>` folder of a dead process is deleted. A `.old-<model>-<pid>`
+    folder is a complete earlier artefact that was being replaced: it is put back if the
+    new one never arrived, else deleted.
+    """
+    done = []
+    if not out_dir.is_dir():
+        return done
+    for p in sorted(out_dir.iterdir()):
+        for prefix in (TMP_PREFIX, OLD_PREFIX):
+            if not p.name.startswith(prefix) or not p.is_dir():
+                continue
+            name, _, pid = p.name[len(prefix):].rpartition("-")
+            if not pid.isdigit() or (int(pid) != os.getpid() and pid_alive(int(pid))):
+                continue
+            final = out_dir / name
+            if prefix == OLD_PREFIX and not final.exists() and (p / MANIFEST).exists():
+                os.rename(p, final)
+                done.append(f"restored {name} from an interrupted replacement")
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+                done.append(f"removed {p.name} left by an interrupted run")
+    return done
 
 
 def write_model(
@@ -193,19 +205,22 @@ def write_model(
     place, and what it returns is recorded in the manifest under "verification".
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     name = captured.model
     final = out_dir / name
     tmp = out_dir / f"{TMP_PREFIX}{name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as e:
+        raise OutputError(describe_os_error(e, e.filename or tmp)) from None
     try:
         written = _write_contents(tmp, captured, model_record, fingerprint, values if save_inputs else None, values)
         if verify is not None:
             manifest = json.loads((tmp / MANIFEST).read_text(encoding="utf-8"))
             manifest["verification"] = verify(tmp)
-            _write(tmp / MANIFEST, dump_json(manifest))
+            _write(tmp / MANIFEST, seal(manifest))
             written.bytes = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         _fsync_dir(tmp)
         old = out_dir / f"{OLD_PREFIX}{name}-{os.getpid()}"
@@ -215,6 +230,9 @@ def write_model(
         _fsync_dir(out_dir)
         if old.exists():
             shutil.rmtree(old)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(describe_os_error(e, e.filename or final)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -280,6 +298,7 @@ def _write_contents(
                 "skipped": cv.eager_skipped,
             }
         written.graphs.append(WrittenGraph(kind, folder, g.num_nodes, len(g.inputs), len(g.outputs)))
+        _fsync_dir(d)
 
     files = {}
     for p in sorted(root.rglob("*")):
@@ -296,7 +315,8 @@ def _write_contents(
         "passes": [],
         "files": files,
     }
-    _write(root / MANIFEST, dump_json(manifest))
+    _write(root / MANIFEST, seal(manifest))
+    _fsync_dir(root / BLOB_DIR)
     total = 0
     count = 0
     for p in root.rglob("*"):

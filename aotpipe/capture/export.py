@@ -36,6 +36,15 @@ from aotpipe.capture.types import (
 )
 from aotpipe.errors import CaptureError
 
+# How this mode captures; recorded in the manifest and part of the fingerprint.
+OPTIONS = {
+    "strict": False,
+    "decompositions": "core_aten",
+    "partitioner": "default_partition",
+    "loss": "sum",
+    "sdpa_training_backend": "math",
+}
+
 _INPUT_KIND_ROLE = {
     InputKind.PARAMETER: "param",
     InputKind.BUFFER: "buffer",
@@ -187,7 +196,7 @@ def _capture(
         graphs=ordered,
         contract=contract if {"forward", "backward"} & set(ordered) else None,
         seconds=time.perf_counter() - start,
-        options={"strict": False, "decompositions": "core_aten", "partitioner": "default_partition", "loss": "sum"},
+        options=dict(OPTIONS),
         notes=notes,
         constants=constants,
         user_inputs=user_names,
