@@ -163,6 +163,8 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> G
                 constants[node.get("blob")] = blobs.get(node.get("blob"))
         module = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON))
     trace = read_json(folder / TRACE) if (folder / TRACE).exists() else None
+    if trace is not None:
+        check_version(trace, folder / TRACE)
     kind = record.get("kind")
     if kind not in GRAPH_KINDS:
         raise ArtifactError(f"{folder / INPUTS_JSON}: unknown graph kind {kind!r}")
