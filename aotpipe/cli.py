@@ -95,8 +95,9 @@ def schema() -> None:
 
 @main.command()
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--graph", "graphs", multiple=True, type=click.Choice(["inference", "forward", "backward", "joint"]),
-              help="Replay only this graph kind (repeatable); default: all.")
+@click.option("--graph", "graphs", multiple=True, metavar="KIND",
+              help="Replay only this graph (repeatable): inference, forward, backward, joint, or a transformed "
+                   "graph such as inference.freeze+fold_conv_bn; default: all.")
 @click.option("--inputs", type=click.Choice(["saved", "random"]), default="saved", show_default=True,
               help="Saved example inputs (compared with saved outputs) or random ones from get_inputs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --inputs random.")
@@ -122,7 +123,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench)
     if bench:
         for r in results:
-            r.eager_bench_seconds = eager_bench(art, r.kind, bench)
+            r.eager_bench_seconds = eager_bench(art, r.kind.split(".")[0], bench)
     chained = replay_chain(art) if chain else None
     ok = all(r.ok for r in results) and (chained is None or chained.status == "match")
     if as_json:
@@ -139,7 +140,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
             if r.bench_seconds is not None:
                 line += f"  median of {bench}: {r.bench_seconds * 1e3:.3f} ms"
                 if r.eager_bench_seconds is not None:
-                    line += f" (eager {'model' if r.kind == 'inference' else 'fwd+bwd'}: {r.eager_bench_seconds * 1e3:.3f} ms)"
+                    line += f" (eager {'model' if r.kind.startswith('inference') else 'fwd+bwd'}: {r.eager_bench_seconds * 1e3:.3f} ms)"
             click.echo(line)
             for m in r.mismatches:
                 click.echo(f"    {m}")

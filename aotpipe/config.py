@@ -93,7 +93,9 @@ class Defaults(_Strict):
 
     mode: Literal["export"] = Field("export", description="capture mode (dynamo and meta come later)")
     graphs: list[GraphKind] = Field(list(GRAPH_KINDS), description="graph kinds to save")
-    passes: list[str] = Field([], description="passes applied to inference graphs")
+    passes: list[Union[str, dict[str, Any]]] = Field(
+        [], description="pass chain: names (freeze) or {name: {options}}; each applies to `graphs:` "
+        "(default [inference])")
     save_inputs: bool = Field(True, description="save example inputs and reference outputs")
     verify: bool = Field(True, description="replay each graph after writing it")
     loss: Literal["sum"] = Field("sum", description="training loss: sum of all floating-point outputs")
@@ -109,7 +111,7 @@ class ModelEntry(_Strict):
     inputs: list[InputSpec] = Field(description="example inputs")
     mode: Optional[Literal["export"]] = None
     graphs: Optional[list[GraphKind]] = None
-    passes: Optional[list[str]] = None
+    passes: Optional[list[Union[str, dict[str, Any]]]] = None
     save_inputs: Optional[bool] = None
     verify: Optional[bool] = None
     loss: Optional[Literal["sum"]] = None
@@ -167,7 +169,7 @@ class ModelSpec(_Strict):
     inputs: list[InputSpec]
     mode: Literal["export"]
     graphs: list[GraphKind]
-    passes: list[str]
+    passes: list[dict[str, Any]]  # [{"name": ..., "options": {...}}], options complete
     save_inputs: bool
     verify: bool
     loss: Literal["sum"]
@@ -431,19 +433,30 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
                     Problem(path, lines.get(("models", i, "inputs", j)), f"models[{i}].inputs[{j}]",
                             "a positional input (no name) follows a named one; put positional inputs first")
                 )
-    from aotpipe.passes import check_pass_names
+    from aotpipe.passes import parse_pass_entry
 
     for loc, passes in [(("defaults", "passes"), defaults.get("passes"))] + [
         (("models", i, "passes"), m.get("passes")) for i, m in enumerate(models) if isinstance(m, dict)
     ]:
         if isinstance(passes, list):
-            for j, name in enumerate(passes):
-                if not isinstance(name, str):
+            for j, entry in enumerate(passes):
+                if not isinstance(entry, (str, dict)):
                     continue  # pydantic already reports the wrong type
-                msg = check_pass_names(name)
-                if msg:
-                    problems.append(Problem(path, _line_for(lines, loc + (j,)), _field_path(loc + (j,)), msg))
+                for sub, msg in parse_pass_entry(entry)[0]:
+                    where = loc + (j,) + sub
+                    problems.append(Problem(path, _line_for(lines, where), _field_path(where), msg))
     return problems
+
+
+def _pass_chain(entries: list) -> list[dict[str, Any]]:
+    from aotpipe.passes import parse_pass_entry, step_to_json
+
+    out = []
+    for entry in entries:
+        _, step = parse_pass_entry(entry)
+        assert step is not None  # validated before
+        out.append(step_to_json(step))
+    return out
 
 
 def _resolve(f: PipelineFile, path: str) -> Pipeline:
@@ -460,7 +473,7 @@ def _resolve(f: PipelineFile, path: str) -> Pipeline:
                 inputs=m.inputs,
                 mode=pick("mode"),
                 graphs=pick("graphs"),
-                passes=pick("passes"),
+                passes=_pass_chain(pick("passes")),
                 save_inputs=pick("save_inputs"),
                 verify=pick("verify"),
                 loss=pick("loss"),

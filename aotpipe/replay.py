@@ -324,7 +324,7 @@ def replay_graph(
     bench: int = 0,
 ) -> GraphReplay:
     """Replay one graph and compare it with its recorded outputs (saved inputs only)."""
-    result = GraphReplay(ga.kind, "error", inputs)
+    result = GraphReplay(ga.name, "error", inputs)
     try:
         if inputs == "saved":
             values = ga.saved_inputs()

@@ -37,6 +37,7 @@ class ModelResult:
     verify_seconds: float = 0.0
     verification: Optional[dict[str, Any]] = None
     eager: dict[str, Any] = field(default_factory=dict)
+    passes: dict[str, Any] = field(default_factory=dict)  # per transformed graph: what each pass did
     total_seconds: float = 0.0
     bytes: int = 0
     files: int = 0
@@ -142,7 +143,8 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         result.notes = list(captured.notes)
         values = None
         eager_problems: list[str] = []
-        if spec.save_inputs or spec.verify:
+        pass_problems: list[str] = []
+        if spec.save_inputs or spec.verify or spec.passes:
             stage = "reference"
             t0 = time.perf_counter()
             values = record_values(model, args, kwargs, captured, captured.user_inputs)
@@ -160,6 +162,9 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
                         eager_problems.append(
                             f"{kind} graph differs from the eager model: {len(bad)} output(s) beyond tolerance, "
                             f"e.g. {bad[0].what} by {bad[0].max_abs_error:.3g} (rtol={bad[0].rtol}, atol={bad[0].atol})")
+        if spec.passes and values is not None:
+            stage = "passes"
+            pass_problems = apply_passes(spec, captured, values, result)
         stage = "write"
         t0 = time.perf_counter()
         verify_t = [0.0]
@@ -192,6 +197,10 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             if problems:
                 result.status, result.stage = "failed", "verify"
                 result.error = "; ".join(problems[:3])
+        if pass_problems:
+            # The raw graphs were written and verified; the failing chain's graph was not.
+            result.status, result.stage = "failed", "passes"
+            result.error = "; ".join(pass_problems[:3])
     except AotpipeError as e:
         result.stage, result.error = stage, str(e)
         result.traceback = traceback.format_exc()
@@ -200,6 +209,46 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start
     return result
+
+
+def apply_passes(spec: ModelSpec, captured: Any, values: dict[str, Any], result: ModelResult) -> list[str]:
+    """Run the model's pass chain on each graph kind it selects; add the results to `captured`.
+
+    Returns the problems (one per failed chain); a failed chain adds no graph.
+    """
+    import copy
+
+    import torch
+
+    from aotpipe.capture.types import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
+    from aotpipe.capture.values import GraphValues, run_traced
+    from aotpipe.passes import parse_pass_entry
+    from aotpipe.passes.base import GraphUnderPass, PassError
+    from aotpipe.passes.manager import chain_name, run_chain
+
+    steps = [parse_pass_entry({p["name"]: p["options"]})[1] for p in spec.passes]
+    problems = []
+    for kind, g in list(captured.graphs.items()):
+        kind_steps = [s for s in steps if s is not None and kind in s.graphs]
+        if not kind_steps or kind not in values:
+            continue
+        start = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(values[kind].inputs))
+        t0 = time.perf_counter()
+        try:
+            final, records = run_chain(start, kind_steps)
+        except PassError as e:
+            problems.append(f"{kind} graph: {e}")
+            continue
+        outs, trace = run_traced(final.gm, final.values)
+        outputs = [GraphOutput(go.index, go.role, go.target, TensorMeta.of(o) if isinstance(o, torch.Tensor) else go.meta)
+                   for go, o in zip(final.outputs, outs)]
+        derived = DerivedGraph(kind, chain_name(kind_steps), CapturedGraph(kind, final.gm, final.inputs, outputs),
+                               [r.to_json(timings=False) for r in records])
+        captured.derived[derived.key] = derived
+        values[derived.key] = GraphValues(final.values, outs, trace)
+        result.passes[derived.key] = {"seconds": round(time.perf_counter() - t0, 4),
+                                      "steps": [r.to_json() for r in records]}
+    return problems
 
 
 def written_manifest(path: Path) -> dict[str, Any]:

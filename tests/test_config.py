@@ -395,12 +395,33 @@ def test_unknown_pass_in_defaults():
     assert p.message.startswith("unknown pass 'bogus'; valid passes: ")
 
 
-def test_unknown_pass_lists_registered_passes(monkeypatch):
-    monkeypatch.setitem(aotpipe.passes.PASSES, "noop", lambda gm: gm)
-    monkeypatch.setitem(aotpipe.passes.PASSES, "dce", lambda gm: gm)
-    p = only_problem(GOOD + "    passes: [noop, bogus]\n")
+def test_unknown_pass_lists_registered_passes():
+    p = only_problem(GOOD + "    passes: [freeze, bogus]\n")
     assert (p.line, p.field) == (7, "models[0].passes[1]")
-    assert p.message == "unknown pass 'bogus'; valid passes: dce, noop"
+    assert p.message == ("unknown pass 'bogus'; valid passes: freeze, fold_conv_bn, channels_last, "
+                         "view_to_reshape, remove_noops, reinplace, to_device")
+
+
+def test_pass_on_a_graph_kind_it_cannot_take():
+    p = only_problem(GOOD + "    passes: [{freeze: {graphs: [forward]}}]\n")
+    assert (p.line, p.field) == (7, "models[0].passes[0].freeze.graphs")
+    assert p.message == "pass 'freeze' cannot take forward graphs; it accepts: inference"
+
+
+def test_unknown_pass_option_lists_the_options():
+    text = GOOD + "    passes:\n      - freeze: {fold: false, colour: red}\n"
+    p = only_problem(text)
+    assert (p.line, p.field) == (8, "models[0].passes[0].freeze.colour")
+    assert p.message == "pass 'freeze' has no option 'colour'; its options: fold, cse, graphs"
+
+
+def test_pass_options_become_typed_and_complete():
+    text = GOOD + "    passes: [freeze, {reinplace: {graphs: [forward, backward]}}]\n"
+    (m,) = parse_pipeline(text, check_sources=False).models
+    assert m.passes == [
+        {"name": "freeze", "options": {"fold": True, "cse": True, "graphs": ["inference"]}},
+        {"name": "reinplace", "options": {"graphs": ["forward", "backward"]}},
+    ]
 
 
 def test_config_on_non_hf_source():
@@ -570,15 +591,14 @@ def test_several_errors_via_load_pipeline_name_the_file(tmp_path):
 # 3. Defaults resolution
 
 
-def test_model_inherits_defaults_and_overrides_each(monkeypatch):
-    monkeypatch.setitem(aotpipe.passes.PASSES, "noop", lambda gm: gm)
+def test_model_inherits_defaults_and_overrides_each():
     text = dedent("""\
         version: 1
         name: t
         seed: 1234
         defaults:
           graphs: [inference, forward]
-          passes: [noop]
+          passes: [remove_noops]
           save_inputs: false
           verify: true
         models:
@@ -597,7 +617,7 @@ def test_model_inherits_defaults_and_overrides_each(monkeypatch):
     inherits, overrides = p.models
     assert isinstance(inherits, ModelSpec)
     assert inherits.graphs == ["inference", "forward"]
-    assert inherits.passes == ["noop"]
+    assert inherits.passes == [{"name": "remove_noops", "options": {"graphs": ["inference"]}}]
     assert inherits.save_inputs is False
     assert inherits.verify is True
     assert inherits.mode == "export" and inherits.loss == "sum"

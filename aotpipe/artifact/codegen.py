@@ -27,8 +27,10 @@ def _load_constants(module):
     import os
     from safetensors.torch import load_file
     blobs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "blobs")
-    for target, digest in {constants!r}.items():
-        module.register_buffer(target, load_file(os.path.join(blobs, digest + ".safetensors"))["tensor"])
+    import torch
+    for target, (digest, shape, stride) in {constants!r}.items():
+        value = load_file(os.path.join(blobs, digest + ".safetensors"))["tensor"].reshape(shape)
+        module.register_buffer(target, torch.empty_strided(shape, stride, dtype=value.dtype).copy_(value))
 '''
 
 
@@ -37,7 +39,7 @@ def module_source(
     *,
     title: str,
     input_lines: list[str],
-    constants: dict[str, str],
+    constants: dict[str, tuple],
     version: str,
     torch_version: str,
 ) -> str:

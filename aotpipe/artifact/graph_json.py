@@ -169,7 +169,11 @@ def _encode_val(v: Any) -> Any:
 
 
 def graph_to_json(gm: torch.fx.GraphModule, constants: dict[str, str] | None = None) -> dict[str, Any]:
-    """The graph as JSON data. `constants` maps get_attr targets to their blob hashes."""
+    """The graph as JSON data. `constants` maps get_attr targets to their blob hashes.
+
+    A constant's shape and stride are recorded beside its blob (blobs hold contiguous
+    data), so a channels-last constant loads channels-last.
+    """
     constants = constants or {}
     nodes = []
     for node in gm.graph.nodes:
@@ -182,6 +186,9 @@ def graph_to_json(gm: torch.fx.GraphModule, constants: dict[str, str] | None = N
                 if node.target not in constants:
                     raise ArtifactError(f"get_attr {node.target!r} has no stored tensor")
                 entry["blob"] = constants[node.target]
+                value = gm.get_buffer(node.target) if "." in node.target else getattr(gm, node.target)
+                entry["shape"] = [int(x) for x in value.shape]
+                entry["stride"] = [int(x) for x in value.stride()]
         elif node.op != "output":
             raise ArtifactError(f"graph.json cannot store a {node.op} node ({node.name})")
         if node.op in ("call_function", "output"):
@@ -223,7 +230,14 @@ def graph_from_json(
             target = entry.get("target")
             if not isinstance(target, str) or not all(p.isidentifier() for p in target.split(".")):
                 raise ArtifactError(f"{where}: bad get_attr target {target!r}")
-            _set_attr(root, target, constants[blob])
+            value = constants[blob]
+            shape, stride = entry.get("shape"), entry.get("stride")
+            if isinstance(shape, list) and isinstance(stride, list) and len(shape) == len(stride):
+                if list(value.shape) != shape and value.numel() == _numel(shape):
+                    value = value.reshape(shape)
+                if list(value.stride()) != stride:
+                    value = torch.empty_strided(shape, stride, dtype=value.dtype).copy_(value.reshape(shape))
+            _set_attr(root, target, value)
             node = graph.create_node("get_attr", target, name=name)
         elif op == "call_function":
             fn = resolve_target(entry.get("target"))
@@ -245,6 +259,13 @@ def graph_from_json(
     except Exception as e:
         raise ArtifactError(f"{where}: the rebuilt graph is invalid: {e}") from None
     return torch.fx.GraphModule(root, graph)
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 def _set_attr(root: torch.nn.Module, target: str, value: torch.Tensor) -> None:

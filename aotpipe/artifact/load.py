@@ -60,6 +60,10 @@ class GraphArtifact:
     module: torch.nn.Module  # a GraphModule rebuilt from graph.json, or module.py's with trust_code
     blobs: BlobStore
     trace: Optional[dict[str, Any]] = None
+    name: str = ""  # the manifest's key: the kind, or "<kind>.<passes>" for a transformed graph
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.kind
 
     @property
     def input_file(self) -> Path:
@@ -185,12 +189,14 @@ def load(path: str | Path, *, trust_code: bool = False) -> Artifact:
     graphs = manifest.get("graphs")
     if not isinstance(graphs, dict):
         raise ArtifactError(f"{p / MANIFEST}: no graphs record")
-    for kind in GRAPH_KINDS:
-        if kind not in graphs:
-            continue
+    kinds = [k for k in GRAPH_KINDS if k in graphs]
+    kinds += sorted(k for k, r in graphs.items() if k not in GRAPH_KINDS and isinstance(r, dict)
+                    and r.get("base") in GRAPH_KINDS)
+    for kind in kinds:
         rec = graphs[kind]
         folder = rec.get("folder") if isinstance(rec, dict) else None
         if not isinstance(folder, str) or "/" in folder or "\\" in folder or folder.startswith("."):
             raise ArtifactError(f"{p / MANIFEST}: bad folder name for the {kind} graph: {folder!r}")
         art.graphs[kind] = load_graph(p / folder, blobs, trust_code=trust_code)
+        art.graphs[kind].name = kind
     return art

@@ -255,49 +255,59 @@ def _write_contents(
     contract = captured.contract.to_json() if captured.contract else None
     written = WrittenArtifact(path=root)
     graphs_record: dict[str, Any] = {}
-    for kind, g in captured.graphs.items():
-        folder = graph_folder_name(captured.model, kind)
+    entries = [(kind, kind, graph_folder_name(captured.model, kind), g, None) for kind, g in captured.graphs.items()]
+    entries += [(dg.key, dg.base, f"{graph_folder_name(captured.model, dg.base)}.{dg.chain}", dg.graph, dg)
+                for dg in captured.derived.values()]
+    for key, kind, folder, g, derived in entries:
         d = root / folder
         d.mkdir()
         _strip_paths(g.gm)
         constants = {}
+        layouts = {}
         for node in g.gm.graph.nodes:
             if node.op == "get_attr":
                 value = getattr(g.gm, node.target) if "." not in node.target else g.gm.get_buffer(node.target)
                 constants[node.target] = blobs.put(value)
+                layouts[node.target] = (list(value.shape), list(value.stride()))
         gj = graph_json.graph_to_json(g.gm, constants)
         gj["kind"] = kind
         gj["input_groups"] = list(g.input_groups) if g.input_groups else None
         _write(d / GRAPH_JSON, dump_json(gj))
         src = codegen.module_source(
             g.gm,
-            title=f"{folder}: the {kind} graph of model {captured.model} ({captured.mode} capture)",
+            title=f"{folder}: the {kind} graph of model {captured.model} ({captured.mode} capture)"
+            + (f" after passes {derived.chain.replace('+', ', ')}" if derived else ""),
             input_lines=[_input_line(gi) for gi in g.inputs],
-            constants=constants,
+            constants={t: (h, *layouts[t]) for t, h in constants.items()},
             version=aotpipe.__version__,
             torch_version=v["torch"],
         )
         _write(d / MODULE_PY, src.encode("utf-8"))
         _write(d / f"{folder}.input", input_meta.dumps(input_meta.input_meta(g.inputs, g.input_groups)))
-        gv = saved.get(kind) if saved else None
-        _write(d / INPUTS_JSON, dump_json(inputs_record(g, contract, gv, blobs if gv is not None else None)))
+        gv = saved.get(key) if saved else None
+        record = inputs_record(g, contract if derived is None else None, gv, blobs if gv is not None else None)
+        if derived is not None:
+            record["passes"] = [s["name"] for s in derived.steps]
+        _write(d / INPUTS_JSON, dump_json(record))
         if gv is not None:
             _write(d / TRACE, dump_json({"format_version": FORMAT_VERSION, "nodes": gv.trace}))
-        graphs_record[kind] = {
+        graphs_record[key] = {
             "folder": folder,
             "nodes": g.num_nodes,
             "inputs": len(g.inputs),
             "outputs": len(g.outputs),
             "ops": sum(1 for n in g.gm.graph.nodes if n.op == "call_function"),
         }
-        cv = checked.get(kind) if checked else None
+        if derived is not None:
+            graphs_record[key].update(base=derived.base, passes=derived.steps)
+        cv = checked.get(key) if checked else None
         if cv is not None:
-            graphs_record[kind]["eager"] = {
+            graphs_record[key]["eager"] = {
                 "checks": [c.to_json() for c in cv.eager],
                 "within_tolerance": all(c.within_tolerance for c in cv.eager),
                 "skipped": cv.eager_skipped,
             }
-        written.graphs.append(WrittenGraph(kind, folder, g.num_nodes, len(g.inputs), len(g.outputs)))
+        written.graphs.append(WrittenGraph(key, folder, g.num_nodes, len(g.inputs), len(g.outputs)))
         _fsync_dir(d)
 
     files = {}
@@ -312,7 +322,7 @@ def _write_contents(
         "capture": {"mode": captured.mode, "options": captured.options, "notes": captured.notes},
         "graphs": graphs_record,
         "partition": contract,
-        "passes": [],
+        "passes": {dg.key: dg.steps for dg in captured.derived.values()},
         "files": files,
     }
     _write(root / MANIFEST, seal(manifest))

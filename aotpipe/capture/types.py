@@ -128,6 +128,20 @@ class CapturedGraph:
 
 
 @dataclass
+class DerivedGraph:
+    """A graph made from a captured one by a pass chain (saved beside it)."""
+
+    base: str  # the kind it was made from
+    chain: str  # its passes joined by '+'
+    graph: CapturedGraph
+    steps: list[dict[str, Any]]  # what each pass did (no timings: the manifest is deterministic)
+
+    @property
+    def key(self) -> str:
+        return f"{self.base}.{self.chain}"
+
+
+@dataclass
 class CapturedGraphs:
     """Everything one capture produced for one model."""
 
@@ -138,6 +152,8 @@ class CapturedGraphs:
     seconds: float
     options: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Graphs made from these by passes, by key "<kind>.<chain>".
+    derived: dict[str, DerivedGraph] = field(default_factory=dict)
     # Names of the user inputs in flattened (args, kwargs) order: GraphInput.target of role user.
     user_inputs: list[str] = field(default_factory=list)
     # Real values of inputs with role "constant" (lifted tensor constants), by target.

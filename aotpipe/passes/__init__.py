@@ -1,26 +1,139 @@
 """Graph passes, registered by name in one explicit table.
 
-The table is empty until the passes issue lands; the YAML's `passes:` list is checked
-against it so an unknown name is a validate-time error that lists the valid ones.
+A pass is a function ``(GraphUnderPass, options) -> PassResult`` in its own module, with a
+frozen options dataclass. In the YAML a pass is named alone (``- freeze``) or with options
+(``- freeze: {cse: false}``); every pass takes ``graphs:``, the graph kinds it applies to
+(default: inference), each of which it must accept.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
 
-import torch.fx
+from aotpipe.passes.fold_conv_bn import FoldConvBnOptions, fold_conv_bn
+from aotpipe.passes.freeze import FreezeOptions, freeze
+from aotpipe.passes.layout import (
+    ChannelsLastOptions,
+    RemoveNoopsOptions,
+    ViewToReshapeOptions,
+    channels_last,
+    remove_noops,
+    view_to_reshape,
+)
+from aotpipe.passes.reinplace import ReinplaceOptions, reinplace
+from aotpipe.passes.to_device import ToDeviceOptions, to_device
 
-PassFn = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
+ALL_KINDS = frozenset({"inference", "forward", "backward", "joint"})
+INFERENCE = frozenset({"inference"})
 
-# name -> pass function. One explicit table; no registration by import side effect.
-PASSES: dict[str, PassFn] = {}
+
+@dataclass(frozen=True)
+class PassInfo:
+    name: str
+    fn: Callable[..., Any]
+    options: type
+    kinds: frozenset[str]  # graph kinds the pass accepts
+    summary: str
+
+
+def _table(infos: list[PassInfo]) -> dict[str, PassInfo]:
+    table: dict[str, PassInfo] = {}
+    for info in infos:
+        if info.name in table:
+            raise ValueError(f"pass {info.name!r} is registered twice")
+        table[info.name] = info
+    return table
+
+
+# The one registry. Order here is only the order `aotpipe schema` lists them in.
+PASSES: dict[str, PassInfo] = _table([
+    PassInfo("freeze", freeze, FreezeOptions, INFERENCE,
+             "parameters/buffers to constants, then constant folding, CSE, DCE"),
+    PassInfo("fold_conv_bn", fold_conv_bn, FoldConvBnOptions, INFERENCE,
+             "eval batch norm folded into the convolution or linear before it (after freeze)"),
+    PassInfo("channels_last", channels_last, ChannelsLastOptions, INFERENCE,
+             "4-d convolution weights channels-last; outputs keep their strides (after freeze)"),
+    PassInfo("view_to_reshape", view_to_reshape, ViewToReshapeOptions, ALL_KINDS, "aten.view -> aten.reshape"),
+    PassInfo("remove_noops", remove_noops, RemoveNoopsOptions, ALL_KINDS, "drop alias, detach and identity views"),
+    PassInfo("reinplace", reinplace, ReinplaceOptions, ALL_KINDS,
+             "functional ops to in-place where the input is dead and not a graph input"),
+    PassInfo("to_device", to_device, ToDeviceOptions, ALL_KINDS, "rewrite for another device"),
+])
+
+
+@dataclass(frozen=True)
+class PassStep:
+    """One entry of a pass chain: a registered pass and its typed options."""
+
+    name: str
+    options: Any
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        return tuple(self.options.graphs)
+
+
+def parse_pass_entry(entry: Any) -> tuple[list[tuple[tuple, str]], PassStep | None]:
+    """([(sub-location, message)], step): an entry of `passes:` checked and made typed."""
+    if isinstance(entry, str):
+        name, raw = entry, {}
+        where: tuple = ()
+    elif isinstance(entry, dict) and len(entry) == 1:
+        ((name, raw),) = entry.items()
+        raw = {} if raw is None else raw
+        where = (name,)
+        if not isinstance(name, str):
+            return [((), f"a pass is named by a string, got {name!r}")], None
+        if not isinstance(raw, dict):
+            return [(where, f"options of pass {name!r} must be a mapping, e.g. {{graphs: [inference]}}")], None
+    else:
+        return [((), "a pass is a name (- freeze) or a one-key mapping of name to options (- freeze: {cse: false})")], None
+    if name not in PASSES:
+        return [((), f"unknown pass {name!r}; valid passes: {', '.join(PASSES)}")], None
+    info = PASSES[name]
+    fields = {f.name: f for f in dataclasses.fields(info.options)}
+    problems = []
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            problems.append((where + (key,), f"pass {name!r} has no option {key!r}; its options: {', '.join(fields)}"))
+            continue
+        default = fields[key].default
+        if isinstance(default, tuple):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                problems.append((where + (key,), f"{key} takes a list of names, e.g. [inference]"))
+                continue
+            value = tuple(value)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                problems.append((where + (key,), f"{key} takes true or false (got {value!r})"))
+                continue
+        elif isinstance(default, str) and not isinstance(value, str):
+            problems.append((where + (key,), f"{key} takes a string (got {value!r})"))
+            continue
+        values[key] = value
+    step = PassStep(name, info.options(**values)) if not problems else None
+    if step is not None:
+        for kind in step.graphs:
+            if kind not in ALL_KINDS:
+                problems.append((where + ("graphs",), f"unknown graph kind {kind!r}; use inference, forward, "
+                                 "backward or joint"))
+            elif kind not in info.kinds:
+                problems.append((where + ("graphs",), f"pass {name!r} cannot take {kind} graphs; it accepts: "
+                                 f"{', '.join(sorted(info.kinds))}"))
+        if problems:
+            step = None
+    return problems, step
 
 
 def check_pass_names(name: object) -> str | None:
-    """None if `name` is a registered pass, else a message naming the valid passes."""
-    if not isinstance(name, str):
-        return f"a pass is named by a string, got {name!r}"
-    if name in PASSES:
-        return None
-    valid = ", ".join(sorted(PASSES)) or "none yet (passes are not implemented in this version)"
-    return f"unknown pass {name!r}; valid passes: {valid}"
+    """None if `name` is a valid pass entry, else the first problem's message."""
+    problems, _ = parse_pass_entry(name)
+    return problems[0][1] if problems else None
+
+
+def step_to_json(step: PassStep) -> dict[str, Any]:
+    opts = dataclasses.asdict(step.options)
+    return {"name": step.name, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in opts.items()}}

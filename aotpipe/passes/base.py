@@ -1,0 +1,145 @@
+"""What every pass works on and returns, and helpers passes share."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from aotpipe.capture.types import GraphInput, GraphOutput
+from aotpipe.errors import AotpipeError
+
+
+@dataclass
+class GraphUnderPass:
+    """A graph with its inputs described and example values for them.
+
+    `values` are real example inputs bound by position (saved at capture): passes that
+    turn inputs into constants (freeze) take their values from here.
+    """
+
+    gm: torch.fx.GraphModule
+    kind: str
+    inputs: list[GraphInput]
+    outputs: list[GraphOutput]
+    values: list[Any]
+
+    def copy(self) -> "GraphUnderPass":
+        gm = copy.deepcopy(self.gm)
+        return dataclasses.replace(self, gm=gm, inputs=list(self.inputs), outputs=list(self.outputs),
+                                   values=list(self.values))
+
+    def placeholders(self) -> list[torch.fx.Node]:
+        return [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+
+
+@dataclass
+class PassResult:
+    """What a pass returns: the (possibly) new graph, whether it changed, and what it did."""
+
+    graph: GraphUnderPass
+    modified: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class PassError(AotpipeError):
+    """A pass failed or changed the graph's results; names the pass and those before it."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class GraphsOption:
+    """Options every pass has: which graph kinds of a model it applies to."""
+
+    graphs: tuple[str, ...] = ("inference",)
+
+
+def constant_name(gm: torch.fx.GraphModule, hint: str) -> str:
+    """A fresh attribute name for a constant, derived from `hint`."""
+    base = "_const_" + "".join(c if c.isalnum() else "_" for c in hint).strip("_")
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def add_constant(gm: torch.fx.GraphModule, value: torch.Tensor, hint: str, before: torch.fx.Node) -> torch.fx.Node:
+    """Register `value` on `gm` and return a get_attr node for it, placed before `before`."""
+    name = constant_name(gm, hint)
+    gm.register_buffer(name, value.detach())
+    with gm.graph.inserting_before(before):
+        node = gm.graph.get_attr(name)
+    node.meta["val"] = value
+    return node
+
+
+def is_constant(node: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "get_attr"
+
+
+def constant_value(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor:
+    return gm.get_buffer(node.target) if "." in node.target else getattr(gm, node.target)
+
+
+def first_get_attr_anchor(gm: torch.fx.GraphModule) -> torch.fx.Node:
+    """The node before which new constants go: the first non-placeholder node."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            return n
+    raise ValueError("empty graph")
+
+
+def is_pure(node: torch.fx.Node) -> bool:
+    """Whether a call can be evaluated ahead of time or deduplicated: no RNG, no mutation."""
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return t.__module__ == "_operator"  # operator.getitem
+    if torch.Tag.nondeterministic_seeded in t.tags:
+        return False
+    schema = t._schema
+    return not schema.is_mutable and not any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
+
+
+def real_strides(gm: torch.fx.GraphModule, values: list[Any]) -> dict[str, Any]:
+    """Each node's value layout (stride tuple, or list for tuples) when run on `values`."""
+    out: dict[str, Any] = {}
+
+    class _Record(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            r = super().run_node(n)
+            if isinstance(r, torch.Tensor):
+                out[n.name] = (tuple(r.shape), tuple(r.stride()))
+            return r
+
+    with torch.no_grad():
+        _Record(gm).run(*values)
+    return out
+
+
+def restride(graph: torch.fx.Graph, x: torch.fx.Node, stride: tuple[int, ...], before: torch.fx.Node) -> torch.fx.Node:
+    """Nodes that copy `x` into a dense tensor with the same stride order as `stride`.
+
+    Functional: permute so the wanted order is row-major, make contiguous, permute back.
+    """
+    ndim = len(stride)
+    order = sorted(range(ndim), key=lambda d: -stride[d])  # outermost dim first
+    inverse = [order.index(d) for d in range(ndim)]
+    with graph.inserting_before(before):
+        if order == list(range(ndim)):
+            return graph.call_function(torch.ops.aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+        p = graph.call_function(torch.ops.aten.permute.default, (x, order))
+        c = graph.call_function(torch.ops.aten.clone.default, (p,), {"memory_format": torch.contiguous_format})
+        return graph.call_function(torch.ops.aten.permute.default, (c, inverse))
+
+
+def op_name(node: torch.fx.Node) -> Optional[str]:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+    return None

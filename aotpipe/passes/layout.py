@@ -1,0 +1,124 @@
+"""Layout passes: view_to_reshape, remove_noops, channels_last.
+
+view_to_reshape: every ``aten.view`` becomes ``aten.reshape`` (the same where a view is
+  possible, a copy where a layout change made it impossible). Accepts any graph kind.
+remove_noops: calls that return their input unchanged are bypassed: ``alias``, ``detach``,
+  and ``view``/``reshape``/``expand`` to the same shape, ``permute`` by the identity,
+  ``slice`` of a whole dimension. Accepts any graph kind.
+channels_last: 4-d convolution weights that are constants (run `freeze` first) are
+  converted to channels-last, so CPU convolutions run in that layout; views are made
+  reshapes so downstream code copes with the new strides; graph outputs and the inputs
+  of ``as_strided`` keep the strides they had before the pass. Accepts inference graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from aotpipe.passes.base import GraphUnderPass, PassResult, constant_value, is_constant, real_strides, restride
+
+_aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class ViewToReshapeOptions:
+    graphs: tuple[str, ...] = ("inference",)
+
+
+@dataclass(frozen=True)
+class RemoveNoopsOptions:
+    graphs: tuple[str, ...] = ("inference",)
+
+
+@dataclass(frozen=True)
+class ChannelsLastOptions:
+    graphs: tuple[str, ...] = ("inference",)
+
+
+def view_to_reshape(g: GraphUnderPass, options: ViewToReshapeOptions) -> PassResult:
+    n = 0
+    for node in g.gm.graph.nodes:
+        if node.op == "call_function" and node.target is _aten.view.default:
+            node.target = _aten.reshape.default
+            n += 1
+    g.gm.recompile()
+    return PassResult(g, modified=bool(n), stats={"views_replaced": n})
+
+
+def _shape(node: object) -> tuple | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _is_noop(node: torch.fx.Node) -> bool:
+    t, args = node.target, node.args
+    if t in (_aten.alias.default, _aten.detach.default):
+        return True
+    src = args[0] if args else None
+    if t in (_aten.view.default, _aten.reshape.default, _aten.expand.default, _aten._unsafe_view.default):
+        shape = _shape(src)
+        return shape is not None and list(shape) == list(args[1])
+    if t is _aten.permute.default:
+        return list(args[1]) == list(range(len(args[1])))
+    if t is _aten.slice.Tensor:
+        shape = _shape(src)
+        dim = args[1] if len(args) > 1 else 0
+        start = args[2] if len(args) > 2 else None
+        end = args[3] if len(args) > 3 else None
+        step = args[4] if len(args) > 4 else 1
+        return (shape is not None and start in (None, 0) and step == 1
+                and (end is None or end >= shape[dim]))
+    return False
+
+
+def remove_noops(g: GraphUnderPass, options: RemoveNoopsOptions) -> PassResult:
+    removed = 0
+    for node in list(g.gm.graph.nodes):
+        if node.op == "call_function" and _is_noop(node):
+            node.replace_all_uses_with(node.args[0])
+            g.gm.graph.erase_node(node)
+            removed += 1
+    g.gm.recompile()
+    return PassResult(g, modified=bool(removed), stats={"noops_removed": removed})
+
+
+def channels_last(g: GraphUnderPass, options: ChannelsLastOptions) -> PassResult:
+    gm = g.gm
+    before = real_strides(gm, g.values)
+    converted = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is _aten.convolution.default:
+            w = node.args[1]
+            if is_constant(w) and w.target not in converted:
+                value = constant_value(gm, w)
+                if value.dim() == 4:
+                    gm.register_buffer(w.target, value.contiguous(memory_format=torch.channels_last))
+                    converted.add(w.target)
+    if not converted:
+        return PassResult(g, modified=False, stats={"weights_converted": 0})
+    view_to_reshape(g, ViewToReshapeOptions())
+    after = real_strides(gm, g.values)
+    fixed = 0
+    # as_strided reads raw memory: its input must keep the layout it had.
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is _aten.as_strided.default:
+            src = node.args[0]
+            if isinstance(src, torch.fx.Node) and src.name in before and before[src.name] != after.get(src.name):
+                new = restride(gm.graph, src, before[src.name][1], node)
+                node.replace_input_with(src, new)
+                fixed += 1
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    new_outs = []
+    for o in outs:
+        if isinstance(o, torch.fx.Node) and o.name in before and before[o.name] != after.get(o.name) \
+                and len(before[o.name][1]) > 1:
+            o = restride(gm.graph, o, before[o.name][1], output)
+            fixed += 1
+        new_outs.append(o)
+    output.args = (tuple(new_outs) if isinstance(output.args[0], tuple) else new_outs,)
+    gm.recompile()
+    return PassResult(g, modified=True, stats={"weights_converted": len(converted), "layouts_restored": fixed})

@@ -1,0 +1,25 @@
+"""to_device: the graph rewritten for another device (shared with `aotpipe replay --device`).
+
+Accepts: any graph kind. Factory ops' device arguments and the graph's constants move to
+`device`; the example inputs move with them, keeping their aliasing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aotpipe.passes.base import GraphUnderPass, PassResult
+
+
+@dataclass(frozen=True)
+class ToDeviceOptions:
+    device: str = "cpu"
+    graphs: tuple[str, ...] = ("inference",)
+
+
+def to_device(g: GraphUnderPass, options: ToDeviceOptions) -> PassResult:
+    from aotpipe.replay import move_inputs, to_device as rewrite
+
+    g.gm = rewrite(g.gm, options.device)
+    g.values = move_inputs(g.values, options.device)
+    return PassResult(g, modified=True, stats={"device": options.device})
