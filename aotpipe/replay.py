@@ -161,7 +161,8 @@ def to_device(gm: torch.fx.GraphModule, device: str | torch.device) -> torch.fx.
         if node.op == "call_function":
             node.args = rewrite(node.args)
             node.kwargs = {k: (dev if k == "device" and v is not None else rewrite(v)) for k, v in node.kwargs.items()}
-    for name, buf in list(gm.named_buffers()):
+    # remove_duplicate=False: equal constants loaded from one blob share a tensor.
+    for name, buf in list(gm.named_buffers(remove_duplicate=False)):
         owner_path, _, attr = name.rpartition(".")
         owner = gm.get_submodule(owner_path) if owner_path else gm
         owner.register_buffer(attr, buf.to(dev))

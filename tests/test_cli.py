@@ -11,16 +11,18 @@ from click.testing import CliRunner
 from aotpipe.cli import main
 
 KINDS = ["inference", "forward", "backward", "joint"]
+CHAIN = "freeze+fold_conv_bn+channels_last+reinplace"  # quickstart's pass chain, on inference graphs
+OPTIMISED = f"inference.{CHAIN}"
 MODELS = ["mlp", "small_cnn", "tiny_transformer", "running_norm"]
 
 
 def test_quickstart_writes_every_graph_kind_with_its_files(quickstart_run):
     root, _ = quickstart_run
     for m in MODELS:
-        for k in KINDS:
-            d = root / m / f"{m}_{k}_0"
+        for k in KINDS + [OPTIMISED]:
+            d = root / m / f"{m}_{k}_0" if k in KINDS else root / m / f"{m}_inference_0.{CHAIN}"
             assert sorted(p.name for p in d.iterdir()) == sorted(
-                ["module.py", "graph.json", "inputs.json", "trace.json", f"{m}_{k}_0.input"]
+                ["module.py", "graph.json", "inputs.json", "trace.json", f"{d.name}.input"]
             ), d
         assert (root / m / "manifest.json").is_file()
     assert (root / "run.json").is_file() and (root / "report.md").is_file()
@@ -38,7 +40,9 @@ def test_manifest_lists_every_file_with_its_sha256(quickstart_run):
         assert set(manifest["files"]) == on_disk - {"manifest.json"}
         for rel, digest in manifest["files"].items():
             assert hashlib.sha256((root / m / rel).read_bytes()).hexdigest() == digest
-        assert set(manifest["graphs"]) == set(KINDS)
+        assert set(manifest["graphs"]) == set(KINDS) | {OPTIMISED}
+        assert manifest["graphs"][OPTIMISED]["base"] == "inference"
+        assert [p["name"] for p in manifest["graphs"][OPTIMISED]["passes"]] == CHAIN.split("+")
         assert len(manifest["fingerprint"]) == 64
 
 
@@ -47,7 +51,7 @@ def test_torch_get_inputs_reads_every_non_joint_input_file(quickstart_run):
 
     root, _ = quickstart_run
     files = sorted(p for p in root.rglob("*.input") if "_joint_" not in p.name)
-    assert len(files) == len(MODELS) * 3
+    assert len(files) == len(MODELS) * 4  # inference, forward, backward, optimised inference
     for f in files:
         inputs = get_inputs(str(f))
         meta = json.loads((f.parent / "inputs.json").read_text())["inputs"]
@@ -64,13 +68,15 @@ def test_joint_input_file_is_nested_primals_tangents(quickstart_run):
 
 
 def test_graph_json_rebuilds_every_graph(quickstart_run):
-    from aotpipe.artifact.graph_json import graph_from_json
+    from aotpipe.artifact.load import load
 
     root, _ = quickstart_run
-    for gj in root.rglob("graph.json"):
-        data = json.loads(gj.read_text())
-        gm = graph_from_json(data, where=str(gj))
-        assert len(gm.graph.nodes) == len(data["nodes"])
+    for m in MODELS:
+        art = load(root / m)
+        assert set(art.graphs) == set(KINDS) | {OPTIMISED}
+        for ga in art.graphs.values():
+            data = json.loads((ga.folder / "graph.json").read_text())
+            assert len(ga.module.graph.nodes) == len(data["nodes"])
 
 
 def test_module_py_imports_and_has_shape_annotations(quickstart_run):
@@ -115,10 +121,11 @@ def test_report_and_run_json_give_status_nodes_seconds_bytes(quickstart_run):
     root, result = quickstart_run
     run = json.loads((root / "run.json").read_text())
     assert run["ok"] is True and run["summary"] == {
-        "models": 4, "ok": 4, "up_to_date": 0, "failed": 0, "graphs": 16, "bytes": run["summary"]["bytes"]}
+        "models": 4, "ok": 4, "up_to_date": 0, "failed": 0, "graphs": 20, "bytes": run["summary"]["bytes"]}
     for m in run["models"]:
         assert m["status"] == "ok" and m["capture_seconds"] > 0 and m["bytes"] > 0
-        assert {g["kind"] for g in m["graphs"]} == set(KINDS) and all(g["nodes"] > 0 for g in m["graphs"])
+        assert {g["kind"] for g in m["graphs"]} == set(KINDS) | {OPTIMISED}
+        assert all(g["nodes"] > 0 for g in m["graphs"])
     report = (root / "report.md").read_text()
     for m in MODELS:
         assert f"| {m} | ok |" in report

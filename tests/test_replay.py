@@ -158,7 +158,7 @@ def test_every_quickstart_graph_replays_bit_exactly(quickstart_run):
     root, _ = quickstart_run
     for m in MODELS:
         results = replay(root / m)
-        assert [r.kind for r in results] == KINDS
+        assert [r.kind for r in results] == KINDS + ["inference.freeze+fold_conv_bn+channels_last+reinplace"]
         for r in results:
             assert r.status == "match" and r.max_abs_error == 0.0, (m, r)
 
@@ -308,7 +308,7 @@ def test_run_records_verification_in_manifest_and_report(quickstart_run):
         v = json.loads((root / m / "manifest.json").read_text())["verification"]
         assert {k: v[k]["status"] for k in KINDS} == {k: "match" for k in KINDS}
         assert v["chain"]["status"] == "match"
-    assert "4 graphs + chain match" in (root / "report.md").read_text()
+    assert "5 graphs + chain match" in (root / "report.md").read_text()
 
 
 def test_ls_and_show(quickstart_run):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 from torch.fx.passes.reinplace import reinplace as fx_reinplace
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from aotpipe.passes.base import GraphUnderPass, PassResult, constant_value
 
@@ -55,7 +56,9 @@ def reinplace(g: GraphUnderPass, options: ReinplaceOptions) -> PassResult:
         as_inputs.append((ph, c.target, constant_value(gm, c)))
         gm.graph.erase_node(c)
     gm.recompile()
+    already = {n.name for n in gm.graph.nodes if n.op == "call_function" and _is_inplace(n)}
     gm = fx_reinplace(gm, *g.values, *[v for _, _, v in as_inputs])
+    reverted = _revert_overlapping(gm, already)
     first = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for ph, target, _ in as_inputs:
         with gm.graph.inserting_before(first):
@@ -67,4 +70,43 @@ def reinplace(g: GraphUnderPass, options: ReinplaceOptions) -> PassResult:
     after = sum(1 for n in gm.graph.nodes if n.op == "call_function" and _is_inplace(n))
     g.gm = gm
     return PassResult(g, modified=after != before or bool(asserts),
-                      stats={"ops_reinplaced": after - before, "metadata_asserts_dropped": len(asserts)})
+                      stats={"ops_reinplaced": after - before, "metadata_asserts_dropped": len(asserts),
+                             "unsafe_reverted": reverted})
+
+
+def _storage(node: object) -> object:
+    val = node.meta.get("fake_result") if isinstance(node, torch.fx.Node) else None
+    return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
+
+
+def _revert_overlapping(gm: torch.fx.GraphModule, already: set[str]) -> int:
+    """Undo in-place rewrites whose other arguments read the memory being written.
+
+    torch's reinplace turns ``sub(slice(x, 1:), slice(x, :-1))`` into an in-place
+    ``sub_`` on the first slice while the second, an overlapping view of the same
+    storage, is still being read: the result changes. Such ops go back to their
+    functional form, and later uses of the argument go back to the op's result.
+    """
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    reverted = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.name in already or not _is_inplace(node):
+            continue
+        name = node.target._schema.name.split("::")[-1]
+        if not name.endswith("_") or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        self_arg = node.args[0]
+        mine = _storage(self_arg)
+        others = [a for a in node.all_input_nodes if a is not self_arg]
+        if mine is None or not any(_storage(o) == mine for o in others):
+            continue
+        packet = getattr(torch.ops.aten, name[:-1], None)
+        functional = getattr(packet, node.target._overloadname, None) if packet is not None else None
+        if functional is None:
+            continue
+        node.target = functional
+        for user in list(self_arg.users):
+            if user is not node and order[user] > order[node]:
+                user.replace_input_with(self_arg, node)
+        reverted += 1
+    return reverted
