@@ -79,8 +79,10 @@ def freeze(g: GraphUnderPass, options: FreezeOptions) -> PassResult:
         else:
             new_inputs.append(gi)
             new_values.append(value)
-    folded = fold_constants(gm) if options.fold else 0
+    # CSE before folding too: two equal calls on constants would fold into two constants.
     merged = cse(gm) if options.cse else 0
+    folded = fold_constants(gm) if options.fold else 0
+    merged += cse(gm) if options.cse else 0
     gm.graph.eliminate_dead_code()
     _drop_unused_constants(gm)
     gm.recompile()

@@ -1,0 +1,41 @@
+"""Build a GraphUnderPass from a tiny inline module, as capture would."""
+
+import torch
+
+from aotpipe.capture import capture_export
+from aotpipe.capture.values import record_values
+from aotpipe.passes import PASSES, parse_pass_entry
+from aotpipe.passes.base import GraphUnderPass
+from aotpipe.replay import run_graph
+
+
+def graph_of(model, *args, kind="inference"):
+    model.eval()
+    names = [f"arg{i}" for i in range(len(args))]
+    graphs = ["inference"] if kind == "inference" else ["forward", "backward", "joint"]
+    cap = capture_export(model, args, {}, name="t", graphs=graphs, input_names=names)
+    values = record_values(model, args, {}, cap, cap.user_inputs)
+    g = cap.graphs[kind]
+    return GraphUnderPass(g.gm, kind, list(g.inputs), list(g.outputs), list(values[kind].inputs))
+
+
+def apply(name, g, **options):
+    step = parse_pass_entry({name: options} if options else name)[1]
+    return PASSES[name].fn(g.copy(), step.options)
+
+
+def ops(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def count(gm, op):
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is op)
+
+
+def outputs(g):
+    return run_graph(g.gm, g.values)
+
+
+def assert_same_results(before, after):
+    for a, b in zip(outputs(after), outputs(before)):
+        torch.testing.assert_close(a, b)
