@@ -81,6 +81,9 @@ def describe(path: Path) -> str:
             c = rec["partition"]
             lines.append(f"  partition: {c['num_mutated_inputs']} mutated, {c['num_user_outputs']} user outputs, "
                          f"{c['num_saved_tensors']} saved tensors, {c['num_tangents']} tangents")
+        for step in (m.get("graphs", {}).get(kind, {}) or {}).get("passes", []) or []:
+            did = ", ".join(f"{k} {v}" for k, v in step["stats"].items() if v) or "nothing"
+            lines.append(f"  pass {step['name']}: {step['nodes_before']} -> {step['nodes_after']} nodes, {did}")
         v = (m.get("verification") or {}).get(kind)
         if v:
             lines.append(f"  verified: {v['status']} ({v['inputs']} inputs)")

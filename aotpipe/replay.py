@@ -193,9 +193,21 @@ def move_inputs(values: list[Any], device: str | torch.device) -> list[Any]:
 # running and comparing
 
 
+def _draws_random(module: torch.nn.Module) -> bool:
+    from aotpipe.capture.values import uses_rng
+
+    if not isinstance(module, torch.fx.GraphModule):
+        return True  # imported module.py: cannot tell, seed to be safe
+    cached = module.__dict__.get("_aotpipe_uses_rng")
+    if cached is None:
+        cached = module.__dict__["_aotpipe_uses_rng"] = uses_rng(module)
+    return cached
+
+
 def run_graph(module: torch.nn.Module, inputs: list[Any]) -> list[Any]:
     """Run a graph on flat inputs, RNG seeded as at capture; outputs as a list."""
-    torch.manual_seed(RNG_SEED)
+    if _draws_random(module):
+        torch.manual_seed(RNG_SEED)  # ~0.1 ms: only for graphs that draw random numbers
     with torch.no_grad():
         out = module(*inputs)
     return list(out) if isinstance(out, (tuple, list)) else [out]

@@ -96,6 +96,19 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
               "backward and compares gradients with the joint graph's. Eager: the graph's outputs against the "
               "eager model's on the same inputs (float32 tolerance rtol=atol=1e-4; training graphs that draw "
               "random numbers are not compared)."]
+    with_passes = [m for m in run.models if m.passes]
+    if with_passes:
+        lines += ["", "## Passes", "",
+                  "Each pass is checked against the graph before it on the saved inputs (float32 tolerance "
+                  "rtol=atol=1e-4).", "",
+                  "| model | graph | pass | nodes before | nodes after | max abs error | what it did | s |",
+                  "|---|---|---|---:|---:|---:|---|---:|"]
+        for m in with_passes:
+            for key, rec in m.passes.items():
+                for step in rec["steps"]:
+                    did = ", ".join(f"{k} {v}" for k, v in step["stats"].items() if v) or "nothing"
+                    lines.append(f"| {m.name} | {key.split('.')[0]} | {step['name']} | {step['nodes_before']} "
+                                 f"| {step['nodes_after']} | {step['max_abs_error']:.2g} | {did} | {step['seconds']:.3f} |")
     if run.cleaned:
         lines += ["", "## Cleaned up", ""] + [f"- {c}" for c in run.cleaned]
     noted = [m for m in run.models if m.notes]
