@@ -132,8 +132,9 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
             out["chain"] = chained.to_json()
         click.echo(json.dumps(out, indent=2, sort_keys=True))
     else:
+        width = max([10] + [len(r.kind) for r in results])
         for r in results:
-            line = f"{r.kind:<10} {r.status:<9} ({r.inputs} inputs)"
+            line = f"{r.kind:<{width}} {r.status:<9} ({r.inputs} inputs)"
             if r.max_abs_error is not None:
                 line += f"  max abs error {r.max_abs_error:.3g}"
             line += f"  {r.seconds * 1e3:.2f} ms"
@@ -151,7 +152,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
         if chained is not None:
             eager = ("" if chained.max_abs_error_vs_eager is None
                      else f", vs eager autograd max abs error {chained.max_abs_error_vs_eager:.3g}")
-            click.echo(f"{'chain':<10} {chained.status:<9} forward -> backward, {chained.compared} gradients "
+            click.echo(f"{'chain':<{width}} {chained.status:<9} forward -> backward, {chained.compared} gradients "
                        f"vs joint max abs error {chained.max_abs_error_vs_joint:.3g}{eager}")
             for m in chained.problems:
                 click.echo(f"    {m}")

@@ -22,7 +22,7 @@ def run_local(
             r = run_model(spec, out_root, base_dir, force=force)
             results.append(r)
             bar.set_postfix_str(f"{spec.name}: {'up to date' if r.skipped else r.status}")
-            if r.status != "ok":
+            if r.status != "ok" and progress:
                 bar.write(f"FAILED {spec.name} ({r.stage}): {r.error}")
             bar.update(1)
     finally:

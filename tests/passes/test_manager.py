@@ -1,0 +1,141 @@
+"""The pass manager: each pass verified against the graph before it; failures named."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import aotpipe.passes as passes
+from aotpipe import zoo
+from aotpipe.cli import main
+from aotpipe.passes import PassStep, parse_pass_entry
+from aotpipe.passes.base import PassError, PassResult, constant_value
+from aotpipe.passes.manager import run_chain
+from tests.passes.helpers import graph_of
+
+CONV = torch.ops.aten.convolution.default
+
+
+def _corrupt_conv_weights(g, options):
+    """A broken pass: scales every convolution weight constant."""
+    for n in g.gm.graph.nodes:
+        if n.op == "call_function" and n.target is CONV:
+            w = constant_value(g.gm, n.args[1])
+            g.gm.register_buffer(n.args[1].target, w * 1.5)
+    return PassResult(g, modified=True)
+
+
+def _raises(g, options):
+    raise RuntimeError("boom")
+
+
+def _steps(*names):
+    return [parse_pass_entry(n)[1] for n in names]
+
+
+def test_chain_records_each_pass(tmp_path):
+    g = graph_of(zoo.small_cnn(channels=4), torch.randn(2, 3, 8, 8))
+    final, records = run_chain(g, _steps("freeze", "fold_conv_bn", "channels_last", "reinplace"))
+    assert [r.name for r in records] == ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
+    assert records[0].nodes_before == len(g.gm.graph.nodes)
+    assert all(a.nodes_after == b.nodes_before for a, b in zip(records, records[1:]))
+    assert records[1].stats["conv_bn_folded"] == 2
+
+
+def test_pass_that_changes_results_is_named_with_first_diverging_node(monkeypatch):
+    info = dataclasses.replace(passes.PASSES["fold_conv_bn"], fn=_corrupt_conv_weights)
+    monkeypatch.setitem(passes.PASSES, "fold_conv_bn", info)
+    g = graph_of(zoo.small_cnn(channels=4), torch.randn(2, 3, 8, 8))
+    with pytest.raises(PassError) as e:
+        run_chain(g, _steps("freeze", "fold_conv_bn"))
+    msg = str(e.value)
+    assert "pass 'fold_conv_bn' (passes before it: freeze) changed the results" in msg
+    assert "first diverging node: _const_conv1_weight" in msg  # the corrupted constant itself
+
+
+def test_pass_that_raises_is_named_with_those_before_it(monkeypatch):
+    monkeypatch.setitem(passes.PASSES, "channels_last", dataclasses.replace(passes.PASSES["channels_last"], fn=_raises))
+    g = graph_of(zoo.small_cnn(channels=4), torch.randn(2, 3, 8, 8))
+    with pytest.raises(PassError, match=r"pass 'channels_last' \(passes before it: freeze, fold_conv_bn\) failed: "
+                                        r"RuntimeError: boom"):
+        run_chain(g, _steps("freeze", "fold_conv_bn", "channels_last"))
+
+
+def test_pass_on_a_kind_it_cannot_take_is_refused():
+    g = graph_of(zoo.mlp(in_features=4), torch.randn(2, 4), kind="forward")
+    with pytest.raises(PassError, match="cannot take a forward graph"):
+        run_chain(g, [PassStep("freeze", passes.FreezeOptions())])
+
+
+def test_failing_chain_fails_the_model_but_keeps_raw_graphs_and_goes_on(monkeypatch, tmp_path):
+    info = dataclasses.replace(passes.PASSES["fold_conv_bn"], fn=_corrupt_conv_weights)
+    monkeypatch.setitem(passes.PASSES, "fold_conv_bn", info)
+    p = tmp_path / "p.yaml"
+    p.write_text(textwrap.dedent("""
+        version: 1
+        name: broken
+        defaults: {passes: [freeze, fold_conv_bn]}
+        models:
+          - {name: cnn, source: aotpipe.zoo:small_cnn, args: {channels: 4}, inputs: [{shape: [2, 3, 8, 8]}]}
+          - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 4}, inputs: [{shape: [2, 4]}]}
+    """))
+    r = CliRunner().invoke(main, ["run", str(p), "-o", str(tmp_path / "out"), "--no-progress", "--json"])
+    assert r.exit_code == 1
+    run = json.loads(r.output)
+    cnn, mlp = run["models"]
+    assert (cnn["status"], cnn["stage"]) == ("failed", "passes")
+    assert "first diverging node" in cnn["error"] and "fold_conv_bn" in cnn["error"]
+    assert mlp["status"] == "ok" and "inference.freeze+fold_conv_bn" in {g["kind"] for g in mlp["graphs"]}
+    root = tmp_path / "out" / "broken"
+    manifest = json.loads((root / "cnn" / "manifest.json").read_text())
+    assert set(manifest["graphs"]) == {"inference", "forward", "backward", "joint"}
+    assert all(v["status"] == "match" for v in manifest["verification"].values())
+
+
+def test_optimised_graph_loads_and_runs_without_inductor(quickstart_run):
+    root, _ = quickstart_run
+    code = textwrap.dedent(f"""
+        import sys
+        from aotpipe.replay import replay
+        results = replay({str(root / 'small_cnn')!r})
+        assert all(r.status == "match" for r in results), [(r.kind, r.status) for r in results]
+        assert any(r.kind.startswith("inference.") for r in results)
+        assert "torch._inductor" not in sys.modules, "inductor was imported"
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_small_cnn_optimised_graph_has_no_batch_norm_and_channels_last_weights(quickstart_run):
+    from aotpipe.artifact.load import load
+
+    root, _ = quickstart_run
+    art = load(root / "small_cnn")
+    (key,) = [k for k in art.graphs if k.startswith("inference.")]
+    gm = art.graphs[key].module
+    assert not [n for n in gm.graph.nodes if "batch_norm" in str(n.target)]
+    convs = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is CONV]
+    assert len(convs) == 2
+    for c in convs:
+        w = constant_value(gm, c.args[1])
+        assert w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+
+
+def test_folded_constants_are_stored_once(quickstart_run):
+    root, _ = quickstart_run
+    model = root / "tiny_transformer"
+    refs = []
+    for gj in model.rglob("graph.json"):
+        refs += [n["blob"] for n in json.loads(gj.read_text())["nodes"] if n["op"] == "get_attr"]
+    for ij in model.rglob("inputs.json"):
+        rec = json.loads(ij.read_text())
+        refs += [s["blob"] for s in rec["storages"] if s["blob"]] + [o["blob"] for o in rec["outputs"] if o["blob"]]
+    blobs = {p.stem for p in (model / "blobs").iterdir()}
+    assert set(refs) == blobs
+    assert len(refs) > len(blobs)  # weights shared by the raw graphs' inputs and the frozen graph's constants
