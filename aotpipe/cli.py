@@ -104,7 +104,9 @@ def schema() -> None:
 @click.option("--device", default=None, help="Run on this device (cuda, meta, ...): inputs and factory ops move.")
 @click.option("--bench", type=click.IntRange(min=0), default=0, help="Also time N runs (median), beside eager's.")
 @click.option("--chain", is_flag=True, help="Also run forward then backward and check gradients vs joint and eager.")
-@click.option("--trust-code", is_flag=True, help="Import module.py instead of rebuilding from graph.json (runs its code).")
+@click.option("--trust-code", is_flag=True,
+              help="Import module.py instead of rebuilding from graph.json, and let --bench/--chain rebuild any "
+                   "module:callable source the manifest names (both run code the artefact names).")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @_user_errors
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
@@ -123,8 +125,8 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench)
     if bench:
         for r in results:
-            r.eager_bench_seconds = eager_bench(art, r.kind.split(".")[0], bench)
-    chained = replay_chain(art) if chain else None
+            r.eager_bench_seconds = eager_bench(art, r.kind.split(".")[0], bench, trust_code=trust_code)
+    chained = replay_chain(art, trust_code=trust_code) if chain else None
     ok = all(r.ok for r in results) and (chained is None or chained.status == "match")
     if as_json:
         out = {"artifact": art.name, "ok": ok, "graphs": [r.to_json() for r in results]}

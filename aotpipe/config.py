@@ -123,6 +123,8 @@ class ModelEntry(_Strict):
             raise ValueError(
                 f"model name {v!r} is not a safe folder name; use letters, digits, '_', '.', '-'"
             )
+        if v in ("run.json", "report.md"):
+            raise ValueError(f"model name {v!r} is the name of a run report; choose another")
         return v
 
     @field_validator("source")

@@ -52,6 +52,15 @@ def list_artifacts(root: Path) -> list[dict[str, str]]:
 
 def describe(path: Path) -> str:
     """A multi-line description of one artefact."""
+    try:
+        return _describe(path)
+    except ArtifactError:
+        raise
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
+        raise ArtifactError(f"{path}: malformed artefact ({e.__class__.__name__}: {e})") from None
+
+
+def _describe(path: Path) -> str:
     art = load(path)
     m = art.manifest
     lines = [

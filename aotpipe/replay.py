@@ -215,7 +215,9 @@ def run_graph(module: torch.nn.Module, inputs: list[Any]) -> list[Any]:
 
 def copy_mutations_back(record: dict[str, Any], inputs: list[Any], outputs: list[Any]) -> list[str]:
     """Apply the graph's mutation outputs to the inputs they mutate; returns their targets."""
-    by_target = {rec["target"]: i for i, rec in enumerate(record["inputs"]) if rec.get("target") is not None}
+    by_target = {rec["name"]: i for i, rec in enumerate(record["inputs"]) if rec.get("name") is not None}
+    # a parameter or buffer mutation names its target; a user-input mutation its placeholder
+    by_target.update({rec["target"]: i for i, rec in enumerate(record["inputs"]) if rec.get("target") is not None})
     done = []
     for rec, value in zip(record["outputs"], outputs):
         if rec["role"] == "mutation" and rec["target"] in by_target and isinstance(value, torch.Tensor):
@@ -363,7 +365,7 @@ def replay_graph(
             result.status = "mismatch"
             result.mismatches = [f"{len(outs)} outputs, recorded {len(ga.record['outputs'])}"]
             return result
-        if inputs == "saved" and device in (None, "cpu") and ga.has_saved_values:
+        if inputs == "saved" and (device is None or torch.device(device).type == "cpu") and ga.has_saved_values:
             expected = ga.reference_outputs()
             problems, worst = _compare_outputs(ga.record, outs, expected)
             result.max_abs_error = worst
@@ -437,7 +439,7 @@ class ChainReplay:
         return dict(self.__dict__)
 
 
-def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True) -> ChainReplay:
+def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, trust_code: bool = False) -> ChainReplay:
     """Run forward on saved inputs, feed its saved activations to backward, check the gradients.
 
     Gradients must equal the joint graph's bit for bit, and match eager autograd on the
@@ -471,7 +473,7 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True) ->
             problems.append(f"gradient of {target}: differs from the joint graph's (max abs error {err:.3g})")
     eager_err, eager_ok = None, None
     if rebuild_source:
-        eager = _eager_grads(art)
+        eager = _eager_grads(art, trust_code=trust_code)
         if eager is not None:
             eager_err, eager_ok = 0.0, True
             for g, target in zip(grads, contract["grad_of"]):
@@ -486,36 +488,46 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True) ->
     return ChainReplay("mismatch" if problems else "match", compared, worst, eager_err, eager_ok, problems)
 
 
-def rebuild_model(art: Artifact) -> Optional[tuple[torch.nn.Module, tuple, dict]]:
-    """The source model and example inputs, rebuilt from the manifest's spec; None if impossible."""
+def rebuild_model(art: Artifact, *, trust_code: bool = False) -> Optional[tuple[torch.nn.Module, tuple, dict]]:
+    """The source model and example inputs, rebuilt from the manifest's spec; None if impossible.
+
+    Rebuilding imports and calls the source the manifest names: only the builtin zoo and
+    transformers classes are rebuilt unless `trust_code` (a hostile manifest could name
+    any callable).
+    """
     from aotpipe.config import ModelSpec
     from aotpipe.errors import AotpipeError
     from aotpipe.sources import build_model, make_example_inputs
 
     try:
         spec = ModelSpec.model_validate(art.manifest["model"])
+        if not trust_code and not (spec.source.startswith("hf:") or spec.source.startswith("aotpipe.zoo:")):
+            return None
         model = build_model(spec)
         args, kwargs = make_example_inputs(spec)
-    except (AotpipeError, KeyError, ValueError, ImportError):
+    except (AotpipeError, KeyError, ValueError, TypeError, ImportError):
         return None
     return model, args, kwargs
 
 
-def _eager_grads(art: Artifact) -> Optional[dict[str, Optional[torch.Tensor]]]:
+def _eager_grads(art: Artifact, *, trust_code: bool = False) -> Optional[dict[str, Optional[torch.Tensor]]]:
     from aotpipe.capture.values import _sum_loss
 
-    rebuilt = rebuild_model(art)
+    rebuilt = rebuild_model(art, trust_code=trust_code)
     if rebuilt is None:
         return None
     model, args, kwargs = rebuilt
     model.train()
-    _sum_loss(model(*args, **kwargs)).backward()
+    try:
+        _sum_loss(model(*args, **kwargs)).backward()
+    except (IndexError, RuntimeError):
+        return None  # no floating-point output to differentiate
     return {n: p.grad for n, p in model.named_parameters(remove_duplicate=False)}
 
 
-def eager_bench(art: Artifact, kind: str, n: int) -> Optional[float]:
+def eager_bench(art: Artifact, kind: str, n: int, *, trust_code: bool = False) -> Optional[float]:
     """Median seconds of the eager model on its example inputs (for --bench), if rebuildable."""
-    rebuilt = rebuild_model(art)
+    rebuilt = rebuild_model(art, trust_code=trust_code)
     if rebuilt is None:
         return None
     model, args, kwargs = rebuilt

@@ -74,7 +74,7 @@ def up_to_date(folder: Path, fp: str) -> Optional[dict[str, Any]]:
         return None
     if verify_artifact(folder, load_graphs=False):
         return None
-    if _verification_summary(manifest)["problems"] or _eager_problems(manifest):
+    if _verification_summary(manifest)["problems"] or _eager_problems(manifest) or manifest.get("pass_failures"):
         return None  # it failed last time: try again
     return manifest
 
@@ -184,6 +184,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             values=values,
             save_inputs=spec.save_inputs,
             verify=verify if spec.verify else None,
+            pass_failures=pass_problems,
         )
         result.verify_seconds = verify_t[0]
         result.write_seconds = time.perf_counter() - t0 - verify_t[0]

@@ -46,6 +46,8 @@ class BlobStore:
         if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
             raise ArtifactError(f"bad blob name {digest!r}")
         path = self.dir / f"{digest}.safetensors"
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise ArtifactError(f"{path}: not a regular file (a link or device in an artefact is refused)")
         try:
             data = path.read_bytes()
         except OSError:

@@ -74,7 +74,44 @@ def resolve_target(name: str) -> Callable[..., Any]:
         raise ArtifactError(f"graph.json names {name!r}, which this torch ({torch.__version__}) does not have") from None
     if not isinstance(target, torch._ops.OpOverload):
         raise ArtifactError(f"graph.json names {name!r}, which is not an op overload")
+    why = _unsafe_reason(target)
+    if why:
+        raise ArtifactError(f"graph.json names {name!r}, which is not allowed: {why}")
     return target
+
+
+# Ops that reach outside the tensors a graph is given (files, raw storage, printing) or
+# re-point a tensor at other memory. A graph of ours never needs them.
+DENIED_OPS = frozenset({"from_file", "set_", "set", "resize_", "resize_as_", "_resize_output_", "_print",
+                        "_debug_has_internal_overlap", "save", "load", "_unsafe_set_version_counter",
+                        "_set_grad_enabled", "_dirichlet_grad"})
+# String arguments that name a choice among a few values (not a file, not code).
+ENUM_STRING_ARGS = frozenset({"rounding_mode", "approximate", "reduce", "side", "mode", "padding_mode", "norm",
+                              "UPLO", "driver", "pad_mode", "interpolation", "indexing", "reduction"})
+
+
+def _unsafe_reason(op: torch._ops.OpOverload) -> str | None:
+    name = op._schema.name.split("::")[-1]
+    if name in DENIED_OPS:
+        return "it reaches outside the graph's tensors"
+    for a in op._schema.arguments:
+        t = str(a.type)
+        if "str" in t and a.name not in ENUM_STRING_ARGS:
+            return f"its argument {a.name!r} is a free string"
+        if "Storage" in t or "Any" == t:
+            return f"its argument {a.name!r} is a {t}"
+    return None
+
+
+def _check_kwargs(fn: Any, kwargs: Any, where: str) -> dict:
+    """Keyword arguments must be named parameters of the op (they become generated code)."""
+    if not isinstance(kwargs, dict):
+        raise ArtifactError(f"{where}: kwargs must be an object")
+    allowed = {a.name for a in fn._schema.arguments} if isinstance(fn, torch._ops.OpOverload) else set()
+    for k in kwargs:
+        if k not in allowed:
+            raise ArtifactError(f"{where}: {k!r} is not an argument of {getattr(fn, '__name__', fn)}")
+    return kwargs
 
 
 def encode_arg(a: Any) -> Any:
@@ -204,7 +241,19 @@ def graph_to_json(gm: torch.fx.GraphModule, constants: dict[str, str] | None = N
 def graph_from_json(
     data: Any, constants: dict[str, torch.Tensor] | None = None, *, where: str = "graph.json"
 ) -> torch.fx.GraphModule:
-    """Rebuild a GraphModule from graph_to_json data; `constants` maps blob hashes to tensors."""
+    """Rebuild a GraphModule from graph_to_json data; `constants` maps blob hashes to tensors.
+
+    Malformed data of any shape is an ArtifactError, never another exception.
+    """
+    try:
+        return _graph_from_json(data, constants, where)
+    except ArtifactError:
+        raise
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError, RuntimeError, RecursionError) as e:
+        raise ArtifactError(f"{where}: malformed graph ({e.__class__.__name__}: {e})") from None
+
+
+def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where: str) -> torch.fx.GraphModule:
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise ArtifactError(f"{where}: not a graph (no 'nodes' list)")
     version = data.get("format_version")
@@ -228,7 +277,9 @@ def graph_from_json(
             if constants is None or blob not in constants:
                 raise ArtifactError(f"{where}: constant {name!r} needs blob {blob!r}, which is missing")
             target = entry.get("target")
-            if not isinstance(target, str) or not all(p.isidentifier() for p in target.split(".")):
+            if not isinstance(target, str) or not all(p.isidentifier() and not p.startswith("__")
+                                                      for p in target.split(".")) \
+                    or hasattr(torch.fx.GraphModule, target.split(".")[0]):
                 raise ArtifactError(f"{where}: bad get_attr target {target!r}")
             value = constants[blob]
             shape, stride = entry.get("shape"), entry.get("stride")
@@ -242,7 +293,10 @@ def graph_from_json(
         elif op == "call_function":
             fn = resolve_target(entry.get("target"))
             args = decode_arg(entry.get("args", []), env)
-            kwargs = {k: decode_arg(v, env) for k, v in (entry.get("kwargs") or {}).items()}
+            if not isinstance(args, list):
+                raise ArtifactError(f"{where}: node {name!r}: args must be a list")
+            raw_kwargs = _check_kwargs(fn, entry.get("kwargs") or {}, f"{where}: node {name!r}")
+            kwargs = {k: decode_arg(v, env) for k, v in raw_kwargs.items()}
             node = graph.create_node("call_function", fn, tuple(args), kwargs, name=name)
         elif op == "output":
             args = decode_arg(entry.get("args", []), env)

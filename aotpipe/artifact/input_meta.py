@@ -87,7 +87,11 @@ def loads(data: bytes, where: str = ".input") -> list:
 def read(path: str | Path) -> list:
     """Read a .input file safely."""
     p = Path(path)
+    if p.is_symlink() or (p.exists() and not p.is_file()):
+        raise ArtifactError(f"{p}: not a regular file (a link or device is refused)")
     try:
+        if p.stat().st_size > (64 << 20):
+            raise ArtifactError(f"{p}: far larger than any .input file")
         data = p.read_bytes()
     except OSError as e:
         raise ArtifactError(f"{p}: cannot read ({e.strerror})") from None

@@ -27,8 +27,23 @@ from aotpipe.errors import ArtifactError
 GRAPH_KINDS = ("inference", "forward", "backward", "joint")
 
 
-def read_json(path: Path) -> Any:
+MAX_RECORD_BYTES = 256 << 20  # no JSON record of ours comes near this
+
+
+def check_regular_file(path: Path, root: Optional[Path] = None) -> None:
+    """Refuse symlinks, devices, FIFOs and paths that leave `root`: a hostile folder could
+    point a record at /dev/zero or at a file elsewhere."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ArtifactError(f"{path}: not a regular file (a link or device in an artefact is refused)")
+    if root is not None and not path.resolve().is_relative_to(root.resolve()):
+        raise ArtifactError(f"{path}: outside the artefact folder")
+
+
+def read_json(path: Path, root: Optional[Path] = None) -> Any:
+    check_regular_file(path, root)
     try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise ArtifactError(f"{path}: larger than any record aotpipe writes ({MAX_RECORD_BYTES >> 20} MiB)")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ArtifactError(f"{path}: missing") from None
@@ -81,18 +96,31 @@ class GraphArtifact:
         """The example inputs saved at capture, with their recorded layout and aliasing."""
         if not self.has_saved_values:
             raise ArtifactError(f"{self.folder}: no saved inputs (the model ran with save_inputs: false)")
-        bases = []
-        for s in self.record["storages"]:
-            t = self.blobs.get(s["blob"])
-            if t.dtype != decode_dtype(s["dtype"]) or t.numel() != s["numel"]:
-                raise ArtifactError(f"{self.folder}: blob {s['blob'][:12]} does not match its storage record")
-            bases.append(t)
-        return build_inputs(self.record, bases)
+        try:
+            bases = []
+            for s in self.record["storages"]:
+                t = self.blobs.get(s["blob"])
+                if t.dtype != decode_dtype(s["dtype"]) or t.numel() != s["numel"]:
+                    raise ArtifactError(f"{self.folder}: blob {s['blob'][:12]} does not match its storage record")
+                bases.append(t)
+            return build_inputs(self.record, bases)
+        except ArtifactError:
+            raise
+        except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
+            raise ArtifactError(f"{self.folder / 'inputs.json'}: malformed ({e.__class__.__name__}: {e})") from None
 
     def reference_outputs(self) -> list[Any]:
         """The graph's outputs recorded at capture (de-duplicated outputs re-expanded)."""
         if not self.has_saved_values:
             raise ArtifactError(f"{self.folder}: no reference outputs (save_inputs: false)")
+        try:
+            return self._reference_outputs()
+        except ArtifactError:
+            raise
+        except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
+            raise ArtifactError(f"{self.folder / 'inputs.json'}: malformed ({e.__class__.__name__}: {e})") from None
+
+    def _reference_outputs(self) -> list[Any]:
         inputs: Optional[list[Any]] = None
         out: list[Any] = []
         for rec in self.record["outputs"]:
@@ -120,7 +148,10 @@ def build_inputs(record: dict[str, Any], bases: list[torch.Tensor]) -> list[Any]
             kind = int if rec["type"] == "int" else (bool if rec["type"] == "bool" else float)
             out.append(kind(rec.get("value", 1)))
             continue
-        base = bases[rec["storage"]]
+        k = rec["storage"]
+        if not isinstance(k, int) or not 0 <= k < len(bases):
+            raise ArtifactError(f"input {rec.get('name')!r} names storage {k!r}, which does not exist")
+        base = bases[k]
         out.append(view_of(base, rec["shape"], rec["stride"], rec["storage_offset"]))
     return out
 
@@ -151,13 +182,30 @@ def _import_module_py(path: Path) -> torch.nn.Module:
         raise ArtifactError(f"{path}: importing it failed ({e.__class__.__name__}: {e})") from None
 
 
+def _check_record(record: Any, where: Path) -> None:
+    """The shape of inputs.json: lists of objects where lists of objects belong."""
+    for key in ("inputs", "outputs", "storages"):
+        items = record.get(key)
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise ArtifactError(f"{where}: {key!r} must be a list of objects")
+    for i, rec in enumerate(record["inputs"]):
+        if not isinstance(rec.get("type"), str) or not isinstance(rec.get("role"), str):
+            raise ArtifactError(f"{where}: input {i} has no type or role")
+    for i, rec in enumerate(record["outputs"]):
+        for key in ("role", "same_as", "same_as_input", "blob"):
+            if key not in rec:
+                raise ArtifactError(f"{where}: output {i} has no {key!r}")
+
+
 def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> GraphArtifact:
     """Load one graph folder (`<model>_<kind>_<i>/`)."""
     folder = Path(folder)
-    graph_data = read_json(folder / GRAPH_JSON)
-    record = read_json(folder / INPUTS_JSON)
+    graph_data = read_json(folder / GRAPH_JSON, folder)
+    record = read_json(folder / INPUTS_JSON, folder)
+    check_regular_file(folder / f"{folder.name}.input", folder)
     check_version(graph_data, folder / GRAPH_JSON)
     check_version(record, folder / INPUTS_JSON)
+    _check_record(record, folder / INPUTS_JSON)
     if trust_code:
         module: torch.nn.Module = _import_module_py(folder / MODULE_PY)
     else:
@@ -166,7 +214,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> G
             if isinstance(node, dict) and node.get("op") == "get_attr":
                 constants[node.get("blob")] = blobs.get(node.get("blob"))
         module = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON))
-    trace = read_json(folder / TRACE) if (folder / TRACE).exists() else None
+    trace = read_json(folder / TRACE, folder) if (folder / TRACE).exists() or (folder / TRACE).is_symlink() else None
     if trace is not None:
         check_version(trace, folder / TRACE)
     kind = record.get("kind")
@@ -176,13 +224,25 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> G
 
 
 def load(path: str | Path, *, trust_code: bool = False) -> Artifact:
-    """Load a model artefact folder (the one holding manifest.json), without running its code."""
+    """Load a model artefact folder (the one holding manifest.json), without running its code.
+
+    Any malformed or hostile content is an ArtifactError naming the file.
+    """
+    try:
+        return _load(path, trust_code=trust_code)
+    except ArtifactError:
+        raise
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError, RuntimeError, RecursionError) as e:
+        raise ArtifactError(f"{path}: malformed artefact ({e.__class__.__name__}: {e})") from None
+
+
+def _load(path: str | Path, *, trust_code: bool = False) -> Artifact:
     p = Path(path)
     if (p / GRAPH_JSON).exists() and not (p / MANIFEST).exists():
         p = p.parent  # a graph folder: load its model
     if not p.is_dir():
         raise ArtifactError(f"{path}: no such artefact folder")
-    manifest = read_json(p / MANIFEST)
+    manifest = read_json(p / MANIFEST, p)
     check_version(manifest, p / MANIFEST)
     blobs = BlobStore(p)
     art = Artifact(p, manifest)
@@ -197,6 +257,8 @@ def load(path: str | Path, *, trust_code: bool = False) -> Artifact:
         folder = rec.get("folder") if isinstance(rec, dict) else None
         if not isinstance(folder, str) or "/" in folder or "\\" in folder or folder.startswith("."):
             raise ArtifactError(f"{p / MANIFEST}: bad folder name for the {kind} graph: {folder!r}")
+        if (p / folder).is_symlink():
+            raise ArtifactError(f"{p / folder}: a link, not a folder of this artefact")
         art.graphs[kind] = load_graph(p / folder, blobs, trust_code=trust_code)
         art.graphs[kind].name = kind
     return art

@@ -29,7 +29,10 @@ def seal(manifest: dict[str, Any]) -> bytes:
 def seal_ok(manifest: dict[str, Any]) -> bool:
     """Whether a loaded manifest's checksum matches its content."""
     body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return manifest.get("checksum") == hashlib.sha256(dump_json(body)).hexdigest()
+    try:
+        return manifest.get("checksum") == hashlib.sha256(dump_json(body)).hexdigest()
+    except (ValueError, TypeError):
+        return False  # NaN or other values aotpipe never writes
 
 
 def versions() -> dict[str, str]:

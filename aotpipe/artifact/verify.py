@@ -18,6 +18,8 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
     """Every problem with one model folder, one line each naming the file; [] if none."""
     folder = Path(folder)
     mpath = folder / MANIFEST
+    if mpath.is_symlink() or (mpath.exists() and not mpath.is_file()):
+        return [f"{mpath}: not a regular file (a link or device)"]
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -40,6 +42,9 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
         if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts:
             problems.append(f"{mpath}: bad file name {rel!r}")
             continue
+        if p.is_symlink() or (p.exists() and not p.is_file()):
+            problems.append(f"{p}: not a regular file (a link or device)")
+            continue
         if not p.is_file():
             problems.append(f"{p}: missing")
             continue
@@ -47,7 +52,7 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
             problems.append(f"{p}: sha256 differs from the manifest (the file was changed or truncated)")
     listed = set(files) | {MANIFEST}
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.relative_to(folder).as_posix() not in listed:
+        if (p.is_file() or p.is_symlink() or not p.is_dir()) and p.relative_to(folder).as_posix() not in listed:
             problems.append(f"{p}: not listed in the manifest")
     if load_graphs and not problems:
         from aotpipe.artifact.load import load
@@ -56,6 +61,8 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
             load(folder)
         except ArtifactError as e:
             problems.append(str(e))
+        except Exception as e:  # a bug in the loader must not hide the verdict
+            problems.append(f"{folder}: failed to load ({e.__class__.__name__}: {e})")
     return problems
 
 

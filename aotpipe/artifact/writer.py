@@ -197,6 +197,7 @@ def write_model(
     values: Optional[dict[str, Any]] = None,
     save_inputs: bool = True,
     verify: Optional[Callable[[Path], dict[str, Any]]] = None,
+    pass_failures: Optional[list[str]] = None,
 ) -> WrittenArtifact:
     """Write `<out_dir>/<model>/` from captured graphs; returns what was written.
 
@@ -216,7 +217,8 @@ def write_model(
     except OSError as e:
         raise OutputError(describe_os_error(e, e.filename or tmp)) from None
     try:
-        written = _write_contents(tmp, captured, model_record, fingerprint, values if save_inputs else None, values)
+        written = _write_contents(tmp, captured, model_record, fingerprint, values if save_inputs else None, values,
+                                  pass_failures or [])
         if verify is not None:
             manifest = json.loads((tmp / MANIFEST).read_text(encoding="utf-8"))
             manifest["verification"] = verify(tmp)
@@ -247,6 +249,7 @@ def _write_contents(
     fingerprint: str,
     saved: Optional[dict[str, Any]],
     checked: Optional[dict[str, Any]],
+    pass_failures: list[str],
 ) -> WrittenArtifact:
     import aotpipe
 
@@ -323,6 +326,7 @@ def _write_contents(
         "graphs": graphs_record,
         "partition": contract,
         "passes": {dg.key: dg.steps for dg in captured.derived.values()},
+        "pass_failures": pass_failures,
         "files": files,
     }
     _write(root / MANIFEST, seal(manifest))

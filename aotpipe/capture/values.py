@@ -146,7 +146,9 @@ def record_values(
         gv = GraphValues(inputs, outs, trace)
         eager = copy.deepcopy(model).eval()
         with torch.no_grad():
-            expected = [t for t in pytree.tree_leaves(eager(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+            # copies: a model may mutate its inputs, and the graphs must see the originals
+            e_args, e_kwargs = copy.deepcopy((args, kwargs))
+            expected = [t for t in pytree.tree_leaves(eager(*e_args, **e_kwargs)) if isinstance(t, torch.Tensor)]
         eager_state = _state(eager, captured.constants)
         _compare(gv, g, outs, expected, eager_state, grads=None)
         values["inference"] = gv
@@ -156,7 +158,8 @@ def record_values(
         return values
     eager = copy.deepcopy(model).train()
     eager.zero_grad(set_to_none=True)
-    loss = _sum_loss(eager(*args, **kwargs))
+    e_args, e_kwargs = copy.deepcopy((args, kwargs))
+    loss = _sum_loss(eager(*e_args, **e_kwargs))
     loss.backward()
     eager_grads = {n: p.grad for n, p in eager.named_parameters(remove_duplicate=False)}
     eager_state = _state(eager, captured.constants)

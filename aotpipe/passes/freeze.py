@@ -34,6 +34,9 @@ from aotpipe.passes.base import (
 _VIEW_OPS = {
     "alias", "view", "reshape", "_unsafe_view", "permute", "expand", "slice", "select", "t", "transpose",
     "unsqueeze", "squeeze", "as_strided", "detach", "unfold", "diagonal", "narrow", "view_as", "split", "unbind",
+    "split_with_sizes", "unsafe_split", "unsafe_split_with_sizes", "chunk", "movedim", "unflatten", "flatten",
+    "view_as_real", "view_as_complex", "swapaxes", "transpose_copy", "real", "imag", "tensor_split", "hsplit",
+    "vsplit", "expand_as", "lift_fresh",
 }
 # Folding is skipped when a value would be this many times larger than its constant inputs.
 _GROWTH_LIMIT = 4
@@ -83,6 +86,7 @@ def freeze(g: GraphUnderPass, options: FreezeOptions) -> PassResult:
     merged = cse(gm) if options.cse else 0
     folded = fold_constants(gm) if options.fold else 0
     merged += cse(gm) if options.cse else 0
+    _outputs_never_constants(gm)
     gm.graph.eliminate_dead_code()
     _drop_unused_constants(gm)
     gm.recompile()
@@ -159,6 +163,20 @@ def cse(gm: torch.fx.GraphModule) -> int:
         else:
             seen[key] = node
     return merged
+
+
+def _outputs_never_constants(gm: torch.fx.GraphModule) -> None:
+    """An output that folded to a constant is returned as a copy: a caller writing into
+    the result must not change the graph's constant for the next call."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+
+    def fix(a: Any) -> Any:
+        if is_constant(a):
+            with gm.graph.inserting_before(output):
+                return gm.graph.call_function(torch.ops.aten.clone.default, (a,))
+        return a
+
+    output.args = torch.fx.node.map_arg(output.args, fix)
 
 
 def _drop_unused_constants(gm: torch.fx.GraphModule) -> None:

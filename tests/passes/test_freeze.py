@@ -76,3 +76,38 @@ def test_random_ops_are_not_folded():
     g = graph_of(_Noisy(), torch.randn(4))
     r = apply("freeze", g)
     assert any("rand" in str(n.target) for n in r.graph.gm.graph.nodes)
+
+
+class _ChunkOfWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3))
+
+    def forward(self, x):
+        a, b = self.w.chunk(2)  # outputs that are views of a parameter (split_with_sizes)
+        return x * 2, a, b
+
+
+def test_output_aliasing_a_parameter_through_split_is_not_frozen():
+    g = graph_of(_ChunkOfWeight(), torch.randn(3))
+    r = apply("freeze", g)
+    assert {i.target for i in r.graph.inputs} == {"w", "arg0"}
+
+
+class _ConstantOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return x + 1, self.w * 2  # the second output folds to a constant
+
+
+def test_an_output_that_folds_to_a_constant_is_returned_as_a_copy():
+    g = graph_of(_ConstantOutput(), torch.randn(3))
+    r = apply("freeze", g)
+    gm = r.graph.gm
+    first = gm(*r.graph.values)[1]
+    first.zero_()  # a caller writing into a result
+    second = gm(*r.graph.values)[1]
+    torch.testing.assert_close(second, torch.full((3,), 2.0))
