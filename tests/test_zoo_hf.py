@@ -78,3 +78,23 @@ def test_zoo_graphs_agree_with_eager_within_tolerance(zoo_run):
         assert m["eager"]["inference"]["within_tolerance"], m["name"]
         for kind, e in m["eager"].items():
             assert e.get("within_tolerance", True), (m["name"], kind, e)
+
+
+@pytest.mark.slow
+def test_zoo_run_in_another_process_is_byte_identical(zoo_run, tmp_path):
+    import hashlib
+    import subprocess
+    import sys
+
+    root, _ = zoo_run
+    other = tmp_path / "again"
+    r = subprocess.run([sys.executable, "-m", "aotpipe.cli", "run", str(PIPELINES / "zoo-hf.yaml"), "-o", str(other),
+                        "--no-progress"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    def hashes(d):
+        return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(d.rglob("*")) if p.is_file() and p.name not in ("run.json", "report.md")}
+
+    a, b = hashes(root), hashes(other / "zoo-hf")
+    assert len(a) > 1000 and a == b
