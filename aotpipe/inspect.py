@@ -11,14 +11,7 @@ from aotpipe.artifact.graph_json import target_name
 from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import MANIFEST
 from aotpipe.errors import ArtifactError
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+from aotpipe.report import human_size as _size
 
 
 def artifact_status(manifest: dict[str, Any]) -> str:

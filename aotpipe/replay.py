@@ -100,16 +100,6 @@ def _random_inputs(record: dict[str, Any], seed: int, device: Optional[str]) -> 
     return build_inputs(record, bases)
 
 
-def _nest(values: list[Any], groups: Optional[list[int]]) -> list[Any]:
-    if not groups:
-        return values
-    out, start = [], 0
-    for n in groups:
-        out.append(values[start:start + n])
-        start += n
-    return out
-
-
 def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | None = None) -> list[Any]:
     """Random inputs for a saved graph, from its `.input` file and inputs.json beside it.
 
@@ -138,7 +128,7 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
     else:
         record = _record_from_input_file(meta, str(p))
         groups = record["groups"]
-    return _nest(_random_inputs(record, seed, dev), groups)
+    return input_meta.nest(_random_inputs(record, seed, dev), groups)
 
 
 # ---------------------------------------------------------------------------------------

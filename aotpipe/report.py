@@ -33,7 +33,8 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> dict:
     }
 
 
-def _size(n: int) -> str:
+def human_size(n: float) -> str:
+    """Bytes as B, KiB, MiB or GiB."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -71,7 +72,7 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
     lines = [
         f"# aotpipe run: {pipeline.name}",
         "",
-        f"{s['ok']} of {s['models']} models ok, {s['graphs']} graphs, {_size(s['bytes'])} on disk, "
+        f"{s['ok']} of {s['models']} models ok, {s['graphs']} graphs, {human_size(s['bytes'])} on disk, "
         f"{run.seconds:.1f} s (torch {v['torch']}, python {v['python']}, aotpipe {v['aotpipe']})"
         + (f"; {s['up_to_date']} up to date and kept." if s["up_to_date"] else "."),
         "",
@@ -84,7 +85,7 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
         status = ("up to date" if m.skipped else m.status) if m.status == "ok" else f"**{m.status}** ({m.stage})"
         lines.append(
             f"| {m.name} | {status} | {graphs} | {_replay_cell(m)} | {_eager_cell(m)} | {m.capture_seconds:.2f} "
-            f"| {m.values_seconds:.2f} | {m.write_seconds:.2f} | {m.verify_seconds:.2f} | {_size(m.bytes)} |"
+            f"| {m.values_seconds:.2f} | {m.write_seconds:.2f} | {m.verify_seconds:.2f} | {human_size(m.bytes)} |"
         )
     failed = [m for m in run.models if m.status != "ok"]
     if failed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -29,16 +29,21 @@ def entry_for(gi: GraphInput) -> tuple:
     return (torch.Tensor, torch.Size(m.shape), tuple(m.stride), m.dtype, torch.device(m.device))
 
 
-def input_meta(inputs: list[GraphInput], groups: tuple[int, ...] | None = None) -> list:
-    """The .input list for a graph's inputs, nested by `groups` when given."""
-    flat = [entry_for(gi) for gi in inputs]
-    if groups is None:
+def nest(flat: list[Any], groups: Sequence[int] | None) -> list[Any]:
+    """`flat` split into consecutive groups of the given sizes (the joint graph's
+    [[primals...], [tangents...]]); unchanged when there are no groups."""
+    if not groups:
         return flat
     out, start = [], 0
     for size in groups:
         out.append(flat[start:start + size])
         start += size
     return out
+
+
+def input_meta(inputs: list[GraphInput], groups: tuple[int, ...] | None = None) -> list:
+    """The .input list for a graph's inputs, nested by `groups` when given."""
+    return nest([entry_for(gi) for gi in inputs], groups)
 
 
 def dumps(meta: list) -> bytes:
