@@ -68,6 +68,8 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
                     click.echo(f"ok      {m.name:<24} {m.capture_seconds:6.2f}s  {kinds}")
             else:
                 click.echo(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
+                if click.get_current_context().find_root().params.get("verbose") and m.traceback:
+                    click.echo(m.traceback, err=True)
         n_ok = sum(m.status == "ok" for m in result.models)
         click.echo(f"{n_ok}/{len(result.models)} models ok in {result.seconds:.1f}s -> {result.output}/ "
                    f"(see {REPORT_MD})")

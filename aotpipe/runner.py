@@ -28,7 +28,7 @@ class ModelResult:
 
     name: str
     status: str
-    stage: Optional[str] = None  # where it failed: source | capture | write
+    stage: Optional[str] = None  # where it failed: source | capture | reference | passes | write | verify
     error: Optional[str] = None
     graphs: list[GraphResult] = field(default_factory=list)
     capture_seconds: float = 0.0

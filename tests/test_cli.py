@@ -4,7 +4,6 @@ import hashlib
 import json
 import textwrap
 
-import pytest
 import torch
 from click.testing import CliRunner
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import aotpipe.passes
 from aotpipe.cli import main
 from aotpipe.config import DTYPES, GRAPH_KINDS, ModelSpec, Pipeline, load_pipeline, parse_pipeline
 from aotpipe.errors import ConfigError, Problem

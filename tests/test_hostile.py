@@ -1,6 +1,5 @@
 """Hostile or malformed artefacts: refused with an ArtifactError, and nothing of theirs runs."""
 
-import copy
 import json
 import os
 import shutil

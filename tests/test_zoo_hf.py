@@ -57,7 +57,7 @@ def test_zoo_graphs_rebuild_from_graph_json(zoo_run):
 
 @pytest.mark.slow
 def test_every_zoo_graph_replays_bit_exactly_and_runs_on_random_inputs(zoo_run):
-    from aotpipe.replay import replay, replay_chain
+    from aotpipe.replay import replay
 
     root, _ = zoo_run
     for name in ZOO:

@@ -12,7 +12,7 @@ from aotpipe.artifact.graph_json import graph_from_json, graph_to_json
 from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import dump_json, seal, seal_ok
 from aotpipe.errors import ArtifactError
-from aotpipe.tensors import stats, storage_groups
+from aotpipe.tensors import storage_groups
 
 
 def test_manifest_round_trips_and_keeps_its_seal(quickstart_run):
