@@ -122,7 +122,7 @@ def _user_input_names(args: tuple, kwargs: dict, names: list[str]) -> list[str]:
     by_id = {}
     leaves_args = list(args)
     for i, t in enumerate(leaves_args):
-        by_id[id(t)] = names[i]
+        by_id[id(t)] = names[i] if i < len(names) else f"arg{i}"
     for k, t in kwargs.items():
         by_id[id(t)] = k
     return [by_id.get(id(t), f"input{i}") for i, t in enumerate(pytree.tree_leaves((args, kwargs)))]
