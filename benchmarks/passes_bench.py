@@ -10,8 +10,6 @@ saved inputs, beside the eager model (what a user would run without aotpipe).
 from __future__ import annotations
 
 import statistics
-import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -20,10 +18,11 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 
+from _artifacts import run_on_artifacts  # noqa: E402
+
 from aotpipe.artifact.load import load  # noqa: E402
 from aotpipe.replay import eager_bench, run_graph  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 RUNS = 30
 
 
@@ -62,13 +61,4 @@ def main(roots: list[Path]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        main([Path(a) for a in sys.argv[1:]])
-    else:
-        from aotpipe.config import load_pipeline
-        from aotpipe.runner import run_pipeline
-
-        with tempfile.TemporaryDirectory() as tmp:
-            for name in ("quickstart", "zoo-hf"):
-                run_pipeline(load_pipeline(REPO / "pipelines" / f"{name}.yaml"), output=tmp, progress=False)
-            main([Path(tmp)])
+    run_on_artifacts(main)
