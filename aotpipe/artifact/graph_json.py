@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -330,7 +330,3 @@ def _set_attr(root: torch.nn.Module, target: str, value: torch.Tensor) -> None:
             mod.add_module(p, torch.nn.Module())
         mod = getattr(mod, p)
     mod.register_buffer(attr, value)
-
-
-def output_node(gm: torch.fx.GraphModule) -> Optional[torch.fx.Node]:
-    return next((n for n in gm.graph.nodes if n.op == "output"), None)

@@ -12,10 +12,6 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-# Roles a graph input can play.
-INPUT_ROLES = ("param", "buffer", "constant", "user", "tangent", "saved", "symint")
-# Roles a graph output can play.
-OUTPUT_ROLES = ("user", "mutation", "saved", "grad", "none")
 
 
 @dataclass(frozen=True)
@@ -61,7 +57,7 @@ class GraphInput:
     """
 
     name: str
-    role: str
+    role: str  # param | buffer | constant | user | tangent | saved | symint
     target: Optional[str]
     meta: Optional[TensorMeta]  # None for int/float scalars
     scalar_type: Optional[type] = None  # int or float, for scalar inputs
@@ -73,7 +69,7 @@ class GraphOutput:
     """One output of a graph and what it stands for (see GraphInput.target)."""
 
     index: int
-    role: str
+    role: str  # user | mutation | saved | grad | none
     target: Optional[str]
     meta: Optional[TensorMeta]
 

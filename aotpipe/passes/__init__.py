@@ -128,12 +128,6 @@ def parse_pass_entry(entry: Any) -> tuple[list[tuple[tuple, str]], PassStep | No
     return problems, step
 
 
-def check_pass_names(name: object) -> str | None:
-    """None if `name` is a valid pass entry, else the first problem's message."""
-    problems, _ = parse_pass_entry(name)
-    return problems[0][1] if problems else None
-
-
 def step_to_json(step: PassStep) -> dict[str, Any]:
     opts = dataclasses.asdict(step.options)
     return {"name": step.name, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in opts.items()}}

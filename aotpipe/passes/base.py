@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.fx
@@ -50,13 +50,6 @@ class PassError(AotpipeError):
     """A pass failed or changed the graph's results; names the pass and those before it."""
 
     exit_code = 1
-
-
-@dataclass(frozen=True)
-class GraphsOption:
-    """Options every pass has: which graph kinds of a model it applies to."""
-
-    graphs: tuple[str, ...] = ("inference",)
 
 
 def constant_name(gm: torch.fx.GraphModule, hint: str) -> str:
@@ -136,10 +129,3 @@ def restride(graph: torch.fx.Graph, x: torch.fx.Node, stride: tuple[int, ...], b
         p = graph.call_function(torch.ops.aten.permute.default, (x, order))
         c = graph.call_function(torch.ops.aten.clone.default, (p,), {"memory_format": torch.contiguous_format})
         return graph.call_function(torch.ops.aten.permute.default, (c, inverse))
-
-
-def op_name(node: torch.fx.Node) -> Optional[str]:
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload):
-        return f"{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
-    return None
