@@ -62,10 +62,13 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
         for m in result.models:
             if m.status == "ok":
                 kinds = ", ".join(f"{g.kind}({g.nodes})" for g in m.graphs)
+                c = m.checks or {}
+                checks = f"{c.get('passed', 0)}/{c.get('run', 0)} checks" + (
+                    f", {c['skipped']} SKIPPED" if c.get("skipped") else "")
                 if m.skipped:
-                    click.echo(f"kept    {m.name:<24} up to date  {kinds}")
+                    click.echo(f"kept    {m.name:<24} up to date  {checks}  {kinds}")
                 else:
-                    click.echo(f"ok      {m.name:<24} {m.capture_seconds:6.2f}s  {kinds}")
+                    click.echo(f"ok      {m.name:<24} {m.total_seconds:6.2f}s  {checks}  {kinds}")
             else:
                 click.echo(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
                 if click.get_current_context().find_root().params.get("verbose") and m.traceback:

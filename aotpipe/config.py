@@ -97,7 +97,10 @@ class Defaults(_Strict):
         [], description="pass chain: names (freeze) or {name: {options}}; each applies to `graphs:` "
         "(default [inference])")
     save_inputs: bool = Field(True, description="save example inputs and reference outputs")
-    verify: bool = Field(True, description="replay each graph after writing it")
+    save_values: Literal["minimal", "full"] = Field(
+        "minimal", description="minimal: store what cannot be recomputed (weights, user inputs; reference outputs as "
+                               "digests); full: every graph's inputs and outputs, so each graph runs in isolation")
+    verify: bool = Field(True, description="check every graph after writing it: against eager, and the chain")
     loss: Literal["sum"] = Field("sum", description="training loss: sum of all floating-point outputs")
 
 
@@ -113,6 +116,7 @@ class ModelEntry(_Strict):
     graphs: Optional[list[GraphKind]] = None
     passes: Optional[list[Union[str, dict[str, Any]]]] = None
     save_inputs: Optional[bool] = None
+    save_values: Optional[Literal["minimal", "full"]] = None
     verify: Optional[bool] = None
     loss: Optional[Literal["sum"]] = None
 
@@ -173,6 +177,7 @@ class ModelSpec(_Strict):
     graphs: list[GraphKind]
     passes: list[dict[str, Any]]  # [{"name": ..., "options": {...}}], options complete
     save_inputs: bool
+    save_values: str = "minimal"
     verify: bool
     loss: Literal["sum"]
     seed: int
@@ -477,6 +482,7 @@ def _resolve(f: PipelineFile, path: str) -> Pipeline:
                 graphs=pick("graphs"),
                 passes=_pass_chain(pick("passes")),
                 save_inputs=pick("save_inputs"),
+                save_values=pick("save_values"),
                 verify=pick("verify"),
                 loss=pick("loss"),
                 seed=f.seed,

@@ -15,13 +15,19 @@ from aotpipe.report import human_size as _size
 
 
 def artifact_status(manifest: dict[str, Any]) -> str:
-    """verified, unverified, or FAILED (some graph did not replay as recorded)."""
+    """verified, shapes only, unverified, or FAILED (a graph did not run as recorded, or a check failed)."""
+    from aotpipe.runner import VERIFIED
+
     rec = manifest.get("verification")
     if not rec:
         return "unverified"
-    if all(r.get("status") in ("match", "ran") for r in rec.values()):
-        return "verified"
-    return "FAILED"
+    if not all(isinstance(r, dict) and r.get("status") in VERIFIED for r in rec.values()) \
+            or (manifest.get("checks") or {}).get("failed") or manifest.get("pass_failures"):
+        return "FAILED"
+    if any(r.get("status") == "shapes only" for r in rec.values()):
+        return "shapes only"
+    skipped = (manifest.get("checks") or {}).get("skipped")
+    return f"verified, {skipped} checks skipped" if skipped else "verified"
 
 
 def list_artifacts(root: Path) -> list[dict[str, str]]:

@@ -28,15 +28,16 @@ class ModelResult:
 
     name: str
     status: str
-    stage: Optional[str] = None  # where it failed: source | capture | reference | passes | write | verify
+    stage: Optional[str] = None  # where it failed: source | capture | passes | write | verify
     error: Optional[str] = None
     graphs: list[GraphResult] = field(default_factory=list)
     capture_seconds: float = 0.0
-    values_seconds: float = 0.0
+    passes_seconds: float = 0.0
+    checks_seconds: float = 0.0  # running the written graphs once: references, eager checks, chain
     write_seconds: float = 0.0
-    verify_seconds: float = 0.0
     verification: Optional[dict[str, Any]] = None
-    eager: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, Any] = field(default_factory=dict)  # run, passed, failed, skipped (with reasons), indirect
+    eager: dict[str, Any] = field(default_factory=dict)  # per graph: its checks in brief
     passes: dict[str, Any] = field(default_factory=dict)  # per transformed graph: what each pass did
     total_seconds: float = 0.0
     bytes: int = 0
@@ -51,71 +52,19 @@ class ModelResult:
         return d
 
 
-def model_fingerprint(spec: ModelSpec, base_dir: Path | None = None) -> str:
-    """The fingerprint an up-to-date artefact of `spec` carries (spec, source file, options, versions)."""
-    from aotpipe.artifact.manifest import file_sha256, fingerprint
-    from aotpipe.capture.export import OPTIONS
-    from aotpipe.sources import source_file
-
-    src = source_file(spec, base_dir)
-    src_hash = file_sha256(src) if src is not None and src.is_file() else None
-    return fingerprint(spec.to_json(), src_hash, {"mode": spec.mode, **OPTIONS})
-
-
-def up_to_date(folder: Path, fp: str) -> Optional[dict[str, Any]]:
-    """The manifest of `folder` if it carries fingerprint `fp`, verifies, and passed its checks."""
-    from aotpipe.artifact.verify import verify_artifact
-
-    try:
-        manifest = written_manifest(folder)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or manifest.get("fingerprint") != fp:
-        return None
-    if verify_artifact(folder, load_graphs=False):
-        return None
-    if _verification_summary(manifest)["problems"] or _eager_problems(manifest) or manifest.get("pass_failures"):
-        return None  # it failed last time: try again
-    return manifest
-
-
-def _eager_problems(manifest: dict[str, Any]) -> list[str]:
-    return [k for k, g in (manifest.get("graphs") or {}).items()
-            if isinstance(g, dict) and g.get("eager") and not g["eager"].get("within_tolerance", True)]
-
-
-def _skipped_result(spec: ModelSpec, folder: Path, manifest: dict[str, Any], start: float) -> ModelResult:
-    r = ModelResult(name=spec.name, status="ok", skipped=True)
-    graphs = manifest.get("graphs", {})
-    order = ["inference", "forward", "backward", "joint"]
-    r.graphs = [GraphResult(k, graphs[k]["folder"], graphs[k]["nodes"], graphs[k]["inputs"], graphs[k]["outputs"])
-                for k in sorted(graphs, key=lambda k: order.index(k) if k in order else len(order))]
-    for k, g in graphs.items():
-        e = g.get("eager") if isinstance(g, dict) else None
-        if e and e.get("skipped"):
-            r.eager[k] = {"skipped": e["skipped"]}
-        elif e and e.get("checks"):
-            errs = [c["max_abs_error"] for c in e["checks"]]
-            worst = max((float(x) for x in errs), default=0.0)
-            r.eager[k] = {"max_abs_error": worst, "within_tolerance": e["within_tolerance"]}
-    files = [p for p in folder.rglob("*") if p.is_file()]
-    r.bytes, r.files = sum(p.stat().st_size for p in files), len(files)
-    r.notes = list(manifest.get("capture", {}).get("notes", []))
-    if manifest.get("verification"):
-        r.verification = _verification_summary(manifest)
-    r.total_seconds = time.perf_counter() - start
-    return r
-
-
 def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False) -> ModelResult:
-    """Build, capture and write one model, unless its artefact is up to date.
+    """Build, capture, write and check one model, unless its artefact is up to date.
 
     Never raises for a model's own failure: the result says what failed and where.
     """
-    from aotpipe.artifact.writer import write_model
+    import torch.utils._pytree as pytree
+
+    from aotpipe.artifact.writer import graph_entries, write_model
     from aotpipe.capture import capture_export
-    from aotpipe.capture.values import record_values
-    from aotpipe.replay import verify_folder
+    from aotpipe.capture.checks import ModelChecks, check_written, graph_structure
+    from aotpipe.eager import EagerReference, model_state
+    from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
+    from aotpipe.passes.manager import apply_passes
     from aotpipe.sources import build_model, make_example_inputs
 
     start = time.perf_counter()
@@ -126,7 +75,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         if not force:
             manifest = up_to_date(out_dir / spec.name, fp)
             if manifest is not None:
-                return _skipped_result(spec, out_dir / spec.name, manifest, start)
+                return skipped_result(spec, out_dir / spec.name, manifest, start)
         model = build_model(spec, base_dir)
         args, kwargs = make_example_inputs(spec)
         names = [inp.name or f"arg{i}" for i, inp in enumerate(spec.inputs)]
@@ -141,65 +90,58 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         )
         result.capture_seconds = captured.seconds
         result.notes = list(captured.notes)
-        values = None
-        eager_problems: list[str] = []
+        state = model_state(model, captured.constants)
+        user = dict(zip(captured.user_inputs, pytree.tree_leaves((args, kwargs))))
+        inputs = {kind: bind_inputs(g, state, user) for kind, g in captured.graphs.items() if kind != "backward"}
+        if spec.save_values == "full" and "backward" in captured.graphs:
+            inputs["backward"] = backward_inputs(captured, inputs["forward"])
         pass_problems: list[str] = []
-        if spec.save_inputs or spec.verify or spec.passes:
-            stage = "reference"
-            t0 = time.perf_counter()
-            values = record_values(model, args, kwargs, captured, captured.user_inputs)
-            result.values_seconds = time.perf_counter() - t0
-            for kind, gv in values.items():
-                if gv.eager_skipped:
-                    result.eager[kind] = {"skipped": gv.eager_skipped}
-                elif gv.eager:
-                    worst = max(c.max_abs_error for c in gv.eager)
-                    ok = all(c.within_tolerance for c in gv.eager)
-                    result.eager[kind] = {"max_abs_error": worst if worst != float("inf") else "inf",
-                                          "within_tolerance": ok}
-                    if not ok:
-                        bad = [c for c in gv.eager if not c.within_tolerance]
-                        eager_problems.append(
-                            f"{kind} graph differs from the eager model: {len(bad)} output(s) beyond tolerance, "
-                            f"e.g. {bad[0].what} by {bad[0].max_abs_error:.3g} (rtol={bad[0].rtol}, atol={bad[0].atol})")
-        if spec.passes and values is not None:
+        diagnose: dict[str, Any] = {}
+        if spec.passes:
             stage = "passes"
-            pass_problems = apply_passes(spec, captured, values, result)
+            t0 = time.perf_counter()
+            pass_problems, result.passes, diagnose = apply_passes(spec, captured, inputs)
+            result.passes_seconds = time.perf_counter() - t0
         stage = "write"
         t0 = time.perf_counter()
-        verify_t = [0.0]
+        eager = EagerReference(model, args, kwargs, captured.constants) if spec.verify else None
+        checked: list[ModelChecks] = []
 
-        def verify(path: Path) -> dict[str, Any]:
-            v0 = time.perf_counter()
-            try:
-                return verify_folder(path)
-            finally:
-                verify_t[0] = time.perf_counter() - v0
+        def check(folder: Path) -> Any:
+            codes = {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(captured)}
+            mc = check_written(folder, memory_inputs=inputs, codes=codes, eager=eager, verify=spec.verify,
+                               diagnose=lambda key, lines: diagnose[key]() if key in diagnose else "")
+            checked.append(mc)
+            pass_problems.extend(mc.pass_failures)
+            return mc.outcome
 
         written = write_model(
             out_dir,
             captured,
             model_record=spec.to_json(),
             fingerprint=fp,
-            values=values,
-            save_inputs=spec.save_inputs,
-            verify=verify if spec.verify else None,
+            inputs=inputs if spec.save_inputs else None,
+            save_values=spec.save_values,
+            check=check,
             pass_failures=pass_problems,
         )
-        result.verify_seconds = verify_t[0]
-        result.write_seconds = time.perf_counter() - t0 - verify_t[0]
+        mc = checked[0]
+        result.checks_seconds = mc.seconds
+        result.write_seconds = time.perf_counter() - t0 - mc.seconds
         result.graphs = [GraphResult(g.kind, g.folder, g.nodes, g.num_inputs, g.num_outputs) for g in written.graphs]
         result.bytes = written.bytes
         result.files = written.files
         result.status = "ok"
-        if spec.verify:
-            result.verification = _verification_summary(written_manifest(written.path))
-            problems = result.verification["problems"] + eager_problems
-            if problems:
-                result.status, result.stage = "failed", "verify"
-                result.error = "; ".join(problems[:3])
-        if pass_problems:
-            # The raw graphs were written and verified; the failing chain's graph was not.
+        manifest = written_manifest(written.path)
+        result.verification = verification_summary(manifest)
+        result.checks = checks_summary(manifest)
+        result.eager = {k: eager_cell(g.get("checks")) for k, g in manifest["graphs"].items()}
+        problems = mc.problems + result.verification["problems"]
+        if problems:
+            result.status, result.stage = "failed", "verify"
+            result.error = "; ".join(problems[:3])
+        elif pass_problems:
+            # The raw graphs were written and checked; the failing chain's graph was not kept.
             result.status, result.stage = "failed", "passes"
             result.error = "; ".join(pass_problems[:3])
     except AotpipeError as e:
@@ -212,44 +154,73 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
     return result
 
 
-def apply_passes(spec: ModelSpec, captured: Any, values: dict[str, Any], result: ModelResult) -> list[str]:
-    """Run the model's pass chain on each graph kind it selects; add the results to `captured`.
-
-    Returns the problems (one per failed chain); a failed chain adds no graph.
-    """
-    import copy
-
+def bind_inputs(g: Any, state: dict[str, Any], user: dict[str, Any]) -> list[Any]:
+    """A graph's real inputs: model tensors by target, user inputs by name, ones for tangents."""
     import torch
 
-    from aotpipe.capture.types import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
-    from aotpipe.capture.values import GraphValues, run_traced
-    from aotpipe.passes import parse_pass_entry
-    from aotpipe.passes.base import GraphUnderPass, PassError
-    from aotpipe.passes.manager import chain_name, run_chain
+    vals: list[Any] = []
+    for gi in g.inputs:
+        if gi.role in ("param", "buffer", "constant"):
+            vals.append(state[gi.target])
+        elif gi.role == "user":
+            vals.append(user[gi.target])
+        elif gi.role == "tangent":
+            vals.append(torch.ones(gi.meta.shape, dtype=gi.meta.dtype).as_strided(gi.meta.shape, gi.meta.stride)
+                        if _dense(gi.meta) else torch.ones(gi.meta.shape, dtype=gi.meta.dtype))
+        else:
+            raise ValueError(f"cannot bind input {gi.name} with role {gi.role}")
+    return vals
 
-    steps = [parse_pass_entry({p["name"]: p["options"]})[1] for p in spec.passes]
-    problems = []
-    for kind, g in list(captured.graphs.items()):
-        kind_steps = [s for s in steps if s is not None and kind in s.graphs]
-        if not kind_steps or kind not in values:
-            continue
-        start = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(values[kind].inputs))
-        t0 = time.perf_counter()
-        try:
-            final, records = run_chain(start, kind_steps)
-        except PassError as e:
-            problems.append(f"{kind} graph: {e}")
-            continue
-        outs, trace = run_traced(final.gm, final.values)
-        outputs = [GraphOutput(go.index, go.role, go.target, TensorMeta.of(o) if isinstance(o, torch.Tensor) else go.meta)
-                   for go, o in zip(final.outputs, outs)]
-        derived = DerivedGraph(kind, chain_name(kind_steps), CapturedGraph(kind, final.gm, final.inputs, outputs),
-                               [r.to_json(timings=False) for r in records])
-        captured.derived[derived.key] = derived
-        values[derived.key] = GraphValues(final.values, outs, trace)
-        result.passes[derived.key] = {"seconds": round(time.perf_counter() - t0, 4),
-                                      "steps": [r.to_json() for r in records]}
-    return problems
+
+def _dense(meta: Any) -> bool:
+    from aotpipe.tensors import extent
+
+    return extent(meta.shape, meta.stride) == max(1, _numel(meta.shape))
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def backward_inputs(captured: Any, forward_inputs: list[Any]) -> list[Any]:
+    """The backward graph's real inputs: the forward's saved outputs, then ones for tangents."""
+    import torch
+
+    from aotpipe.execution import run_graph
+
+    fw_out = run_graph(captured.graphs["forward"].gm, forward_inputs)
+    saved = fw_out[captured.contract.num_forward_outputs:]
+    bw = captured.graphs["backward"]
+    tangents = [torch.ones(gi.meta.shape, dtype=gi.meta.dtype) for gi in bw.inputs if gi.role == "tangent"]
+    return list(saved) + tangents
+
+
+def eager_cell(checks: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """A graph's checks in brief: counts, the worst error as a multiple of eager's own."""
+    if not checks:
+        return {}
+    ratios = [c["ratio"] for c in checks.get("items", []) if isinstance(c.get("ratio"), (int, float))]
+    return {k: checks[k] for k in ("run", "passed", "failed", "skipped", "indirect")} | {
+        "worst_ratio": max(ratios) if ratios else None, "skipped_reasons": checks.get("skipped_reasons", [])}
+
+
+def checks_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The model's checks in brief: counts, and the reasons for every skipped one."""
+    totals = dict(manifest.get("checks") or {})
+    reasons = []
+    for key, g in (manifest.get("graphs") or {}).items():
+        for r in ((g or {}).get("checks") or {}).get("skipped_reasons", []):
+            reasons.append(f"{key}: {r}")
+    totals["skipped_reasons"] = reasons
+    return totals
+
+
+# Verification statuses that are not problems: recorded by the run after writing (v2),
+# replayed bit for bit or ran without saved values (v1), shapes only (save_inputs: false).
+VERIFIED = ("recorded", "shapes only", "match", "ran")
 
 
 def written_manifest(path: Path) -> dict[str, Any]:
@@ -258,13 +229,13 @@ def written_manifest(path: Path) -> dict[str, Any]:
     return json.loads((path / "manifest.json").read_text(encoding="utf-8"))
 
 
-def _verification_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+def verification_summary(manifest: dict[str, Any]) -> dict[str, Any]:
     rec = manifest.get("verification") or {}
     problems = []
     statuses = {}
     for kind, r in rec.items():
         statuses[kind] = r["status"]
-        if r["status"] not in ("match", "ran"):
+        if r["status"] not in VERIFIED:
             detail = r.get("error") or "; ".join(r.get("mismatches") or r.get("problems") or [])
             if r.get("first_divergence"):
                 detail += f" (first divergence: {r['first_divergence']})"

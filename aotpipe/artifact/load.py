@@ -20,7 +20,7 @@ import torch.fx
 from aotpipe.artifact import input_meta
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.graph_json import decode_dtype, graph_from_json
-from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST
+from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS
 from aotpipe.artifact.writer import GRAPH_JSON, INPUTS_JSON, MODULE_PY, TRACE
 from aotpipe.errors import ArtifactError
 
@@ -57,12 +57,23 @@ def read_json(path: Path, root: Optional[Path] = None) -> Any:
 
 def check_version(data: Any, where: Path) -> None:
     version = data.get("format_version") if isinstance(data, dict) else None
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         newer = isinstance(version, int) and version > FORMAT_VERSION
         raise ArtifactError(
-            f"{where}: format version {version!r}; this aotpipe reads version {FORMAT_VERSION}"
-            + ("; upgrade aotpipe to read it" if newer else "")
+            f"{where}: format version {version!r}; this aotpipe reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}" + ("; upgrade aotpipe to read it" if newer else "")
         )
+
+
+@dataclass
+class Expected:
+    """One recorded output: its value (version 1, or save_values: full) or only its digest."""
+
+    digest: Optional[str] = None
+    summary: Optional[dict[str, Any]] = None
+    value: Any = None
+    has_value: bool = False  # value is meaningful (None may be a recorded None)
+    spread: Optional[float] = None  # run-to-run spread of an op without a deterministic kernel
 
 
 @dataclass
@@ -76,6 +87,8 @@ class GraphArtifact:
     blobs: BlobStore
     trace: Optional[dict[str, Any]] = None
     name: str = ""  # the manifest's key: the kind, or "<kind>.<passes>" for a transformed graph
+    # For a backward graph: the forward graph, whose outputs are its saved activations.
+    upstream: Optional["GraphArtifact"] = None
 
     def __post_init__(self) -> None:
         self.name = self.name or self.kind
@@ -85,74 +98,124 @@ class GraphArtifact:
         return self.folder / f"{self.folder.name}.input"
 
     @property
+    def values_mode(self) -> str:
+        """What is stored: "full" (every value), "minimal" (what cannot be recomputed), "none"."""
+        if "values" in self.record:
+            return self.record["values"]
+        return "full" if self.record.get("saved_values") else "none"  # format version 1
+
+    @property
     def has_saved_values(self) -> bool:
-        return bool(self.record.get("saved_values"))
+        return self.values_mode in ("minimal", "full")
 
     def input_meta(self) -> list:
         """The .input metadata, read through the restricted unpickler."""
         return input_meta.read(self.input_file)
 
-    def saved_inputs(self) -> list[Any]:
-        """The example inputs saved at capture, with their recorded layout and aliasing."""
+    def saved_inputs(self, forward_outputs: Optional[list[Any]] = None) -> list[Any]:
+        """The example inputs of capture, with their recorded layout and aliasing.
+
+        Stored inputs come from blobs; tangents are ones; a backward's saved activations
+        are the forward graph's outputs on its own saved inputs (`forward_outputs` when the
+        caller has them, else the forward is run).
+        """
         if not self.has_saved_values:
             raise ArtifactError(f"{self.folder}: no saved inputs (the model ran with save_inputs: false)")
         try:
-            bases = []
-            for s in self.record["storages"]:
-                t = self.blobs.get(s["blob"])
-                if t.dtype != decode_dtype(s["dtype"]) or t.numel() != s["numel"]:
-                    raise ArtifactError(f"{self.folder}: blob {s['blob'][:12]} does not match its storage record")
-                bases.append(t)
-            return build_inputs(self.record, bases)
+            return self._saved_inputs(forward_outputs)
         except ArtifactError:
             raise
         except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
             raise ArtifactError(f"{self.folder / 'inputs.json'}: malformed ({e.__class__.__name__}: {e})") from None
 
-    def reference_outputs(self) -> list[Any]:
-        """The graph's outputs recorded at capture (de-duplicated outputs re-expanded)."""
+    def _saved_inputs(self, forward_outputs: Optional[list[Any]]) -> list[Any]:
+        bases: list[Optional[torch.Tensor]] = []
+        for s in self.record["storages"]:
+            if not s.get("blob"):
+                bases.append(None)
+                continue
+            t = self.blobs.get(s["blob"])
+            if t.dtype != decode_dtype(s["dtype"]) or t.numel() != s["numel"]:
+                raise ArtifactError(f"{self.folder}: blob {s['blob'][:12]} does not match its storage record")
+            bases.append(t)
+        if forward_outputs is None and any(r.get("source") == "forward" for r in self.record["inputs"]):
+            if self.upstream is None:
+                raise ArtifactError(f"{self.folder}: its saved activations come from the forward graph, "
+                                    "which this artefact does not have")
+            from aotpipe.execution import run_graph
+
+            forward_outputs = run_graph(self.upstream.module, self.upstream.saved_inputs())
+        return build_inputs(self.record, bases, forward_outputs)
+
+    def expected_outputs(self) -> list[Expected]:
+        """The outputs recorded at capture, one per output (de-duplicated ones re-expanded)."""
         if not self.has_saved_values:
             raise ArtifactError(f"{self.folder}: no reference outputs (save_inputs: false)")
         try:
-            return self._reference_outputs()
+            return self._expected()
         except ArtifactError:
             raise
         except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
             raise ArtifactError(f"{self.folder / 'inputs.json'}: malformed ({e.__class__.__name__}: {e})") from None
 
-    def _reference_outputs(self) -> list[Any]:
+    def _expected(self) -> list[Expected]:
         inputs: Optional[list[Any]] = None
-        out: list[Any] = []
+        out: list[Expected] = []
         for rec in self.record["outputs"]:
             if rec["same_as"] is not None:
                 out.append(out[rec["same_as"]])
-            elif rec["blob"] is not None:
-                t = self.blobs.get(rec["blob"])
+                continue
+            e = Expected(rec.get("digest"), rec.get("summary"), spread=rec.get("spread"))
+            if rec["blob"] is not None:
                 # Values only: the recorded stride is in `rec`, compared separately at replay.
-                out.append(t.reshape(rec["shape"]))
-            elif rec["same_as_input"] is not None:
+                e.value, e.has_value = self.blobs.get(rec["blob"]).reshape(rec["shape"]), True
+            elif rec["same_as_input"] is not None and e.digest is None:
                 inputs = inputs if inputs is not None else self.saved_inputs()
-                out.append(inputs[rec["same_as_input"]])
-            else:
-                out.append(None)
+                e.value, e.has_value = inputs[rec["same_as_input"]], True
+            elif e.digest is None and e.summary is None:
+                e.has_value = True  # a recorded None
+            out.append(e)
         return out
 
+    def reference_outputs(self) -> list[Any]:
+        """The recorded output values; only where they are stored (version 1, save_values: full)."""
+        exp = self.expected_outputs()
+        missing = [i for i, e in enumerate(exp) if not e.has_value]
+        if missing:
+            raise ArtifactError(f"{self.folder}: outputs {missing[:5]} are recorded as digests only "
+                                "(save_values: minimal); replay compares them")
+        return [e.value for e in exp]
 
-def build_inputs(record: dict[str, Any], bases: list[torch.Tensor]) -> list[Any]:
-    """Graph inputs as views over storage bases, with recorded shape, stride and offset."""
+
+def build_inputs(record: dict[str, Any], bases: list[Optional[torch.Tensor]],
+                 forward_outputs: Optional[list[Any]] = None) -> list[Any]:
+    """Graph inputs as views over storage bases, with recorded shape, stride and offset.
+
+    Inputs whose source is "ones" are ones; "forward" ones are `forward_outputs[k]`.
+    """
     from aotpipe.tensors import view_of
 
     out: list[Any] = []
     for rec in record["inputs"]:
+        source = rec.get("source", "blob")
+        if source == "forward":
+            k = rec["forward_output"]
+            if forward_outputs is None or not isinstance(k, int) or not 0 <= k < len(forward_outputs):
+                raise ArtifactError(f"input {rec.get('name')!r} names forward output {k!r}, which does not exist")
+            out.append(forward_outputs[k])
+            continue
         if rec["type"] != "tensor":
             kind = int if rec["type"] == "int" else (bool if rec["type"] == "bool" else float)
             out.append(kind(rec.get("value", 1)))
             continue
+        if source == "ones":
+            t = torch.empty_strided(rec["shape"], rec["stride"], dtype=decode_dtype(rec["dtype"]))
+            out.append(t.fill_(1))
+            continue
         k = rec["storage"]
-        if not isinstance(k, int) or not 0 <= k < len(bases):
-            raise ArtifactError(f"input {rec.get('name')!r} names storage {k!r}, which does not exist")
-        base = bases[k]
-        out.append(view_of(base, rec["shape"], rec["stride"], rec["storage_offset"]))
+        if not isinstance(k, int) or not 0 <= k < len(bases) or bases[k] is None:
+            raise ArtifactError(f"input {rec.get('name')!r} names storage {k!r}, which has no stored value")
+        out.append(view_of(bases[k], rec["shape"], rec["stride"], rec["storage_offset"]))
     return out
 
 
@@ -261,4 +324,6 @@ def _load(path: str | Path, *, trust_code: bool = False) -> Artifact:
             raise ArtifactError(f"{p / folder}: a link, not a folder of this artefact")
         art.graphs[kind] = load_graph(p / folder, blobs, trust_code=trust_code)
         art.graphs[kind].name = kind
+    if "backward" in art.graphs:
+        art.graphs["backward"].upstream = art.graphs.get("forward")
     return art

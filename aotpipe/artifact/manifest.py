@@ -10,7 +10,10 @@ from typing import Any
 
 import torch
 
-FORMAT_VERSION = 1
+# Version 2: reference outputs as digests and summaries (values only with save_values: full),
+# tangents and saved activations regenerated instead of stored, sampled traces, check records.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 
 

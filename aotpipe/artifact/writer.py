@@ -64,23 +64,38 @@ def _input_line(gi: GraphInput) -> str:
     return f"{gi.name}: {gi.role}{target} {str(m.dtype).removeprefix('torch.')}{list(m.shape)}{rng}"
 
 
+def _source(gi: GraphInput, save_values: str) -> str:
+    """Where a replay gets an input's value: a stored blob, ones (a tangent), or the forward."""
+    if save_values == "full":
+        return "blob"
+    if gi.role == "tangent":
+        return "ones"
+    if gi.role in ("saved", "symint"):
+        return "forward"
+    return "blob"
+
+
 def inputs_record(
     g: CapturedGraph,
     contract: dict[str, Any] | None,
-    values: Any = None,
+    values: Optional[list[Any]] = None,
     blobs: Optional[BlobStore] = None,
+    save_values: str = "minimal",
+    saved: Optional[bool] = None,
 ) -> dict[str, Any]:
-    """inputs.json: per input its role, name, layout, range and storage; per output its role.
+    """inputs.json: per input its role, name, layout, range, storage and source; per output its role.
 
-    With `values` (reference values from capture) and `blobs`, each storage's contents and
-    each output's reference value are stored as blobs and named by hash.
+    With `values` (the graph's real inputs) and `blobs`, the storages that cannot be
+    recomputed are stored as blobs (with save_values "full", all of them). Output reference
+    digests are added after the written graph has run (:func:`set_outputs`).
     """
-    from aotpipe.capture.values import RNG_SEED
+    from aotpipe.determinism import RNG_SEED
 
     placeholders = [n for n in g.gm.graph.nodes if n.op == "placeholder"]
-    layout_source = values.inputs if values is not None else [n.meta.get("val") for n in placeholders]
+    layout_source = values if values is not None else [n.meta.get("val") for n in placeholders]
     groups, member = storage_groups(layout_source)
     bases = storage_base(layout_source, member, groups) if values is not None else None
+    sources = [_source(gi, save_values) for gi in g.inputs]
     storages = []
     for k, grp in enumerate(groups):
         rng = None
@@ -92,25 +107,29 @@ def inputs_record(
                 and not grp.dtype.is_complex and bases[k].numel():
             # e.g. indices a forward saved for its backward: keep random ones as valid
             rng = [int(bases[k].min()), int(bases[k].max()) + 1]
+        stored = any(m == k and src == "blob" for m, src in zip(member, sources))
         storages.append({
             "dtype": str(grp.dtype).removeprefix("torch."),
             "device": grp.device,
             "numel": grp.numel,
             "range": rng,
-            "blob": blobs.put(bases[k]) if bases is not None and blobs is not None else None,
+            "blob": blobs.put(bases[k]) if stored and bases is not None and blobs is not None else None,
         })
     inputs = []
     for i, (gi, m) in enumerate(zip(g.inputs, member)):
-        rec: dict[str, Any] = {"index": i, "name": gi.name, "role": gi.role, "target": gi.target}
+        rec: dict[str, Any] = {"index": i, "name": gi.name, "role": gi.role, "target": gi.target,
+                               "source": sources[i]}
         if gi.meta is None:
             rec["type"] = getattr(gi.scalar_type, "__name__", "int")
             if values is not None:
-                rec["value"] = values.inputs[i]
+                rec["value"] = values[i]
         else:
             rec["type"] = "tensor"
             rec.update(gi.meta.to_json())
         rec["range"] = list(gi.int_range) if gi.int_range else None
         rec["storage"] = m
+        if sources[i] == "forward":
+            rec["forward_output"] = _forward_index(gi.target)
         inputs.append(rec)
 
     out_node = next(n for n in g.gm.graph.nodes if n.op == "output")
@@ -122,9 +141,7 @@ def inputs_record(
         rec = {"index": go.index, "role": go.role, "target": go.target}
         if go.meta is not None:
             rec.update(go.meta.to_json())
-        rec["same_as"] = None
-        rec["same_as_input"] = None
-        rec["blob"] = None
+        rec.update(same_as=None, same_as_input=None, blob=None, digest=None, summary=None, spread=None)
         if isinstance(arg, torch.fx.Node):
             if arg.name in first_seen:
                 rec["same_as"] = first_seen[arg.name]  # a de-duplicated output
@@ -132,22 +149,42 @@ def inputs_record(
                 first_seen[arg.name] = go.index
                 if arg.op == "placeholder":
                     rec["same_as_input"] = ph_index[arg.name]
-                if values is not None and blobs is not None and isinstance(values.outputs[go.index], torch.Tensor):
-                    rec["blob"] = blobs.put(values.outputs[go.index])
         outputs.append(rec)
+    has_values = (values is not None and blobs is not None) if saved is None else saved
     out: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "kind": g.kind,
         "groups": list(g.input_groups) if g.input_groups else None,
         "rng_seed": RNG_SEED,
+        "values": save_values if has_values else "none",
         "storages": storages,
         "inputs": inputs,
         "outputs": outputs,
-        "saved_values": values is not None and blobs is not None,
     }
     if contract is not None and g.kind in ("forward", "backward"):
         out["partition"] = contract
     return out
+
+
+def _forward_index(target: Optional[str]) -> int:
+    """k of a saved input's target "forward_output[k]"."""
+    if target and target.startswith("forward_output[") and target.endswith("]"):
+        return int(target[len("forward_output["):-1])
+    raise ValueError(f"a saved input names {target!r}, not forward_output[k]")
+
+
+def set_outputs(record: dict[str, Any], outputs: list[dict[str, Any]], blobs: Optional[BlobStore],
+                values: Optional[list[Any]]) -> None:
+    """Put reference digests, summaries and spreads (and with `values`, blobs) into an inputs record."""
+    for rec, o in zip(record["outputs"], outputs):
+        rec.update(o.get("layout") or {})  # the layout the written graph really gives
+        rec.update(digest=o.get("digest"), summary=o.get("summary"), spread=o.get("spread"))
+    if blobs is None or values is None:
+        return
+    for rec, v in zip(record["outputs"], values):
+        if rec["same_as"] is None and isinstance(v, torch.Tensor) and (
+                record["values"] == "full" or rec.get("spread") is not None):
+            rec["blob"] = blobs.put(v)
 
 
 def _strip_paths(gm: torch.fx.GraphModule) -> None:
@@ -188,22 +225,45 @@ def clean_stale(out_dir: Path) -> list[str]:
     return done
 
 
+@dataclass
+class GraphOutcome:
+    """What running one written graph gave: reference records and check results."""
+
+    outputs: list[dict[str, Any]]  # per output: digest, summary, spread (all None when not recorded)
+    values: Optional[list[Any]] = None  # the output values (stored as blobs with save_values: full)
+    trace: Optional[dict[str, Any]] = None  # per node: a sampled summary of its value
+    record: dict[str, Any] = field(default_factory=dict)  # merged into manifest graphs.<key>
+    verification: dict[str, Any] = field(default_factory=dict)  # manifest verification.<key>
+
+
+@dataclass
+class CheckOutcome:
+    """What the check of a written (not yet final) folder decided."""
+
+    graphs: dict[str, GraphOutcome] = field(default_factory=dict)
+    drop: list[str] = field(default_factory=list)  # derived graphs whose checks failed: not kept
+    verification: dict[str, Any] = field(default_factory=dict)  # extra entries (the chain)
+    manifest: dict[str, Any] = field(default_factory=dict)  # extra top-level manifest fields
+
+
 def write_model(
     out_dir: Path,
     captured: CapturedGraphs,
     *,
     model_record: dict[str, Any],
     fingerprint: str,
-    values: Optional[dict[str, Any]] = None,
-    save_inputs: bool = True,
-    verify: Optional[Callable[[Path], dict[str, Any]]] = None,
+    inputs: Optional[dict[str, list[Any]]] = None,
+    save_values: str = "minimal",
+    check: Optional[Callable[[Path], CheckOutcome]] = None,
     pass_failures: Optional[list[str]] = None,
 ) -> WrittenArtifact:
     """Write `<out_dir>/<model>/` from captured graphs; returns what was written.
 
-    `values` are the reference values from capture; with `save_inputs` they are stored as
-    blobs. `verify`, if given, is called on the finished folder before it is renamed into
-    place, and what it returns is recorded in the manifest under "verification".
+    `inputs` are each graph's real input values; the ones that cannot be recomputed are
+    stored as blobs (all of them with `save_values` "full"). `check`, if given, is called on
+    the written folder before it is renamed into place: it runs the written graphs and
+    returns their reference outputs and check results, which go into inputs.json, trace.json
+    and the manifest.
     """
     out_dir = Path(out_dir)
     name = captured.model
@@ -217,13 +277,10 @@ def write_model(
     except OSError as e:
         raise OutputError(describe_os_error(e, e.filename or tmp)) from None
     try:
-        written = _write_contents(tmp, captured, model_record, fingerprint, values if save_inputs else None, values,
-                                  pass_failures or [])
-        if verify is not None:
-            manifest = json.loads((tmp / MANIFEST).read_text(encoding="utf-8"))
-            manifest["verification"] = verify(tmp)
-            _write(tmp / MANIFEST, seal(manifest))
-            written.bytes = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values)
+        outcome = check(tmp) if check is not None else CheckOutcome()
+        _finish(tmp, captured, written, graphs_record, records, outcome, model_record, fingerprint,
+                save_values if inputs is not None else "none", pass_failures or [])
         _fsync_dir(tmp)
         old = out_dir / f"{OLD_PREFIX}{name}-{os.getpid()}"
         if final.exists():
@@ -242,15 +299,20 @@ def write_model(
     return written
 
 
-def _write_contents(
+def graph_entries(captured: CapturedGraphs) -> list[tuple[str, str, str, CapturedGraph, Any]]:
+    """(key, kind, folder, graph, derived or None) of every graph to write, raw graphs first."""
+    entries = [(kind, kind, graph_folder_name(captured.model, kind), g, None) for kind, g in captured.graphs.items()]
+    entries += [(dg.key, dg.base, f"{graph_folder_name(captured.model, dg.base)}.{dg.chain}", dg.graph, dg)
+                for dg in captured.derived.values()]
+    return entries
+
+
+def _write_graphs(
     root: Path,
     captured: CapturedGraphs,
-    model_record: dict[str, Any],
-    fingerprint: str,
-    saved: Optional[dict[str, Any]],
-    checked: Optional[dict[str, Any]],
-    pass_failures: list[str],
-) -> WrittenArtifact:
+    inputs: Optional[dict[str, list[Any]]],
+    save_values: str,
+) -> tuple[WrittenArtifact, dict[str, Any], dict[str, dict[str, Any]]]:
     import aotpipe
 
     blobs = BlobStore(root)
@@ -258,10 +320,8 @@ def _write_contents(
     contract = captured.contract.to_json() if captured.contract else None
     written = WrittenArtifact(path=root)
     graphs_record: dict[str, Any] = {}
-    entries = [(kind, kind, graph_folder_name(captured.model, kind), g, None) for kind, g in captured.graphs.items()]
-    entries += [(dg.key, dg.base, f"{graph_folder_name(captured.model, dg.base)}.{dg.chain}", dg.graph, dg)
-                for dg in captured.derived.values()]
-    for key, kind, folder, g, derived in entries:
+    records: dict[str, dict[str, Any]] = {}
+    for key, kind, folder, g, derived in graph_entries(captured):
         d = root / folder
         d.mkdir()
         _strip_paths(g.gm)
@@ -287,13 +347,13 @@ def _write_contents(
         )
         _write(d / MODULE_PY, src.encode("utf-8"))
         _write(d / f"{folder}.input", input_meta.dumps(input_meta.input_meta(g.inputs, g.input_groups)))
-        gv = saved.get(key) if saved else None
-        record = inputs_record(g, contract if derived is None else None, gv, blobs if gv is not None else None)
+        values = inputs.get(key) if inputs else None
+        record = inputs_record(g, contract if derived is None else None, values,
+                               blobs if values is not None else None, save_values, saved=inputs is not None)
         if derived is not None:
             record["passes"] = [s["name"] for s in derived.steps]
-        _write(d / INPUTS_JSON, dump_json(record))
-        if gv is not None:
-            _write(d / TRACE, dump_json({"format_version": FORMAT_VERSION, "nodes": gv.trace}))
+        _write(d / INPUTS_JSON, dump_json(record))  # complete enough to load; outputs filled in later
+        records[key] = record
         graphs_record[key] = {
             "folder": folder,
             "nodes": g.num_nodes,
@@ -303,43 +363,88 @@ def _write_contents(
         }
         if derived is not None:
             graphs_record[key].update(base=derived.base, passes=derived.steps)
-        cv = checked.get(key) if checked else None
-        if cv is not None:
-            graphs_record[key]["eager"] = {
-                "checks": [c.to_json() for c in cv.eager],
-                "within_tolerance": all(c.within_tolerance for c in cv.eager),
-                "skipped": cv.eager_skipped,
-            }
         written.graphs.append(WrittenGraph(key, folder, g.num_nodes, len(g.inputs), len(g.outputs)))
-        _fsync_dir(d)
+    # Enough of a manifest for the loader, so the check can run the written graphs; the
+    # sealed one replaces it (a killed run leaves only a .tmp- folder, which is removed).
+    _write(root / MANIFEST, dump_json({"format_version": FORMAT_VERSION, "graphs": graphs_record}))
+    return written, graphs_record, records
 
+
+def _finish(
+    root: Path,
+    captured: CapturedGraphs,
+    written: WrittenArtifact,
+    graphs_record: dict[str, Any],
+    records: dict[str, dict[str, Any]],
+    outcome: CheckOutcome,
+    model_record: dict[str, Any],
+    fingerprint: str,
+    save_values: str,
+    pass_failures: list[str],
+) -> None:
+    """Reference outputs and traces into the graph folders, then the sealed manifest."""
+    blobs = BlobStore(root)
+    for key in outcome.drop:
+        shutil.rmtree(root / graphs_record[key]["folder"], ignore_errors=True)
+        graphs_record.pop(key)
+        records.pop(key)
+    written.graphs = [g for g in written.graphs if g.kind in graphs_record]
+    verification: dict[str, Any] = {}
+    for key, record in records.items():
+        d = root / graphs_record[key]["folder"]
+        go = outcome.graphs.get(key)
+        if go is not None:
+            set_outputs(record, go.outputs, blobs if record["values"] != "none" else None, go.values)
+            _write(d / INPUTS_JSON, dump_json(record))
+            if go.trace is not None:
+                _write(d / TRACE, dump_json({"format_version": FORMAT_VERSION, "sampled": True, "nodes": go.trace}))
+            graphs_record[key].update(go.record)
+            if go.verification:
+                verification[key] = go.verification
+        _fsync_dir(d)
+    verification.update(outcome.verification)
+    _remove_unused_blobs(root, graphs_record, records)
     files = {}
     for p in sorted(root.rglob("*")):
-        if p.is_file():
+        if p.is_file() and p.name != MANIFEST:
             files[p.relative_to(root).as_posix()] = file_sha256(p)
+    contract = captured.contract.to_json() if captured.contract else None
     manifest = {
         "format_version": FORMAT_VERSION,
         "fingerprint": fingerprint,
-        "versions": v,
+        "versions": versions(),
         "model": model_record,
         "capture": {"mode": captured.mode, "options": captured.options, "notes": captured.notes},
+        "save_values": save_values,
         "graphs": graphs_record,
         "partition": contract,
-        "passes": {dg.key: dg.steps for dg in captured.derived.values()},
+        "passes": {dg.key: dg.steps for dg in captured.derived.values() if dg.key in graphs_record},
         "pass_failures": pass_failures,
+        "verification": verification or None,
         "files": files,
+        **outcome.manifest,
     }
     _write(root / MANIFEST, seal(manifest))
-    _fsync_dir(root / BLOB_DIR)
-    total = 0
-    count = 0
-    for p in root.rglob("*"):
-        if p.is_file():
-            total += p.stat().st_size
-            count += 1
-    written.bytes = total
-    written.files = count
-    return written
+    if (root / BLOB_DIR).exists():
+        _fsync_dir(root / BLOB_DIR)
+    written.bytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    written.files = sum(1 for p in root.rglob("*") if p.is_file())
 
 
-__all__ = ["write_model", "graph_folder_name", "BLOB_DIR", "WrittenArtifact", "WrittenGraph"]
+def _remove_unused_blobs(root: Path, graphs_record: dict[str, Any], records: dict[str, dict[str, Any]]) -> None:
+    """Blobs only a dropped graph used go with it."""
+    used = set()
+    for key, record in records.items():
+        used |= {s["blob"] for s in record["storages"] if s.get("blob")}
+        used |= {o["blob"] for o in record["outputs"] if o.get("blob")}
+        gj = json.loads((root / graphs_record[key]["folder"] / GRAPH_JSON).read_text(encoding="utf-8"))
+        used |= {n["blob"] for n in gj["nodes"] if n.get("op") == "get_attr" and n.get("blob")}
+    blob_dir = root / BLOB_DIR
+    if blob_dir.is_dir():
+        for p in blob_dir.iterdir():
+            if p.name.removesuffix(".safetensors") not in used:
+                p.unlink()
+
+
+__all__ = ["write_model", "graph_folder_name", "graph_entries", "BLOB_DIR", "CheckOutcome", "GraphOutcome",
+           "WrittenArtifact", "WrittenGraph"]

@@ -1,23 +1,29 @@
 """The pass manager: runs a chain in order, lints and recompiles after each pass, and
 checks each pass against the graph before it on the same inputs.
 
-A pass that raises, leaves an invalid graph, or changes the results beyond the per-dtype
-tolerance stops the chain with a :class:`PassError` naming the pass, the passes that ran
-before it, and (for changed results) the first node whose value departs.
+A pass that raises, leaves an invalid graph, or changes the results beyond float noise
+(:func:`aotpipe.accuracy.compare` against the graph before it) stops the chain with a
+:class:`PassError` naming the pass, the passes that ran before it, and (for changed
+results) the first node whose value departs.
+
+A run of aotpipe applies the chain without running it (``check_each=False``) and checks
+the final graph against the eager model with the others; only when that fails is the
+chain replayed pass by pass to name the pass at fault (:func:`diagnose_chain`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
 
 from aotpipe.passes import PASSES, PassStep, step_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
-from aotpipe.tensors import close, max_abs_error, stats, stats_depart
+from aotpipe import accuracy
+from aotpipe.execution import run_graph, run_with_summaries
 
 
 @dataclass
@@ -30,7 +36,7 @@ class StepRecord:
     nodes_after: int
     modified: bool
     seconds: float
-    max_abs_error: float
+    max_abs_error: Optional[float]  # against the graph before it; None when not run (checked at the end)
     stats: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self, *, timings: bool = True) -> dict[str, Any]:
@@ -48,78 +54,51 @@ class StepRecord:
         return d
 
 
-def _run(gm: torch.fx.GraphModule, values: list[Any]) -> list[Any]:
-    from aotpipe.replay import run_graph
-
-    return run_graph(gm, values)
-
-
-class _Record(torch.fx.Interpreter):
-    """Keeps a snapshot (statistics) of each node's value as it is computed: a later
-    in-place op may overwrite the tensor itself."""
-
-    def __init__(self, gm: torch.fx.GraphModule):
-        super().__init__(gm)
-        self.values: dict[str, Any] = {}
-
-    def run_node(self, n: torch.fx.Node) -> Any:
-        r = super().run_node(n)
-        if isinstance(r, torch.Tensor) and r.device.type != "meta":
-            self.values[n.name] = stats(r)
-        return r
-
-
-def _node_values(gm: torch.fx.GraphModule, values: list[Any]) -> tuple[list[str], dict[str, Any]]:
-    from aotpipe.capture.values import RNG_SEED
-
-    rec = _Record(gm)
-    torch.manual_seed(RNG_SEED)
-    with torch.no_grad():
-        rec.run(*values)
-    return [n.name for n in gm.graph.nodes], rec.values
-
-
 def first_diverging_node(before: GraphUnderPass, after: GraphUnderPass) -> Optional[str]:
     """The first node of `after` that also exists in `before` and whose value differs."""
-    _, old = _node_values(before.gm, before.values)
-    order, new = _node_values(after.gm, after.values)
-    for name in order:
-        if name in old and name in new and old[name]["shape"] == new[name]["shape"]:
+    _, old = run_with_summaries(before.gm, before.values, accuracy.summary)
+    _, new = run_with_summaries(after.gm, after.values, accuracy.summary)
+    for name in [n.name for n in after.gm.graph.nodes]:
+        if name in old and name in new and "items" not in old[name] and "items" not in new[name] \
+                and old[name]["shape"] == new[name]["shape"]:
             a, b = dict(new[name]), dict(old[name])
             a["stride"] = b["stride"]  # a layout pass may change strides on purpose
-            why = stats_depart(a, b, rtol=1e-4)
+            why = accuracy.summary_departs(a, b, rtol=1e-4)
             if why:
                 node = next(n for n in after.gm.graph.nodes if n.name == name)
                 return f"{name} ({getattr(node.target, '__name__', node.target)}): {why}"
     return None
 
 
-def _compare(expected: list[Any], actual: list[Any], meta_only: bool) -> tuple[float, list[str]]:
+def _compare(expected: list[Any], actual: list[Any]) -> tuple[float, list[str]]:
     worst, problems = 0.0, []
     if len(expected) != len(actual):
         return float("inf"), [f"{len(actual)} outputs, {len(expected)} before"]
     for i, (e, a) in enumerate(zip(expected, actual)):
-        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor):
-            if e.shape != a.shape or e.dtype != a.dtype:
+        if isinstance(a, torch.Tensor) and a.device.type == "meta":
+            if isinstance(e, torch.Tensor) and (e.shape != a.shape or e.dtype != a.dtype):
                 problems.append(f"output {i}: {a.dtype}{list(a.shape)}, was {e.dtype}{list(e.shape)}")
-                worst = float("inf")
-                continue
-            if meta_only or a.device.type == "meta":
-                continue
-            err = max_abs_error(a.cpu(), e.cpu())
-            worst = max(worst, err)
-            if not close(a.cpu(), e.cpu()):
-                problems.append(f"output {i}: max abs error {err:.3g}")
-        elif (e is None) != (a is None):
-            problems.append(f"output {i}: {type(a).__name__}, was {type(e).__name__}")
+            continue
+        a = a.cpu() if isinstance(a, torch.Tensor) else a
+        e = e.cpu() if isinstance(e, torch.Tensor) else e
+        c = accuracy.compare(a, e, what=f"output {i}")
+        if isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor) and a.shape == e.shape:
+            worst = max(worst, accuracy.max_abs_error(a, e))
+        if not c.passed:
+            problems.append(c.line())
     return worst, problems
 
 
-def run_chain(graph: GraphUnderPass, steps: list[PassStep]) -> tuple[GraphUnderPass, list[StepRecord]]:
-    """Apply `steps` in order, verifying each; returns the final graph and what each step did."""
+def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
+              check_each: bool = True) -> tuple[GraphUnderPass, list[StepRecord]]:
+    """Apply `steps` in order; returns the final graph and what each step did.
+
+    With `check_each`, each pass is run and compared with the graph before it (a
+    PassError names the first that changes the results); without, passes are only linted.
+    """
     records: list[StepRecord] = []
     current = graph
-    reference = _run(current.gm, current.values)
+    reference = run_graph(current.gm, current.values) if check_each else None
     for i, step in enumerate(steps):
         info = PASSES[step.name]
         ran = ", ".join(s.name for s in steps[:i]) or "none"
@@ -140,11 +119,16 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep]) -> tuple[GraphUnderP
             raise PassError(f"{where} failed: {e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
         seconds = time.perf_counter() - t0
         after = result.graph
+        if not check_each:
+            records.append(StepRecord(step.name, step_to_json(step)["options"], nodes_before,
+                                      len(after.gm.graph.nodes), result.modified, seconds, None, result.stats))
+            current = after
+            continue
         try:
-            outputs = _run(after.gm, after.values)
+            outputs = run_graph(after.gm, after.values)
         except Exception as e:
             raise PassError(f"{where} left a graph that does not run: {e.__class__.__name__}: {e}") from e
-        worst, problems = _compare(reference, outputs, meta_only=False)
+        worst, problems = _compare(reference, outputs)
         if problems:
             node = first_diverging_node(before, after)
             raise PassError(f"{where} changed the results: {'; '.join(problems[:3])}"
@@ -158,3 +142,59 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep]) -> tuple[GraphUnderP
 def chain_name(steps: list[PassStep]) -> str:
     """The folder suffix of a transformed graph: its passes joined by '+'."""
     return "+".join(s.name for s in steps)
+
+
+def diagnose_chain(graph: GraphUnderPass, steps: list[PassStep]) -> str:
+    """Which pass of a chain whose result failed its checks is at fault, and where: the
+    chain replayed with each pass compared against the graph before it."""
+    try:
+        run_chain(graph, steps, check_each=True)
+    except PassError as e:
+        return str(e)
+    return "every pass is within float noise of the graph before it: the passes' errors add up"
+
+
+def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tuple[list[str], dict[str, Any],
+                                                                                 dict[str, Callable[[], str]]]:
+    """Apply the model's pass chain to each graph kind it selects; add the results to `captured`.
+
+    `inputs` holds each graph's real inputs (freeze takes parameter values from them); the
+    derived graphs' inputs are added to it. Returns the problems (a chain that raised adds
+    no graph), what each chain did by derived key, and per derived key a function that
+    names the pass at fault when the derived graph later fails its checks.
+    """
+    import copy
+
+    from aotpipe.capture.types import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
+    from aotpipe.passes import parse_pass_entry
+
+    steps = [parse_pass_entry({p["name"]: p["options"]})[1] for p in spec.passes]
+    problems: list[str] = []
+    done: dict[str, Any] = {}
+    diagnose: dict[str, Callable[[], str]] = {}
+    for kind, g in list(captured.graphs.items()):
+        kind_steps = [s for s in steps if s is not None and kind in s.graphs]
+        if not kind_steps or kind not in inputs:
+            continue
+        start = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[kind]))
+        t0 = time.perf_counter()
+        try:
+            final, records = run_chain(start, kind_steps, check_each=False)
+        except PassError as e:
+            problems.append(f"{kind} graph: {e}")
+            continue
+        outputs = []
+        out_node = next(n for n in final.gm.graph.nodes if n.op == "output")
+        out_args = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+        for go, arg in zip(final.outputs, out_args):
+            val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+            meta = TensorMeta.of(val) if isinstance(val, torch.Tensor) and val.device.type != "meta" else go.meta
+            outputs.append(GraphOutput(go.index, go.role, go.target, meta))
+        derived = DerivedGraph(kind, chain_name(kind_steps), CapturedGraph(kind, final.gm, final.inputs, outputs),
+                               [r.to_json(timings=False) for r in records])
+        captured.derived[derived.key] = derived
+        inputs[derived.key] = final.values
+        done[derived.key] = {"seconds": round(time.perf_counter() - t0, 4), "steps": [r.to_json() for r in records]}
+        fresh = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[kind]))
+        diagnose[derived.key] = lambda fresh=fresh, kind_steps=kind_steps: diagnose_chain(fresh, kind_steps)
+    return problems, done, diagnose

@@ -18,7 +18,7 @@ class ToDeviceOptions:
 
 
 def to_device(g: GraphUnderPass, options: ToDeviceOptions) -> PassResult:
-    from aotpipe.replay import move_inputs, to_device as rewrite
+    from aotpipe.devices import move_inputs, to_device as rewrite
 
     g.gm = rewrite(g.gm, options.device)
     g.values = move_inputs(g.values, options.device)

@@ -1,0 +1,247 @@
+"""Comparing values: exactly (digests), or against eager the way torch's accuracy runners do.
+
+The tolerant rule follows ``torch._dynamo.utils.same`` with an fp64 reference, as the dynamo
+benchmark runners use it. The eager model run in float64 is the reference; a graph's output
+passes when its error against that reference is within a small multiple of eager float32's
+own error against it, plus a floor:
+
+    rmse(graph, fp64) <= multiplier * rmse(eager32, fp64) + floor
+    floor = rel_floor * rms(eager32) + abs_floor
+
+Errors are root-mean-square over the tensor, so they scale with it, not one element-wise
+atol. The fp64 run is only made when needed: if ``rmse(graph, eager32) <= floor`` the rule
+holds already (triangle inequality: rmse(graph, fp64) <= rmse(graph, eager32) +
+rmse(eager32, fp64) <= floor + rmse(eager32, fp64)), so most outputs never need it.
+Integer and bool outputs, shapes, dtypes and the places of NaN and inf must match exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+# Per dtype: (multiplier, relative floor). torch's runners use 2.0 for float32 and 3.0 for
+# half types; the floor is about 100 float32 ulps of the tensor's RMS.
+_RULES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (2.0, 1e-10),
+    torch.float32: (2.0, 1e-5),
+    torch.float16: (3.0, 1e-3),
+    torch.bfloat16: (3.0, 1e-2),
+}
+ABS_FLOOR = 1e-7
+
+
+def multiplier(dtype: torch.dtype, numel: int) -> float:
+    """The allowed multiple of eager's own error; larger for small tensors, whose RMSE is noisy."""
+    base = _RULES.get(dtype, (2.0, 1e-5))[0]
+    if numel <= 10:
+        return max(base, 10.0)
+    if numel <= 500:
+        return max(base, 8.0)
+    return base
+
+
+def floor(expected: torch.Tensor, rel_floor: Optional[float] = None) -> float:
+    """Errors below this are float noise whatever the reference says."""
+    rel = _RULES.get(expected.dtype, (2.0, 1e-5))[1] if rel_floor is None else rel_floor
+    return rel * _rms(expected) + ABS_FLOOR
+
+
+def digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and row-major element bytes: equal iff bit-identical."""
+    d = t.detach().to("cpu").contiguous()
+    h = hashlib.sha256(f"{str(d.dtype).removeprefix('torch.')}{list(d.shape)}".encode())
+    if d.numel():
+        h.update(d.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    d = t.detach().to("cpu")
+    return torch.view_as_real(d).double() if d.is_complex() else d.double()
+
+
+def _rms(t: torch.Tensor) -> float:
+    v = _f64(t)
+    v = v[torch.isfinite(v)]
+    return float(v.pow(2).mean().sqrt()) if v.numel() else 0.0
+
+
+def rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Root-mean-square difference over the elements finite in both."""
+    x, y = _f64(a), _f64(b)
+    ok = torch.isfinite(x) & torch.isfinite(y)
+    if not bool(ok.any()):
+        return 0.0
+    return float((x[ok] - y[ok]).pow(2).mean().sqrt())
+
+
+def max_abs_error(a: Any, b: Any) -> float:
+    """Largest absolute difference between two tensors (inf on a shape mismatch)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return 0.0 if exact_equal(a, b) else math.inf
+    if a.shape != b.shape:
+        return math.inf
+    if a.numel() == 0:
+        return 0.0
+    x, y = _f64(a), _f64(b)
+    same = (x == y) | (x.isnan() & y.isnan())
+    diff = torch.where(same, torch.zeros_like(x), (x - y).abs())
+    m = diff.max()
+    return math.inf if m.isnan() else float(m)
+
+
+def exact_equal(a: Any, b: Any) -> bool:
+    """Bit-for-bit equality of values (NaNs equal each other), dtype and shape included."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        a, b = a.detach().cpu(), b.detach().cpu()
+        if a.dtype.is_floating_point or a.dtype.is_complex:
+            return bool(((a == b) | (a.isnan() & b.isnan())).all())
+        return bool(torch.equal(a, b))
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _nonfinite_differs(a: torch.Tensor, b: torch.Tensor) -> bool:
+    x, y = _f64(a), _f64(b)
+    return not (torch.equal(x.isnan(), y.isnan()) and torch.equal(x.isinf(), y.isinf())
+                and torch.equal(x[x.isinf()], y[y.isinf()]))
+
+
+@dataclass
+class Check:
+    """One value compared with its expected value: how, and how far off."""
+
+    what: str
+    passed: bool
+    method: str  # exact | floor | fp64 | none | skipped
+    error: Optional[float] = None  # the graph's RMSE against the reference used
+    eager_error: Optional[float] = None  # eager float32's RMSE against the fp64 reference
+    bound: Optional[float] = None  # the largest error that passes
+    detail: Optional[str] = None  # why it failed or was skipped
+
+    @property
+    def ratio(self) -> Optional[float]:
+        """The graph's error as a multiple of eager's own (fp64 checks only)."""
+        if self.error is None or not self.eager_error:
+            return None
+        return self.error / self.eager_error
+
+    def to_json(self) -> dict[str, Any]:
+        def num(x: Optional[float]) -> Any:
+            return None if x is None else ("inf" if math.isinf(x) else float(f"{x:.4g}"))
+
+        return {"what": self.what, "passed": self.passed, "method": self.method, "error": num(self.error),
+                "eager_error": num(self.eager_error), "ratio": num(self.ratio), "bound": num(self.bound),
+                "detail": self.detail}
+
+    def line(self) -> str:
+        """One line for people: what, verdict and the figures behind it."""
+        if self.detail and not self.passed:
+            return f"{self.what}: {self.detail}"
+        if self.method == "fp64":
+            return (f"{self.what}: error {self.error:.3g} vs eager float32's {self.eager_error:.3g} "
+                    f"against float64 (bound {self.bound:.3g})")
+        return f"{self.what}: {self.method}"
+
+
+Reference = Union[None, torch.Tensor, Callable[[], Optional[torch.Tensor]]]
+
+
+def compare(actual: Any, expected: Any, reference: Reference = None, *, what: str = "value",
+            rel_floor: Optional[float] = None) -> Check:
+    """Compare a graph's value with eager float32's (`expected`) under the rule above.
+
+    `reference` is the fp64 value, or a callable giving it (called only when the floor does
+    not settle the question), or None when there is none: then the floor alone decides.
+    """
+    if actual is None or expected is None:
+        if actual is None and expected is None:
+            return Check(what, True, "none")
+        have = "None" if actual is None else "a value"
+        want = "None" if expected is None else "a value"
+        return Check(what, False, "none", detail=f"the graph gives {have}, eager gives {want}")
+    if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)):
+        ok = exact_equal(actual, expected)
+        return Check(what, ok, "exact", detail=None if ok else f"{actual!r} != eager's {expected!r}")
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return Check(what, False, "exact", detail=f"{str(actual.dtype).removeprefix('torch.')}{list(actual.shape)} "
+                                                  f"!= eager's {str(expected.dtype).removeprefix('torch.')}"
+                                                  f"{list(expected.shape)}")
+    if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
+        ok = exact_equal(actual, expected)
+        return Check(what, ok, "exact", detail=None if ok else
+                     f"{int((actual.cpu() != expected.cpu()).sum())} of {expected.numel()} elements differ")
+    if expected.numel() == 0:
+        return Check(what, True, "exact")
+    if _nonfinite_differs(actual, expected):
+        return Check(what, False, "exact", detail="NaN or inf in other places than eager's")
+    fl = floor(expected, rel_floor)
+    d = rmse(actual, expected)
+    if d <= fl:
+        return Check(what, True, "floor", error=d, bound=fl)
+    ref = reference() if callable(reference) else reference
+    if ref is None:
+        return Check(what, False, "floor", error=d, bound=fl,
+                     detail=f"RMS error {d:.3g} against eager float32, over the float-noise floor {fl:.3g} "
+                            f"(max abs error {max_abs_error(actual, expected):.3g})")
+    e = rmse(expected, ref)
+    r = rmse(actual, ref)
+    bound = multiplier(expected.dtype, expected.numel()) * e + fl
+    ok = r <= bound
+    return Check(what, ok, "fp64", error=r, eager_error=e, bound=bound, detail=None if ok else (
+        f"RMS error {r:.3g} against the float64 eager model, over {bound:.3g} "
+        f"({multiplier(expected.dtype, expected.numel()):g}x eager float32's own {e:.3g} plus the floor)"))
+
+
+def summary(t: Any) -> Optional[dict[str, Any]]:
+    """A small fingerprint of a value: layout, float64 sum and absolute sum of finite elements."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    v = _f64(t)
+    finite = torch.isfinite(v)
+    vf = v[finite]
+    return {
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "sum": float(vf.sum()) if vf.numel() else 0.0,
+        "abs_sum": float(vf.abs().sum()) if vf.numel() else 0.0,
+        "nonfinite": int((~finite).sum()),
+    }
+
+
+SAMPLE = 4096
+
+
+def sampled_summary(t: Any) -> Optional[dict[str, Any]]:
+    """Like :func:`summary`, over at most :data:`SAMPLE` evenly spaced elements: cheap enough
+    to take at every node of a real-size graph."""
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+        return None
+    flat = t.detach().reshape(-1)
+    step = max(1, flat.numel() // SAMPLE)
+    return summary(flat[::step][:SAMPLE]) | {"shape": list(t.shape), "stride": list(t.stride())}
+
+
+def summary_departs(actual: dict[str, Any], recorded: dict[str, Any], rtol: float) -> Optional[str]:
+    """How `actual` summary departs from a `recorded` one, or None if they agree within `rtol`."""
+    for key in ("dtype", "shape", "stride"):
+        if actual[key] != recorded[key]:
+            return f"{key} {actual[key]} != recorded {recorded[key]}"
+    if actual["nonfinite"] != recorded["nonfinite"]:
+        return f"{actual['nonfinite']} non-finite values != recorded {recorded['nonfinite']}"
+    scale = max(1.0, abs(recorded["abs_sum"]))
+    for key in ("sum", "abs_sum"):
+        if abs(actual[key] - recorded[key]) > rtol * scale:
+            return f"{key} {actual[key]!r} != recorded {recorded[key]!r}"
+    return None

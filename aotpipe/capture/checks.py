@@ -1,0 +1,280 @@
+"""Checks of a just-written artefact: every graph run once, from its files, and compared.
+
+Each graph is loaded back through the safe loader and run once on its saved inputs (or the
+in-memory ones with save_inputs: false), under deterministic kernels and a seeded generator.
+That one run gives the reference outputs later replays must reproduce bit for bit (their
+digests and summaries), a sampled per-node trace (to name the first diverging node of a
+later mismatch), and the values every check compares:
+
+- each output against the eager model under the fp64-reference rule of :mod:`aotpipe.accuracy`:
+  user outputs, the loss, gradients (None against a gradient fails), mutated buffers, and
+  buffers eager mutates that the graph does not return;
+- the backward is fed the forward's outputs, so the forward's saved activations are checked
+  through the gradients they produce; the joint graph must equal forward then backward bit
+  for bit (the chain), which checks its outputs against eager too;
+- a graph made by passes is checked against eager like the raw one.
+
+Nothing is skipped silently: every check that cannot run is counted with its reason.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+
+from aotpipe import accuracy
+from aotpipe.accuracy import Check
+from aotpipe.artifact.load import GraphArtifact, load
+from aotpipe.artifact.writer import CheckOutcome, GraphOutcome
+from aotpipe.capture.types import TensorMeta
+from aotpipe.determinism import RunLog
+from aotpipe.eager import EagerReference, EagerRun
+from aotpipe.execution import run_graph, run_with_summaries
+from aotpipe.replay.run import chain_problems, expand_outputs
+
+
+@dataclass
+class GraphChecks:
+    """The checks of one graph and what could not be checked."""
+
+    checks: list[Check] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # one reason per skipped check
+    indirect: int = 0  # outputs checked through another graph (saved activations, the joint's)
+
+    def to_json(self) -> dict[str, Any]:
+        reasons: dict[str, int] = {}
+        for r in self.skipped:
+            reasons[r] = reasons.get(r, 0) + 1
+        return {
+            "run": len(self.checks),
+            "passed": sum(c.passed for c in self.checks),
+            "failed": sum(not c.passed for c in self.checks),
+            "skipped": len(self.skipped),
+            "skipped_reasons": [f"{n} x {r}" if n > 1 else r for r, n in reasons.items()],
+            "indirect": self.indirect,
+            "items": [c.to_json() for c in self.checks],
+        }
+
+
+@dataclass
+class ModelChecks:
+    """Everything the checks found for one model, for the run's result."""
+
+    outcome: CheckOutcome
+    problems: list[str] = field(default_factory=list)  # failures: the model fails
+    graphs: dict[str, GraphChecks] = field(default_factory=dict)
+    pass_failures: list[str] = field(default_factory=list)  # derived graphs dropped
+    seconds: float = 0.0
+
+
+def _mode(kind: str) -> str:
+    return "inference" if kind.split(".")[0] == "inference" else "training"
+
+
+class _Checker:
+    def __init__(self, eager: Optional[EagerReference], verify: bool):
+        self.eager = eager
+        self.verify = verify
+
+    def _run(self, mode: str) -> tuple[Optional[EagerRun], Optional[str]]:
+        run = self.eager.run(mode) if self.eager is not None else None
+        why = None if run is not None else (
+            "no eager model" if self.eager is None else f"the eager model failed: {self.eager.errors.get((mode, False))}")
+        return run, why
+
+    def _ref(self, mode: str, pick: Callable[[EagerRun], Any]) -> Callable[[], Any]:
+        def get() -> Any:
+            run = self.eager.run(mode, fp64=True) if self.eager is not None else None
+            return pick(run) if run is not None else None
+        return get
+
+    def _compare(self, gc: GraphChecks, mode: str, actual: Any, expected: Any, pick: Callable[[EagerRun], Any],
+                 what: str) -> None:
+        c = accuracy.compare(actual, expected, self._ref(mode, pick), what=what)
+        if not c.passed and c.method == "floor" and self.eager is not None and self.eager.run(mode, True) is None:
+            gc.skipped.append(f"{what}: over the float32 noise floor and no float64 reference "
+                              f"({self.eager.errors.get((mode, True))})")
+            return
+        gc.checks.append(c)
+
+    def check_outputs(self, ga: GraphArtifact, outs: list[Any]) -> GraphChecks:
+        """Every output of one graph against eager (the joint's go through the chain instead)."""
+        gc = GraphChecks()
+        recs = ga.record["outputs"]
+        if not self.verify:
+            gc.skipped += ["verify: false"] * len(recs)
+            return gc
+        if ga.kind == "joint":
+            gc.indirect += len(recs)  # equal to forward then backward bit for bit, or the chain fails
+            return gc
+        mode = _mode(ga.kind)
+        run, why = self._run(mode)
+        if run is None:
+            gc.skipped += [why] * len(recs)
+            return gc
+        user = [(i, o) for i, (o, r) in enumerate(zip(outs, recs)) if r["role"] == "user"]
+        if ga.kind == "forward":
+            self._compare(gc, mode, user[0][1] if user else None, run.loss, lambda r: r.loss, "loss")
+        elif ga.kind != "backward":
+            tensors = [(i, o) for i, o in user if isinstance(o, torch.Tensor)]
+            if len(tensors) != len(run.outputs):
+                gc.checks.append(Check("user outputs", False, "exact", detail=(
+                    f"the graph has {len(tensors)} tensor outputs, the eager model {len(run.outputs)}")))
+            for j, ((i, o), e) in enumerate(zip(tensors, run.outputs)):
+                self._compare(gc, mode, o, e, lambda r, j=j: r.outputs[j], f"output {j}")
+        returned = set()
+        for o, r in zip(outs, recs):
+            target = r.get("target")
+            if r["role"] == "mutation":
+                returned.add(target)
+                if target not in run.state:
+                    gc.checks.append(Check(f"new value of {target}", False, "exact",
+                                           detail="the eager model has no such buffer"))
+                else:
+                    self._compare(gc, mode, o, run.state[target], lambda rr, t=target: rr.state.get(t),
+                                  f"new value of {target}")
+            elif r["role"] in ("grad", "none") and ga.kind == "backward":
+                if target in run.grads:
+                    self._compare(gc, mode, o, run.grads[target], lambda rr, t=target: rr.grads.get(t),
+                                  f"gradient of {target}")
+                elif o is not None:
+                    gc.skipped.append(f"gradient of input {target}: the eager input does not require grad")
+            elif r["role"] == "saved":
+                gc.indirect += 1
+        for b in run.mutated if ga.kind != "backward" else []:  # the forward returns the training's mutations
+            if b not in returned:
+                gc.checks.append(Check(f"new value of {b}", False, "exact",
+                                       detail="the eager model changes this buffer; the graph does not return it"))
+        return gc
+
+
+def _outcome_outputs(outs: list[Any], record: dict[str, Any], spread: Optional[list[Optional[float]]],
+                     recorded: bool) -> list[dict[str, Any]]:
+    out = []
+    for i, (o, rec) in enumerate(zip(outs, record["outputs"])):
+        if rec["same_as"] is not None or not isinstance(o, torch.Tensor):
+            out.append({})
+        elif not recorded:
+            out.append({"layout": TensorMeta.of(o).to_json()})
+        else:
+            out.append({"digest": accuracy.digest(o), "summary": accuracy.sampled_summary(o),
+                        "spread": spread[i] if spread else None, "layout": TensorMeta.of(o).to_json()})
+    return out
+
+
+def check_written(
+    folder: Path,
+    *,
+    memory_inputs: dict[str, list[Any]],
+    codes: dict[str, list[str]],
+    eager: Optional[EagerReference],
+    verify: bool = True,
+    diagnose: Optional[Callable[[str, list[str]], str]] = None,
+) -> ModelChecks:
+    """Run every graph of the written `folder` once; its reference records and check results.
+
+    `memory_inputs` are each graph's inputs as bound at capture (used where none were
+    saved); `codes` each graph's :func:`graph_structure` at capture (the loaded graph must
+    rebuild it exactly). `diagnose(key, problems)`, for a derived graph that fails, names the pass
+    at fault. Derived graphs that fail are dropped from the artefact.
+    """
+    start = time.perf_counter()
+    art = load(folder)
+    result = ModelChecks(CheckOutcome())
+    checker = _Checker(eager, verify)
+    outs_by_key: dict[str, list[Any]] = {}
+    order = [k for k in ("inference", "forward", "backward", "joint") if k in art.graphs]
+    order[1:1] = [k for k in art.graphs if k not in order]  # derived graphs right after inference
+    for key in order:
+        ga = art.graphs[key]
+        if key in codes and isinstance(ga.module, torch.fx.GraphModule) and graph_structure(ga.module) != codes[key]:
+            result.problems.append(f"{key} graph: graph.json does not rebuild the captured graph exactly "
+                                   f"({_first_difference(codes[key], graph_structure(ga.module))})")
+        saved = ga.has_saved_values
+        try:
+            if key == "backward":
+                fw_out = outs_by_key.get("forward")
+                inputs = ga.saved_inputs(forward_outputs=fw_out) if saved and fw_out is not None else \
+                    _backward_inputs(ga, fw_out, memory_inputs.get(key))
+            else:
+                inputs = ga.saved_inputs() if saved else memory_inputs[key]
+            log = RunLog()
+            outs, trace = run_with_summaries(ga.module, inputs, accuracy.sampled_summary, log)
+            outs = expand_outputs(ga.record, outs)
+            spread = None
+            if log.nondeterministic:  # measure the run-to-run spread, and keep these values
+                again = expand_outputs(ga.record, run_graph(ga.module, inputs))
+                spread = [accuracy.max_abs_error(a, b) if isinstance(a, torch.Tensor) else None
+                          for a, b in zip(outs, again)]
+        except Exception as e:
+            msg = f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            result.problems.append(f"{key} graph: the written graph does not run: {msg}")
+            result.outcome.graphs[key] = GraphOutcome([{} for _ in ga.record["outputs"]],
+                                                      verification={"status": "error", "error": msg})
+            continue
+        outs_by_key[key] = outs
+        gc = checker.check_outputs(ga, outs)
+        result.graphs[key] = gc
+        failed = [c for c in gc.checks if not c.passed]
+        record = {"checks": gc.to_json(), "nondeterministic": log.nondeterministic}
+        status = "recorded" if saved else "shapes only"
+        result.outcome.graphs[key] = GraphOutcome(
+            _outcome_outputs(outs, ga.record, spread, saved), outs if saved else None,
+            trace if saved else None, record,
+            {"status": status, "inputs": "saved" if saved else "in memory (save_inputs: false)"})
+        if failed and key not in ("inference", "forward", "backward", "joint"):
+            lines = [c.line() for c in failed]
+            why = diagnose(key, lines) if diagnose else ""
+            result.pass_failures.append(f"{key} graph differs from the eager model: {'; '.join(lines[:3])}"
+                                        + (f"; {why}" if why else ""))
+            result.outcome.drop.append(key)
+        elif failed:
+            result.problems.append(f"{key} graph differs from the eager model: {len(failed)} check(s) failed, e.g. "
+                                   + "; ".join(c.line() for c in failed[:2]))
+    if {"forward", "backward", "joint"} <= set(outs_by_key):
+        contract = art.graphs["forward"].record.get("partition") or {}
+        problems, _, compared = chain_problems(contract, outs_by_key["forward"], outs_by_key["backward"],
+                                               art.graphs["joint"].record, outs_by_key["joint"])
+        result.outcome.verification["chain"] = {"status": "mismatch" if problems else "match",
+                                                "compared": compared, "problems": problems}
+        result.problems += [f"chain: {p}" for p in problems[:3]]
+    totals = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "indirect": 0}
+    for gc in result.graphs.values():
+        j = gc.to_json()
+        for k in totals:
+            totals[k] += j[k]
+    result.outcome.manifest["checks"] = totals
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _backward_inputs(ga: GraphArtifact, fw_out: Optional[list[Any]], memory: Optional[list[Any]]) -> list[Any]:
+    if fw_out is None:
+        raise RuntimeError("the backward graph needs the forward graph's outputs")
+    from aotpipe.artifact.load import build_inputs
+
+    return build_inputs(ga.record, [None] * len(ga.record["storages"]), fw_out) if all(
+        r.get("source", "blob") != "blob" or r["type"] != "tensor" for r in ga.record["inputs"]) else memory
+
+
+def graph_structure(gm: torch.fx.GraphModule) -> list[str]:
+    """One line per node: op, name, target, arguments, keyword arguments in name order."""
+    from aotpipe.artifact.graph_json import target_name
+
+    lines = []
+    for n in gm.graph.nodes:
+        target = target_name(n.target) if n.op == "call_function" else str(n.target)
+        lines.append(f"{n.op} {n.name} {target} {n.args!r} {sorted(n.kwargs.items())!r}")
+    return lines
+
+
+def _first_difference(expected: list[str], actual: list[str]) -> str:
+    for a, b in zip(expected, actual):
+        if a != b:
+            return f"node {b!r}, captured {a!r}"
+    return f"{len(actual)} nodes, captured {len(expected)}"

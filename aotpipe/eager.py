@@ -1,0 +1,115 @@
+"""The eager model as the reference graphs are checked against: float32, and float64 on demand.
+
+Runs are reproducible (:func:`aotpipe.determinism.reproducible`): seeded, so dropout draws
+the same masks as the graphs do, and with deterministic kernels. Training runs route
+``scaled_dot_product_attention`` through its math backend, as training capture does, so
+that eager and graph draw attention dropout from the same ops in the same order. The
+float64 model (``model.double()``, floating inputs cast likewise) is built only when a
+check needs it: most outputs are settled by the float32 run alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.utils._pytree as pytree
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from aotpipe.determinism import reproducible
+
+
+def sum_loss(out: Any) -> torch.Tensor:
+    """The training loss capture uses: the sum of every floating-point output."""
+    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise ValueError("the model has no floating-point output to build a loss from")
+    loss = leaves[0].sum()
+    for t in leaves[1:]:
+        loss = loss + t.sum()
+    return loss
+
+
+def model_state(model: torch.nn.Module, constants: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+    """Parameters, buffers (all names, tied ones too) and lifted constants, detached."""
+    out = {n: p.detach() for n, p in model.named_parameters(remove_duplicate=False)}
+    out.update({n: b.detach() for n, b in model.named_buffers(remove_duplicate=False)})
+    out.update({n: c.detach() for n, c in (constants or {}).items()})
+    return out
+
+
+@dataclass
+class EagerRun:
+    """What one eager run gave: tensor outputs in pytree order, state after, gradients."""
+
+    outputs: list[torch.Tensor]
+    state: dict[str, torch.Tensor]
+    mutated: list[str]  # buffers whose value the run changed
+    loss: Optional[torch.Tensor] = None
+    grads: dict[str, Optional[torch.Tensor]] = field(default_factory=dict)
+    nondeterministic: list[str] = field(default_factory=list)
+
+
+def _to64(x: Any) -> Any:
+    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+class EagerReference:
+    """Eager runs of one model on its example inputs, made once each and only when asked for."""
+
+    def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict,
+                 constants: Optional[dict[str, torch.Tensor]] = None):
+        self.model, self.args, self.kwargs = model, args, kwargs
+        self.constants = constants or {}
+        self._runs: dict[tuple[str, bool], Optional[EagerRun]] = {}
+        self.errors: dict[tuple[str, bool], str] = {}
+
+    def run(self, mode: str, fp64: bool = False) -> Optional[EagerRun]:
+        """The `mode` ("inference" or "training") run, in float64 if `fp64`; None if it failed."""
+        key = (mode, fp64)
+        if key not in self._runs:
+            try:
+                self._runs[key] = self._run(mode, fp64)
+            except Exception as e:  # a model that cannot run in float64, say: the check says so
+                self._runs[key] = None
+                self.errors[key] = f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        return self._runs[key]
+
+    def _run(self, mode: str, fp64: bool) -> EagerRun:
+        model = copy.deepcopy(self.model)
+        args, kwargs = copy.deepcopy((self.args, self.kwargs))  # a model may mutate its inputs
+        constants = dict(self.constants)
+        if fp64:
+            model = model.double()
+            args, kwargs = pytree.tree_map(_to64, (args, kwargs))
+            constants = {k: _to64(v) for k, v in constants.items()}
+        before = {n: b.detach().clone() for n, b in model.named_buffers(remove_duplicate=False)}
+        training = mode == "training"
+        model.train(training)
+        with contextlib.ExitStack() as stack:
+            log = stack.enter_context(reproducible())
+            if training:
+                stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+                model.zero_grad(set_to_none=True)
+                out = model(*args, **kwargs)
+                loss = sum_loss(out)
+                loss.backward()
+            else:
+                stack.enter_context(torch.no_grad())
+                out = model(*args, **kwargs)
+                loss = None
+        outputs = [t.detach() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        state = model_state(model, constants)
+        mutated = [n for n, b in model.named_buffers(remove_duplicate=False)
+                   if n in before and not _same(before[n], b)]
+        grads = {n: (p.grad.detach() if p.grad is not None else None)
+                 for n, p in model.named_parameters(remove_duplicate=False)} if training else {}
+        return EagerRun(outputs, state, mutated, loss.detach() if loss is not None else None, grads,
+                        log.nondeterministic)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())

@@ -1,0 +1,70 @@
+"""Running a graph: plainly, or node by node keeping a summary of every node's value.
+
+Both run under :func:`aotpipe.determinism.reproducible` (seeded generator for graphs that
+draw random numbers, deterministic kernels) and without autograd, and restore the caller's
+generator state and settings afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+
+from aotpipe.determinism import RunLog, draws_random, reproducible
+
+
+def _seeds(module: torch.nn.Module) -> bool:
+    if not isinstance(module, torch.fx.GraphModule):
+        return True  # imported module.py: cannot tell, seed to be safe
+    cached = module.__dict__.get("_aotpipe_draws_random")
+    if cached is None:
+        cached = module.__dict__["_aotpipe_draws_random"] = draws_random(module)
+    return cached
+
+
+def as_list(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def run_graph(module: torch.nn.Module, inputs: list[Any], log: Optional[RunLog] = None) -> list[Any]:
+    """Run a graph on flat inputs (seeded as at capture, deterministic kernels); outputs as a list."""
+    with reproducible(seed=_seeds(module)) as ran, torch.no_grad():
+        out = module(*inputs)
+    if log is not None:
+        log.nondeterministic += [o for o in ran.nondeterministic if o not in log.nondeterministic]
+    return as_list(out)
+
+
+class _Summarising(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule, summarise: Callable[[torch.Tensor], Any]):
+        super().__init__(gm)
+        self.summarise = summarise
+        self.summaries: dict[str, Any] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        r = super().run_node(n)
+        # A summary now: a later in-place op may overwrite the tensor itself.
+        if n.op != "output":
+            if isinstance(r, torch.Tensor):
+                self.summaries[n.name] = self.summarise(r)
+            elif isinstance(r, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in r):
+                self.summaries[n.name] = {"items": [self.summarise(x) if isinstance(x, torch.Tensor) else None
+                                                    for x in r]}
+        return r
+
+
+def run_with_summaries(
+    gm: torch.fx.GraphModule,
+    inputs: list[Any],
+    summarise: Callable[[torch.Tensor], Any],
+    log: Optional[RunLog] = None,
+) -> tuple[list[Any], dict[str, Any]]:
+    """The graph's outputs and, per node, `summarise` of its value (the one per-node interpreter)."""
+    interp = _Summarising(gm, summarise)
+    with reproducible(seed=draws_random(gm)) as ran, torch.no_grad():
+        out = interp.run(*inputs)
+    if log is not None:
+        log.nondeterministic += [o for o in ran.nondeterministic if o not in log.nondeterministic]
+    return as_list(out), interp.summaries
