@@ -51,7 +51,9 @@ def reproducible(seed: bool = True) -> Iterator[RunLog]:
     was_det = torch.are_deterministic_algorithms_enabled()
     was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     rng = torch.random.get_rng_state() if seed else None
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # torch.use_deterministic_algorithms would also set inductor's flag, importing
+    # torch._inductor; aotpipe runs no inductor code and loads without it: ATen's flag only.
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
@@ -65,6 +67,6 @@ def reproducible(seed: bool = True) -> Iterator[RunLog]:
             elif not m:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     finally:
-        torch.use_deterministic_algorithms(was_det, warn_only=was_warn)
+        torch._C._set_deterministic_algorithms(was_det, warn_only=was_warn)
         if rng is not None:
             torch.random.set_rng_state(rng)

@@ -19,7 +19,7 @@ from aotpipe.errors import ConfigError, Problem
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
-MODEL_KEYS = "name, source, args, config, inputs, mode, graphs, passes, save_inputs, verify, loss"
+MODEL_KEYS = "name, source, args, config, inputs, mode, graphs, passes, save_inputs, save_values, verify, loss"
 TOP_KEYS = "version, name, output, seed, executor, defaults, models"
 INPUT_KEYS = "name, shape, dtype, low, high"
 
@@ -175,7 +175,7 @@ def test_unknown_key_in_input():
 @pytest.mark.parametrize(
     "section, key, valid",
     [
-        ("defaults", "colour", "mode, graphs, passes, save_inputs, verify, loss"),
+        ("defaults", "colour", "mode, graphs, passes, save_inputs, save_values, verify, loss"),
         ("executor", "kinds", "kind, workers, timeout_s"),
     ],
 )

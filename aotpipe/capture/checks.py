@@ -266,10 +266,14 @@ def graph_structure(gm: torch.fx.GraphModule) -> list[str]:
     """One line per node: op, name, target, arguments, keyword arguments in name order."""
     from aotpipe.artifact.graph_json import target_name
 
+    # Nodes by position, not name: FX renames a placeholder that would shadow a builtin.
+    index = {n: f"%{i}" for i, n in enumerate(gm.graph.nodes)}
     lines = []
     for n in gm.graph.nodes:
-        target = target_name(n.target) if n.op == "call_function" else str(n.target)
-        lines.append(f"{n.op} {n.name} {target} {n.args!r} {sorted(n.kwargs.items())!r}")
+        target = target_name(n.target) if n.op == "call_function" else (n.op if n.op == "placeholder" else str(n.target))
+        args = torch.fx.node.map_arg(n.args, lambda x: index[x])
+        kwargs = torch.fx.node.map_arg(dict(sorted(n.kwargs.items())), lambda x: index[x])
+        lines.append(f"{index[n]} {n.op} {target} {args!r} {kwargs!r}")
     return lines
 
 

@@ -68,10 +68,12 @@ def test_blob_round_trip(tmp_path):
 
 def test_trace_json_matches_a_rerun(quickstart_run):
     root, _ = quickstart_run
-    from aotpipe.capture.values import run_traced
+    from aotpipe.accuracy import sampled_summary
+    from aotpipe.execution import run_with_summaries
 
     for ga in load(root / "running_norm").graphs.values():
-        _, trace = run_traced(ga.module, ga.saved_inputs())
+        assert ga.trace["sampled"] is True
+        _, trace = run_with_summaries(ga.module, ga.saved_inputs(), sampled_summary)
         assert json.loads(dump_json(trace)) == ga.trace["nodes"]
 
 
@@ -91,6 +93,6 @@ def test_newer_format_version_is_refused_naming_both_versions(quickstart_run, tm
     data = json.loads(path.read_text())
     data["format_version"] = 7
     path.write_text(json.dumps(data))
-    with pytest.raises(ArtifactError, match=r"format version 7; this aotpipe reads version 1") as e:
+    with pytest.raises(ArtifactError, match=r"format version 7; this aotpipe reads versions 1, 2") as e:
         load(folder)
     assert path.name in str(e.value)

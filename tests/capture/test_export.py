@@ -200,19 +200,18 @@ class _Attention(nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def test_sdpa_gradients_match_eager():
+def test_sdpa_gradients_match_eager(tmp_path):
     # Regression: left to the CPU flash kernel, core-ATen decomposition rewrote the forward
     # but not the backward, and the joint graph's gradients were off by ~100.
-    from aotpipe.capture.values import record_values
+    from tests.helpers.checking import capture_and_check
 
     torch.manual_seed(0)
     model, x = _Attention(), torch.randn(2, 8, 16)
-    cap = _capture(model, (x,))
-    values = record_values(model, (x,), {}, cap, cap.user_inputs)
-    for kind in ("joint", "backward"):
-        checks = values[kind].eager
-        assert any(c.what.startswith("gradient of qkv.weight") for c in checks)
-        assert all(c.within_tolerance for c in checks), [(c.what, c.max_abs_error) for c in checks]
+    _, checked = capture_and_check(model, (x,), {}, tmp_path, graphs=("forward", "backward", "joint"))
+    checks = checked.graphs["backward"].checks
+    assert any(c.what == "gradient of qkv.weight" for c in checks)
+    assert all(c.passed for c in checks), [c.line() for c in checks]
+    assert checked.problems == []
 
 
 def test_tied_weights_are_noted_as_tied_not_gradientless():

@@ -3,10 +3,11 @@
 import torch
 
 from aotpipe.capture import capture_export
-from aotpipe.capture.values import record_values
 from aotpipe.passes import PASSES, parse_pass_entry
 from aotpipe.passes.base import GraphUnderPass
-from aotpipe.replay import run_graph
+from aotpipe.eager import model_state
+from aotpipe.execution import run_graph
+from aotpipe.runner import backward_inputs, bind_inputs
 
 
 def graph_of(model, *args, kind="inference"):
@@ -14,9 +15,11 @@ def graph_of(model, *args, kind="inference"):
     names = [f"arg{i}" for i in range(len(args))]
     graphs = ["inference"] if kind == "inference" else ["forward", "backward", "joint"]
     cap = capture_export(model, args, {}, name="t", graphs=graphs, input_names=names)
-    values = record_values(model, args, {}, cap, cap.user_inputs)
     g = cap.graphs[kind]
-    return GraphUnderPass(g.gm, kind, list(g.inputs), list(g.outputs), list(values[kind].inputs))
+    bound = {k: bind_inputs(cap.graphs[k], model_state(model, cap.constants), dict(zip(cap.user_inputs, args)))
+             for k in cap.graphs if k != "backward"}
+    values = backward_inputs(cap, bound["forward"]) if kind == "backward" else bound[kind]
+    return GraphUnderPass(g.gm, kind, list(g.inputs), list(g.outputs), values)
 
 
 def apply(name, g, **options):
