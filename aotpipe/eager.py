@@ -47,7 +47,7 @@ class EagerRun:
 
     outputs: list[torch.Tensor]
     state: dict[str, torch.Tensor]
-    mutated: list[str]  # buffers whose value the run changed
+    mutated: list[str]  # buffers and user inputs whose value the run changed
     loss: Optional[torch.Tensor] = None
     grads: dict[str, Optional[torch.Tensor]] = field(default_factory=dict)
     nondeterministic: list[str] = field(default_factory=list)
@@ -61,9 +61,10 @@ class EagerReference:
     """Eager runs of one model on its example inputs, made once each and only when asked for."""
 
     def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict,
-                 constants: Optional[dict[str, torch.Tensor]] = None):
+                 constants: Optional[dict[str, torch.Tensor]] = None, user_names: Optional[list[str]] = None):
         self.model, self.args, self.kwargs = model, args, kwargs
         self.constants = constants or {}
+        self.user_names = user_names or []  # names of the (args, kwargs) leaves: user-input mutations
         self._runs: dict[tuple[str, bool], Optional[EagerRun]] = {}
         self.errors: dict[tuple[str, bool], str] = {}
 
@@ -87,6 +88,8 @@ class EagerReference:
             args, kwargs = pytree.tree_map(_to64, (args, kwargs))
             constants = {k: _to64(v) for k, v in constants.items()}
         before = {n: b.detach().clone() for n, b in model.named_buffers(remove_duplicate=False)}
+        users = {n: t for n, t in zip(self.user_names, pytree.tree_leaves((args, kwargs))) if isinstance(t, torch.Tensor)}
+        before.update({n: t.detach().clone() for n, t in users.items() if n not in before})
         training = mode == "training"
         model.train(training)
         with contextlib.ExitStack() as stack:
@@ -102,8 +105,8 @@ class EagerReference:
                 out = model(*args, **kwargs)
                 loss = None
         outputs = [t.detach() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        state = model_state(model, constants)
-        mutated = [n for n, b in model.named_buffers(remove_duplicate=False)
+        state = {**{n: t.detach() for n, t in users.items()}, **model_state(model, constants)}
+        mutated = [n for n, b in [*model.named_buffers(remove_duplicate=False), *users.items()]
                    if n in before and not _same(before[n], b)]
         grads = {n: (p.grad.detach() if p.grad is not None else None)
                  for n, p in model.named_parameters(remove_duplicate=False)} if training else {}

@@ -104,7 +104,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             result.passes_seconds = time.perf_counter() - t0
         stage = "write"
         t0 = time.perf_counter()
-        eager = EagerReference(model, args, kwargs, captured.constants) if spec.verify else None
+        eager = EagerReference(model, args, kwargs, captured.constants, captured.user_inputs) if spec.verify else None
         checked: list[ModelChecks] = []
 
         def check(folder: Path) -> Any:

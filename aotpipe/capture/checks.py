@@ -128,9 +128,12 @@ class _Checker:
             for j, ((i, o), e) in enumerate(zip(tensors, run.outputs)):
                 self._compare(gc, mode, o, e, lambda r, j=j: r.outputs[j], f"output {j}")
         returned = set()
+        # A user input's mutation names its placeholder; eager knows the input by its name.
+        placeholder_user = {i["name"]: i["target"] for i in ga.record["inputs"] if i.get("role") == "user"}
         for o, r in zip(outs, recs):
             target = r.get("target")
             if r["role"] == "mutation":
+                target = target if target in run.state else placeholder_user.get(target, target)
                 returned.add(target)
                 if target not in run.state:
                     gc.checks.append(Check(f"new value of {target}", False, "exact",

@@ -17,7 +17,7 @@ def capture_and_check(model, args, kwargs, out_dir, *, graphs=("inference", "for
     user = dict(zip(cap.user_inputs, pytree.tree_leaves((args, kwargs))))
     state = model_state(model, cap.constants)
     inputs = {k: bind_inputs(g, state, user) for k, g in cap.graphs.items() if k != "backward"}
-    eager = EagerReference(model, args, kwargs, cap.constants)
+    eager = EagerReference(model, args, kwargs, cap.constants, cap.user_inputs)
     found = []
 
     def check(folder):
