@@ -13,7 +13,7 @@ import contextlib
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
 import torch.fx
@@ -21,7 +21,7 @@ import torch.fx
 # Seed set before every seeded run (graph or eager), at capture and at replay.
 RNG_SEED = 0
 
-_NONDETERMINISTIC = re.compile(r"^(\S+) does not have a deterministic implementation")
+_NONDETERMINISTIC = re.compile(r"(\S+) does not have a deterministic implementation")
 
 
 def op_draws_random(target: Any) -> bool:
@@ -42,10 +42,11 @@ class RunLog:
 
 
 @contextlib.contextmanager
-def reproducible(seed: bool = True) -> Iterator[RunLog]:
+def reproducible(seed: bool = True, strict: bool = False) -> Iterator[RunLog]:
     """Deterministic kernels (and a seeded generator) for the duration; restores the caller's settings.
 
-    Yields a :class:`RunLog` that lists the ops torch warned have no deterministic kernel.
+    `strict`: an op without a deterministic kernel raises (every time; torch warns only once
+    per process). Otherwise it runs, and the yielded :class:`RunLog` names it if torch warns.
     """
     log = RunLog()
     was_det = torch.are_deterministic_algorithms_enabled()
@@ -53,7 +54,7 @@ def reproducible(seed: bool = True) -> Iterator[RunLog]:
     rng = torch.random.get_rng_state() if seed else None
     # torch.use_deterministic_algorithms would also set inductor's flag, importing
     # torch._inductor; aotpipe runs no inductor code and loads without it: ATen's flag only.
-    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    torch._C._set_deterministic_algorithms(True, warn_only=not strict)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
@@ -61,7 +62,7 @@ def reproducible(seed: bool = True) -> Iterator[RunLog]:
                 torch.manual_seed(RNG_SEED)
             yield log
         for w in caught:
-            m = _NONDETERMINISTIC.match(str(w.message))
+            m = _NONDETERMINISTIC.search(str(w.message))
             if m and m.group(1) not in log.nondeterministic:
                 log.nondeterministic.append(m.group(1))
             elif not m:
@@ -70,3 +71,25 @@ def reproducible(seed: bool = True) -> Iterator[RunLog]:
         torch._C._set_deterministic_algorithms(was_det, warn_only=was_warn)
         if rng is not None:
             torch.random.set_rng_state(rng)
+
+
+T = TypeVar("T")
+
+
+def run_reproducibly(fn: Callable[[], T], *, seed: bool = True, log: Optional[RunLog] = None) -> T:
+    """`fn()` with deterministic kernels and a seeded generator; an op that has no
+    deterministic kernel is named in `log` and the run repeated allowing it."""
+    try:
+        with reproducible(seed, strict=True):
+            return fn()
+    except RuntimeError as e:
+        m = _NONDETERMINISTIC.search(str(e))
+        if not m:
+            raise
+        if log is not None and m.group(1) not in log.nondeterministic:
+            log.nondeterministic.append(m.group(1))
+        with reproducible(seed, strict=False) as ran:
+            out = fn()
+        if log is not None:
+            log.nondeterministic += [o for o in ran.nondeterministic if o not in log.nondeterministic]
+        return out

@@ -19,7 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from aotpipe.determinism import reproducible
+from aotpipe.determinism import RunLog, run_reproducibly
 
 
 def sum_loss(out: Any) -> torch.Tensor:
@@ -92,18 +92,26 @@ class EagerReference:
         before.update({n: t.detach().clone() for n, t in users.items() if n not in before})
         training = mode == "training"
         model.train(training)
-        with contextlib.ExitStack() as stack:
-            log = stack.enter_context(reproducible())
-            if training:
-                stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
-                model.zero_grad(set_to_none=True)
-                out = model(*args, **kwargs)
-                loss = sum_loss(out)
-                loss.backward()
-            else:
+        log = RunLog()
+        pristine = copy.deepcopy((args, kwargs)) if self.user_names else None
+
+        def run() -> tuple[Any, Optional[torch.Tensor]]:
+            if pristine is not None:  # a repeated attempt starts from unmutated inputs
+                for dst, src in zip(pytree.tree_leaves((args, kwargs)), pytree.tree_leaves(pristine)):
+                    if isinstance(dst, torch.Tensor):
+                        dst.data.copy_(src)
+            with contextlib.ExitStack() as stack:
+                if training:
+                    stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+                    model.zero_grad(set_to_none=True)
+                    out = model(*args, **kwargs)
+                    loss = sum_loss(out)
+                    loss.backward()
+                    return out, loss
                 stack.enter_context(torch.no_grad())
-                out = model(*args, **kwargs)
-                loss = None
+                return model(*args, **kwargs), None
+
+        out, loss = run_reproducibly(run, log=log)
         outputs = [t.detach() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         state = {**{n: t.detach() for n, t in users.items()}, **model_state(model, constants)}
         mutated = [n for n, b in [*model.named_buffers(remove_duplicate=False), *users.items()]

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.determinism import RunLog, draws_random, reproducible
+from aotpipe.determinism import RunLog, draws_random, run_reproducibly
 
 
 def _seeds(module: torch.nn.Module) -> bool:
@@ -30,11 +30,11 @@ def as_list(out: Any) -> list[Any]:
 
 def run_graph(module: torch.nn.Module, inputs: list[Any], log: Optional[RunLog] = None) -> list[Any]:
     """Run a graph on flat inputs (seeded as at capture, deterministic kernels); outputs as a list."""
-    with reproducible(seed=_seeds(module)) as ran, torch.no_grad():
-        out = module(*inputs)
-    if log is not None:
-        log.nondeterministic += [o for o in ran.nondeterministic if o not in log.nondeterministic]
-    return as_list(out)
+    def run() -> Any:
+        with torch.no_grad():
+            return module(*inputs)
+
+    return as_list(run_reproducibly(run, seed=_seeds(module), log=log))
 
 
 class _Summarising(torch.fx.Interpreter):
@@ -62,9 +62,12 @@ def run_with_summaries(
     log: Optional[RunLog] = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The graph's outputs and, per node, `summarise` of its value (the one per-node interpreter)."""
-    interp = _Summarising(gm, summarise)
-    with reproducible(seed=draws_random(gm)) as ran, torch.no_grad():
-        out = interp.run(*inputs)
-    if log is not None:
-        log.nondeterministic += [o for o in ran.nondeterministic if o not in log.nondeterministic]
-    return as_list(out), interp.summaries
+    interps: list[_Summarising] = []
+
+    def run() -> Any:
+        interps.append(_Summarising(gm, summarise))  # afresh if a first attempt stopped midway
+        with torch.no_grad():
+            return interps[-1].run(*inputs)
+
+    out = run_reproducibly(run, seed=draws_random(gm), log=log)
+    return as_list(out), interps[-1].summaries

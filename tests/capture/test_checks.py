@@ -1,0 +1,195 @@
+"""The checks of a run: every output against eager, nothing skipped silently, wrong graphs fail."""
+
+import json
+import textwrap
+from types import SimpleNamespace
+
+import torch
+from click.testing import CliRunner
+
+import aotpipe.capture
+from aotpipe.capture.checks import _Checker
+from aotpipe.cli import main
+from aotpipe.eager import EagerRun
+from aotpipe.replay import replay
+
+
+def _pipeline(tmp_path, models, extra=""):
+    (tmp_path / "p.yaml").write_text(textwrap.dedent(f"""
+        version: 1
+        name: t
+        {extra}
+        models:
+    """) + textwrap.indent(textwrap.dedent(models), "  "))
+    return tmp_path / "p.yaml"
+
+
+def _run(tmp_path, pipeline):
+    r = CliRunner().invoke(main, ["run", str(pipeline), "-o", str(tmp_path / "out"), "--no-progress", "--json"])
+    return r, (json.loads(r.output) if r.output.startswith("{") else None)
+
+
+def _manifest(tmp_path, model):
+    return json.loads((tmp_path / "out" / "t" / model / "manifest.json").read_text())
+
+
+def test_a_graph_made_wrong_on_purpose_fails_its_model_and_the_run(tmp_path, monkeypatch):
+    real = aotpipe.capture.capture_export
+
+    def relu_becomes_neg(*args, **kwargs):
+        cap = real(*args, **kwargs)
+        for g in cap.graphs.values():
+            for n in g.gm.graph.nodes:
+                if n.target is torch.ops.aten.relu.default:
+                    n.target = torch.ops.aten.neg.default
+            g.gm.recompile()
+        return cap
+
+    monkeypatch.setattr(aotpipe.capture, "capture_export", relu_becomes_neg)
+    p = _pipeline(tmp_path, """
+        - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 8}, inputs: [{shape: [4, 8]}]}
+    """)
+    r, run = _run(tmp_path, p)
+    assert r.exit_code == 1
+    (m,) = run["models"]
+    assert (m["status"], m["stage"]) == ("failed", "verify")
+    assert "differs from the eager model" in m["error"]
+    assert m["checks"]["failed"] > 0
+
+
+DROPOUT = """
+    import torch
+    class Drop(torch.nn.Module):
+        def __init__(self, p=0.3):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+            self.drop = torch.nn.Dropout(p)
+        def forward(self, x):
+            return self.lin(self.drop(torch.relu(self.lin(x))))
+    def drop(p=0.3):
+        return Drop(p)
+"""
+
+
+def test_training_graphs_with_dropout_are_compared_with_eager(tmp_path):
+    (tmp_path / "drop.py").write_text(textwrap.dedent(DROPOUT))
+    p = _pipeline(tmp_path, """
+        - {name: d, source: drop:drop, inputs: [{shape: [32, 16]}], graphs: [forward, backward, joint]}
+    """)
+    r, run = _run(tmp_path, p)
+    assert r.exit_code == 0, r.output
+    (m,) = run["models"]
+    assert m["checks"]["skipped"] == 0 and m["checks"]["failed"] == 0
+    manifest = _manifest(tmp_path, "d")
+    assert manifest["graphs"]["forward"]["checks"]["run"] >= 1  # the loss
+    assert manifest["graphs"]["backward"]["checks"]["run"] == 2  # the weight and bias of the one Linear (used twice)
+    assert "native_dropout" in (tmp_path / "out" / "t" / "d" / "d_forward_0" / "graph.json").read_text()
+
+
+def test_dropout_with_another_probability_in_the_graph_fails(tmp_path, monkeypatch):
+    (tmp_path / "drop.py").write_text(textwrap.dedent(DROPOUT))
+    real = aotpipe.capture.capture_export
+
+    def other_p(*args, **kwargs):
+        cap = real(*args, **kwargs)
+        for g in cap.graphs.values():
+            for n in g.gm.graph.nodes:
+                if n.target is torch.ops.aten.native_dropout.default:
+                    n.args = (n.args[0], 0.6, *n.args[2:])
+            g.gm.recompile()
+        return cap
+
+    monkeypatch.setattr(aotpipe.capture, "capture_export", other_p)
+    p = _pipeline(tmp_path, """
+        - {name: d, source: drop:drop, inputs: [{shape: [32, 16]}], graphs: [forward, backward, joint]}
+    """)
+    r, run = _run(tmp_path, p)
+    assert r.exit_code == 1
+    assert "differs from the eager model" in run["models"][0]["error"]
+
+
+def test_save_inputs_false_says_shapes_only(tmp_path):
+    p = _pipeline(tmp_path, """
+        - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 8}, inputs: [{shape: [4, 8]}], save_inputs: false}
+    """)
+    r, run = _run(tmp_path, p)
+    assert r.exit_code == 0, r.output
+    manifest = _manifest(tmp_path, "mlp")
+    assert {v["status"] for k, v in manifest["verification"].items() if k != "chain"} == {"shapes only"}
+    assert manifest["checks"]["failed"] == 0 and manifest["checks"]["run"] > 0  # eager checks still ran
+    ls = CliRunner().invoke(main, ["ls", str(tmp_path / "out")])
+    assert "shapes only" in ls.output
+    assert "shapes only" in (tmp_path / "out" / "t" / "report.md").read_text()
+    assert all(r.status == "ran" for r in replay(tmp_path / "out" / "t" / "mlp"))
+
+
+def test_the_optimised_graph_has_checks_of_its_own(tmp_path):
+    p = _pipeline(tmp_path, """
+        - {name: cnn, source: aotpipe.zoo:small_cnn, args: {channels: 4}, inputs: [{shape: [2, 3, 8, 8]}],
+           graphs: [inference], passes: [freeze, fold_conv_bn]}
+    """)
+    r, run = _run(tmp_path, p)
+    assert r.exit_code == 0, r.output
+    g = _manifest(tmp_path, "cnn")["graphs"]["inference.freeze+fold_conv_bn"]
+    assert g["checks"]["run"] == 1 and g["checks"]["passed"] == 1
+
+
+PUT = """
+    import torch
+    class Put(torch.nn.Module):
+        def forward(self, x):
+            idx = torch.tensor([0, 0, 1])
+            return torch.zeros(4).put(idx, x) * 2
+    def put():
+        return Put()
+"""
+
+
+def test_an_op_without_a_deterministic_kernel_is_named_and_compared_within_its_spread(tmp_path):
+    (tmp_path / "put.py").write_text(textwrap.dedent(PUT))
+    p = _pipeline(tmp_path, """
+        - {name: p, source: put:put, inputs: [{shape: [3]}], graphs: [inference]}
+    """)
+    r, run = _run(tmp_path, p)
+    assert r.exit_code == 0, r.output
+    manifest = _manifest(tmp_path, "p")
+    assert manifest["graphs"]["inference"]["nondeterministic"] == ["put_"]
+    rec = json.loads((tmp_path / "out" / "t" / "p" / "p_inference_0" / "inputs.json").read_text())
+    assert rec["outputs"][0]["spread"] is not None and rec["outputs"][0]["blob"] is not None
+    assert [x.status for x in replay(tmp_path / "out" / "t" / "p")] == ["match"]
+
+
+def _fake_graph(kind, outputs, inputs=()):
+    return SimpleNamespace(kind=kind, record={"outputs": outputs, "inputs": list(inputs)})
+
+
+def _fake_eager(run):
+    return SimpleNamespace(run=lambda mode, fp64=False: run if not fp64 else None, errors={})
+
+
+def test_an_extra_graph_output_fails():
+    eager = EagerRun(outputs=[torch.ones(2)], state={}, mutated=[])
+    ga = _fake_graph("inference", [{"role": "user"}, {"role": "user"}])
+    gc = _Checker(_fake_eager(eager), True).check_outputs(ga, [torch.ones(2), torch.ones(3)])
+    assert [c.what for c in gc.checks if not c.passed] == ["user outputs"]
+
+
+def test_none_where_eager_has_a_gradient_fails():
+    eager = EagerRun(outputs=[], state={}, mutated=[], grads={"w": torch.ones(2), "b": None})
+    ga = _fake_graph("backward", [{"role": "none", "target": "w"}, {"role": "none", "target": "b"}])
+    gc = _Checker(_fake_eager(eager), True).check_outputs(ga, [None, None])
+    assert [c.passed for c in gc.checks] == [False, True]
+
+
+def test_a_buffer_eager_mutates_that_the_graph_does_not_return_fails():
+    eager = EagerRun(outputs=[torch.ones(1)], state={"count": torch.ones(1)}, mutated=["count"])
+    ga = _fake_graph("inference", [{"role": "user"}])
+    gc = _Checker(_fake_eager(eager), True).check_outputs(ga, [torch.ones(1)])
+    (bad,) = [c for c in gc.checks if not c.passed]
+    assert bad.what == "new value of count" and "does not return" in bad.detail
+
+
+def test_verify_false_counts_every_check_as_skipped():
+    ga = _fake_graph("inference", [{"role": "user"}, {"role": "user"}])
+    gc = _Checker(None, False).check_outputs(ga, [torch.ones(1), torch.ones(1)])
+    assert gc.checks == [] and gc.skipped == ["verify: false", "verify: false"]

@@ -1,0 +1,97 @@
+"""The comparison rule: float noise passes, real errors fail, the fp64 run only when needed."""
+
+import math
+
+import pytest
+import torch
+
+from aotpipe import accuracy
+from aotpipe.accuracy import compare
+
+
+def _never():
+    raise AssertionError("the float64 reference was asked for")
+
+
+def test_within_the_floor_passes_without_asking_for_float64():
+    x = torch.randn(1000)
+    c = compare(x + 1e-7 * torch.randn(1000), x, _never)
+    assert c.passed and c.method == "floor"
+
+
+def test_float32_reordering_passes_against_float64():
+    torch.manual_seed(0)
+    a, b = torch.randn(256, 512), torch.randn(512, 256)
+    ref = a.double() @ b.double()
+    eager = a @ b
+    graph = (a[:, :256] @ b[:256] + a[:, 256:] @ b[256:])  # another summation order
+    assert not accuracy.exact_equal(graph, eager)
+    c = compare(graph, eager, lambda: ref)
+    assert c.passed, c.line()
+
+
+def test_a_real_error_fails_with_the_figures():
+    torch.manual_seed(0)
+    a = torch.randn(64, 64)
+    ref = a.double() * 2
+    eager = a * 2
+    c = compare(eager * 1.01, eager, lambda: ref, what="gradient of w")
+    assert not c.passed and c.method == "fp64"
+    assert c.error > 10 * c.bound / 2 or c.error > c.bound
+    assert "gradient of w" in c.line() and "float64" in c.line()
+
+
+def test_error_is_judged_against_eager_float32s_own_error():
+    # eager itself is off float64 by e; a graph off by 1.5 e passes, by 3 e fails (multiplier 2)
+    ref = torch.zeros(10_000, dtype=torch.float64)
+    noise = torch.randn(10_000)
+    eager = (noise * 1e-3).float()
+    assert compare((noise * 1.5e-3).float(), eager, ref).passed
+    assert not compare((noise * 3.5e-3).float(), eager, ref).passed
+
+
+def test_small_tensors_get_a_larger_multiplier():
+    assert accuracy.multiplier(torch.float32, 1) == 10.0
+    assert accuracy.multiplier(torch.float32, 100) == 8.0
+    assert accuracy.multiplier(torch.float32, 10_000) == 2.0
+    assert accuracy.multiplier(torch.bfloat16, 10_000) == 3.0
+
+
+def test_none_against_a_gradient_fails():
+    assert not compare(None, torch.ones(2)).passed
+    assert not compare(torch.ones(2), None).passed
+    assert compare(None, None).passed
+
+
+def test_shape_dtype_integers_and_nan_places_must_match():
+    assert not compare(torch.ones(2), torch.ones(3)).passed
+    assert not compare(torch.ones(2), torch.ones(2, dtype=torch.float64)).passed
+    assert not compare(torch.tensor([1, 2]), torch.tensor([1, 3])).passed
+    assert compare(torch.tensor([1, 2]), torch.tensor([1, 2])).passed
+    nan = torch.tensor([1.0, math.nan])
+    assert compare(nan, nan.clone()).passed
+    assert not compare(torch.tensor([math.nan, 1.0]), nan).passed
+
+
+def test_without_a_reference_only_the_floor_decides():
+    x = torch.randn(100)
+    c = compare(x * 1.01, x, None)
+    assert not c.passed and "noise floor" in c.detail
+
+
+def test_digest_is_bit_exact_and_layout_free():
+    x = torch.randn(4, 5)
+    assert accuracy.digest(x) == accuracy.digest(x.t().contiguous().t())
+    assert accuracy.digest(x) != accuracy.digest(x.clone().view(5, 4))
+    y = x.clone()
+    y[0, 0] = torch.nextafter(y[0, 0], torch.tensor(10.0))
+    assert accuracy.digest(x) != accuracy.digest(y)
+
+
+@pytest.mark.parametrize("t", [torch.randn(8, 128, 1024), torch.randn(8, 1024, 128).transpose(1, 2),
+                               torch.randn(1024).expand(8, 128, 1024), torch.tensor(2.0)])
+def test_sampled_summary_is_small_and_deterministic(t):
+    a, b = accuracy.sampled_summary(t), accuracy.sampled_summary(t.clone().as_strided(t.shape, t.stride()))
+    assert a == b and a["shape"] == list(t.shape)
+    if t.numel() <= accuracy.SAMPLE:
+        assert a["sum"] == pytest.approx(float(t.double().sum()))
