@@ -63,7 +63,7 @@ def test_every_zoo_graph_replays_bit_exactly_and_runs_on_random_inputs(zoo_run):
     for name in ZOO:
         manifest = json.loads((root / name / "manifest.json").read_text())
         assert {k: v["status"] for k, v in manifest["verification"].items()} == {
-            **{k: "match" for k in KINDS | {OPTIMISED}}, "chain": "match"}, name
+            **{k: "recorded" for k in KINDS | {OPTIMISED}}, "chain": "match"}, name
         for r in replay(root / name):
             assert r.status == "match" and r.max_abs_error == 0.0, (name, r.kind, r.mismatches)
         for r in replay(root / name, inputs="random", seed=1):
@@ -71,13 +71,14 @@ def test_every_zoo_graph_replays_bit_exactly_and_runs_on_random_inputs(zoo_run):
 
 
 @pytest.mark.slow
-def test_zoo_graphs_agree_with_eager_within_tolerance(zoo_run):
+def test_zoo_graphs_agree_with_eager_and_no_check_is_skipped(zoo_run):
     root, _ = zoo_run
     run = json.loads((root / "run.json").read_text())
     for m in run["models"]:
-        assert m["eager"]["inference"]["within_tolerance"], m["name"]
-        for kind, e in m["eager"].items():
-            assert e.get("within_tolerance", True), (m["name"], kind, e)
+        c = m["checks"]
+        assert c["failed"] == 0 and c["skipped"] == 0 and c["run"] > 0, (m["name"], c)
+        for kind in ("inference", "forward", "backward", OPTIMISED):
+            assert m["eager"][kind]["run"] > 0, (m["name"], kind)
 
 
 @pytest.mark.slow
@@ -97,4 +98,44 @@ def test_zoo_run_in_another_process_is_byte_identical(zoo_run, tmp_path):
                 for p in sorted(d.rglob("*")) if p.is_file() and p.name not in ("run.json", "report.md")}
 
     a, b = hashes(root), hashes(other / "zoo-hf")
-    assert len(a) > 1000 and a == b
+    assert len(a) > 200 and a == b
+
+
+@pytest.mark.slow
+def test_llama_with_the_flash_sdpa_gradients_fails_its_checks(tmp_path, monkeypatch):
+    # The real bug the fp64 rule must still catch: left to the CPU flash kernel, core-ATen
+    # decomposition rewrites SDPA's forward but not its backward (gradients off by ~1e4).
+    import contextlib
+
+    import aotpipe.capture.export as export
+
+    monkeypatch.setattr(export, "sdpa_kernel", lambda backends: contextlib.nullcontext())
+    monkeypatch.setattr(export, "OPTIONS", {**export.OPTIONS, "sdpa_training_backend": "flash (test)"})
+    r = CliRunner().invoke(main, ["run", str(PIPELINES / "zoo-hf.yaml"), "--only", "llama", "-o", str(tmp_path),
+                                  "--no-progress", "--json"])
+    assert r.exit_code == 1, r.output
+    (m,) = json.loads(r.output)["models"]
+    assert m["stage"] == "verify" and "gradient of" in m["error"] and "float64" in m["error"], m["error"]
+
+
+@pytest.mark.slow
+def test_bert_4l_backward_replays_bit_identically_with_two_threads(tmp_path):
+    import torch
+
+    from aotpipe.replay import replay
+
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nname: b\nmodels:\n"
+        "  - name: bert4l\n    source: hf:BertModel\n    graphs: [forward, backward]\n"
+        "    config: {num_hidden_layers: 4, hidden_size: 256, num_attention_heads: 4, intermediate_size: 1024}\n"
+        "    inputs: [{name: input_ids, shape: [8, 128], dtype: int64, high: 30522}]\n")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress"])
+        assert r.exit_code == 0, r.output
+        for _ in range(5):
+            (res,) = replay(tmp_path / "out" / "b" / "bert4l", graphs=["backward"])
+            assert res.status == "match" and res.max_abs_error == 0.0, res.mismatches
+    finally:
+        torch.set_num_threads(threads)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST, file_sha256, seal_ok
+from aotpipe.artifact.manifest import MANIFEST, READABLE_VERSIONS, file_sha256, seal_ok
 from aotpipe.errors import ArtifactError
 
 
@@ -29,8 +29,9 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
     if not isinstance(manifest, dict):
         return [f"{mpath}: not a manifest"]
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        return [f"{mpath}: format version {version!r}; this aotpipe reads version {FORMAT_VERSION}"]
+    if version not in READABLE_VERSIONS:
+        return [f"{mpath}: format version {version!r}; this aotpipe reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}"]
     problems = []
     if not seal_ok(manifest):
         problems.append(f"{mpath}: its checksum does not match its content (the file was changed)")

@@ -330,7 +330,8 @@ def _write_graphs(
         for node in g.gm.graph.nodes:
             if node.op == "get_attr":
                 value = getattr(g.gm, node.target) if "." not in node.target else g.gm.get_buffer(node.target)
-                constants[node.target] = blobs.put(value)
+                # Flat, like input storages: a frozen weight shares the blob of the weight it was.
+                constants[node.target] = blobs.put(value.reshape(-1))
                 layouts[node.target] = (list(value.shape), list(value.stride()))
         gj = graph_json.graph_to_json(g.gm, constants)
         gj["kind"] = kind

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.fx
@@ -78,6 +78,22 @@ def is_constant(node: Any) -> bool:
 
 def constant_value(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor:
     return gm.get_buffer(node.target) if "." in node.target else getattr(gm, node.target)
+
+
+def view_of_constant(gm: torch.fx.GraphModule, node: Any) -> Optional[torch.Tensor]:
+    """The value of a constant, or of a chain of views of one (freeze leaves those as views);
+    None for anything else."""
+    if is_constant(node):
+        return constant_value(gm, node)
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+            and len(node.all_input_nodes) == 1):
+        return None
+    base = view_of_constant(gm, node.all_input_nodes[0])
+    if base is None:
+        return None
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: base)
+    return node.target(*args, **kwargs)
 
 
 def first_get_attr_anchor(gm: torch.fx.GraphModule) -> torch.fx.Node:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from aotpipe.passes.base import GraphUnderPass, PassResult, add_constant, constant_value, is_constant
+from aotpipe.passes.base import GraphUnderPass, PassResult, add_constant, constant_value, is_constant, view_of_constant
 
 _BN = torch.ops.aten._native_batch_norm_legit_no_training.default
 _CONV = torch.ops.aten.convolution.default
@@ -54,9 +54,9 @@ def fold_conv_bn(g: GraphUnderPass, options: FoldConvBnOptions) -> PassResult:
             weight = constant_value(gm, src.args[1])
             bias = constant_value(gm, src.args[2]) if src.args[2] is not None else None
             kind = "conv"
-        elif src.target is _ADDMM and is_constant(src.args[0]) and is_constant(src.args[2]) \
+        elif src.target is _ADDMM and is_constant(src.args[0]) and view_of_constant(gm, src.args[2]) is not None \
                 and not src.kwargs and len(src.args) == 3:
-            weight = constant_value(gm, src.args[2]).t()  # addmm takes W transposed: [in, out]
+            weight = view_of_constant(gm, src.args[2]).t()  # addmm takes W transposed: [in, out]
             bias = constant_value(gm, src.args[0])
             kind = "linear"
         else:

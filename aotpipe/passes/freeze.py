@@ -99,13 +99,21 @@ def freeze(g: GraphUnderPass, options: FreezeOptions) -> PassResult:
 
 
 def fold_constants(gm: torch.fx.GraphModule) -> int:
-    """Replace every pure call whose inputs are all constants by its value; returns how many."""
+    """Replace every pure call whose inputs are all constants by its value; returns how many.
+
+    A view of a constant (a linear's transposed weight) is left a view unless a call that
+    folds uses it: folding it would store a second copy of the weight and save nothing.
+    """
     folded = 0
+    const_only = _constant_only(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or not is_pure(node):
             continue
         inputs = node.all_input_nodes
         if not inputs or not all(is_constant(i) for i in inputs):
+            continue
+        if _is_view(node) and not any(u.op == "call_function" and const_only.get(u, False) and not _is_view(u)
+                                      for u in _non_view_users(node)):
             continue
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: constant_value(gm, n))
         with torch.no_grad():
@@ -134,6 +142,31 @@ def fold_constants(gm: torch.fx.GraphModule) -> int:
                     gm.graph.erase_node(node)
                     folded += 1
     return folded
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+
+
+def _non_view_users(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The users of `node`, looking through chains of views."""
+    out = []
+    for u in node.users:
+        out += _non_view_users(u) if u.op == "call_function" and _is_view(u) else [u]
+    return out
+
+
+def _constant_only(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, bool]:
+    """Per node: whether it is a pure function of constants only (folding would reach it)."""
+    out: dict[torch.fx.Node, bool] = {}
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            out[n] = True
+        elif n.op == "call_function" and is_pure(n):
+            out[n] = bool(n.all_input_nodes) and all(out.get(i, False) for i in n.all_input_nodes)
+        else:
+            out[n] = False
+    return out
 
 
 def _key(a: Any) -> Any:
