@@ -42,6 +42,9 @@ class BlobStore:
             write_durable(path, data)
         return digest
 
+    def has(self, digest: str) -> bool:
+        return (self.dir / f"{digest}.safetensors").is_file()
+
     def get(self, digest: str) -> torch.Tensor:
         if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
             raise ArtifactError(f"bad blob name {digest!r}")

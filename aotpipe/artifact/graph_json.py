@@ -18,7 +18,7 @@ import torch.fx
 
 from aotpipe.errors import ArtifactError
 
-GRAPH_FORMAT_VERSION = 1
+GRAPH_FORMAT_VERSION = 2  # 2: a get_attr may be "recompute" (its blob is not stored)
 
 # torch.ops namespaces a loaded graph may call. `inductor` and friends are left out on
 # purpose: a saved graph must load without importing torch._inductor.

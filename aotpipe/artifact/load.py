@@ -12,7 +12,7 @@ import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
@@ -260,7 +260,8 @@ def _check_record(record: Any, where: Path) -> None:
                 raise ArtifactError(f"{where}: output {i} has no {key!r}")
 
 
-def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> GraphArtifact:
+def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
+               recompute: Optional[Callable[[], dict[str, torch.Tensor]]] = None) -> GraphArtifact:
     """Load one graph folder (`<model>_<kind>_<i>/`)."""
     folder = Path(folder)
     graph_data = read_json(folder / GRAPH_JSON, folder)
@@ -273,9 +274,22 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> G
         module: torch.nn.Module = _import_module_py(folder / MODULE_PY)
     else:
         constants = {}
+        recomputed: Optional[dict[str, torch.Tensor]] = None
         for node in graph_data.get("nodes", []):
             if isinstance(node, dict) and node.get("op") == "get_attr":
-                constants[node.get("blob")] = blobs.get(node.get("blob"))
+                if node.get("recompute") is True:
+                    if recompute is None:
+                        raise ArtifactError(f"{folder / GRAPH_JSON}: constant {node.get('target')!r} is to be "
+                                            "recomputed, but the graph names no pass chain and base graph")
+                    recomputed = recompute() if recomputed is None else recomputed
+                    if node.get("blob") not in recomputed:
+                        raise ArtifactError(
+                            f"{folder / GRAPH_JSON}: constant {node.get('target')!r} recomputed by the pass chain "
+                            "differs from the one recorded (other arithmetic on this machine?); an artefact made "
+                            "with save_values: full stores it instead")
+                    constants[node.get("blob")] = recomputed[node.get("blob")]
+                else:
+                    constants[node.get("blob")] = blobs.get(node.get("blob"))
         module = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON))
     trace = read_json(folder / TRACE, folder) if (folder / TRACE).exists() or (folder / TRACE).is_symlink() else None
     if trace is not None:
@@ -284,6 +298,25 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> G
     if kind not in GRAPH_KINDS:
         raise ArtifactError(f"{folder / INPUTS_JSON}: unknown graph kind {kind!r}")
     return GraphArtifact(kind, folder, record, module, blobs, trace)
+
+
+def _recompute(art: "Artifact", key: str, rec: dict[str, Any]) -> Callable[[], dict[str, torch.Tensor]]:
+    """For a graph made by passes: its constants, recomputed by the recorded chain on its base graph."""
+    def run() -> dict[str, torch.Tensor]:
+        from aotpipe.passes.manager import recompute_constants
+
+        base = art.graphs.get(rec["base"])
+        if base is None or not isinstance(base.module, torch.fx.GraphModule):
+            raise ArtifactError(f"{art.path}: the {key} graph's constants come from its base graph "
+                                f"{rec['base']!r}, which is not loaded")
+        try:
+            return recompute_constants(base.module, base.record, base.saved_inputs(), rec["passes"])
+        except ArtifactError:
+            raise
+        except Exception as e:
+            raise ArtifactError(f"{art.path}: recomputing the {key} graph's constants failed "
+                                f"({e.__class__.__name__}: {e})") from None
+    return run
 
 
 def load(path: str | Path, *, trust_code: bool = False) -> Artifact:
@@ -322,7 +355,8 @@ def _load(path: str | Path, *, trust_code: bool = False) -> Artifact:
             raise ArtifactError(f"{p / MANIFEST}: bad folder name for the {kind} graph: {folder!r}")
         if (p / folder).is_symlink():
             raise ArtifactError(f"{p / folder}: a link, not a folder of this artefact")
-        art.graphs[kind] = load_graph(p / folder, blobs, trust_code=trust_code)
+        art.graphs[kind] = load_graph(p / folder, blobs, trust_code=trust_code,
+                                      recompute=_recompute(art, kind, rec) if rec.get("base") else None)
         art.graphs[kind].name = kind
     if "backward" in art.graphs:
         art.graphs["backward"].upstream = art.graphs.get("forward")

@@ -17,9 +17,14 @@ READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 
 
-def dump_json(data: Any) -> bytes:
-    """Deterministic JSON bytes: sorted keys, fixed indent, trailing newline."""
-    return (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+def dump_json(data: Any, *, compact: bool = False) -> bytes:
+    """Deterministic JSON bytes: sorted keys, trailing newline; indented for people unless
+    `compact` (the per-graph records, which module.py shows in readable form)."""
+    if compact:
+        text = json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False)
+    else:
+        text = json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    return (text + "\n").encode("utf-8")
 
 
 def seal(manifest: dict[str, Any]) -> bytes:

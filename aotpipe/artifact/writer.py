@@ -18,7 +18,7 @@ import torch
 import torch.fx
 
 from aotpipe.artifact import codegen, graph_json, input_meta
-from aotpipe.artifact.blobs import BLOB_DIR, BlobStore
+from aotpipe.artifact.blobs import BLOB_DIR, BlobStore, encode
 from aotpipe.artifact.fsio import OutputError, describe_os_error, fsync_dir, pid_alive, write_durable
 from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST, dump_json, file_sha256, seal, versions
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput
@@ -327,16 +327,27 @@ def _write_graphs(
         _strip_paths(g.gm)
         constants = {}
         layouts = {}
+        recompute = set()
         for node in g.gm.graph.nodes:
             if node.op == "get_attr":
                 value = getattr(g.gm, node.target) if "." not in node.target else g.gm.get_buffer(node.target)
                 # Flat, like input storages: a frozen weight shares the blob of the weight it was.
-                constants[node.target] = blobs.put(value.reshape(-1))
+                flat = value.reshape(-1)
+                digest = encode(flat)[0]
+                if derived is not None and save_values == "minimal" and inputs is not None \
+                        and not blobs.has(digest):
+                    recompute.add(node.target)  # made by the passes from stored weights: the loader redoes it
+                    constants[node.target] = digest
+                else:
+                    constants[node.target] = blobs.put(flat)
                 layouts[node.target] = (list(value.shape), list(value.stride()))
         gj = graph_json.graph_to_json(g.gm, constants)
+        for entry in gj["nodes"]:
+            if entry["op"] == "get_attr" and entry["target"] in recompute:
+                entry["recompute"] = True
         gj["kind"] = kind
         gj["input_groups"] = list(g.input_groups) if g.input_groups else None
-        _write(d / GRAPH_JSON, dump_json(gj))
+        _write(d / GRAPH_JSON, dump_json(gj, compact=True))
         src = codegen.module_source(
             g.gm,
             title=f"{folder}: the {kind} graph of model {captured.model} ({captured.mode} capture)"
@@ -353,7 +364,7 @@ def _write_graphs(
                                blobs if values is not None else None, save_values, saved=inputs is not None)
         if derived is not None:
             record["passes"] = [s["name"] for s in derived.steps]
-        _write(d / INPUTS_JSON, dump_json(record))  # complete enough to load; outputs filled in later
+        _write(d / INPUTS_JSON, dump_json(record, compact=True))  # complete enough to load; outputs filled in later
         records[key] = record
         graphs_record[key] = {
             "folder": folder,
@@ -396,9 +407,10 @@ def _finish(
         go = outcome.graphs.get(key)
         if go is not None:
             set_outputs(record, go.outputs, blobs if record["values"] != "none" else None, go.values)
-            _write(d / INPUTS_JSON, dump_json(record))
+            _write(d / INPUTS_JSON, dump_json(record, compact=True))
             if go.trace is not None:
-                _write(d / TRACE, dump_json({"format_version": FORMAT_VERSION, "sampled": True, "nodes": go.trace}))
+                _write(d / TRACE, dump_json({"format_version": FORMAT_VERSION, "sampled": True, "nodes": go.trace},
+                                             compact=True))
             graphs_record[key].update(go.record)
             if go.verification:
                 verification[key] = go.verification
@@ -439,7 +451,8 @@ def _remove_unused_blobs(root: Path, graphs_record: dict[str, Any], records: dic
         used |= {s["blob"] for s in record["storages"] if s.get("blob")}
         used |= {o["blob"] for o in record["outputs"] if o.get("blob")}
         gj = json.loads((root / graphs_record[key]["folder"] / GRAPH_JSON).read_text(encoding="utf-8"))
-        used |= {n["blob"] for n in gj["nodes"] if n.get("op") == "get_attr" and n.get("blob")}
+        used |= {n["blob"] for n in gj["nodes"] if n.get("op") == "get_attr" and n.get("blob")
+                 and not n.get("recompute")}
     blob_dir = root / BLOB_DIR
     if blob_dir.is_dir():
         for p in blob_dir.iterdir():

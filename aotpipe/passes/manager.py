@@ -198,3 +198,42 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
         fresh = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[kind]))
         diagnose[derived.key] = lambda fresh=fresh, kind_steps=kind_steps: diagnose_chain(fresh, kind_steps)
     return problems, done, diagnose
+
+
+def recompute_constants(module: torch.fx.GraphModule, record: dict[str, Any], values: list[Any],
+                        steps_json: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """The constants a recorded pass chain makes from a saved graph, by their blob digest.
+
+    What the loader uses for constants an artefact does not store (save_values: minimal):
+    folded weights are recomputed from the stored ones, not stored twice. `module` and
+    `record` are the base graph and its inputs.json, `values` its saved inputs.
+    """
+    import copy
+
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from aotpipe.artifact.blobs import encode
+    from aotpipe.artifact.graph_json import decode_dtype
+    from aotpipe.capture.types import GraphInput, GraphOutput, TensorMeta
+    from aotpipe.passes import parse_pass_entry
+
+    def meta(r: dict[str, Any]) -> Optional[TensorMeta]:
+        if r.get("shape") is None or r.get("dtype") is None:
+            return None
+        return TensorMeta(tuple(r["shape"]), tuple(r["stride"]), decode_dtype(r["dtype"]), torch.device(r["device"]),
+                          int(r.get("storage_offset") or 0), bool(r.get("requires_grad")))
+
+    inputs = [GraphInput(r["name"], r["role"], r.get("target"), meta(r) if r["type"] == "tensor" else None,
+                         {"int": int, "float": float, "bool": bool}.get(r["type"]),
+                         tuple(r["range"]) if r.get("range") else None) for r in record["inputs"]]
+    outputs = [GraphOutput(r["index"], r["role"], r.get("target"), meta(r)) for r in record["outputs"]]
+    gm = copy.deepcopy(module)
+    FakeTensorProp(gm).propagate(*values)  # passes read node.meta["val"], which graph.json does not keep
+    steps = [parse_pass_entry({s["name"]: s["options"]})[1] for s in steps_json]
+    final, _ = run_chain(GraphUnderPass(gm, record["kind"], inputs, outputs, list(values)), steps, check_each=False)
+    out = {}
+    for node in final.gm.graph.nodes:
+        if node.op == "get_attr":
+            value = final.gm.get_buffer(node.target) if "." in node.target else getattr(final.gm, node.target)
+            out[encode(value.reshape(-1))[0]] = value
+    return out
