@@ -257,9 +257,9 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise ArtifactError(f"{where}: not a graph (no 'nodes' list)")
     version = data.get("format_version")
-    if version != GRAPH_FORMAT_VERSION:
+    if version not in (1, GRAPH_FORMAT_VERSION):
         raise ArtifactError(
-            f"{where}: graph format version {version!r}; this aotpipe reads version {GRAPH_FORMAT_VERSION}"
+            f"{where}: graph format version {version!r}; this aotpipe reads versions 1, {GRAPH_FORMAT_VERSION}"
         )
     graph = torch.fx.Graph()
     root = torch.nn.Module()

@@ -36,6 +36,7 @@ class PassInfo:
     options: type
     kinds: frozenset[str]  # graph kinds the pass accepts
     summary: str
+    makes_constants: bool = False  # creates or changes constants (the loader reruns such passes)
 
 
 def _table(infos: list[PassInfo]) -> dict[str, PassInfo]:
@@ -50,16 +51,17 @@ def _table(infos: list[PassInfo]) -> dict[str, PassInfo]:
 # The one registry. Order here is only the order `aotpipe schema` lists them in.
 PASSES: dict[str, PassInfo] = _table([
     PassInfo("freeze", freeze, FreezeOptions, INFERENCE,
-             "parameters/buffers to constants, then constant folding, CSE, DCE"),
+             "parameters/buffers to constants, then constant folding, CSE, DCE", makes_constants=True),
     PassInfo("fold_conv_bn", fold_conv_bn, FoldConvBnOptions, INFERENCE,
-             "eval batch norm folded into the convolution or linear before it (after freeze)"),
+             "eval batch norm folded into the convolution or linear before it (after freeze)", makes_constants=True),
     PassInfo("channels_last", channels_last, ChannelsLastOptions, INFERENCE,
-             "4-d convolution weights channels-last; outputs keep their strides (after freeze)"),
+             "4-d convolution weights channels-last; outputs keep their strides (after freeze)",
+             makes_constants=True),
     PassInfo("view_to_reshape", view_to_reshape, ViewToReshapeOptions, ALL_KINDS, "aten.view -> aten.reshape"),
     PassInfo("remove_noops", remove_noops, RemoveNoopsOptions, ALL_KINDS, "drop alias, detach and identity views"),
     PassInfo("reinplace", reinplace, ReinplaceOptions, ALL_KINDS,
              "functional ops to in-place where the input is dead and not a graph input"),
-    PassInfo("to_device", to_device, ToDeviceOptions, ALL_KINDS, "rewrite for another device"),
+    PassInfo("to_device", to_device, ToDeviceOptions, ALL_KINDS, "rewrite for another device", makes_constants=True),
 ])
 
 

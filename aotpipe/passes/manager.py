@@ -210,8 +210,6 @@ def recompute_constants(module: torch.fx.GraphModule, record: dict[str, Any], va
     """
     import copy
 
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     from aotpipe.artifact.blobs import encode
     from aotpipe.artifact.graph_json import decode_dtype
     from aotpipe.capture.types import GraphInput, GraphOutput, TensorMeta
@@ -228,8 +226,10 @@ def recompute_constants(module: torch.fx.GraphModule, record: dict[str, Any], va
                          tuple(r["range"]) if r.get("range") else None) for r in record["inputs"]]
     outputs = [GraphOutput(r["index"], r["role"], r.get("target"), meta(r)) for r in record["outputs"]]
     gm = copy.deepcopy(module)
-    FakeTensorProp(gm).propagate(*values)  # passes read node.meta["val"], which graph.json does not keep
+    _restore_meta(gm, values)
     steps = [parse_pass_entry({s["name"]: s["options"]})[1] for s in steps_json]
+    # Only through the last pass that makes constants: the rest cannot change them.
+    steps = steps[:1 + max((i for i, st in enumerate(steps) if PASSES[st.name].makes_constants), default=-1)]
     final, _ = run_chain(GraphUnderPass(gm, record["kind"], inputs, outputs, list(values)), steps, check_each=False)
     out = {}
     for node in final.gm.graph.nodes:
@@ -237,3 +237,18 @@ def recompute_constants(module: torch.fx.GraphModule, record: dict[str, Any], va
             value = final.gm.get_buffer(node.target) if "." in node.target else getattr(final.gm, node.target)
             out[encode(value.reshape(-1))[0]] = value
     return out
+
+
+def _restore_meta(gm: torch.fx.GraphModule, values: list[Any]) -> None:
+    """node.meta["val"] as meta tensors of each node's real layout (graph.json keeps none;
+    passes read shapes from it). Not fake tensors: FakeTensorMode imports torch._inductor."""
+    def as_meta(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+    _, vals = run_with_summaries(gm, values, as_meta)
+    for n in gm.graph.nodes:
+        v = vals.get(n.name)
+        if isinstance(v, dict):
+            n.meta["val"] = tuple(v["items"])
+        elif v is not None:
+            n.meta["val"] = v

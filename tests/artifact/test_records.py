@@ -29,6 +29,8 @@ def test_graph_json_round_trips_for_every_graph(quickstart_run):
     for gj in root.rglob("graph.json"):
         data = json.loads(gj.read_text())
         store = BlobStore(gj.parent.parent)
+        if any(n.get("recompute") for n in data["nodes"]):
+            continue  # constants the loader recomputes: tested through aotpipe.load
         blobs = {n["blob"]: store.get(n["blob"]) for n in data["nodes"] if n["op"] == "get_attr"}
         gm = graph_from_json(data, blobs)
         back = graph_to_json(gm, {n["target"]: n["blob"] for n in data["nodes"] if n["op"] == "get_attr"})
