@@ -28,6 +28,11 @@ Default pipelines: pipelines/mid-size.yaml and pipelines/real-size.yaml. `--tool
 eager,export,dynamo` measures the alternatives only. The aotpipe measured is the one in
 this checkout (it goes first on sys.path). Heavy on real sizes: several GB and minutes
 per model on a small CPU machine.
+
+On a machine shared with other work, use `--threads 1`: OpenMP threads that find no free
+core slow compute-bound steps (eager runs, checks) several-fold while Python-bound ones
+(tracing, compiling) barely change, which skews the ratios. The tables show the load
+average seen during the run.
 """
 
 from __future__ import annotations
@@ -146,10 +151,15 @@ def _short(e: BaseException) -> str:
 def _cell(fn: Callable[..., dict], *args: Any) -> dict:
     """Run one tool's measurement; a failure is recorded in its cell, and the run goes on."""
     _reset_peak()
+    wall, cpu = time.perf_counter(), time.process_time()
     try:
         out = fn(*args)
     except Exception as e:  # noqa: BLE001: any tool may fail on any model
         out = {"error": _short(e), "traceback": traceback.format_exc()}
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    # CPU seconds per wall second per torch thread: well under 1 means the tool waited for
+    # a core (other work on the machine), so its seconds are inflated.
+    out["cpu_share"] = cpu / wall / torch.get_num_threads() if wall > 0 else None
     out["peak_rss_gb"] = _peak_gb()
     gc.collect()
     return out
@@ -387,7 +397,9 @@ def ratios(row: dict) -> dict[str, Optional[float]]:
     return r
 
 
-def bench_pipeline(path: Path, tools: set[str], only: list[str], output: Optional[Path]) -> dict:
+def bench_pipeline(path: Path, tools: set[str], only: list[str], output: Optional[Path],
+                   on_model: Callable[[dict], None] = lambda result: None) -> dict:
+    """Every selected model of one pipeline; `on_model` sees the partial result after each."""
     from aotpipe.config import load_pipeline
 
     pipeline = load_pipeline(path)
@@ -395,11 +407,15 @@ def bench_pipeline(path: Path, tools: set[str], only: list[str], output: Optiona
     base_dir = path.resolve().parent
     print(f"{pipeline.name}: {len(specs)} model(s)", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
+    result = {"pipeline": pipeline.name, "path": str(path), "rows": [], "seconds": 0.0}
     with tempfile.TemporaryDirectory(prefix="realsize-aotpipe-") as tmp:
         out_dir = (output / pipeline.name) if output else Path(tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
-        rows = [bench_model(spec, base_dir, out_dir, tools) for spec in specs]
-    return {"pipeline": pipeline.name, "path": str(path), "rows": rows, "seconds": time.perf_counter() - t0}
+        for spec in specs:
+            result["rows"].append(bench_model(spec, base_dir, out_dir, tools))
+            result["seconds"] = time.perf_counter() - t0
+            on_model(result)
+    return result
 
 
 def warm_up(tools: set[str]) -> None:
@@ -481,7 +497,8 @@ def tables(result: dict) -> str:
              "aotpipe capture s", "checks s", "passes s", "write s", "aotpipe total s", "aotpipe MB (blobs)",
              "export s", "save s", ".pt2 MB (inputs)", "export load+run s",
              "dynamo fw+bw+joint s", "dynamo inference s", "dynamo MB",
-             "aotpipe load s", "replay inference s", "peak RSS GB eager/export/dynamo/aotpipe"]
+             "aotpipe load s", "replay inference s", "peak RSS GB eager/export/dynamo/aotpipe",
+             "CPU share eager/export/dynamo/aotpipe"]
     lines += ["| " + " | ".join(head2) + " |", "|---|" + "---:|" * (len(head2) - 1)]
     for row in rows:
         e, x, d, a, rp = (row.get(k) for k in ("eager", "export", "dynamo", "aotpipe", "replay"))
@@ -492,11 +509,12 @@ def tables(result: dict) -> str:
         if x and not _err(x):
             pt2_mb += f" ({x['pt2_input_bytes'] / 2**20:.1f})" if x.get("pt2_holds_inputs") else " (no inputs)"
         peaks = "/".join(f"{c['peak_rss_gb']:.1f}" if c and c.get("peak_rss_gb") else "-" for c in (e, x, d, a))
+        shares = "/".join(f"{c['cpu_share']:.2f}" if c and c.get("cpu_share") else "-" for c in (e, x, d, a))
         cells = [row["model"], _s(e, "fwd_s", "{:.1f}", 1e3), _s(e, "fwd_bwd_s", "{:.1f}", 1e3),
                  _s(a, "capture_s"), _s(a, "checks_s"), _s(a, "passes_s"), _s(a, "write_s"), _s(a, "total_s"),
                  aot_mb, _s(x, "export_s"), _s(x, "save_s"), pt2_mb, _s(x, "load_run_s"),
                  _s(d, "train_s"), _s(d, "inference_s"), _mb(d, "bytes"),
-                 _s(rp, "load_s"), _s(rp, "replay_s"), peaks]
+                 _s(rp, "load_s"), _s(rp, "replay_s"), peaks, shares]
         lines.append("| " + " | ".join(cells) + " |")
     checks_from = {r["aotpipe"].get("checks_from") for r in rows if r.get("aotpipe") and not _err(r["aotpipe"])}
     lines += ["", "checks: " + (", ".join(sorted(checks_from)) or "-") + " of aotpipe's ModelResult. "
@@ -504,7 +522,9 @@ def tables(result: dict) -> str:
               "plus inference, compilation and writing included; the target ratios use its sum. "
               ".pt2: torch.export.save of the eval-mode export; `(inputs)` is the part holding the example inputs. "
               "Replay: aotpipe.load of the whole artefact + replay of the inference graph against its saved "
-              "outputs, vs torch.export.load + ep.module() on the inputs the .pt2 holds."]
+              "outputs, vs torch.export.load + ep.module() on the inputs the .pt2 holds. Peak RSS: the process's "
+              "VmHWM during each tool. CPU share: CPU seconds per wall second per torch thread; well under 1 "
+              "means the tool waited for a core (other work on the machine) and its seconds are inflated."]
     notes = []
     for row in rows:
         for tool in ("eager", "export", "dynamo", "aotpipe", "replay"):
@@ -543,9 +563,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(ns.threads)
     if not ns.no_warm_up:
         warm_up(tools)
-    results, text = [], ""
+    results: list[dict] = []
+    text = ""
+
+    def save_json(partial: dict) -> None:  # after every model, so that a long run keeps what it measured
+        if ns.json:
+            ns.json.write_text(json.dumps(results + [partial], indent=1, default=str), encoding="utf-8")
+        row = partial["rows"][-1]
+        print(f"  {row['model']} done: " + ", ".join(f"{k} {v:.2f}" for k, v in row.get("ratios", {}).items()
+                                                     if v is not None), file=sys.stderr, flush=True)
+
     for path in paths:
-        res = bench_pipeline(path, tools, ns.only, ns.output)
+        res = bench_pipeline(path, tools, ns.only, ns.output, save_json)
         results.append(res)
         t = tables(res)
         print(t, flush=True)
