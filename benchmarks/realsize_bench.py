@@ -413,6 +413,8 @@ def bench_pipeline(path: Path, tools: set[str], only: list[str], output: Optiona
         out_dir.mkdir(parents=True, exist_ok=True)
         for spec in specs:
             result["rows"].append(bench_model(spec, base_dir, out_dir, tools))
+            if output is None:  # real-size artefacts run to GB: keep one at a time
+                shutil.rmtree(out_dir / spec.name, ignore_errors=True)
             result["seconds"] = time.perf_counter() - t0
             on_model(result)
     return result
