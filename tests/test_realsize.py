@@ -1,0 +1,64 @@
+"""The mid-size and real-size pipelines (issue 8): they validate, and the mid-size models run.
+
+The real-size models are not run here (minutes and GB each); benchmarks/realsize_bench.py
+runs them beside torch.export and a dynamo backend dump.
+"""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from aotpipe.cli import main
+from aotpipe.config import load_pipeline
+from tests.conftest import PIPELINES
+
+pytest.importorskip("transformers")
+
+KINDS = ["inference", "forward", "backward", "joint"]
+PASSES = ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
+MODELS = {
+    "mid-size": ["resnet18", "bert_4l"],
+    "real-size": ["resnet50", "bert_base", "gpt2", "vit_b16", "llama_200m"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_cli_validate_accepts_pipeline(name):
+    path = PIPELINES / f"{name}.yaml"
+    r = CliRunner().invoke(main, ["validate", str(path)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == f"ok: {path}: pipeline '{name}', {len(MODELS[name])} model(s)"
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_pipeline_captures_every_kind_with_the_default_passes(name):
+    p = load_pipeline(PIPELINES / f"{name}.yaml")
+    assert p.name == name
+    assert [m.name for m in p.models] == MODELS[name]
+    for m in p.models:
+        assert m.graphs == KINDS, m.name
+        assert [s["name"] for s in m.passes] == PASSES, m.name
+        assert m.source.startswith("hf:") and m.save_inputs and m.verify, m.name
+
+
+def test_real_size_shapes():
+    models = {m.name: m for m in load_pipeline(PIPELINES / "real-size.yaml").models}
+    assert models["resnet50"].config["depths"] == [3, 4, 6, 3]
+    assert models["resnet50"].config["layer_type"] == "bottleneck"
+    assert [i.shape for i in models["resnet50"].inputs] == [[8, 3, 224, 224]]
+    assert [i.name for i in models["bert_base"].inputs] == ["input_ids", "attention_mask"]
+    assert models["gpt2"].config == {"use_cache": False, "attn_implementation": "eager"}
+    assert models["llama_200m"].config["use_cache"] is False
+
+
+@pytest.mark.slow
+def test_mid_size_models_run_ok_with_no_check_skipped(tmp_path):
+    r = CliRunner().invoke(main, ["run", str(PIPELINES / "mid-size.yaml"), "--output", str(tmp_path), "--no-progress"])
+    run = json.loads((tmp_path / "mid-size" / "run.json").read_text())
+    statuses = {m["name"]: (m["status"], m["stage"], m["error"]) for m in run["models"]}
+    assert list(statuses) == MODELS["mid-size"]
+    assert r.exit_code == 0, (r.output, statuses)
+    assert all(s == "ok" for s, _, _ in statuses.values()), statuses
+    for m in run["models"]:
+        assert m["checks"]["skipped"] == 0 and m["checks"]["failed"] == 0 and m["checks"]["run"] > 50, m["checks"]
