@@ -107,8 +107,9 @@ def schema() -> None:
 @click.option("--bench", type=click.IntRange(min=0), default=0, help="Also time N runs (median), beside eager's.")
 @click.option("--chain", is_flag=True, help="Also run forward then backward and check gradients vs joint and eager.")
 @click.option("--trust-code", is_flag=True,
-              help="Import module.py instead of rebuilding from graph.json, and let --bench/--chain rebuild any "
-                   "module:callable source the manifest names (both run code the artefact names).")
+              help="Import module.py instead of rebuilding from graph.json, and let --bench/--chain rebuild "
+                   "a module:callable or hf: source the manifest names (both run code the artefact names); "
+                   "builtin zoo models are rebuilt without it.")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @_user_errors
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
@@ -129,11 +130,19 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
         for r in results:
             r.eager_bench_seconds = eager_bench(art, r.kind.split(".")[0], bench, trust_code=trust_code)
     chained = replay_chain(art, trust_code=trust_code) if chain else None
+    no_eager = None
+    if bench or chain:
+        from aotpipe.sources import rebuild_refusal
+
+        model = art.manifest.get("model")
+        no_eager = rebuild_refusal(model.get("source") if isinstance(model, dict) else None, trust_code)
     ok = all(r.ok for r in results) and (chained is None or chained.status == "match")
     if as_json:
         out = {"artifact": art.name, "ok": ok, "graphs": [r.to_json() for r in results]}
         if chained is not None:
             out["chain"] = chained.to_json()
+        if no_eager:
+            out["no_eager_comparison"] = no_eager
         click.echo(json.dumps(out, indent=2, sort_keys=True))
     else:
         width = max([10] + [len(r.kind) for r in results])
@@ -160,6 +169,8 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
                        f"vs joint max abs error {chained.max_abs_error_vs_joint:.3g}{eager}")
             for m in chained.problems:
                 click.echo(f"    {m}")
+        if no_eager:
+            click.echo(f"note: no eager comparison: {no_eager}", err=True)
     sys.exit(0 if ok else 1)
 
 
