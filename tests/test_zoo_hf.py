@@ -98,3 +98,15 @@ def test_zoo_run_in_another_process_is_byte_identical(zoo_run, tmp_path):
 
     a, b = hashes(root), hashes(other / "zoo-hf")
     assert len(a) > 1000 and a == b
+
+
+@pytest.mark.slow
+def test_every_op_in_the_zoo_graphs_is_allowed(zoo_run):
+    from aotpipe.artifact.ops import resolve_op
+    from tests.artifact.test_ops import graph_ops
+
+    root, _ = zoo_run
+    ops = graph_ops(root)
+    assert "aten.native_dropout.default" in ops and "aten.slice_scatter.default" in ops
+    for name in sorted(ops):
+        resolve_op(name)

@@ -1,7 +1,7 @@
 """Load an artefact folder without executing any code from it.
 
-Graphs are rebuilt from graph.json (ops resolved only in an allow-list of torch op
-namespaces), `.input` pickles go through a restricted unpickler, tensors come from
+Graphs are rebuilt from graph.json (ops resolved only through the allow-list of
+artifact/ops.py), `.input` pickles go through a restricted unpickler, tensors come from
 safetensors blobs checked against their hashes. ``trust_code=True`` imports module.py
 instead of rebuilding from graph.json: only for artefacts you made yourself.
 """
@@ -9,7 +9,6 @@ instead of rebuilding from graph.json: only for artefacts you made yourself.
 from __future__ import annotations
 
 import importlib.util
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -19,40 +18,13 @@ import torch.fx
 
 from aotpipe.artifact import input_meta
 from aotpipe.artifact.blobs import BlobStore
-from aotpipe.artifact.graph_json import decode_dtype, graph_from_json
+from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
+from aotpipe.artifact.limits import check_regular_file, read_json  # noqa: F401  (read_json: used by replay)
 from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST
 from aotpipe.artifact.writer import GRAPH_JSON, INPUTS_JSON, MODULE_PY, TRACE
 from aotpipe.errors import ArtifactError
 
 GRAPH_KINDS = ("inference", "forward", "backward", "joint")
-
-
-MAX_RECORD_BYTES = 256 << 20  # no JSON record of ours comes near this
-
-
-def check_regular_file(path: Path, root: Optional[Path] = None) -> None:
-    """Refuse symlinks, devices, FIFOs and paths that leave `root`: a hostile folder could
-    point a record at /dev/zero or at a file elsewhere."""
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise ArtifactError(f"{path}: not a regular file (a link or device in an artefact is refused)")
-    if root is not None and not path.resolve().is_relative_to(root.resolve()):
-        raise ArtifactError(f"{path}: outside the artefact folder")
-
-
-def read_json(path: Path, root: Optional[Path] = None) -> Any:
-    check_regular_file(path, root)
-    try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
-            raise ArtifactError(f"{path}: larger than any record aotpipe writes ({MAX_RECORD_BYTES >> 20} MiB)")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ArtifactError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path}: cannot read ({e})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ArtifactError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
 
 
 def check_version(data: Any, where: Path) -> None:
@@ -200,7 +172,7 @@ def _check_record(record: Any, where: Path) -> None:
 def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False) -> GraphArtifact:
     """Load one graph folder (`<model>_<kind>_<i>/`)."""
     folder = Path(folder)
-    graph_data = read_json(folder / GRAPH_JSON, folder)
+    graph_data = read_graph_json(folder / GRAPH_JSON, folder)
     record = read_json(folder / INPUTS_JSON, folder)
     check_regular_file(folder / f"{folder.name}.input", folder)
     check_version(graph_data, folder / GRAPH_JSON)
