@@ -128,7 +128,15 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
     else:
         record = _record_from_input_file(meta, str(p))
         groups = record["groups"]
-    return input_meta.nest(_random_inputs(record, seed, dev), groups)
+    from aotpipe.artifact.limits import check_record_bytes
+
+    check_record_bytes(record, p)
+    try:
+        values = _random_inputs(record, seed, dev)
+    except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
+        raise ArtifactError(f"{p}: cannot make inputs from it ({e.__class__.__name__}: "
+                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+    return input_meta.nest(values, groups)
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,10 +203,13 @@ def _draws_random(module: torch.nn.Module) -> bool:
 
 
 def run_graph(module: torch.nn.Module, inputs: list[Any]) -> list[Any]:
-    """Run a graph on flat inputs, RNG seeded as at capture; outputs as a list."""
-    if _draws_random(module):
-        torch.manual_seed(RNG_SEED)  # ~0.1 ms: only for graphs that draw random numbers
-    with torch.no_grad():
+    """Run a graph on flat inputs, RNG seeded as at capture; outputs as a list. The caller's
+    RNG state and grad mode are as they were afterwards."""
+    from aotpipe.global_state import preserved
+
+    with preserved(), torch.no_grad():
+        if _draws_random(module):
+            torch.manual_seed(RNG_SEED)  # ~0.1 ms: only for graphs that draw random numbers
         out = module(*inputs)
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
@@ -256,9 +267,11 @@ def first_divergence(ga: GraphArtifact, inputs: list[Any], rtol: float = 1e-6) -
     """The first node whose value, shape, stride or dtype departs from the capture trace."""
     if not ga.trace or not isinstance(ga.module, torch.fx.GraphModule):
         return None
+    from aotpipe.global_state import preserved
+
     interp = _CheckingInterpreter(ga.module, ga.trace.get("nodes", {}), rtol)
-    torch.manual_seed(RNG_SEED)
-    with torch.no_grad():
+    with preserved(), torch.no_grad():
+        torch.manual_seed(RNG_SEED)
         interp.run(*inputs)
     return interp.first
 
@@ -446,8 +459,9 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, tr
     primals = fw.saved_inputs()
     fw_out = run_graph(fw.module, primals)
     saved = fw_out[contract["num_mutated_inputs"] + contract["num_user_outputs"]:]
-    tangents = [torch.ones(r["shape"], dtype=getattr(torch, r["dtype"])) for r in bw.record["inputs"]
-                if r["role"] == "tangent"]
+    from aotpipe.artifact.limits import ones
+
+    tangents = [ones(r, bw.folder / "inputs.json") for r in bw.record["inputs"] if r["role"] == "tangent"]
     grads = run_graph(bw.module, list(saved) + tangents)
     joint_out = run_graph(joint.module, joint.saved_inputs())
     joint_grads = {r["target"]: v for r, v in zip(joint.record["outputs"], joint_out) if r["role"] == "grad"}
