@@ -30,6 +30,37 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _byte_limit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add --max-bytes: the byte limit (per replay, per tensor) for this command."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, max_bytes: str | None = None, **kwargs: Any) -> Any:
+        from aotpipe.artifact.limits import override, parse_bytes
+
+        with override(max_bytes=parse_bytes(max_bytes, "--max-bytes") if max_bytes is not None else None):
+            return fn(*args, **kwargs)
+
+    return click.option("--max-bytes", metavar="SIZE", default=None,
+                        help="Refuse graphs whose inputs (or a rebuilt model) need more memory than this, "
+                             "e.g. 8G; default 2G or AOTPIPE_MAX_BYTES.")(wrapper)
+
+
+def _check_device(name: str) -> None:
+    """--device must name a device torch knows and this machine has (a user error otherwise)."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise AotpipeError(f"--device {name!r} is not a device; use cpu, cuda, cuda:N or meta") from None
+    if dev.type not in ("cpu", "meta"):
+        try:
+            torch.empty(0, device=dev)
+        except Exception as e:  # not compiled with it, no such device, ...
+            why = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise AotpipeError(f"--device {name!r} is not available on this machine ({why})") from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(package_name="aotpipe")
@@ -112,6 +143,7 @@ def schema() -> None:
                    "builtin zoo models are rebuilt without it.")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @_user_errors
+@_byte_limit
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
            chain: bool, trust_code: bool, as_json: bool) -> None:
     """Replay the graphs of the artefact at PATH and compare with what was recorded."""
@@ -120,6 +152,8 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     from aotpipe.artifact.load import load
     from aotpipe.replay import eager_bench, replay as replay_graphs, replay_chain
 
+    if device is not None:
+        _check_device(device)
     p = Path(path)
     art = load(p, trust_code=trust_code)
     kinds = list(graphs)
@@ -178,10 +212,12 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the problems as JSON.")
 @_user_errors
+@_byte_limit
 def verify(directory: str, as_json: bool) -> None:
     """Check every artefact under DIRECTORY: hashes, format version, safe loading."""
     from pathlib import Path
 
+    from aotpipe.artifact.limits import Breach
     from aotpipe.artifact.verify import verify_tree
 
     results = verify_tree(Path(directory))
@@ -199,7 +235,8 @@ def verify(directory: str, as_json: bool) -> None:
         click.echo(f"{len(results) - len(bad)}/{len(results)} artefacts ok")
     if not results:
         click.echo(f"no artefacts under {directory}", err=True)
-    sys.exit(1 if bad else 0)
+    breaches = any(isinstance(p, Breach) for problems in results.values() for p in problems)
+    sys.exit(2 if breaches else 1 if bad else 0)
 
 
 @main.command(name="ls")
@@ -218,11 +255,17 @@ def ls_cmd(directory: str) -> None:
     width = max(len(r["path"]) for r in rows)
     for r in rows:
         click.echo(f"{r['path']:<{width}}  {r['status']:<10} {r['graphs']:<36} {r['size']}")
+    refused = [r["error"] for r in rows if r.get("error")]
+    for line in refused:
+        click.echo(f"error: {line}", err=True)
+    if refused:
+        sys.exit(2)
 
 
 @main.command()
 @click.argument("artifact", type=click.Path(exists=True))
 @_user_errors
+@_byte_limit
 def show(artifact: str) -> None:
     """Print an artefact's graphs, node counts, op histogram, inputs and outputs."""
     from pathlib import Path

@@ -130,7 +130,7 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
         groups = record["groups"]
     from aotpipe.artifact.limits import check_record_bytes
 
-    check_record_bytes(record, p)
+    check_record_bytes(record, record_path if record_path.exists() else p)
     try:
         values = _random_inputs(record, seed, dev)
     except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:

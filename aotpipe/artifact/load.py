@@ -19,7 +19,7 @@ import torch.fx
 from aotpipe.artifact import input_meta
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
-from aotpipe.artifact.limits import check_regular_file, read_json  # noqa: F401  (read_json: used by replay)
+from aotpipe.artifact.limits import check_record_bytes, check_regular_file, read_json  # noqa: F401 (read_json: replay)
 from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST
 from aotpipe.artifact.writer import GRAPH_JSON, INPUTS_JSON, MODULE_PY, TRACE
 from aotpipe.errors import ArtifactError
@@ -68,6 +68,7 @@ class GraphArtifact:
         """The example inputs saved at capture, with their recorded layout and aliasing."""
         if not self.has_saved_values:
             raise ArtifactError(f"{self.folder}: no saved inputs (the model ran with save_inputs: false)")
+        check_record_bytes(self.record, self.folder / "inputs.json")
         try:
             bases = []
             for s in self.record["storages"]:
