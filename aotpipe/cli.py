@@ -211,16 +211,22 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the problems as JSON.")
+@click.option("--key", "key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Also check each artefact's signature (signature.json) with this key: an HMAC secret, "
+                   "or an Ed25519 PEM public or private key.")
 @_user_errors
 @_byte_limit
-def verify(directory: str, as_json: bool) -> None:
-    """Check every artefact under DIRECTORY: hashes, format version, safe loading."""
+def verify(directory: str, as_json: bool, key: str | None) -> None:
+    """Check every artefact under DIRECTORY: hashes, format version, safe loading, module.py.
+
+    Without --key this catches corruption, not forgery (a forger can recompute hashes).
+    """
     from pathlib import Path
 
     from aotpipe.artifact.limits import Breach
     from aotpipe.artifact.verify import verify_tree
 
-    results = verify_tree(Path(directory))
+    results = verify_tree(Path(directory), Path(key) if key else None)
     bad = {str(k): v for k, v in results.items() if v}
     if as_json:
         click.echo(json.dumps({"checked": len(results), "problems": bad}, indent=2, sort_keys=True))
@@ -237,6 +243,42 @@ def verify(directory: str, as_json: bool) -> None:
         click.echo(f"no artefacts under {directory}", err=True)
     breaches = any(isinstance(p, Breach) for problems in results.values() for p in problems)
     sys.exit(2 if breaches else 1 if bad else 0)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--key", "key", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="An Ed25519 PEM private key, or a file of at least 32 secret bytes for HMAC-SHA256.")
+@_user_errors
+def sign(directory: str, key: str) -> None:
+    """Sign every artefact under DIRECTORY (signature.json beside each manifest.json).
+
+    Each must verify first. Check with: aotpipe verify DIRECTORY --key KEY (the public key
+    for Ed25519, the same secret for HMAC).
+    """
+    from pathlib import Path
+
+    from aotpipe.artifact.signing import load_key, sign_artifact
+    from aotpipe.artifact.verify import find_artifacts
+    from aotpipe.errors import LimitError
+
+    k = load_key(key, for_signing=True)
+    models, unfinished = find_artifacts(Path(directory))
+    failed, breach = 0, False
+    for m in models:
+        try:
+            sign_artifact(m, key)
+            click.echo(f"signed  {m}  ({k.algorithm}, key id {k.key_id})")
+        except AotpipeError as e:
+            failed += 1
+            breach = breach or isinstance(e, LimitError)
+            click.echo(f"FAILED  {m}\n    {e}")
+    for u in unfinished:
+        failed += 1
+        click.echo(f"FAILED  {u}\n    {u / 'manifest.json'}: missing (an incomplete artefact)")
+    if not models and not unfinished:
+        click.echo(f"no artefacts under {directory}", err=True)
+    sys.exit(2 if breach else 1 if failed else 0)
 
 
 @main.command(name="ls")

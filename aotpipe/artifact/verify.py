@@ -3,7 +3,7 @@
 Checks, per model folder: the manifest parses, is of a format version this aotpipe reads,
 and its own checksum matches; every file it lists exists with the recorded sha256; no
 file is there that it does not list (signature.json aside); every graph loads through the
-safe loader.
+safe loader, and its module.py shows the code graph.json rebuilds to.
 
 This catches corruption, not forgery: whoever can edit the files can recompute every
 hash and the manifest's checksum too. `verify --key` (artifact/signing.py) catches that.
@@ -93,11 +93,21 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
         from aotpipe.artifact.load import load
 
         try:
-            load(folder)
+            art = load(folder)
         except ArtifactError as e:
             return [_problem(e)]
         except Exception as e:  # a bug in the loader must not hide the verdict
             return [f"{folder}: failed to load ({e.__class__.__name__}: {e})"]
+        from aotpipe.artifact.codegen import code_mismatch
+        from aotpipe.artifact.graph_json import read_graph_json
+
+        for ga in art.graphs.values():
+            nodes = read_graph_json(ga.folder / "graph.json", ga.folder)["nodes"]
+            constants = {n["target"]: (n.get("blob"), n.get("shape"), n.get("stride"))
+                         for n in nodes if n.get("op") == "get_attr"}
+            why = code_mismatch(ga.folder / "module.py", ga.module, constants)
+            if why:
+                problems.append(why)
     return problems
 
 
@@ -121,10 +131,20 @@ def find_artifacts(root: Path) -> tuple[list[Path], list[Path]]:
     return models, unfinished
 
 
-def verify_tree(root: Path) -> dict[Path, list[str]]:
-    """Problems of every artefact under `root`, by model folder."""
+def verify_tree(root: Path, key_path: Path | None = None) -> dict[Path, list[str]]:
+    """Problems of every artefact under `root`, by model folder; with `key_path`, each
+    artefact's signature is checked against that key too."""
+    check = None
+    if key_path is not None:
+        from aotpipe.artifact.signing import check_signature, load_key
+
+        load_key(key_path)  # a bad key file is the user's error, once, before any artefact
+        check = check_signature
     models, unfinished = find_artifacts(root)
     out = {m: verify_artifact(m) for m in models}
+    if check is not None:
+        for m in models:
+            out[m] += check(m, key_path)
     for u in unfinished:
         out[u] = [f"{u / MANIFEST}: missing (an incomplete artefact: run the pipeline again)"]
     return out
