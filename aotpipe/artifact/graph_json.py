@@ -250,6 +250,7 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
                 raise ArtifactError(f"{where}: node {name!r}: args must be a list")
             raw_kwargs = check_kwargs(fn, entry.get("kwargs") or {}, f"{where}: node {name!r}")
             kwargs = {k: decode_arg(v, env) for k, v in raw_kwargs.items()}
+            limits.check_op_sizes(fn, args, kwargs, f"{where}: node {name!r}")
             node = graph.create_node("call_function", fn, tuple(args), kwargs, name=name)
         elif op == "output":
             args = decode_arg(entry.get("args", []), env)

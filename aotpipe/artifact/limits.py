@@ -341,3 +341,36 @@ def ones(rec: Any, where: Any) -> Any:
     label = f"input {rec.get('name')!r}: {str(dt).removeprefix('torch.')}{shape}"
     check_tensor_bytes(numel(shape) * dt.itemsize, where, label)
     return torch.ones(shape, dtype=dt)
+
+
+_SIZE_ARGS = ("size", "input_sizes")
+
+
+def check_op_sizes(op: Any, args: Any, kwargs: Any, where: Any) -> None:
+    """Refuse, at load, a call that makes a fresh tensor of a literal size over the per-tensor
+    limit (aten.full([1e12]), slice_backward's input_sizes). Sizes computed while the graph
+    runs are not known here."""
+    import torch
+
+    schema = getattr(op, "_schema", None)
+    if schema is None or any(r.alias_info is not None for r in schema.returns):
+        return  # a view: it allocates nothing
+    names = [a.name for a in schema.arguments]
+    for name in _SIZE_ARGS:
+        if name not in names:
+            continue
+        i = names.index(name)
+        size = kwargs.get(name) if name in kwargs else (args[i] if i < len(args) else None)
+        if not isinstance(size, (list, tuple)) or not all(isinstance(s, int) for s in size):
+            continue
+        dtype = kwargs.get("dtype")
+        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 8  # unknown: the widest common
+        stride = kwargs.get("stride") if "stride" in kwargs else (
+            args[names.index("stride")] if "stride" in names and names.index("stride") < len(args) else None)
+        if isinstance(stride, (list, tuple)) and len(stride) == len(size) and all(isinstance(s, int) for s in stride):
+            from aotpipe.tensors import extent
+
+            n = extent(tuple(size), tuple(stride))
+        else:
+            n = numel(size)
+        check_tensor_bytes(max(n, 0) * itemsize, where, f"{getattr(op, '__name__', op)} of size {list(size)[:8]}")

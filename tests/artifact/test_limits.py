@@ -235,3 +235,20 @@ def test_non_utf8_yaml_names_the_file_and_line(tmp_path):
 
 def test_yaml_from_a_device_is_bounded(tmp_path):
     one_line_exit_2(cli("validate", "/dev/zero"), "/dev/zero: more than 16.8 MB", "AOTPIPE_MAX_YAML_BYTES")
+
+
+@pytest.mark.parametrize("target,args,kwargs", [
+    ("aten.full.default", [[750_000_000], 1.0], {"dtype": {"dtype": "float32"}}),
+    ("aten.empty_strided.default", [[2, 2], [10**12, 1]], {}),
+    ("aten.slice_backward.default", [{"node": "x"}, [10**6, 10**6], 0, 0, 1, 1], {}),
+])
+def test_a_factory_op_of_a_huge_literal_size_is_refused_at_load(mlp_copy, target, args, kwargs):
+    path = mlp_copy / "mlp_inference_0" / "graph.json"
+    data = json.loads(path.read_text())
+    x = next(n["name"] for n in data["nodes"] if n["op"] == "placeholder")
+    args = json.loads(json.dumps(args).replace('"x"', json.dumps(x)))
+    data["nodes"].insert(len(data["nodes"]) - 1, {"name": "big", "op": "call_function", "target": target,
+                                                  "args": args, "kwargs": kwargs})
+    path.write_text(json.dumps(data))
+    with pytest.raises(LimitError, match="node 'big': .* needs .* over the limit of 2.15 GB"):
+        aotpipe.load(mlp_copy)
