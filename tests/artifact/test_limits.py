@@ -15,7 +15,6 @@ from click.testing import CliRunner
 import aotpipe
 from aotpipe.artifact import limits
 from aotpipe.artifact.limits import Breach
-from aotpipe.artifact.manifest import seal
 from aotpipe.artifact.verify import verify_artifact
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError, ArtifactError, LimitError
