@@ -30,6 +30,37 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _byte_limit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add --max-bytes: the byte limit (per replay, per tensor) for this command."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, max_bytes: str | None = None, **kwargs: Any) -> Any:
+        from aotpipe.artifact.limits import override, parse_bytes
+
+        with override(max_bytes=parse_bytes(max_bytes, "--max-bytes") if max_bytes is not None else None):
+            return fn(*args, **kwargs)
+
+    return click.option("--max-bytes", metavar="SIZE", default=None,
+                        help="Refuse graphs whose inputs (or a rebuilt model) need more memory than this, "
+                             "e.g. 8G; default 2G or AOTPIPE_MAX_BYTES.")(wrapper)
+
+
+def _check_device(name: str) -> None:
+    """--device must name a device torch knows and this machine has (a user error otherwise)."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise AotpipeError(f"--device {name!r} is not a device; use cpu, cuda, cuda:N or meta") from None
+    if dev.type not in ("cpu", "meta"):
+        try:
+            torch.empty(0, device=dev)
+        except Exception as e:  # not compiled with it, no such device, ...
+            why = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise AotpipeError(f"--device {name!r} is not available on this machine ({why})") from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(package_name="aotpipe")
@@ -110,10 +141,12 @@ def schema() -> None:
 @click.option("--bench", type=click.IntRange(min=0), default=0, help="Also time N runs (median), beside eager's.")
 @click.option("--chain", is_flag=True, help="Also run forward then backward and check gradients vs joint and eager.")
 @click.option("--trust-code", is_flag=True,
-              help="Import module.py instead of rebuilding from graph.json, and let --bench/--chain rebuild any "
-                   "module:callable source the manifest names (both run code the artefact names).")
+              help="Import module.py instead of rebuilding from graph.json, and let --bench/--chain rebuild "
+                   "a module:callable or hf: source the manifest names (both run code the artefact names); "
+                   "builtin zoo models are rebuilt without it.")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @_user_errors
+@_byte_limit
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
            chain: bool, trust_code: bool, as_json: bool) -> None:
     """Replay the graphs of the artefact at PATH and compare with what was recorded."""
@@ -122,6 +155,8 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     from aotpipe.artifact.load import load
     from aotpipe.replay import eager_bench, replay as replay_graphs, replay_chain
 
+    if device is not None:
+        _check_device(device)
     p = Path(path)
     art = load(p, trust_code=trust_code)
     kinds = list(graphs)
@@ -132,11 +167,19 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
         for r in results:
             r.eager_bench_seconds = eager_bench(art, r.kind.split(".")[0], bench, trust_code=trust_code)
     chained = replay_chain(art, trust_code=trust_code) if chain else None
+    no_eager = None
+    if bench or chain:
+        from aotpipe.sources import rebuild_refusal
+
+        model = art.manifest.get("model")
+        no_eager = rebuild_refusal(model.get("source") if isinstance(model, dict) else None, trust_code)
     ok = all(r.ok for r in results) and (chained is None or chained.status == "match")
     if as_json:
         out = {"artifact": art.name, "ok": ok, "graphs": [r.to_json() for r in results]}
         if chained is not None:
             out["chain"] = chained.to_json()
+        if no_eager:
+            out["no_eager_comparison"] = no_eager
         click.echo(json.dumps(out, indent=2, sort_keys=True))
     else:
         width = max([10] + [len(r.kind) for r in results])
@@ -163,20 +206,30 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
                        f"vs joint max abs error {chained.max_abs_error_vs_joint:.3g}{eager}")
             for m in chained.problems:
                 click.echo(f"    {m}")
+        if no_eager:
+            click.echo(f"note: no eager comparison: {no_eager}", err=True)
     sys.exit(0 if ok else 1)
 
 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the problems as JSON.")
+@click.option("--key", "key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Also check each artefact's signature (signature.json) with this key: an HMAC secret, "
+                   "or an Ed25519 PEM public or private key.")
 @_user_errors
-def verify(directory: str, as_json: bool) -> None:
-    """Check every artefact under DIRECTORY: hashes, format version, safe loading."""
+@_byte_limit
+def verify(directory: str, as_json: bool, key: str | None) -> None:
+    """Check every artefact under DIRECTORY: hashes, format version, safe loading, module.py.
+
+    Without --key this catches corruption, not forgery (a forger can recompute hashes).
+    """
     from pathlib import Path
 
+    from aotpipe.artifact.limits import Breach
     from aotpipe.artifact.verify import verify_tree
 
-    results = verify_tree(Path(directory))
+    results = verify_tree(Path(directory), Path(key) if key else None)
     bad = {str(k): v for k, v in results.items() if v}
     if as_json:
         click.echo(json.dumps({"checked": len(results), "problems": bad}, indent=2, sort_keys=True))
@@ -191,7 +244,44 @@ def verify(directory: str, as_json: bool) -> None:
         click.echo(f"{len(results) - len(bad)}/{len(results)} artefacts ok")
     if not results:
         click.echo(f"no artefacts under {directory}", err=True)
-    sys.exit(1 if bad else 0)
+    breaches = any(isinstance(p, Breach) for problems in results.values() for p in problems)
+    sys.exit(2 if breaches else 1 if bad else 0)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--key", "key", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="An Ed25519 PEM private key, or a file of at least 32 secret bytes for HMAC-SHA256.")
+@_user_errors
+def sign(directory: str, key: str) -> None:
+    """Sign every artefact under DIRECTORY (signature.json beside each manifest.json).
+
+    Each must verify first. Check with: aotpipe verify DIRECTORY --key KEY (the public key
+    for Ed25519, the same secret for HMAC).
+    """
+    from pathlib import Path
+
+    from aotpipe.artifact.signing import load_key, sign_artifact
+    from aotpipe.artifact.verify import find_artifacts
+    from aotpipe.errors import LimitError
+
+    k = load_key(key, for_signing=True)
+    models, unfinished = find_artifacts(Path(directory))
+    failed, breach = 0, False
+    for m in models:
+        try:
+            sign_artifact(m, key)
+            click.echo(f"signed  {m}  ({k.algorithm}, key id {k.key_id})")
+        except AotpipeError as e:
+            failed += 1
+            breach = breach or isinstance(e, LimitError)
+            click.echo(f"FAILED  {m}\n    {e}")
+    for u in unfinished:
+        failed += 1
+        click.echo(f"FAILED  {u}\n    {u / 'manifest.json'}: missing (an incomplete artefact)")
+    if not models and not unfinished:
+        click.echo(f"no artefacts under {directory}", err=True)
+    sys.exit(2 if breach else 1 if failed else 0)
 
 
 @main.command(name="ls")
@@ -210,11 +300,17 @@ def ls_cmd(directory: str) -> None:
     width = max(len(r["path"]) for r in rows)
     for r in rows:
         click.echo(f"{r['path']:<{width}}  {r['status']:<10} {r['graphs']:<36} {r['size']}")
+    refused = [r["error"] for r in rows if r.get("error")]
+    for line in refused:
+        click.echo(f"error: {line}", err=True)
+    if refused:
+        sys.exit(2)
 
 
 @main.command()
 @click.argument("artifact", type=click.Path(exists=True))
 @_user_errors
+@_byte_limit
 def show(artifact: str) -> None:
     """Print an artefact's graphs, node counts, op histogram, inputs and outputs."""
     from pathlib import Path

@@ -202,13 +202,53 @@ class Pipeline(_Strict):
 # YAML with line numbers
 
 
+class _AliasCycle(Exception):
+    """An alias refers to a node that contains it."""
+
+
+class _TooManyValues(Exception):
+    """The document's aliases expand to more values than the limit."""
+
+
+def _check_expansion(root: yaml.Node, limit: int) -> None:
+    """Count the values the document has once aliases are expanded, without expanding them:
+    a few hundred bytes of nested aliases ("billion laughs") expand to billions."""
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+
+    def children(n: yaml.Node) -> list[yaml.Node]:
+        if isinstance(n, yaml.MappingNode):
+            return [x for kv in n.value for x in kv]
+        return list(n.value) if isinstance(n, yaml.SequenceNode) else []
+
+    while stack:
+        n, finished = stack.pop()
+        if finished:
+            visiting.discard(id(n))
+            sizes[id(n)] = min(limit + 1, 1 + sum(sizes[id(c)] for c in children(n)))
+            continue
+        if id(n) in sizes:
+            continue
+        if id(n) in visiting:
+            raise _AliasCycle
+        visiting.add(id(n))
+        stack.append((n, True))
+        stack.extend((c, False) for c in children(n))
+    if sizes[id(root)] > limit:
+        raise _TooManyValues
+
+
 def _compose_with_lines(text: str) -> tuple[Any, dict[tuple, int], list[tuple[int, tuple, str]]]:
     """Parse YAML into plain data, a map from field path to 1-based line, and duplicate keys."""
+    from aotpipe.artifact.limits import current
+
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     lines: dict[tuple, int] = {}
     duplicates: list[tuple[int, tuple, str]] = []
     if node is None:
         return None, lines, duplicates
+    _check_expansion(node, current().max_yaml_values)
     constructor = yaml.SafeLoader("")
 
     def walk(n: yaml.Node, path: tuple) -> Any:
@@ -341,14 +381,27 @@ def _check_duplicates(path: str, lines: dict[tuple, int], data: Any) -> list[Pro
 
 def load_pipeline(path: str | Path, *, check_sources: bool = True) -> Pipeline:
     """Read and validate a pipeline YAML; raise ConfigError listing every problem found."""
+    from aotpipe.artifact.limits import current, read_bounded
+    from aotpipe.errors import LimitError
+
     p = Path(path)
     shown = str(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = read_bounded(p, limit=current().max_yaml_bytes, limit_name="max_yaml_bytes")
     except FileNotFoundError:
         raise ConfigError([Problem(shown, None, "", "no such file; check the path")]) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise ConfigError([Problem(shown, None, "", f"cannot read the file ({e.__class__.__name__}: {e})")]) from None
+    except LimitError as e:
+        raise ConfigError([Problem(shown, None, "", str(e).removeprefix(f"{p}: "))]) from None
+    except OSError as e:
+        raise ConfigError([Problem(shown, None, "", f"cannot read the file ({e.__class__.__name__}: {e.strerror})")]) \
+            from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError([Problem(shown, line, "", f"not UTF-8 text: byte {data[e.start]:#04x} at column {column} "
+                                                    f"(byte {e.start}); save the file as UTF-8")]) from None
     return parse_pipeline(text, shown, base_dir=p.resolve().parent, check_sources=check_sources)
 
 
@@ -358,6 +411,21 @@ def parse_pipeline(
     """Validate pipeline YAML text; `path` only names the file in error messages."""
     try:
         data, lines, duplicate_keys = _compose_with_lines(text)
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (a NUL, a control character)
+        line = text.count("\n", 0, e.position) + 1
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        raise ConfigError([Problem(path, line, "", f"malformed YAML: character #x{code:04x} is not allowed "
+                                   f"({e.reason}); remove it")]) from None
+    except _TooManyValues:
+        from aotpipe.artifact.limits import current
+
+        limit = current().max_yaml_values
+        raise ConfigError([Problem(path, None, "", f"its aliases expand to more than {limit:,} values, over the "
+                                   "limit (raise it with AOTPIPE_MAX_YAML_VALUES); write the values out "
+                                   "instead of nesting aliases")]) from None
+    except _AliasCycle:
+        raise ConfigError([Problem(path, None, "", "malformed YAML: an alias refers to itself (&a ... *a); "
+                                   "replace the recursive alias with plain values")]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -370,8 +438,8 @@ def parse_pipeline(
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError([Problem(path, line, "", f"malformed YAML: {problem}; fix the syntax")]) from None
     except RecursionError:
-        raise ConfigError([Problem(path, None, "", "malformed YAML: an alias refers to itself (&a ... *a); "
-                                   "replace the recursive alias with plain values")]) from None
+        raise ConfigError([Problem(path, None, "", "malformed YAML: nested deeper than aotpipe parses; "
+                                   "flatten the structure")]) from None
     except (ValueError, TypeError) as e:
         raise ConfigError([Problem(path, None, "", f"malformed YAML: {e}")]) from None
     if not isinstance(data, dict):

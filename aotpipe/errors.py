@@ -55,3 +55,8 @@ class CaptureError(AotpipeError):
 
 class ArtifactError(AotpipeError):
     """An artefact on disk is missing, malformed, of an unknown version, or unsafe."""
+
+
+class LimitError(ArtifactError):
+    """A file or what it asks for is over one of aotpipe's limits (size, depth, nodes, bytes);
+    raised before the read or allocation it guards."""

@@ -13,6 +13,7 @@ import torch
 import torch.fx
 
 from aotpipe.determinism import RunLog, draws_random, run_reproducibly
+from aotpipe.global_state import preserved
 
 
 def _seeds(module: torch.nn.Module) -> bool:
@@ -34,7 +35,8 @@ def run_graph(module: torch.nn.Module, inputs: list[Any], log: Optional[RunLog] 
         with torch.no_grad():
             return module(*inputs)
 
-    return as_list(run_reproducibly(run, seed=_seeds(module), log=log))
+    with preserved():  # the caller's grad mode and generators, whatever the graph does
+        return as_list(run_reproducibly(run, seed=_seeds(module), log=log))
 
 
 class _Summarising(torch.fx.Interpreter):
@@ -69,5 +71,6 @@ def run_with_summaries(
         with torch.no_grad():
             return interps[-1].run(*inputs)
 
-    out = run_reproducibly(run, seed=draws_random(gm), log=log)
+    with preserved():
+        out = run_reproducibly(run, seed=draws_random(gm), log=log)
     return as_list(out), interps[-1].summaries

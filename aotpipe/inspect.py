@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import collections
-import json
 from pathlib import Path
 from typing import Any
 
 from aotpipe.artifact.graph_json import target_name
+from aotpipe.artifact.limits import read_json
 from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import MANIFEST
 from aotpipe.errors import ArtifactError
@@ -30,22 +30,26 @@ def artifact_status(manifest: dict[str, Any]) -> str:
     return f"verified, {skipped} checks skipped" if skipped else "verified"
 
 
-def list_artifacts(root: Path) -> list[dict[str, str]]:
-    """One row per model artefact under `root`: path, status, graphs, size."""
+def list_artifacts(root: Path) -> list[dict[str, Any]]:
+    """One row per model artefact under `root`: path, status, graphs, size, and the error that
+    made a manifest "refused" (a link, a device, a FIFO, over a limit), else None."""
     rows = []
     for manifest_path in sorted(root.rglob(MANIFEST)):
         folder = manifest_path.parent
         if any(part.startswith(".") for part in folder.relative_to(root).parts):
             continue  # a temporary folder of a run in progress
+        error = None
         try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            manifest = read_json(manifest_path)  # a regular file within the limits: no FIFO, no /dev/zero
             status = artifact_status(manifest)
             graphs = ", ".join(f"{k}({v.get('nodes')})" for k, v in manifest.get("graphs", {}).items())
+        except ArtifactError as e:
+            status, graphs, error = "refused", "-", str(e)
         except (OSError, ValueError, AttributeError):
             status, graphs = "unreadable", "-"
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         rows.append({"path": str(folder.relative_to(root)) or ".", "status": status, "graphs": graphs,
-                     "size": _size(size)})
+                     "size": _size(size), "error": error})
     return rows
 
 

@@ -2,9 +2,15 @@
 
 Three forms of `source:`
 - ``module:callable``: import `module`, call `callable(**args)`, which returns an nn.Module;
-- ``aotpipe.zoo:<name>``: the same, for the builtin zoo;
+- ``aotpipe.zoo:<name>``: a builtin model, looked up by name in :data:`aotpipe.zoo.ZOO`
+  (never resolved as an attribute path);
 - ``hf:<ClassName>``: a transformers class built from ``config:`` with random weights
   (no hub access).
+
+A pipeline file is the user's own, so its sources are built as written. A source named in
+an artefact's manifest is another matter: rebuilding it (for eager comparisons) runs code
+the artefact chose, so :func:`rebuild_refusal` allows only builtin zoo models unless the
+caller trusts the artefact.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from typing import Any, Iterator
 import torch
 
 from aotpipe.config import InputSpec, ModelSpec
-from aotpipe.errors import SourceError
+from aotpipe.errors import AotpipeError, LimitError, SourceError
+
+ZOO_PREFIX = "aotpipe.zoo:"
 
 
 @contextlib.contextmanager
@@ -36,7 +44,26 @@ def _import_path(base_dir: Path | None) -> Iterator[None]:
                 sys.path.remove(p)
 
 
+def _resolve_builtin(source: str) -> Any:
+    from aotpipe.zoo import ZOO
+
+    name = source[len(ZOO_PREFIX):]
+    fn = ZOO.get(name)  # a table lookup: the name is never an attribute path
+    if fn is None:
+        raise SourceError(f"{source!r}: aotpipe's zoo has no model {name!r}; it has: {', '.join(sorted(ZOO))}")
+    return fn
+
+
+def is_builtin(source: Any) -> bool:
+    """Whether `source` names a model of the builtin zoo table."""
+    from aotpipe.zoo import ZOO
+
+    return isinstance(source, str) and source.startswith(ZOO_PREFIX) and source[len(ZOO_PREFIX):] in ZOO
+
+
 def _resolve_callable(source: str, base_dir: Path | None) -> Any:
+    if source.startswith(ZOO_PREFIX):
+        return _resolve_builtin(source)
     module_name, _, attr = source.partition(":")
     with _import_path(base_dir):
         try:
@@ -154,3 +181,77 @@ def make_example_inputs(spec: ModelSpec) -> tuple[tuple[torch.Tensor, ...], dict
         else:
             kwargs[inp.name] = t
     return tuple(args), kwargs
+
+
+# ---------------------------------------------------------------------------------------
+# rebuilding the model an artefact came from
+
+
+def rebuild_refusal(source: Any, trust_code: bool) -> str | None:
+    """Why the model an artefact's manifest names may not be rebuilt; None if it may.
+
+    The one decision for every command and API that rebuilds a model from a manifest
+    (replay --chain and --bench, replay_chain, eager_bench). A builtin zoo model is
+    looked up in a fixed table; anything else (``module:callable``, ``hf:``) imports and
+    calls what the manifest names, so it needs the caller's trust.
+    """
+    if is_builtin(source) or trust_code:
+        return None
+    return (f"the manifest's source {str(source)[:80]!r} is not a builtin zoo model; rebuilding it would run "
+            "code the artefact names: pass --trust-code (trust_code=True) if you trust this artefact")
+
+
+def _spec_bytes(spec: ModelSpec) -> list[tuple[str, int]]:
+    """(label, bytes) of each example input a spec asks for."""
+    from aotpipe.artifact.limits import numel
+
+    out = []
+    for i, inp in enumerate(spec.inputs):
+        n = numel(inp.shape) * getattr(torch, inp.dtype).itemsize
+        out.append((f"input {inp.name or i}: {inp.dtype}{list(inp.shape)}", n))
+    return out
+
+
+def build_within_limits(spec: ModelSpec, where: Any) -> tuple[torch.nn.Module, tuple, dict]:
+    """The model and its example inputs, refused before allocating when their parameters,
+    buffers and inputs need more than the byte limit (the model is first built on the
+    meta device, which allocates nothing)."""
+    from aotpipe.artifact.limits import check_total_bytes
+    from aotpipe.global_state import preserved
+
+    parts = _spec_bytes(spec)
+    check_total_bytes(parts, where, f"the example inputs of model {spec.name!r}")
+    with preserved():
+        try:
+            with torch.device("meta"):
+                meta = build_model(spec)
+        except Exception:
+            meta = None  # a model that cannot be built on meta is sized by its real build
+        if meta is not None:
+            for name, t in list(meta.named_parameters()) + list(meta.named_buffers()):
+                parts.append((f"{name}: {str(t.dtype).removeprefix('torch.')}{list(t.shape)}",
+                              t.numel() * t.element_size()))
+            del meta
+            check_total_bytes(parts, where, f"model {spec.name!r} ({spec.source}) and its example inputs")
+        try:
+            model = build_model(spec)
+            args, kwargs = make_example_inputs(spec)
+        except RuntimeError as e:  # an allocation the meta build could not foresee
+            raise LimitError(f"{where}: building model {spec.name!r} failed: {str(e).strip().splitlines()[0]}") from None
+    return model, args, kwargs
+
+
+def rebuild_from_manifest(model_record: Any, *, trust_code: bool, where: Any) -> tuple | None:
+    """(model, args, kwargs) rebuilt from a manifest's model record, or None when it may not
+    be rebuilt (see rebuild_refusal) or cannot be; a LimitError when it would need more
+    memory than the limits allow."""
+    source = model_record.get("source") if isinstance(model_record, dict) else None
+    if rebuild_refusal(source, trust_code) is not None:
+        return None
+    try:
+        spec = ModelSpec.model_validate(model_record)
+        return build_within_limits(spec, where)
+    except LimitError:
+        raise
+    except (AotpipeError, ValueError, TypeError, ImportError):
+        return None

@@ -324,7 +324,7 @@ def test_source_attribute_missing_lists_what_module_has():
     p = only_problem(GOOD.replace("aotpipe.zoo:mlp", "aotpipe.zoo:nope"))
     assert p.line == 5
     assert p.field == "models[0].source"
-    assert "module 'aotpipe.zoo' has no attribute 'nope'" in p.message
+    assert "aotpipe's zoo has no model 'nope'" in p.message  # a table lookup, not an attribute path
     assert "it has: " in p.message
     for name in ("mlp", "small_cnn", "tiny_transformer", "running_norm"):
         assert name in p.message

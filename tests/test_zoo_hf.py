@@ -139,3 +139,15 @@ def test_bert_4l_backward_replays_bit_identically_with_two_threads(tmp_path):
             assert res.status == "match" and res.max_abs_error == 0.0, res.mismatches
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_every_op_in_the_zoo_graphs_is_allowed(zoo_run):
+    from aotpipe.artifact.ops import resolve_op
+    from tests.artifact.test_ops import graph_ops
+
+    root, _ = zoo_run
+    ops = graph_ops(root)
+    assert "aten.native_dropout.default" in ops and "aten.slice_scatter.default" in ops
+    for name in sorted(ops):
+        resolve_op(name)

@@ -49,12 +49,12 @@ class BlobStore:
         if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
             raise ArtifactError(f"bad blob name {digest!r}")
         path = self.dir / f"{digest}.safetensors"
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            raise ArtifactError(f"{path}: not a regular file (a link or device in an artefact is refused)")
-        try:
-            data = path.read_bytes()
-        except OSError:
-            raise ArtifactError(f"{path}: blob missing") from None
+        from aotpipe.artifact import limits
+
+        lim = limits.current()
+        # one tensor and its safetensors header; a link, device or FIFO is refused unread
+        data = limits.read_bytes(path, limit=lim.tensor_bytes + (1 << 20),
+                                 limit_name="max_tensor_bytes" if lim.max_tensor_bytes else "max_bytes", root=self.root)
         if hashlib.sha256(data).hexdigest() != digest:
             raise ArtifactError(f"{path}: contents do not match its hash (the file was changed)")
         try:

@@ -1,35 +1,32 @@
 """graph.json: an FX graph as data, rebuilt without executing any code from the artefact.
 
 Every call_function target is written as a qualified op name (``aten.addmm.default``) and
-resolved on load only inside :data:`ALLOWED_NAMESPACES` of ``torch.ops``, plus the few
-Python callables captured graphs use (``operator.getitem``). Arguments are tagged JSON:
-node references, dtypes, devices, layouts and memory formats are objects with one key;
-tuples are kept apart from lists; non-finite floats are spelled out.
+resolved on load only through the reviewed allow-list of :mod:`aotpipe.artifact.ops`.
+Arguments are tagged JSON: node references, dtypes, devices, layouts and memory formats
+are objects with one key; tuples are kept apart from lists; non-finite floats are spelled
+out. Names that become generated code (nodes, placeholders, constants) must be plain
+identifiers, never Python keywords.
 """
 
 from __future__ import annotations
 
+import keyword
 import math
-import operator
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
 
+from aotpipe.artifact import limits
+from aotpipe.artifact.ops import check_kwargs, op_name, resolve_op
 from aotpipe.errors import ArtifactError
 
 GRAPH_FORMAT_VERSION = 2  # 2: a get_attr may be "recompute" (its blob is not stored)
 
-# torch.ops namespaces a loaded graph may call. `inductor` and friends are left out on
-# purpose: a saved graph must load without importing torch._inductor.
-ALLOWED_NAMESPACES = frozenset({"aten", "prims", "rngprims", "quantized_decomposed"})
-
-# Python callables (not torch ops) that captured graphs use, by qualified name.
-ALLOWED_CALLABLES: dict[str, Callable[..., Any]] = {
-    "operator.getitem": operator.getitem,
-}
-
-_LAYOUTS = {str(v).removeprefix("torch."): v for v in (torch.strided, torch.sparse_coo, torch.sparse_csr, torch._mkldnn)}
+# Only dense tensors: a sparse or mkldnn layout argument would build what the op allow-list
+# keeps out.
+_LAYOUTS = {"strided": torch.strided}
 _MEMORY_FORMATS = {
     str(v).removeprefix("torch."): v
     for v in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d, torch.preserve_format)
@@ -38,80 +35,36 @@ _MEMORY_FORMATS = {
 
 def target_name(target: Any) -> str:
     """The qualified name a call_function target is saved under."""
-    if isinstance(target, torch._ops.OpOverload):
-        ns = target.namespace
-        return f"{ns}.{target._schema.name.split('::', 1)[1]}.{target._overloadname}"
-    for name, fn in ALLOWED_CALLABLES.items():
-        if fn is target:
-            return name
+    name = op_name(target)
+    if name is not None:
+        return name
     mod = getattr(target, "__module__", None)
     qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
-    raise ArtifactError(
-        f"graph calls {mod}.{qual}, which graph.json cannot store; only torch ops in "
-        f"{sorted(ALLOWED_NAMESPACES)} and {sorted(ALLOWED_CALLABLES)} are allowed"
-    )
+    raise ArtifactError(f"graph calls {mod}.{qual}, which graph.json cannot store; only torch ops and "
+                        "operator.getitem can be stored")
 
 
-def resolve_target(name: str) -> Callable[..., Any]:
-    """The op or callable a saved target name stands for; refuses anything outside the allow-list."""
-    if not isinstance(name, str):
-        raise ArtifactError(f"graph.json: op target must be a string, got {type(name).__name__}")
-    if name in ALLOWED_CALLABLES:
-        return ALLOWED_CALLABLES[name]
-    parts = name.split(".")
-    if len(parts) != 3 or parts[0] not in ALLOWED_NAMESPACES:
-        raise ArtifactError(
-            f"graph.json names {name!r}, which is not an op in an allowed namespace "
-            f"({', '.join(sorted(ALLOWED_NAMESPACES))}); refusing to load it"
-        )
-    ns, op, overload = parts
-    if not all(p.isidentifier() for p in parts):
-        raise ArtifactError(f"graph.json names {name!r}, which is not a valid op name")
-    try:
-        packet = getattr(getattr(torch.ops, ns), op)
-        target = getattr(packet, overload)
-    except (AttributeError, RuntimeError):
-        raise ArtifactError(f"graph.json names {name!r}, which this torch ({torch.__version__}) does not have") from None
-    if not isinstance(target, torch._ops.OpOverload):
-        raise ArtifactError(f"graph.json names {name!r}, which is not an op overload")
-    why = _unsafe_reason(target)
-    if why:
-        raise ArtifactError(f"graph.json names {name!r}, which is not allowed: {why}")
-    return target
+def resolve_target(name: Any) -> Callable[..., Any]:
+    """The op or callable a saved target name stands for; refuses anything off the allow-list."""
+    return resolve_op(name)
 
 
-# Ops that reach outside the tensors a graph is given (files, raw storage, printing) or
-# re-point a tensor at other memory. A graph of ours never needs them.
-DENIED_OPS = frozenset({"from_file", "set_", "set", "resize_", "resize_as_", "_resize_output_", "_print",
-                        "_debug_has_internal_overlap", "save", "load", "_unsafe_set_version_counter",
-                        "_set_grad_enabled", "_dirichlet_grad"})
-# String arguments that name a choice among a few values (not a file, not code).
-ENUM_STRING_ARGS = frozenset({"rounding_mode", "approximate", "reduce", "side", "mode", "padding_mode", "norm",
-                              "UPLO", "driver", "pad_mode", "interpolation", "indexing", "reduction"})
+def is_code_name(name: Any) -> bool:
+    """Whether `name` may become a Python name in generated code: an identifier, not a
+    keyword (``None``, ``import``), not ``self``, not a dunder."""
+    return (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+            and name != "self" and not name.startswith("__"))
 
 
-def _unsafe_reason(op: torch._ops.OpOverload) -> str | None:
-    name = op._schema.name.split("::")[-1]
-    if name in DENIED_OPS:
-        return "it reaches outside the graph's tensors"
-    for a in op._schema.arguments:
-        t = str(a.type)
-        if "str" in t and a.name not in ENUM_STRING_ARGS:
-            return f"its argument {a.name!r} is a free string"
-        if "Storage" in t or "Any" == t:
-            return f"its argument {a.name!r} is a {t}"
-    return None
-
-
-def _check_kwargs(fn: Any, kwargs: Any, where: str) -> dict:
-    """Keyword arguments must be named parameters of the op (they become generated code)."""
-    if not isinstance(kwargs, dict):
-        raise ArtifactError(f"{where}: kwargs must be an object")
-    allowed = {a.name for a in fn._schema.arguments} if isinstance(fn, torch._ops.OpOverload) else set()
-    for k in kwargs:
-        if k not in allowed:
-            raise ArtifactError(f"{where}: {k!r} is not an argument of {getattr(fn, '__name__', fn)}")
-    return kwargs
+def read_graph_json(path: Path, root: Optional[Path] = None) -> Any:
+    """graph.json's data, refused before parsing when it plainly holds more nodes than the
+    limit (each node has an "op" key), and after parsing when it does."""
+    lim = limits.current()
+    data = limits.read_bytes(path, limit=lim.max_record_bytes, limit_name="max_record_bytes", root=root)
+    estimate = data.count(b'"op"')
+    if estimate > lim.max_nodes:
+        limits.check_nodes(estimate, path)
+    return limits.parse_json(data, path)
 
 
 def encode_arg(a: Any) -> Any:
@@ -168,7 +121,9 @@ def decode_arg(a: Any, env: dict[str, torch.fx.Node]) -> Any:
                 return torch.device(v)
             except (RuntimeError, TypeError):
                 raise ArtifactError(f"graph.json: bad device {v!r}") from None
-        if tag == "layout" and v in _LAYOUTS:
+        if tag == "layout":
+            if v not in _LAYOUTS:
+                raise ArtifactError(f"graph.json: layout {str(v)[:40]!r} is not allowed (only strided tensors)")
             return _LAYOUTS[v]
         if tag == "memory_format" and v in _MEMORY_FORMATS:
             return _MEMORY_FORMATS[v]
@@ -249,8 +204,10 @@ def graph_from_json(
         return _graph_from_json(data, constants, where)
     except ArtifactError:
         raise
-    except (TypeError, ValueError, IndexError, KeyError, AttributeError, RuntimeError, RecursionError) as e:
-        raise ArtifactError(f"{where}: malformed graph ({e.__class__.__name__}: {e})") from None
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError, RuntimeError, RecursionError,
+            SyntaxError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ArtifactError(f"{where}: malformed graph ({e.__class__.__name__}: {first})") from None
 
 
 def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where: str) -> torch.fx.GraphModule:
@@ -261,6 +218,7 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
         raise ArtifactError(
             f"{where}: graph format version {version!r}; this aotpipe reads versions 1, {GRAPH_FORMAT_VERSION}"
         )
+    limits.check_nodes(len(data["nodes"]), where)
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     env: dict[str, torch.fx.Node] = {}
@@ -268,8 +226,9 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
         if not isinstance(entry, dict):
             raise ArtifactError(f"{where}: node {i} is not an object")
         op, name = entry.get("op"), entry.get("name")
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ArtifactError(f"{where}: node {i} has a bad name {name!r}")
+        if not is_code_name(name):
+            raise ArtifactError(f"{where}: node {i} has a bad name {str(name)[:80]!r} "
+                                "(names must be identifiers, not Python keywords)")
         if op == "placeholder":
             node = graph.create_node("placeholder", name, name=name)
         elif op == "get_attr":
@@ -277,26 +236,21 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
             if constants is None or blob not in constants:
                 raise ArtifactError(f"{where}: constant {name!r} needs blob {blob!r}, which is missing")
             target = entry.get("target")
-            if not isinstance(target, str) or not all(p.isidentifier() and not p.startswith("__")
-                                                      for p in target.split(".")) \
+            if not isinstance(target, str) or not all(is_code_name(p) for p in target.split(".")) \
                     or hasattr(torch.fx.GraphModule, target.split(".")[0]):
-                raise ArtifactError(f"{where}: bad get_attr target {target!r}")
-            value = constants[blob]
-            shape, stride = entry.get("shape"), entry.get("stride")
-            if isinstance(shape, list) and isinstance(stride, list) and len(shape) == len(stride):
-                if list(value.shape) != shape and value.numel() == _numel(shape):
-                    value = value.reshape(shape)
-                if list(value.stride()) != stride:
-                    value = torch.empty_strided(shape, stride, dtype=value.dtype).copy_(value.reshape(shape))
+                raise ArtifactError(f"{where}: bad get_attr target {str(target)[:80]!r} "
+                                    "(dotted identifiers, not Python keywords)")
+            value = _constant_layout(constants[blob], entry.get("shape"), entry.get("stride"), f"{where}: constant {name!r}")
             _set_attr(root, target, value)
             node = graph.create_node("get_attr", target, name=name)
         elif op == "call_function":
-            fn = resolve_target(entry.get("target"))
+            fn = resolve_op(entry.get("target"))
             args = decode_arg(entry.get("args", []), env)
             if not isinstance(args, list):
                 raise ArtifactError(f"{where}: node {name!r}: args must be a list")
-            raw_kwargs = _check_kwargs(fn, entry.get("kwargs") or {}, f"{where}: node {name!r}")
+            raw_kwargs = check_kwargs(fn, entry.get("kwargs") or {}, f"{where}: node {name!r}")
             kwargs = {k: decode_arg(v, env) for k, v in raw_kwargs.items()}
+            limits.check_op_sizes(fn, args, kwargs, f"{where}: node {name!r}")
             node = graph.create_node("call_function", fn, tuple(args), kwargs, name=name)
         elif op == "output":
             args = decode_arg(entry.get("args", []), env)
@@ -315,11 +269,25 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
     return torch.fx.GraphModule(root, graph)
 
 
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+def _constant_layout(value: torch.Tensor, shape: Any, stride: Any, where: str) -> torch.Tensor:
+    """A constant's blob (contiguous data) laid out with its recorded shape and stride; the
+    layout must hold exactly the blob's elements, so it cannot ask for more memory."""
+    if shape is None and stride is None:
+        return value
+    if not (isinstance(shape, list) and isinstance(stride, list) and len(shape) == len(stride)
+            and all(isinstance(s, int) and s >= 0 for s in shape + stride)):
+        raise ArtifactError(f"{where}: bad shape {str(shape)[:40]} or stride {str(stride)[:40]}")
+    if limits.numel(shape) != value.numel():
+        raise ArtifactError(f"{where}: shape {shape} does not hold its blob's {value.numel()} elements")
+    from aotpipe.tensors import extent
+
+    if value.numel() and extent(tuple(shape), tuple(stride)) != value.numel():
+        raise ArtifactError(f"{where}: stride {stride} is not a dense layout of shape {shape}")
+    if list(value.shape) != shape:
+        value = value.reshape(shape)
+    if list(value.stride()) != stride:
+        value = torch.empty_strided(shape, stride, dtype=value.dtype).copy_(value)
+    return value
 
 
 def _set_attr(root: torch.nn.Module, target: str, value: torch.Tensor) -> None:

@@ -3,13 +3,15 @@
 Format (kept compatible with torch._functorch.compilers.get_inputs): a list with one entry
 per graph input, ``(torch.Tensor, shape, stride, dtype, device)`` for a tensor or
 ``(int,)`` / ``(float,)`` for a scalar. The joint graph's is nested: ``[[primals...],
-[tangents...]]``. Reading goes through an unpickler that accepts only those types.
+[tangents...]]``. Reading checks every pickle opcode first, then unpickles accepting only
+those types, REDUCE reaching only torch.Size and torch.device.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,34 +52,108 @@ def dumps(meta: list) -> bytes:
     return pickle.dumps(meta, protocol=PICKLE_PROTOCOL)
 
 
-_ALLOWED_GLOBALS = {
+# The pickle opcodes the format needs, in every protocol Python writes (0 to 5): lists,
+# tuples, small ints, short strings, globals, the memo, and REDUCE for the two constructors
+# below. No BUILD (it would run __setstate__: Tensor's allocates a storage of a size the
+# file chooses), no INST/OBJ/NEWOBJ, no persistent ids, no dicts, sets, bytes or buffers.
+ALLOWED_OPCODES = frozenset({
+    "PROTO", "FRAME", "STOP", "MARK",
+    "EMPTY_LIST", "LIST", "APPEND", "APPENDS", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
+    "INT", "BININT", "BININT1", "BININT2", "LONG1",
+    "UNICODE", "BINUNICODE", "SHORT_BINUNICODE",
+    "GLOBAL", "STACK_GLOBAL", "REDUCE",
+    "PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE", "GET", "BINGET", "LONG_BINGET",
+})
+
+
+class _TypeMark:
+    """Stands for a type named in an entry (torch.Tensor, int, float) while unpickling, so
+    that REDUCE can never call it: torch.Tensor(n) would allocate n elements."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, t: type):
+        self.type = t
+
+
+_TYPES = {
     ("torch", "Tensor"): torch.Tensor,
-    ("torch", "Size"): torch.Size,
-    ("torch", "device"): torch.device,
+    ("torch._tensor", "Tensor"): torch.Tensor,
+    # graph_dumper_aot writes type(arg): a parameter, or a fake tensor at compile time
+    ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
+    ("torch._subclasses.fake_tensor", "FakeTensor"): torch.Tensor,
     ("builtins", "int"): int,
     ("builtins", "float"): float,
     ("builtins", "bool"): bool,
-    ("torch._tensor", "Tensor"): torch.Tensor,
-    ("torch._C", "Size"): torch.Size,
+    # protocols 0-2 name them as Python 2 did (the stock find_class maps these back)
+    ("__builtin__", "long"): int,
+    ("__builtin__", "int"): int,
+    ("__builtin__", "float"): float,
+    ("__builtin__", "bool"): bool,
 }
-_ALLOWED_GLOBALS.update(
-    {("torch", name): getattr(torch, name) for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)}
-)
+# The only callables REDUCE may reach: they build a shape and a device from plain data.
+_CONSTRUCTORS = {
+    ("torch", "Size"): torch.Size,
+    ("torch._C", "Size"): torch.Size,
+    ("torch", "device"): torch.device,
+}
+_DTYPES = {("torch", name): getattr(torch, name) for name in dir(torch)
+           if isinstance(getattr(torch, name, None), torch.dtype)}
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_SCALAR_TYPES = (int, float, bool)
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        try:
-            return _ALLOWED_GLOBALS[(module, name)]
-        except KeyError:
-            raise ArtifactError(
-                f"refusing to unpickle {module}.{name}: a .input file holds only tensor metadata "
-                "(torch.Tensor, torch.Size, torch.device, dtypes, int, float)"
-            ) from None
+        key = (module, name)
+        if key in _TYPES:
+            return _TypeMark(_TYPES[key])
+        if key in _CONSTRUCTORS:
+            return _CONSTRUCTORS[key]
+        if key in _DTYPES:
+            return _DTYPES[key]
+        raise ArtifactError(
+            f"refusing to unpickle {module}.{name}: a .input file holds only tensor metadata "
+            "(torch.Tensor, torch.Size, torch.device, dtypes, int, float)"
+        )
+
+
+def check_opcodes(data: bytes, where: str) -> None:
+    """Refuse a pickle using any opcode the .input format does not, before unpickling it."""
+    try:
+        for op, _, pos in pickletools.genops(data):
+            if op.name not in ALLOWED_OPCODES:
+                raise ArtifactError(f"{where}: refusing pickle opcode {op.name} at byte {pos}: "
+                                    "a .input file never uses it")
+    except ArtifactError:
+        raise
+    except Exception as e:  # truncated or not a pickle at all
+        raise ArtifactError(f"{where}: not a valid .input pickle ({e.__class__.__name__}: {e})") from None
+
+
+def _entry(e: Any, where: str, index: str) -> tuple:
+    """One entry with its type mark replaced by the type, checked against the format."""
+    if not isinstance(e, tuple) or len(e) not in (1, 5) or not isinstance(e[0], _TypeMark):
+        raise ArtifactError(f"{where}: entry {index} is not (type, shape, stride, dtype, device) or (type,)")
+    t = e[0].type
+    if len(e) == 1:
+        if t not in _SCALAR_TYPES:
+            raise ArtifactError(f"{where}: entry {index}: a scalar entry's type must be int, float or bool")
+        return (t,)
+    _, shape, stride, dtype, device = e
+    ints = lambda v: isinstance(v, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)  # noqa: E731
+    if t not in _TENSOR_TYPES or not ints(shape) or not ints(stride) or len(shape) != len(stride) \
+            or not isinstance(dtype, torch.dtype) or not isinstance(device, torch.device):
+        raise ArtifactError(f"{where}: entry {index} is not (torch.Tensor, shape, stride, dtype, device)")
+    if any(i < 0 for i in shape) or any(i < 0 for i in stride):
+        raise ArtifactError(f"{where}: entry {index} has a negative size or stride")
+    return (t, torch.Size(shape), tuple(stride), dtype, device)
 
 
 def loads(data: bytes, where: str = ".input") -> list:
-    """Unpickle .input data, refusing any type the format does not use."""
+    """Unpickle .input data: opcodes checked first, then only the format's types, then the
+    structure ([entry, ...] or, for a joint graph, [[entry, ...], [entry, ...]])."""
+    check_opcodes(data, where)
     try:
         meta = _RestrictedUnpickler(io.BytesIO(data)).load()
     except ArtifactError as e:
@@ -86,18 +162,15 @@ def loads(data: bytes, where: str = ".input") -> list:
         raise ArtifactError(f"{where}: not a valid .input pickle ({e.__class__.__name__}: {e})") from None
     if not isinstance(meta, list):
         raise ArtifactError(f"{where}: expected a list of input entries, got {type(meta).__name__}")
-    return meta
+    if meta and all(isinstance(g, list) for g in meta):
+        return [[_entry(e, where, f"{i}.{j}") for j, e in enumerate(g)] for i, g in enumerate(meta)]
+    return [_entry(e, where, str(i)) for i, e in enumerate(meta)]
 
 
 def read(path: str | Path) -> list:
-    """Read a .input file safely."""
+    """Read a .input file safely (a regular file within the record size limit)."""
+    from aotpipe.artifact.limits import current, read_bytes
+
     p = Path(path)
-    if p.is_symlink() or (p.exists() and not p.is_file()):
-        raise ArtifactError(f"{p}: not a regular file (a link or device is refused)")
-    try:
-        if p.stat().st_size > (64 << 20):
-            raise ArtifactError(f"{p}: far larger than any .input file")
-        data = p.read_bytes()
-    except OSError as e:
-        raise ArtifactError(f"{p}: cannot read ({e.strerror})") from None
+    data = read_bytes(p, limit=current().max_record_bytes, limit_name="max_record_bytes")
     return loads(data, str(p))

@@ -1,7 +1,7 @@
 """Load an artefact folder without executing any code from it.
 
-Graphs are rebuilt from graph.json (ops resolved only in an allow-list of torch op
-namespaces), `.input` pickles go through a restricted unpickler, tensors come from
+Graphs are rebuilt from graph.json (ops resolved only through the allow-list of
+artifact/ops.py), `.input` pickles go through a restricted unpickler, tensors come from
 safetensors blobs checked against their hashes. ``trust_code=True`` imports module.py
 instead of rebuilding from graph.json: only for artefacts you made yourself.
 """
@@ -9,7 +9,6 @@ instead of rebuilding from graph.json: only for artefacts you made yourself.
 from __future__ import annotations
 
 import importlib.util
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -19,40 +18,13 @@ import torch.fx
 
 from aotpipe.artifact import input_meta
 from aotpipe.artifact.blobs import BlobStore
-from aotpipe.artifact.graph_json import decode_dtype, graph_from_json
+from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
+from aotpipe.artifact.limits import check_record_bytes, check_regular_file, read_json  # noqa: F401 (read_json: replay)
 from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS
 from aotpipe.artifact.writer import GRAPH_JSON, INPUTS_JSON, MODULE_PY, TRACE
 from aotpipe.errors import ArtifactError
 
 GRAPH_KINDS = ("inference", "forward", "backward", "joint")
-
-
-MAX_RECORD_BYTES = 256 << 20  # no JSON record of ours comes near this
-
-
-def check_regular_file(path: Path, root: Optional[Path] = None) -> None:
-    """Refuse symlinks, devices, FIFOs and paths that leave `root`: a hostile folder could
-    point a record at /dev/zero or at a file elsewhere."""
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise ArtifactError(f"{path}: not a regular file (a link or device in an artefact is refused)")
-    if root is not None and not path.resolve().is_relative_to(root.resolve()):
-        raise ArtifactError(f"{path}: outside the artefact folder")
-
-
-def read_json(path: Path, root: Optional[Path] = None) -> Any:
-    check_regular_file(path, root)
-    try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
-            raise ArtifactError(f"{path}: larger than any record aotpipe writes ({MAX_RECORD_BYTES >> 20} MiB)")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ArtifactError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path}: cannot read ({e})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ArtifactError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
 
 
 def check_version(data: Any, where: Path) -> None:
@@ -121,6 +93,7 @@ class GraphArtifact:
         """
         if not self.has_saved_values:
             raise ArtifactError(f"{self.folder}: no saved inputs (the model ran with save_inputs: false)")
+        check_record_bytes(self.record, self.folder / "inputs.json")
         try:
             return self._saved_inputs(forward_outputs)
         except ArtifactError:
@@ -209,8 +182,13 @@ def build_inputs(record: dict[str, Any], bases: list[Optional[torch.Tensor]],
             out.append(kind(rec.get("value", 1)))
             continue
         if source == "ones":
-            t = torch.empty_strided(rec["shape"], rec["stride"], dtype=decode_dtype(rec["dtype"]))
-            out.append(t.fill_(1))
+            from aotpipe.artifact.limits import check_tensor_bytes
+            from aotpipe.tensors import extent
+
+            dt = decode_dtype(rec["dtype"])
+            check_tensor_bytes(extent(tuple(rec["shape"]), tuple(rec["stride"])) * dt.itemsize, "inputs.json",
+                               f"input {rec.get('name')!r}")
+            out.append(torch.empty_strided(rec["shape"], rec["stride"], dtype=dt).fill_(1))
             continue
         k = rec["storage"]
         if not isinstance(k, int) or not 0 <= k < len(bases) or bases[k] is None:
@@ -264,7 +242,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
                recompute: Optional[Callable[[], dict[str, torch.Tensor]]] = None) -> GraphArtifact:
     """Load one graph folder (`<model>_<kind>_<i>/`)."""
     folder = Path(folder)
-    graph_data = read_json(folder / GRAPH_JSON, folder)
+    graph_data = read_graph_json(folder / GRAPH_JSON, folder)
     record = read_json(folder / INPUTS_JSON, folder)
     check_regular_file(folder / f"{folder.name}.input", folder)
     check_version(graph_data, folder / GRAPH_JSON)

@@ -2,56 +2,91 @@
 
 Checks, per model folder: the manifest parses, is of a format version this aotpipe reads,
 and its own checksum matches; every file it lists exists with the recorded sha256; no
-file is there that it does not list; every graph loads through the safe loader.
+file is there that it does not list (signature.json aside); every graph loads through the
+safe loader, and its module.py shows the code graph.json rebuilds to.
+
+This catches corruption, not forgery: whoever can edit the files can recompute every
+hash and the manifest's checksum too. `verify --key` (artifact/signing.py) catches that.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 from pathlib import Path
 
+from aotpipe.artifact import limits
+from aotpipe.artifact.limits import Breach
 from aotpipe.artifact.manifest import MANIFEST, READABLE_VERSIONS, file_sha256, seal_ok
-from aotpipe.errors import ArtifactError
+from aotpipe.errors import ArtifactError, LimitError
+
+SIGNATURE = "signature.json"  # beside manifest.json; see artifact/signing.py
+
+
+def _problem(e: ArtifactError) -> str:
+    """An error as a problem line; a limit breach stays marked as one (the CLI exits 2)."""
+    return Breach(str(e)) if isinstance(e, LimitError) else str(e)
+
+
+def read_manifest(folder: Path) -> tuple[dict | None, list[str]]:
+    """(the manifest, []) or (None, [the problem]): read within the limits, never hanging on a
+    FIFO or reading a link to a device."""
+    mpath = Path(folder) / MANIFEST
+    if not os.path.lexists(mpath):
+        return None, [f"{mpath}: missing (an incomplete artefact: run the pipeline again)"]
+    try:
+        manifest = limits.read_json(mpath)
+    except ArtifactError as e:
+        return None, [_problem(e)]
+    if not isinstance(manifest, dict):
+        return None, [f"{mpath}: not a manifest"]
+    return manifest, []
 
 
 def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
-    """Every problem with one model folder, one line each naming the file; [] if none."""
+    """Every problem with one model folder, one line each naming the file; [] if none.
+
+    Lines that are :class:`~aotpipe.artifact.limits.Breach` es report a limit breach.
+    """
     folder = Path(folder)
     mpath = folder / MANIFEST
-    if mpath.is_symlink() or (mpath.exists() and not mpath.is_file()):
-        return [f"{mpath}: not a regular file (a link or device)"]
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return [f"{mpath}: missing (an incomplete artefact: run the pipeline again)"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return [f"{mpath}: unreadable ({e.__class__.__name__}: {e})"]
-    if not isinstance(manifest, dict):
-        return [f"{mpath}: not a manifest"]
+    manifest, problems = read_manifest(folder)
+    if manifest is None:
+        return problems
     version = manifest.get("format_version")
     if version not in READABLE_VERSIONS:
         return [f"{mpath}: format version {version!r}; this aotpipe reads versions "
                 f"{', '.join(map(str, READABLE_VERSIONS))}"]
-    problems = []
     if not seal_ok(manifest):
         problems.append(f"{mpath}: its checksum does not match its content (the file was changed)")
     files = manifest.get("files")
     if not isinstance(files, dict):
         return problems + [f"{mpath}: no file list"]
+    lim = limits.current()
+    biggest = max(lim.max_record_bytes, lim.tensor_bytes + (1 << 20))  # a blob: one tensor and its header
     for rel, digest in sorted(files.items()):
-        p = folder / rel
-        if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts:
+        if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or rel in (MANIFEST, SIGNATURE):
             problems.append(f"{mpath}: bad file name {rel!r}")
             continue
-        if p.is_symlink() or (p.exists() and not p.is_file()):
+        p = folder / rel
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            problems.append(f"{p}: missing")
+            continue
+        except OSError as e:
+            problems.append(f"{p}: cannot read ({e.strerror})")
+            continue
+        if not stat.S_ISREG(st.st_mode):
             problems.append(f"{p}: not a regular file (a link or device)")
             continue
-        if not p.is_file():
-            problems.append(f"{p}: missing")
+        if st.st_size > biggest:
+            problems.append(Breach(str(limits.breach(p, f"{limits.human(st.st_size)} on disk", "max_tensor_bytes"
+                                                     if lim.max_tensor_bytes else "max_bytes", biggest))))
             continue
         if file_sha256(p) != digest:
             problems.append(f"{p}: sha256 differs from the manifest (the file was changed or truncated)")
-    listed = set(files) | {MANIFEST}
+    listed = set(files) | {MANIFEST, SIGNATURE}
     for p in sorted(folder.rglob("*")):
         if (p.is_file() or p.is_symlink() or not p.is_dir()) and p.relative_to(folder).as_posix() not in listed:
             problems.append(f"{p}: not listed in the manifest")
@@ -59,11 +94,21 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
         from aotpipe.artifact.load import load
 
         try:
-            load(folder)
+            art = load(folder)
         except ArtifactError as e:
-            problems.append(str(e))
+            return [_problem(e)]
         except Exception as e:  # a bug in the loader must not hide the verdict
-            problems.append(f"{folder}: failed to load ({e.__class__.__name__}: {e})")
+            return [f"{folder}: failed to load ({e.__class__.__name__}: {e})"]
+        from aotpipe.artifact.codegen import code_mismatch
+        from aotpipe.artifact.graph_json import read_graph_json
+
+        for ga in art.graphs.values():
+            nodes = read_graph_json(ga.folder / "graph.json", ga.folder)["nodes"]
+            constants = {n["target"]: (n.get("blob"), n.get("shape"), n.get("stride"))
+                         for n in nodes if n.get("op") == "get_attr"}
+            why = code_mismatch(ga.folder / "module.py", ga.module, constants)
+            if why:
+                problems.append(why)
     return problems
 
 
@@ -87,10 +132,20 @@ def find_artifacts(root: Path) -> tuple[list[Path], list[Path]]:
     return models, unfinished
 
 
-def verify_tree(root: Path) -> dict[Path, list[str]]:
-    """Problems of every artefact under `root`, by model folder."""
+def verify_tree(root: Path, key_path: Path | None = None) -> dict[Path, list[str]]:
+    """Problems of every artefact under `root`, by model folder; with `key_path`, each
+    artefact's signature is checked against that key too."""
+    check = None
+    if key_path is not None:
+        from aotpipe.artifact.signing import check_signature, load_key
+
+        load_key(key_path)  # a bad key file is the user's error, once, before any artefact
+        check = check_signature
     models, unfinished = find_artifacts(root)
     out = {m: verify_artifact(m) for m in models}
+    if check is not None:
+        for m in models:
+            out[m] += check(m, key_path)
     for u in unfinished:
         out[u] = [f"{u / MANIFEST}: missing (an incomplete artefact: run the pipeline again)"]
     return out

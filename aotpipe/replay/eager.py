@@ -28,23 +28,12 @@ def median_seconds(fn: Any, n: int) -> float:
 def rebuild_model(art: Artifact, *, trust_code: bool = False) -> Optional[tuple[torch.nn.Module, tuple, dict]]:
     """The source model and example inputs, rebuilt from the manifest's spec; None if impossible.
 
-    Rebuilding imports and calls the source the manifest names: only the builtin zoo and
-    transformers classes are rebuilt unless `trust_code` (a hostile manifest could name
-    any callable).
+    Only builtin zoo models are rebuilt unless `trust_code` (sources.rebuild_refusal says
+    why); a model over the byte limit is a LimitError.
     """
-    from aotpipe.config import ModelSpec
-    from aotpipe.errors import AotpipeError
-    from aotpipe.sources import build_model, make_example_inputs
+    from aotpipe.sources import rebuild_from_manifest
 
-    try:
-        spec = ModelSpec.model_validate(art.manifest["model"])
-        if not trust_code and not (spec.source.startswith("hf:") or spec.source.startswith("aotpipe.zoo:")):
-            return None
-        model = build_model(spec)
-        args, kwargs = make_example_inputs(spec)
-    except (AotpipeError, KeyError, ValueError, TypeError, ImportError):
-        return None
-    return model, args, kwargs
+    return rebuild_from_manifest(art.manifest.get("model"), trust_code=trust_code, where=art.path / "manifest.json")
 
 
 def eager_bench(art: Artifact, kind: str, n: int, *, trust_code: bool = False) -> Optional[float]:

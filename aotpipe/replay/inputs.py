@@ -101,4 +101,12 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
     else:
         record = _record_from_input_file(meta, str(p))
         groups = record["groups"]
-    return input_meta.nest(_random_inputs(record, seed, dev), groups)
+    from aotpipe.artifact.limits import check_record_bytes
+
+    check_record_bytes(record, record_path if record_path.exists() else p)
+    try:
+        values = _random_inputs(record, seed, dev)
+    except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
+        raise ArtifactError(f"{p}: cannot make inputs from it ({e.__class__.__name__}: "
+                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+    return input_meta.nest(values, groups)

@@ -15,7 +15,7 @@ def _traced():
     def f(x, w):
         y = torch.ops.aten.addmm.default(torch.ops.aten.zeros.default([2, 3], dtype=torch.float32, device=torch.device("cpu")), x, w)
         z = torch.ops.aten.clamp.default(y, -math.inf, 1.5)
-        parts = torch.ops.aten.split.Tensor(z, 1, 1)
+        parts = torch.ops.aten.split_with_sizes.default(z, [1, 1, 1], 1)  # core ATen: on the op allow-list
         return parts[0], torch.ops.aten.clone.default(z, memory_format=torch.contiguous_format)
 
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -83,3 +83,22 @@ def test_forward_reference_is_refused():
     ]}
     with pytest.raises(ArtifactError, match="before it is defined"):
         graph_from_json(data)
+
+
+def _graph(nodes):
+    return {"format_version": 1, "nodes": nodes}
+
+
+@pytest.mark.parametrize("nodes", [
+    [{"name": "None", "op": "placeholder", "target": "None"}],
+    [{"name": "x", "op": "placeholder", "target": "x"}, {"name": "lambda", "op": "call_function",
+                                                          "target": "aten.relu.default", "args": [{"node": "x"}]}],
+    [{"name": "self", "op": "placeholder", "target": "self"}],
+    [{"name": "c", "op": "get_attr", "target": "import", "blob": "0" * 64}],
+    [{"name": "c", "op": "get_attr", "target": "a.None", "blob": "0" * 64}],
+], ids=["placeholder None", "node lambda", "placeholder self", "get_attr import", "get_attr a.None"])
+def test_names_that_are_python_keywords_are_refused_before_codegen(nodes):
+    nodes = nodes + [{"name": "output", "op": "output", "args": [{"node": nodes[-1]["name"]}]}]
+    with pytest.raises(ArtifactError, match="bad (name|get_attr target)") as e:
+        graph_from_json(_graph(nodes), {"0" * 64: torch.zeros(1)})
+    assert "\n" not in str(e.value)

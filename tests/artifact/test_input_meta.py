@@ -75,3 +75,65 @@ def test_pickle_that_would_write_a_file_is_refused_and_writes_nothing(tmp_path):
 def test_not_a_list_is_refused():
     with pytest.raises(ArtifactError, match="expected a list"):
         input_meta.loads(pickle.dumps((1, 2)))
+
+
+# --- opcodes: checked before unpickling -----------------------------------------------------
+
+
+def _tensor_global(protocol_header=b"\x80\x02"):
+    return protocol_header + b"ctorch\nTensor\n"
+
+
+def test_build_on_torch_tensor_is_refused_before_unpickling(monkeypatch):
+    # torch.Tensor() then BUILD: Tensor.__setstate__ would get a state the file chooses.
+    data = _tensor_global() + b")R" + b"(K\x01K\x02tb" + b"."
+    called = []
+    monkeypatch.setattr(torch.Tensor, "__setstate__", lambda self, state: called.append(state), raising=False)
+    with pytest.raises(ArtifactError, match="refusing pickle opcode BUILD") as e:
+        input_meta.loads(data, "g.input")
+    assert not called and "\n" not in str(e.value) and str(e.value).startswith("g.input: ")
+
+
+def test_reduce_can_call_only_size_and_device():
+    # REDUCE on torch.Tensor with 10**9 would allocate 4 GB: the type is only a mark, never callable
+    data = _tensor_global() + b"J\x00\xca\x9a;\x85R" + b"."
+    with pytest.raises(ArtifactError, match="not a valid .input pickle"):
+        input_meta.loads(data)
+
+
+@pytest.mark.parametrize("payload", [
+    {"a": 1}, {1, 2}, b"bytes", bytearray(b"x"), None, 1.5, "str", [(torch.Tensor, torch.Size([1]), (1,))],
+    [(torch.Tensor, torch.Size([-1]), (1,), torch.float32, torch.device("cpu"))],
+    [(torch.Tensor, "shape", (1,), torch.float32, torch.device("cpu"))], [(str,)],
+])
+def test_anything_but_the_format_is_refused(payload):
+    with pytest.raises(ArtifactError):
+        input_meta.loads(pickle.dumps(payload))
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 2, 3, 4, 5])
+def test_graph_dumper_aot_style_files_still_read(tmp_path, protocol):
+    # What torch's graph_dumper_aot writes: pickle.dump of (type(arg), shape, stride, dtype, device)
+    # per tensor (type(arg) may be Parameter) and (type(arg),) per int or float.
+    args = [torch.nn.Parameter(torch.randn(3, 4)), torch.randn(4, 5).t(), 7, 0.5,
+            torch.zeros(2, dtype=torch.int64)]
+    meta = [(type(a),) if type(a) in (int, float) else (type(a), a.shape, a.stride(), a.dtype, a.device)
+            for a in args]
+    p = tmp_path / "g.input"
+    p.write_bytes(pickle.dumps(meta, protocol=protocol))
+    back = input_meta.read(p)
+    assert back == meta
+    from aotpipe.replay import get_inputs
+
+    values = get_inputs(p)
+    assert [v.shape for v in values if isinstance(v, torch.Tensor)] == [(3, 4), (5, 4), (2,)]
+    assert values[1].stride() == (1, 5)
+
+
+def test_files_the_writer_makes_pass_the_opcode_check(quickstart_run):
+    root, _ = quickstart_run
+    files = sorted(root.rglob("*.input"))
+    assert len(files) == 4 * 5
+    for f in files:
+        input_meta.check_opcodes(f.read_bytes(), str(f))
+        assert input_meta.read(f)

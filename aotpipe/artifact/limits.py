@@ -1,0 +1,376 @@
+"""Limits on what a file handed to aotpipe may make it read, parse or allocate.
+
+Artefacts and pipeline files may come from anyone, and a few hundred bytes can ask for
+gigabytes: a shape of [1e12], a YAML alias bomb, a manifest that is a link to /dev/zero
+or a FIFO, JSON nested a hundred thousand deep, a graph of millions of nodes. Every limit
+here is checked before the read or allocation it guards; a breach is one
+:class:`LimitError` line naming the file, what it asks for and the limit, and the CLI
+exits 2.
+
+The defaults leave real graphs a wide margin. Each can be changed with an environment
+variable (``AOTPIPE_MAX_BYTES=8G``), and the commands that allocate take ``--max-bytes``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import errno
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+from aotpipe.errors import AotpipeError, ArtifactError, LimitError
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits in force; ``None`` for max_tensor_bytes means max_bytes."""
+
+    max_bytes: int = 2 << 30  # a replay's inputs (sum of storages), a rebuilt model, one tensor
+    max_tensor_bytes: Optional[int] = None  # one tensor (a constant, a blob, a factory op's output)
+    max_nodes: int = 200_000  # nodes in one graph.json (real graphs: hundreds to tens of thousands)
+    max_record_bytes: int = 256 << 20  # one JSON record, .input pickle, module.py or key file
+    max_json_depth: int = 64  # nesting of a JSON record (aotpipe writes fewer than 10 levels)
+    max_yaml_bytes: int = 16 << 20  # a pipeline file
+    max_yaml_values: int = 100_000  # values in a pipeline file once its aliases are expanded
+
+    @property
+    def tensor_bytes(self) -> int:
+        return self.max_tensor_bytes if self.max_tensor_bytes is not None else self.max_bytes
+
+
+# The environment variable that sets each limit; byte limits accept suffixes (8G, 512M).
+ENV = {
+    "max_bytes": "AOTPIPE_MAX_BYTES",
+    "max_tensor_bytes": "AOTPIPE_MAX_TENSOR_BYTES",
+    "max_nodes": "AOTPIPE_MAX_NODES",
+    "max_record_bytes": "AOTPIPE_MAX_RECORD_BYTES",
+    "max_json_depth": "AOTPIPE_MAX_JSON_DEPTH",
+    "max_yaml_bytes": "AOTPIPE_MAX_YAML_BYTES",
+    "max_yaml_values": "AOTPIPE_MAX_YAML_VALUES",
+}
+_BYTE_LIMITS = {"max_bytes", "max_tensor_bytes", "max_record_bytes", "max_yaml_bytes"}
+_overrides: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("aotpipe_limits", default={})
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str, what: str) -> int:
+    """A byte count from ``123``, ``1e9``, ``512M``, ``8G`` or ``8GiB``; AotpipeError if malformed."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:e[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text), re.I)
+    if not m:
+        raise AotpipeError(f"{what}: {text!r} is not a byte count; write e.g. 4G, 512M or 1000000")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise AotpipeError(f"{what}: {text!r} must be more than 0 bytes")
+    return value
+
+
+def _from_env(name: str) -> Optional[int]:
+    var = ENV[name]
+    raw = os.environ.get(var)
+    if raw is None or raw == "":
+        return None
+    if name in _BYTE_LIMITS:
+        return parse_bytes(raw, var)
+    try:
+        value = int(raw)
+    except ValueError:
+        raise AotpipeError(f"{var}: {raw!r} is not a whole number") from None
+    if value <= 0:
+        raise AotpipeError(f"{var}: {raw!r} must be more than 0")
+    return value
+
+
+def current() -> Limits:
+    """The limits in force: defaults, then environment variables, then :func:`override`."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Limits):
+        env = _from_env(f.name)
+        if env is not None:
+            values[f.name] = env
+    values.update(_overrides.get())
+    return Limits(**values)
+
+
+@contextlib.contextmanager
+def override(**limits: Optional[int]) -> Iterator[None]:
+    """Within the block, these limits replace the defaults and the environment (None: unchanged)."""
+    known = {f.name for f in dataclasses.fields(Limits)}
+    unknown = set(limits) - known
+    if unknown:
+        raise TypeError(f"unknown limits: {', '.join(sorted(unknown))}")
+    token = _overrides.set({**_overrides.get(), **{k: v for k, v in limits.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _overrides.reset(token)
+
+
+def human(n: int) -> str:
+    """A byte count for people: 2.4 GB (decimal units, like df -H)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def _how_to_raise(name: str) -> str:
+    extra = " or --max-bytes" if name in ("max_bytes",) else ""
+    return f"{ENV[name]}{extra}"
+
+
+def breach(where: Any, asks: str, name: str, limit: int) -> LimitError:
+    """The one-line error for a file that asks for more than a limit allows."""
+    shown = human(limit) if name in _BYTE_LIMITS else f"{limit:,}"
+    return LimitError(f"{where}: {asks}, over the limit of {shown} (raise it with {_how_to_raise(name)})")
+
+
+class Breach(str):
+    """A problem line (as verify reports them) that is a limit breach: the CLI exits 2 for it."""
+
+
+# ---------------------------------------------------------------------------------------
+# files
+
+
+def check_regular_file(path: Path, root: Optional[Path] = None) -> None:
+    """Refuse links, devices, FIFOs and paths that leave `root`: a hostile folder could point
+    a record at /dev/zero, at a pipe nobody writes to, or at a file elsewhere."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return  # reading it says "missing"
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ArtifactError(f"{path}: not a regular file (a link or device in an artefact is refused)")
+    if root is not None and not path.resolve().is_relative_to(Path(root).resolve()):
+        raise ArtifactError(f"{path}: outside the artefact folder")
+
+
+def read_bytes(path: Path, *, limit: int, limit_name: str, root: Optional[Path] = None) -> bytes:
+    """The bytes of a regular file no larger than `limit`; checked before reading.
+
+    The file is opened without following a final link and without blocking (a FIFO would
+    otherwise wait for a writer), and its type and size are taken from the open file, so
+    nothing swapped in between the check and the read is read.
+    """
+    path = Path(path)
+    check_regular_file(path, root)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: missing") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ArtifactError(f"{path}: not a regular file (a link or device in an artefact is refused)") from None
+        raise ArtifactError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ArtifactError(f"{path}: not a regular file (a link or device in an artefact is refused)")
+        if st.st_size > limit:
+            raise breach(path, f"{human(st.st_size)} on disk", limit_name, limit)
+        chunks, got = [], 0
+        while got <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if got > limit:  # it grew while being read
+            raise breach(path, f"more than {human(limit)}", limit_name, limit)
+        return b"".join(chunks)
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read ({e.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def read_bounded(path: Path, *, limit: int, limit_name: str) -> bytes:
+    """At most `limit` bytes of any readable file (a pipe included): for files the user names
+    (a pipeline YAML may come from a shell's process substitution), not artefact contents."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise breach(path, f"more than {human(limit)}", limit_name, limit)
+    return data
+
+
+# ---------------------------------------------------------------------------------------
+# JSON
+
+
+def check_depth(value: Any, where: Any, limit: Optional[int] = None) -> None:
+    """Refuse JSON data nested deeper than the limit (walked without recursion)."""
+    limit = limit if limit is not None else current().max_json_depth
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children: Iterable[Any] = v.values() if isinstance(v, dict) else v
+        if depth > limit:
+            raise breach(where, f"JSON nested more than {limit} levels deep", "max_json_depth", limit)
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+
+
+def parse_json(data: bytes, where: Any) -> Any:
+    """JSON data from UTF-8 bytes; malformed or too deeply nested data is one ArtifactError line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ArtifactError(f"{where}: not UTF-8 (byte {data[e.start]:#04x} on line {line})") from None
+    limit = current().max_json_depth
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise breach(where, f"JSON nested more than {limit} levels deep", "max_json_depth", limit) from None
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{where}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if isinstance(value, (dict, list)):
+        check_depth(value, where, limit)
+    return value
+
+
+def read_json(path: Path, root: Optional[Path] = None) -> Any:
+    """A JSON record of an artefact: a regular file, within the size and depth limits."""
+    lim = current()
+    return parse_json(read_bytes(path, limit=lim.max_record_bytes, limit_name="max_record_bytes", root=root), path)
+
+
+# ---------------------------------------------------------------------------------------
+# graphs and tensors
+
+
+def check_nodes(count: int, where: Any) -> None:
+    limit = current().max_nodes
+    if count > limit:
+        raise breach(where, f"{count:,} nodes", "max_nodes", limit)
+
+
+def numel(shape: Iterable[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def check_tensor_bytes(nbytes: int, where: Any, what: str) -> None:
+    """Refuse one tensor of `nbytes` (`what` says which tensor, e.g. 'input 3: float32[600000000]')."""
+    limit = current().tensor_bytes
+    name = "max_tensor_bytes" if current().max_tensor_bytes is not None else "max_bytes"
+    if nbytes > limit:
+        raise breach(where, f"{what} needs {human(nbytes)}", name, limit)
+
+
+def check_total_bytes(parts: list[tuple[str, int]], where: Any, what: str) -> None:
+    """Refuse a replay (or rebuild) whose tensors, (label, bytes) each, need more than max_bytes in all."""
+    for label, nbytes in parts:
+        check_tensor_bytes(nbytes, where, f"{what}: {label}")
+    total = sum(n for _, n in parts)
+    limit = current().max_bytes
+    if total > limit:
+        biggest = max(parts, key=lambda p: p[1])[0]
+        raise breach(where, f"{what} need {human(total)} in all (largest: {biggest})", "max_bytes", limit)
+
+
+def _dtype(name: Any, where: Any) -> Any:
+    from aotpipe.artifact.graph_json import decode_dtype
+
+    try:
+        return decode_dtype(name)
+    except ArtifactError as e:
+        raise ArtifactError(f"{where}: {e}") from None
+
+
+def _dims(value: Any, where: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                              for s in value):
+        raise ArtifactError(f"{where}: {what} must be a list of non-negative integers, got {str(value)[:60]}")
+    return value
+
+
+def record_parts(record: Any, where: Any) -> list[tuple[str, int]]:
+    """(label, bytes) of every tensor replay allocates for a graph's inputs from an inputs.json
+    record: each storage, and each input made afresh (tangents of ones, format version 2)."""
+    from aotpipe.tensors import extent
+
+    parts = []
+    storages = record.get("storages") if isinstance(record, dict) else None
+    inputs = record.get("inputs") if isinstance(record, dict) else None
+    for k, s in enumerate(storages if isinstance(storages, list) else []):
+        if not isinstance(s, dict):
+            continue  # the record's own checks name it
+        n = s.get("numel")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ArtifactError(f"{where}: storage {k} has a bad numel {str(n)[:40]}")
+        dt = _dtype(s.get("dtype"), where)
+        parts.append((f"storage {k}: {str(dt).removeprefix('torch.')}[{n}]", n * dt.itemsize))
+    for i, rec in enumerate(inputs if isinstance(inputs, list) else []):
+        if isinstance(rec, dict) and rec.get("source") == "ones":
+            shape = _dims(rec.get("shape"), where, f"input {i} shape")
+            stride = _dims(rec.get("stride"), where, f"input {i} stride")
+            dt = _dtype(rec.get("dtype"), where)
+            parts.append((f"input {i}: {str(dt).removeprefix('torch.')}{shape}",
+                          extent(tuple(shape), tuple(stride)) * dt.itemsize))
+    return parts
+
+
+def check_record_bytes(record: Any, where: Any) -> None:
+    """Refuse, before allocating, a graph whose inputs need more than the limits allow."""
+    check_total_bytes(record_parts(record, where), where, "its inputs")
+
+
+def ones(rec: Any, where: Any) -> Any:
+    """Ones of an input record's shape and dtype (a tangent), checked before allocating."""
+    import torch
+
+    if not isinstance(rec, dict):
+        raise ArtifactError(f"{where}: an input record is not an object")
+    shape = _dims(rec.get("shape"), where, f"input {rec.get('name')!r} shape")
+    dt = _dtype(rec.get("dtype"), where)
+    label = f"input {rec.get('name')!r}: {str(dt).removeprefix('torch.')}{shape}"
+    check_tensor_bytes(numel(shape) * dt.itemsize, where, label)
+    return torch.ones(shape, dtype=dt)
+
+
+_SIZE_ARGS = ("size", "input_sizes")
+
+
+def check_op_sizes(op: Any, args: Any, kwargs: Any, where: Any) -> None:
+    """Refuse, at load, a call that makes a fresh tensor of a literal size over the per-tensor
+    limit (aten.full([1e12]), slice_backward's input_sizes). Sizes computed while the graph
+    runs are not known here."""
+    import torch
+
+    schema = getattr(op, "_schema", None)
+    if schema is None or any(r.alias_info is not None for r in schema.returns):
+        return  # a view: it allocates nothing
+    names = [a.name for a in schema.arguments]
+    for name in _SIZE_ARGS:
+        if name not in names:
+            continue
+        i = names.index(name)
+        size = kwargs.get(name) if name in kwargs else (args[i] if i < len(args) else None)
+        if not isinstance(size, (list, tuple)) or not all(isinstance(s, int) for s in size):
+            continue
+        dtype = kwargs.get("dtype")
+        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 8  # unknown: the widest common
+        stride = kwargs.get("stride") if "stride" in kwargs else (
+            args[names.index("stride")] if "stride" in names and names.index("stride") < len(args) else None)
+        if isinstance(stride, (list, tuple)) and len(stride) == len(size) and all(isinstance(s, int) for s in stride):
+            from aotpipe.tensors import extent
+
+            n = extent(tuple(size), tuple(stride))
+        else:
+            n = numel(size)
+        check_tensor_bytes(max(n, 0) * itemsize, where, f"{getattr(op, '__name__', op)} of size {list(size)[:8]}")

@@ -1,0 +1,186 @@
+"""Authenticity: `aotpipe sign` and `verify --key` (HMAC-SHA256, Ed25519), and module.py
+checked against graph.json.
+
+Unsigned `verify` catches corruption, not forgery: the forgery below (relu -> neg in
+graph.json and module.py, reference outputs re-recorded, every sha256 and the manifest's
+checksum recomputed) verifies and replays as "match" without a key; only the signature
+catches it.
+"""
+
+import hashlib
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+import aotpipe
+from aotpipe.artifact.blobs import BlobStore
+from aotpipe.artifact.manifest import seal
+from aotpipe.artifact.signing import check_signature, sign_artifact
+from aotpipe.artifact.verify import verify_artifact
+from aotpipe.cli import main
+from aotpipe.errors import ArtifactError
+from aotpipe.replay import replay, run_graph
+
+
+@pytest.fixture()
+def mlp_copy(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    dst = tmp_path / "lib" / "mlp"
+    shutil.copytree(root / "mlp", dst)
+    return dst
+
+
+@pytest.fixture()
+def keys(tmp_path):
+    """{hmac, private, public, other_public}: key files."""
+    out = {"hmac": tmp_path / "secret.key"}
+    out["hmac"].write_bytes(bytes(range(32)) * 2)
+    for name in ("", "other_"):
+        k = ed25519.Ed25519PrivateKey.generate()
+        priv = k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                               serialization.NoEncryption())
+        pub = k.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        (tmp_path / f"{name}key.pem").write_bytes(priv)
+        (tmp_path / f"{name}key.pub.pem").write_bytes(pub)
+        out[f"{name}private"], out[f"{name}public"] = tmp_path / f"{name}key.pem", tmp_path / f"{name}key.pub.pem"
+    return out
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(map(str, args)))
+
+
+def _reseal(folder):
+    """What a forger does after editing: every file's sha256 and the manifest checksum recomputed."""
+    m = json.loads((folder / "manifest.json").read_text())
+    m["files"] = {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                  for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in ("manifest.json",
+                                                                                      "signature.json")}
+    (folder / "manifest.json").write_bytes(seal(m))
+
+
+def _relu_to_neg(folder, *, module_py=True, rerecord=True):
+    g = folder / "mlp_inference_0"
+    data = json.loads((g / "graph.json").read_text())
+    for n in data["nodes"]:
+        if n.get("target") == "aten.relu.default":
+            n["target"] = "aten.neg.default"
+    (g / "graph.json").write_text(json.dumps(data))
+    if module_py:
+        text = (g / "module.py").read_text()
+        (g / "module.py").write_text(text.replace("torch.ops.aten.relu.default", "torch.ops.aten.neg.default"))
+    if rerecord:
+        ga = aotpipe.load(folder).graphs["inference"]
+        outs = run_graph(ga.module, ga.saved_inputs())
+        rec = json.loads((g / "inputs.json").read_text())
+        for out, r in zip(outs, rec["outputs"]):
+            if r["blob"] is not None:
+                r["blob"] = BlobStore(folder).put(out)
+        (g / "inputs.json").write_text(json.dumps(rec))
+    _reseal(folder)
+
+
+@pytest.mark.parametrize("signer,checker", [("hmac", "hmac"), ("private", "public"), ("private", "private")])
+def test_signed_artefact_verifies_with_its_key(mlp_copy, keys, signer, checker):
+    r = run("sign", mlp_copy.parent, "--key", keys[signer])
+    assert r.exit_code == 0 and "signed  " in r.output, r.output
+    assert (mlp_copy / "signature.json").is_file()
+    assert check_signature(mlp_copy, keys[checker]) == []
+    r = run("verify", mlp_copy.parent, "--key", keys[checker])
+    assert r.exit_code == 0 and "1/1 artefacts ok" in r.output, r.output
+    r = run("verify", mlp_copy.parent)  # signature.json is not an unlisted file
+    assert r.exit_code == 0, r.output
+
+
+def test_the_forgery_verifies_without_a_key_but_not_with_one(mlp_copy, keys):
+    sign_artifact(mlp_copy, keys["private"])
+    _relu_to_neg(mlp_copy)
+    # Without a key, verify checks consistency: a careful forger is consistent.
+    assert verify_artifact(mlp_copy) == []
+    assert run("verify", mlp_copy).exit_code == 0
+    (res,) = replay(mlp_copy, graphs=["inference"])
+    assert res.status == "match"
+    assert any(n.target.__name__ == "neg.default" for n in aotpipe.load(mlp_copy).graphs["inference"].module.graph.nodes
+               if n.op == "call_function")
+    # With the key it fails, one line naming signature.json.
+    problems = check_signature(mlp_copy, keys["public"])
+    assert len(problems) == 1 and "manifest.json was changed after it was signed" in problems[0]
+    r = run("verify", mlp_copy, "--key", keys["public"])
+    assert r.exit_code == 1 and "signature.json: manifest.json was changed after it was signed" in r.output
+
+
+def test_re_signing_with_another_key_is_caught(mlp_copy, keys):
+    sign_artifact(mlp_copy, keys["private"])
+    _relu_to_neg(mlp_copy)
+    sign_artifact(mlp_copy, keys["other_private"])  # the forger signs with a key of their own
+    (problem,) = check_signature(mlp_copy, keys["public"])
+    assert "signed with another key" in problem
+    sign_artifact(mlp_copy, keys["hmac"])
+    (problem,) = check_signature(mlp_copy, keys["public"])
+    assert "signed with hmac-sha256, but" in problem
+
+
+def test_graph_json_edited_with_module_py_left_is_caught_without_a_key(mlp_copy):
+    _relu_to_neg(mlp_copy, module_py=False)
+    problems = verify_artifact(mlp_copy)
+    assert len(problems) == 1
+    assert "mlp_inference_0/module.py:" in problems[0] and "module.py does not match graph.json" in problems[0]
+    assert "aten.relu.default" in problems[0] and "aten.neg.default" in problems[0]
+    r = run("verify", mlp_copy)
+    assert r.exit_code == 1 and "module.py does not match graph.json" in r.output
+
+
+def test_a_changed_constant_blob_reference_is_caught_without_a_key(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    folder = tmp_path / "small_cnn"
+    shutil.copytree(root / "small_cnn", folder)
+    gj = next(folder.glob("small_cnn_inference_0.*")) / "graph.json"
+    data = json.loads(gj.read_text())
+    a, b = [n for n in data["nodes"] if n["op"] == "get_attr"][:2]
+    if (a["shape"], a["stride"]) != (b["shape"], b["stride"]):
+        a["shape"], a["stride"], b["shape"], b["stride"] = b["shape"], b["stride"], a["shape"], a["stride"]
+    a["blob"], b["blob"] = b["blob"], a["blob"]  # two constants swapped
+    gj.write_text(json.dumps(data))
+    _reseal(folder)
+    problems = verify_artifact(folder)
+    assert len(problems) == 1 and "constants" in problems[0] and "differ from graph.json" in problems[0]
+
+
+def test_damaged_artefact_is_not_signed(mlp_copy, keys):
+    (mlp_copy / "mlp_forward_0" / "module.py").write_text("# edited\n")
+    with pytest.raises(ArtifactError, match="not signed, it does not verify"):
+        sign_artifact(mlp_copy, keys["hmac"])
+    r = run("sign", mlp_copy, "--key", keys["hmac"])
+    assert r.exit_code == 1 and "FAILED" in r.output and not (mlp_copy / "signature.json").exists()
+
+
+def test_unsigned_artefact_fails_verify_with_a_key(mlp_copy, keys):
+    r = run("verify", mlp_copy, "--key", keys["hmac"])
+    assert r.exit_code == 1 and "signature.json: missing (the artefact is not signed" in r.output
+
+
+@pytest.mark.parametrize("case", ["public key signs", "short secret", "rsa key"])
+def test_unusable_key_files_are_one_line_exit_2(mlp_copy, keys, tmp_path, case):
+    if case == "public key signs":
+        args = ["sign", mlp_copy, "--key", keys["public"]]
+        needle = "a public key verifies but cannot sign"
+    elif case == "short secret":
+        (tmp_path / "short").write_bytes(b"password")
+        args = ["verify", mlp_copy, "--key", tmp_path / "short"]
+        needle = "an HMAC secret must be at least 32 bytes"
+    else:
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        k = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+        (tmp_path / "rsa.pem").write_bytes(k.private_bytes(serialization.Encoding.PEM,
+                                                           serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption()))
+        args = ["sign", mlp_copy, "--key", tmp_path / "rsa.pem"]
+        needle = "aotpipe signs with Ed25519 keys"
+    r = run(*args)
+    assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
+    assert needle in r.output
