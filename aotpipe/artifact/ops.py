@@ -49,6 +49,7 @@ EXTRA_ATEN = frozenset({
     # indexing the decompositions emit
     "_unsafe_index.Tensor", "_unsafe_index_put.default", "_unsafe_masked_index.default",
     "_unsafe_masked_index_put_accumulate.default", "masked_fill.Scalar", "masked_fill.Tensor",
+    "put.default",  # Tensor.put: bounds-checked writes into a copy (no deterministic CPU kernel)
     # factories and reductions the partitioner and decompositions emit
     "zeros.default", "ones.default", "zeros_like.default", "ones_like.default", "empty_like.default",
     "new_zeros.default", "new_ones.default", "new_empty.default", "new_full.default",

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 import aotpipe
+from aotpipe import accuracy
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.manifest import seal
 from aotpipe.artifact.signing import check_signature, sign_artifact
@@ -80,6 +81,8 @@ def _relu_to_neg(folder, *, module_py=True, rerecord=True):
         for out, r in zip(outs, rec["outputs"]):
             if r["blob"] is not None:
                 r["blob"] = BlobStore(folder).put(out)
+            if r.get("digest") is not None:  # format 2 records digests
+                r["digest"], r["summary"] = accuracy.digest(out), accuracy.sampled_summary(out)
         (g / "inputs.json").write_text(json.dumps(rec))
     _reseal(folder)
 
