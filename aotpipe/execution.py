@@ -40,15 +40,17 @@ def run_graph(module: torch.nn.Module, inputs: list[Any], log: Optional[RunLog] 
 
 
 class _Summarising(torch.fx.Interpreter):
-    def __init__(self, gm: torch.fx.GraphModule, summarise: Callable[[torch.Tensor], Any]):
+    def __init__(self, gm: torch.fx.GraphModule, summarise: Callable[[torch.Tensor], Any],
+                 skip: Optional[Callable[[torch.fx.Node], bool]] = None):
         super().__init__(gm)
         self.summarise = summarise
+        self.skip = skip
         self.summaries: dict[str, Any] = {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
         r = super().run_node(n)
         # A summary now: a later in-place op may overwrite the tensor itself.
-        if n.op != "output":
+        if n.op != "output" and not (self.skip and self.skip(n)):
             if isinstance(r, torch.Tensor):
                 self.summaries[n.name] = self.summarise(r)
             elif isinstance(r, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in r):
@@ -62,12 +64,14 @@ def run_with_summaries(
     inputs: list[Any],
     summarise: Callable[[torch.Tensor], Any],
     log: Optional[RunLog] = None,
+    skip: Optional[Callable[[torch.fx.Node], bool]] = None,
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The graph's outputs and, per node, `summarise` of its value (the one per-node interpreter)."""
+    """The graph's outputs and, per node (but those `skip` says), `summarise` of its value:
+    the one per-node interpreter."""
     interps: list[_Summarising] = []
 
     def run() -> Any:
-        interps.append(_Summarising(gm, summarise))  # afresh if a first attempt stopped midway
+        interps.append(_Summarising(gm, summarise, skip))  # afresh if a first attempt stopped midway
         with torch.no_grad():
             return interps[-1].run(*inputs)
 

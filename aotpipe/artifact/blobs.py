@@ -31,6 +31,7 @@ class BlobStore:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.dir = self.root / BLOB_DIR
+        self._checked: dict[str, bytes] = {}  # digest -> bytes already read and hash-checked
 
     def put(self, t: torch.Tensor) -> str:
         digest, data = encode(t)
@@ -46,9 +47,22 @@ class BlobStore:
         return (self.dir / f"{digest}.safetensors").is_file()
 
     def get(self, digest: str) -> torch.Tensor:
+        """The tensor of blob `digest`, a fresh one each call (callers may write into it).
+
+        Its bytes are read and checked against the digest once per store: graphs share
+        weights, and re-hashing them for every graph was a tenth of a real-size check."""
         if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
             raise ArtifactError(f"bad blob name {digest!r}")
         path = self.dir / f"{digest}.safetensors"
+        data = self._checked.get(digest)
+        if data is None:
+            data = self._checked[digest] = self._read_checked(digest, path)
+        try:
+            return st_load(data)[_KEY]
+        except Exception as e:
+            raise ArtifactError(f"{path}: not a valid safetensors file ({e})") from None
+
+    def _read_checked(self, digest: str, path: Path) -> bytes:
         from aotpipe.artifact import limits
 
         lim = limits.current()
@@ -57,7 +71,4 @@ class BlobStore:
                                  limit_name="max_tensor_bytes" if lim.max_tensor_bytes else "max_bytes", root=self.root)
         if hashlib.sha256(data).hexdigest() != digest:
             raise ArtifactError(f"{path}: contents do not match its hash (the file was changed)")
-        try:
-            return st_load(data)[_KEY]
-        except Exception as e:
-            raise ArtifactError(f"{path}: not a valid safetensors file ({e})") from None
+        return data
