@@ -327,7 +327,7 @@ def _write_graphs(
         _strip_paths(g.gm)
         constants = {}
         layouts = {}
-        recompute = set()
+        computed: dict[str, tuple[str, torch.Tensor]] = {}
         for node in g.gm.graph.nodes:
             if node.op == "get_attr":
                 value = getattr(g.gm, node.target) if "." not in node.target else g.gm.get_buffer(node.target)
@@ -336,11 +336,13 @@ def _write_graphs(
                 digest = encode(flat)[0]
                 if derived is not None and save_values == "minimal" and inputs is not None \
                         and not blobs.has(digest):
-                    recompute.add(node.target)  # made by the passes from stored weights: the loader redoes it
-                    constants[node.target] = digest
+                    computed[node.target] = (digest, flat)  # made by the passes from stored weights
                 else:
                     constants[node.target] = blobs.put(flat)
                 layouts[node.target] = (list(value.shape), list(value.stride()))
+        recompute = _worth_recomputing(computed, blobs)
+        for target, (digest, flat) in computed.items():
+            constants[target] = digest if target in recompute else blobs.put(flat)
         gj = graph_json.graph_to_json(g.gm, constants)
         for entry in gj["nodes"]:
             if entry["op"] == "get_attr" and entry["target"] in recompute:
@@ -380,6 +382,22 @@ def _write_graphs(
     # sealed one replaces it (a killed run leaves only a .tmp- folder, which is removed).
     _write(root / MANIFEST, dump_json({"format_version": FORMAT_VERSION, "graphs": graphs_record}))
     return written, graphs_record, records
+
+
+# Constants the passes computed are recomputed at load (not stored) only when that saves
+# real bytes: at least this much, and this share of what is stored already.
+RECOMPUTE_MIN_BYTES = 1 << 20
+RECOMPUTE_MIN_SHARE = 0.05
+
+
+def _worth_recomputing(computed: dict[str, tuple[str, torch.Tensor]], blobs: BlobStore) -> set[str]:
+    """The targets whose values the loader will recompute: all of them, or none when they
+    are too small to repay a pass-chain run at every load."""
+    size = sum(t.numel() * t.element_size() for _, t in computed.values())
+    stored = sum(p.stat().st_size for p in blobs.dir.glob("*.safetensors")) if blobs.dir.is_dir() else 0
+    if size >= RECOMPUTE_MIN_BYTES and size >= RECOMPUTE_MIN_SHARE * stored:
+        return set(computed)
+    return set()
 
 
 def _finish(

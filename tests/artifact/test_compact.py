@@ -34,8 +34,21 @@ def _record(folder, kind):
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
+    from aotpipe.artifact import writer
+
     tmp = tmp_path_factory.mktemp("compact")
-    return _run(tmp, "minimal"), _run(tmp, "full")
+    with pytest.MonkeyPatch.context() as mp:  # a tiny model: recompute whatever its size
+        mp.setattr(writer, "RECOMPUTE_MIN_BYTES", 0)
+        mp.setattr(writer, "RECOMPUTE_MIN_SHARE", 0.0)
+        return _run(tmp, "minimal"), _run(tmp, "full")
+
+
+def test_small_computed_constants_are_stored_not_recomputed(tmp_path):
+    folder = _run(tmp_path, "minimal")
+    gj = json.loads((folder / f"cnn_{CHAIN.replace('inference.', 'inference_0.')}" / "graph.json").read_text())
+    consts = [n for n in gj["nodes"] if n["op"] == "get_attr"]
+    assert consts and not any(n.get("recompute") for n in consts)
+    assert all((folder / "blobs" / f"{n['blob']}.safetensors").exists() for n in consts)
 
 
 def test_minimal_stores_no_activation_tangent_or_output_value(both):
