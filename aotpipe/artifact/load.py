@@ -55,7 +55,9 @@ class GraphArtifact:
     kind: str
     folder: Path
     record: dict[str, Any]  # inputs.json
-    module: torch.nn.Module  # a GraphModule rebuilt from graph.json, or module.py's with trust_code
+    # A GraphModule rebuilt from graph.json, or module.py's with trust_code; or a function
+    # that builds it on first use (a graph whose constants the loader recomputes).
+    built: Any
     blobs: BlobStore
     trace: Optional[dict[str, Any]] = None
     name: str = ""  # the manifest's key: the kind, or "<kind>.<passes>" for a transformed graph
@@ -64,6 +66,13 @@ class GraphArtifact:
 
     def __post_init__(self) -> None:
         self.name = self.name or self.kind
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The graph as a module (built now if the loader deferred it)."""
+        if not isinstance(self.built, torch.nn.Module):
+            self.built = self.built()
+        return self.built
 
     @property
     def input_file(self) -> Path:
@@ -209,6 +218,17 @@ class Artifact:
     def name(self) -> str:
         return self.manifest.get("model", {}).get("name", self.path.name)
 
+    def build_all(self) -> "Artifact":
+        """Every graph's module built now (what verify needs: a deferred one may fail)."""
+        for ga in self.graphs.values():
+            try:
+                ga.module
+            except ArtifactError:
+                raise
+            except Exception as e:
+                raise ArtifactError(f"{ga.folder}: building the graph failed ({e.__class__.__name__}: {e})") from None
+        return self
+
 
 def _import_module_py(path: Path) -> torch.nn.Module:
     """Import module.py and instantiate its GraphModule class (runs the file's code)."""
@@ -251,24 +271,30 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
     if trust_code:
         module: torch.nn.Module = _import_module_py(folder / MODULE_PY)
     else:
-        constants = {}
-        recomputed: Optional[dict[str, torch.Tensor]] = None
-        for node in graph_data.get("nodes", []):
-            if isinstance(node, dict) and node.get("op") == "get_attr":
-                if node.get("recompute") is True:
-                    if recompute is None:
-                        raise ArtifactError(f"{folder / GRAPH_JSON}: constant {node.get('target')!r} is to be "
-                                            "recomputed, but the graph names no pass chain and base graph")
-                    recomputed = recompute() if recomputed is None else recomputed
-                    if node.get("blob") not in recomputed:
-                        raise ArtifactError(
-                            f"{folder / GRAPH_JSON}: constant {node.get('target')!r} recomputed by the pass chain "
-                            "differs from the one recorded (other arithmetic on this machine?); an artefact made "
-                            "with save_values: full stores it instead")
-                    constants[node.get("blob")] = recomputed[node.get("blob")]
-                else:
-                    constants[node.get("blob")] = blobs.get(node.get("blob"))
-        module = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON))
+        def build() -> torch.nn.Module:
+            constants = {}
+            recomputed: Optional[dict[str, torch.Tensor]] = None
+            for node in graph_data.get("nodes", []):
+                if isinstance(node, dict) and node.get("op") == "get_attr":
+                    if node.get("recompute") is True:
+                        if recompute is None:
+                            raise ArtifactError(f"{folder / GRAPH_JSON}: constant {node.get('target')!r} is to be "
+                                                "recomputed, but the graph names no pass chain and base graph")
+                        recomputed = recompute() if recomputed is None else recomputed
+                        if node.get("blob") not in recomputed:
+                            raise ArtifactError(
+                                f"{folder / GRAPH_JSON}: constant {node.get('target')!r} recomputed by the pass "
+                                "chain differs from the one recorded (other arithmetic on this machine?); an "
+                                "artefact made with save_values: full stores it instead")
+                        constants[node.get("blob")] = recomputed[node.get("blob")]
+                    else:
+                        constants[node.get("blob")] = blobs.get(node.get("blob"))
+            return graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON))
+
+        # Recomputing constants runs the pass chain: only when the graph is used (replaying
+        # the inference graph alone need not pay for the optimised one).
+        deferred = any(isinstance(n, dict) and n.get("recompute") is True for n in graph_data.get("nodes", []))
+        module = build if deferred else build()
     trace = read_json(folder / TRACE, folder) if (folder / TRACE).exists() or (folder / TRACE).is_symlink() else None
     if trace is not None:
         check_version(trace, folder / TRACE)
@@ -300,7 +326,9 @@ def _recompute(art: "Artifact", key: str, rec: dict[str, Any]) -> Callable[[], d
 def load(path: str | Path, *, trust_code: bool = False) -> Artifact:
     """Load a model artefact folder (the one holding manifest.json), without running its code.
 
-    Any malformed or hostile content is an ArtifactError naming the file.
+    Any malformed or hostile content is an ArtifactError naming the file. A graph whose
+    constants are recomputed (save_values: minimal after folding passes) is built on first
+    use of its `module`; :meth:`Artifact.build_all` builds every graph now.
     """
     try:
         return _load(path, trust_code=trust_code)

@@ -94,7 +94,7 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
         from aotpipe.artifact.load import load
 
         try:
-            art = load(folder)
+            art = load(folder).build_all()
         except ArtifactError as e:
             return [_problem(e)]
         except Exception as e:  # a bug in the loader must not hide the verdict

@@ -187,7 +187,7 @@ def check_written(
     at fault. Derived graphs that fail are dropped from the artefact.
     """
     start = time.perf_counter()
-    art = load(folder)
+    art = load(folder).build_all()  # a graph whose constants cannot be recomputed fails here, not later
     result = ModelChecks(CheckOutcome())
     checker = _Checker(eager, verify)
     outs_by_key: dict[str, list[Any]] = {}

@@ -83,8 +83,12 @@ def test_a_recomputed_constant_that_differs_is_refused(both, tmp_path):
     node = next(n for n in gj["nodes"] if n.get("recompute"))
     node["blob"] = "0" * 64
     path.write_text(json.dumps(gj))
+    art = aotpipe.load(folder)  # built on first use: the inference graph still replays
+    assert [r.status for r in replay(art, graphs=["inference"])] == ["match"]
     with pytest.raises(ArtifactError, match="recomputed by the pass chain differs"):
-        aotpipe.load(folder)
+        art.graphs[f"{CHAIN}"].module
+    r = CliRunner().invoke(main, ["verify", str(folder)])
+    assert r.exit_code == 1 and "graph.json: sha256 differs" in r.output
 
 
 def test_full_stores_every_value_and_replays_each_graph_alone(both):
