@@ -86,6 +86,18 @@ def test_training_graphs_with_dropout_are_compared_with_eager(tmp_path):
     assert "native_dropout" in (tmp_path / "out" / "t" / "d" / "d_forward_0" / "graph.json").read_text()
 
 
+def test_a_joint_graph_alone_is_checked_against_eager_not_counted_as_chained(tmp_path):
+    (tmp_path / "drop.py").write_text(textwrap.dedent(DROPOUT))
+    p = _pipeline(tmp_path, """
+        - {name: d, source: drop:drop, inputs: [{shape: [32, 16]}], graphs: [joint]}
+    """)
+    r, run = _run(tmp_path, p)
+    assert r.exit_code == 0, r.output
+    checks = _manifest(tmp_path, "d")["graphs"]["joint"]["checks"]
+    assert checks["run"] == 3 and checks["indirect"] == 0  # the loss and two gradients
+    assert {i["what"] for i in checks["items"]} == {"loss", "gradient of lin.weight", "gradient of lin.bias"}
+
+
 def test_dropout_with_another_probability_in_the_graph_fails(tmp_path, monkeypatch):
     (tmp_path / "drop.py").write_text(textwrap.dedent(DROPOUT))
     real = aotpipe.capture.capture_export
