@@ -22,11 +22,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from aotpipe.determinism import RunLog, run_reproducibly
 
 
+class NoLossError(ValueError):
+    """The model's output has no floating-point tensor to build a loss from."""
+
+
 def sum_loss(out: Any) -> torch.Tensor:
     """The training loss capture uses: the sum of every floating-point output."""
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not leaves:
-        raise ValueError("the model has no floating-point output to build a loss from")
+        raise NoLossError("the model has no floating-point output to build a loss from")
     loss = leaves[0].sum()
     for t in leaves[1:]:
         loss = loss + t.sum()

@@ -156,7 +156,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
 
 def bind_inputs(g: Any, state: dict[str, Any], user: dict[str, Any]) -> list[Any]:
     """A graph's real inputs: model tensors by target, user inputs by name, ones for tangents."""
-    import torch
+    from aotpipe.tensors import ones
 
     vals: list[Any] = []
     for gi in g.inputs:
@@ -165,36 +165,21 @@ def bind_inputs(g: Any, state: dict[str, Any], user: dict[str, Any]) -> list[Any
         elif gi.role == "user":
             vals.append(user[gi.target])
         elif gi.role == "tangent":
-            vals.append(torch.ones(gi.meta.shape, dtype=gi.meta.dtype).as_strided(gi.meta.shape, gi.meta.stride)
-                        if _dense(gi.meta) else torch.ones(gi.meta.shape, dtype=gi.meta.dtype))
+            vals.append(ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype))
         else:
             raise ValueError(f"cannot bind input {gi.name} with role {gi.role}")
     return vals
 
 
-def _dense(meta: Any) -> bool:
-    from aotpipe.tensors import extent
-
-    return extent(meta.shape, meta.stride) == max(1, _numel(meta.shape))
-
-
-def _numel(shape: Any) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def backward_inputs(captured: Any, forward_inputs: list[Any]) -> list[Any]:
     """The backward graph's real inputs: the forward's saved outputs, then ones for tangents."""
-    import torch
-
     from aotpipe.execution import run_graph
+    from aotpipe.tensors import ones
 
     fw_out = run_graph(captured.graphs["forward"].gm, forward_inputs)
     saved = fw_out[captured.contract.num_forward_outputs:]
     bw = captured.graphs["backward"]
-    tangents = [torch.ones(gi.meta.shape, dtype=gi.meta.dtype) for gi in bw.inputs if gi.role == "tangent"]
+    tangents = [ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype) for gi in bw.inputs if gi.role == "tangent"]
     return list(saved) + tangents
 
 

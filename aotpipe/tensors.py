@@ -81,3 +81,8 @@ def random_storage(
     if high <= low:
         high = low + 1
     return torch.randint(low, high, (n,), generator=generator, dtype=torch.int64).to(dt)
+
+
+def ones(shape: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
+    """Ones with the given layout: a loss tangent as capture binds it and replay remakes it."""
+    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype).fill_(1)

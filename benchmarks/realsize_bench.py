@@ -61,7 +61,7 @@ sys.path.insert(0, str(REPO))  # measure this checkout's aotpipe, not an install
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-import torch.utils._pytree as pytree  # noqa: E402
+from aotpipe.eager import sum_loss  # noqa: E402
 
 DEFAULT_PIPELINES = [REPO / "pipelines" / "mid-size.yaml", REPO / "pipelines" / "real-size.yaml"]
 TOOLS = ("eager", "export", "dynamo", "aotpipe")
@@ -90,12 +90,7 @@ class _SumLoss(torch.nn.Module):
         self.model = model
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        out = self.model(*args, **kwargs)
-        leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        loss = leaves[0].sum()
-        for t in leaves[1:]:
-            loss = loss + t.sum()
-        return loss
+        return sum_loss(self.model(*args, **kwargs))
 
 
 def _reset_peak() -> None:

@@ -21,3 +21,14 @@ def quickstart_run(tmp_path_factory):
     result = CliRunner().invoke(main, ["run", str(PIPELINES / "quickstart.yaml"), "--output", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     return out / "quickstart", result
+
+
+@pytest.fixture()
+def mlp_copy(quickstart_run, tmp_path):
+    """A copy of the quickstart's mlp artefact, in a folder of its own, to edit or attack."""
+    import shutil
+
+    root, _ = quickstart_run
+    dst = tmp_path / "lib" / "mlp"
+    shutil.copytree(root / "mlp", dst)
+    return dst

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import textwrap
 
 import pytest
@@ -14,13 +13,6 @@ from aotpipe.cli import main
 from aotpipe.errors import ArtifactError
 from aotpipe.replay import replay, replay_chain
 
-
-@pytest.fixture()
-def mlp_copy(quickstart_run, tmp_path):
-    root, _ = quickstart_run
-    dst = tmp_path / "mlp"
-    shutil.copytree(root / "mlp", dst)
-    return dst
 
 
 def _edit_graph(folder, fn, graph="mlp_inference_0"):

@@ -1,20 +1,12 @@
 """Hostile or malformed input that used to end in a traceback is one `error:` line, exit 2."""
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
 
 from aotpipe.cli import main
 
-
-@pytest.fixture()
-def mlp_copy(quickstart_run, tmp_path):
-    root, _ = quickstart_run
-    dst = tmp_path / "mlp"
-    shutil.copytree(root / "mlp", dst)
-    return dst
 
 
 def one_line_exit_2(r, *needles):

@@ -6,7 +6,6 @@ manifest naming `aotpipe.zoo:<attribute path>` reaches nothing but the zoo table
 """
 
 import json
-import shutil
 import textwrap
 
 import pytest
@@ -20,13 +19,6 @@ from aotpipe.errors import ConfigError, LimitError
 from aotpipe.replay import eager_bench, rebuild_model, replay_chain
 from aotpipe.sources import is_builtin, rebuild_refusal
 
-
-@pytest.fixture()
-def mlp_copy(quickstart_run, tmp_path):
-    root, _ = quickstart_run
-    dst = tmp_path / "mlp"
-    shutil.copytree(root / "mlp", dst)
-    return dst
 
 
 def _set_model(folder, **fields):

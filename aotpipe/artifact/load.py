@@ -192,12 +192,12 @@ def build_inputs(record: dict[str, Any], bases: list[Optional[torch.Tensor]],
             continue
         if source == "ones":
             from aotpipe.artifact.limits import check_tensor_bytes
-            from aotpipe.tensors import extent
+            from aotpipe.tensors import extent, ones
 
             dt = decode_dtype(rec["dtype"])
             check_tensor_bytes(extent(tuple(rec["shape"]), tuple(rec["stride"])) * dt.itemsize, "inputs.json",
                                f"input {rec.get('name')!r}")
-            out.append(torch.empty_strided(rec["shape"], rec["stride"], dtype=dt).fill_(1))
+            out.append(ones(rec["shape"], rec["stride"], dt))
             continue
         k = rec["storage"]
         if not isinstance(k, int) or not 0 <= k < len(bases) or bases[k] is None:

@@ -34,6 +34,7 @@ from aotpipe.capture.types import (
     PartitionContract,
     TensorMeta,
 )
+from aotpipe.eager import NoLossError, sum_loss
 from aotpipe.errors import CaptureError
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
@@ -61,14 +62,10 @@ class _SumLoss(torch.nn.Module):
         self.model = model
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        out = self.model(*args, **kwargs)
-        leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        if not leaves:
-            raise CaptureError("the model has no floating-point output to build a loss from")
-        loss = leaves[0].sum()
-        for t in leaves[1:]:
-            loss = loss + t.sum()
-        return loss
+        try:
+            return sum_loss(self.model(*args, **kwargs))
+        except NoLossError as e:
+            raise CaptureError(str(e)) from None
 
 
 def _meta_of(node: torch.fx.Node) -> Optional[TensorMeta]:

@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from aotpipe.capture.types import GraphInput, GraphOutput
+from aotpipe.determinism import op_draws_random
 from aotpipe.errors import AotpipeError
 
 
@@ -109,26 +110,18 @@ def is_pure(node: torch.fx.Node) -> bool:
     t = node.target
     if not isinstance(t, torch._ops.OpOverload):
         return t.__module__ == "_operator"  # operator.getitem
-    if torch.Tag.nondeterministic_seeded in t.tags:
+    if op_draws_random(t):
         return False
     schema = t._schema
     return not schema.is_mutable and not any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
 
 
 def real_strides(gm: torch.fx.GraphModule, values: list[Any]) -> dict[str, Any]:
-    """Each node's value layout (stride tuple, or list for tuples) when run on `values`."""
-    out: dict[str, Any] = {}
+    """Each tensor-valued node's (shape, stride) when run on `values`."""
+    from aotpipe.execution import run_with_summaries
 
-    class _Record(torch.fx.Interpreter):
-        def run_node(self, n: torch.fx.Node) -> Any:
-            r = super().run_node(n)
-            if isinstance(r, torch.Tensor):
-                out[n.name] = (tuple(r.shape), tuple(r.stride()))
-            return r
-
-    with torch.no_grad():
-        _Record(gm).run(*values)
-    return out
+    _, layouts = run_with_summaries(gm, values, lambda t: (tuple(t.shape), tuple(t.stride())))
+    return {k: v for k, v in layouts.items() if not isinstance(v, dict)}  # tuple-valued nodes aside
 
 
 def restride(graph: torch.fx.Graph, x: torch.fx.Node, stride: tuple[int, ...], before: torch.fx.Node) -> torch.fx.Node:

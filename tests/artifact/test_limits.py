@@ -22,13 +22,6 @@ from aotpipe.errors import AotpipeError, ArtifactError, LimitError
 from aotpipe.replay import get_inputs, replay
 
 
-@pytest.fixture()
-def mlp_copy(quickstart_run, tmp_path):
-    root, _ = quickstart_run
-    dst = tmp_path / "lib" / "mlp"
-    shutil.copytree(root / "mlp", dst)
-    return dst
-
 
 @pytest.fixture()
 def no_allocation(monkeypatch):

@@ -1,7 +1,6 @@
 """The op allow-list: every op aotpipe's capture and passes emit loads; the excluded kinds never do."""
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -30,13 +29,6 @@ def test_every_op_in_the_quickstart_graphs_is_allowed(quickstart_run):
     for name in sorted(ops):
         resolve_op(name)
 
-
-@pytest.fixture()
-def mlp_copy(quickstart_run, tmp_path):
-    root, _ = quickstart_run
-    dst = tmp_path / "mlp"
-    shutil.copytree(root / "mlp", dst)
-    return dst
 
 
 def _insert_call(folder, target, args, kwargs=None, graph="mlp_inference_0"):

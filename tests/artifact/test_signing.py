@@ -27,13 +27,6 @@ from aotpipe.errors import ArtifactError
 from aotpipe.replay import replay, run_graph
 
 
-@pytest.fixture()
-def mlp_copy(quickstart_run, tmp_path):
-    root, _ = quickstart_run
-    dst = tmp_path / "lib" / "mlp"
-    shutil.copytree(root / "mlp", dst)
-    return dst
-
 
 @pytest.fixture()
 def keys(tmp_path):
