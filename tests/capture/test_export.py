@@ -237,3 +237,18 @@ def test_embedding_range_applies_to_training_graphs_without_inference():
     for kind in ("forward", "joint"):
         (user,) = [gi for gi in cap.graphs[kind].inputs if gi.role == "user"]
         assert user.int_range == (0, 50), kind
+
+
+def test_training_graphs_of_a_model_without_a_floating_output_are_a_capture_error():
+    from aotpipe.errors import CaptureError
+
+    class ArgMax(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.lin(x).argmax(-1)
+
+    with pytest.raises(CaptureError, match="no floating-point output to build a loss from"):
+        _capture(ArgMax(), (torch.randn(2, 4),), graphs=["forward", "backward", "joint"])
