@@ -77,16 +77,20 @@ def main(verbose: bool) -> None:
 @click.option("--force", is_flag=True, help="Redo models even if their artefacts are up to date.")
 @click.option("--json", "as_json", is_flag=True, help="Print run.json to stdout instead of a summary.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option("--key", "key", type=click.Path(dir_okay=False), default=None, envvar="AOTPIPE_SIGNING_KEY",
+              help="Sign every artefact written with this key (an HMAC secret or an Ed25519 PEM private key); "
+                   "an artefact on disk is then kept only if its signature checks. Default: $AOTPIPE_SIGNING_KEY.")
 @_user_errors
 def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str | None, workers: int | None,
-        force: bool, as_json: bool, no_progress: bool) -> None:
+        force: bool, as_json: bool, no_progress: bool, key: str | None) -> None:
     """Capture every model of PIPELINE into graph artefacts."""
     from aotpipe.config import load_pipeline
     from aotpipe.report import RUN_JSON, REPORT_MD
     from aotpipe.runner import run_pipeline
 
     p = load_pipeline(pipeline)
-    result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force)
+    result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force,
+                          key=key or None)
     if as_json:
         click.echo((result.output / RUN_JSON).read_text())
     else:
@@ -122,8 +126,15 @@ def validate(pipeline: str) -> None:
 
 
 @main.command()
-def schema() -> None:
-    """Print the JSON Schema of the pipeline YAML."""
+@click.option("--artifact", is_flag=True,
+              help="The artefact format instead: manifest.json, inputs.json, trace.json, graph.json, signature.json.")
+def schema(artifact: bool) -> None:
+    """Print the JSON Schema of the pipeline YAML (or with --artifact, of the artefact format)."""
+    if artifact:
+        from aotpipe.artifact.records import json_schema as artifact_schema
+
+        click.echo(json.dumps(artifact_schema(), indent=2, sort_keys=True))
+        return
     from aotpipe.config import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
@@ -171,8 +182,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     if bench or chain:
         from aotpipe.sources import rebuild_refusal
 
-        model = art.manifest.get("model")
-        no_eager = rebuild_refusal(model.get("source") if isinstance(model, dict) else None, trust_code)
+        no_eager = rebuild_refusal(art.manifest.model.source, trust_code)
     ok = all(r.ok for r in results) and (chained is None or chained.status == "match")
     if as_json:
         out = {"artifact": art.name, "ok": ok, "graphs": [r.to_json() for r in results]}

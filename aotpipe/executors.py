@@ -11,7 +11,8 @@ from aotpipe.runner import ModelResult, run_model
 
 
 def run_local(
-    specs: list[ModelSpec], out_root: Path, base_dir: Path | None, *, progress: bool = True, force: bool = False
+    specs: list[ModelSpec], out_root: Path, base_dir: Path | None, *, progress: bool = True, force: bool = False,
+    key: Path | None = None,
 ) -> list[ModelResult]:
     """Run each model in this process, in order, with a progress bar over models."""
     results = []
@@ -19,7 +20,7 @@ def run_local(
     try:
         for spec in specs:
             bar.set_description(spec.name)
-            r = run_model(spec, out_root, base_dir, force=force)
+            r = run_model(spec, out_root, base_dir, force=force, key=key)
             results.append(r)
             bar.set_postfix_str(f"{spec.name}: {'up to date' if r.skipped else r.status}")
             if r.status != "ok" and progress:

@@ -22,8 +22,10 @@ def model_fingerprint(spec: ModelSpec, base_dir: Path | None = None) -> str:
     return fingerprint(spec.to_json(), src_hash, {"mode": spec.mode, **OPTIONS})
 
 
-def up_to_date(folder: Path, fp: str) -> Optional[dict[str, Any]]:
-    """The manifest of `folder` if it carries fingerprint `fp`, verifies, and passed its checks."""
+def up_to_date(folder: Path, fp: str, key: Path | None = None) -> Optional[dict[str, Any]]:
+    """The manifest of `folder` if it carries fingerprint `fp`, its files match their
+    digests, it passed its checks, and with a signing `key`, its signature checks."""
+    from aotpipe.artifact.signing import check_signature
     from aotpipe.artifact.verify import verify_artifact
 
     try:
@@ -34,6 +36,8 @@ def up_to_date(folder: Path, fp: str) -> Optional[dict[str, Any]]:
         return None
     if verify_artifact(folder, load_graphs=False):
         return None
+    if key is not None and check_signature(folder, key):
+        return None  # unsigned, or not by this key: redo it (and sign it)
     if manifest.get("format_version") != FORMAT_VERSION:
         return None  # an older format: redo it in the current one
     if verification_summary(manifest)["problems"] or _check_failures(manifest) or manifest.get("pass_failures"):

@@ -6,33 +6,36 @@ import collections
 from pathlib import Path
 from typing import Any
 
+from aotpipe.artifact import records
 from aotpipe.artifact.graph_json import target_name
 from aotpipe.artifact.limits import read_json
-from aotpipe.artifact.load import load
-from aotpipe.artifact.manifest import MANIFEST
+from aotpipe.artifact.load import check_version, load
+from aotpipe.artifact.manifest import seal_ok
+from aotpipe.artifact.records import MANIFEST, Manifest
 from aotpipe.errors import ArtifactError
 from aotpipe.report import human_size as _size
 
 
-def artifact_status(manifest: dict[str, Any]) -> str:
+def artifact_status(manifest: Manifest) -> str:
     """verified, shapes only, unverified, or FAILED (a graph did not run as recorded, or a check failed)."""
     from aotpipe.runner import VERIFIED
 
-    rec = manifest.get("verification")
+    rec = manifest.verification
     if not rec:
         return "unverified"
-    if not all(isinstance(r, dict) and r.get("status") in VERIFIED for r in rec.values()) \
-            or (manifest.get("checks") or {}).get("failed") or manifest.get("pass_failures"):
+    if not all(r.status in VERIFIED for r in rec.values()) \
+            or (manifest.checks is not None and manifest.checks.failed) or manifest.pass_failures:
         return "FAILED"
-    if any(r.get("status") == "shapes only" for r in rec.values()):
+    if any(r.status == "shapes only" for r in rec.values()):
         return "shapes only"
-    skipped = (manifest.get("checks") or {}).get("skipped")
+    skipped = manifest.checks.skipped if manifest.checks is not None else 0
     return f"verified, {skipped} checks skipped" if skipped else "verified"
 
 
 def list_artifacts(root: Path) -> list[dict[str, Any]]:
     """One row per model artefact under `root`: path, status, graphs, size, and the error that
-    made a manifest "refused" (a link, a device, a FIFO, over a limit), else None."""
+    made a manifest "refused" (a link, a device, a FIFO, over a limit, not of the format),
+    else None. The status is what the manifest records; `aotpipe verify` checks the files."""
     rows = []
     for manifest_path in sorted(root.rglob(MANIFEST)):
         folder = manifest_path.parent
@@ -40,12 +43,14 @@ def list_artifacts(root: Path) -> list[dict[str, Any]]:
             continue  # a temporary folder of a run in progress
         error = None
         try:
-            manifest = read_json(manifest_path)  # a regular file within the limits: no FIFO, no /dev/zero
-            status = artifact_status(manifest)
-            graphs = ", ".join(f"{k}({v.get('nodes')})" for k, v in manifest.get("graphs", {}).items())
+            raw = read_json(manifest_path)  # a regular file within the limits: no FIFO, no /dev/zero
+            check_version(raw, manifest_path)
+            manifest = records.parse(Manifest, raw, manifest_path)
+            status = artifact_status(manifest) if seal_ok(raw) else "corrupt (checksum)"
+            graphs = ", ".join(f"{k}({v.nodes})" for k, v in manifest.graphs.items())
         except ArtifactError as e:
             status, graphs, error = "refused", "-", str(e)
-        except (OSError, ValueError, AttributeError):
+        except OSError:
             status, graphs = "unreadable", "-"
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         rows.append({"path": str(folder.relative_to(root)) or ".", "status": status, "graphs": graphs,
@@ -67,8 +72,7 @@ def _describe(path: Path) -> str:
     art = load(path)
     m = art.manifest
     lines = [
-        f"{art.name}: {m['model'].get('source')}  (format {m['format_version']}, torch {m['versions']['torch']}, "
-        f"{artifact_status(m)})",
+        f"{art.name}: {m.model.source}  (format {m.format_version}, torch {m.versions.torch}, {artifact_status(m)})",
     ]
     for kind, ga in art.graphs.items():
         gm = ga.module
@@ -80,25 +84,25 @@ def _describe(path: Path) -> str:
         lines.append(f"{ga.folder.name}: {kind} graph, {len(gm.graph.nodes)} nodes, {sum(ops.values())} ops")
         top = ", ".join(f"{op} x{n}" for op, n in ops.most_common(12))
         lines.append(f"  ops: {top}" + (f", ... ({len(ops)} kinds)" if len(ops) > 12 else ""))
-        roles = collections.Counter(i["role"] for i in rec["inputs"])
-        lines.append(f"  inputs ({len(rec['inputs'])}): " + ", ".join(f"{n} {r}" for r, n in roles.items()))
-        for i in rec["inputs"]:
-            if i["role"] in ("user", "tangent"):
-                rng = f" in [{i['range'][0]}, {i['range'][1]})" if i.get("range") else ""
-                lines.append(f"    {i['name']}: {i['role']} {i.get('target') or ''} "
-                             f"{i.get('dtype', i['type'])}{i.get('shape', '')}{rng}")
-        oroles = collections.Counter(o["role"] for o in rec["outputs"])
-        lines.append(f"  outputs ({len(rec['outputs'])}): " + ", ".join(f"{n} {r}" for r, n in oroles.items()))
-        if rec.get("partition"):
-            c = rec["partition"]
-            lines.append(f"  partition: {c['num_mutated_inputs']} mutated, {c['num_user_outputs']} user outputs, "
-                         f"{c['num_saved_tensors']} saved tensors, {c['num_tangents']} tangents")
-        for step in (m.get("graphs", {}).get(kind, {}) or {}).get("passes", []) or []:
-            did = ", ".join(f"{k} {v}" for k, v in step["stats"].items() if v) or "nothing"
-            lines.append(f"  pass {step['name']}: {step['nodes_before']} -> {step['nodes_after']} nodes, {did}")
-        v = (m.get("verification") or {}).get(kind)
-        if v:
-            lines.append(f"  verified: {v['status']} ({v['inputs']} inputs)")
+        roles = collections.Counter(i.role for i in rec.inputs)
+        lines.append(f"  inputs ({len(rec.inputs)}): " + ", ".join(f"{n} {r}" for r, n in roles.items()))
+        for i in rec.inputs:
+            if i.role in ("user", "tangent"):
+                rng = f" in [{i.range[0]}, {i.range[1]})" if i.range else ""
+                lines.append(f"    {i.name}: {i.role} {i.target or ''} {i.dtype or i.type}{i.shape or ''}{rng}")
+        oroles = collections.Counter(o.role for o in rec.outputs)
+        lines.append(f"  outputs ({len(rec.outputs)}): " + ", ".join(f"{n} {r}" for r, n in oroles.items()))
+        if rec.partition is not None:
+            c = rec.partition
+            lines.append(f"  partition: {c.num_mutated_inputs} mutated, {c.num_user_outputs} user outputs, "
+                         f"{c.num_saved_tensors} saved tensors, {c.num_tangents} tangents")
+        entry = m.graphs.get(kind)
+        for step in (entry.passes if entry is not None else None) or []:
+            did = ", ".join(f"{k} {v}" for k, v in step.stats.items() if v) or "nothing"
+            lines.append(f"  pass {step.name}: {step.nodes_before} -> {step.nodes_after} nodes, {did}")
+        v = (m.verification or {}).get(kind)
+        if v is not None:
+            lines.append(f"  verified: {v.status} ({v.inputs} inputs)")
     if not art.graphs:
         raise ArtifactError(f"{path}: no graphs")
     return "\n".join(lines)

@@ -30,6 +30,9 @@ class ModelResult:
     status: str
     stage: Optional[str] = None  # where it failed: source | capture | passes | write | verify
     error: Optional[str] = None
+    # The exception's class when the failure was not an aotpipe error: the model's own code,
+    # torch, or a bug in aotpipe (the traceback is kept for -v).
+    exception: Optional[str] = None
     graphs: list[GraphResult] = field(default_factory=list)
     capture_seconds: float = 0.0
     passes_seconds: float = 0.0
@@ -52,13 +55,18 @@ class ModelResult:
         return d
 
 
-def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False) -> ModelResult:
+def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False,
+              key: Path | None = None) -> ModelResult:
     """Build, capture, write and check one model, unless its artefact is up to date.
+
+    With a signing `key`, the artefact is signed as it is written, and one on disk counts
+    as up to date only if its signature checks under that key.
 
     Never raises for a model's own failure: the result says what failed and where.
     """
     import torch.utils._pytree as pytree
 
+    from aotpipe.artifact.signing import signer
     from aotpipe.artifact.writer import graph_entries, write_model
     from aotpipe.capture import capture_export
     from aotpipe.capture.checks import ModelChecks, check_written, graph_structure
@@ -73,7 +81,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
     try:
         fp = model_fingerprint(spec, base_dir)
         if not force:
-            manifest = up_to_date(out_dir / spec.name, fp)
+            manifest = up_to_date(out_dir / spec.name, fp, key)
             if manifest is not None:
                 return skipped_result(spec, out_dir / spec.name, manifest, start)
         model = build_model(spec, base_dir)
@@ -124,6 +132,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             save_values=spec.save_values,
             check=check,
             pass_failures=pass_problems,
+            sign=signer(key) if key is not None else None,
         )
         mc = checked[0]
         result.checks_seconds = mc.seconds
@@ -149,6 +158,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         result.traceback = traceback.format_exc()
     except Exception as e:  # a model's own code (or torch) failed: record it, go on
         result.stage, result.error = stage, f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start
     return result
@@ -262,11 +272,13 @@ def run_pipeline(
     only: tuple[str, ...] | list[str] | None = None,
     progress: bool = True,
     force: bool = False,
+    key: str | Path | None = None,
 ) -> RunResult:
     """Run every selected model of `pipeline`; write run.json and report.md beside them.
 
-    Models whose artefacts are up to date (same fingerprint, files intact, checks passed)
-    are kept, unless `force`.
+    Models whose artefacts are up to date (same fingerprint, files intact, checks passed,
+    and with a signing `key`, a good signature) are kept, unless `force`. With `key`, every
+    artefact written is signed (see artifact/signing.py).
     """
     from aotpipe.artifact.fsio import OutputError, describe_os_error
     from aotpipe.artifact.writer import clean_stale
@@ -274,6 +286,11 @@ def run_pipeline(
     from aotpipe.report import write_reports
 
     start = time.perf_counter()
+    if key is not None:
+        from aotpipe.artifact.signing import load_key
+
+        load_key(key, for_signing=True)  # a bad key is a user error before any work
+        key = Path(key)
     specs = select_models(pipeline, only)
     out_root = Path(output if output is not None else pipeline.output) / pipeline.name
     try:
@@ -287,7 +304,7 @@ def run_pipeline(
         raise err from None
     cleaned = clean_stale(out_root)
     base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
-    results = run_local(specs, out_root, base_dir, progress=progress, force=force)
+    results = run_local(specs, out_root, base_dir, progress=progress, force=force, key=key)
     run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start, cleaned)
     write_reports(run, pipeline)
     return run

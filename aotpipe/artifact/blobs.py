@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from aotpipe.artifact.records import BLOB_DIR
 from aotpipe.errors import ArtifactError
 
-BLOB_DIR = "blobs"
 _KEY = "tensor"
 
 

@@ -20,9 +20,9 @@ import torch.fx
 
 from aotpipe.artifact import limits
 from aotpipe.artifact.ops import check_kwargs, op_name, resolve_op
+from aotpipe.artifact.records import GRAPH_FORMAT_VERSION
 from aotpipe.errors import ArtifactError
 
-GRAPH_FORMAT_VERSION = 2  # 2: a get_attr may be "recompute" (its blob is not stored)
 
 # Only dense tensors: a sparse or mkldnn layout argument would build what the op allow-list
 # keeps out.

@@ -283,64 +283,28 @@ def check_total_bytes(parts: list[tuple[str, int]], where: Any, what: str) -> No
         raise breach(where, f"{what} need {human(total)} in all (largest: {biggest})", "max_bytes", limit)
 
 
-def _dtype(name: Any, where: Any) -> Any:
-    from aotpipe.artifact.graph_json import decode_dtype
+def record_parts(storages: Any, inputs: Any) -> list[tuple[str, int]]:
+    """(label, bytes) of every tensor replay allocates for a graph's inputs, from validated
+    records (artifact/records.py): each storage, and each input made afresh (a tangent of ones)."""
+    import torch
 
-    try:
-        return decode_dtype(name)
-    except ArtifactError as e:
-        raise ArtifactError(f"{where}: {e}") from None
-
-
-def _dims(value: Any, where: Any, what: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                              for s in value):
-        raise ArtifactError(f"{where}: {what} must be a list of non-negative integers, got {str(value)[:60]}")
-    return value
-
-
-def record_parts(record: Any, where: Any) -> list[tuple[str, int]]:
-    """(label, bytes) of every tensor replay allocates for a graph's inputs from an inputs.json
-    record: each storage, and each input made afresh (tangents of ones, format version 2)."""
     from aotpipe.tensors import extent
 
     parts = []
-    storages = record.get("storages") if isinstance(record, dict) else None
-    inputs = record.get("inputs") if isinstance(record, dict) else None
-    for k, s in enumerate(storages if isinstance(storages, list) else []):
-        if not isinstance(s, dict):
-            continue  # the record's own checks name it
-        n = s.get("numel")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ArtifactError(f"{where}: storage {k} has a bad numel {str(n)[:40]}")
-        dt = _dtype(s.get("dtype"), where)
-        parts.append((f"storage {k}: {str(dt).removeprefix('torch.')}[{n}]", n * dt.itemsize))
-    for i, rec in enumerate(inputs if isinstance(inputs, list) else []):
-        if isinstance(rec, dict) and rec.get("source") == "ones":
-            shape = _dims(rec.get("shape"), where, f"input {i} shape")
-            stride = _dims(rec.get("stride"), where, f"input {i} stride")
-            dt = _dtype(rec.get("dtype"), where)
-            parts.append((f"input {i}: {str(dt).removeprefix('torch.')}{shape}",
-                          extent(tuple(shape), tuple(stride)) * dt.itemsize))
+    for k, s in enumerate(storages):
+        itemsize = getattr(torch, s.dtype).itemsize
+        parts.append((f"storage {k}: {s.dtype}[{s.numel}]", s.numel * itemsize))
+    for i, rec in enumerate(inputs):
+        if rec.source == "ones" and rec.type == "tensor":
+            shape, stride = rec.shape or [], rec.stride or []
+            parts.append((f"input {i}: {rec.dtype}{shape}",
+                          extent(tuple(shape), tuple(stride)) * getattr(torch, rec.dtype or "float32").itemsize))
     return parts
 
 
-def check_record_bytes(record: Any, where: Any) -> None:
+def check_record_bytes(storages: Any, inputs: Any, where: Any) -> None:
     """Refuse, before allocating, a graph whose inputs need more than the limits allow."""
-    check_total_bytes(record_parts(record, where), where, "its inputs")
-
-
-def ones(rec: Any, where: Any) -> Any:
-    """Ones of an input record's shape and dtype (a tangent), checked before allocating."""
-    import torch
-
-    if not isinstance(rec, dict):
-        raise ArtifactError(f"{where}: an input record is not an object")
-    shape = _dims(rec.get("shape"), where, f"input {rec.get('name')!r} shape")
-    dt = _dtype(rec.get("dtype"), where)
-    label = f"input {rec.get('name')!r}: {str(dt).removeprefix('torch.')}{shape}"
-    check_tensor_bytes(numel(shape) * dt.itemsize, where, label)
-    return torch.ones(shape, dtype=dt)
+    check_total_bytes(record_parts(storages, inputs), where, "its inputs")
 
 
 _SIZE_ARGS = ("size", "input_sizes")

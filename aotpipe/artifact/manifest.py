@@ -10,12 +10,8 @@ from typing import Any
 
 import torch
 
-# Version 2: reference outputs as digests and summaries (values only with save_values: full),
-# tangents and saved activations regenerated instead of stored, sampled traces, check records.
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-MANIFEST = "manifest.json"
-
+# The format's constants live with its records; these names are kept for callers.
+from aotpipe.artifact.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS  # noqa: F401
 
 def dump_json(data: Any, *, compact: bool = False) -> bytes:
     """Deterministic JSON bytes: sorted keys, trailing newline; indented for people unless

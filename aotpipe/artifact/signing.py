@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from aotpipe.artifact import limits
+from aotpipe.artifact import limits, records
 from aotpipe.artifact.manifest import MANIFEST, dump_json
 from aotpipe.artifact.verify import SIGNATURE
 from aotpipe.errors import AotpipeError, ArtifactError
@@ -126,8 +126,15 @@ def sign_artifact(folder: str | Path, key_path: str | Path) -> Path:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ArtifactError(f"{folder}: not signed, it does not verify: {problems[0]}{more}")
-    manifest = _manifest_bytes(folder)
-    assert key.sign is not None
+    path = folder / SIGNATURE
+    write_atomic(path, signature_record(_manifest_bytes(folder), key))
+    return path
+
+
+def signature_record(manifest: bytes, key: SigningKey) -> bytes:
+    """signature.json's bytes: a signature of `manifest` (manifest.json's bytes) with `key`."""
+    if key.sign is None:
+        raise AotpipeError(f"{key.path}: a public key cannot sign; give the Ed25519 private key")
     record = {
         "format_version": SIGNATURE_VERSION,
         "algorithm": key.algorithm,
@@ -136,9 +143,20 @@ def sign_artifact(folder: str | Path, key_path: str | Path) -> Path:
         "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
         "signature": base64.b64encode(key.sign(_CONTEXT + manifest)).decode("ascii"),
     }
-    path = folder / SIGNATURE
-    write_atomic(path, dump_json(record))
-    return path
+    return dump_json(records.check_written(records.Signature, record, SIGNATURE))
+
+
+def signer(key_path: str | Path) -> Callable[[Path], None]:
+    """What `aotpipe run --key` does to each folder it writes (before it is renamed into
+    place): sign its manifest. The key is loaded now, so a bad key fails before any work."""
+    key = load_key(key_path, for_signing=True)
+
+    def sign(folder: Path) -> None:
+        from aotpipe.artifact.fsio import write_durable
+
+        write_durable(Path(folder) / SIGNATURE, signature_record(_manifest_bytes(Path(folder)), key))
+
+    return sign
 
 
 def check_signature(folder: str | Path, key_path: str | Path) -> list[str]:
@@ -155,20 +173,21 @@ def check_signature(folder: str | Path, key_path: str | Path) -> list[str]:
         manifest = _manifest_bytes(folder)
     except ArtifactError as e:
         return [str(e)]
-    if not isinstance(record, dict) or record.get("format_version") != SIGNATURE_VERSION \
-            or not isinstance(record.get("signature"), str) or not isinstance(record.get("algorithm"), str):
-        return [f"{spath}: not a signature record of version {SIGNATURE_VERSION}"]
-    if record["algorithm"] != key.algorithm:
-        return [f"{spath}: signed with {record['algorithm'][:20]}, but {key.path} is an {key.algorithm} key"]
     try:
-        signature = base64.b64decode(record["signature"], validate=True)
+        sig = records.parse(records.Signature, record, spath)
+    except ArtifactError as e:
+        return [f"{e} (not a signature record of version {SIGNATURE_VERSION})"]
+    if sig.algorithm != key.algorithm:
+        return [f"{spath}: signed with {sig.algorithm}, but {key.path} is an {key.algorithm} key"]
+    try:
+        signature = base64.b64decode(sig.signature, validate=True)
     except ValueError:
         return [f"{spath}: the signature is not base64"]
     if key.verify(signature, _CONTEXT + manifest):
         return []
-    if record.get("key_id") != key.key_id:
-        why = f"signed with another key (key id {str(record.get('key_id'))[:16]}; {key.path} is {key.key_id})"
-    elif record.get("manifest_sha256") != hashlib.sha256(manifest).hexdigest():
+    if sig.key_id != key.key_id:
+        why = f"signed with another key (key id {sig.key_id[:16]}; {key.path} is {key.key_id})"
+    elif sig.manifest_sha256 != hashlib.sha256(manifest).hexdigest():
         why = "manifest.json was changed after it was signed"
     else:
         why = "the signature does not match manifest.json"

@@ -15,12 +15,12 @@ import os
 import stat
 from pathlib import Path
 
-from aotpipe.artifact import limits
+from aotpipe.artifact import limits, records
 from aotpipe.artifact.limits import Breach
-from aotpipe.artifact.manifest import MANIFEST, READABLE_VERSIONS, file_sha256, seal_ok
+from aotpipe.artifact.manifest import file_sha256, seal_ok
+from aotpipe.artifact.records import MANIFEST, READABLE_VERSIONS, SIGNATURE  # noqa: F401 (SIGNATURE: signing)
 from aotpipe.errors import ArtifactError, LimitError
 
-SIGNATURE = "signature.json"  # beside manifest.json; see artifact/signing.py
 
 
 def _problem(e: ArtifactError) -> str:
@@ -59,9 +59,10 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
                 f"{', '.join(map(str, READABLE_VERSIONS))}"]
     if not seal_ok(manifest):
         problems.append(f"{mpath}: its checksum does not match its content (the file was changed)")
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        return problems + [f"{mpath}: no file list"]
+    try:
+        files = records.parse(records.Manifest, manifest, mpath).files
+    except ArtifactError as e:
+        return problems + [str(e)]
     lim = limits.current()
     biggest = max(lim.max_record_bytes, lim.tensor_bytes + (1 << 20))  # a blob: one tensor and its header
     for rel, digest in sorted(files.items()):

@@ -21,13 +21,10 @@ from aotpipe.artifact import codegen, graph_json, input_meta
 from aotpipe.artifact.blobs import BLOB_DIR, BlobStore, encode
 from aotpipe.artifact.fsio import OutputError, describe_os_error, fsync_dir, pid_alive, write_durable
 from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST, dump_json, file_sha256, seal, versions
+from aotpipe.artifact import records as fmt
+from aotpipe.artifact.records import GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MODULE_PY, TRACE
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput
 from aotpipe.tensors import storage_base, storage_groups
-
-TRACE = "trace.json"
-INPUTS_JSON = "inputs.json"
-GRAPH_JSON = "graph.json"
-MODULE_PY = "module.py"
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -256,6 +253,7 @@ def write_model(
     save_values: str = "minimal",
     check: Optional[Callable[[Path], CheckOutcome]] = None,
     pass_failures: Optional[list[str]] = None,
+    sign: Optional[Callable[[Path], None]] = None,
 ) -> WrittenArtifact:
     """Write `<out_dir>/<model>/` from captured graphs; returns what was written.
 
@@ -263,7 +261,8 @@ def write_model(
     stored as blobs (all of them with `save_values` "full"). `check`, if given, is called on
     the written folder before it is renamed into place: it runs the written graphs and
     returns their reference outputs and check results, which go into inputs.json, trace.json
-    and the manifest.
+    and the manifest. `sign`, if given, is called on the finished folder before it is
+    renamed into place (signature.json goes in with the rest, atomically).
     """
     out_dir = Path(out_dir)
     name = captured.model
@@ -277,10 +276,19 @@ def write_model(
     except OSError as e:
         raise OutputError(describe_os_error(e, e.filename or tmp)) from None
     try:
-        written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values)
+        header = {
+            "format_version": FORMAT_VERSION,
+            "fingerprint": fingerprint,
+            "versions": versions(),
+            "model": model_record,
+            "capture": {"mode": captured.mode, "options": captured.options, "notes": captured.notes},
+            "save_values": save_values if inputs is not None else "none",
+        }
+        written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
         outcome = check(tmp) if check is not None else CheckOutcome()
-        _finish(tmp, captured, written, graphs_record, records, outcome, model_record, fingerprint,
-                save_values if inputs is not None else "none", pass_failures or [])
+        _finish(tmp, captured, written, graphs_record, records, outcome, header, pass_failures or [])
+        if sign is not None:
+            sign(tmp)
         _fsync_dir(tmp)
         old = out_dir / f"{OLD_PREFIX}{name}-{os.getpid()}"
         if final.exists():
@@ -312,6 +320,7 @@ def _write_graphs(
     captured: CapturedGraphs,
     inputs: Optional[dict[str, list[Any]]],
     save_values: str,
+    header: dict[str, Any],
 ) -> tuple[WrittenArtifact, dict[str, Any], dict[str, dict[str, Any]]]:
     import aotpipe
 
@@ -349,7 +358,7 @@ def _write_graphs(
                 entry["recompute"] = True
         gj["kind"] = kind
         gj["input_groups"] = list(g.input_groups) if g.input_groups else None
-        _write(d / GRAPH_JSON, dump_json(gj, compact=True))
+        _write(d / GRAPH_JSON, dump_json(fmt.check_written(fmt.GraphRecord, gj, d / GRAPH_JSON), compact=True))
         src = codegen.module_source(
             g.gm,
             title=f"{folder}: the {kind} graph of model {captured.model} ({captured.mode} capture)"
@@ -360,7 +369,7 @@ def _write_graphs(
             torch_version=v["torch"],
         )
         _write(d / MODULE_PY, src.encode("utf-8"))
-        _write(d / f"{folder}.input", input_meta.dumps(input_meta.input_meta(g.inputs, g.input_groups)))
+        _write(d / f"{folder}{INPUT_SUFFIX}", input_meta.dumps(input_meta.input_meta(g.inputs, g.input_groups)))
         values = inputs.get(key) if inputs else None
         record = inputs_record(g, contract if derived is None else None, values,
                                blobs if values is not None else None, save_values, saved=inputs is not None)
@@ -378,9 +387,9 @@ def _write_graphs(
         if derived is not None:
             graphs_record[key].update(base=derived.base, passes=derived.steps)
         written.graphs.append(WrittenGraph(key, folder, g.num_nodes, len(g.inputs), len(g.outputs)))
-    # Enough of a manifest for the loader, so the check can run the written graphs; the
-    # sealed one replaces it (a killed run leaves only a .tmp- folder, which is removed).
-    _write(root / MANIFEST, dump_json({"format_version": FORMAT_VERSION, "graphs": graphs_record}))
+    # Enough of a manifest for the loader (no file list yet), so the check can run the written
+    # graphs; the final one replaces it (a killed run leaves only a .tmp- folder, which is removed).
+    _write(root / MANIFEST, seal({**header, "graphs": graphs_record, "files": {}}))
     return written, graphs_record, records
 
 
@@ -407,9 +416,7 @@ def _finish(
     graphs_record: dict[str, Any],
     records: dict[str, dict[str, Any]],
     outcome: CheckOutcome,
-    model_record: dict[str, Any],
-    fingerprint: str,
-    save_values: str,
+    header: dict[str, Any],
     pass_failures: list[str],
 ) -> None:
     """Reference outputs and traces into the graph folders, then the sealed manifest."""
@@ -425,10 +432,11 @@ def _finish(
         go = outcome.graphs.get(key)
         if go is not None:
             set_outputs(record, go.outputs, blobs if record["values"] != "none" else None, go.values)
-            _write(d / INPUTS_JSON, dump_json(record, compact=True))
+            _write(d / INPUTS_JSON, dump_json(fmt.check_written(fmt.InputsRecord, record, d / INPUTS_JSON),
+                                              compact=True))
             if go.trace is not None:
-                _write(d / TRACE, dump_json({"format_version": FORMAT_VERSION, "sampled": True, "nodes": go.trace},
-                                             compact=True))
+                trace = {"format_version": FORMAT_VERSION, "sampled": True, "nodes": go.trace}
+                _write(d / TRACE, dump_json(fmt.check_written(fmt.TraceRecord, trace, d / TRACE), compact=True))
             graphs_record[key].update(go.record)
             if go.verification:
                 verification[key] = go.verification
@@ -441,12 +449,7 @@ def _finish(
             files[p.relative_to(root).as_posix()] = file_sha256(p)
     contract = captured.contract.to_json() if captured.contract else None
     manifest = {
-        "format_version": FORMAT_VERSION,
-        "fingerprint": fingerprint,
-        "versions": versions(),
-        "model": model_record,
-        "capture": {"mode": captured.mode, "options": captured.options, "notes": captured.notes},
-        "save_values": save_values,
+        **header,
         "graphs": graphs_record,
         "partition": contract,
         "passes": {dg.key: dg.steps for dg in captured.derived.values() if dg.key in graphs_record},
@@ -455,7 +458,9 @@ def _finish(
         "files": files,
         **outcome.manifest,
     }
-    _write(root / MANIFEST, seal(manifest))
+    sealed = seal(manifest)
+    fmt.parse(fmt.Manifest, json.loads(sealed), root / MANIFEST)  # what readers will check
+    _write(root / MANIFEST, sealed)
     if (root / BLOB_DIR).exists():
         _fsync_dir(root / BLOB_DIR)
     written.bytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())

@@ -30,10 +30,12 @@ import torch.fx
 from aotpipe import accuracy
 from aotpipe.accuracy import Check
 from aotpipe.artifact.load import GraphArtifact, load
+from aotpipe.artifact.records import InputsRecord
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome
 from aotpipe.capture.types import TensorMeta
 from aotpipe.determinism import RunLog
 from aotpipe.eager import EagerReference, EagerRun
+from aotpipe.errors import ArtifactError
 from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.replay.run import chain_problems, expand_outputs
 
@@ -107,7 +109,7 @@ class _Checker:
         beside it (`chained`) is checked through the chain instead: it must equal them bit
         for bit, and they are checked against eager."""
         gc = GraphChecks()
-        recs = ga.record["outputs"]
+        recs = ga.record.outputs
         if not self.verify:
             gc.skipped += ["verify: false"] * len(recs)
             return gc
@@ -119,7 +121,7 @@ class _Checker:
         if run is None:
             gc.skipped += [why] * len(recs)
             return gc
-        user = [(i, o) for i, (o, r) in enumerate(zip(outs, recs)) if r["role"] == "user"]
+        user = [(i, o) for i, (o, r) in enumerate(zip(outs, recs)) if r.role == "user"]
         if ga.kind in ("forward", "joint"):
             self._compare(gc, mode, user[0][1] if user else None, run.loss, lambda r: r.loss, "loss")
         elif ga.kind != "backward":
@@ -131,10 +133,10 @@ class _Checker:
                 self._compare(gc, mode, o, e, lambda r, j=j: r.outputs[j], f"output {j}")
         returned = set()
         # A user input's mutation names its placeholder; eager knows the input by its name.
-        placeholder_user = {i["name"]: i["target"] for i in ga.record["inputs"] if i.get("role") == "user"}
+        placeholder_user = {i.name: i.target for i in ga.record.inputs if i.role == "user"}
         for o, r in zip(outs, recs):
-            target = r.get("target")
-            if r["role"] == "mutation":
+            target = r.target
+            if r.role == "mutation":
                 target = target if target in run.state else placeholder_user.get(target, target)
                 returned.add(target)
                 if target not in run.state:
@@ -143,13 +145,13 @@ class _Checker:
                 else:
                     self._compare(gc, mode, o, run.state[target], lambda rr, t=target: rr.state.get(t),
                                   f"new value of {target}")
-            elif r["role"] in ("grad", "none") and ga.kind in ("backward", "joint"):
+            elif r.role in ("grad", "none") and ga.kind in ("backward", "joint"):
                 if target in run.grads:
                     self._compare(gc, mode, o, run.grads[target], lambda rr, t=target: rr.grads.get(t),
                                   f"gradient of {target}")
                 elif o is not None:
                     gc.skipped.append(f"gradient of input {target}: the eager input does not require grad")
-            elif r["role"] == "saved":
+            elif r.role == "saved":
                 gc.indirect += 1
         for b in run.mutated if ga.kind != "backward" else []:  # the forward returns the training's mutations
             if b not in returned:
@@ -158,11 +160,11 @@ class _Checker:
         return gc
 
 
-def _outcome_outputs(outs: list[Any], record: dict[str, Any], spread: Optional[list[Optional[float]]],
+def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[list[Optional[float]]],
                      recorded: bool) -> list[dict[str, Any]]:
     out = []
-    for i, (o, rec) in enumerate(zip(outs, record["outputs"])):
-        if rec["same_as"] is not None or not isinstance(o, torch.Tensor):
+    for i, (o, rec) in enumerate(zip(outs, record.outputs)):
+        if rec.same_as is not None or not isinstance(o, torch.Tensor):
             out.append({})
         elif not recorded:
             out.append({"layout": TensorMeta.of(o).to_json()})
@@ -219,7 +221,7 @@ def check_written(
         except Exception as e:
             msg = f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             result.problems.append(f"{key} graph: the written graph does not run: {msg}")
-            result.outcome.graphs[key] = GraphOutcome([{} for _ in ga.record["outputs"]],
+            result.outcome.graphs[key] = GraphOutcome([{} for _ in ga.record.outputs],
                                                       verification={"status": "error", "error": msg})
             continue
         outs_by_key[key] = outs
@@ -242,7 +244,9 @@ def check_written(
             result.problems.append(f"{key} graph differs from the eager model: {len(failed)} check(s) failed, e.g. "
                                    + "; ".join(c.line() for c in failed[:2]))
     if {"forward", "backward", "joint"} <= set(outs_by_key):
-        contract = art.graphs["forward"].record.get("partition") or {}
+        contract = art.graphs["forward"].record.partition
+        if contract is None:
+            raise ArtifactError(f"{art.graphs['forward'].folder}: the forward graph has no partition contract")
         problems, _, compared = chain_problems(contract, outs_by_key["forward"], outs_by_key["backward"],
                                                art.graphs["joint"].record, outs_by_key["joint"])
         result.outcome.verification["chain"] = {"status": "mismatch" if problems else "match",
@@ -263,8 +267,8 @@ def _backward_inputs(ga: GraphArtifact, fw_out: Optional[list[Any]], memory: Opt
         raise RuntimeError("the backward graph needs the forward graph's outputs")
     from aotpipe.artifact.load import build_inputs
 
-    return build_inputs(ga.record, [None] * len(ga.record["storages"]), fw_out) if all(
-        r.get("source", "blob") != "blob" or r["type"] != "tensor" for r in ga.record["inputs"]) else memory
+    return build_inputs(ga.record.inputs, [None] * len(ga.record.storages), fw_out) if all(
+        r.source != "blob" or r.type != "tensor" for r in ga.record.inputs) else memory
 
 
 def graph_structure(gm: torch.fx.GraphModule) -> list[str]:

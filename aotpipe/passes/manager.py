@@ -200,13 +200,14 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
     return problems, done, diagnose
 
 
-def recompute_constants(module: torch.fx.GraphModule, record: dict[str, Any], values: list[Any],
-                        steps_json: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+def recompute_constants(module: torch.fx.GraphModule, record: Any, values: list[Any],
+                        steps: list[Any]) -> dict[str, torch.Tensor]:
     """The constants a recorded pass chain makes from a saved graph, by their blob digest.
 
     What the loader uses for constants an artefact does not store (save_values: minimal):
     folded weights are recomputed from the stored ones, not stored twice. `module` and
-    `record` are the base graph and its inputs.json, `values` its saved inputs.
+    `record` are the base graph and its inputs.json (a records.InputsRecord), `values` its
+    saved inputs, `steps` the manifest's records.PassStep list.
     """
     import copy
 
@@ -215,22 +216,22 @@ def recompute_constants(module: torch.fx.GraphModule, record: dict[str, Any], va
     from aotpipe.capture.types import GraphInput, GraphOutput, TensorMeta
     from aotpipe.passes import parse_pass_entry
 
-    def meta(r: dict[str, Any]) -> Optional[TensorMeta]:
-        if r.get("shape") is None or r.get("dtype") is None:
+    def meta(r: Any) -> Optional[TensorMeta]:
+        if r.shape is None or r.dtype is None or r.stride is None:
             return None
-        return TensorMeta(tuple(r["shape"]), tuple(r["stride"]), decode_dtype(r["dtype"]), torch.device(r["device"]),
-                          int(r.get("storage_offset") or 0), bool(r.get("requires_grad")))
+        return TensorMeta(tuple(r.shape), tuple(r.stride), decode_dtype(r.dtype), torch.device(r.device or "cpu"),
+                          r.storage_offset or 0, bool(r.requires_grad))
 
-    inputs = [GraphInput(r["name"], r["role"], r.get("target"), meta(r) if r["type"] == "tensor" else None,
-                         {"int": int, "float": float, "bool": bool}.get(r["type"]),
-                         tuple(r["range"]) if r.get("range") else None) for r in record["inputs"]]
-    outputs = [GraphOutput(r["index"], r["role"], r.get("target"), meta(r)) for r in record["outputs"]]
+    scalar = {"int": int, "float": float, "bool": bool}
+    inputs = [GraphInput(r.name, r.role, r.target, meta(r) if r.type == "tensor" else None, scalar.get(r.type),
+                         tuple(r.range) if r.range else None) for r in record.inputs]
+    outputs = [GraphOutput(r.index, r.role, r.target, meta(r)) for r in record.outputs]
     gm = copy.deepcopy(module)
     _restore_meta(gm, values)
-    steps = [parse_pass_entry({s["name"]: s["options"]})[1] for s in steps_json]
+    chain = [parse_pass_entry({s.name: s.options})[1] for s in steps]
     # Only through the last pass that makes constants: the rest cannot change them.
-    steps = steps[:1 + max((i for i, st in enumerate(steps) if PASSES[st.name].makes_constants), default=-1)]
-    final, _ = run_chain(GraphUnderPass(gm, record["kind"], inputs, outputs, list(values)), steps, check_each=False)
+    chain = chain[:1 + max((i for i, st in enumerate(chain) if PASSES[st.name].makes_constants), default=-1)]
+    final, _ = run_chain(GraphUnderPass(gm, record.kind, inputs, outputs, list(values)), chain, check_each=False)
     out = {}
     for node in final.gm.graph.nodes:
         if node.op == "get_attr":

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 
 from aotpipe.artifact.load import Artifact
+from aotpipe.artifact.records import MANIFEST
 from aotpipe.eager import sum_loss
 
 
@@ -33,7 +34,7 @@ def rebuild_model(art: Artifact, *, trust_code: bool = False) -> Optional[tuple[
     """
     from aotpipe.sources import rebuild_from_manifest
 
-    return rebuild_from_manifest(art.manifest.get("model"), trust_code=trust_code, where=art.path / "manifest.json")
+    return rebuild_from_manifest(art.manifest.model.model_dump(), trust_code=trust_code, where=art.path / MANIFEST)
 
 
 def eager_bench(art: Artifact, kind: str, n: int, *, trust_code: bool = False) -> Optional[float]:

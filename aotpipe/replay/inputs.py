@@ -7,35 +7,31 @@ from typing import Any, Optional
 
 import torch
 
-from aotpipe.artifact import input_meta
-from aotpipe.artifact.load import build_inputs, read_json
+from aotpipe.artifact import input_meta, records
+from aotpipe.artifact.load import build_inputs
+from aotpipe.artifact.limits import check_record_bytes, read_json
+from aotpipe.artifact.records import InputRecord, InputsRecord, StorageRecord
 from aotpipe.errors import ArtifactError
 from aotpipe.tensors import StorageGroup, extent, random_storage
 
 
-def _entry_meta(entry: Any, where: str) -> dict[str, Any]:
-    """A .input entry as a record like inputs.json's (no role, no range)."""
+def _entry_record(i: int, entry: Any, where: str) -> dict[str, Any]:
+    """A .input entry as an input record like inputs.json's (a user input; no range)."""
     if not isinstance(entry, tuple) or not entry:
-        raise ArtifactError(f"{where}: bad input entry {entry!r}")
+        raise ArtifactError(f"{where}: bad input entry {str(entry)[:60]}")
+    base = {"index": i, "name": f"arg{i}", "role": "user"}
     if len(entry) == 1:
         t = entry[0]
         if t not in (int, float, bool):
-            raise ArtifactError(f"{where}: bad scalar entry {entry!r}")
-        return {"type": t.__name__}
+            raise ArtifactError(f"{where}: bad scalar entry {str(entry)[:60]}")
+        return {**base, "type": t.__name__}
     if len(entry) != 5:
         raise ArtifactError(f"{where}: an entry is (type, shape, stride, dtype, device), got {len(entry)} items")
     _, shape, stride, dtype, device = entry
     if not isinstance(dtype, torch.dtype):
-        raise ArtifactError(f"{where}: bad dtype {dtype!r}")
-    return {
-        "type": "tensor",
-        "shape": [int(s) for s in shape],
-        "stride": [int(s) for s in stride],
-        "dtype": str(dtype).removeprefix("torch."),
-        "device": str(device),
-        "storage_offset": 0,
-        "range": None,
-    }
+        raise ArtifactError(f"{where}: bad dtype {str(dtype)[:40]}")
+    return {**base, "type": "tensor", "shape": list(shape), "stride": list(stride),
+            "dtype": str(dtype).removeprefix("torch."), "device": str(device), "storage_offset": 0}
 
 
 def _flatten_meta(meta: list) -> tuple[list, Optional[list[int]]]:
@@ -44,33 +40,34 @@ def _flatten_meta(meta: list) -> tuple[list, Optional[list[int]]]:
     return meta, None
 
 
-def _record_from_input_file(meta: list, where: str) -> dict[str, Any]:
-    """An inputs.json-like record for a bare .input file: one storage per tensor input."""
-    flat, groups = _flatten_meta(meta)
+def _records_from_input_file(meta: list, where: str) -> tuple[list[StorageRecord], list[InputRecord]]:
+    """Storage and input records for a bare .input file: one storage per tensor input."""
+    flat, _ = _flatten_meta(meta)
     inputs, storages = [], []
-    for e in flat:
-        rec = _entry_meta(e, where)
-        if rec["type"] == "tensor":
-            rec["storage"] = len(storages)
-            storages.append({"dtype": rec["dtype"], "device": rec["device"],
-                             "numel": extent(tuple(rec["shape"]), tuple(rec["stride"])), "range": None})
+    for i, e in enumerate(flat):
+        rec = records.parse(InputRecord, _entry_record(i, e, where), f"{where}: entry {i}")
+        if rec.type == "tensor":
+            if len(rec.shape or []) != len(rec.stride or []):
+                raise ArtifactError(f"{where}: entry {i}: shape and stride differ in length")
+            rec.storage = len(storages)
+            storages.append(StorageRecord(dtype=rec.dtype, device=rec.device or "cpu",
+                                          numel=extent(tuple(rec.shape or []), tuple(rec.stride or []))))
         inputs.append(rec)
-    return {"inputs": inputs, "storages": storages, "groups": groups}
+    return storages, inputs
 
 
-def _random_inputs(record: dict[str, Any], seed: int, device: Optional[str]) -> list[Any]:
+def _random_inputs(storages: list[StorageRecord], inputs: list[InputRecord], seed: int,
+                   device: Optional[str]) -> list[Any]:
     from aotpipe.artifact.graph_json import decode_dtype
 
     g = torch.Generator().manual_seed(seed)
     bases = []
-    for s in record["storages"]:
-        grp = StorageGroup(decode_dtype(s["dtype"]), s["device"], int(s["numel"]))
-        rng = tuple(s["range"]) if s.get("range") else None
-        base = random_storage(grp, g, rng)  # drawn on the CPU: the same on every machine
+    for s in storages:
+        grp = StorageGroup(decode_dtype(s.dtype), s.device, s.numel)
+        base = random_storage(grp, g, tuple(s.range) if s.range else None)  # drawn on the CPU: the same everywhere
         bases.append(base.to(device) if device else base)
     # Random inputs take every tensor from its storage, whatever the saved values' source.
-    record = dict(record, inputs=[{k: v for k, v in r.items() if k != "source"} for r in record["inputs"]])
-    return build_inputs(record, bases)
+    return build_inputs(inputs, bases, random=True)
 
 
 def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | None = None) -> list[Any]:
@@ -85,27 +82,24 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
     """
     p = Path(path)
     if p.is_dir():
-        candidates = sorted(p.glob("*.input"))
+        candidates = sorted(p.glob("*" + records.INPUT_SUFFIX))
         if len(candidates) != 1:
             raise ArtifactError(f"{p}: expected one .input file, found {len(candidates)}")
         p = candidates[0]
     meta = input_meta.read(p)
-    record_path = p.parent / "inputs.json"
+    record_path = p.parent / records.INPUTS_JSON
     dev = str(device) if device is not None else None
+    flat, groups = _flatten_meta(meta)
     if record_path.exists():
-        record = read_json(record_path)
-        flat, groups = _flatten_meta(meta)
-        if len(flat) != len(record.get("inputs", [])):
-            raise ArtifactError(f"{p}: {len(flat)} entries but inputs.json lists {len(record['inputs'])} inputs")
-        groups = record.get("groups") or groups
+        record = records.parse(InputsRecord, read_json(record_path), record_path)
+        if len(flat) != len(record.inputs):
+            raise ArtifactError(f"{p}: {len(flat)} entries but inputs.json lists {len(record.inputs)} inputs")
+        storages, inputs, groups = record.storages, record.inputs, record.groups or groups
     else:
-        record = _record_from_input_file(meta, str(p))
-        groups = record["groups"]
-    from aotpipe.artifact.limits import check_record_bytes
-
-    check_record_bytes(record, record_path if record_path.exists() else p)
+        storages, inputs = _records_from_input_file(meta, str(p))
+    check_record_bytes(storages, inputs, record_path if record_path.exists() else p)
     try:
-        values = _random_inputs(record, seed, dev)
+        values = _random_inputs(storages, inputs, seed, dev)
     except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
         raise ArtifactError(f"{p}: cannot make inputs from it ({e.__class__.__name__}: "
                             f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None

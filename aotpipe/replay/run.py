@@ -21,6 +21,7 @@ import torch.fx
 
 from aotpipe import accuracy
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
+from aotpipe.artifact.records import InputsRecord, OutputRecord, Partition
 from aotpipe.devices import move_inputs, parse_device, to_device
 from aotpipe.errors import ArtifactError
 from aotpipe.execution import run_graph, run_with_summaries
@@ -28,25 +29,28 @@ from aotpipe.replay.eager import median_seconds, rebuild_model
 from aotpipe.replay.inputs import _flatten_meta, get_inputs
 
 
-def copy_mutations_back(record: dict[str, Any], inputs: list[Any], outputs: list[Any]) -> list[str]:
+def copy_mutations_back(record: InputsRecord, inputs: list[Any], outputs: list[Any]) -> list[str]:
     """Apply the graph's mutation outputs to the inputs they mutate; returns their targets."""
-    by_target = {rec["name"]: i for i, rec in enumerate(record["inputs"]) if rec.get("name") is not None}
+    by_target = {rec.name: i for i, rec in enumerate(record.inputs)}
     # a parameter or buffer mutation names its target; a user-input mutation its placeholder
-    by_target.update({rec["target"]: i for i, rec in enumerate(record["inputs"]) if rec.get("target") is not None})
+    by_target.update({rec.target: i for i, rec in enumerate(record.inputs) if rec.target is not None})
     done = []
-    for rec, value in zip(record["outputs"], outputs):
-        if rec["role"] == "mutation" and rec["target"] in by_target and isinstance(value, torch.Tensor):
-            inputs[by_target[rec["target"]]].copy_(value)
-            done.append(rec["target"])
+    for rec, value in zip(record.outputs, outputs):
+        if rec.role == "mutation" and rec.target in by_target and isinstance(value, torch.Tensor):
+            target = inputs[by_target[rec.target]]
+            if not isinstance(target, torch.Tensor) or target.shape != value.shape:
+                raise ArtifactError(f"inputs.json: mutation output of {rec.target!r} does not fit the input it names")
+            target.copy_(value)
+            done.append(rec.target)
     return done
 
 
-def expand_outputs(record: dict[str, Any], outputs: list[Any]) -> list[Any]:
+def expand_outputs(record: InputsRecord, outputs: list[Any]) -> list[Any]:
     """Outputs with every de-duplicated slot filled from the slot it repeats."""
     out = list(outputs)
-    for i, rec in enumerate(record["outputs"]):
-        if rec.get("same_as") is not None and i < len(out) and out[i] is None:
-            out[i] = out[rec["same_as"]]
+    for i, rec in enumerate(record.outputs):
+        if rec.same_as is not None and i < len(out) and out[i] is None and rec.same_as < len(out):
+            out[i] = out[rec.same_as]
     return out
 
 
@@ -54,8 +58,8 @@ def first_divergence(ga: GraphArtifact, inputs: list[Any], rtol: float = 1e-6) -
     """The first node whose value, shape, stride or dtype departs from the capture trace."""
     if not ga.trace or not isinstance(ga.module, torch.fx.GraphModule):
         return None
-    recorded = ga.trace.get("nodes", {})
-    summarise = accuracy.sampled_summary if ga.trace.get("sampled") else accuracy.summary
+    recorded = {k: (v.model_dump() if v is not None else None) for k, v in ga.trace.nodes.items()}
+    summarise = accuracy.sampled_summary if ga.trace.sampled else accuracy.summary
     _, now = run_with_summaries(ga.module, inputs, summarise)
     for n in ga.module.graph.nodes:
         rec, got = recorded.get(n.name), now.get(n.name)
@@ -99,19 +103,19 @@ class GraphReplay:
         return d
 
 
-def _label(i: int, rec: dict[str, Any]) -> str:
-    return f"output {i} ({rec['role']}{' ' + rec['target'] if rec.get('target') else ''})"
+def _label(i: int, rec: OutputRecord) -> str:
+    return f"output {i} ({rec.role}{' ' + rec.target if rec.target else ''})"
 
 
-def compare_recorded(record: dict[str, Any], actual: list[Any], expected: list[Expected]) -> tuple[list[str], float]:
+def compare_recorded(record: InputsRecord, actual: list[Any], expected: list[Expected]) -> tuple[list[str], float]:
     """Problems of `actual` against the recorded outputs (bit for bit), and the worst known error."""
     problems, worst = [], 0.0
     if len(actual) != len(expected):
         return [f"{len(actual)} outputs, recorded {len(expected)}"], float("inf")
-    for i, (a, e, rec) in enumerate(zip(actual, expected, record["outputs"])):
-        if isinstance(a, torch.Tensor) and rec.get("stride") is not None and a.numel() > 1:
-            if any(st != rs and sz > 1 for st, rs, sz in zip(a.stride(), rec["stride"], a.shape)):
-                problems.append(f"output {i}: stride {list(a.stride())} != recorded {rec['stride']}")
+    for i, (a, e, rec) in enumerate(zip(actual, expected, record.outputs)):
+        if isinstance(a, torch.Tensor) and rec.stride is not None and a.numel() > 1:
+            if any(st != rs and sz > 1 for st, rs, sz in zip(a.stride(), rec.stride, a.shape)):
+                problems.append(f"output {i}: stride {list(a.stride())} != recorded {rec.stride}")
         if e.has_value:
             if e.spread is not None and isinstance(a, torch.Tensor) and isinstance(e.value, torch.Tensor):
                 err = accuracy.max_abs_error(a, e.value)
@@ -169,9 +173,9 @@ def replay_graph(
         if bench:
             # The graph is functional: rerunning on inputs updated by copy-back is as fast.
             result.bench_seconds = median_seconds(lambda: run_graph(module, values), bench)
-        if len(outs) != len(ga.record["outputs"]):
+        if len(outs) != len(ga.record.outputs):
             result.status = "mismatch"
-            result.mismatches = [f"{len(outs)} outputs, recorded {len(ga.record['outputs'])}"]
+            result.mismatches = [f"{len(outs)} outputs, recorded {len(ga.record.outputs)}"]
             return result
         on_cpu = device is None or dev.type == "cpu"
         if inputs == "saved" and on_cpu:
@@ -186,18 +190,18 @@ def replay_graph(
             cpu = expand_outputs(ga.record, run_graph(ga.module, cpu_values))
             checks = [accuracy.compare(a.cpu() if isinstance(a, torch.Tensor) else a, e, what=_label(i, rec),
                                        rel_floor=1e-4)
-                      for i, (a, e, rec) in enumerate(zip(outs, cpu, ga.record["outputs"]))]
+                      for i, (a, e, rec) in enumerate(zip(outs, cpu, ga.record.outputs))]
             result.max_abs_error = max((accuracy.max_abs_error(a.cpu(), e) for a, e in zip(outs, cpu)
                                         if isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor)), default=0.0)
             result.mismatches = [c.line() for c in checks if not c.passed]
             result.status = "mismatch" if result.mismatches else "close"
         else:
             # Nothing recorded to compare values with: check the outputs' shapes and dtypes.
-            for i, (o, rec) in enumerate(zip(outs, ga.record["outputs"])):
-                if isinstance(o, torch.Tensor) and (list(o.shape) != rec.get("shape")
-                                                    or str(o.dtype).removeprefix("torch.") != rec.get("dtype")):
+            for i, (o, rec) in enumerate(zip(outs, ga.record.outputs)):
+                if isinstance(o, torch.Tensor) and (list(o.shape) != rec.shape
+                                                    or str(o.dtype).removeprefix("torch.") != rec.dtype):
                     result.mismatches.append(f"output {i}: {o.dtype}{list(o.shape)} != recorded "
-                                             f"{rec.get('dtype')}{rec.get('shape')}")
+                                             f"{rec.dtype}{rec.shape}")
             result.status = "mismatch" if result.mismatches else "ran"
     except ArtifactError:
         raise
@@ -245,12 +249,12 @@ class ChainReplay:
         return dict(self.__dict__)
 
 
-def chain_problems(contract: dict[str, Any], fw_out: list[Any], bw_out: list[Any], joint_record: dict[str, Any],
+def chain_problems(contract: Partition, fw_out: list[Any], bw_out: list[Any], joint_record: InputsRecord,
                    joint_out: list[Any]) -> tuple[list[str], float, int]:
     """Forward's first outputs then backward's gradients against the joint graph's, bit for bit."""
-    joint_grads = {r["target"]: v for r, v in zip(joint_record["outputs"], joint_out) if r["role"] == "grad"}
+    joint_grads = {r.target: v for r, v in zip(joint_record.outputs, joint_out) if r.role == "grad"}
     problems, worst, compared = [], 0.0, 0
-    for g, target in zip(bw_out, contract["grad_of"]):
+    for g, target in zip(bw_out, contract.grad_of):
         if target is None:
             continue
         compared += 1
@@ -259,10 +263,12 @@ def chain_problems(contract: dict[str, Any], fw_out: list[Any], bw_out: list[Any
             err = accuracy.max_abs_error(g, ref)
             worst = max(worst, err)
             problems.append(f"gradient of {target}: differs from the joint graph's (max abs error {err:.3g})")
-    nfo = contract["num_mutated_inputs"] + contract["num_user_outputs"]
+    nfo = contract.num_mutated_inputs + contract.num_user_outputs
     for i in range(nfo):
         compared += 1
-        if i < len(joint_out) and not accuracy.exact_equal(fw_out[i], joint_out[i]):
+        if i >= len(fw_out) or i >= len(joint_out):
+            problems.append(f"forward output {i}: missing (the partition contract names {nfo} forward outputs)")
+        elif not accuracy.exact_equal(fw_out[i], joint_out[i]):
             err = accuracy.max_abs_error(fw_out[i], joint_out[i])
             worst = max(worst, err)
             problems.append(f"forward output {i}: differs from the joint graph's (max abs error {err:.3g})")
@@ -282,8 +288,8 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, tr
         if k not in art.graphs:
             raise ArtifactError(f"{art.path}: the chain needs forward, backward and joint graphs; {k} is missing")
     fw, bw, joint = art.graphs["forward"], art.graphs["backward"], art.graphs["joint"]
-    contract = fw.record.get("partition")
-    if not contract:
+    contract = fw.record.partition
+    if contract is None:
         raise ArtifactError(f"{fw.folder}/inputs.json: no partition contract")
     fw_out = run_graph(fw.module, fw.saved_inputs())
     grads = run_graph(bw.module, bw.saved_inputs(forward_outputs=fw_out))
@@ -296,7 +302,7 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, tr
         run32 = ref.run("training")
         if run32 is not None:
             eager_err, eager_ok = 0.0, True
-            for g, target in zip(grads, contract["grad_of"]):
+            for g, target in zip(grads, contract.grad_of):
                 if target is None or target not in run32.grads:
                     continue
                 c = accuracy.compare(g, run32.grads[target], lambda t=target: _grad64(ref, t),

@@ -23,13 +23,13 @@ def v1(tmp_path):
 @pytest.mark.parametrize("model", ["mlp", "running_norm"])
 def test_version_1_loads_and_replays_bit_for_bit(v1, model):
     art = aotpipe.load(v1 / model)
-    assert art.manifest["format_version"] == 1
+    assert art.manifest.format_version == 1
     assert set(art.graphs) >= {"inference", "forward", "backward", "joint"}
     results = replay(art)
     assert [r.status for r in results] == ["match"] * len(results), [(r.kind, r.mismatches) for r in results]
     assert replay_chain(art, rebuild_source=False).status == "match"
     ref = art.graphs["forward"].reference_outputs()  # version 1 stores the values themselves
-    assert len(ref) == len(art.graphs["forward"].record["outputs"])
+    assert len(ref) == len(art.graphs["forward"].record.outputs)
     assert get_inputs(art.graphs["joint"].folder)
 
 

@@ -46,10 +46,10 @@ def test_inputs_json_storages_round_trip_through_saved_inputs(quickstart_run):
         for ga in art.graphs.values():
             values = ga.saved_inputs()
             groups, member = storage_groups(values)
-            assert [r["storage"] for r in ga.record["inputs"]] == member
-            assert [g.numel for g in groups] == [s["numel"] for s in ga.record["storages"]]
-            for v, r in zip(values, ga.record["inputs"]):
-                assert list(v.stride()) == r["stride"] and v.storage_offset() == r["storage_offset"]
+            assert [r.storage for r in ga.record.inputs] == member
+            assert [g.numel for g in groups] == [s.numel for s in ga.record.storages]
+            for v, r in zip(values, ga.record.inputs):
+                assert list(v.stride()) == r.stride and v.storage_offset() == r.storage_offset
 
 
 def test_input_pickle_round_trips(quickstart_run):
@@ -74,11 +74,11 @@ def test_trace_json_matches_a_rerun(quickstart_run):
     from aotpipe.execution import run_with_summaries
 
     for ga in load(root / "running_norm").graphs.values():
-        assert ga.trace["sampled"] is True
+        assert ga.trace.sampled is True
         from aotpipe.capture.checks import _is_view
 
         _, trace = run_with_summaries(ga.module, ga.saved_inputs(), sampled_summary, skip=_is_view)
-        assert json.loads(dump_json(trace)) == ga.trace["nodes"]
+        assert json.loads(dump_json(trace)) == ga.trace.model_dump()["nodes"]
 
 
 def test_run_json_round_trips(quickstart_run):

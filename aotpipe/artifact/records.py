@@ -1,0 +1,417 @@
+"""The artefact format: file names, version constants, and a strict typed model of every record.
+
+One module says what an artefact folder holds. Every JSON record aotpipe writes
+(manifest.json, and per graph inputs.json, trace.json, graph.json) is checked against these
+models when it is written and when it is loaded: an unknown key, a value of the wrong type
+or a number out of range is a one-line :class:`~aotpipe.errors.ArtifactError` naming the
+file and the field, before anything is built from it. ``aotpipe schema --artifact`` prints
+their JSON Schema, which is the format's specification.
+
+Layout of a model folder::
+
+    <model>/manifest.json            Manifest (sealed; signature.json beside it when signed)
+    <model>/blobs/<sha256>.safetensors   one tensor each, named by the hash of its content
+    <model>/<model>_<kind>_0/        one folder per graph kind
+        graph.json                   GraphRecord: the graph as data, rebuilt without running code
+        inputs.json                  InputsRecord: inputs, storages, reference outputs
+        trace.json                   TraceRecord: a sampled summary of every node's value
+        module.py                    the graph as readable code (never imported unless trusted)
+        <folder>.input               input metadata, torch's get_inputs format (restricted pickle)
+
+Version 1 records (aotpipe 0.1 before real-size artefacts) still validate; what differs is
+marked "version 1" below.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Optional, Union
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
+
+from aotpipe.errors import ArtifactError
+
+# ---------------------------------------------------------------------------------------
+# Constants
+
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+# graph.json's own version: 2 lets a get_attr be "recompute" (its blob is not stored).
+GRAPH_FORMAT_VERSION = 2
+
+MANIFEST = "manifest.json"
+SIGNATURE = "signature.json"
+GRAPH_JSON = "graph.json"
+INPUTS_JSON = "inputs.json"
+TRACE = "trace.json"
+MODULE_PY = "module.py"
+BLOB_DIR = "blobs"
+INPUT_SUFFIX = ".input"
+
+GRAPH_KINDS = ("inference", "forward", "backward", "joint")
+INPUT_ROLES = ("param", "buffer", "constant", "user", "tangent", "saved", "symint")
+OUTPUT_ROLES = ("user", "mutation", "saved", "grad", "none")
+# Where a replay takes an input's value from: a stored blob, ones (a tangent), or the
+# forward graph's outputs (a backward's saved activations).
+INPUT_SOURCES = ("blob", "ones", "forward")
+VALUES_MODES = ("full", "minimal", "none")
+
+MAX_DIMS = 64  # torch's own limit on tensor dimensions
+
+
+def _dtype_names() -> tuple[str, ...]:
+    names = {str(v).removeprefix("torch.") for v in vars(torch).values() if isinstance(v, torch.dtype)}
+    return tuple(sorted(names))
+
+
+DTYPES = _dtype_names()
+
+# ---------------------------------------------------------------------------------------
+# Field types
+
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+DType = Literal[DTYPES]  # type: ignore[valid-type]
+Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda|meta|mps|xpu|hpu)(:[0-9]{1,4})?$")]
+Count = Annotated[int, Field(ge=0)]
+Shape = Annotated[list[Count], Field(max_length=MAX_DIMS)]
+Stride = Annotated[list[Count], Field(max_length=MAX_DIMS)]
+Range = Annotated[list[int], Field(min_length=2, max_length=2)]
+GraphKind = Literal[GRAPH_KINDS]  # type: ignore[valid-type]
+# A graph folder's name: no path separator, not hidden.
+FolderName = Annotated[str, StringConstraints(pattern=r"^[^/\\.][^/\\]*$", max_length=255)]
+Number = Optional[float]  # a float, or null where no number applies
+
+
+class Record(BaseModel):
+    """Strict: unknown keys are refused, and nothing is coerced ("1" is not 1, true is not 1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Shared pieces
+
+
+class Summary(Record):
+    """A small fingerprint of a tensor: layout, and float64 sums of its finite elements
+    (over a strided sample of about 4096 elements in trace.json)."""
+
+    shape: Shape
+    stride: Stride
+    dtype: DType
+    sum: float
+    abs_sum: float
+    nonfinite: Count
+
+
+class TupleSummary(Record):
+    """A node whose value is a tuple: one summary per element (null for non-tensors)."""
+
+    items: list[Optional[Summary]]
+
+
+class Partition(Record):
+    """How a forward graph and its backward fit together (forward and backward records)."""
+
+    num_user_outputs: Count
+    num_mutated_inputs: Count
+    num_saved_tensors: Count
+    num_saved_symints: Count
+    num_tangents: Count
+    mutated_inputs: list[str]
+    grad_of: list[Optional[str]]
+
+
+# ---------------------------------------------------------------------------------------
+# inputs.json
+
+
+class StorageRecord(Record):
+    """One storage the inputs are views of; `blob` holds its elements when stored."""
+
+    dtype: DType
+    device: Device
+    numel: Count
+    range: Optional[Range] = None  # [low, high) of integer values, to regenerate valid ones
+    blob: Optional[Sha256] = None
+
+
+class InputRecord(Record):
+    """One graph input (placeholder): a tensor view of a storage, or a Python scalar."""
+
+    index: Count
+    name: str
+    role: Literal[INPUT_ROLES]  # type: ignore[valid-type]
+    target: Optional[str] = None
+    source: Literal[INPUT_SOURCES] = "blob"  # type: ignore[valid-type]  # version 1: always blob
+    type: Literal["tensor", "int", "float", "bool"]
+    value: Optional[Union[bool, int, float]] = None  # scalars
+    # Tensors
+    shape: Optional[Shape] = None
+    stride: Optional[Stride] = None
+    storage_offset: Optional[Count] = None
+    dtype: Optional[DType] = None
+    device: Optional[Device] = None
+    requires_grad: Optional[bool] = None
+    range: Optional[Range] = None
+    storage: Optional[Count] = None  # index into storages
+    forward_output: Optional[Count] = None  # source "forward": which forward output it is
+
+
+class OutputRecord(Record):
+    """One graph output and its reference: a digest and summary, or a stored value."""
+
+    index: Count
+    role: Literal[OUTPUT_ROLES]  # type: ignore[valid-type]
+    target: Optional[str] = None
+    shape: Optional[Shape] = None
+    stride: Optional[Stride] = None
+    storage_offset: Optional[Count] = None
+    dtype: Optional[DType] = None
+    device: Optional[Device] = None
+    requires_grad: Optional[bool] = None
+    same_as: Optional[Count] = None  # a de-duplicated output: the earlier output it is
+    same_as_input: Optional[Count] = None  # the output is this input, returned as is
+    blob: Optional[Sha256] = None
+    digest: Optional[Sha256] = None  # sha256 of dtype, shape and bytes (version 2)
+    summary: Optional[Summary] = None
+    spread: Optional[float] = Field(default=None, ge=0)  # run-to-run spread of a nondeterministic op
+
+
+class InputsRecord(Record):
+    """inputs.json: what a graph takes and gives, and where replay gets the values."""
+
+    format_version: Literal[READABLE_VERSIONS]  # type: ignore[valid-type]
+    kind: GraphKind
+    groups: Optional[list[Count]] = None  # input group sizes (params, buffers, user inputs...)
+    rng_seed: Optional[int] = None  # the seed random ops draw from (version 2)
+    values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # what is stored (version 2)
+    saved_values: Optional[bool] = None  # version 1: every value stored
+    storages: list[StorageRecord]
+    inputs: list[InputRecord]
+    outputs: list[OutputRecord]
+    partition: Optional[Partition] = None
+    passes: Optional[list[str]] = None  # a graph made by passes: the chain, in order
+
+    @property
+    def values_mode(self) -> str:
+        """"full" (every value), "minimal" (what cannot be recomputed) or "none"."""
+        if self.values is not None:
+            return self.values
+        return "full" if self.saved_values else "none"
+
+
+# ---------------------------------------------------------------------------------------
+# trace.json
+
+
+class TraceRecord(Record):
+    """trace.json: per node name, a summary of its value when the graph ran at write time."""
+
+    format_version: Literal[READABLE_VERSIONS]  # type: ignore[valid-type]
+    sampled: bool = False  # summaries over strided samples (version 2)
+    nodes: dict[str, Union[Summary, TupleSummary, None]]
+
+
+# ---------------------------------------------------------------------------------------
+# graph.json
+
+
+class NodeRecord(Record):
+    """One FX node. `args` and `kwargs` are tagged JSON: {"node": name} refers to an earlier
+    node; {"tuple": [...]}, {"dtype": "float32"}, {"device": "cpu"}, {"layout": "strided"},
+    {"memory_format": ...}, {"slice": [start, stop, step]}, {"complex": [re, im]} and
+    {"float": "nan" | "inf" | "-inf"} spell out what JSON lacks. A call_function target is a
+    qualified op name (aten.addmm.default) that must be on the allow-list of safe ops."""
+
+    name: str
+    op: Literal["placeholder", "get_attr", "call_function", "output"]
+    target: Optional[str] = None
+    args: Optional[list[JsonValue]] = None
+    kwargs: Optional[dict[str, JsonValue]] = None
+    val: JsonValue = None  # the value's layout at capture (informational)
+    blob: Optional[Sha256] = None  # get_attr: the constant's blob
+    shape: Optional[Shape] = None  # get_attr: the constant's layout (blobs are contiguous)
+    stride: Optional[Stride] = None
+    recompute: Optional[bool] = None  # get_attr: not stored; the loader reruns the pass chain
+
+
+class GraphRecord(Record):
+    """graph.json: an FX graph as data."""
+
+    format_version: Literal[1, 2]
+    kind: Optional[GraphKind] = None
+    input_groups: Optional[list[Count]] = None
+    nodes: list[NodeRecord]
+
+
+# ---------------------------------------------------------------------------------------
+# manifest.json
+
+
+class PassStep(Record):
+    """One pass of a chain as it ran."""
+
+    name: str
+    options: dict[str, JsonValue]
+    nodes_before: Count
+    nodes_after: Count
+    modified: bool
+    max_abs_error: Number = None  # version 1: the per-pass check's largest difference
+    stats: dict[str, Union[int, float]]
+
+
+class CheckItem(Record):
+    """One comparison of a graph against eager (accuracy.py's rule)."""
+
+    what: str
+    passed: bool
+    method: str
+    error: Number = None
+    eager_error: Number = None
+    ratio: Number = None
+    bound: Number = None
+    detail: Optional[str] = None
+
+
+class CheckTotals(Record):
+    run: Count
+    passed: Count
+    failed: Count
+    skipped: Count
+    indirect: Count = 0  # held through other graphs (e.g. joint = forward then backward)
+
+
+class GraphChecks(CheckTotals):
+    skipped_reasons: list[str] = []
+    items: list[CheckItem] = []
+
+
+class GraphEntry(Record):
+    """manifest.json's record of one graph."""
+
+    folder: FolderName
+    nodes: Count
+    inputs: Count
+    outputs: Count
+    ops: Optional[Count] = None
+    base: Optional[GraphKind] = None  # a graph made by passes: the graph they ran on
+    passes: Optional[list[PassStep]] = None
+    checks: Optional[GraphChecks] = None
+    nondeterministic: list[str] = []  # ops without a deterministic kernel (values stored)
+    eager: Optional[dict[str, JsonValue]] = None  # version 1's eager comparison
+
+
+class VerificationEntry(Record):
+    """How a graph (or the forward-backward-joint chain, key "chain") checked at write time."""
+
+    status: str
+    inputs: Optional[str] = None
+    error: Optional[str] = None
+    first_divergence: JsonValue = None
+    mismatches: Optional[list[JsonValue]] = None
+    compared: Optional[Count] = None
+    problems: Optional[list[JsonValue]] = None
+
+
+class Versions(Record):
+    aotpipe: str
+    torch: str
+    python: str
+
+
+class CaptureRecord(Record):
+    mode: str
+    options: dict[str, JsonValue]
+    notes: list[str]
+
+
+class ModelRecord(BaseModel):
+    """The pipeline's model entry as it ran (config.ModelSpec, which validates the rest
+    when a trusted rebuild uses it)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str
+    source: str
+
+
+class Manifest(Record):
+    """manifest.json: what a model folder holds, how it was made, and every file's sha256."""
+
+    format_version: Literal[READABLE_VERSIONS]  # type: ignore[valid-type]
+    fingerprint: Sha256
+    checksum: Sha256  # sha256 of the rest (catches corruption, not forgery)
+    versions: Versions
+    model: ModelRecord
+    capture: CaptureRecord
+    save_values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # version 2
+    graphs: dict[str, GraphEntry]
+    partition: Optional[Partition] = None
+    passes: dict[str, list[PassStep]] = {}
+    pass_failures: list[str] = []
+    verification: Optional[dict[str, VerificationEntry]] = None
+    checks: Optional[CheckTotals] = None  # version 2
+    files: dict[str, Sha256]
+
+
+class Signature(Record):
+    """signature.json: a signature over the context line and manifest.json's bytes."""
+
+    format_version: Literal[1]
+    algorithm: Literal["ed25519", "hmac-sha256"]
+    key_id: Annotated[str, StringConstraints(max_length=128)]
+    signed_file: Literal["manifest.json"]
+    manifest_sha256: Sha256
+    signature: Annotated[str, StringConstraints(max_length=4096)]  # base64
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
+
+
+
+def parse(cls: type[Record], data: Any, where: Any) -> Any:
+    """`data` (parsed JSON) as a `cls` record; an ArtifactError naming `where` and the first
+    bad field otherwise."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ArtifactError(f"{where}: {describe(e)}") from None
+
+
+def describe(e: ValidationError) -> str:
+    """The first problem of a validation error in one line: field path, message, value."""
+    errs = e.errors(include_url=False)
+    first = errs[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(the record)"
+    value = first.get("input")
+    shown = json.dumps(value, default=str)[:60] if not isinstance(value, (dict, list)) else type(value).__name__
+    more = f" (and {len(errs) - 1} more problems)" if len(errs) > 1 else ""
+    return f"field {loc}: {first['msg'].rstrip('.')} (got {shown}){more}"
+
+
+def check_written(cls: type[Record], data: dict[str, Any], where: Any) -> dict[str, Any]:
+    """What the writer is about to write, checked against the format it promises readers."""
+    parse(cls, data, where)
+    return data
+
+
+RECORDS: dict[str, type[Record]] = {
+    MANIFEST: Manifest,
+    INPUTS_JSON: InputsRecord,
+    TRACE: TraceRecord,
+    GRAPH_JSON: GraphRecord,
+    SIGNATURE: Signature,
+}
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of every record file of the format, keyed by file name."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"aotpipe artefact format, version {FORMAT_VERSION} (reads {', '.join(map(str, READABLE_VERSIONS))})",
+        "description": __doc__ or "",
+        "files": {name: cls.model_json_schema() for name, cls in RECORDS.items()},
+    }
