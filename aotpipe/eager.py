@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.determinism import RunLog, run_reproducibly
+from aotpipe.errors import exception_line
 
 
 class NoLossError(ValueError):
@@ -80,7 +81,7 @@ class EagerReference:
                 self._runs[key] = self._run(mode, fp64)
             except Exception as e:  # a model that cannot run in float64, say: the check says so
                 self._runs[key] = None
-                self.errors[key] = f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                self.errors[key] = f"{exception_line(e)}"
         return self._runs[key]
 
     def _run(self, mode: str, fp64: bool) -> EagerRun:

@@ -9,14 +9,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def exception_line(e: BaseException, limit: int = 300) -> str:
+    """An exception in one short line: its class and the first line of its message (torch's
+    messages run to many lines, with tensors and schemas in them)."""
+    text = str(e).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    if len(first) > limit:
+        first = first[:limit] + "..."
+    return f"{e.__class__.__name__}: {first}" if first else e.__class__.__name__
+
+
 class AotpipeError(Exception):
     """Base class of every error caused by the user's input."""
 
     exit_code = 2
 
     def lines(self) -> list[str]:
-        """The messages to print, one per problem."""
-        return [str(self)]
+        """The messages to print, one per problem: each on one line, whatever it quotes."""
+        return [" ".join(str(self).split())]
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,13 @@ def as_list(out: Any) -> list[Any]:
 
 def run_graph(module: torch.nn.Module, inputs: list[Any], log: Optional[RunLog] = None) -> list[Any]:
     """Run a graph on flat inputs (seeded as at capture, deterministic kernels); outputs as a list."""
+    # A GraphModule's forward directly: its __call__ wrapper prints the generated code and a
+    # traceback to stderr when the graph raises, though the caller reports the error itself.
+    fn = module.forward if isinstance(module, torch.fx.GraphModule) else module
+
     def run() -> Any:
         with torch.no_grad():
-            return module(*inputs)
+            return fn(*inputs)
 
     with preserved():  # the caller's grad mode and generators, whatever the graph does
         return as_list(run_reproducibly(run, seed=_seeds(module), log=log))

@@ -12,7 +12,7 @@ from aotpipe.artifact.limits import read_json
 from aotpipe.artifact.load import check_version, load
 from aotpipe.artifact.manifest import seal_ok
 from aotpipe.artifact.records import MANIFEST, Manifest
-from aotpipe.errors import ArtifactError
+from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.report import human_size as _size
 
 
@@ -65,7 +65,7 @@ def describe(path: Path) -> str:
     except ArtifactError:
         raise
     except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
-        raise ArtifactError(f"{path}: malformed artefact ({e.__class__.__name__}: {e})") from None
+        raise ArtifactError(f"{path}: malformed artefact ({exception_line(e)})") from None
 
 
 def _describe(path: Path) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from aotpipe.config import ModelSpec, Pipeline
-from aotpipe.errors import AotpipeError
+from aotpipe.errors import AotpipeError, exception_line
 
 
 @dataclass
@@ -157,7 +157,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         result.stage, result.error = stage, str(e)
         result.traceback = traceback.format_exc()
     except Exception as e:  # a model's own code (or torch) failed: record it, go on
-        result.stage, result.error = stage, f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        result.stage, result.error = stage, f"{exception_line(e)}"
         result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start

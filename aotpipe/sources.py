@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 
 from aotpipe.config import InputSpec, ModelSpec
-from aotpipe.errors import AotpipeError, LimitError, SourceError
+from aotpipe.errors import AotpipeError, LimitError, SourceError, exception_line
 
 ZOO_PREFIX = "aotpipe.zoo:"
 
@@ -73,7 +73,7 @@ def _resolve_callable(source: str, base_dir: Path | None) -> Any:
                 f"cannot import module {module_name!r} ({e}); check the module path, or install it"
             ) from None
         except Exception as e:  # the user's module raised while importing
-            raise SourceError(f"importing {module_name!r} raised {e.__class__.__name__}: {e}") from None
+            raise SourceError(f"importing {module_name!r} raised {exception_line(e)}") from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -129,7 +129,7 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
             config = cls.config_class(**(spec.config or {}))
             model = cls(config)
         except Exception as e:
-            raise SourceError(f"building {spec.source} from its config failed: {e.__class__.__name__}: {e}") from e
+            raise SourceError(f"building {spec.source} from its config failed: {exception_line(e)}") from e
     else:
         fn = _resolve_callable(spec.source, base_dir)
         try:

@@ -50,7 +50,7 @@ def test_tangent_dtype_naming_a_function_is_one_line(mlp_copy):
     tangent["dtype"] = "load"  # getattr(torch, "load") is torch.load
     path.write_text(json.dumps(rec))
     one_line_exit_2(CliRunner().invoke(main, ["replay", str(mlp_copy), "--graph", "inference", "--chain"]),
-                    "unknown dtype 'load'")
+                    "inputs.json: field inputs.")
 
 
 @pytest.mark.parametrize("device", ["bogus", "cuda:x", "gpu"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import keyword
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -266,7 +267,11 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
         graph.lint()
     except Exception as e:
         raise ArtifactError(f"{where}: the rebuilt graph is invalid: {e}") from None
-    return torch.fx.GraphModule(root, graph)
+    with warnings.catch_warnings():
+        # Literal arguments of an odd graph (None[0]) make Python warn while compiling the
+        # generated code; the graph fails when run, and that is reported as an error.
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return torch.fx.GraphModule(root, graph)
 
 
 def _constant_layout(value: torch.Tensor, shape: Any, stride: Any, where: str) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from aotpipe.capture.types import GraphInput
-from aotpipe.errors import ArtifactError
+from aotpipe.errors import ArtifactError, exception_line
 
 PICKLE_PROTOCOL = 4  # what torch's own reader and Python >= 3.8 read; deterministic for these types
 
@@ -128,7 +128,7 @@ def check_opcodes(data: bytes, where: str) -> None:
     except ArtifactError:
         raise
     except Exception as e:  # truncated or not a pickle at all
-        raise ArtifactError(f"{where}: not a valid .input pickle ({e.__class__.__name__}: {e})") from None
+        raise ArtifactError(f"{where}: not a valid .input pickle ({exception_line(e)})") from None
 
 
 def _entry(e: Any, where: str, index: str) -> tuple:
@@ -159,7 +159,7 @@ def loads(data: bytes, where: str = ".input") -> list:
     except ArtifactError as e:
         raise ArtifactError(f"{where}: {e}") from None
     except Exception as e:
-        raise ArtifactError(f"{where}: not a valid .input pickle ({e.__class__.__name__}: {e})") from None
+        raise ArtifactError(f"{where}: not a valid .input pickle ({exception_line(e)})") from None
     if not isinstance(meta, list):
         raise ArtifactError(f"{where}: expected a list of input entries, got {type(meta).__name__}")
     if meta and all(isinstance(g, list) for g in meta):

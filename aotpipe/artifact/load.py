@@ -34,7 +34,7 @@ from aotpipe.artifact.records import (
     Manifest,
     TraceRecord,
 )
-from aotpipe.errors import ArtifactError
+from aotpipe.errors import ArtifactError, exception_line
 
 
 
@@ -117,7 +117,7 @@ class GraphArtifact:
         except ArtifactError:
             raise
         except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
-            raise ArtifactError(f"{self.folder / INPUTS_JSON}: malformed ({e.__class__.__name__}: {e})") from None
+            raise ArtifactError(f"{self.folder / INPUTS_JSON}: malformed ({exception_line(e)})") from None
 
     def _saved_inputs(self, forward_outputs: Optional[list[Any]]) -> list[Any]:
         bases: list[Optional[torch.Tensor]] = []
@@ -147,7 +147,7 @@ class GraphArtifact:
         except ArtifactError:
             raise
         except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
-            raise ArtifactError(f"{self.folder / INPUTS_JSON}: malformed ({e.__class__.__name__}: {e})") from None
+            raise ArtifactError(f"{self.folder / INPUTS_JSON}: malformed ({exception_line(e)})") from None
 
     def _expected(self) -> list[Expected]:
         inputs: Optional[list[Any]] = None
@@ -242,7 +242,7 @@ class Artifact:
             except ArtifactError:
                 raise
             except Exception as e:
-                raise ArtifactError(f"{ga.folder}: building the graph failed ({e.__class__.__name__}: {e})") from None
+                raise ArtifactError(f"{ga.folder}: building the graph failed ({exception_line(e)})") from None
         return self
 
 
@@ -256,7 +256,7 @@ def _import_module_py(path: Path) -> torch.nn.Module:
         spec.loader.exec_module(mod)
         return mod.GraphModule()
     except Exception as e:
-        raise ArtifactError(f"{path}: importing it failed ({e.__class__.__name__}: {e})") from None
+        raise ArtifactError(f"{path}: importing it failed ({exception_line(e)})") from None
 
 
 def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
@@ -322,7 +322,7 @@ def _recompute(art: "Artifact", key: str, rec: records.GraphEntry) -> Callable[[
             raise
         except Exception as e:
             raise ArtifactError(f"{art.path}: recomputing the {key} graph's constants failed "
-                                f"({e.__class__.__name__}: {e})") from None
+                                f"({exception_line(e)})") from None
     return run
 
 
@@ -338,7 +338,7 @@ def load(path: str | Path, *, trust_code: bool = False) -> Artifact:
     except ArtifactError:
         raise
     except (TypeError, KeyError, ValueError, AttributeError, IndexError, RuntimeError, RecursionError) as e:
-        raise ArtifactError(f"{path}: malformed artefact ({e.__class__.__name__}: {e})") from None
+        raise ArtifactError(f"{path}: malformed artefact ({exception_line(e)})") from None
 
 
 def _load(path: str | Path, *, trust_code: bool = False) -> Artifact:

@@ -389,7 +389,10 @@ def describe(e: ValidationError) -> str:
     value = first.get("input")
     shown = json.dumps(value, default=str)[:60] if not isinstance(value, (dict, list)) else type(value).__name__
     more = f" (and {len(errs) - 1} more problems)" if len(errs) > 1 else ""
-    return f"field {loc}: {first['msg'].rstrip('.')} (got {shown}){more}"
+    msg = first["msg"].rstrip(".")
+    if first["type"] == "literal_error" and len(msg) > 120:  # e.g. every dtype torch has
+        msg = f"not one of the {msg.count(',') + 1} values it may take (see aotpipe schema --artifact)"
+    return f"field {loc}: {msg} (got {shown}){more}"
 
 
 def check_written(cls: type[Record], data: dict[str, Any], where: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from aotpipe.artifact import limits, records
 from aotpipe.artifact.limits import Breach
 from aotpipe.artifact.manifest import file_sha256, seal_ok
 from aotpipe.artifact.records import MANIFEST, READABLE_VERSIONS, SIGNATURE  # noqa: F401 (SIGNATURE: signing)
-from aotpipe.errors import ArtifactError, LimitError
+from aotpipe.errors import ArtifactError, LimitError, exception_line
 
 
 
@@ -99,7 +99,7 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
         except ArtifactError as e:
             return [_problem(e)]
         except Exception as e:  # a bug in the loader must not hide the verdict
-            return [f"{folder}: failed to load ({e.__class__.__name__}: {e})"]
+            return [f"{folder}: failed to load ({exception_line(e)})"]
         from aotpipe.artifact.codegen import code_mismatch
         from aotpipe.artifact.graph_json import read_graph_json
 

@@ -35,7 +35,7 @@ from aotpipe.artifact.writer import CheckOutcome, GraphOutcome
 from aotpipe.capture.types import TensorMeta
 from aotpipe.determinism import RunLog
 from aotpipe.eager import EagerReference, EagerRun
-from aotpipe.errors import ArtifactError
+from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.replay.run import chain_problems, expand_outputs
 
@@ -219,7 +219,7 @@ def check_written(
                 spread = [accuracy.max_abs_error(a, b) if isinstance(a, torch.Tensor) else None
                           for a, b in zip(outs, again)]
         except Exception as e:
-            msg = f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            msg = f"{exception_line(e)}"
             result.problems.append(f"{key} graph: the written graph does not run: {msg}")
             result.outcome.graphs[key] = GraphOutcome([{} for _ in ga.record.outputs],
                                                       verification={"status": "error", "error": msg})

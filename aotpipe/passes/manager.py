@@ -23,6 +23,7 @@ import torch.fx
 from aotpipe.passes import PASSES, PassStep, step_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe import accuracy
+from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph, run_with_summaries
 
 
@@ -116,7 +117,7 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
         except PassError:
             raise
         except Exception as e:
-            raise PassError(f"{where} failed: {e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+            raise PassError(f"{where} failed: {exception_line(e)}") from e
         seconds = time.perf_counter() - t0
         after = result.graph
         if not check_each:
@@ -127,7 +128,7 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
         try:
             outputs = run_graph(after.gm, after.values)
         except Exception as e:
-            raise PassError(f"{where} left a graph that does not run: {e.__class__.__name__}: {e}") from e
+            raise PassError(f"{where} left a graph that does not run: {exception_line(e)}") from e
         worst, problems = _compare(reference, outputs)
         if problems:
             node = first_diverging_node(before, after)

@@ -11,7 +11,7 @@ from aotpipe.artifact import input_meta, records
 from aotpipe.artifact.load import build_inputs
 from aotpipe.artifact.limits import check_record_bytes, read_json
 from aotpipe.artifact.records import InputRecord, InputsRecord, StorageRecord
-from aotpipe.errors import ArtifactError
+from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.tensors import StorageGroup, extent, random_storage
 
 
@@ -101,6 +101,5 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
     try:
         values = _random_inputs(storages, inputs, seed, dev)
     except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
-        raise ArtifactError(f"{p}: cannot make inputs from it ({e.__class__.__name__}: "
-                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+        raise ArtifactError(f"{p}: cannot make inputs from it ({exception_line(e)})") from None
     return input_meta.nest(values, groups)

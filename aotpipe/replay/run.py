@@ -23,7 +23,7 @@ from aotpipe import accuracy
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
 from aotpipe.artifact.records import InputsRecord, OutputRecord, Partition
 from aotpipe.devices import move_inputs, parse_device, to_device
-from aotpipe.errors import ArtifactError
+from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.replay.eager import median_seconds, rebuild_model
 from aotpipe.replay.inputs import _flatten_meta, get_inputs
@@ -208,10 +208,10 @@ def replay_graph(
     except ValueError as e:
         if device is not None and "is not a device" in str(e):
             raise ArtifactError(f"--device: {e}") from None
-        result.error = f"ValueError: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        result.error = exception_line(e)
     except Exception as e:
         result.status = "error"
-        result.error = f"{e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        result.error = f"{exception_line(e)}"
     return result
 
 
@@ -238,7 +238,7 @@ def replay(
 
 @dataclass
 class ChainReplay:
-    status: str  # match | mismatch
+    status: str  # match | mismatch | error (the graphs do not run)
     compared: int
     max_abs_error_vs_joint: float
     max_abs_error_vs_eager: Optional[float]
@@ -279,10 +279,9 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, tr
     """Run forward on saved inputs, feed its saved activations to backward, check the gradients.
 
     Gradients must equal the joint graph's bit for bit, and the rebuilt eager model's under
-    the fp64-reference rule of :mod:`aotpipe.accuracy`.
+    the fp64-reference rule of :mod:`aotpipe.accuracy`. Graphs that do not run give status
+    "error" with the reason.
     """
-    from aotpipe.eager import EagerReference
-
     art = path if isinstance(path, Artifact) else load(path)
     for k in ("forward", "backward", "joint"):
         if k not in art.graphs:
@@ -291,10 +290,28 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, tr
     contract = fw.record.partition
     if contract is None:
         raise ArtifactError(f"{fw.folder}/inputs.json: no partition contract")
-    fw_out = run_graph(fw.module, fw.saved_inputs())
-    grads = run_graph(bw.module, bw.saved_inputs(forward_outputs=fw_out))
-    joint_out = run_graph(joint.module, joint.saved_inputs())
+    try:
+        fw_out = run_graph(fw.module, fw.saved_inputs())
+        grads = run_graph(bw.module, bw.saved_inputs(forward_outputs=fw_out))
+        joint_out = run_graph(joint.module, joint.saved_inputs())
+    except ArtifactError:
+        raise
+    except Exception as e:  # the artefact's graphs do not run: a result, not a crash
+        return ChainReplay("error", 0, float("inf"), None, None, [f"the graphs do not run: {exception_line(e)}"])
     problems, worst, compared = chain_problems(contract, fw_out, grads, joint.record, joint_out)
+    try:
+        return _chain_vs_eager(art, contract, grads, problems, worst, compared, rebuild_source, trust_code)
+    except ArtifactError:
+        raise
+    except Exception as e:  # e.g. a rebuilt model that does not take the saved inputs
+        problems.append(f"the eager comparison failed: {exception_line(e)}")
+        return ChainReplay("mismatch", compared, worst, None, False, problems)
+
+
+def _chain_vs_eager(art: Artifact, contract: Partition, grads: list[Any], problems: list[str], worst: float,
+                    compared: int, rebuild_source: bool, trust_code: bool) -> ChainReplay:
+    from aotpipe.eager import EagerReference
+
     eager_err, eager_ok = None, None
     rebuilt = rebuild_model(art, trust_code=trust_code) if rebuild_source else None
     if rebuilt is not None:
