@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from aotpipe.config import ModelSpec, Pipeline
 from aotpipe.errors import AotpipeError, exception_line
+from aotpipe.artifact.records import GraphChecks, Manifest
 
 
 @dataclass
@@ -144,7 +145,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         manifest = written_manifest(written.path)
         result.verification = verification_summary(manifest)
         result.checks = checks_summary(manifest)
-        result.eager = {k: eager_cell(g.get("checks")) for k, g in manifest["graphs"].items()}
+        result.eager = {k: eager_cell(g.checks) for k, g in manifest.graphs.items()}
         problems = mc.problems + result.verification["problems"]
         if problems:
             result.status, result.stage = "failed", "verify"
@@ -193,23 +194,21 @@ def backward_inputs(captured: Any, forward_inputs: list[Any]) -> list[Any]:
     return list(saved) + tangents
 
 
-def eager_cell(checks: Optional[dict[str, Any]]) -> dict[str, Any]:
+def eager_cell(checks: Optional[GraphChecks]) -> dict[str, Any]:
     """A graph's checks in brief: counts, the worst error as a multiple of eager's own."""
-    if not checks:
+    if checks is None:
         return {}
-    ratios = [c["ratio"] for c in checks.get("items", []) if isinstance(c.get("ratio"), (int, float))]
-    return {k: checks[k] for k in ("run", "passed", "failed", "skipped", "indirect")} | {
-        "worst_ratio": max(ratios) if ratios else None, "skipped_reasons": checks.get("skipped_reasons", [])}
+    ratios = [c.ratio for c in checks.items if c.ratio is not None]
+    return {"run": checks.run, "passed": checks.passed, "failed": checks.failed, "skipped": checks.skipped,
+            "indirect": checks.indirect, "worst_ratio": max(ratios) if ratios else None,
+            "skipped_reasons": list(checks.skipped_reasons)}
 
 
-def checks_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+def checks_summary(manifest: Manifest) -> dict[str, Any]:
     """The model's checks in brief: counts, and the reasons for every skipped one."""
-    totals = dict(manifest.get("checks") or {})
-    reasons = []
-    for key, g in (manifest.get("graphs") or {}).items():
-        for r in ((g or {}).get("checks") or {}).get("skipped_reasons", []):
-            reasons.append(f"{key}: {r}")
-    totals["skipped_reasons"] = reasons
+    totals: dict[str, Any] = manifest.checks.model_dump() if manifest.checks is not None else {}
+    totals["skipped_reasons"] = [f"{key}: {r}" for key, g in manifest.graphs.items()
+                                 for r in (g.checks.skipped_reasons if g.checks is not None else [])]
     return totals
 
 
@@ -218,23 +217,25 @@ def checks_summary(manifest: dict[str, Any]) -> dict[str, Any]:
 VERIFIED = ("recorded", "shapes only", "match", "ran")
 
 
-def written_manifest(path: Path) -> dict[str, Any]:
-    import json
+def written_manifest(path: Path) -> Manifest:
+    """The manifest of a model folder, read within the limits and validated (an ArtifactError
+    if it is not one)."""
+    from aotpipe.artifact import records
+    from aotpipe.artifact.limits import read_json
 
-    return json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    return records.parse(Manifest, read_json(path / records.MANIFEST, path), path / records.MANIFEST)
 
 
-def verification_summary(manifest: dict[str, Any]) -> dict[str, Any]:
-    rec = manifest.get("verification") or {}
+def verification_summary(manifest: Manifest) -> dict[str, Any]:
     problems = []
     statuses = {}
-    for kind, r in rec.items():
-        statuses[kind] = r["status"]
-        if r["status"] not in VERIFIED:
-            detail = r.get("error") or "; ".join(r.get("mismatches") or r.get("problems") or [])
-            if r.get("first_divergence"):
-                detail += f" (first divergence: {r['first_divergence']})"
-            problems.append(f"{kind} replay {r['status']}: {detail}")
+    for kind, r in (manifest.verification or {}).items():
+        statuses[kind] = r.status
+        if r.status not in VERIFIED:
+            detail = r.error or "; ".join(str(x) for x in (r.mismatches or r.problems or []))
+            if r.first_divergence:
+                detail += f" (first divergence: {r.first_divergence})"
+            problems.append(f"{kind} replay {r.status}: {detail}")
     return {"ok": not problems, "graphs": statuses, "problems": problems}
 
 

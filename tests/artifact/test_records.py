@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,3 +101,84 @@ def test_newer_format_version_is_refused_naming_both_versions(quickstart_run, tm
     with pytest.raises(ArtifactError, match=r"format version 7; this aotpipe reads versions 1, 2") as e:
         load(folder)
     assert path.name in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------
+# The typed record layer (artifact/records.py)
+
+
+def test_every_record_of_quickstart_and_of_version_1_validates(quickstart_run):
+    from aotpipe.artifact import records
+
+    root, _ = quickstart_run
+    data_v1 = Path(__file__).resolve().parents[1] / "data" / "format_v1"
+    seen = {name: 0 for name in records.RECORDS}
+    for base in (root, data_v1):
+        for name, cls in records.RECORDS.items():
+            for p in base.rglob(name):
+                records.parse(cls, json.loads(p.read_text()), p)
+                seen[name] += 1
+    assert all(seen[n] for n in ("manifest.json", "inputs.json", "trace.json", "graph.json")), seen
+
+
+@pytest.mark.parametrize("record,edit,field", [
+    ("mlp_inference_0/inputs.json", lambda d: d["storages"][0].__setitem__("numel", "12"), "storages.0.numel"),
+    ("mlp_inference_0/inputs.json", lambda d: d["storages"][0].__setitem__("numel", -5), "storages.0.numel"),
+    ("mlp_inference_0/inputs.json", lambda d: d["inputs"][0].__setitem__("stride", [True, 1]), "inputs.0.stride.0"),
+    ("mlp_inference_0/inputs.json", lambda d: d["outputs"][0].__setitem__("colour", 1), "outputs.0.colour"),
+    ("mlp_inference_0/inputs.json", lambda d: d["inputs"][0].__setitem__("source", "network"), "inputs.0.source"),
+    ("mlp_inference_0/graph.json", lambda d: d["nodes"][0].__setitem__("op", "call_module"), "nodes.0.op"),
+    ("mlp_inference_0/graph.json", lambda d: d["nodes"][0].__setitem__("shape", [-1]), "nodes.0.shape.0"),
+    ("mlp_inference_0/trace.json", lambda d: d.__setitem__("nodes", []), "nodes"),
+    ("manifest.json", lambda d: d["graphs"]["inference"].__setitem__("folder", "../x"), "graphs.inference.folder"),
+    ("manifest.json", lambda d: d["graphs"]["inference"].__setitem__("base", "training"), "graphs.inference.base"),
+])
+def test_a_record_off_the_format_is_one_line_naming_file_and_field(mlp_copy, record, edit, field):
+    from aotpipe.artifact.manifest import seal
+
+    path = mlp_copy / record
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_bytes(seal(data) if record == "manifest.json" else json.dumps(data).encode())
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    r = CliRunner().invoke(main, ["replay", str(mlp_copy)])
+    assert r.exit_code == 2, r.output
+    (line,) = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert line.startswith(f"error: {path}: field {field}:"), line
+
+
+def test_the_writer_refuses_a_record_off_the_format():
+    from aotpipe.artifact import records
+
+    with pytest.raises(ArtifactError, match="field kind"):
+        records.check_written(records.InputsRecord, {"format_version": 2, "kind": "training", "storages": [],
+                                                     "inputs": [], "outputs": []}, "inputs.json")
+
+
+def test_schema_artifact_prints_the_json_schema_of_every_record_file():
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    r = CliRunner().invoke(main, ["schema", "--artifact"])
+    assert r.exit_code == 0, r.output
+    schema = json.loads(r.output)
+    assert set(schema["files"]) == {"manifest.json", "inputs.json", "trace.json", "graph.json", "signature.json"}
+    inputs = schema["files"]["inputs.json"]
+    assert inputs["additionalProperties"] is False and "storages" in inputs["required"]
+    storage = inputs["$defs"]["StorageRecord"]["properties"]
+    assert storage["numel"] == {"minimum": 0, "title": "Numel", "type": "integer"}
+    assert "manifest.json" in schema["description"] and "format" in schema["title"]
+
+
+def test_ls_says_when_a_manifest_was_changed(mlp_copy):
+    from aotpipe.inspect import list_artifacts
+
+    assert list_artifacts(mlp_copy.parent)[0]["status"] == "verified"
+    m = json.loads((mlp_copy / "manifest.json").read_text())
+    m["model"]["name"] = "other"  # checksum left as it was
+    (mlp_copy / "manifest.json").write_text(json.dumps(m))
+    assert list_artifacts(mlp_copy.parent)[0]["status"] == "corrupt (checksum)"

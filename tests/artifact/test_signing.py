@@ -180,3 +180,82 @@ def test_unusable_key_files_are_one_line_exit_2(mlp_copy, keys, tmp_path, case):
     r = run(*args)
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
     assert needle in r.output
+
+
+# ---------------------------------------------------------------------------------------
+# Signing at run time: `aotpipe run --key` (or AOTPIPE_SIGNING_KEY)
+
+RUN_PIPELINE = """\
+version: 1
+name: s
+defaults: {graphs: [inference], passes: []}
+models:
+  - name: mlp
+    source: aotpipe.zoo:mlp
+    args: {in_features: 4, hidden: 8, depth: 1}
+    inputs: [{shape: [2, 4]}]
+"""
+
+
+@pytest.fixture()
+def signed_run(tmp_path, keys):
+    p = tmp_path / "p.yaml"
+    p.write_text(RUN_PIPELINE)
+    out = tmp_path / "out"
+
+    def go(key=None, env=None):
+        args = ["run", str(p), "-o", str(out), "--no-progress"] + (["--key", str(key)] if key else [])
+        r = CliRunner().invoke(main, args, env=env or {})
+        return r, out / "s" / "mlp"
+
+    return go
+
+
+def test_run_with_a_key_signs_what_it_writes_and_keeps_it_next_time(signed_run, keys):
+    r, folder = signed_run(keys["private"])
+    assert r.exit_code == 0, r.output
+    assert check_signature(folder, keys["public"]) == []
+    assert verify_artifact(folder) == []  # signature.json is not an unlisted file
+    r, _ = signed_run(keys["private"])
+    assert r.exit_code == 0 and "kept" in r.output, r.output
+
+
+def test_the_signing_key_can_come_from_the_environment(signed_run, keys):
+    r, folder = signed_run(env={"AOTPIPE_SIGNING_KEY": str(keys["hmac"])})
+    assert r.exit_code == 0, r.output
+    assert check_signature(folder, keys["hmac"]) == []
+
+
+def test_run_with_a_key_redoes_an_unsigned_or_otherwise_signed_artefact(signed_run, keys):
+    r, folder = signed_run()  # no key: unsigned
+    assert r.exit_code == 0 and not (folder / "signature.json").exists()
+    r, _ = signed_run(keys["private"])
+    assert "kept" not in r.output and check_signature(folder, keys["public"]) == []
+    r, _ = signed_run(keys["other_private"])  # another key holder: not theirs, redone
+    assert "kept" not in r.output and check_signature(folder, keys["other_public"]) == []
+
+
+def test_run_with_a_key_redoes_a_forged_artefact_with_the_expected_fingerprint(signed_run, keys):
+    r, folder = signed_run(keys["hmac"])
+    assert r.exit_code == 0, r.output
+    _relu_to_neg(folder)  # files and checksum made to fit, fingerprint kept: unsigned run keeps it
+    assert verify_artifact(folder) == []
+    r, _ = signed_run()
+    assert "kept" in r.output, r.output  # without a key, nothing tells it from the real one
+    r, _ = signed_run(keys["hmac"])
+    assert r.exit_code == 0 and "kept" not in r.output, r.output
+    assert check_signature(folder, keys["hmac"]) == []
+    gj = json.loads((folder / "mlp_inference_0" / "graph.json").read_text())
+    assert "aten.neg.default" not in {n.get("target") for n in gj["nodes"]}
+
+
+@pytest.mark.parametrize("which", ["public", "missing", "short"])
+def test_run_with_an_unusable_signing_key_is_one_line_exit_2_before_any_work(signed_run, keys, tmp_path, which):
+    key = {"public": keys["public"], "missing": tmp_path / "nope.key", "short": tmp_path / "short.key"}[which]
+    if which == "short":
+        key.write_bytes(b"tooshort")
+    r, folder = signed_run(key)
+    assert r.exit_code == 2, r.output
+    errors = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), r.output
+    assert not folder.exists()
