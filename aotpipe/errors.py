@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+MAX_LINE = 1000  # characters of one printed error line
+
+
 def exception_line(e: BaseException, limit: int = 300) -> str:
     """An exception in one short line: its class and the first line of its message (torch's
     messages run to many lines, with tensors and schemas in them)."""
@@ -25,8 +28,10 @@ class AotpipeError(Exception):
     exit_code = 2
 
     def lines(self) -> list[str]:
-        """The messages to print, one per problem: each on one line, whatever it quotes."""
-        return [" ".join(str(self).split())]
+        """The messages to print, one per problem: each on one line, of bounded length,
+        whatever it quotes."""
+        line = " ".join(str(self).split())
+        return [line if len(line) <= MAX_LINE else line[:MAX_LINE] + " ..."]
 
 
 @dataclass(frozen=True)

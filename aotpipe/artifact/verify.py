@@ -25,7 +25,8 @@ from aotpipe.errors import ArtifactError, LimitError, exception_line
 
 def _problem(e: ArtifactError) -> str:
     """An error as a problem line; a limit breach stays marked as one (the CLI exits 2)."""
-    return Breach(str(e)) if isinstance(e, LimitError) else str(e)
+    line = e.lines()[0]
+    return Breach(line) if isinstance(e, LimitError) else line
 
 
 def read_manifest(folder: Path) -> tuple[dict | None, list[str]]:
@@ -55,14 +56,14 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
         return problems
     version = manifest.get("format_version")
     if version not in READABLE_VERSIONS:
-        return [f"{mpath}: format version {version!r}; this aotpipe reads versions "
+        return [f"{mpath}: format version {str(version)[:40]!r}; this aotpipe reads versions "
                 f"{', '.join(map(str, READABLE_VERSIONS))}"]
     if not seal_ok(manifest):
         problems.append(f"{mpath}: its checksum does not match its content (the file was changed)")
     try:
         files = records.parse(records.Manifest, manifest, mpath).files
     except ArtifactError as e:
-        return problems + [str(e)]
+        return problems + [_problem(e)]
     lim = limits.current()
     biggest = max(lim.max_record_bytes, lim.tensor_bytes + (1 << 20))  # a blob: one tensor and its header
     for rel, digest in sorted(files.items()):

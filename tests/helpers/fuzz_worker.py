@@ -56,8 +56,8 @@ def main() -> None:
         after = _state()
         out.write(json.dumps({
             "rc": rc,
-            "stdout": stdout.getvalue()[-4000:],
-            "stderr": stderr.getvalue()[-4000:],
+            "stdout": stdout.getvalue()[:8000],
+            "stderr": stderr.getvalue()[:8000],
             "exception": exc,
             "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "state_changed": None if after == before else f"{before} -> {after}",
