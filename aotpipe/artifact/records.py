@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
 
 from aotpipe.errors import ArtifactError
@@ -60,12 +59,14 @@ VALUES_MODES = ("full", "minimal", "none")
 MAX_DIMS = 64  # torch's own limit on tensor dimensions
 
 
-def _dtype_names() -> tuple[str, ...]:
-    names = {str(v).removeprefix("torch.") for v in vars(torch).values() if isinstance(v, torch.dtype)}
-    return tuple(sorted(names))
-
-
-DTYPES = _dtype_names()
+# The dtypes a record may name: torch's dense numeric ones (not quantized, not bit-packed or
+# sub-byte shells). Written out, not read from torch: reading a manifest needs no torch import
+# (a warm re-run that only checks what is up to date must not pay for one).
+DTYPES = (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+)
 
 # ---------------------------------------------------------------------------------------
 # Field types

@@ -182,3 +182,14 @@ def test_ls_says_when_a_manifest_was_changed(mlp_copy):
     m["model"]["name"] = "other"  # checksum left as it was
     (mlp_copy / "manifest.json").write_text(json.dumps(m))
     assert list_artifacts(mlp_copy.parent)[0]["status"] == "corrupt (checksum)"
+
+
+def test_every_dtype_the_format_names_is_a_torch_dtype_and_reading_a_manifest_needs_no_torch():
+    import subprocess
+    import sys
+
+    from aotpipe.artifact.records import DTYPES
+
+    assert all(isinstance(getattr(torch, name, None), torch.dtype) for name in DTYPES)
+    code = "import sys, aotpipe.artifact.records, aotpipe.incremental; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
