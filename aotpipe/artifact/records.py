@@ -138,7 +138,18 @@ class StorageRecord(Record):
     blob: Optional[Sha256] = None
 
 
-class InputRecord(Record):
+class Layout(Record):
+    """A tensor's layout as recorded at capture (absent for scalars and None outputs)."""
+
+    shape: Optional[Shape] = None
+    stride: Optional[Stride] = None
+    storage_offset: Optional[Count] = None
+    dtype: Optional[DType] = None
+    device: Optional[Device] = None
+    requires_grad: Optional[bool] = None
+
+
+class InputRecord(Layout):
     """One graph input (placeholder): a tensor view of a storage, or a Python scalar."""
 
     index: Count
@@ -148,30 +159,17 @@ class InputRecord(Record):
     source: Literal[INPUT_SOURCES] = "blob"  # type: ignore[valid-type]  # version 1: always blob
     type: Literal["tensor", "int", "float", "bool"]
     value: Optional[Union[bool, int, float]] = None  # scalars
-    # Tensors
-    shape: Optional[Shape] = None
-    stride: Optional[Stride] = None
-    storage_offset: Optional[Count] = None
-    dtype: Optional[DType] = None
-    device: Optional[Device] = None
-    requires_grad: Optional[bool] = None
     range: Optional[Range] = None
     storage: Optional[Count] = None  # index into storages
     forward_output: Optional[Count] = None  # source "forward": which forward output it is
 
 
-class OutputRecord(Record):
+class OutputRecord(Layout):
     """One graph output and its reference: a digest and summary, or a stored value."""
 
     index: Count
     role: Literal[OUTPUT_ROLES]  # type: ignore[valid-type]
     target: Optional[str] = None
-    shape: Optional[Shape] = None
-    stride: Optional[Stride] = None
-    storage_offset: Optional[Count] = None
-    dtype: Optional[DType] = None
-    device: Optional[Device] = None
-    requires_grad: Optional[bool] = None
     same_as: Optional[Count] = None  # a de-duplicated output: the earlier output it is
     same_as_input: Optional[Count] = None  # the output is this input, returned as is
     blob: Optional[Sha256] = None
