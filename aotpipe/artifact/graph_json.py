@@ -217,7 +217,7 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
     version = data.get("format_version")
     if version not in (1, GRAPH_FORMAT_VERSION):
         raise ArtifactError(
-            f"{where}: graph format version {str(version)[:40]!r}; this aotpipe reads versions 1, {GRAPH_FORMAT_VERSION}"
+            f"{where}: graph format version {repr(version)[:40]}; this aotpipe reads versions 1, {GRAPH_FORMAT_VERSION}"
         )
     limits.check_nodes(len(data["nodes"]), where)
     graph = torch.fx.Graph()

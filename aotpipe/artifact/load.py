@@ -43,7 +43,7 @@ def check_version(data: Any, where: Path) -> None:
     if version not in READABLE_VERSIONS:
         newer = isinstance(version, int) and version > FORMAT_VERSION
         raise ArtifactError(
-            f"{where}: format version {str(version)[:40]!r}; this aotpipe reads versions "
+            f"{where}: format version {repr(version)[:40]}; this aotpipe reads versions "
             f"{', '.join(map(str, READABLE_VERSIONS))}" + ("; upgrade aotpipe to read it" if newer else "")
         )
 

@@ -56,7 +56,7 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
         return problems
     version = manifest.get("format_version")
     if version not in READABLE_VERSIONS:
-        return [f"{mpath}: format version {str(version)[:40]!r}; this aotpipe reads versions "
+        return [f"{mpath}: format version {repr(version)[:40]}; this aotpipe reads versions "
                 f"{', '.join(map(str, READABLE_VERSIONS))}"]
     if not seal_ok(manifest):
         problems.append(f"{mpath}: its checksum does not match its content (the file was changed)")
