@@ -166,3 +166,16 @@ def test_failed_pass_chain_is_redone_on_the_next_run(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["run", str(p), "-o", str(out), "--no-progress", "--json"])
     run = json.loads(r.output)
     assert r.exit_code == 0 and run["models"][0]["skipped"] is False
+
+
+def test_chain_of_graphs_that_do_not_run_is_an_error_result_not_a_traceback(mlp_copy):
+    # A backward whose first op gets an argument of the wrong type: it loads, and fails when run.
+    def edit(d):
+        node = _first_call(d)
+        node["target"], node["args"] = "aten.mean.dim", [node["args"][0], {"node": node["args"][0]["node"]}]
+        node["kwargs"] = {}
+    _edit_graph(mlp_copy, edit, graph="mlp_backward_0")
+    chain = replay_chain(mlp_copy)
+    assert chain.status == "error" and chain.problems[0].startswith("the graphs do not run: ")
+    r = CliRunner().invoke(main, ["replay", str(mlp_copy), "--graph", "inference", "--chain"])
+    assert r.exit_code == 1 and "Traceback" not in r.output and "the graphs do not run" in r.output, r.output

@@ -37,7 +37,6 @@ from aotpipe.artifact.records import (
 from aotpipe.errors import ArtifactError, exception_line
 
 
-
 def check_version(data: Any, where: Path) -> None:
     version = data.get("format_version") if isinstance(data, dict) else None
     if version not in READABLE_VERSIONS:
@@ -162,7 +161,8 @@ class GraphArtifact:
             e = Expected(rec.digest, rec.summary.model_dump() if rec.summary else None, spread=rec.spread)
             if rec.blob is not None:
                 # Values only: the recorded stride is in `rec`, compared separately at replay.
-                e.value, e.has_value = self.blobs.get(rec.blob).reshape(rec.shape if rec.shape is not None else [-1]), True
+                shape = rec.shape if rec.shape is not None else [-1]
+                e.value, e.has_value = self.blobs.get(rec.blob).reshape(shape), True
             elif rec.same_as_input is not None and e.digest is None:
                 inputs = inputs if inputs is not None else self.saved_inputs()
                 e.value, e.has_value = inputs[rec.same_as_input], True
