@@ -81,7 +81,7 @@ class EagerReference:
                 self._runs[key] = self._run(mode, fp64)
             except Exception as e:  # a model that cannot run in float64, say: the check says so
                 self._runs[key] = None
-                self.errors[key] = f"{exception_line(e)}"
+                self.errors[key] = exception_line(e)
         return self._runs[key]
 
     def _run(self, mode: str, fp64: bool) -> EagerRun:

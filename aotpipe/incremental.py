@@ -9,7 +9,8 @@ from typing import Optional
 from aotpipe.artifact.records import FORMAT_VERSION, Manifest
 from aotpipe.config import ModelSpec
 from aotpipe.errors import AotpipeError
-from aotpipe.runner import GraphResult, ModelResult, checks_summary, eager_cell, verification_summary, written_manifest
+from aotpipe.runner import (GraphResult, ModelResult, checks_summary, eager_cell, failed_last_time,
+                            verification_summary, written_manifest)
 
 
 def model_fingerprint(spec: ModelSpec, base_dir: Path | None = None) -> str:
@@ -39,9 +40,8 @@ def up_to_date(folder: Path, fp: str, key: Path | None = None) -> Optional[Manif
         return None
     if key is not None and check_signature(folder, key):
         return None  # unsigned, or not by this key: redo it (and sign it)
-    if verification_summary(manifest)["problems"] or (manifest.checks is not None and manifest.checks.failed) \
-            or manifest.pass_failures:
-        return None  # it failed last time: try again
+    if failed_last_time(manifest):
+        return None  # try again
     return manifest
 
 

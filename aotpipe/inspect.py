@@ -8,8 +8,7 @@ from typing import Any
 
 from aotpipe.artifact import records
 from aotpipe.artifact.graph_json import target_name
-from aotpipe.artifact.limits import read_json
-from aotpipe.artifact.load import check_version, load
+from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import seal_ok
 from aotpipe.artifact.records import MANIFEST, Manifest
 from aotpipe.errors import ArtifactError, exception_line
@@ -18,13 +17,12 @@ from aotpipe.report import human_size as _size
 
 def artifact_status(manifest: Manifest) -> str:
     """verified, shapes only, unverified, or FAILED (a graph did not run as recorded, or a check failed)."""
-    from aotpipe.runner import VERIFIED
+    from aotpipe.runner import failed_last_time
 
     rec = manifest.verification
     if not rec:
         return "unverified"
-    if not all(r.status in VERIFIED for r in rec.values()) \
-            or (manifest.checks is not None and manifest.checks.failed) or manifest.pass_failures:
+    if failed_last_time(manifest):
         return "FAILED"
     if any(r.status == "shapes only" for r in rec.values()):
         return "shapes only"
@@ -43,9 +41,7 @@ def list_artifacts(root: Path) -> list[dict[str, Any]]:
             continue  # a temporary folder of a run in progress
         error = None
         try:
-            raw = read_json(manifest_path)  # a regular file within the limits: no FIFO, no /dev/zero
-            check_version(raw, manifest_path)
-            manifest = records.parse(Manifest, raw, manifest_path)
+            raw, manifest = records.read(Manifest, manifest_path)  # no FIFO, no /dev/zero, within the limits
             status = artifact_status(manifest) if seal_ok(raw) else "corrupt (checksum)"
             graphs = ", ".join(f"{k}({v.nodes})" for k, v in manifest.graphs.items())
         except ArtifactError as e:

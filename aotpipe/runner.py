@@ -158,7 +158,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         result.stage, result.error = stage, str(e)
         result.traceback = traceback.format_exc()
     except Exception as e:  # a model's own code (or torch) failed: record it, go on
-        result.stage, result.error = stage, f"{exception_line(e)}"
+        result.stage, result.error = stage, exception_line(e)
         result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start
@@ -221,9 +221,8 @@ def written_manifest(path: Path) -> Manifest:
     """The manifest of a model folder, read within the limits and validated (an ArtifactError
     if it is not one)."""
     from aotpipe.artifact import records
-    from aotpipe.artifact.limits import read_json
 
-    return records.parse(Manifest, read_json(path / records.MANIFEST, path), path / records.MANIFEST)
+    return records.read(Manifest, path / records.MANIFEST, path)[1]
 
 
 def verification_summary(manifest: Manifest) -> dict[str, Any]:
@@ -237,6 +236,13 @@ def verification_summary(manifest: Manifest) -> dict[str, Any]:
                 detail += f" (first divergence: {r.first_divergence})"
             problems.append(f"{kind} replay {r.status}: {detail}")
     return {"ok": not problems, "graphs": statuses, "problems": problems}
+
+
+def failed_last_time(manifest: Manifest) -> bool:
+    """Whether the run that wrote an artefact found a problem: a graph that did not run as
+    recorded, a failed check, or a failed pass chain (such a model is redone, and ls says FAILED)."""
+    return bool(verification_summary(manifest)["problems"] or (manifest.checks is not None and manifest.checks.failed)
+                or manifest.pass_failures)
 
 
 @dataclass

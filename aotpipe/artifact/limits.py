@@ -295,10 +295,10 @@ def record_parts(storages: Any, inputs: Any) -> list[tuple[str, int]]:
         itemsize = getattr(torch, s.dtype).itemsize
         parts.append((f"storage {k}: {s.dtype}[{s.numel}]", s.numel * itemsize))
     for i, rec in enumerate(inputs):
-        if rec.source == "ones" and rec.type == "tensor":
-            shape, stride = rec.shape or [], rec.stride or []
-            parts.append((f"input {i}: {rec.dtype}{shape}",
-                          extent(tuple(shape), tuple(stride)) * getattr(torch, rec.dtype or "float32").itemsize))
+        if rec.source == "ones" and rec.type == "tensor" and None not in (rec.shape, rec.stride, rec.dtype):
+            # (one without a layout is refused when its inputs are built)
+            parts.append((f"input {i}: {rec.dtype}{rec.shape}",
+                          extent(tuple(rec.shape), tuple(rec.stride)) * getattr(torch, rec.dtype).itemsize))
     return parts
 
 

@@ -13,6 +13,7 @@ import torch
 # The format's constants live with its records; these names are kept for callers.
 from aotpipe.artifact.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS  # noqa: F401
 
+
 def dump_json(data: Any, *, compact: bool = False) -> bytes:
     """Deterministic JSON bytes: sorted keys, trailing newline; indented for people unless
     `compact` (the per-graph records, which module.py shows in readable form)."""

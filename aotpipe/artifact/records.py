@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError, model_validator
 
 from aotpipe.errors import ArtifactError
 
@@ -147,6 +147,12 @@ class Layout(Record):
     dtype: Optional[DType] = None
     device: Optional[Device] = None
     requires_grad: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _stride_per_dimension(self) -> "Layout":
+        if self.shape is not None and self.stride is not None and len(self.shape) != len(self.stride):
+            raise ValueError(f"shape {self.shape} and stride {self.stride} differ in length")
+        return self
 
 
 class InputRecord(Layout):
@@ -370,14 +376,35 @@ class Signature(Record):
 # Validation
 
 
+def check_version(data: Any, where: Any) -> None:
+    """Refuse a record of a format version this aotpipe does not read, saying which it reads."""
+    version = data.get("format_version") if isinstance(data, dict) else None
+    if version not in READABLE_VERSIONS:
+        newer = isinstance(version, int) and version > FORMAT_VERSION
+        raise ArtifactError(
+            f"{where}: format version {repr(version)[:40]}; this aotpipe reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}" + ("; upgrade aotpipe to read it" if newer else "")
+        )
+
 
 def parse(cls: type[Record], data: Any, where: Any) -> Any:
     """`data` (parsed JSON) as a `cls` record; an ArtifactError naming `where` and the first
-    bad field otherwise."""
+    bad field otherwise (for a record of the artefact format, its version first)."""
+    if cls in VERSIONED:
+        check_version(data, where)
     try:
         return cls.model_validate(data)
     except ValidationError as e:
         raise ArtifactError(f"{where}: {describe(e)}") from None
+
+
+def read(cls: type[Record], path: Any, root: Any = None) -> tuple[Any, Any]:
+    """(the raw data, the record) of a record file, read within the limits (regular files
+    only: no FIFO, no link to a device) and validated. The raw data is what a checksum covers."""
+    from aotpipe.artifact.limits import read_json
+
+    raw = read_json(path, root)
+    return raw, parse(cls, raw, path)
 
 
 def describe(e: ValidationError) -> str:
@@ -399,6 +426,8 @@ def check_written(cls: type[Record], data: dict[str, Any], where: Any) -> dict[s
     parse(cls, data, where)
     return data
 
+
+VERSIONED: tuple[type[Record], ...] = (Manifest, InputsRecord, TraceRecord, GraphRecord)
 
 RECORDS: dict[str, type[Record]] = {
     MANIFEST: Manifest,

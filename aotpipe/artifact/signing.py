@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from aotpipe.artifact import limits, records
-from aotpipe.artifact.manifest import MANIFEST, dump_json
-from aotpipe.artifact.verify import SIGNATURE
+from aotpipe.artifact.manifest import dump_json
+from aotpipe.artifact.records import MANIFEST, SIGNATURE
 from aotpipe.errors import AotpipeError, ArtifactError
 
 SIGNATURE_VERSION = 1

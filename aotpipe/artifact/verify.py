@@ -18,9 +18,8 @@ from pathlib import Path
 from aotpipe.artifact import limits, records
 from aotpipe.artifact.limits import Breach
 from aotpipe.artifact.manifest import file_sha256, seal_ok
-from aotpipe.artifact.records import MANIFEST, READABLE_VERSIONS, SIGNATURE  # noqa: F401 (SIGNATURE: signing)
+from aotpipe.artifact.records import MANIFEST, SIGNATURE
 from aotpipe.errors import ArtifactError, LimitError, exception_line
-
 
 
 def _problem(e: ArtifactError) -> str:
@@ -54,10 +53,10 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
     manifest, problems = read_manifest(folder)
     if manifest is None:
         return problems
-    version = manifest.get("format_version")
-    if version not in READABLE_VERSIONS:
-        return [f"{mpath}: format version {repr(version)[:40]}; this aotpipe reads versions "
-                f"{', '.join(map(str, READABLE_VERSIONS))}"]
+    try:
+        records.check_version(manifest, mpath)
+    except ArtifactError as e:
+        return [_problem(e)]
     if not seal_ok(manifest):
         problems.append(f"{mpath}: its checksum does not match its content (the file was changed)")
     try:

@@ -20,9 +20,9 @@ import torch.fx
 from aotpipe.artifact import codegen, graph_json, input_meta
 from aotpipe.artifact.blobs import BLOB_DIR, BlobStore, encode
 from aotpipe.artifact.fsio import OutputError, describe_os_error, fsync_dir, pid_alive, write_durable
-from aotpipe.artifact.manifest import FORMAT_VERSION, MANIFEST, dump_json, file_sha256, seal, versions
 from aotpipe.artifact import records as fmt
-from aotpipe.artifact.records import GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MODULE_PY, TRACE
+from aotpipe.artifact.manifest import dump_json, file_sha256, seal, versions
+from aotpipe.artifact.records import FORMAT_VERSION, GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MANIFEST, MODULE_PY, TRACE
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput
 from aotpipe.tensors import storage_base, storage_groups
 

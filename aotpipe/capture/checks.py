@@ -219,7 +219,7 @@ def check_written(
                 spread = [accuracy.max_abs_error(a, b) if isinstance(a, torch.Tensor) else None
                           for a, b in zip(outs, again)]
         except Exception as e:
-            msg = f"{exception_line(e)}"
+            msg = exception_line(e)
             result.problems.append(f"{key} graph: the written graph does not run: {msg}")
             result.outcome.graphs[key] = GraphOutcome([{} for _ in ga.record.outputs],
                                                       verification={"status": "error", "error": msg})

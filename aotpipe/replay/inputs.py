@@ -9,7 +9,7 @@ import torch
 
 from aotpipe.artifact import input_meta, records
 from aotpipe.artifact.load import build_inputs
-from aotpipe.artifact.limits import check_record_bytes, read_json
+from aotpipe.artifact.limits import check_record_bytes
 from aotpipe.artifact.records import InputRecord, InputsRecord, StorageRecord
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.tensors import StorageGroup, extent, random_storage
@@ -47,8 +47,6 @@ def _records_from_input_file(meta: list, where: str) -> tuple[list[StorageRecord
     for i, e in enumerate(flat):
         rec = records.parse(InputRecord, _entry_record(i, e, where), f"{where}: entry {i}")
         if rec.type == "tensor":
-            if len(rec.shape or []) != len(rec.stride or []):
-                raise ArtifactError(f"{where}: entry {i}: shape and stride differ in length")
             rec.storage = len(storages)
             storages.append(StorageRecord(dtype=rec.dtype, device=rec.device or "cpu",
                                           numel=extent(tuple(rec.shape or []), tuple(rec.stride or []))))
@@ -91,7 +89,7 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
     dev = str(device) if device is not None else None
     flat, groups = _flatten_meta(meta)
     if record_path.exists():
-        record = records.parse(InputsRecord, read_json(record_path), record_path)
+        _, record = records.read(InputsRecord, record_path)
         if len(flat) != len(record.inputs):
             raise ArtifactError(f"{p}: {len(flat)} entries but inputs.json lists {len(record.inputs)} inputs")
         storages, inputs, groups = record.storages, record.inputs, record.groups or groups

@@ -126,6 +126,7 @@ def test_every_record_of_quickstart_and_of_version_1_validates(quickstart_run):
     ("mlp_inference_0/inputs.json", lambda d: d["storages"][0].__setitem__("numel", -5), "storages.0.numel"),
     ("mlp_inference_0/inputs.json", lambda d: d["inputs"][0].__setitem__("stride", [True, 1]), "inputs.0.stride.0"),
     ("mlp_inference_0/inputs.json", lambda d: d["outputs"][0].__setitem__("colour", 1), "outputs.0.colour"),
+    ("mlp_inference_0/inputs.json", lambda d: d["inputs"][0].__setitem__("stride", [1]), "inputs.0"),
     ("mlp_inference_0/inputs.json", lambda d: d["inputs"][0].__setitem__("source", "network"), "inputs.0.source"),
     ("mlp_inference_0/graph.json", lambda d: d["nodes"][0].__setitem__("op", "call_module"), "nodes.0.op"),
     ("mlp_inference_0/graph.json", lambda d: d["nodes"][0].__setitem__("shape", [-1]), "nodes.0.shape.0"),
