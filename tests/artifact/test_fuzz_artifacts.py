@@ -34,6 +34,8 @@ from aotpipe.artifact import input_meta
 from aotpipe.artifact.blobs import encode
 from aotpipe.artifact.manifest import file_sha256, seal
 
+pytestmark = pytest.mark.slow  # about 2.5 minutes on 2 cores; CI runs it
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("AOTPIPE_FUZZ_EXAMPLES", "5000"))
 LOG = os.environ.get("AOTPIPE_FUZZ_LOG")  # a file to append one line per case to
