@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -72,8 +73,11 @@ def main(verbose: bool) -> None:
 @click.argument("pipeline", type=click.Path(dir_okay=False))
 @click.option("--output", "-o", type=click.Path(file_okay=False), help="Output folder (overrides the YAML's output).")
 @click.option("--only", multiple=True, metavar="NAME", help="Run only this model (repeatable).")
-@click.option("--executor", type=click.Choice(["local"]), default=None, help="Where models run (local: in-process).")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Parallel workers (local runs one at a time).")
+@click.option("--executor", type=click.Choice(["process", "local", "ray"]), default=None,
+              help="Where models run: process (isolated worker processes; the default), local (this process), "
+                   "ray (Ray tasks). Overrides the YAML's executor.kind.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Models run at once by the process executor (overrides executor.workers).")
 @click.option("--force", is_flag=True, help="Redo models even if their artefacts are up to date.")
 @click.option("--json", "as_json", is_flag=True, help="Print run.json to stdout instead of a summary.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
@@ -88,9 +92,12 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
     from aotpipe.report import RUN_JSON, REPORT_MD
     from aotpipe.runner import run_pipeline
 
-    p = load_pipeline(pipeline)
-    result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force,
-                          key=key or None)
+    p = load_pipeline(pipeline, check_sources=False)  # those of models to run, by run_pipeline
+    # With --json, stdout is run.json alone: whatever a model or a library prints meanwhile
+    # (Ray's worker-death notices, say) goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force,
+                              key=key or None, executor=executor, workers=workers)
     if as_json:
         click.echo((result.output / RUN_JSON).read_text())
     else:

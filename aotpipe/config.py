@@ -80,12 +80,33 @@ class InputSpec(_Strict):
         return self.dtype in ("int64", "int32", "int16", "int8", "uint8")
 
 
-class ExecutorSpec(_Strict):
-    """How models are scheduled. Only `local` (in-process, one after another) exists yet."""
+class ResourceSpec(_Strict):
+    """What one model asks of the worker it runs in (process and ray executors)."""
 
-    kind: Literal["local"] = Field("local", description="local (process and ray come later)")
-    workers: int = Field(1, ge=1, description="parallel workers (local runs one at a time)")
-    timeout_s: Optional[float] = Field(None, gt=0, description="per-model time limit (not enforced by local)")
+    num_cpus: Optional[float] = Field(None, gt=0, description="CPUs to reserve (ray); default 1")
+    num_gpus: Optional[float] = Field(None, ge=0, description="GPUs to reserve (ray); default 0")
+    memory_gb: Optional[float] = Field(
+        None, gt=0, description="memory: the worker's limit (process: killed above it) and reservation (ray)")
+    timeout_s: Optional[float] = Field(None, gt=0, description="time limit for this model (process, ray)")
+
+
+class ExecutorSpec(_Strict):
+    """How models are scheduled, and the limits each model runs under."""
+
+    kind: Literal["local", "process", "ray"] = Field(
+        "process", description="process: each model in a worker process, isolated (default); local: in this "
+        "process, one after another; ray: Ray tasks on a cluster (the ray extra)")
+    workers: int = Field(1, ge=1, description="models run at once (process)")
+    timeout_s: Optional[float] = Field(
+        None, gt=0, description="per-model time limit in seconds; a model past it is killed and reported "
+        "(process, ray)")
+    memory_gb: Optional[float] = Field(
+        None, gt=0, description="per-model memory limit: a worker whose resident memory passes it is killed and "
+        "the model reported (process); the memory reserved per task (ray)")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per model (ray)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per model (ray)")
+    address: Optional[str] = Field(
+        None, description="Ray cluster address (ray); default $RAY_ADDRESS, else a local Ray instance")
 
 
 class Defaults(_Strict):
@@ -119,6 +140,8 @@ class ModelEntry(_Strict):
     save_values: Optional[Literal["minimal", "full"]] = None
     verify: Optional[bool] = None
     loss: Optional[Literal["sum"]] = None
+    resources: Optional[ResourceSpec] = Field(
+        None, description="this model's own CPUs, GPUs, memory and time limit (override the executor's)")
 
     @field_validator("name")
     @classmethod
@@ -181,10 +204,12 @@ class ModelSpec(_Strict):
     verify: bool
     loss: Literal["sum"]
     seed: int
+    # Where and with what it runs; not part of what it produces (nor of its fingerprint).
+    resources: Optional[ResourceSpec] = None
 
     def to_json(self) -> dict[str, Any]:
-        """The spec as plain JSON data (for manifests)."""
-        return json.loads(self.model_dump_json())
+        """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact."""
+        return json.loads(self.model_dump_json(exclude={"resources"}))
 
 
 class Pipeline(_Strict):
@@ -196,6 +221,8 @@ class Pipeline(_Strict):
     seed: int
     executor: ExecutorSpec
     models: list[ModelSpec]
+    # Per model: its index in `models:` and the line of its source (for errors found later).
+    source_lines: dict[str, tuple[int, Optional[int]]] = {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -458,26 +485,18 @@ def parse_pipeline(
     problems.extend(_check_duplicates(path, lines, data))
 
     if check_sources:
-        from aotpipe.sources import check_source
-
         models = data.get("models") if isinstance(data.get("models"), list) else []
-        for i, m in enumerate(models):
-            if not isinstance(m, dict) or not isinstance(m.get("source"), str):
-                continue
-            try:
-                ModelEntry._source_form(m["source"])  # malformed ones are reported by pydantic
-            except ValueError:
-                continue
-            msg = check_source(m["source"], base_dir=base_dir)
-            if msg:
-                problems.append(Problem(path, lines.get(("models", i, "source")), f"models[{i}].source", msg))
+        problems.extend(_source_problems(path, [
+            (i, lines.get(("models", i, "source")), m["source"]) for i, m in enumerate(models)
+            if isinstance(m, dict) and isinstance(m.get("source"), str)], base_dir))
 
     problems.extend(_check_field_combinations(path, lines, data))
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise ConfigError(problems)
     assert parsed is not None
-    return _resolve(parsed, path)
+    return _resolve(parsed, path, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
+                                   enumerate(data.get("models") or []) if isinstance(m, dict)})
 
 
 def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) -> list[Problem]:
@@ -523,6 +542,35 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
     return problems
 
 
+def _source_problems(path: str, sources: list[tuple[int, Optional[int], str]],
+                     base_dir: Path | None) -> list[Problem]:
+    """Problems of (index, line, source) entries whose source does not resolve (imports them)."""
+    from aotpipe.sources import check_source
+
+    problems = []
+    for i, line, source in sources:
+        try:
+            ModelEntry._source_form(source)  # malformed ones are reported by pydantic
+        except ValueError:
+            continue
+        msg = check_source(source, base_dir=base_dir)
+        if msg:
+            problems.append(Problem(path, line, f"models[{i}].source", msg))
+    return problems
+
+
+def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
+    """Raise ConfigError (file:line) if the source of any of `specs` does not resolve.
+
+    `aotpipe run` loads a pipeline without importing its sources, and checks only those
+    of the models it has to run: a warm re-run imports no model code (nor torch)."""
+    base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
+    problems = _source_problems(pipeline.path, [(*pipeline.source_lines.get(s.name, (0, None)), s.source)
+                                                for s in specs], base_dir)
+    if problems:
+        raise ConfigError(problems)
+
+
 def _pass_chain(entries: list) -> list[dict[str, Any]]:
     from aotpipe.passes import parse_pass_entry, step_to_json
 
@@ -534,7 +582,7 @@ def _pass_chain(entries: list) -> list[dict[str, Any]]:
     return out
 
 
-def _resolve(f: PipelineFile, path: str) -> Pipeline:
+def _resolve(f: PipelineFile, path: str, source_lines: dict[str, tuple[int, Optional[int]]]) -> Pipeline:
     d = f.defaults
     models = []
     for m in f.models:
@@ -554,9 +602,11 @@ def _resolve(f: PipelineFile, path: str) -> Pipeline:
                 verify=pick("verify"),
                 loss=pick("loss"),
                 seed=f.seed,
+                resources=m.resources,
             )
         )
-    return Pipeline(name=f.name, path=path, output=f.output, seed=f.seed, executor=f.executor, models=models)
+    return Pipeline(name=f.name, path=path, output=f.output, seed=f.seed, executor=f.executor, models=models,
+                    source_lines=source_lines)
 
 
 def json_schema() -> dict[str, Any]:

@@ -1,27 +1,80 @@
-"""Incremental runs: is a model's artefact on disk up to date, and what to report if so."""
+"""Incremental runs: is a model's artefact on disk up to date, and what to report if so.
+
+No torch import, here or in anything this imports: a warm re-run of an unchanged pipeline
+reads each manifest, hashes each file and finishes without loading torch or the models'
+libraries. The fingerprint therefore names a model's code by the file of the module its
+source names (found without importing it), and a transformers class by the installed
+transformers version.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
+import importlib.util
+import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from aotpipe.artifact.records import FORMAT_VERSION, Manifest
 from aotpipe.config import ModelSpec
 from aotpipe.errors import AotpipeError
-from aotpipe.runner import (GraphResult, ModelResult, checks_summary, eager_cell, failed_last_time,
-                            verification_summary, written_manifest)
+from aotpipe.results import ModelResult, checks_summary, eager_cell, failed_last_time, graph_results, \
+    verification_summary, written_manifest
+
+ZOO = "aotpipe.zoo:"
 
 
 def model_fingerprint(spec: ModelSpec, base_dir: Path | None = None) -> str:
-    """The fingerprint an up-to-date artefact of `spec` carries (spec, source file, options, versions)."""
+    """The fingerprint an up-to-date artefact of `spec` carries (spec, source code, options, versions)."""
     from aotpipe.artifact.manifest import file_sha256, fingerprint
-    from aotpipe.capture.export import OPTIONS
-    from aotpipe.sources import source_file
+    from aotpipe.modes import capture_options
 
-    src = source_file(spec, base_dir)
-    src_hash = file_sha256(src) if src is not None and src.is_file() else None
-    return fingerprint(spec.to_json(), src_hash, {"mode": spec.mode, **OPTIONS})
+    if spec.source.startswith("hf:"):
+        code = _transformers_code()
+    else:
+        src = source_file(spec, base_dir)
+        code = file_sha256(src) if src is not None and src.is_file() else None
+    return fingerprint(spec.to_json(), code, capture_options(spec.mode))
+
+
+def _transformers_code() -> Optional[str]:
+    try:
+        return f"transformers=={importlib.metadata.version('transformers')}"
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def _on_path(base_dir: Path | None) -> Iterator[None]:
+    if base_dir is None:
+        yield
+        return
+    sys.path.insert(0, str(base_dir))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(base_dir))
+
+
+def source_file(spec: ModelSpec, base_dir: Path | None = None) -> Optional[Path]:
+    """The file of the module a `module:callable` source names, without importing that
+    module (a dotted name imports its parent packages, as Python's finder does); None for
+    transformers sources or a module that cannot be found (building the model says why)."""
+    if spec.source.startswith("hf:"):
+        return None
+    module = "aotpipe.zoo" if spec.source.startswith(ZOO) else spec.source.partition(":")[0]
+    with _on_path(base_dir):
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            return None
+        except Exception:  # a parent package raised while importing: the job will report it
+            return None
+    origin = getattr(found, "origin", None) if found is not None else None
+    return Path(origin) if origin and origin not in ("built-in", "frozen") else None
 
 
 def up_to_date(folder: Path, fp: str, key: Path | None = None) -> Optional[Manifest]:
@@ -47,11 +100,8 @@ def up_to_date(folder: Path, fp: str, key: Path | None = None) -> Optional[Manif
 
 def skipped_result(spec: ModelSpec, folder: Path, manifest: Manifest, start: float) -> ModelResult:
     r = ModelResult(name=spec.name, status="ok", skipped=True)
-    order = ["inference", "forward", "backward", "joint"]
-    graphs = manifest.graphs
-    r.graphs = [GraphResult(k, graphs[k].folder, graphs[k].nodes, graphs[k].inputs, graphs[k].outputs)
-                for k in sorted(graphs, key=lambda k: order.index(k) if k in order else len(order))]
-    r.eager = {k: eager_cell(g.checks) for k, g in graphs.items()}
+    r.graphs = graph_results(manifest)
+    r.eager = {k: eager_cell(g.checks) for k, g in manifest.graphs.items()}
     r.checks = checks_summary(manifest)
     files = [p for p in folder.rglob("*") if p.is_file()]
     r.bytes, r.files = sum(p.stat().st_size for p in files), len(files)
@@ -60,3 +110,10 @@ def skipped_result(spec: ModelSpec, folder: Path, manifest: Manifest, start: flo
         r.verification = verification_summary(manifest)
     r.total_seconds = time.perf_counter() - start
     return r
+
+
+def check(spec: ModelSpec, out_root: Path, base_dir: Path | None, key: Path | None = None) -> Optional[ModelResult]:
+    """The result of keeping `spec`'s artefact if it is up to date, else None (run it)."""
+    start = time.perf_counter()
+    manifest = up_to_date(out_root / spec.name, model_fingerprint(spec, base_dir), key)
+    return None if manifest is None else skipped_result(spec, out_root / spec.name, manifest, start)

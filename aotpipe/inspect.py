@@ -12,12 +12,13 @@ from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import seal_ok
 from aotpipe.artifact.records import MANIFEST, Manifest
 from aotpipe.errors import ArtifactError, exception_line
+from aotpipe.graph_keys import key_order, parse_graph_key
 from aotpipe.report import human_size as _size
 
 
 def artifact_status(manifest: Manifest) -> str:
     """verified, shapes only, unverified, or FAILED (a graph did not run as recorded, or a check failed)."""
-    from aotpipe.runner import failed_last_time
+    from aotpipe.results import failed_last_time
 
     rec = manifest.verification
     if not rec:
@@ -43,7 +44,7 @@ def list_artifacts(root: Path) -> list[dict[str, Any]]:
         try:
             raw, manifest = records.read(Manifest, manifest_path)  # no FIFO, no /dev/zero, within the limits
             status = artifact_status(manifest) if seal_ok(raw) else "corrupt (checksum)"
-            graphs = ", ".join(f"{k}({v.nodes})" for k, v in manifest.graphs.items())
+            graphs = ", ".join(f"{k}({manifest.graphs[k].nodes})" for k in sorted(manifest.graphs, key=key_order))
         except ArtifactError as e:
             status, graphs, error = "refused", "-", str(e)
         except OSError:
@@ -70,6 +71,15 @@ def _describe(path: Path) -> str:
     lines = [
         f"{art.name}: {m.model.source}  (format {m.format_version}, torch {m.versions.torch}, {artifact_status(m)})",
     ]
+    c = m.capture
+    if c.subgraphs is not None:
+        lines.append(f"capture: {c.mode}, {c.subgraphs} subgraph{'s' if c.subgraphs != 1 else ''}, "
+                     f"{len(c.graph_breaks or [])} graph break{'s' if len(c.graph_breaks or []) != 1 else ''}")
+        for b in c.graph_breaks or []:
+            lines.append(f"  break after subgraph {b.subgraph}: {b.reason}" + (f" at {b.where}" if b.where else "")
+                         + (f": {b.code}" if b.code else ""))
+    if c.fallback is not None:
+        lines.append(f"capture: export failed, dynamo used: {c.fallback}")
     for kind, ga in art.graphs.items():
         gm = ga.module
         ops = collections.Counter(
@@ -77,7 +87,10 @@ def _describe(path: Path) -> str:
         ) if hasattr(gm, "graph") else collections.Counter()
         rec = ga.record
         lines.append("")
-        lines.append(f"{ga.folder.name}: {kind} graph, {len(gm.graph.nodes)} nodes, {sum(ops.values())} ops")
+        parsed = parse_graph_key(kind)
+        what = f"{kind} graph" if parsed is None or parsed.subgraph == 0 else \
+            f"{parsed.kind}{'.' + parsed.chain if parsed.chain else ''} graph of subgraph {parsed.subgraph}"
+        lines.append(f"{ga.folder.name}: {what}, {len(gm.graph.nodes)} nodes, {sum(ops.values())} ops")
         top = ", ".join(f"{op} x{n}" for op, n in ops.most_common(12))
         lines.append(f"  ops: {top}" + (f", ... ({len(ops)} kinds)" if len(ops) > 12 else ""))
         roles = collections.Counter(i.role for i in rec.inputs)

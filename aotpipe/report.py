@@ -8,7 +8,7 @@ from aotpipe.artifact.manifest import dump_json, versions
 
 if TYPE_CHECKING:
     from aotpipe.config import Pipeline
-    from aotpipe.runner import RunResult
+    from aotpipe.results import RunResult
 
 RUN_JSON = "run.json"
 REPORT_MD = "report.md"
@@ -20,6 +20,7 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> dict:
         "pipeline": pipeline.name,
         "versions": versions(),
         "seconds": round(run.seconds, 3),
+        "executor": {"kind": run.executor, "workers": run.workers},
         "ok": run.ok,
         "summary": {
             "models": len(run.models),

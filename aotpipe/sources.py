@@ -141,16 +141,6 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
     return model
 
 
-def source_file(spec: ModelSpec, base_dir: Path | None = None) -> Path | None:
-    """The file that defines the model's code, for the fingerprint; None if unknown."""
-    try:
-        obj = _resolve_hf(spec.source) if spec.source.startswith("hf:") else _resolve_callable(spec.source, base_dir)
-        f = inspect.getsourcefile(obj)
-    except (SourceError, TypeError):
-        return None
-    return Path(f) if f else None
-
-
 def make_input(spec: InputSpec, generator: torch.Generator) -> torch.Tensor:
     """One example input tensor, drawn from `generator`."""
     dtype = getattr(torch, spec.dtype)

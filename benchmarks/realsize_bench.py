@@ -295,7 +295,7 @@ def bench_dynamo(model: torch.nn.Module, args: tuple, kwargs: dict, tmp: Path, n
 
 
 def bench_aotpipe(spec: Any, out_dir: Path, base_dir: Optional[Path]) -> dict:
-    from aotpipe.runner import run_model
+    from aotpipe.job import run_model
 
     r = run_model(spec, out_dir, base_dir, force=True)
     g = lambda name, default=None: getattr(r, name, default)  # noqa: E731

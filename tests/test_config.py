@@ -19,7 +19,7 @@ from aotpipe.errors import ConfigError, Problem
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
-MODEL_KEYS = "name, source, args, config, inputs, mode, graphs, passes, save_inputs, save_values, verify, loss"
+MODEL_KEYS = "name, source, args, config, inputs, mode, graphs, passes, save_inputs, save_values, verify, loss, resources"
 TOP_KEYS = "version, name, output, seed, executor, defaults, models"
 INPUT_KEYS = "name, shape, dtype, low, high"
 
@@ -69,7 +69,7 @@ def test_good_pipeline_parses():
     assert p.path == "p.yaml"
     assert p.output == "artifacts"
     assert p.seed == 0
-    assert p.executor.kind == "local" and p.executor.workers == 1
+    assert p.executor.kind == "process" and p.executor.workers == 1 and p.executor.timeout_s is None
     assert [m.name for m in p.models] == ["m"]
     m = p.models[0]
     assert m.source == "aotpipe.zoo:mlp"
@@ -176,7 +176,7 @@ def test_unknown_key_in_input():
     "section, key, valid",
     [
         ("defaults", "colour", "mode, graphs, passes, save_inputs, save_values, verify, loss"),
-        ("executor", "kinds", "kind, workers, timeout_s"),
+        ("executor", "kinds", "kind, workers, timeout_s, memory_gb, num_cpus, num_gpus, address"),
     ],
 )
 def test_unknown_key_in_defaults_and_executor(section, key, valid):

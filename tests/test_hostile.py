@@ -159,7 +159,8 @@ def test_failed_pass_chain_is_redone_on_the_next_run(tmp_path, monkeypatch):
     out = tmp_path / "out"
     with monkeypatch.context() as m:
         m.setitem(passes.PASSES, "remove_noops", dataclasses.replace(passes.PASSES["remove_noops"], fn=broken))
-        r = CliRunner().invoke(main, ["run", str(p), "-o", str(out), "--no-progress", "--json"])
+        r = CliRunner().invoke(main, ["run", str(p), "-o", str(out), "--no-progress", "--json",
+                                      "--executor", "local"])  # patched in this process
         assert r.exit_code == 1
     manifest = json.loads((out / "fp" / "mlp" / "manifest.json").read_text())
     assert manifest["pass_failures"] and "simulated pass bug" in manifest["pass_failures"][0]

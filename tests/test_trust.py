@@ -30,7 +30,8 @@ def _hashes(root: Path) -> dict[str, str]:
 
 
 def _run(args, **kw):
-    return CliRunner().invoke(main, ["run", *map(str, args), "--no-progress"], **kw)
+    # In this process: some tests patch aotpipe's own functions, which worker processes would not see.
+    return CliRunner().invoke(main, ["run", *map(str, args), "--no-progress", "--executor", "local"], **kw)
 
 
 # --- determinism -------------------------------------------------------------------------

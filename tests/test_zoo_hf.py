@@ -112,6 +112,7 @@ def test_llama_with_the_flash_sdpa_gradients_fails_its_checks(tmp_path, monkeypa
     monkeypatch.setattr(export, "sdpa_kernel", lambda backends: contextlib.nullcontext())
     monkeypatch.setattr(export, "OPTIONS", {**export.OPTIONS, "sdpa_training_backend": "flash (test)"})
     r = CliRunner().invoke(main, ["run", str(PIPELINES / "zoo-hf.yaml"), "--only", "llama", "-o", str(tmp_path),
+                                  "--executor", "local",  # patched in this process
                                   "--no-progress", "--json"])
     assert r.exit_code == 1, r.output
     (m,) = json.loads(r.output)["models"]

@@ -1,12 +1,19 @@
-"""Durable file writes: fsync'd files, fsync'd folders, atomic replacement."""
+"""Durable file writes: fsync'd files, fsync'd folders, atomic replacement, and cleaning up
+after runs that were killed midway. No torch import (the runner uses it before any model)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 
 from aotpipe.errors import AotpipeError
+
+# A model folder is written as <TMP_PREFIX><model>-<pid>, and one it replaces is moved to
+# <OLD_PREFIX><model>-<pid> for the moment of the swap.
+TMP_PREFIX = ".tmp-"
+OLD_PREFIX = ".old-"
 
 
 class OutputError(AotpipeError):
@@ -70,3 +77,32 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def clean_stale(out_dir: Path) -> list[str]:
+    """Remove what killed runs (or killed workers) left behind; returns what was done, one line each.
+
+    A `.tmp-<model>-<pid>` folder of a dead process is deleted. A `.old-<model>-<pid>`
+    folder is a complete earlier artefact that was being replaced: it is put back if the
+    new one never arrived, else deleted. Folders of live processes (other workers) are left.
+    """
+    from aotpipe.artifact.records import MANIFEST
+
+    done: list[str] = []
+    if not out_dir.is_dir():
+        return done
+    for p in sorted(out_dir.iterdir()):
+        for prefix in (TMP_PREFIX, OLD_PREFIX):
+            if not p.name.startswith(prefix) or not p.is_dir():
+                continue
+            name, _, pid = p.name[len(prefix):].rpartition("-")
+            if not pid.isdigit() or (int(pid) != os.getpid() and pid_alive(int(pid))):
+                continue
+            final = out_dir / name
+            if prefix == OLD_PREFIX and not final.exists() and (p / MANIFEST).exists():
+                os.rename(p, final)
+                done.append(f"restored {name} from an interrupted replacement")
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+                done.append(f"removed {p.name} left by an interrupted run")
+    return done

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import platform
 from pathlib import Path
 from typing import Any
-
-import torch
 
 # The format's constants live with its records; these names are kept for callers.
 from aotpipe.artifact.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS  # noqa: F401
@@ -41,9 +40,21 @@ def seal_ok(manifest: dict[str, Any]) -> bool:
 
 
 def versions() -> dict[str, str]:
+    """aotpipe's, torch's and Python's versions. torch's from its installed metadata, which is
+    what ``torch.__version__`` says too, without importing torch: the up-to-date check of a
+    warm re-run needs it and nothing else from torch."""
     from aotpipe import __version__
 
-    return {"aotpipe": __version__, "torch": torch.__version__, "python": platform.python_version()}
+    return {"aotpipe": __version__, "torch": _torch_version(), "python": platform.python_version()}
+
+
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path: ask torch itself
+        import torch
+
+        return torch.__version__
 
 
 def file_sha256(path: Path) -> str:

@@ -1,7 +1,9 @@
 """Graph passes, registered by name in one explicit table.
 
 A pass is a function ``(GraphUnderPass, options) -> PassResult`` in its own module, with a
-frozen options dataclass. In the YAML a pass is named alone (``- freeze``) or with options
+frozen options dataclass (in passes/options.py). The table names each function by
+``module:attribute`` and imports it when it first runs: importing this package, parsing a
+pipeline's passes and fingerprinting a model import no torch. In the YAML a pass is named alone (``- freeze``) or with options
 (``- freeze: {cse: false}``); every pass takes ``graphs:``, the graph kinds it applies to
 (default: inference), each of which it must accept.
 """
@@ -9,21 +11,19 @@ frozen options dataclass. In the YAML a pass is named alone (``- freeze``) or wi
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
-from aotpipe.passes.fold_conv_bn import FoldConvBnOptions, fold_conv_bn
-from aotpipe.passes.freeze import FreezeOptions, freeze
-from aotpipe.passes.layout import (
+from aotpipe.passes.options import (
     ChannelsLastOptions,
+    FoldConvBnOptions,
+    FreezeOptions,
+    ReinplaceOptions,
     RemoveNoopsOptions,
+    ToDeviceOptions,
     ViewToReshapeOptions,
-    channels_last,
-    remove_noops,
-    view_to_reshape,
 )
-from aotpipe.passes.reinplace import ReinplaceOptions, reinplace
-from aotpipe.passes.to_device import ToDeviceOptions, to_device
 
 ALL_KINDS = frozenset({"inference", "forward", "backward", "joint"})
 INFERENCE = frozenset({"inference"})
@@ -32,11 +32,19 @@ INFERENCE = frozenset({"inference"})
 @dataclass(frozen=True)
 class PassInfo:
     name: str
-    fn: Callable[..., Any]
+    fn: Union[str, Callable[..., Any]]  # the function, or "module:attribute" imported on first use
     options: type
     kinds: frozenset[str]  # graph kinds the pass accepts
     summary: str
     makes_constants: bool = False  # creates or changes constants (the loader reruns such passes)
+
+    @property
+    def function(self) -> Callable[..., Any]:
+        """The pass itself (imports its module, and torch, the first time)."""
+        if callable(self.fn):
+            return self.fn
+        module, _, attr = self.fn.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
 
 def _table(infos: list[PassInfo]) -> dict[str, PassInfo]:
@@ -50,18 +58,18 @@ def _table(infos: list[PassInfo]) -> dict[str, PassInfo]:
 
 # The one registry. Order here is only the order `aotpipe schema` lists them in.
 PASSES: dict[str, PassInfo] = _table([
-    PassInfo("freeze", freeze, FreezeOptions, INFERENCE,
+    PassInfo("freeze", "aotpipe.passes.freeze:freeze", FreezeOptions, INFERENCE,
              "parameters/buffers to constants, then constant folding, CSE, DCE", makes_constants=True),
-    PassInfo("fold_conv_bn", fold_conv_bn, FoldConvBnOptions, INFERENCE,
+    PassInfo("fold_conv_bn", "aotpipe.passes.fold_conv_bn:fold_conv_bn", FoldConvBnOptions, INFERENCE,
              "eval batch norm folded into the convolution or linear before it (after freeze)", makes_constants=True),
-    PassInfo("channels_last", channels_last, ChannelsLastOptions, INFERENCE,
+    PassInfo("channels_last", "aotpipe.passes.layout:channels_last", ChannelsLastOptions, INFERENCE,
              "4-d convolution weights channels-last; outputs keep their strides (after freeze)",
              makes_constants=True),
-    PassInfo("view_to_reshape", view_to_reshape, ViewToReshapeOptions, ALL_KINDS, "aten.view -> aten.reshape"),
-    PassInfo("remove_noops", remove_noops, RemoveNoopsOptions, ALL_KINDS, "drop alias, detach and identity views"),
-    PassInfo("reinplace", reinplace, ReinplaceOptions, ALL_KINDS,
+    PassInfo("view_to_reshape", "aotpipe.passes.layout:view_to_reshape", ViewToReshapeOptions, ALL_KINDS, "aten.view -> aten.reshape"),
+    PassInfo("remove_noops", "aotpipe.passes.layout:remove_noops", RemoveNoopsOptions, ALL_KINDS, "drop alias, detach and identity views"),
+    PassInfo("reinplace", "aotpipe.passes.reinplace:reinplace", ReinplaceOptions, ALL_KINDS,
              "functional ops to in-place where the input is dead and not a graph input"),
-    PassInfo("to_device", to_device, ToDeviceOptions, ALL_KINDS, "rewrite for another device", makes_constants=True),
+    PassInfo("to_device", "aotpipe.passes.to_device:to_device", ToDeviceOptions, ALL_KINDS, "rewrite for another device", makes_constants=True),
 ])
 
 

@@ -12,21 +12,16 @@ linear layer with its weight already transposed) followed by a 1-d batch norm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torch.fx
 
 from aotpipe.passes.base import GraphUnderPass, PassResult, add_constant, constant_value, is_constant, view_of_constant
+from aotpipe.passes.options import FoldConvBnOptions
 
 _BN = torch.ops.aten._native_batch_norm_legit_no_training.default
 _CONV = torch.ops.aten.convolution.default
 _ADDMM = torch.ops.aten.addmm.default
-
-
-@dataclass(frozen=True)
-class FoldConvBnOptions:
-    graphs: tuple[str, ...] = ("inference",)
 
 
 def _only_output_used(bn: torch.fx.Node) -> list[torch.fx.Node] | None:

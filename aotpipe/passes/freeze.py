@@ -12,7 +12,6 @@ dead code is removed. The frozen graph's inputs are the preserved ones plus user
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from aotpipe.passes.base import (
     is_constant,
     is_pure,
 )
+from aotpipe.passes.options import FreezeOptions
 
 # Calls whose output is a view of their first input: an output that is one of these of
 # a parameter aliases that parameter.
@@ -41,13 +41,6 @@ _VIEW_OPS = {
 # Folding is skipped when a value would be this many times larger than its constant inputs.
 _GROWTH_LIMIT = 4
 _SMALL = 4096
-
-
-@dataclass(frozen=True)
-class FreezeOptions:
-    fold: bool = True  # constant folding after freezing
-    cse: bool = True  # merge identical pure calls
-    graphs: tuple[str, ...] = ("inference",)
 
 
 def _aliased_inputs(gm: torch.fx.GraphModule) -> set[str]:

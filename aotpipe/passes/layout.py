@@ -13,29 +13,14 @@ channels_last: 4-d convolution weights that are constants (run `freeze` first) a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torch.fx
 
 from aotpipe.passes.base import GraphUnderPass, PassResult, constant_value, is_constant, real_strides, restride
+from aotpipe.passes.options import ViewToReshapeOptions, RemoveNoopsOptions, ChannelsLastOptions
 
 _aten = torch.ops.aten
-
-
-@dataclass(frozen=True)
-class ViewToReshapeOptions:
-    graphs: tuple[str, ...] = ("inference",)
-
-
-@dataclass(frozen=True)
-class RemoveNoopsOptions:
-    graphs: tuple[str, ...] = ("inference",)
-
-
-@dataclass(frozen=True)
-class ChannelsLastOptions:
-    graphs: tuple[str, ...] = ("inference",)
 
 
 def view_to_reshape(g: GraphUnderPass, options: ViewToReshapeOptions) -> PassResult:

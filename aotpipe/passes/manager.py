@@ -111,7 +111,7 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
         nodes_before = len(work.gm.graph.nodes)
         t0 = time.perf_counter()
         try:
-            result = info.fn(work, step.options)
+            result = info.function(work, step.options)
             result.graph.gm.graph.lint()
             result.graph.gm.recompile()
         except PassError:

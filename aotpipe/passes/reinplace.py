@@ -10,7 +10,6 @@ into the view. The graph's results are unchanged; it allocates less.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torch.fx
@@ -18,14 +17,10 @@ from torch.fx.passes.reinplace import reinplace as fx_reinplace
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from aotpipe.passes.base import GraphUnderPass, PassResult, constant_value
+from aotpipe.passes.options import ReinplaceOptions
 
 
 _ASSERT_METADATA = torch.ops.aten._assert_tensor_metadata.default
-
-
-@dataclass(frozen=True)
-class ReinplaceOptions:
-    graphs: tuple[str, ...] = ("inference",)
 
 
 def _is_inplace(node: torch.fx.Node) -> bool:

@@ -6,15 +6,9 @@ Accepts: any graph kind. Factory ops' device arguments and the graph's constants
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from aotpipe.passes.base import GraphUnderPass, PassResult
-
-
-@dataclass(frozen=True)
-class ToDeviceOptions:
-    device: str = "cpu"
-    graphs: tuple[str, ...] = ("inference",)
+from aotpipe.passes.options import ToDeviceOptions
 
 
 def to_device(g: GraphUnderPass, options: ToDeviceOptions) -> PassResult:

@@ -25,7 +25,9 @@ def _pipeline(tmp_path, models, extra=""):
 
 
 def _run(tmp_path, pipeline):
-    r = CliRunner().invoke(main, ["run", str(pipeline), "-o", str(tmp_path / "out"), "--no-progress", "--json"])
+    # In this process: some tests patch capture, which worker processes would not see.
+    r = CliRunner().invoke(main, ["run", str(pipeline), "-o", str(tmp_path / "out"), "--no-progress", "--json",
+                                  "--executor", "local"])
     return r, (json.loads(r.output) if r.output.startswith("{") else None)
 
 

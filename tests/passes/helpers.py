@@ -7,7 +7,7 @@ from aotpipe.passes import PASSES, parse_pass_entry
 from aotpipe.passes.base import GraphUnderPass
 from aotpipe.eager import model_state
 from aotpipe.execution import run_graph
-from aotpipe.runner import backward_inputs, bind_inputs
+from aotpipe.job import backward_inputs, bind_inputs
 
 
 def graph_of(model, *args, kind="inference"):
@@ -24,7 +24,7 @@ def graph_of(model, *args, kind="inference"):
 
 def apply(name, g, **options):
     step = parse_pass_entry({name: options} if options else name)[1]
-    return PASSES[name].fn(g.copy(), step.options)
+    return PASSES[name].function(g.copy(), step.options)
 
 
 def ops(gm):

@@ -84,7 +84,8 @@ def test_failing_chain_fails_the_model_but_keeps_raw_graphs_and_goes_on(monkeypa
           - {name: cnn, source: aotpipe.zoo:small_cnn, args: {channels: 4}, inputs: [{shape: [2, 3, 8, 8]}]}
           - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 4}, inputs: [{shape: [2, 4]}]}
     """))
-    r = CliRunner().invoke(main, ["run", str(p), "-o", str(tmp_path / "out"), "--no-progress", "--json"])
+    r = CliRunner().invoke(main, ["run", str(p), "-o", str(tmp_path / "out"), "--no-progress", "--json",
+                                  "--executor", "local"])  # patched in this process
     assert r.exit_code == 1
     run = json.loads(r.output)
     cnn, mlp = run["models"]

@@ -1,0 +1,32 @@
+"""Executors: where model jobs run. `process` (default): isolated worker processes;
+`local`: this process, one by one; `ray`: Ray tasks.
+
+Executors take :class:`~aotpipe.executors.base.Task` objects (a name, a callable, its
+resources) and know nothing of models: data flows one way, runner -> executor -> job.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from aotpipe.executors.base import Executor, Failure, Outcome, Resources, Task
+
+__all__ = ["Executor", "Failure", "Outcome", "Resources", "Task", "make_executor"]
+
+
+def make_executor(kind: str, *, workers: int = 1, timeout_s: Optional[float] = None,
+                  memory_gb: Optional[float] = None, address: Optional[str] = None) -> Executor:
+    """The executor of `kind` (local | process | ray) with its limits."""
+    if kind == "local":
+        from aotpipe.executors.local import LocalExecutor
+
+        return LocalExecutor()
+    if kind == "process":
+        from aotpipe.executors.process import ProcessExecutor
+
+        return ProcessExecutor(workers=workers, timeout_s=timeout_s, memory_gb=memory_gb)
+    if kind == "ray":
+        from aotpipe.executors.ray import RayExecutor
+
+        return RayExecutor(address=address, timeout_s=timeout_s)
+    raise ValueError(f"unknown executor {kind!r}")

@@ -1,0 +1,241 @@
+"""The process executor: each task in a worker process, `workers` at a time, isolated.
+
+A worker imports torch once and runs tasks one after another; the parent watches each
+task's time and the worker's resident memory, and kills the worker (its whole process
+group) when a task passes the time limit or the memory limit. A worker that dies (a
+segfault, ``os._exit``, the kernel's OOM killer, a kill) costs only the task it was
+running, which is reported with the reason; a fresh worker takes the next task.
+
+Threads: one worker keeps torch's default intra-op threads (as a local run does); N > 1
+workers use ``cpu_count // N`` each, so that they do not oversubscribe the machine. Graphs
+and their reference digests do not depend on it; the float32-vs-float64 error figures of
+the eager checks (in the manifest) do, as they do from one machine to another.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Callable, Optional
+
+from aotpipe.executors.base import Failure, Outcome, Task
+
+POLL_S = 0.05  # how often the parent looks at its workers' time and memory
+START_ATTEMPTS = 3  # workers that die before they are ready, in a row, before giving up
+TAIL_LINES = 20
+
+
+def rss_bytes(pid: int) -> Optional[int]:
+    """Resident memory of a process (Linux /proc), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _signal_name(num: int) -> str:
+    try:
+        name = signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+    described = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGBUS": "bus error",
+                 "SIGILL": "illegal instruction", "SIGFPE": "arithmetic error",
+                 "SIGKILL": "killed, e.g. by the kernel's out-of-memory killer"}
+    return f"{name} ({described[name]})" if name in described else name
+
+
+@dataclass
+class _Worker:
+    proc: subprocess.Popen
+    send: Connection
+    recv: Connection
+    log: Path
+    ready: bool = False
+    task: Optional[int] = None
+    started: float = 0.0
+    peak_rss: int = 0
+    done: int = 0  # tasks it finished
+
+    def tail(self) -> Optional[str]:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        lines = [ln for ln in lines if ln.strip()]
+        return "\n".join(lines[-TAIL_LINES:]) or None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
+    def close(self) -> None:
+        for c in (self.send, self.recv):
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+@dataclass
+class ProcessExecutor:
+    """`workers` worker processes; per task: `timeout_s` of wall time, and the worker's resident
+    memory at most the task's `memory_gb` (or `memory_gb` here)."""
+
+    workers: int = 1
+    timeout_s: Optional[float] = None
+    memory_gb: Optional[float] = None
+    threads: Optional[int] = None  # intra-op threads per worker; default: see the module's docstring
+    # Where workers are started from (their sys.path[0]): the runner's base folder.
+    cwd: Optional[Path] = None
+    _logs: Optional[tempfile.TemporaryDirectory] = field(default=None, repr=False)
+
+    def _threads(self) -> int:
+        """Intra-op threads per worker; 0: torch's default."""
+        if self.threads is not None:
+            return self.threads
+        return 0 if self.workers == 1 else max(1, (os.cpu_count() or 1) // self.workers)
+
+    def _start(self) -> _Worker:
+        assert self._logs is not None
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        log = Path(self._logs.name) / f"worker-{time.monotonic_ns()}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "aotpipe.executors.worker", str(to_child_r), str(from_child_w),
+                 str(self._threads())],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),
+                start_new_session=True, cwd=self.cwd,
+            )
+        os.close(to_child_r)
+        os.close(from_child_w)  # so that the worker's death is an EOF here
+        return _Worker(proc, Connection(to_child_w, readable=False), Connection(from_child_r, writable=False), log)
+
+    def run(self, tasks: list[Task], *, on_start: Callable[[int], None],
+            on_done: Callable[[int, Outcome], None]) -> None:
+        pending = collections.deque(range(len(tasks)))
+        pool: list[_Worker] = []
+        failed_starts = 0
+        self._logs = tempfile.TemporaryDirectory(prefix="aotpipe-workers-")
+        try:
+            while pending or any(w.task is not None for w in pool):
+                busy = sum(w.task is not None for w in pool)
+                while len(pool) < min(self.workers, busy + len(pending)):
+                    pool.append(self._start())
+                for w in pool:
+                    if w.ready and w.task is None and pending:
+                        i = pending.popleft()
+                        try:
+                            w.send.send(tasks[i].fn)
+                        except (OSError, pickle.PicklingError) as e:
+                            on_done(i, Failure(f"could not send the task to its worker: {e}"))
+                            continue
+                        w.task, w.started, w.peak_rss = i, time.monotonic(), 0
+                        on_start(i)
+                for conn in wait([w.recv for w in pool], timeout=POLL_S):
+                    w = next(w for w in pool if w.recv is conn)
+                    try:
+                        msg = conn.recv()
+                    except (EOFError, OSError):
+                        failed_starts = self._died(w, pool, tasks, pending, on_done, failed_starts)
+                        continue
+                    except Exception as e:  # the task's value did not unpickle here
+                        msg = ("raised", f"its result could not be read back: {type(e).__name__}: {e}", None)
+                    if msg[0] == "ready":
+                        w.ready, failed_starts = True, 0
+                    elif w.task is not None:
+                        i, w.task = w.task, None
+                        w.done += 1
+                        on_done(i, msg[1] if msg[0] == "done" else Failure(f"the task raised {msg[1]}", msg[2]))
+                        limit, rss = self._limit(tasks[i]), rss_bytes(w.proc.pid)
+                        if limit is not None and rss is not None and rss > limit / 2:
+                            self._retire(w, pool)  # what the task left behind: start the next one afresh
+                for w in list(pool):
+                    if w.task is not None:
+                        self._watch(w, pool, tasks, on_done)
+        finally:
+            for w in list(pool):
+                self._retire(w, pool, wait_s=2.0)
+            self._logs.cleanup()
+            self._logs = None
+
+    def _limit(self, task: Task) -> Optional[float]:
+        gb = task.resources.memory_gb if task.resources.memory_gb is not None else self.memory_gb
+        return gb * 2**30 if gb is not None else None
+
+    def _over_memory(self, w: _Worker, task: Task) -> Optional[int]:
+        limit = self._limit(task)
+        rss = rss_bytes(w.proc.pid)
+        if rss is None:
+            return None
+        w.peak_rss = max(w.peak_rss, rss)
+        return rss if limit is not None and rss > limit else None
+
+    def _watch(self, w: _Worker, pool: list[_Worker], tasks: list[Task],
+               on_done: Callable[[int, Outcome], None]) -> None:
+        assert w.task is not None
+        task = tasks[w.task]
+        rss = self._over_memory(w, task)
+        limit = self._limit(task)
+        elapsed = time.monotonic() - w.started
+        if rss is not None and limit is not None:
+            reason = (f"out of memory: the worker's resident memory reached {_gib(rss)}, over the limit of "
+                      f"{_gib(limit)} (executor.memory_gb)")
+        elif (timeout := task.resources.timeout_s or self.timeout_s) is not None and elapsed > timeout:
+            reason = f"timed out after {timeout:g} s (timeout_s); the worker was killed"
+        else:
+            return
+        i = w.task
+        w.kill()
+        pool.remove(w)
+        w.close()
+        on_done(i, Failure(reason, w.tail()))
+
+    def _died(self, w: _Worker, pool: list[_Worker], tasks: list[Task], pending: collections.deque,
+              on_done: Callable[[int, Outcome], None], failed_starts: int) -> int:
+        code = w.proc.wait()
+        pool.remove(w)
+        w.close()
+        if code < 0:
+            how = f"crashed: {_signal_name(-code)}"
+        else:
+            how = f"exited with status {code}"
+        if w.task is not None:
+            i = w.task
+            on_done(i, Failure(f"the worker {how} while running this model", w.tail()))
+            return 0
+        if not w.ready:
+            failed_starts += 1
+            if failed_starts >= START_ATTEMPTS:
+                detail = w.tail()
+                last = detail.splitlines()[-1] if detail else ""
+                while pending:
+                    on_done(pending.popleft(), Failure(f"no worker could start: it {how}" +
+                                                       (f" ({last})" if last else ""), detail))
+        return failed_starts
+
+    def _retire(self, w: _Worker, pool: list[_Worker], wait_s: float = 10.0) -> None:
+        if w in pool:
+            pool.remove(w)
+        w.close()  # end of input: an idle worker exits
+        try:
+            w.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            w.kill()

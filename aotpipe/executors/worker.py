@@ -1,0 +1,50 @@
+"""The process executor's worker: runs tasks sent by its parent, one at a time, until told to stop.
+
+Started as ``python -m aotpipe.executors.worker READ_FD WRITE_FD THREADS``. It speaks with its
+parent over two pipes (multiprocessing connections): it says ``("ready",)`` once its imports
+are done, then for each task it receives (a picklable callable) it answers ``("done", value)``
+or, if the callable raised, ``("raised", one line, traceback)``. End of input: it exits.
+
+Its stdout and stderr go to a log file the parent reads when the worker dies: with
+faulthandler on, a segfault leaves the Python stack there.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+
+def main(argv: list[str]) -> int:
+    read_fd, write_fd, threads = int(argv[0]), int(argv[1]), int(argv[2])
+    faulthandler.enable()
+    conn_in = Connection(read_fd, writable=False)
+    conn_out = Connection(write_fd, readable=False)
+    import torch  # once, before the first task: the parent's time limit is for the model
+
+    import aotpipe.job  # noqa: F401
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    conn_out.send(("ready",))
+    while True:
+        try:
+            fn = conn_in.recv()
+        except EOFError:
+            return 0
+        try:
+            value = fn()
+        except BaseException as e:  # noqa: BLE001 - the parent records it; the worker goes on
+            from aotpipe.errors import exception_line
+
+            conn_out.send(("raised", exception_line(e), traceback.format_exc()))
+            if not isinstance(e, Exception):
+                return 1  # KeyboardInterrupt, SystemExit: stop here
+            continue
+        conn_out.send(("done", value))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,155 @@
+"""One model's job: source -> capture -> passes -> write -> check, in whatever process runs it.
+
+The executors run :func:`run_model` (bound to its arguments) wherever they run models; it
+never raises for a model's own failure. Whether a model needs running at all is decided
+before, by the runner (aotpipe/incremental.py), so a warm re-run never gets here.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from aotpipe.config import ModelSpec
+from aotpipe.errors import AotpipeError, exception_line
+from aotpipe.results import GraphResult, ModelResult, checks_summary, eager_cell, verification_summary, written_manifest
+
+
+def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False,
+              key: Path | None = None) -> ModelResult:
+    """Build, capture, write and check one model, unless its artefact is up to date.
+
+    With a signing `key`, the artefact is signed as it is written, and one on disk counts
+    as up to date only if its signature checks under that key.
+
+    Never raises for a model's own failure: the result says what failed and where.
+    """
+    import torch.utils._pytree as pytree
+
+    from aotpipe.artifact.signing import signer
+    from aotpipe.artifact.writer import graph_entries, write_model
+    from aotpipe.capture import capture_export
+    from aotpipe.capture.checks import ModelChecks, check_written, graph_structure
+    from aotpipe.eager import EagerReference, model_state
+    from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
+    from aotpipe.passes.manager import apply_passes
+    from aotpipe.sources import build_model, make_example_inputs
+
+    start = time.perf_counter()
+    result = ModelResult(name=spec.name, status="failed")
+    stage = "source"
+    try:
+        fp = model_fingerprint(spec, base_dir)
+        if not force:
+            manifest = up_to_date(out_dir / spec.name, fp, key)
+            if manifest is not None:
+                return skipped_result(spec, out_dir / spec.name, manifest, start)
+        model = build_model(spec, base_dir)
+        args, kwargs = make_example_inputs(spec)
+        names = [inp.name or f"arg{i}" for i, inp in enumerate(spec.inputs)]
+        ranges = {
+            (inp.name or f"arg{i}"): (int(inp.low or 0), int(inp.high if inp.high is not None else 2))
+            for i, inp in enumerate(spec.inputs)
+            if inp.is_integer
+        }
+        stage = "capture"
+        captured = capture_export(
+            model, args, kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names, int_ranges=ranges
+        )
+        result.capture_seconds = captured.seconds
+        result.notes = list(captured.notes)
+        state = model_state(model, captured.constants)
+        user = dict(zip(captured.user_inputs, pytree.tree_leaves((args, kwargs))))
+        inputs = {kind: bind_inputs(g, state, user) for kind, g in captured.graphs.items() if kind != "backward"}
+        if spec.save_values == "full" and "backward" in captured.graphs:
+            inputs["backward"] = backward_inputs(captured, inputs["forward"])
+        pass_problems: list[str] = []
+        diagnose: dict[str, Any] = {}
+        if spec.passes:
+            stage = "passes"
+            t0 = time.perf_counter()
+            pass_problems, result.passes, diagnose = apply_passes(spec, captured, inputs)
+            result.passes_seconds = time.perf_counter() - t0
+        stage = "write"
+        t0 = time.perf_counter()
+        eager = EagerReference(model, args, kwargs, captured.constants, captured.user_inputs) if spec.verify else None
+        checked: list[ModelChecks] = []
+
+        def check(folder: Path) -> Any:
+            codes = {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(captured)}
+            mc = check_written(folder, memory_inputs=inputs, codes=codes, eager=eager, verify=spec.verify,
+                               diagnose=lambda key, lines: diagnose[key]() if key in diagnose else "")
+            checked.append(mc)
+            pass_problems.extend(mc.pass_failures)
+            return mc.outcome
+
+        written = write_model(
+            out_dir,
+            captured,
+            model_record=spec.to_json(),
+            fingerprint=fp,
+            inputs=inputs if spec.save_inputs else None,
+            save_values=spec.save_values,
+            check=check,
+            pass_failures=pass_problems,
+            sign=signer(key) if key is not None else None,
+        )
+        mc = checked[0]
+        result.checks_seconds = mc.seconds
+        result.write_seconds = time.perf_counter() - t0 - mc.seconds
+        result.graphs = [GraphResult(g.kind, g.folder, g.nodes, g.num_inputs, g.num_outputs) for g in written.graphs]
+        result.bytes = written.bytes
+        result.files = written.files
+        result.status = "ok"
+        manifest = written_manifest(written.path)
+        result.verification = verification_summary(manifest)
+        result.checks = checks_summary(manifest)
+        result.eager = {k: eager_cell(g.checks) for k, g in manifest.graphs.items()}
+        problems = mc.problems + result.verification["problems"]
+        if problems:
+            result.status, result.stage = "failed", "verify"
+            result.error = "; ".join(problems[:3])
+        elif pass_problems:
+            # The raw graphs were written and checked; the failing chain's graph was not kept.
+            result.status, result.stage = "failed", "passes"
+            result.error = "; ".join(pass_problems[:3])
+    except AotpipeError as e:
+        result.stage, result.error = stage, str(e)
+        result.traceback = traceback.format_exc()
+    except Exception as e:  # a model's own code (or torch) failed: record it, go on
+        result.stage, result.error = stage, exception_line(e)
+        result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
+        result.traceback = traceback.format_exc()
+    result.total_seconds = time.perf_counter() - start
+    return result
+
+
+def bind_inputs(g: Any, state: dict[str, Any], user: dict[str, Any]) -> list[Any]:
+    """A graph's real inputs: model tensors by target, user inputs by name, ones for tangents."""
+    from aotpipe.tensors import ones
+
+    vals: list[Any] = []
+    for gi in g.inputs:
+        if gi.role in ("param", "buffer", "constant"):
+            vals.append(state[gi.target])
+        elif gi.role == "user":
+            vals.append(user[gi.target])
+        elif gi.role == "tangent":
+            vals.append(ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype))
+        else:
+            raise ValueError(f"cannot bind input {gi.name} with role {gi.role}")
+    return vals
+
+
+def backward_inputs(captured: Any, forward_inputs: list[Any]) -> list[Any]:
+    """The backward graph's real inputs: the forward's saved outputs, then ones for tangents."""
+    from aotpipe.execution import run_graph
+    from aotpipe.tensors import ones
+
+    fw_out = run_graph(captured.graphs["forward"].gm, forward_inputs)
+    saved = fw_out[captured.contract.num_forward_outputs:]
+    bw = captured.graphs["backward"]
+    tangents = [ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype) for gi in bw.inputs if gi.role == "tangent"]
+    return list(saved) + tangents

@@ -1,0 +1,134 @@
+"""What a run produced: per model and per pipeline, and summaries of a written manifest.
+
+A leaf module: no torch, no runner. The job (aotpipe/job.py), the up-to-date check
+(aotpipe/incremental.py), the executors, the runner and the reports all speak these types,
+and data flows one way: runner -> executors -> job -> results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from aotpipe.artifact.records import GraphChecks, Manifest
+
+# Where a model's run stopped: its own stages, or the worker it ran in (crash, timeout,
+# out of memory: reported by the executor, not by the model's code).
+STAGES = ("source", "capture", "passes", "write", "verify", "worker")
+
+
+@dataclass
+class GraphResult:
+    kind: str
+    folder: str
+    nodes: int
+    inputs: int
+    outputs: int
+
+
+@dataclass
+class ModelResult:
+    """What happened to one model; `status` is ok or failed."""
+
+    name: str
+    status: str
+    stage: Optional[str] = None  # where it failed: one of STAGES
+    error: Optional[str] = None
+    # The exception's class when the failure was not an aotpipe error: the model's own code,
+    # torch, or a bug in aotpipe (the traceback is kept for -v).
+    exception: Optional[str] = None
+    graphs: list[GraphResult] = field(default_factory=list)
+    capture_seconds: float = 0.0
+    passes_seconds: float = 0.0
+    checks_seconds: float = 0.0  # running the written graphs once: references, eager checks, chain
+    write_seconds: float = 0.0
+    verification: Optional[dict[str, Any]] = None
+    checks: dict[str, Any] = field(default_factory=dict)  # run, passed, failed, skipped (with reasons), indirect
+    eager: dict[str, Any] = field(default_factory=dict)  # per graph: its checks in brief
+    passes: dict[str, Any] = field(default_factory=dict)  # per transformed graph: what each pass did
+    total_seconds: float = 0.0
+    bytes: int = 0
+    files: int = 0
+    notes: list[str] = field(default_factory=list)
+    skipped: bool = False  # up to date: the artefact on disk was kept
+    traceback: Optional[str] = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("traceback")
+        return d
+
+
+@dataclass
+class RunResult:
+    pipeline: str
+    output: Path
+    models: list[ModelResult]
+    seconds: float
+    cleaned: list[str] = field(default_factory=list)
+    executor: str = "local"
+    workers: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return all(m.status == "ok" for m in self.models)
+
+
+def eager_cell(checks: Optional[GraphChecks]) -> dict[str, Any]:
+    """A graph's checks in brief: counts, the worst error as a multiple of eager's own."""
+    if checks is None:
+        return {}
+    ratios = [c.ratio for c in checks.items if c.ratio is not None]
+    return {"run": checks.run, "passed": checks.passed, "failed": checks.failed, "skipped": checks.skipped,
+            "indirect": checks.indirect, "worst_ratio": max(ratios) if ratios else None,
+            "skipped_reasons": list(checks.skipped_reasons)}
+
+
+def checks_summary(manifest: Manifest) -> dict[str, Any]:
+    """The model's checks in brief: counts, and the reasons for every skipped one."""
+    totals: dict[str, Any] = manifest.checks.model_dump() if manifest.checks is not None else {}
+    totals["skipped_reasons"] = [f"{key}: {r}" for key, g in manifest.graphs.items()
+                                 for r in (g.checks.skipped_reasons if g.checks is not None else [])]
+    return totals
+
+
+# Verification statuses that are not problems: recorded by the run after writing (v2),
+# replayed bit for bit or ran without saved values (v1), shapes only (save_inputs: false).
+VERIFIED = ("recorded", "shapes only", "match", "ran")
+
+
+def written_manifest(path: Path) -> Manifest:
+    """The manifest of a model folder, read within the limits and validated (an ArtifactError
+    if it is not one)."""
+    from aotpipe.artifact import records
+
+    return records.read(Manifest, path / records.MANIFEST, path)[1]
+
+
+def verification_summary(manifest: Manifest) -> dict[str, Any]:
+    problems = []
+    statuses = {}
+    for kind, r in (manifest.verification or {}).items():
+        statuses[kind] = r.status
+        if r.status not in VERIFIED:
+            detail = r.error or "; ".join(str(x) for x in (r.mismatches or r.problems or []))
+            if r.first_divergence:
+                detail += f" (first divergence: {r.first_divergence})"
+            problems.append(f"{kind} replay {r.status}: {detail}")
+    return {"ok": not problems, "graphs": statuses, "problems": problems}
+
+
+def failed_last_time(manifest: Manifest) -> bool:
+    """Whether the run that wrote an artefact found a problem: a graph that did not run as
+    recorded, a failed check, or a failed pass chain (such a model is redone, and ls says FAILED)."""
+    return bool(verification_summary(manifest)["problems"] or (manifest.checks is not None and manifest.checks.failed)
+                or manifest.pass_failures)
+
+
+def graph_results(manifest: Manifest) -> list[GraphResult]:
+    """The manifest's graphs, raw kinds first in capture order, then derived ones."""
+    order = ["inference", "forward", "backward", "joint"]
+    graphs = manifest.graphs
+    return [GraphResult(k, graphs[k].folder, graphs[k].nodes, graphs[k].inputs, graphs[k].outputs)
+            for k in sorted(graphs, key=lambda k: order.index(k) if k in order else len(order))]

@@ -1,0 +1,95 @@
+"""A pipeline on the process executor: bad models are reported with their reasons, the
+others finish, nothing half-written is left; a warm re-run imports no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from click.testing import CliRunner
+
+from aotpipe.cli import main
+
+BAD_MODELS = '''
+import ctypes
+import os
+import time
+
+
+def segfault():
+    ctypes.string_at(0)
+
+
+def hang():
+    time.sleep(3600)
+
+
+def hog():
+    import torch
+
+    keep = []
+    while True:
+        keep.append(torch.ones(2**24))  # 64 MiB each
+
+
+def exits():
+    os._exit(3)
+'''
+
+PIPELINE = """
+version: 1
+name: batch
+executor: {kind: process, workers: 2, timeout_s: 120}
+models:
+  - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 8}, inputs: [{shape: [4, 8]}]}
+  - {name: segfault, source: "bad_models:segfault", inputs: [{shape: [1]}]}
+  - {name: hang, source: "bad_models:hang", inputs: [{shape: [1]}], resources: {timeout_s: 6}}
+  - {name: hog, source: "bad_models:hog", inputs: [{shape: [1]}], resources: {memory_gb: 1}}
+  - {name: exits, source: "bad_models:exits", inputs: [{shape: [1]}]}
+  - {name: cnn, source: aotpipe.zoo:small_cnn, args: {channels: 4}, inputs: [{shape: [2, 3, 8, 8]}]}
+"""
+
+
+def test_segfault_hang_and_memory_hog_are_reported_and_the_others_finish(tmp_path):
+    (tmp_path / "bad_models.py").write_text(BAD_MODELS)
+    (tmp_path / "p.yaml").write_text(textwrap.dedent(PIPELINE))
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress",
+                                  "--json"])
+    assert r.exit_code == 1, r.output
+    run = json.loads(r.output)
+    assert run["executor"] == {"kind": "process", "workers": 2}
+    by = {m["name"]: m for m in run["models"]}
+    assert by["mlp"]["status"] == "ok" and by["cnn"]["status"] == "ok"
+    for name in ("segfault", "hang", "hog", "exits"):
+        assert by[name]["status"] == "failed" and by[name]["stage"] == "worker", by[name]
+    assert "SIGSEGV" in by["segfault"]["error"]
+    assert "timed out after 6 s" in by["hang"]["error"]
+    assert "out of memory" in by["hog"]["error"] and "1.00 GiB" in by["hog"]["error"]
+    assert "exited with status 3" in by["exits"]["error"]
+    out = tmp_path / "out" / "batch"
+    assert sorted(p.name for p in out.iterdir()) == ["cnn", "mlp", "report.md", "run.json"]
+    report = (out / "report.md").read_text()
+    assert "SIGSEGV" in report and "timed out" in report
+
+
+def test_a_warm_rerun_imports_neither_torch_nor_the_models(tmp_path):
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""
+        version: 1
+        name: warm
+        models:
+          - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 8}, inputs: [{shape: [4, 8]}]}
+          - {name: bert, source: "hf:BertModel", config: {num_hidden_layers: 1, hidden_size: 32,
+             num_attention_heads: 2, intermediate_size: 37, vocab_size: 100},
+             inputs: [{name: input_ids, shape: [1, 8], dtype: int64, high: 100}], graphs: [inference]}
+    """))
+    args = ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress", "--json"]
+    cold = CliRunner().invoke(main, args)
+    assert cold.exit_code == 0, cold.output
+    code = ("import sys; from aotpipe.cli import main\n"
+            "try:\n    main(%r)\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(code, 'torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)" % (args,))
+    warm = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert warm.stderr.split()[-3:] == ["0", "False", "False"], warm.stderr
+    assert all(m["skipped"] for m in json.loads(warm.stdout)["models"])

@@ -1,0 +1,81 @@
+"""The process executor: isolation, limits, parallel workers (plain tasks, no models)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+from aotpipe.executors import Failure, Resources, Task
+from aotpipe.executors.process import ProcessExecutor
+from tests.executors import tasks
+
+
+def _run(executor, task_list):
+    done, started = {}, []
+    executor.run(task_list, on_start=started.append, on_done=lambda i, o: done.__setitem__(i, o))
+    assert sorted(done) == list(range(len(task_list))) and sorted(started) == sorted(set(started))
+    return [done[i] for i in range(len(task_list))]
+
+
+def _task(name, fn, *args, **res):
+    return Task(name, functools.partial(fn, *args), Resources(**res))
+
+
+def test_values_come_back_in_task_order():
+    out = _run(ProcessExecutor(workers=2), [_task(f"t{i}", tasks.square, i) for i in range(5)])
+    assert out == [0, 1, 4, 9, 16]
+
+
+def test_two_workers_run_two_tasks_at_once():
+    out = _run(ProcessExecutor(workers=2), [_task("a", tasks.sleep_and_time, 1.5), _task("b", tasks.sleep_and_time, 1.5)])
+    (s1, e1, p1), (s2, e2, p2) = out
+    assert p1 != p2 and p1 != os.getpid()
+    assert max(s1, s2) < min(e1, e2)  # they overlapped
+
+
+def test_one_worker_runs_tasks_one_after_another_in_the_same_process():
+    (s1, e1, p1), (s2, e2, p2) = _run(ProcessExecutor(workers=1), [_task("a", tasks.sleep_and_time, 0.2),
+                                                                     _task("b", tasks.sleep_and_time, 0.2)])
+    assert p1 == p2 and s2 >= e1  # the worker is reused
+
+
+def test_a_task_that_raises_is_a_failure_and_the_worker_goes_on():
+    out = _run(ProcessExecutor(workers=1), [_task("bad", tasks.raise_value_error), _task("good", tasks.square, 3)])
+    assert isinstance(out[0], Failure) and "ValueError: bad value" in out[0].reason and "\n" not in out[0].reason
+    assert "Traceback" in out[0].detail
+    assert out[1] == 9
+
+
+def test_crashes_hangs_and_memory_hogs_cost_only_their_own_task():
+    out = _run(ProcessExecutor(workers=2, timeout_s=60), [
+        _task("segv", tasks.segfault),
+        _task("exit", tasks.exit_3),
+        _task("hang", tasks.hang, timeout_s=3),
+        _task("hog", tasks.hog_memory, memory_gb=0.5),
+        _task("ok", tasks.square, 7),
+        _task("unpicklable", tasks.unpicklable_result),
+    ])
+    segv, exit3, hang, hog, ok, unpicklable = out
+    assert isinstance(segv, Failure) and "SIGSEGV" in segv.reason, segv
+    assert "segfault" in (segv.detail or ""), segv.detail  # faulthandler's stack names the function
+    assert isinstance(exit3, Failure) and "exited with status 3" in exit3.reason, exit3
+    assert isinstance(hang, Failure) and "timed out after 3 s" in hang.reason, hang
+    assert isinstance(hog, Failure) and "out of memory" in hog.reason and "0.50 GiB" in hog.reason, hog
+    assert ok == 49
+    assert isinstance(unpicklable, Failure), unpicklable
+
+
+def test_the_executors_memory_limit_applies_to_every_task():
+    (hog,) = _run(ProcessExecutor(workers=1, memory_gb=0.5), [_task("hog", tasks.hog_memory)])
+    assert isinstance(hog, Failure) and "executor.memory_gb" in hog.reason
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_no_worker_outlives_the_run(workers):
+    ex = ProcessExecutor(workers=workers)
+    pids = [p for _, _, p in _run(ex, [_task(f"t{i}", tasks.sleep_and_time, 0.05) for i in range(4)])]
+    for pid in set(pids):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -1,0 +1,67 @@
+"""The Ray executor, against a real local Ray instance that these tests start."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aotpipe.cli import main
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_runs_models_and_reports_a_crash_and_a_timeout(local_ray, tmp_path):
+    (tmp_path / "bad.py").write_text("import os, time\n\ndef exits():\n    os._exit(3)\n\n"
+                                     "def hang():\n    time.sleep(3600)\n")
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""
+        version: 1
+        name: r
+        executor: {kind: ray, num_cpus: 1}
+        models:
+          - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 8}, inputs: [{shape: [4, 8]}]}
+          - {name: exits, source: "bad:exits", inputs: [{shape: [1]}]}
+          - {name: hang, source: "bad:hang", inputs: [{shape: [1]}], resources: {timeout_s: 20}}
+    """))
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress",
+                                  "--json"])
+    assert r.exit_code == 1, r.output
+    run = json.loads(r.stdout)
+    assert run["executor"]["kind"] == "ray"
+    by = {m["name"]: m for m in run["models"]}
+    assert by["mlp"]["status"] == "ok" and by["mlp"]["checks"]["failed"] == 0
+    assert by["exits"]["stage"] == "worker" and "crashed" in by["exits"]["error"], by["exits"]
+    assert by["hang"]["stage"] == "worker" and "timed out after 20 s" in by["hang"]["error"], by["hang"]
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["mlp", "report.md", "run.json"]
+
+
+@pytest.mark.slow
+def test_ray_runs_zoo_hf_and_writes_what_the_process_executor_writes(local_ray, tmp_path):
+    out = {}
+    for kind in ("ray", "process"):
+        r = CliRunner().invoke(main, ["run", str(PIPELINES / "zoo-hf.yaml"), "-o", str(tmp_path / kind),
+                                      "--no-progress", "--json", "--executor", kind])
+        assert r.exit_code == 0, r.output
+        run = json.loads(r.stdout)
+        assert all(m["status"] == "ok" and not m["skipped"] for m in run["models"])
+        out[kind] = tmp_path / kind / "zoo-hf"
+    # Every graph, input record and blob is the same; manifests may differ in the eager
+    # checks' float32 error figures, which depend on the thread count (Ray: 1 per task).
+    files = sorted(p.relative_to(out["ray"]) for p in out["ray"].rglob("*")
+                   if p.is_file() and p.name not in ("manifest.json", "run.json", "report.md"))
+    assert len(files) > 100
+    for f in files:
+        assert (out["ray"] / f).read_bytes() == (out["process"] / f).read_bytes(), f
