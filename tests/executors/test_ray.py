@@ -7,11 +7,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import ray  # the test extra installs it
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-
-ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 
