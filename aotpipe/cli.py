@@ -150,8 +150,9 @@ def schema(artifact: bool) -> None:
 @main.command()
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--graph", "graphs", multiple=True, metavar="KIND",
-              help="Replay only this graph (repeatable): inference, forward, backward, joint, or a transformed "
-                   "graph such as inference.freeze+fold_conv_bn; default: all.")
+              help="Replay only this graph (repeatable): inference, forward, backward, joint, a later dynamo "
+                   "subgraph's (forward_1), or a transformed graph such as inference.freeze+fold_conv_bn; "
+                   "default: all.")
 @click.option("--inputs", type=click.Choice(["saved", "random"]), default="saved", show_default=True,
               help="Saved example inputs (compared with saved outputs) or random ones from get_inputs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --inputs random.")

@@ -20,6 +20,7 @@ from aotpipe.errors import ConfigError, Problem
 SCHEMA_VERSION = 1
 
 GraphKind = Literal["inference", "forward", "backward", "joint"]
+Mode = Literal["export", "dynamo", "auto"]
 GRAPH_KINDS: tuple[str, ...] = get_args(GraphKind)
 
 # Names accepted for `dtype:`; values are torch dtype attribute names.
@@ -112,7 +113,9 @@ class ExecutorSpec(_Strict):
 class Defaults(_Strict):
     """Settings every model inherits and may override."""
 
-    mode: Literal["export"] = Field("export", description="capture mode (dynamo and meta come later)")
+    mode: Mode = Field("export", description="capture mode: export (torch.export + AOTAutograd); dynamo "
+                       "(torch.compile with a capturing backend: graphs per subgraph, graph breaks recorded); "
+                       "auto (export, else dynamo, recording why)")
     graphs: list[GraphKind] = Field(list(GRAPH_KINDS), description="graph kinds to save")
     passes: list[Union[str, dict[str, Any]]] = Field(
         [], description="pass chain: names (freeze) or {name: {options}}; each applies to `graphs:` "
@@ -133,7 +136,7 @@ class ModelEntry(_Strict):
     args: dict[str, Any] = Field({}, description="keyword arguments for a module:callable source")
     config: Optional[dict[str, Any]] = Field(None, description="transformers config fields for an hf: source")
     inputs: list[InputSpec] = Field(description="example inputs")
-    mode: Optional[Literal["export"]] = None
+    mode: Optional[Mode] = None
     graphs: Optional[list[GraphKind]] = None
     passes: Optional[list[Union[str, dict[str, Any]]]] = None
     save_inputs: Optional[bool] = None
@@ -196,7 +199,7 @@ class ModelSpec(_Strict):
     args: dict[str, Any]
     config: Optional[dict[str, Any]]
     inputs: list[InputSpec]
-    mode: Literal["export"]
+    mode: Mode
     graphs: list[GraphKind]
     passes: list[dict[str, Any]]  # [{"name": ..., "options": {...}}], options complete
     save_inputs: bool

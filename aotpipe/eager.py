@@ -59,7 +59,10 @@ class EagerRun:
 
 
 def _to64(x: Any) -> Any:
-    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        # still a leaf that requires grad where `x` was one, so its gradient is kept
+        return x.detach().double().requires_grad_(x.requires_grad)
+    return x
 
 
 class EagerReference:
@@ -109,6 +112,8 @@ class EagerReference:
                 if training:
                     stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
                     model.zero_grad(set_to_none=True)
+                    for t in users.values():
+                        t.grad = None
                     out = model(*args, **kwargs)
                     loss = sum_loss(out)
                     loss.backward()
@@ -123,9 +128,37 @@ class EagerReference:
                    if n in before and not _same(before[n], b)]
         grads = {n: (p.grad.detach() if p.grad is not None else None)
                  for n, p in model.named_parameters(remove_duplicate=False)} if training else {}
+        if training:  # user inputs that require grad (a dynamo subgraph's activations) have one too
+            grads.update({n: (t.grad.detach() if t.grad is not None else None)
+                          for n, t in users.items() if t.requires_grad and n not in grads})
         return EagerRun(outputs, state, mutated, loss.detach() if loss is not None else None, grads,
                         log.nondeterministic)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+class SubgraphReference:
+    """The reference of one dynamo subgraph: its own dynamo graph run eagerly, per mode.
+
+    The inference and training graphs of a subgraph come from two compiles (eval and no
+    grad, train), each with its own dynamo graph and inputs: one EagerReference each, with
+    the interface the checks use (``run`` and ``errors``).
+    """
+
+    def __init__(self, by_mode: dict[str, EagerReference]):
+        self.by_mode = by_mode
+
+    def run(self, mode: str, fp64: bool = False) -> Optional[EagerRun]:
+        ref = self.by_mode.get(mode)
+        return ref.run(mode, fp64) if ref is not None else None
+
+    @property
+    def errors(self) -> dict[tuple[str, bool], str]:
+        out = {(mode, fp64): f"no {mode} dynamo graph for this subgraph"
+               for mode in ("inference", "training") if mode not in self.by_mode for fp64 in (False, True)}
+        for ref in self.by_mode.values():
+            out.update(ref.errors)
+        return out
+

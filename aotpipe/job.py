@@ -30,7 +30,8 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
 
     from aotpipe.artifact.signing import signer
     from aotpipe.artifact.writer import graph_entries, write_model
-    from aotpipe.capture import capture_export
+    from aotpipe.capture import capture_auto, capture_dynamo, capture_export, subgraph_references
+    from aotpipe.capture.binding import graph_inputs
     from aotpipe.capture.checks import ModelChecks, check_written, graph_structure
     from aotpipe.eager import EagerReference, model_state
     from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
@@ -55,16 +56,15 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             if inp.is_integer
         }
         stage = "capture"
-        captured = capture_export(
+        capture = {"export": capture_export, "dynamo": capture_dynamo, "auto": capture_auto}[spec.mode]
+        captured = capture(
             model, args, kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names, int_ranges=ranges
         )
         result.capture_seconds = captured.seconds
         result.notes = list(captured.notes)
         state = model_state(model, captured.constants)
         user = dict(zip(captured.user_inputs, pytree.tree_leaves((args, kwargs))))
-        inputs = {kind: bind_inputs(g, state, user) for kind, g in captured.graphs.items() if kind != "backward"}
-        if spec.save_values == "full" and "backward" in captured.graphs:
-            inputs["backward"] = backward_inputs(captured, inputs["forward"])
+        inputs = graph_inputs(captured, state, user, with_backward=spec.save_values == "full")
         pass_problems: list[str] = []
         diagnose: dict[str, Any] = {}
         if spec.passes:
@@ -74,7 +74,11 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             result.passes_seconds = time.perf_counter() - t0
         stage = "write"
         t0 = time.perf_counter()
-        eager = EagerReference(model, args, kwargs, captured.constants, captured.user_inputs) if spec.verify else None
+        eager: Any = None
+        if spec.verify:
+            # A dynamo capture's graphs are checked against their own subgraph, run eagerly.
+            eager = subgraph_references(captured) if captured.subgraphs else \
+                EagerReference(model, args, kwargs, captured.constants, captured.user_inputs)
         checked: list[ModelChecks] = []
 
         def check(folder: Path) -> Any:
@@ -124,32 +128,3 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start
     return result
-
-
-def bind_inputs(g: Any, state: dict[str, Any], user: dict[str, Any]) -> list[Any]:
-    """A graph's real inputs: model tensors by target, user inputs by name, ones for tangents."""
-    from aotpipe.tensors import ones
-
-    vals: list[Any] = []
-    for gi in g.inputs:
-        if gi.role in ("param", "buffer", "constant"):
-            vals.append(state[gi.target])
-        elif gi.role == "user":
-            vals.append(user[gi.target])
-        elif gi.role == "tangent":
-            vals.append(ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype))
-        else:
-            raise ValueError(f"cannot bind input {gi.name} with role {gi.role}")
-    return vals
-
-
-def backward_inputs(captured: Any, forward_inputs: list[Any]) -> list[Any]:
-    """The backward graph's real inputs: the forward's saved outputs, then ones for tangents."""
-    from aotpipe.execution import run_graph
-    from aotpipe.tensors import ones
-
-    fw_out = run_graph(captured.graphs["forward"].gm, forward_inputs)
-    saved = fw_out[captured.contract.num_forward_outputs:]
-    bw = captured.graphs["backward"]
-    tangents = [ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype) for gi in bw.inputs if gi.role == "tangent"]
-    return list(saved) + tangents

@@ -1,7 +1,7 @@
 """Capture modes and the options each records: in the manifest, and in the fingerprint.
 
 No torch import: the up-to-date check of a warm re-run reads these, and nothing else of
-capture, to see that nothing changed.
+capture, to see that nothing changed. The capture modules take their options from here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 MODES = ("export", "dynamo", "meta", "auto")
 
-# How export mode captures (aotpipe/capture/export.py).
+# export: torch.export (non-strict), then AOTAutograd (aotpipe/capture/export.py).
 EXPORT_OPTIONS: dict[str, Any] = {
     "strict": False,
     "decompositions": "core_aten",
@@ -19,7 +19,29 @@ EXPORT_OPTIONS: dict[str, Any] = {
     "sdpa_training_backend": "math",
 }
 
+# dynamo: torch.compile with a capturing backend, per subgraph (aotpipe/capture/dynamo.py).
+DYNAMO_OPTIONS: dict[str, Any] = {
+    "backend": "capture (each subgraph's dynamo FX graph, run as is)",
+    "dynamic": False,
+    "decompositions": "core_aten",
+    "partitioner": "default_partition",
+    "loss": "none (the joint takes a tangent of ones per differentiable output)",
+    "inference": "eval-mode no_grad compile, each subgraph exported",
+    "sdpa_training_backend": "math",
+}
+
+# meta: export's capture of a model built on the meta device (aotpipe/capture/meta.py).
+META_OPTIONS: dict[str, Any] = {**EXPORT_OPTIONS, "values": "none (meta build, fake tensors)"}
+
 
 def capture_options(mode: str) -> dict[str, Any]:
     """The options a model captured in `mode` records (part of its fingerprint)."""
-    return {"mode": mode, **EXPORT_OPTIONS}
+    if mode == "export":
+        return {"mode": mode, **EXPORT_OPTIONS}
+    if mode == "dynamo":
+        return {"mode": mode, **DYNAMO_OPTIONS}
+    if mode == "meta":
+        return {"mode": mode, **META_OPTIONS}
+    if mode == "auto":  # export, else dynamo: either may be what the artefact holds
+        return {"mode": mode, "export": dict(EXPORT_OPTIONS), "dynamo": dict(DYNAMO_OPTIONS)}
+    raise ValueError(f"unknown capture mode {mode!r}")

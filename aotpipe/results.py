@@ -127,8 +127,15 @@ def failed_last_time(manifest: Manifest) -> bool:
 
 
 def graph_results(manifest: Manifest) -> list[GraphResult]:
-    """The manifest's graphs, raw kinds first in capture order, then derived ones."""
-    order = ["inference", "forward", "backward", "joint"]
+    """The manifest's graphs in the order a run writes them: captured ones (by subgraph, then
+    kind), then those made by passes."""
+    from aotpipe.graph_keys import key_order, parse_graph_key
+
     graphs = manifest.graphs
+
+    def order(key: str) -> tuple:
+        parsed = parse_graph_key(key)
+        return (parsed is None or parsed.chain is not None, key_order(key))
+
     return [GraphResult(k, graphs[k].folder, graphs[k].nodes, graphs[k].inputs, graphs[k].outputs)
-            for k in sorted(graphs, key=lambda k: order.index(k) if k in order else len(order))]
+            for k in sorted(graphs, key=order)]

@@ -34,6 +34,7 @@ from aotpipe.artifact.records import (  # noqa: F401 (check_version: the loader'
     check_version,
 )
 from aotpipe.errors import ArtifactError, exception_line
+from aotpipe.graph_keys import graph_key, parse_graph_key
 
 
 @dataclass
@@ -212,7 +213,7 @@ def build_inputs(inputs: list[InputRecord], bases: list[Optional[torch.Tensor]],
 
 @dataclass
 class Artifact:
-    """A loaded model artefact: manifest and graphs by kind."""
+    """A loaded model artefact: manifest and graphs by key ("forward", "forward_1", ...)."""
 
     path: Path
     manifest: Manifest
@@ -221,6 +222,15 @@ class Artifact:
     @property
     def name(self) -> str:
         return self.manifest.model.name
+
+    def subgraph_keys(self) -> dict[int, dict[str, str]]:
+        """Per subgraph index (0 only, for export), its captured graphs' keys by kind."""
+        out: dict[int, dict[str, str]] = {}
+        for key in self.graphs:
+            parsed = parse_graph_key(key)
+            if parsed is not None and parsed.chain is None:
+                out.setdefault(parsed.subgraph, {})[parsed.kind] = key
+        return dict(sorted(out.items()))
 
     def build_all(self) -> "Artifact":
         """Every graph's module built now (what verify needs: a deferred one may fail)."""
@@ -334,8 +344,11 @@ def _load(path: str | Path, *, trust_code: bool = False) -> Artifact:
     blobs = BlobStore(p)
     art = Artifact(p, manifest)
     graphs = manifest.graphs
-    kinds = [k for k in GRAPH_KINDS if k in graphs]
-    kinds += sorted(k for k, r in graphs.items() if k not in GRAPH_KINDS and r.base in GRAPH_KINDS)
+    keys = {k: parse_graph_key(k) for k in graphs}
+    # Captured graphs by subgraph, then kind; then the graphs made from them by passes.
+    kinds = sorted((k for k, parsed in keys.items() if parsed is not None and parsed.chain is None),
+                   key=lambda k: (keys[k].subgraph, GRAPH_KINDS.index(keys[k].kind)))
+    kinds += sorted(k for k, r in graphs.items() if k not in kinds and r.base is not None)  # base: a key
     for kind in kinds:
         rec = graphs[kind]
         if (p / rec.folder).is_symlink():
@@ -343,6 +356,7 @@ def _load(path: str | Path, *, trust_code: bool = False) -> Artifact:
         art.graphs[kind] = load_graph(p / rec.folder, blobs, trust_code=trust_code,
                                       recompute=_recompute(art, kind, rec) if rec.base else None)
         art.graphs[kind].name = kind
-    if "backward" in art.graphs:
-        art.graphs["backward"].upstream = art.graphs.get("forward")
+    for key, ga in art.graphs.items():
+        if ga.kind == "backward" and keys[key] is not None:
+            ga.upstream = art.graphs.get(graph_key("forward", keys[key].subgraph))
     return art

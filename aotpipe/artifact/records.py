@@ -11,12 +11,15 @@ Layout of a model folder::
 
     <model>/manifest.json            Manifest (sealed; signature.json beside it when signed)
     <model>/blobs/<sha256>.safetensors   one tensor each, named by the hash of its content
-    <model>/<model>_<kind>_0/        one folder per graph kind
+    <model>/<model>_<kind>_<i>/      one folder per graph kind of each subgraph i (0 but for
+                                     dynamo, whose graph breaks give several; manifest key
+                                     "<kind>" for i = 0, "<kind>_<i>" after)
         graph.json                   GraphRecord: the graph as data, rebuilt without running code
         inputs.json                  InputsRecord: inputs, storages, reference outputs
         trace.json                   TraceRecord: a sampled summary of every node's value
         module.py                    the graph as readable code (never imported unless trusted)
         <folder>.input               input metadata, torch's get_inputs format (restricted pickle)
+    <model>/<model>_<kind>_<i>.<passes>/  the same graph after a pass chain
 
 Version 1 records (aotpipe 0.1 before real-size artefacts) still validate; what differs is
 marked "version 1" below.
@@ -30,6 +33,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError, model_validator
 
 from aotpipe.errors import ArtifactError
+from aotpipe.graph_keys import BASE_KEY_PATTERN, GRAPH_KINDS
 
 # ---------------------------------------------------------------------------------------
 # Constants
@@ -48,7 +52,6 @@ MODULE_PY = "module.py"
 BLOB_DIR = "blobs"
 INPUT_SUFFIX = ".input"
 
-GRAPH_KINDS = ("inference", "forward", "backward", "joint")
 INPUT_ROLES = ("param", "buffer", "constant", "user", "tangent", "saved", "symint")
 OUTPUT_ROLES = ("user", "mutation", "saved", "grad", "none")
 # Where a replay takes an input's value from: a stored blob, ones (a tangent), or the
@@ -79,6 +82,8 @@ Shape = Annotated[list[Count], Field(max_length=MAX_DIMS)]
 Stride = Annotated[list[Count], Field(max_length=MAX_DIMS)]
 Range = Annotated[list[int], Field(min_length=2, max_length=2)]
 GraphKind = Literal[GRAPH_KINDS]  # type: ignore[valid-type]
+# A captured graph's key: its kind, then "_<i>" for subgraph i > 0 of a dynamo capture.
+BaseGraphKey = Annotated[str, StringConstraints(pattern=BASE_KEY_PATTERN)]
 # A graph folder's name: no path separator, not hidden.
 FolderName = Annotated[str, StringConstraints(pattern=r"^[^/\\.][^/\\]*$", max_length=255)]
 Number = Optional[float]  # a float, or null where no number applies
@@ -301,7 +306,7 @@ class GraphEntry(Record):
     inputs: Count
     outputs: Count
     ops: Optional[Count] = None
-    base: Optional[GraphKind] = None  # a graph made by passes: the graph they ran on
+    base: Optional[BaseGraphKey] = None  # a graph made by passes: the key of the graph they ran on
     passes: Optional[list[PassStep]] = None
     checks: Optional[GraphChecks] = None
     nondeterministic: list[str] = []  # ops without a deterministic kernel (values stored)
@@ -326,10 +331,24 @@ class Versions(Record):
     python: str
 
 
+class GraphBreakRecord(Record):
+    """Why dynamo ended a subgraph early, and where (file name and line, no directory)."""
+
+    subgraph: Count
+    reason: str
+    where: Optional[str] = None
+    code: Optional[str] = None
+
+
 class CaptureRecord(Record):
     mode: str
     options: dict[str, JsonValue]
     notes: list[str]
+    # A dynamo capture: how many subgraphs (their graphs are keyed "<kind>_<i>" for i > 0),
+    # and the graph breaks between them.
+    subgraphs: Optional[Annotated[int, Field(ge=1)]] = None
+    graph_breaks: Optional[list[GraphBreakRecord]] = None
+    fallback: Optional[str] = None  # mode auto: why export failed (the graphs are dynamo's)
 
 
 class ModelRecord(BaseModel):

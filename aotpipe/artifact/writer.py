@@ -19,20 +19,14 @@ import torch.fx
 
 from aotpipe.artifact import codegen, graph_json, input_meta
 from aotpipe.artifact.blobs import BLOB_DIR, BlobStore, encode
-from aotpipe.artifact.fsio import OutputError, describe_os_error, fsync_dir, pid_alive, write_durable
+from aotpipe.artifact.fsio import OLD_PREFIX, TMP_PREFIX, OutputError, describe_os_error, fsync_dir, write_durable
 from aotpipe.artifact import records as fmt
 from aotpipe.artifact.manifest import dump_json, file_sha256, seal, versions
 from aotpipe.artifact.records import FORMAT_VERSION, GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MANIFEST, MODULE_PY, TRACE
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput
+from aotpipe.graph_keys import graph_folder_name, parse_graph_key
 from aotpipe.tensors import storage_base, storage_groups
 
-TMP_PREFIX = ".tmp-"
-OLD_PREFIX = ".old-"
-
-
-def graph_folder_name(model: str, kind: str, index: int = 0) -> str:
-    """The graph_dumper_aot folder name: <model>_<kind>_<index>."""
-    return f"{model}_{kind}_{index}"
 
 
 @dataclass
@@ -195,33 +189,6 @@ _write = write_durable
 _fsync_dir = fsync_dir
 
 
-def clean_stale(out_dir: Path) -> list[str]:
-    """Remove what killed runs left behind; returns what was done, one line each.
-
-    A `.tmp-<model>-<pid>` folder of a dead process is deleted. A `.old-<model>-<pid>`
-    folder is a complete earlier artefact that was being replaced: it is put back if the
-    new one never arrived, else deleted.
-    """
-    done = []
-    if not out_dir.is_dir():
-        return done
-    for p in sorted(out_dir.iterdir()):
-        for prefix in (TMP_PREFIX, OLD_PREFIX):
-            if not p.name.startswith(prefix) or not p.is_dir():
-                continue
-            name, _, pid = p.name[len(prefix):].rpartition("-")
-            if not pid.isdigit() or (int(pid) != os.getpid() and pid_alive(int(pid))):
-                continue
-            final = out_dir / name
-            if prefix == OLD_PREFIX and not final.exists() and (p / MANIFEST).exists():
-                os.rename(p, final)
-                done.append(f"restored {name} from an interrupted replacement")
-            else:
-                shutil.rmtree(p, ignore_errors=True)
-                done.append(f"removed {p.name} left by an interrupted run")
-    return done
-
-
 @dataclass
 class GraphOutcome:
     """What running one written graph gave: reference records and check results."""
@@ -281,7 +248,7 @@ def write_model(
             "fingerprint": fingerprint,
             "versions": versions(),
             "model": model_record,
-            "capture": {"mode": captured.mode, "options": captured.options, "notes": captured.notes},
+            "capture": captured.capture_record(),
             "save_values": save_values if inputs is not None else "none",
         }
         written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
@@ -308,9 +275,12 @@ def write_model(
 
 
 def graph_entries(captured: CapturedGraphs) -> list[tuple[str, str, str, CapturedGraph, Any]]:
-    """(key, kind, folder, graph, derived or None) of every graph to write, raw graphs first."""
-    entries = [(kind, kind, graph_folder_name(captured.model, kind), g, None) for kind, g in captured.graphs.items()]
-    entries += [(dg.key, dg.base, f"{graph_folder_name(captured.model, dg.base)}.{dg.chain}", dg.graph, dg)
+    """(key, kind, folder, graph, derived or None) of every graph to write, raw graphs first.
+
+    Folders are graph_dumper_aot's <model>_<kind>_<subgraph>, then .<chain> for a derived graph.
+    """
+    entries = [(key, g.kind, graph_folder_name(captured.model, key), g, None) for key, g in captured.graphs.items()]
+    entries += [(dg.key, dg.graph.kind, graph_folder_name(captured.model, dg.key), dg.graph, dg)
                 for dg in captured.derived.values()]
     return entries
 
@@ -326,7 +296,6 @@ def _write_graphs(
 
     blobs = BlobStore(root)
     v = versions()
-    contract = captured.contract.to_json() if captured.contract else None
     written = WrittenArtifact(path=root)
     graphs_record: dict[str, Any] = {}
     records: dict[str, dict[str, Any]] = {}
@@ -361,7 +330,8 @@ def _write_graphs(
         _write(d / GRAPH_JSON, dump_json(fmt.check_written(fmt.GraphRecord, gj, d / GRAPH_JSON), compact=True))
         src = codegen.module_source(
             g.gm,
-            title=f"{folder}: the {kind} graph of model {captured.model} ({captured.mode} capture)"
+            title=f"{folder}: the {kind} graph of model {captured.model} ({captured.mode} capture"
+            + (f", subgraph {parse_graph_key(key).subgraph})" if captured.subgraphs else ")")
             + (f" after passes {derived.chain.replace('+', ', ')}" if derived else ""),
             input_lines=[_input_line(gi) for gi in g.inputs],
             constants={t: (h, *layouts[t]) for t, h in constants.items()},
@@ -371,7 +341,8 @@ def _write_graphs(
         _write(d / MODULE_PY, src.encode("utf-8"))
         _write(d / f"{folder}{INPUT_SUFFIX}", input_meta.dumps(input_meta.input_meta(g.inputs, g.input_groups)))
         values = inputs.get(key) if inputs else None
-        record = inputs_record(g, contract if derived is None else None, values,
+        contract = captured.contract_of(key) if derived is None else None
+        record = inputs_record(g, contract.to_json() if contract is not None else None, values,
                                blobs if values is not None else None, save_values, saved=inputs is not None)
         if derived is not None:
             record["passes"] = [s["name"] for s in derived.steps]

@@ -1,10 +1,25 @@
-"""Capture: trace a model into inference, forward, backward and joint graphs."""
+"""Capture: trace a model into inference, forward, backward and joint graphs (per subgraph, for dynamo)."""
 
+from aotpipe.capture.dynamo import capture_auto, capture_dynamo, subgraph_references
 from aotpipe.capture.export import capture_export
-from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, PartitionContract, TensorMeta
+from aotpipe.capture.types import (
+    CapturedGraph,
+    CapturedGraphs,
+    GraphBreak,
+    GraphInput,
+    GraphOutput,
+    PartitionContract,
+    Subgraph,
+    TensorMeta,
+)
 
 __all__ = [
+    "capture_auto",
+    "capture_dynamo",
     "capture_export",
+    "subgraph_references",
+    "GraphBreak",
+    "Subgraph",
     "CapturedGraph",
     "CapturedGraphs",
     "GraphInput",

@@ -12,7 +12,11 @@ later mismatch), and the values every check compares:
 - the backward is fed the forward's outputs, so the forward's saved activations are checked
   through the gradients they produce; the joint graph must equal forward then backward bit
   for bit (the chain), which checks its outputs against eager too;
-- a graph made by passes is checked against eager like the raw one.
+- a graph made by passes is checked against eager like the raw one;
+- a dynamo capture's graphs are checked subgraph by subgraph: each against its own dynamo
+  graph run eagerly (float32, float64 on demand; the model's outputs and gradients are no
+  one subgraph's), and each subgraph's forward, backward and joint as a chain ("chain",
+  "chain_<i>" in the manifest's verification).
 
 Nothing is skipped silently: every check that cannot run is counted with its reason.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.fx
@@ -34,10 +38,16 @@ from aotpipe.artifact.records import InputsRecord
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome
 from aotpipe.capture.types import TensorMeta
 from aotpipe.determinism import RunLog
-from aotpipe.eager import EagerReference, EagerRun
+from aotpipe.eager import EagerReference, EagerRun, SubgraphReference
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.execution import run_graph, run_with_summaries
-from aotpipe.replay.run import chain_problems, expand_outputs
+from aotpipe.graph_keys import graph_key, key_order, parse_graph_key
+from aotpipe.replay.run import chain_key, chain_problems, expand_outputs
+
+TRAINING = ("forward", "backward", "joint")
+# What graphs are checked against: the eager model, or a dynamo subgraph's own graph run
+# eagerly (eager.SubgraphReference); both give EagerRuns by mode.
+Reference = Union[EagerReference, SubgraphReference]
 
 
 @dataclass
@@ -79,9 +89,12 @@ def _mode(kind: str) -> str:
 
 
 class _Checker:
-    def __init__(self, eager: Optional[EagerReference], verify: bool):
+    def __init__(self, eager: Optional[Reference], verify: bool, sum_loss: bool = True):
         self.eager = eager
         self.verify = verify
+        # Export's training graphs differentiate a sum loss (their forward's user output);
+        # dynamo's differentiate every output of a subgraph (one tangent each).
+        self.sum_loss = sum_loss
 
     def _run(self, mode: str) -> tuple[Optional[EagerRun], Optional[str]]:
         run = self.eager.run(mode) if self.eager is not None else None
@@ -122,7 +135,7 @@ class _Checker:
             gc.skipped += [why] * len(recs)
             return gc
         user = [(i, o) for i, (o, r) in enumerate(zip(outs, recs)) if r.role == "user"]
-        if ga.kind in ("forward", "joint"):
+        if ga.kind in ("forward", "joint") and self.sum_loss:
             self._compare(gc, mode, user[0][1] if user else None, run.loss, lambda r: r.loss, "loss")
         elif ga.kind != "backward":
             tensors = [(i, o) for i, o in user if isinstance(o, torch.Tensor)]
@@ -179,7 +192,7 @@ def check_written(
     *,
     memory_inputs: dict[str, list[Any]],
     codes: dict[str, list[str]],
-    eager: Optional[EagerReference],
+    eager: Optional[Reference] | dict[int, Reference],
     verify: bool = True,
     diagnose: Optional[Callable[[str, list[str]], str]] = None,
 ) -> ModelChecks:
@@ -187,25 +200,33 @@ def check_written(
 
     `memory_inputs` are each graph's inputs as bound at capture (used where none were
     saved); `codes` each graph's :func:`graph_structure` at capture (the loaded graph must
-    rebuild it exactly). `diagnose(key, problems)`, for a derived graph that fails, names the pass
-    at fault. Derived graphs that fail are dropped from the artefact.
+    rebuild it exactly). `eager` is the reference the graphs are checked against: the eager
+    model, or for a dynamo capture one per subgraph index (capture.dynamo.subgraph_references:
+    each subgraph's own dynamo graph). `diagnose(key, problems)`, for a derived graph that
+    fails, names the pass at fault. Derived graphs that fail are dropped from the artefact.
+    Each subgraph's forward, backward and joint are checked as a chain.
     """
     start = time.perf_counter()
     art = load(folder).build_all()  # a graph whose constants cannot be recomputed fails here, not later
     result = ModelChecks(CheckOutcome())
-    checker = _Checker(eager, verify)
+    sum_loss = art.manifest.capture.options.get("loss", "sum") == "sum"
+    per_subgraph = eager if isinstance(eager, dict) else {0: eager}
+    checkers = {i: _Checker(per_subgraph.get(i), verify, sum_loss) for i in art.subgraph_keys()}
+    kinds_of = {i: set(keys) for i, keys in art.subgraph_keys().items()}
     outs_by_key: dict[str, list[Any]] = {}
-    order = [k for k in ("inference", "forward", "backward", "joint") if k in art.graphs]
-    order[1:1] = [k for k in art.graphs if k not in order]  # derived graphs right after inference
+    # By subgraph: inference, the graphs passes made of it, forward, backward, joint.
+    order = sorted(art.graphs, key=key_order)
     for key in order:
         ga = art.graphs[key]
+        parsed = parse_graph_key(key)
+        sub = parsed.subgraph if parsed is not None else 0
         if key in codes and isinstance(ga.module, torch.fx.GraphModule) and graph_structure(ga.module) != codes[key]:
             result.problems.append(f"{key} graph: graph.json does not rebuild the captured graph exactly "
                                    f"({_first_difference(codes[key], graph_structure(ga.module))})")
         saved = ga.has_saved_values
         try:
-            if key == "backward":
-                fw_out = outs_by_key.get("forward")
+            if key == graph_key("backward", sub):
+                fw_out = outs_by_key.get(graph_key("forward", sub))
                 inputs = ga.saved_inputs(forward_outputs=fw_out) if saved and fw_out is not None else \
                     _backward_inputs(ga, fw_out, memory_inputs.get(key))
             else:
@@ -225,7 +246,8 @@ def check_written(
                                                       verification={"status": "error", "error": msg})
             continue
         outs_by_key[key] = outs
-        gc = checker.check_outputs(ga, outs, chained={"forward", "backward", "joint"} <= set(art.graphs))
+        checker = checkers.setdefault(sub, _Checker(per_subgraph.get(sub), verify, sum_loss))
+        gc = checker.check_outputs(ga, outs, chained=set(TRAINING) <= kinds_of.get(sub, set()))
         result.graphs[key] = gc
         failed = [c for c in gc.checks if not c.passed]
         record = {"checks": gc.to_json(), "nondeterministic": log.nondeterministic}
@@ -234,7 +256,7 @@ def check_written(
             _outcome_outputs(outs, ga.record, spread, saved), outs if saved else None,
             trace if saved else None, record,
             {"status": status, "inputs": "saved" if saved else "in memory (save_inputs: false)"})
-        if failed and key not in ("inference", "forward", "backward", "joint"):
+        if failed and (parsed is None or parsed.chain is not None):
             lines = [c.line() for c in failed]
             why = diagnose(key, lines) if diagnose else ""
             result.pass_failures.append(f"{key} graph differs from the eager model: {'; '.join(lines[:3])}"
@@ -243,15 +265,19 @@ def check_written(
         elif failed:
             result.problems.append(f"{key} graph differs from the eager model: {len(failed)} check(s) failed, e.g. "
                                    + "; ".join(c.line() for c in failed[:2]))
-    if {"forward", "backward", "joint"} <= set(outs_by_key):
-        contract = art.graphs["forward"].record.partition
+    for sub, keys in art.subgraph_keys().items():
+        if not all(keys.get(k) in outs_by_key for k in TRAINING):
+            continue
+        fw, bw, joint = (keys[k] for k in TRAINING)
+        contract = art.graphs[fw].record.partition
         if contract is None:
-            raise ArtifactError(f"{art.graphs['forward'].folder}: the forward graph has no partition contract")
-        problems, _, compared = chain_problems(contract, outs_by_key["forward"], outs_by_key["backward"],
-                                               art.graphs["joint"].record, outs_by_key["joint"])
-        result.outcome.verification["chain"] = {"status": "mismatch" if problems else "match",
-                                                "compared": compared, "problems": problems}
-        result.problems += [f"chain: {p}" for p in problems[:3]]
+            raise ArtifactError(f"{art.graphs[fw].folder}: the forward graph has no partition contract")
+        problems, _, compared = chain_problems(contract, outs_by_key[fw], outs_by_key[bw],
+                                               art.graphs[joint].record, outs_by_key[joint])
+        name = chain_key(sub)
+        result.outcome.verification[name] = {"status": "mismatch" if problems else "match",
+                                             "compared": compared, "problems": problems}
+        result.problems += [f"{name}: {p}" for p in problems[:3]]
     totals = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "indirect": 0}
     for gc in result.graphs.values():
         j = gc.to_json()

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import copy
+import io
+import sys
 import time
 import warnings
 from typing import Any, Optional
@@ -36,15 +38,10 @@ from aotpipe.capture.types import (
 )
 from aotpipe.eager import NoLossError, sum_loss
 from aotpipe.errors import CaptureError
+from aotpipe.modes import EXPORT_OPTIONS
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
-OPTIONS = {
-    "strict": False,
-    "decompositions": "core_aten",
-    "partitioner": "default_partition",
-    "loss": "sum",
-    "sdpa_training_backend": "math",
-}
+OPTIONS = EXPORT_OPTIONS
 
 _INPUT_KIND_ROLE = {
     InputKind.PARAMETER: "param",
@@ -230,10 +227,16 @@ def _tied_names(model: torch.nn.Module) -> dict[str, set[str]]:
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str) -> torch.export.ExportedProgram:
+    # On failure torch.export prints the partial graph to stderr; the error is one line here.
+    # What it prints on success is passed on.
+    printed = io.StringIO()
     try:
-        return torch.export.export(model, args, kwargs, strict=False)
+        with contextlib.redirect_stderr(printed):
+            ep = torch.export.export(model, args, kwargs, strict=False)
     except Exception as e:
         raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
+    sys.stderr.write(printed.getvalue())
+    return ep
 
 
 def _first_line(e: BaseException) -> str:
@@ -341,17 +344,36 @@ def _training_graphs(
     state: dict[str, torch.Tensor],
     constants_out: dict[str, torch.Tensor],
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
+    return training_graphs(ep.module(), args, kwargs, user_names, int_ranges, state, constants_out, _SumLoss)
+
+
+def training_graphs(
+    module: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    user_names: list[str],
+    int_ranges: dict[str, tuple[int, int]],
+    state: dict[str, torch.Tensor],
+    constants_out: dict[str, torch.Tensor],
+    wrap: type[torch.nn.Module],
+) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
+    """Joint, forward and backward graphs of `module` (a GraphModule: plain tensor attributes
+    become buffers) wrapped in `wrap`, which holds it as ``.model`` and says what the joint
+    differentiates: a sum loss (export) or every output (dynamo, a tangent per output).
+
+    Also the contract that pairs forward and backward, and the parameters that get no gradient.
+    """
     from torch._functorch.aot_autograd import (
         aot_compile_joint_with_descriptors,
         aot_export_joint_with_descriptors,
     )
     from torch._functorch.partitioners import default_partition
 
-    module = ep.module()
     constants = _lift_constants_to_buffers(module)
     for target in constants:
         constants_out.setdefault(target, module.get_buffer(target))
-    loss_module = _SumLoss(module)
+    loss_module = wrap(module)
+    user_values = pytree.tree_leaves((args, kwargs))
     parts: dict[str, Any] = {}
 
     def partition(joint_module, joint_inputs, *, num_fwd_outputs, **kw):
@@ -392,7 +414,7 @@ def _training_graphs(
         if meta is not None and not meta.dtype.is_floating_point and meta.dtype != torch.bool:
             rng = int_ranges.get(target) if role == "user" else (
                 _observed_range(state[target]) if target in state else None)
-        if meta is not None and role == "param":
+        if meta is not None and (role == "param" or (role == "user" and _requires_grad(user_values, node))):
             meta = TensorMeta(meta.shape, meta.stride, meta.dtype, meta.device, meta.storage_offset, True)
         gi = GraphInput(node.name, role, target, meta, _scalar_type(node) if meta is None else None, rng)
         ph_info[node.name] = gi
@@ -403,7 +425,7 @@ def _training_graphs(
     descs = list(joint_out.meta.get("desc", [None] * len(joint_out_args)))
     joint_outputs = []
     for i, (arg, desc) in enumerate(zip(joint_out_args, descs)):
-        joint_outputs.append(_output_from_desc(i, arg, desc))
+        joint_outputs.append(_output_from_desc(i, arg, desc, user_names))
 
     nfo = parts["num_fwd_outputs"]
     fw_gm = _flat_graph(parts["fw"])
@@ -462,7 +484,15 @@ def _training_graphs(
     return joint, fw, bw, contract, no_grad
 
 
-def _output_from_desc(i: int, arg: Any, desc: Any) -> GraphOutput:
+def _requires_grad(user_values: list[Any], node: torch.fx.Node) -> bool:
+    """Whether the user input a joint placeholder stands for requires grad (dynamo: an
+    activation a later subgraph takes from an earlier one)."""
+    idx = getattr(node.meta.get("desc"), "idx", None)
+    value = user_values[idx] if isinstance(idx, int) and idx < len(user_values) else None
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _output_from_desc(i: int, arg: Any, desc: Any, user_names: list[str]) -> GraphOutput:
     cls = type(desc).__name__
     meta = _meta_of(arg) if isinstance(arg, torch.fx.Node) else None
     if cls == "PlainAOTOutput":
@@ -471,5 +501,7 @@ def _output_from_desc(i: int, arg: Any, desc: Any) -> GraphOutput:
         return GraphOutput(i, "mutation", _strip(_desc_target(desc.mutated_input)[1]), meta)
     if cls == "GradAOTOutput":
         role, target = _desc_target(desc.grad_of)
+        if role == "user" and target is not None and target.isdigit() and int(target) < len(user_names):
+            target = user_names[int(target)]  # the gradient of a user input: named like the input
         return GraphOutput(i, "grad" if arg is not None else "none", _strip(target), meta)
     return GraphOutput(i, "none" if arg is None else "other", None, meta)

@@ -12,6 +12,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from aotpipe.graph_keys import parse_graph_key
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class CapturedGraph:
 class DerivedGraph:
     """A graph made from a captured one by a pass chain (saved beside it)."""
 
-    base: str  # the kind it was made from
+    base: str  # the key of the graph it was made from ("inference", "inference_1", ...)
     chain: str  # its passes joined by '+'
     graph: CapturedGraph
     steps: list[dict[str, Any]]  # what each pass did (no timings: the manifest is deterministic)
@@ -137,9 +138,44 @@ class DerivedGraph:
         return f"{self.base}.{self.chain}"
 
 
+@dataclass(frozen=True)
+class GraphBreak:
+    """Why dynamo ended a subgraph before the end of the model's code, and where."""
+
+    subgraph: int  # the subgraph the break ended
+    reason: str  # dynamo's reason, first line ("Call to `torch._dynamo.graph_break()`")
+    where: Optional[str] = None  # innermost user frame: "file.py:12 in forward" (no directory)
+    code: Optional[str] = None  # the source line there
+
+    def to_json(self) -> dict[str, Any]:
+        return {"subgraph": self.subgraph, "reason": self.reason, "where": self.where, "code": self.code}
+
+
+@dataclass
+class Subgraph:
+    """One compiled subgraph of a dynamo capture: the keys of its graphs, its partition, and
+    the dynamo FX graphs it was captured from (the reference its graphs are checked against).
+
+    `reference` maps a mode ("inference" or "training") to (module, inputs): dynamo's own
+    graph of that compile with the parameters and buffers it reads registered on it under
+    the model's names, and its user inputs as they were when the model ran.
+    """
+
+    index: int
+    keys: dict[str, str]  # kind -> key in CapturedGraphs.graphs
+    contract: Optional[PartitionContract] = None
+    reference: dict[str, tuple[torch.nn.Module, list[Any]]] = field(default_factory=dict)
+
+
 @dataclass
 class CapturedGraphs:
-    """Everything one capture produced for one model."""
+    """Everything one capture produced for one model.
+
+    `graphs` holds every captured graph by key (see aotpipe.graph_keys): "forward" for the
+    first (for export, the only) subgraph, "forward_<i>" for subgraph i. `contract` is the
+    first subgraph's partition; `subgraphs` (dynamo) says which graphs belong together and
+    holds each one's own.
+    """
 
     model: str
     mode: str
@@ -154,3 +190,32 @@ class CapturedGraphs:
     user_inputs: list[str] = field(default_factory=list)
     # Real values of inputs with role "constant" (lifted tensor constants), by target.
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Dynamo: one entry per compiled subgraph, in order; empty for a single-graph capture.
+    subgraphs: list[Subgraph] = field(default_factory=list)
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    # Mode auto: why export failed, when it fell back to dynamo.
+    fallback: Optional[str] = None
+    # Each graph's real inputs by key, where capture saw them (dynamo: a later subgraph's
+    # user inputs are values the model computed); backward graphs left out. Empty:
+    # bind them from the model's state and its example inputs (capture.binding).
+    inputs: dict[str, list[Any]] = field(default_factory=dict)
+
+    def contract_of(self, key: str) -> Optional[PartitionContract]:
+        """The partition contract of the subgraph graph `key` belongs to."""
+        parsed = parse_graph_key(key)
+        index = parsed.subgraph if parsed is not None else 0
+        for sg in self.subgraphs:
+            if sg.index == index:
+                return sg.contract
+        return self.contract if index == 0 else None
+
+    def capture_record(self) -> dict[str, Any]:
+        """The manifest's "capture" entry: mode, options and notes; for a multi-subgraph
+        capture also the subgraph count and the graph breaks; for auto, why export failed."""
+        out: dict[str, Any] = {"mode": self.mode, "options": self.options, "notes": self.notes}
+        if self.subgraphs:
+            out["subgraphs"] = len(self.subgraphs)
+            out["graph_breaks"] = [b.to_json() for b in self.graph_breaks]
+        if self.fallback is not None:
+            out["fallback"] = self.fallback
+        return out

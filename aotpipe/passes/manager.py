@@ -173,16 +173,17 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
     problems: list[str] = []
     done: dict[str, Any] = {}
     diagnose: dict[str, Callable[[], str]] = {}
-    for kind, g in list(captured.graphs.items()):
+    for key, g in list(captured.graphs.items()):
+        kind = g.kind  # a dynamo capture's later subgraphs: key "inference_1", kind "inference"
         kind_steps = [s for s in steps if s is not None and kind in s.graphs]
-        if not kind_steps or kind not in inputs:
+        if not kind_steps or key not in inputs:
             continue
-        start = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[kind]))
+        start = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[key]))
         t0 = time.perf_counter()
         try:
             final, records = run_chain(start, kind_steps, check_each=False)
         except PassError as e:
-            problems.append(f"{kind} graph: {e}")
+            problems.append(f"{key} graph: {e}")
             continue
         outputs = []
         out_node = next(n for n in final.gm.graph.nodes if n.op == "output")
@@ -191,12 +192,12 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
             val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
             meta = TensorMeta.of(val) if isinstance(val, torch.Tensor) and val.device.type != "meta" else go.meta
             outputs.append(GraphOutput(go.index, go.role, go.target, meta))
-        derived = DerivedGraph(kind, chain_name(kind_steps), CapturedGraph(kind, final.gm, final.inputs, outputs),
+        derived = DerivedGraph(key, chain_name(kind_steps), CapturedGraph(kind, final.gm, final.inputs, outputs),
                                [r.to_json(timings=False) for r in records])
         captured.derived[derived.key] = derived
         inputs[derived.key] = final.values
         done[derived.key] = {"seconds": round(time.perf_counter() - t0, 4), "steps": [r.to_json() for r in records]}
-        fresh = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[kind]))
+        fresh = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[key]))
         diagnose[derived.key] = lambda fresh=fresh, kind_steps=kind_steps: diagnose_chain(fresh, kind_steps)
     return problems, done, diagnose
 

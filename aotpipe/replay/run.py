@@ -275,37 +275,64 @@ def chain_problems(contract: Partition, fw_out: list[Any], bw_out: list[Any], jo
     return problems, worst, compared
 
 
+def chain_key(subgraph: int) -> str:
+    """The verification entry of a subgraph's forward-backward-joint chain: "chain", "chain_1", ..."""
+    return "chain" if subgraph == 0 else f"chain_{subgraph}"
+
+
 def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, trust_code: bool = False) -> ChainReplay:
     """Run forward on saved inputs, feed its saved activations to backward, check the gradients.
 
     Gradients must equal the joint graph's bit for bit, and the rebuilt eager model's under
     the fp64-reference rule of :mod:`aotpipe.accuracy`. Graphs that do not run give status
-    "error" with the reason.
+    "error" with the reason. A dynamo artefact's chain is checked in every subgraph that has
+    forward, backward and joint graphs (problems name the subgraph); the eager model's
+    gradients are those of the whole model, so they are compared only when it has one subgraph.
     """
     art = path if isinstance(path, Artifact) else load(path)
-    for k in ("forward", "backward", "joint"):
-        if k not in art.graphs:
-            raise ArtifactError(f"{art.path}: the chain needs forward, backward and joint graphs; {k} is missing")
-    fw, bw, joint = art.graphs["forward"], art.graphs["backward"], art.graphs["joint"]
-    contract = fw.record.partition
-    if contract is None:
-        raise ArtifactError(f"{fw.folder}/inputs.json: no partition contract")
+    chains = {i: keys for i, keys in art.subgraph_keys().items() if {"forward", "backward", "joint"} <= set(keys)}
+    if not chains:
+        have = art.subgraph_keys().get(0, {})
+        missing = next(k for k in ("forward", "backward", "joint") if k not in have)
+        raise ArtifactError(f"{art.path}: the chain needs forward, backward and joint graphs; {missing} is missing")
+    problems: list[str] = []
+    worst, compared = 0.0, 0
+    grads0: list[Any] = []
+    for i, keys in chains.items():
+        fw, bw, joint = art.graphs[keys["forward"]], art.graphs[keys["backward"]], art.graphs[keys["joint"]]
+        contract = fw.record.partition
+        if contract is None:
+            raise ArtifactError(f"{fw.folder}/inputs.json: no partition contract")
+        try:
+            fw_out = run_graph(fw.module, fw.saved_inputs())
+            grads = run_graph(bw.module, bw.saved_inputs(forward_outputs=fw_out))
+            joint_out = run_graph(joint.module, joint.saved_inputs())
+        except ArtifactError:
+            raise
+        except Exception as e:  # the artefact's graphs do not run: a result, not a crash
+            return ChainReplay("error", 0, float("inf"), None, None,
+                               [f"{_subgraph(i, chains)}the graphs do not run: {exception_line(e)}"])
+        found, err, n = chain_problems(contract, fw_out, grads, joint.record, joint_out)
+        problems += [f"{_subgraph(i, chains)}{p}" for p in found]
+        worst, compared = max(worst, err), compared + n
+        if i == 0:
+            grads0 = grads
+    if len(art.subgraph_keys()) > 1 or 0 not in chains:
+        return ChainReplay("mismatch" if problems else "match", compared, worst, None, None, problems)
+    contract = art.graphs["forward"].record.partition
+    assert contract is not None
     try:
-        fw_out = run_graph(fw.module, fw.saved_inputs())
-        grads = run_graph(bw.module, bw.saved_inputs(forward_outputs=fw_out))
-        joint_out = run_graph(joint.module, joint.saved_inputs())
-    except ArtifactError:
-        raise
-    except Exception as e:  # the artefact's graphs do not run: a result, not a crash
-        return ChainReplay("error", 0, float("inf"), None, None, [f"the graphs do not run: {exception_line(e)}"])
-    problems, worst, compared = chain_problems(contract, fw_out, grads, joint.record, joint_out)
-    try:
-        return _chain_vs_eager(art, contract, grads, problems, worst, compared, rebuild_source, trust_code)
+        return _chain_vs_eager(art, contract, grads0, problems, worst, compared, rebuild_source, trust_code)
     except ArtifactError:
         raise
     except Exception as e:  # e.g. a rebuilt model that does not take the saved inputs
         problems.append(f"the eager comparison failed: {exception_line(e)}")
         return ChainReplay("mismatch", compared, worst, None, False, problems)
+
+
+def _subgraph(i: int, chains: dict[int, Any]) -> str:
+    """A problem's prefix: which subgraph, when there are several."""
+    return f"subgraph {i}: " if len(chains) > 1 or i else ""
 
 
 def _chain_vs_eager(art: Artifact, contract: Partition, grads: list[Any], problems: list[str], worst: float,

@@ -23,7 +23,9 @@ def _run(tmp_path, save_values):
         defaults: {{passes: [freeze, fold_conv_bn, channels_last], save_values: {save_values}}}
         models: [{CNN}]
     """))
-    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / save_values), "--no-progress"])
+    # In this process: the fixture patches the writer, which a worker process would not see.
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / save_values), "--no-progress",
+                                  "--executor", "local"])
     assert r.exit_code == 0, r.output
     return tmp_path / save_values / "c" / "cnn"
 

@@ -6,7 +6,7 @@ from aotpipe.artifact.writer import graph_entries, write_model
 from aotpipe.capture import capture_export
 from aotpipe.capture.checks import check_written, graph_structure
 from aotpipe.eager import EagerReference, model_state
-from aotpipe.job import bind_inputs
+from aotpipe.capture.binding import bind_inputs
 
 
 def capture_and_check(model, args, kwargs, out_dir, *, graphs=("inference", "forward", "backward", "joint"),

@@ -7,7 +7,7 @@ from aotpipe.passes import PASSES, parse_pass_entry
 from aotpipe.passes.base import GraphUnderPass
 from aotpipe.eager import model_state
 from aotpipe.execution import run_graph
-from aotpipe.job import backward_inputs, bind_inputs
+from aotpipe.capture.binding import backward_inputs, bind_inputs
 
 
 def graph_of(model, *args, kind="inference"):
@@ -18,7 +18,7 @@ def graph_of(model, *args, kind="inference"):
     g = cap.graphs[kind]
     bound = {k: bind_inputs(cap.graphs[k], model_state(model, cap.constants), dict(zip(cap.user_inputs, args)))
              for k in cap.graphs if k != "backward"}
-    values = backward_inputs(cap, bound["forward"]) if kind == "backward" else bound[kind]
+    values = backward_inputs(cap, "backward", bound["forward"]) if kind == "backward" else bound[kind]
     return GraphUnderPass(g.gm, kind, list(g.inputs), list(g.outputs), values)
 
 

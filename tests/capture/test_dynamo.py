@@ -1,0 +1,250 @@
+"""Capture mode dynamo: one group of graphs per compiled subgraph, written, checked, replayed."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from aotpipe import zoo
+from aotpipe.artifact.load import load
+from aotpipe.artifact.writer import graph_entries, write_model
+from aotpipe.capture import capture_auto, capture_dynamo, capture_export, subgraph_references
+from aotpipe.capture.binding import graph_inputs
+from aotpipe.capture.checks import check_written, graph_structure
+from aotpipe.errors import CaptureError
+from aotpipe.replay import replay, replay_chain
+
+KINDS = ["inference", "forward", "backward", "joint"]
+
+
+class Branchy(nn.Module):
+    """An explicit graph break, then a data-dependent branch (which torch.export refuses)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.fc1(x)))
+        torch._dynamo.graph_break()
+        if h.sum() > 0:
+            h = h * 2
+        else:
+            h = h - 1
+        return self.fc2(h)
+
+
+class OneBreak(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x).tanh()
+        print("between subgraphs", end="")  # dynamo breaks the graph here
+        return (h * 3).sum(dim=1)
+
+
+def _branchy():
+    torch.manual_seed(0)
+    return Branchy(), torch.randn(4, 8)
+
+
+def _capture(model, x, graphs=KINDS, capture=capture_dynamo):
+    return capture(model, (x,), {}, name="m", graphs=list(graphs), input_names=["x"])
+
+
+def _write_and_check(cap, out_dir):
+    """Write `cap` under `out_dir` with the checks a run makes; (model folder, ModelChecks)."""
+    inputs = graph_inputs(cap, {}, {})
+    found = []
+
+    def check(folder):
+        codes = {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(cap)}
+        found.append(check_written(folder, memory_inputs=inputs, codes=codes, eager=subgraph_references(cap)))
+        return found[0].outcome
+
+    written = write_model(out_dir, cap, model_record={"name": "m", "source": "tests"}, fingerprint="0" * 64,
+                          inputs=inputs, check=check)
+    return written.path, found[0]
+
+
+@pytest.fixture(scope="module")
+def branchy_cap():
+    model, x = _branchy()
+    return _capture(model, x)
+
+
+def test_each_subgraph_has_its_own_graphs_keyed_by_index(branchy_cap):
+    cap = branchy_cap
+    # Subgraph 1 computes only `h.sum() > 0`: nothing in it requires grad, so no training graphs.
+    assert list(cap.graphs) == ["inference", "forward", "backward", "joint", "inference_1",
+                                "inference_2", "forward_2", "backward_2", "joint_2"]
+    assert [sg.index for sg in cap.subgraphs] == [0, 1, 2]
+    assert cap.subgraphs[1].keys == {"inference": "inference_1"}
+    assert any("subgraph 1: no output requires grad" in n for n in cap.notes)
+    # Each forward is paired with its own backward.
+    c0, c2 = cap.subgraphs[0].contract, cap.subgraphs[2].contract
+    assert cap.contract is c0 and cap.contract_of("backward_2") is c2
+    assert c0.mutated_inputs == ("bn.num_batches_tracked", "bn.running_mean", "bn.running_var")
+    assert c2.grad_of == ("fc2.weight", "fc2.bias", "h")  # the activation from subgraph 0 gets one too
+    assert c2.num_tangents == 1 and c2.num_user_outputs == 1
+
+
+def test_graph_breaks_are_recorded_with_reason_and_place(branchy_cap):
+    breaks = branchy_cap.graph_breaks
+    assert [b.subgraph for b in breaks] == [0, 1]
+    assert "graph_break()" in breaks[0].reason and breaks[0].code == "torch._dynamo.graph_break()"
+    assert breaks[1].code == "if h.sum() > 0:"
+    assert breaks[1].where.startswith("test_dynamo.py:") and breaks[1].where.endswith(" in forward")
+    assert sum("graph break after subgraph" in n for n in branchy_cap.notes) == 2
+    record = branchy_cap.capture_record()
+    assert record["subgraphs"] == 3 and len(record["graph_breaks"]) == 2
+
+
+def test_lifted_parameters_are_weights_named_as_in_the_model(branchy_cap):
+    fw, inf2 = branchy_cap.graphs["forward"], branchy_cap.graphs["inference_2"]
+    assert [(gi.role, gi.target) for gi in fw.inputs] == [
+        ("param", "fc1.weight"), ("param", "fc1.bias"), ("param", "bn.weight"), ("param", "bn.bias"),
+        ("buffer", "bn.num_batches_tracked"), ("buffer", "bn.running_mean"), ("buffer", "bn.running_var"),
+        ("user", "x")]
+    assert [(gi.role, gi.target) for gi in inf2.inputs] == [("param", "fc2.weight"), ("param", "fc2.bias"),
+                                                            ("user", "h")]
+    assert all(gi.meta.requires_grad for gi in fw.inputs if gi.role == "param")
+
+
+def test_written_graphs_load_replay_bit_exact_and_pass_their_checks(branchy_cap, tmp_path):
+    path, mc = _write_and_check(branchy_cap, tmp_path)
+    assert mc.problems == []
+    assert mc.graphs["forward_2"].to_json()["passed"] == 1  # its user output vs the dynamo graph's
+    assert mc.graphs["backward_2"].to_json()["passed"] == 3  # both parameters and the activation
+    assert all(not gc.skipped for gc in mc.graphs.values())
+    assert sorted(p.name for p in path.iterdir() if p.name.startswith("m_")) == [
+        "m_backward_0", "m_backward_2", "m_forward_0", "m_forward_2", "m_inference_0", "m_inference_1",
+        "m_inference_2", "m_joint_0", "m_joint_2"]
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["capture"]["subgraphs"] == 3
+    assert [b["subgraph"] for b in manifest["capture"]["graph_breaks"]] == [0, 1]
+    assert manifest["verification"]["chain"]["status"] == "match"
+    assert manifest["verification"]["chain_2"]["status"] == "match"
+    assert manifest["checks"]["failed"] == 0 and manifest["checks"]["skipped"] == 0
+    art = load(path)
+    assert art.subgraph_keys() == {0: {k: k for k in KINDS}, 1: {"inference": "inference_1"},
+                                   2: {"inference": "inference_2", "forward": "forward_2",
+                                       "backward": "backward_2", "joint": "joint_2"}}
+    assert art.graphs["backward_2"].upstream is art.graphs["forward_2"]
+    assert art.graphs["forward_2"].record.partition.grad_of == ["fc2.weight", "fc2.bias", "h"]
+    results = replay(art)
+    assert [(r.kind, r.status) for r in results] == [(k, "match") for k in art.graphs]
+    assert [r.status for r in replay(art, graphs=["joint_2"])] == ["match"]
+    chain = replay_chain(art, rebuild_source=False)
+    assert (chain.status, chain.compared) == ("match", 12)
+
+
+def test_same_model_same_seed_same_artefact_and_indices_restart_per_model(tmp_path):
+    paths = []
+    for run in ("a", "b"):
+        _capture(OneBreak(), torch.randn(2, 8), graphs=["inference"])  # another model captured before
+        model, x = _branchy()
+        cap = _capture(model, x)
+        assert next(iter(cap.graphs)) == "inference"  # never "inference_3": indices are per model
+        paths.append(_write_and_check(cap, tmp_path / run)[0])
+    files = sorted(p.relative_to(paths[0]) for p in paths[0].rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(paths[1]) for p in paths[1].rglob("*") if p.is_file())
+    for rel in files:
+        assert (paths[0] / rel).read_bytes() == (paths[1] / rel).read_bytes(), rel
+
+
+def test_a_print_breaks_the_graph_and_capture_leaves_the_model_as_it_was(capsys):
+    torch.manual_seed(0)
+    model = OneBreak()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cap = _capture(model, torch.randn(4, 8))
+    assert list(cap.graphs) == ["inference", "forward", "backward", "joint", "inference_1", "forward_1",
+                                "backward_1", "joint_1"]
+    assert len(cap.graph_breaks) == 1 and cap.graph_breaks[0].code.startswith("print(")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_batch_norm_running_stats_are_not_changed_by_capture():
+    model, x = _branchy()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _capture(model, x, graphs=["forward"])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not model.training
+
+
+def test_export_refuses_a_data_dependent_branch_and_auto_falls_back_to_dynamo():
+    model, x = _branchy()
+    with pytest.raises(CaptureError, match="GuardOnDataDependentSymNode"):
+        _capture(model, x, graphs=["inference"], capture=capture_export)
+    cap = _capture(model, x, graphs=["inference"], capture=capture_auto)
+    assert cap.mode == "dynamo" and "GuardOnDataDependentSymNode" in cap.fallback
+    assert cap.notes[0].startswith("export failed (torch.export (inference) failed")
+    assert cap.capture_record()["fallback"] == cap.fallback
+    assert list(cap.graphs) == ["inference", "inference_1", "inference_2"]
+
+
+def test_auto_keeps_export_when_export_works():
+    cap = _capture(zoo.mlp(in_features=8), torch.randn(2, 8), graphs=["inference"], capture=capture_auto)
+    assert cap.mode == "export" and cap.fallback is None and cap.subgraphs == []
+
+
+def test_export_captures_record_nothing_new(tmp_path):
+    cap = _capture(zoo.mlp(in_features=8), torch.randn(2, 8), graphs=["inference"], capture=capture_export)
+    assert cap.subgraphs == [] and cap.graph_breaks == [] and cap.inputs == {}
+    assert set(cap.capture_record()) == {"mode", "options", "notes"}
+
+
+def test_subgraph_checks_catch_a_wrong_graph(tmp_path):
+    model, x = _branchy()
+    cap = _capture(model, x, graphs=["inference"])
+    g = cap.graphs["inference_2"]  # relu in subgraph 0; here: the last linear layer, made wrong
+    for n in g.gm.graph.nodes:
+        if n.target is torch.ops.aten.addmm.default:
+            n.target = torch.ops.aten.sub.Tensor
+            n.args = (n.args[0], n.args[0])
+    g.gm.recompile()
+    _, mc = _write_and_check(cap, tmp_path)
+    assert len(mc.problems) == 1 and mc.problems[0].startswith("inference_2 graph differs from the eager model")
+
+
+def test_a_model_without_tensor_operations_is_one_line_capture_error():
+    class Identity(nn.Module):
+        def forward(self, x):
+            return x
+
+    with pytest.raises(CaptureError, match="^torch.compile captured no graph") as e:
+        _capture(Identity(), torch.randn(2, 8))
+    assert "\n" not in str(e.value)
+
+
+def test_a_model_that_fails_under_dynamo_is_one_line_capture_error(capfd):
+    with pytest.raises(CaptureError, match=r"^torch.compile \(inference\) failed: TorchRuntimeError") as e:
+        _capture(nn.Linear(3, 3), torch.randn(2, 8))
+    assert "\n" not in str(e.value) and "same reduction dim" in str(e.value)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_cli_replays_one_subgraph_and_shows_and_verifies_the_artefact(branchy_cap, tmp_path):
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    path, _ = _write_and_check(branchy_cap, tmp_path)
+    r = CliRunner().invoke(main, ["replay", str(path), "--graph", "forward_2", "--graph", "backward_2", "--json"])
+    assert r.exit_code == 0, r.output
+    assert [(g["kind"], g["status"]) for g in json.loads(r.output)["graphs"]] == [("forward_2", "match"),
+                                                                                 ("backward_2", "match")]
+    r = CliRunner().invoke(main, ["replay", str(path / "m_joint_2")])
+    assert r.exit_code == 0 and r.output.startswith("joint_2 ")
+    r = CliRunner().invoke(main, ["replay", str(path), "--graph", "forward_1"])
+    assert r.exit_code == 2 and "no forward_1 graph" in r.output
+    r = CliRunner().invoke(main, ["show", str(path)])
+    assert r.exit_code == 0 and "capture: dynamo, 3 subgraphs, 2 graph breaks" in r.output
+    assert "m_backward_2: backward graph of subgraph 2, " in r.output
+    r = CliRunner().invoke(main, ["verify", str(tmp_path)])
+    assert r.exit_code == 0, r.output
