@@ -1,0 +1,907 @@
+#!/usr/bin/env python3
+"""Generate aotpipe pipelines for every transformers architecture that runs in eager.
+
+For each architecture transformers lists (one model class per ``model_type``), this tool
+
+1. builds the default config and *shrinks* it generically (layers -> 2, widths -> 64,
+   feed-forward -> 128, vocabulary -> 1024, images -> 64x64, experts -> 4, recursively in
+   sub-configs such as ``text_config`` / ``vision_config``), with model-specific
+   overrides only where no generic rule works (:data:`OVERRIDES`);
+2. works out candidate example inputs from the model's main input name and ``forward``
+   signature (``input_ids``, ``pixel_values``, ``input_features``, ``input_values``, ...);
+3. checks each candidate in eager, in a forked subprocess per architecture with a time
+   and memory limit, exactly as aotpipe will build it: a one-model pipeline YAML is
+   written and read back with :func:`aotpipe.config.load_pipeline`, the model is built with
+   :func:`aotpipe.sources.build_model` and its inputs with
+   :func:`aotpipe.sources.make_example_inputs`; then an eval forward (no grad) and a
+   training forward + ``sum_loss(out).backward()``;
+4. caches every result in ``tools/hf_zoo_eager.json`` (keyed by a digest of the plan and
+   the transformers/torch versions, so a re-run only checks what changed), and writes a
+   pipeline of the architectures that passed.
+
+Examples::
+
+    .venv/bin/python tools/hf_zoo.py                       # check all (cached), write pipelines/hf-zoo.yaml
+    .venv/bin/python tools/hf_zoo.py --only bert llama -o /tmp/two.yaml
+    .venv/bin/python tools/hf_zoo.py --limit 20 -o /tmp/first20.yaml
+    .venv/bin/python tools/hf_zoo.py --shard 1/4 -o pipelines/hf-zoo-1.yaml
+    .venv/bin/python tools/hf_zoo.py --report              # counts and failures grouped by cause
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import json
+import multiprocessing
+import os
+import re
+import resource
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CACHE = REPO / "tools" / "hf_zoo_eager.json"
+DEFAULT_OUTPUT = REPO / "pipelines" / "hf-zoo.yaml"
+
+# ---------------------------------------------------------------------------------------
+# sizes the generic shrinking aims for
+
+LAYERS = 2          # transformer layers per stack (2 keeps alternating layer patterns alive)
+WIDTH = 64          # hidden size of every stack
+MAX_HEADS = 4       # attention heads (head_dim = WIDTH // heads)
+FFN = 128           # feed-forward / intermediate size
+VOCAB = 1024        # vocabulary; special token ids above it are remapped just below it
+IMAGE = 64          # image side in pixels
+EXPERTS = 4         # routed experts of a mixture of experts
+BATCH = 2
+SEQ = 16            # text tokens
+DECODER_SEQ = 8     # decoder tokens of an encoder-decoder
+AUDIO_SAMPLES = 4000  # raw waveform samples (input_values)
+AUDIO_FRAMES = 64   # spectrogram frames (input_features)
+
+# Config attributes (names as stored on the config object) the rules act on.
+LAYER_KEYS = {
+    "num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_encoder_layers", "num_decoder_layers",
+    "encoder_layers", "decoder_layers", "num_text_layers", "num_vision_layers", "depth", "text_layers",
+    "vision_layers", "num_blocks", "encoder_num_hidden_layers", "decoder_num_hidden_layers",
+    "num_cross_layers", "num_single_layers", "num_global_layers", "num_local_layers",
+}
+HEAD_KEYS = {
+    "num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
+    "attention_heads", "encoder_num_attention_heads", "decoder_num_attention_heads",
+}
+KV_HEAD_KEYS = {"num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "kv_heads"}
+WIDTH_KEYS = {"hidden_size", "d_model", "n_embd", "embed_dim", "dim", "model_dim", "n_embed", "hidden_dim",
+              "encoder_hidden_size", "decoder_hidden_size", "width"}
+FFN_KEYS = {
+    "intermediate_size", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner", "ffn_hidden_size",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "mlp_dim", "dim_feedforward",
+    "encoder_intermediate_size", "decoder_intermediate_size", "expert_intermediate_size", "inner_dim",
+}
+EXPERT_KEYS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts"}
+TOPK_KEYS = {"num_experts_per_tok", "moe_topk", "moe_k", "num_experts_per_token", "top_k", "router_top_k"}
+IMAGE_KEYS = {"image_size", "img_size", "input_size"}
+STAGE_DEPTH_KEYS = {"depths", "num_layers_per_stage", "stage_depths", "block_depths"}
+# Substrings that mark an attribute as *not* a width even when its value equals one.
+NOT_A_WIDTH = ("vocab", "position", "image", "patch", "window", "length", "seq", "bucket", "chunk", "context",
+               "sample", "token", "max", "num_", "layers", "rate", "freq", "codebook", "label", "stride")
+SPECIAL_TOKENS = ("pad", "bos", "eos", "unk", "sep", "cls", "mask", "decoder_start", "forced_")
+
+# ---------------------------------------------------------------------------------------
+# model-specific overrides: only where a generic rule cannot work. Each entry is
+#   model_type: {"config": {...fields applied after the generic rules...},
+#                "inputs": [...InputSpec dicts replacing the generated candidates...],
+#                "skip": "why this architecture is not attempted"}
+# A config field written "a.b" sets field b of sub-config a.
+
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # Mamba-2: num_heads * head_dim must equal expand * hidden_size.
+    "mamba2": {"config": {"num_heads": 8, "head_dim": 16, "expand": 2, "n_groups": 1}},
+    "bamba": {"config": {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_expand": 2, "mamba_n_groups": 1}},
+    "nemotron_h": {"config": {"mamba_num_heads": 8, "mamba_head_dim": 16, "expand": 2, "n_groups": 1}},
+    "granitemoehybrid": {"config": {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_expand": 2,
+                                    "mamba_n_groups": 1}},
+    "falcon_h1": {"config": {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_expand": 2, "mamba_n_groups": 1}},
+    "zamba2": {"config": {"n_mamba_heads": 8, "mamba_headdim": 16, "mamba_expand": 2, "mamba_ngroups": 1}},
+}
+
+
+# ---------------------------------------------------------------------------------------
+# enumeration
+
+
+@dataclass
+class Arch:
+    """One architecture: a model_type and the class the pipeline builds for it."""
+
+    model_type: str
+    class_name: str
+    mapping: str  # the auto mapping the class came from
+
+
+# Mappings tried, in order, for a model_type: the base model first, then heads that take
+# the most common inputs. The first mapping that lists the type wins.
+MAPPING_ORDER = [
+    "MODEL_MAPPING_NAMES",
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_PRETRAINING_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_BACKBONE_MAPPING_NAMES",
+    "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES",
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_CTC_MAPPING_NAMES",
+    "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES",
+    "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+    "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
+]
+
+
+def enumerate_architectures() -> list[Arch]:
+    """Every model_type of any transformers auto model mapping, with one class each."""
+    import transformers.models.auto.modeling_auto as ma
+
+    names = [n for n in MAPPING_ORDER if hasattr(ma, n)]
+    names += sorted(n for n in dir(ma) if n.startswith("MODEL_") and n.endswith("_MAPPING_NAMES") and n not in names)
+    out: dict[str, Arch] = {}
+    for mapping in names:
+        for model_type, cls in getattr(ma, mapping).items():
+            if model_type in out:
+                continue
+            cls_name = cls if isinstance(cls, str) else cls[0]
+            out[model_type] = Arch(model_type, cls_name, mapping.removesuffix("_MAPPING_NAMES"))
+    return sorted(out.values(), key=lambda a: a.model_type)
+
+
+def safe_name(model_type: str) -> str:
+    """model_type as an aotpipe model name: letters, digits, '_', '.', '-'."""
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", model_type)
+    return name if re.match(r"^[A-Za-z0-9_]", name) else "_" + name
+
+
+# ---------------------------------------------------------------------------------------
+# shrinking configs
+
+
+def _is_config(x: Any) -> bool:
+    from transformers import PreTrainedConfig
+
+    return isinstance(x, PreTrainedConfig)
+
+
+def _public(cfg: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(cfg).items() if not k.startswith("_")}
+
+
+def _jsonable(v: Any) -> Any:
+    """A config value as YAML-safe plain data (tuples -> lists, dtypes -> names)."""
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if _is_config(v):
+        return _jsonable(v.to_dict())
+    return str(v)
+
+
+class _Shrinker:
+    """Computes the overrides that shrink one config tree; all ids remapped consistently."""
+
+    def __init__(self, mrope_default: Optional[list[int]] = None) -> None:
+        self.mrope_default = mrope_default  # rope_parameters["mrope_section"] the model's code falls back to
+        self.widths: set[int] = set()  # widths and feed-forward sizes of every config of the tree
+        self.ffns: set[int] = set()
+        self.token_map: dict[int, int] = {}
+        self.notes: list[str] = []
+
+    def _token(self, old: int) -> int:
+        if old not in self.token_map:
+            self.token_map[old] = VOCAB - 1 - len(self.token_map)
+        return self.token_map[old]
+
+    def collect(self, cfg: Any) -> None:
+        """Note the widths and feed-forward sizes of `cfg` and its sub-configs (of configs with
+        attention heads), so a field of one config that equals another's width shrinks too."""
+        attrs = _public(cfg)
+        if any(isinstance(attrs.get(k), int) for k in HEAD_KEYS):
+            self.widths |= {v for k, v in attrs.items() if k in WIDTH_KEYS and isinstance(v, int) and v >= 256}
+            self.ffns |= {v for k, v in attrs.items() if k in FFN_KEYS and isinstance(v, int) and v >= 256}
+        for v in attrs.values():
+            if _is_config(v):
+                self.collect(v)
+
+    def overrides(self, cfg: Any) -> dict[str, Any]:
+        """The fields of `cfg` to change (sub-configs as nested dicts of their own changes)."""
+        attrs = _public(cfg)
+        new: dict[str, Any] = {}
+
+        # layers (and lists with one entry per layer); a hierarchical model's stage count
+        # (len(depths), often stored as num_layers) is kept, its per-stage depths go to 1
+        stages = {len(attrs[k]) for k in STAGE_DEPTH_KEYS if isinstance(attrs.get(k), (list, tuple))}
+        old_layers = [v for k, v in attrs.items()
+                      if k in LAYER_KEYS and isinstance(v, int) and not isinstance(v, bool) and v not in stages]
+        for k, v in attrs.items():
+            if (k in LAYER_KEYS and isinstance(v, int) and not isinstance(v, bool) and v > LAYERS
+                    and v not in stages):
+                new[k] = LAYERS
+        if old_layers:
+            n_old = max(old_layers)
+            for k, v in attrs.items():
+                if isinstance(v, (list, tuple)) and len(v) == n_old and n_old > LAYERS and k not in new:
+                    new[k] = list(v[-LAYERS:])
+            for k in ("first_k_dense_replace", "num_dense_layers"):
+                if isinstance(attrs.get(k), int) and attrs[k] > 1:
+                    new[k] = 1
+            for k in ("mlp_only_layers", "global_attn_layers", "full_attn_idxs", "attn_layer_indices"):
+                v = attrs.get(k)
+                if isinstance(v, (list, tuple)) and all(isinstance(i, int) for i in v):
+                    kept = [i for i in v if i < LAYERS]
+                    if kept != list(v):
+                        new[k] = kept or [LAYERS - 1]
+        # a backbone whose outputs name layers: keep as many layers as it has outputs, and
+        # point the outputs at the last ones
+        outs = getattr(cfg, "out_indices", None)
+        n_layers = new.get("num_hidden_layers")
+        if n_layers is not None and isinstance(outs, (list, tuple)) and outs and not stages:
+            k_out = len(outs)
+            n_layers = max(LAYERS, k_out)
+            new["num_hidden_layers"] = n_layers
+            new["out_indices"] = list(range(n_layers - k_out + 1, n_layers + 1))
+            new["out_features"] = [f"stage{i}" for i in new["out_indices"]]
+        for k in STAGE_DEPTH_KEYS:
+            v = attrs.get(k)
+            if isinstance(v, (list, tuple)) and v and all(isinstance(i, int) for i in v) and max(v) > 1:
+                new[k] = [1] * len(v)
+
+        # attention heads and widths
+        heads = next((attrs[k] for k in HEAD_KEYS if isinstance(attrs.get(k), int) and attrs[k] > 0), None)
+        widths = {k: v for k, v in attrs.items() if k in WIDTH_KEYS and isinstance(v, int) and not isinstance(v, bool)}
+        old_width = max(widths.values()) if widths else None
+        if heads is not None:
+            h = MAX_HEADS if heads >= MAX_HEADS else (2 if heads >= 2 else 1)
+            for k in HEAD_KEYS:
+                if isinstance(attrs.get(k), int) and attrs[k] > 0:
+                    new[k] = h
+            for k in KV_HEAD_KEYS:
+                kv = attrs.get(k)
+                if isinstance(kv, int) and kv > 0:
+                    kv_new = max(1, h * kv // heads)
+                    new[k] = kv_new if h % kv_new == 0 else 1
+            head_dim = WIDTH // h
+            if isinstance(attrs.get("head_dim"), int):
+                new["head_dim"] = head_dim
+            if isinstance(attrs.get("rotary_dim"), int):
+                new["rotary_dim"] = min(attrs["rotary_dim"], head_dim)
+            if isinstance(attrs.get("qk_rope_head_dim"), int):  # multi-head latent attention
+                new.update(qk_rope_head_dim=head_dim, qk_nope_head_dim=head_dim, v_head_dim=head_dim,
+                           kv_lora_rank=32)
+                if isinstance(attrs.get("q_lora_rank"), int):
+                    new["q_lora_rank"] = 32
+                if isinstance(attrs.get("qk_head_dim"), int):
+                    new["qk_head_dim"] = 2 * head_dim
+                if isinstance(attrs.get("head_dim"), int):
+                    new["head_dim"] = head_dim
+        per_stage_heads = any(isinstance(attrs.get(k), (list, tuple)) for k in HEAD_KEYS)
+        if old_width is not None and (heads is not None or (old_width > 2 * WIDTH and not per_stage_heads)):
+            for k in widths:
+                new[k] = WIDTH
+        old_ffn = {v for k, v in attrs.items() if k in FFN_KEYS and isinstance(v, int) and not isinstance(v, bool)}
+        for k, v in attrs.items():
+            if k in FFN_KEYS and isinstance(v, int) and not isinstance(v, bool) and v > FFN:
+                new[k] = FFN if "moe" not in k and "expert" not in k else FFN // 2
+        # other fields that carry the old width or feed-forward size (projections, ...)
+        for k, v in attrs.items():
+            if k in new or not isinstance(v, int) or isinstance(v, bool) or any(s in k for s in NOT_A_WIDTH):
+                continue
+            if not any(s in k for s in ("dim", "size", "hidden", "channels")):
+                continue
+            if v >= 256 and (v == old_width or v in self.widths):
+                new[k] = WIDTH
+            elif v >= 256 and (v in old_ffn or v in self.ffns):
+                new[k] = FFN
+
+        # rope sections that must add up to head_dim / 2
+        for rk in ("rope_parameters", "rope_scaling"):
+            rp = attrs.get(rk)
+            fallback = _mrope_for_type(getattr(cfg, "model_type", "")) or self.mrope_default
+            if (isinstance(rp, dict) and heads is not None and fallback and "mrope_section" not in rp
+                    and "vocab_size" in attrs):
+                rp = {**rp, "mrope_section": list(fallback)}
+            if isinstance(rp, dict) and isinstance(rp.get("mrope_section"), (list, tuple)) and heads is not None:
+                sec = list(rp["mrope_section"])
+                new_hd = WIDTH // new.get(next(iter(sorted(HEAD_KEYS & new.keys()))), heads)
+                total = sum(sec)
+                target = max(len(sec), new_hd // 2)
+                scaled = [max(1, x * target // total) for x in sec]
+                scaled[0] += target - sum(scaled)
+                new[rk] = {**rp, "mrope_section": scaled}
+
+        # mixture of experts
+        for k in EXPERT_KEYS:
+            v = attrs.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > EXPERTS:
+                new[k] = EXPERTS
+        for k in TOPK_KEYS:
+            v = attrs.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 2:
+                new[k] = 2
+        for k in ("n_group", "topk_group", "num_expert_group"):
+            if isinstance(attrs.get(k), int) and attrs[k] > 1:
+                new[k] = 1
+
+        # vocabulary and special token ids
+        vocab = attrs.get("vocab_size")
+        if isinstance(vocab, int) and vocab > VOCAB:
+            new["vocab_size"] = VOCAB
+        for k, v in attrs.items():
+            if not (k.endswith("token_id") or k.endswith("token_index") or k.endswith("token_ids")):
+                continue
+            if isinstance(v, int) and not isinstance(v, bool) and v >= VOCAB:
+                new[k] = self._token(v)
+            elif isinstance(v, (list, tuple)) and any(isinstance(i, int) and i >= VOCAB for i in v):
+                new[k] = [self._token(i) if isinstance(i, int) and i >= VOCAB else i for i in v]
+
+        # images
+        for k in IMAGE_KEYS:
+            v = attrs.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > IMAGE:
+                new[k] = IMAGE
+            elif isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(i, int) for i in v) and max(v) > IMAGE:
+                new[k] = [IMAGE, IMAGE]
+
+        # audio: whisper-style encoders expect exactly 2 * max_source_positions frames
+        if isinstance(attrs.get("max_source_positions"), int) and attrs["max_source_positions"] > AUDIO_FRAMES // 2:
+            if "num_mel_bins" in attrs:
+                new["max_source_positions"] = AUDIO_FRAMES // 2
+
+        # nested sub-configs, recursively
+        for k, v in attrs.items():
+            if _is_config(v):
+                sub = self.overrides(v)
+                if sub:
+                    new[k] = sub
+        return new
+
+
+def _apply(d: dict[str, Any], dotted: dict[str, Any]) -> None:
+    for key, value in dotted.items():
+        parts = key.split(".")
+        cur = d
+        for p in parts[:-1]:
+            cur = cur.setdefault(p, {})
+        cur[parts[-1]] = value
+
+
+def _sub_config_dict(default_sub: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A sub-config as the dict its parent config is given: its differences from its class's
+    defaults (so a parent's customised default survives), the overrides, and model_type."""
+    try:
+        class_default = type(default_sub)().to_dict()
+    except Exception:
+        class_default = {}
+    full = default_sub.to_dict()
+    out = {k: v for k, v in full.items()
+           if k not in ("transformers_version", "_name_or_path", "architectures")
+           and (k not in class_default or class_default[k] != v)}
+    out["model_type"] = full.get("model_type", getattr(default_sub, "model_type", ""))
+    for k, v in overrides.items():
+        if isinstance(v, dict) and _is_config(getattr(default_sub, k, None)):
+            out[k] = _sub_config_dict(getattr(default_sub, k), v)
+        else:
+            out[k] = v
+    return _jsonable(out)
+
+
+def shrunk_config(config_cls: type, model_type: str, mrope_default: Optional[list[int]] = None) -> dict[str, Any]:
+    """The `config:` mapping of a pipeline entry: the fields to pass to `config_cls(**...)`."""
+    default = config_cls()
+    shrinker = _Shrinker(mrope_default)
+    shrinker.collect(default)
+    over = shrinker.overrides(default)
+    extra = OVERRIDES.get(model_type, {}).get("config", {})
+    out: dict[str, Any] = {}
+    for k, v in over.items():
+        sub = getattr(default, k, None)
+        out[k] = _sub_config_dict(sub, v) if isinstance(v, dict) and _is_config(sub) else _jsonable(v)
+    _apply(out, extra)
+    if "use_cache" in _public(default):
+        out["use_cache"] = False
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# example inputs
+
+
+def _find(cfg: Any, key: str) -> Any:
+    """`key` on the config or the first sub-config that has it (depth first)."""
+    v = getattr(cfg, key, None)
+    if v is not None:
+        return v
+    for sub in _public(cfg).values():
+        if _is_config(sub):
+            v = _find(sub, key)
+            if v is not None:
+                return v
+    return None
+
+
+def _token_high(cfg: Any) -> int:
+    """Upper bound for random token ids: the vocabulary, below every multimodal special token."""
+    vocab = getattr(cfg, "vocab_size", None)
+    if not isinstance(vocab, int):
+        text = getattr(cfg, "text_config", None) or getattr(cfg, "decoder", None)
+        vocab = getattr(text, "vocab_size", None) if text is not None else None
+    if not isinstance(vocab, int):
+        vocab = _find(cfg, "vocab_size")
+    high = vocab if isinstance(vocab, int) and vocab > 1 else VOCAB
+
+    def walk(c: Any) -> Iterable[int]:
+        for k, v in _public(c).items():
+            if (k.endswith("token_id") or k.endswith("token_index")) and not any(k.startswith(s) for s in SPECIAL_TOKENS):
+                if isinstance(v, int) and not isinstance(v, bool) and v >= 2:
+                    yield v
+            elif _is_config(v):
+                yield from walk(v)
+
+    specials = [v for v in walk(cfg) if v < high]
+    if specials:
+        high = min(specials)
+    return max(2, min(high, VOCAB))
+
+
+def _image_shape(cfg: Any) -> tuple[int, int, int]:
+    channels = _find(cfg, "num_channels") or _find(cfg, "in_channels") or 3
+    size = _find(cfg, "image_size") or IMAGE
+    if isinstance(size, (list, tuple)):
+        h, w = int(size[0]), int(size[-1])
+    elif isinstance(size, dict):
+        h, w = int(size.get("height", IMAGE)), int(size.get("width", IMAGE))
+    else:
+        h = w = int(size)
+    return int(channels) if isinstance(channels, int) else 3, h, w
+
+
+def candidate_inputs(model_cls: type, cfg: Any) -> list[list[dict[str, Any]]]:
+    """Candidate `inputs:` lists for a model, most likely first; the eager check picks one."""
+    try:
+        params = inspect.signature(model_cls.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    main = getattr(model_cls, "main_input_name", "input_ids")
+    if main not in params and "input_ids" in params:
+        main = "input_ids"
+    high = _token_high(cfg)
+    ids = {"name": "input_ids", "shape": [BATCH, SEQ], "dtype": "int64", "high": high}
+    mask = {"name": "attention_mask", "shape": [BATCH, SEQ], "dtype": "int64", "low": 1, "high": 2}
+    extras: list[dict[str, Any]] = []
+    if getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        extras.append({"name": "decoder_input_ids", "shape": [BATCH, DECODER_SEQ], "dtype": "int64", "high": high})
+
+    cands: list[list[dict[str, Any]]] = []
+    c, h, w = _image_shape(cfg)
+    px = {"name": "pixel_values", "shape": [BATCH, c, h, w]}
+    required = {n for n, p in params.items() if p.default is inspect.Parameter.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n != "self"}
+    if main == "input_ids":
+        with_mask = [ids, mask] if "attention_mask" in params else [ids]
+        if "pixel_values" in required:
+            cands.append(with_mask + [px] + extras)
+        cands += [with_mask + extras, [ids] + extras]
+        if "pixel_values" in params and "pixel_values" not in required:
+            cands.append(with_mask + [px] + extras)
+    elif main in ("pixel_values", "pixel_values_videos"):
+        px = {"name": main, "shape": [BATCH, c, h, w]}
+        if "input_ids" in required:
+            cands.append([px, ids] + extras)
+        cands.append([px] + extras)
+        frames = _find(cfg, "num_frames")
+        if isinstance(frames, int):  # video models: [B, T, C, H, W]
+            cands.append([{"name": main, "shape": [BATCH, min(frames, 8), c, h, w]}] + extras)
+        if "input_ids" in params:  # image-text models needing both
+            cands.append([px, ids] + extras)
+    elif main == "input_values":
+        cands.append([{"name": "input_values", "shape": [BATCH, AUDIO_SAMPLES]}] + extras)
+        mel = _find(cfg, "num_mel_bins")
+        if isinstance(mel, int):  # spectrogram transformers: [B, frames, mel]
+            frames = _find(cfg, "max_length")
+            cands.append([{"name": "input_values", "shape": [BATCH, frames if isinstance(frames, int) else 128, mel]}]
+                         + extras)
+    elif main == "input_features":
+        mel = _find(cfg, "num_mel_bins") or _find(cfg, "feature_size") or 80
+        src = getattr(cfg, "max_source_positions", None)
+        frames = 2 * src if isinstance(src, int) else AUDIO_FRAMES
+        feat = _find(cfg, "input_feat_per_channel")
+        chans = _find(cfg, "input_channels") or 1
+        cands.append([{"name": "input_features", "shape": [BATCH, int(mel), frames]}] + extras)
+        cands.append([{"name": "input_features", "shape": [BATCH, frames, int(feat or mel) * int(chans)]}] + extras)
+    elif main == "past_values":
+        ctx = getattr(cfg, "context_length", None) or 32
+        ch = getattr(cfg, "num_input_channels", None) or 1
+        cands.append([{"name": "past_values", "shape": [BATCH, int(ctx), int(ch)]}])
+        cands.append([{"name": "past_values", "shape": [BATCH, int(ctx)]}])
+    else:
+        cands.append([{"name": main, "shape": [BATCH, SEQ, _find(cfg, "hidden_size") or WIDTH]}])
+    # drop duplicates, keep order
+    seen, out = set(), []
+    for c in cands:
+        key = json.dumps(c, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# plans and the eager check
+
+
+@dataclass
+class Plan:
+    """What the pipeline entry for one architecture would be, with candidate inputs."""
+
+    model_type: str
+    name: str
+    source: str
+    config: dict[str, Any]
+    candidates: list[list[dict[str, Any]]]
+
+
+@dataclass
+class Result:
+    """The eager check of one architecture (one entry of the JSON cache)."""
+
+    model_type: str
+    class_name: str
+    key: str                       # digest of what was checked; a changed plan is re-checked
+    status: str                    # ok | skip | plan | build | eager | timeout | crash
+    reason: str = ""               # one line; empty when ok
+    config: Optional[dict[str, Any]] = None
+    inputs: Optional[list[dict[str, Any]]] = None  # the candidate that passed
+    params: Optional[int] = None
+    seconds: float = 0.0
+    tried: list[str] = field(default_factory=list)  # one line per failed candidate
+
+
+def _line(e: BaseException) -> str:
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg}"[:300]
+
+
+def _mrope_default(model_cls: type) -> Optional[list[int]]:
+    """The mrope_section the model's code falls back to when the config has none (read from
+    its module and the transformers modules it imports from), or None."""
+    mod = sys.modules.get(model_cls.__module__)
+    if mod is None:
+        return None
+    related = [mod] + [sys.modules[m] for m in sorted({getattr(v, "__module__", "") for v in vars(mod).values()})
+                       if m.startswith("transformers.models.") and m in sys.modules and m != mod.__name__]
+    for m in related:
+        try:
+            found = re.search(r"mrope_section[\"']\s*,\s*\[([\d,\s]+)\]", inspect.getsource(m))
+        except (OSError, TypeError):
+            continue
+        if found:
+            return [int(x) for x in found.group(1).split(",") if x.strip()]
+    return None
+
+
+_MROPE_CACHE: dict[str, Optional[list[int]]] = {}
+
+
+def _mrope_for_type(model_type: str) -> Optional[list[int]]:
+    """The mrope_section fallback of the model class that a model_type maps to, if any."""
+    if model_type not in _MROPE_CACHE:
+        import transformers
+
+        arch = next((a for a in _all_archs() if a.model_type == model_type), None)
+        cls = getattr(transformers, arch.class_name, None) if arch else None
+        _MROPE_CACHE[model_type] = _mrope_default(cls) if isinstance(cls, type) else None
+    return _MROPE_CACHE[model_type]
+
+
+_ARCHS: list[Arch] = []
+
+
+def _all_archs() -> list[Arch]:
+    if not _ARCHS:
+        _ARCHS.extend(enumerate_architectures())
+    return _ARCHS
+
+
+def make_plan(arch: Arch) -> tuple[Plan, Any]:
+    """The plan for an architecture, and the config object it was derived from."""
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    model_cls = getattr(transformers, arch.class_name)
+    config_cls = CONFIG_MAPPING[arch.model_type]
+    config = shrunk_config(config_cls, arch.model_type, _mrope_default(model_cls))
+    cfg_obj = config_cls(**config)
+    over = OVERRIDES.get(arch.model_type, {})
+    cands = [over["inputs"]] if "inputs" in over else candidate_inputs(model_cls, cfg_obj)
+    return Plan(arch.model_type, safe_name(arch.model_type), f"hf:{arch.class_name}", config, cands), cfg_obj
+
+
+def _pipeline_yaml(name: str, entries: list[dict[str, Any]], header: str = "") -> str:
+    import yaml
+
+    doc = {"version": 1, "name": name, "output": "artifacts", "seed": 0, "executor": {"kind": "process", "workers": 2, "timeout_s": 600, "memory_gb": 8},
+           "defaults": {"graphs": ["inference", "forward", "backward", "joint"]}}
+    text = header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+    body = yaml.safe_dump({"models": entries}, sort_keys=False, default_flow_style=None, width=120)
+    return text + body
+
+
+def _entry(name: str, source: str, config: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"name": name, "source": source, "config": config, "inputs": inputs}
+
+
+def _check_candidate(plan: Plan, inputs: list[dict[str, Any]], tmp: Path) -> tuple[str, str, Optional[int]]:
+    """(status, reason, parameter count) of one candidate, built exactly as aotpipe builds it."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from aotpipe.config import load_pipeline
+    from aotpipe.eager import sum_loss
+    from aotpipe.sources import build_model, make_example_inputs
+
+    path = tmp / f"{plan.name}.yaml"
+    path.write_text(_pipeline_yaml("hf-zoo-check", [_entry(plan.name, plan.source, plan.config, inputs)]))
+    try:
+        spec = load_pipeline(path).models[0]
+        model = build_model(spec)
+        args, kwargs = make_example_inputs(spec)
+    except Exception as e:
+        return "build", _line(e), None
+    n_params = sum(p.numel() for p in model.parameters())
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(*args, **kwargs)
+        model.train()
+        with sdpa_kernel([SDPBackend.MATH]):
+            out = model(*args, **kwargs)
+            sum_loss(out).backward()
+    except Exception as e:
+        return "eager", _line(e), n_params
+    return "ok", "", n_params
+
+
+def _child(plan: Plan, conn: Any, mem_bytes: int) -> None:
+    """Runs in the forked subprocess: build and check each candidate until one passes."""
+    try:
+        if mem_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        tried: list[str] = []
+        status, n = "eager", None
+        with tempfile.TemporaryDirectory() as tmp:
+            for inputs in plan.candidates:
+                status, reason, n = _check_candidate(plan, inputs, Path(tmp))
+                if status == "ok":
+                    conn.send({"status": "ok", "inputs": inputs, "params": n, "tried": tried})
+                    return
+                tried.append(f"{[i['name'] + str(i['shape']) for i in inputs]}: {reason}")
+                if status == "build" and "input" not in reason:
+                    break  # the model itself does not build: other inputs will not help
+        reason = tried[0].split(": ", 1)[1] if tried else "no candidate inputs"
+        conn.send({"status": status, "reason": reason, "params": n, "tried": tried})
+    except BaseException as e:  # MemoryError, anything: report, never hang the parent
+        try:
+            conn.send({"status": "crash", "reason": _line(e)})
+        except Exception:
+            pass
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def plan_key(arch: Arch, plan: Optional[Plan]) -> str:
+    """Digest of everything that decides a check's outcome: the class, the plan (config and
+    candidate inputs) and the library versions. A cached result with the same key is reused."""
+    import torch
+    import transformers
+
+    blob = json.dumps([arch.model_type, arch.class_name, transformers.__version__, torch.__version__,
+                       asdict(plan) if plan else None], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def check(arch: Arch, plan: Plan, timeout: float, mem_gb: float) -> Result:
+    """Check one architecture's plan in a forked subprocess with a time and memory limit."""
+    key = plan_key(arch, plan)
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    start = time.perf_counter()
+    p = ctx.Process(target=_child, args=(plan, child, int(mem_gb * (1 << 30))))
+    p.start()
+    child.close()
+    msg: Optional[dict[str, Any]] = None
+    if parent.poll(timeout):
+        try:
+            msg = parent.recv()
+        except EOFError:
+            msg = None
+    seconds = round(time.perf_counter() - start, 2)
+    if p.is_alive() and msg is None:
+        p.kill()
+        p.join()
+        return Result(arch.model_type, arch.class_name, key, "timeout", f"over {timeout:.0f} s", plan.config,
+                      plan.candidates[0] if plan.candidates else None, seconds=seconds)
+    p.join(10)
+    if p.is_alive():
+        p.kill()
+        p.join()
+    if msg is None:
+        msg = {"status": "crash", "reason": f"subprocess died with exit code {p.exitcode}"}
+    return Result(arch.model_type, arch.class_name, key, msg["status"], msg.get("reason", ""), plan.config,
+                  msg.get("inputs") or (plan.candidates[0] if plan.candidates else None), msg.get("params"),
+                  seconds, msg.get("tried", []))
+
+
+def plan_or_result(arch: Arch) -> tuple[Optional[Plan], Optional[Result]]:
+    """The plan of an architecture, or the Result saying why none could be made."""
+    skip = OVERRIDES.get(arch.model_type, {}).get("skip")
+    if skip:
+        return None, Result(arch.model_type, arch.class_name, plan_key(arch, None), "skip", skip)
+    try:
+        return make_plan(arch)[0], None
+    except Exception as e:
+        return None, Result(arch.model_type, arch.class_name, plan_key(arch, None), "plan", _line(e))
+
+
+# ---------------------------------------------------------------------------------------
+# cache, selection, output
+
+
+def load_cache(path: Path) -> dict[str, Result]:
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {k: Result(**v) for k, v in data.get("results", {}).items()}
+
+
+def save_cache(path: Path, cache: dict[str, Result]) -> None:
+    import torch
+    import transformers
+
+    data = {"transformers": transformers.__version__, "torch": torch.__version__,
+            "results": {k: asdict(cache[k]) for k in sorted(cache)}}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+def select(archs: list[Arch], only: list[str], shard: Optional[str], limit: Optional[int]) -> list[Arch]:
+    if only:
+        known = {a.model_type for a in archs}
+        missing = [t for t in only if t not in known]
+        if missing:
+            sys.exit(f"unknown model_type(s): {', '.join(missing)}")
+        archs = [a for a in archs if a.model_type in only]
+    if shard:
+        i, n = (int(x) for x in shard.split("/"))
+        if not 1 <= i <= n:
+            sys.exit("--shard is I/N with 1 <= I <= N")
+        archs = archs[i - 1::n]
+    if limit is not None:
+        archs = archs[:limit]
+    return archs
+
+
+def cause(r: Result) -> str:
+    """A short failure cause for grouping: the exception type and message, numbers elided."""
+    reason = re.sub(r"\d+", "N", r.reason)
+    reason = re.sub(r"'[^']*'", "'…'", reason)
+    return f"{r.status}: {reason[:110]}"
+
+
+def report(results: list[Result], listed: int) -> str:
+    by = Counter(r.status for r in results)
+    lines = [f"listed {listed}, checked {len(results)}: " + ", ".join(f"{k} {v}" for k, v in by.most_common())]
+    groups: dict[str, list[str]] = defaultdict(list)
+    for r in results:
+        if r.status != "ok":
+            groups[cause(r)].append(r.model_type)
+    for c, types in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"{len(types):4d}  {c}\n      e.g. {', '.join(types[:6])}")
+    return "\n".join(lines)
+
+
+def write_pipeline(path: Path, results: list[Result], name: str) -> int:
+    ok = [r for r in results if r.status == "ok" and r.inputs is not None]
+    header = (
+        "# Generated by tools/hf_zoo.py: every transformers architecture whose shrunk default config\n"
+        "# (random weights, no hub access) ran forward + backward in eager. Do not edit by hand:\n"
+        "#   .venv/bin/python tools/hf_zoo.py            (re-checks only what changed)\n"
+        "# Two models at once, each in an isolated worker (a crash, hang or blow-up costs one model):\n"
+        "#   aotpipe run pipelines/hf-zoo.yaml            (--workers N for more)\n"
+    )
+    entries = [_entry(safe_name(r.model_type), f"hf:{r.class_name}", r.config or {}, r.inputs or []) for r in ok]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_pipeline_yaml(name, entries, header))
+    return len(entries)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("Examples::")[1])
+    ap.add_argument("--only", nargs="+", default=[], metavar="TYPE", help="only these model_types")
+    ap.add_argument("--limit", type=int, help="only the first N model_types (alphabetical)")
+    ap.add_argument("--shard", metavar="I/N", help="every N-th model_type starting at the I-th (1-based)")
+    ap.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT, help="pipeline YAML to write")
+    ap.add_argument("--name", help="pipeline name (default: the output file's stem)")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="eager results cache (JSON)")
+    ap.add_argument("--recheck", action="store_true", help="ignore cached results for the selection")
+    ap.add_argument("--recheck-failed", action="store_true", help="ignore cached failures (keep cached passes)")
+    ap.add_argument("--no-check", action="store_true", help="write from the cache only; check nothing")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per architecture (default 60)")
+    ap.add_argument("--mem-gb", type=float, default=8.0, help="address-space cap per check in GiB (default 8)")
+    ap.add_argument("--report", action="store_true", help="print counts and failures grouped by cause")
+    ap.add_argument("--list", action="store_true", help="print model_type, class and mapping, then exit")
+    a = ap.parse_args(argv)
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(1)
+    import transformers  # noqa: F401  (imported once here, inherited by every forked check)
+
+    all_archs = enumerate_architectures()
+    archs = select(all_archs, a.only, a.shard, a.limit)
+    if a.list:
+        for arch in archs:
+            print(f"{arch.model_type:40s} {arch.class_name:50s} {arch.mapping}")
+        return 0
+    cache = load_cache(a.cache)
+    start = time.perf_counter()
+    results: list[Result] = []
+    for i, arch in enumerate(archs):
+        cached = cache.get(arch.model_type)
+        if a.no_check:
+            if cached:
+                results.append(cached)
+            continue
+        plan, r = plan_or_result(arch)
+        if plan is not None:
+            key = plan_key(arch, plan)
+            fresh = not a.recheck and not (a.recheck_failed and cached and cached.status != "ok")
+            if cached and fresh and cached.key == key:
+                results.append(cached)
+                continue
+            r = check(arch, plan, a.timeout, a.mem_gb)
+        assert r is not None
+        cache[arch.model_type] = r
+        results.append(r)
+        save_cache(a.cache, cache)
+        print(f"[{i + 1}/{len(archs)}] {r.status:8s} {r.seconds:6.1f}s {arch.model_type:32s} {r.reason[:140]}",
+              flush=True)
+    n = write_pipeline(a.output, results, a.name or safe_name(a.output.stem))
+    print(f"{n} architectures -> {a.output} ({time.perf_counter() - start:.0f} s)")
+    if a.report:
+        print(report(results, len(all_archs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
