@@ -1,0 +1,544 @@
+"""Capture mode `dynamo`: torch.compile with a capturing backend, then AOTAutograd per subgraph.
+
+What functorch's graph_dumper_aot did (a dynamo backend that hands each subgraph to
+AOTAutograd and dumps its forward, backward and joint graphs), rebuilt on the APIs export
+mode uses, so the graphs are described alike:
+
+- The model runs once under ``torch.compile(backend=...)`` (static shapes, dynamo reset
+  before and after). The backend keeps each subgraph dynamo compiles, with why dynamo
+  ended it (``compile_subgraph_reason``: a graph break, or the return), and hands dynamo
+  the subgraph's own code to run, recording the values the subgraph is called with: a
+  later subgraph's inputs are activations the model computed, which only running gives.
+  Code dynamo cannot trace (data-dependent control flow, ``print``, an explicit
+  ``graph_break()``) runs eagerly between subgraphs; torch.export refuses such models.
+- Dynamo lifts the parameters and buffers a subgraph reads as graph inputs. They are
+  mapped back to the model's names (by identity with the model's tensors) and registered on
+  the subgraph's module again, so every graph describes them as param and buffer inputs,
+  stored as weights, and names their gradients.
+- training (forward, backward, joint): the model in train mode; each subgraph's module
+  goes through AOTAutograd's joint export with descriptors and the default partitioner,
+  as in export mode, but without a loss: a subgraph's outputs are activations, so the joint
+  takes one tangent per differentiable output (what torch.compile's backward receives) and
+  also gives the gradients of the activations it takes.
+- inference: a second compile, of the model in eval mode under no_grad (what
+  torch.compile runs for inference: eval-mode batch norm and dropout, and no autograd
+  bookkeeping); each of its subgraphs is exported (torch.export, non-strict) and decomposed
+  to core ATen as in export mode. Subgraph i's inference graph is the i-th subgraph of that
+  compile: the two compiles break at the same places unless the model's code depends on
+  the mode (a note says when their counts differ).
+
+Subgraph 0's graphs are keyed "inference", "forward", ...; subgraph i's "forward_<i>"
+(aotpipe.graph_keys), folders ``<model>_<kind>_<i>``, indices per model.
+
+The reference a subgraph's graphs are checked against is its own dynamo graph run eagerly
+(float32, and float64 on demand): the whole model's outputs and gradients are not any one
+subgraph's. :func:`subgraph_references` gives them to the checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import linecache
+import logging
+import os
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from aotpipe.capture import export as _export
+from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphBreak, PartitionContract, Subgraph
+from aotpipe.determinism import run_reproducibly
+from aotpipe.errors import CaptureError, exception_line
+from aotpipe.graph_keys import graph_key, key_order
+from aotpipe.modes import DYNAMO_OPTIONS
+
+MODE = "dynamo"
+# How this mode captures; recorded in the manifest and part of the fingerprint.
+OPTIONS = DYNAMO_OPTIONS
+
+TRAINING_KINDS = ("forward", "backward", "joint")
+
+
+class _Outputs(torch.nn.Module):
+    """Holds a subgraph's module as ``.model`` (names read "model.<param>" in AOTAutograd's
+    descriptors, as export's loss wrapper makes them) and returns its outputs as they are."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any) -> Any:
+        return self.model(*args)
+
+
+@dataclass
+class _Traced:
+    """One subgraph as dynamo compiled it, and what it was called with the first time."""
+
+    gm: torch.fx.GraphModule
+    reason: Any  # torch._dynamo's GraphCompileReason
+    state_names: list[Optional[str]]  # per placeholder: the model's parameter or buffer it is
+    sources: list[Optional[str]]  # per placeholder: where dynamo read it ("L['h']")
+    values: Optional[list[Any]] = None  # per placeholder: the value of the first call
+    model_inputs: list[Optional[str]] = field(default_factory=list)  # per placeholder: the model input it is
+
+
+@dataclass
+class _Lifted:
+    """A subgraph's module with parameters and buffers registered again, and its user inputs."""
+
+    module: torch.fx.GraphModule
+    user_names: list[str]
+    user_values: list[Any]
+
+
+def capture_dynamo(*args: Any, **kwargs: Any) -> CapturedGraphs:
+    """Compile `model` with a capturing backend into per-subgraph graphs (see _capture)."""
+    with warnings.catch_warnings():
+        # torch-internal deprecation noise (pytree specs, dynamo config); not the user's concern
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        return _capture(*args, **kwargs)
+
+
+def _capture(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    *,
+    name: str,
+    graphs: list[str],
+    input_names: list[str],
+    int_ranges: dict[str, tuple[int, int]] | None = None,
+) -> CapturedGraphs:
+    """The requested graph kinds of every subgraph torch.compile makes of `model`.
+
+    Subgraph i's graphs are keyed by kind for i = 0 and "<kind>_<i>" after; each forward's
+    partition contract pairs it with its backward. Raises CaptureError (one line) when
+    dynamo fails or compiles no graph.
+    """
+    start = time.perf_counter()
+    model_names = _export._user_input_names(args, kwargs, input_names)
+    model_values = pytree.tree_leaves((args, kwargs))
+    ranges = dict(int_ranges or {})
+    for n, v in zip(model_names, model_values):
+        if n not in ranges and isinstance(v, torch.Tensor):
+            r = _export._observed_range(v)
+            if r is not None:
+                ranges[n] = r
+    # The model's own user inputs keep their names in every subgraph that takes them.
+    input_name_of = {id(v): n for n, v in zip(model_names, model_values) if isinstance(v, torch.Tensor)}
+    notes: list[str] = []
+    captured: dict[str, CapturedGraph] = {}
+    subgraphs: dict[int, Subgraph] = {}
+    inputs: dict[str, list[Any]] = {}
+    breaks: list[GraphBreak] = []
+    counts: dict[str, int] = {}
+
+    def subgraph(i: int) -> Subgraph:
+        return subgraphs.setdefault(i, Subgraph(i, {}))
+
+    if "inference" in graphs:
+        model.eval()
+        traced = _compile(model, args, kwargs, input_name_of, grad=False)
+        counts["inference"] = len(traced)
+        breaks = _breaks(traced)
+        for i, t in enumerate(traced):
+            lifted = _lift(t, i)
+            key = graph_key("inference", i)
+            g, values = _inference_graph(lifted, ranges, key)
+            captured[key], inputs[key] = g, values
+            sg = subgraph(i)
+            sg.keys["inference"] = key
+            sg.reference["inference"] = (lifted.module, lifted.user_values)
+
+    if set(TRAINING_KINDS) & set(graphs):
+        model.train()
+        traced = _compile(model, args, kwargs, input_name_of, grad=True)
+        counts["training"] = len(traced)
+        breaks = _breaks(traced)
+        for i, t in enumerate(traced):
+            lifted = _lift(t, i)
+            sg = subgraph(i)
+            sg.reference["training"] = (lifted.module, lifted.user_values)
+            if not _differentiable(lifted):
+                notes.append(f"subgraph {i}: no output requires grad; it has no forward, backward or joint graph")
+                continue
+            joint, fw, bw, contract = _training_graphs(lifted, ranges, i, notes)
+            sg.contract = contract
+            for kind, g in (("forward", fw), ("backward", bw), ("joint", joint)):
+                if kind in graphs:
+                    key = graph_key(kind, i)
+                    captured[key], sg.keys[kind] = g, key
+                    if kind != "backward":
+                        inputs[key] = _bind(g, lifted)
+        model.eval()
+
+    if len(counts) == 2 and counts["inference"] != counts["training"]:
+        notes.append(f"the eval-mode compile made {counts['inference']} subgraphs, the train-mode one "
+                     f"{counts['training']}: inference subgraph i is the i-th of the former")
+    for b in breaks:
+        notes.append(f"graph break after subgraph {b.subgraph}: {b.reason}" + (f" ({b.where})" if b.where else ""))
+    ordered = {k: captured[k] for k in sorted(captured, key=key_order)}
+    sgs = [subgraphs[i] for i in sorted(subgraphs)]
+    for sg in sgs:  # within a subgraph: another's user input of the same name may be another value
+        _export._share_embedding_ranges({k: ordered[k] for k in sg.keys.values()})
+    first = sgs[0].contract if sgs else None
+    return CapturedGraphs(
+        model=name,
+        mode=MODE,
+        graphs=ordered,
+        contract=first if {"forward", "backward"} & set(ordered) else None,
+        seconds=time.perf_counter() - start,
+        options=dict(OPTIONS),
+        notes=notes,
+        user_inputs=model_names,
+        subgraphs=sgs,
+        graph_breaks=breaks,
+        inputs=inputs,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# compiling
+
+
+@contextlib.contextmanager
+def _fresh_dynamo() -> Iterator[None]:
+    """Dynamo with nothing cached from an earlier compile, before and after (reproducible:
+    the same model compiles to the same subgraphs whatever ran before)."""
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def _state_kept(model: torch.nn.Module, inputs: list[Any]) -> Iterator[None]:
+    """The model's parameters and buffers, and its example inputs, as they were after a run
+    that may change them (batch norm's running statistics): capture leaves them as it found them."""
+    saved = [(t, t.detach().clone()) for _, t in model.named_parameters(remove_duplicate=True)]
+    saved += [(t, t.detach().clone()) for _, t in model.named_buffers(remove_duplicate=True)]
+    saved += [(t, t.detach().clone()) for t in inputs if isinstance(t, torch.Tensor)]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, before in saved:
+                t.copy_(before)
+
+
+def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: dict[int, str], *,
+             grad: bool) -> list[_Traced]:
+    """Every subgraph dynamo compiles while the model runs once, in order of first call.
+
+    `input_name_of` names the model's own inputs by identity: a subgraph that takes one
+    calls it by its pipeline name."""
+    names = {}
+    for n, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names.setdefault(id(t), n)  # a tied tensor: the name named_parameters gives first
+    traced: list[_Traced] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        entry = _Traced(gm, getattr(gm, "compile_subgraph_reason", None),
+                        [names.get(id(x)) if isinstance(x, torch.Tensor) else None for x in example_inputs],
+                        # now: dynamo drops the placeholders' grapharg once the backend returns
+                        [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"])
+        traced.append(entry)
+
+        def run(*values: Any) -> Any:
+            if entry.values is None:
+                # Parameters as they are (a forward does not change them); everything else as it
+                # is now: an earlier subgraph may have updated a buffer a later one reads.
+                entry.values = [v if isinstance(v, torch.nn.Parameter) else _snapshot(v) for v in values]
+                entry.model_inputs = [input_name_of.get(id(v)) if isinstance(v, torch.Tensor) else None
+                                      for v in values]
+            return gm.forward(*values)
+
+        return run
+
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    try:
+        with _fresh_dynamo(), _state_kept(model, pytree.tree_leaves((args, kwargs))), _torch_logs_quiet(), \
+                torch.set_grad_enabled(grad):
+            run_reproducibly(lambda: compiled(*args, **kwargs))
+    except CaptureError:
+        raise
+    except Exception as e:
+        raise CaptureError(f"torch.compile ({'training' if grad else 'inference'}) failed: {_cause_line(e)}") from None
+    if not traced:
+        raise CaptureError("torch.compile captured no graph: the model runs no tensor operation dynamo can trace")
+    for i, t in enumerate(traced):
+        if t.values is None:  # compiled, never called: cannot happen in one run, but say so if it does
+            raise CaptureError(f"torch.compile: subgraph {i} was compiled but never ran")
+    return traced
+
+
+@contextlib.contextmanager
+def _torch_logs_quiet() -> Iterator[None]:
+    """torch's loggers silent: dynamo logs a traceback for a failing fake-tensor op before
+    it raises, and the error reaches the user as one line, never a traceback."""
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.split(".")[0] == "torch"]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _cause_line(e: BaseException) -> str:
+    """The error in one line: what dynamo says, with its explanation (which holds what the
+    model's code raised: "... got RuntimeError('a and b must have same reduction dim ...')")."""
+    line = exception_line(e)
+    explanation = next((ln.strip().removeprefix("Explanation:").strip() for ln in str(e).splitlines()
+                        if ln.strip().startswith("Explanation:")), None)
+    return f"{line}: {explanation}"[:400] if explanation else line
+
+
+def _snapshot(v: Any) -> Any:
+    """A copy of a value a subgraph is called with, as it is now (a later op may change it)."""
+    if not isinstance(v, torch.Tensor):
+        return v
+    copy_ = v.detach().clone()  # clone keeps the strides of a dense tensor
+    return copy_.requires_grad_(v.requires_grad) if copy_.is_floating_point() or copy_.is_complex() else copy_
+
+
+def _breaks(traced: list[_Traced]) -> list[GraphBreak]:
+    """The graph breaks that ended subgraphs, each with its reason and the user code line."""
+    out = []
+    for i, t in enumerate(traced):
+        r = t.reason
+        if r is None or not getattr(r, "graph_break", False):
+            continue
+        reason = (str(getattr(r, "reason", "")).strip().splitlines() or ["graph break"])[0]
+        where, code = None, None
+        stack = list(getattr(r, "user_stack", None) or [])
+        if stack:
+            frame = stack[-1]
+            # The file's name, not its path: artefacts carry no paths (same bytes on every machine).
+            func = frame.name.removeprefix("torch_dynamo_resume_in_")  # dynamo's name for the code after a break
+            func = re.sub(r"_at_[0-9]+$", "", func)
+            where = f"{os.path.basename(frame.filename)}:{frame.lineno} in {func}"
+            code = (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip() or None
+        out.append(GraphBreak(i, reason, where, code))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# parameters back in place
+
+
+def _source_name(node: torch.fx.Node) -> Optional[str]:
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    return name if isinstance(name, str) else None
+
+
+# The last name of a source: L['h'] -> h, L['kwargs']['mask'] -> mask, L['self'].scale -> scale.
+_LAST_NAME = re.compile(r"(?:\['([A-Za-z_][A-Za-z0-9_]*)'\]|\.([A-Za-z_][A-Za-z0-9_]*))$")
+
+
+def _lift(t: _Traced, index: int) -> _Lifted:
+    """Subgraph `t` as a module taking only its user inputs: every placeholder dynamo lifted
+    from the model's parameters and buffers is a get_attr of that tensor again, registered
+    under the model's name (the model's own parameters, its buffers as the subgraph saw them)."""
+    gm = torch.fx.GraphModule(t.gm, copy.deepcopy(t.gm.graph))
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(t.state_names):
+        raise CaptureError(f"subgraph {index}: {len(placeholders)} placeholders, dynamo gave "
+                           f"{len(t.state_names)} example inputs")
+    assert t.values is not None
+    first_body = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    user_names, user_values = [], []
+    for node, source, state_name, value, model_input in zip(placeholders, t.sources, t.state_names, t.values,
+                                                            t.model_inputs):
+        if state_name is None:
+            user_names.append(model_input if model_input is not None and model_input not in user_names
+                              else _user_name(source, node.name, user_names))
+            user_values.append(value)
+            continue
+        try:
+            _assign(gm, state_name, value)
+        except (KeyError, AttributeError) as e:  # a submodule named like a GraphModule attribute ("graph")
+            raise CaptureError(f"subgraph {index}: cannot register {state_name} on its graph module "
+                               f"({exception_line(e)})") from None
+        with graph.inserting_before(first_body):
+            attr = graph.get_attr(state_name)
+        attr.meta = dict(node.meta)
+        node.replace_all_uses_with(attr)
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+    return _Lifted(gm, user_names, user_values)
+
+
+def _user_name(source: Optional[str], fallback: str, taken: list[str]) -> str:
+    """A subgraph user input's name: the local variable dynamo read it from ("h" for L['h'])."""
+    m = _LAST_NAME.search(source or "")
+    name = (m.group(1) or m.group(2)) if m else fallback
+    while name in taken:
+        name += "_"
+    return name
+
+
+def _assign(root: torch.nn.Module, path: str, tensor: torch.Tensor) -> None:
+    """Register `tensor` on `root` at dotted `path` (a parameter stays a parameter)."""
+    *owners, leaf = path.split(".")
+    mod = root
+    for part in owners:
+        if part not in mod._modules:
+            mod.add_module(part, torch.nn.Module())
+        mod = mod._modules[part]
+    if leaf in mod._parameters or leaf in mod._buffers:
+        return  # tied: the same tensor under this name already
+    if isinstance(tensor, torch.nn.Parameter):
+        mod.register_parameter(leaf, tensor)
+    else:
+        mod.register_buffer(leaf, tensor)
+
+
+# ---------------------------------------------------------------------------------------
+# graphs of one subgraph
+
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+
+def _inference_graph(lifted: _Lifted, ranges: dict[str, tuple[int, int]], key: str) -> tuple[CapturedGraph, list[Any]]:
+    """The subgraph's inference graph (export, core ATen) and its real inputs."""
+    values = tuple(_detached(v) for v in lifted.user_values)
+    with torch.no_grad():
+        ep = _export._export(lifted.module, values, {}, f"inference of {key}")
+    g = _export._inference_graph(ep, lifted.user_names, _ranges(lifted, ranges), _state(lifted.module))
+    by_name = dict(zip(lifted.user_names, values))
+    state = _state(lifted.module)
+    bound = []
+    for gi in g.inputs:
+        if gi.role == "user":
+            bound.append(by_name[gi.target])
+        elif gi.role == "constant":
+            bound.append(ep.constants[gi.target])
+        else:
+            bound.append(state[gi.target].detach())
+    return g, bound
+
+
+def _detached(v: Any) -> Any:
+    return v.detach() if isinstance(v, torch.Tensor) else v
+
+
+def _ranges(lifted: _Lifted, ranges: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """Integer ranges of the subgraph's user inputs: the pipeline's for the model's inputs,
+    else the values seen."""
+    out = {}
+    for n, v in zip(lifted.user_names, lifted.user_values):
+        r = ranges.get(n) if n in ranges else (_export._observed_range(v) if isinstance(v, torch.Tensor) else None)
+        if r is not None:
+            out[n] = r
+    return out
+
+
+def _differentiable(lifted: _Lifted) -> bool:
+    """Whether any output of the subgraph requires grad when it runs (else it has no backward)."""
+    with torch.enable_grad():
+        out = lifted.module(*lifted.user_values)
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in pytree.tree_leaves(out))
+
+
+def _training_graphs(lifted: _Lifted, ranges: dict[str, tuple[int, int]], index: int,
+                     notes: list[str]) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract]:
+    constants: dict[str, torch.Tensor] = {}
+    state = _state(lifted.module)
+    joint, fw, bw, contract, no_grad = _export.training_graphs(
+        lifted.module, tuple(lifted.user_values), {}, lifted.user_names, _ranges(lifted, ranges), state,
+        constants, _Outputs)
+    if no_grad:
+        notes.append(f"subgraph {index}: {len(no_grad)} parameter(s) get no gradient: {', '.join(no_grad[:8])}"
+                     + (" ..." if len(no_grad) > 8 else ""))
+    return joint, fw, bw, contract
+
+
+def _bind(g: CapturedGraph, lifted: _Lifted) -> list[Any]:
+    """A training graph's real inputs: the subgraph's tensors by target, user inputs by name,
+    ones for tangents."""
+    from aotpipe.tensors import ones
+
+    state = {**_state(lifted.module)}
+    by_name = dict(zip(lifted.user_names, lifted.user_values))
+    out: list[Any] = []
+    for gi in g.inputs:
+        if gi.role in ("param", "buffer", "constant"):
+            out.append(state[gi.target].detach())
+        elif gi.role == "user":
+            out.append(_detached(by_name[gi.target]))
+        elif gi.role == "tangent":
+            assert gi.meta is not None
+            out.append(ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype))
+        else:
+            raise CaptureError(f"{g.kind} graph: cannot bind input {gi.name} ({gi.role})")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# references for the checks, and auto
+
+
+def subgraph_references(captured: CapturedGraphs) -> dict[int, Any]:
+    """Per subgraph, the reference its graphs are checked against: its own dynamo graphs run
+    eagerly (see eager.SubgraphReference). Empty for a capture without subgraphs."""
+    from aotpipe.eager import EagerReference, SubgraphReference
+
+    out = {}
+    for sg in captured.subgraphs:
+        by_mode = {}
+        for mode, (module, values) in sg.reference.items():
+            names = _names_of(captured, sg, mode, values)
+            by_mode[mode] = EagerReference(module, tuple(values), {}, None, names)
+        out[sg.index] = SubgraphReference(by_mode)
+    return out
+
+
+def _names_of(captured: CapturedGraphs, sg: Subgraph, mode: str, values: list[Any]) -> list[str]:
+    kind = "inference" if mode == "inference" else "forward"
+    g = captured.graphs.get(sg.keys.get(kind, ""))
+    if g is None:
+        return [f"input{i}" for i in range(len(values))]
+    return [gi.target or gi.name for gi in g.inputs if gi.role == "user"]
+
+
+def capture_auto(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    *,
+    name: str,
+    graphs: list[str],
+    input_names: list[str],
+    int_ranges: dict[str, tuple[int, int]] | None = None,
+) -> CapturedGraphs:
+    """capture_export, or where it fails, capture_dynamo; the capture says why it fell back
+    (CapturedGraphs.fallback, a note, the manifest's capture.fallback)."""
+    try:
+        with _torch_logs_quiet():  # export's failure is expected here: its own logs are noise
+            return _export.capture_export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
+                                          int_ranges=int_ranges)
+    except CaptureError as e:
+        why = str(e)
+    cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
+                         int_ranges=int_ranges)
+    cap.fallback = why
+    cap.notes.insert(0, f"export failed ({why}); captured with dynamo")
+    return cap
