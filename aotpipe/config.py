@@ -20,7 +20,7 @@ from aotpipe.errors import ConfigError, Problem
 SCHEMA_VERSION = 1
 
 GraphKind = Literal["inference", "forward", "backward", "joint"]
-Mode = Literal["export", "dynamo", "auto"]
+Mode = Literal["export", "dynamo", "meta", "auto"]
 GRAPH_KINDS: tuple[str, ...] = get_args(GraphKind)
 
 # Names accepted for `dtype:`; values are torch dtype attribute names.
@@ -115,6 +115,7 @@ class Defaults(_Strict):
 
     mode: Mode = Field("export", description="capture mode: export (torch.export + AOTAutograd); dynamo "
                        "(torch.compile with a capturing backend: graphs per subgraph, graph breaks recorded); "
+                       "meta (export of the model built on the meta device: shapes only, no values, no memory); "
                        "auto (export, else dynamo, recording why)")
     graphs: list[GraphKind] = Field(list(GRAPH_KINDS), description="graph kinds to save")
     passes: list[Union[str, dict[str, Any]]] = Field(
@@ -519,6 +520,15 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
             problems.append(
                 Problem(path, lines.get(("models", i, "args")), f"models[{i}].args",
                         "hf: sources are built from config; move these fields under config")
+            )
+        mode = m.get("mode", defaults.get("mode"))
+        passes = m.get("passes", defaults.get("passes"))
+        if mode == "meta" and passes:
+            where = ("models", i, "passes") if "passes" in m else ("defaults", "passes")
+            problems.append(
+                Problem(path, lines.get(where) or lines.get(("models", i, "mode")), f"models[{i}].passes",
+                        "mode meta captures shapes only, and passes need values; set passes: [] for this model, "
+                        "or use mode export")
             )
         inputs = m.get("inputs") if isinstance(m.get("inputs"), list) else []
         named = False

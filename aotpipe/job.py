@@ -47,8 +47,15 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             manifest = up_to_date(out_dir / spec.name, fp, key)
             if manifest is not None:
                 return skipped_result(spec, out_dir / spec.name, manifest, start)
-        model = build_model(spec, base_dir)
-        args, kwargs = make_example_inputs(spec)
+        meta = spec.mode == "meta"  # built on the meta device: shapes only, no values anywhere
+        if meta:
+            from aotpipe.capture.meta import build_on_meta, capture_meta, meta_example_inputs
+
+            model = build_on_meta(spec, base_dir)
+            args, kwargs = meta_example_inputs(spec)
+        else:
+            model = build_model(spec, base_dir)
+            args, kwargs = make_example_inputs(spec)
         names = [inp.name or f"arg{i}" for i, inp in enumerate(spec.inputs)]
         ranges = {
             (inp.name or f"arg{i}"): (int(inp.low or 0), int(inp.high if inp.high is not None else 2))
@@ -56,12 +63,15 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             if inp.is_integer
         }
         stage = "capture"
-        capture = {"export": capture_export, "dynamo": capture_dynamo, "auto": capture_auto}[spec.mode]
+        capture = capture_meta if meta else \
+            {"export": capture_export, "dynamo": capture_dynamo, "auto": capture_auto}[spec.mode]
         captured = capture(
             model, args, kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names, int_ranges=ranges
         )
         result.capture_seconds = captured.seconds
         result.notes = list(captured.notes)
+        if meta:
+            return _write_meta(spec, out_dir, captured, fp, key, result, start)
         state = model_state(model, captured.constants)
         user = dict(zip(captured.user_inputs, pytree.tree_leaves((args, kwargs))))
         inputs = graph_inputs(captured, state, user, with_backward=spec.save_values == "full")
@@ -126,5 +136,41 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         result.stage, result.error = stage, exception_line(e)
         result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
         result.traceback = traceback.format_exc()
+    result.total_seconds = time.perf_counter() - start
+    return result
+
+
+def _write_meta(spec: ModelSpec, out_dir: Path, captured: Any, fp: str, key: Path | None, result: ModelResult,
+                start: float) -> ModelResult:
+    """Write a meta capture: metadata only (no blobs), each graph checked for shapes on fake
+    tensors (capture/meta.py). The config refuses passes for mode meta (they need values)."""
+    from aotpipe.artifact.signing import signer
+    from aotpipe.artifact.writer import graph_entries, write_model
+    from aotpipe.capture.checks import graph_structure
+    from aotpipe.capture.meta import check_meta_written
+
+    checked: list[Any] = []
+    t0 = time.perf_counter()
+
+    def check(folder: Path) -> Any:
+        codes = {k: graph_structure(g.gm) for k, _, _, g, _ in graph_entries(captured)}
+        checked.append(check_meta_written(folder, codes=codes))
+        return checked[-1].outcome
+
+    written = write_model(out_dir, captured, model_record=spec.to_json(), fingerprint=fp, inputs=None,
+                          save_values=spec.save_values, check=check, pass_failures=[],
+                          sign=signer(key) if key is not None else None)
+    mc = checked[0]
+    result.checks_seconds = mc.seconds
+    result.write_seconds = time.perf_counter() - t0 - mc.seconds
+    result.graphs = [GraphResult(g.kind, g.folder, g.nodes, g.num_inputs, g.num_outputs) for g in written.graphs]
+    result.bytes, result.files = written.bytes, written.files
+    manifest = written_manifest(written.path)
+    result.verification = verification_summary(manifest)
+    result.checks = checks_summary(manifest)
+    problems = mc.problems + result.verification["problems"]
+    result.status = "failed" if problems else "ok"
+    if problems:
+        result.stage, result.error = "verify", "; ".join(problems[:3])
     result.total_seconds = time.perf_counter() - start
     return result

@@ -93,3 +93,44 @@ def test_each_mode_has_its_own_fingerprint():
         p = parse_pipeline(text.replace("inputs:", f"mode: {mode}, inputs:"), "p.yaml")
         fps.add(model_fingerprint(p.models[0]))
     assert len(fps) == 3
+
+
+def test_meta_mode_from_the_yaml_writes_shapes_only_and_replays_on_random_inputs(tmp_path):
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""
+        version: 1
+        name: m
+        models:
+          - {name: cnn, source: aotpipe.zoo:small_cnn, args: {channels: 4}, inputs: [{shape: [2, 3, 8, 8]}],
+             mode: meta}
+    """))
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    (m,) = json.loads(r.stdout)["models"]
+    assert {g["kind"] for g in m["graphs"]} == {"inference", "forward", "backward", "joint"}
+    assert m["checks"]["run"] == 0 and m["checks"]["skipped"] > 0  # no values: nothing to compare, and it says so
+    folder = tmp_path / "out" / "m" / "cnn"
+    assert not (folder / "blobs").exists() or not any((folder / "blobs").iterdir())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["capture"]["mode"] == "meta"
+    assert {v["status"] for v in manifest["verification"].values()} == {"shapes only"}
+    rr = CliRunner().invoke(main, ["replay", str(folder), "--inputs", "random", "--json"])
+    assert rr.exit_code == 0 and all(x["status"] == "ran" for x in json.loads(rr.stdout)["graphs"]), rr.output
+
+
+def test_meta_mode_with_passes_is_a_config_error_naming_the_field():
+    from aotpipe.errors import ConfigError
+
+    text = textwrap.dedent("""
+        version: 1
+        name: m
+        defaults: {passes: [freeze]}
+        models:
+          - {name: cnn, source: aotpipe.zoo:small_cnn, inputs: [{shape: [2, 3, 8, 8]}], mode: meta}
+    """)
+    try:
+        parse_pipeline(text, "p.yaml")
+    except ConfigError as e:
+        assert "models[0].passes" in str(e) and "mode meta" in str(e), str(e)
+    else:
+        raise AssertionError("mode meta with passes was accepted")

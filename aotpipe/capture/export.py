@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import copy
 import io
+import operator
 import sys
 import time
 import warnings
@@ -93,8 +94,11 @@ def _flat_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def _observed_range(t: torch.Tensor) -> Optional[tuple[int, int]]:
-    """[min, max + 1) of an integer tensor, None for other dtypes or empty tensors."""
+    """[min, max + 1) of an integer tensor, None for other dtypes, empty tensors, and tensors
+    without values (meta or fake: mode meta)."""
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.numel() == 0:
+        return None
+    if t.is_meta or isinstance(t, torch._subclasses.fake_tensor.FakeTensor):
         return None
     return int(t.min()), int(t.max()) + 1
 
@@ -158,13 +162,14 @@ def _capture(
 
     if "inference" in graphs:
         model.eval()
-        ep = _export(model, args, kwargs, "inference")
+        ep = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "inference"), notes))
         constants.update({k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)})
         captured["inference"] = _inference_graph(ep, user_names, int_ranges, state)
 
     if {"forward", "backward", "joint"} & set(graphs):
         model.train()
-        ep_train = _export(model, args, kwargs, "training")
+        ep_train = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "training"), notes,
+                                                           training=True))
         joint, fw, bw, contract, no_grad = _training_graphs(
             ep_train, args, kwargs, user_names, int_ranges, state, constants)
         tied = _tied_names(model)
@@ -237,6 +242,60 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str) -> tor
         raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
     sys.stderr.write(printed.getvalue())
     return ep
+
+
+def _library_ops_to_aten(ep: torch.export.ExportedProgram, notes: list[str], *, training: bool = False
+                         ) -> torch.export.ExportedProgram:
+    """`ep` with libraries' custom ops rewritten into ATen where aotpipe has a decomposition
+    (capture/custom_ops.py); noted once per capture."""
+    from aotpipe.capture import custom_ops
+
+    try:
+        ep, names = custom_ops.decompose(ep, training=training)
+    except Exception as e:
+        raise CaptureError(f"decomposing custom ops into ATen failed: {e.__class__.__name__}: {_first_line(e)}") from e
+    note = f"custom ops decomposed into ATen: {', '.join(names)}"
+    if names and note not in notes:
+        notes.append(note)
+    return ep
+
+
+def _views_to_reshapes(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """`aten.view` -> `aten.reshape` where nothing writes through the view.
+
+    Model code calls ``view`` on tensors that are contiguous in eager (an SDPA kernel's
+    output, transposed back); decompositions and AOTAutograd's tracing give some of them
+    other strides (the math SDPA's), and the view then fails ("Cannot view a tensor with
+    shape ... and strides ..."). ``reshape`` is the same op where a view is possible and a
+    copy where it is not, which only differs if something writes into the result in place:
+    those views are kept.
+    """
+    aten = torch.ops.aten
+    changed = False
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target is aten.view.default and not _written_through(node):
+            node.target = aten.reshape.default
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
+    return ep
+
+
+def _written_through(node: torch.fx.Node, depth: int = 0) -> bool:
+    """Whether an in-place op writes into `node`'s value or a view of it (conservatively)."""
+    if depth > 32:
+        return True
+    for user in node.users:
+        target = user.target
+        if isinstance(target, torch._ops.OpOverload):
+            if target._schema.is_mutable:
+                return True
+            if target._schema.returns and any(r.alias_info is not None for r in target._schema.returns):
+                if _written_through(user, depth + 1):  # a view of a view
+                    return True
+        elif user.op not in ("output",) and target is not operator.getitem:
+            return True  # something we cannot see into
+    return False
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,0 +1,83 @@
+"""Libraries' own custom ops, decomposed into ATen at capture where a decomposition exists.
+
+torch.export keeps an op registered with ``torch.library`` as one opaque node, which no
+backend, and no aotpipe loader, can run without the library that defined it. Capture
+therefore rewrites each such op with a decomposition from :data:`DECOMPOSITIONS`
+(static-shape ATen, differentiable, so the training graphs come out ATen too), and
+records which it rewrote. An op with none stays, and must be trusted by name
+(``trusted_ops`` in the pipeline; ``--trust-ops`` at load), or capture refuses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+
+def _grouped_mm_dense(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """transformers::grouped_mm_fallback(input [S, i], weight [E, i, o], offs [E]) -> [S, o].
+
+    Row t of `input` belongs to the expert e with offs[e-1] <= t < offs[e] (offs holds
+    cumulative row counts); its output is input[t] @ weight[e]. The library's kernel loops
+    over ``offs.tolist()`` (data-dependent); this computes every expert's product for every
+    row and picks each row's own, with static shapes (E times the flops, fine for the
+    shrunk configs of a zoo; a graph to study, not to serve).
+    """
+    rows = torch.arange(input.shape[0], device=input.device, dtype=offs.dtype)
+    expert = torch.searchsorted(offs, rows, right=True).clamp(max=weight.shape[0] - 1)
+    every = torch.einsum("si,eio->seo", input, weight)
+    return every[torch.arange(input.shape[0], device=input.device), expert]
+
+
+# Library op (namespace::name) -> an ATen implementation with the same signature.
+DECOMPOSITIONS: dict[str, Callable[..., Any]] = {
+    "transformers::grouped_mm_fallback": _grouped_mm_dense,
+}
+
+_CORE_NAMESPACES = frozenset({"aten", "prims", "_operator", "builtins", "math"})
+
+
+def library_ops(gm: torch.fx.GraphModule) -> list[torch._ops.OpOverload]:
+    """The ops of `gm` (and its submodules) that are neither ATen nor prims, in order of first use."""
+    seen: dict[str, torch._ops.OpOverload] = {}
+    for mod in gm.modules():
+        if not isinstance(mod, torch.fx.GraphModule):
+            continue
+        for n in mod.graph.nodes:
+            t = n.target
+            if n.op == "call_function" and isinstance(t, torch._ops.OpOverload) and t.namespace not in _CORE_NAMESPACES:
+                seen.setdefault(str(t), t)
+    return list(seen.values())
+
+
+def qualname(op: torch._ops.OpOverload) -> str:
+    return f"{op.namespace}::{op._schema.name.split('::')[-1]}"
+
+
+def decomposition_table(ops: list[torch._ops.OpOverload]) -> dict[torch._ops.OpOverload, Callable[..., Any]]:
+    """Decompositions of those of `ops` that have one."""
+    return {op: DECOMPOSITIONS[qualname(op)] for op in ops if qualname(op) in DECOMPOSITIONS}
+
+
+def decompose(ep: "torch.export.ExportedProgram", *, training: bool = False
+              ) -> tuple["torch.export.ExportedProgram", list[str]]:
+    """`ep` with every library op that has a decomposition rewritten into ATen; and their names.
+
+    Inference: ``run_decompositions`` with those entries. Training: each call is pointed at
+    the decomposition itself, which AOTAutograd then traces (and differentiates) as ATen;
+    ``run_decompositions`` would functionalise the training graph first, turning in-place
+    copies into ``aten.copy``, which has no derivative.
+    """
+    table = decomposition_table(library_ops(ep.graph_module))
+    if not table:
+        return ep, []
+    names = sorted(qualname(op) for op in table)
+    if not training:
+        return ep.run_decompositions(table), names
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target in table:
+            node.target = table[node.target]
+    ep.graph_module.recompile()
+    return ep, names

@@ -1,0 +1,330 @@
+"""Capture mode `meta`: the model's shapes without its memory.
+
+The model is built on the meta device (no parameter storage), its parameters, buffers and
+example inputs are then wrapped as fake tensors that say they live on the target device
+("cpu"), and capture_export traces it as it would the real model: torch.export, then
+AOTAutograd's joint and the default partitioner, all on fake tensors. Because the fake
+tensors claim the target device, the model's code takes the branches it takes on that
+device, factory ops in the graphs name it, and every TensorMeta records it: the graphs
+and their metadata are the ones a real capture on that device gives (the tests check
+this), while a Llama-3-70B-size model costs well under 2 GiB.
+
+What cannot be known without values:
+- integer input ranges: taken from the caller's `int_ranges` (the pipeline's low/high),
+  from real example inputs when given, from the embedding tables the inputs index, or
+  else left unrecorded (random replays then draw [0, 2));
+- integer buffers' ranges (position ids, ...) are not recorded;
+- a model whose forward reads a value (``.item()``, data-dependent control flow on a
+  tensor's contents) fails with one CaptureError line.
+
+The artefact holds metadata only (no blobs): write it with ``inputs=None`` and check it
+with :func:`check_meta_written`, which loads each graph back and runs it on fake inputs
+built from its records (shapes, dtypes, strides of every output); ``aotpipe replay
+--inputs random`` materialises what it needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from aotpipe.capture import export as _export_mod
+from aotpipe.capture.types import CapturedGraphs
+from aotpipe.errors import CaptureError, SourceError, exception_line
+from aotpipe.modes import META_OPTIONS
+
+MODE = "meta"
+OPTIONS = META_OPTIONS
+
+
+# ---------------------------------------------------------------------------------------
+# building on meta
+
+
+def build_on_meta(spec: Any, base_dir: Optional[Path] = None) -> torch.nn.Module:
+    """The model of a ModelSpec built on the meta device: no parameter or buffer storage.
+
+    For ``hf:`` and ``module:callable`` sources alike (any code that creates its tensors
+    without naming a device). A source whose construction reads values (``.item()``,
+    loading a checkpoint) cannot be built on meta: a SourceError says so.
+    """
+    from aotpipe.global_state import preserved
+    from aotpipe.sources import build_model
+
+    with preserved():
+        try:
+            with torch.device("meta"):
+                model = build_model(spec, base_dir)
+        except SourceError as e:
+            raise SourceError(f"building {spec.source} on the meta device failed: {e}") from e
+        except Exception as e:
+            raise SourceError(f"building {spec.source} on the meta device failed (mode meta needs a model "
+                              f"whose construction reads no tensor values): {exception_line(e)}") from e
+    real = [n for n, t in _named_tensors(model) if not t.is_meta]
+    if real:
+        raise SourceError(f"{spec.source} built on the meta device still holds real tensors ({', '.join(real[:4])}"
+                          + (" ..." if len(real) > 4 else "") + "): its code names a device; mode meta needs it not to")
+    return model
+
+
+def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+
+
+def meta_example_inputs(spec: Any) -> tuple[tuple, dict]:
+    """The example inputs of a ModelSpec as meta tensors (shapes and dtypes only)."""
+    args, kwargs = [], {}
+    for inp in spec.inputs:
+        t = torch.empty(tuple(inp.shape), dtype=getattr(torch, inp.dtype), device="meta")
+        if inp.name is None:
+            args.append(t)
+        else:
+            kwargs[inp.name] = t
+    return tuple(args), kwargs
+
+
+# ---------------------------------------------------------------------------------------
+# fake tensors on the target device
+
+
+def _fake(mode: FakeTensorMode, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` (meta, fake or real) as a fake tensor of `mode` that says it is on `device`."""
+    if isinstance(t, FakeTensor):
+        t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")  # re-home into `mode`
+    elif not t.is_meta:
+        t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    with torch._C._DisableTorchDispatch():  # the constructor itself must not dispatch
+        return FakeTensor(mode, t, device)
+
+
+def _fakeify_model(model: torch.nn.Module, mode: FakeTensorMode, device: torch.device) -> None:
+    """Replace every parameter and buffer by a fake tensor on `device`, in place; tied
+    tensors stay tied (one fake for one original)."""
+    memo: dict[int, torch.Tensor] = {}
+    for sub in model.modules():
+        for n, p in list(sub._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in memo:
+                memo[id(p)] = torch.nn.Parameter(_fake(mode, p.data, device), requires_grad=p.requires_grad)
+            sub._parameters[n] = memo[id(p)]
+        for n, b in list(sub._buffers.items()):
+            if b is None:
+                continue
+            if id(b) not in memo:
+                memo[id(b)] = _fake(mode, b, device)
+            sub._buffers[n] = memo[id(b)]
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, make: Any) -> Iterator[None]:
+    """`owner.name` replaced by `make(original)` for the duration (nothing if it has no `name`)."""
+    orig = getattr(owner, name, None)
+    if orig is None:
+        yield
+        return
+    setattr(owner, name, make(orig))
+    try:
+        yield
+    finally:
+        setattr(owner, name, orig)
+
+
+def _flat_graph_in_place(orig: Any) -> Any:
+    """capture_export's _flat_graph without its deepcopy: every graph it flattens is owned
+    by the capture (an ExportedProgram's, AOTAutograd's joint and partitions), and the
+    partitioner only reads the joint. Proposed for export.py itself (see the report)."""
+
+    def flat(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        if type(gm) is not torch.fx.GraphModule:  # e.g. make_fx's class named after the traced function
+            gm = torch.fx.GraphModule(gm, gm.graph)  # a plain one over the same graph (module.py's class name)
+        gm.graph.set_codegen(torch.fx.graph.CodeGen())
+        gm.recompile()
+        return gm
+
+    return flat
+
+
+@contextlib.contextmanager
+def _fast_capture() -> Iterator[None]:
+    """What makes a 70B-size capture affordable, scoped to this capture:
+
+    - GraphModules made while tracing (make_fx, the partitioner, split_module) generate
+      and compile their Python code only when first called (most never are);
+    - AOTAutograd does not render the joint, forward and backward graphs as text for its
+      logs (print_readable of a 23K-node joint graph, whether logging is on or not);
+    - the graphs capture_export flattens are not deep-copied first. (A stopgap: replacing
+      export.py's own helper for the duration; export mode keeps its copy until it is shown
+      to give the same artefacts without it.)
+    """
+    import torch._functorch._aot_autograd.graph_compile as graph_compile
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_use_lazy_graph_module(True))
+        stack.enter_context(_patched(graph_compile, "_log_joint_graph", lambda orig: lambda *a, **k: None))
+        stack.enter_context(_patched(graph_compile, "_log_fw_bw_graphs", lambda orig: lambda *a, **k: (None, None)))
+        stack.enter_context(_patched(_export_mod, "_flat_graph", _flat_graph_in_place))
+        yield
+
+
+def capture_meta(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    *,
+    name: str,
+    graphs: list[str],
+    input_names: list[str],
+    int_ranges: dict[str, tuple[int, int]] | None = None,
+    device: str | torch.device = "cpu",
+) -> CapturedGraphs:
+    """capture_export's graphs of a model built on meta (see build_on_meta), on fake tensors.
+
+    `args`/`kwargs` may be meta, fake or real tensors; only their shapes and dtypes are
+    used (and, for real integer ones, their observed range when `int_ranges` has none).
+    The model's parameters and buffers are replaced in place by fake tensors on `device`.
+    Every TensorMeta, node value and factory op of the result names `device`.
+    """
+    device = torch.device(device)
+    int_ranges = dict(int_ranges or {})
+    user_names = _export_mod._user_input_names(args, kwargs, input_names)
+    for n, v in zip(user_names, pytree.tree_leaves((args, kwargs))):
+        if isinstance(v, torch.Tensor) and not v.is_meta and not isinstance(v, FakeTensor) and n not in int_ranges:
+            r = _export_mod._observed_range(v)
+            if r is not None:
+                int_ranges[n] = r
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    _fakeify_model(model, mode, device)
+    by_id: dict[int, torch.Tensor] = {}
+
+    def conv(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        if id(x) not in by_id:
+            by_id[id(x)] = _fake(mode, x, device)
+        return by_id[id(x)]
+
+    fargs, fkwargs = pytree.tree_map(conv, (tuple(args), dict(kwargs)))
+    with _fast_capture():
+        try:
+            captured = _export_mod.capture_export(model, fargs, fkwargs, name=name, graphs=graphs,
+                                                  input_names=input_names, int_ranges=int_ranges)
+        except CaptureError as e:
+            raise CaptureError(_explain(str(e))) from e
+        except Exception as e:  # outside capture_export's own wrapping (its range reads)
+            raise CaptureError(_explain(f"meta capture failed: {exception_line(e)}")) from e
+    _check_no_values(captured)
+    captured.mode = MODE
+    captured.options = dict(OPTIONS)
+    return captured
+
+
+_VALUE_READS = ("DataDependentOutputException", "_local_scalar_dense", "GuardOnDataDependentSymNode",
+                "data-dependent", "item()", "Cannot copy out of meta tensor", "meta tensors")
+
+
+def _explain(line: str) -> str:
+    line = line.splitlines()[0] if line else line
+    if any(k in line for k in _VALUE_READS):
+        return (f"{line[:240]} -- the model reads a tensor's value (.item(), data-dependent control flow), "
+                "which mode meta cannot give; use mode export")
+    return line
+
+
+def _check_no_values(captured: CapturedGraphs) -> None:
+    """Every graph is metadata only: no tensor attribute (its value would be a fake)."""
+    for kind, g in captured.graphs.items():
+        for node in g.gm.graph.nodes:
+            if node.op == "get_attr":
+                value = getattr(g.gm, node.target, None) if "." not in node.target else g.gm.get_buffer(node.target)
+                if isinstance(value, torch.Tensor):
+                    raise CaptureError(f"the {kind} graph keeps a tensor constant ({node.target}) whose value a "
+                                       "meta capture cannot know; use mode export")
+    if captured.constants:
+        names = ", ".join(sorted(captured.constants)[:4])
+        captured.notes.append(f"tensor constants without values (replays draw them at random): {names}")
+
+
+# ---------------------------------------------------------------------------------------
+# checking a metadata-only artefact
+
+
+_NO_ALLOCATION = 1 << 62
+
+
+def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = None) -> Any:
+    """The post-write check of a meta artefact (write_model's `check`): a ModelChecks.
+
+    Each graph is loaded back through the safe loader, must rebuild the captured graph
+    exactly (`codes`: each graph's graph_structure at capture), and is run once on fake
+    inputs made from its inputs.json (recorded shapes, strides, dtypes, devices, aliasing;
+    no memory): every output must have the recorded shape, stride and dtype. There are no
+    values, so no comparison with eager: the checks are counted as skipped with that reason,
+    and each graph's status is "shapes only".
+    """
+    import time
+
+    from aotpipe.artifact.graph_json import decode_dtype
+    from aotpipe.artifact.load import build_inputs, load
+    from aotpipe.capture.checks import GraphChecks, ModelChecks, graph_structure
+    from aotpipe.capture.types import TensorMeta
+    from aotpipe.artifact.writer import CheckOutcome, GraphOutcome
+    from aotpipe.replay.run import expand_outputs
+
+    from aotpipe.artifact import limits
+
+    start = time.perf_counter()
+    # Byte limits guard allocations; this check makes none (fake tensors), so a 70B-size
+    # graph's literal sizes (an lm_head gradient of 4 GB) must not stop it. Node counts and
+    # record sizes stay limited.
+    with limits.override(max_bytes=_NO_ALLOCATION, max_tensor_bytes=_NO_ALLOCATION):
+        art = load(folder).build_all()
+    result = ModelChecks(CheckOutcome())
+    mode = FakeTensorMode(allow_non_fake_inputs=False)  # one for all graphs: making one costs ~1 s
+    for key, ga in art.graphs.items():
+        gm = ga.module
+        if codes and key in codes and graph_structure(gm) != codes[key]:
+            result.problems.append(f"{key} graph: graph.json does not rebuild the captured graph exactly")
+        try:
+            bases = [_fake(mode, torch.empty((s.numel,), dtype=decode_dtype(s.dtype), device="meta"),
+                           torch.device(s.device)) for s in ga.record.storages]
+            inputs = build_inputs(ga.record.inputs, bases, random=True)
+            fn = gm.forward if isinstance(gm, torch.fx.GraphModule) else gm
+            with mode, torch.no_grad():
+                outs = expand_outputs(ga.record, list(fn(*inputs)))
+        except Exception as e:
+            msg = exception_line(e)
+            result.problems.append(f"{key} graph: the written graph does not run on fake inputs: {msg}")
+            result.outcome.graphs[key] = GraphOutcome([{} for _ in ga.record.outputs],
+                                                      verification={"status": "error", "error": msg})
+            continue
+        gc = GraphChecks(skipped=["mode meta: no values to compare"] * len(ga.record.outputs))
+        layouts = []
+        for i, (o, rec) in enumerate(zip(outs, ga.record.outputs)):
+            if not isinstance(o, torch.Tensor) or rec.same_as is not None:
+                layouts.append({})
+                continue
+            got = TensorMeta.of(o)
+            if rec.shape is not None and (list(got.shape) != rec.shape or list(got.stride) != rec.stride
+                                          or str(got.dtype).removeprefix("torch.") != rec.dtype):
+                result.problems.append(f"{key} graph: output {i} is {got.dtype}{list(got.shape)} stride "
+                                       f"{list(got.stride)}, recorded {rec.dtype}{rec.shape} stride {rec.stride}")
+            layouts.append({"layout": got.to_json()})
+        result.graphs[key] = gc
+        result.outcome.graphs[key] = GraphOutcome(
+            layouts, None, None, {"checks": gc.to_json(), "nondeterministic": []},
+            {"status": "shapes only", "inputs": "fake (mode meta: no values)"})
+    totals = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "indirect": 0}
+    for gc in result.graphs.values():
+        j = gc.to_json()
+        for k in totals:
+            totals[k] += j[k]
+    result.outcome.manifest["checks"] = totals
+    result.seconds = time.perf_counter() - start
+    return result
