@@ -642,7 +642,8 @@ def _pipeline_yaml(name: str, entries: list[dict[str, Any]], header: str = "") -
     import yaml
 
     doc = {"version": 1, "name": name, "output": "artifacts", "seed": 0, "executor": {"kind": "process", "workers": 2, "timeout_s": 600, "memory_gb": 8},
-           "defaults": {"graphs": ["inference", "forward", "backward", "joint"]}}
+           # auto: torch.export, and where it refuses a model (data-dependent control flow), dynamo
+           "defaults": {"mode": "auto", "graphs": ["inference", "forward", "backward", "joint"]}}
     text = header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
     body = yaml.safe_dump({"models": entries}, sort_keys=False, default_flow_style=None, width=120)
     return text + body
