@@ -573,13 +573,45 @@ def _source_problems(path: str, sources: list[tuple[int, Optional[int], str]],
 
 
 def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
-    """Raise ConfigError (file:line) if the source of any of `specs` does not resolve.
+    """Raise ConfigError (file:line) if the source of any of `specs` cannot be found.
 
-    `aotpipe run` loads a pipeline without importing its sources, and checks only those
-    of the models it has to run: a warm re-run imports no model code (nor torch)."""
+    `aotpipe run` loads a pipeline without importing its sources, and checks those of the
+    models it has to run without importing them either (the module is found on the path;
+    a transformers class is listed by transformers), so that neither torch nor the models'
+    code is imported in the parent of the workers that will import them. An error that
+    only importing shows (an attribute the module lacks) is the model's failure, stage
+    source; `aotpipe validate` imports every source."""
+    import importlib.util
+    import sys
+
     base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
-    problems = _source_problems(pipeline.path, [(*pipeline.source_lines.get(s.name, (0, None)), s.source)
-                                                for s in specs], base_dir)
+    problems = []
+    for s in specs:
+        i, line = pipeline.source_lines.get(s.name, (0, None))
+        msg = None
+        if s.source.startswith("hf:"):
+            try:
+                import transformers  # lazy: lists its classes without importing them (or torch)
+            except ImportError:
+                msg = f"{s.source!r} needs transformers; install the extra: pip install 'aotpipe[hf]' -c constraints.txt"
+            else:
+                if s.source[3:] not in dir(transformers):
+                    msg = (f"transformers has no model class {s.source[3:]!r}; use a class such as BertModel or "
+                           "LlamaForCausalLM")
+        else:
+            module = s.source.partition(":")[0]
+            sys_path = [str(base_dir)] if base_dir is not None else []
+            sys.path[:0] = sys_path
+            try:
+                found = importlib.util.find_spec(module)
+            except Exception:  # a parent package that does not import: the job says why
+                found = True
+            finally:
+                del sys.path[:len(sys_path)]
+            if found is None:
+                msg = f"cannot import module {module!r} (no module named {module!r}); check the module path, or install it"
+        if msg:
+            problems.append(Problem(pipeline.path, line, f"models[{i}].source", msg))
     if problems:
         raise ConfigError(problems)
 
