@@ -76,8 +76,29 @@ def decompose(ep: "torch.export.ExportedProgram", *, training: bool = False
     names = sorted(qualname(op) for op in table)
     if not training:
         return ep.run_decompositions(table), names
-    for node in ep.graph_module.graph.nodes:
-        if node.op == "call_function" and node.target in table:
-            node.target = table[node.target]
-    ep.graph_module.recompile()
+    replace_calls(ep.graph_module)
     return ep, names
+
+
+def replace_calls(gm: torch.fx.GraphModule) -> list[str]:
+    """Point every call of a library op that has a decomposition (an OpOverload, or the
+    packet a dynamo graph calls) at the decomposition itself, in `gm` and its submodules;
+    tracing `gm` then gives ATen. Returns the ops replaced."""
+    done: set[str] = set()
+    for mod in gm.modules():
+        if not isinstance(mod, torch.fx.GraphModule):
+            continue
+        hit = False
+        for node in mod.graph.nodes:
+            t = node.target
+            if node.op != "call_function":
+                continue
+            if isinstance(t, torch._ops.OpOverloadPacket):
+                t = getattr(t, "default", None)
+            if isinstance(t, torch._ops.OpOverload) and qualname(t) in DECOMPOSITIONS:
+                node.target = DECOMPOSITIONS[qualname(t)]
+                done.add(qualname(t))
+                hit = True
+        if hit:
+            mod.recompile()
+    return sorted(done)

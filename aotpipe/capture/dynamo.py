@@ -247,6 +247,9 @@ def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: d
     traced: list[_Traced] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        from aotpipe.capture.custom_ops import replace_calls
+
+        replace_calls(gm)  # libraries' custom ops, as ATen (capture/custom_ops.py)
         entry = _Traced(gm, getattr(gm, "compile_subgraph_reason", None),
                         [names.get(id(x)) if isinstance(x, torch.Tensor) else None for x in example_inputs],
                         # now: dynamo drops the placeholders' grapharg once the backend returns

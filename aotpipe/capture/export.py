@@ -83,11 +83,17 @@ def _scalar_type(node: torch.fx.Node) -> Optional[type]:
 
 
 def _flat_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy of `gm` whose placeholders and outputs are flat (no pytree codegen)."""
+    """A copy of `gm` whose placeholders and outputs are flat (no pytree codegen).
+
+    The graph is copied; the module's tensors are shared, not deep-copied: a joint graph
+    may hold fake or meta tensor constants (transformers' vision-language models), whose
+    deepcopy fails ("Attempted to set the storage of a tensor on device meta ...").
+    """
     with warnings.catch_warnings():
         # deepcopy of a pytree-codegen graph trips a torch-internal LeafSpec deprecation
         warnings.simplefilter("ignore", FutureWarning)
-        gm = copy.deepcopy(gm)
+        graph = copy.deepcopy(gm.graph)
+    gm = torch.fx.GraphModule(gm, graph)
     gm.graph.set_codegen(torch.fx.graph.CodeGen())
     gm.recompile()
     return gm

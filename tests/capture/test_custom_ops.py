@@ -128,3 +128,39 @@ def test_views_become_reshapes_unless_something_writes_through_them():
     x = torch.randn(3, 4)
     for got, want in zip(ep.module()(x), M()(x)):
         torch.testing.assert_close(got, want)
+
+
+class CallsGroupedMm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 5, 4))
+
+    def forward(self, x):
+        offs = torch.tensor([2, 2, 6])
+        return torch.ops.transformers.grouped_mm_fallback(x, self.w, offs).relu()
+
+
+def test_dynamo_capture_decomposes_the_library_op_too():
+    _library_grouped_mm()
+    from aotpipe.capture import capture_dynamo
+
+    torch.manual_seed(0)
+    cap = capture_dynamo(CallsGroupedMm(), (torch.randn(6, 5),), {}, name="m",
+                         graphs=["inference", "forward", "backward", "joint"], input_names=["x"])
+    assert cap.graphs and all(not library_ops(g.gm) for g in cap.graphs.values())
+
+
+def test_flat_graph_shares_tensors_it_could_not_deep_copy():
+    from aotpipe.capture.export import _flat_graph
+
+    class WithMeta(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.empty(3, device="meta"))
+
+        def forward(self, x):
+            return x + self.b
+
+    gm = torch.fx.symbolic_trace(WithMeta())
+    flat = _flat_graph(gm)
+    assert flat.b is gm.b and flat.graph is not gm.graph and type(flat).__name__ == "GraphModule"
