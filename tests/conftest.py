@@ -23,6 +23,18 @@ def quickstart_run(tmp_path_factory):
     return out / "quickstart", result
 
 
+@pytest.fixture(scope="session")
+def zoo_run(tmp_path_factory):
+    """pipelines/zoo-hf.yaml, run once per test session through the real CLI (process executor)."""
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    out = tmp_path_factory.mktemp("zoo")
+    r = CliRunner().invoke(main, ["run", str(PIPELINES / "zoo-hf.yaml"), "-o", str(out), "--no-progress"])
+    return out / "zoo-hf", r
+
+
 @pytest.fixture()
 def mlp_copy(quickstart_run, tmp_path):
     """A copy of the quickstart's mlp artefact, in a folder of its own, to edit or attack."""

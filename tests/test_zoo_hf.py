@@ -15,13 +15,6 @@ KINDS = {"inference", "forward", "backward", "joint"}
 OPTIMISED = "inference.freeze+fold_conv_bn+channels_last+reinplace"
 
 
-@pytest.fixture(scope="module")
-def zoo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("zoo")
-    r = CliRunner().invoke(main, ["run", str(PIPELINES / "zoo-hf.yaml"), "-o", str(out), "--no-progress"])
-    return out / "zoo-hf", r
-
-
 @pytest.mark.slow
 def test_every_zoo_model_captures_every_graph_kind(zoo_run):
     root, r = zoo_run

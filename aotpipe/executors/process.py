@@ -120,7 +120,7 @@ class ProcessExecutor:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "aotpipe.executors.worker", str(to_child_r), str(from_child_w),
-                 str(self._threads())],
+                 str(self._threads()), str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),
                 start_new_session=True, cwd=self.cwd,
             )

@@ -1,6 +1,6 @@
 """The process executor's worker: runs tasks sent by its parent, one at a time, until told to stop.
 
-Started as ``python -m aotpipe.executors.worker READ_FD WRITE_FD THREADS``. It speaks with its
+Started as ``python -m aotpipe.executors.worker READ_FD WRITE_FD THREADS PARENT_PID``. It speaks with its
 parent over two pipes (multiprocessing connections): it says ``("ready",)`` once its imports
 are done, then for each task it receives (a picklable callable) it answers ``("done", value)``
 or, if the callable raised, ``("raised", one line, traceback)``. End of input: it exits.
@@ -12,13 +12,30 @@ faulthandler on, a segfault leaves the Python stack there.
 from __future__ import annotations
 
 import faulthandler
+import os
+import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
 
 
+def _die_with_parent(parent: int) -> None:
+    """Be killed when the parent dies (Linux): a killed `aotpipe run` leaves no worker behind,
+    still capturing a model nobody waits for. Elsewhere, end of input stops an idle worker."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     read_fd, write_fd, threads = int(argv[0]), int(argv[1]), int(argv[2])
+    if len(argv) > 3:
+        _die_with_parent(int(argv[3]))
     faulthandler.enable()
     conn_in = Connection(read_fd, writable=False)
     conn_out = Connection(write_fd, readable=False)

@@ -93,3 +93,54 @@ def test_a_warm_rerun_imports_neither_torch_nor_the_models(tmp_path):
     warm = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert warm.stderr.split()[-3:] == ["0", "False", "False"], warm.stderr
     assert all(m["skipped"] for m in json.loads(warm.stdout)["models"])
+
+
+def test_a_killed_run_leaves_no_worker_behind(tmp_path):
+    import os
+    import signal
+    import time
+
+    (tmp_path / "bad_models.py").write_text(BAD_MODELS)
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""
+        version: 1
+        name: k
+        models:
+          - {name: hang, source: "bad_models:hang", inputs: [{shape: [1]}]}
+    """))
+    parent = subprocess.Popen([sys.executable, "-m", "aotpipe.cli", "run", str(tmp_path / "p.yaml"), "-o",
+                               str(tmp_path / "out"), "--no-progress"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+
+    def children():
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    stat = open(f"/proc/{d}/stat").read()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == parent.pid:
+                    out.append(int(d))
+        return out
+
+    deadline = time.monotonic() + 60
+    workers = []
+    while not workers and time.monotonic() < deadline:
+        time.sleep(0.2)
+        workers = children()
+    assert workers, "no worker started"
+    time.sleep(3)  # the worker is in the model by now (or still importing torch)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{w}") for w in workers):
+        time.sleep(0.1)
+    alive = []
+    for w in workers:
+        try:
+            state = open(f"/proc/{w}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(w)
+    assert not alive, f"workers outlived their run: {alive}"

@@ -48,15 +48,14 @@ def test_ray_runs_models_and_reports_a_crash_and_a_timeout(local_ray, tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_runs_zoo_hf_and_writes_what_the_process_executor_writes(local_ray, tmp_path):
-    out = {}
-    for kind in ("ray", "process"):
-        r = CliRunner().invoke(main, ["run", str(PIPELINES / "zoo-hf.yaml"), "-o", str(tmp_path / kind),
-                                      "--no-progress", "--json", "--executor", kind])
-        assert r.exit_code == 0, r.output
-        run = json.loads(r.stdout)
-        assert all(m["status"] == "ok" and not m["skipped"] for m in run["models"])
-        out[kind] = tmp_path / kind / "zoo-hf"
+def test_ray_runs_zoo_hf_and_writes_what_the_process_executor_writes(local_ray, zoo_run, tmp_path):
+    r = CliRunner().invoke(main, ["run", str(PIPELINES / "zoo-hf.yaml"), "-o", str(tmp_path / "ray"),
+                                  "--no-progress", "--json", "--executor", "ray"])
+    assert r.exit_code == 0, r.output
+    run = json.loads(r.stdout)
+    assert run["executor"]["kind"] == "ray"
+    assert all(m["status"] == "ok" and not m["skipped"] for m in run["models"])
+    out = {"ray": tmp_path / "ray" / "zoo-hf", "process": zoo_run[0]}  # the session's process-executor run
     # Every graph, input record and blob is the same; manifests may differ in the eager
     # checks' float32 error figures, which depend on the thread count (Ray: 1 per task).
     files = sorted(p.relative_to(out["ray"]) for p in out["ray"].rglob("*")

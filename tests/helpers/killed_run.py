@@ -45,7 +45,10 @@ def main() -> None:
         atexit.register(lambda: sys.stderr.write(f"\nSTEPS {count[0]}\n"))
     from aotpipe.cli import main as cli
 
-    sys.argv = ["aotpipe", "run", sys.argv[2], "--output", sys.argv[3], "--no-progress", *sys.argv[4:]]
+    # In this process (the local executor): the write steps counted are this process's own.
+    # The process executor's worker deaths are tested in tests/executors.
+    sys.argv = ["aotpipe", "run", sys.argv[2], "--output", sys.argv[3], "--no-progress", "--executor", "local",
+                *sys.argv[4:]]
     cli()
 
 
