@@ -83,6 +83,17 @@ class ModelChecks:
     pass_failures: list[str] = field(default_factory=list)  # derived graphs dropped
     seconds: float = 0.0
 
+    def finish(self, start: float) -> "ModelChecks":
+        """Totals of every graph's checks into the manifest's `checks`, and the time taken."""
+        totals = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "indirect": 0}
+        for gc in self.graphs.values():
+            j = gc.to_json()
+            for k in totals:
+                totals[k] += j[k]
+        self.outcome.manifest["checks"] = totals
+        self.seconds = time.perf_counter() - start
+        return self
+
 
 def _mode(kind: str) -> str:
     return "inference" if kind.split(".")[0] == "inference" else "training"
@@ -278,14 +289,7 @@ def check_written(
         result.outcome.verification[name] = {"status": "mismatch" if problems else "match",
                                              "compared": compared, "problems": problems}
         result.problems += [f"{name}: {p}" for p in problems[:3]]
-    totals = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "indirect": 0}
-    for gc in result.graphs.values():
-        j = gc.to_json()
-        for k in totals:
-            totals[k] += j[k]
-    result.outcome.manifest["checks"] = totals
-    result.seconds = time.perf_counter() - start
-    return result
+    return result.finish(start)
 
 
 def _backward_inputs(ga: GraphArtifact, fw_out: Optional[list[Any]], memory: Optional[list[Any]]) -> list[Any]:

@@ -320,11 +320,4 @@ def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = 
         result.outcome.graphs[key] = GraphOutcome(
             layouts, None, None, {"checks": gc.to_json(), "nondeterministic": []},
             {"status": "shapes only", "inputs": "fake (mode meta: no values)"})
-    totals = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "indirect": 0}
-    for gc in result.graphs.values():
-        j = gc.to_json()
-        for k in totals:
-            totals[k] += j[k]
-    result.outcome.manifest["checks"] = totals
-    result.seconds = time.perf_counter() - start
-    return result
+    return result.finish(start)
