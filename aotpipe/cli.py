@@ -163,11 +163,15 @@ def schema(artifact: bool) -> None:
               help="Import module.py instead of rebuilding from graph.json, and let --bench/--chain rebuild "
                    "a module:callable or hf: source the manifest names (both run code the artefact names); "
                    "builtin zoo models are rebuilt without it.")
+@click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",
+              help="Run ops of this library namespace (repeatable), if the artefact's pipeline trusted it too "
+                   "(trusted_ops): imports the module the manifest names, if it lies in package NS, or "
+                   "MODULE. Without it, a graph that calls such an op is refused.")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @_user_errors
 @_byte_limit
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
-           chain: bool, trust_code: bool, as_json: bool) -> None:
+           chain: bool, trust_code: bool, trust_ops: tuple[str, ...], as_json: bool) -> None:
     """Replay the graphs of the artefact at PATH and compare with what was recorded."""
     from pathlib import Path
 
@@ -177,7 +181,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     if device is not None:
         _check_device(device)
     p = Path(path)
-    art = load(p, trust_code=trust_code)
+    art = load(p, trust_code=trust_code, trust_ops=trust_ops)
     kinds = list(graphs)
     if not kinds and (p / "graph.json").exists():
         kinds = [k for k, g in art.graphs.items() if g.folder.resolve() == p.resolve()]
@@ -235,9 +239,13 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
 @click.option("--key", "key", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Also check each artefact's signature (signature.json) with this key: an HMAC secret, "
                    "or an Ed25519 PEM public or private key.")
+@click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",
+              help="Run ops of this library namespace (repeatable), if the artefact's pipeline trusted it too "
+                   "(trusted_ops): imports the module the manifest names, if it lies in package NS, or "
+                   "MODULE. Without it, a graph that calls such an op is refused.")
 @_user_errors
 @_byte_limit
-def verify(directory: str, as_json: bool, key: str | None) -> None:
+def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str, ...]) -> None:
     """Check every artefact under DIRECTORY: hashes, format version, safe loading, module.py.
 
     Without --key this catches corruption, not forgery (a forger can recompute hashes).
@@ -247,7 +255,10 @@ def verify(directory: str, as_json: bool, key: str | None) -> None:
     from aotpipe.artifact.limits import Breach
     from aotpipe.artifact.verify import verify_tree
 
-    results = verify_tree(Path(directory), Path(key) if key else None)
+    from aotpipe.artifact.load import parse_trust
+
+    parse_trust(trust_ops)  # a malformed --trust-ops is the user's error, once
+    results = verify_tree(Path(directory), Path(key) if key else None, trust_ops=trust_ops)
     bad = {str(k): v for k, v in results.items() if v}
     if as_json:
         click.echo(json.dumps({"checked": len(results), "problems": bad}, indent=2, sort_keys=True))

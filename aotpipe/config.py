@@ -181,8 +181,22 @@ class PipelineFile(_Strict):
     output: str = Field("artifacts", description="output folder, relative to the working directory")
     seed: int = Field(0, description="seed for weights and example inputs")
     executor: ExecutorSpec = ExecutorSpec()
+    trusted_ops: list[str] = Field(
+        [], description="library op namespaces (e.g. transformers) whose custom ops with no ATen decomposition "
+        "the graphs may keep; recorded in each manifest, and a loader runs them only with --trust-ops")
     defaults: Defaults = Defaults()
     models: list[ModelEntry] = Field(min_length=1, description="the models to capture")
+
+    @field_validator("trusted_ops")
+    @classmethod
+    def _namespaces(cls, v: list[str]) -> list[str]:
+        from aotpipe.artifact.records import library_namespace_problem
+
+        for ns in v:
+            why = library_namespace_problem(ns)
+            if why:
+                raise ValueError(f"trusted_ops: {why}")
+        return sorted(set(v))
 
     @field_validator("name")
     @classmethod
@@ -208,12 +222,15 @@ class ModelSpec(_Strict):
     verify: bool
     loss: Literal["sum"]
     seed: int
+    trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
     # Where and with what it runs; not part of what it produces (nor of its fingerprint).
     resources: Optional[ResourceSpec] = None
 
     def to_json(self) -> dict[str, Any]:
-        """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact."""
-        return json.loads(self.model_dump_json(exclude={"resources"}))
+        """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact.
+        No trusted_ops entry when there are none (as before the field existed)."""
+        return json.loads(self.model_dump_json(exclude={"resources"} if self.trusted_ops else
+                                               {"resources", "trusted_ops"}))
 
 
 class Pipeline(_Strict):
@@ -586,6 +603,7 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
 
     base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
     problems = []
+    hf_classes: Optional[set[str]] = None
     for s in specs:
         i, line = pipeline.source_lines.get(s.name, (0, None))
         msg = None
@@ -595,7 +613,9 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
             except ImportError:
                 msg = f"{s.source!r} needs transformers; install the extra: pip install 'aotpipe[hf]' -c constraints.txt"
             else:
-                if s.source[3:] not in dir(transformers):
+                if hf_classes is None:
+                    hf_classes = set(dir(transformers))  # listing them costs ~0.1 s: once, not per model
+                if s.source[3:] not in hf_classes:
                     msg = (f"transformers has no model class {s.source[3:]!r}; use a class such as BertModel or "
                            "LlamaForCausalLM")
         else:
@@ -647,6 +667,7 @@ def _resolve(f: PipelineFile, path: str, source_lines: dict[str, tuple[int, Opti
                 verify=pick("verify"),
                 loss=pick("loss"),
                 seed=f.seed,
+                trusted_ops=f.trusted_ops,
                 resources=m.resources,
             )
         )

@@ -10,6 +10,7 @@ transformers version.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import sys
@@ -39,6 +40,7 @@ def model_fingerprint(spec: ModelSpec, base_dir: Path | None = None) -> str:
     return fingerprint(spec.to_json(), code, capture_options(spec.mode))
 
 
+@functools.lru_cache(maxsize=None)  # read from its metadata once: 448 hf models asked 1.5 s
 def _transformers_code() -> Optional[str]:
     try:
         return f"transformers=={importlib.metadata.version('transformers')}"

@@ -30,7 +30,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
 
     from aotpipe.artifact.signing import signer
     from aotpipe.artifact.writer import graph_entries, write_model
-    from aotpipe.capture import capture_auto, capture_dynamo, capture_export, subgraph_references
+    from aotpipe.capture import capture_auto, capture_dynamo, capture_export, custom_ops, subgraph_references
     from aotpipe.capture.binding import graph_inputs
     from aotpipe.capture.checks import ModelChecks, check_written, graph_structure
     from aotpipe.eager import EagerReference, model_state
@@ -70,6 +70,8 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         )
         result.capture_seconds = captured.seconds
         result.notes = list(captured.notes)
+        # Library ops left after decomposition: refused unless the pipeline trusts their namespace.
+        captured.trusted_ops = custom_ops.trust([g.gm for g in captured.graphs.values()], spec.trusted_ops)
         if meta:
             return _write_meta(spec, out_dir, captured, fp, key, result, start)
         state = model_state(model, captured.constants)
@@ -94,7 +96,8 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         def check(folder: Path) -> Any:
             codes = {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(captured)}
             mc = check_written(folder, memory_inputs=inputs, codes=codes, eager=eager, verify=spec.verify,
-                               diagnose=lambda key, lines: diagnose[key]() if key in diagnose else "")
+                               diagnose=lambda key, lines: diagnose[key]() if key in diagnose else "",
+                               trust_ops=spec.trusted_ops)
             checked.append(mc)
             pass_problems.extend(mc.pass_failures)
             return mc.outcome
@@ -154,7 +157,7 @@ def _write_meta(spec: ModelSpec, out_dir: Path, captured: Any, fp: str, key: Pat
 
     def check(folder: Path) -> Any:
         codes = {k: graph_structure(g.gm) for k, _, _, g, _ in graph_entries(captured)}
-        checked.append(check_meta_written(folder, codes=codes))
+        checked.append(check_meta_written(folder, codes=codes, trust_ops=spec.trusted_ops))
         return checked[-1].outcome
 
     written = write_model(out_dir, captured, model_record=spec.to_json(), fingerprint=fp, inputs=None,

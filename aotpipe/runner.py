@@ -116,6 +116,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
         from aotpipe.config import check_sources
 
         check_sources(pipeline, [specs[i] for i in todo])  # what was not checked at load
+        todo = longest_first(todo, [s.name for s in specs], out_root)
         ex = pipeline.executor
         executor = make_executor(kind, workers=workers, timeout_s=ex.timeout_s, memory_gb=ex.memory_gb,
                                  address=ex.address)
@@ -144,6 +145,25 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
     finally:
         bar.close()
     return [r for r in results if r is not None]
+
+
+def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int]:
+    """`todo` in the order to start them: models the last run (its run.json) did not time first,
+    in pipeline order, then the rest, longest first. With N workers the batch then ends with
+    short models running beside each other, not with one long model running alone."""
+    import json
+
+    from aotpipe.report import RUN_JSON
+
+    try:
+        last = json.loads((out_root / RUN_JSON).read_text())
+        took = {m["name"]: float(m["total_seconds"]) for m in last.get("models", [])
+                if isinstance(m, dict) and not m.get("skipped") and m.get("total_seconds")}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        took = {}
+    unknown = [i for i in todo if names[i] not in took]
+    known = sorted((i for i in todo if names[i] in took), key=lambda i: -took[names[i]])
+    return unknown + known
 
 
 def _resources(spec: ModelSpec, pipeline: Pipeline):

@@ -404,6 +404,8 @@ def _sub_config_dict(default_sub: Any, overrides: dict[str, Any]) -> dict[str, A
             out[k] = _sub_config_dict(getattr(default_sub, k), v)
         else:
             out[k] = v
+    if "use_cache" in _public(default_sub):
+        out["use_cache"] = False   # a text stack's KV cache is not part of a training graph
     return _jsonable(out)
 
 

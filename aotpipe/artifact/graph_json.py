@@ -45,9 +45,10 @@ def target_name(target: Any) -> str:
                         "operator.getitem can be stored")
 
 
-def resolve_target(name: Any) -> Callable[..., Any]:
-    """The op or callable a saved target name stands for; refuses anything off the allow-list."""
-    return resolve_op(name)
+def resolve_target(name: Any, trusted: frozenset[str] = frozenset()) -> Callable[..., Any]:
+    """The op or callable a saved target name stands for; refuses anything off the allow-list
+    (but ops of the library namespaces in `trusted`)."""
+    return resolve_op(name, trusted)
 
 
 def is_code_name(name: Any) -> bool:
@@ -195,14 +196,16 @@ def graph_to_json(gm: torch.fx.GraphModule, constants: dict[str, str] | None = N
 
 
 def graph_from_json(
-    data: Any, constants: dict[str, torch.Tensor] | None = None, *, where: str = "graph.json"
+    data: Any, constants: dict[str, torch.Tensor] | None = None, *, where: str = "graph.json",
+    trusted: frozenset[str] = frozenset(),
 ) -> torch.fx.GraphModule:
-    """Rebuild a GraphModule from graph_to_json data; `constants` maps blob hashes to tensors.
+    """Rebuild a GraphModule from graph_to_json data; `constants` maps blob hashes to tensors;
+    ops of the library namespaces in `trusted` (granted by the user) resolve too.
 
     Malformed data of any shape is an ArtifactError, never another exception.
     """
     try:
-        return _graph_from_json(data, constants, where)
+        return _graph_from_json(data, constants, where, trusted)
     except ArtifactError:
         raise
     except (TypeError, ValueError, IndexError, KeyError, AttributeError, RuntimeError, RecursionError,
@@ -211,7 +214,8 @@ def graph_from_json(
         raise ArtifactError(f"{where}: malformed graph ({e.__class__.__name__}: {first})") from None
 
 
-def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where: str) -> torch.fx.GraphModule:
+def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where: str,
+                     trusted: frozenset[str]) -> torch.fx.GraphModule:
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise ArtifactError(f"{where}: not a graph (no 'nodes' list)")
     version = data.get("format_version")
@@ -245,7 +249,7 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
             _set_attr(root, target, value)
             node = graph.create_node("get_attr", target, name=name)
         elif op == "call_function":
-            fn = resolve_op(entry.get("target"))
+            fn = resolve_op(entry.get("target"), trusted)
             args = decode_arg(entry.get("args", []), env)
             if not isinstance(args, list):
                 raise ArtifactError(f"{where}: node {name!r}: args must be a list")

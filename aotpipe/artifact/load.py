@@ -8,10 +8,11 @@ instead of rebuilding from graph.json: only for artefacts you made yourself.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
 import torch.fx
@@ -258,9 +259,11 @@ def _import_module_py(path: Path) -> torch.nn.Module:
 
 
 def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
-               recompute: Optional[Callable[[], dict[str, torch.Tensor]]] = None) -> GraphArtifact:
+               recompute: Optional[Callable[[], dict[str, torch.Tensor]]] = None,
+               trusted: frozenset[str] = frozenset()) -> GraphArtifact:
     """Load one graph folder (`<model>_<kind>_<i>/`): every record validated against the
-    format (artifact/records.py) before anything is built from it."""
+    format (artifact/records.py) before anything is built from it. Ops of the library
+    namespaces in `trusted` (imported by :func:`grant_trust`) resolve too."""
     folder = Path(folder)
     graph_data = read_graph_json(folder / GRAPH_JSON, folder)
     graph = records.parse(records.GraphRecord, graph_data, folder / GRAPH_JSON)
@@ -291,7 +294,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
                     constants[node.blob] = recomputed[node.blob]
                 elif node.blob is not None:
                     constants[node.blob] = blobs.get(node.blob)
-            return graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON))
+            return graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON), trusted=trusted)
 
         # Recomputing constants runs the pass chain: only when the graph is used (replaying
         # the inference graph alone need not pay for the optimised one).
@@ -319,28 +322,93 @@ def _recompute(art: "Artifact", key: str, rec: records.GraphEntry) -> Callable[[
     return run
 
 
-def load(path: str | Path, *, trust_code: bool = False) -> Artifact:
+TrustOps = Union[Iterable[str], Mapping[str, Optional[str]]]
+
+
+def parse_trust(entries: Iterable[str]) -> dict[str, Optional[str]]:
+    """``--trust-ops`` values ("ns" or "ns=module") as {namespace: module to import or None}."""
+    out: dict[str, Optional[str]] = {}
+    for entry in entries:
+        ns, sep, module = entry.partition("=")
+        why = records.library_namespace_problem(ns)
+        if why:
+            raise ArtifactError(f"--trust-ops {entry}: {why}")
+        if sep and not all(p.isidentifier() for p in module.split(".")):
+            raise ArtifactError(f"--trust-ops {entry}: {module!r} is not a module name (a.b.c)")
+        out[ns] = module if sep else None
+    return out
+
+
+def _registered(qualname: str) -> bool:
+    ns, _, name = qualname.partition("::")
+    try:
+        return isinstance(getattr(getattr(torch.ops, ns), name), torch._ops.OpOverloadPacket)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def grant_trust(manifest: Manifest, where: Path, trust_ops: TrustOps) -> frozenset[str]:
+    """The library namespaces whose ops this artefact's graphs may call: those its manifest
+    records (its pipeline trusted them) that the user trusts too; each one's module imported.
+
+    The module imported is the user's (``ns=module``), else the one the manifest records, but
+    only if it lies in the package named like the namespace: an artefact never makes aotpipe
+    import a module outside the library its user named. A namespace the user does not trust
+    is left out, and loading a graph that calls one of its ops fails, saying how to trust it.
+    """
+    granted = trust_ops if isinstance(trust_ops, Mapping) else parse_trust(trust_ops)
+    recorded = manifest.capture.trusted_ops or {}
+    out = set()
+    for ns, rec in recorded.items():
+        if ns not in granted:
+            continue
+        if granted[ns] is None and all(_registered(op) for op in rec.ops):
+            out.add(ns)  # already imported (by the user, or by the capture that wrote it)
+            continue
+        module = granted[ns] or rec.module
+        if module is None:
+            raise ArtifactError(f"{where}: the artefact does not record which module defines the {ns} ops "
+                                f"({', '.join(rec.ops[:3])}); name it: --trust-ops {ns}=<module>")
+        if granted[ns] is None and module != ns and not module.startswith(ns + "."):
+            raise ArtifactError(f"{where}: the artefact says module {module!r} defines the {ns} ops; aotpipe "
+                                f"imports on an artefact's word only modules of the package {ns!r}; if you "
+                                f"trust that module, name it: --trust-ops {ns}={module}")
+        try:
+            importlib.import_module(module)
+        except Exception as e:
+            raise ArtifactError(f"{where}: importing {module} (which defines the {ns} ops) failed "
+                                f"({exception_line(e)}); install the library the artefact was made with") from None
+        out.add(ns)
+    return frozenset(out)
+
+
+def load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = ()) -> Artifact:
     """Load a model artefact folder (the one holding manifest.json), without running its code.
 
     Any malformed or hostile content is an ArtifactError naming the file. A graph whose
     constants are recomputed (save_values: minimal after folding passes) is built on first
     use of its `module`; :meth:`Artifact.build_all` builds every graph now.
+
+    `trust_ops` names the library op namespaces (``["transformers"]``, or
+    ``{"mylib": "my_project.ops"}`` naming the module to import) whose ops the graphs may
+    call, if the artefact's pipeline trusted them too (:func:`grant_trust`).
     """
     try:
-        return _load(path, trust_code=trust_code)
+        return _load(path, trust_code=trust_code, trust_ops=trust_ops)
     except ArtifactError:
         raise
     except (TypeError, KeyError, ValueError, AttributeError, IndexError, RuntimeError, RecursionError) as e:
         raise ArtifactError(f"{path}: malformed artefact ({exception_line(e)})") from None
 
 
-def _load(path: str | Path, *, trust_code: bool = False) -> Artifact:
+def _load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = ()) -> Artifact:
     p = Path(path)
     if (p / GRAPH_JSON).exists() and not (p / MANIFEST).exists():
         p = p.parent  # a graph folder: load its model
     if not p.is_dir():
         raise ArtifactError(f"{path}: no such artefact folder")
     _, manifest = records.read(Manifest, p / MANIFEST, p)
+    trusted = grant_trust(manifest, p, trust_ops)
     blobs = BlobStore(p)
     art = Artifact(p, manifest)
     graphs = manifest.graphs
@@ -354,7 +422,7 @@ def _load(path: str | Path, *, trust_code: bool = False) -> Artifact:
         if (p / rec.folder).is_symlink():
             raise ArtifactError(f"{p / rec.folder}: a link, not a folder of this artefact")
         art.graphs[kind] = load_graph(p / rec.folder, blobs, trust_code=trust_code,
-                                      recompute=_recompute(art, kind, rec) if rec.base else None)
+                                      recompute=_recompute(art, kind, rec) if rec.base else None, trusted=trusted)
         art.graphs[kind].name = kind
     for key, ga in art.graphs.items():
         if ga.kind == "backward" and keys[key] is not None:

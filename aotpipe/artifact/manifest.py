@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -48,6 +49,7 @@ def versions() -> dict[str, str]:
     return {"aotpipe": __version__, "torch": _torch_version(), "python": platform.python_version()}
 
 
+@functools.lru_cache(maxsize=None)  # installed metadata, parsed once per process
 def _torch_version() -> str:
     try:
         return importlib.metadata.version("torch")

@@ -18,6 +18,12 @@ tensors, resizes a tensor, touches storages or files, or changes process-wide st
 (:data:`DENIED`), and every op with an argument that is a free string (a path, code) or a
 Storage, and every out= overload (it writes, and may resize, a tensor it is given).
 
+Ops of a library namespace (``transformers::...``, ``mylib::...``) are outside the list.
+An artefact holds them only if its pipeline trusted that namespace (``trusted_ops``, recorded
+in the manifest), and a loader resolves them only when its user grants the same trust
+(``--trust-ops``, ``load(..., trust_ops=...)``): :func:`resolve_op`'s `trusted`. A trusted
+namespace's ops skip the rules above: the user vouches for that library.
+
 Changing this file widens what a hostile artefact can make aotpipe run: review it so.
 """
 
@@ -30,6 +36,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from aotpipe.artifact.records import library_namespace_problem
 from aotpipe.errors import ArtifactError
 
 ALLOWED_NAMESPACES = ("aten", "prims", "rngprims")
@@ -109,10 +116,28 @@ def _argument_problem(target: torch._ops.OpOverload) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
+def _resolve_trusted(name: str) -> Callable[..., Any]:
+    parts = name.split(".")
+    if len(parts) != 3 or not all(p.isidentifier() and not p.startswith("__") for p in parts):
+        raise ArtifactError(f"graph.json names {name!r}, which is not a valid op name")
+    target = _lookup(*parts)
+    if target is None:
+        raise ArtifactError(f"graph.json names {name!r}, a {parts[0]} op that is not registered: the library "
+                            f"that defines {parts[0]}::{parts[1]} was not imported, or its version lacks it")
+    return target
+
+
+@functools.lru_cache(maxsize=None)
 def _resolve(name: str) -> Callable[..., Any]:
     if name in PYTHON_CALLABLES:
         return PYTHON_CALLABLES[name]
     parts = name.split(".")
+    if len(parts) == 3 and parts[0] not in ALLOWED_NAMESPACES and library_namespace_problem(parts[0]) is None:
+        raise ArtifactError(
+            f"graph.json names {name!r}, an op of the library namespace {parts[0]!r}, which aotpipe runs only "
+            f"if you trust that library: load with --trust-ops {parts[0]} (Python: trust_ops=[{parts[0]!r}]); "
+            "the artefact's pipeline must have trusted it too (trusted_ops in the manifest)"
+        )
     if len(parts) != 3 or parts[0] not in ALLOWED_NAMESPACES:
         raise ArtifactError(
             f"graph.json names {name!r}, which is not an op in an allowed namespace "
@@ -136,10 +161,14 @@ def _resolve(name: str) -> Callable[..., Any]:
     return target
 
 
-def resolve_op(name: Any) -> Callable[..., Any]:
-    """The op or callable a saved target name stands for; ArtifactError if it is not allowed."""
+def resolve_op(name: Any, trusted: frozenset[str] = frozenset()) -> Callable[..., Any]:
+    """The op or callable a saved target name stands for; ArtifactError if it is not allowed.
+    Ops of the library namespaces in `trusted` resolve to whatever that library registered."""
     if not isinstance(name, str):
         raise ArtifactError(f"graph.json: op target must be a string, got {type(name).__name__}")
+    ns = name.partition(".")[0]
+    if ns in trusted and library_namespace_problem(ns) is None:
+        return _resolve_trusted(name)
     return _resolve(name)
 
 

@@ -340,6 +340,35 @@ class GraphBreakRecord(Record):
     code: Optional[str] = None
 
 
+Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+
+# Op namespaces whose ops the allow-list (artifact/ops.py) checks one by one: never trusted whole.
+CHECKED_NAMESPACES = ("aten", "prims", "rngprims", "_operator", "builtins", "math")
+
+
+def library_namespace_problem(ns: Any) -> Optional[str]:
+    """Why `ns` cannot be trusted as a library's op namespace (trusted_ops, --trust-ops), or None."""
+    if not isinstance(ns, str) or not ns.isidentifier() or ns.startswith("__") or len(ns) > 128:
+        return f"{str(ns)[:60]!r} is not an op namespace (a Python identifier such as transformers)"
+    if ns in CHECKED_NAMESPACES:
+        return (f"{ns!r} ops are checked one by one by aotpipe's allow-list (aotpipe/artifact/ops.py); "
+                "only a library's namespace can be trusted")
+    return None
+ModulePath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,15}$",
+                                              max_length=256)]
+LibraryOp = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*$",
+                                             max_length=256)]
+
+
+class TrustedNamespace(Record):
+    """A library op namespace the pipeline trusted: the module that registers its ops (None
+    if capture could not tell) and the ops the graphs call. A loader imports the module only
+    with its user's trust, and only from the package of that name unless the user names it."""
+
+    module: Optional[ModulePath] = None
+    ops: Annotated[list[LibraryOp], Field(max_length=10_000)]
+
+
 class CaptureRecord(Record):
     mode: str
     options: dict[str, JsonValue]
@@ -349,6 +378,8 @@ class CaptureRecord(Record):
     subgraphs: Optional[Annotated[int, Field(ge=1)]] = None
     graph_breaks: Optional[list[GraphBreakRecord]] = None
     fallback: Optional[str] = None  # mode auto: why export failed (the graphs are dynamo's)
+    # Library namespaces whose ops the graphs call (the pipeline's trusted_ops).
+    trusted_ops: Optional[dict[Identifier, TrustedNamespace]] = None
 
 
 class ModelRecord(BaseModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Sequence
 from pathlib import Path
 
 from aotpipe.artifact import limits, records
@@ -43,8 +44,9 @@ def read_manifest(folder: Path) -> tuple[dict | None, list[str]]:
     return manifest, []
 
 
-def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
+def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequence[str] = ()) -> list[str]:
     """Every problem with one model folder, one line each naming the file; [] if none.
+    `trust_ops`: library op namespaces whose ops the graphs may call (load's).
 
     Lines that are :class:`~aotpipe.artifact.limits.Breach` es report a limit breach.
     """
@@ -95,7 +97,7 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True) -> list[str]:
         from aotpipe.artifact.load import load
 
         try:
-            art = load(folder).build_all()
+            art = load(folder, trust_ops=trust_ops).build_all()
         except ArtifactError as e:
             return [_problem(e)]
         except Exception as e:  # a bug in the loader must not hide the verdict
@@ -133,7 +135,7 @@ def find_artifacts(root: Path) -> tuple[list[Path], list[Path]]:
     return models, unfinished
 
 
-def verify_tree(root: Path, key_path: Path | None = None) -> dict[Path, list[str]]:
+def verify_tree(root: Path, key_path: Path | None = None, trust_ops: Sequence[str] = ()) -> dict[Path, list[str]]:
     """Problems of every artefact under `root`, by model folder; with `key_path`, each
     artefact's signature is checked against that key too."""
     check = None
@@ -143,7 +145,7 @@ def verify_tree(root: Path, key_path: Path | None = None) -> dict[Path, list[str
         load_key(key_path)  # a bad key file is the user's error, once, before any artefact
         check = check_signature
     models, unfinished = find_artifacts(root)
-    out = {m: verify_artifact(m) for m in models}
+    out = {m: verify_artifact(m, trust_ops=trust_ops) for m in models}
     if check is not None:
         for m in models:
             out[m] += check(m, key_path)

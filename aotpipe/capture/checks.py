@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.fx
@@ -206,6 +206,7 @@ def check_written(
     eager: Optional[Reference] | dict[int, Reference],
     verify: bool = True,
     diagnose: Optional[Callable[[str, list[str]], str]] = None,
+    trust_ops: Sequence[str] = (),
 ) -> ModelChecks:
     """Run every graph of the written `folder` once; its reference records and check results.
 
@@ -215,10 +216,11 @@ def check_written(
     model, or for a dynamo capture one per subgraph index (capture.dynamo.subgraph_references:
     each subgraph's own dynamo graph). `diagnose(key, problems)`, for a derived graph that
     fails, names the pass at fault. Derived graphs that fail are dropped from the artefact.
-    Each subgraph's forward, backward and joint are checked as a chain.
+    Each subgraph's forward, backward and joint are checked as a chain. `trust_ops`: the
+    pipeline's trusted library op namespaces (their ops are loaded back too).
     """
     start = time.perf_counter()
-    art = load(folder).build_all()  # a graph whose constants cannot be recomputed fails here, not later
+    art = load(folder, trust_ops=trust_ops).build_all()  # a graph whose constants cannot be recomputed fails here, not later
     result = ModelChecks(CheckOutcome())
     sum_loss = art.manifest.capture.options.get("loss", "sum") == "sum"
     per_subgraph = eager if isinstance(eager, dict) else {0: eager}

@@ -10,10 +10,13 @@ records which it rewrote. An op with none stays, and must be trusted by name
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import importlib.util
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.fx
+
+from aotpipe.errors import CaptureError
 
 
 def _grouped_mm_dense(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -102,3 +105,43 @@ def replace_calls(gm: torch.fx.GraphModule) -> list[str]:
         if hit:
             mod.recompile()
     return sorted(done)
+
+
+def defining_module(op: torch._ops.OpOverload) -> str | None:
+    """The module that registers `op`, as far as torch can tell: a ``torch.library.custom_op``
+    knows its function's module; for an op defined another way, the package named like its
+    namespace if there is one. None: a loader must be told which module to import."""
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get(qualname(op))
+    module = getattr(getattr(opdef, "_init_fn", None), "__module__", None)
+    if isinstance(module, str) and module != "__main__":
+        return module
+    try:
+        found = importlib.util.find_spec(op.namespace)
+    except (ImportError, ValueError):
+        found = None
+    return op.namespace if found is not None else None
+
+
+def trust(gms: Iterable[torch.fx.GraphModule], trusted: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The library ops `gms` still call (after decomposition), by namespace, as the manifest
+    records them: ``{ns: {"module": ..., "ops": [...]}}``. A CaptureError if a namespace is
+    not in `trusted` (the pipeline's ``trusted_ops``): an artefact never holds a library's op
+    that nobody vouched for."""
+    by_ns: dict[str, dict[str, torch._ops.OpOverload]] = {}
+    for gm in gms:
+        for op in library_ops(gm):
+            by_ns.setdefault(op.namespace, {})[qualname(op)] = op
+    trusted = set(trusted)
+    refused = sorted(ns for ns in by_ns if ns not in trusted)
+    if refused:
+        ns = refused[0]
+        ops = ", ".join(sorted(by_ns[ns]))
+        raise CaptureError(
+            f"the graphs call {ops}, an op of the library namespace {ns!r} that aotpipe has no ATen "
+            f"decomposition for (aotpipe/capture/custom_ops.py); to keep it, trust that library in the "
+            f"pipeline: trusted_ops: [{ns}] (a loader then needs --trust-ops {ns})"
+        )
+    return {ns: {"module": defining_module(next(iter(ops.values()))), "ops": sorted(ops)}
+            for ns, ops in sorted(by_ns.items())}

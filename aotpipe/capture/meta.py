@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -258,7 +258,8 @@ def _check_no_values(captured: CapturedGraphs) -> None:
 _NO_ALLOCATION = 1 << 62
 
 
-def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = None) -> Any:
+def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = None,
+                       trust_ops: Sequence[str] = ()) -> Any:
     """The post-write check of a meta artefact (write_model's `check`): a ModelChecks.
 
     Each graph is loaded back through the safe loader, must rebuild the captured graph
@@ -284,7 +285,7 @@ def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = 
     # graph's literal sizes (an lm_head gradient of 4 GB) must not stop it. Node counts and
     # record sizes stay limited.
     with limits.override(max_bytes=_NO_ALLOCATION, max_tensor_bytes=_NO_ALLOCATION):
-        art = load(folder).build_all()
+        art = load(folder, trust_ops=trust_ops).build_all()
     result = ModelChecks(CheckOutcome())
     mode = FakeTensorMode(allow_non_fake_inputs=False)  # one for all graphs: making one costs ~1 s
     for key, ga in art.graphs.items():

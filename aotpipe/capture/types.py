@@ -199,6 +199,9 @@ class CapturedGraphs:
     # user inputs are values the model computed); backward graphs left out. Empty:
     # bind them from the model's state and its example inputs (capture.binding).
     inputs: dict[str, list[Any]] = field(default_factory=dict)
+    # Library op namespaces the graphs call, trusted by the pipeline (custom_ops.trust):
+    # {namespace: {"module": defining module or None, "ops": ["ns::op", ...]}}.
+    trusted_ops: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def contract_of(self, key: str) -> Optional[PartitionContract]:
         """The partition contract of the subgraph graph `key` belongs to."""
@@ -218,4 +221,6 @@ class CapturedGraphs:
             out["graph_breaks"] = [b.to_json() for b in self.graph_breaks]
         if self.fallback is not None:
             out["fallback"] = self.fallback
+        if self.trusted_ops:
+            out["trusted_ops"] = self.trusted_ops
         return out

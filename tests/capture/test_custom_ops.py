@@ -97,7 +97,7 @@ def test_a_custom_op_without_a_decomposition_stays_and_is_named():
     assert [str(op) for op in library_ops(cap.graphs["inference"].gm)] == ["aotpipe_test.twice.default"]
 
 
-def test_writing_a_graph_with_an_unknown_custom_op_fails_naming_it(tmp_path, monkeypatch):
+def test_capturing_an_unknown_custom_op_fails_naming_it_and_the_trust_that_keeps_it(tmp_path, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "custom_op_model", sys.modules[__name__])
@@ -111,7 +111,8 @@ def test_writing_a_graph_with_an_unknown_custom_op_fails_naming_it(tmp_path, mon
                                   "--json", "--executor", "local"])
     assert r.exit_code == 1, r.output
     (m,) = json.loads(r.stdout)["models"]
-    assert m["status"] == "failed" and "aotpipe_test" in m["error"] and "\n" not in m["error"], m
+    assert m["status"] == "failed" and m["stage"] == "capture" and "\n" not in m["error"], m
+    assert "aotpipe_test::twice" in m["error"] and "trusted_ops: [aotpipe_test]" in m["error"], m["error"]
 
 
 def test_views_become_reshapes_unless_something_writes_through_them():
