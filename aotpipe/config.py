@@ -126,7 +126,10 @@ class Defaults(_Strict):
         "minimal", description="minimal: store what cannot be recomputed (weights, user inputs; reference outputs as "
                                "digests); full: every graph's inputs and outputs, so each graph runs in isolation")
     verify: bool = Field(True, description="check every graph after writing it: against eager, and the chain")
-    loss: Literal["sum"] = Field("sum", description="training loss: sum of all floating-point outputs")
+    loss: Literal["sum", "mean"] = Field(
+        "sum", description="the training loss the forward, backward and joint graphs differentiate (modes export, "
+        "meta, auto): the sum over floating-point outputs of their elements' sum, or of their mean (gradients "
+        "seeded with 1/numel, as a mean-reduced training loss)")
 
 
 class ModelEntry(_Strict):
@@ -143,7 +146,7 @@ class ModelEntry(_Strict):
     save_inputs: Optional[bool] = None
     save_values: Optional[Literal["minimal", "full"]] = None
     verify: Optional[bool] = None
-    loss: Optional[Literal["sum"]] = None
+    loss: Optional[Literal["sum", "mean"]] = None
     resources: Optional[ResourceSpec] = Field(
         None, description="this model's own CPUs, GPUs, memory and time limit (override the executor's)")
 
@@ -220,7 +223,7 @@ class ModelSpec(_Strict):
     save_inputs: bool
     save_values: str = "minimal"
     verify: bool
-    loss: Literal["sum"]
+    loss: Literal["sum", "mean"]
     seed: int
     trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
     # Where and with what it runs; not part of what it produces (nor of its fingerprint).

@@ -27,15 +27,28 @@ class NoLossError(ValueError):
     """The model's output has no floating-point tensor to build a loss from."""
 
 
-def sum_loss(out: Any) -> torch.Tensor:
-    """The training loss capture uses: the sum of every floating-point output."""
+LOSSES = ("sum", "mean")  # the `loss:` setting: what reduces each floating-point output
+
+
+def model_loss(out: Any, kind: str = "sum") -> torch.Tensor:
+    """The training loss capture differentiates: over every floating-point output, the sum of
+    its elements' sums ("sum") or of their means ("mean": the seed of each gradient is
+    1/numel, as a mean-reduced training loss has, and a big vocabulary's logits stay small)."""
+    if kind not in LOSSES:
+        raise ValueError(f"unknown loss {kind!r}; one of {', '.join(LOSSES)}")
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not leaves:
         raise NoLossError("the model has no floating-point output to build a loss from")
-    loss = leaves[0].sum()
+    reduce = torch.Tensor.sum if kind == "sum" else torch.Tensor.mean
+    loss = reduce(leaves[0])
     for t in leaves[1:]:
-        loss = loss + t.sum()
+        loss = loss + reduce(t)
     return loss
+
+
+def sum_loss(out: Any) -> torch.Tensor:
+    """The default training loss: the sum of every floating-point output."""
+    return model_loss(out, "sum")
 
 
 def model_state(model: torch.nn.Module, constants: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
@@ -69,8 +82,10 @@ class EagerReference:
     """Eager runs of one model on its example inputs, made once each and only when asked for."""
 
     def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict,
-                 constants: Optional[dict[str, torch.Tensor]] = None, user_names: Optional[list[str]] = None):
+                 constants: Optional[dict[str, torch.Tensor]] = None, user_names: Optional[list[str]] = None,
+                 loss: str = "sum"):
         self.model, self.args, self.kwargs = model, args, kwargs
+        self.loss = loss  # the training loss, as capture differentiated it (model_loss)
         self.constants = constants or {}
         self.user_names = user_names or []  # names of the (args, kwargs) leaves: user-input mutations
         self._runs: dict[tuple[str, bool], Optional[EagerRun]] = {}
@@ -115,7 +130,7 @@ class EagerReference:
                     for t in users.values():
                         t.grad = None
                     out = model(*args, **kwargs)
-                    loss = sum_loss(out)
+                    loss = model_loss(out, self.loss)
                     loss.backward()
                     return out, loss
                 stack.enter_context(torch.no_grad())

@@ -37,7 +37,7 @@ def model_fingerprint(spec: ModelSpec, base_dir: Path | None = None) -> str:
     else:
         src = source_file(spec, base_dir)
         code = file_sha256(src) if src is not None and src.is_file() else None
-    return fingerprint(spec.to_json(), code, capture_options(spec.mode))
+    return fingerprint(spec.to_json(), code, capture_options(spec.mode, spec.loss))
 
 
 @functools.lru_cache(maxsize=None)  # read from its metadata once: 448 hf models asked 1.5 s

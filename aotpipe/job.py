@@ -65,8 +65,10 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         stage = "capture"
         capture = capture_meta if meta else \
             {"export": capture_export, "dynamo": capture_dynamo, "auto": capture_auto}[spec.mode]
+        loss = {} if spec.mode == "dynamo" else {"loss": spec.loss}  # dynamo's joint has no loss
         captured = capture(
-            model, args, kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names, int_ranges=ranges
+            model, args, kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names, int_ranges=ranges,
+            **loss,
         )
         result.capture_seconds = captured.seconds
         result.notes = list(captured.notes)
@@ -90,7 +92,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         if spec.verify:
             # A dynamo capture's graphs are checked against their own subgraph, run eagerly.
             eager = subgraph_references(captured) if captured.subgraphs else \
-                EagerReference(model, args, kwargs, captured.constants, captured.user_inputs)
+                EagerReference(model, args, kwargs, captured.constants, captured.user_inputs, loss=spec.loss)
         checked: list[ModelChecks] = []
 
         def check(folder: Path) -> Any:

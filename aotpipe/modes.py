@@ -34,14 +34,15 @@ DYNAMO_OPTIONS: dict[str, Any] = {
 META_OPTIONS: dict[str, Any] = {**EXPORT_OPTIONS, "values": "none (meta build, fake tensors)"}
 
 
-def capture_options(mode: str) -> dict[str, Any]:
-    """The options a model captured in `mode` records (part of its fingerprint)."""
+def capture_options(mode: str, loss: str = "sum") -> dict[str, Any]:
+    """The options a model captured in `mode` records (part of its fingerprint); `loss` is
+    the training loss export differentiates (dynamo has none)."""
     if mode == "export":
-        return {"mode": mode, **EXPORT_OPTIONS}
+        return {"mode": mode, **EXPORT_OPTIONS, "loss": loss}
     if mode == "dynamo":
         return {"mode": mode, **DYNAMO_OPTIONS}
     if mode == "meta":
-        return {"mode": mode, **META_OPTIONS}
+        return {"mode": mode, **META_OPTIONS, "loss": loss}
     if mode == "auto":  # export, else dynamo: either may be what the artefact holds
-        return {"mode": mode, "export": dict(EXPORT_OPTIONS), "dynamo": dict(DYNAMO_OPTIONS)}
+        return {"mode": mode, "export": {**EXPORT_OPTIONS, "loss": loss}, "dynamo": dict(DYNAMO_OPTIONS)}
     raise ValueError(f"unknown capture mode {mode!r}")

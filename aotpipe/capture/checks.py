@@ -100,12 +100,12 @@ def _mode(kind: str) -> str:
 
 
 class _Checker:
-    def __init__(self, eager: Optional[Reference], verify: bool, sum_loss: bool = True):
+    def __init__(self, eager: Optional[Reference], verify: bool, has_loss: bool = True):
         self.eager = eager
         self.verify = verify
-        # Export's training graphs differentiate a sum loss (their forward's user output);
+        # Export's training graphs differentiate a loss (sum or mean: their forward's user output);
         # dynamo's differentiate every output of a subgraph (one tangent each).
-        self.sum_loss = sum_loss
+        self.has_loss = has_loss
 
     def _run(self, mode: str) -> tuple[Optional[EagerRun], Optional[str]]:
         run = self.eager.run(mode) if self.eager is not None else None
@@ -146,7 +146,7 @@ class _Checker:
             gc.skipped += [why] * len(recs)
             return gc
         user = [(i, o) for i, (o, r) in enumerate(zip(outs, recs)) if r.role == "user"]
-        if ga.kind in ("forward", "joint") and self.sum_loss:
+        if ga.kind in ("forward", "joint") and self.has_loss:
             self._compare(gc, mode, user[0][1] if user else None, run.loss, lambda r: r.loss, "loss")
         elif ga.kind != "backward":
             tensors = [(i, o) for i, o in user if isinstance(o, torch.Tensor)]
@@ -222,9 +222,11 @@ def check_written(
     start = time.perf_counter()
     art = load(folder, trust_ops=trust_ops).build_all()  # a graph whose constants cannot be recomputed fails here, not later
     result = ModelChecks(CheckOutcome())
-    sum_loss = art.manifest.capture.options.get("loss", "sum") == "sum"
+    # Export's training graphs output the loss they differentiate (`loss:` sum or mean);
+    # dynamo's have none (a tangent per output; their options say so).
+    has_loss = art.manifest.capture.options.get("loss", "sum") in ("sum", "mean")
     per_subgraph = eager if isinstance(eager, dict) else {0: eager}
-    checkers = {i: _Checker(per_subgraph.get(i), verify, sum_loss) for i in art.subgraph_keys()}
+    checkers = {i: _Checker(per_subgraph.get(i), verify, has_loss) for i in art.subgraph_keys()}
     kinds_of = {i: set(keys) for i, keys in art.subgraph_keys().items()}
     outs_by_key: dict[str, list[Any]] = {}
     # By subgraph: inference, the graphs passes made of it, forward, backward, joint.
@@ -259,7 +261,7 @@ def check_written(
                                                       verification={"status": "error", "error": msg})
             continue
         outs_by_key[key] = outs
-        checker = checkers.setdefault(sub, _Checker(per_subgraph.get(sub), verify, sum_loss))
+        checker = checkers.setdefault(sub, _Checker(per_subgraph.get(sub), verify, has_loss))
         gc = checker.check_outputs(ga, outs, chained=set(TRAINING) <= kinds_of.get(sub, set()))
         result.graphs[key] = gc
         failed = [c for c in gc.checks if not c.passed]

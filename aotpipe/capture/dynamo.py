@@ -531,13 +531,15 @@ def capture_auto(
     graphs: list[str],
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
+    loss: str = "sum",
 ) -> CapturedGraphs:
-    """capture_export, or where it fails, capture_dynamo; the capture says why it fell back
-    (CapturedGraphs.fallback, a note, the manifest's capture.fallback)."""
+    """capture_export (differentiating `loss`), or where it fails, capture_dynamo (which has
+    no loss: a tangent per output); the capture says why it fell back (CapturedGraphs.fallback,
+    a note, the manifest's capture.fallback)."""
     try:
         with _torch_logs_quiet():  # export's failure is expected here: its own logs are noise
             return _export.capture_export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
-                                          int_ranges=int_ranges)
+                                          int_ranges=int_ranges, loss=loss)
     except CaptureError as e:
         why = str(e)
     cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,

@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import copy
+import functools
 import io
 import operator
 import sys
 import time
 import warnings
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
@@ -37,7 +38,7 @@ from aotpipe.capture.types import (
     PartitionContract,
     TensorMeta,
 )
-from aotpipe.eager import NoLossError, sum_loss
+from aotpipe.eager import NoLossError, model_loss
 from aotpipe.errors import CaptureError
 from aotpipe.modes import EXPORT_OPTIONS
 
@@ -52,16 +53,17 @@ _INPUT_KIND_ROLE = {
 }
 
 
-class _SumLoss(torch.nn.Module):
-    """Wraps a module so that it returns the sum of all its floating-point outputs."""
+class _Loss(torch.nn.Module):
+    """Wraps a module so that it returns its training loss (eager.model_loss of kind `kind`)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, kind: str = "sum"):
         super().__init__()
         self.model = model
+        self.kind = kind
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         try:
-            return sum_loss(self.model(*args, **kwargs))
+            return model_loss(self.model(*args, **kwargs), self.kind)
         except NoLossError as e:
             raise CaptureError(str(e)) from None
 
@@ -149,8 +151,10 @@ def _capture(
     graphs: list[str],
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
+    loss: str = "sum",
 ) -> CapturedGraphs:
-    """Trace `model` on the example inputs into the requested graph kinds."""
+    """Trace `model` on the example inputs into the requested graph kinds; the training
+    graphs differentiate `loss` (eager.model_loss) of its outputs."""
     start = time.perf_counter()
     int_ranges = dict(int_ranges or {})
     user_names = _user_input_names(args, kwargs, input_names)
@@ -177,7 +181,7 @@ def _capture(
         ep_train = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "training"), notes,
                                                            training=True))
         joint, fw, bw, contract, no_grad = _training_graphs(
-            ep_train, args, kwargs, user_names, int_ranges, state, constants)
+            ep_train, args, kwargs, user_names, int_ranges, state, constants, loss)
         tied = _tied_names(model)
         got_grad = {t for t in contract.grad_of if t is not None}
         really_none = [n for n in no_grad if not (tied.get(n, set()) & got_grad)]
@@ -201,7 +205,7 @@ def _capture(
         graphs=ordered,
         contract=contract if {"forward", "backward"} & set(ordered) else None,
         seconds=time.perf_counter() - start,
-        options=dict(OPTIONS),
+        options={**OPTIONS, "loss": loss},
         notes=notes,
         constants=constants,
         user_inputs=user_names,
@@ -408,8 +412,10 @@ def _training_graphs(
     int_ranges: dict[str, tuple[int, int]],
     state: dict[str, torch.Tensor],
     constants_out: dict[str, torch.Tensor],
+    loss: str = "sum",
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
-    return training_graphs(ep.module(), args, kwargs, user_names, int_ranges, state, constants_out, _SumLoss)
+    return training_graphs(ep.module(), args, kwargs, user_names, int_ranges, state, constants_out,
+                           functools.partial(_Loss, kind=loss))
 
 
 def training_graphs(
@@ -420,7 +426,7 @@ def training_graphs(
     int_ranges: dict[str, tuple[int, int]],
     state: dict[str, torch.Tensor],
     constants_out: dict[str, torch.Tensor],
-    wrap: type[torch.nn.Module],
+    wrap: Callable[[torch.nn.Module], torch.nn.Module],
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
     """Joint, forward and backward graphs of `module` (a GraphModule: plain tensor attributes
     become buffers) wrapped in `wrap`, which holds it as ``.model`` and says what the joint

@@ -183,6 +183,7 @@ def capture_meta(
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
     device: str | torch.device = "cpu",
+    loss: str = "sum",
 ) -> CapturedGraphs:
     """capture_export's graphs of a model built on meta (see build_on_meta), on fake tensors.
 
@@ -214,14 +215,14 @@ def capture_meta(
     with _fast_capture():
         try:
             captured = _export_mod.capture_export(model, fargs, fkwargs, name=name, graphs=graphs,
-                                                  input_names=input_names, int_ranges=int_ranges)
+                                                  input_names=input_names, int_ranges=int_ranges, loss=loss)
         except CaptureError as e:
             raise CaptureError(_explain(str(e))) from e
         except Exception as e:  # outside capture_export's own wrapping (its range reads)
             raise CaptureError(_explain(f"meta capture failed: {exception_line(e)}")) from e
     _check_no_values(captured)
     captured.mode = MODE
-    captured.options = dict(OPTIONS)
+    captured.options = {**OPTIONS, "loss": loss}
     return captured
 
 

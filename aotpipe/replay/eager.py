@@ -14,7 +14,7 @@ import torch
 
 from aotpipe.artifact.load import Artifact
 from aotpipe.artifact.records import MANIFEST
-from aotpipe.eager import sum_loss
+from aotpipe.eager import LOSSES, model_loss
 
 
 def median_seconds(fn: Any, n: int) -> float:
@@ -37,6 +37,13 @@ def rebuild_model(art: Artifact, *, trust_code: bool = False) -> Optional[tuple[
     return rebuild_from_manifest(art.manifest.model.model_dump(), trust_code=trust_code, where=art.path / MANIFEST)
 
 
+def artifact_loss(art: Artifact) -> str:
+    """The training loss the artefact's graphs differentiate (its capture options; sum before
+    the `loss:` setting had another value)."""
+    loss = art.manifest.capture.options.get("loss", "sum")
+    return loss if loss in LOSSES else "sum"
+
+
 def eager_bench(art: Artifact, kind: str, n: int, *, trust_code: bool = False) -> Optional[float]:
     """Median seconds of the eager model on its example inputs (for --bench), if rebuildable."""
     rebuilt = rebuild_model(art, trust_code=trust_code)
@@ -53,6 +60,6 @@ def eager_bench(art: Artifact, kind: str, n: int, *, trust_code: bool = False) -
         model.train()
 
         def step() -> None:
-            sum_loss(model(*args, **kwargs)).backward()
+            model_loss(model(*args, **kwargs), artifact_loss(art)).backward()
     step()  # warm-up
     return median_seconds(step, n)

@@ -25,7 +25,7 @@ from aotpipe.artifact.records import InputsRecord, OutputRecord, Partition
 from aotpipe.devices import move_inputs, parse_device, to_device
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.execution import run_graph, run_with_summaries
-from aotpipe.replay.eager import median_seconds, rebuild_model
+from aotpipe.replay.eager import artifact_loss, median_seconds, rebuild_model
 from aotpipe.replay.inputs import _flatten_meta, get_inputs
 
 
@@ -342,7 +342,7 @@ def _chain_vs_eager(art: Artifact, contract: Partition, grads: list[Any], proble
     eager_err, eager_ok = None, None
     rebuilt = rebuild_model(art, trust_code=trust_code) if rebuild_source else None
     if rebuilt is not None:
-        ref = EagerReference(*rebuilt)
+        ref = EagerReference(*rebuilt, loss=artifact_loss(art))
         run32 = ref.run("training")
         if run32 is not None:
             eager_err, eager_ok = 0.0, True
