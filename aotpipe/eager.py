@@ -6,12 +6,17 @@ the same masks as the graphs do, and with deterministic kernels. Training runs r
 that eager and graph draw attention dropout from the same ops in the same order. The
 float64 model (``model.double()``, floating inputs cast likewise) is built only when a
 check needs it: most outputs are settled by the float32 run alone.
+
+Eager takes the branch the trace took where a library branches on whether it is being
+traced (:func:`traced_branches`): otherwise eager and graph compute different functions and
+the check compares nothing meaningful.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -78,6 +83,43 @@ def _to64(x: Any) -> Any:
     return x
 
 
+# transformers' note when the eager run took the branch a trace takes instead of its shortcut.
+CAUSAL_MASK_NOTE = ("eager reference built the causal mask as traced graphs do (transformers skips it in eager "
+                    "for an all-ones attention mask, which changes the function where attention sets "
+                    "is_causal=False)")
+
+
+@contextlib.contextmanager
+def traced_branches(notes: list[str]) -> Any:
+    """Eager takes the branches a trace takes where a library decides by the tensors' values:
+
+    - ``transformers.masking_utils._ignore_causal_mask_sdpa``: in eager, for an all-ones (or
+      absent) attention mask, transformers returns no mask and relies on SDPA's
+      ``is_causal``; traced (export, dynamo) it always builds the mask. Models whose
+      attention modules set ``is_causal=False`` (Aimv2's text tower, Gemma with
+      bidirectional attention) then attend bidirectionally in eager and causally in the
+      graph. Here eager builds the mask too; `notes` says when the shortcut would have fired.
+
+    Nothing is changed unless the library is already imported (a model of it was built).
+    """
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "_ignore_causal_mask_sdpa", None)
+    if original is None:
+        yield
+        return
+
+    def as_traced(*args: Any, **kwargs: Any) -> bool:
+        if original(*args, **kwargs) and CAUSAL_MASK_NOTE not in notes:
+            notes.append(CAUSAL_MASK_NOTE)
+        return False
+
+    masking._ignore_causal_mask_sdpa = as_traced
+    try:
+        yield
+    finally:
+        masking._ignore_causal_mask_sdpa = original
+
+
 class EagerReference:
     """Eager runs of one model on its example inputs, made once each and only when asked for."""
 
@@ -90,6 +132,7 @@ class EagerReference:
         self.user_names = user_names or []  # names of the (args, kwargs) leaves: user-input mutations
         self._runs: dict[tuple[str, bool], Optional[EagerRun]] = {}
         self.errors: dict[tuple[str, bool], str] = {}
+        self.notes: list[str] = []  # where eager was made to take the traced branch (traced_branches)
 
     def run(self, mode: str, fp64: bool = False) -> Optional[EagerRun]:
         """The `mode` ("inference" or "training") run, in float64 if `fp64`; None if it failed."""
@@ -124,6 +167,7 @@ class EagerReference:
                     if isinstance(dst, torch.Tensor):
                         dst.data.copy_(src)
             with contextlib.ExitStack() as stack:
+                stack.enter_context(traced_branches(self.notes))
                 if training:
                     stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
                     model.zero_grad(set_to_none=True)

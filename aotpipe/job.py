@@ -102,6 +102,8 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
                                trust_ops=spec.trusted_ops)
             checked.append(mc)
             pass_problems.extend(mc.pass_failures)
+            # Where eager took the traced branch (eager.traced_branches): into the manifest's notes.
+            captured.notes.extend(n for n in getattr(eager, "notes", []) if n not in captured.notes)
             return mc.outcome
 
         written = write_model(
@@ -116,6 +118,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             sign=signer(key) if key is not None else None,
         )
         mc = checked[0]
+        result.notes = list(captured.notes)
         result.checks_seconds = mc.seconds
         result.write_seconds = time.perf_counter() - t0 - mc.seconds
         result.graphs = [GraphResult(g.kind, g.folder, g.nodes, g.num_inputs, g.num_outputs) for g in written.graphs]

@@ -1,0 +1,47 @@
+"""The eager reference takes the branch a trace takes where a library decides by values.
+
+transformers skips building the causal mask in eager for an all-ones attention mask; a
+trace always builds it. For attention modules with is_causal=False (Aimv2's text tower) the
+two compute different functions, and the check compared nothing meaningful.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aotpipe.eager import CAUSAL_MASK_NOTE, EagerReference
+
+transformers = pytest.importorskip("transformers")
+
+
+def _aimv2():
+    cfg = transformers.Aimv2Config(
+        text_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=1,
+                         vocab_size=100, eos_token_id=99),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=1,
+                           image_size=28, patch_size=14))
+    torch.manual_seed(0)
+    model = transformers.Aimv2Model(cfg).eval()
+    kwargs = dict(input_ids=torch.randint(0, 99, (2, 8)), attention_mask=torch.ones(2, 8, dtype=torch.int64),
+                  pixel_values=torch.randn(2, 3, 28, 28))
+    return model, kwargs
+
+
+def test_eager_reference_builds_the_causal_mask_as_the_exported_graph_does():
+    model, kwargs = _aimv2()
+    traced = torch.export.export(model, (), kwargs, strict=False).module()
+    with torch.no_grad():
+        graph_out = traced(**kwargs)
+        plain_eager = model(**kwargs)
+    ref = EagerReference(model, (), kwargs)
+    run = ref.run("inference")
+    assert run is not None
+    text = graph_out.text_embeds
+    # Plain eager (the shortcut) computes another function; the reference computes the graph's.
+    assert (plain_eager.text_embeds - text).abs().max() > 1e-3
+    ref_text = next(t for t in run.outputs if t.shape == text.shape and torch.allclose(t, text, atol=1e-5))
+    torch.testing.assert_close(ref_text, text)
+    assert ref.notes == [CAUSAL_MASK_NOTE]
+    # and the library is left as it was
+    assert transformers.masking_utils._ignore_causal_mask_sdpa.__name__ == "_ignore_causal_mask_sdpa"
