@@ -467,7 +467,7 @@ def _training_graphs(lifted: _Lifted, ranges: dict[str, tuple[int, int]], index:
     state = _state(lifted.module)
     joint, fw, bw, contract, no_grad = _export.training_graphs(
         lifted.module, tuple(lifted.user_values), {}, lifted.user_names, _ranges(lifted, ranges), state,
-        constants, _Outputs)
+        constants, _Outputs, notes)
     if no_grad:
         notes.append(f"subgraph {index}: {len(no_grad)} parameter(s) get no gradient: {', '.join(no_grad[:8])}"
                      + (" ..." if len(no_grad) > 8 else ""))

@@ -181,7 +181,7 @@ def _capture(
         ep_train = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "training"), notes,
                                                            training=True))
         joint, fw, bw, contract, no_grad = _training_graphs(
-            ep_train, args, kwargs, user_names, int_ranges, state, constants, loss)
+            ep_train, args, kwargs, user_names, int_ranges, state, constants, loss, notes)
         tied = _tied_names(model)
         got_grad = {t for t in contract.grad_of if t is not None}
         really_none = [n for n in no_grad if not (tied.get(n, set()) & got_grad)]
@@ -413,9 +413,65 @@ def _training_graphs(
     state: dict[str, torch.Tensor],
     constants_out: dict[str, torch.Tensor],
     loss: str = "sum",
+    notes: Optional[list[str]] = None,
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
     return training_graphs(ep.module(), args, kwargs, user_names, int_ranges, state, constants_out,
-                           functools.partial(_Loss, kind=loss))
+                           functools.partial(_Loss, kind=loss), notes)
+
+
+def _random_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    from aotpipe.determinism import op_draws_random
+
+    return [n for n in gm.graph.nodes if n.op == "call_function" and op_draws_random(n.target)]
+
+
+def restore_dropped_draws(joint: torch.fx.GraphModule, fw: torch.fx.GraphModule,
+                          bw: torch.fx.GraphModule) -> Optional[str]:
+    """Put back into `fw` the random draws of the joint that neither partition kept; a note
+    saying so, or None when there were none.
+
+    A model may draw random numbers it never uses (BigBird builds a fresh attention module,
+    and so initialises its weights, inside forward when the input is too short for block-
+    sparse attention). The joint keeps those draws (random ops are impure), so it consumes
+    the generator as eager does; the partitioner copies into the forward only what feeds
+    its outputs, so the forward skipped them, and every later dropout drew another mask
+    than eager's and the joint's. Each dropped draw, with the pure nodes that feed it, goes
+    back in joint order: right after the forward's copy of the joint's previous draw, before
+    its next one.
+    """
+    fw_nodes = {n.name: n for n in fw.graph.nodes}
+    bw_names = {n.name for n in bw.graph.nodes}
+    draws = _random_nodes(joint)
+    dropped = [n for n in draws if n.name not in fw_nodes and n.name not in bw_names]
+    if not dropped:
+        return None
+    first_op = next(n for n in fw.graph.nodes if n.op != "placeholder")
+
+    def copy_in(node: torch.fx.Node, before: torch.fx.Node) -> torch.fx.Node:
+        for inp in node.all_input_nodes:
+            if inp.name not in fw_nodes:
+                if inp.op != "call_function":
+                    raise CaptureError(f"a random draw the forward graph dropped ({node.name}) reads {inp.name}, "
+                                       "which the forward graph does not have")
+                copy_in(inp, before)
+        with fw.graph.inserting_before(before):
+            new = fw.graph.node_copy(node, lambda n: fw_nodes[n.name])
+        fw_nodes[node.name] = new
+        return new
+
+    previous: Optional[torch.fx.Node] = None  # the forward's copy of the last draw seen
+    for node in draws:
+        if node.name in fw_nodes:
+            previous = fw_nodes[node.name]
+        elif node.name not in bw_names:
+            previous = copy_in(node, previous.next if previous is not None else first_op)
+    fw.graph.lint()
+    fw.recompile()
+    kept = [n.target for n in _random_nodes(fw)] + [n.target for n in _random_nodes(bw)]
+    order = "" if kept == [n.target for n in draws] else \
+        " (their order differs from the joint's: dropout masks may differ from eager's)"
+    return (f"the forward graph keeps {len(dropped)} random draw(s) the model makes but never uses (the "
+            f"partitioner had dropped them), so that it consumes the generator as eager does{order}")
 
 
 def training_graphs(
@@ -427,6 +483,7 @@ def training_graphs(
     state: dict[str, torch.Tensor],
     constants_out: dict[str, torch.Tensor],
     wrap: Callable[[torch.nn.Module], torch.nn.Module],
+    notes: Optional[list[str]] = None,
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
     """Joint, forward and backward graphs of `module` (a GraphModule: plain tensor attributes
     become buffers) wrapped in `wrap`, which holds it as ``.model`` and says what the joint
@@ -449,7 +506,8 @@ def training_graphs(
 
     def partition(joint_module, joint_inputs, *, num_fwd_outputs, **kw):
         fw, bw = default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
-        parts.update(fw=fw, bw=bw, num_fwd_outputs=num_fwd_outputs)
+        parts.update(fw=fw, bw=bw, num_fwd_outputs=num_fwd_outputs,
+                     restored=restore_dropped_draws(joint_module, fw, bw))
         return fw, bw
 
     try:
@@ -499,6 +557,8 @@ def training_graphs(
         joint_outputs.append(_output_from_desc(i, arg, desc, user_names))
 
     nfo = parts["num_fwd_outputs"]
+    if parts["restored"] and notes is not None:
+        notes.append(parts["restored"])
     fw_gm = _flat_graph(parts["fw"])
     bw_gm = _flat_graph(parts["bw"])
 

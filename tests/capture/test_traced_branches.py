@@ -45,3 +45,41 @@ def test_eager_reference_builds_the_causal_mask_as_the_exported_graph_does():
     assert ref.notes == [CAUSAL_MASK_NOTE]
     # and the library is left as it was
     assert transformers.masking_utils._ignore_causal_mask_sdpa.__name__ == "_ignore_causal_mask_sdpa"
+
+
+class DrawsAndDiscards(torch.nn.Module):
+    """Draws random numbers it never uses (as BigBird does, building a module inside forward),
+    then drops out: the forward graph must draw them too, or its dropout mask is another."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        torch.empty(32).uniform_()  # discarded
+        return torch.nn.functional.dropout(self.fc(x), 0.5, training=self.training)
+
+
+def test_the_forward_graph_keeps_the_random_draws_the_model_discards(tmp_path, monkeypatch):
+    import json
+    import sys
+    import textwrap
+
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    monkeypatch.setitem(sys.modules, "draws_model", sys.modules[__name__])
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""
+        version: 1
+        name: d
+        models:
+          - {name: m, source: "draws_model:DrawsAndDiscards", inputs: [{shape: [4, 16]}]}
+    """))
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress",
+                                  "--json", "--executor", "local"])
+    (m,) = json.loads(r.stdout)["models"]
+    assert m["status"] == "ok" and m["checks"]["failed"] == 0 and m["checks"]["run"] > 0, m
+    assert any("random draw(s) the model makes but never uses" in n for n in m["notes"]), m["notes"]
+    fw = json.loads((tmp_path / "out" / "d" / "m" / "m_forward_0" / "graph.json").read_text())
+    assert sum(n.get("target") == "aten.uniform.default" for n in fw["nodes"]) == 1
