@@ -166,6 +166,15 @@ def _capture(
         for i, t in enumerate(traced):
             lifted = _lift(t, i)
             sg = subgraph(i)
+            static = _static_mask_writes(lifted)
+            if static:
+                notes.append(f"subgraph {i}: {static} boolean-mask write(s) x[mask] = v captured as "
+                             "x.copy_(where(mask, v, x)) (same values and gradients, static shapes)")
+            cloned = _clone_inputs_written_in_place(lifted)
+            if cloned:
+                notes.append(f"subgraph {i} writes in place into input(s) that require grad ({', '.join(cloned)}: "
+                             "activations of the subgraph before), which autograd allows only on a copy; its "
+                             "training graphs copy them first")
             sg.reference["training"] = (lifted.module, lifted.user_values)
             if not _differentiable(lifted):
                 notes.append(f"subgraph {i}: no output requires grad; it has no forward, backward or joint graph")
@@ -452,6 +461,78 @@ def _ranges(lifted: _Lifted, ranges: dict[str, tuple[int, int]]) -> dict[str, tu
         if r is not None:
             out[n] = r
     return out
+
+
+def _example(node: Any) -> Any:
+    return node.meta.get("example_value", node.meta.get("val")) if isinstance(node, torch.fx.Node) else node
+
+
+def _static_mask_writes(lifted: _Lifted) -> int:
+    """Rewrite each ``x[mask] = v`` of the subgraph (mask a boolean tensor over x's leading
+    dims, v one value broadcast to every selected row) as ``x.copy_(where(mask, v, x))``;
+    returns how many. The index form selects rows by ``nonzero``, whose output size depends
+    on the values, which AOTAutograd's tracing cannot give (DynamicOutputShapeException);
+    the where form computes the same values and gradients with static shapes."""
+    import operator
+
+    graph = lifted.module.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not operator.setitem or len(node.args) != 3:
+            continue
+        x, mask, v = node.args
+        xv, mv, vv = _example(x), _example(mask), _example(v)
+        if not (isinstance(xv, torch.Tensor) and isinstance(mv, torch.Tensor) and mv.dtype == torch.bool
+                and 0 < mv.dim() <= xv.dim() and tuple(mv.shape) == tuple(xv.shape[:mv.dim()])):
+            continue
+        rest = xv.dim() - mv.dim()
+        if isinstance(vv, torch.Tensor) and (vv.dim() > rest or tuple(vv.shape) != tuple(xv.shape[xv.dim() - vv.dim():])):
+            continue  # one value per selected row: not a broadcast write
+        with graph.inserting_before(node):
+            m = graph.call_method("reshape", (mask, tuple(mv.shape) + (1,) * rest))
+            w = graph.call_function(torch.where, (m, v, x))
+            graph.call_method("copy_", (x, w))
+        graph.erase_node(node)
+        count += 1
+    if count:
+        graph.lint()
+        lifted.module.recompile()
+    return count
+
+
+_LEAF_IN_PLACE = "a leaf Variable that requires grad is being used in an in-place operation"
+
+
+def _clone_inputs_written_in_place(lifted: _Lifted) -> list[str]:
+    """The names of the user inputs `lifted` now clones before use, because it writes into
+    them in place and they require grad.
+
+    A later subgraph's user inputs are the earlier one's activations: in the model, tensors
+    autograd made, which may be written in place (wav2vec2-style models write a learned
+    embedding into masked time steps of their hidden states). Here they are leaves that
+    require grad, which autograd refuses to see written in place. Each such input is
+    copied first (``clone``); its gradient is the same, as it is the gradient of the value
+    the subgraph was given. Found by running the subgraph once (no graph changes if it runs).
+    """
+    try:
+        _differentiable(lifted)
+        return []
+    except RuntimeError as e:
+        if _LEAF_IN_PLACE not in str(e):
+            raise
+    graph = lifted.module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    names = []
+    for node, name, value in zip(placeholders, lifted.user_names, lifted.user_values):
+        if not (isinstance(value, torch.Tensor) and value.requires_grad):
+            continue
+        with graph.inserting_after(placeholders[-1]):
+            copy_ = graph.call_method("clone", (node,))
+        node.replace_all_uses_with(copy_, delete_user_cb=lambda user: user is not copy_)
+        names.append(name)
+    graph.lint()
+    lifted.module.recompile()
+    return names
 
 
 def _differentiable(lifted: _Lifted) -> bool:

@@ -248,3 +248,34 @@ def test_cli_replays_one_subgraph_and_shows_and_verifies_the_artefact(branchy_ca
     assert "m_backward_2: backward graph of subgraph 2, " in r.output
     r = CliRunner().invoke(main, ["verify", str(tmp_path)])
     assert r.exit_code == 0, r.output
+
+
+class MaskedWrite(nn.Module):
+    """wav2vec2's SpecAugment in small: after a graph break, a learned embedding is written
+    into the masked rows of an activation (x[mask] = v): an in-place write into a subgraph
+    input that requires grad, selecting rows by a boolean mask (nonzero: a dynamic shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.embed = nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        h = self.fc(x)
+        torch._dynamo.graph_break()
+        mask = h[..., 0] > 0
+        h[mask] = self.embed
+        return h.tanh()
+
+
+def test_a_masked_in_place_write_into_an_activation_captures_and_checks(tmp_path):
+    torch.manual_seed(0)
+    cap = capture_dynamo(MaskedWrite(), (torch.randn(4, 6, 8),), {}, name="m", graphs=KINDS, input_names=["x"])
+    assert {"forward_1", "backward_1", "joint_1"} <= set(cap.graphs)
+    assert any("x.copy_(where(mask, v, x))" in n for n in cap.notes), cap.notes
+    assert any("writes in place into input(s) that require grad (h" in n for n in cap.notes), cap.notes
+    path, mc = _write_and_check(cap, tmp_path)
+    assert mc.problems == []
+    grads = load(path).graphs["forward_1"].record.partition.grad_of
+    assert "embed" in grads and "h" in grads
+    assert mc.graphs["backward_1"].to_json()["passed"] >= 2  # embed's and h's gradients vs eager
