@@ -179,7 +179,11 @@ def _capture(
             if not _differentiable(lifted):
                 notes.append(f"subgraph {i}: no output requires grad; it has no forward, backward or joint graph")
                 continue
-            joint, fw, bw, contract = _training_graphs(lifted, ranges, i, notes)
+            try:
+                joint, fw, bw, contract = _training_graphs(lifted, ranges, i, notes)
+            except _export.NothingToDifferentiate as e:
+                notes.append(f"subgraph {i}: {e}; it has no forward, backward or joint graph")
+                continue
             sg.contract = contract
             for kind, g in (("forward", fw), ("backward", bw), ("joint", joint)):
                 if kind in graphs:

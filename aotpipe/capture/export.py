@@ -419,6 +419,10 @@ def _training_graphs(
                            functools.partial(_Loss, kind=loss), notes)
 
 
+class NothingToDifferentiate(CaptureError):
+    """The joint has no backward: AOTAutograd saw no gradient to compute."""
+
+
 def _random_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     from aotpipe.determinism import op_draws_random
 
@@ -556,6 +560,9 @@ def training_graphs(
     for i, (arg, desc) in enumerate(zip(joint_out_args, descs)):
         joint_outputs.append(_output_from_desc(i, arg, desc, user_names))
 
+    if "num_fwd_outputs" not in parts:  # AOTAutograd compiled it for inference: no gradient flows
+        raise NothingToDifferentiate("AOTAutograd found no gradient to compute (its outputs are views of its "
+                                     "inputs, or depend on nothing that requires grad)")
     nfo = parts["num_fwd_outputs"]
     if parts["restored"] and notes is not None:
         notes.append(parts["restored"])

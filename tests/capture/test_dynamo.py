@@ -279,3 +279,20 @@ def test_a_masked_in_place_write_into_an_activation_captures_and_checks(tmp_path
     grads = load(path).graphs["forward_1"].record.partition.grad_of
     assert "embed" in grads and "h" in grads
     assert mc.graphs["backward_1"].to_json()["passed"] >= 2  # embed's and h's gradients vs eager
+
+
+class ViewAfterBreak(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        torch._dynamo.graph_break()
+        return h.view(-1)[:3]  # a subgraph that only views its input: nothing to differentiate
+
+
+def test_a_subgraph_with_nothing_to_differentiate_has_no_training_graphs_and_says_why():
+    cap = capture_dynamo(ViewAfterBreak(), (torch.randn(2, 4),), {}, name="m", graphs=KINDS, input_names=["x"])
+    assert sorted(cap.graphs) == ["backward", "forward", "inference", "inference_1", "joint"]
+    assert any(n.startswith("subgraph 1: AOTAutograd found no gradient to compute") for n in cap.notes), cap.notes
