@@ -35,7 +35,11 @@ def main() -> None:
     groups = collections.Counter(f"{m['stage']}: {cause(m['error'] or '')}" for m in models if m["status"] != "ok")
     for c, n in groups.most_common():
         print(f"{n:4d}  {c}")
-    print("\n| architecture | mode used | status | graphs | reason |\n|---|---|---|---:|---|")
+    skipped = sum(m.get("checks", {}).get("skipped", 0) for m in ok)
+    passed = sum(m.get("checks", {}).get("passed", 0) for m in ok)
+    print(f"\nchecks of the ok models: {passed} passed, {skipped} skipped (reasons in each manifest)")
+    print("\n| architecture | mode used | status | graphs | checks passed / skipped | reason |\n"
+          "|---|---|---|---:|---:|---|")
     for m in models:
         if a.failures_only and m["status"] == "ok":
             continue
@@ -44,7 +48,9 @@ def main() -> None:
         if manifest.is_file():
             mode = json.loads(manifest.read_text())["capture"].get("mode", "-")
         reason = "" if m["status"] == "ok" else f"{m['stage']}: {(m['error'] or '')[:140]}".replace("|", "\\|")
-        print(f"| {m['name']} | {mode} | {m['status']} | {len(m['graphs'])} | {reason} |")
+        c = m.get("checks") or {}
+        checks = f"{c.get('passed', 0)} / {c.get('skipped', 0)}" if c else "-"
+        print(f"| {m['name']} | {mode} | {m['status']} | {len(m['graphs'])} | {checks} | {reason} |")
 
 
 if __name__ == "__main__":
