@@ -348,6 +348,10 @@ class _Shrinker:
         vocab = attrs.get("vocab_size")
         if isinstance(vocab, int) and vocab > VOCAB:
             new["vocab_size"] = VOCAB
+        for k, v in attrs.items():  # other embedding tables (BLT's hash n-gram vocabulary: 500002 rows)
+            if k != "vocab_size" and k.endswith("_vocab") and isinstance(v, int) and not isinstance(v, bool) \
+                    and v > VOCAB:
+                new[k] = VOCAB
         for k, v in attrs.items():
             if not (k.endswith("token_id") or k.endswith("token_index") or k.endswith("token_ids")):
                 continue
