@@ -338,15 +338,17 @@ def ls_cmd(directory: str) -> None:
 
 @main.command()
 @click.argument("artifact", type=click.Path(exists=True))
+@click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",
+              help="Accept ops of this library namespace (as replay --trust-ops).")
 @_user_errors
 @_byte_limit
-def show(artifact: str) -> None:
+def show(artifact: str, trust_ops: tuple[str, ...]) -> None:
     """Print an artefact's graphs, node counts, op histogram, inputs and outputs."""
     from pathlib import Path
 
     from aotpipe.inspect import describe
 
-    click.echo(describe(Path(artifact)))
+    click.echo(describe(Path(artifact), trust_ops=trust_ops))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from aotpipe.artifact import records
 from aotpipe.artifact.graph_json import target_name
@@ -55,18 +55,18 @@ def list_artifacts(root: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def describe(path: Path) -> str:
-    """A multi-line description of one artefact."""
+def describe(path: Path, trust_ops: Sequence[str] = ()) -> str:
+    """A multi-line description of one artefact (`trust_ops`: as load's)."""
     try:
-        return _describe(path)
+        return _describe(path, trust_ops)
     except ArtifactError:
         raise
     except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
         raise ArtifactError(f"{path}: malformed artefact ({exception_line(e)})") from None
 
 
-def _describe(path: Path) -> str:
-    art = load(path)
+def _describe(path: Path, trust_ops: Sequence[str]) -> str:
+    art = load(path, trust_ops=trust_ops)
     m = art.manifest
     lines = [
         f"{art.name}: {m.model.source}  (format {m.format_version}, torch {m.versions.torch}, {artifact_status(m)})",

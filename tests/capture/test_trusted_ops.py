@@ -102,6 +102,8 @@ def test_loading_needs_the_users_trust_and_then_imports_the_library(trusted_run)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     not_verified = _cli("verify", str(art), pythonpath=tmp)
     assert not_verified.returncode == 1 and "--trust-ops aptestops" in not_verified.stdout
+    shown = _cli("show", str(art), "--trust-ops", "aptestops", pythonpath=tmp)
+    assert shown.returncode == 0 and "aptestops.scaled_tanh.default" in shown.stdout, shown.stderr
 
 
 def test_trust_without_the_library_installed_says_so(trusted_run):
