@@ -73,7 +73,10 @@ DENIED: tuple[tuple[re.Pattern[str], str], ...] = (
 
 # String arguments that name a choice among a few values (not a file, not code).
 ENUM_STRING_ARGS = frozenset({"rounding_mode", "approximate", "reduce", "side", "mode", "padding_mode", "norm",
-                              "UPLO", "driver", "pad_mode", "interpolation", "indexing", "reduction"})
+                              "UPLO", "driver", "pad_mode", "interpolation", "indexing", "reduction",
+                              # the message of a runtime assert export leaves in a graph (_assert_async.msg,
+                              # _assert_scalar): only ever the text of the error raised
+                              "assert_msg"})
 
 
 def _denied(op_name: str) -> Optional[str]:

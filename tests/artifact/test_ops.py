@@ -122,3 +122,9 @@ def test_running_a_loaded_graph_keeps_the_callers_grad_mode_and_seed(grad):
         gm(torch.randn(4, 4))  # called directly: draws from the caller's generator, reseeds nothing
         assert torch.is_grad_enabled() is grad
     assert torch.initial_seed() == 1234
+
+
+def test_the_runtime_asserts_export_leaves_in_graphs_load():
+    # Their one string argument is the message of the error they raise (longcat_flash's graphs).
+    for name in ("aten._assert_async.msg", "aten._assert_scalar.default", "aten._functional_assert_async.msg"):
+        resolve_op(name)
