@@ -222,6 +222,22 @@ def check_written(
     Each subgraph's forward, backward and joint are checked as a chain. `trust_ops`: the
     pipeline's trusted library op namespaces (their ops are loaded back too).
     """
+    from aotpipe.artifact import limits
+
+    # The byte limits guard a loader against hostile artefacts. This one was just written
+    # from the model, which ran with these tensors already; its memory is the executor's
+    # to limit (memory_gb). A replay of it later may need --max-bytes.
+    with limits.override(max_bytes=_UNLIMITED, max_tensor_bytes=_UNLIMITED):
+        return _check_written(folder, memory_inputs=memory_inputs, codes=codes, eager=eager, verify=verify,
+                              diagnose=diagnose, trust_ops=trust_ops)
+
+
+_UNLIMITED = 1 << 62
+
+
+def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: dict[str, list[str]],
+                   eager: Optional[Reference] | dict[int, Reference], verify: bool,
+                   diagnose: Optional[Callable[[str, list[str]], str]], trust_ops: Sequence[str]) -> ModelChecks:
     start = time.perf_counter()
     art = load(folder, trust_ops=trust_ops).build_all()  # a graph whose constants cannot be recomputed fails here, not later
     result = ModelChecks(CheckOutcome())

@@ -212,3 +212,28 @@ def test_verify_false_counts_every_check_as_skipped():
     ga = _fake_graph("inference", [{"role": "user"}, {"role": "user"}])
     gc = _Checker(None, False).check_outputs(ga, [torch.ones(1), torch.ones(1)])
     assert gc.checks == [] and gc.skipped == ["verify: false", "verify: false"]
+
+
+def test_the_write_time_check_is_not_held_to_a_loaders_byte_limit(tmp_path, monkeypatch):
+    # A loader's limit guards against hostile artefacts; the one just written from the model
+    # is checked in full (the executor's memory_gb limits it), whatever AOTPIPE_MAX_BYTES says.
+    import json
+    import textwrap
+
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    monkeypatch.setenv("AOTPIPE_MAX_BYTES", "100kB")
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""
+        version: 1
+        name: big
+        models:
+          - {name: mlp, source: "aotpipe.zoo:mlp", args: {hidden: 256}, inputs: [{shape: [64, 32]}]}
+    """))
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress",
+                                  "--json", "--executor", "local"])
+    (m,) = json.loads(r.stdout)["models"]
+    assert m["status"] == "ok" and m["checks"]["failed"] == 0 and m["checks"]["run"] > 0, m
+    replayed = CliRunner().invoke(main, ["replay", str(tmp_path / "out" / "big" / "mlp")])
+    assert replayed.exit_code == 2 and "max" in replayed.output.lower(), replayed.output  # the loader's limit holds
