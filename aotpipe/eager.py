@@ -125,9 +125,13 @@ class EagerReference:
 
     def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict,
                  constants: Optional[dict[str, torch.Tensor]] = None, user_names: Optional[list[str]] = None,
-                 loss: str = "sum"):
+                 loss: str = "sum", skip_input_views: bool = False):
         self.model, self.args, self.kwargs = model, args, kwargs
         self.loss = loss  # the training loss, as capture differentiated it (model_loss)
+        # A dynamo subgraph's: outputs that are views of its inputs are left out of the loss.
+        # AOTAutograd regenerates such an output outside the graph, so the graph's backward
+        # gives no gradient through it (autograd adds that part around a compiled graph).
+        self.skip_input_views = skip_input_views
         self.constants = constants or {}
         self.user_names = user_names or []  # names of the (args, kwargs) leaves: user-input mutations
         self._runs: dict[tuple[str, bool], Optional[EagerRun]] = {}
@@ -174,7 +178,7 @@ class EagerReference:
                     for t in users.values():
                         t.grad = None
                     out = model(*args, **kwargs)
-                    loss = model_loss(out, self.loss)
+                    loss = model_loss(_without_views_of(out, users) if self.skip_input_views else out, self.loss)
                     loss.backward()
                     return out, loss
                 stack.enter_context(torch.no_grad())
@@ -192,6 +196,13 @@ class EagerReference:
                           for n, t in users.items() if t.requires_grad and n not in grads})
         return EagerRun(outputs, state, mutated, loss.detach() if loss is not None else None, grads,
                         log.nondeterministic)
+
+
+def _without_views_of(out: Any, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors of `out` that share no storage with any of `inputs`."""
+    storages = {t.untyped_storage().data_ptr() for t in inputs.values()}
+    return [t for t in pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in storages]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -594,7 +594,7 @@ def subgraph_references(captured: CapturedGraphs) -> dict[int, Any]:
         by_mode = {}
         for mode, (module, values) in sg.reference.items():
             names = _names_of(captured, sg, mode, values)
-            by_mode[mode] = EagerReference(module, tuple(values), {}, None, names)
+            by_mode[mode] = EagerReference(module, tuple(values), {}, None, names, skip_input_views=True)
         out[sg.index] = SubgraphReference(by_mode)
     return out
 

@@ -298,3 +298,27 @@ def test_a_subgraph_with_nothing_to_differentiate_has_no_training_graphs_and_say
     cap = capture_dynamo(ViewAfterBreak(), (torch.randn(2, 4),), {}, name="m", graphs=KINDS, input_names=["x"])
     assert sorted(cap.graphs) == ["backward", "forward", "inference", "inference_1", "joint"]
     assert any(n.startswith("subgraph 1: AOTAutograd found no gradient to compute") for n in cap.notes), cap.notes
+
+
+class ReturnsAViewOfItsInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        torch._dynamo.graph_break()
+        return h.view(-1, 8), self.fc2(h)  # subgraph 1 returns a view of its input h
+
+
+def test_a_subgraph_output_that_views_its_input_is_not_in_the_eager_gradient_either(tmp_path):
+    # AOTAutograd regenerates such an output outside the graph: the graph's gradient of h
+    # has only fc2's part, and so must the reference's.
+    torch.manual_seed(0)
+    cap = capture_dynamo(ReturnsAViewOfItsInput(), (torch.randn(4, 8),), {}, name="m", graphs=KINDS,
+                         input_names=["x"])
+    path, mc = _write_and_check(cap, tmp_path)
+    assert mc.problems == []
+    items = {i["what"]: i for i in mc.graphs["backward_1"].to_json()["items"]}
+    assert items["gradient of h"]["passed"], items
