@@ -113,6 +113,13 @@ def override(**limits: Optional[int]) -> Iterator[None]:
         _overrides.reset(token)
 
 
+def unbounded_bytes() -> contextlib.AbstractContextManager[None]:
+    """No byte limits within the block (node counts and record sizes stay): for checking an
+    artefact aotpipe has just written from the model, which is not hostile input; the
+    executor's memory limit (memory_gb) bounds that."""
+    return override(max_bytes=1 << 62, max_tensor_bytes=1 << 62)
+
+
 def human(n: int) -> str:
     """A byte count for people: 2.4 GB (decimal units, like df -H)."""
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):

@@ -225,14 +225,11 @@ def check_written(
     from aotpipe.artifact import limits
 
     # The byte limits guard a loader against hostile artefacts. This one was just written
-    # from the model, which ran with these tensors already; its memory is the executor's
-    # to limit (memory_gb). A replay of it later may need --max-bytes.
-    with limits.override(max_bytes=_UNLIMITED, max_tensor_bytes=_UNLIMITED):
+    # from the model, which ran with these tensors already. A replay of it later may need
+    # --max-bytes.
+    with limits.unbounded_bytes():
         return _check_written(folder, memory_inputs=memory_inputs, codes=codes, eager=eager, verify=verify,
                               diagnose=diagnose, trust_ops=trust_ops)
-
-
-_UNLIMITED = 1 << 62
 
 
 def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: dict[str, list[str]],

@@ -170,13 +170,18 @@ def _capture(
             if static:
                 notes.append(f"subgraph {i}: {static} boolean-mask write(s) x[mask] = v captured as "
                              "x.copy_(where(mask, v, x)) (same values and gradients, static shapes)")
-            cloned = _clone_inputs_written_in_place(lifted)
-            if cloned:
+            try:
+                differentiable = _differentiable(lifted)
+            except RuntimeError as e:
+                if _LEAF_IN_PLACE not in str(e):
+                    raise
+                cloned = _clone_grad_inputs(lifted)
                 notes.append(f"subgraph {i} writes in place into input(s) that require grad ({', '.join(cloned)}: "
                              "activations of the subgraph before), which autograd allows only on a copy; its "
                              "training graphs copy them first")
+                differentiable = _differentiable(lifted)
             sg.reference["training"] = (lifted.module, lifted.user_values)
-            if not _differentiable(lifted):
+            if not differentiable:
                 notes.append(f"subgraph {i}: no output requires grad; it has no forward, backward or joint graph")
                 continue
             try:
@@ -507,23 +512,16 @@ def _static_mask_writes(lifted: _Lifted) -> int:
 _LEAF_IN_PLACE = "a leaf Variable that requires grad is being used in an in-place operation"
 
 
-def _clone_inputs_written_in_place(lifted: _Lifted) -> list[str]:
-    """The names of the user inputs `lifted` now clones before use, because it writes into
-    them in place and they require grad.
+def _clone_grad_inputs(lifted: _Lifted) -> list[str]:
+    """Make `lifted` clone each user input that requires grad before using it; their names.
 
-    A later subgraph's user inputs are the earlier one's activations: in the model, tensors
-    autograd made, which may be written in place (wav2vec2-style models write a learned
-    embedding into masked time steps of their hidden states). Here they are leaves that
-    require grad, which autograd refuses to see written in place. Each such input is
-    copied first (``clone``); its gradient is the same, as it is the gradient of the value
-    the subgraph was given. Found by running the subgraph once (no graph changes if it runs).
+    For a subgraph that writes into such an input in place (autograd's _LEAF_IN_PLACE
+    error). A later subgraph's user inputs are the earlier one's activations: in the model,
+    tensors autograd made, which may be written in place (wav2vec2-style models write a
+    learned embedding into masked time steps of their hidden states). Here they are leaves
+    that require grad, which autograd refuses to see written in place. A copy's gradient is
+    the input's, the gradient of the value the subgraph was given.
     """
-    try:
-        _differentiable(lifted)
-        return []
-    except RuntimeError as e:
-        if _LEAF_IN_PLACE not in str(e):
-            raise
     graph = lifted.module.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     names = []
