@@ -118,9 +118,9 @@ class Defaults(_Strict):
                        "meta (export of the model built on the meta device: shapes only, no values, no memory); "
                        "auto (export, else dynamo, recording why)")
     graphs: list[GraphKind] = Field(list(GRAPH_KINDS), description="graph kinds to save")
-    passes: list[Union[str, dict[str, Any]]] = Field(
+    passes: Union[str, list[Union[str, dict[str, Any]]]] = Field(
         [], description="pass chain: names (freeze) or {name: {options}}; each applies to `graphs:` "
-        "(default [inference])")
+        "(default [inference]); or a named chain: cpu-fast")
     save_inputs: bool = Field(True, description="save example inputs and reference outputs")
     save_values: Literal["minimal", "full"] = Field(
         "minimal", description="minimal: store what cannot be recomputed (weights, user inputs; reference outputs as "
@@ -142,7 +142,7 @@ class ModelEntry(_Strict):
     inputs: list[InputSpec] = Field(description="example inputs")
     mode: Optional[Mode] = None
     graphs: Optional[list[GraphKind]] = None
-    passes: Optional[list[Union[str, dict[str, Any]]]] = None
+    passes: Optional[Union[str, list[Union[str, dict[str, Any]]]]] = None
     save_inputs: Optional[bool] = None
     save_values: Optional[Literal["minimal", "full"]] = None
     verify: Optional[bool] = None
@@ -560,11 +560,13 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
                     Problem(path, lines.get(("models", i, "inputs", j)), f"models[{i}].inputs[{j}]",
                             "a positional input (no name) follows a named one; put positional inputs first")
                 )
-    from aotpipe.passes import parse_pass_entry
+    from aotpipe.passes import chain_problem, parse_pass_entry
 
     for loc, passes in [(("defaults", "passes"), defaults.get("passes"))] + [
         (("models", i, "passes"), m.get("passes")) for i, m in enumerate(models) if isinstance(m, dict)
     ]:
+        if isinstance(passes, str) and chain_problem(passes):
+            problems.append(Problem(path, _line_for(lines, loc), _field_path(loc), chain_problem(passes)))
         if isinstance(passes, list):
             for j, entry in enumerate(passes):
                 if not isinstance(entry, (str, dict)):
@@ -639,11 +641,11 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
         raise ConfigError(problems)
 
 
-def _pass_chain(entries: list) -> list[dict[str, Any]]:
-    from aotpipe.passes import parse_pass_entry, step_to_json
+def _pass_chain(entries: Union[str, list]) -> list[dict[str, Any]]:
+    from aotpipe.passes import expand_chain, parse_pass_entry, step_to_json
 
     out = []
-    for entry in entries:
+    for entry in expand_chain(entries):
         _, step = parse_pass_entry(entry)
         assert step is not None  # validated before
         out.append(step_to_json(step))

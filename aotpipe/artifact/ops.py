@@ -12,6 +12,9 @@ it. What is allowed is the class of ops aotpipe's own capture and passes emit:
   ``aten.add.Tensor`` into ``aten.add_.Tensor``, a ``slice_scatter`` into a ``copy_``);
 - the few prims and rngprims decompositions can leave behind (:data:`PRIMS`);
 - ``operator.getitem``, which picks one output of a multi-output op;
+- the oneDNN convolutions the ``mkldnn_fuse`` pass emits (:data:`MKLDNN`): named one by
+  one, on dense tensors only (no op that builds or reorders into an mkldnn-layout tensor),
+  each string argument held to the values listed in :data:`STRING_ARG_VALUES`;
 
 minus, whatever the rules above admit, every op that builds sparse, nested or mkldnn
 tensors, resizes a tensor, touches storages or files, or changes process-wide state
@@ -39,7 +42,7 @@ import torch
 from aotpipe.artifact.records import library_namespace_problem
 from aotpipe.errors import ArtifactError
 
-ALLOWED_NAMESPACES = ("aten", "prims", "rngprims")
+ALLOWED_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn")
 
 # Python callables (not torch ops) captured graphs use, by qualified name.
 PYTHON_CALLABLES: dict[str, Callable[..., Any]] = {
@@ -51,6 +54,24 @@ PRIMS = frozenset({
     "prims.convert_element_type.default", "prims.broadcast_in_dim.default", "prims.view_of.default",
     "prims.iota.default", "rngprims.philox_rand.default",
 })
+
+# oneDNN ops the mkldnn_fuse pass emits. Functional (they allocate their result), on dense
+# tensors: the kernels check shapes as aten.convolution does. Nothing that reorders a weight
+# into a blocked mkldnn tensor: that layout cannot be stored, nor checked.
+MKLDNN = frozenset({"mkldnn._convolution_pointwise.default", "mkldnn._convolution_pointwise.binary"})
+
+# Ops whose string arguments are checked value by value: {argument: allowed values}. The
+# oneDNN post-ops of torch's own mkldnn fusion; "sum" (which accumulates into the residual
+# in place) is left out.
+_UNARY = frozenset({"none", "relu", "sigmoid", "tanh", "hardswish", "swish", "gelu", "hardtanh", "leaky_relu",
+                    "hardsigmoid", "mish"})
+STRING_ARG_VALUES: dict[str, dict[str, frozenset]] = {
+    "mkldnn._convolution_pointwise.default": {"attr": _UNARY, "algorithm": frozenset({"none", "tanh", ""})},
+    "mkldnn._convolution_pointwise.binary": {
+        "binary_attr": frozenset({"add", "sub", "mul", "div"}),
+        "unary_attr": _UNARY, "unary_algorithm": frozenset({"none", "tanh", ""}),
+    },
+}
 
 # Categories refused whatever the rules above admit (core ATen includes resize_, for one),
 # matched against the op's name without its namespace and overload.
@@ -96,6 +117,8 @@ def _lookup(ns: str, op: str, overload: str) -> Optional[torch._ops.OpOverload]:
 
 def _admitted(ns: str, op: str, overload: str, target: torch._ops.OpOverload) -> bool:
     """Whether the allow rules (before DENIED and the argument checks) admit the op."""
+    if ns == "mkldnn":
+        return f"{ns}.{op}.{overload}" in MKLDNN
     if ns != "aten":
         return f"{ns}.{op}.{overload}" in PRIMS
     if not target._schema.is_mutable:
@@ -107,7 +130,10 @@ def _admitted(ns: str, op: str, overload: str, target: torch._ops.OpOverload) ->
 
 
 def _argument_problem(target: torch._ops.OpOverload) -> Optional[str]:
+    checked = STRING_ARG_VALUES.get(op_name(target) or "", {})
     for a in target._schema.arguments:
+        if a.name in checked:
+            continue  # a string held to listed values, node by node (check_string_args)
         if a.is_out:  # core ATen tags one (atan2.out)
             return "it writes, and may resize, an out= tensor"
         t = str(a.type)
@@ -200,6 +226,21 @@ def allowed_ops() -> list[str]:
             continue
         out.add(name)
     return sorted(out)
+
+
+def check_string_args(fn: Any, args: list, kwargs: dict, where: str) -> None:
+    """An op whose string arguments are held to listed values (STRING_ARG_VALUES): each
+    such argument, positional or keyword, must be one of them (or None where optional)."""
+    allowed = STRING_ARG_VALUES.get(op_name(fn) or "") if isinstance(fn, torch._ops.OpOverload) else None
+    if not allowed:
+        return
+    for i, a in enumerate(fn._schema.arguments):
+        if a.name not in allowed:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(a.name)
+        if value is not None and value not in allowed[a.name]:
+            raise ArtifactError(f"{where}: {a.name}={str(value)[:40]!r} is not allowed for {op_name(fn)}; "
+                                f"allowed: {', '.join(sorted(allowed[a.name]))}")
 
 
 def check_kwargs(fn: Any, kwargs: Any, where: str) -> dict:

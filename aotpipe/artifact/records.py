@@ -343,7 +343,7 @@ class GraphBreakRecord(Record):
 Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 
 # Op namespaces whose ops the allow-list (artifact/ops.py) checks one by one: never trusted whole.
-CHECKED_NAMESPACES = ("aten", "prims", "rngprims", "_operator", "builtins", "math")
+CHECKED_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn", "mkl", "onednn", "_operator", "builtins", "math")
 
 
 def library_namespace_problem(ns: Any) -> Optional[str]:
@@ -351,8 +351,8 @@ def library_namespace_problem(ns: Any) -> Optional[str]:
     if not isinstance(ns, str) or not ns.isidentifier() or ns.startswith("__") or len(ns) > 128:
         return f"{str(ns)[:60]!r} is not an op namespace (a Python identifier such as transformers)"
     if ns in CHECKED_NAMESPACES:
-        return (f"{ns!r} ops are checked one by one by aotpipe's allow-list (aotpipe/artifact/ops.py); "
-                "only a library's namespace can be trusted")
+        return (f"aotpipe's allow-list decides which {ns!r} ops a graph may call, one by one "
+                "(aotpipe/artifact/ops.py); only a library's namespace can be trusted")
     return None
 ModulePath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,15}$",
                                               max_length=256)]

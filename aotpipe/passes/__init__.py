@@ -5,7 +5,8 @@ frozen options dataclass (in passes/options.py). The table names each function b
 ``module:attribute`` and imports it when it first runs: importing this package, parsing a
 pipeline's passes and fingerprinting a model import no torch. In the YAML a pass is named alone (``- freeze``) or with options
 (``- freeze: {cse: false}``); every pass takes ``graphs:``, the graph kinds it applies to
-(default: inference), each of which it must accept.
+(default: inference), each of which it must accept. ``passes: cpu-fast`` names a chain
+(:data:`CHAINS`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 from aotpipe.passes.options import (
     ChannelsLastOptions,
     FoldConvBnOptions,
+    FoldScaleOptions,
     FreezeOptions,
+    MkldnnFuseOptions,
     ReinplaceOptions,
+    RemoveCopiesOptions,
     RemoveNoopsOptions,
+    SdpaOptions,
     ToDeviceOptions,
     ViewToReshapeOptions,
 )
@@ -62,15 +67,44 @@ PASSES: dict[str, PassInfo] = _table([
              "parameters/buffers to constants, then constant folding, CSE, DCE", makes_constants=True),
     PassInfo("fold_conv_bn", "aotpipe.passes.fold_conv_bn:fold_conv_bn", FoldConvBnOptions, INFERENCE,
              "eval batch norm folded into the convolution or linear before it (after freeze)", makes_constants=True),
-    PassInfo("channels_last", "aotpipe.passes.layout:channels_last", ChannelsLastOptions, INFERENCE,
-             "4-d convolution weights channels-last; outputs keep their strides (after freeze)",
+    PassInfo("fold_scale", "aotpipe.passes.fold_scale:fold_scale", FoldScaleOptions, INFERENCE,
+             "constant scale or shift after a linear, convolution or layer norm folded into its weights (after freeze)",
              makes_constants=True),
+    PassInfo("channels_last", "aotpipe.passes.layout:channels_last", ChannelsLastOptions, INFERENCE,
+             "4-d convolution weights channels-last (activations too, with activations: true); outputs keep their "
+             "strides (after freeze)", makes_constants=True),
+    PassInfo("sdpa", "aotpipe.passes.attention:sdpa", SdpaOptions, INFERENCE,
+             "decomposed attention (matmul, scale, mask, softmax, matmul) as one scaled_dot_product_attention"),
+    PassInfo("remove_copies", "aotpipe.passes.copies:remove_copies", RemoveCopiesOptions, INFERENCE,
+             "copies a functional graph does not need; max-pool indices nobody reads"),
+    PassInfo("mkldnn_fuse", "aotpipe.passes.mkldnn_fuse:mkldnn_fuse", MkldnnFuseOptions, INFERENCE,
+             "convolution + bias + relu/gelu/... or residual add as one oneDNN call (CPU only; after freeze)"),
     PassInfo("view_to_reshape", "aotpipe.passes.layout:view_to_reshape", ViewToReshapeOptions, ALL_KINDS, "aten.view -> aten.reshape"),
     PassInfo("remove_noops", "aotpipe.passes.layout:remove_noops", RemoveNoopsOptions, ALL_KINDS, "drop alias, detach and identity views"),
     PassInfo("reinplace", "aotpipe.passes.reinplace:reinplace", ReinplaceOptions, ALL_KINDS,
              "functional ops to in-place where the input is dead and not a graph input"),
     PassInfo("to_device", "aotpipe.passes.to_device:to_device", ToDeviceOptions, ALL_KINDS, "rewrite for another device", makes_constants=True),
 ])
+
+
+# Named chains: `passes: cpu-fast` in the YAML stands for this list (recorded expanded).
+CHAINS: dict[str, list[Union[str, dict[str, Any]]]] = {
+    # What wins on CPU inference (benchmarks/cpu_bench.py): CPU-only graphs (oneDNN ops).
+    "cpu-fast": ["freeze", "fold_conv_bn", "sdpa", "fold_scale", "remove_copies",
+                 {"channels_last": {"activations": True}}, "mkldnn_fuse"],
+}
+
+
+def chain_problem(value: Any) -> Optional[str]:
+    """Why `passes:` given as a string is not a named chain, or None."""
+    if value in CHAINS:
+        return None
+    return f"unknown pass chain {value!r}; a chain is a list of passes or one of the named chains: {', '.join(CHAINS)}"
+
+
+def expand_chain(value: Any) -> list[Union[str, dict[str, Any]]]:
+    """`passes:` as a list of entries: a named chain's, or the list itself."""
+    return list(CHAINS[value]) if isinstance(value, str) else list(value or [])
 
 
 @dataclass(frozen=True)

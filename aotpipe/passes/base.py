@@ -124,6 +124,40 @@ def real_strides(gm: torch.fx.GraphModule, values: list[Any]) -> dict[str, Any]:
     return {k: v for k, v in layouts.items() if not isinstance(v, dict)}  # tuple-valued nodes aside
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What a pass may need to know of a node's value when run on the example inputs."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: str
+
+    @property
+    def channels_last(self) -> bool:
+        return len(self.shape) == 4 and self.stride == _channels_last_strides(self.shape)
+
+
+def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def tensor_facts(gm: torch.fx.GraphModule, values: list[Any]) -> dict[str, Facts]:
+    """Each tensor-valued node's Facts, from one run of the graph on `values`."""
+    from aotpipe.execution import run_with_summaries
+
+    _, out = run_with_summaries(gm, values, lambda t: Facts(tuple(t.shape), tuple(t.stride()), t.dtype,
+                                                             t.device.type))
+    return {k: v for k, v in out.items() if isinstance(v, Facts)}
+
+
+def single_user(node: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """The one node that uses `node`, or None if there are none or several."""
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
 def restride(graph: torch.fx.Graph, x: torch.fx.Node, stride: tuple[int, ...], before: torch.fx.Node) -> torch.fx.Node:
     """Nodes that copy `x` into a dense tensor with the same stride order as `stride`.
 

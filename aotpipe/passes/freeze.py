@@ -81,7 +81,7 @@ def freeze(g: GraphUnderPass, options: FreezeOptions) -> PassResult:
     merged += cse(gm) if options.cse else 0
     _outputs_never_constants(gm)
     gm.graph.eliminate_dead_code()
-    _drop_unused_constants(gm)
+    drop_unused_constants(gm)
     gm.recompile()
     return PassResult(
         GraphUnderPass(gm, g.kind, new_inputs, g.outputs, new_values),
@@ -205,7 +205,8 @@ def _outputs_never_constants(gm: torch.fx.GraphModule) -> None:
     output.args = torch.fx.node.map_arg(output.args, fix)
 
 
-def _drop_unused_constants(gm: torch.fx.GraphModule) -> None:
+def drop_unused_constants(gm: torch.fx.GraphModule) -> None:
+    """Erase get_attr nodes nothing uses, and the constants no get_attr names."""
     used = set()
     for node in list(gm.graph.nodes):
         if node.op == "get_attr":

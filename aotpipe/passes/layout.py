@@ -8,7 +8,10 @@ remove_noops: calls that return their input unchanged are bypassed: ``alias``, `
 channels_last: 4-d convolution weights that are constants (run `freeze` first) are
   converted to channels-last, so CPU convolutions run in that layout; views are made
   reshapes so downstream code copes with the new strides; graph outputs and the inputs
-  of ``as_strided`` keep the strides they had before the pass. Accepts inference graphs.
+  of ``as_strided`` keep the strides they had before the pass. With ``activations: true``
+  (layout propagation) a convolution's input that is not channels-last (the input image)
+  is converted once, so activations stay channels-last from the first convolution to the
+  last instead of the first convolution converting on every call. Accepts inference graphs.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def channels_last(g: GraphUnderPass, options: ChannelsLastOptions) -> PassResult
     if not converted:
         return PassResult(g, modified=False, stats={"weights_converted": 0})
     view_to_reshape(g, ViewToReshapeOptions())
+    activations = _activations_channels_last(gm, g.values, converted) if options.activations else 0
     after = real_strides(gm, g.values)
     fixed = 0
     # as_strided reads raw memory: its input must keep the layout it had.
@@ -106,4 +110,33 @@ def channels_last(g: GraphUnderPass, options: ChannelsLastOptions) -> PassResult
         new_outs.append(o)
     output.args = (tuple(new_outs) if isinstance(output.args[0], tuple) else new_outs,)
     gm.recompile()
-    return PassResult(g, modified=True, stats={"weights_converted": len(converted), "layouts_restored": fixed})
+    return PassResult(g, modified=True, stats={"weights_converted": len(converted), "activations_converted": activations,
+                                               "layouts_restored": fixed})
+
+
+def _activations_channels_last(gm: torch.fx.GraphModule, values: list, weights: set[str]) -> int:
+    """Make each converted convolution's input channels-last where it is not yet, once per
+    value; returns how many conversions were inserted. Convolutions with channels-last
+    weights return channels-last results, and pointwise ops keep the layout, so after this
+    activations stay channels-last from the first convolution to the last."""
+    layouts = real_strides(gm, values)
+    done: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if not (node.op == "call_function" and node.target is _aten.convolution.default
+                and is_constant(node.args[1]) and node.args[1].target in weights):
+            continue
+        x = node.args[0]
+        if not isinstance(x, torch.fx.Node) or x.name not in layouts:
+            continue
+        shape, stride = layouts[x.name]
+        if len(shape) != 4 or _is_channels_last(shape, stride):
+            continue
+        if x not in done:
+            with gm.graph.inserting_before(node):  # the first convolution to read x
+                done[x] = gm.graph.call_function(_aten.clone.default, (x,), {"memory_format": torch.channels_last})
+        node.replace_input_with(x, done[x])
+    return len(done)
+
+
+def _is_channels_last(shape: tuple, stride: tuple) -> bool:
+    return torch.empty_strided(shape, stride, device="meta").is_contiguous(memory_format=torch.channels_last)

@@ -211,12 +211,29 @@ def recompute_constants(module: torch.fx.GraphModule, record: Any, values: list[
     `record` are the base graph and its inputs.json (a records.InputsRecord), `values` its
     saved inputs, `steps` the manifest's records.PassStep list.
     """
+    from aotpipe.artifact.blobs import encode
+    from aotpipe.passes import parse_pass_entry
+
+    chain = [parse_pass_entry({s.name: s.options})[1] for s in steps]
+    # Only through the last pass that makes constants: the rest cannot change them.
+    chain = chain[:1 + max((i for i, st in enumerate(chain) if PASSES[st.name].makes_constants), default=-1)]
+    final, _ = run_chain(graph_under_pass(module, record, values), chain, check_each=False)
+    out = {}
+    for node in final.gm.graph.nodes:
+        if node.op == "get_attr":
+            value = final.gm.get_buffer(node.target) if "." in node.target else getattr(final.gm, node.target)
+            out[encode(value.reshape(-1))[0]] = value
+    return out
+
+
+def graph_under_pass(module: torch.fx.GraphModule, record: Any, values: list[Any]) -> GraphUnderPass:
+    """A saved graph as passes take it: a copy of `module` with node values' layouts, its
+    inputs and outputs described from `record` (inputs.json, a records.InputsRecord), and
+    its saved input `values`."""
     import copy
 
-    from aotpipe.artifact.blobs import encode
     from aotpipe.artifact.graph_json import decode_dtype
     from aotpipe.capture.types import GraphInput, GraphOutput, TensorMeta
-    from aotpipe.passes import parse_pass_entry
 
     def meta(r: Any) -> Optional[TensorMeta]:
         if r.shape is None or r.dtype is None or r.stride is None:
@@ -230,16 +247,7 @@ def recompute_constants(module: torch.fx.GraphModule, record: Any, values: list[
     outputs = [GraphOutput(r.index, r.role, r.target, meta(r)) for r in record.outputs]
     gm = copy.deepcopy(module)
     _restore_meta(gm, values)
-    chain = [parse_pass_entry({s.name: s.options})[1] for s in steps]
-    # Only through the last pass that makes constants: the rest cannot change them.
-    chain = chain[:1 + max((i for i, st in enumerate(chain) if PASSES[st.name].makes_constants), default=-1)]
-    final, _ = run_chain(GraphUnderPass(gm, record.kind, inputs, outputs, list(values)), chain, check_each=False)
-    out = {}
-    for node in final.gm.graph.nodes:
-        if node.op == "get_attr":
-            value = final.gm.get_buffer(node.target) if "." in node.target else getattr(final.gm, node.target)
-            out[encode(value.reshape(-1))[0]] = value
-    return out
+    return GraphUnderPass(gm, record.kind, inputs, outputs, list(values))
 
 
 def _restore_meta(gm: torch.fx.GraphModule, values: list[Any]) -> None:

@@ -33,6 +33,10 @@ class RemoveNoopsOptions:
 
 @dataclass(frozen=True)
 class ChannelsLastOptions:
+    # also make a convolution's activation input channels-last where it is not (the graph's
+    # input image, an activation a non-convolution made contiguous), once, so activations
+    # stay channels-last from the first convolution to the last
+    activations: bool = False
     graphs: tuple[str, ...] = ("inference",)
 
 
@@ -44,4 +48,25 @@ class ReinplaceOptions:
 @dataclass(frozen=True)
 class ToDeviceOptions:
     device: str = "cpu"
+    graphs: tuple[str, ...] = ("inference",)
+
+
+@dataclass(frozen=True)
+class MkldnnFuseOptions:
+    epilogues: bool = True  # fuse the pointwise op or residual add after a convolution
+    graphs: tuple[str, ...] = ("inference",)
+
+
+@dataclass(frozen=True)
+class SdpaOptions:
+    graphs: tuple[str, ...] = ("inference",)
+
+
+@dataclass(frozen=True)
+class FoldScaleOptions:
+    graphs: tuple[str, ...] = ("inference",)
+
+
+@dataclass(frozen=True)
+class RemoveCopiesOptions:
     graphs: tuple[str, ...] = ("inference",)

@@ -1,0 +1,234 @@
+"""CPU inference: aotpipe's optimised graphs side by side with the tools a performance
+engineer would otherwise pick (issue 11), in one run, on the same inputs.
+
+For each model (the mid-size pipeline's ResNet-18-size and BERT-4L, the real-size
+pipeline's ResNet-50, BERT-base and ViT-B/16):
+
+- eager: the model in eval mode under no_grad;
+- export: `torch.export.export(model, strict=False).module()`, the exported GraphModule;
+- jit: `torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(model)))`;
+- inductor: `torch.compile(model)` with `torch._inductor.config.freezing = True`, and its
+  compile time (the first call);
+- aotpipe raw: the captured inference graph; aotpipe default: the chain the pipelines use
+  (freeze, fold_conv_bn, channels_last, reinplace); aotpipe cpu-fast: `passes: cpu-fast`.
+  Captured by `aotpipe run` (graphs: [inference]) into a temporary folder; "passes s" is
+  the cpu-fast chain applied again here to the saved inference graph, timed alone.
+
+Every tool runs once per round, rounds interleaved (so a slow patch of a shared machine
+hits them all); the table shows the median of the rounds. Headline: cpu-fast against the
+better of jit and inductor, target >= 1.1x; where it is not met, the gap and the op the
+cpu-fast graph spends most time in (torch.profiler, self CPU time).
+
+    python benchmarks/cpu_bench.py [--models resnet18,bert_4l,resnet50,bert_base,vit_b16]
+        [--rounds 10] [--markdown FILE] [--plot FILE.png] [--json FILE] [--threads N]
+
+Needs the hf extra (transformers), a C++ compiler for inductor, and matplotlib for
+--plot (the bench extra). Minutes per real-size model on a small CPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # measure this checkout's aotpipe
+
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+TARGET = 1.1
+DEFAULT_CHAIN = ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
+MODELS = {  # name: pipeline file it is taken from
+    "resnet18": "mid-size.yaml", "bert_4l": "mid-size.yaml",
+    "resnet50": "real-size.yaml", "bert_base": "real-size.yaml", "vit_b16": "real-size.yaml",
+}
+TOOLS = ["eager", "export", "jit", "inductor", "aotpipe raw", "aotpipe default", "aotpipe cpu-fast"]
+
+
+def _entries(name: str) -> dict[str, Any]:
+    data = yaml.safe_load((REPO / "pipelines" / MODELS[name]).read_text())
+    entry = next(m for m in data["models"] if m["name"] == name)
+    return entry
+
+
+def capture(names: list[str], out: Path) -> Path:
+    """`aotpipe run` of each model twice (default chain, cpu-fast), inference graphs only."""
+    models = []
+    for name in names:
+        entry = {k: v for k, v in _entries(name).items() if k in ("name", "source", "config", "args", "inputs")}
+        models.append({**entry, "passes": DEFAULT_CHAIN})
+        models.append({**entry, "name": f"{name}__fast", "passes": "cpu-fast"})
+    pipeline = {"version": 1, "name": "cpu-bench", "output": str(out), "seed": 0,
+                "executor": {"kind": "process", "workers": 1},
+                "defaults": {"graphs": ["inference"], "verify": False}, "models": models}
+    path = out / "cpu-bench.yaml"
+    path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    subprocess.run([sys.executable, "-m", "aotpipe.cli", "run", str(path), "--no-progress"], check=True, cwd=REPO)
+    return out / "cpu-bench"
+
+
+def _derived(art: Any) -> Any:
+    return next(g for k, g in art.graphs.items() if k.startswith("inference."))
+
+
+def pass_seconds(art: Any) -> float:
+    """The cpu-fast chain on the saved inference graph, timed alone."""
+    from aotpipe.passes import CHAINS, parse_pass_entry
+    from aotpipe.passes.manager import graph_under_pass, run_chain
+
+    raw = art.graphs["inference"]
+    start = graph_under_pass(raw.module, raw.record, raw.saved_inputs())
+    steps = [parse_pass_entry(e)[1] for e in CHAINS["cpu-fast"]]
+    t0 = time.perf_counter()
+    run_chain(start, steps, check_each=False)
+    return time.perf_counter() - t0
+
+
+def top_op(fn: Callable[[], Any]) -> str:
+    from torch.profiler import profile
+
+    with torch.no_grad(), profile() as prof:
+        for _ in range(3):
+            fn()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    e = events[0]
+    return f"{e.key} {100 * e.self_cpu_time_total / total:.0f}%"
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Median ms per tool, every tool once per round."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.no_grad():
+        for f in fns.values():
+            f()
+        for _ in range(rounds):
+            for k, f in fns.items():
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def measure(name: str, root: Path, rounds: int, inductor: bool) -> dict[str, Any]:
+    from aotpipe.artifact.load import load
+    from aotpipe.execution import run_graph
+    from aotpipe.replay.eager import rebuild_model
+
+    art, fast_art = load(root / name), load(root / f"{name}__fast")
+    raw, default, fast = art.graphs["inference"], _derived(art), _derived(fast_art)
+    ins = {k: g.saved_inputs() for k, g in (("raw", raw), ("default", default), ("fast", fast))}
+    model, args, kwargs = rebuild_model(art, trust_code=True)
+    model.eval()
+    row: dict[str, Any] = {"model": name, "nodes raw": len(raw.module.graph.nodes),
+                           "nodes cpu-fast": len(fast.module.graph.nodes), "passes s": pass_seconds(art)}
+    fns: dict[str, Callable[[], Any]] = {"eager": lambda: model(*args, **kwargs)}
+    with torch.no_grad():
+        exported = torch.export.export(model, args, kwargs, strict=False).module()
+        fns["export"] = lambda: exported(*args, **kwargs)
+        traced = torch.jit.trace(model, args or None, example_kwarg_inputs=kwargs or None, strict=False)
+        jitted = torch.jit.optimize_for_inference(torch.jit.freeze(traced.eval()))
+        fns["jit"] = lambda: jitted(*args, **kwargs)
+        if inductor:
+            import torch._inductor.config as inductor_config
+
+            torch._dynamo.reset()
+            inductor_config.freezing = True
+            compiled = torch.compile(model)
+            t0 = time.perf_counter()
+            compiled(*args, **kwargs)
+            row["inductor compile s"] = time.perf_counter() - t0
+            fns["inductor"] = lambda: compiled(*args, **kwargs)
+    fns["aotpipe raw"] = lambda: run_graph(raw.module, ins["raw"])
+    fns["aotpipe default"] = lambda: run_graph(default.module, ins["default"])
+    fns["aotpipe cpu-fast"] = lambda: run_graph(fast.module, ins["fast"])
+    row.update(interleaved(fns, rounds))
+    best = min(row[t] for t in ("jit", "inductor") if t in row)
+    row["speedup vs best"] = best / row["aotpipe cpu-fast"]
+    row["top op cpu-fast"] = top_op(fns["aotpipe cpu-fast"])
+    return row
+
+
+def markdown(rows: list[dict[str, Any]], threads: int) -> str:
+    lines = [f"CPU inference, torch {torch.__version__}, {threads} threads, median of interleaved rounds; "
+             "ratios are speed-ups over eager (higher is faster).", "",
+             "| model | " + " | ".join(TOOLS) + " | inductor compile s | cpu-fast passes s "
+             "| cpu-fast vs best of jit, inductor | target 1.1x | cpu-fast's costliest op |",
+             "|---|" + "---:|" * (len(TOOLS) + 4) + "---|"]
+    for r in rows:
+        cells = [f"{r['eager'] / r[t]:.2f}x" if t in r else "-" for t in TOOLS]
+        sp = r["speedup vs best"]
+        verdict = "met" if sp >= TARGET else f"gap {sp / TARGET:.2f}"
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r.get('inductor compile s', float('nan')):.1f} "
+                     f"| {r['passes s']:.2f} | {sp:.2f}x | {verdict} | {r['top op cpu-fast']} |")
+    lines += ["", "Absolute medians (ms): " + "; ".join(
+        f"{r['model']}: " + ", ".join(f"{t} {r[t]:.1f}" for t in TOOLS if t in r) for r in rows)]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(TOOLS)
+    for i, tool in enumerate(TOOLS):
+        xs = [j + i * width for j in range(len(rows))]
+        ax.bar(xs, [r["eager"] / r[tool] if tool in r else 0 for r in rows], width, label=tool)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [r["model"] for r in rows])
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_ylabel("speed-up over eager")
+    ax.set_title(f"CPU inference, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    ax.legend(fontsize=8, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-inductor", action="store_true")
+    p.add_argument("--markdown", type=Path)
+    p.add_argument("--plot", type=Path)
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    names = [n for n in a.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = capture(names, Path(tmp))
+        for name in names:
+            rows.append(measure(name, root, a.rounds, not a.no_inductor))
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}),
+                  flush=True)
+    text = markdown(rows, torch.get_num_threads())
+    print(text)
+    if a.markdown:
+        a.markdown.write_text(text + "\n")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+    if a.plot:
+        plot(rows, a.plot)
+
+
+if __name__ == "__main__":
+    main()
