@@ -560,7 +560,7 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
                     Problem(path, lines.get(("models", i, "inputs", j)), f"models[{i}].inputs[{j}]",
                             "a positional input (no name) follows a named one; put positional inputs first")
                 )
-    from aotpipe.passes import chain_problem, parse_pass_entry
+    from aotpipe.passes import chain_order_problems, chain_problem, parse_pass_entry
 
     for loc, passes in [(("defaults", "passes"), defaults.get("passes"))] + [
         (("models", i, "passes"), m.get("passes")) for i, m in enumerate(models) if isinstance(m, dict)
@@ -568,12 +568,19 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
         if isinstance(passes, str) and chain_problem(passes):
             problems.append(Problem(path, _line_for(lines, loc), _field_path(loc), chain_problem(passes)))
         if isinstance(passes, list):
+            steps = []
             for j, entry in enumerate(passes):
                 if not isinstance(entry, (str, dict)):
                     continue  # pydantic already reports the wrong type
-                for sub, msg in parse_pass_entry(entry)[0]:
+                entry_problems, step = parse_pass_entry(entry)
+                for sub, msg in entry_problems:
                     where = loc + (j,) + sub
                     problems.append(Problem(path, _line_for(lines, where), _field_path(where), msg))
+                steps.append((j, step.name if step is not None else None))
+            names = [name for _, name in steps]
+            for k, msg in chain_order_problems([n or "" for n in names]):
+                where = loc + (steps[k][0],)
+                problems.append(Problem(path, _line_for(lines, where), _field_path(where), msg))
     return problems
 
 

@@ -55,7 +55,9 @@ class _Summarising(torch.fx.Interpreter):
         r = super().run_node(n)
         # A summary now: a later in-place op may overwrite the tensor itself.
         if n.op != "output" and not (self.skip and self.skip(n)):
-            if isinstance(r, torch.Tensor):
+            if isinstance(r, torch.Tensor) and r.layout != torch.strided:
+                pass  # a weight the loader packed for this CPU (passes/prepack.py): opaque, and a constant
+            elif isinstance(r, torch.Tensor):
                 self.summaries[n.name] = self.summarise(r)
             elif isinstance(r, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in r):
                 self.summaries[n.name] = {"items": [self.summarise(x) if isinstance(x, torch.Tensor) else None

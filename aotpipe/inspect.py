@@ -82,9 +82,10 @@ def _describe(path: Path, trust_ops: Sequence[str]) -> str:
         lines.append(f"capture: export failed, dynamo used: {c.fallback}")
     for kind, ga in art.graphs.items():
         gm = ga.module
+        graph = gm.meta.get("dense_graph", gm.graph) if hasattr(gm, "graph") else None  # as graph.json holds it
         ops = collections.Counter(
-            target_name(n.target).removeprefix("aten.") for n in gm.graph.nodes if n.op == "call_function"
-        ) if hasattr(gm, "graph") else collections.Counter()
+            target_name(n.target).removeprefix("aten.") for n in graph.nodes if n.op == "call_function"
+        ) if graph is not None else collections.Counter()
         rec = ga.record
         lines.append("")
         parsed = parse_graph_key(kind)

@@ -397,8 +397,8 @@ def test_unknown_pass_in_defaults():
 def test_unknown_pass_lists_registered_passes():
     p = only_problem(GOOD + "    passes: [freeze, bogus]\n")
     assert (p.line, p.field) == (7, "models[0].passes[1]")
-    assert p.message == ("unknown pass 'bogus'; valid passes: freeze, fold_conv_bn, channels_last, "
-                         "view_to_reshape, remove_noops, reinplace, to_device")
+    assert p.message == ("unknown pass 'bogus'; valid passes: freeze, fold_conv_bn, fold_scale, channels_last, "
+                         "sdpa, remove_copies, mkldnn_fuse, view_to_reshape, remove_noops, reinplace, to_device")
 
 
 def test_pass_on_a_graph_kind_it_cannot_take():

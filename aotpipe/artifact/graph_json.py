@@ -152,6 +152,10 @@ def _encode_val(v: Any) -> Any:
             "dtype": str(v.dtype).removeprefix("torch."),
             "device": str(v.device),
             "storage_offset": int(v.storage_offset()),
+        } if v.device.type != "meta" else {  # a layout a pass recorded: no device to tell
+            "shape": [int(s) for s in v.shape],
+            "stride": [int(s) for s in v.stride()],
+            "dtype": str(v.dtype).removeprefix("torch."),
         }
     if isinstance(v, (list, tuple)):
         return [_encode_val(x) for x in v]

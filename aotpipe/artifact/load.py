@@ -8,6 +8,8 @@ instead of rebuilding from graph.json: only for artefacts you made yourself.
 
 from __future__ import annotations
 
+import copy
+
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
@@ -294,13 +296,26 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
                     constants[node.blob] = recomputed[node.blob]
                 elif node.blob is not None:
                     constants[node.blob] = blobs.get(node.blob)
-            return graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON), trusted=trusted)
+            gm = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON), trusted=trusted)
+            return _packed_for_this_cpu(gm)
 
         # Recomputing constants runs the pass chain: only when the graph is used (replaying
         # the inference graph alone need not pay for the optimised one).
         deferred = any(n.recompute for n in graph.nodes)
         module = build if deferred else build()
     return GraphArtifact(record.kind, folder, record, module, blobs, trace)
+
+
+def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A graph of the cpu-fast chain with its convolution and linear weights packed for
+    this CPU, in memory (aotpipe/passes/prepack.py); any other graph as it is."""
+    from aotpipe.passes.prepack import needs_prepack, prepack
+
+    if needs_prepack(gm):
+        dense = copy.deepcopy(gm.graph)
+        if any(prepack(gm).values()):
+            gm.meta["dense_graph"] = dense  # what graph.json holds (checks compare it)
+    return gm
 
 
 def _recompute(art: "Artifact", key: str, rec: records.GraphEntry) -> Callable[[], dict[str, torch.Tensor]]:

@@ -322,13 +322,15 @@ def _backward_inputs(ga: GraphArtifact, fw_out: Optional[list[Any]], memory: Opt
 
 
 def graph_structure(gm: torch.fx.GraphModule) -> list[str]:
-    """One line per node: op, name, target, arguments, keyword arguments in name order."""
+    """One line per node: op, name, target, arguments, keyword arguments in name order. Of
+    the graph as graph.json holds it, for a graph the loader packed (passes/prepack.py)."""
     from aotpipe.artifact.graph_json import target_name
 
+    graph = gm.meta.get("dense_graph", gm.graph)
     # Nodes by position, not name: FX renames a placeholder that would shadow a builtin.
-    index = {n: f"%{i}" for i, n in enumerate(gm.graph.nodes)}
+    index = {n: f"%{i}" for i, n in enumerate(graph.nodes)}
     lines = []
-    for n in gm.graph.nodes:
+    for n in graph.nodes:
         target = target_name(n.target) if n.op == "call_function" else (n.op if n.op == "placeholder" else str(n.target))
         args = torch.fx.node.map_arg(n.args, lambda x: index[x])
         kwargs = torch.fx.node.map_arg(dict(sorted(n.kwargs.items())), lambda x: index[x])

@@ -42,6 +42,7 @@ class PassInfo:
     kinds: frozenset[str]  # graph kinds the pass accepts
     summary: str
     makes_constants: bool = False  # creates or changes constants (the loader reruns such passes)
+    needs: tuple[str, ...] = ()  # passes that must come before it in a chain (it does nothing without them)
 
     @property
     def function(self) -> Callable[..., Any]:
@@ -66,19 +67,19 @@ PASSES: dict[str, PassInfo] = _table([
     PassInfo("freeze", "aotpipe.passes.freeze:freeze", FreezeOptions, INFERENCE,
              "parameters/buffers to constants, then constant folding, CSE, DCE", makes_constants=True),
     PassInfo("fold_conv_bn", "aotpipe.passes.fold_conv_bn:fold_conv_bn", FoldConvBnOptions, INFERENCE,
-             "eval batch norm folded into the convolution or linear before it (after freeze)", makes_constants=True),
+             "eval batch norm folded into the convolution or linear before it (after freeze)", makes_constants=True, needs=("freeze",)),
     PassInfo("fold_scale", "aotpipe.passes.fold_scale:fold_scale", FoldScaleOptions, INFERENCE,
              "constant scale or shift after a linear, convolution or layer norm folded into its weights (after freeze)",
-             makes_constants=True),
+             makes_constants=True, needs=("freeze",)),
     PassInfo("channels_last", "aotpipe.passes.layout:channels_last", ChannelsLastOptions, INFERENCE,
              "4-d convolution weights channels-last (activations too, with activations: true); outputs keep their "
-             "strides (after freeze)", makes_constants=True),
+             "strides (after freeze)", makes_constants=True, needs=("freeze",)),
     PassInfo("sdpa", "aotpipe.passes.attention:sdpa", SdpaOptions, INFERENCE,
              "decomposed attention (matmul, scale, mask, softmax, matmul) as one scaled_dot_product_attention"),
     PassInfo("remove_copies", "aotpipe.passes.copies:remove_copies", RemoveCopiesOptions, INFERENCE,
              "copies a functional graph does not need; max-pool indices nobody reads"),
     PassInfo("mkldnn_fuse", "aotpipe.passes.mkldnn_fuse:mkldnn_fuse", MkldnnFuseOptions, INFERENCE,
-             "convolution + bias + relu/gelu/... or residual add as one oneDNN call (CPU only; after freeze)"),
+             "convolution + bias + relu/gelu/... or residual add as one oneDNN call (CPU only; after freeze)", needs=("freeze",)),
     PassInfo("view_to_reshape", "aotpipe.passes.layout:view_to_reshape", ViewToReshapeOptions, ALL_KINDS, "aten.view -> aten.reshape"),
     PassInfo("remove_noops", "aotpipe.passes.layout:remove_noops", RemoveNoopsOptions, ALL_KINDS, "drop alias, detach and identity views"),
     PassInfo("reinplace", "aotpipe.passes.reinplace:reinplace", ReinplaceOptions, ALL_KINDS,
@@ -105,6 +106,18 @@ def chain_problem(value: Any) -> Optional[str]:
 def expand_chain(value: Any) -> list[Union[str, dict[str, Any]]]:
     """`passes:` as a list of entries: a named chain's, or the list itself."""
     return list(CHAINS[value]) if isinstance(value, str) else list(value or [])
+
+
+def chain_order_problems(names: list[str]) -> list[tuple[int, str]]:
+    """(position, message) for each pass of a chain that lacks a pass it needs before it."""
+    problems = []
+    for i, name in enumerate(names):
+        info = PASSES.get(name)
+        for need in info.needs if info else ():
+            if need not in names[:i]:
+                problems.append((i, f"pass {name!r} needs {need!r} before it in the chain: it works on the "
+                                    f"constants {need} makes, and without them it would do nothing"))
+    return problems
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,11 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
     With `check_each`, each pass is run and compared with the graph before it (a
     PassError names the first that changes the results); without, passes are only linted.
     """
+    from aotpipe.passes import chain_order_problems
+
+    order = chain_order_problems([s.name for s in steps])
+    if order:
+        raise PassError(order[0][1])
     records: list[StepRecord] = []
     current = graph
     reference = run_graph(current.gm, current.values) if check_each else None

@@ -15,9 +15,17 @@ as ``mkldnn._convolution_pointwise``:
   .binary`` with "add" (never the in-place "sum", which writes into the residual);
 - or nothing: the convolution alone (oneDNN still saves the framework's dispatch).
 
-The convolution's result must have no other user than the epilogue. Weights stay dense
-constants (no prepacked blocked layout: graph.json stores only dense tensors), so the
-artefact replays on any CPU with oneDNN.
+The convolution's result must have no other user than the epilogue. With ``linears``
+(the default), a linear layer ``addmm(B, x, W^T)`` on a 2-d float32 CPU input with constant
+W and B becomes ``aten.linear(x, W, B)``: the same arithmetic (linear runs addmm), in the
+form whose weight the loader can pack. So does a linear layer on a 3-d input that the
+matmul decomposition wrote as ``bmm(x, expand(W^T))`` (+ bias): one GEMM on x reshaped to
+2-d instead of a batch of small ones (float noise: other summation blocks).
+
+Weights stay dense constants in the artefact: graph.json stores only dense tensors, and
+packed layouts are specific to a CPU. The loader packs them for the CPU it runs on
+(:mod:`aotpipe.passes.prepack`), from the input shapes this pass records on each
+convolution's and linear's input node (its "val").
 
 This is what torch's own mkldnn fusion does for inference (jit's frozen conv-add-relu
 fusion, inductor's mkldnn_fusion), written for a saved, reviewed op set: the loader
@@ -37,6 +45,7 @@ from aotpipe.passes.options import MkldnnFuseOptions
 
 _aten = torch.ops.aten
 _CONV = _aten.convolution.default
+_ADDMM = _aten.addmm.default
 CONV_POINTWISE = torch.ops.mkldnn._convolution_pointwise.default
 CONV_BINARY = torch.ops.mkldnn._convolution_pointwise.binary
 
@@ -92,16 +101,113 @@ def _residual(add: torch.fx.Node, conv: torch.fx.Node, facts: dict[str, Facts]) 
     return other
 
 
+def _record_shape(node: Any, facts: dict[str, Facts]) -> None:
+    """Give `node` a "val" (a meta tensor of its layout as it is now, after layout passes;
+    capture's may be stale): graph.json writes it, and the loader packs weights for it."""
+    f = facts.get(node.name) if isinstance(node, torch.fx.Node) else None
+    if f is not None:
+        node.meta["val"] = torch.empty_strided(f.shape, f.stride, dtype=f.dtype, device="meta")
+
+
+def _linear(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: dict[str, Facts]) -> Optional[tuple]:
+    """(x, W, B) when `node` is addmm(B, x, W^T) with constant W, B on a 2-d float32 CPU x."""
+    if node.op != "call_function" or node.target is not _ADDMM or node.kwargs or len(node.args) != 3:
+        return None
+    b, x, wt = node.args
+    if not (is_constant(b) and _call(wt, _aten.permute.default) and list(wt.args[1]) == [1, 0]
+            and is_constant(wt.args[0])):
+        return None
+    fx = facts.get(x.name) if isinstance(x, torch.fx.Node) else None
+    w, bias = constant_value(gm, wt.args[0]), constant_value(gm, b)
+    if fx is None or len(fx.shape) != 2 or fx.dtype != torch.float32 or fx.device != "cpu" \
+            or w.dtype != torch.float32 or w.dim() != 2 or bias.dim() != 1:
+        return None
+    return x, wt.args[0], b
+
+
+def _strip_same(node: Any, facts: dict[str, Facts]) -> Any:
+    """Back through views and expands that keep the shape (the matmul decomposition's)."""
+    while (_call(node, _aten.view.default) or _call(node, _aten.expand.default)) \
+            and facts.get(node.name) is not None and facts.get(node.args[0].name) is not None \
+            and facts[node.name].shape == facts[node.args[0].name].shape:
+        node = node.args[0]
+    return node
+
+
+def _batched_linear(gm: torch.fx.GraphModule, bmm: torch.fx.Node, facts: dict[str, Facts]) -> Optional[tuple]:
+    """A linear layer on a 3-d input that the matmul decomposition wrote as a bmm with its
+    weight broadcast over the batch: (x [B, S, K], W, bias or None, out view, last node)."""
+    if not _call(bmm, _aten.bmm.default):
+        return None
+    x = _strip_same(bmm.args[0], facts)
+    wb = bmm.args[1]
+    if _call(wb, _aten.view.default):
+        wb = wb.args[0]
+    if not _call(wb, _aten.expand.default):
+        return None
+    wt = wb.args[0]
+    if not (_call(wt, _aten.permute.default) and list(wt.args[1]) == [1, 0] and is_constant(wt.args[0])):
+        return None
+    w = constant_value(gm, wt.args[0])
+    fx, fo = facts.get(x.name) if isinstance(x, torch.fx.Node) else None, facts.get(bmm.name)
+    if fx is None or fo is None or len(fx.shape) != 3 or fx.dtype != torch.float32 or fx.device != "cpu" \
+            or w.dim() != 2 or w.dtype != torch.float32 or fx.shape[2] != w.shape[1] \
+            or fo.shape != (fx.shape[0], fx.shape[1], w.shape[0]):
+        return None
+    out = single_user(bmm)
+    if not _call(out, _aten.view.default) or facts.get(out.name) is None or facts[out.name].shape != fo.shape:
+        out = bmm
+    bias, last = None, out
+    add = single_user(out)
+    if _call(add, _aten.add.Tensor) and add.args[0] is out and is_constant(add.args[1]) and not add.kwargs:
+        b = constant_value(gm, add.args[1])
+        if b.shape == (w.shape[0],) and b.dtype == torch.float32:
+            bias, last = add.args[1], add
+    return x, wt.args[0], bias, last
+
+
+def _call(node: Any, target: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
 def mkldnn_fuse(g: GraphUnderPass, options: MkldnnFuseOptions) -> PassResult:
     gm = g.gm
     if not torch.backends.mkldnn.is_available():
         return PassResult(g, modified=False, stats={"skipped": "this torch has no oneDNN"})
     facts = tensor_facts(gm, g.values)
-    stats = {"conv": 0, "conv_unary": 0, "conv_add": 0, "conv_add_relu": 0}
+    stats = {"conv": 0, "conv_unary": 0, "conv_add": 0, "conv_add_relu": 0, "linear": 0, "batched_linear": 0}
+    if options.linears:
+        for node in list(gm.graph.nodes):
+            found = _linear(gm, node, facts)
+            if found is None:
+                continue
+            with gm.graph.inserting_before(node):
+                linear = gm.graph.call_function(_aten.linear.default, found)
+            linear.meta = dict(node.meta)
+            node.replace_all_uses_with(linear)
+            gm.graph.erase_node(node)
+            facts[linear.name] = facts[node.name]
+            _record_shape(found[0], facts)
+            stats["linear"] += 1
+        for node in list(gm.graph.nodes):
+            found = _batched_linear(gm, node, facts)
+            if found is None:
+                continue
+            x, w, bias, last = found
+            b_, s_, k_ = facts[x.name].shape
+            with gm.graph.inserting_before(last):
+                flat = gm.graph.call_function(_aten.reshape.default, (x, [b_ * s_, k_]))
+                linear = gm.graph.call_function(_aten.linear.default, (flat, w, bias))
+                out = gm.graph.call_function(_aten.view.default, (linear, list(facts[last.name].shape)))
+            flat.meta["val"] = torch.empty((b_ * s_, k_), dtype=torch.float32, device="meta")
+            out.meta = dict(last.meta)
+            last.replace_all_uses_with(out)
+            stats["batched_linear"] += 1
     for conv in list(gm.graph.nodes):
         if not _fusable_conv(gm, conv, facts):
             continue
         x, w, b, stride, padding, dilation, _t, _op, groups = conv.args
+        _record_shape(x, facts)
         geometry = (list(padding), list(stride), list(dilation), groups)
         user = single_user(conv)
         last, replaced = conv, [conv]
@@ -132,5 +238,6 @@ def mkldnn_fuse(g: GraphUnderPass, options: MkldnnFuseOptions) -> PassResult:
         for n in reversed(replaced):
             gm.graph.erase_node(n)
         facts[fused.name] = facts[last.name]
+    gm.graph.eliminate_dead_code()
     gm.recompile()
     return PassResult(g, modified=any(stats.values()), stats=stats)

@@ -54,6 +54,7 @@ class ToDeviceOptions:
 @dataclass(frozen=True)
 class MkldnnFuseOptions:
     epilogues: bool = True  # fuse the pointwise op or residual add after a convolution
+    linears: bool = True  # addmm(B, x, W^T) with constant weights as aten.linear (packed at load)
     graphs: tuple[str, ...] = ("inference",)
 
 

@@ -40,5 +40,7 @@ def outputs(g):
 
 
 def assert_same_results(before, after):
-    for a, b in zip(outputs(after), outputs(before)):
+    new, old = outputs(after), outputs(before)
+    assert len(new) == len(old), f"{len(new)} outputs, {len(old)} before"
+    for a, b in zip(new, old):
         torch.testing.assert_close(a, b)

@@ -1,0 +1,175 @@
+"""The cpu-fast chain: layout propagation, the named chain in the YAML, its graphs through
+write, load (no torch._inductor) and replay, and the allow-list entries its ops need."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aotpipe import zoo
+from aotpipe.artifact.ops import STRING_ARG_VALUES, resolve_op
+from aotpipe.artifact.records import library_namespace_problem
+from aotpipe.config import load_pipeline
+from aotpipe.errors import ArtifactError, ConfigError
+from aotpipe.passes import CHAINS
+from aotpipe.passes.base import tensor_facts
+from tests.helpers.pipelines import run_yaml
+from tests.passes.helpers import apply, assert_same_results, graph_of
+
+CONV = torch.ops.aten.convolution.default
+
+
+def _conv_inputs_channels_last(g):
+    facts = tensor_facts(g.gm, g.values)
+    return [facts[n.args[0].name].channels_last for n in g.gm.graph.nodes
+            if n.op == "call_function" and n.target is CONV]
+
+
+def test_layout_propagation_converts_the_image_once():
+    g = graph_of(zoo.small_cnn(channels=4), torch.randn(2, 3, 8, 8))
+    frozen = apply("freeze", g).graph
+    plain = apply("channels_last", frozen)
+    assert plain.stats["activations_converted"] == 0
+    assert _conv_inputs_channels_last(plain.graph) == [False, True]  # the image stays NCHW
+    r = apply("channels_last", frozen, activations=True)
+    assert r.stats["activations_converted"] == 1
+    assert _conv_inputs_channels_last(r.graph) == [True, True]
+    assert_same_results(g, r.graph)
+
+
+def test_layout_propagation_leaves_a_graph_without_convolutions():
+    g = graph_of(zoo.mlp(in_features=4, hidden=8, depth=1), torch.randn(2, 4))
+    assert not apply("channels_last", apply("freeze", g).graph, activations=True).modified
+
+
+def _yaml(passes, graphs="[inference]"):
+    return f"""
+version: 1
+name: fast
+output: out
+seed: 0
+defaults: {{graphs: {graphs}, passes: {passes}}}
+models:
+  - name: small_cnn
+    source: aotpipe.zoo:small_cnn
+    args: {{channels: 8}}
+    inputs: [{{shape: [2, 3, 16, 16]}}]
+  - name: attention
+    source: tests.passes.test_cpu_fast:attention_model
+    inputs:
+      - {{shape: [2, 6, 16]}}
+      - {{shape: [2, 1, 6, 6]}}
+"""
+
+
+def attention_model():
+    from tests.passes.test_sdpa import _Attention
+
+    return _Attention("sdpa")
+
+
+def test_named_chain_expands_in_the_pipeline(tmp_path):
+    (tmp_path / "p.yaml").write_text(_yaml("cpu-fast"))
+    spec = load_pipeline(tmp_path / "p.yaml").models[0]
+    assert [p["name"] for p in spec.passes] == [e if isinstance(e, str) else next(iter(e)) for e in CHAINS["cpu-fast"]]
+    assert {"name": "channels_last", "options": {"activations": True, "graphs": ["inference"]}} in spec.passes
+
+
+def test_an_unknown_chain_names_the_field_and_the_choices(tmp_path):
+    (tmp_path / "p.yaml").write_text(_yaml("cpu-fastest"))
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(tmp_path / "p.yaml")
+    msg = str(e.value)
+    assert "defaults.passes" in msg and "cpu-fastest" in msg and "cpu-fast" in msg and "p.yaml:" in msg
+
+
+def test_cpu_fast_graphs_are_checked_written_loaded_and_replayed(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    result, out = run_yaml(tmp_path, _yaml("cpu-fast"))
+    assert result.exit_code == 0, result.output
+    root = out / "fast"
+    for model, op in (("small_cnn", "mkldnn._convolution_pointwise.default"),
+                      ("attention", "aten.scaled_dot_product_attention.default")):
+        manifest = json.loads((root / model / "manifest.json").read_text())
+        (key,) = [k for k in manifest["graphs"] if k.startswith("inference.")]
+        folder = root / model / manifest["graphs"][key]["folder"]
+        targets = {n.get("target") for n in json.loads((folder / "graph.json").read_text())["nodes"]}
+        assert op in targets, (model, sorted(t for t in targets if t))
+    # A fresh process loads and replays them against the saved outputs, without inductor.
+    code = (
+        "import sys\n"
+        "from aotpipe.replay import replay\n"
+        "for m in ('small_cnn', 'attention'):\n"
+        f"    results = replay({str(root)!r} + '/' + m)\n"
+        "    assert any(r.kind.startswith('inference.') for r in results)\n"
+        "    assert all(r.status == 'match' and r.max_abs_error == 0.0 for r in results), results\n"
+        "assert 'torch._inductor' not in sys.modules, 'inductor imported'\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_the_onednn_ops_the_passes_emit_are_allowed():
+    for name in STRING_ARG_VALUES:
+        assert resolve_op(name) is not None
+
+
+@pytest.mark.parametrize("name", [
+    "mkldnn._convolution_pointwise_.binary",  # writes into its residual
+    "mkldnn._reorder_convolution_weight.default",  # builds a blocked mkldnn tensor
+    "mkldnn._linear_pointwise.default",  # not emitted
+    "mkl._mkl_linear.default",  # reads a packed buffer it cannot check
+    "onednn.qconv2d_pointwise.default",
+])
+def test_other_onednn_ops_are_refused(name):
+    with pytest.raises(ArtifactError):
+        resolve_op(name)
+
+
+@pytest.mark.parametrize("ns", ["mkldnn", "mkl", "onednn"])
+def test_onednn_namespaces_cannot_be_trusted_wholesale(ns):
+    assert library_namespace_problem(ns) is not None
+
+
+def _edit(folder, fn):
+    path = folder / "graph.json"
+    data = json.loads(path.read_text())
+    for n in data["nodes"]:
+        if n.get("target") == "mkldnn._convolution_pointwise.default":
+            fn(n)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("attr", ["sum", "relu; import os", "x" * 100])
+def test_a_string_argument_off_its_list_is_refused_at_load(tmp_path, attr):
+    result, out = run_yaml(tmp_path, _yaml("cpu-fast").split("  - name: attention")[0])
+    assert result.exit_code == 0, result.output
+    model = out / "fast" / "small_cnn"
+    manifest = json.loads((model / "manifest.json").read_text())
+    (key,) = [k for k in manifest["graphs"] if k.startswith("inference.")]
+    _edit(model / manifest["graphs"][key]["folder"], lambda n: n["args"].__setitem__(7, attr))
+    import aotpipe
+
+    with pytest.raises(ArtifactError, match="attr=.*is not allowed for mkldnn._convolution_pointwise.default"):
+        aotpipe.load(model).build_all()
+
+
+def test_a_pass_that_needs_freeze_before_it_is_a_config_error(tmp_path):
+    (tmp_path / "p.yaml").write_text(_yaml("[mkldnn_fuse, freeze]"))
+    with pytest.raises(ConfigError) as e:
+        load_pipeline(tmp_path / "p.yaml")
+    msg = str(e.value)
+    assert "defaults.passes[0]" in msg and "pass 'mkldnn_fuse' needs 'freeze' before it" in msg
+
+
+def test_run_chain_refuses_a_chain_out_of_order():
+    from aotpipe.passes import parse_pass_entry
+    from aotpipe.passes.base import PassError
+    from aotpipe.passes.manager import run_chain
+
+    g = graph_of(zoo.small_cnn(channels=4), torch.randn(2, 3, 8, 8))
+    with pytest.raises(PassError, match="'fold_conv_bn' needs 'freeze' before it"):
+        run_chain(g, [parse_pass_entry("fold_conv_bn")[1]])
