@@ -82,7 +82,9 @@ def remove_copies(g: GraphUnderPass, options: RemoveCopiesOptions) -> PassResult
                     gm.graph.erase_node(u)
                 gm.graph.erase_node(node)
                 stats["pool_indices_dropped"] += 1
-    if _writes_in_place(gm):
+    if _writes_in_place(gm) or not any(n.op == "call_function" and n.target in (_aten.clone.default,
+                                                                                  _aten._to_copy.default)
+                                       for n in gm.graph.nodes):
         gm.recompile()
         return PassResult(g, modified=bool(stats["pool_indices_dropped"]), stats=stats)
     facts = tensor_facts(gm, g.values)

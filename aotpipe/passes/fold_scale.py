@@ -130,8 +130,21 @@ def _rebuild(gm: torch.fx.GraphModule, node: torch.fx.Node, p: dict[str, Any], w
         ln.args = (ln.args[0], ln.args[1], wn, bn, *ln.args[4:])
 
 
+def _maybe_constant(c: Any) -> bool:
+    """A number, or a node that may be a constant (or a view of one): worth a closer look."""
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        return True
+    while isinstance(c, torch.fx.Node) and c.op == "call_function" and isinstance(c.target, torch._ops.OpOverload) \
+            and c.target.is_view:
+        c = c.args[0]
+    return isinstance(c, torch.fx.Node) and c.op == "get_attr"
+
+
 def fold_scale(g: GraphUnderPass, options: FoldScaleOptions) -> PassResult:
     gm = g.gm
+    if not any(n.op == "call_function" and n.target in _SCALE and len(n.args) == 2 and _maybe_constant(n.args[1])
+               for n in gm.graph.nodes):
+        return PassResult(g, modified=False, stats={f"{k}_scales_folded": 0 for k in ("linear", "conv", "norm")})
     facts = tensor_facts(gm, g.values)
     folded = {"linear": 0, "conv": 0, "norm": 0}
     changed = True

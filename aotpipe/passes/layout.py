@@ -75,6 +75,8 @@ def remove_noops(g: GraphUnderPass, options: RemoveNoopsOptions) -> PassResult:
 
 def channels_last(g: GraphUnderPass, options: ChannelsLastOptions) -> PassResult:
     gm = g.gm
+    if not any(n.op == "call_function" and n.target is _aten.convolution.default for n in gm.graph.nodes):
+        return PassResult(g, modified=False, stats={"weights_converted": 0})
     before = real_strides(gm, g.values)
     converted = set()
     for node in gm.graph.nodes:
