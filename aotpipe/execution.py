@@ -65,6 +65,16 @@ class _Summarising(torch.fx.Interpreter):
         return r
 
 
+def layouts_of(gm: torch.fx.GraphModule, inputs: list[Any], summarise: Callable[[torch.Tensor], Any]) -> dict[str, Any]:
+    """Per node, `summarise` of its value, from a plain run: no deterministic kernels (which
+    fill every new tensor, ~10% at real size) and no seeding, for what passes need to know
+    of values' shapes and layouts, never of their contents. The caller's RNG is kept."""
+    interp = _Summarising(gm, summarise)
+    with preserved(), torch.no_grad():
+        interp.run(*inputs)
+    return interp.summaries
+
+
 def run_with_summaries(
     gm: torch.fx.GraphModule,
     inputs: list[Any],

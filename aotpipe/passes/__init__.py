@@ -91,7 +91,8 @@ PASSES: dict[str, PassInfo] = _table([
 # Named chains: `passes: cpu-fast` in the YAML stands for this list (recorded expanded).
 CHAINS: dict[str, list[Union[str, dict[str, Any]]]] = {
     # What wins on CPU inference (benchmarks/cpu_bench.py): CPU-only graphs (oneDNN ops).
-    "cpu-fast": ["freeze", "fold_conv_bn", "sdpa", "fold_scale", "remove_copies",
+    # remove_copies before any layout change, so capture's strides tell it what a copy does.
+    "cpu-fast": ["freeze", "fold_conv_bn", "remove_copies", "sdpa", "fold_scale",
                  {"channels_last": {"activations": True}}, "mkldnn_fuse"],
 }
 

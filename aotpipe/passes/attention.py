@@ -33,7 +33,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from aotpipe.passes.base import Facts, GraphUnderPass, PassResult, single_user, tensor_facts
+from aotpipe.passes.base import FactsLike, GraphUnderPass, PassResult, ShapeFacts, single_user
 from aotpipe.passes.options import SdpaOptions
 
 _aten = torch.ops.aten
@@ -46,7 +46,7 @@ def _call(node: Any, *targets: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
-def _unflatten(node: Any, facts: dict[str, Facts]) -> Optional[torch.fx.Node]:
+def _unflatten(node: Any, facts: FactsLike) -> Optional[torch.fx.Node]:
     """The rank-4 tensor that `node` (rank 3, [B*H, ...]) is a row-major reshape of: back
     through views, then through clones and expands that broadcast nothing."""
     while True:
@@ -63,7 +63,7 @@ def _unflatten(node: Any, facts: dict[str, Facts]) -> Optional[torch.fx.Node]:
     return node
 
 
-def _same_values(node: torch.fx.Node, facts: dict[str, Facts]) -> bool:
+def _same_values(node: torch.fx.Node, facts: FactsLike) -> bool:
     """A view, a clone, or an expand that broadcasts nothing: the same elements in the same
     row-major order (an expand that broadcasts, as grouped keys and values do, is not)."""
     if not _call(node, _aten.expand.default):
@@ -139,7 +139,7 @@ class _Match:
     scale: float
 
 
-def _match(bmm2: torch.fx.Node, facts: dict[str, Facts]) -> Optional[_Match]:
+def _match(bmm2: torch.fx.Node, facts: FactsLike) -> Optional[_Match]:
     out = single_user(bmm2)
     fo = facts.get(out.name) if out is not None else None
     if not _call(out, *_VIEWS) or fo is None or len(fo.shape) != 4:
@@ -194,6 +194,13 @@ def _match(bmm2: torch.fx.Node, facts: dict[str, Facts]) -> Optional[_Match]:
     (B, H, S, D), (_, _, L, _), Dv = fq.shape, fk.shape, fv.shape[3]
     if fk.shape != (B, H, L, D) or fv.shape != (B, H, L, Dv) or fo.shape != (B, H, S, Dv):
         return None
+    # The products must be over [B*H] batches of these very matrices (not a reshape that
+    # mixes heads into rows).
+    operands = {bmm1.args[0]: (B * H, S, D), bmm1.args[1]: (B * H, D, L), bmm2.args[0]: (B * H, S, L),
+                bmm2.args[1]: (B * H, L, Dv)}
+    if any(not isinstance(n, torch.fx.Node) or facts.get(n.name) is None or facts[n.name].shape != shape
+           for n, shape in operands.items()):
+        return None
     if mask is not None:
         fm = facts.get(mask.name)
         if fm is None or len(fm.shape) > 4 or fm.dtype not in (torch.bool, fq.dtype) \
@@ -211,7 +218,7 @@ def sdpa(g: GraphUnderPass, options: SdpaOptions) -> PassResult:
     gm = g.gm
     if not any(_call(n, _aten._softmax.default) for n in gm.graph.nodes):
         return PassResult(g, modified=False, stats={"attention_fused": 0})
-    facts = tensor_facts(gm, g.values)
+    facts = ShapeFacts(gm, g.values)  # shapes and dtypes: no run of the graph
     fused = 0
     for node in list(gm.graph.nodes):
         if not _call(node, _aten.bmm.default):

@@ -4,10 +4,12 @@ Accepts: inference graphs with no in-place ops (run it before `reinplace`; on a 
 that writes in place it changes nothing, since there a copy may protect a value).
 
 - A ``clone`` or a same-dtype, same-device ``_to_copy`` whose result has the layout
-  (shape and strides) its input already has is bypassed: in a graph that writes nothing
+  (shape and strides; capture's, until a layout pass has run, else a run's) its input
+  already has is bypassed: in a graph that writes nothing
   in place, a copy with the same layout is indistinguishable from its input. Kept: a copy
   of a graph input or a constant (or of a view of one), which protects them from a caller
-  writing into a result, and a copy that is a graph output (or a view of it is).
+  writing into a result, a copy that is a graph output (or a view of it is), and one that
+  feeds ``as_strided`` (which reads memory, not values).
 - ``max_pool2d_with_indices`` whose indices nobody reads becomes ``max_pool2d``, which
   does not compute them.
 """
@@ -19,7 +21,7 @@ import operator
 import torch
 import torch.fx
 
-from aotpipe.passes.base import Facts, GraphUnderPass, PassResult, tensor_facts
+from aotpipe.passes.base import FactsLike, GraphUnderPass, PassResult, layout_facts, remember_facts
 from aotpipe.passes.options import RemoveCopiesOptions
 
 _aten = torch.ops.aten
@@ -51,7 +53,18 @@ def _output_or_view_of_output(node: torch.fx.Node) -> bool:
     return False
 
 
-def _same_copy(node: torch.fx.Node, facts: dict[str, Facts]) -> bool:
+def _read_as_raw_memory(node: torch.fx.Node) -> bool:
+    """Whether `node`, or a view of it, feeds as_strided (which reads memory, not values)."""
+    for u in node.users:
+        if u.op == "call_function" and u.target is _aten.as_strided.default:
+            return True
+        if u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload) and u.target.is_view \
+                and _read_as_raw_memory(u):
+            return True
+    return False
+
+
+def _same_copy(node: torch.fx.Node, facts: FactsLike) -> bool:
     """Whether `node` copies its input into the same layout, dtype and device."""
     if node.target is _aten.clone.default:
         pass
@@ -87,9 +100,10 @@ def remove_copies(g: GraphUnderPass, options: RemoveCopiesOptions) -> PassResult
                                        for n in gm.graph.nodes):
         gm.recompile()
         return PassResult(g, modified=bool(stats["pool_indices_dropped"]), stats=stats)
-    facts = tensor_facts(gm, g.values)
+    facts = layout_facts(gm, g.values)
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not _same_copy(node, facts) or _output_or_view_of_output(node):
+        if node.op != "call_function" or not _same_copy(node, facts) or _output_or_view_of_output(node) \
+                or _read_as_raw_memory(node):
             continue
         src = node.args[0]
         if _aliases_input_or_constant(src):
@@ -97,5 +111,9 @@ def remove_copies(g: GraphUnderPass, options: RemoveCopiesOptions) -> PassResult
         node.replace_all_uses_with(src)
         gm.graph.erase_node(node)
         stats["copies_removed"] += 1
+    if isinstance(facts, dict):
+        # What it removed had its source's layout: every other node's is as it was, and
+        # the next pass can have these facts without running the graph again.
+        remember_facts(gm, g.values, {k: v for k, v in facts.items() if k in {n.name for n in gm.graph.nodes}}, [])
     gm.recompile()
     return PassResult(g, modified=any(stats.values()), stats=stats)

@@ -28,8 +28,8 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from aotpipe.passes.base import Facts, GraphUnderPass, PassResult, add_constant, constant_value, is_constant, \
-    single_user, tensor_facts, view_of_constant
+from aotpipe.passes.base import FactsLike, GraphUnderPass, PassResult, add_constant, constant_value, is_constant, \
+    ShapeFacts, single_user, view_of_constant
 from aotpipe.passes.freeze import drop_unused_constants
 from aotpipe.passes.options import FoldScaleOptions
 
@@ -60,7 +60,7 @@ def _factor(gm: torch.fx.GraphModule, node: torch.fx.Node, value: torch.fx.Node,
     return op, tensor.reshape(-1).expand(channels).clone() if tensor.numel() == 1 else tensor.reshape(channels)
 
 
-def _through_views(node: torch.fx.Node, facts: dict[str, Facts], channels: int,
+def _through_views(node: torch.fx.Node, facts: FactsLike, channels: int,
                    channel_dim: int) -> Optional[tuple[torch.fx.Node, torch.fx.Node]]:
     """(last view, its single user) going down from `node` through views that keep the
     channel dim; every node passed has one user."""
@@ -78,9 +78,10 @@ def _through_views(node: torch.fx.Node, facts: dict[str, Facts], channels: int,
         return last, user
 
 
-def _producer(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: dict[str, Facts]) -> Optional[dict[str, Any]]:
+def _producer(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: FactsLike) -> Optional[dict[str, Any]]:
     """What a foldable producer is: its kind, channel count and dim, weights."""
-    if node.op != "call_function":
+    if node.op != "call_function" or node.target not in (_aten.addmm.default, _aten.convolution.default,
+                                                          operator.getitem):
         return None
     f = facts.get(node.name)
     if f is None or not f.dtype.is_floating_point:
@@ -145,7 +146,7 @@ def fold_scale(g: GraphUnderPass, options: FoldScaleOptions) -> PassResult:
     if not any(n.op == "call_function" and n.target in _SCALE and len(n.args) == 2 and _maybe_constant(n.args[1])
                for n in gm.graph.nodes):
         return PassResult(g, modified=False, stats={f"{k}_scales_folded": 0 for k in ("linear", "conv", "norm")})
-    facts = tensor_facts(gm, g.values)
+    facts = ShapeFacts(gm, g.values)  # shapes and dtypes: no run of the graph
     folded = {"linear": 0, "conv": 0, "norm": 0}
     changed = True
     while changed:

@@ -9,8 +9,8 @@ channels_last: 4-d convolution weights that are constants (run `freeze` first) a
   converted to channels-last, so CPU convolutions run in that layout; views are made
   reshapes so downstream code copes with the new strides; graph outputs and the inputs
   of ``as_strided`` keep the strides they had before the pass. With ``activations: true``
-  (layout propagation) a convolution's input that is not channels-last (the input image)
-  is converted once, so activations stay channels-last from the first convolution to the
+  (layout propagation) a graph input that a convolution reads and that is not
+  channels-last (the image) is converted once, so activations stay channels-last from the first convolution to the
   last instead of the first convolution converting on every call. Accepts inference graphs.
 """
 
@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from aotpipe.passes.base import GraphUnderPass, PassResult, constant_value, is_constant, real_strides, restride
+from aotpipe.passes.base import GraphUnderPass, PassResult, constant_value, is_constant, layout_facts, \
+    remember_facts, restride, tensor_facts
 from aotpipe.passes.options import ViewToReshapeOptions, RemoveNoopsOptions, ChannelsLastOptions
 
 _aten = torch.ops.aten
@@ -77,7 +78,11 @@ def channels_last(g: GraphUnderPass, options: ChannelsLastOptions) -> PassResult
     gm = g.gm
     if not any(n.op == "call_function" and n.target is _aten.convolution.default for n in gm.graph.nodes):
         return PassResult(g, modified=False, stats={"weights_converted": 0})
-    before = real_strides(gm, g.values)
+    if options.activations and not _conv_feeds_conv(gm):
+        # Nothing to propagate (a lone patch embedding on the image, as in a ViT): its layout
+        # makes no measurable difference, and finding the layouts costs two runs of the graph.
+        return PassResult(g, modified=False, stats={"weights_converted": 0, "no_conv_chain": True})
+    before = _layouts_before(gm, g.values)
     converted = set()
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is _aten.convolution.default:
@@ -90,15 +95,17 @@ def channels_last(g: GraphUnderPass, options: ChannelsLastOptions) -> PassResult
     if not converted:
         return PassResult(g, modified=False, stats={"weights_converted": 0})
     view_to_reshape(g, ViewToReshapeOptions())
-    activations = _activations_channels_last(gm, g.values, converted) if options.activations else 0
-    after = real_strides(gm, g.values)
+    activations = _inputs_channels_last(gm, before, converted) if options.activations else []
+    facts = tensor_facts(gm, g.values)
+    after = {k: (f.shape, f.stride) for k, f in facts.items()}
+    created: list[torch.fx.Node] = []
     fixed = 0
     # as_strided reads raw memory: its input must keep the layout it had.
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is _aten.as_strided.default:
             src = node.args[0]
             if isinstance(src, torch.fx.Node) and src.name in before and before[src.name] != after.get(src.name):
-                new = restride(gm.graph, src, before[src.name][1], node)
+                new = restride(gm.graph, src, before[src.name][1], node, created)
                 node.replace_input_with(src, new)
                 fixed += 1
     output = next(n for n in gm.graph.nodes if n.op == "output")
@@ -107,37 +114,68 @@ def channels_last(g: GraphUnderPass, options: ChannelsLastOptions) -> PassResult
     for o in outs:
         if isinstance(o, torch.fx.Node) and o.name in before and before[o.name] != after.get(o.name) \
                 and len(before[o.name][1]) > 1:
-            o = restride(gm.graph, o, before[o.name][1], output)
+            o = restride(gm.graph, o, before[o.name][1], output, created)
             fixed += 1
         new_outs.append(o)
     output.args = (tuple(new_outs) if isinstance(output.args[0], tuple) else new_outs,)
+    gm.meta["layouts_changed"] = True  # capture's strides ("val") no longer hold
+    remember_facts(gm, g.values, facts, created)  # the next pass (mkldnn_fuse) need not run the graph again
     gm.recompile()
-    return PassResult(g, modified=True, stats={"weights_converted": len(converted), "activations_converted": activations,
-                                               "layouts_restored": fixed})
+    return PassResult(g, modified=True, stats={"weights_converted": len(converted),
+                                               "activations_converted": len(activations), "layouts_restored": fixed})
 
 
-def _activations_channels_last(gm: torch.fx.GraphModule, values: list, weights: set[str]) -> int:
-    """Make each converted convolution's input channels-last where it is not yet, once per
-    value; returns how many conversions were inserted. Convolutions with channels-last
+def _layouts_before(gm: torch.fx.GraphModule, values: list) -> dict[str, tuple]:
+    """(shape, stride) of the nodes whose layout the pass keeps or reads (outputs, inputs
+    of as_strided, graph inputs), taken now, before it changes any: capture's if no layout
+    pass ran before it (no run of the graph), else a run's."""
+    facts = layout_facts(gm, values)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    needed = [n for n in gm.graph.nodes if n.op == "placeholder"] + output.all_input_nodes + [
+        n.args[0] for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is _aten.as_strided.default and isinstance(n.args[0], torch.fx.Node)]
+    out = {}
+    for n in needed:
+        f = facts.get(n.name)
+        if f is not None:
+            out[n.name] = (f.shape, f.stride)
+    return out
+
+
+def _conv_feeds_conv(gm: torch.fx.GraphModule) -> bool:
+    """Whether some convolution's result reaches another convolution."""
+    after_conv: set[torch.fx.Node] = set()
+    for n in gm.graph.nodes:
+        fed = any(i in after_conv or (i.op == "call_function" and i.target is _aten.convolution.default)
+                  for i in n.all_input_nodes)
+        if fed and n.op == "call_function" and n.target is _aten.convolution.default:
+            return True
+        if fed:
+            after_conv.add(n)
+    return False
+
+
+def _inputs_channels_last(gm: torch.fx.GraphModule, before: dict, weights: set[str]) -> list[torch.fx.Node]:
+    """Make each graph input that a converted convolution reads channels-last, once, where
+    it is not (the image); returns the conversions inserted. Convolutions with channels-last
     weights return channels-last results, and pointwise ops keep the layout, so after this
     activations stay channels-last from the first convolution to the last."""
-    layouts = real_strides(gm, values)
     done: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
         if not (node.op == "call_function" and node.target is _aten.convolution.default
                 and is_constant(node.args[1]) and node.args[1].target in weights):
             continue
         x = node.args[0]
-        if not isinstance(x, torch.fx.Node) or x.name not in layouts:
+        if not isinstance(x, torch.fx.Node) or x.op != "placeholder" or x.name not in before:
             continue
-        shape, stride = layouts[x.name]
+        shape, stride = before[x.name]
         if len(shape) != 4 or _is_channels_last(shape, stride):
             continue
         if x not in done:
             with gm.graph.inserting_before(node):  # the first convolution to read x
                 done[x] = gm.graph.call_function(_aten.clone.default, (x,), {"memory_format": torch.channels_last})
         node.replace_input_with(x, done[x])
-    return len(done)
+    return list(done.values())
 
 
 def _is_channels_last(shape: tuple, stride: tuple) -> bool:

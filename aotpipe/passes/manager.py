@@ -112,7 +112,7 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
         if current.kind not in info.kinds:
             raise PassError(f"{where} cannot take a {current.kind} graph; it accepts {', '.join(sorted(info.kinds))}")
         before = current
-        work = current.copy()
+        work = current.copy() if check_each else current  # the graph before it is kept only to compare
         nodes_before = len(work.gm.graph.nodes)
         t0 = time.perf_counter()
         try:

@@ -39,8 +39,8 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from aotpipe.passes.base import Facts, GraphUnderPass, PassResult, constant_value, is_constant, single_user, \
-    tensor_facts
+from aotpipe.passes.base import Facts, FactsLike, GraphUnderPass, PassResult, ShapeFacts, constant_value, \
+    is_constant, layout_facts, single_user
 from aotpipe.passes.options import MkldnnFuseOptions
 
 _aten = torch.ops.aten
@@ -101,15 +101,18 @@ def _residual(add: torch.fx.Node, conv: torch.fx.Node, facts: dict[str, Facts]) 
     return other
 
 
-def _record_shape(node: Any, facts: dict[str, Facts]) -> None:
+def _record_shape(node: Any, facts: FactsLike, only_if_missing: bool = False) -> None:
     """Give `node` a "val" (a meta tensor of its layout as it is now, after layout passes;
-    capture's may be stale): graph.json writes it, and the loader packs weights for it."""
+    capture's may be stale): graph.json writes it, and the loader packs weights for it.
+    A linear's input needs only its shape, which a capture "val" has right."""
+    if only_if_missing and isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor):
+        return
     f = facts.get(node.name) if isinstance(node, torch.fx.Node) else None
     if f is not None:
         node.meta["val"] = torch.empty_strided(f.shape, f.stride, dtype=f.dtype, device="meta")
 
 
-def _linear(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: dict[str, Facts]) -> Optional[tuple]:
+def _linear(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: FactsLike) -> Optional[tuple]:
     """(x, W, B) when `node` is addmm(B, x, W^T) with constant W, B on a 2-d float32 CPU x."""
     if node.op != "call_function" or node.target is not _ADDMM or node.kwargs or len(node.args) != 3:
         return None
@@ -125,7 +128,7 @@ def _linear(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: dict[str, Fact
     return x, wt.args[0], b
 
 
-def _strip_same(node: Any, facts: dict[str, Facts]) -> Any:
+def _strip_same(node: Any, facts: FactsLike) -> Any:
     """Back through views and expands that keep the shape (the matmul decomposition's)."""
     while (_call(node, _aten.view.default) or _call(node, _aten.expand.default)) \
             and facts.get(node.name) is not None and facts.get(node.args[0].name) is not None \
@@ -134,7 +137,7 @@ def _strip_same(node: Any, facts: dict[str, Facts]) -> Any:
     return node
 
 
-def _batched_linear(gm: torch.fx.GraphModule, bmm: torch.fx.Node, facts: dict[str, Facts]) -> Optional[tuple]:
+def _batched_linear(gm: torch.fx.GraphModule, bmm: torch.fx.Node, facts: FactsLike) -> Optional[tuple]:
     """A linear layer on a 3-d input that the matmul decomposition wrote as a bmm with its
     weight broadcast over the batch: (x [B, S, K], W, bias or None, out view, last node)."""
     if not _call(bmm, _aten.bmm.default):
@@ -174,9 +177,49 @@ def mkldnn_fuse(g: GraphUnderPass, options: MkldnnFuseOptions) -> PassResult:
     gm = g.gm
     if not torch.backends.mkldnn.is_available():
         return PassResult(g, modified=False, stats={"skipped": "this torch has no oneDNN"})
-    facts = tensor_facts(gm, g.values)
     stats = {"conv": 0, "conv_unary": 0, "conv_add": 0, "conv_add_relu": 0, "linear": 0, "batched_linear": 0}
+    # Convolutions first, on exact layouts (a residual must have the result's strides; the
+    # loader packs only channels-last inputs): the run channels_last just took, if it was
+    # the pass before, or capture's. Then linears, which need shapes only.
+    if any(n.op == "call_function" and n.target is _CONV for n in gm.graph.nodes):
+        facts = layout_facts(gm, g.values)
+        for conv in list(gm.graph.nodes):
+            if not _fusable_conv(gm, conv, facts):
+                continue
+            x, w, b, stride, padding, dilation, _t, _op, groups = conv.args
+            _record_shape(x, facts)
+            geometry = (list(padding), list(stride), list(dilation), groups)
+            user = single_user(conv)
+            last, replaced = conv, [conv]
+            unary = _unary(user) if user is not None and options.epilogues else None
+            other = _residual(user, conv, facts) if user is not None and unary is None and options.epilogues else None
+            if unary is not None:
+                attr, scalars, algorithm = unary
+                target, args = CONV_POINTWISE, (x, w, b, *geometry, attr, scalars, algorithm)
+                last, replaced = user, [conv, user]
+                stats["conv_unary"] += 1
+            elif other is not None:
+                relu = single_user(user)
+                if relu is not None and relu.target is _aten.relu.default:
+                    target, args = CONV_BINARY, (x, other, w, b, *geometry, "add", None, "relu", [], None)
+                    last, replaced = relu, [conv, user, relu]
+                    stats["conv_add_relu"] += 1
+                else:
+                    target, args = CONV_BINARY, (x, other, w, b, *geometry, "add", None, None, [], None)
+                    last, replaced = user, [conv, user]
+                    stats["conv_add"] += 1
+            else:
+                target, args = CONV_POINTWISE, (x, w, b, *geometry, "none", [], None)
+                stats["conv"] += 1
+            with gm.graph.inserting_before(last):
+                fused = gm.graph.call_function(target, args)
+            fused.meta = dict(last.meta)
+            last.replace_all_uses_with(fused)
+            for n in reversed(replaced):
+                gm.graph.erase_node(n)
+            facts[fused.name] = facts[last.name]
     if options.linears:
+        facts = ShapeFacts(gm, g.values)
         for node in list(gm.graph.nodes):
             found = _linear(gm, node, facts)
             if found is None:
@@ -187,7 +230,7 @@ def mkldnn_fuse(g: GraphUnderPass, options: MkldnnFuseOptions) -> PassResult:
             node.replace_all_uses_with(linear)
             gm.graph.erase_node(node)
             facts[linear.name] = facts[node.name]
-            _record_shape(found[0], facts)
+            _record_shape(found[0], facts, only_if_missing=True)
             stats["linear"] += 1
         for node in list(gm.graph.nodes):
             found = _batched_linear(gm, node, facts)
@@ -203,41 +246,6 @@ def mkldnn_fuse(g: GraphUnderPass, options: MkldnnFuseOptions) -> PassResult:
             out.meta = dict(last.meta)
             last.replace_all_uses_with(out)
             stats["batched_linear"] += 1
-    for conv in list(gm.graph.nodes):
-        if not _fusable_conv(gm, conv, facts):
-            continue
-        x, w, b, stride, padding, dilation, _t, _op, groups = conv.args
-        _record_shape(x, facts)
-        geometry = (list(padding), list(stride), list(dilation), groups)
-        user = single_user(conv)
-        last, replaced = conv, [conv]
-        unary = _unary(user) if user is not None and options.epilogues else None
-        other = _residual(user, conv, facts) if user is not None and unary is None and options.epilogues else None
-        if unary is not None:
-            attr, scalars, algorithm = unary
-            target, args = CONV_POINTWISE, (x, w, b, *geometry, attr, scalars, algorithm)
-            last, replaced = user, [conv, user]
-            stats["conv_unary"] += 1
-        elif other is not None:
-            relu = single_user(user)
-            if relu is not None and relu.target is _aten.relu.default:
-                target, args = CONV_BINARY, (x, other, w, b, *geometry, "add", None, "relu", [], None)
-                last, replaced = relu, [conv, user, relu]
-                stats["conv_add_relu"] += 1
-            else:
-                target, args = CONV_BINARY, (x, other, w, b, *geometry, "add", None, None, [], None)
-                last, replaced = user, [conv, user]
-                stats["conv_add"] += 1
-        else:
-            target, args = CONV_POINTWISE, (x, w, b, *geometry, "none", [], None)
-            stats["conv"] += 1
-        with gm.graph.inserting_before(last):
-            fused = gm.graph.call_function(target, args)
-        fused.meta = dict(last.meta)
-        last.replace_all_uses_with(fused)
-        for n in reversed(replaced):
-            gm.graph.erase_node(n)
-        facts[fused.name] = facts[last.name]
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return PassResult(g, modified=any(stats.values()), stats=stats)

@@ -33,9 +33,8 @@ class RemoveNoopsOptions:
 
 @dataclass(frozen=True)
 class ChannelsLastOptions:
-    # also make a convolution's activation input channels-last where it is not (the graph's
-    # input image, an activation a non-convolution made contiguous), once, so activations
-    # stay channels-last from the first convolution to the last
+    # also make a graph input a convolution reads (the image) channels-last, once, so
+    # activations stay channels-last from the first convolution to the last
     activations: bool = False
     graphs: tuple[str, ...] = ("inference",)
 

@@ -40,8 +40,12 @@ _LINEAR = torch.ops.aten.linear.default
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                   rows: int) -> torch.Tensor:
     """``linear(x, weight, bias)`` through MKL's packed GEMM when x fits the packed weight."""
+    # _mkl_linear trusts its operands' sizes: x's width, and a bias of one value per output
+    # (it copies that many per row). Anything else takes linear, which checks.
     if (x.dim() != 2 or x.shape[1] != weight.shape[1] or x.dtype != torch.float32 or x.device.type != "cpu"
-            or x.requires_grad):
+            or not x.is_contiguous() or x.requires_grad
+            or (bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != torch.float32
+                                      or not bias.is_contiguous()))):
         return torch.nn.functional.linear(x, weight, bias)
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
@@ -73,7 +77,7 @@ def _dense_constant(gm: torch.fx.GraphModule, node: Any, dim: int) -> Optional[t
         return None
     value = getattr(gm, node.target, None) if "." not in node.target else None
     if not isinstance(value, torch.Tensor) or value.layout != torch.strided or value.dim() != dim \
-            or value.dtype != torch.float32 or value.device.type != "cpu":
+            or value.dtype != torch.float32 or value.device.type != "cpu" or value.requires_grad:
         return None
     return value
 
@@ -114,8 +118,9 @@ def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
             x, w, b = node.args
             weight = _dense_constant(gm, w, 2)
             shape = (_recorded(x) or (None,))[0]
-            if weight is None or shape is None or len(shape) != 2 or (b is not None and _dense_constant(gm, b, 1)
-                                                                       is None):
+            bias = _dense_constant(gm, b, 1) if b is not None else None
+            if weight is None or not weight.is_contiguous() or shape is None or len(shape) != 2 \
+                    or (b is not None and (bias is None or bias.shape != (weight.shape[0],))):
                 continue
             key = ("linear", w.target, shape[0])
             if key not in packed:

@@ -100,3 +100,11 @@ def test_a_bmm_with_a_broadcast_weight_becomes_one_linear():
     from tests.passes.helpers import assert_same_results
 
     assert_same_results(g, r.graph)
+
+
+def test_packed_linear_refuses_a_bias_of_the_wrong_length():
+    """_mkl_linear copies one bias value per output: a shorter bias would be read past its end."""
+    w = torch.randn(8, 32)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 4)
+    with pytest.raises(RuntimeError):
+        packed_linear(torch.randn(4, 32), packed, w, torch.randn(3), 4)
