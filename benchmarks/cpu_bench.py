@@ -74,7 +74,9 @@ def capture(names: list[str], out: Path) -> Path:
                 "defaults": {"graphs": ["inference"], "verify": False}, "models": models}
     path = out / "cpu-bench.yaml"
     path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
-    subprocess.run([sys.executable, "-m", "aotpipe.cli", "run", str(path), "--no-progress"], check=True, cwd=REPO)
+    done = subprocess.run([sys.executable, "-m", "aotpipe.cli", "run", str(path), "--no-progress"], cwd=REPO)
+    if done.returncode:
+        print(f"aotpipe run exited {done.returncode}: models it failed are left out below", flush=True)
     return out / "cpu-bench"
 
 
@@ -219,6 +221,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = capture(names, Path(tmp))
         for name in names:
+            if not all((root / n / "manifest.json").exists() for n in (name, f"{name}__fast")):
+                print(f"{name}: not measured, aotpipe failed it (see above)", flush=True)
+                continue
             rows.append(measure(name, root, a.rounds, not a.no_inductor))
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}),
                   flush=True)

@@ -9,7 +9,6 @@ instead of rebuilding from graph.json: only for artefacts you made yourself.
 from __future__ import annotations
 
 import copy
-
 import importlib
 import importlib.util
 from dataclasses import dataclass, field

@@ -81,7 +81,8 @@ def channels_last(g: GraphUnderPass, options: ChannelsLastOptions) -> PassResult
     if options.activations and not _conv_feeds_conv(gm):
         # Nothing to propagate (a lone patch embedding on the image, as in a ViT): its layout
         # makes no measurable difference, and finding the layouts costs two runs of the graph.
-        return PassResult(g, modified=False, stats={"weights_converted": 0, "no_conv_chain": True})
+        lone = sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is _aten.convolution.default)
+        return PassResult(g, modified=False, stats={"weights_converted": 0, "convolutions_left_alone": lone})
     before = _layouts_before(gm, g.values)
     converted = set()
     for node in gm.graph.nodes:

@@ -61,7 +61,15 @@ models:
     inputs:
       - {{shape: [2, 6, 16]}}
       - {{shape: [2, 1, 6, 6]}}
+  - name: patches
+    source: tests.passes.test_cpu_fast:patch_model
+    inputs: [{{shape: [2, 3, 16, 16]}}]
 """
+
+
+def patch_model():
+    """A ViT's patch embedding: one convolution on the image, flattened."""
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, stride=4), torch.nn.Flatten(2), torch.nn.Linear(16, 4))
 
 
 def attention_model():
@@ -91,7 +99,8 @@ def test_cpu_fast_graphs_are_checked_written_loaded_and_replayed(tmp_path, monke
     assert result.exit_code == 0, result.output
     root = out / "fast"
     for model, op in (("small_cnn", "mkldnn._convolution_pointwise.default"),
-                      ("attention", "aten.scaled_dot_product_attention.default")):
+                      ("attention", "aten.scaled_dot_product_attention.default"),
+                      ("patches", "mkldnn._convolution_pointwise.default")):
         manifest = json.loads((root / model / "manifest.json").read_text())
         (key,) = [k for k in manifest["graphs"] if k.startswith("inference.")]
         folder = root / model / manifest["graphs"][key]["folder"]
@@ -101,7 +110,7 @@ def test_cpu_fast_graphs_are_checked_written_loaded_and_replayed(tmp_path, monke
     code = (
         "import sys\n"
         "from aotpipe.replay import replay\n"
-        "for m in ('small_cnn', 'attention'):\n"
+        "for m in ('small_cnn', 'attention', 'patches'):\n"
         f"    results = replay({str(root)!r} + '/' + m)\n"
         "    assert any(r.kind.startswith('inference.') for r in results)\n"
         "    assert all(r.status == 'match' and r.max_abs_error == 0.0 for r in results), results\n"
@@ -173,3 +182,14 @@ def test_run_chain_refuses_a_chain_out_of_order():
     g = graph_of(zoo.small_cnn(channels=4), torch.randn(2, 3, 8, 8))
     with pytest.raises(PassError, match="'fold_conv_bn' needs 'freeze' before it"):
         run_chain(g, [parse_pass_entry("fold_conv_bn")[1]])
+
+
+def test_a_lone_convolution_on_the_input_is_left_alone():
+    """A ViT's patch embedding: no convolution feeds another, so there is no activation to
+    keep channels-last; the pass changes nothing and says why, in an integer stat (the
+    manifest's typed records take numbers only)."""
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, stride=4), torch.nn.Flatten(2))
+    g = graph_of(conv, torch.randn(2, 3, 16, 16))
+    r = apply("channels_last", apply("freeze", g).graph, activations=True)
+    assert not r.modified and r.stats == {"weights_converted": 0, "convolutions_left_alone": 1}
+    assert apply("channels_last", apply("freeze", g).graph).stats["weights_converted"] == 1
