@@ -16,8 +16,8 @@ as ``mkldnn._convolution_pointwise``:
 - or nothing: the convolution alone (oneDNN still saves the framework's dispatch).
 
 The convolution's result must have no other user than the epilogue. With ``linears``
-(the default), a linear layer ``addmm(B, x, W^T)`` on a 2-d float32 CPU input with constant
-W and B becomes ``aten.linear(x, W, B)``: the same arithmetic (linear runs addmm), in the
+(the default), a linear layer ``addmm(B, x, W^T)`` (or ``mm(x, W^T)``, without bias) on a
+2-d float32 CPU input with constant W and B becomes ``aten.linear(x, W, B)``: the same arithmetic (linear runs addmm), in the
 form whose weight the loader can pack. So does a linear layer on a 3-d input that the
 matmul decomposition wrote as ``bmm(x, expand(W^T))`` (+ bias): one GEMM on x reshaped to
 2-d instead of a batch of small ones (float noise: other summation blocks).
@@ -113,17 +113,24 @@ def _record_shape(node: Any, facts: FactsLike, only_if_missing: bool = False) ->
 
 
 def _linear(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: FactsLike) -> Optional[tuple]:
-    """(x, W, B) when `node` is addmm(B, x, W^T) with constant W, B on a 2-d float32 CPU x."""
-    if node.op != "call_function" or node.target is not _ADDMM or node.kwargs or len(node.args) != 3:
+    """(x, W, B) when `node` is addmm(B, x, W^T) with constant W, B, or mm(x, W^T) with
+    constant W (a linear without bias: B None), on a 2-d float32 CPU x."""
+    if node.op != "call_function" or node.kwargs:
         return None
-    b, x, wt = node.args
-    if not (is_constant(b) and _call(wt, _aten.permute.default) and list(wt.args[1]) == [1, 0]
+    if node.target is _ADDMM and len(node.args) == 3:
+        b, x, wt = node.args
+    elif node.target is _aten.mm.default and len(node.args) == 2:
+        (x, wt), b = node.args, None
+    else:
+        return None
+    if not ((b is None or is_constant(b)) and _call(wt, _aten.permute.default) and list(wt.args[1]) == [1, 0]
             and is_constant(wt.args[0])):
         return None
     fx = facts.get(x.name) if isinstance(x, torch.fx.Node) else None
-    w, bias = constant_value(gm, wt.args[0]), constant_value(gm, b)
+    w = constant_value(gm, wt.args[0])
+    bias = constant_value(gm, b) if b is not None else None
     if fx is None or len(fx.shape) != 2 or fx.dtype != torch.float32 or fx.device != "cpu" \
-            or w.dtype != torch.float32 or w.dim() != 2 or bias.dim() != 1:
+            or w.dtype != torch.float32 or w.dim() != 2 or (bias is not None and bias.shape != (w.shape[0],)):
         return None
     return x, wt.args[0], b
 

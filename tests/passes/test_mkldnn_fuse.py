@@ -114,3 +114,18 @@ def test_epilogues_false_fuses_the_convolution_alone():
     r = apply("mkldnn_fuse", frozen, epilogues=False)
     assert r.stats == {"conv": 3, "conv_unary": 0, "conv_add": 0, "conv_add_relu": 0, "linear": 0, "batched_linear": 0}
     assert_same_results(g, r.graph)
+
+
+def test_linears_with_and_without_bias_become_aten_linear():
+    model = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 4, bias=False))
+    g, frozen = _frozen(model, torch.randn(5, 8))
+    r = apply("mkldnn_fuse", frozen)
+    assert r.stats["linear"] == 2
+    assert count(r.graph.gm, torch.ops.aten.linear.default) == 2
+    assert count(r.graph.gm, torch.ops.aten.addmm.default) + count(r.graph.gm, torch.ops.aten.mm.default) == 0
+    assert_same_results(g, r.graph)
+
+
+def test_linears_false_leaves_them():
+    g, frozen = _frozen(nn.Linear(8, 6), torch.randn(5, 8))
+    assert apply("mkldnn_fuse", frozen, linears=False).stats["linear"] == 0
