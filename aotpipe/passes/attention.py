@@ -203,8 +203,9 @@ def _match(bmm2: torch.fx.Node, facts: FactsLike) -> Optional[_Match]:
         return None
     if mask is not None:
         fm = facts.get(mask.name)
-        if fm is None or len(fm.shape) > 4 or fm.dtype not in (torch.bool, fq.dtype) \
-                or not _broadcasts(fm.shape, (B, H, S, L)):
+        # Added to the scores, so a float of their dtype: SDPA reads a bool mask as "keep",
+        # where adding one would add 1.0.
+        if fm is None or len(fm.shape) > 4 or fm.dtype != fq.dtype or not _broadcasts(fm.shape, (B, H, S, L)):
             return None
     return _Match(out, q, k, v, mask, a * b * c)
 

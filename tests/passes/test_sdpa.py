@@ -115,3 +115,4 @@ def test_a_masked_fill_before_a_plain_softmax_is_not_matched():
     ids, mask = torch.randint(0, 50, (2, 6)), torch.ones(2, 6, dtype=torch.int64)
     g, r = _fused(model, ids, mask)
     assert not r.modified and count(r.graph.gm, SOFTMAX) == 1
+
