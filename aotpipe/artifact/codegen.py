@@ -105,6 +105,33 @@ def _strip(node: ast.AST) -> ast.AST:
     return Strip().visit(node)
 
 
+def _by_position(fn: ast.FunctionDef) -> ast.FunctionDef:
+    """`fn` with its parameters named by position: a name is not code. FX renames a
+    placeholder that shadows a builtin (an nn.Sequential's `input` becomes `input_1` when
+    graph.json is rebuilt) though module.py, printed from the captured graph, keeps it."""
+    names = {a.arg: f"_arg{i}" for i, a in enumerate(fn.args.args) if a.arg != "self"}
+    # FX's code for such a placeholder starts with `input_1 = input`: an alias, not code
+    body = []
+    for stmt in fn.body:
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                and isinstance(stmt.value, ast.Name) and stmt.value.id in names):
+            names[stmt.targets[0].id] = names[stmt.value.id]
+            continue
+        body.append(stmt)
+    fn.body = body or [ast.Pass()]
+
+    class Rename(ast.NodeTransformer):
+        def visit_arg(self, n: ast.arg) -> ast.AST:
+            n.arg = names.get(n.arg, n.arg)
+            return n
+
+        def visit_Name(self, n: ast.Name) -> ast.AST:
+            n.id = names.get(n.id, n.id)
+            return n
+
+    return Rename().visit(fn)
+
+
 def _forward_of(tree: ast.Module, in_class: bool) -> Optional[ast.FunctionDef]:
     body = tree.body
     if in_class:
@@ -142,10 +169,13 @@ def code_mismatch(module_py: Path, gm: torch.fx.GraphModule, constants: Optional
     except (SyntaxError, UnicodeDecodeError, ValueError) as e:
         return f"{module_py}: not valid Python ({e.__class__.__name__}: {getattr(e, 'msg', e)})"
     shown = _forward_of(tree, in_class=True)
-    expected = _forward_of(ast.parse(gm.code), in_class=False)
+    # A graph the loader packed weights for (passes/prepack.py): module.py shows graph.json's.
+    dense = gm.meta.get("dense_graph") if isinstance(gm, torch.fx.GraphModule) else None
+    code = dense.python_code(root_module="self").src if dense is not None else gm.code
+    expected = _forward_of(ast.parse(code), in_class=False)
     if shown is None or expected is None:
         return f"{module_py}: has no GraphModule.forward (module.py does not match graph.json)"
-    a, b = _strip(copy.deepcopy(shown)), _strip(expected)
+    a, b = _by_position(_strip(copy.deepcopy(shown))), _by_position(_strip(expected))
     if ast.dump(a.args) != ast.dump(b.args):
         return (f"{module_py}:{shown.lineno}: forward takes ({ast.unparse(a.args)[:80]}), graph.json's graph "
                 f"({ast.unparse(b.args)[:80]}) (module.py does not match graph.json)")

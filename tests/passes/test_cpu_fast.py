@@ -106,6 +106,16 @@ def test_cpu_fast_graphs_are_checked_written_loaded_and_replayed(tmp_path, monke
         folder = root / model / manifest["graphs"][key]["folder"]
         targets = {n.get("target") for n in json.loads((folder / "graph.json").read_text())["nodes"]}
         assert op in targets, (model, sorted(t for t in targets if t))
+    # verify rebuilds them (packing their weights) and checks module.py against graph.json;
+    # show lists graph.json's ops
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    verified = CliRunner().invoke(main, ["verify", str(root)])
+    assert verified.exit_code == 0, verified.output
+    shown = CliRunner().invoke(main, ["show", str(root / "small_cnn")])
+    assert shown.exit_code == 0 and "mkldnn._convolution_pointwise" in shown.output, shown.output
     # A fresh process loads and replays them against the saved outputs, without inductor.
     code = (
         "import sys\n"
