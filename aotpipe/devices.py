@@ -22,11 +22,15 @@ def parse_device(device: str | torch.device) -> torch.device:
 
 
 def to_device(gm: torch.fx.GraphModule, device: str | torch.device) -> torch.fx.GraphModule:
-    """A copy of `gm` whose factory ops and device arguments name `device`."""
+    """A copy of `gm` whose factory ops and device arguments name `device`. A CPU-only
+    graph (the cpu-fast chain's oneDNN ops, weights the loader packed) is refused for
+    another device (ValueError) and returned as it is for the CPU."""
+    from aotpipe.passes.prepack import is_packed
+
     dev = parse_device(device)
     cpu_only = sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"
                        and getattr(n.target, "namespace", None) in ("mkldnn", "mkl")}
-                      | ({"weights packed for this CPU"} if "dense_graph" in gm.meta else set()))
+                      | ({"weights packed for this CPU"} if is_packed(gm) else set()))
     if cpu_only and dev.type != "cpu":
         raise ValueError(f"this graph runs on CPU only ({', '.join(cpu_only[:3])}: the cpu-fast chain's oneDNN "
                          f"ops); run its base graph on {dev.type}, or a chain without mkldnn_fuse")

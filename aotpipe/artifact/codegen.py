@@ -170,8 +170,9 @@ def code_mismatch(module_py: Path, gm: torch.fx.GraphModule, constants: Optional
         return f"{module_py}: not valid Python ({e.__class__.__name__}: {getattr(e, 'msg', e)})"
     shown = _forward_of(tree, in_class=True)
     # A graph the loader packed weights for (passes/prepack.py): module.py shows graph.json's.
-    dense = gm.meta.get("dense_graph") if isinstance(gm, torch.fx.GraphModule) else None
-    code = dense.python_code(root_module="self").src if dense is not None else gm.code
+    from aotpipe.passes.prepack import is_packed, stored_graph
+
+    code = stored_graph(gm).python_code(root_module="self").src if is_packed(gm) else gm.code
     expected = _forward_of(ast.parse(code), in_class=False)
     if shown is None or expected is None:
         return f"{module_py}: has no GraphModule.forward (module.py does not match graph.json)"

@@ -8,7 +8,6 @@ instead of rebuilding from graph.json: only for artefacts you made yourself.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
@@ -308,12 +307,9 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
 def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A graph of the cpu-fast chain with its convolution and linear weights packed for
     this CPU, in memory (aotpipe/passes/prepack.py); any other graph as it is."""
-    from aotpipe.passes.prepack import needs_prepack, prepack
+    from aotpipe.passes.prepack import prepack
 
-    if needs_prepack(gm):
-        dense = copy.deepcopy(gm.graph)
-        if any(prepack(gm).values()):
-            gm.meta["dense_graph"] = dense  # what graph.json holds (checks compare it)
+    prepack(gm)
     return gm
 
 

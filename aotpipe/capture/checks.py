@@ -326,7 +326,9 @@ def graph_structure(gm: torch.fx.GraphModule) -> list[str]:
     the graph as graph.json holds it, for a graph the loader packed (passes/prepack.py)."""
     from aotpipe.artifact.graph_json import target_name
 
-    graph = gm.meta.get("dense_graph", gm.graph)
+    from aotpipe.passes.prepack import stored_graph
+
+    graph = stored_graph(gm)
     # Nodes by position, not name: FX renames a placeholder that would shadow a builtin.
     index = {n: f"%{i}" for i, n in enumerate(graph.nodes)}
     lines = []

@@ -120,11 +120,6 @@ def is_pure(node: torch.fx.Node) -> bool:
     return not schema.is_mutable and not any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
 
 
-def real_strides(gm: torch.fx.GraphModule, values: list[Any]) -> dict[str, Any]:
-    """Each tensor-valued node's (shape, stride) when run on `values` (tuple-valued nodes aside)."""
-    return {k: (f.shape, f.stride) for k, f in tensor_facts(gm, values).items()}
-
-
 @dataclass(frozen=True)
 class Facts:
     """What a pass may need to know of a node's value when run on the example inputs."""

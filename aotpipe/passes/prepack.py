@@ -22,11 +22,13 @@ Results equal the dense graph's up to float noise: bit for bit for channels-last
 convolutions and for BERT-size GEMMs here, not for small GEMMs (MKL computes those another
 way). The reference outputs an artefact records come from the graph as loaded, packed, so
 a replay on the same machine matches them exactly; the checks against the eager model
-judge the packed graph. A node without a recorded input shape stays dense.
+judge the packed graph. A node without a recorded input shape, or with one that does not
+fit it (a conv's channels, a linear's width, sizes past 2**31), stays dense.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 import torch
@@ -35,6 +37,7 @@ import torch.fx
 _mkldnn = torch.ops.mkldnn
 _CONVS = {_mkldnn._convolution_pointwise.default: 1, _mkldnn._convolution_pointwise.binary: 2}  # weight's index
 _LINEAR = torch.ops.aten.linear.default
+_DENSE = "dense_graph"  # gm.meta key: the graph before packing
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -44,6 +47,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, b
     # (it copies that many per row). Anything else takes linear, which checks.
     if (x.dim() != 2 or x.shape[1] != weight.shape[1] or x.dtype != torch.float32 or x.device.type != "cpu"
             or not x.is_contiguous() or x.requires_grad
+            or x.shape[0] != rows
             or (bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != torch.float32
                                       or not bias.is_contiguous()))):
         return torch.nn.functional.linear(x, weight, bias)
@@ -51,7 +55,8 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, b
 
 
 def _recorded(node: Any) -> Optional[tuple[list[int], list[int]]]:
-    """(shape, stride) a pass recorded for `node` (its "val"), if any."""
+    """(shape, stride) a pass recorded for `node` (its "val"), if any and plausible: an
+    artefact from someone else may record anything there, and a shape only steers packing."""
     if not isinstance(node, torch.fx.Node):
         return None
     val = node.meta.get("val")
@@ -59,7 +64,7 @@ def _recorded(node: Any) -> Optional[tuple[list[int], list[int]]]:
         return list(val.shape), list(val.stride())
     saved = node.meta.get("saved_val")
     shape, stride = (saved.get("shape"), saved.get("stride")) if isinstance(saved, dict) else (None, None)
-    if all(isinstance(v, list) and len(v) == len(shape) and all(isinstance(s, int) and 0 <= s < 2**40 for s in v)
+    if all(isinstance(v, list) and len(v) == len(shape) and all(isinstance(s, int) and 0 <= s < 2**31 for s in v)
            for v in (shape, stride)):
         return shape, stride
     return None
@@ -86,11 +91,23 @@ def needs_prepack(gm: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" and (n.target in _CONVS or n.target is _LINEAR) for n in gm.graph.nodes)
 
 
+def stored_graph(gm: torch.fx.GraphModule) -> torch.fx.Graph:
+    """The graph as graph.json holds it: for a module :func:`prepack` packed, the graph
+    before packing (what verify, the checks and show compare and list)."""
+    return gm.meta.get(_DENSE, gm.graph)
+
+
+def is_packed(gm: torch.fx.GraphModule) -> bool:
+    return _DENSE in gm.meta
+
+
 def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
-    """Pack `gm`'s convolution and linear weights for this CPU, in place; what it packed."""
+    """Pack `gm`'s convolution and linear weights for this CPU, in place; what it packed.
+    The graph before packing stays in gm.meta (:func:`stored_graph`)."""
     done = {"conv": 0, "linear": 0}
-    if not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available() or not needs_prepack(gm):
         return done
+    dense = copy.deepcopy(gm.graph)
     packed: dict[tuple, torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
@@ -106,9 +123,16 @@ def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
                 continue
             shape = recorded[0]
             padding, stride, dilation, groups = node.args[i + 2:i + 6]
+            if not (isinstance(groups, int) and groups > 0 and min(shape) > 0 and shape[1] == weight.shape[1] * groups
+                    and all(isinstance(g, list) and all(isinstance(v, int) for v in g)
+                            for g in (padding, stride, dilation))):
+                continue  # not what this convolution reads: left dense (its kernel checks at run time)
             key = ("conv", node.args[i].target, tuple(padding), tuple(stride), tuple(dilation), groups, tuple(shape))
             if key not in packed:
-                value = _mkldnn._reorder_convolution_weight(weight, padding, stride, dilation, groups, shape)
+                try:
+                    value = _mkldnn._reorder_convolution_weight(weight, padding, stride, dilation, groups, shape)
+                except RuntimeError:
+                    continue  # oneDNN refused the geometry: left dense
                 packed[key] = _attribute(gm, node.args[i].target + "_packed", value)
             args = list(node.args)
             args[i] = packed[key]
@@ -120,6 +144,7 @@ def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
             shape = (_recorded(x) or (None,))[0]
             bias = _dense_constant(gm, b, 1) if b is not None else None
             if weight is None or not weight.is_contiguous() or shape is None or len(shape) != 2 \
+                    or not (0 < shape[0] and shape[1] == weight.shape[1]) \
                     or (b is not None and (bias is None or bias.shape != (weight.shape[0],))):
                 continue
             key = ("linear", w.target, shape[0])
@@ -130,6 +155,7 @@ def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
             node.args = (x, packed[key], w, b, shape[0])
             done["linear"] += 1
     if any(done.values()):
+        gm.meta[_DENSE] = dense
         gm.graph.eliminate_dead_code()
         gm.recompile()
     return done

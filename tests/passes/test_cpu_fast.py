@@ -203,3 +203,14 @@ def test_a_lone_convolution_on_the_input_is_left_alone():
     r = apply("channels_last", apply("freeze", g).graph, activations=True)
     assert not r.modified and r.stats == {"weights_converted": 0, "convolutions_left_alone": 1}
     assert apply("channels_last", apply("freeze", g).graph).stats["weights_converted"] == 1
+
+
+def test_a_cpu_fast_graph_is_refused_for_another_device():
+    """replay --device cuda runs a graph through to_device: a graph of oneDNN ops has no CUDA
+    kernels, so it is refused with one line naming what to run instead (no GPU needed)."""
+    from aotpipe.devices import to_device
+
+    g = apply("mkldnn_fuse", apply("freeze", graph_of(zoo.small_cnn(channels=4), torch.randn(2, 3, 8, 8))).graph)
+    with pytest.raises(ValueError, match="runs on CPU only .*run its base graph on cuda"):
+        to_device(g.graph.gm, "cuda")
+    assert to_device(g.graph.gm, "cpu") is g.graph.gm

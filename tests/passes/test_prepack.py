@@ -108,3 +108,38 @@ def test_packed_linear_refuses_a_bias_of_the_wrong_length():
     packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 4)
     with pytest.raises(RuntimeError):
         packed_linear(torch.randn(4, 32), packed, w, torch.randn(3), 4)
+
+
+@pytest.mark.parametrize("shape", [[2**31, 4, 8, 8], [2, 5, 8, 8], [0, 4, 8, 8], [2, 4, 8]])
+def test_a_recorded_convolution_input_that_does_not_fit_leaves_it_dense(shape):
+    """An artefact from someone else may record any "val": one that is not what the
+    convolution reads (too big, wrong channels, empty, wrong rank) is not packed for."""
+    g = _fused(_Block(), torch.randn(2, 4, 8, 8))
+    conv = next(n for n in g.gm.graph.nodes if n.target is torch.ops.mkldnn._convolution_pointwise.default)
+    x = conv.args[0]
+    x.meta.pop("val")
+    x.meta["saved_val"] = {"shape": shape, "stride": [1] * len(shape)}
+    dense = copy.deepcopy(g.gm)
+    prepack(g.gm)
+    assert conv.args[1].op == "get_attr" and not conv.args[1].target.endswith("_packed")
+    with torch.no_grad():
+        assert torch.equal(dense(*g.values)[0], g.gm(*g.values)[0])
+
+
+@pytest.mark.parametrize("rows", [2**31, 0, "8"])
+def test_a_recorded_linear_input_that_does_not_fit_leaves_it_dense(rows):
+    g = _fused(_Mlp(), torch.randn(6, 16))
+    linear = next(n for n in g.gm.graph.nodes if n.target is torch.ops.aten.linear.default)
+    linear.args[0].meta.pop("val")
+    linear.args[0].meta["saved_val"] = {"shape": [rows, 16], "stride": [16, 1]}
+    prepack(g.gm)
+    assert linear.target is torch.ops.aten.linear.default
+    with torch.no_grad():
+        g.gm(*g.values)
+
+
+def test_packed_linear_takes_linear_for_another_row_count():
+    w, b = torch.randn(8, 32), torch.randn(8)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 4)
+    x = torch.randn(5, 32)
+    assert torch.equal(packed_linear(x, packed, w, b, 4), torch.nn.functional.linear(x, w, b))
