@@ -38,8 +38,9 @@ from aotpipe.graph_keys import BASE_KEY_PATTERN, GRAPH_KINDS
 # ---------------------------------------------------------------------------------------
 # Constants
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# Version 3 records the capture's environment and the evidence replay judges other machines by.
+READABLE_VERSIONS = (1, 2, 3)
 # graph.json's own version: 2 lets a get_attr be "recompute" (its blob is not stored).
 GRAPH_FORMAT_VERSION = 2
 

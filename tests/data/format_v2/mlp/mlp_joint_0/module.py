@@ -1,0 +1,61 @@
+# mlp_joint_0: the joint graph of model mlp (export capture)
+# Written by aotpipe 0.1.0 with torch 2.13.0+cpu. Generated code: do not edit.
+# Inputs, in order:
+#   primals_1: param layers.0.weight float32[16, 8]
+#   primals_2: param layers.0.bias float32[16]
+#   primals_3: param layers.1.weight float32[16, 16]
+#   primals_4: param layers.1.bias float32[16]
+#   primals_5: param head.weight float32[10, 16]
+#   primals_6: param head.bias float32[10]
+#   primals_7: user arg0 float32[4, 8]
+#   tangents_1: tangent output[0] float32[]
+import torch
+from torch import device  # noqa: F401  (used by factory ops' device arguments)
+inf = float("inf")
+nan = float("nan")
+
+class GraphModule(torch.nn.Module):
+    def forward(self, primals_1: "f32[16, 8][8, 1]cpu", primals_2: "f32[16][1]cpu", primals_3: "f32[16, 16][16, 1]cpu", primals_4: "f32[16][1]cpu", primals_5: "f32[10, 16][16, 1]cpu", primals_6: "f32[10][1]cpu", primals_7: "f32[4, 8][8, 1]cpu", tangents_1: "f32[][]cpu"):
+        permute: "f32[8, 16][1, 8]cpu" = torch.ops.aten.permute.default(primals_1, [1, 0]);  primals_1 = None
+        addmm: "f32[4, 16][16, 1]cpu" = torch.ops.aten.addmm.default(primals_2, primals_7, permute);  primals_2 = permute = None
+        relu: "f32[4, 16][16, 1]cpu" = torch.ops.aten.relu.default(addmm);  addmm = None
+        alias: "f32[4, 16][16, 1]cpu" = torch.ops.aten.alias.default(relu)
+        permute_1: "f32[16, 16][1, 16]cpu" = torch.ops.aten.permute.default(primals_3, [1, 0]);  primals_3 = None
+        addmm_1: "f32[4, 16][16, 1]cpu" = torch.ops.aten.addmm.default(primals_4, relu, permute_1);  primals_4 = None
+        relu_1: "f32[4, 16][16, 1]cpu" = torch.ops.aten.relu.default(addmm_1);  addmm_1 = None
+        alias_1: "f32[4, 16][16, 1]cpu" = torch.ops.aten.alias.default(relu_1)
+        permute_2: "f32[16, 10][1, 16]cpu" = torch.ops.aten.permute.default(primals_5, [1, 0]);  primals_5 = None
+        addmm_2: "f32[4, 10][10, 1]cpu" = torch.ops.aten.addmm.default(primals_6, relu_1, permute_2);  primals_6 = None
+        sum_1: "f32[][]cpu" = torch.ops.aten.sum.dim_IntList(addmm_2, []);  addmm_2 = None
+        expand: "f32[4, 10][0, 0]cpu" = torch.ops.aten.expand.default(tangents_1, [4, 10]);  tangents_1 = None
+        permute_3: "f32[10, 16][16, 1]cpu" = torch.ops.aten.permute.default(permute_2, [1, 0]);  permute_2 = None
+        mm: "f32[4, 16][16, 1]cpu" = torch.ops.aten.mm.default(expand, permute_3);  permute_3 = None
+        permute_4: "f32[10, 4][0, 0]cpu" = torch.ops.aten.permute.default(expand, [1, 0])
+        mm_1: "f32[10, 16][16, 1]cpu" = torch.ops.aten.mm.default(permute_4, relu_1);  permute_4 = relu_1 = None
+        permute_5: "f32[16, 10][1, 16]cpu" = torch.ops.aten.permute.default(mm_1, [1, 0]);  mm_1 = None
+        sum_2: "f32[1, 10][10, 1]cpu" = torch.ops.aten.sum.dim_IntList(expand, [0], True);  expand = None
+        view: "f32[10][1]cpu" = torch.ops.aten.view.default(sum_2, [10]);  sum_2 = None
+        permute_6: "f32[10, 16][16, 1]cpu" = torch.ops.aten.permute.default(permute_5, [1, 0]);  permute_5 = None
+        alias_2: "f32[4, 16][16, 1]cpu" = torch.ops.aten.alias.default(alias_1);  alias_1 = None
+        le: "b8[4, 16][16, 1]cpu" = torch.ops.aten.le.Scalar(alias_2, 0);  alias_2 = None
+        scalar_tensor: "f32[][]cpu" = torch.ops.aten.scalar_tensor.default(0, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
+        where: "f32[4, 16][16, 1]cpu" = torch.ops.aten.where.self(le, scalar_tensor, mm);  le = scalar_tensor = mm = None
+        permute_7: "f32[16, 16][16, 1]cpu" = torch.ops.aten.permute.default(permute_1, [1, 0]);  permute_1 = None
+        mm_2: "f32[4, 16][16, 1]cpu" = torch.ops.aten.mm.default(where, permute_7);  permute_7 = None
+        permute_8: "f32[16, 4][1, 16]cpu" = torch.ops.aten.permute.default(where, [1, 0])
+        mm_3: "f32[16, 16][16, 1]cpu" = torch.ops.aten.mm.default(permute_8, relu);  permute_8 = relu = None
+        permute_9: "f32[16, 16][1, 16]cpu" = torch.ops.aten.permute.default(mm_3, [1, 0]);  mm_3 = None
+        sum_3: "f32[1, 16][16, 1]cpu" = torch.ops.aten.sum.dim_IntList(where, [0], True);  where = None
+        view_1: "f32[16][1]cpu" = torch.ops.aten.view.default(sum_3, [16]);  sum_3 = None
+        permute_10: "f32[16, 16][16, 1]cpu" = torch.ops.aten.permute.default(permute_9, [1, 0]);  permute_9 = None
+        alias_3: "f32[4, 16][16, 1]cpu" = torch.ops.aten.alias.default(alias);  alias = None
+        le_1: "b8[4, 16][16, 1]cpu" = torch.ops.aten.le.Scalar(alias_3, 0);  alias_3 = None
+        scalar_tensor_1: "f32[][]cpu" = torch.ops.aten.scalar_tensor.default(0, dtype = torch.float32, layout = torch.strided, device = device(type='cpu'))
+        where_1: "f32[4, 16][16, 1]cpu" = torch.ops.aten.where.self(le_1, scalar_tensor_1, mm_2);  le_1 = scalar_tensor_1 = mm_2 = None
+        permute_11: "f32[16, 4][1, 16]cpu" = torch.ops.aten.permute.default(where_1, [1, 0])
+        mm_4: "f32[16, 8][8, 1]cpu" = torch.ops.aten.mm.default(permute_11, primals_7);  permute_11 = primals_7 = None
+        permute_12: "f32[8, 16][1, 8]cpu" = torch.ops.aten.permute.default(mm_4, [1, 0]);  mm_4 = None
+        sum_4: "f32[1, 16][16, 1]cpu" = torch.ops.aten.sum.dim_IntList(where_1, [0], True);  where_1 = None
+        view_2: "f32[16][1]cpu" = torch.ops.aten.view.default(sum_4, [16]);  sum_4 = None
+        permute_13: "f32[16, 8][8, 1]cpu" = torch.ops.aten.permute.default(permute_12, [1, 0]);  permute_12 = None
+        return [sum_1, permute_13, view_2, permute_10, view_1, permute_6, view, None]
