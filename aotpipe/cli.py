@@ -81,8 +81,8 @@ def main(verbose: bool) -> None:
 @click.option("--force", is_flag=True, help="Redo models even if their artefacts are up to date.")
 @click.option("--json", "as_json", is_flag=True, help="Print run.json to stdout instead of a summary.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-@click.option("--key", "key", type=click.Path(dir_okay=False), default=None, envvar="AOTPIPE_SIGNING_KEY",
-              help="Sign every artefact written with this key (an HMAC secret or an Ed25519 PEM private key); "
+@click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", default=None, envvar="AOTPIPE_SIGNING_KEY",
+              help="Sign every artefact written with this key (an Ed25519 private key, or an HMAC secret); "
                    "an artefact on disk is then kept only if its signature checks. Default: $AOTPIPE_SIGNING_KEY.")
 @_user_errors
 def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str | None, workers: int | None,
@@ -236,9 +236,10 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the problems as JSON.")
-@click.option("--key", "key", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Also check each artefact's signature (signature.json) with this key: an HMAC secret, "
-                   "or an Ed25519 PEM public or private key.")
+@click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", default=None,
+              help="Check each artefact's signature (signature.json) with this key first: an Ed25519 public "
+                   "or private key (PEM, DER, OpenSSH; with ed25519: also raw 32 bytes), or an HMAC secret. "
+                   "An artefact whose signature fails is not read further.")
 @click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",
               help="Run ops of this library namespace (repeatable), if the artefact's pipeline trusted it too "
                    "(trusted_ops): imports the module the manifest names, if it lies in package NS, or "
@@ -258,7 +259,7 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
     from aotpipe.artifact.load import parse_trust
 
     parse_trust(trust_ops)  # a malformed --trust-ops is the user's error, once
-    results = verify_tree(Path(directory), Path(key) if key else None, trust_ops=trust_ops)
+    results = verify_tree(Path(directory), key or None, trust_ops=trust_ops)
     bad = {str(k): v for k, v in results.items() if v}
     if as_json:
         click.echo(json.dumps({"checked": len(results), "problems": bad}, indent=2, sort_keys=True))
@@ -279,8 +280,9 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--key", "key", type=click.Path(exists=True, dir_okay=False), required=True,
-              help="An Ed25519 PEM private key, or a file of at least 32 secret bytes for HMAC-SHA256.")
+@click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", required=True,
+              help="An Ed25519 private key (PEM, DER or OpenSSH), or an HMAC-SHA256 secret of at least 32 bytes "
+                   "(never a public key, never exactly 32 bytes).")
 @_user_errors
 def sign(directory: str, key: str) -> None:
     """Sign every artefact under DIRECTORY (signature.json beside each manifest.json).

@@ -80,14 +80,10 @@ def _describe(path: Path, trust_ops: Sequence[str]) -> str:
                          + (f": {b.code}" if b.code else ""))
     if c.fallback is not None:
         lines.append(f"capture: export failed, dynamo used: {c.fallback}")
-    from aotpipe.passes.prepack import stored_graph
-
     for kind, ga in art.graphs.items():
-        gm = ga.module
-        graph = stored_graph(gm) if hasattr(gm, "graph") else None  # as graph.json holds it
+        gm = ga.structure  # as graph.json holds it, never run (nothing recomputed)
         ops = collections.Counter(
-            target_name(n.target).removeprefix("aten.") for n in graph.nodes if n.op == "call_function"
-        ) if graph is not None else collections.Counter()
+            target_name(n.target).removeprefix("aten.") for n in gm.graph.nodes if n.op == "call_function")
         rec = ga.record
         lines.append("")
         parsed = parse_graph_key(kind)

@@ -54,10 +54,10 @@ def run_pipeline(
 
     start = time.perf_counter()
     if key is not None:
-        from aotpipe.artifact.signing import load_key
+        from aotpipe.artifact.signing import absolute_key_spec, load_key
 
         load_key(key, for_signing=True)  # a bad key is a user error before any work
-        key = Path(key).resolve()
+        key = absolute_key_spec(key)  # workers may run elsewhere
     specs = select_models(pipeline, only)
     out_root = Path(output if output is not None else pipeline.output) / pipeline.name
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import copy
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch.fx
 
@@ -72,37 +72,57 @@ def module_source(
 
 
 # ---------------------------------------------------------------------------------------
-# checking module.py against graph.json (aotpipe verify)
+# checking module.py against graph.json (aotpipe verify, and load before --trust-code imports it)
 
 
-def _strip(node: ast.AST) -> ast.AST:
-    """`node` without what print_readable adds for people (annotations, docstrings), keyword
-    arguments in name order (graph.json stores them as a JSON object, keys sorted)."""
+def graph_constants(graph_data: Any) -> dict[str, tuple]:
+    """{target: (blob, shape, stride)} of graph.json's constants: what module.py loads."""
+    nodes = graph_data.get("nodes") if isinstance(graph_data, dict) else None
+    return {n["target"]: (n.get("blob"), n.get("shape"), n.get("stride"))
+            for n in nodes or [] if isinstance(n, dict) and n.get("op") == "get_attr" and isinstance(n.get("target"), str)}
 
-    class Strip(ast.NodeTransformer):
-        def visit_Call(self, n: ast.Call) -> ast.AST:
-            self.generic_visit(n)
-            n.keywords.sort(key=lambda k: k.arg or "")
-            return n
 
-        def visit_AnnAssign(self, n: ast.AnnAssign) -> ast.AST:
-            self.generic_visit(n)
-            if n.value is None:
-                return ast.Pass()
+class _NotCode(ast.NodeTransformer):
+    """What module.py shows people but that runs nothing: an annotation that is a string
+    literal (print_readable's shapes; Python evaluates it to the string), a statement that
+    is only a string literal (a docstring). Keyword arguments in name order (graph.json
+    stores them as a JSON object, keys sorted). Any other annotation is kept, so it is
+    compared as code: an annotation is evaluated when its function is defined."""
+
+    @staticmethod
+    def _literal(n: Optional[ast.AST]) -> bool:
+        return isinstance(n, ast.Constant) and isinstance(n.value, str)
+
+    def visit_Call(self, n: ast.Call) -> ast.AST:
+        self.generic_visit(n)
+        n.keywords.sort(key=lambda k: k.arg or "")
+        return n
+
+    def visit_AnnAssign(self, n: ast.AnnAssign) -> ast.AST:
+        self.generic_visit(n)
+        if n.value is not None and self._literal(n.annotation) and n.simple:
             return ast.copy_location(ast.Assign(targets=[n.target], value=n.value), n)
+        return n
 
-        def visit_arg(self, n: ast.arg) -> ast.AST:
+    def visit_arg(self, n: ast.arg) -> ast.AST:
+        if self._literal(n.annotation):
             n.annotation = None
-            return n
+        return n
 
-        def visit_FunctionDef(self, n: ast.FunctionDef) -> ast.AST:
+    def visit_FunctionDef(self, n: ast.FunctionDef) -> ast.AST:
+        if self._literal(n.returns):
             n.returns = None
-            n.body = [s for s in n.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                                                and isinstance(s.value.value, str))] or [ast.Pass()]
-            self.generic_visit(n)
-            return n
+        self.generic_visit(n)
+        return n
 
-    return Strip().visit(node)
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for name in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, name, None)
+            if isinstance(stmts, list) and stmts and all(isinstance(s, ast.stmt) for s in stmts):
+                kept = [s for s in stmts if not (isinstance(s, ast.Expr) and self._literal(s.value))]
+                setattr(node, name, kept or [ast.Pass()])
+        return node
 
 
 def _by_position(fn: ast.FunctionDef) -> ast.FunctionDef:
@@ -132,12 +152,15 @@ def _by_position(fn: ast.FunctionDef) -> ast.FunctionDef:
     return Rename().visit(fn)
 
 
-def _forward_of(tree: ast.Module, in_class: bool) -> Optional[ast.FunctionDef]:
-    body = tree.body
-    if in_class:
-        cls = next((s for s in body if isinstance(s, ast.ClassDef) and s.name == "GraphModule"), None)
-        body = cls.body if cls is not None else []
-    return next((s for s in body if isinstance(s, ast.FunctionDef) and s.name == "forward"), None)
+def _normal_form(tree: ast.Module) -> ast.Module:
+    """`tree` as compared: readable extras dropped (_NotCode), GraphModule.forward's
+    parameters named by position."""
+    tree = _NotCode().visit(tree)
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef) and cls.name == "GraphModule":
+            cls.body = [_by_position(s) if isinstance(s, ast.FunctionDef) and s.name == "forward" else s
+                        for s in cls.body]
+    return tree
 
 
 def _constants_of(tree: ast.Module) -> Optional[dict]:
@@ -152,50 +175,67 @@ def _constants_of(tree: ast.Module) -> Optional[dict]:
         return None
 
 
+def _first_difference(shown: list[ast.stmt], want: list[ast.stmt], end: int
+                      ) -> Optional[tuple[int, Optional[ast.stmt], Optional[ast.stmt]]]:
+    """(line, statement shown, statement wanted) where two statement lists first differ,
+    looking inside a class or function whose header matches; None if they are the same."""
+    for i in range(max(len(shown), len(want))):
+        a = shown[i] if i < len(shown) else None
+        b = want[i] if i < len(want) else None
+        if a is not None and b is not None and ast.dump(a) == ast.dump(b):
+            continue
+        if isinstance(a, (ast.ClassDef, ast.FunctionDef)) and type(a) is type(b) and a.name == b.name:
+            head = lambda n: ast.dump(type(n)(**{**{f: getattr(n, f) for f in n._fields}, "body": []}))  # noqa: E731
+            if head(a) == head(b):
+                inner = _first_difference(a.body, b.body, a.end_lineno or a.lineno)
+                if inner is not None:
+                    return inner
+                continue
+        return (a.lineno if a is not None else end), a, b
+    return None
+
+
 def code_mismatch(module_py: Path, gm: torch.fx.GraphModule, constants: Optional[dict[str, tuple]] = None
                   ) -> Optional[str]:
-    """None if module.py shows the code `gm` (rebuilt from graph.json) generates, else one line
-    naming the first statement that differs.
+    """None if module.py is the file this codegen writes for `gm` (graph.json's graph as
+    rebuilt, unpacked: GraphArtifact.structure) and `constants` ({target: (blob, shape, stride)} from graph.json), else one
+    line naming the first statement that differs.
 
-    Compared as Python syntax trees without annotations, comments and docstrings: the
-    readable extras of module.py are not code. `constants` ({target: (blob, shape, stride)}
-    from graph.json) is compared with the constants module.py loads. Nothing is imported.
+    The whole file is compared, as Python syntax trees: module level, the class body,
+    ``__init__``, ``forward`` and ``_load_constants``. Comments, string-literal annotations
+    (shapes) and docstrings are for people and run nothing; they are not compared. Nothing
+    is imported.
     """
     from aotpipe.artifact import limits
 
     try:
         data = limits.read_bytes(module_py, limit=limits.current().max_record_bytes, limit_name="max_record_bytes")
         tree = ast.parse(data.decode("utf-8"), filename=str(module_py))
-    except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+    except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError, MemoryError) as e:
         return f"{module_py}: not valid Python ({e.__class__.__name__}: {getattr(e, 'msg', e)})"
-    shown = _forward_of(tree, in_class=True)
-    # A graph the loader packed weights for (passes/prepack.py): module.py shows graph.json's.
-    from aotpipe.passes.prepack import is_packed, stored_graph
-
-    code = stored_graph(gm).python_code(root_module="self").src if is_packed(gm) else gm.code
-    expected = _forward_of(ast.parse(code), in_class=False)
-    if shown is None or expected is None:
-        return f"{module_py}: has no GraphModule.forward (module.py does not match graph.json)"
-    a, b = _by_position(_strip(copy.deepcopy(shown))), _by_position(_strip(expected))
-    if ast.dump(a.args) != ast.dump(b.args):
-        return (f"{module_py}:{shown.lineno}: forward takes ({ast.unparse(a.args)[:80]}), graph.json's graph "
-                f"({ast.unparse(b.args)[:80]}) (module.py does not match graph.json)")
-    for i in range(max(len(a.body), len(b.body))):
-        sa = a.body[i] if i < len(a.body) else None
-        sb = b.body[i] if i < len(b.body) else None
-        if sa is None or sb is None or ast.dump(sa) != ast.dump(sb):
-            line = shown.body[i].lineno if i < len(shown.body) else shown.end_lineno
-            show = ast.unparse(sa)[:100] if sa is not None else "nothing"
-            want = ast.unparse(sb)[:100] if sb is not None else "nothing"
-            return (f"{module_py}:{line}: shows `{show}` where graph.json's graph has `{want}` "
-                    "(module.py does not match graph.json)")
-    if constants is not None:
-        written = _constants_of(tree) or {}
-        as_list = lambda v: list(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
-        want = {k: (v[0], as_list(v[1]), as_list(v[2])) for k, v in constants.items()}
-        got = {k: (v[0], as_list(v[1]), as_list(v[2])) for k, v in written.items()
-               if isinstance(v, tuple) and len(v) == 3}
-        if got != want:
-            diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))[:3]
-            return f"{module_py}: constants {', '.join(diff)} differ from graph.json's (module.py does not match graph.json)"
-    return None
+    if constants is None:
+        constants = {}
+    try:
+        written = _constants_of(tree)
+    except RecursionError:
+        written = None
+    as_list = lambda v: list(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
+    want = {k: (v[0], as_list(v[1]), as_list(v[2])) for k, v in constants.items()}
+    got = {k: (v[0], as_list(v[1]), as_list(v[2])) for k, v in (written or {}).items()
+           if isinstance(v, tuple) and len(v) == 3}
+    if got != want:
+        diff = sorted(str(k) for k in set(got) | set(want) if got.get(k) != want.get(k))[:3]
+        return f"{module_py}: constants {', '.join(diff)} differ from graph.json's (module.py does not match graph.json)"
+    expected = ast.parse(module_source(gm, title="", input_lines=[], constants=constants, version="",
+                                       torch_version=""))
+    try:
+        found = _first_difference(_normal_form(tree).body, _normal_form(expected).body, len(data.splitlines()))
+    except RecursionError:
+        return f"{module_py}: nested too deeply to compare (module.py does not match graph.json)"
+    if found is None:
+        return None
+    line, a, b = found
+    show = ast.unparse(a)[:100] if a is not None else "nothing"
+    wanted = ast.unparse(b)[:100] if b is not None else "nothing"
+    return (f"{module_py}:{line}: shows `{' '.join(show.split())}` where graph.json's graph makes "
+            f"`{' '.join(wanted.split())}` (module.py does not match graph.json)")

@@ -64,16 +64,31 @@ class GraphArtifact:
     name: str = ""  # the manifest's key: the kind, or "<kind>.<passes>" for a transformed graph
     # For a backward graph: the forward graph, whose outputs are its saved activations.
     upstream: Optional["GraphArtifact"] = None
+    # Builds the graph as graph.json holds it without running anything (see `structure`).
+    structure_builder: Optional[Callable[[], torch.fx.GraphModule]] = None
+    _structure: Optional[torch.fx.GraphModule] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.kind
 
     @property
     def module(self) -> torch.nn.Module:
-        """The graph as a module (built now if the loader deferred it)."""
+        """The graph as a module to run (built now if the loader deferred it: recomputed
+        constants run the pass chain on the base graph)."""
         if not isinstance(self.built, torch.nn.Module):
             self.built = self.built()
         return self.built
+
+    @property
+    def structure(self) -> torch.fx.GraphModule:
+        """The graph exactly as graph.json holds it, for reading (verify, show): rebuilt
+        through the allow-list, never run, nothing recomputed. Constants the loader would
+        recompute are meta tensors of their recorded layout; weights are not packed."""
+        if self._structure is None:
+            if self.structure_builder is None:
+                raise ArtifactError(f"{self.folder}: no graph.json view of this graph")
+            self._structure = self.structure_builder()
+        return self._structure
 
     @property
     def input_file(self) -> Path:
@@ -233,11 +248,14 @@ class Artifact:
                 out.setdefault(parsed.subgraph, {})[parsed.kind] = key
         return dict(sorted(out.items()))
 
-    def build_all(self) -> "Artifact":
-        """Every graph's module built now (what verify needs: a deferred one may fail)."""
+    def build_all(self, *, recompute: bool = False) -> "Artifact":
+        """Every graph rebuilt from graph.json now (a malformed one fails here), running none:
+        constants the loader recomputes are left for the first use of a graph's `module`.
+        `recompute=True` builds every runnable module now, recomputing them (which runs
+        the pass chain on the base graph: only for an artefact one has just made)."""
         for ga in self.graphs.values():
             try:
-                ga.module
+                ga.module if recompute else ga.structure
             except ArtifactError:
                 raise
             except Exception as e:
@@ -272,36 +290,77 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
     trace = None
     if (folder / TRACE).exists() or (folder / TRACE).is_symlink():
         _, trace = records.read(TraceRecord, folder / TRACE, folder)
+
+    def constants(recomputed: Optional[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """graph.json's constants by blob: stored ones from their blobs; recomputed ones from
+        `recomputed`, or with None, meta tensors of their recorded layout (nothing runs)."""
+        out: dict[str, torch.Tensor] = {}
+        for node in graph.nodes:
+            if node.op != "get_attr":
+                continue
+            if node.recompute:
+                if recompute is None:
+                    raise ArtifactError(f"{folder / GRAPH_JSON}: constant {node.target!r} is to be "
+                                        "recomputed, but the graph names no pass chain and base graph")
+                if recomputed is None:
+                    out[node.blob] = _placeholder(node)
+                    continue
+                if node.blob not in recomputed:
+                    raise ArtifactError(
+                        f"{folder / GRAPH_JSON}: constant {node.target!r} recomputed by the pass "
+                        "chain differs from the one recorded (other arithmetic on this machine?); an "
+                        "artefact made with save_values: full stores it instead")
+                out[node.blob] = recomputed[node.blob]
+            elif node.blob is not None:
+                out[node.blob] = blobs.get(node.blob)
+        return out
+
+    where = str(folder / GRAPH_JSON)
+
+    def structure() -> torch.fx.GraphModule:
+        return graph_from_json(graph_data, constants(None), where=where, trusted=trusted)
+
+    deferred = any(n.recompute for n in graph.nodes)
     if trust_code:
+        # Only a module.py that is the code graph.json makes is imported (verify's check).
+        from aotpipe.artifact.codegen import code_mismatch, graph_constants
+
+        why = code_mismatch(folder / MODULE_PY, structure(), graph_constants(graph_data))
+        if why:
+            raise ArtifactError(f"{why}; --trust-code imports only a module.py that matches graph.json")
         module: Any = _import_module_py(folder / MODULE_PY)
     else:
         def build() -> torch.nn.Module:
-            constants = {}
-            recomputed: Optional[dict[str, torch.Tensor]] = None
-            for node in graph.nodes:
-                if node.op != "get_attr":
-                    continue
-                if node.recompute:
-                    if recompute is None:
-                        raise ArtifactError(f"{folder / GRAPH_JSON}: constant {node.target!r} is to be "
-                                            "recomputed, but the graph names no pass chain and base graph")
-                    recomputed = recompute() if recomputed is None else recomputed
-                    if node.blob not in recomputed:
-                        raise ArtifactError(
-                            f"{folder / GRAPH_JSON}: constant {node.target!r} recomputed by the pass "
-                            "chain differs from the one recorded (other arithmetic on this machine?); an "
-                            "artefact made with save_values: full stores it instead")
-                    constants[node.blob] = recomputed[node.blob]
-                elif node.blob is not None:
-                    constants[node.blob] = blobs.get(node.blob)
-            gm = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON), trusted=trusted)
+            recomputed = recompute() if deferred and recompute is not None else None
+            gm = graph_from_json(graph_data, constants(recomputed), where=where, trusted=trusted)
             return _packed_for_this_cpu(gm)
 
-        # Recomputing constants runs the pass chain: only when the graph is used (replaying
-        # the inference graph alone need not pay for the optimised one).
-        deferred = any(n.recompute for n in graph.nodes)
+        # Recomputing constants runs the pass chain on the base graph: only when the graph
+        # is run (replaying the inference graph alone need not pay for the optimised one,
+        # and checking an artefact never runs it).
         module = build if deferred else build()
-    return GraphArtifact(record.kind, folder, record, module, blobs, trace)
+    built = module if isinstance(module, torch.fx.GraphModule) else None
+    from aotpipe.passes.prepack import is_packed
+
+    if built is not None and not is_packed(built):
+        return GraphArtifact(record.kind, folder, record, module, blobs, trace, structure_builder=lambda: built)
+    return GraphArtifact(record.kind, folder, record, module, blobs, trace, structure_builder=structure)
+
+
+def _placeholder(node: records.NodeRecord) -> torch.Tensor:
+    """A meta tensor with the layout graph.json records for a constant (its dtype if the
+    node's value records one): what a graph is rebuilt with when it is only read."""
+    val = node.val if isinstance(node.val, dict) else {}
+    try:
+        dtype = decode_dtype(val.get("dtype", "float32"))
+    except ArtifactError:
+        dtype = torch.float32
+    if node.shape is None or node.stride is None:
+        return torch.empty(0, dtype=dtype, device="meta")
+    try:
+        return torch.empty_strided(node.shape, node.stride, dtype=dtype, device="meta")
+    except (RuntimeError, ValueError, TypeError, OverflowError):
+        return torch.empty(0, dtype=dtype, device="meta")  # graph_from_json names the bad layout
 
 
 def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -6,11 +6,18 @@ edit the files can recompute all of those. A signature over manifest.json's byte
 with a key the forger does not have, covers every file, since the manifest lists each
 one's sha256. It is kept in ``signature.json`` beside manifest.json (not listed in it).
 
-Key files, told apart by their content:
-- Ed25519 (the ``cryptography`` package): a PEM private key signs; the matching PEM
-  public key (or the private key) verifies. Whoever verifies needs no secret.
-- HMAC-SHA256 (the standard library): any other file is a shared secret of at least 32
-  bytes; the same file signs and verifies.
+A key is given as ``ed25519:FILE``, ``hmac:FILE`` or ``FILE``; each file is parsed strictly:
+- Ed25519 (the ``cryptography`` package): a private key signs; its public key (or the
+  private key) verifies, so whoever verifies needs no secret. Read as PEM (wherever the
+  block sits in the file: after comments, after a "Bag Attributes" block), DER
+  (SubjectPublicKeyInfo or PKCS#8), OpenSSH (``ssh-ed25519 AAAA...`` or an OpenSSH private
+  key); with ``ed25519:`` also a raw 32-byte public key, in binary, base64 or hex.
+- HMAC-SHA256 (the standard library): a shared secret of at least 32 bytes; the same file
+  signs and verifies. A file that holds a PEM block anywhere, or parses as any key
+  encoding above, or is exactly 32 bytes (raw, base64 or hex: the size of a raw Ed25519
+  public key) is never taken as a secret: whoever has a public key could forge with it.
+signature.json names the algorithm, and a signature is only checked with a key of that
+algorithm.
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ from aotpipe.artifact import limits, records
 from aotpipe.artifact.manifest import dump_json
 from aotpipe.artifact.records import MANIFEST, SIGNATURE
 from aotpipe.errors import AotpipeError, ArtifactError
+
+try:
+    from cryptography.exceptions import UnsupportedAlgorithm
+except ImportError:  # pragma: no cover (a declared dependency)
+    UnsupportedAlgorithm = ValueError  # type: ignore[misc,assignment]
 
 SIGNATURE_VERSION = 1
 # What is signed: this context, then manifest.json's bytes (a signature made for another
@@ -47,18 +59,108 @@ class SigningKey:
     path: Path
 
 
-def load_key(path: str | Path, *, for_signing: bool = False) -> SigningKey:
-    """The key in `path`; an AotpipeError (a user error, exit 2) if it is not a usable key."""
-    p = Path(path)
+ALGORITHMS = {"ed25519": "ed25519", "hmac": "hmac-sha256"}  # a key spec's prefix -> algorithm
+
+
+def split_key_spec(spec: str | Path) -> tuple[Optional[str], Path]:
+    """(the algorithm a key spec names, or None, the key file): ``ed25519:FILE``,
+    ``hmac:FILE`` or ``FILE`` (a file whose name starts with one of those prefixes: ./FILE)."""
+    text = str(spec)
+    prefix, sep, rest = text.partition(":")
+    if sep and prefix in ALGORITHMS:
+        if not rest:
+            raise AotpipeError(f"--key {text}: no key file after {prefix}: (--key {prefix}:FILE)")
+        return ALGORITHMS[prefix], Path(rest)
+    return None, Path(text)
+
+
+def absolute_key_spec(spec: str | Path) -> str:
+    """`spec` with its file made absolute, its algorithm prefix kept."""
+    algorithm, p = split_key_spec(spec)
+    prefix = next((k + ":" for k, v in ALGORITHMS.items() if v == algorithm), "")
+    return prefix + str(p.resolve())
+
+
+def load_key(spec: str | Path, *, for_signing: bool = False) -> SigningKey:
+    """The key `spec` names (``ed25519:FILE``, ``hmac:FILE`` or ``FILE``); an AotpipeError (a
+    user error, exit 2) if it is not a usable key of that kind."""
+    algorithm, p = split_key_spec(spec)
     try:
         data = limits.read_bounded(p, limit=_MAX_KEY_FILE, limit_name="max_record_bytes")
     except OSError as e:
         raise AotpipeError(f"{p}: cannot read the key file ({e.strerror or e})") from None
-    if data.lstrip().startswith(b"-----BEGIN"):
-        return _ed25519_key(p, data, for_signing)
+    public_kind = _public_key_encoding(data)
+    if algorithm == "ed25519" or (algorithm is None and public_kind is not None):
+        return _ed25519_key(p, data, for_signing, raw_ok=algorithm == "ed25519")
+    if public_kind is not None:
+        raise AotpipeError(f"{p}: holds {public_kind}, not an HMAC secret (a public key is no secret: whoever "
+                           f"has it could sign); give it as ed25519:{p}, or make a secret: {_MAKE_SECRET}")
+    raw = _as_32(data)
+    if raw is not None:
+        raise AotpipeError(f"{p}: {raw[0]}, the size of a raw Ed25519 public key, so not taken as an HMAC secret; "
+                           f"for that public key say ed25519:{p}; for a secret: {_MAKE_SECRET}")
     if len(data) < _MIN_SECRET:
         raise AotpipeError(f"{p}: an HMAC secret must be at least {_MIN_SECRET} bytes (it has {len(data)}); "
-                           "make one with: head -c 32 /dev/urandom > KEYFILE")
+                           f"make one with: {_MAKE_SECRET}")
+    return _hmac_key(p, data)
+
+
+_MAKE_SECRET = "head -c 64 /dev/urandom > secret.key"
+
+
+def _public_key_encoding(data: bytes) -> Optional[str]:
+    """What key encoding `data` is, in words ("a PEM block", "a DER public key", ...), or None.
+    Anything here is never an HMAC secret."""
+    if b"-----BEGIN" in data:
+        return "a PEM block"
+    if b"ssh-" in data or b"ecdsa-sha2-" in data or b"sk-ssh-" in data:
+        return "an OpenSSH key"
+    from cryptography.hazmat.primitives import serialization
+
+    candidates = [data]
+    stripped = data.strip()
+    try:
+        candidates.append(base64.b64decode(stripped, validate=True))
+    except ValueError:
+        pass
+    for blob in candidates:
+        for what, parse in (("a DER public key", lambda b: serialization.load_der_public_key(b)),
+                            ("a DER private key", lambda b: serialization.load_der_private_key(b, password=None))):
+            try:
+                parse(blob)
+            except (ValueError, TypeError, UnsupportedAlgorithm):
+                continue
+            return what + (" (base64)" if blob is not data else "")
+    return None
+
+
+_B64 = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+_B64URL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def _as_32(data: bytes) -> Optional[tuple[str, bytes]]:
+    """(how, the 32 bytes) if `data` holds exactly 32 bytes: raw, hex, or base64 (standard or
+    URL-safe, padded or not); else None. The size of a raw Ed25519 public key."""
+    if len(data) == 32:
+        return "32 raw bytes", data
+    text = data.strip()
+    if len(text) == 64 and set(text) <= _HEX:
+        return "hex of 32 bytes", bytes.fromhex(text.decode("ascii"))
+    if 43 <= len(text) <= 44:
+        for alphabet, alt in ((_B64, None), (_B64URL, b"-_")):
+            if set(text) <= alphabet:
+                try:
+                    raw = base64.b64decode(text.rstrip(b"=") + b"=" * (-len(text.rstrip(b"=")) % 4),
+                                           altchars=alt, validate=True)
+                except ValueError:
+                    continue
+                if len(raw) == 32:
+                    return "base64 of 32 bytes", raw
+    return None
+
+
+def _hmac_key(p: Path, data: bytes) -> SigningKey:
     key_id = hmac.new(data, b"aotpipe key id", hashlib.sha256).hexdigest()[:16]
 
     def sign(message: bytes) -> bytes:
@@ -70,7 +172,7 @@ def load_key(path: str | Path, *, for_signing: bool = False) -> SigningKey:
     return SigningKey("hmac-sha256", key_id, sign, verify, p)
 
 
-def _ed25519_key(p: Path, data: bytes, for_signing: bool) -> SigningKey:
+def _ed25519_key(p: Path, data: bytes, for_signing: bool, raw_ok: bool) -> SigningKey:
     try:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives import serialization
@@ -78,16 +180,11 @@ def _ed25519_key(p: Path, data: bytes, for_signing: bool) -> SigningKey:
     except ImportError:
         raise AotpipeError(f"{p}: an Ed25519 key needs the cryptography package: "
                            "pip install cryptography -c constraints.txt") from None
-    private = None
-    try:
-        if b"PRIVATE KEY" in data:
-            private = serialization.load_pem_private_key(data, password=None)
-            public = private.public_key()
-        else:
-            public = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError) as e:
-        raise AotpipeError(f"{p}: not a usable PEM key ({str(e).splitlines()[0] if str(e) else type(e).__name__})") \
-            from None
+    private, public = _parse_key(data, raw_ok)
+    if public is None:
+        raise AotpipeError(f"{p}: not an Ed25519 key in any encoding aotpipe reads (PEM, DER, OpenSSH"
+                           + (", raw 32 bytes" if raw_ok else "") + "); make one with: "
+                           "openssl genpkey -algorithm ed25519 -out key.pem")
     if not isinstance(public, ed25519.Ed25519PublicKey):
         raise AotpipeError(f"{p}: a {type(public).__name__.removeprefix('_')} key; aotpipe signs with Ed25519 keys "
                            "(openssl genpkey -algorithm ed25519 -out key.pem)")
@@ -106,12 +203,45 @@ def _ed25519_key(p: Path, data: bytes, for_signing: bool) -> SigningKey:
     return SigningKey("ed25519", key_id, private.sign if private is not None else None, verify, p)
 
 
+def _parse_key(data: bytes, raw_ok: bool) -> tuple[Any, Any]:
+    """(private key or None, public key or None) from `data` in the first encoding that parses."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    private_parsers = [lambda d: serialization.load_pem_private_key(d, password=None),
+                       lambda d: serialization.load_der_private_key(d, password=None),
+                       lambda d: serialization.load_ssh_private_key(d, password=None)]
+    public_parsers = [serialization.load_pem_public_key, serialization.load_der_public_key,
+                      serialization.load_ssh_public_key]
+    candidates = [data]
+    try:
+        candidates.append(base64.b64decode(data.strip(), validate=True))  # DER without its PEM lines
+    except ValueError:
+        pass
+    for blob in candidates:
+        for parse in private_parsers:
+            try:
+                private = parse(blob)
+            except (ValueError, TypeError, UnsupportedAlgorithm):
+                continue
+            return private, private.public_key()
+        for parse in public_parsers:
+            try:
+                return None, parse(blob)
+            except (ValueError, TypeError, UnsupportedAlgorithm):
+                continue
+    raw = _as_32(data) if raw_ok else None
+    if raw is not None:
+        return None, ed25519.Ed25519PublicKey.from_public_bytes(raw[1])
+    return None, None
+
+
 def _manifest_bytes(folder: Path) -> bytes:
     return limits.read_bytes(folder / MANIFEST, limit=limits.current().max_record_bytes,
                              limit_name="max_record_bytes", root=folder)
 
 
-def sign_artifact(folder: str | Path, key_path: str | Path) -> Path:
+def sign_artifact(folder: str | Path, key: str | Path) -> Path:
     """Sign one model folder: write signature.json beside its manifest; returns its path.
 
     The folder must verify first (files, checksum, safe load, module.py): a signature
@@ -121,13 +251,13 @@ def sign_artifact(folder: str | Path, key_path: str | Path) -> Path:
     from aotpipe.artifact.verify import verify_artifact
 
     folder = Path(folder)
-    key = load_key(key_path, for_signing=True)
+    signing_key = load_key(key, for_signing=True)
     problems = verify_artifact(folder)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ArtifactError(f"{folder}: not signed, it does not verify: {problems[0]}{more}")
     path = folder / SIGNATURE
-    write_atomic(path, signature_record(_manifest_bytes(folder), key))
+    write_atomic(path, signature_record(_manifest_bytes(folder), signing_key))
     return path
 
 
@@ -146,10 +276,10 @@ def signature_record(manifest: bytes, key: SigningKey) -> bytes:
     return dump_json(records.check_written(records.Signature, record, SIGNATURE))
 
 
-def signer(key_path: str | Path) -> Callable[[Path], None]:
+def signer(key_spec: str | Path) -> Callable[[Path], None]:
     """What `aotpipe run --key` does to each folder it writes (before it is renamed into
     place): sign its manifest. The key is loaded now, so a bad key fails before any work."""
-    key = load_key(key_path, for_signing=True)
+    key = load_key(key_spec, for_signing=True)
 
     def sign(folder: Path) -> None:
         from aotpipe.artifact.fsio import write_durable
@@ -159,12 +289,12 @@ def signer(key_path: str | Path) -> Callable[[Path], None]:
     return sign
 
 
-def check_signature(folder: str | Path, key_path: str | Path) -> list[str]:
-    """Problems with the signature of one model folder under the key in `key_path`; [] if it
+def check_signature(folder: str | Path, key_spec: str | Path) -> list[str]:
+    """Problems with the signature of one model folder under the key `key_spec` names; [] if it
     is good. Only the signature is checked: that the files match the manifest is
     verify_artifact's job, and both are needed (`aotpipe verify --key` does both)."""
     folder = Path(folder)
-    key = load_key(key_path)
+    key = load_key(key_spec)
     spath = folder / SIGNATURE
     if not os.path.lexists(spath):
         return [f"{spath}: missing (the artefact is not signed; aotpipe sign it)"]
@@ -178,7 +308,8 @@ def check_signature(folder: str | Path, key_path: str | Path) -> list[str]:
     except ArtifactError as e:
         return [f"{e} (not a signature record of version {SIGNATURE_VERSION})"]
     if sig.algorithm != key.algorithm:
-        return [f"{spath}: signed with {sig.algorithm}, but {key.path} is an {key.algorithm} key"]
+        return [f"{spath}: signed with {sig.algorithm}, but {key.path} is an {key.algorithm} key (a signature "
+                "is checked only with a key of the algorithm it names)"]
     try:
         signature = base64.b64decode(sig.signature, validate=True)
     except ValueError:

@@ -96,20 +96,20 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequen
     if load_graphs and not problems:
         from aotpipe.artifact.load import load
 
+        # Read, never run: graphs rebuilt through the allow-list; constants the loader would
+        # recompute (by running the pass chain on the base graph) are left out.
         try:
             art = load(folder, trust_ops=trust_ops).build_all()
         except ArtifactError as e:
             return [_problem(e)]
         except Exception as e:  # a bug in the loader must not hide the verdict
             return [f"{folder}: failed to load ({exception_line(e)})"]
-        from aotpipe.artifact.codegen import code_mismatch
+        from aotpipe.artifact.codegen import code_mismatch, graph_constants
         from aotpipe.artifact.graph_json import read_graph_json
 
         for ga in art.graphs.values():
-            nodes = read_graph_json(ga.folder / "graph.json", ga.folder)["nodes"]
-            constants = {n["target"]: (n.get("blob"), n.get("shape"), n.get("stride"))
-                         for n in nodes if n.get("op") == "get_attr"}
-            why = code_mismatch(ga.folder / "module.py", ga.module, constants)
+            constants = graph_constants(read_graph_json(ga.folder / "graph.json", ga.folder))
+            why = code_mismatch(ga.folder / "module.py", ga.structure, constants)
             if why:
                 problems.append(why)
     return problems
@@ -135,9 +135,11 @@ def find_artifacts(root: Path) -> tuple[list[Path], list[Path]]:
     return models, unfinished
 
 
-def verify_tree(root: Path, key_path: Path | None = None, trust_ops: Sequence[str] = ()) -> dict[Path, list[str]]:
-    """Problems of every artefact under `root`, by model folder; with `key_path`, each
-    artefact's signature is checked against that key too."""
+def verify_tree(root: Path, key_path: str | Path | None = None, trust_ops: Sequence[str] = ()
+                ) -> dict[Path, list[str]]:
+    """Problems of every artefact under `root`, by model folder; with `key_path` (a key spec:
+    ``ed25519:FILE``, ``hmac:FILE`` or ``FILE``), each artefact's signature is checked first,
+    and one whose signature fails is not read any further (its problem is that alone)."""
     check = None
     if key_path is not None:
         from aotpipe.artifact.signing import check_signature, load_key
@@ -145,10 +147,12 @@ def verify_tree(root: Path, key_path: Path | None = None, trust_ops: Sequence[st
         load_key(key_path)  # a bad key file is the user's error, once, before any artefact
         check = check_signature
     models, unfinished = find_artifacts(root)
-    out = {m: verify_artifact(m, trust_ops=trust_ops) for m in models}
-    if check is not None:
-        for m in models:
-            out[m] += check(m, key_path)
+    out = {}
+    for m in models:
+        # The signature first: an artefact not signed by the key is not read any further.
+        out[m] = check(m, key_path) if check is not None else []
+        if not out[m]:
+            out[m] = verify_artifact(m, trust_ops=trust_ops)
     for u in unfinished:
         out[u] = [f"{u / MANIFEST}: missing (an incomplete artefact: run the pipeline again)"]
     return out
