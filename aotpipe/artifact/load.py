@@ -394,16 +394,64 @@ def _recompute(art: "Artifact", key: str, rec: records.GraphEntry) -> Callable[[
 TrustOps = Union[Iterable[str], Mapping[str, Optional[str]]]
 
 
+# Namespaces torch registers only when a module of its own is imported, so they may be
+# missing from the dispatcher when --trust-ops is read.
+_TORCH_LAZY_NAMESPACES = ("quantized_decomposed", "fbgemm")
+
+
+def torch_namespaces() -> frozenset[str]:
+    """Op namespaces that are torch's own, never a library's to trust: every namespace the
+    dispatcher has ops in (aten, prims, quantized, _quantized, mkldnn, onednn, ...) but a
+    library's, with the allow-list's checked namespaces and those torch registers lazily.
+    A library's: a module of its name is imported (torchvision, transformers), or its ops
+    were defined in Python outside torch's package (torch.library, custom_op)."""
+    import os
+    import re
+    import sys
+
+    from torch._library.custom_ops import OPDEFS
+
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    outside = {qualname.split("::")[0] for qualname, opdef in OPDEFS.items()
+               if not getattr(getattr(opdef, "_init_fn", None), "__module__", "torch").startswith("torch")}
+    first: dict[str, str] = {}
+    for name in torch._C._dispatch_get_all_op_names():
+        first.setdefault(name.split("::")[0], name)
+    own = set(records.CHECKED_NAMESPACES) | set(_TORCH_LAZY_NAMESPACES)
+    for ns, op in first.items():
+        if ns in own or ns in outside or (ns in sys.modules and ns != "torch"):
+            continue
+        where = re.search(r"debug: registered at (.*):\d+", torch._C._dispatch_dump(op))
+        path = where.group(1) if where else ""
+        if (path.endswith(".py") or path.startswith("<")) and not os.path.abspath(path).startswith(torch_dir):
+            continue  # torch.library.Library used by a library's own Python file
+        own.add(ns)
+    return frozenset(own)
+
+
+def trust_problem(ns: Any, module: Optional[str] = None) -> Optional[str]:
+    """Why namespace `ns` (its ops defined by `module`, if named) cannot be trusted, or None."""
+    why = records.library_namespace_problem(ns)
+    if why:
+        return why
+    if ns in torch_namespaces():
+        return (f"{ns!r} is one of torch's own op namespaces; --trust-ops is for a library's ops, and torch's "
+                "are admitted one by one by aotpipe's allow-list (aotpipe/artifact/ops.py)")
+    if module is not None and (module == "torch" or module.startswith("torch.")):
+        return f"{module!r} is part of torch; --trust-ops names a library's module"
+    return None
+
+
 def parse_trust(entries: Iterable[str]) -> dict[str, Optional[str]]:
     """``--trust-ops`` values ("ns" or "ns=module") as {namespace: module to import or None}."""
     out: dict[str, Optional[str]] = {}
     for entry in entries:
         ns, sep, module = entry.partition("=")
-        why = records.library_namespace_problem(ns)
-        if why:
-            raise ArtifactError(f"--trust-ops {entry}: {why}")
         if sep and not all(p.isidentifier() for p in module.split(".")):
             raise ArtifactError(f"--trust-ops {entry}: {module!r} is not a module name (a.b.c)")
+        why = trust_problem(ns, module if sep else None)
+        if why:
+            raise ArtifactError(f"--trust-ops {entry}: {why}")
         out[ns] = module if sep else None
     return out
 
@@ -426,6 +474,10 @@ def grant_trust(manifest: Manifest, where: Path, trust_ops: TrustOps) -> frozens
     is left out, and loading a graph that calls one of its ops fails, saying how to trust it.
     """
     granted = trust_ops if isinstance(trust_ops, Mapping) else parse_trust(trust_ops)
+    for ns, module in granted.items():
+        why = trust_problem(ns, module)
+        if why:
+            raise ArtifactError(f"trust_ops {ns}: {why}")
     recorded = manifest.capture.trusted_ops or {}
     out = set()
     for ns, rec in recorded.items():
