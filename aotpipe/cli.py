@@ -10,7 +10,15 @@ from typing import Any, Callable
 
 import click
 
-from aotpipe.errors import AotpipeError
+from aotpipe.errors import AotpipeError, printable
+
+
+def _say(line: object, err: bool = False) -> None:
+    """Print one line that names files, folders, models or holds anything an artefact
+    supplied: control characters (terminal escapes, carriage returns, newlines) and
+    non-ASCII characters escaped, so no name can rewrite the terminal, add a line, or pass
+    for another."""
+    click.echo(printable(str(line), names=True), err=err)
 
 
 def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -27,6 +35,17 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             for line in e.lines():
                 click.echo(f"error: {line}", err=True)
             ctx.exit(e.exit_code)
+        except RecursionError:
+            # Walking a tree of folders nested past Python's recursion limit (pathlib's rglob
+            # recurses): the user's input, not a bug.
+            ctx = click.get_current_context()
+            if ctx.find_root().params.get("verbose"):
+                raise
+            where = next((str(v) for k, v in ctx.params.items()
+                          if k in ("directory", "artifact", "path", "pipeline") and v), "the input")
+            click.echo(f"error: {printable(where, names=True)}: folders nested too deeply to walk (past Python's "
+                       f"recursion limit of {sys.getrecursionlimit()}); point aotpipe at a shallower folder", err=True)
+            ctx.exit(2)
 
     return wrapper
 
@@ -214,22 +233,22 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
                 line += f"  median of {bench}: {r.bench_seconds * 1e3:.3f} ms"
                 if r.eager_bench_seconds is not None:
                     line += f" (eager {'model' if r.kind.startswith('inference') else 'fwd+bwd'}: {r.eager_bench_seconds * 1e3:.3f} ms)"
-            click.echo(line)
+            _say(line)
             for m in r.mismatches:
-                click.echo(f"    {m}")
+                _say(f"    {m}")
             if r.first_divergence:
-                click.echo(f"    first diverging node: {r.first_divergence}")
+                _say(f"    first diverging node: {r.first_divergence}")
             if r.error:
-                click.echo(f"    error: {r.error}")
+                _say(f"    error: {r.error}")
         if chained is not None:
             eager = ("" if chained.max_abs_error_vs_eager is None
                      else f", vs eager autograd max abs error {chained.max_abs_error_vs_eager:.3g}")
-            click.echo(f"{'chain':<{width}} {chained.status:<9} forward -> backward, {chained.compared} gradients "
+            _say(f"{'chain':<{width}} {chained.status:<9} forward -> backward, {chained.compared} gradients "
                        f"vs joint max abs error {chained.max_abs_error_vs_joint:.3g}{eager}")
             for m in chained.problems:
-                click.echo(f"    {m}")
+                _say(f"    {m}")
         if no_eager:
-            click.echo(f"note: no eager comparison: {no_eager}", err=True)
+            _say(f"note: no eager comparison: {no_eager}", err=True)
     sys.exit(0 if ok else 1)
 
 
@@ -266,14 +285,14 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
     else:
         for folder, problems in results.items():
             if problems:
-                click.echo(f"FAILED  {folder}")
+                _say(f"FAILED  {folder}")
                 for p in problems:
-                    click.echo(f"    {p}")
+                    _say(f"    {p}")
             else:
-                click.echo(f"ok      {folder}")
+                _say(f"ok      {folder}")
         click.echo(f"{len(results) - len(bad)}/{len(results)} artefacts ok")
     if not results:
-        click.echo(f"no artefacts under {directory}", err=True)
+        _say(f"no artefacts under {directory}", err=True)
     breaches = any(isinstance(p, Breach) for problems in results.values() for p in problems)
     sys.exit(2 if breaches else 1 if bad else 0)
 
@@ -302,16 +321,18 @@ def sign(directory: str, key: str) -> None:
     for m in models:
         try:
             sign_artifact(m, key)
-            click.echo(f"signed  {m}  ({k.algorithm}, key id {k.key_id})")
+            _say(f"signed  {m}  ({k.algorithm}, key id {k.key_id})")
         except AotpipeError as e:
             failed += 1
             breach = breach or isinstance(e, LimitError)
-            click.echo(f"FAILED  {m}\n    {e}")
+            _say(f"FAILED  {m}")
+            _say(f"    {e.lines()[0]}")
     for u in unfinished:
         failed += 1
-        click.echo(f"FAILED  {u}\n    {u / 'manifest.json'}: missing (an incomplete artefact)")
+        _say(f"FAILED  {u}")
+        _say(f"    {u / 'manifest.json'}: missing (an incomplete artefact)")
     if not models and not unfinished:
-        click.echo(f"no artefacts under {directory}", err=True)
+        _say(f"no artefacts under {directory}", err=True)
     sys.exit(2 if breach else 1 if failed else 0)
 
 
@@ -326,8 +347,10 @@ def ls_cmd(directory: str) -> None:
 
     rows = list_artifacts(Path(directory))
     if not rows:
-        click.echo(f"no artefacts under {directory}")
+        _say(f"no artefacts under {directory}")
         return
+    rows = [{k: v if v is None else printable(str(v), names=k != "error") for k, v in r.items()}
+            for r in rows]
     width = max(len(r["path"]) for r in rows)
     for r in rows:
         click.echo(f"{r['path']:<{width}}  {r['status']:<10} {r['graphs']:<36} {r['size']}")
@@ -348,9 +371,10 @@ def show(artifact: str, trust_ops: tuple[str, ...]) -> None:
     """Print an artefact's graphs, node counts, op histogram, inputs and outputs."""
     from pathlib import Path
 
-    from aotpipe.inspect import describe
+    from aotpipe.inspect import describe_lines
 
-    click.echo(describe(Path(artifact), trust_ops=trust_ops))
+    for line in describe_lines(Path(artifact), trust_ops=trust_ops):
+        _say(line)
 
 
 if __name__ == "__main__":

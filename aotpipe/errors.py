@@ -6,10 +6,25 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 
 MAX_LINE = 1000  # characters of one printed error line
+
+
+def printable(text: str, *, names: bool = False) -> str:
+    """`text` safe to print on a terminal: control and format characters (escape sequences,
+    NUL, carriage returns, bidirectional overrides, zero-width marks), line separators and
+    lone surrogates (undecodable file-name bytes) escaped as Python writes them (\\x1b,
+    \\u202e, \\udcff). With `names` (file, folder and model names, artefact-supplied text),
+    every non-ASCII character is escaped too, so that a name that looks like another (a
+    Cyrillic letter for a Latin one) never prints like it."""
+    out = []
+    for ch in text:
+        cat = unicodedata.category(ch)
+        out.append(ascii(ch)[1:-1] if (names and ord(ch) > 127) or cat[0] == "C" or cat in ("Zl", "Zp") else ch)
+    return "".join(out)
 
 
 def exception_line(e: BaseException, limit: int = 300) -> str:
@@ -30,7 +45,7 @@ class AotpipeError(Exception):
     def lines(self) -> list[str]:
         """The messages to print, one per problem: each on one line, of bounded length,
         whatever it quotes."""
-        line = " ".join(str(self).split())
+        line = printable(" ".join(str(self).split()))
         return [line if len(line) <= MAX_LINE else line[:MAX_LINE] + " ..."]
 
 
@@ -57,7 +72,7 @@ class ConfigError(AotpipeError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
     def lines(self) -> list[str]:
-        return [str(p) for p in self.problems]
+        return [printable(" ".join(str(p).split())) for p in self.problems]
 
 
 class SourceError(AotpipeError):

@@ -57,6 +57,12 @@ def list_artifacts(root: Path) -> list[dict[str, Any]]:
 
 def describe(path: Path, trust_ops: Sequence[str] = ()) -> str:
     """A multi-line description of one artefact (`trust_ops`: as load's)."""
+    return "\n".join(describe_lines(path, trust_ops))
+
+
+def describe_lines(path: Path, trust_ops: Sequence[str] = ()) -> list[str]:
+    """:func:`describe`'s lines, each as composed (a name the artefact supplies may hold any
+    character: the caller escapes each line it prints)."""
     try:
         return _describe(path, trust_ops)
     except ArtifactError:
@@ -65,7 +71,7 @@ def describe(path: Path, trust_ops: Sequence[str] = ()) -> str:
         raise ArtifactError(f"{path}: malformed artefact ({exception_line(e)})") from None
 
 
-def _describe(path: Path, trust_ops: Sequence[str]) -> str:
+def _describe(path: Path, trust_ops: Sequence[str]) -> list[str]:
     art = load(path, trust_ops=trust_ops)
     m = art.manifest
     lines = [
@@ -113,4 +119,4 @@ def _describe(path: Path, trust_ops: Sequence[str]) -> str:
             lines.append(f"  verified: {v.status} ({v.inputs} inputs)")
     if not art.graphs:
         raise ArtifactError(f"{path}: no graphs")
-    return "\n".join(lines)
+    return lines

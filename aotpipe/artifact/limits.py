@@ -243,9 +243,20 @@ def parse_json(data: bytes, where: Any) -> Any:
         raise breach(where, f"JSON nested more than {limit} levels deep", "max_json_depth", limit) from None
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{where}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ArtifactError(f"{where}: not valid JSON ({str(e).split(';')[0]})") from None
     if isinstance(value, (dict, list)):
         check_depth(value, where, limit)
+    if _SURROGATE_ESCAPE.search(data):
+        try:  # a \ud800 escape alone is no character: no name, key or path may hold one
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ArtifactError(f"{where}: a string holds a lone surrogate ({ascii(e.object[e.start:e.end])}), "
+                                "which is not text") from None
     return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def read_json(path: Path, root: Optional[Path] = None) -> Any:

@@ -68,14 +68,18 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequen
     lim = limits.current()
     biggest = max(lim.max_record_bytes, lim.tensor_bytes + (1 << 20))  # a blob: one tensor and its header
     for rel, digest in sorted(files.items()):
-        if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or rel in (MANIFEST, SIGNATURE):
-            problems.append(f"{mpath}: bad file name {rel!r}")
+        if not isinstance(rel, str) or rel.startswith("/") or ".." in Path(rel).parts or rel in (MANIFEST, SIGNATURE) \
+                or not rel.isprintable():
+            problems.append(f"{mpath}: bad file name {ascii(rel)}")
             continue
         p = folder / rel
         try:
             st = os.lstat(p)
         except FileNotFoundError:
             problems.append(f"{p}: missing")
+            continue
+        except (ValueError, UnicodeError) as e:  # a NUL, a lone surrogate: no file can be named so
+            problems.append(f"{mpath}: bad file name {ascii(rel)} ({exception_line(e)})")
             continue
         except OSError as e:
             problems.append(f"{p}: cannot read ({e.strerror})")
