@@ -48,7 +48,7 @@ class Limits:
     max_walk_entries: int = 500_000  # files and folders one walk of a tree (ls, verify) visits
     max_walk_depth: int = 32  # folders deep a walk goes (an artefact tree: 3 or 4)
     max_rebuild_int: int = 1_000_000  # an integer argument a manifest gives a builtin zoo model
-    max_modules: int = 50_000  # modules, parameters and buffers of a model rebuilt from a manifest
+    max_modules: int = 10_000  # modules, parameters and buffers of a model rebuilt from a manifest (BERT: ~400)
 
     @property
     def tensor_bytes(self) -> int:
@@ -301,22 +301,30 @@ def check_depth(value: Any, where: Any, limit: Optional[int] = None) -> None:
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
 
 
-# A JSON string, escapes and all (unrolled, so a long string costs one pass of the regex engine).
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+# One structural token of a JSON text (a comma, an empty container, an opening bracket), with
+# the strings and other characters before it skipped; possessive, so nothing backtracks. At
+# the end of the text the token is empty.
+_JSON_TOKEN = re.compile(rb'(?:"[^"\\]*+(?:\\.[^"\\]*+)*+"|[^"\[{,]++)*+(\[\s*+\]|\{\s*+\}|[\[{,]|\Z)')
 
 
 def json_values_at_most(data: bytes) -> int:
-    """An upper bound on the values of a JSON text, counted without parsing it: every value
-    but the first follows a comma or opens a container. Commas and brackets inside strings
-    are counted first (fast, in C); only a text that seems over a limit has its strings
-    removed to count exactly."""
+    """An upper bound on the values of a JSON text, counted without parsing it: the root, then
+    one value (or key and value) per comma and per container holding anything. Commas and
+    brackets inside strings count too here (fast, in C); :func:`count_json_values` skips them."""
     return data.count(b",") + data.count(b"[") + data.count(b"{") + 1
 
 
-def count_json_values(data: bytes) -> int:
-    """The values of a JSON text, give or take its strings' contents (which are skipped)."""
-    stripped = _JSON_STRING.sub(b'""', data)
-    return stripped.count(b",") + stripped.count(b"[") + stripped.count(b"{") + 1
+def count_json_values(data: bytes, stop: Optional[int] = None) -> int:
+    """The values of a JSON text (an object's key and value counted once), without parsing it
+    and in constant memory; counting ends once past `stop`."""
+    n = 1
+    for m in _JSON_TOKEN.finditer(data):
+        token = m.group(1)
+        if len(token) == 1:  # a comma, or a container that holds something
+            n += 1
+            if stop is not None and n > stop:
+                break
+    return n
 
 
 def check_json_values(data: bytes, where: Any) -> None:
@@ -324,9 +332,8 @@ def check_json_values(data: bytes, where: Any) -> None:
     validating cost memory by the value, far more than the text's bytes."""
     limit = current().max_json_values
     if json_values_at_most(data) > limit:
-        n = count_json_values(data)
-        if n > limit:
-            raise breach(where, f"about {n:,} JSON values", "max_json_values", limit)
+        if count_json_values(data, stop=limit) > limit:
+            raise breach(where, f"more than {limit:,} JSON values", "max_json_values", limit)
 
 
 def parse_json(data: bytes, where: Any) -> Any:
