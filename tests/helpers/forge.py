@@ -18,11 +18,11 @@ from aotpipe.artifact.manifest import file_sha256, seal
 MANIFEST, SIGNATURE = "manifest.json", "signature.json"
 
 
-def reseal(model: Path, *, list_new_files: bool = True, max_bytes: int = 16 << 20) -> bool:
-    """Recompute the sha256 of every regular file the manifest lists (and, with
-    `list_new_files`, list the regular files it does not), then the manifest's checksum.
-    False when the manifest itself cannot be resealed (not a regular file, not JSON, not
-    an object): a forger could not seal it either."""
+def reseal(model: Path, *, digests: bool = True, max_bytes: int = 16 << 20) -> bool:
+    """Recompute the sha256 of every regular file under `model` in the manifest's file list
+    (files it did not list are added), then the manifest's checksum; with `digests` false,
+    only the checksum. False when the manifest itself cannot be resealed (not a regular
+    file, not JSON, not an object): a forger could not seal it either."""
     model = Path(model)
     mpath = model / MANIFEST
     try:
@@ -35,13 +35,12 @@ def reseal(model: Path, *, list_new_files: bool = True, max_bytes: int = 16 << 2
     if not isinstance(m, dict):
         return False
     files = m.get("files")
-    if isinstance(files, dict):
+    if digests and isinstance(files, dict):
         names = set(k for k in files if isinstance(k, str))
-        if list_new_files:
-            for p in model.rglob("*"):
-                rel = p.relative_to(model).as_posix()
-                if rel not in (MANIFEST, SIGNATURE) and not any(part.startswith(".") for part in p.parts[-1:]):
-                    names.add(rel)
+        for p in model.rglob("*"):
+            rel = p.relative_to(model).as_posix()
+            if rel not in (MANIFEST, SIGNATURE):
+                names.add(rel)
         for rel in sorted(names):
             p = model / rel
             try:
