@@ -58,7 +58,7 @@ from tests.helpers.fuzz_worker import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("AOTPIPE_FUZZ_EXAMPLES", "5000"))
-FAST_CASES = 2  # per mutation class, in the main suite
+FAST_CASES = 1  # per mutation class and forgery, in the main suite
 LOG = os.environ.get("AOTPIPE_FUZZ_LOG")  # a file to append one line per case to
 LIMIT_MB = 64  # the worker's byte limit (AOTPIPE_MAX_BYTES); nodes and record sizes are lowered too
 SLACK_MB = 192  # what a worker's peak RSS may grow by besides, over a worker's life (caches)
@@ -86,36 +86,55 @@ models:
     args: {channels: 4}
     inputs: [{shape: [1, 3, 8, 8], dtype: float32}]
 """
-MODELS = ("mlp", "mlp", "running_norm", "running_norm", "small_cnn")
+MODELS = ("mlp", "mlp", "running_norm", "running_norm", "small_cnn")  # the CNN's graphs are the slowest
 
 
 @dataclass
 class Bases:
     root: Path  # the model folders, signed
     public_key: Path
+    models: tuple[str, ...]  # to draw from (a name twice: drawn twice as often)
 
 
-@pytest.fixture(scope="module")
-def bases(tmp_path_factory):
-    from click.testing import CliRunner
+def _signed(d: Path, root: Path, models: tuple[str, ...]) -> Bases:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
     from aotpipe.artifact.signing import sign_artifact
+
+    private = ed25519.Ed25519PrivateKey.generate()
+    (d / "key.pem").write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()))
+    (d / "key.pub").write_bytes(private.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+    for name in set(models):
+        sign_artifact(root / name, d / "key.pem")
+    return Bases(root, d / "key.pub", models)
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    """Three small models captured for the fuzzer (every graph kind, an optimised graph each)."""
+    from click.testing import CliRunner
+
     from aotpipe.cli import main
 
     d = tmp_path_factory.mktemp("fuzzbase")
     (d / "p.yaml").write_text(PIPELINE)
     r = CliRunner().invoke(main, ["run", str(d / "p.yaml"), "-o", str(d / "out"), "--no-progress"])
     assert r.exit_code == 0, r.output
-    private = ed25519.Ed25519PrivateKey.generate()
-    (d / "key.pem").write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                      serialization.NoEncryption()))
-    (d / "key.pub").write_bytes(private.public_key().public_bytes(serialization.Encoding.PEM,
-                                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
-    for name in set(MODELS):
-        sign_artifact(d / "out" / "fz" / name, d / "key.pem")
-    return Bases(d / "out" / "fz", d / "key.pub")
+    return _signed(d, d / "out" / "fz", MODELS)
+
+
+@pytest.fixture(scope="module")
+def quick_bases(quickstart_run, tmp_path_factory):
+    """For the main suite's few cases: copies of the quickstart's MLP and batch-norm model
+    (captured once per session for other tests anyway)."""
+    root, _ = quickstart_run
+    d = tmp_path_factory.mktemp("fuzzquick")
+    for name in ("mlp", "running_norm"):
+        shutil.copytree(root / name, d / "models" / name)
+    return _signed(d, d / "models", ("mlp", "running_norm"))
 
 
 @pytest.fixture(scope="module")
@@ -417,6 +436,22 @@ def _reformat(draw, model: Path, marker: Path) -> str:
     return f"{path.relative_to(model)} reformatted"
 
 
+def _valid_value(draw, model: Path, marker: Path, which: str) -> str:
+    """One value of a record changed to another of the same type (a number scaled, a string
+    extended): often still a valid record, so only the digests and the signature can tell."""
+    g = draw(st.sampled_from(_graph_folders(model)))
+    path = model / "manifest.json" if which == "manifest" else g / f"{which}.json"
+    data = json.loads(path.read_text())
+    leaves = [(p, v) for p, v in _paths(data) if p and p[-1] not in ("checksum", "format_version")
+              and isinstance(v, (int, float, str)) and not isinstance(v, bool)]
+    if not leaves:
+        return f"{path.relative_to(model)} unchanged (no value to change)"
+    where, value = leaves[draw(st.integers(0, len(leaves) - 1))]
+    new = value + "x" if isinstance(value, str) else value * 2 + 1
+    _write(path, json.dumps(_set(data, where, new)))
+    return f"{path.relative_to(model)} {'.'.join(map(str, where))}: {str(value)[:20]} -> {str(new)[:20]}"
+
+
 READERS = (("replay",), ("replay", "--inputs", "random"), ("replay", "--chain"), ("replay", "--graph", "inference"),
            ("verify",), ("show",), ("ls",))
 LOADERS = (("replay",), ("replay", "--inputs", "random"), ("replay", "--graph", "inference"), ("verify",), ("show",))
@@ -447,6 +482,8 @@ MUTATIONS: dict[str, Mutation] = {
                                forge=("files",), reached="refusing to unpickle"),
     "graph payload": Mutation(2, _graph_payload, commands=LOADERS, expect="refused", forge=("files",),
                               reached="graph.json names"),
+    **{f"valid {which}.json": Mutation(1, lambda d, m, k, w=which: _valid_value(d, m, k, w))
+       for which in ("graph", "inputs", "trace", "manifest")},
     "blob": Mutation(2, _blob),
     "file type": Mutation(1, _file),
     "reformat (control)": Mutation(1, _reformat, forge=("none", "files")),
@@ -535,19 +572,21 @@ tally: dict[str, collections.Counter] = collections.defaultdict(collections.Coun
 reached: collections.Counter = collections.Counter()
 
 
-def run_case(bases: Bases, worker: Worker, data, mutation_name: Optional[str] = None) -> None:
-    """Draw and run one case; counts its outcome (a failure as "FAILURES", then re-raised)."""
+def run_case(bases: Bases, worker: Worker, data, mutation_name: Optional[str] = None,
+             forge: Optional[str] = None) -> None:
+    """Draw and run one case (of the class and forgery given, else drawn); counts its outcome
+    (a failure as "FAILURES", then re-raised)."""
     name = mutation_name or data.draw(
         st.sampled_from([k for k, m in MUTATIONS.items() for _ in range(m.weight)]), label="class")
     mutation = MUTATIONS[name]
     with tempfile.TemporaryDirectory() as d:
-        model_name = data.draw(st.sampled_from(MODELS), label="model")  # the CNN's graphs are the slowest
+        model_name = data.draw(st.sampled_from(bases.models), label="model")
         model = Path(d) / model_name
         shutil.copytree(bases.root / model_name, model, symlinks=True, copy_function=os.link)
         marker = Path(d) / MARKER
         before = meaning(model)
         what = mutation.mutate(data.draw, model, marker)
-        forge = data.draw(st.sampled_from(mutation.forge), label="forge")
+        forge = forge or data.draw(st.sampled_from(mutation.forge), label="forge")
         if forge != "none":
             reseal(model, digests=forge == "files")
         changed = meaning(model) != before
@@ -587,15 +626,15 @@ def report() -> str:
 # The runs
 
 
-@pytest.mark.parametrize("name", list(MUTATIONS))
-def test_each_mutation_class_meets_the_oracle(bases, worker, name):
-    """The main suite's few cases: FAST_CASES of each class, the same every run."""
+@pytest.mark.parametrize("name,forge", [(n, f) for n, m in MUTATIONS.items() for f in m.forge])
+def test_each_mutation_class_meets_the_oracle(quick_bases, worker, name, forge):
+    """The main suite's few cases: FAST_CASES of each class and forgery, the same every run."""
 
     @settings(max_examples=FAST_CASES, deadline=None, derandomize=True, database=None, print_blob=False,
               suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def cases(data):
-        run_case(bases, worker, data, name)
+        run_case(quick_bases, worker, data, name, forge)
 
     cases()
 
