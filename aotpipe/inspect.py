@@ -34,12 +34,29 @@ def artifact_status(manifest: Manifest) -> str:
 def list_artifacts(root: Path) -> list[dict[str, Any]]:
     """One row per model artefact under `root`: path, status, graphs, size, and the error that
     made a manifest "refused" (a link, a device, a FIFO, over a limit, not of the format),
-    else None. The status is what the manifest records; `aotpipe verify` checks the files."""
+    else None. The status is what the manifest records; `aotpipe verify` checks the files.
+
+    The tree is walked once, within the walk limits (artifact/limits.py: a tree too deep or of
+    too many files is one LimitError line); each folder's size is summed from that walk."""
+    from aotpipe.artifact.limits import walk
+
+    root = Path(root)
+    sizes: dict[Path, int] = {root: 0}  # every folder's own files, then (below) with its folders'
+    manifests: list[Path] = []
+    for entry in walk(root):
+        if entry.is_dir:
+            sizes[entry.path] = 0
+        elif entry.path.name == MANIFEST and \
+                not any(part.startswith(".") for part in entry.path.parent.relative_to(root).parts):
+            manifests.append(entry.path)  # (a hidden folder: a temporary one of a run in progress)
+        if not entry.is_dir and not entry.is_link:
+            sizes[entry.path.parent] += entry.size
+    for folder in sorted(sizes, key=lambda f: len(f.parts), reverse=True):  # deepest first
+        if folder != root:
+            sizes[folder.parent] += sizes[folder]
     rows = []
-    for manifest_path in sorted(root.rglob(MANIFEST)):
+    for manifest_path in sorted(manifests):
         folder = manifest_path.parent
-        if any(part.startswith(".") for part in folder.relative_to(root).parts):
-            continue  # a temporary folder of a run in progress
         error = None
         try:
             raw, manifest = records.read(Manifest, manifest_path)  # no FIFO, no /dev/zero, within the limits
@@ -49,9 +66,8 @@ def list_artifacts(root: Path) -> list[dict[str, Any]]:
             status, graphs, error = "refused", "-", str(e)
         except OSError:
             status, graphs = "unreadable", "-"
-        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         rows.append({"path": str(folder.relative_to(root)) or ".", "status": status, "graphs": graphs,
-                     "size": _size(size), "error": error})
+                     "size": _size(sizes.get(folder, 0)), "error": error})
     return rows
 
 

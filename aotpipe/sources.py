@@ -128,6 +128,8 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
         try:
             config = cls.config_class(**(spec.config or {}))
             model = cls(config)
+        except LimitError:  # a rebuild over the limits (artifact/limits.py: bounded_build)
+            raise
         except Exception as e:
             raise SourceError(f"building {spec.source} from its config failed: {exception_line(e)}") from e
     else:
@@ -215,6 +217,8 @@ def build_within_limits(spec: ModelSpec, where: Any) -> tuple[torch.nn.Module, t
         try:
             with torch.device("meta"):
                 meta = build_model(spec)
+        except LimitError:
+            raise
         except Exception:
             meta = None  # a model that cannot be built on meta is sized by its real build
         if meta is not None:
@@ -238,9 +242,14 @@ def rebuild_from_manifest(model_record: Any, *, trust_code: bool, where: Any) ->
     source = model_record.get("source") if isinstance(model_record, dict) else None
     if rebuild_refusal(source, trust_code) is not None:
         return None
+    from aotpipe.artifact.limits import bounded_build, check_rebuild_args
+
+    if is_builtin(source):
+        check_rebuild_args(model_record.get("args"), where)
     try:
         spec = ModelSpec.model_validate(model_record)
-        return build_within_limits(spec, where)
+        with bounded_build(where):
+            return build_within_limits(spec, where)
     except LimitError:
         raise
     except (AotpipeError, ValueError, TypeError, ImportError):

@@ -118,13 +118,32 @@ class _RestrictedUnpickler(pickle.Unpickler):
         )
 
 
+_MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+
 def check_opcodes(data: bytes, where: str) -> None:
-    """Refuse a pickle using any opcode the .input format does not, before unpickling it."""
+    """Refuse a pickle using any opcode the .input format does not, before unpickling it; and
+    one that would make the unpickler allocate more than the file's size suggests: more
+    opcodes than the limit (each can push an object), or a memo index out of order (the
+    unpickler grows its memo to twice the largest index: ten bytes can ask for gigabytes)."""
+    from aotpipe.artifact.limits import breach, current
+
+    limit = current().max_pickle_ops
+    memo = 0  # entries the memo holds so far: a pickler numbers them 0, 1, 2, ...
     try:
-        for op, _, pos in pickletools.genops(data):
+        for count, (op, arg, pos) in enumerate(pickletools.genops(data), 1):
+            if count > limit:
+                raise breach(where, f"more than {limit:,} pickle opcodes", "max_pickle_ops", limit)
             if op.name not in ALLOWED_OPCODES:
                 raise ArtifactError(f"{where}: refusing pickle opcode {op.name} at byte {pos}: "
                                     "a .input file never uses it")
+            if op.name in _MEMO_PUTS:
+                if not isinstance(arg, int) or arg < 0 or arg > memo:
+                    raise ArtifactError(f"{where}: pickle memo index {arg} at byte {pos} is out of order (the "
+                                        f"memo holds {memo} entries): a .input file numbers them in order")
+                memo += arg == memo
+            elif op.name == "MEMOIZE":
+                memo += 1
     except ArtifactError:
         raise
     except Exception as e:  # truncated or not a pickle at all

@@ -39,6 +39,16 @@ class Limits:
     max_json_depth: int = 64  # nesting of a JSON record (aotpipe writes fewer than 10 levels)
     max_yaml_bytes: int = 16 << 20  # a pipeline file
     max_yaml_values: int = 100_000  # values in a pipeline file once its aliases are expanded
+    # values (objects, arrays, numbers, strings) in one JSON record, counted before parsing:
+    # parsing costs up to ~200 bytes a value, validating more (real graphs: ~25 a node)
+    max_json_values: int = 2_000_000
+    max_graphs: int = 512  # graphs in one artefact (a capture with graph breaks: a few per subgraph)
+    max_artifact_nodes: int = 400_000  # nodes of all an artefact's graphs together (~3 kB each, built)
+    max_pickle_ops: int = 1_000_000  # opcodes in one .input pickle (real ones: ~10 an input)
+    max_walk_entries: int = 500_000  # files and folders one walk of a tree (ls, verify) visits
+    max_walk_depth: int = 32  # folders deep a walk goes (an artefact tree: 3 or 4)
+    max_rebuild_int: int = 1_000_000  # an integer argument a manifest gives a builtin zoo model
+    max_modules: int = 10_000  # modules, parameters and buffers of a model rebuilt from a manifest (BERT: ~400)
 
     @property
     def tensor_bytes(self) -> int:
@@ -54,6 +64,14 @@ ENV = {
     "max_json_depth": "AOTPIPE_MAX_JSON_DEPTH",
     "max_yaml_bytes": "AOTPIPE_MAX_YAML_BYTES",
     "max_yaml_values": "AOTPIPE_MAX_YAML_VALUES",
+    "max_json_values": "AOTPIPE_MAX_JSON_VALUES",
+    "max_graphs": "AOTPIPE_MAX_GRAPHS",
+    "max_artifact_nodes": "AOTPIPE_MAX_ARTIFACT_NODES",
+    "max_pickle_ops": "AOTPIPE_MAX_PICKLE_OPS",
+    "max_walk_entries": "AOTPIPE_MAX_WALK_ENTRIES",
+    "max_walk_depth": "AOTPIPE_MAX_WALK_DEPTH",
+    "max_rebuild_int": "AOTPIPE_MAX_REBUILD_INT",
+    "max_modules": "AOTPIPE_MAX_MODULES",
 }
 _BYTE_LIMITS = {"max_bytes", "max_tensor_bytes", "max_record_bytes", "max_yaml_bytes"}
 _overrides: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("aotpipe_limits", default={})
@@ -213,6 +231,60 @@ def read_bounded(path: Path, *, limit: int, limit_name: str) -> bytes:
     return data
 
 
+@dataclass(frozen=True)
+class WalkEntry:
+    """One thing a walk found: its path, depth below the root (1: a child), whether it is a
+    folder (links are never folders here) and its size in bytes (0 for a folder)."""
+
+    path: Path
+    depth: int
+    is_dir: bool
+    is_link: bool
+    size: int
+
+
+def walk(root: Path, *, prune: Any = None) -> Iterator[WalkEntry]:
+    """Every file and folder under `root`, without following links, within max_walk_entries
+    entries and max_walk_depth folders deep (a breach is one LimitError line, raised when it
+    is met: nothing is collected first). `prune(entry)` true skips a folder's contents.
+    Folders are visited in name order, so the order does not depend on the file system."""
+    lim = current()
+    root = Path(root)
+    stack: list[tuple[Path, int]] = [(root, 0)]
+    seen = 0
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = []
+                for e in it:
+                    seen += 1
+                    if seen > lim.max_walk_entries:
+                        raise breach(root, f"more than {lim.max_walk_entries:,} files and folders", "max_walk_entries",
+                                     lim.max_walk_entries)
+                    entries.append(e)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except PermissionError:
+            continue  # what the user cannot read is not theirs to list
+        children = []
+        for e in sorted(entries, key=lambda e: e.name):
+            try:
+                is_link = e.is_symlink()
+                is_dir = not is_link and e.is_dir(follow_symlinks=False)
+                size = 0 if is_dir else e.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+            entry = WalkEntry(Path(e.path), depth + 1, is_dir, is_link, size)
+            yield entry
+            if is_dir and not (prune is not None and prune(entry)):
+                if depth + 1 >= lim.max_walk_depth:
+                    raise breach(entry.path, f"folders nested more than {lim.max_walk_depth} deep under {root}",
+                                 "max_walk_depth", lim.max_walk_depth)
+                children.append((entry.path, depth + 1))
+        stack.extend(reversed(children))
+
+
 # ---------------------------------------------------------------------------------------
 # JSON
 
@@ -229,8 +301,45 @@ def check_depth(value: Any, where: Any, limit: Optional[int] = None) -> None:
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
 
 
+# One structural token of a JSON text (a comma, an empty container, an opening bracket), with
+# the strings and other characters before it skipped; possessive, so nothing backtracks. At
+# the end of the text the token is empty.
+_JSON_TOKEN = re.compile(rb'(?:"[^"\\]*+(?:\\.[^"\\]*+)*+"|[^"\[{,]++)*+(\[\s*+\]|\{\s*+\}|[\[{,]|\Z)')
+
+
+def json_values_at_most(data: bytes) -> int:
+    """An upper bound on the values of a JSON text, counted without parsing it: the root, then
+    one value (or key and value) per comma and per container holding anything. Commas and
+    brackets inside strings count too here (fast, in C); :func:`count_json_values` skips them."""
+    return data.count(b",") + data.count(b"[") + data.count(b"{") + 1
+
+
+def count_json_values(data: bytes, stop: Optional[int] = None) -> int:
+    """The values of a JSON text (an object's key and value counted once), without parsing it
+    and in constant memory; counting ends once past `stop`."""
+    n = 1
+    for m in _JSON_TOKEN.finditer(data):
+        token = m.group(1)
+        if len(token) == 1:  # a comma, or a container that holds something
+            n += 1
+            if stop is not None and n > stop:
+                break
+    return n
+
+
+def check_json_values(data: bytes, where: Any) -> None:
+    """Refuse, before parsing, a JSON text of more values than the limit: parsing and
+    validating cost memory by the value, far more than the text's bytes."""
+    limit = current().max_json_values
+    if json_values_at_most(data) > limit:
+        if count_json_values(data, stop=limit) > limit:
+            raise breach(where, f"more than {limit:,} JSON values", "max_json_values", limit)
+
+
 def parse_json(data: bytes, where: Any) -> Any:
-    """JSON data from UTF-8 bytes; malformed or too deeply nested data is one ArtifactError line."""
+    """JSON data from UTF-8 bytes; malformed or too deeply nested data, or more values than the
+    limit (counted before parsing), is one ArtifactError line."""
+    check_json_values(data, where)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -241,6 +350,9 @@ def parse_json(data: bytes, where: Any) -> Any:
         value = json.loads(text)
     except RecursionError:
         raise breach(where, f"JSON nested more than {limit} levels deep", "max_json_depth", limit) from None
+    except MemoryError:  # under a memory cap (ulimit -v, a container) below what the limits allow
+        raise LimitError(f"{where}: out of memory parsing {human(len(data))} of JSON; lower the limits "
+                         f"({ENV['max_json_values']}, {ENV['max_record_bytes']}) or raise the memory cap") from None
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{where}: not valid JSON (line {e.lineno}: {e.msg})") from None
     except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
@@ -273,6 +385,29 @@ def check_nodes(count: int, where: Any) -> None:
     limit = current().max_nodes
     if count > limit:
         raise breach(where, f"{count:,} nodes", "max_nodes", limit)
+
+
+def check_graphs(count: int, where: Any) -> None:
+    """Refuse an artefact of more graphs than the limit, before loading any of them."""
+    limit = current().max_graphs
+    if count > limit:
+        raise breach(where, f"{count:,} graphs", "max_graphs", limit)
+
+
+class NodeBudget:
+    """The nodes of one artefact's graphs, counted as each graph.json is read (before it is
+    built): each graph within max_nodes, all of them within max_artifact_nodes."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def take(self, count: int, where: Any) -> None:
+        check_nodes(count, where)
+        limit = current().max_artifact_nodes
+        if self.used + count > limit:
+            raise breach(where, f"{count:,} nodes after {self.used:,} in the artefact's other graphs",
+                         "max_artifact_nodes", limit)
+        self.used += count
 
 
 def numel(shape: Iterable[int]) -> int:
@@ -323,6 +458,56 @@ def record_parts(storages: Any, inputs: Any) -> list[tuple[str, int]]:
 def check_record_bytes(storages: Any, inputs: Any, where: Any) -> None:
     """Refuse, before allocating, a graph whose inputs need more than the limits allow."""
     check_total_bytes(record_parts(storages, inputs), where, "its inputs")
+
+
+# ---------------------------------------------------------------------------------------
+# rebuilding a model a manifest names
+
+
+def check_rebuild_args(args: Any, where: Any) -> None:
+    """Refuse builtin zoo arguments from a manifest that would make the builder itself
+    allocate before any tensor is sized (``mlp(depth=10**10)`` builds a list of 10**10
+    layer sizes): every integer within max_rebuild_int, and few values in all."""
+    limit = current().max_rebuild_int
+    stack, seen = [("args", args)], 0
+    while stack:
+        name, v = stack.pop()
+        seen += 1
+        if seen > 10_000:
+            raise breach(where, "model args of more than 10,000 values", "max_rebuild_int", limit)
+        if isinstance(v, dict):
+            stack.extend((f"{name}.{k}", x) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{name}[{i}]", x) for i, x in enumerate(v))
+        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > limit:
+            raise breach(where, f"model {name} = {str(v)[:20]}{'...' if len(str(v)) > 20 else ''}",
+                         "max_rebuild_int", limit)
+
+
+@contextlib.contextmanager
+def bounded_build(where: Any) -> Iterator[None]:
+    """Within the block, building more than max_modules modules, parameters and buffers in
+    all is refused as it happens (torch's global registration hooks), so a model whose
+    arguments ask for a million layers stops at the limit, not after building them."""
+    from torch.nn.modules import module as nn_module
+
+    limit = current().max_modules
+    count = [0]
+
+    def counted(*_: Any) -> None:
+        count[0] += 1
+        if count[0] > limit:
+            raise breach(where, f"a model of more than {limit:,} modules, parameters and buffers",
+                         "max_modules", limit)
+
+    handles = [nn_module.register_module_module_registration_hook(counted),
+               nn_module.register_module_parameter_registration_hook(counted),
+               nn_module.register_module_buffer_registration_hook(counted)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 _SIZE_ARGS = ("size", "input_sizes")

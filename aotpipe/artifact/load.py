@@ -20,7 +20,7 @@ import torch.fx
 from aotpipe.artifact import input_meta, records
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
-from aotpipe.artifact.limits import check_record_bytes, check_regular_file
+from aotpipe.artifact.limits import NodeBudget, check_graphs, check_record_bytes, check_regular_file
 from aotpipe.artifact.records import (  # noqa: F401 (check_version: the loader's callers)
     GRAPH_JSON,
     GRAPH_KINDS,
@@ -278,12 +278,15 @@ def _import_module_py(path: Path) -> torch.nn.Module:
 
 def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
                recompute: Optional[Callable[[], dict[str, torch.Tensor]]] = None,
-               trusted: frozenset[str] = frozenset()) -> GraphArtifact:
+               trusted: frozenset[str] = frozenset(), nodes: Optional[NodeBudget] = None) -> GraphArtifact:
     """Load one graph folder (`<model>_<kind>_<i>/`): every record validated against the
     format (artifact/records.py) before anything is built from it. Ops of the library
-    namespaces in `trusted` (imported by :func:`grant_trust`) resolve too."""
+    namespaces in `trusted` (imported by :func:`grant_trust`) resolve too. `nodes`: the
+    artefact's node budget, charged before the graph is validated or built."""
     folder = Path(folder)
     graph_data = read_graph_json(folder / GRAPH_JSON, folder)
+    if nodes is not None and isinstance(graph_data, dict) and isinstance(graph_data.get("nodes"), list):
+        nodes.take(len(graph_data["nodes"]), folder / GRAPH_JSON)
     graph = records.parse(records.GraphRecord, graph_data, folder / GRAPH_JSON)
     _, record = records.read(InputsRecord, folder / INPUTS_JSON, folder)
     check_regular_file(folder / f"{folder.name}{records.INPUT_SUFFIX}", folder)
@@ -533,6 +536,8 @@ def _load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = (
     blobs = BlobStore(p)
     art = Artifact(p, manifest)
     graphs = manifest.graphs
+    check_graphs(len(graphs), p / MANIFEST)
+    budget = NodeBudget()
     keys = {k: parse_graph_key(k) for k in graphs}
     # Captured graphs by subgraph, then kind; then the graphs made from them by passes.
     kinds = sorted((k for k, parsed in keys.items() if parsed is not None and parsed.chain is None),
@@ -543,7 +548,8 @@ def _load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = (
         if (p / rec.folder).is_symlink():
             raise ArtifactError(f"{p / rec.folder}: a link, not a folder of this artefact")
         art.graphs[kind] = load_graph(p / rec.folder, blobs, trust_code=trust_code,
-                                      recompute=_recompute(art, kind, rec) if rec.base else None, trusted=trusted)
+                                      recompute=_recompute(art, kind, rec) if rec.base else None, trusted=trusted,
+                                      nodes=budget)
         art.graphs[kind].name = kind
     for key, ga in art.graphs.items():
         if ga.kind == "backward" and keys[key] is not None:

@@ -90,6 +90,11 @@ FolderName = Annotated[str, StringConstraints(pattern=r"^[^/\\.][^/\\]*$", max_l
 Number = Optional[float]  # a float, or null where no number applies
 
 
+# On the long collections of a record: validation stops at the first bad element (pydantic
+# would otherwise build an error for every one: gigabytes for a manifest of a million).
+FailFast = Field(fail_fast=True)
+
+
 class Record(BaseModel):
     """Strict: unknown keys are refused, and nothing is coerced ("1" is not 1, true is not 1)."""
 
@@ -115,7 +120,7 @@ class Summary(Record):
 class TupleSummary(Record):
     """A node whose value is a tuple: one summary per element (null for non-tensors)."""
 
-    items: list[Optional[Summary]]
+    items: Annotated[list[Optional[Summary]], FailFast]
 
 
 class Partition(Record):
@@ -199,9 +204,9 @@ class InputsRecord(Record):
     rng_seed: Optional[int] = None  # the seed random ops draw from (version 2)
     values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # what is stored (version 2)
     saved_values: Optional[bool] = None  # version 1: every value stored
-    storages: list[StorageRecord]
-    inputs: list[InputRecord]
-    outputs: list[OutputRecord]
+    storages: Annotated[list[StorageRecord], FailFast]
+    inputs: Annotated[list[InputRecord], FailFast]
+    outputs: Annotated[list[OutputRecord], FailFast]
     partition: Optional[Partition] = None
     passes: Optional[list[str]] = None  # a graph made by passes: the chain, in order
 
@@ -222,7 +227,7 @@ class TraceRecord(Record):
 
     format_version: Literal[READABLE_VERSIONS]  # type: ignore[valid-type]
     sampled: bool = False  # summaries over strided samples (version 2)
-    nodes: dict[str, Union[Summary, TupleSummary, None]]
+    nodes: Annotated[dict[str, Union[Summary, TupleSummary, None]], FailFast]
 
 
 # ---------------------------------------------------------------------------------------
@@ -254,7 +259,7 @@ class GraphRecord(Record):
     format_version: Literal[1, 2]
     kind: Optional[GraphKind] = None
     input_groups: Optional[list[Count]] = None
-    nodes: list[NodeRecord]
+    nodes: Annotated[list[NodeRecord], FailFast]
 
 
 # ---------------------------------------------------------------------------------------
@@ -296,7 +301,7 @@ class CheckTotals(Record):
 
 class GraphChecks(CheckTotals):
     skipped_reasons: list[str] = []
-    items: list[CheckItem] = []
+    items: Annotated[list[CheckItem], FailFast] = []
 
 
 class GraphEntry(Record):
@@ -403,13 +408,13 @@ class Manifest(Record):
     model: ModelRecord
     capture: CaptureRecord
     save_values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # version 2
-    graphs: dict[str, GraphEntry]
+    graphs: Annotated[dict[str, GraphEntry], FailFast]
     partition: Optional[Partition] = None
     passes: dict[str, list[PassStep]] = {}
     pass_failures: list[str] = []
-    verification: Optional[dict[str, VerificationEntry]] = None
+    verification: Optional[Annotated[dict[str, VerificationEntry], FailFast]] = None
     checks: Optional[CheckTotals] = None  # version 2
-    files: dict[str, Sha256]
+    files: Annotated[dict[str, Sha256], FailFast]
 
 
 class Signature(Record):
@@ -443,6 +448,10 @@ def parse(cls: type[Record], data: Any, where: Any) -> Any:
     bad field otherwise (for a record of the artefact format, its version first)."""
     if cls in VERSIONED:
         check_version(data, where)
+    if cls is Manifest and isinstance(data, dict) and isinstance(data.get("graphs"), dict):
+        from aotpipe.artifact.limits import check_graphs
+
+        check_graphs(len(data["graphs"]), where)  # before validating each one
     try:
         return cls.model_validate(data)
     except ValidationError as e:

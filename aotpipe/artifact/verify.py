@@ -94,9 +94,12 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequen
         if file_sha256(p) != digest:
             problems.append(f"{p}: sha256 differs from the manifest (the file was changed or truncated)")
     listed = set(files) | {MANIFEST, SIGNATURE}
-    for p in sorted(folder.rglob("*")):
-        if (p.is_file() or p.is_symlink() or not p.is_dir()) and p.relative_to(folder).as_posix() not in listed:
-            problems.append(f"{p}: not listed in the manifest")
+    try:
+        for entry in limits.walk(folder):  # within the walk limits: no tree of a million files
+            if not entry.is_dir and entry.path.relative_to(folder).as_posix() not in listed:
+                problems.append(f"{entry.path}: not listed in the manifest")
+    except LimitError as e:
+        problems.append(_problem(e))
     if load_graphs and not problems:
         from aotpipe.artifact.load import load
 
@@ -125,17 +128,21 @@ def find_artifacts(root: Path) -> tuple[list[Path], list[Path]]:
     if (root / MANIFEST).exists():
         return [root], []
     models, unfinished = [], []
-    for mpath in sorted(root.rglob(MANIFEST)):
-        rel = mpath.parent.relative_to(root)
-        if not any(part.startswith(".") for part in rel.parts):
-            models.append(mpath.parent)
+    zeros = []  # folders named like a graph folder of subgraph 0
+    for entry in limits.walk(root):  # one walk, within the walk limits
+        if any(part.startswith(".") for part in entry.path.parent.relative_to(root).parts):
+            continue
+        if entry.path.name == MANIFEST and not entry.is_dir:
+            models.append(entry.path.parent)
+        elif entry.is_dir and entry.path.name.endswith("_0"):
+            zeros.append(entry.path)
+    models.sort()
     known = set(models)
-    for d in sorted(root.rglob("*_0")):
+    for d in sorted(zeros):
         parent = d.parent
-        if d.is_dir() and parent not in known and not any(part.startswith(".") for part in parent.relative_to(root).parts):
-            if (d / "graph.json").exists() or (d / "inputs.json").exists():
-                unfinished.append(parent)
-                known.add(parent)
+        if parent not in known and ((d / "graph.json").exists() or (d / "inputs.json").exists()):
+            unfinished.append(parent)
+            known.add(parent)
     return models, unfinished
 
 

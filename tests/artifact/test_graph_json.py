@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -46,23 +47,82 @@ def test_nan_round_trips():
     assert math.isnan(decode_arg(json.loads(json.dumps(encode_arg(float("nan")))), {}))
 
 
-@pytest.mark.parametrize("name", ["os.system", "builtins.eval", "torch.load", "inductor.foo.default",
-                                  "aten.add", "aten.__class__.default", "operator.attrgetter", 42])
-def test_targets_outside_allow_list_are_refused(name):
-    with pytest.raises(ArtifactError):
+@pytest.mark.parametrize("name,why", [
+    ("os.system", "which is not an op in an allowed namespace"),
+    ("builtins.eval", "which is not an op in an allowed namespace"),
+    ("torch.load", "which is not an op in an allowed namespace"),
+    ("inductor.foo.default", "an op of the library namespace 'inductor'"),
+    ("aten.add", "which is not an op in an allowed namespace"),
+    ("aten.__class__.default", "which is not a valid op name"),
+    ("operator.attrgetter", "which is not an op in an allowed namespace"),
+    ("aten.from_file.default", "which is not allowed"),
+])
+def test_targets_outside_allow_list_are_refused(name, why):
+    with pytest.raises(ArtifactError, match=rf"^graph\.json names {re.escape(repr(name))}, {re.escape(why)}"):
         resolve_target(name)
 
 
-def test_hostile_graph_naming_os_system_is_refused_without_running_it(tmp_path):
-    marker = tmp_path / "pwned"
+def test_a_target_that_is_not_a_string_is_refused():
+    with pytest.raises(ArtifactError, match="^graph.json: op target must be a string, got int$"):
+        resolve_target(42)
+
+
+# Hostile graphs: each node would create `marker` if its target were called. The graph is
+# loaded and, were it accepted, run: the tests assert the refusal names the target, and that
+# the marker is absent (a loader that resolved the name by importing it would fail both).
+def _payload_nodes(marker):
+    m = str(marker)
+    return {
+        "os.system": [f"touch {m}"],
+        "posix.system": [f"touch {m}"],
+        "builtins.exec": [f"open({m!r}, 'w').close()"],
+        "builtins.eval": [f"open({m!r}, 'w').close()"],
+        "subprocess.call": [["touch", m]],
+        "builtins.open": [m, "w"],
+        "torch.save": [{"node": "x"}, m],
+        "os.path.os.system": [f"touch {m}"],
+    }
+
+
+_REFUSAL: dict[str, str] = {}  # targets refused for another reason than their namespace
+
+
+@pytest.mark.parametrize("target", list(_payload_nodes("m")))
+def test_hostile_graph_is_refused_and_its_payload_never_runs(tmp_path, target):
+    marker = tmp_path / "payload-ran"
     data = {"format_version": 1, "nodes": [
         {"name": "x", "op": "placeholder", "target": "x"},
-        {"name": "boom", "op": "call_function", "target": "os.system", "args": [f"touch {marker}"], "kwargs": {}},
+        {"name": "boom", "op": "call_function", "target": target, "args": _payload_nodes(marker)[target],
+         "kwargs": {}},
         {"name": "output", "op": "output", "args": [{"node": "x"}], "kwargs": {}},
     ]}
-    with pytest.raises(ArtifactError, match="os.system"):
-        graph_from_json(data)
-    assert not marker.exists()
+    with pytest.raises(ArtifactError) as e:
+        graph_from_json(data)(torch.zeros(1))  # run only if (wrongly) accepted
+    assert not marker.exists(), "the payload ran"
+    why = _REFUSAL.get(target, "which is not an op in an allowed namespace")
+    assert f"graph.json names {target!r}, {why}" in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_hostile_graph_through_the_cli_leaves_no_marker(mlp_copy, tmp_path):
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+    from tests.helpers.forge import reseal
+
+    marker = tmp_path / "payload-ran"
+    path = mlp_copy / "mlp_inference_0" / "graph.json"
+    data = json.loads(path.read_text())
+    x = next(n["name"] for n in data["nodes"] if n["op"] == "placeholder")
+    data["nodes"].insert(len(data["nodes"]) - 1, {"name": "boom", "op": "call_function", "target": "os.system",
+                                                  "args": [f"touch {marker}"], "kwargs": {}})
+    data["nodes"][-1]["args"] = [[{"node": "boom"}, {"node": x}]]
+    path.write_text(json.dumps(data))
+    assert reseal(mlp_copy)  # past the sha256 checks: only the allow-list stands in the way
+    for command in ("replay", "show", "verify"):
+        r = CliRunner().invoke(main, [command, str(mlp_copy)])
+        assert not marker.exists(), f"the payload ran in {command}"
+        assert r.exit_code in (1, 2) and "graph.json names 'os.system', which is not" in r.output, r.output
 
 
 def test_call_module_nodes_are_refused():

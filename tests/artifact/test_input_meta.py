@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import re
 
 import pytest
 import torch
@@ -48,28 +49,64 @@ def test_dumps_is_deterministic():
     assert input_meta.dumps(input_meta.input_meta(_inputs())) == input_meta.dumps(input_meta.input_meta(_inputs()))
 
 
-class _Evil:
+# Hostile pickles. Each payload would create `marker` if it ran; every test asserts that it
+# did not, and that the refusal is the restricted unpickler's (or the opcode check's) own,
+# not some later error: an unpickler that called the payload and then failed on the
+# structure would still raise an ArtifactError.
+
+
+class _Call:
+    """Pickles as a call of `fn(*args)`."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
     def __reduce__(self):
-        return (os.system, ("echo pwned > /dev/null",))
+        return (self.fn, self.args)
 
 
-@pytest.mark.parametrize("payload", [_Evil(), [eval], [torch.load], [(torch.Tensor, torch.Size([1]), (1,), torch.float32, torch.device("cpu"), os.getcwd)]])
-def test_hostile_pickles_are_refused(payload):
-    data = pickle.dumps(payload)
-    with pytest.raises(ArtifactError):
-        input_meta.loads(data)
+def _payloads(marker):
+    import subprocess
+
+    m = str(marker)
+    return {
+        "os.system": (_Call(os.system, f"touch {m}"), "posix.system"),
+        "exec": (_Call(exec, f"open({m!r}, 'w').close()"), "builtins.exec"),
+        "eval": (_Call(eval, f"open({m!r}, 'w').close()"), "builtins.eval"),
+        "subprocess": (_Call(subprocess.call, ["touch", m]), "subprocess.call"),
+        "open": (_Call(open, m, "w"), "io.open"),
+        "torch.save": (_Call(torch.save, 0, m), "torch.serialization.save"),
+        "getattr": (_Call(getattr, _Call(__import__, "os"), "system"), "builtins.getattr"),
+    }
 
 
-def test_pickle_that_would_write_a_file_is_refused_and_writes_nothing(tmp_path):
-    marker = tmp_path / "written"
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+@pytest.mark.parametrize("where", ["alone", "in a list", "inside an entry"])
+@pytest.mark.parametrize("name", ["os.system", "exec", "eval", "subprocess", "open", "torch.save", "getattr"])
+def test_hostile_pickles_are_refused_and_their_payload_never_runs(tmp_path, name, where, protocol):
+    marker = tmp_path / "payload-ran"
+    payload, global_name = _payloads(marker)[name]
+    obj = {"alone": payload, "in a list": [payload],
+           "inside an entry": [(torch.Tensor, torch.Size([1]), (1,), torch.float32, torch.device("cpu"), payload)]}[where]
+    path = tmp_path / "g.input"
+    path.write_bytes(pickle.dumps(obj, protocol=protocol))
+    module, _, attr = global_name.rpartition(".")
+    py2 = {"builtins": "__builtin__", "subprocess": "commands"}.get(module, module)  # protocols 0-2 write these
+    with pytest.raises(ArtifactError) as e:
+        input_meta.read(path)
+    assert not marker.exists(), "the payload ran"
+    # The refusal names the callable it would not load, and the file; one line.
+    msg = str(e.value)
+    assert re.match(rf"{re.escape(str(path))}: refusing to unpickle ({module}|{py2})\.{attr}: "
+                    r"a \.input file holds only tensor metadata", msg), msg
+    assert "\n" not in msg
 
-    class WritesFile:
-        def __reduce__(self):
-            return (open, (str(marker), "w"))
 
-    with pytest.raises(ArtifactError, match="refusing to unpickle"):
-        input_meta.loads(pickle.dumps([WritesFile()]))
-    assert not marker.exists()
+def test_the_marker_check_would_see_a_payload_that_ran(tmp_path):
+    # The oracle itself: an ordinary unpickler runs the same payload and makes the marker.
+    marker = tmp_path / "payload-ran"
+    pickle.loads(pickle.dumps([_payloads(marker)["open"][0]]))[0].close()
+    assert marker.exists()
 
 
 def test_not_a_list_is_refused():
