@@ -202,7 +202,9 @@ def resolve_op(name: Any, trusted: frozenset[str] = frozenset()) -> Callable[...
 
 
 def op_name(target: Any) -> Optional[str]:
-    """The qualified name ("aten.add.Tensor", "operator.getitem") of a call target, or None."""
+    """The qualified name ("aten.add.Tensor", "operator.getitem") of a call target, or None;
+    for an op the loader put in its checked form (artifact/checked.py), the op's."""
+    target = getattr(target, "checked_op", target)
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._schema.name.split('::', 1)[1]}.{target._overloadname}"
     for name, fn in PYTHON_CALLABLES.items():

@@ -142,6 +142,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
     from torch.multiprocessing.reductions import StorageWeakRef
 
+    from aotpipe.artifact.checked import RUNTIME_BOUNDED
     from aotpipe.passes.prepack import stored_graph
 
     graph = stored_graph(gm)
@@ -210,6 +211,8 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                 except Exception as e:
                     raise GraphWillNotRun(f"{where}: node {node.name!r} ({_op_label(node)}) does not run on "
                                           f"these inputs: {exception_line(e)}") from None
+                if target in RUNTIME_BOUNDED:
+                    _bound_by_limit(node, value, shape_env, tensor_limit, refuse)
                 env[node] = value
                 mine = []
                 for t in _tensors(value):
@@ -254,6 +257,26 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                     refs[key] -= 1
                     if refs[key] == 0:
                         live -= storage_bytes[key]
+
+
+def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int, refuse: _Refusal) -> None:
+    """An op whose output size comes from values (bincount): its checked form refuses, when
+    it runs, a size over the per-tensor limit, so that limit bounds it here; a lower bound
+    already over it (a literal minlength) is refused now."""
+    from torch.fx.experimental.symbolic_shapes import _constrain_range_for_size, free_unbacked_symbols
+
+    for t in _tensors(value):
+        for s in t.shape:
+            if not (isinstance(s, torch.SymInt) and free_unbacked_symbols(s)):
+                continue
+            most = limit // t.dtype.itemsize
+            low = shape_env.bound_sympy(s.node.expr).lower
+            if low.is_finite and int(low) > most:
+                raise refuse.node(node, f"makes at least {int(low):,} elements of "
+                                        f"{str(t.dtype).removeprefix('torch.')}, over the limit of "
+                                        f"{limits.human(limit)} (raise it with AOTPIPE_MAX_BYTES or --max-bytes)",
+                                  LimitError)
+            _constrain_range_for_size(s, min=0, max=most)
 
 
 def _span(t: torch.Tensor, shape_env: Any) -> Optional[int]:
