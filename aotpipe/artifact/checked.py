@@ -48,7 +48,9 @@ class CheckedOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         why = self.check(_bind(self.checked_op, args, kwargs))
         if why:
-            raise ArtifactError(f"{self.where} ({self.checked_op.__name__}): {why}; the kernel was not run")
+            from aotpipe.artifact.ops import op_name
+
+            raise ArtifactError(f"{self.where} ({op_name(self.checked_op)}): {why}; the kernel was not run")
         return call_kernel(self.checked_op, args, kwargs)
 
 
