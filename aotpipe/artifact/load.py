@@ -142,6 +142,10 @@ class GraphArtifact:
     def _expected(self) -> list[Expected]:
         inputs: Optional[list[Any]] = None
         out: list[Expected] = []
+        # Each stored value counted, and read, once however many outputs name it.
+        self.blobs.check_bytes([r.blob for r in self.record.outputs if r.blob is not None and r.same_as is None],
+                               self.folder / INPUTS_JSON, "its recorded outputs")
+        loaded: dict[str, torch.Tensor] = {}
         for i, rec in enumerate(self.record.outputs):
             if rec.same_as is not None:
                 if rec.same_as >= i:
@@ -153,7 +157,9 @@ class GraphArtifact:
             if rec.blob is not None:
                 # Values only: the recorded stride is in `rec`, compared separately at replay.
                 shape = rec.shape if rec.shape is not None else [-1]
-                e.value, e.has_value = self.blobs.get(rec.blob).reshape(shape), True
+                if rec.blob not in loaded:
+                    loaded[rec.blob] = self.blobs.get(rec.blob)
+                e.value, e.has_value = loaded[rec.blob].reshape(shape), True
             elif rec.same_as_input is not None and e.digest is None:
                 inputs = inputs if inputs is not None else self.saved_inputs()
                 e.value, e.has_value = inputs[rec.same_as_input], True

@@ -213,6 +213,8 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                                           f"these inputs: {exception_line(e)}") from None
                 if target in RUNTIME_BOUNDED:
                     _bound_by_limit(node, value, shape_env, tensor_limit, refuse)
+                if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) not in storage_bytes:
+                    value = _as_recorded(node, value)
                 env[node] = value
                 mine = []
                 for t in _tensors(value):
@@ -277,6 +279,29 @@ def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int,
                                         f"{limits.human(limit)} (raise it with AOTPIPE_MAX_BYTES or --max-bytes)",
                                   LimitError)
             _constrain_range_for_size(s, min=0, max=most)
+
+
+def _as_recorded(node: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
+    """A fresh value laid out with the strides graph.json records for the node, where they
+    are a dense layout of the same shape: a few fake kernels (oneDNN's convolution on NCHW
+    activations) guess another memory format than their real kernel gives, and a view
+    after them would fail only here. The bytes are the same either way, and a record that
+    lies can only make a later view fail, here or when the real graph runs and checks it."""
+    rec = node.meta.get("saved_val")
+    if not isinstance(rec, dict):
+        return value
+    shape, stride = rec.get("shape"), rec.get("stride")
+    if not (isinstance(shape, list) and isinstance(stride, list) and len(stride) == len(shape)
+            and all(isinstance(s, int) and s >= 0 for s in shape + stride)):
+        return value
+    if shape != list(value.shape) or stride == list(value.stride()) or any(isinstance(s, torch.SymInt) for s in value.shape):
+        return value
+    expected = 1  # dense: dims by stride, each stride the element count of those inside it
+    for size, st in sorted(((sz, st) for sz, st in zip(shape, stride) if sz != 1), key=lambda d: d[1]):
+        if st != expected:
+            return value
+        expected *= size
+    return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
 
 
 def _span(t: torch.Tensor, shape_env: Any) -> Optional[int]:

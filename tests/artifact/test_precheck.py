@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import aotpipe
 from aotpipe.artifact import precheck
 from aotpipe.cli import main
-from aotpipe.errors import LimitError
+from aotpipe.errors import ArtifactError
 from aotpipe.replay import replay
 
 X = {"node": "x"}  # the mlp's user input: float32[8, 32]
@@ -77,3 +77,76 @@ def test_a_literal_size_bomb_is_refused_before_allocation(mlp_copy, case):
         assert "would hold" in r.output and "alive at once" in r.output and "over the limit of 105 MB" in r.output
     else:
         assert "node 'bomb'" in r.output and "over the limit of 105 MB" in r.output, r.output
+
+
+def _one_blob_outputs(folder, n, clone):
+    """mlp's inference graph returning one 8 MB constant `n` times (cloned each time, or as
+    is), its inputs.json recording every output as that same stored blob."""
+    import torch
+
+    from aotpipe.artifact.blobs import BlobStore
+
+    value = torch.zeros(2_000_000)
+    digest = BlobStore(folder).put(value)
+    path = folder / "mlp_inference_0" / "graph.json"
+    data = json.loads(path.read_text())
+    out = data["nodes"].pop()
+    data["nodes"].append({"name": "blob", "op": "get_attr", "target": "blob", "blob": digest,
+                          "shape": [2_000_000], "stride": [1]})
+    names = ["blob"] * n
+    if clone:
+        names = [f"copy{i}" for i in range(n)]
+        data["nodes"] += [{"name": c, "op": "call_function", "target": "aten.clone.default",
+                           "args": [{"node": "blob"}], "kwargs": {}} for c in names]
+    out["args"] = [{"tuple": [{"node": c} for c in names]}]
+    data["nodes"].append(out)
+    path.write_text(json.dumps(data))
+    ipath = folder / "mlp_inference_0" / "inputs.json"
+    rec = json.loads(ipath.read_text())
+    rec["values"] = "full"
+    rec["outputs"] = [{"index": i, "role": "user", "blob": digest, "shape": [2_000_000], "stride": [1],
+                       "dtype": "float32"} for i in range(n)]
+    ipath.write_text(json.dumps(rec))
+
+
+def test_outputs_each_a_copy_of_one_blob_are_all_counted(mlp_copy):
+    _one_blob_outputs(mlp_copy, 24, clone=True)  # 24 x 8 MB alive at the end
+    r = cli("replay", mlp_copy, "--graph", "inference", "--max-bytes", "100M")
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "node 'copy" in r.output and "(aten.clone.default) would hold 1" in r.output
+    assert "alive at once" in r.output and "over the limit of 105 MB" in r.output
+
+
+def test_outputs_naming_one_blob_read_it_once(mlp_copy):
+    _one_blob_outputs(mlp_copy, 24, clone=False)
+    (res,) = replay(mlp_copy, graphs=["inference"])
+    assert res.status == "match", res
+    expected = aotpipe.load(mlp_copy).graphs["inference"].expected_outputs()
+    assert len({e.value.untyped_storage().data_ptr() for e in expected}) == 1  # one tensor, 24 views
+    r = cli("replay", mlp_copy, "--graph", "inference", "--max-bytes", "20M")
+    assert r.exit_code == 0, r.output
+
+
+def test_a_view_past_its_storage_is_refused(mlp_copy):
+    # x is float32[8, 32]: 1 KB; the view reaches 40 KB into it
+    add_nodes(mlp_copy, [("far", "aten.as_strided.default", [X, [10, 10], [1000, 1], 0], {})])
+    with pytest.raises(ArtifactError) as e:
+        replay(mlp_copy, graphs=["inference"])
+    assert ("node 'far' (aten.as_strided.default) gives a view (sizes [10, 10], strides [1000, 1], storage "
+            "offset 0) that reaches byte 36,040 of a storage of 1,024 bytes") in str(e.value)
+
+
+def test_a_graph_is_checked_once_per_input_layout(mlp_copy, monkeypatch):
+    art = aotpipe.load(mlp_copy)
+    ga = art.graphs["inference"]
+    calls = []
+    real = precheck.check_graph
+    monkeypatch.setattr(precheck, "check_graph", lambda *a, **k: calls.append(1) or real(*a, **k))
+    from aotpipe.replay import run_graph
+
+    inputs = ga.saved_inputs()
+    run_graph(ga.module, inputs)
+    run_graph(ga.module, inputs)
+    assert len(calls) == 1
+    run_graph(ga.module, [t.clone() for t in inputs[:-1]] + [inputs[-1][:4]])  # another layout
+    assert len(calls) == 2
