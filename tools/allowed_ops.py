@@ -75,7 +75,7 @@ def source_ops() -> set[str]:
     found: set[str] = set()
     for folder in ("passes", "capture"):
         for p in sorted((root / folder).rglob("*.py")):
-            for op, overload in re.findall(r"\baten\.([a-z_0-9]+)(?:\.([A-Za-z_0-9]+))?", p.read_text()):
+            for op, overload in re.findall(r"aten\.([a-z_0-9]+)(?:\.([A-Za-z_0-9]+))?", p.read_text()):
                 found.add(f"aten.{op}.{overload or 'default'}")
     return found
 

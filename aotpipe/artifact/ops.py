@@ -204,8 +204,8 @@ def _resolve(name: str) -> Callable[..., Any]:
     if target is None:
         raise ArtifactError(f"graph.json names {name!r}, which this torch ({torch.__version__}) does not have")
     if not _admitted(ns, op, overload, target):
-        raise ArtifactError(f"graph.json names {name!r}, which is not allowed: aotpipe's capture and passes "
-                            "never emit it (see aotpipe/artifact/ops.py)")
+        raise ArtifactError(f"graph.json names {name!r}, which is not allowed: it is not on the reviewed list of "
+                            "what aotpipe's capture and passes emit (aotpipe/artifact/allowed_ops.txt)")
     why = _argument_problem(target)
     if why:
         raise ArtifactError(f"graph.json names {name!r}, which is not allowed: {why}")
