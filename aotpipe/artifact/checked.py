@@ -7,22 +7,23 @@ statistics as the input has rows. Capture only ever hands them consistent argume
 graph.json is data anyone can write: with an index out of range or a statistics tensor
 too short, those kernels read or write outside their buffers.
 
-So the loader puts a checked form in place of each such op in a graph it builds from an
-artefact (:func:`install`): the form validates the arguments the kernel trusts (index
+So a graph the loader built from an artefact runs with a checked form in place of each
+such op (:func:`checked_twin`, called by aotpipe's run functions in execution.py): the form validates the arguments the kernel trusts (index
 values within range, lengths and shapes consistent, sizes a value decides within the
 byte limit) and then calls the op itself, returning exactly what it returns; a violation
 is one :class:`~aotpipe.errors.ArtifactError` line naming the node and the argument, and
 the kernel is never reached. Ops whose kernels check their own indices (``gather``,
 ``scatter``, ``index_select``, ``index.Tensor``, ``index_put``, ``take``...) keep them.
 
-The graph as graph.json holds it stays in ``gm.meta`` (passes/prepack.py's
-:func:`~aotpipe.passes.prepack.stored_graph`): what verify compares and show lists.
+The loaded module itself keeps graph.json's ops (what passes match, verify compares and
+show lists); the checked forms live in a twin module over the same constants.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -31,7 +32,6 @@ import torch.fx
 from aotpipe.errors import ArtifactError
 
 aten = torch.ops.aten
-STORED = "stored_graph"  # gm.meta key: the graph before checked forms were put in
 
 
 class CheckedOp:
@@ -422,15 +422,25 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
 RUNTIME_BOUNDED = frozenset({aten.bincount.default, aten.repeat_interleave.Tensor})
 
 
-def install(gm: torch.fx.GraphModule, where: str) -> int:
-    """Put the checked form in place of every op of :data:`CHECKS` in `gm` (a graph built
-    from an artefact at `where`); how many nodes. The graph as it was stays in gm.meta."""
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in CHECKS]
-    if not nodes:
-        return 0
-    if "dense_graph" not in gm.meta:  # prepack keeps the graph as loaded there already
-        gm.meta[STORED] = copy.deepcopy(gm.graph)
-    for n in nodes:
-        n.target = CheckedOp(n.target, CHECKS[n.target], f"{where}: node {n.name!r}")
-    gm.recompile()
-    return len(nodes)
+_TWINS: "weakref.WeakKeyDictionary[torch.fx.GraphModule, torch.fx.GraphModule]" = weakref.WeakKeyDictionary()
+
+
+def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
+    """`gm` (a graph built from the artefact at `where`) with the checked form in place of
+    every op of :data:`CHECKS`: a module of its own over the same constants, made once per
+    module, so `gm` itself keeps graph.json's ops for the passes, verify and show; `gm`
+    itself if it has none of them."""
+    twin = _TWINS.get(gm)
+    if twin is not None:
+        return twin
+    if not any(n.op == "call_function" and n.target in CHECKS for n in gm.graph.nodes):
+        twin = gm
+    else:
+        graph = copy.deepcopy(gm.graph)
+        for n in graph.nodes:
+            if n.op == "call_function" and n.target in CHECKS:
+                n.target = CheckedOp(n.target, CHECKS[n.target], f"{where}: node {n.name!r}")
+        twin = torch.fx.GraphModule(gm, graph)  # gm's constants, not copies
+        twin.meta.update({k: v for k, v in gm.meta.items()})
+    _TWINS[gm] = twin
+    return twin

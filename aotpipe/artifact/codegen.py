@@ -169,12 +169,10 @@ def code_mismatch(module_py: Path, gm: torch.fx.GraphModule, constants: Optional
     except (SyntaxError, UnicodeDecodeError, ValueError) as e:
         return f"{module_py}: not valid Python ({e.__class__.__name__}: {getattr(e, 'msg', e)})"
     shown = _forward_of(tree, in_class=True)
-    # A graph the loader packed weights for (passes/prepack.py) or gave checked forms
-    # (artifact/checked.py): module.py shows graph.json's.
-    from aotpipe.passes.prepack import stored_graph
+    # A graph the loader packed weights for (passes/prepack.py): module.py shows graph.json's.
+    from aotpipe.passes.prepack import is_packed, stored_graph
 
-    stored = stored_graph(gm)
-    code = stored.python_code(root_module="self").src if stored is not gm.graph else gm.code
+    code = stored_graph(gm).python_code(root_module="self").src if is_packed(gm) else gm.code
     expected = _forward_of(ast.parse(code), in_class=False)
     if shown is None or expected is None:
         return f"{module_py}: has no GraphModule.forward (module.py does not match graph.json)"

