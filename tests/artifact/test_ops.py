@@ -71,7 +71,7 @@ EXCLUDED = {
     "aten._fused_sgd.default": [[X], [X], [X], 0.0, 0.1, 0.0, False, False, False],
     "aten._fused_moving_avg_obs_fq_helper_functional.default": [X] * 8 + [0.1, 0, 255, 0],
     # not on the reviewed list: functional, but nothing aotpipe captures emits it
-    "aten.narrow_copy.default": [X, 0, 0, 1],
+    "aten.detach_copy.default": [X],
     "aten._thnn_fused_lstm_cell_backward_impl.default": [X, X, X, X, X, True],
 }
 
@@ -161,7 +161,7 @@ def test_the_reviewed_list_holds_only_what_the_rules_admit():
     from aotpipe.artifact.checked import CHECKS
     from aotpipe.artifact.ops import op_name
 
-    assert {op_name(op) for op in CHECKS} <= listed()
+    assert {op_name(op) for op in CHECKS if not op._schema.is_mutable} <= listed()
 
 
 @pytest.mark.slow
