@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
+from aotpipe.artifact.precheck import runnable
 from aotpipe.determinism import RunLog, draws_random, run_reproducibly
 from aotpipe.global_state import preserved
 
@@ -33,6 +34,8 @@ def run_graph(module: torch.nn.Module, inputs: list[Any], log: Optional[RunLog] 
     """Run a graph on flat inputs (seeded as at capture, deterministic kernels); outputs as a list."""
     # A GraphModule's forward directly: its __call__ wrapper prints the generated code and a
     # traceback to stderr when the graph raises, though the caller reports the error itself.
+    # A graph from an artefact: propagated on fake tensors first, run with checked forms.
+    module = runnable(module, inputs)
     fn = module.forward if isinstance(module, torch.fx.GraphModule) else module
 
     def run() -> Any:
@@ -69,7 +72,7 @@ def layouts_of(gm: torch.fx.GraphModule, inputs: list[Any], summarise: Callable[
     """Per node, `summarise` of its value, from a plain run: no deterministic kernels (which
     fill every new tensor, ~10% at real size) and no seeding, for what passes need to know
     of values' shapes and layouts, never of their contents. The caller's RNG is kept."""
-    interp = _Summarising(gm, summarise)
+    interp = _Summarising(runnable(gm, inputs), summarise)
     with preserved(), torch.no_grad():
         interp.run(*inputs)
     return interp.summaries
@@ -84,6 +87,7 @@ def run_with_summaries(
 ) -> tuple[list[Any], dict[str, Any]]:
     """The graph's outputs and, per node (but those `skip` says), `summarise` of its value:
     the one per-node interpreter."""
+    gm = runnable(gm, inputs)
     interps: list[_Summarising] = []
 
     def run() -> Any:

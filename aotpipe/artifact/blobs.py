@@ -62,6 +62,24 @@ class BlobStore:
         except Exception as e:
             raise ArtifactError(f"{path}: not a valid safetensors file ({e})") from None
 
+    def check_bytes(self, digests: list[str], where: Path, what: str) -> None:
+        """Refuse, before reading any, blobs that need more than the byte limits in all
+        (each distinct blob counted once, by its size on disk)."""
+        import os
+
+        from aotpipe.artifact import limits
+
+        parts = []
+        for digest in dict.fromkeys(digests):
+            path = self.dir / f"{digest}.safetensors"
+            try:
+                size = os.lstat(path).st_size
+            except OSError:
+                continue  # reading it says what is wrong
+            parts.append((f"blob {str(digest)[:12]}", size))
+        if parts:
+            limits.check_total_bytes(parts, where, what)
+
     def _read_checked(self, digest: str, path: Path) -> bytes:
         from aotpipe.artifact import limits
 

@@ -20,7 +20,7 @@ import torch
 import torch.fx
 
 from aotpipe.artifact import limits
-from aotpipe.artifact.ops import check_kwargs, check_string_args, op_name, resolve_op
+from aotpipe.artifact.ops import check_kwargs, check_string_args, check_unsafe_flags, op_name, resolve_op
 from aotpipe.artifact.records import GRAPH_FORMAT_VERSION
 from aotpipe.errors import ArtifactError
 
@@ -260,6 +260,7 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
             raw_kwargs = check_kwargs(fn, entry.get("kwargs") or {}, f"{where}: node {name!r}")
             kwargs = {k: decode_arg(v, env) for k, v in raw_kwargs.items()}
             check_string_args(fn, args, kwargs, f"{where}: node {name!r}")
+            check_unsafe_flags(fn, args, kwargs, f"{where}: node {name!r}")
             limits.check_op_sizes(fn, args, kwargs, f"{where}: node {name!r}")
             node = graph.create_node("call_function", fn, tuple(args), kwargs, name=name)
         elif op == "output":

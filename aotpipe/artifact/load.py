@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 import torch.fx
 
-from aotpipe.artifact import input_meta, records
+from aotpipe.artifact import input_meta, precheck, records
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
 from aotpipe.artifact.limits import NodeBudget, check_graphs, check_record_bytes, check_regular_file
@@ -157,6 +157,10 @@ class GraphArtifact:
     def _expected(self) -> list[Expected]:
         inputs: Optional[list[Any]] = None
         out: list[Expected] = []
+        # Each stored value counted, and read, once however many outputs name it.
+        self.blobs.check_bytes([r.blob for r in self.record.outputs if r.blob is not None and r.same_as is None],
+                               self.folder / INPUTS_JSON, "its recorded outputs")
+        loaded: dict[str, torch.Tensor] = {}
         for i, rec in enumerate(self.record.outputs):
             if rec.same_as is not None:
                 if rec.same_as >= i:
@@ -168,7 +172,9 @@ class GraphArtifact:
             if rec.blob is not None:
                 # Values only: the recorded stride is in `rec`, compared separately at replay.
                 shape = rec.shape if rec.shape is not None else [-1]
-                e.value, e.has_value = self.blobs.get(rec.blob).reshape(shape), True
+                if rec.blob not in loaded:
+                    loaded[rec.blob] = self.blobs.get(rec.blob)
+                e.value, e.has_value = loaded[rec.blob].reshape(shape), True
             elif rec.same_as_input is not None and e.digest is None:
                 inputs = inputs if inputs is not None else self.saved_inputs()
                 e.value, e.has_value = inputs[rec.same_as_input], True
@@ -336,6 +342,8 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
         def build() -> torch.nn.Module:
             recomputed = recompute() if deferred and recompute is not None else None
             gm = graph_from_json(graph_data, constants(recomputed), where=where, trusted=trusted)
+            # Checked before any kernel runs: on fake tensors, then value-indexing ops in checked forms.
+            precheck.mark(gm, where)
             return _packed_for_this_cpu(gm)
 
         # Recomputing constants runs the pass chain on the base graph: only when the graph

@@ -65,6 +65,14 @@ EXCLUDED = {
     "aten.seed.default": [],
     # out= overloads of allowed ops write (and resize) a tensor given to them
     "aten.add.out": [X, X],
+    # unsafe by contract: they trust sizes, strides and buffers as given
+    "aten._reshape_alias.default": [X, [10**6], [1]],
+    "aten._reshape_alias_copy.default": [X, [10**6], [1]],
+    "aten._fused_sgd.default": [[X], [X], [X], 0.0, 0.1, 0.0, False, False, False],
+    "aten._fused_moving_avg_obs_fq_helper_functional.default": [X] * 8 + [0.1, 0, 255, 0],
+    # not on the reviewed list: functional, but nothing aotpipe captures emits it
+    "aten.detach_copy.default": [X],
+    "aten._thnn_fused_lstm_cell_backward_impl.default": [X, X, X, X, X, True],
 }
 
 
@@ -128,3 +136,61 @@ def test_the_runtime_asserts_export_leaves_in_graphs_load():
     # Their one string argument is the message of the error they raise (longcat_flash's graphs).
     for name in ("aten._assert_async.msg", "aten._assert_scalar.default", "aten._functional_assert_async.msg"):
         resolve_op(name)
+
+
+def test_an_argument_that_switches_a_kernels_checks_off_is_refused(mlp_copy):
+    _insert_call(mlp_copy, "aten.segment_reduce.default", [X, "sum"], {"lengths": X, "unsafe": True})
+    with pytest.raises(ArtifactError) as e:
+        aotpipe.load(mlp_copy)
+    assert "node 'hostile': aten.segment_reduce.default with unsafe=True skips the kernel's own checks" in str(e.value)
+
+
+def test_the_reviewed_list_holds_only_what_the_rules_admit():
+    from aotpipe.artifact.ops import LIST_FILE, listed
+
+    lines = [line for line in LIST_FILE.read_text().splitlines() if not line.startswith("#")]
+    assert lines == sorted(set(lines)) and len(lines) == len(listed())
+    for name in lines:
+        ns, op, overload = name.split(".")
+        assert ns == "aten" and not any(pattern.search(op) for pattern, _ in DENIED), name
+        target = getattr(getattr(torch.ops.aten, op), overload)
+        assert not target._schema.is_mutable and not any(a.is_out for a in target._schema.arguments), name
+    for unsafe in ("aten._reshape_alias.default", "aten._fused_sgd.default", "aten._reshape_alias_copy.default"):
+        assert unsafe not in listed() and unsafe not in allowed_ops()
+    # the value-indexing ops real training graphs hold stay, in checked forms
+    from aotpipe.artifact.checked import CHECKS
+    from aotpipe.artifact.ops import op_name
+
+    assert {op_name(op) for op in CHECKS if not op._schema.is_mutable} <= listed()
+
+
+@pytest.mark.slow
+def test_every_op_in_the_zoo_hf_graphs_is_allowed(zoo_run):
+    root, r = zoo_run
+    assert r.exit_code == 0, r.output
+    ops = graph_ops(root)
+    assert len(ops) > 50
+    for name in sorted(ops):
+        resolve_op(name)
+
+
+def _allowed_ops_tool():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "allowed_ops.py"
+    spec = importlib.util.spec_from_file_location("allowed_ops_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_op_the_passes_and_capture_emit_is_on_the_list():
+    from aotpipe.artifact.ops import listed
+
+    tool = _allowed_ops_tool()
+    emitted = {name for name in tool.source_ops() if tool.rules_admit(name)}
+    assert "aten.max_pool2d.default" in emitted and "aten.linear.default" in emitted
+    assert emitted <= listed(), sorted(emitted - listed())
+    # and the list is what the tool makes from torch and aotpipe alone, plus the zoos' ops
+    assert set(tool.generate([])) <= listed()

@@ -1,0 +1,446 @@
+"""Checked forms of the ops whose kernels index memory with values they are given.
+
+Many ATen kernels, backward ones above all, trust their arguments: a max-pool backward
+writes ``grad_input[indices[i]]`` without asking whether ``indices[i]`` lies in the input,
+an embedding backward does the same with token ids, a norm backward reads as many
+statistics as the input has rows. Capture only ever hands them consistent arguments, but
+graph.json is data anyone can write: with an index out of range or a statistics tensor
+too short, those kernels read or write outside their buffers.
+
+So a graph the loader built from an artefact runs with a checked form in place of each
+such op (:func:`checked_twin`, called by aotpipe's run functions in execution.py): the form validates the arguments the kernel trusts (index
+values within range, lengths and shapes consistent, sizes a value decides within the
+byte limit) and then calls the op itself, returning exactly what it returns; a violation
+is one :class:`~aotpipe.errors.ArtifactError` line naming the node and the argument, and
+the kernel is never reached. Ops whose kernels check their own indices (``gather``,
+``scatter``, ``index_select``, ``index.Tensor``, ``index_put``, ``take``...) keep them.
+
+The loaded module itself keeps graph.json's ops (what passes match, verify compares and
+show lists); the checked forms live in a twin module over the same constants.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+
+from aotpipe.errors import ArtifactError
+
+aten = torch.ops.aten
+
+
+class CheckedOp:
+    """A node's op in its checked form: checks, then the op (``checked_op``) itself."""
+
+    def __init__(self, op: torch._ops.OpOverload, check: Callable[[dict[str, Any]], Optional[str]], where: str):
+        self.checked_op = op
+        self.check = check
+        self.where = where
+        short = op.__name__.replace(".", "_")
+        self.__name__ = self.__qualname__ = f"checked_{short}"
+        self.__module__ = __name__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        why = self.check(_bind(self.checked_op, args, kwargs))
+        if why:
+            from aotpipe.artifact.ops import op_name
+
+            raise ArtifactError(f"{self.where} ({op_name(self.checked_op)}): {why}; the kernel was not run")
+        return call_kernel(self.checked_op, args, kwargs)
+
+
+def call_kernel(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """The op itself, after its checks passed (a seam for tests to prove it was not reached)."""
+    return op(*args, **kwargs)
+
+
+def _bind(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for i, a in enumerate(op._schema.arguments):
+        if i < len(args):
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# checks: each returns None, or why the arguments are unsafe
+
+
+def _range(t: Any, low: int, high: int, what: str) -> Optional[str]:
+    """Integer tensor `t` holds values in [low, high) only."""
+    if not isinstance(t, torch.Tensor):
+        return f"{what} is not a tensor"
+    if t.is_floating_point() or t.is_complex():
+        return f"{what} is not an integer tensor"
+    if t.numel() == 0:
+        return None
+    lo, hi = int(t.min()), int(t.max())
+    if lo < low or hi >= high:
+        bad = lo if lo < low else hi
+        return f"{what} holds {bad}, outside [{low}, {high})"
+    return None
+
+
+def _numel(t: Any, n: int, what: str) -> Optional[str]:
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        return f"{what} is not a tensor"
+    if t.numel() != n:
+        return f"{what} has {t.numel()} elements where the input needs {n}"
+    return None
+
+
+def _same_shape(a: Any, b: Any, what_a: str, what_b: str) -> Optional[str]:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return f"{what_a} or {what_b} is not a tensor"
+    if a.shape != b.shape:
+        return f"{what_a} has shape {list(a.shape)}, {what_b} {list(b.shape)}"
+    return None
+
+
+def _first(*problems: Optional[str]) -> Optional[str]:
+    return next((p for p in problems if p), None)
+
+
+def _pool_backward(spatial: int) -> Callable[[dict[str, Any]], Optional[str]]:
+    def check(a: dict[str, Any]) -> Optional[str]:
+        g, x, idx = a["grad_output"], a["self"], a["indices"]
+        if not all(isinstance(t, torch.Tensor) for t in (g, x, idx)) or x.dim() < spatial:
+            return "its tensors do not have the dimensions of a pooling"
+        plane = math.prod(x.shape[-spatial:])
+        if g.shape[:-spatial] != x.shape[:-spatial]:
+            return f"grad_output has shape {list(g.shape)} for an input of shape {list(x.shape)}"
+        return _first(_same_shape(idx, g, "indices", "grad_output"), _range(idx, 0, plane, "indices"))
+    return check
+
+
+def _embedding_dense_backward(a: dict[str, Any]) -> Optional[str]:
+    g, idx, n = a["grad_output"], a["indices"], a["num_weights"]
+    if not isinstance(g, torch.Tensor) or not isinstance(idx, torch.Tensor) or g.dim() < 1:
+        return "grad_output or indices is not a tensor"
+    if g.shape[:-1] != idx.shape:
+        return f"grad_output has shape {list(g.shape)} for indices of shape {list(idx.shape)}"
+    return _range(idx, 0, n, f"indices (num_weights {n})")
+
+
+def _embedding_backward(a: dict[str, Any]) -> Optional[str]:
+    if a.get("sparse"):
+        return "sparse=True builds a sparse tensor"
+    return _embedding_dense_backward({"grad_output": a["grad"], "indices": a["indices"],
+                                      "num_weights": a["num_weights"]})
+
+
+def _bags(indices: Any, offset2bag: Any, num_bags: int, num_weights: int) -> Optional[str]:
+    return _first(_range(indices, 0, num_weights, f"indices (num_weights {num_weights})"),
+                  _numel(offset2bag, indices.numel(), "offset2bag") if isinstance(indices, torch.Tensor) else None,
+                  _range(offset2bag, 0, max(num_bags, 1), f"offset2bag ({num_bags} bags)")
+                  if offset2bag is not None and offset2bag.numel() else None)
+
+
+def _embedding_bag_dense_backward(a: dict[str, Any]) -> Optional[str]:
+    grad, n = a["grad"], a["num_weights"]
+    if not isinstance(grad, torch.Tensor) or grad.dim() != 2:
+        return "grad is not a [bags, dim] tensor"
+    bags = grad.shape[0]
+    problem = _first(_bags(a["indices"], a["offset2bag"], bags, n),
+                     _numel(a["bag_size"], bags, "bag_size"),
+                     _numel(a.get("per_sample_weights"), a["indices"].numel(), "per_sample_weights"))
+    if problem or a["mode"] != 2:  # 2: max
+        return problem
+    mx, size = a["maximum_indices"], a["bag_size"]
+    if not isinstance(mx, torch.Tensor) or mx.shape != grad.shape:
+        return "maximum_indices does not have grad's shape"
+    return _range(mx[size > 0], 0, n, f"maximum_indices (num_weights {n})")
+
+
+def _embedding_bag_backward(a: dict[str, Any]) -> Optional[str]:
+    if a.get("sparse"):
+        return "sparse=True builds a sparse tensor"
+    return _first(_offsets(a["offsets"], a["indices"]), _embedding_bag_dense_backward(a))
+
+
+def _offsets(offsets: Any, indices: Any) -> Optional[str]:
+    if not isinstance(offsets, torch.Tensor) or not isinstance(indices, torch.Tensor):
+        return "offsets or indices is not a tensor"
+    problem = _range(offsets, 0, indices.numel() + 1, "offsets")
+    if problem is None and offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+        problem = "offsets decrease"
+    return problem
+
+
+def _embedding_bag(a: dict[str, Any]) -> Optional[str]:
+    w, idx = a["weight"], a["indices"]
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        return "weight is not a [num_weights, dim] tensor"
+    return _first(_range(idx, 0, w.shape[0], f"indices (num_weights {w.shape[0]})"),
+                  _offsets(a["offsets"], idx) if idx.dim() == 1 else None,
+                  _numel(a.get("per_sample_weights"), idx.numel(), "per_sample_weights"))
+
+
+def _per_sample_weights_backward(a: dict[str, Any]) -> Optional[str]:
+    grad, w = a["grad"], a["weight"]
+    if not isinstance(grad, torch.Tensor) or not isinstance(w, torch.Tensor) or grad.dim() != 2 or w.dim() != 2:
+        return "grad or weight is not a 2-d tensor"
+    return _first(_bags(a["indices"], a["offset2bag"], grad.shape[0], w.shape[0]),
+                  _offsets(a["offsets"], a["indices"]))
+
+
+def _layer_norm_rows(x: Any, normalized_shape: Any) -> tuple[Optional[str], int, int]:
+    if not isinstance(x, torch.Tensor) or not isinstance(normalized_shape, (list, tuple)):
+        return "input or normalized_shape is malformed", 0, 0
+    k = len(normalized_shape)
+    if k == 0 or k > x.dim() or list(x.shape[x.dim() - k:]) != [int(s) for s in normalized_shape]:
+        return f"normalized_shape {list(normalized_shape)} does not end input's shape {list(x.shape)}", 0, 0
+    n = math.prod(x.shape[x.dim() - k:])
+    return None, x.numel() // n if n else 0, n
+
+
+def _layer_norm(a: dict[str, Any]) -> Optional[str]:
+    why, _, n = _layer_norm_rows(a["input"], a["normalized_shape"])
+    return _first(why, _numel(a["weight"], n, "weight"), _numel(a["bias"], n, "bias"))
+
+
+def _layer_norm_backward(a: dict[str, Any]) -> Optional[str]:
+    why, rows, n = _layer_norm_rows(a["input"], a["normalized_shape"])
+    return _first(why, _same_shape(a["grad_out"], a["input"], "grad_out", "input"),
+                  _numel(a["mean"], rows, "mean"), _numel(a["rstd"], rows, "rstd"),
+                  _numel(a["weight"], n, "weight"), _numel(a["bias"], n, "bias"))
+
+
+def _channels(x: Any) -> tuple[Optional[str], int]:
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return "input has fewer than 2 dimensions", 0
+    return None, x.shape[1]
+
+
+def _batch_norm_stats(*names: str) -> Callable[[dict[str, Any]], Optional[str]]:
+    def check(a: dict[str, Any]) -> Optional[str]:
+        why, c = _channels(a["input"])
+        if why:
+            return why
+        problems = [_numel(a.get(name), c, name) for name in names]
+        if "grad_out" in a:
+            problems.insert(0, _same_shape(a["grad_out"], a["input"], "grad_out", "input"))
+        return _first(*problems)
+    return check
+
+
+def _group_norm_geometry(a: dict[str, Any]) -> Optional[str]:
+    x, n, c, hxw, group = a["input"], a["N"], a["C"], a["HxW"], a["group"]
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return "input has fewer than 2 dimensions"
+    if x.shape[0] != n or x.shape[1] != c or x.numel() != n * c * hxw:
+        return f"N={n}, C={c}, HxW={hxw} do not describe an input of shape {list(x.shape)}"
+    if not (isinstance(group, int) and group > 0 and c % group == 0):
+        return f"group={group} does not divide C={c}"
+    return None
+
+
+def _group_norm(a: dict[str, Any]) -> Optional[str]:
+    return _first(_group_norm_geometry(a), _numel(a["weight"], a["C"], "weight"), _numel(a["bias"], a["C"], "bias"))
+
+
+def _group_norm_backward(a: dict[str, Any]) -> Optional[str]:
+    problem = _group_norm_geometry(a)
+    if problem:
+        return problem
+    stats = a["N"] * a["group"]
+    return _first(_same_shape(a["grad_out"], a["input"], "grad_out", "input"),
+                  _numel(a["mean"], stats, "mean"), _numel(a["rstd"], stats, "rstd"),
+                  _numel(a["weight"], a["C"], "weight"))
+
+
+def _pdist_backward(a: dict[str, Any]) -> Optional[str]:
+    x = a["self"]
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        return "self is not a 2-d tensor"
+    pairs = x.shape[0] * (x.shape[0] - 1) // 2
+    return _first(_numel(a["pdist"], pairs, "pdist"), _numel(a["grad"], pairs, "grad"))
+
+
+def _cdist_backward(a: dict[str, Any]) -> Optional[str]:
+    x1, x2, d, g = a["x1"], a["x2"], a["cdist"], a["grad"]
+    if not all(isinstance(t, torch.Tensor) for t in (x1, x2, d, g)) or min(x1.dim(), x2.dim(), d.dim()) < 2:
+        return "its tensors are not batches of matrices"
+    if x1.shape[-1] != x2.shape[-1] or list(d.shape[-2:]) != [x1.shape[-2], x2.shape[-2]] \
+            or x1.shape[:-2] != d.shape[:-2] or x2.shape[:-2] != d.shape[:-2]:
+        return (f"cdist has shape {list(d.shape)} for x1 {list(x1.shape)} and x2 {list(x2.shape)} "
+                "(batch dimensions expanded)")
+    return _same_shape(g, d, "grad", "cdist")
+
+
+def _norm_dim(v: Any, dim: Any) -> tuple[Optional[str], int]:
+    if not isinstance(v, torch.Tensor) or not isinstance(dim, int) or not -v.dim() <= dim < v.dim():
+        return "dim is not a dimension of v", 0
+    return None, v.shape[dim]
+
+
+def _weight_norm(a: dict[str, Any]) -> Optional[str]:
+    why, n = _norm_dim(a["v"], a["dim"])
+    return why or _numel(a["g"], n, "g")
+
+
+def _weight_norm_backward(a: dict[str, Any]) -> Optional[str]:
+    why, n = _norm_dim(a["saved_v"], a["dim"])
+    return _first(why, _same_shape(a["grad_w"], a["saved_v"], "grad_w", "saved_v"),
+                  _numel(a["saved_g"], n, "saved_g"), _numel(a["saved_norms"], n, "saved_norms"))
+
+
+def _lengths(lengths: Any, offsets: Any, axis_size: int) -> Optional[str]:
+    if lengths is not None:
+        if not isinstance(lengths, torch.Tensor):
+            return "lengths is not a tensor"
+        if lengths.numel() and int(lengths.min()) < 0:
+            return "lengths holds a negative length"
+        per_row = lengths.reshape(-1, lengths.shape[-1]) if lengths.dim() else lengths.reshape(1, 1)
+        sums = per_row.sum(-1) if per_row.numel() else per_row.new_zeros(0)
+        if sums.numel() and bool((sums != axis_size).any()):
+            return f"lengths add up to {int(sums.max())}, the data has {axis_size} along the axis"
+        return None
+    if offsets is not None:
+        if not isinstance(offsets, torch.Tensor) or offsets.dim() < 1 or offsets.shape[-1] < 1:
+            return "offsets is not a tensor of offsets"
+        problem = _range(offsets, 0, axis_size + 1, "offsets")
+        if problem:
+            return problem
+        if offsets.shape[-1] > 1 and bool((offsets[..., 1:] < offsets[..., :-1]).any()):
+            return "offsets decrease"
+        if bool((offsets[..., 0] != 0).any()) or bool((offsets[..., -1] != axis_size).any()):
+            return f"offsets do not run from 0 to {axis_size}"
+        return None
+    return "neither lengths nor offsets is given"
+
+
+def _segment_reduce(a: dict[str, Any]) -> Optional[str]:
+    if a.get("unsafe"):
+        return "unsafe=True skips the kernel's own checks"
+    data, axis = a["data"], a["axis"]
+    if not isinstance(data, torch.Tensor) or not isinstance(axis, int) or not -data.dim() <= axis < data.dim():
+        return "axis is not a dimension of data"
+    return _lengths(a["lengths"], a["offsets"], data.shape[axis])
+
+
+def _segment_reduce_backward(a: dict[str, Any]) -> Optional[str]:
+    data, axis, out, grad = a["data"], a["axis"], a["output"], a["grad"]
+    if not all(isinstance(t, torch.Tensor) for t in (data, out, grad)) or not isinstance(axis, int) \
+            or not -data.dim() <= axis < data.dim():
+        return "axis is not a dimension of data"
+    problem = _first(_same_shape(grad, out, "grad", "output"), _lengths(a["lengths"], a["offsets"], data.shape[axis]))
+    if problem:
+        return problem
+    segments = a["lengths"].shape[-1] if a["lengths"] is not None else a["offsets"].shape[-1] - 1
+    expect = list(data.shape)
+    expect[axis] = segments
+    if list(out.shape) != expect:
+        return f"output has shape {list(out.shape)} where {segments} segments of data give {expect}"
+    return None
+
+
+def _bounded_size(n: int, itemsize: int, what: str) -> Optional[str]:
+    from aotpipe.artifact import limits
+
+    limit = limits.current().tensor_bytes
+    if n * itemsize > limit:
+        return (f"{what} makes {n:,} elements ({limits.human(n * itemsize)}), over the limit of "
+                f"{limits.human(limit)} (raise it with AOTPIPE_MAX_BYTES or --max-bytes)")
+    return None
+
+
+def _bincount(a: dict[str, Any]) -> Optional[str]:
+    x, minlength = a["self"], a["minlength"] or 0
+    if not isinstance(x, torch.Tensor) or x.is_floating_point():
+        return "self is not an integer tensor"
+    size = max(int(minlength), int(x.max()) + 1 if x.numel() else 0)
+    return _bounded_size(size, 8, "its values")
+
+
+def _repeat_interleave(a: dict[str, Any]) -> Optional[str]:
+    r, given = a["repeats"], a["output_size"]
+    if not isinstance(r, torch.Tensor) or r.is_floating_point():
+        return "repeats is not an integer tensor"
+    if r.numel() and int(r.min()) < 0:
+        return "repeats holds a negative count"
+    total = int(r.sum()) if r.numel() else 0
+    if given is not None and given != total:
+        return f"output_size {given} differs from the repeats' sum {total}"
+    return _bounded_size(total, 8, "its repeats")
+
+
+# The op -> its check. Ops whose output size a value decides are here too: the precheck
+# bounds them by the limit these checks enforce (aotpipe/artifact/precheck.py).
+CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
+    aten.max_pool2d_with_indices_backward.default: _pool_backward(2),
+    aten.max_pool3d_with_indices_backward.default: _pool_backward(3),
+    aten.adaptive_max_pool2d_backward.default: _pool_backward(2),
+    aten.adaptive_max_pool3d_backward.default: _pool_backward(3),
+    aten.embedding_dense_backward.default: _embedding_dense_backward,
+    aten.embedding_backward.default: _embedding_backward,
+    aten._embedding_bag.default: _embedding_bag,
+    aten._embedding_bag_forward_only.default: _embedding_bag,
+    aten._embedding_bag_backward.default: _embedding_bag_backward,
+    aten._embedding_bag_dense_backward.default: _embedding_bag_dense_backward,
+    aten._embedding_bag_per_sample_weights_backward.default: _per_sample_weights_backward,
+    aten.native_layer_norm.default: _layer_norm,
+    aten.native_layer_norm_backward.default: _layer_norm_backward,
+    aten.native_batch_norm.default: _batch_norm_stats("weight", "bias", "running_mean", "running_var"),
+    aten._native_batch_norm_legit.default: _batch_norm_stats("weight", "bias", "running_mean", "running_var"),
+    aten._native_batch_norm_legit.no_stats: _batch_norm_stats("weight", "bias"),
+    aten._native_batch_norm_legit_functional.default:
+        _batch_norm_stats("weight", "bias", "running_mean", "running_var"),
+    aten._native_batch_norm_legit_no_training.default:
+        _batch_norm_stats("weight", "bias", "running_mean", "running_var"),
+    aten.native_batch_norm_backward.default:
+        _batch_norm_stats("weight", "running_mean", "running_var", "save_mean", "save_invstd"),
+    aten.batch_norm_backward.default:
+        _batch_norm_stats("weight", "running_mean", "running_var", "save_mean", "save_var"),
+    aten.native_group_norm.default: _group_norm,
+    aten.native_group_norm_backward.default: _group_norm_backward,
+    aten._pdist_backward.default: _pdist_backward,
+    aten._cdist_backward.default: _cdist_backward,
+    aten._weight_norm_interface.default: _weight_norm,
+    aten._weight_norm_interface_backward.default: _weight_norm_backward,
+    aten.segment_reduce.default: _segment_reduce,
+    aten._segment_reduce_backward.default: _segment_reduce_backward,
+    aten.bincount.default: _bincount,
+    aten.repeat_interleave.Tensor: _repeat_interleave,
+}
+
+# Ops whose output size comes from values, bounded at run time by their check above to
+# the per-tensor limit (elements of 8 bytes): the precheck takes that bound.
+RUNTIME_BOUNDED = frozenset({aten.bincount.default, aten.repeat_interleave.Tensor})
+
+
+_TWINS: "weakref.WeakKeyDictionary[torch.fx.GraphModule, torch.fx.GraphModule]" = weakref.WeakKeyDictionary()
+
+
+def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
+    """`gm` (a graph built from the artefact at `where`) with the checked form in place of
+    every op of :data:`CHECKS`: a module of its own over the same constants, made once per
+    module, so `gm` itself keeps graph.json's ops for the passes, verify and show; `gm`
+    itself if it has none of them."""
+    twin = _TWINS.get(gm)
+    if twin is not None:
+        return twin
+    if not any(n.op == "call_function" and n.target in CHECKS for n in gm.graph.nodes):
+        twin = gm
+    else:
+        graph = copy.deepcopy(gm.graph)
+        for n in graph.nodes:
+            if n.op == "call_function" and n.target in CHECKS:
+                n.target = CheckedOp(n.target, CHECKS[n.target], f"{where}: node {n.name!r}")
+        twin = torch.fx.GraphModule(gm, graph)  # gm's constants, not copies
+        twin.meta.update({k: v for k, v in gm.meta.items()})
+    _TWINS[gm] = twin
+    return twin

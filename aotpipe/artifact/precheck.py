@@ -1,0 +1,339 @@
+"""A loaded graph, propagated on fake tensors before any of its kernels runs.
+
+graph.json is data, but data can still ask a kernel for what it cannot give: a view whose
+sizes, strides or offset reach past its storage (``as_strided``, ``_reshape_alias``), a
+literal size in any argument (``arange(0, 10**12)``, ``eye``, ``repeat``, ``pad``, an
+upsample's output size), one value returned many times, a chain of ``cat``. So before a
+graph from an artefact runs, :func:`check_graph` runs it on torch's fake tensors
+(``FakeTensorMode``: shapes, strides, dtypes and storages, no data, no kernels) from the
+very inputs and constants it is about to get, and refuses, naming the node and op:
+
+- a value that reaches outside its storage: each node's tensors are held against the
+  storage they live in, at the size it had when it was made (a fake ``as_strided`` grows
+  its fake storage instead of failing, as the real kernel may fail or may not);
+- a tensor over the per-tensor byte limit, and a peak of live bytes (inputs, constants,
+  and every intermediate until its last use; outputs live to the end) over ``max_bytes``;
+- a size that depends on values and has no bound: ``nonzero``, ``masked_select`` and
+  ``unique`` are bounded by their input's size (torch's fake kernels say so); a
+  ``bincount`` or ``repeat_interleave`` size is the bound the checked forms enforce when
+  they run (aotpipe/artifact/checked.py: at most the per-tensor limit); a size read from
+  a tensor's value (``item()``) has no bound, and is refused;
+- an op torch has no fake kernel for (it cannot be checked without running it).
+
+A node whose arguments torch's own checks reject (a wrong shape or type) raises
+:class:`GraphWillNotRun`: the graph does not run, as the real kernel would have said, and
+callers treat it as a failed run rather than a hostile artefact.
+
+Fake propagation runs no kernel and allocates nothing real (fallback kernels are off).
+The graph checked is the one graph.json holds (before the loader packs weights), with the
+module's constants.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from aotpipe.artifact import limits
+from aotpipe.errors import ArtifactError, LimitError, exception_line
+
+_MARK = "aotpipe_precheck"  # gm.meta key: the loader built this module from an artefact
+
+
+class GraphWillNotRun(RuntimeError):
+    """A node's arguments fail torch's own checks on fake tensors: the graph does not run."""
+
+
+def mark(gm: torch.fx.GraphModule, where: str) -> None:
+    """Have :func:`runnable` propagate `gm` (built from the artefact at `where`) before it runs."""
+    gm.meta[_MARK] = where
+
+
+def needs_check(module: Any) -> bool:
+    return isinstance(module, torch.fx.GraphModule) and _MARK in module.meta
+
+
+def _signature(values: list[Any]) -> tuple:
+    """What of the inputs the check depends on: layouts, storage sizes and sharing, scalars."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    seen: dict[Any, int] = {}
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            key = StorageWeakRef(v.untyped_storage()) if v.layout == torch.strided else id(v)
+            group = seen.setdefault(key, len(seen))
+            out.append((tuple(v.shape), tuple(v.stride()) if v.layout == torch.strided else None,
+                        v.storage_offset() if v.layout == torch.strided else None, v.dtype, v.device.type,
+                        v.untyped_storage().nbytes() if v.layout == torch.strided else None, group))
+        else:
+            out.append((type(v).__name__, v if isinstance(v, (bool, int, float, str, type(None))) else id(v)))
+    return tuple(out)
+
+
+_CHECKED: "weakref.WeakKeyDictionary[torch.fx.GraphModule, set]" = weakref.WeakKeyDictionary()
+
+
+def runnable(module: Any, inputs: list[Any]) -> Any:
+    """What to run for `module` on `inputs`: a graph built from an artefact, propagated on
+    fake tensors like `inputs` first (once per input layout), with its value-indexing ops
+    in checked forms (artifact/checked.py); any other module (capture's own graphs) as is."""
+    if not needs_check(module):
+        return module
+    done = _CHECKED.setdefault(module, set())  # by module: a copy (a pass's) is checked afresh
+    sig = _signature(inputs)
+    if sig not in done:
+        check_graph(module, inputs, module.meta[_MARK])
+        done.add(sig)
+    from aotpipe.artifact.checked import checked_twin
+
+    return checked_twin(module, module.meta[_MARK])
+
+
+def _op_label(node: torch.fx.Node) -> str:
+    from aotpipe.artifact.ops import op_name
+
+    target = getattr(node.target, "checked_op", node.target)
+    return op_name(target) or getattr(target, "__name__", str(target))
+
+
+class _Refusal:
+    """Builds the one-line errors for one graph."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def node(self, node: torch.fx.Node, why: str, cls: type[ArtifactError] = ArtifactError) -> ArtifactError:
+        return cls(f"{self.where}: node {node.name!r} ({_op_label(node)}) {why}; refused before running the graph")
+
+
+def _upper(n: Any, shape_env: Any) -> Optional[int]:
+    """An int, or the upper bound of a symbolic one (None: unbounded)."""
+    if isinstance(n, int):
+        return n
+    if isinstance(n, torch.SymInt):
+        expr = n.node.expr
+        try:
+            upper = shape_env.bound_sympy(expr).upper
+        except Exception:
+            return None
+        try:
+            return int(upper) if upper.is_finite else None
+        except (TypeError, ValueError, AttributeError):
+            return None
+    return None
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph.json") -> None:
+    """Refuse `gm` if, run on `inputs`, a node would reach outside a storage or the bytes
+    it holds would pass the limits (see the module's docstring); ArtifactError or
+    LimitError naming the node, GraphWillNotRun if torch's checks reject a node's arguments."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        FakeTensorMode,
+        UnsupportedOperatorException,
+    )
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from aotpipe.artifact.checked import RUNTIME_BOUNDED
+    from aotpipe.passes.prepack import stored_graph
+
+    graph = stored_graph(gm)
+    refuse = _Refusal(where)
+    lim = limits.current()
+    tensor_limit, total_limit = lim.tensor_bytes, lim.max_bytes
+    tensor_name = "max_tensor_bytes" if lim.max_tensor_bytes is not None else "max_bytes"
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=False, static_shapes=True)
+
+    storage_bytes: dict[Any, int] = {}  # every storage seen, at the size it was made with
+    held: set[Any] = set()  # storages of inputs and constants: live throughout
+    refs: dict[Any, int] = {}  # intermediate storage -> live node values referencing it
+    node_storages: dict[torch.fx.Node, list[Any]] = {}
+    live = 0
+
+    bases: dict[Any, torch.Tensor] = {}  # (real storage, dtype) -> a fake tensor over all of it
+    held_bytes = 0
+
+    def fake(t: Any) -> Any:
+        """A fake view like `t` over a fake storage as large as t's (made directly: torch's
+        from_tensor rebuilds each view's history, ten times slower at real size)."""
+        nonlocal held_bytes
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.layout != torch.strided:
+            raise ArtifactError(f"{where}: an input or constant is not a dense tensor ({t.layout}); "
+                                "it cannot be checked")
+        real = (StorageWeakRef(t.untyped_storage()), t.dtype)
+        if real not in bases:
+            nbytes = int(t.untyped_storage().nbytes())
+            bases[real] = torch.empty(nbytes // t.dtype.itemsize, dtype=t.dtype, device=t.device)
+            key = StorageWeakRef(bases[real].untyped_storage())
+            storage_bytes[key] = nbytes
+            held.add(key)
+            held_bytes += nbytes
+        return torch.ops.aten.as_strided.default(bases[real], t.shape, t.stride(), t.storage_offset())
+
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise GraphWillNotRun(f"{where}: the graph takes {len(placeholders)} inputs, given {len(inputs)}")
+    last_use: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in reversed(graph.nodes):
+        for used in node.all_input_nodes:
+            last_use.setdefault(used, node)
+    dying: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for used, user in last_use.items():
+        dying.setdefault(user, []).append(used)
+
+    env: dict[torch.fx.Node, Any] = {}
+    inputs_iter = iter(inputs)
+    with mode:
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                env[node] = fake(next(inputs_iter))
+            elif node.op == "get_attr":
+                obj: Any = gm
+                for part in str(node.target).split("."):
+                    obj = getattr(obj, part)
+                env[node] = fake(obj)
+            elif node.op == "call_function":
+                target = getattr(node.target, "checked_op", node.target)
+                args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+                kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+                try:
+                    value = target(*args, **kwargs)
+                except ArtifactError:
+                    raise
+                except (DynamicOutputShapeException, DataDependentOutputException, GuardOnDataDependentSymNode) as e:
+                    raise refuse.node(node, f"has a size that depends on the values of tensors "
+                                            f"({exception_line(e, 120)}), which cannot be checked before it runs")
+                except UnsupportedOperatorException:
+                    raise refuse.node(node, "has no fake-tensor kernel in this torch, so its arguments "
+                                            "cannot be checked without running it")
+                except Exception as e:
+                    raise GraphWillNotRun(f"{where}: node {node.name!r} ({_op_label(node)}) does not run on "
+                                          f"these inputs: {exception_line(e)}") from None
+                if target in RUNTIME_BOUNDED:
+                    _bound_by_limit(node, value, shape_env, tensor_limit, refuse)
+                if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) not in storage_bytes:
+                    value = _as_recorded(node, value)
+                env[node] = value
+                mine = []
+                for t in _tensors(value):
+                    if t.layout != torch.strided:
+                        raise refuse.node(node, f"makes a {t.layout} tensor")
+                    key = StorageWeakRef(t.untyped_storage())
+                    item = t.dtype.itemsize
+                    span = _span(t, shape_env)
+                    if key not in storage_bytes:  # made by this node
+                        nbytes = _upper(t.untyped_storage().nbytes(), shape_env)
+                        if nbytes is None:
+                            raise refuse.node(node, "makes a tensor whose size depends on values read from "
+                                                    "tensors while the graph runs, with no bound")
+                        storage_bytes[key] = nbytes
+                        if nbytes > tensor_limit:
+                            raise refuse.node(node, f"makes {_describe(t)}, which needs {limits.human(nbytes)}, "
+                                                    f"over the limit of {limits.human(tensor_limit)} (raise it "
+                                                    f"with {limits.ENV[tensor_name]} or --max-bytes)", LimitError)
+                        refs[key] = 0
+                        live += nbytes
+                    if span is not None and span * item > storage_bytes[key]:
+                        raise refuse.node(node, f"gives a view (sizes {list(t.shape)[:8]}, strides "
+                                                f"{list(t.stride())[:8]}, storage offset {t.storage_offset()}) "
+                                                f"that reaches byte {span * item:,} of a storage of "
+                                                f"{storage_bytes[key]:,} bytes")
+                    if key in refs:
+                        refs[key] += 1
+                        mine.append(key)
+                node_storages[node] = mine
+                total = live + held_bytes
+                if total > total_limit:
+                    raise refuse.node(node, f"would hold {limits.human(total)} of tensors alive at once (inputs, "
+                                            f"constants, values still to be used and outputs), over the limit of "
+                                            f"{limits.human(total_limit)} (raise it with AOTPIPE_MAX_BYTES or "
+                                            "--max-bytes)", LimitError)
+            elif node.op == "output":
+                continue
+            else:
+                raise ArtifactError(f"{where}: node {node.name!r} is a {node.op} node, which cannot be checked")
+            for gone in dying.get(node, []):  # (outputs' last use is the output node: alive to the end)
+                for key in node_storages.pop(gone, []):
+                    refs[key] -= 1
+                    if refs[key] == 0:
+                        live -= storage_bytes[key]
+
+
+def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int, refuse: _Refusal) -> None:
+    """An op whose output size comes from values (bincount): its checked form refuses, when
+    it runs, a size over the per-tensor limit, so that limit bounds it here; a lower bound
+    already over it (a literal minlength) is refused now."""
+    from torch.fx.experimental.symbolic_shapes import _constrain_range_for_size, free_unbacked_symbols
+
+    for t in _tensors(value):
+        for s in t.shape:
+            if not (isinstance(s, torch.SymInt) and free_unbacked_symbols(s)):
+                continue
+            most = limit // t.dtype.itemsize
+            low = shape_env.bound_sympy(s.node.expr).lower
+            if low.is_finite and int(low) > most:
+                raise refuse.node(node, f"makes at least {int(low):,} elements of "
+                                        f"{str(t.dtype).removeprefix('torch.')}, over the limit of "
+                                        f"{limits.human(limit)} (raise it with AOTPIPE_MAX_BYTES or --max-bytes)",
+                                  LimitError)
+            _constrain_range_for_size(s, min=0, max=most)
+
+
+def _as_recorded(node: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
+    """A fresh value laid out with the strides graph.json records for the node, where they
+    are a dense layout of the same shape: a few fake kernels (oneDNN's convolution on NCHW
+    activations) guess another memory format than their real kernel gives, and a view
+    after them would fail only here. The bytes are the same either way, and a record that
+    lies can only make a later view fail, here or when the real graph runs and checks it."""
+    rec = node.meta.get("saved_val")
+    if not isinstance(rec, dict):
+        return value
+    shape, stride = rec.get("shape"), rec.get("stride")
+    if not (isinstance(shape, list) and isinstance(stride, list) and len(stride) == len(shape)
+            and all(isinstance(s, int) and s >= 0 for s in shape + stride)):
+        return value
+    if shape != list(value.shape) or stride == list(value.stride()) or any(isinstance(s, torch.SymInt) for s in value.shape):
+        return value
+    expected = 1  # dense: dims by stride, each stride the element count of those inside it
+    for size, st in sorted(((sz, st) for sz, st in zip(shape, stride) if sz != 1), key=lambda d: d[1]):
+        if st != expected:
+            return value
+        expected *= size
+    return torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+
+
+def _span(t: torch.Tensor, shape_env: Any) -> Optional[int]:
+    """Elements of its storage a tensor reaches, offset included (None if not known statically)."""
+    try:
+        sizes = [_upper(s, shape_env) if isinstance(s, torch.SymInt) else int(s) for s in t.shape]
+        strides = [int(s) for s in t.stride()]
+        offset = int(t.storage_offset())
+    except Exception:
+        return None
+    if any(s is None for s in sizes):
+        return None
+    if any(s == 0 for s in sizes):
+        return 0
+    return offset + 1 + sum((s - 1) * abs(st) for s, st in zip(sizes, strides))
+
+
+def _describe(t: torch.Tensor) -> str:
+    shape = [s if isinstance(s, int) else str(s) for s in t.shape]
+    return f"a {str(t.dtype).removeprefix('torch.')}{shape[:8]}{'...' if len(shape) > 8 else ''} tensor"

@@ -1,0 +1,229 @@
+"""Checked forms: each op whose kernel indexes memory with values it is given refuses
+hostile arguments in one line before its kernel runs, and returns exactly the kernel's
+result otherwise."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aotpipe.artifact import checked
+from aotpipe.artifact.ops import op_name
+from aotpipe.errors import ArtifactError
+
+aten = torch.ops.aten
+T, F = True, False
+
+
+def _i(*values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _r(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
+def _pool_indices(n=4):
+    return torch.zeros(1, 1, 2, 2, dtype=torch.int64).fill_(n)
+
+
+HOSTILE = {
+    "max_pool2d backward, index past the input": (
+        aten.max_pool2d_with_indices_backward.default,
+        (_r(1, 1, 2, 2), _r(1, 1, 4, 4), [2, 2], [2, 2], [0, 0], [1, 1], False, _pool_indices(10**6)),
+        "indices holds 1000000, outside [0, 16)"),
+    "max_pool2d backward, negative index": (
+        aten.max_pool2d_with_indices_backward.default,
+        (_r(1, 1, 2, 2), _r(1, 1, 4, 4), [2, 2], [2, 2], [0, 0], [1, 1], False, _pool_indices(-5)),
+        "indices holds -5, outside [0, 16)"),
+    "max_pool3d backward": (
+        aten.max_pool3d_with_indices_backward.default,
+        (_r(1, 1, 1, 1, 1), _r(1, 1, 2, 2, 2), [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], False,
+         torch.full((1, 1, 1, 1, 1), 4096, dtype=torch.int64)),
+        "indices holds 4096, outside [0, 8)"),
+    "adaptive_max_pool2d backward": (
+        aten.adaptive_max_pool2d_backward.default, (_r(1, 1, 2, 2), _r(1, 1, 4, 4), _pool_indices(99)),
+        "indices holds 99, outside [0, 16)"),
+    "adaptive_max_pool3d backward": (
+        aten.adaptive_max_pool3d_backward.default,
+        (_r(1, 1, 1, 1, 1), _r(1, 1, 2, 2, 2), torch.full((1, 1, 1, 1, 1), 8, dtype=torch.int64)),
+        "indices holds 8, outside [0, 8)"),
+    "pool backward, indices smaller than grad": (
+        aten.max_pool2d_with_indices_backward.default,
+        (_r(1, 1, 2, 2), _r(1, 1, 4, 4), [2, 2], [2, 2], [0, 0], [1, 1], False, _i(0)),
+        "indices has shape [1], grad_output [1, 1, 2, 2]"),
+    "embedding dense backward, scale_grad_by_freq": (
+        aten.embedding_dense_backward.default, (_r(3, 4), _i(0, 1, 10**6), 10, -1, True),
+        "indices (num_weights 10) holds 1000000, outside [0, 10)"),
+    "embedding dense backward, grad shorter than indices": (
+        aten.embedding_dense_backward.default, (_r(2, 4), _i(0, 1, 2), 10, -1, False),
+        "grad_output has shape [2, 4] for indices of shape [3]"),
+    "embedding backward": (
+        aten.embedding_backward.default, (_r(3, 4), _i(0, 1, -3), 10, -1, False, False),
+        "indices (num_weights 10) holds -3, outside [0, 10)"),
+    "embedding_bag backward": (
+        aten._embedding_bag_backward.default,
+        (_r(2, 4), _i(0, 1, 10**6), _i(0, 2), _i(0, 0, 1), _i(2, 1), _i(0, 0), 10, False, 0, False, None, -1),
+        "indices (num_weights 10) holds 1000000, outside [0, 10)"),
+    "embedding_bag dense backward, offset2bag past the bags": (
+        aten._embedding_bag_dense_backward.default,
+        (_r(2, 4), _i(0, 1, 2), _i(0, 0, 7), _i(2, 1), _i(0, 0), 10, False, 0, None, -1),
+        "offset2bag (2 bags) holds 7, outside [0, 2)"),
+    "embedding_bag dense backward, max mode": (
+        aten._embedding_bag_dense_backward.default,
+        (_r(2, 4), _i(0, 1, 2), _i(0, 0, 1), _i(2, 1), torch.full((2, 4), 50, dtype=torch.int64), 10, False, 2,
+         None, -1),
+        "maximum_indices (num_weights 10) holds 50, outside [0, 10)"),
+    "embedding_bag per-sample-weights backward": (
+        aten._embedding_bag_per_sample_weights_backward.default,
+        (_r(2, 4), _r(10, 4), _i(0, 1, 99), _i(0, 2), _i(0, 0, 1), 0, -1),
+        "indices (num_weights 10) holds 99, outside [0, 10)"),
+    "embedding_bag, offsets past the indices": (
+        aten._embedding_bag.default, (_r(10, 4), _i(0, 1, 2), _i(0, 9)),
+        "offsets holds 9, outside [0, 4)"),
+    "layer norm backward, short statistics": (
+        aten.native_layer_norm_backward.default,
+        (_r(4, 8), _r(4, 8), [8], _r(1, 1), _r(1, 1), _r(8), _r(8), [T, T, T]),
+        "mean has 1 elements where the input needs 4"),
+    "layer norm backward, short weight": (
+        aten.native_layer_norm_backward.default,
+        (_r(4, 8), _r(4, 8), [8], _r(4, 1), _r(4, 1), _r(2), _r(8), [T, T, T]),
+        "weight has 2 elements where the input needs 8"),
+    "batch norm backward, short statistics": (
+        aten.native_batch_norm_backward.default,
+        (_r(2, 3, 4), _r(2, 3, 4), _r(3), None, None, _r(1), _r(1), True, 1e-5, [T, T, T]),
+        "save_mean has 1 elements where the input needs 3"),
+    "batch_norm_backward, short running stats": (
+        aten.batch_norm_backward.default,
+        (_r(2, 3, 4), _r(2, 3, 4), _r(3), _r(1), _r(3), _r(3), _r(3), False, 1e-5, [T, T, T],
+         torch.empty(0, dtype=torch.uint8)),
+        "running_mean has 1 elements where the input needs 3"),
+    "batch norm forward, short running stats": (
+        aten._native_batch_norm_legit_functional.default, (_r(2, 3, 4), _r(3), _r(3), _r(1), _r(3), True, 0.1, 1e-5),
+        "running_mean has 1 elements where the input needs 3"),
+    "group norm backward, short statistics": (
+        aten.native_group_norm_backward.default,
+        (_r(2, 4, 3), _r(2, 4, 3), _r(1), _r(1), _r(4), 2, 4, 3, 2, [T, T, T]),
+        "mean has 1 elements where the input needs 4"),
+    "group norm backward, N past the input": (
+        aten.native_group_norm_backward.default,
+        (_r(2, 4, 3), _r(2, 4, 3), _r(400), _r(400), _r(4), 200, 4, 3, 2, [T, T, T]),
+        "N=200, C=4, HxW=3 do not describe an input of shape [2, 4, 3]"),
+    "group norm forward, C past the input": (
+        aten.native_group_norm.default, (_r(2, 4, 3), _r(40), _r(40), 2, 40, 3, 2, 1e-5),
+        "N=2, C=40, HxW=3 do not describe an input of shape [2, 4, 3]"),
+    "pdist backward, short pdist": (
+        aten._pdist_backward.default, (_r(1), _r(4, 3), 2.0, _r(1)),
+        "pdist has 1 elements where the input needs 6"),
+    "cdist backward, short cdist": (
+        aten._cdist_backward.default, (_r(2, 2), _r(2, 3), _r(5, 3), 2.0, _r(2, 2)),
+        "cdist has shape [2, 2] for x1 [2, 3] and x2 [5, 3]"),
+    "weight norm backward, short norms": (
+        aten._weight_norm_interface_backward.default, (_r(4, 3), _r(4, 3), _r(4, 1), _r(1, 1), 0),
+        "saved_norms has 1 elements where the input needs 4"),
+    "segment_reduce, unsafe": (
+        aten.segment_reduce.default, (_r(4), "sum"), "unsafe=True skips the kernel's own checks",
+    ),
+    "segment_reduce, lengths past the data": (
+        aten.segment_reduce.default, (_r(4), "sum"), "lengths add up to 1000000, the data has 4 along the axis",
+    ),
+    "segment_reduce backward, lengths past the data": (
+        aten._segment_reduce_backward.default, (_r(1), _r(1), _r(4), "sum"),
+        "lengths add up to 1000000, the data has 4 along the axis"),
+    "bincount of a huge value": (
+        aten.bincount.default, (_i(0, 10**12),), "its values makes 1,000,000,000,001 elements"),
+    "repeat_interleave of a huge count": (
+        aten.repeat_interleave.Tensor, (_i(10**12),), "its repeats makes 1,000,000,000,000 elements"),
+}
+KWARGS = {
+    "segment_reduce, unsafe": {"lengths": _i(2, 2), "unsafe": True},
+    "segment_reduce, lengths past the data": {"lengths": _i(10**6)},
+    "segment_reduce backward, lengths past the data": {"lengths": _i(10**6)},
+}
+
+
+@pytest.fixture()
+def kernel_guard(monkeypatch):
+    """Fails the test if a checked form calls its kernel."""
+    reached = []
+
+    def guard(op, args, kwargs):
+        reached.append(op)
+        raise AssertionError(f"the kernel of {op} was reached")
+
+    monkeypatch.setattr(checked, "call_kernel", guard)
+    return reached
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_arguments_are_refused_before_the_kernel(kernel_guard, case):
+    op, args, message = HOSTILE[case]
+    form = checked.CheckedOp(op, checked.CHECKS[op], "g/graph.json: node 'n'")
+    with pytest.raises(ArtifactError) as e:
+        form(*args, **KWARGS.get(case, {}))
+    text = str(e.value)
+    assert message in text and text.startswith(f"g/graph.json: node 'n' ({op_name(op)}): ") and "\n" not in text
+    assert text.endswith("the kernel was not run")
+    assert not kernel_guard
+
+
+GOOD = {
+    aten.max_pool2d_with_indices_backward.default: lambda: (
+        lambda x: (torch.ones(1, 1, 2, 2), x, [2, 2], [2, 2], [0, 0], [1, 1], False,
+                   aten.max_pool2d_with_indices.default(x, [2, 2], [2, 2])[1]))(_r(1, 1, 4, 4)),
+    aten.embedding_dense_backward.default: lambda: (_r(3, 4), _i(0, 1, 1), 10, -1, True),
+    aten.native_layer_norm_backward.default: lambda: (
+        lambda x, w, b: (torch.ones(4, 8), x, [8], *aten.native_layer_norm.default(x, [8], w, b, 1e-5)[1:], w, b,
+                         [T, T, T]))(_r(4, 8), _r(8), _r(8)),
+    aten.native_group_norm_backward.default: lambda: (
+        lambda x, w: (torch.ones(2, 4, 3), x, *aten.native_group_norm.default(x, w, None, 2, 4, 3, 2, 1e-5)[1:], w,
+                      2, 4, 3, 2, [T, T, F]))(_r(2, 4, 3), _r(4)),
+    aten._pdist_backward.default: lambda: (lambda x: (torch.ones(6), x, 2.0, aten._pdist_forward.default(x, 2.0)))(
+        _r(4, 3)),
+    aten.bincount.default: lambda: (_i(0, 3, 3, 1),),
+}
+
+
+@pytest.mark.parametrize("op", list(GOOD), ids=lambda op: op.__name__)
+def test_checked_forms_return_exactly_what_the_kernel_returns(op):
+    args = GOOD[op]()
+    form = checked.CheckedOp(op, checked.CHECKS[op], "g")
+    got, want = form(*args), op(*args)
+    for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+        assert (g is None and w is None) or (g.dtype == w.dtype and torch.equal(g, w))
+
+
+# --- through the loader, in a separate process: a crash there fails the test, not pytest
+
+
+def _forge_pool_backward(folder, index):
+    """mlp's inference graph with a max-pool backward whose indices are `index`."""
+    path = folder / "mlp_inference_0" / "graph.json"
+    data = json.loads(path.read_text())
+    out = data["nodes"].pop()
+    x = {"node": "x"}  # float32[8, 32]
+    data["nodes"] += [
+        {"name": "img", "op": "call_function", "target": "aten.view.default", "args": [x, [4, 1, 8, 8]], "kwargs": {}},
+        {"name": "grad", "op": "call_function", "target": "aten.full.default", "args": [[4, 1, 4, 4], 1.0],
+         "kwargs": {}},
+        {"name": "idx", "op": "call_function", "target": "aten.full.default", "args": [[4, 1, 4, 4], index],
+         "kwargs": {"dtype": {"dtype": "int64"}}},
+        {"name": "pool_bw", "op": "call_function", "target": "aten.max_pool2d_with_indices_backward.default",
+         "args": [{"node": "grad"}, {"node": "img"}, [2, 2], [2, 2], [0, 0], [1, 1], False, {"node": "idx"}],
+         "kwargs": {}},
+    ]
+    data["nodes"].append(out)
+    path.write_text(json.dumps(data))
+
+
+def test_a_graph_with_a_hostile_pool_backward_ends_as_one_line_from_replay(mlp_copy):
+    _forge_pool_backward(mlp_copy, 10**9)
+    r = subprocess.run([sys.executable, "-m", "aotpipe.cli", "replay", str(mlp_copy), "--graph", "inference"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": ""})
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert ("mlp_inference_0/graph.json: node 'pool_bw' (aten.max_pool2d_with_indices_backward.default): "
+            "indices holds 1000000000, outside [0, 64); the kernel was not run") in r.stderr, r.stderr

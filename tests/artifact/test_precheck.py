@@ -1,0 +1,152 @@
+"""The fake-tensor precheck: every literal size, view and referenced output is counted
+before any kernel runs; a breach is one line naming the node (exit 2)."""
+
+import json
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+import aotpipe
+from aotpipe.artifact import precheck
+from aotpipe.cli import main
+from aotpipe.errors import ArtifactError
+from aotpipe.replay import replay
+
+X = {"node": "x"}  # the mlp's user input: float32[8, 32]
+F32 = {"dtype": {"dtype": "float32"}}
+I64 = {"dtype": {"dtype": "int64"}}
+
+
+def cli(*args, timeout=120):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", CliRunner().invoke(main, list(map(str, args)))),
+                         daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"aotpipe {' '.join(map(str, args))} hung"
+    return out["r"]
+
+
+def add_nodes(folder, nodes, graph="mlp_inference_0", outputs=None):
+    """Insert `nodes` ((name, target, args, kwargs) each) before the graph's output; with
+    `outputs`, the graph returns those node names instead."""
+    path = folder / graph / "graph.json"
+    data = json.loads(path.read_text())
+    out = data["nodes"].pop()
+    for name, target, args, kwargs in nodes:
+        data["nodes"].append({"name": name, "op": "call_function", "target": target, "args": args,
+                              "kwargs": kwargs})
+    if outputs is not None:
+        out["args"] = [{"tuple": [{"node": n} for n in outputs]}]
+    data["nodes"].append(out)
+    path.write_text(json.dumps(data))
+
+
+# Each asks for 400 MB to 4 GB in an argument other than `size` (checked at load by name).
+BOMBS = {
+    "arange": [("bomb", "aten.arange.start_step", [0, 100_000_000, 1], F32)],
+    "eye": [("bomb", "aten.eye.default", [20_000], F32)],
+    "linspace": [("bomb", "aten.linspace.default", [0.0, 1.0, 100_000_000], F32)],
+    "bincount minlength": [("ints", "aten._to_copy.default", [X], I64),
+                           ("bomb", "aten.bincount.default", [{"node": "ints"}, None, 100_000_000], {})],
+    "upsample": [("x4", "aten.view.default", [X, [1, 1, 8, 32]], {}),
+                 ("bomb", "aten.upsample_nearest2d.default", [{"node": "x4"}, [10_000, 10_000]], {})],
+    "pad": [("bomb", "aten.constant_pad_nd.default", [X, [0, 10_000_000]], {})],
+    "repeat": [("bomb", "aten.repeat.default", [X, [100_000, 10]], {})],
+    "expand then clone": [("big", "aten.expand.default", [X, [400_000, 8, 32]], {}),
+                          ("bomb", "aten.clone.default", [{"node": "big"}], {})],
+    # no one tensor over the limit: 40 of 8 MB each, all alive at once
+    "repeated cat": [(f"c{i}", "aten.cat.default", [[X] * 8192], {}) for i in range(40)],
+    "prims.iota": [("bomb", "prims.iota.default", [100_000_000],
+                    {"start": 0, "step": 1, "dtype": {"dtype": "int64"}, "device": {"device": "cpu"},
+                     "requires_grad": False})],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOMBS))
+def test_a_literal_size_bomb_is_refused_before_allocation(mlp_copy, case):
+    nodes = BOMBS[case]
+    add_nodes(mlp_copy, nodes, outputs=[n[0] for n in nodes] if case == "repeated cat" else None)
+    aotpipe.load(mlp_copy)  # loads: what it asks for is known only by propagating
+    r = cli("replay", mlp_copy, "--graph", "inference", "--max-bytes", "100M")
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: ") and r.output.count("\n") == 1 and "Traceback" not in r.output
+    assert "mlp_inference_0/graph.json: node " in r.output and "refused before running the graph" in r.output
+    if case == "repeated cat":
+        assert "would hold" in r.output and "alive at once" in r.output and "over the limit of 105 MB" in r.output
+    else:
+        assert "node 'bomb'" in r.output and "over the limit of 105 MB" in r.output, r.output
+
+
+def _one_blob_outputs(folder, n, clone):
+    """mlp's inference graph returning one 8 MB constant `n` times (cloned each time, or as
+    is), its inputs.json recording every output as that same stored blob."""
+    import torch
+
+    from aotpipe.artifact.blobs import BlobStore
+
+    value = torch.zeros(2_000_000)
+    digest = BlobStore(folder).put(value)
+    path = folder / "mlp_inference_0" / "graph.json"
+    data = json.loads(path.read_text())
+    out = data["nodes"].pop()
+    data["nodes"].append({"name": "blob", "op": "get_attr", "target": "blob", "blob": digest,
+                          "shape": [2_000_000], "stride": [1]})
+    names = ["blob"] * n
+    if clone:
+        names = [f"copy{i}" for i in range(n)]
+        data["nodes"] += [{"name": c, "op": "call_function", "target": "aten.clone.default",
+                           "args": [{"node": "blob"}], "kwargs": {}} for c in names]
+    out["args"] = [{"tuple": [{"node": c} for c in names]}]
+    data["nodes"].append(out)
+    path.write_text(json.dumps(data))
+    ipath = folder / "mlp_inference_0" / "inputs.json"
+    rec = json.loads(ipath.read_text())
+    rec["values"] = "full"
+    rec["outputs"] = [{"index": i, "role": "user", "blob": digest, "shape": [2_000_000], "stride": [1],
+                       "dtype": "float32"} for i in range(n)]
+    ipath.write_text(json.dumps(rec))
+
+
+def test_outputs_each_a_copy_of_one_blob_are_all_counted(mlp_copy):
+    _one_blob_outputs(mlp_copy, 24, clone=True)  # 24 x 8 MB alive at the end
+    r = cli("replay", mlp_copy, "--graph", "inference", "--max-bytes", "100M")
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "node 'copy" in r.output and "(aten.clone.default) would hold 1" in r.output
+    assert "alive at once" in r.output and "over the limit of 105 MB" in r.output
+
+
+def test_outputs_naming_one_blob_read_it_once(mlp_copy):
+    _one_blob_outputs(mlp_copy, 24, clone=False)
+    (res,) = replay(mlp_copy, graphs=["inference"])
+    assert res.status == "match", res
+    expected = aotpipe.load(mlp_copy).graphs["inference"].expected_outputs()
+    assert len({e.value.untyped_storage().data_ptr() for e in expected}) == 1  # one tensor, 24 views
+    r = cli("replay", mlp_copy, "--graph", "inference", "--max-bytes", "20M")
+    assert r.exit_code == 0, r.output
+
+
+def test_a_view_past_its_storage_is_refused(mlp_copy):
+    # x is float32[8, 32]: 1 KB; the view reaches 40 KB into it
+    add_nodes(mlp_copy, [("far", "aten.as_strided.default", [X, [10, 10], [1000, 1], 0], {})])
+    with pytest.raises(ArtifactError) as e:
+        replay(mlp_copy, graphs=["inference"])
+    assert ("node 'far' (aten.as_strided.default) gives a view (sizes [10, 10], strides [1000, 1], storage "
+            "offset 0) that reaches byte 36,040 of a storage of 1,024 bytes") in str(e.value)
+
+
+def test_a_graph_is_checked_once_per_input_layout(mlp_copy, monkeypatch):
+    art = aotpipe.load(mlp_copy)
+    ga = art.graphs["inference"]
+    calls = []
+    real = precheck.check_graph
+    monkeypatch.setattr(precheck, "check_graph", lambda *a, **k: calls.append(1) or real(*a, **k))
+    from aotpipe.replay import run_graph
+
+    inputs = ga.saved_inputs()
+    run_graph(ga.module, inputs)
+    run_graph(ga.module, inputs)
+    assert len(calls) == 1
+    run_graph(ga.module, [t.clone() for t in inputs[:-1]] + [inputs[-1][:4]])  # another layout
+    assert len(calls) == 2
