@@ -422,7 +422,7 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
 RUNTIME_BOUNDED = frozenset({aten.bincount.default, aten.repeat_interleave.Tensor})
 
 
-_TWINS: "weakref.WeakKeyDictionary[torch.fx.GraphModule, torch.fx.GraphModule]" = weakref.WeakKeyDictionary()
+_TWINS: "weakref.WeakKeyDictionary[torch.fx.GraphModule, tuple[str, torch.fx.GraphModule]]" = weakref.WeakKeyDictionary()
 
 
 def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
@@ -430,9 +430,12 @@ def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
     every op of :data:`CHECKS`: a module of its own over the same constants, made once per
     module, so `gm` itself keeps graph.json's ops for the passes, verify and show; `gm`
     itself if it has none of them."""
-    twin = _TWINS.get(gm)
-    if twin is not None:
-        return twin
+    # A pass may rewrite `gm`'s graph in place after a run (the loader's recompute runs the
+    # chain on the loaded base graph): a twin is good only for the code it was made from.
+    code = gm.code
+    cached = _TWINS.get(gm)
+    if cached is not None and cached[0] == code:
+        return cached[1]
     if not any(n.op == "call_function" and n.target in CHECKS for n in gm.graph.nodes):
         twin = gm
     else:
@@ -442,5 +445,5 @@ def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
                 n.target = CheckedOp(n.target, CHECKS[n.target], f"{where}: node {n.name!r}")
         twin = torch.fx.GraphModule(gm, graph)  # gm's constants, not copies
         twin.meta.update({k: v for k, v in gm.meta.items()})
-    _TWINS[gm] = twin
+    _TWINS[gm] = (code, twin)
     return twin

@@ -84,7 +84,7 @@ def runnable(module: Any, inputs: list[Any]) -> Any:
     if not needs_check(module):
         return module
     done = _CHECKED.setdefault(module, set())  # by module: a copy (a pass's) is checked afresh
-    sig = _signature(inputs)
+    sig = (module.code, _signature(inputs))  # and by code: a pass may rewrite the graph in place
     if sig not in done:
         check_graph(module, inputs, module.meta[_MARK])
         done.add(sig)
