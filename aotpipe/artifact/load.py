@@ -301,7 +301,8 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
                 elif node.blob is not None:
                     constants[node.blob] = blobs.get(node.blob)
             gm = graph_from_json(graph_data, constants, where=str(folder / GRAPH_JSON), trusted=trusted)
-            # Checked before any kernel runs: on fake tensors, then value-indexing ops in checked forms.
+            # aotpipe's run functions propagate it on fake tensors before any kernel runs, and
+            # run its value-indexing ops in checked forms (artifact/precheck.py, checked.py).
             precheck.mark(gm, str(folder / GRAPH_JSON))
             return _packed_for_this_cpu(gm)
 
