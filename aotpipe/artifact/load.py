@@ -342,7 +342,8 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
         def build() -> torch.nn.Module:
             recomputed = recompute() if deferred and recompute is not None else None
             gm = graph_from_json(graph_data, constants(recomputed), where=where, trusted=trusted)
-            # Checked before any kernel runs: on fake tensors, then value-indexing ops in checked forms.
+            # aotpipe's run functions propagate it on fake tensors before any kernel runs, and
+            # run its value-indexing ops in checked forms (artifact/precheck.py, checked.py).
             precheck.mark(gm, where)
             return _packed_for_this_cpu(gm)
 
