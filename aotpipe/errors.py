@@ -75,3 +75,15 @@ class ArtifactError(AotpipeError):
 class LimitError(ArtifactError):
     """A file or what it asks for is over one of aotpipe's limits (size, depth, nodes, bytes);
     raised before the read or allocation it guards."""
+
+
+class SandboxUnavailable(AotpipeError):
+    """The sandbox an untrusted graph must run in cannot start here (bubblewrap missing, or
+    the kernel refuses its namespaces)."""
+
+
+class SandboxError(AotpipeError):
+    """A graph crashed, corrupted memory in, or overran the sandboxed worker that ran it: a
+    result about the artefact (exit 1), reported in one line; the caller is unharmed."""
+
+    exit_code = 1
