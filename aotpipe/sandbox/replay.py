@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -129,7 +131,14 @@ def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: st
     where = os.path.abspath(path)
     args = {"path": where, "graphs": list(graphs), "inputs": inputs, "seed": seed, "device": device,
             "bench": bench, "chain": chain, "trust_code": trust_code, "trust_ops": list(trust_ops)}
-    value = run_task("replay", args, limits=limits, read_paths=[where])
+    # The results are rebuilt as aotpipe.replay's types, which import torch: import it here
+    # while the worker starts (its own import of torch is most of the sandbox's overhead).
+    importing = threading.Thread(target=importlib.import_module, args=("aotpipe.replay.run",), daemon=True)
+    importing.start()
+    try:
+        value = run_task("replay", args, limits=limits, read_paths=[where])
+    finally:
+        importing.join()
     return ReplayOutcome.from_json(value, sandboxed=True)
 
 

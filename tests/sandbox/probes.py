@@ -65,3 +65,10 @@ def replay_with_crashing_relu(args: dict[str, Any], worker: Any) -> Any:
 
     lib.impl("relu", crash, "CPU")
     return replay_task(args, worker)
+
+
+def noop(args: dict[str, Any], worker: Any) -> str:
+    """Nothing: what a worker costs by itself (start, import torch, canaries, result)."""
+    import torch  # noqa: F401 (what every real task imports)
+
+    return "done"
