@@ -223,18 +223,20 @@ def _verdict(scratch: Path, rc: int, timed_out: bool, limits: SandboxLimits) -> 
     result = _read_result(scratch)
     doing = read_progress(scratch)
     where = doing or "before it started anything"
+    if result is not None and isinstance(result.get("during"), str):
+        where = printable(result["during"], limit=300) or where
     if result is not None and result.get("canaries") not in (None, "intact"):
         raise SandboxError(f"the graph corrupted memory outside its tensors ({result['canaries']}; "
-                           f"last {where})")
+                           f"the worker was last {where})", "corrupted")
     if result is None:
         if timed_out:
-            raise SandboxError(f"the graph ran past the sandbox's time limit of {limits.wall_seconds:g} s {where}")
+            raise SandboxError(f"the graph ran past the sandbox's time limit of {limits.wall_seconds:g} s {where}", "wall_time")
         # bwrap exits 128 + N when the worker died of signal N (the worker itself exits 0 or 3)
         sig = -rc if rc < 0 else rc - 128 if rc > 128 else None
         if sig == signal.SIGXCPU:
-            raise SandboxError(f"the graph used up the sandbox's CPU time limit of {limits.cpu_seconds} s {where}")
+            raise SandboxError(f"the graph used up the sandbox's CPU time limit of {limits.cpu_seconds} s {where}", "cpu_time")
         if sig is not None:
-            raise SandboxError(f"the graph crashed the sandbox: {_signal_name(sig)} {where}")
+            raise SandboxError(f"the graph crashed the sandbox: {_signal_name(sig)} {where}", "crashed")
         if not doing:  # bwrap itself failed: no namespaces for this user, say
             why = _last_log_line(scratch) or f"bwrap exited with {rc}"
             raise SandboxUnavailable(f"the sandbox did not start ({why}); {TRUSTED_ALTERNATIVE}")
@@ -248,5 +250,5 @@ def _verdict(scratch: Path, rc: int, timed_out: bool, limits: SandboxLimits) -> 
         raise AotpipeError("; ".join(lines))
     if status == "memory":
         raise SandboxError(f"the graph ran out of the sandbox's memory ({limits.memory_bytes / 1e9:.2g} GB "
-                           f"of data; --max-bytes raises it) {where}")
+                           f"of data; --max-bytes raises it) {where}", "memory")
     raise SandboxError(f"the sandboxed worker failed {where}: {result.get('line', status)}")

@@ -41,6 +41,10 @@ class Progress:
     def mark(self, text: str) -> None:
         self.write(self.encode(text))
 
+    def text(self) -> str:
+        """The last text written."""
+        return _decode(bytes(self._map))
+
 
 def read(path: Path) -> str:
     """The last text written to the progress file at `path`, or "" (none, or unreadable)."""
@@ -49,6 +53,10 @@ def read(path: Path) -> str:
             data = f.read(SIZE)
     except OSError:
         return ""
+    return _decode(data)
+
+
+def _decode(data: bytes) -> str:
     if len(data) < _HEADER:
         return ""
     n = int.from_bytes(data[:_HEADER], "little")

@@ -71,7 +71,7 @@ class ReplayOutcome:
             from aotpipe.errors import SandboxError
 
             first = " ".join(str(e).split())[:200]
-            raise SandboxError(f"the sandboxed worker sent back a malformed result ({first})") from None
+            raise SandboxError(f"the sandboxed worker sent back a malformed result ({first})", "malformed") from None
 
 
 def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str = "saved", seed: int = 0,

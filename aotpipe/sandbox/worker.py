@@ -113,6 +113,7 @@ def main(scratch: Path) -> None:
         result = {"status": "memory"}
     except Exception as e:
         result = {"status": "error", "line": exception_line(e)}
+    result["during"] = progress.text()  # where the task was when it ended
     progress.mark("while checking the canary tensors after the run")
     result["canaries"] = worker.canaries.check()
     progress.mark("while writing the result")

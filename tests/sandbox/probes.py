@@ -72,3 +72,9 @@ def noop(args: dict[str, Any], worker: Any) -> str:
     import torch  # noqa: F401 (what every real task imports)
 
     return "done"
+
+
+def exhaust_memory(args: dict[str, Any], worker: Any) -> str:
+    """Ask Python for more memory than the sandbox allows."""
+    worker.mark("while allocating too much")
+    return str(len(bytearray(args["bytes"])))

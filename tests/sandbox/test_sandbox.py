@@ -64,7 +64,7 @@ def test_a_crashing_kernel_is_named_by_its_node(quickstart_run):
     with pytest.raises(SandboxError) as e:
         run_task("tests.sandbox.probes:replay_with_crashing_relu", args, read_paths=[root])
     assert str(e.value) == "the graph crashed the sandbox: SIGSEGV in node relu (aten.relu.default) of graph inference"
-    assert e.value.exit_code == 1
+    assert e.value.exit_code == 1 and e.value.kind == "crashed"
 
 
 @needs_bwrap
@@ -73,7 +73,7 @@ def test_canary_tensors_report_a_write_outside_the_graphs_tensors():
         run_task("tests.sandbox.probes:corrupt_canary", {"which": 2, "element": 5})
     assert str(e.value).startswith("the graph corrupted memory outside its tensors (1 of 5 canary tensors "
                                    "changed, first the one allocated before any graph was built, 8192 bytes;")
-    assert e.value.exit_code == 1
+    assert e.value.exit_code == 1 and e.value.kind == "corrupted"
 
 
 @pytest.fixture(scope="module")
@@ -124,14 +124,21 @@ def test_the_memory_limit_is_set_before_torch_and_enforced(escape_attempt):
 
 
 @needs_bwrap
-def test_cpu_and_wall_time_limits_stop_the_worker():
+def test_cpu_wall_and_memory_limits_stop_the_worker_in_one_line():
     with pytest.raises(SandboxError) as cpu:  # importing torch alone takes more than a second of CPU
         run_task("tests.sandbox.probes:corrupt_canary", {}, limits=SandboxLimits.for_bytes(100 << 20, cpu_seconds=1))
     assert str(cpu.value).startswith("the graph used up the sandbox's CPU time limit of 1 s while "), cpu.value
+    assert cpu.value.kind == "cpu_time"
     with pytest.raises(SandboxError) as wall:
         run_task("tests.sandbox.probes:corrupt_canary", {},
                  limits=SandboxLimits.for_bytes(100 << 20, wall_seconds=0.5))
     assert str(wall.value).startswith("the graph ran past the sandbox's time limit of 0.5 s while "), wall.value
+    assert wall.value.kind == "wall_time"
+    with pytest.raises(SandboxError) as memory:
+        run_task("tests.sandbox.probes:exhaust_memory", {"bytes": 3 << 30}, limits=SandboxLimits.for_bytes(100 << 20))
+    assert str(memory.value) == ("the graph ran out of the sandbox's memory (1.4 GB of data; --max-bytes raises it) "
+                                 "while allocating too much")
+    assert memory.value.kind == "memory"
 
 
 @needs_bwrap
@@ -218,3 +225,54 @@ def test_progress_marks_name_each_node_and_leave_the_results_alone(tmp_path):
     assert marks == ["in node relu (relu) of graph inference", "in node mul (mul) of graph inference",
                      "after the last node of graph inference"]
     assert read(tmp_path / "progress") == "after the last node of graph inference"
+
+
+def _scratch(tmp_path: Path, result: object = None, progress: str = "") -> Path:
+    """A scratch folder as a worker leaves it: result.json (if any) and the progress file."""
+    from aotpipe.sandbox.progress import Progress
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    if result is not None:
+        (tmp_path / "result.json").write_text(result if isinstance(result, str) else json.dumps(result))
+    if progress:
+        Progress(tmp_path / "progress").mark(progress)
+    return tmp_path
+
+
+def test_what_the_worker_says_is_stripped_of_control_characters(tmp_path):
+    from aotpipe.errors import AotpipeError
+    from aotpipe.sandbox.launch import _verdict
+
+    limits = SandboxLimits.for_bytes(1 << 30)
+    hostile = {"protocol": 1, "status": "user_error", "lines": ["bad \x1b[2J\x1b[1;1Hverified\x07 name"],
+               "canaries": "intact"}
+    with pytest.raises(AotpipeError) as e:
+        _verdict(_scratch(tmp_path / "a", hostile), 0, False, limits)
+    assert str(e.value) == "bad [2J [1;1Hverified name"
+    with pytest.raises(SandboxError) as crash:  # a node name from graph.json, with escapes
+        _verdict(_scratch(tmp_path / "b", None, "in node x\x1b]0;pwned\x07 (aten.mm.default) of graph forward"),
+                 128 + 11, False, limits)
+    assert str(crash.value) == ("the graph crashed the sandbox: SIGSEGV in node x ]0;pwned (aten.mm.default) "
+                                "of graph forward")
+
+
+def test_a_result_that_is_not_the_protocol_is_no_result(tmp_path):
+    from aotpipe.sandbox.launch import _verdict
+
+    limits = SandboxLimits.for_bytes(1 << 30)
+    for i, bad in enumerate(["not json", json.dumps([1, 2]), json.dumps({"status": "ok", "value": 1}),
+                             "[" * 100000]):
+        with pytest.raises(SandboxError) as e:
+            _verdict(_scratch(tmp_path / str(i), bad, "while loading the artefact"), 0, False, limits)
+        assert str(e.value) == ("the sandboxed worker stopped without a result (exit 0) while loading the "
+                                "artefact"), bad
+
+
+def test_a_malformed_replay_result_is_a_sandbox_error():
+    from aotpipe.sandbox.replay import ReplayOutcome
+
+    with pytest.raises(SandboxError) as e:
+        ReplayOutcome.from_json({"artifact": "m", "graphs": [{"kind": "inference", "status": ["x"]}]},
+                                sandboxed=True)
+    assert str(e.value).startswith("the sandboxed worker sent back a malformed result (")
+    assert e.value.kind == "malformed"
