@@ -235,8 +235,10 @@ def _verdict(scratch: Path, rc: int, timed_out: bool, limits: SandboxLimits) -> 
         sig = -rc if rc < 0 else rc - 128 if rc > 128 else None
         if sig == signal.SIGXCPU:
             raise SandboxError(f"the graph used up the sandbox's CPU time limit of {limits.cpu_seconds} s {where}", "cpu_time")
-        if sig is not None:
-            raise SandboxError(f"the graph crashed the sandbox: {_signal_name(sig)} {where}", "crashed")
+        if sig is not None:  # with what the C library said, if anything (glibc: "free(): invalid pointer")
+            said = _last_log_line(scratch)
+            raise SandboxError(f"the graph crashed the sandbox: {_signal_name(sig)} {where}"
+                               + (f" ({said})" if said else ""), "crashed")
         if not doing:  # bwrap itself failed: no namespaces for this user, say
             why = _last_log_line(scratch) or f"bwrap exited with {rc}"
             raise SandboxUnavailable(f"the sandbox did not start ({why}); {TRUSTED_ALTERNATIVE}")

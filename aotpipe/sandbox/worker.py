@@ -91,6 +91,9 @@ def _write_result(scratch: Path, result: dict[str, Any]) -> None:
 
 
 def main(scratch: Path) -> None:
+    # Python's own messages (warnings) to a file of their own: what stays on fd 2 is the C
+    # library's and the kernels' ("free(): invalid pointer"), which a crash line quotes.
+    sys.stderr = open(scratch / "python.log", "w", buffering=1)
     request = json.loads((scratch / REQUEST).read_text())
     set_limits(request["limits"])
     progress = Progress(scratch / PROGRESS)
@@ -124,7 +127,7 @@ if __name__ == "__main__":
     try:
         main(Path(sys.argv[1]))
     except BaseException as e:  # a bug here, not the graph's doing: say so on stderr
-        print(f"aotpipe sandbox worker: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os.write(2, f"aotpipe sandbox worker: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
         os._exit(EXIT_BUG)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -276,3 +276,29 @@ def test_a_malformed_replay_result_is_a_sandbox_error():
                                 sandboxed=True)
     assert str(e.value).startswith("the sandboxed worker sent back a malformed result (")
     assert e.value.kind == "malformed"
+
+
+def test_a_sandbox_that_cannot_start_is_one_line(monkeypatch, tmp_path):
+    """bwrap present but refused its namespaces (no unprivileged user namespaces, say)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(SandboxUnavailable) as e:
+        run_task("replay", {})
+    assert str(e.value) == ("the sandbox did not start (bwrap: setting up uid map: Permission denied); or, for an "
+                            "artefact you trust, sign it (aotpipe sign) and pass --key KEY, or pass --no-sandbox")
+    assert e.value.exit_code == 2
+
+
+def test_a_crash_line_carries_what_the_c_library_said(tmp_path):
+    from aotpipe.sandbox.launch import _verdict
+
+    scratch = _scratch(tmp_path, None, "in node mm (aten.mm.default) of graph forward")
+    (scratch / "worker.log").write_text("some warning\nfree(): invalid pointer\n")
+    with pytest.raises(SandboxError) as e:
+        _verdict(scratch, 128 + 6, False, SandboxLimits.for_bytes(1 << 30))
+    assert str(e.value) == ("the graph crashed the sandbox: SIGABRT in node mm (aten.mm.default) of graph forward "
+                            "(free(): invalid pointer)")
