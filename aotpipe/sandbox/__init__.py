@@ -14,6 +14,12 @@ a worker that aotpipe starts under bubblewrap (``bwrap``, Debian package ``bubbl
   limit kept by the caller;
 - results come back as JSON in the scratch folder (never a pickle), parsed as untrusted data.
 
+Why bubblewrap alone (no Landlock, no seccomp): it is a packaged, maintained tool with no
+Python dependency, works as root and (with user namespaces) as any user, and its mount and
+network namespaces already give the read-only filesystem and the missing network; Landlock
+would repeat the filesystem rule through a young binding, and a seccomp filter needs
+libseccomp's bindings (not on PyPI) for a layer the namespaces already give.
+
 A crash is reported as one line naming the node that was running (the worker writes the
 node it is about to run into a small memory-mapped file in its scratch folder), and the
 worker's canary tensors, allocated before any graph is built and checked after the run,
