@@ -5,7 +5,10 @@
     inputs = aotpipe.get_inputs(art.graphs["forward"].input_file, seed=0)
 
     from aotpipe.replay import replay
-    results = replay(art)                                      # compare with saved outputs
+    results = replay(art)              # compare with saved outputs, in this process: trusted artefacts only
+
+    from aotpipe.sandbox.replay import replay_sandboxed
+    outcome = replay_sandboxed("artifacts/quickstart/small_cnn")   # any artefact: in a sandboxed worker
 """
 
 import importlib

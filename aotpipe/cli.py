@@ -186,42 +186,48 @@ def schema(artifact: bool) -> None:
               help="Run ops of this library namespace (repeatable), if the artefact's pipeline trusted it too "
                    "(trusted_ops): imports the module the manifest names, if it lies in package NS, or "
                    "MODULE. Without it, a graph that calls such an op is refused.")
+@click.option("--key", "key", default=None, metavar="KEY",
+              help="A key you trust (as verify --key takes it): an artefact signed with it, and unchanged "
+                   "since, replays in this process; any other runs in the sandbox.")
+@click.option("--no-sandbox", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
+              help="Replay in this process without the sandbox: only for artefacts you made yourself or "
+                   "otherwise trust (a hostile graph can crash or corrupt this process). Default: "
+                   "$AOTPIPE_NO_SANDBOX.")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @_user_errors
 @_byte_limit
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
-           chain: bool, trust_code: bool, trust_ops: tuple[str, ...], as_json: bool) -> None:
-    """Replay the graphs of the artefact at PATH and compare with what was recorded."""
+           chain: bool, trust_code: bool, trust_ops: tuple[str, ...], key: str | None, no_sandbox: bool,
+           as_json: bool) -> None:
+    """Replay the graphs of the artefact at PATH and compare with what was recorded.
+
+    The graphs run in a sandboxed worker (bubblewrap: no network, a read-only filesystem,
+    memory and CPU limits), unless the artefact is signed by --key or --no-sandbox is given.
+    """
     from pathlib import Path
 
-    from aotpipe.artifact.load import load
-    from aotpipe.replay import eager_bench, replay as replay_graphs, replay_chain
+    from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed, trust_problems
 
-    if device is not None:
-        _check_device(device)
     p = Path(path)
-    art = load(p, trust_code=trust_code, trust_ops=trust_ops)
-    kinds = list(graphs)
-    if not kinds and (p / "graph.json").exists():
-        kinds = [k for k, g in art.graphs.items() if g.folder.resolve() == p.resolve()]
-    results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench)
-    if bench:
-        for r in results:
-            r.eager_bench_seconds = eager_bench(art, r.kind.split(".")[0], bench, trust_code=trust_code)
-    chained = replay_chain(art, trust_code=trust_code) if chain else None
-    no_eager = None
-    if bench or chain:
-        from aotpipe.sources import rebuild_refusal
+    opts = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
+                trust_code=trust_code, trust_ops=trust_ops)
+    in_process = no_sandbox
+    if key is not None and not in_process:
+        untrusted = trust_problems(p, key)
+        in_process = not untrusted
+        if untrusted:
+            from aotpipe.sandbox.launch import printable
 
-        no_eager = rebuild_refusal(art.manifest.model.source, trust_code)
-    ok = all(r.ok for r in results) and (chained is None or chained.status == "match")
+            click.echo(f"note: not signed by {key}, so replayed in the sandbox: {printable(untrusted[0])}", err=True)
+    if in_process:
+        if device is not None:
+            _check_device(device)
+        outcome = replay_outcome(p, **opts)
+    else:
+        outcome = replay_sandboxed(p, **opts)
+    results, chained, no_eager, ok = outcome.graphs, outcome.chain, outcome.no_eager, outcome.ok
     if as_json:
-        out = {"artifact": art.name, "ok": ok, "graphs": [r.to_json() for r in results]}
-        if chained is not None:
-            out["chain"] = chained.to_json()
-        if no_eager:
-            out["no_eager_comparison"] = no_eager
-        click.echo(json.dumps(out, indent=2, sort_keys=True))
+        click.echo(json.dumps(outcome.to_json(), indent=2, sort_keys=True))
     else:
         width = max([10] + [len(r.kind) for r in results])
         for r in results:

@@ -90,3 +90,23 @@ class ArtifactError(AotpipeError):
 class LimitError(ArtifactError):
     """A file or what it asks for is over one of aotpipe's limits (size, depth, nodes, bytes);
     raised before the read or allocation it guards."""
+
+
+class SandboxUnavailable(AotpipeError):
+    """The sandbox an untrusted graph must run in cannot start here (bubblewrap missing, or
+    the kernel refuses its namespaces)."""
+
+
+class SandboxError(AotpipeError):
+    """A graph crashed, corrupted memory in, or overran the sandboxed worker that ran it: a
+    result about the artefact (exit 1), reported in one line; the caller is unharmed.
+
+    `kind` says which, for programs (the artefact fuzzer's oracle): "crashed" (a signal),
+    "corrupted" (a canary tensor changed), "memory", "cpu_time", "wall_time", "malformed"
+    (the worker's result), "failed" (the worker itself)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, kind: str = "failed"):
+        super().__init__(message)
+        self.kind = kind

@@ -10,6 +10,13 @@ PIPELINES = REPO / "pipelines"
 warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
 
 
+@pytest.fixture(autouse=True)
+def _replay_in_process(monkeypatch):
+    """The suite replays its own artefacts in-process (as `--no-sandbox` does): each sandboxed
+    replay starts a worker that imports torch. tests/sandbox/ covers the sandbox itself."""
+    monkeypatch.setenv("AOTPIPE_NO_SANDBOX", "1")
+
+
 @pytest.fixture(scope="session")
 def quickstart_run(tmp_path_factory):
     """The quickstart pipeline, run once per test session through the real CLI."""

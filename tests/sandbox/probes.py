@@ -1,0 +1,80 @@
+"""Test-only tasks for the sandboxed worker (named "tests.sandbox.probes:NAME" by the tests;
+no artefact can name a task): they try what a hostile graph would, from inside the worker."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import socket
+from typing import Any
+
+
+def escape(args: dict[str, Any], worker: Any) -> dict[str, Any]:
+    """Try to write outside the scratch folder, reach the network and allocate past the
+    memory limit; report what happened, and the limits in force."""
+    out: dict[str, Any] = {}
+    for i, target in enumerate(args["write"]):
+        try:
+            with open(target, "w") as f:
+                f.write("escaped")
+            out[f"write_{i}"] = "written"
+        except OSError as e:
+            out[f"write_{i}"] = errno.errorcode.get(e.errno, str(e.errno))
+    with open(os.path.join(os.environ["TMPDIR"], "inside.txt"), "w") as f:
+        f.write("scratch is writable")
+    out["scratch_write"] = "written"
+    try:
+        with socket.create_connection(("127.0.0.1", args["port"]), timeout=5) as s:
+            s.sendall(b"escaped")
+        out["connect"] = "connected"
+    except OSError as e:
+        out["connect"] = type(e).__name__
+    import torch
+
+    try:
+        torch.empty(args["allocate"], dtype=torch.uint8)
+        out["allocate"] = "allocated"
+    except RuntimeError as e:
+        out["allocate"] = str(e).splitlines()[0]
+    out["RLIMIT_DATA"] = resource.getrlimit(resource.RLIMIT_DATA)[0]
+    out["RLIMIT_AS"] = resource.getrlimit(resource.RLIMIT_AS)[0]
+    out["RLIMIT_CPU"] = resource.getrlimit(resource.RLIMIT_CPU)[0]
+    return out
+
+
+def corrupt_canary(args: dict[str, Any], worker: Any) -> str:
+    """Change one element of one canary tensor, as a stray write from a kernel would."""
+    _, tensor = worker.canaries._tensors[args["which"]]
+    tensor.view(-1)[args["element"]] += 1
+    return "done"
+
+
+def replay_with_crashing_relu(args: dict[str, Any], worker: Any) -> Any:
+    """The replay task with aten.relu's CPU kernel replaced by one that dereferences NULL:
+    a kernel that crashes on what a graph gave it, at a node the test knows."""
+    import torch
+
+    from aotpipe.sandbox.replay import replay_task
+
+    lib = torch.library.Library("aten", "IMPL")
+
+    def crash(x: Any) -> Any:
+        ctypes.string_at(0)
+
+    lib.impl("relu", crash, "CPU")
+    return replay_task(args, worker)
+
+
+def noop(args: dict[str, Any], worker: Any) -> str:
+    """Nothing: what a worker costs by itself (start, import torch, canaries, result)."""
+    import torch  # noqa: F401 (what every real task imports)
+
+    return "done"
+
+
+def exhaust_memory(args: dict[str, Any], worker: Any) -> str:
+    """Ask Python for more memory than the sandbox allows."""
+    worker.mark("while allocating too much")
+    return str(len(bytearray(args["bytes"])))
