@@ -159,10 +159,11 @@ def test_a_lone_surrogate_in_a_key_is_one_line(quickstart_run, tmp_path):
     assert r.exit_code == 1 and needle in r.output and "Traceback" not in r.output, r.output
 
 
-@pytest.fixture()
-def deep(tmp_path):
-    """1,900 folders nested in one another (made and removed without full paths)."""
-    root = tmp_path / "deep"
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    """1,900 folders nested in one another (made and removed without full paths; about 10 s
+    on a slow disk, so once for the module)."""
+    root = tmp_path_factory.mktemp("deep") / "deep"
     root.mkdir()
     fd = os.open(root, os.O_RDONLY)
     fds = [fd]
@@ -176,6 +177,7 @@ def deep(tmp_path):
         os.close(f)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["ls", "verify"])
 def test_1900_nested_folders_are_one_line(deep, command):
     _one_line(cli(command, deep), 2, "folders nested too deeply to walk")

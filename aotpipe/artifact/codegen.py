@@ -8,7 +8,6 @@ graph has any, are read from the model's blobs by relative path.
 from __future__ import annotations
 
 import ast
-import copy
 from pathlib import Path
 from typing import Any, Optional
 
@@ -79,7 +78,8 @@ def graph_constants(graph_data: Any) -> dict[str, tuple]:
     """{target: (blob, shape, stride)} of graph.json's constants: what module.py loads."""
     nodes = graph_data.get("nodes") if isinstance(graph_data, dict) else None
     return {n["target"]: (n.get("blob"), n.get("shape"), n.get("stride"))
-            for n in nodes or [] if isinstance(n, dict) and n.get("op") == "get_attr" and isinstance(n.get("target"), str)}
+            for n in nodes or []
+            if isinstance(n, dict) and n.get("op") == "get_attr" and isinstance(n.get("target"), str)}
 
 
 class _NotCode(ast.NodeTransformer):
@@ -198,8 +198,8 @@ def _first_difference(shown: list[ast.stmt], want: list[ast.stmt], end: int
 def code_mismatch(module_py: Path, gm: torch.fx.GraphModule, constants: Optional[dict[str, tuple]] = None
                   ) -> Optional[str]:
     """None if module.py is the file this codegen writes for `gm` (graph.json's graph as
-    rebuilt, unpacked: GraphArtifact.structure) and `constants` ({target: (blob, shape, stride)} from graph.json), else one
-    line naming the first statement that differs.
+    rebuilt, unpacked: GraphArtifact.structure) and `constants` ({target: (blob, shape,
+    stride)} from graph.json), else one line naming the first statement that differs.
 
     The whole file is compared, as Python syntax trees: module level, the class body,
     ``__init__``, ``forward`` and ``_load_constants``. Comments, string-literal annotations
@@ -225,7 +225,8 @@ def code_mismatch(module_py: Path, gm: torch.fx.GraphModule, constants: Optional
            if isinstance(v, tuple) and len(v) == 3}
     if got != want:
         diff = sorted(str(k) for k in set(got) | set(want) if got.get(k) != want.get(k))[:3]
-        return f"{module_py}: constants {', '.join(diff)} differ from graph.json's (module.py does not match graph.json)"
+        return (f"{module_py}: constants {', '.join(diff)} differ from graph.json's "
+                "(module.py does not match graph.json)")
     expected = ast.parse(module_source(gm, title="", input_lines=[], constants=constants, version="",
                                        torch_version=""))
     try:

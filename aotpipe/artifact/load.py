@@ -3,7 +3,8 @@
 Graphs are rebuilt from graph.json (ops resolved only through the allow-list of
 artifact/ops.py), `.input` pickles go through a restricted unpickler, tensors come from
 safetensors blobs checked against their hashes. ``trust_code=True`` imports module.py
-instead of rebuilding from graph.json: only for artefacts you made yourself.
+instead of rebuilding from graph.json (once it is checked to be the code graph.json
+makes): only for artefacts you made yourself.
 """
 
 from __future__ import annotations
@@ -520,7 +521,10 @@ def load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = ()
 
     Any malformed or hostile content is an ArtifactError naming the file. A graph whose
     constants are recomputed (save_values: minimal after folding passes) is built on first
-    use of its `module`; :meth:`Artifact.build_all` builds every graph now.
+    use of its `module`, which runs the pass chain on its base graph; its `structure` (what
+    checking reads) runs nothing. :meth:`Artifact.build_all` rebuilds every graph's
+    structure now. With `trust_code`, module.py is imported only if it is the code
+    graph.json makes (artifact/codegen.py's check, as verify's).
 
     `trust_ops` names the library op namespaces (``["transformers"]``, or
     ``{"mylib": "my_project.ops"}`` naming the module to import) whose ops the graphs may

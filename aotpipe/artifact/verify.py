@@ -2,8 +2,9 @@
 
 Checks, per model folder: the manifest parses, is of a format version this aotpipe reads,
 and its own checksum matches; every file it lists exists with the recorded sha256; no
-file is there that it does not list (signature.json aside); every graph loads through the
-safe loader, and its module.py shows the code graph.json rebuilds to.
+file is there that it does not list (signature.json aside); every graph is rebuilt through
+the safe loader (read, never run: constants the loader would recompute are left out), and
+its module.py is the file graph.json regenerates, compared whole.
 
 This catches corruption, not forgery: whoever can edit the files can recompute every
 hash and the manifest's checksum too. `verify --key` (artifact/signing.py) catches that.

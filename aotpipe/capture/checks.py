@@ -236,7 +236,8 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
                    eager: Optional[Reference] | dict[int, Reference], verify: bool,
                    diagnose: Optional[Callable[[str, list[str]], str]], trust_ops: Sequence[str]) -> ModelChecks:
     start = time.perf_counter()
-    art = load(folder, trust_ops=trust_ops).build_all(recompute=True)  # a graph whose constants cannot be recomputed fails here, not later
+    # recompute=True: a graph whose constants cannot be recomputed fails here, not later
+    art = load(folder, trust_ops=trust_ops).build_all(recompute=True)
     result = ModelChecks(CheckOutcome())
     # Export's training graphs output the loss they differentiate (`loss:` sum or mean);
     # dynamo's have none (a tangent per output; their options say so).
