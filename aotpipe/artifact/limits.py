@@ -43,7 +43,7 @@ class Limits:
     # parsing costs up to ~200 bytes a value, validating more (real graphs: ~25 a node)
     max_json_values: int = 2_000_000
     max_graphs: int = 512  # graphs in one artefact (a capture with graph breaks: a few per subgraph)
-    max_artifact_nodes: int = 400_000  # nodes of all an artefact's graphs together (~3 kB each, built)
+    max_artifact_nodes: int = 200_000  # nodes of all an artefact's graphs together (~6 kB each while loading)
     max_pickle_ops: int = 1_000_000  # opcodes in one .input pickle (real ones: ~10 an input)
     max_walk_entries: int = 500_000  # files and folders one walk of a tree (ls, verify) visits
     max_walk_depth: int = 32  # folders deep a walk goes (an artefact tree: 3 or 4)

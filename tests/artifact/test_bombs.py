@@ -251,3 +251,29 @@ def test_a_zoo_model_of_too_many_modules_stops_at_the_limit(worker, mlp_copy):
     refused(worker, "zoo mlp of 900,000 layers", ["replay", mlp_copy, "--chain"],
             "manifest.json: a model of more than 10,000 modules, parameters and buffers, over the limit of "
             "10,000 (raise it with AOTPIPE_MAX_MODULES)")
+
+
+def test_running_out_of_memory_while_parsing_json_is_one_line(monkeypatch):
+    # Under a memory cap below what the limits allow (ulimit -v, a container), the parser's
+    # MemoryError is a limit breach, not a traceback.
+    from aotpipe.artifact import limits
+    from aotpipe.errors import LimitError
+
+    def oom(*a, **k):
+        raise MemoryError
+
+    monkeypatch.setattr(limits.json, "loads", oom)
+    with pytest.raises(LimitError, match=r"^m\.json: out of memory parsing 2 bytes of JSON; lower the limits "
+                                         r"\(AOTPIPE_MAX_JSON_VALUES, AOTPIPE_MAX_RECORD_BYTES\) or raise the memory cap$"):
+        limits.parse_json(b"{}", "m.json")
+
+
+def test_json_values_are_counted_exactly_outside_strings():
+    from aotpipe.artifact.limits import count_json_values
+
+    for text in ['[]', '[1, 2]', '{"a": [ ], "b": {}}', '["a,b\\"[{,", 1, {"x": [2, 3]}]', '[{}, {}, {}]']:
+        def values(v):
+            return 1 + sum(values(x) for x in (v.values() if isinstance(v, dict) else v)) \
+                if isinstance(v, (dict, list)) else 1
+        assert count_json_values(text.encode()) == values(json.loads(text)), text
+    assert count_json_values(b"[" + b"0," * 100 + b"0]", stop=10) == 11  # stops once past the limit
