@@ -159,6 +159,9 @@ def schema(artifact: bool) -> None:
 @click.option("--device", default=None, help="Run on this device (cuda, meta, ...): inputs and factory ops move.")
 @click.option("--bench", type=click.IntRange(min=0), default=0, help="Also time N runs (median), beside eager's.")
 @click.option("--chain", is_flag=True, help="Also run forward then backward and check gradients vs joint and eager.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads to run at; default: the count the artefact was recorded at (its manifest's "
+                   "environment). At another count, outputs are judged by their evidence, not their digests.")
 @click.option("--trust-code", is_flag=True,
               help="Import module.py instead of rebuilding from graph.json, and let --bench/--chain rebuild "
                    "a module:callable or hf: source the manifest names (both run code the artefact names); "
@@ -171,7 +174,7 @@ def schema(artifact: bool) -> None:
 @_user_errors
 @_byte_limit
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
-           chain: bool, trust_code: bool, trust_ops: tuple[str, ...], as_json: bool) -> None:
+           chain: bool, threads: int | None, trust_code: bool, trust_ops: tuple[str, ...], as_json: bool) -> None:
     """Replay the graphs of the artefact at PATH and compare with what was recorded."""
     from pathlib import Path
 
@@ -185,11 +188,12 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     kinds = list(graphs)
     if not kinds and (p / "graph.json").exists():
         kinds = [k for k, g in art.graphs.items() if g.folder.resolve() == p.resolve()]
-    results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench)
+    results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench,
+                            threads=threads)
     if bench:
         for r in results:
             r.eager_bench_seconds = eager_bench(art, r.kind.split(".")[0], bench, trust_code=trust_code)
-    chained = replay_chain(art, trust_code=trust_code) if chain else None
+    chained = replay_chain(art, trust_code=trust_code, threads=threads) if chain else None
     no_eager = None
     if bench or chain:
         from aotpipe.sources import rebuild_refusal
@@ -206,9 +210,12 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     else:
         width = max([10] + [len(r.kind) for r in results])
         for r in results:
-            line = f"{r.kind:<{width}} {r.status:<9} ({r.inputs} inputs)"
-            if r.max_abs_error is not None:
-                line += f"  max abs error {r.max_abs_error:.3g}"
+            line = f"{r.kind:<{width}} {r.verdict:<9} ({r.inputs} inputs)"
+            worst = r.worst()
+            if worst is not None and r.status == "close":
+                line += f"  {worst.line()}"
+            elif r.status == "close" and r.bit_identical:
+                line += "  bit-identical"
             line += f"  {r.seconds * 1e3:.2f} ms"
             if r.bench_seconds is not None:
                 line += f"  median of {bench}: {r.bench_seconds * 1e3:.3f} ms"
