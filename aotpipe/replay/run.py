@@ -82,7 +82,8 @@ def first_divergence(ga: GraphArtifact, inputs: list[Any], rtol: float = SAME_RT
                 continue
             why = _departs(a, r, rtol)
             if why:
-                target = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+                target = "graph input" if n.op == "placeholder" else n.target if isinstance(n.target, str) \
+                    else getattr(n.target, "__name__", str(n.target))
                 return f"{n.name} ({target}): {why}"
     return None
 
