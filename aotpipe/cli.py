@@ -216,6 +216,8 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
                 line += f"  {worst.line()}"
             elif r.status == "close" and r.bit_identical:
                 line += "  bit-identical"
+            elif r.max_abs_error is not None:  # element-wise, over the elements compared (see the lines below)
+                line += f"  max abs error {r.max_abs_error:.3g}"
             line += f"  {r.seconds * 1e3:.2f} ms"
             if r.bench_seconds is not None:
                 line += f"  median of {bench}: {r.bench_seconds * 1e3:.3f} ms"
