@@ -29,6 +29,7 @@ must be equal.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -72,8 +73,11 @@ def stats(s: torch.Tensor) -> dict[str, Any]:
     finite = torch.isfinite(v)
     nonfinite = int(v.numel() - int(finite.sum()))
     v = v[finite]
-    return {"sum": float(v.sum()) if v.numel() else 0.0, "abs_sum": float(v.abs().sum()) if v.numel() else 0.0,
-            "max_abs": float(v.abs().max()) if v.numel() else 0.0, "nonfinite": nonfinite}
+    out = {"sum": float(v.sum()) if v.numel() else 0.0, "abs_sum": float(v.abs().sum()) if v.numel() else 0.0,
+           "max_abs": float(v.abs().max()) if v.numel() else 0.0}
+    # float64 sums of values near its largest may overflow; JSON has no inf
+    return {**{k: x if math.isfinite(x) else math.copysign(sys.float_info.max, x) for k, x in out.items()},
+            "nonfinite": nonfinite}
 
 
 def exact_dtype(dtype: torch.dtype) -> bool:
