@@ -1,10 +1,14 @@
 """Replay: run a saved graph and compare it with what capture recorded.
 
+- :func:`replay` runs an artefact's graphs at the intra-op thread count its outputs were
+  recorded at (manifest.environment) unless told another;
 - :func:`replay_graph` binds inputs (saved or random), runs the graph, copies mutated
   inputs back, re-expands de-duplicated outputs and compares with the recorded outputs:
-  bit for bit (their digests, or their values where stored); on another device, within
-  float noise of the same graph replayed on the CPU. On a mismatch it interprets the graph
-  node by node and names the first node that departs from the trace recorded at capture.
+  bit for bit (their digests, or their values where stored) in the recorded environment;
+  where CPU capability, torch, thread count or device differ, by each output's evidence
+  (aotpipe.evidence: "close" within its element-wise bound). Every error it reports is
+  element-wise. On a mismatch it interprets the graph node by node and names the first
+  node that departs from the trace recorded at capture.
 - :func:`replay_chain` runs forward then backward and checks the gradients against the
   joint graph's and, when the source can be rebuilt, the eager model's.
 """
