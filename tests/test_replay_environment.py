@@ -2,6 +2,7 @@
 (judged by its evidence: "close" within the element-wise bound, "mismatch" beyond it)."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -233,3 +234,45 @@ def test_kernels_of_another_instruction_set_are_close(quickstart_run):
     assert all(g["environment"][0] == f"other CPU: default, recorded {rec.lower()}" for g in graphs.values())
     bw = graphs["backward"]
     assert not bw["bit_identical"] and all(0 < e["max_abs_error"] <= e["bound"] for e in bw["errors"])
+
+
+def test_bounds_come_from_eagers_measured_float64_error_joint_included(tmp_path, monkeypatch):
+    """Where a check measured eager float32's error against float64, that output's evidence
+    bound is derived from it, and the joint's outputs get their forward's and backward's."""
+    import textwrap
+
+    from aotpipe import accuracy
+    from aotpipe.capture import checks
+
+    real = accuracy.compare
+    measured = {}
+
+    def compare(actual, expected, reference=None, *, what="value", rel_floor=None):
+        c = real(actual, expected, reference, what=what, rel_floor=rel_floor)
+        if isinstance(expected, torch.Tensor) and expected.is_floating_point():
+            c.eager_error = measured.setdefault(what, 1e-3 * (len(measured) + 1))  # as if the fp64 rule ran
+        return c
+
+    monkeypatch.setattr(checks.accuracy, "compare", compare)
+    p = tmp_path / "p.yaml"
+    p.write_text(textwrap.dedent("""
+        version: 1
+        name: small
+        models:
+          - {name: a, source: aotpipe.zoo:mlp, args: {in_features: 8, hidden: 8}, inputs: [{shape: [2, 8]}]}
+    """))
+    r = CliRunner().invoke(main, ["run", str(p), "-o", str(tmp_path / "out"), "--no-progress", "--executor", "local"])
+    assert r.exit_code == 0, r.output
+    art = load(tmp_path / "out" / "small" / "a")
+    grads = {}
+    for kind in ("backward", "joint"):
+        for rec in art.graphs[kind].record.outputs:
+            if rec.role == "grad" and rec.evidence is not None:
+                ev = rec.evidence
+                assert ev.bound_from == "fp64" and ev.eager_error == measured[f"gradient of {rec.target}"], kind
+                m = accuracy.multiplier(torch.float32, math.prod(rec.shape))
+                assert ev.bound > evidence.TAIL * 2 * m * ev.eager_error
+                grads.setdefault(rec.target, []).append(ev.bound)
+    assert grads and all(len(b) == 2 and b[0] == b[1] for b in grads.values())  # joint == backward
+    (loss,) = [o for o in art.graphs["joint"].record.outputs if o.role == "user"]
+    assert loss.evidence.eager_error == measured["loss"]
