@@ -111,7 +111,7 @@ def test_a_record_linked_to_a_device_is_refused(mlp_copy):
 
 
 def test_nan_in_a_manifest_is_reported_not_raised(mlp_copy):
-    text = (mlp_copy / "manifest.json").read_text().replace('"format_version": 2', '"format_version": 2, "x": NaN', 1)
+    text = (mlp_copy / "manifest.json").read_text().replace('"format_version": 3', '"format_version": 3, "x": NaN', 1)
     (mlp_copy / "manifest.json").write_text(text)
     r = CliRunner().invoke(main, ["verify", str(mlp_copy)])
     assert r.exit_code == 1 and "checksum does not match" in r.output and "Traceback" not in r.output
