@@ -308,7 +308,7 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         # A joint checked through the chain has its forward's and backward's measured errors.
         measured = measured_by_sub.setdefault(sub, {})
         keys = _output_keys(ga.record)
-        if parsed is None or parsed.chain is None:
+        if ga.kind in ("forward", "backward") and (parsed is None or parsed.chain is None):
             measured.update({keys[i]: e for i, e in gc.eager_errors.items() if 0 <= i < len(keys)})
         errors = {i: measured[k] for i, k in enumerate(keys) if k in measured} if ga.kind == "joint" else {}
         errors.update({i: e for i, e in gc.eager_errors.items() if i >= 0})
