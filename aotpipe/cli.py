@@ -178,6 +178,9 @@ def schema(artifact: bool) -> None:
 @click.option("--device", default=None, help="Run on this device (cuda, meta, ...): inputs and factory ops move.")
 @click.option("--bench", type=click.IntRange(min=0), default=0, help="Also time N runs (median), beside eager's.")
 @click.option("--chain", is_flag=True, help="Also run forward then backward and check gradients vs joint and eager.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads to run at; default: the count the artefact was recorded at (its manifest's "
+                   "environment). At another count, outputs are judged by their evidence, not their digests.")
 @click.option("--trust-code", is_flag=True,
               help="Import module.py instead of rebuilding from graph.json, and let --bench/--chain rebuild "
                    "a module:callable or hf: source the manifest names (both run code the artefact names); "
@@ -197,8 +200,8 @@ def schema(artifact: bool) -> None:
 @_user_errors
 @_byte_limit
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
-           chain: bool, trust_code: bool, trust_ops: tuple[str, ...], key: str | None, no_sandbox: bool,
-           as_json: bool) -> None:
+           chain: bool, threads: int | None, trust_code: bool, trust_ops: tuple[str, ...], key: str | None,
+           no_sandbox: bool, as_json: bool) -> None:
     """Replay the graphs of the artefact at PATH and compare with what was recorded.
 
     The graphs run in a sandboxed worker (bubblewrap: no network, a read-only filesystem,
@@ -210,7 +213,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
 
     p = Path(path)
     opts = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
-                trust_code=trust_code, trust_ops=trust_ops)
+                threads=threads, trust_code=trust_code, trust_ops=trust_ops)
     in_process = no_sandbox
     if key is not None and not in_process:
         untrusted = trust_problems(p, key)
@@ -231,8 +234,13 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     else:
         width = max([10] + [len(r.kind) for r in results])
         for r in results:
-            line = f"{r.kind:<{width}} {r.status:<9} ({r.inputs} inputs)"
-            if r.max_abs_error is not None:
+            line = f"{r.kind:<{width}} {r.verdict:<9} ({r.inputs} inputs)"
+            worst = r.worst()
+            if worst is not None and r.status == "close":
+                line += f"  {worst.line()}"
+            elif r.status == "close" and r.bit_identical:
+                line += "  bit-identical"
+            elif r.max_abs_error is not None:  # element-wise, over the elements compared (see the lines below)
                 line += f"  max abs error {r.max_abs_error:.3g}"
             line += f"  {r.seconds * 1e3:.2f} ms"
             if r.bench_seconds is not None:

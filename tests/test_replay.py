@@ -282,7 +282,9 @@ def test_graph_json_naming_builtins_eval_is_refused(copy_of):
 
 def test_changed_blob_is_refused(copy_of):
     folder = copy_of("mlp")
-    blob = next((folder / "blobs").iterdir())
+    # a stored input every replay reads (evidence blobs are read only where bits differ)
+    storages = json.loads((folder / "mlp_inference_0" / "inputs.json").read_text())["storages"]
+    blob = folder / "blobs" / f"{next(s['blob'] for s in storages if s['blob'])}.safetensors"
     data = bytearray(blob.read_bytes())
     data[-1] ^= 1
     blob.write_bytes(bytes(data))

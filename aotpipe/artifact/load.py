@@ -48,6 +48,7 @@ class Expected:
     value: Any = None
     has_value: bool = False  # value is meaningful (None may be a recorded None)
     spread: Optional[float] = None  # run-to-run spread of an op without a deterministic kernel
+    evidence: Any = None  # records.Evidence (version 3): what a replay elsewhere is judged by
 
 
 @dataclass
@@ -169,7 +170,8 @@ class GraphArtifact:
                                         "which does not come before it")
                 out.append(out[rec.same_as])
                 continue
-            e = Expected(rec.digest, rec.summary.model_dump() if rec.summary else None, spread=rec.spread)
+            e = Expected(rec.digest, rec.summary.model_dump() if rec.summary else None, spread=rec.spread,
+                         evidence=rec.evidence)
             if rec.blob is not None:
                 # Values only: the recorded stride is in `rec`, compared separately at replay.
                 shape = rec.shape if rec.shape is not None else [-1]

@@ -181,6 +181,29 @@ class InputRecord(Layout):
     forward_output: Optional[Count] = None  # source "forward": which forward output it is
 
 
+class Evidence(Record):
+    """What a replay where bits cannot match (another CPU, torch, thread count or device) is
+    judged by (version 3): a deterministic sample of the output's values, statistics of those
+    same elements, and the element-wise bound a replay's values may depart from them by.
+
+    The sample is `count` elements (all of them, or :data:`aotpipe.evidence.SAMPLE`), element
+    j at row-major flat index ``j * numel // count``; `blob` holds them as a 1-D tensor of
+    the output's dtype. `bound` is None for integer and bool outputs, which must be equal."""
+
+    blob: Sha256
+    count: Count
+    sum: float  # float64 sums over the sampled elements that are finite
+    abs_sum: float
+    max_abs: float
+    nonfinite: Count
+    bound: Optional[float] = Field(default=None, ge=0)
+    # How the bound was derived: "fp64" from eager float32's measured error against float64
+    # (eager_error, an RMS), "floor" from the float-noise floor of the tensor's RMS (rms).
+    bound_from: Optional[Literal["fp64", "floor"]] = None
+    eager_error: Optional[float] = Field(default=None, ge=0)
+    rms: Optional[float] = Field(default=None, ge=0)  # RMS of the whole output's finite elements
+
+
 class OutputRecord(Layout):
     """One graph output and its reference: a digest and summary, or a stored value."""
 
@@ -193,6 +216,7 @@ class OutputRecord(Layout):
     digest: Optional[Sha256] = None  # sha256 of dtype, shape and bytes (version 2)
     summary: Optional[Summary] = None
     spread: Optional[float] = Field(default=None, ge=0)  # run-to-run spread of a nondeterministic op
+    evidence: Optional[Evidence] = None  # version 3
 
 
 class InputsRecord(Record):
@@ -331,6 +355,22 @@ class VerificationEntry(Record):
     problems: Optional[list[JsonValue]] = None
 
 
+class Environment(Record):
+    """Where the graphs ran when their reference outputs were recorded, and what else decides
+    their bits (version 3; aotpipe.determinism.environment). A replay runs at `threads` unless
+    told otherwise; where one of these differs, it judges by the outputs' evidence."""
+
+    device: str
+    threads: Annotated[int, Field(ge=1)]  # intra-op threads (torch.get_num_threads)
+    cpu_capability: str  # torch.backends.cpu.get_cpu_capability(): AVX512, AVX2, DEFAULT, ...
+    torch: str
+    deterministic_algorithms: bool
+    fill_uninitialized_memory: bool
+    float32_matmul_precision: str
+    mkldnn: bool  # oneDNN available
+    mkl: bool
+
+
 class Versions(Record):
     aotpipe: str
     torch: str
@@ -414,6 +454,7 @@ class Manifest(Record):
     pass_failures: list[str] = []
     verification: Optional[Annotated[dict[str, VerificationEntry], FailFast]] = None
     checks: Optional[CheckTotals] = None  # version 2
+    environment: Optional[Environment] = None  # version 3
     files: Annotated[dict[str, Sha256], FailFast]
 
 

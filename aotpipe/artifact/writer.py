@@ -24,6 +24,7 @@ from aotpipe.artifact import records as fmt
 from aotpipe.artifact.manifest import dump_json, file_sha256, seal, versions
 from aotpipe.artifact.records import FORMAT_VERSION, GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MANIFEST, MODULE_PY, TRACE
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput
+from aotpipe.determinism import environment, intra_op_threads
 from aotpipe.graph_keys import graph_folder_name, parse_graph_key
 from aotpipe.tensors import storage_base, storage_groups
 
@@ -170,6 +171,8 @@ def set_outputs(record: dict[str, Any], outputs: list[dict[str, Any]], blobs: Op
     for rec, o in zip(record["outputs"], outputs):
         rec.update(o.get("layout") or {})  # the layout the written graph really gives
         rec.update(digest=o.get("digest"), summary=o.get("summary"), spread=o.get("spread"))
+        if blobs is not None and o.get("evidence") is not None:
+            rec["evidence"] = {"blob": blobs.put(o["evidence_values"]), **o["evidence"]}
     if blobs is None or values is None:
         return
     for rec, v in zip(record["outputs"], values):
@@ -250,9 +253,12 @@ def write_model(
             "model": model_record,
             "capture": captured.capture_record(),
             "save_values": save_values if inputs is not None else "none",
+            # The reference outputs are recorded by `check`, in this process, at this thread count.
+            "environment": environment(),
         }
         written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
-        outcome = check(tmp) if check is not None else CheckOutcome()
+        with intra_op_threads(header["environment"]["threads"]):
+            outcome = check(tmp) if check is not None else CheckOutcome()
         _finish(tmp, captured, written, graphs_record, records, outcome, header, pass_failures or [])
         if sign is not None:
             sign(tmp)
@@ -444,6 +450,7 @@ def _remove_unused_blobs(root: Path, graphs_record: dict[str, Any], records: dic
     for key, record in records.items():
         used |= {s["blob"] for s in record["storages"] if s.get("blob")}
         used |= {o["blob"] for o in record["outputs"] if o.get("blob")}
+        used |= {o["evidence"]["blob"] for o in record["outputs"] if o.get("evidence")}
         gj = json.loads((root / graphs_record[key]["folder"] / GRAPH_JSON).read_text(encoding="utf-8"))
         used |= {n["blob"] for n in gj["nodes"] if n.get("op") == "get_attr" and n.get("blob")
                  and not n.get("recompute")}

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.fx
 
-from aotpipe import accuracy
+from aotpipe import accuracy, evidence
 from aotpipe.accuracy import Check
 from aotpipe.artifact.load import GraphArtifact, load
 from aotpipe.artifact.records import InputsRecord
@@ -57,6 +57,9 @@ class GraphChecks:
     checks: list[Check] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # one reason per skipped check
     indirect: int = 0  # outputs checked through another graph (saved activations, the joint's)
+    # Per output index: eager float32's RMS error against float64 where a check measured it
+    # (the bound of the output's replay evidence; aotpipe.evidence).
+    eager_errors: dict[int, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         reasons: dict[str, int] = {}
@@ -120,8 +123,10 @@ class _Checker:
         return get
 
     def _compare(self, gc: GraphChecks, mode: str, actual: Any, expected: Any, pick: Callable[[EagerRun], Any],
-                 what: str) -> None:
+                 what: str, index: int) -> None:
         c = accuracy.compare(actual, expected, self._ref(mode, pick), what=what)
+        if c.eager_error is not None:
+            gc.eager_errors[index] = c.eager_error
         if c.method == "no_signal":  # counted as skipped, with one reason for all such values
             gc.skipped.append(accuracy.NO_SIGNAL)
             return
@@ -150,18 +155,19 @@ class _Checker:
             return gc
         user = [(i, o) for i, (o, r) in enumerate(zip(outs, recs)) if r.role == "user"]
         if ga.kind in ("forward", "joint") and self.has_loss:
-            self._compare(gc, mode, user[0][1] if user else None, run.loss, lambda r: r.loss, "loss")
+            self._compare(gc, mode, user[0][1] if user else None, run.loss, lambda r: r.loss, "loss",
+                          user[0][0] if user else -1)
         elif ga.kind != "backward":
             tensors = [(i, o) for i, o in user if isinstance(o, torch.Tensor)]
             if len(tensors) != len(run.outputs):
                 gc.checks.append(Check("user outputs", False, "exact", detail=(
                     f"the graph has {len(tensors)} tensor outputs, the eager model {len(run.outputs)}")))
             for j, ((i, o), e) in enumerate(zip(tensors, run.outputs)):
-                self._compare(gc, mode, o, e, lambda r, j=j: r.outputs[j], f"output {j}")
+                self._compare(gc, mode, o, e, lambda r, j=j: r.outputs[j], f"output {j}", i)
         returned = set()
         # A user input's mutation names its placeholder; eager knows the input by its name.
         placeholder_user = {i.name: i.target for i in ga.record.inputs if i.role == "user"}
-        for o, r in zip(outs, recs):
+        for index, (o, r) in enumerate(zip(outs, recs)):
             target = r.target
             if r.role == "mutation":
                 target = target if target in run.state else placeholder_user.get(target, target)
@@ -171,11 +177,11 @@ class _Checker:
                                            detail="the eager model has no such buffer"))
                 else:
                     self._compare(gc, mode, o, run.state[target], lambda rr, t=target: rr.state.get(t),
-                                  f"new value of {target}")
+                                  f"new value of {target}", index)
             elif r.role in ("grad", "none") and ga.kind in ("backward", "joint"):
                 if target in run.grads:
                     self._compare(gc, mode, o, run.grads[target], lambda rr, t=target: rr.grads.get(t),
-                                  f"gradient of {target}")
+                                  f"gradient of {target}", index)
                 elif o is not None:
                     gc.skipped.append(f"gradient of input {target}: the eager input does not require grad")
             elif r.role == "saved":
@@ -188,7 +194,7 @@ class _Checker:
 
 
 def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[list[Optional[float]]],
-                     recorded: bool) -> list[dict[str, Any]]:
+                     recorded: bool, eager_errors: dict[int, float]) -> list[dict[str, Any]]:
     out = []
     for i, (o, rec) in enumerate(zip(outs, record.outputs)):
         if rec.same_as is not None or not isinstance(o, torch.Tensor):
@@ -196,9 +202,24 @@ def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[lis
         elif not recorded:
             out.append({"layout": TensorMeta.of(o).to_json()})
         else:
+            values, fields = evidence.record(o, eager_errors.get(i))
             out.append({"digest": accuracy.digest(o), "summary": accuracy.sampled_summary(o),
-                        "spread": spread[i] if spread else None, "layout": TensorMeta.of(o).to_json()})
+                        "spread": spread[i] if spread else None, "layout": TensorMeta.of(o).to_json(),
+                        "evidence": fields, "evidence_values": values})
     return out
+
+
+def _output_keys(record: InputsRecord) -> list[tuple[str, Any]]:
+    """What each output is, the same in a subgraph's forward, backward and joint: the n-th
+    user output, the gradient of a target, the new value of a target."""
+    keys, users = [], 0
+    for r in record.outputs:
+        if r.role == "user":
+            keys.append(("user", users))
+            users += 1
+        else:
+            keys.append((r.role, r.target))
+    return keys
 
 
 def check_written(
@@ -246,6 +267,7 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
     checkers = {i: _Checker(per_subgraph.get(i), verify, has_loss) for i in art.subgraph_keys()}
     kinds_of = {i: set(keys) for i, keys in art.subgraph_keys().items()}
     outs_by_key: dict[str, list[Any]] = {}
+    measured_by_sub: dict[int, dict[tuple[str, Any], float]] = {}
     # By subgraph: inference, the graphs passes made of it, forward, backward, joint.
     order = sorted(art.graphs, key=key_order)
     for key in order:
@@ -284,8 +306,15 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         failed = [c for c in gc.checks if not c.passed]
         record = {"checks": gc.to_json(), "nondeterministic": log.nondeterministic}
         status = "recorded" if saved else "shapes only"
+        # A joint checked through the chain has its forward's and backward's measured errors.
+        measured = measured_by_sub.setdefault(sub, {})
+        keys = _output_keys(ga.record)
+        if ga.kind in ("forward", "backward") and (parsed is None or parsed.chain is None):
+            measured.update({keys[i]: e for i, e in gc.eager_errors.items() if 0 <= i < len(keys)})
+        errors = {i: measured[k] for i, k in enumerate(keys) if k in measured} if ga.kind == "joint" else {}
+        errors.update({i: e for i, e in gc.eager_errors.items() if i >= 0})
         result.outcome.graphs[key] = GraphOutcome(
-            _outcome_outputs(outs, ga.record, spread, saved), outs if saved else None,
+            _outcome_outputs(outs, ga.record, spread, saved, errors), outs if saved else None,
             trace if saved else None, record,
             {"status": status, "inputs": "saved" if saved else "in memory (save_inputs: false)"})
         if failed and (parsed is None or parsed.chain is not None):

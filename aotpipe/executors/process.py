@@ -6,10 +6,11 @@ group) when a task passes the time limit or the memory limit. A worker that dies
 segfault, ``os._exit``, the kernel's OOM killer, a kill) costs only the task it was
 running, which is reported with the reason; a fresh worker takes the next task.
 
-Threads: one worker keeps torch's default intra-op threads (as a local run does); N > 1
-workers use ``cpu_count // N`` each, so that they do not oversubscribe the machine. Graphs
-and their reference digests do not depend on it; the float32-vs-float64 error figures of
-the eager checks (in the manifest) do, as they do from one machine to another.
+Threads: N workers share torch's default intra-op thread count (what a local run uses: the
+cores, or ``OMP_NUM_THREADS``) and take ``default // N`` each (at least 1), so that they do
+not oversubscribe the machine; `threads` sets a count instead. Some kernels' bits depend on
+it (a convolution's weight gradient), so the manifest records the count each model was
+checked at (manifest.environment.threads) and replay runs at that count by default.
 """
 
 from __future__ import annotations
@@ -106,11 +107,12 @@ class ProcessExecutor:
     cwd: Optional[Path] = None
     _logs: Optional[tempfile.TemporaryDirectory] = field(default=None, repr=False)
 
-    def _threads(self) -> int:
-        """Intra-op threads per worker; 0: torch's default."""
+    def _threads(self) -> str:
+        """Intra-op threads per worker, as the worker takes them: "N", or "/N" for a share
+        of torch's default count (which the worker knows once it has imported torch)."""
         if self.threads is not None:
-            return self.threads
-        return 0 if self.workers == 1 else max(1, (os.cpu_count() or 1) // self.workers)
+            return str(self.threads)
+        return f"/{max(1, self.workers)}"
 
     def _start(self) -> _Worker:
         assert self._logs is not None
@@ -120,7 +122,7 @@ class ProcessExecutor:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "aotpipe.executors.worker", str(to_child_r), str(from_child_w),
-                 str(self._threads()), str(os.getpid())],
+                 self._threads(), str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(to_child_r, from_child_w),
                 start_new_session=True, cwd=self.cwd,
             )

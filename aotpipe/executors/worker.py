@@ -1,6 +1,8 @@
 """The process executor's worker: runs tasks sent by its parent, one at a time, until told to stop.
 
-Started as ``python -m aotpipe.executors.worker READ_FD WRITE_FD THREADS PARENT_PID``. It speaks with its
+Started as ``python -m aotpipe.executors.worker READ_FD WRITE_FD THREADS PARENT_PID``; THREADS
+is an intra-op thread count, or ``/N`` for torch's default count divided by N (at least 1),
+0 for torch's default. It speaks with its
 parent over two pipes (multiprocessing connections): it says ``("ready",)`` once its imports
 are done, then for each task it receives (a picklable callable) it answers ``("done", value)``
 or, if the callable raised, ``("raised", one line, traceback)``. End of input: it exits.
@@ -32,8 +34,15 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def intra_op_threads(arg: str, default: int) -> int:
+    """The worker's intra-op thread count from its THREADS argument and torch's default."""
+    if arg.startswith("/"):
+        return max(1, default // max(1, int(arg[1:])))
+    return int(arg) if int(arg) > 0 else default
+
+
 def main(argv: list[str]) -> int:
-    read_fd, write_fd, threads = int(argv[0]), int(argv[1]), int(argv[2])
+    read_fd, write_fd, threads = int(argv[0]), int(argv[1]), argv[2]
     if len(argv) > 3:
         _die_with_parent(int(argv[3]))
     faulthandler.enable()
@@ -43,8 +52,7 @@ def main(argv: list[str]) -> int:
 
     import aotpipe.job  # noqa: F401
 
-    if threads > 0:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(intra_op_threads(threads, torch.get_num_threads()))
     conn_out.send(("ready",))
     while True:
         try:

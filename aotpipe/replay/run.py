@@ -1,16 +1,21 @@
 """Replay: run a saved graph and compare it with what capture recorded.
 
+- :func:`replay` runs an artefact's graphs at the intra-op thread count its outputs were
+  recorded at (manifest.environment) unless told another;
 - :func:`replay_graph` binds inputs (saved or random), runs the graph, copies mutated
   inputs back, re-expands de-duplicated outputs and compares with the recorded outputs:
-  bit for bit (their digests, or their values where stored); on another device, within
-  float noise of the same graph replayed on the CPU. On a mismatch it interprets the graph
-  node by node and names the first node that departs from the trace recorded at capture.
+  bit for bit (their digests, or their values where stored) in the recorded environment;
+  where CPU capability, torch, thread count or device differ, by each output's evidence
+  (aotpipe.evidence: "close" within its element-wise bound). Every error it reports is
+  element-wise. On a mismatch it interprets the graph node by node and names the first
+  node that departs from the trace recorded at capture.
 - :func:`replay_chain` runs forward then backward and checks the gradients against the
   joint graph's and, when the source can be rebuilt, the eager model's.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +24,13 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from aotpipe import accuracy
+from aotpipe import accuracy, evidence
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
 from aotpipe.artifact.records import InputsRecord, OutputRecord, Partition
 from aotpipe.devices import move_inputs, parse_device, to_device
 from aotpipe.errors import ArtifactError, exception_line
+from aotpipe.determinism import environment as current_environment
+from aotpipe.determinism import environment_differences, intra_op_threads
 from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.replay.eager import artifact_loss, median_seconds, rebuild_model
 from aotpipe.replay.inputs import _flatten_meta, get_inputs
@@ -54,8 +61,16 @@ def expand_outputs(record: InputsRecord, outputs: list[Any]) -> list[Any]:
     return out
 
 
-def first_divergence(ga: GraphArtifact, inputs: list[Any], rtol: float = 1e-6) -> Optional[str]:
-    """The first node whose value, shape, stride or dtype departs from the capture trace."""
+# How far a node's sampled sums may depart from the trace before it counts as diverging: on
+# the machine that recorded it (bits must match; a little slack for ops without a
+# deterministic kernel), and elsewhere (float noise from other orders of summation).
+SAME_RTOL = 1e-6
+ELSEWHERE_RTOL = 1e-4
+
+
+def first_divergence(ga: GraphArtifact, inputs: list[Any], rtol: float = SAME_RTOL) -> Optional[str]:
+    """The first node whose value, shape, stride or dtype departs from the capture trace (the
+    sums of the same sampled elements, more than `rtol` of their absolute sum apart)."""
     if not ga.trace or not isinstance(ga.module, torch.fx.GraphModule):
         return None
     recorded = {k: (v.model_dump() if v is not None else None) for k, v in ga.trace.nodes.items()}
@@ -69,11 +84,41 @@ def first_divergence(ga: GraphArtifact, inputs: list[Any], rtol: float = 1e-6) -
         for a, r in pairs:
             if a is None or r is None:
                 continue
-            why = accuracy.summary_departs(a, r, rtol)
+            why = _departs(a, r, rtol)
             if why:
-                target = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+                target = "graph input" if n.op == "placeholder" else n.target if isinstance(n.target, str) \
+                    else getattr(n.target, "__name__", str(n.target))
                 return f"{n.name} ({target}): {why}"
     return None
+
+
+def _departs(now: dict[str, Any], recorded: dict[str, Any], rtol: float) -> Optional[str]:
+    """How a node's summary departs from the recorded one: layout, or the sums of its sampled
+    elements (the same elements in both) more than `rtol` of their absolute sum apart."""
+    why = accuracy.summary_departs(now, recorded, rtol)
+    if why is None or why.split()[0] not in ("sum", "abs_sum"):
+        return why
+    key = why.split()[0]
+    what = "sum" if key == "sum" else "absolute sum"
+    return f"{what} of its sampled elements {now[key]:.9g}, recorded {recorded[key]:.9g}"
+
+
+@dataclass
+class OutputError:
+    """An output's element-wise difference from what was recorded, over `elements` of its
+    `numel` elements (all of them where the value was stored, else the evidence's sample)."""
+
+    output: str
+    max_abs_error: float
+    elements: int
+    numel: int
+    bound: Optional[float] = None  # where judged by evidence: the largest error that passes
+
+    def line(self) -> str:
+        over = f"all {self.numel} elements" if self.elements == self.numel else \
+            f"{self.elements} sampled elements of {self.numel}"
+        bound = "" if self.bound is None else f", bound {self.bound:.3g}"
+        return f"{self.output}: max abs error {self.max_abs_error:.3g} over {over}{bound}"
 
 
 @dataclass
@@ -81,9 +126,12 @@ class GraphReplay:
     """The outcome of replaying one graph."""
 
     kind: str
-    status: str  # match (bit-exact) | close (within float noise, on another device) | mismatch | ran | error
+    # match: bit for bit, where it was made. close: where bits cannot match (`environment`
+    # says why), every output within its evidence's bound. mismatch | ran (nothing to
+    # compare with: random inputs) | error.
+    status: str
     inputs: str  # saved | random
-    max_abs_error: Optional[float] = None
+    max_abs_error: Optional[float] = None  # element-wise, the largest of `errors`
     mismatches: list[str] = field(default_factory=list)
     first_divergence: Optional[str] = None
     mutated: list[str] = field(default_factory=list)
@@ -91,52 +139,134 @@ class GraphReplay:
     bench_seconds: Optional[float] = None
     eager_bench_seconds: Optional[float] = None
     error: Optional[str] = None
+    environment: list[str] = field(default_factory=list)  # why bits cannot match here; empty: they must
+    errors: list[OutputError] = field(default_factory=list)  # per output that differs: element-wise figures
+    bit_identical: Optional[bool] = None  # every output's digest matched
 
     @property
     def ok(self) -> bool:
         return self.status in ("match", "close", "ran")
 
+    @property
+    def verdict(self) -> str:
+        """The status as people read it: "close (2 threads, recorded 1)"."""
+        return f"{self.status} ({'; '.join(self.environment)})" if self.environment and \
+            self.status in ("close", "mismatch") else self.status
+
+    def worst(self) -> Optional[OutputError]:
+        """The output nearest its bound (or with the largest error, where there is no bound)."""
+        def key(e: OutputError) -> float:
+            if e.bound is None:
+                return e.max_abs_error
+            return e.max_abs_error / e.bound if e.bound else (0.0 if e.max_abs_error == 0 else math.inf)
+        return max(self.errors, key=key, default=None)
+
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        if d["max_abs_error"] == float("inf"):
-            d["max_abs_error"] = "inf"
-        return d
+        d["errors"] = [_finite(dict(e.__dict__)) for e in self.errors]
+        return _finite(d)
+
+
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    for k in ("max_abs_error", "bound"):
+        if isinstance(d.get(k), float) and math.isinf(d[k]):
+            d[k] = "inf"
+    return d
 
 
 def _label(i: int, rec: OutputRecord) -> str:
     return f"output {i} ({rec.role}{' ' + rec.target if rec.target else ''})"
 
 
-def compare_recorded(record: InputsRecord, actual: list[Any], expected: list[Expected]) -> tuple[list[str], float]:
-    """Problems of `actual` against the recorded outputs (bit for bit), and the worst known error."""
-    problems, worst = [], 0.0
+def _numel(rec: OutputRecord, a: Any) -> int:
+    if rec.shape is not None:
+        return math.prod(rec.shape)
+    return a.numel() if isinstance(a, torch.Tensor) else 1
+
+
+def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expected],
+                     elsewhere: bool = False) -> tuple[list[str], list[OutputError], bool]:
+    """(problems, element-wise errors of the outputs that differ, whether every digest matched)
+    of `actual` against the recorded outputs.
+
+    Where it was made (`elsewhere` false), bit for bit: a digest that differs is a problem,
+    and its error is measured over the evidence's sampled elements (format version 3) or,
+    where the value was stored, over all of them. Elsewhere, each output that differs is
+    judged by its evidence (aotpipe.evidence): within its element-wise bound it is close."""
+    record = ga.record
+    problems: list[str] = []
+    errors: list[OutputError] = []
+    identical = True
     if len(actual) != len(expected):
-        return [f"{len(actual)} outputs, recorded {len(expected)}"], float("inf")
+        return [f"{len(actual)} outputs, recorded {len(expected)}"], [], False
     for i, (a, e, rec) in enumerate(zip(actual, expected, record.outputs)):
+        what = _label(i, rec)
         if isinstance(a, torch.Tensor) and rec.stride is not None and a.numel() > 1:
             if any(st != rs and sz > 1 for st, rs, sz in zip(a.stride(), rec.stride, a.shape)):
                 problems.append(f"output {i}: stride {list(a.stride())} != recorded {rec.stride}")
         if e.has_value:
-            if e.spread is not None and isinstance(a, torch.Tensor) and isinstance(e.value, torch.Tensor):
-                err = accuracy.max_abs_error(a, e.value)
-                if err > 2 * e.spread:  # an op without a deterministic kernel: within its measured spread
-                    worst = max(worst, err)
-                    problems.append(f"{_label(i, rec)}: max abs error {err:.3g}, over twice the run-to-run "
+            if accuracy.exact_equal(a, e.value):
+                continue
+            identical = False
+            if not (isinstance(a, torch.Tensor) and isinstance(e.value, torch.Tensor)):
+                problems.append(f"{what}: {a!r}, recorded {e.value!r}")
+                continue
+            err = accuracy.max_abs_error(a, e.value)
+            if e.spread is not None and not elsewhere:
+                bound = 2 * e.spread  # an op without a deterministic kernel: within its measured spread
+                errors.append(OutputError(what, err, a.numel(), a.numel(), bound))
+                if err > bound:
+                    problems.append(f"{what}: max abs error {err:.3g}, over twice the run-to-run "
                                     f"spread {e.spread:.3g} measured at capture")
-            elif not accuracy.exact_equal(a, e.value):
-                err = accuracy.max_abs_error(a, e.value)
-                worst = max(worst, err)
-                problems.append(f"{_label(i, rec)}: max abs error {err:.3g}")
+            elif elsewhere and a.shape == e.value.shape and a.dtype == e.value.dtype:
+                ev = e.evidence
+                bound = ev.bound if ev is not None else evidence.bound(e.value, None)[0]
+                bound = max(bound or 0.0, 2 * (e.spread or 0.0))
+                errors.append(OutputError(what, err, a.numel(), a.numel(), bound))
+                if err > bound:
+                    problems.append(f"{what}: max abs error {err:.3g} over all {a.numel()} elements, "
+                                    f"over the bound {bound:.3g}")
+            else:
+                errors.append(OutputError(what, err, a.numel(), a.numel()))
+                problems.append(f"{what}: not bit-identical to the recorded output; max abs error {err:.3g} "
+                                f"over all {a.numel()} elements")
         elif e.digest is not None:
             if not isinstance(a, torch.Tensor):
-                problems.append(f"{_label(i, rec)}: {type(a).__name__}, recorded a tensor")
-                worst = float("inf")
-            elif accuracy.digest(a) != e.digest:
-                now = accuracy.summary(a)
-                detail = f"sum {now['sum']:.8g} (recorded {e.summary['sum']:.8g})" if e.summary and now else ""
-                worst = max(worst, abs(now["sum"] - e.summary["sum"]) if e.summary and now else float("inf"))
-                problems.append(f"{_label(i, rec)}: not bit-identical to the recorded output; {detail}".rstrip("; "))
-    return problems, worst
+                problems.append(f"{what}: {type(a).__name__}, recorded a tensor")
+                identical = False
+                continue
+            if accuracy.digest(a) == e.digest:
+                continue
+            identical = False
+            if e.evidence is not None:
+                j = evidence.judge(a, e.evidence, ga.blobs.get(e.evidence.blob), _numel(rec, a))
+                if j.max_abs_error is not None:
+                    errors.append(OutputError(what, j.max_abs_error, j.count, _numel(rec, a),
+                                              j.bound if elsewhere else None))
+                if not elsewhere:
+                    figure = (f"; max abs error {j.max_abs_error:.3g} over {j.count} sampled elements of "
+                              f"{_numel(rec, a)}" if j.max_abs_error is not None else f"; {j.detail}")
+                    problems.append(f"{what}: not bit-identical to the recorded output{figure}")
+                elif not j.passed:
+                    problems.append(f"{what}: {j.detail}")
+            elif elsewhere:
+                problems.append(f"{what}: not bit-identical, and the artefact records no evidence to judge it "
+                                "by elsewhere (format version < 3): replay it where it was made")
+            else:
+                problems.append(f"{what}: not bit-identical to the recorded output{_sampled_sums(a, e)}")
+    return problems, errors, identical
+
+
+def _sampled_sums(a: torch.Tensor, e: Expected) -> str:
+    """The recorded summary (version 2) beside the same summary of `a`: sums of the same
+    sampled elements, never a whole tensor's sum beside a sample's."""
+    if not e.summary:
+        return ""
+    now = accuracy.sampled_summary(a)
+    if now is None:
+        return ""
+    why = accuracy.summary_departs(now, e.summary, 0.0)
+    return f"; over the same sampled elements: {why}" if why else ""
 
 
 def replay_graph(
@@ -146,9 +276,14 @@ def replay_graph(
     seed: int = 0,
     device: Optional[str] = None,
     bench: int = 0,
+    environment: Optional[list[str]] = None,
 ) -> GraphReplay:
-    """Replay one graph and compare it with its recorded outputs (saved inputs only)."""
-    result = GraphReplay(ga.name, "error", inputs)
+    """Replay one graph and compare it with its recorded outputs (saved inputs only).
+
+    `environment`: why bits cannot match here (determinism.environment_differences; replay()
+    works it out from the manifest). Empty or None: the outputs must match their digests bit
+    for bit. Otherwise they are judged by their evidence: "close" within its bounds."""
+    result = GraphReplay(ga.name, "error", inputs, environment=list(environment or []))
     try:
         if device is not None:
             dev = parse_device(device)
@@ -178,21 +313,27 @@ def replay_graph(
             result.mismatches = [f"{len(outs)} outputs, recorded {len(ga.record.outputs)}"]
             return result
         on_cpu = device is None or dev.type == "cpu"
-        if inputs == "saved" and on_cpu:
-            problems, worst = compare_recorded(ga.record, outs, ga.expected_outputs())
-            result.max_abs_error = worst
+        expected = ga.expected_outputs() if inputs == "saved" else []
+        by_evidence = all(e.evidence is not None or e.has_value or e.digest is None for e in expected)
+        if inputs == "saved" and (on_cpu or (dev.type != "meta" and by_evidence)):
+            elsewhere = bool(result.environment)
+            problems, errors, identical = compare_recorded(ga, [_cpu(o) for o in outs], expected, elsewhere)
+            result.errors, result.bit_identical = errors, identical
+            result.max_abs_error = max((e.max_abs_error for e in errors), default=0.0 if identical else None)
             result.mismatches = problems
-            result.status = "mismatch" if problems else "match"
+            result.status = "mismatch" if problems else ("close" if elsewhere else "match")
             if problems:
-                result.first_divergence = first_divergence(ga, ga.saved_inputs())
+                result.first_divergence = first_divergence(ga, ga.saved_inputs(),
+                                                           ELSEWHERE_RTOL if elsewhere else SAME_RTOL)
         elif inputs == "saved" and dev.type != "meta":
-            # Another device runs other kernels: compare with the CPU replay, within float noise.
+            # No evidence recorded (format version < 3): compare with the CPU replay, within float noise.
             cpu = expand_outputs(ga.record, run_graph(ga.module, cpu_values))
-            checks = [accuracy.compare(a.cpu() if isinstance(a, torch.Tensor) else a, e, what=_label(i, rec),
-                                       rel_floor=1e-4)
+            checks = [accuracy.compare(_cpu(a), e, what=_label(i, rec), rel_floor=1e-4)
                       for i, (a, e, rec) in enumerate(zip(outs, cpu, ga.record.outputs))]
-            result.max_abs_error = max((accuracy.max_abs_error(a.cpu(), e) for a, e in zip(outs, cpu)
-                                        if isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor)), default=0.0)
+            result.errors = [OutputError(_label(i, rec), accuracy.max_abs_error(a.cpu(), e), a.numel(), a.numel())
+                             for i, (a, e, rec) in enumerate(zip(outs, cpu, ga.record.outputs))
+                             if isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor)]
+            result.max_abs_error = max((e.max_abs_error for e in result.errors), default=0.0)
             result.mismatches = [c.line() for c in checks if not c.passed]
             result.status = "mismatch" if result.mismatches else "close"
         else:
@@ -215,6 +356,16 @@ def replay_graph(
     return result
 
 
+def _cpu(x: Any) -> Any:
+    return x.cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu" else x
+
+
+def recorded_threads(art: Artifact) -> Optional[int]:
+    """The intra-op threads an artefact's reference outputs were recorded at (None: not recorded)."""
+    env = art.manifest.environment
+    return env.threads if env is not None else None
+
+
 def replay(
     path: str | Path | Artifact,
     *,
@@ -224,16 +375,32 @@ def replay(
     device: Optional[str] = None,
     bench: int = 0,
     trust_code: bool = False,
+    threads: Optional[int] = None,
 ) -> list[GraphReplay]:
-    """Replay the graphs of an artefact (all, or those named); see replay_graph."""
+    """Replay the graphs of an artefact (all, or those named); see replay_graph.
+
+    They run at `threads` intra-op threads, by default the count the artefact's outputs were
+    recorded at (manifest.environment), so that on the machine that made it they match bit
+    for bit whatever executor made it. Where the environment differs from the recorded one
+    (CPU capability, torch, threads, device), outputs are judged by their evidence."""
     art = path if isinstance(path, Artifact) else load(path, trust_code=trust_code)
     kinds = graphs or list(art.graphs)
     unknown = [k for k in kinds if k not in art.graphs]
     if unknown:
         raise ArtifactError(f"{art.path}: no {', '.join(unknown)} graph; it has {', '.join(art.graphs)}")
+    if threads is not None and threads < 1:
+        raise ArtifactError(f"--threads must be at least 1, got {threads}")
     if inputs == "saved" and not all(art.graphs[k].has_saved_values for k in kinds):
         inputs = "random"  # captured with save_inputs: false
-    return [replay_graph(art.graphs[k], inputs=inputs, seed=seed, device=device, bench=bench) for k in kinds]
+    recorded = art.manifest.environment
+    with intra_op_threads(threads if threads is not None else recorded_threads(art)):
+        try:
+            dev = "cpu" if device is None else parse_device(device).type
+        except ValueError as e:
+            raise ArtifactError(f"--device: {e}") from None
+        differs = environment_differences(recorded.model_dump() if recorded else None, current_environment(dev))
+        return [replay_graph(art.graphs[k], inputs=inputs, seed=seed, device=device, bench=bench,
+                             environment=differs) for k in kinds]
 
 
 @dataclass
@@ -280,8 +447,10 @@ def chain_key(subgraph: int) -> str:
     return "chain" if subgraph == 0 else f"chain_{subgraph}"
 
 
-def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, trust_code: bool = False) -> ChainReplay:
-    """Run forward on saved inputs, feed its saved activations to backward, check the gradients.
+def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, trust_code: bool = False,
+                 threads: Optional[int] = None) -> ChainReplay:
+    """Run forward on saved inputs, feed its saved activations to backward, check the gradients,
+    at `threads` intra-op threads (default: the count recorded in the manifest).
 
     Gradients must equal the joint graph's bit for bit, and the rebuilt eager model's under
     the fp64-reference rule of :mod:`aotpipe.accuracy`. Graphs that do not run give status
@@ -290,6 +459,11 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, tr
     gradients are those of the whole model, so they are compared only when it has one subgraph.
     """
     art = path if isinstance(path, Artifact) else load(path)
+    with intra_op_threads(threads if threads is not None else recorded_threads(art)):
+        return _replay_chain(art, rebuild_source, trust_code)
+
+
+def _replay_chain(art: Artifact, rebuild_source: bool, trust_code: bool) -> ChainReplay:
     chains = {i: keys for i, keys in art.subgraph_keys().items() if {"forward", "backward", "joint"} <= set(keys)}
     if not chains:
         have = art.subgraph_keys().get(0, {})

@@ -75,8 +75,9 @@ class ReplayOutcome:
 
 
 def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str = "saved", seed: int = 0,
-                   device: Optional[str] = None, bench: int = 0, chain: bool = False, trust_code: bool = False,
-                   trust_ops: Sequence[str] = (), worker: Optional["Worker"] = None) -> ReplayOutcome:
+                   device: Optional[str] = None, bench: int = 0, chain: bool = False,
+                   threads: Optional[int] = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
+                   worker: Optional["Worker"] = None) -> ReplayOutcome:
     """Load the artefact at `path` and replay it in this process (see ``aotpipe replay``).
 
     Runs the graphs here: only for artefacts you trust. `worker`: the sandboxed worker
@@ -94,7 +95,8 @@ def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str 
     kinds = list(graphs)
     if not kinds and (p / "graph.json").exists():
         kinds = [k for k, g in art.graphs.items() if g.folder.resolve() == p.resolve()]
-    results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench)
+    results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench,
+                            threads=threads)
     if bench:
         for r in results:
             if worker is not None:
@@ -102,7 +104,7 @@ def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str 
             r.eager_bench_seconds = eager_bench(art, r.kind.split(".")[0], bench, trust_code=trust_code)
     if chain and worker is not None:
         worker.mark("while making the chain's inputs")
-    chained = replay_chain(art, trust_code=trust_code) if chain else None
+    chained = replay_chain(art, trust_code=trust_code, threads=threads) if chain else None
     no_eager = None
     if bench or chain:
         from aotpipe.sources import rebuild_refusal
@@ -118,7 +120,7 @@ def replay_task(args: dict[str, Any], worker: "Worker") -> dict[str, Any]:
 
 def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: str = "saved", seed: int = 0,
                      device: Optional[str] = None, bench: int = 0, chain: bool = False,
-                     trust_code: bool = False, trust_ops: Sequence[str] = (),
+                     threads: Optional[int] = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
                      limits: Optional["SandboxLimits"] = None) -> ReplayOutcome:
     """:func:`replay_outcome` in a sandboxed worker: the way to replay an artefact you do
     not trust. Needs bubblewrap (bwrap); a crash, a memory corruption or a limit overrun
@@ -130,7 +132,8 @@ def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: st
                            "trust, sign it and pass --key KEY, or pass --no-sandbox")
     where = os.path.abspath(path)
     args = {"path": where, "graphs": list(graphs), "inputs": inputs, "seed": seed, "device": device,
-            "bench": bench, "chain": chain, "trust_code": trust_code, "trust_ops": list(trust_ops)}
+            "bench": bench, "chain": chain, "threads": threads, "trust_code": trust_code,
+            "trust_ops": list(trust_ops)}
     # The results are rebuilt as aotpipe.replay's types, which import torch: import it here
     # while the worker starts (its own import of torch is most of the sandbox's overhead).
     importing = threading.Thread(target=importlib.import_module, args=("aotpipe.replay.run",), daemon=True)

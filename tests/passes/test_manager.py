@@ -138,6 +138,7 @@ def test_folded_constants_are_stored_once(quickstart_run):
     for ij in model.rglob("inputs.json"):
         rec = json.loads(ij.read_text())
         refs += [s["blob"] for s in rec["storages"] if s["blob"]] + [o["blob"] for o in rec["outputs"] if o["blob"]]
+        refs += [o["evidence"]["blob"] for o in rec["outputs"] if o.get("evidence")]  # replay's evidence samples
     blobs = {p.stem for p in (model / "blobs").iterdir()}
     assert set(refs) == blobs
     assert len(refs) > len(blobs)  # weights shared by the raw graphs' inputs and the frozen graph's constants

@@ -1,0 +1,73 @@
+"""Evidence: the sampled values, statistics and element-wise bound replays elsewhere are judged by."""
+
+import math
+from types import SimpleNamespace
+
+import torch
+
+from aotpipe import accuracy, evidence
+
+
+def fields(t, eager_error=None):
+    values, f = evidence.record(t, eager_error)
+    return values, SimpleNamespace(**f)
+
+
+def test_sample_is_every_kth_element_in_row_major_order_whatever_the_layout():
+    t = torch.randn(64, 48)
+    idx = evidence.sample_indices(t.numel())
+    assert idx.numel() == evidence.SAMPLE and idx[1] == t.numel() // evidence.SAMPLE
+    assert torch.equal(evidence.sample(t), t.reshape(-1)[idx])
+    assert torch.equal(evidence.sample(t.t().contiguous().t()), evidence.sample(t))  # strides do not matter
+    small = torch.randn(5, 7)
+    assert torch.equal(evidence.sample(small), small.reshape(-1))  # small outputs: every element
+
+
+def test_statistics_are_of_the_sampled_elements():
+    t = torch.randn(300, 300)
+    values, f = fields(t)
+    assert f.count == evidence.SAMPLE
+    assert f.sum == float(values.double().sum()) and f.abs_sum == float(values.double().abs().sum())
+    assert f.sum != float(t.double().sum())
+
+
+def test_bound_uses_eagers_float64_error_where_measured_else_the_floor():
+    t = torch.randn(1000)
+    fl, m = accuracy.floor(t), accuracy.multiplier(t.dtype, t.numel())
+    _, measured = fields(t, eager_error=1e-4)
+    assert measured.bound_from == "fp64" and math.isclose(measured.bound, evidence.TAIL * 2 * (m * 1e-4 + fl))
+    _, floor = fields(t)
+    assert floor.bound_from == "floor" and math.isclose(floor.bound, evidence.TAIL * 2 * (m * fl + fl))
+    _, ints = fields(torch.arange(10))
+    assert ints.bound is None
+
+
+def test_an_element_beyond_the_bound_fails_with_its_elementwise_error():
+    t = torch.randn(200, 100)
+    values, f = fields(t)
+    near = t.clone()
+    near.view(-1)[evidence.sample_indices(t.numel())[7]] += f.bound / 2
+    ok = evidence.judge(near, f, values, t.numel())
+    assert ok.passed and math.isclose(ok.max_abs_error, f.bound / 2, rel_tol=1e-3)
+    far = t.clone()
+    far.view(-1)[evidence.sample_indices(t.numel())[7]] += 0.25
+    bad = evidence.judge(far, f, values, t.numel())
+    assert not bad.passed and math.isclose(bad.max_abs_error, 0.25, rel_tol=1e-5)
+    assert f"max abs error {bad.max_abs_error:.3g} over {evidence.SAMPLE} sampled elements" in bad.detail
+    assert f"recorded {f.sum:.8g}" in bad.detail  # the sum of the same elements
+
+
+def test_integers_must_be_equal_and_nans_stay_in_place():
+    t = torch.arange(50)
+    values, f = fields(t)
+    other = t.clone()
+    other[3] += 1
+    j = evidence.judge(other, f, values, t.numel())
+    assert not j.passed and "1 of 50 sampled elements differ" in j.detail
+    x = torch.randn(20)
+    x[4] = float("nan")
+    values, f = fields(x)
+    assert evidence.judge(x.clone(), f, values, 20).passed
+    moved = x.clone()
+    moved[4], moved[5] = 0.0, float("nan")
+    assert "NaN or inf in other places" in evidence.judge(moved, f, values, 20).detail
