@@ -43,6 +43,7 @@ EXTRAS = {
     "aten.sym_storage_offset.default": "a symbolic storage offset",
     "aten.reshape.default": "left by export's non-strict mode (a view or a copy; checks its sizes)",
     "aten.histc.default": "a mixture-of-experts router's expert counts (bins bounded by the precheck)",
+    "aten.put.default": "Tensor.put_ (no deterministic kernel; its CPU kernel refuses indices out of range)",
 }
 
 

@@ -183,8 +183,8 @@ def test_missing_bwrap_is_one_line_saying_how_to_install_it(quickstart_run, monk
 
 def test_an_artefact_signed_by_a_trusted_key_replays_in_process(mlp_copy, monkeypatch, tmp_path):
     key, other = tmp_path / "key", tmp_path / "other"
-    key.write_bytes(b"k" * 32)
-    other.write_bytes(b"o" * 32)
+    key.write_bytes(b"k" * 64)
+    other.write_bytes(b"o" * 64)
     assert CliRunner().invoke(main, ["sign", str(mlp_copy), "--key", str(key)]).exit_code == 0
     # No bwrap here: a replay that reached for the sandbox would fail with the install message.
     _no_bwrap_on_path(monkeypatch, tmp_path)
