@@ -26,34 +26,51 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.determinism import RunLog, run_reproducibly
 from aotpipe.errors import exception_line
+from aotpipe.modes import DEFAULT_LOSS, LOSSES
 
 
 class NoLossError(ValueError):
     """The model's output has no floating-point tensor to build a loss from."""
 
 
-LOSSES = ("sum", "mean")  # the `loss:` setting: what reduces each floating-point output
+def output_weights(t: torch.Tensor) -> torch.Tensor:
+    """The fixed, non-uniform weights of `t`'s elements in the "weighted" loss, in `t`'s dtype.
+
+    Element (i_0, ..., i_{n-1}) weighs 1 + sum over d of ((3 i_d + d) mod 7) / 8: it varies
+    along every dimension, so no normalisation (rows summing to zero, a batch norm's mean)
+    makes the weighted sum constant. Built from one arange per dimension and broadcast, in the
+    graph itself (no stored constant); every value is a multiple of 1/8 below 8, exact in
+    every floating dtype, so every machine and the float64 reference get the same weights.
+    """
+    w = torch.ones((), dtype=t.dtype, device=t.device)
+    for d, size in enumerate(t.shape):
+        v = (torch.arange(size, device=t.device) * 3 + d) % 7
+        shape = [1] * t.dim()
+        shape[d] = size
+        w = w + v.to(t.dtype).reshape(shape) * 0.125
+    return w
 
 
-def model_loss(out: Any, kind: str = "sum") -> torch.Tensor:
-    """The training loss capture differentiates: over every floating-point output, the sum of
-    its elements' sums ("sum") or of their means ("mean": the seed of each gradient is
-    1/numel, as a mean-reduced training loss has, and a big vocabulary's logits stay small)."""
+def model_loss(out: Any, kind: str = DEFAULT_LOSS) -> torch.Tensor:
+    """The training loss capture differentiates, over every floating-point output: the sum
+    of its elements weighted by :func:`output_weights` ("weighted", the default), their sum
+    ("sum"), or their mean ("mean": the seed of each gradient is 1/numel, as a mean-reduced
+    training loss has, and a big vocabulary's logits stay small)."""
     if kind not in LOSSES:
         raise ValueError(f"unknown loss {kind!r}; one of {', '.join(LOSSES)}")
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not leaves:
         raise NoLossError("the model has no floating-point output to build a loss from")
-    reduce = torch.Tensor.sum if kind == "sum" else torch.Tensor.mean
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        if kind == "weighted":
+            return (t * output_weights(t)).sum()
+        return t.sum() if kind == "sum" else t.mean()
+
     loss = reduce(leaves[0])
     for t in leaves[1:]:
         loss = loss + reduce(t)
     return loss
-
-
-def sum_loss(out: Any) -> torch.Tensor:
-    """The default training loss: the sum of every floating-point output."""
-    return model_loss(out, "sum")
 
 
 def model_state(model: torch.nn.Module, constants: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
@@ -125,7 +142,7 @@ class EagerReference:
 
     def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict,
                  constants: Optional[dict[str, torch.Tensor]] = None, user_names: Optional[list[str]] = None,
-                 loss: str = "sum", skip_input_views: bool = False):
+                 loss: str = DEFAULT_LOSS, skip_input_views: bool = False):
         self.model, self.args, self.kwargs = model, args, kwargs
         self.loss = loss  # the training loss, as capture differentiated it (model_loss)
         # A dynamo subgraph's: outputs that are views of its inputs are left out of the loss.

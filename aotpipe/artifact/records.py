@@ -292,6 +292,14 @@ class CheckTotals(Record):
     failed: Count
     skipped: Count
     indirect: Count = 0  # held through other graphs (e.g. joint = forward then backward)
+    # version 3: how the run checks were settled (accuracy.compare's method; they add up to
+    # `run`): compared exactly (integers, shapes, None), within the float-noise floor of
+    # eager float32, or by the float64 rule; and of those, how many where eager float32 has
+    # no correct digit (the value is zero in exact arithmetic), held to eager's own noise.
+    exact: Optional[Count] = None
+    floor: Optional[Count] = None
+    fp64: Optional[Count] = None
+    within_noise: Optional[Count] = None
 
 
 class GraphChecks(CheckTotals):

@@ -57,7 +57,7 @@ from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphBreak, Par
 from aotpipe.determinism import run_reproducibly
 from aotpipe.errors import CaptureError, exception_line
 from aotpipe.graph_keys import graph_key, key_order
-from aotpipe.modes import DYNAMO_OPTIONS
+from aotpipe.modes import DEFAULT_LOSS, DYNAMO_OPTIONS
 
 MODE = "dynamo"
 # How this mode captures; recorded in the manifest and part of the fingerprint.
@@ -592,7 +592,8 @@ def subgraph_references(captured: CapturedGraphs) -> dict[int, Any]:
         by_mode = {}
         for mode, (module, values) in sg.reference.items():
             names = _names_of(captured, sg, mode, values)
-            by_mode[mode] = EagerReference(module, tuple(values), {}, None, names, skip_input_views=True)
+            # the joint takes a tangent of ones per output: the gradient of their plain sum
+            by_mode[mode] = EagerReference(module, tuple(values), {}, None, names, loss="sum", skip_input_views=True)
         out[sg.index] = SubgraphReference(by_mode)
     return out
 
@@ -614,7 +615,7 @@ def capture_auto(
     graphs: list[str],
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
-    loss: str = "sum",
+    loss: str = DEFAULT_LOSS,
 ) -> CapturedGraphs:
     """capture_export (differentiating `loss`), or where it fails, capture_dynamo (which has
     no loss: a tangent per output); the capture says why it fell back (CapturedGraphs.fallback,
