@@ -105,3 +105,41 @@ def test_each_loss_seeds_the_gradients_as_it_says(tmp_path, monkeypatch):
         bias_grad = next(g for g in grads if isinstance(g, torch.Tensor) and g.shape == (3,))
         torch.testing.assert_close(bias_grad, seed.sum(0))
     assert len({a.manifest.fingerprint for a in arts.values()}) == 3
+
+
+class Normalised(torch.nn.Module):
+    """Every output a LayerNorm's: rows sum to zero, so their sum is constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 32)
+        self.ln = torch.nn.LayerNorm(32, elementwise_affine=False)
+
+    def forward(self, x):
+        return self.ln(self.fc(x) * 100)
+
+
+def test_a_normalised_model_gets_real_gradients_from_the_weighted_loss(tmp_path, monkeypatch):
+    # With the sum loss every gradient is zero in exact arithmetic (float32 leaves rounding
+    # noise); with the weighted loss each is a real value, checked against eager.
+    monkeypatch.setitem(sys.modules, "loss_model", sys.modules[__name__])
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""
+        version: 1
+        name: l
+        defaults: {graphs: [forward, backward], save_values: full}
+        models:
+          - {name: weighted, source: "loss_model:Normalised", inputs: [{shape: [8, 16]}]}
+          - {name: by_sum, source: "loss_model:Normalised", inputs: [{shape: [8, 16]}], loss: sum}
+    """))
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress",
+                                  "--json", "--executor", "local"])
+    assert r.exit_code == 0, r.output
+    for m in json.loads(r.stdout)["models"]:
+        c = m["checks"]
+        assert c["failed"] == c["skipped"] == 0 and c["exact"] + c["floor"] + c["fp64"] == c["run"] == 3, m
+    rms = {}
+    for name in ("weighted", "by_sum"):
+        bw = load(tmp_path / "out" / "l" / name).graphs["backward"]
+        grads = dict(zip((o.target for o in bw.record.outputs), bw.reference_outputs()))
+        rms[name] = float(grads["fc.weight"].pow(2).mean().sqrt())
+    assert rms["by_sum"] < 1e-3 and rms["weighted"] > 1, rms
