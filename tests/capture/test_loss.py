@@ -143,3 +143,21 @@ def test_a_normalised_model_gets_real_gradients_from_the_weighted_loss(tmp_path,
         grads = dict(zip((o.target for o in bw.record.outputs), bw.reference_outputs()))
         rms[name] = float(grads["fc.weight"].pow(2).mean().sqrt())
     assert rms["by_sum"] < 1e-3 and rms["weighted"] > 1, rms
+
+
+@pytest.mark.parametrize("version", ["format_v1", "format_v2"])
+def test_an_older_artefact_is_replayed_with_the_loss_it_recorded(version, monkeypatch):
+    from pathlib import Path
+
+    import aotpipe.replay.run
+    from aotpipe.replay import replay_chain
+    from aotpipe.replay.eager import artifact_loss
+
+    art = load(Path(__file__).parent.parent / "data" / version / "mlp")
+    assert artifact_loss(art) == "sum"
+    chain = replay_chain(art)  # the eager model rebuilt, its gradients of the recorded loss
+    assert (chain.status, chain.eager_within_tolerance, chain.problems) == ("match", True, [])
+    # The default loss is another function: its gradients are not the artefact's.
+    monkeypatch.setattr(aotpipe.replay.run, "artifact_loss", lambda a: "weighted")
+    chain = replay_chain(art)
+    assert chain.eager_within_tolerance is False and "off the eager model: gradient of " in chain.problems[0]
