@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from aotpipe.determinism import RunLog, run_reproducibly
 from aotpipe.errors import exception_line
 from aotpipe.modes import DEFAULT_LOSS, LOSSES
+from aotpipe.tensors import loss_weights
 
 
 class NoLossError(ValueError):
@@ -34,21 +35,9 @@ class NoLossError(ValueError):
 
 
 def output_weights(t: torch.Tensor) -> torch.Tensor:
-    """The fixed, non-uniform weights of `t`'s elements in the "weighted" loss, in `t`'s dtype.
-
-    Element (i_0, ..., i_{n-1}) weighs 1 + sum over d of ((3 i_d + d) mod 7) / 8: it varies
-    along every dimension, so no normalisation (rows summing to zero, a batch norm's mean)
-    makes the weighted sum constant. Built from one arange per dimension and broadcast, in the
-    graph itself (no stored constant); every value is a multiple of 1/8 below 8, exact in
-    every floating dtype, so every machine and the float64 reference get the same weights.
-    """
-    w = torch.ones((), dtype=t.dtype, device=t.device)
-    for d, size in enumerate(t.shape):
-        v = (torch.arange(size, device=t.device) * 3 + d) % 7
-        shape = [1] * t.dim()
-        shape[d] = size
-        w = w + v.to(t.dtype).reshape(shape) * 0.125
-    return w
+    """The fixed, non-uniform weights of `t`'s elements in the "weighted" loss, in `t`'s dtype
+    (tensors.loss_weights: 1 + sum over dimensions d of ((3 i_d + d) mod 7) / 8)."""
+    return loss_weights(t.shape, t.dtype, t.device)
 
 
 def model_loss(out: Any, kind: str = DEFAULT_LOSS) -> torch.Tensor:

@@ -32,7 +32,8 @@ DYNAMO_OPTIONS: dict[str, Any] = {
     "dynamic": False,
     "decompositions": "core_aten",
     "partitioner": "default_partition",
-    "loss": "none (the joint takes a tangent of ones per differentiable output)",
+    "loss": "none (the joint takes a tangent per differentiable output)",
+    "tangents": "loss weights",  # each output's (tensors.loss_weights); artefacts without this key: ones
     "inference": "eval-mode no_grad compile, each subgraph exported",
     "sdpa_training_backend": "math",
 }

@@ -55,9 +55,10 @@ INPUT_SUFFIX = ".input"
 
 INPUT_ROLES = ("param", "buffer", "constant", "user", "tangent", "saved", "symint")
 OUTPUT_ROLES = ("user", "mutation", "saved", "grad", "none")
-# Where a replay takes an input's value from: a stored blob, ones (a tangent), or the
-# forward graph's outputs (a backward's saved activations).
-INPUT_SOURCES = ("blob", "ones", "forward")
+# Where a replay takes an input's value from: a stored blob, ones (a tangent), the loss
+# weights of its shape (a tangent, tensors.loss_weights; version 3), or the forward graph's
+# outputs (a backward's saved activations).
+INPUT_SOURCES = ("blob", "ones", "weights", "forward")
 VALUES_MODES = ("full", "minimal", "none")
 
 MAX_DIMS = 64  # torch's own limit on tensor dimensions

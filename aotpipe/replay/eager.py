@@ -41,7 +41,10 @@ def rebuild_model(art: Artifact, *, trust_code: bool = False) -> Optional[tuple[
 def artifact_loss(art: Artifact) -> str:
     """The training loss the artefact's graphs differentiate, as its capture options record it
     (sum where they record none: made before the `loss:` setting)."""
-    loss = art.manifest.capture.options.get("loss", "sum")
+    options = art.manifest.capture.options
+    if options.get("tangents") == "loss weights":  # dynamo: a tangent per output, its loss weights
+        return "weighted"
+    loss = options.get("loss", "sum")
     return loss if loss in LOSSES else "sum"
 
 
