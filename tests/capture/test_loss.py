@@ -161,3 +161,12 @@ def test_an_older_artefact_is_replayed_with_the_loss_it_recorded(version, monkey
     monkeypatch.setattr(aotpipe.replay.run, "artifact_loss", lambda a: "weighted")
     chain = replay_chain(art)
     assert chain.eager_within_tolerance is False and "off the eager model: gradient of " in chain.problems[0]
+
+
+def test_the_yaml_offers_the_losses_capture_knows_and_defaults_to_weighted():
+    from typing import get_args
+
+    from aotpipe.config import Defaults, Loss
+    from aotpipe.modes import DEFAULT_LOSS, LOSSES
+
+    assert get_args(Loss) == LOSSES and DEFAULT_LOSS == "weighted" == Defaults().loss
