@@ -17,9 +17,9 @@ Integer and bool outputs, shapes, dtypes and the places of NaN and inf must matc
 A value that is zero in exact arithmetic (its float64 value no larger than eager float32's
 error: eager has no correct digit) is held to the same form of bound, with a multiplier of
 :data:`NOISE_MULTIPLIER`: the graph's value must lie within eager's own noise of the float64
-value. No value passes whatever it is. The training
-loss is weighted (eager.model_loss) so that no gradient is zero merely because of the loss;
-some still are (a bias before a batch norm), and those are checked so.
+value, so no value passes whatever it is. The training loss is weighted (eager.model_loss)
+so that no gradient is zero merely because of the loss; some still are (a bias before a
+batch norm), and those are checked so.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ class Wide(torch.nn.Module):
         return self.fc(x)
 
 
-def test_a_gradient_wrong_by_a_few_ulps_hundred_is_caught_by_the_float64_rule(tmp_path, monkeypatch):
+def test_a_gradient_wrong_by_4e_5_is_caught_only_by_the_float64_rule(tmp_path, monkeypatch):
     # fc.weight's gradient scaled by 1 + 4e-5: over the float-noise floor (1e-5 of its RMS),
     # so the float64 reference is asked for, and far over eager float32's own error against
     # it. A loose element-wise check (rtol = atol = 1e-4) would pass it.
