@@ -62,6 +62,11 @@ def model_loss(out: Any, kind: str = DEFAULT_LOSS) -> torch.Tensor:
     return loss
 
 
+def sum_loss(out: Any) -> torch.Tensor:
+    """The sum of every floating-point output (`loss: sum`; tools/hf_zoo.py's eager screen)."""
+    return model_loss(out, "sum")
+
+
 def model_state(model: torch.nn.Module, constants: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
     """Parameters, buffers (all names, tied ones too) and lifted constants, detached."""
     out = {n: p.detach() for n, p in model.named_parameters(remove_duplicate=False)}
