@@ -14,12 +14,12 @@ holds already (triangle inequality: rmse(graph, fp64) <= rmse(graph, eager32) +
 rmse(eager32, fp64) <= floor + rmse(eager32, fp64)), so most outputs never need it.
 Integer and bool outputs, shapes, dtypes and the places of NaN and inf must match exactly.
 
-A value that is zero in exact arithmetic cannot be checked this way: eager float32 is then
-rounding noise with no correct digit (its error is as large as the float64 value itself),
-and a graph's noise, from other operation orders, is as right. The comparison says so
-(method ``no_signal``) instead of passing or failing it by chance. The usual case: every
-gradient of a loss that is constant, as the sum of a model's outputs is when each output
-is a LayerNorm's (whose rows sum to zero) or an average of such.
+A value that is zero in exact arithmetic (its float64 value no larger than eager float32's
+error: eager has no correct digit) is held to the same form of bound, with a multiplier of
+:data:`NOISE_MULTIPLIER`: the graph's value must lie within eager's own noise of the float64
+value, so no value passes whatever it is. The training loss is weighted (eager.model_loss)
+so that no gradient is zero merely because of the loss; some still are (a bias before a
+batch norm), and those are checked so.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class Check:
 
     what: str
     passed: bool
-    method: str  # exact | floor | fp64 | none | no_signal
+    method: str  # exact | floor | fp64 | none (None against None)
     error: Optional[float] = None  # the graph's RMSE against the reference used
     eager_error: Optional[float] = None  # eager float32's RMSE against the fp64 reference
     bound: Optional[float] = None  # the largest error that passes
@@ -181,9 +181,14 @@ class Check:
 
 Reference = Union[None, torch.Tensor, Callable[[], Optional[torch.Tensor]]]
 
-NO_SIGNAL = ("zero in exact arithmetic: its float64 value is no larger than eager float32's error, so eager has "
-             "no correct digit to check against (e.g. gradients of a loss that is constant: every output a "
-             "LayerNorm's)")
+# The allowed multiple of eager's error where that error is all there is (the float64 value
+# is no larger): rounding noise of another operation order is another draw, measured here up
+# to about 6x eager's on a LayerNorm-cancelled gradient; garbage is orders of magnitude more.
+NOISE_MULTIPLIER = 10.0
+
+# Why a passing fp64 check's reference has no correct digit in eager float32 (Check.detail).
+WITHIN_NOISE = ("zero in exact arithmetic: its float64 value is no larger than eager float32's error; the graph's "
+                "value lies within eager's own noise of it")
 
 
 def compare(actual: Any, expected: Any, reference: Reference = None, *, what: str = "value",
@@ -225,13 +230,15 @@ def compare(actual: Any, expected: Any, reference: Reference = None, *, what: st
                             f"(max abs error {max_abs_error(actual, expected):.3g})")
     e = rmse(expected, ref)
     r = rmse(actual, ref)
-    if _rms(ref) <= e:
-        return Check(what, True, "no_signal", error=r, eager_error=e, detail=NO_SIGNAL)
-    bound = multiplier(expected.dtype, expected.numel()) * e + fl
+    noise = _rms(ref) <= e  # eager has no correct digit: the graph must lie within its noise
+    m = max(NOISE_MULTIPLIER, multiplier(expected.dtype, expected.numel())) if noise else \
+        multiplier(expected.dtype, expected.numel())
+    bound = m * e + fl
     ok = r <= bound
-    return Check(what, ok, "fp64", error=r, eager_error=e, bound=bound, detail=None if ok else (
+    return Check(what, ok, "fp64", error=r, eager_error=e, bound=bound, detail=(
+        WITHIN_NOISE if noise else None) if ok else (
         f"RMS error {r:.3g} against the float64 eager model, over {bound:.3g} "
-        f"({multiplier(expected.dtype, expected.numel()):g}x eager float32's own {e:.3g} plus the floor)"))
+        f"({m:g}x eager float32's own {e:.3g} plus the floor)"))
 
 
 def summary(t: Any) -> Optional[dict[str, Any]]:

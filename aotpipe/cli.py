@@ -108,7 +108,7 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
         force: bool, as_json: bool, no_progress: bool, key: str | None) -> None:
     """Capture every model of PIPELINE into graph artefacts."""
     from aotpipe.config import load_pipeline
-    from aotpipe.report import RUN_JSON, REPORT_MD
+    from aotpipe.report import REPORT_MD, RUN_JSON, settled_text
     from aotpipe.runner import run_pipeline
 
     p = load_pipeline(pipeline, check_sources=False)  # those of models to run, by run_pipeline
@@ -125,6 +125,7 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
                 kinds = ", ".join(f"{g.kind}({g.nodes})" for g in m.graphs)
                 c = m.checks or {}
                 checks = f"{c.get('passed', 0)}/{c.get('run', 0)} checks" + (
+                    f" ({settled_text(c)})" if settled_text(c) else "") + (
                     f", {c['skipped']} SKIPPED" if c.get("skipped") else "")
                 if m.skipped:
                     click.echo(f"kept    {m.name:<24} up to date  {checks}  {kinds}")

@@ -21,6 +21,7 @@ SCHEMA_VERSION = 1
 
 GraphKind = Literal["inference", "forward", "backward", "joint"]
 Mode = Literal["export", "dynamo", "meta", "auto"]
+Loss = Literal["weighted", "sum", "mean"]  # modes.LOSSES
 GRAPH_KINDS: tuple[str, ...] = get_args(GraphKind)
 
 # Names accepted for `dtype:`; values are torch dtype attribute names.
@@ -126,10 +127,12 @@ class Defaults(_Strict):
         "minimal", description="minimal: store what cannot be recomputed (weights, user inputs; reference outputs as "
                                "digests); full: every graph's inputs and outputs, so each graph runs in isolation")
     verify: bool = Field(True, description="check every graph after writing it: against eager, and the chain")
-    loss: Literal["sum", "mean"] = Field(
-        "sum", description="the training loss the forward, backward and joint graphs differentiate (modes export, "
-        "meta, auto): the sum over floating-point outputs of their elements' sum, or of their mean (gradients "
-        "seeded with 1/numel, as a mean-reduced training loss)")
+    loss: Loss = Field(
+        "weighted", description="the training loss the forward, backward and joint graphs differentiate (modes "
+        "export, meta, auto), over floating-point outputs: weighted, the sum of their elements each times a fixed "
+        "non-uniform weight (1 + sum over dimensions d of ((3 i_d + d) mod 7) / 8), so no gradient is zero merely "
+        "because the loss is constant; sum, of their elements' sum; or mean, of their mean (gradients seeded with "
+        "1/numel, as a mean-reduced training loss)")
 
 
 class ModelEntry(_Strict):
@@ -146,7 +149,7 @@ class ModelEntry(_Strict):
     save_inputs: Optional[bool] = None
     save_values: Optional[Literal["minimal", "full"]] = None
     verify: Optional[bool] = None
-    loss: Optional[Literal["sum", "mean"]] = None
+    loss: Optional[Loss] = None
     resources: Optional[ResourceSpec] = Field(
         None, description="this model's own CPUs, GPUs, memory and time limit (override the executor's)")
 
@@ -223,7 +226,7 @@ class ModelSpec(_Strict):
     save_inputs: bool
     save_values: str = "minimal"
     verify: bool
-    loss: Literal["sum", "mean"]
+    loss: Loss
     seed: int
     trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
     # Where and with what it runs; not part of what it produces (nor of its fingerprint).

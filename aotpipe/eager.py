@@ -26,25 +26,36 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.determinism import RunLog, run_reproducibly
 from aotpipe.errors import exception_line
+from aotpipe.modes import DEFAULT_LOSS, LOSSES
+from aotpipe.tensors import loss_weights
 
 
 class NoLossError(ValueError):
     """The model's output has no floating-point tensor to build a loss from."""
 
 
-LOSSES = ("sum", "mean")  # the `loss:` setting: what reduces each floating-point output
+def output_weights(t: torch.Tensor) -> torch.Tensor:
+    """The fixed, non-uniform weights of `t`'s elements in the "weighted" loss, in `t`'s dtype
+    (tensors.loss_weights: 1 + sum over dimensions d of ((3 i_d + d) mod 7) / 8)."""
+    return loss_weights(t.shape, t.dtype, t.device)
 
 
-def model_loss(out: Any, kind: str = "sum") -> torch.Tensor:
-    """The training loss capture differentiates: over every floating-point output, the sum of
-    its elements' sums ("sum") or of their means ("mean": the seed of each gradient is
-    1/numel, as a mean-reduced training loss has, and a big vocabulary's logits stay small)."""
+def model_loss(out: Any, kind: str = DEFAULT_LOSS) -> torch.Tensor:
+    """The training loss capture differentiates, over every floating-point output: the sum
+    of its elements weighted by :func:`output_weights` ("weighted", the default), their sum
+    ("sum"), or their mean ("mean": the seed of each gradient is 1/numel, as a mean-reduced
+    training loss has, and a big vocabulary's logits stay small)."""
     if kind not in LOSSES:
         raise ValueError(f"unknown loss {kind!r}; one of {', '.join(LOSSES)}")
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not leaves:
         raise NoLossError("the model has no floating-point output to build a loss from")
-    reduce = torch.Tensor.sum if kind == "sum" else torch.Tensor.mean
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        if kind == "weighted":
+            return (t * output_weights(t)).sum()
+        return t.sum() if kind == "sum" else t.mean()
+
     loss = reduce(leaves[0])
     for t in leaves[1:]:
         loss = loss + reduce(t)
@@ -52,7 +63,7 @@ def model_loss(out: Any, kind: str = "sum") -> torch.Tensor:
 
 
 def sum_loss(out: Any) -> torch.Tensor:
-    """The default training loss: the sum of every floating-point output."""
+    """The sum of every floating-point output (`loss: sum`; tools/hf_zoo.py's eager screen)."""
     return model_loss(out, "sum")
 
 
@@ -125,7 +136,7 @@ class EagerReference:
 
     def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict,
                  constants: Optional[dict[str, torch.Tensor]] = None, user_names: Optional[list[str]] = None,
-                 loss: str = "sum", skip_input_views: bool = False):
+                 loss: str = DEFAULT_LOSS, skip_input_views: bool = False):
         self.model, self.args, self.kwargs = model, args, kwargs
         self.loss = loss  # the training loss, as capture differentiated it (model_loss)
         # A dynamo subgraph's: outputs that are views of its inputs are left out of the loss.

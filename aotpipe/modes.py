@@ -10,12 +10,19 @@ from typing import Any
 
 MODES = ("export", "dynamo", "meta", "auto")
 
+# The `loss:` setting: what the training graphs differentiate (eager.model_loss). "weighted",
+# the default, weighs every element by a fixed non-uniform weight, so no gradient is zero
+# merely because the loss is constant (a sum of LayerNorm outputs is). An artefact that
+# records no loss was made with "sum".
+LOSSES = ("weighted", "sum", "mean")
+DEFAULT_LOSS = "weighted"
+
 # export: torch.export (non-strict), then AOTAutograd (aotpipe/capture/export.py).
 EXPORT_OPTIONS: dict[str, Any] = {
     "strict": False,
     "decompositions": "core_aten",
     "partitioner": "default_partition",
-    "loss": "sum",
+    "loss": DEFAULT_LOSS,
     "sdpa_training_backend": "math",
 }
 
@@ -25,7 +32,8 @@ DYNAMO_OPTIONS: dict[str, Any] = {
     "dynamic": False,
     "decompositions": "core_aten",
     "partitioner": "default_partition",
-    "loss": "none (the joint takes a tangent of ones per differentiable output)",
+    "loss": "none (the joint takes a tangent per differentiable output)",
+    "tangents": "loss weights",  # each output's (tensors.loss_weights); artefacts without this key: ones
     "inference": "eval-mode no_grad compile, each subgraph exported",
     "sdpa_training_backend": "math",
 }
@@ -34,7 +42,7 @@ DYNAMO_OPTIONS: dict[str, Any] = {
 META_OPTIONS: dict[str, Any] = {**EXPORT_OPTIONS, "values": "none (meta build, fake tensors)"}
 
 
-def capture_options(mode: str, loss: str = "sum") -> dict[str, Any]:
+def capture_options(mode: str, loss: str = DEFAULT_LOSS) -> dict[str, Any]:
     """The options a model captured in `mode` records (part of its fingerprint); `loss` is
     the training loss export differentiates (dynamo has none)."""
     if mode == "export":

@@ -29,6 +29,7 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> dict:
             "failed": sum(m.status != "ok" for m in run.models),
             "graphs": sum(len(m.graphs) for m in run.models),
             "bytes": sum(m.bytes for m in run.models),
+            "checks": settled_totals(run.models) or None,  # how the checks were settled, over every model
         },
         "models": [m.to_json() for m in run.models],
     }
@@ -52,11 +53,32 @@ def _replay_cell(m) -> str:
     return ", ".join(f"{k} {s}" for k, s in graphs.items() if s not in ("match", "recorded")) or "ran"
 
 
+SETTLED = (("exact", "exact"), ("floor", "floor"), ("fp64", "fp64"))
+
+
+def settled_text(c: dict) -> str:
+    """How a model's (or a run's) checks were settled, briefly: "5 exact, 60 floor, 5 fp64";
+    empty for checks recorded before the counts were (format version 2)."""
+    if c.get("fp64") is None:
+        return ""
+    text = ", ".join(f"{c.get(key) or 0} {word}" for key, word in SETTLED)
+    return text + (f" ({c['within_noise']} within eager's noise)" if c.get("within_noise") else "")
+
+
+def settled_totals(models: list) -> dict:
+    """The settled counts (records.CheckTotals) summed over `models`' checks."""
+    keys = ("run", "skipped", *(k for k, _ in SETTLED), "within_noise")
+    with_counts = [m.checks for m in models if m.checks and m.checks.get("fp64") is not None]
+    return {k: sum(c.get(k) or 0 for c in with_counts) for k in keys} if with_counts else {}
+
+
 def _checks_cell(m) -> str:
     c = m.checks
     if not c:
         return "-"
     text = f"{c.get('passed', 0)}/{c.get('run', 0)} passed"
+    if settled_text(c):
+        text += f" ({settled_text(c)})"
     if c.get("failed"):
         text += f", **{c['failed']} failed**"
     if c.get("skipped"):
@@ -117,6 +139,12 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
               "accuracy-runner rule: RMS error against eager in float64 at most 2x eager float32's own "
               "(more for tiny tensors), plus a floor of 1e-5 of the tensor's RMS; \"worst error / eager's\" "
               "is the largest such ratio where the float64 reference was needed."]
+    totals = settled_totals(run.models)
+    if totals:
+        lines += ["", f"Checks settled: {totals['run']} run: {totals['exact']} exactly (integers, shapes, None), "
+                  f"{totals['floor']} within the float-noise floor of eager float32, {totals['fp64']} by the float64 "
+                  f"rule ({totals['within_noise']} of them values zero in exact arithmetic, held to eager's own "
+                  f"noise); {totals['skipped']} skipped" + (" (reasons above)." if totals["skipped"] else ".")]
     with_passes = [m for m in run.models if m.passes]
     if with_passes:
         lines += ["", "## Passes", "",

@@ -82,6 +82,7 @@ def eager_cell(checks: Optional[GraphChecks]) -> dict[str, Any]:
     ratios = [c.ratio for c in checks.items if c.ratio is not None]
     return {"run": checks.run, "passed": checks.passed, "failed": checks.failed, "skipped": checks.skipped,
             "indirect": checks.indirect, "worst_ratio": max(ratios) if ratios else None,
+            "exact": checks.exact, "floor": checks.floor, "fp64": checks.fp64, "within_noise": checks.within_noise,
             "skipped_reasons": list(checks.skipped_reasons)}
 
 

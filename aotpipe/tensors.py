@@ -84,5 +84,32 @@ def random_storage(
 
 
 def ones(shape: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
-    """Ones with the given layout: a loss tangent as capture binds it and replay remakes it."""
+    """Ones with the given layout: a scalar loss's tangent, or an older artefact's tangent."""
     return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype).fill_(1)
+
+
+def loss_weights(shape: Any, dtype: torch.dtype, device: Any = None) -> torch.Tensor:
+    """The fixed, non-uniform weight of each element of a `shape` tensor in the weighted loss.
+
+    Element (i_0, ..., i_{n-1}) weighs 1 + sum over d of ((3 i_d + d) mod 7) / 8: it varies
+    along every dimension, so no normalisation (rows summing to zero, a batch norm's mean)
+    makes the weighted sum constant. One arange per dimension, broadcast: traced, these are
+    a few nodes of the graph, not a stored constant. Every value is a multiple of 1/8 below
+    8, exact in every floating dtype, so every machine and the float64 reference get the
+    same weights. A scalar weighs 1.
+    """
+    w = torch.ones((), dtype=dtype, device=device)
+    for d, size in enumerate(shape):
+        v = (torch.arange(size, device=device) * 3 + d) % 7
+        view = [1] * len(shape)
+        view[d] = size
+        w = w + v.to(dtype).reshape(view) * 0.125
+    return w
+
+
+def tangent(shape: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
+    """A tangent as capture binds it and replay remakes it (records' source "weights", or
+    "ones" for a scalar): the loss weights of its output, in the given layout. A joint
+    graph fed these gives the gradients of the weighted loss of the outputs it differentiates
+    (a dynamo subgraph's, one tangent each; export's scalar loss, 1)."""
+    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype).copy_(loss_weights(tuple(shape), dtype))

@@ -38,6 +38,9 @@ def main() -> None:
     skipped = sum(m.get("checks", {}).get("skipped", 0) for m in ok)
     passed = sum(m.get("checks", {}).get("passed", 0) for m in ok)
     print(f"\nchecks of the ok models: {passed} passed, {skipped} skipped (reasons in each manifest)")
+    settled = {k: sum(m.get("checks", {}).get(k) or 0 for m in ok) for k in ("exact", "floor", "fp64", "within_noise")}
+    print(f"settled: {settled['exact']} exactly, {settled['floor']} by the floor, {settled['fp64']} by the float64 rule "
+          f"({settled['within_noise']} of them within eager's own noise)")
     print("\n| architecture | mode used | status | graphs | checks passed / skipped | reason |\n"
           "|---|---|---|---:|---:|---|")
     for m in models:

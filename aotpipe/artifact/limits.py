@@ -438,7 +438,7 @@ def check_total_bytes(parts: list[tuple[str, int]], where: Any, what: str) -> No
 
 def record_parts(storages: Any, inputs: Any) -> list[tuple[str, int]]:
     """(label, bytes) of every tensor replay allocates for a graph's inputs, from validated
-    records (artifact/records.py): each storage, and each input made afresh (a tangent of ones)."""
+    records (artifact/records.py): each storage, and each input made afresh (a tangent)."""
     import torch
 
     from aotpipe.tensors import extent
@@ -448,7 +448,7 @@ def record_parts(storages: Any, inputs: Any) -> list[tuple[str, int]]:
         itemsize = getattr(torch, s.dtype).itemsize
         parts.append((f"storage {k}: {s.dtype}[{s.numel}]", s.numel * itemsize))
     for i, rec in enumerate(inputs):
-        if rec.source == "ones" and rec.type == "tensor" and None not in (rec.shape, rec.stride, rec.dtype):
+        if rec.source in ("ones", "weights") and rec.type == "tensor" and None not in (rec.shape, rec.stride, rec.dtype):
             # (one without a layout is refused when its inputs are built)
             parts.append((f"input {i}: {rec.dtype}{rec.shape}",
                           extent(tuple(rec.shape), tuple(rec.stride)) * getattr(torch, rec.dtype).itemsize))

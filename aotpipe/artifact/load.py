@@ -200,7 +200,8 @@ def build_inputs(inputs: list[InputRecord], bases: list[Optional[torch.Tensor]],
                  forward_outputs: Optional[list[Any]] = None, *, random: bool = False) -> list[Any]:
     """Graph inputs as views over storage bases, with recorded shape, stride and offset.
 
-    Inputs whose source is "ones" are ones; "forward" ones are `forward_outputs[k]`; with
+    Inputs whose source is "ones" are ones, "weights" the loss weights of their shape
+    (tensors.tangent); "forward" ones are `forward_outputs[k]`; with
     `random`, every tensor comes from its storage whatever its source.
     """
     from aotpipe.tensors import view_of
@@ -220,14 +221,14 @@ def build_inputs(inputs: list[InputRecord], bases: list[Optional[torch.Tensor]],
             continue
         if rec.shape is None or rec.stride is None or rec.dtype is None:
             raise ArtifactError(f"input {rec.name!r}: a tensor input needs a shape, a stride and a dtype")
-        if source == "ones":
+        if source in ("ones", "weights"):
             from aotpipe.artifact.limits import check_tensor_bytes
-            from aotpipe.tensors import extent, ones
+            from aotpipe.tensors import extent, ones, tangent
 
             dt = decode_dtype(rec.dtype)
             check_tensor_bytes(extent(tuple(rec.shape), tuple(rec.stride)) * dt.itemsize, INPUTS_JSON,
                                f"input {rec.name!r}")
-            out.append(ones(rec.shape, rec.stride, dt))
+            out.append((ones if source == "ones" else tangent)(rec.shape, rec.stride, dt))
             continue
         k = rec.storage
         if k is None or k >= len(bases) or bases[k] is None:

@@ -55,9 +55,10 @@ INPUT_SUFFIX = ".input"
 
 INPUT_ROLES = ("param", "buffer", "constant", "user", "tangent", "saved", "symint")
 OUTPUT_ROLES = ("user", "mutation", "saved", "grad", "none")
-# Where a replay takes an input's value from: a stored blob, ones (a tangent), or the
-# forward graph's outputs (a backward's saved activations).
-INPUT_SOURCES = ("blob", "ones", "forward")
+# Where a replay takes an input's value from: a stored blob, ones (a tangent), the loss
+# weights of its shape (a tangent, tensors.loss_weights; version 3), or the forward graph's
+# outputs (a backward's saved activations).
+INPUT_SOURCES = ("blob", "ones", "weights", "forward")
 VALUES_MODES = ("full", "minimal", "none")
 
 MAX_DIMS = 64  # torch's own limit on tensor dimensions
@@ -321,6 +322,14 @@ class CheckTotals(Record):
     failed: Count
     skipped: Count
     indirect: Count = 0  # held through other graphs (e.g. joint = forward then backward)
+    # version 3: how the run checks were settled (accuracy.compare's method; they add up to
+    # `run`): compared exactly (integers, shapes, None), within the float-noise floor of
+    # eager float32, or by the float64 rule; and of those, how many where eager float32 has
+    # no correct digit (the value is zero in exact arithmetic), held to eager's own noise.
+    exact: Optional[Count] = None
+    floor: Optional[Count] = None
+    fp64: Optional[Count] = None
+    within_noise: Optional[Count] = None
 
 
 class GraphChecks(CheckTotals):

@@ -57,11 +57,12 @@ def _input_line(gi: GraphInput) -> str:
 
 
 def _source(gi: GraphInput, save_values: str) -> str:
-    """Where a replay gets an input's value: a stored blob, ones (a tangent), or the forward."""
+    """Where a replay gets an input's value: a stored blob, a tangent made afresh (its loss
+    weights; ones, the same, for a scalar), or the forward."""
     if save_values == "full":
         return "blob"
     if gi.role == "tangent":
-        return "ones"
+        return "ones" if gi.meta is not None and not gi.meta.shape else "weights"
     if gi.role in ("saved", "symint"):
         return "forward"
     return "blob"

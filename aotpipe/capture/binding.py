@@ -36,8 +36,9 @@ def graph_inputs(captured: CapturedGraphs, state: dict[str, Any], user: dict[str
 
 
 def bind_inputs(g: CapturedGraph, state: dict[str, Any], user: dict[str, Any]) -> list[Any]:
-    """A graph's real inputs: model tensors by target, user inputs by name, ones for tangents."""
-    from aotpipe.tensors import ones
+    """A graph's real inputs: model tensors by target, user inputs by name, loss weights for
+    tangents (tensors.tangent)."""
+    from aotpipe.tensors import tangent
 
     vals: list[Any] = []
     for gi in g.inputs:
@@ -46,16 +47,16 @@ def bind_inputs(g: CapturedGraph, state: dict[str, Any], user: dict[str, Any]) -
         elif gi.role == "user":
             vals.append(user[gi.target])
         elif gi.role == "tangent" and gi.meta is not None:
-            vals.append(ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype))
+            vals.append(tangent(gi.meta.shape, gi.meta.stride, gi.meta.dtype))
         else:
             raise ValueError(f"cannot bind input {gi.name} with role {gi.role}")
     return vals
 
 
 def backward_inputs(captured: CapturedGraphs, key: str, forward_inputs: list[Any]) -> list[Any]:
-    """Backward graph `key`'s real inputs: its forward's saved outputs, then ones for tangents."""
+    """Backward graph `key`'s real inputs: its forward's saved outputs, then the tangents."""
     from aotpipe.execution import run_graph
-    from aotpipe.tensors import ones
+    from aotpipe.tensors import tangent
 
     parsed = parse_graph_key(key)
     sub = parsed.subgraph if parsed is not None else 0
@@ -65,6 +66,6 @@ def backward_inputs(captured: CapturedGraphs, key: str, forward_inputs: list[Any
     fw_out = run_graph(captured.graphs[graph_key("forward", sub)].gm, forward_inputs)
     saved = fw_out[contract.num_forward_outputs:]
     bw = captured.graphs[key]
-    tangents = [ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype) for gi in bw.inputs
+    tangents = [tangent(gi.meta.shape, gi.meta.stride, gi.meta.dtype) for gi in bw.inputs
                 if gi.role == "tangent" and gi.meta is not None]
     return list(saved) + tangents

@@ -42,6 +42,7 @@ from aotpipe.eager import EagerReference, EagerRun, SubgraphReference
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.graph_keys import graph_key, key_order, parse_graph_key
+from aotpipe.modes import LOSSES
 from aotpipe.replay.run import chain_key, chain_problems, expand_outputs
 
 TRAINING = ("forward", "backward", "joint")
@@ -70,10 +71,20 @@ class GraphChecks:
             "passed": sum(c.passed for c in self.checks),
             "failed": sum(not c.passed for c in self.checks),
             "skipped": len(self.skipped),
+            **settled_counts(self.checks),
             "skipped_reasons": [f"{n} x {r}" if n > 1 else r for r, n in reasons.items()],
             "indirect": self.indirect,
             "items": [c.to_json() for c in self.checks],
         }
+
+
+def settled_counts(checks: Sequence[Check]) -> dict[str, int]:
+    """How many `checks` were settled exactly, by the floor, by the float64 rule, and of the
+    last how many within eager's own noise (records.CheckTotals)."""
+    methods = [c.method for c in checks]
+    return {"exact": sum(m in ("exact", "none") for m in methods), "floor": methods.count("floor"),
+            "fp64": methods.count("fp64"),
+            "within_noise": sum(c.method == "fp64" and c.detail == accuracy.WITHIN_NOISE for c in checks)}
 
 
 @dataclass
@@ -88,7 +99,8 @@ class ModelChecks:
 
     def finish(self, start: float) -> "ModelChecks":
         """Totals of every graph's checks into the manifest's `checks`, and the time taken."""
-        totals = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "indirect": 0}
+        totals = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "indirect": 0,
+                  "exact": 0, "floor": 0, "fp64": 0, "within_noise": 0}
         for gc in self.graphs.values():
             j = gc.to_json()
             for k in totals:
@@ -106,7 +118,7 @@ class _Checker:
     def __init__(self, eager: Optional[Reference], verify: bool, has_loss: bool = True):
         self.eager = eager
         self.verify = verify
-        # Export's training graphs differentiate a loss (sum or mean: their forward's user output);
+        # Export's training graphs differentiate a loss (modes.LOSSES: their forward's user output);
         # dynamo's differentiate every output of a subgraph (one tangent each).
         self.has_loss = has_loss
 
@@ -127,9 +139,6 @@ class _Checker:
         c = accuracy.compare(actual, expected, self._ref(mode, pick), what=what)
         if c.eager_error is not None:
             gc.eager_errors[index] = c.eager_error
-        if c.method == "no_signal":  # counted as skipped, with one reason for all such values
-            gc.skipped.append(accuracy.NO_SIGNAL)
-            return
         if not c.passed and c.method == "floor" and self.eager is not None and self.eager.run(mode, True) is None:
             gc.skipped.append(f"{what}: over the float32 noise floor and no float64 reference "
                               f"({self.eager.errors.get((mode, True))})")
@@ -262,7 +271,7 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
     result = ModelChecks(CheckOutcome())
     # Export's training graphs output the loss they differentiate (`loss:` sum or mean);
     # dynamo's have none (a tangent per output; their options say so).
-    has_loss = art.manifest.capture.options.get("loss", "sum") in ("sum", "mean")
+    has_loss = art.manifest.capture.options.get("loss", "sum") in LOSSES
     per_subgraph = eager if isinstance(eager, dict) else {0: eager}
     checkers = {i: _Checker(per_subgraph.get(i), verify, has_loss) for i in art.subgraph_keys()}
     kinds_of = {i: set(keys) for i, keys in art.subgraph_keys().items()}

@@ -19,7 +19,9 @@ mode uses, so the graphs are described alike:
   goes through AOTAutograd's joint export with descriptors and the default partitioner,
   as in export mode, but without a loss: a subgraph's outputs are activations, so the joint
   takes one tangent per differentiable output (what torch.compile's backward receives) and
-  also gives the gradients of the activations it takes.
+  also gives the gradients of the activations it takes. The tangents bound are each output's
+  loss weights (tensors.tangent), so the gradients are those of the weighted loss, which no
+  normalised output makes constant.
 - inference: a second compile, of the model in eval mode under no_grad (what
   torch.compile runs for inference: eval-mode batch norm and dropout, and no autograd
   bookkeeping); each of its subgraphs is exported (torch.export, non-strict) and decomposed
@@ -57,7 +59,7 @@ from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphBreak, Par
 from aotpipe.determinism import run_reproducibly
 from aotpipe.errors import CaptureError, exception_line
 from aotpipe.graph_keys import graph_key, key_order
-from aotpipe.modes import DYNAMO_OPTIONS
+from aotpipe.modes import DEFAULT_LOSS, DYNAMO_OPTIONS
 
 MODE = "dynamo"
 # How this mode captures; recorded in the manifest and part of the fingerprint.
@@ -559,8 +561,8 @@ def _training_graphs(lifted: _Lifted, ranges: dict[str, tuple[int, int]], index:
 
 def _bind(g: CapturedGraph, lifted: _Lifted) -> list[Any]:
     """A training graph's real inputs: the subgraph's tensors by target, user inputs by name,
-    ones for tangents."""
-    from aotpipe.tensors import ones
+    loss weights for tangents (tensors.tangent)."""
+    from aotpipe.tensors import tangent
 
     state = {**_state(lifted.module)}
     by_name = dict(zip(lifted.user_names, lifted.user_values))
@@ -572,7 +574,7 @@ def _bind(g: CapturedGraph, lifted: _Lifted) -> list[Any]:
             out.append(_detached(by_name[gi.target]))
         elif gi.role == "tangent":
             assert gi.meta is not None
-            out.append(ones(gi.meta.shape, gi.meta.stride, gi.meta.dtype))
+            out.append(tangent(gi.meta.shape, gi.meta.stride, gi.meta.dtype))
         else:
             raise CaptureError(f"{g.kind} graph: cannot bind input {gi.name} ({gi.role})")
     return out
@@ -592,7 +594,9 @@ def subgraph_references(captured: CapturedGraphs) -> dict[int, Any]:
         by_mode = {}
         for mode, (module, values) in sg.reference.items():
             names = _names_of(captured, sg, mode, values)
-            by_mode[mode] = EagerReference(module, tuple(values), {}, None, names, skip_input_views=True)
+            # the joint takes each output's loss weights as its tangent: the weighted loss's gradient
+            by_mode[mode] = EagerReference(module, tuple(values), {}, None, names, loss="weighted",
+                                           skip_input_views=True)
         out[sg.index] = SubgraphReference(by_mode)
     return out
 
@@ -614,7 +618,7 @@ def capture_auto(
     graphs: list[str],
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
-    loss: str = "sum",
+    loss: str = DEFAULT_LOSS,
 ) -> CapturedGraphs:
     """capture_export (differentiating `loss`), or where it fails, capture_dynamo (which has
     no loss: a tangent per output); the capture says why it fell back (CapturedGraphs.fallback,

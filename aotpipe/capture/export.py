@@ -40,7 +40,7 @@ from aotpipe.capture.types import (
 )
 from aotpipe.eager import NoLossError, model_loss
 from aotpipe.errors import CaptureError
-from aotpipe.modes import EXPORT_OPTIONS
+from aotpipe.modes import DEFAULT_LOSS, EXPORT_OPTIONS
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
 OPTIONS = EXPORT_OPTIONS
@@ -56,7 +56,7 @@ _INPUT_KIND_ROLE = {
 class _Loss(torch.nn.Module):
     """Wraps a module so that it returns its training loss (eager.model_loss of kind `kind`)."""
 
-    def __init__(self, model: torch.nn.Module, kind: str = "sum"):
+    def __init__(self, model: torch.nn.Module, kind: str = DEFAULT_LOSS):
         super().__init__()
         self.model = model
         self.kind = kind
@@ -151,7 +151,7 @@ def _capture(
     graphs: list[str],
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
-    loss: str = "sum",
+    loss: str = DEFAULT_LOSS,
 ) -> CapturedGraphs:
     """Trace `model` on the example inputs into the requested graph kinds; the training
     graphs differentiate `loss` (eager.model_loss) of its outputs."""
@@ -412,7 +412,7 @@ def _training_graphs(
     int_ranges: dict[str, tuple[int, int]],
     state: dict[str, torch.Tensor],
     constants_out: dict[str, torch.Tensor],
-    loss: str = "sum",
+    loss: str = DEFAULT_LOSS,
     notes: Optional[list[str]] = None,
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
     return training_graphs(ep.module(), args, kwargs, user_names, int_ranges, state, constants_out,

@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from aotpipe.capture import export as _export_mod
 from aotpipe.capture.types import CapturedGraphs
 from aotpipe.errors import CaptureError, SourceError, exception_line
-from aotpipe.modes import META_OPTIONS
+from aotpipe.modes import DEFAULT_LOSS, META_OPTIONS
 
 MODE = "meta"
 OPTIONS = META_OPTIONS
@@ -183,7 +183,7 @@ def capture_meta(
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
     device: str | torch.device = "cpu",
-    loss: str = "sum",
+    loss: str = DEFAULT_LOSS,
 ) -> CapturedGraphs:
     """capture_export's graphs of a model built on meta (see build_on_meta), on fake tensors.
 

@@ -14,7 +14,8 @@ import torch
 
 from aotpipe.artifact.load import Artifact
 from aotpipe.artifact.records import MANIFEST
-from aotpipe.eager import LOSSES, model_loss
+from aotpipe.eager import model_loss
+from aotpipe.modes import LOSSES
 
 
 def median_seconds(fn: Any, n: int) -> float:
@@ -38,9 +39,12 @@ def rebuild_model(art: Artifact, *, trust_code: bool = False) -> Optional[tuple[
 
 
 def artifact_loss(art: Artifact) -> str:
-    """The training loss the artefact's graphs differentiate (its capture options; sum before
-    the `loss:` setting had another value)."""
-    loss = art.manifest.capture.options.get("loss", "sum")
+    """The training loss the artefact's graphs differentiate, as its capture options record it
+    (sum where they record none: made before the `loss:` setting)."""
+    options = art.manifest.capture.options
+    if options.get("tangents") == "loss weights":  # dynamo: a tangent per output, its loss weights
+        return "weighted"
+    loss = options.get("loss", "sum")
     return loss if loss in LOSSES else "sum"
 
 

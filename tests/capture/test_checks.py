@@ -237,3 +237,32 @@ def test_the_write_time_check_is_not_held_to_a_loaders_byte_limit(tmp_path, monk
     assert m["status"] == "ok" and m["checks"]["failed"] == 0 and m["checks"]["run"] > 0, m
     replayed = CliRunner().invoke(main, ["replay", str(tmp_path / "out" / "big" / "mlp")])
     assert replayed.exit_code == 2 and "max" in replayed.output.lower(), replayed.output  # the loader's limit holds
+
+
+def test_checks_are_counted_by_how_they_were_settled(tmp_path):
+    p = _pipeline(tmp_path, """
+        - {name: rn, source: aotpipe.zoo:running_norm, args: {features: 8}, inputs: [{shape: [4, 8]}],
+           graphs: [inference, forward, backward]}
+    """)
+    r = CliRunner().invoke(main, ["run", str(p), "-o", str(tmp_path / "out"), "--no-progress", "--executor", "local"])
+    assert r.exit_code == 0, r.output
+    manifest = _manifest(tmp_path, "rn")
+    totals = manifest["checks"]
+    # calls (an int64 counter) is compared exactly; the float values by the floor or float64.
+    assert totals["exact"] >= 2 and totals["exact"] + totals["floor"] + totals["fp64"] == totals["run"]
+    for key, g in manifest["graphs"].items():
+        c = g["checks"]
+        assert c["exact"] + c["floor"] + c["fp64"] == c["run"], key
+        assert c["exact"] == sum(i["method"] in ("exact", "none") for i in c["items"]), key
+        assert c["fp64"] == sum(i["method"] == "fp64" for i in c["items"]), key
+    assert sum(g["checks"]["floor"] for g in manifest["graphs"].values()) == totals["floor"]
+    brief = f"{totals['exact']} exact, {totals['floor']} floor, {totals['fp64']} fp64"
+    assert f"{totals['passed']}/{totals['run']} checks ({brief})" in r.output
+    report = (tmp_path / "out" / "t" / "report.md").read_text()
+    assert f"{totals['passed']}/{totals['run']} passed ({brief})" in report
+    assert (f"Checks settled: {totals['run']} run: {totals['exact']} exactly (integers, shapes, None), "
+            f"{totals['floor']} within the float-noise floor of eager float32, {totals['fp64']} by the float64 "
+            f"rule (0 of them values zero in exact arithmetic, held to eager's own noise); 0 skipped.") in report
+    run = json.loads((tmp_path / "out" / "t" / "run.json").read_text())
+    assert run["summary"]["checks"] == {k: totals[k] for k in ("run", "skipped", "exact", "floor", "fp64",
+                                                               "within_noise")}

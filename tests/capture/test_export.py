@@ -6,6 +6,7 @@ from torch import nn
 
 from aotpipe import zoo
 from aotpipe.capture import capture_export
+from aotpipe.eager import model_loss
 
 KINDS = ["inference", "forward", "backward", "joint"]
 
@@ -61,7 +62,7 @@ def test_joint_gradients_match_eager_autograd():
     outs = joint.gm(*_bind(joint, model, {"arg0": x}))
     model.train()
     model.zero_grad()
-    model(x).sum().backward()
+    model_loss(model(x)).backward()  # the default loss, weighted
     grads = {go.target: o for o, go in zip(outs, joint.outputs) if go.role == "grad"}
     assert set(grads) == {n for n, _ in model.named_parameters()}
     for n, p in model.named_parameters():
@@ -153,7 +154,7 @@ def test_tensor_constants_are_inputs_with_role_constant():
         vals.append({"fc.weight": model.fc.weight, "fc.bias": model.fc.bias, "scale": model.scale,
                      "arg0": x}.get(gi.target, torch.ones(())))
     out = joint.gm(*[v.detach() for v in vals])
-    torch.testing.assert_close(out[0], (model.fc(x) * model.scale).sum())
+    torch.testing.assert_close(out[0], model_loss(model.fc(x) * model.scale))
 
 
 def test_dict_and_integer_outputs_loss_uses_floats_only():
@@ -172,7 +173,7 @@ def test_dict_and_integer_outputs_loss_uses_floats_only():
     joint = cap.graphs["joint"]
     out = joint.gm(model.fc.weight.detach(), model.fc.bias.detach(), x, torch.ones(()))
     y = model.fc(x)
-    torch.testing.assert_close(out[0], y.sum() + (y * 2).sum() + y.sum())
+    torch.testing.assert_close(out[0], model_loss((y, y * 2, y.sum())))  # the float outputs, weighted
     inf = cap.graphs["inference"]
     assert sum(go.role == "user" for go in inf.outputs) == 4
 
