@@ -53,6 +53,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from aotpipe.capture import export as _export
+from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphBreak, PartitionContract, Subgraph
 from aotpipe.determinism import run_reproducibly
 from aotpipe.errors import CaptureError, exception_line
@@ -104,7 +105,10 @@ def capture_dynamo(*args: Any, **kwargs: Any) -> CapturedGraphs:
     with warnings.catch_warnings():
         # torch-internal deprecation noise (pytree specs, dynamo config); not the user's concern
         warnings.filterwarnings("ignore", category=FutureWarning)
-        return _capture(*args, **kwargs)
+        # allow_rnn: dynamo otherwise skips nn.LSTM/GRU/RNN modules (runs them eagerly, uncaptured);
+        # traced, they decompose into plain ATen (capture/rnn.py).
+        with recurrent_decompositions(), torch._dynamo.config.patch(allow_rnn=True):
+            return _capture(*args, **kwargs)
 
 
 def _capture(

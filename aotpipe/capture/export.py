@@ -30,6 +30,7 @@ from torch._decomp import core_aten_decompositions
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.capture.types import (
     CapturedGraph,
     CapturedGraphs,
@@ -139,7 +140,8 @@ def capture_export(*args: Any, **kwargs: Any) -> CapturedGraphs:
     with warnings.catch_warnings():
         # torch-internal deprecation noise from deep-copying pytree specs; not the user's concern
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        return _capture(*args, **kwargs)
+        with recurrent_decompositions():  # LSTM/GRU/RNN as plain ATen (capture/rnn.py)
+            return _capture(*args, **kwargs)
 
 
 def _capture(
