@@ -113,10 +113,10 @@ class ExecutorSpec(_Strict):
 class Defaults(_Strict):
     """Settings every model inherits and may override."""
 
-    mode: Mode = Field("export", description="capture mode: export (torch.export + AOTAutograd); dynamo "
+    mode: Mode = Field("auto", description="capture mode: auto (export, else dynamo, recording why; the default: "
+                       "it captures the most models); export (torch.export + AOTAutograd); dynamo "
                        "(torch.compile with a capturing backend: graphs per subgraph, graph breaks recorded); "
-                       "meta (export of the model built on the meta device: shapes only, no values, no memory); "
-                       "auto (export, else dynamo, recording why)")
+                       "meta (export of the model built on the meta device: shapes only, no values, no memory)")
     graphs: list[GraphKind] = Field(list(GRAPH_KINDS), description="graph kinds to save")
     passes: Union[str, list[Union[str, dict[str, Any]]]] = Field(
         [], description="pass chain: names (freeze) or {name: {options}}; each applies to `graphs:` "

@@ -138,14 +138,23 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             result.status, result.stage = "failed", "passes"
             result.error = "; ".join(pass_problems[:3])
     except AotpipeError as e:
-        result.stage, result.error = stage, str(e)
+        result.stage, result.error = stage, _said_what_next(spec, stage, str(e), e)
         result.traceback = traceback.format_exc()
     except Exception as e:  # a model's own code (or torch) failed: record it, go on
-        result.stage, result.error = stage, exception_line(e)
+        result.stage, result.error = stage, _said_what_next(spec, stage, exception_line(e), e)
         result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start
     return result
+
+
+def _said_what_next(spec: ModelSpec, stage: str, error: str, e: BaseException) -> str:
+    """A capture failure's line with what to try next (capture/hints.py); other stages' as they are."""
+    if stage != "capture":
+        return error
+    from aotpipe.capture.hints import chain_text, with_hint
+
+    return with_hint(spec.mode, error, chain_text(e))
 
 
 def _write_meta(spec: ModelSpec, out_dir: Path, captured: Any, fp: str, key: Path | None, result: ModelResult,
