@@ -54,7 +54,7 @@ def capture_hint(mode: str, error: str, detail: str = "") -> str:
     if "captured no graph" in text:
         return ("dynamo ran the model eagerly (a graph break inside a loop skips the whole function; run with -v to "
                 "see it): try mode: export")
-    if "Unsupported" in text or "torch.compile" in text:
+    if mode == "dynamo" and ("Unsupported" in text or "torch.compile" in text):
         return "try mode: export (torch.export), or rerun with -v for the traceback"
     if mode in ("export", "meta"):
         return f"try mode: auto (falls back to dynamo){at}, or rerun with -v for torch's traceback"

@@ -25,6 +25,7 @@ decompositions.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Callable, Iterator, Optional, Sequence
 
 import torch
@@ -175,6 +176,16 @@ def recurrent_decompositions() -> Iterator[None]:
     """For the duration, tracing decomposes the recurrent ops with this module's functions;
     torch's kernels are back afterwards, also on error."""
     saved = {(op, key): op.py_kernels.get(key) for op in DECOMPOSITIONS for key in _KEYS}
+    with warnings.catch_warnings():
+        # nn.RNNBase refreshes its _flat_weights list in forward; export warns of "tensor
+        # attributes assigned during export" for each: they are the module's own parameters.
+        warnings.filterwarnings("ignore", message=r".*_flat_weights.*assigned during export")
+        with _installed(saved):
+            yield
+
+
+@contextlib.contextmanager
+def _installed(saved: dict) -> Iterator[None]:
     try:
         for op, fn in DECOMPOSITIONS.items():
             for key in _KEYS:
