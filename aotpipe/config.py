@@ -515,12 +515,40 @@ def parse_pipeline(
             if isinstance(m, dict) and isinstance(m.get("source"), str)], base_dir))
 
     problems.extend(_check_field_combinations(path, lines, data))
+    resolved = None
+    if not problems:
+        assert parsed is not None
+        resolved = _resolve(parsed, path, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
+                                           enumerate(data.get("models") or []) if isinstance(m, dict)})
+        if check_sources:
+            problems.extend(_model_problems(path, lines, resolved, base_dir))
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise ConfigError(problems)
-    assert parsed is not None
-    return _resolve(parsed, path, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
-                                   enumerate(data.get("models") or []) if isinstance(m, dict)})
+    assert resolved is not None
+    return resolved
+
+
+def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
+    """What importing and building each model shows: `args` its callable does not take, and
+    integer input ranges that do not fit the embedding tables they index."""
+    from aotpipe.sources import args_problem, embedding_range_problems
+
+    problems = []
+    for i, spec in enumerate(pipeline.models):
+        bad_args = args_problem(spec, base_dir)
+        if bad_args is not None:
+            name, msg = bad_args
+            where = ("models", i, "args", name) if name else ("models", i, "args")
+            problems.append(Problem(path, lines.get(where) or lines.get(("models", i, "args"))
+                                    or lines.get(("models", i, "source")),
+                                    f"models[{i}].args" + (f".{name}" if name else ""), msg))
+            continue  # the model cannot be built with these args
+        for j, msg in embedding_range_problems(spec, base_dir):
+            problems.append(Problem(path, lines.get(("models", i, "inputs", j, "high"))
+                                    or lines.get(("models", i, "inputs", j)),
+                                    f"models[{i}].inputs[{j}].high", msg))
+    return problems
 
 
 def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) -> list[Problem]:
