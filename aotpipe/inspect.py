@@ -14,11 +14,11 @@ from aotpipe.artifact.records import MANIFEST, Manifest
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.graph_keys import key_order, parse_graph_key
 from aotpipe.report import human_size as _size
+from aotpipe.results import failed_last_time, why_failed
 
 
 def artifact_status(manifest: Manifest) -> str:
     """verified, shapes only, unverified, or FAILED (a graph did not run as recorded, or a check failed)."""
-    from aotpipe.results import failed_last_time
 
     rec = manifest.verification
     if not rec:
@@ -80,6 +80,9 @@ def _describe(path: Path, trust_ops: Sequence[str]) -> str:
                          + (f": {b.code}" if b.code else ""))
     if c.fallback is not None:
         lines.append(f"capture: export failed, dynamo used: {c.fallback}")
+    failed = why_failed(m)
+    if failed:
+        lines.append(f"FAILED when captured: {failed}; fix the model or pipeline and run it again")
     from aotpipe.passes.prepack import stored_graph
 
     for kind, ga in art.graphs.items():
@@ -114,7 +117,8 @@ def _describe(path: Path, trust_ops: Sequence[str]) -> str:
             lines.append(f"  pass {step.name}: {step.nodes_before} -> {step.nodes_after} nodes, {did}")
         v = (m.verification or {}).get(kind)
         if v is not None:
-            lines.append(f"  verified: {v.status} ({v.inputs} inputs)")
+            how = f" ({v.inputs} inputs)" if v.inputs is not None else ""
+            lines.append(f"  verified: {v.status}{how}" + (f": {v.error}" if v.error else ""))
     if not art.graphs:
         raise ArtifactError(f"{path}: no graphs")
     return "\n".join(lines)
