@@ -440,6 +440,9 @@ def _fake_user_inputs(ep: torch.export.ExportedProgram, args: tuple, kwargs: dic
     own (unbacked symbols), as torch.export did; from real inputs it would fakeify them
     afresh without one and fail (DynamicOutputShapeException: aten.nonzero).
     """
+    leaves = pytree.tree_leaves((args, kwargs))
+    if any(isinstance(t, torch._subclasses.fake_tensor.FakeTensor) for t in leaves):
+        return args, kwargs  # already fake (mode meta), in the fake mode the model's tensors are in
     user_specs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     placeholders = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
     fakes = iter(placeholders[s.arg.name].meta.get("val") for s in user_specs)

@@ -1,0 +1,158 @@
+"""A new user's mistakes: each gets one line naming the file, line or field, and the fix."""
+
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from aotpipe.cli import main
+from tests.helpers.pipelines import run_yaml
+
+EMBEDDING_MODEL = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    class Bag(nn.Module):
+        def __init__(self, rows):
+            super().__init__()
+            self.table = nn.Embedding(rows, 4)
+
+        def forward(self, ids):
+            return self.table(ids).sum(1)
+
+    def build(rows=100):
+        return Bag(rows)
+    """)
+
+
+def _cli(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture(scope="module")
+def failed_artefact(tmp_path_factory):
+    """A model folder whose capture FAILED: inputs out of its embedding's range (run does not validate sources)."""
+    tmp = tmp_path_factory.mktemp("failed")
+    (tmp / "embmodel.py").write_text(EMBEDDING_MODEL)
+    result, out = run_yaml(tmp, textwrap.dedent("""\
+        version: 1
+        name: p
+        defaults: {graphs: [inference]}
+        models:
+          - {name: bag, source: "embmodel:build", inputs: [{shape: [2, 3], dtype: int64, high: 1000}]}
+        """))
+    assert "FAILED  bag" in result.output, result.output
+    return out / "p" / "bag"
+
+
+def test_verify_on_a_path_with_no_artefacts_exits_2_and_says_nothing_was_checked(tmp_path):
+    r = _cli("verify", str(tmp_path))
+    assert r.exit_code == 2
+    assert r.output.strip() == (f"error: {tmp_path}: no artefacts found (looked for manifest.json in it and every "
+                                "folder below); nothing was checked: pass a pipeline's output folder or a model folder")
+
+
+def test_verify_says_a_failed_artefact_is_intact_but_failed_when_captured(failed_artefact):
+    r = _cli("verify", str(failed_artefact))
+    assert r.exit_code == 0, r.output
+    assert (f"ok      {failed_artefact}  (files intact; the artefact itself FAILED when captured: inference replay "
+            "error: IndexError: index out of range in self)") in r.output
+    assert "artefacts ok (integrity: hashes, format, safe loading, module.py" in r.output
+
+
+def test_replay_of_a_failed_artefact_says_it_failed_when_captured_and_why(failed_artefact):
+    r = _cli("replay", str(failed_artefact))
+    assert r.exit_code == 1, r.output
+    assert r.output.startswith("note: this artefact FAILED when captured: inference replay error: IndexError: "
+                               "index out of range in self\n")
+
+
+def test_show_of_a_failed_artefact_says_why_and_prints_no_none(failed_artefact):
+    r = _cli("show", str(failed_artefact))
+    assert r.exit_code == 0, r.output
+    assert "FAILED when captured: inference replay error: IndexError: index out of range in self" in r.output
+    assert "  verified: error: IndexError: index out of range in self" in r.output
+    assert "None" not in r.output
+
+
+def test_replay_on_a_pipeline_folder_names_a_model_folder(failed_artefact):
+    pipeline_folder = failed_artefact.parent
+    r = _cli("replay", str(pipeline_folder))
+    assert r.exit_code == 2
+    assert r.output.strip() == (f"error: {pipeline_folder} is not an artefact folder; pass a model folder such as "
+                                f"{failed_artefact}")
+
+
+def _validate(tmp_path, yaml_text):
+    (tmp_path / "embmodel.py").write_text(EMBEDDING_MODEL)
+    path = tmp_path / "p.yaml"
+    path.write_text(textwrap.dedent(yaml_text))
+    return path, _cli("validate", str(path))
+
+
+def test_validate_refuses_an_input_range_over_the_embedding_table(tmp_path):
+    path, r = _validate(tmp_path, """\
+        version: 1
+        name: p
+        models:
+          - name: bag
+            source: embmodel:build
+            args: {rows: 100}
+            inputs:
+              - shape: [2, 3]
+                dtype: int64
+                high: 1000
+        """)
+    assert r.exit_code == 2
+    assert r.output.strip() == (f"error: {path}:10: models[0].inputs[0].high: high: 1000 does not fit embedding "
+                                "'table', which has 100 rows (indices must lie in [0, 100)); set high: 100 or less")
+
+
+def test_validate_accepts_an_input_range_that_fits_the_table(tmp_path):
+    _, r = _validate(tmp_path, """\
+        version: 1
+        name: p
+        models:
+          - {name: bag, source: "embmodel:build", args: {rows: 100}, inputs: [{shape: [2, 3], dtype: int64, high: 100}]}
+        """)
+    assert r.exit_code == 0, r.output
+
+
+def test_validate_refuses_args_the_callable_does_not_take_naming_the_valid_ones(tmp_path):
+    path, r = _validate(tmp_path, """\
+        version: 1
+        name: p
+        models:
+          - name: tt
+            source: aotpipe.zoo:tiny_transformer
+            args:
+              vocab: 100
+              head: 2
+            inputs: [{shape: [2, 3], dtype: int64, high: 100}]
+        """)
+    assert r.exit_code == 2
+    assert r.output.strip() == (f"error: {path}:8: models[0].args.head: aotpipe.zoo:tiny_transformer takes no "
+                                "argument 'head'; it takes: vocab, dim, heads, layers, max_len")
+
+
+def test_verbose_works_after_the_subcommand(tmp_path):
+    path, quiet = _validate(tmp_path, """\
+        version: 1
+        name: p
+        models:
+          - {name: tt, source: "aotpipe.zoo:tiny_transformer", args: {head: 2}, inputs: [{shape: [2, 3]}]}
+        """)
+    assert quiet.exit_code == 2 and "Traceback" not in quiet.output
+    loud = _cli("validate", str(path), "-v")
+    assert type(loud.exception).__name__ == "ConfigError"  # -v re-raises: the traceback is shown
+    assert "takes no argument 'head'" in str(loud.exception)
+
+
+def test_top_level_help_cuts_no_description_and_every_command_has_an_example():
+    top = _cli("--help").output
+    commands = top.split("Commands:")[1].strip().splitlines()
+    assert len(commands) == 8
+    assert not [c for c in commands if c.rstrip().endswith("...")]
+    for line in commands:
+        name = line.split()[0]
+        assert "Examples:\n    aotpipe " + name.replace("_cmd", "") in _cli(name, "--help").output, name
