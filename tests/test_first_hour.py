@@ -1,5 +1,6 @@
 """A new user's mistakes: each gets one line naming the file, line or field, and the fix."""
 
+import sys
 import textwrap
 
 import pytest
@@ -156,3 +157,41 @@ def test_top_level_help_cuts_no_description_and_every_command_has_an_example():
     for line in commands:
         name = line.split()[0]
         assert "Examples:\n    aotpipe " + name.replace("_cmd", "") in _cli(name, "--help").output, name
+
+
+def test_replay_trust_code_says_why_there_is_no_eager_comparison(tmp_path, monkeypatch):
+    # The source (embmodel.py) sits beside the pipeline, not in the working directory.
+    (tmp_path / "embmodel.py").write_text(EMBEDDING_MODEL)
+    result, out = run_yaml(tmp_path, textwrap.dedent("""\
+        version: 1
+        name: p
+        defaults: {graphs: [inference]}
+        models:
+          - {name: bag, source: "embmodel:build", inputs: [{shape: [2, 3], dtype: int64, high: 100}]}
+        """))
+    assert result.exit_code == 0, result.output
+    monkeypatch.delitem(sys.modules, "embmodel")  # as in a new process: the run imported it here
+    r = _cli("replay", str(out / "p" / "bag"), "--trust-code", "--bench", "1")
+    assert "note: no eager comparison: the model's source does not import from " in r.output
+    assert "cannot import module 'embmodel'" in r.output and "put the module on PYTHONPATH" in r.output
+
+
+def test_replay_trust_code_replays_the_packed_graph_it_recorded_not_module_py(tmp_path):
+    from aotpipe.artifact.load import load
+    from aotpipe.passes.prepack import is_packed
+
+    result, out = run_yaml(tmp_path, textwrap.dedent("""\
+        version: 1
+        name: cf
+        defaults: {graphs: [inference], passes: cpu-fast}
+        models:
+          - {name: cnn, source: "aotpipe.zoo:small_cnn", args: {channels: 4}, inputs: [{shape: [1, 3, 8, 8]}]}
+        """))
+    assert result.exit_code == 0, result.output
+    folder = out / "cf" / "cnn"
+    art = load(folder, trust_code=True)
+    fast = next(k for k in art.graphs if k.startswith("inference."))
+    assert is_packed(art.graphs[fast].module)  # built from graph.json and packed, as when it was recorded
+    r = _cli("replay", str(folder), "--trust-code", "--graph", fast)
+    assert r.exit_code == 0, r.output
+    assert " match " in r.output and "mismatch" not in r.output

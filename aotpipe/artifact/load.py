@@ -272,9 +272,12 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
     trace = None
     if (folder / TRACE).exists() or (folder / TRACE).is_symlink():
         _, trace = records.read(TraceRecord, folder / TRACE, folder)
-    if trust_code:
+    if trust_code and not _packed_at_load(graph):
         module: Any = _import_module_py(folder / MODULE_PY)
     else:
+        # With trust_code too, a graph the loader packs (cpu-fast's convolutions and linears):
+        # module.py holds it dense, but its recorded outputs come from the packed graph, so
+        # module.py would be another graph than the one replayed and compared.
         def build() -> torch.nn.Module:
             constants = {}
             recomputed: Optional[dict[str, torch.Tensor]] = None
@@ -302,6 +305,14 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
         deferred = any(n.recompute for n in graph.nodes)
         module = build if deferred else build()
     return GraphArtifact(record.kind, folder, record, module, blobs, trace)
+
+
+def _packed_at_load(graph: records.GraphRecord) -> bool:
+    """Whether the graph calls an op :func:`_packed_for_this_cpu` may pack (it is then
+    always built from graph.json)."""
+    from aotpipe.passes.prepack import PACKABLE_TARGETS
+
+    return any(n.op == "call_function" and n.target in PACKABLE_TARGETS for n in graph.nodes)
 
 
 def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

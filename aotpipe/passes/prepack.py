@@ -38,6 +38,9 @@ _mkldnn = torch.ops.mkldnn
 _CONVS = {_mkldnn._convolution_pointwise.default: 1, _mkldnn._convolution_pointwise.binary: 2}  # weight's index
 _LINEAR = torch.ops.aten.linear.default
 _DENSE = "dense_graph"  # gm.meta key: the graph before packing
+# graph.json's names of the ops prepack may pack (the loader builds such graphs from graph.json).
+PACKABLE_TARGETS = frozenset({"mkldnn._convolution_pointwise.default", "mkldnn._convolution_pointwise.binary",
+                              "aten.linear.default"})
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
