@@ -1,4 +1,7 @@
-"""`aotpipe ls` and `aotpipe show`: what is in an artefact folder, for people."""
+"""`aotpipe ls` and `aotpipe show`: what is in an artefact folder, for people.
+
+`ls` reads manifests only and imports no torch (it answers in a fraction of a second);
+`show` loads the graphs."""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from aotpipe.artifact import records
-from aotpipe.artifact.graph_json import target_name
-from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import seal_ok
 from aotpipe.artifact.records import MANIFEST, Manifest
 from aotpipe.errors import ArtifactError, exception_line
@@ -66,6 +67,9 @@ def describe(path: Path, trust_ops: Sequence[str] = ()) -> str:
 
 
 def _describe(path: Path, trust_ops: Sequence[str]) -> str:
+    from aotpipe.artifact.graph_json import target_name  # torch: not for ls, which reads manifests only
+    from aotpipe.artifact.load import load
+
     art = load(path, trust_ops=trust_ops)
     m = art.manifest
     lines = [

@@ -195,3 +195,15 @@ def test_replay_trust_code_replays_the_packed_graph_it_recorded_not_module_py(tm
     r = _cli("replay", str(folder), "--trust-code", "--graph", fast)
     assert r.exit_code == 0, r.output
     assert " match " in r.output and "mismatch" not in r.output
+
+
+def test_ls_imports_no_torch(failed_artefact):
+    import subprocess
+
+    code = ("import sys; from aotpipe.cli import main; "
+            "main(['ls', sys.argv[1]], standalone_mode=False); "
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')")
+    out = subprocess.run([sys.executable, "-c", code, str(failed_artefact.parent)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "bag" in out and "FAILED" in out
+    assert out.strip().endswith("no torch")

@@ -100,6 +100,15 @@ def stored_graph(gm: torch.fx.GraphModule) -> torch.fx.Graph:
     return gm.meta.get(_DENSE, gm.graph)
 
 
+def unpacked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`gm` with its dense weights, as graph.json holds it (a new module sharing gm's tensors):
+    what to hand torch.compile, whose inductor cannot lower MKL's packed linear
+    (``mkl._mkl_linear``). `gm` itself when prepack packed nothing."""
+    if not is_packed(gm):
+        return gm
+    return torch.fx.GraphModule(gm, copy.deepcopy(stored_graph(gm)))
+
+
 def is_packed(gm: torch.fx.GraphModule) -> bool:
     return _DENSE in gm.meta
 
