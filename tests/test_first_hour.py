@@ -197,6 +197,50 @@ def test_replay_trust_code_replays_the_packed_graph_it_recorded_not_module_py(tm
     assert " match " in r.output and "mismatch" not in r.output
 
 
+def _cpu_fast_cnn(tmp_path):
+    result, out = run_yaml(tmp_path, textwrap.dedent("""\
+        version: 1
+        name: cf
+        defaults: {graphs: [inference], passes: cpu-fast}
+        models:
+          - {name: cnn, source: "aotpipe.zoo:small_cnn", args: {channels: 4}, inputs: [{shape: [1, 3, 8, 8]}]}
+        """))
+    assert result.exit_code == 0, result.output
+    from aotpipe.artifact.load import load
+
+    art = load(out / "cf" / "cnn")
+    return art.graphs[next(k for k in art.graphs if k.startswith("inference."))]
+
+
+def test_unpacked_gives_the_dense_form_of_a_packed_graph(tmp_path):
+    import torch
+
+    from aotpipe.passes.prepack import is_packed, packed_linear, unpacked
+
+    ga = _cpu_fast_cnn(tmp_path)
+    assert is_packed(ga.module)
+    dense = unpacked(ga.module)
+    assert packed_linear in {n.target for n in ga.module.graph.nodes}
+    assert packed_linear not in {n.target for n in dense.graph.nodes}
+    assert "mkl._mkl_linear" not in str(dense.code) and "_packed" not in str(dense.code)
+    inputs = ga.saved_inputs()
+    torch.testing.assert_close(dense(*inputs), ga.module(*inputs))
+
+
+@pytest.mark.slow
+def test_torch_compile_takes_the_unpacked_form_of_a_cpu_fast_graph(tmp_path):
+    import torch
+
+    from aotpipe.passes.prepack import unpacked
+
+    ga = _cpu_fast_cnn(tmp_path)
+    inputs = ga.saved_inputs()
+    with pytest.raises(Exception, match="LoweringException"):  # why README points at unpacked
+        torch.compile(ga.module)(*inputs)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(unpacked(ga.module))(*inputs), ga.module(*inputs))
+
+
 def test_ls_imports_no_torch(failed_artefact):
     import subprocess
 
