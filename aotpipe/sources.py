@@ -311,7 +311,9 @@ def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None) -> l
             return record
 
         for name, m in model.named_modules():
-            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+            # A subclass with its own forward may use its input otherwise (transformers' learned
+            # positional embeddings take input_ids for their shape only): only tables that index.
+            if type(m).forward in (torch.nn.Embedding.forward, torch.nn.EmbeddingBag.forward):
                 hooks.append(m.register_forward_pre_hook(hook(name, m)))
         if not hooks:
             return []

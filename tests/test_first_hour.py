@@ -251,3 +251,35 @@ def test_ls_imports_no_torch(failed_artefact):
                          check=True).stdout
     assert "bag" in out and "FAILED" in out
     assert out.strip().endswith("no torch")
+
+
+def test_validate_ignores_an_embedding_subclass_that_reads_only_its_inputs_shape(tmp_path):
+    (tmp_path / "posmodel.py").write_text(textwrap.dedent("""\
+        import torch
+        from torch import nn
+
+        class Positions(nn.Embedding):
+            def forward(self, ids):  # positions 0..T-1: the ids' values are never indices here
+                return self.weight[: ids.shape[1]]
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tok = nn.Embedding(1000, 4)
+                self.pos = Positions(16, 4)
+
+            def forward(self, ids):
+                return self.tok(ids) + self.pos(ids)
+
+        def build():
+            return M()
+        """))
+    path = tmp_path / "p.yaml"
+    path.write_text(textwrap.dedent("""\
+        version: 1
+        name: p
+        models:
+          - {name: m, source: "posmodel:build", inputs: [{shape: [2, 8], dtype: int64, high: 1000}]}
+        """))
+    r = _cli("validate", str(path))
+    assert r.exit_code == 0, r.output
