@@ -1,8 +1,9 @@
 """Small builtin models for the quickstart pipeline and the tests.
 
 Each is a function returning an nn.Module, usable as ``source: aotpipe.zoo:<name>``.
-They are small enough to capture in a second and cover the graph features that matter:
-convolution with batchnorm, attention, layernorm, GELU, and buffer mutation.
+They are small enough to capture in seconds and cover the graph features that matter:
+convolution with batchnorm, attention, layernorm, GELU, buffer mutation, recurrent layers
+(lstm, gru, rnn), data-dependent sizes (topk_moe) and a data-dependent branch (sign_branch).
 """
 
 from __future__ import annotations
