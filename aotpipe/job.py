@@ -7,6 +7,7 @@ before, by the runner (aotpipe/incremental.py), so a warm re-run never gets here
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import traceback
@@ -65,7 +66,8 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         }
         stage = _stage(spec, "capture")
         capture = capture_meta if meta else \
-            {"export": capture_export, "dynamo": capture_dynamo, "auto": capture_auto}[spec.mode]
+            {"export": capture_export, "dynamo": capture_dynamo,
+             "auto": functools.partial(capture_auto, export=capture_export)}[spec.mode]
         loss = {} if spec.mode == "dynamo" else {"loss": spec.loss}  # dynamo's joint has no loss
         captured = capture(
             model, args, kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names, int_ranges=ranges,

@@ -649,13 +649,16 @@ def capture_auto(
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
     loss: str = "sum",
+    export: Optional[Callable[..., CapturedGraphs]] = None,
 ) -> CapturedGraphs:
     """capture_export (differentiating `loss`), or where it fails, capture_dynamo (which has
     no loss: a tangent per output); the capture says why it fell back (CapturedGraphs.fallback,
-    a note, the manifest's capture.fallback)."""
+    a note, the manifest's capture.fallback). `export`: the export capture to try first (the
+    one the caller uses for mode export; capture_export by default)."""
+    export = export or _export.capture_export
     try:
         with _torch_logs_quiet():  # export's failure is expected here: its own logs are noise
-            return _export.capture_export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
+            return export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
                                           int_ranges=int_ranges, loss=loss)
     except Exception as e:  # export's failure, whatever raised it: dynamo may still capture the model
         why = str(e) if isinstance(e, CaptureError) else exception_line(e)
