@@ -81,14 +81,26 @@ def _check_device(name: str) -> None:
             raise AotpipeError(f"--device {name!r} is not available on this machine ({why})") from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors.")
+class _Main(click.Group):
+    """The command group; `-v`/`--verbose` is taken anywhere on the line (`aotpipe run x.yaml -v`),
+    not only before the command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        verbose = [a for a in args[:end] if a in ("-v", "--verbose")]
+        if verbose:
+            args = ["--verbose"] + [a for a in args[:end] if a not in ("-v", "--verbose")] + args[end:]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks for errors (anywhere on the line).")
 @click.version_option(package_name="aotpipe")
 def main(verbose: bool) -> None:
     """aotpipe: capture, save and check ahead-of-time FX graphs of PyTorch models."""
 
 
-@main.command()
+@main.command(short_help="Capture a pipeline's models into graph artefacts.")
 @click.argument("pipeline", type=click.Path(dir_okay=False))
 @click.option("--output", "-o", type=click.Path(file_okay=False), help="Output folder (overrides the YAML's output).")
 @click.option("--only", multiple=True, metavar="NAME", help="Run only this model (repeatable).")
@@ -106,7 +118,13 @@ def main(verbose: bool) -> None:
 @_user_errors
 def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str | None, workers: int | None,
         force: bool, as_json: bool, no_progress: bool, key: str | None) -> None:
-    """Capture every model of PIPELINE into graph artefacts."""
+    """Capture every model of PIPELINE into graph artefacts.
+
+    \b
+    Examples:
+      aotpipe run pipelines/quickstart.yaml
+      aotpipe run pipelines/families.yaml --only lstm -v
+    """
     from aotpipe.config import load_pipeline
     from aotpipe.report import REPORT_MD, RUN_JSON, settled_text
     from aotpipe.runner import run_pipeline
@@ -141,22 +159,32 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
     sys.exit(0 if result.ok else 1)
 
 
-@main.command()
+@main.command(short_help='Check a pipeline file without capturing.')
 @click.argument("pipeline", type=click.Path(dir_okay=False))
 @_user_errors
 def validate(pipeline: str) -> None:
-    """Check PIPELINE without tracing anything: print ok, or every error."""
+    """Check PIPELINE without tracing anything: print ok, or every error.
+
+    \b
+    Examples:
+      aotpipe validate pipelines/quickstart.yaml
+    """
     from aotpipe.config import load_pipeline
 
     p = load_pipeline(pipeline)
     click.echo(f"ok: {pipeline}: pipeline {p.name!r}, {len(p.models)} model(s)")
 
 
-@main.command()
+@main.command(short_help='Print the JSON Schema of the YAML or the artefacts.')
 @click.option("--artifact", is_flag=True,
               help="The artefact format instead: manifest.json, inputs.json, trace.json, graph.json, signature.json.")
 def schema(artifact: bool) -> None:
-    """Print the JSON Schema of the pipeline YAML (or with --artifact, of the artefact format)."""
+    """Print the JSON Schema of the pipeline YAML (or with --artifact, of the artefact format).
+
+    \b
+    Examples:
+      aotpipe schema > aotpipe.schema.json
+    """
     if artifact:
         from aotpipe.artifact.records import json_schema as artifact_schema
 
@@ -167,7 +195,7 @@ def schema(artifact: bool) -> None:
     click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
 
 
-@main.command()
+@main.command(short_help="Replay an artefact's graphs and compare.")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--graph", "graphs", multiple=True, metavar="KIND",
               help="Replay only this graph (repeatable): inference, forward, backward, joint, a later dynamo "
@@ -207,12 +235,20 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
 
     The graphs run in a sandboxed worker (bubblewrap: no network, a read-only filesystem,
     memory and CPU limits), unless the artefact is signed by --key or --no-sandbox is given.
+
+    \b
+    Examples:
+      aotpipe replay artifacts/quickstart/mlp
+      aotpipe replay artifacts/quickstart/mlp --graph forward --chain
+      aotpipe replay artifacts/quickstart/mlp --threads 1
     """
     from pathlib import Path
 
     from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed, trust_problems
 
     p = Path(path)
+    _artefact_folder(p)
+    failed = _failed_at_capture(p if (p / "manifest.json").exists() else p.parent)
     opts = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
                 threads=threads, trust_code=trust_code, trust_ops=trust_ops)
     in_process = no_sandbox
@@ -223,12 +259,20 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
             from aotpipe.sandbox.launch import printable
 
             click.echo(f"note: not signed by {key}, so replayed in the sandbox: {printable(untrusted[0])}", err=True)
-    if in_process:
-        if device is not None:
-            _check_device(device)
-        outcome = replay_outcome(p, **opts)
-    else:
-        outcome = replay_sandboxed(p, **opts)
+    try:
+        if in_process:
+            if device is not None:
+                _check_device(device)
+            outcome = replay_outcome(p, **opts)
+        else:
+            outcome = replay_sandboxed(p, **opts)
+    except AotpipeError as e:
+        if not failed:
+            raise
+        raise AotpipeError(f"{path}: this artefact FAILED when captured ({failed}); fix the model or pipeline and "
+                           f"run it again (replay stopped at: {e})") from e
+    if failed:
+        _say(f"note: this artefact FAILED when captured: {failed}", err=True)
     results, chained, no_eager, ok = outcome.graphs, outcome.chain, outcome.no_eager, outcome.ok
     if as_json:
         click.echo(json.dumps(outcome.to_json(), indent=2, sort_keys=True))
@@ -267,7 +311,18 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     sys.exit(0 if ok else 1)
 
 
-@main.command()
+def _artefact_folder(p: Any) -> None:
+    """Refuse, in one line, a folder that holds artefacts rather than being one (a pipeline's output)."""
+    from aotpipe.artifact.verify import find_artifacts
+
+    if not p.is_dir() or (p / "manifest.json").exists() or (p / "graph.json").exists():
+        return
+    models, _ = find_artifacts(p)
+    if models:
+        raise AotpipeError(f"{p} is not an artefact folder; pass a model folder such as {models[0]}")
+
+
+@main.command(short_help="Check artefacts' files: hashes, format, loading.")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the problems as JSON.")
 @click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", default=None,
@@ -284,6 +339,10 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
     """Check every artefact under DIRECTORY: hashes, format version, safe loading, module.py.
 
     Without --key this catches corruption, not forgery (a forger can recompute hashes).
+
+    \b
+    Examples:
+      aotpipe verify artifacts/quickstart
     """
     from pathlib import Path
 
@@ -294,6 +353,9 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
 
     parse_trust(trust_ops)  # a malformed --trust-ops is the user's error, once
     results = verify_tree(Path(directory), key or None, trust_ops=trust_ops)
+    if not results:  # a mistyped path must not pass a CI step
+        raise AotpipeError(f"{directory}: no artefacts found (looked for manifest.json in it and every folder below); "
+                           "nothing was checked: pass a pipeline's output folder or a model folder")
     bad = {str(k): v for k, v in results.items() if v}
     if as_json:
         click.echo(json.dumps({"checked": len(results), "problems": bad}, indent=2, sort_keys=True))
@@ -304,15 +366,31 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
                 for p in problems:
                     _say(f"    {p}")
             else:
-                _say(f"ok      {folder}")
-        click.echo(f"{len(results) - len(bad)}/{len(results)} artefacts ok")
-    if not results:
-        _say(f"no artefacts under {directory}", err=True)
+                failed = _failed_at_capture(folder)
+                _say(f"ok      {folder}" + (f"  (files intact; the artefact itself FAILED when captured: "
+                                           f"{failed})" if failed else ""))
+        click.echo(f"{len(results) - len(bad)}/{len(results)} artefacts ok (integrity: hashes, format, safe loading, "
+                   "module.py; `aotpipe show` says how each checked when captured)")
     breaches = any(isinstance(p, Breach) for problems in results.values() for p in problems)
     sys.exit(2 if breaches else 1 if bad else 0)
 
 
-@main.command()
+def _failed_at_capture(folder: Any) -> str | None:
+    """Why the run that wrote the artefact in `folder` failed it, or None (also when its
+    manifest cannot be read: verify has said so)."""
+    from pathlib import Path
+
+    from aotpipe.artifact import records
+    from aotpipe.results import why_failed
+
+    try:
+        _, manifest = records.read(records.Manifest, Path(folder) / records.MANIFEST)
+    except (AotpipeError, OSError):
+        return None
+    return why_failed(manifest)
+
+
+@main.command(short_help='Sign every artefact under a folder.')
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", required=True,
               help="An Ed25519 private key (PEM, DER or OpenSSH), or an HMAC-SHA256 secret of at least 32 bytes "
@@ -323,6 +401,10 @@ def sign(directory: str, key: str) -> None:
 
     Each must verify first. Check with: aotpipe verify DIRECTORY --key KEY (the public key
     for Ed25519, the same secret for HMAC).
+
+    \b
+    Examples:
+      aotpipe sign artifacts/quickstart --key signing.pem
     """
     from pathlib import Path
 
@@ -351,11 +433,16 @@ def sign(directory: str, key: str) -> None:
     sys.exit(2 if breach else 1 if failed else 0)
 
 
-@main.command(name="ls")
+@main.command(name="ls", short_help='List artefacts and their status.')
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @_user_errors
 def ls_cmd(directory: str) -> None:
-    """List the artefacts under DIRECTORY with their status."""
+    """List the artefacts under DIRECTORY with their status.
+
+    \b
+    Examples:
+      aotpipe ls artifacts
+    """
     from pathlib import Path
 
     from aotpipe.inspect import list_artifacts
@@ -376,14 +463,19 @@ def ls_cmd(directory: str) -> None:
         sys.exit(2)
 
 
-@main.command()
+@main.command(short_help="Describe one artefact's graphs.")
 @click.argument("artifact", type=click.Path(exists=True))
 @click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",
               help="Accept ops of this library namespace (as replay --trust-ops).")
 @_user_errors
 @_byte_limit
 def show(artifact: str, trust_ops: tuple[str, ...]) -> None:
-    """Print an artefact's graphs, node counts, op histogram, inputs and outputs."""
+    """Print an artefact's graphs, node counts, op histogram, inputs and outputs.
+
+    \b
+    Examples:
+      aotpipe show artifacts/quickstart/small_cnn
+    """
     from pathlib import Path
 
     from aotpipe.inspect import describe_lines

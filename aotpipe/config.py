@@ -114,10 +114,10 @@ class ExecutorSpec(_Strict):
 class Defaults(_Strict):
     """Settings every model inherits and may override."""
 
-    mode: Mode = Field("export", description="capture mode: export (torch.export + AOTAutograd); dynamo "
+    mode: Mode = Field("auto", description="capture mode: auto (export, else dynamo, recording why; the default: "
+                       "it captures the most models); export (torch.export + AOTAutograd); dynamo "
                        "(torch.compile with a capturing backend: graphs per subgraph, graph breaks recorded); "
-                       "meta (export of the model built on the meta device: shapes only, no values, no memory); "
-                       "auto (export, else dynamo, recording why)")
+                       "meta (export of the model built on the meta device: shapes only, no values, no memory)")
     graphs: list[GraphKind] = Field(list(GRAPH_KINDS), description="graph kinds to save")
     passes: Union[str, list[Union[str, dict[str, Any]]]] = Field(
         [], description="pass chain: names (freeze) or {name: {options}}; each applies to `graphs:` "
@@ -518,12 +518,40 @@ def parse_pipeline(
             if isinstance(m, dict) and isinstance(m.get("source"), str)], base_dir))
 
     problems.extend(_check_field_combinations(path, lines, data))
+    resolved = None
+    if not problems:
+        assert parsed is not None
+        resolved = _resolve(parsed, path, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
+                                           enumerate(data.get("models") or []) if isinstance(m, dict)})
+        if check_sources:
+            problems.extend(_model_problems(path, lines, resolved, base_dir))
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise ConfigError(problems)
-    assert parsed is not None
-    return _resolve(parsed, path, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
-                                   enumerate(data.get("models") or []) if isinstance(m, dict)})
+    assert resolved is not None
+    return resolved
+
+
+def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
+    """What importing and building each model shows: `args` its callable does not take, and
+    integer input ranges that do not fit the embedding tables they index."""
+    from aotpipe.sources import args_problem, embedding_range_problems
+
+    problems = []
+    for i, spec in enumerate(pipeline.models):
+        bad_args = args_problem(spec, base_dir)
+        if bad_args is not None:
+            name, msg = bad_args
+            where = ("models", i, "args", name) if name else ("models", i, "args")
+            problems.append(Problem(path, lines.get(where) or lines.get(("models", i, "args"))
+                                    or lines.get(("models", i, "source")),
+                                    f"models[{i}].args" + (f".{name}" if name else ""), msg))
+            continue  # the model cannot be built with these args
+        for j, msg in embedding_range_problems(spec, base_dir):
+            problems.append(Problem(path, lines.get(("models", i, "inputs", j, "high"))
+                                    or lines.get(("models", i, "inputs", j)),
+                                    f"models[{i}].inputs[{j}].high", msg))
+    return problems
 
 
 def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) -> list[Problem]:

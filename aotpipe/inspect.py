@@ -1,4 +1,7 @@
-"""`aotpipe ls` and `aotpipe show`: what is in an artefact folder, for people."""
+"""`aotpipe ls` and `aotpipe show`: what is in an artefact folder, for people.
+
+`ls` reads manifests only and imports no torch (it answers in a fraction of a second);
+`show` loads the graphs."""
 
 from __future__ import annotations
 
@@ -7,18 +10,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from aotpipe.artifact import records
-from aotpipe.artifact.graph_json import target_name
-from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import seal_ok
 from aotpipe.artifact.records import MANIFEST, Manifest
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.graph_keys import key_order, parse_graph_key
 from aotpipe.report import human_size as _size
+from aotpipe.results import failed_last_time, why_failed
 
 
 def artifact_status(manifest: Manifest) -> str:
     """verified, shapes only, unverified, or FAILED (a graph did not run as recorded, or a check failed)."""
-    from aotpipe.results import failed_last_time
 
     rec = manifest.verification
     if not rec:
@@ -88,6 +89,9 @@ def describe_lines(path: Path, trust_ops: Sequence[str] = ()) -> list[str]:
 
 
 def _describe(path: Path, trust_ops: Sequence[str]) -> list[str]:
+    from aotpipe.artifact.graph_json import target_name  # torch: not for ls, which reads manifests only
+    from aotpipe.artifact.load import load
+
     art = load(path, trust_ops=trust_ops)
     m = art.manifest
     lines = [
@@ -102,6 +106,9 @@ def _describe(path: Path, trust_ops: Sequence[str]) -> list[str]:
                          + (f": {b.code}" if b.code else ""))
     if c.fallback is not None:
         lines.append(f"capture: export failed, dynamo used: {c.fallback}")
+    failed = why_failed(m)
+    if failed:
+        lines.append(f"FAILED when captured: {failed}; fix the model or pipeline and run it again")
     for kind, ga in art.graphs.items():
         gm = ga.structure  # as graph.json holds it, never run (nothing recomputed)
         ops = collections.Counter(
@@ -132,7 +139,8 @@ def _describe(path: Path, trust_ops: Sequence[str]) -> list[str]:
             lines.append(f"  pass {step.name}: {step.nodes_before} -> {step.nodes_after} nodes, {did}")
         v = (m.verification or {}).get(kind)
         if v is not None:
-            lines.append(f"  verified: {v.status} ({v.inputs} inputs)")
+            how = f" ({v.inputs} inputs)" if v.inputs is not None else ""
+            lines.append(f"  verified: {v.status}{how}" + (f": {v.error}" if v.error else ""))
     if not art.graphs:
         raise ArtifactError(f"{path}: no graphs")
     return lines

@@ -7,6 +7,8 @@ before, by the runner (aotpipe/incremental.py), so a warm re-run never gets here
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 import traceback
 from pathlib import Path
@@ -40,7 +42,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
 
     start = time.perf_counter()
     result = ModelResult(name=spec.name, status="failed")
-    stage = "source"
+    stage = _stage(spec, "source")
     try:
         fp = model_fingerprint(spec, base_dir)
         if not force:
@@ -62,9 +64,10 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             for i, inp in enumerate(spec.inputs)
             if inp.is_integer
         }
-        stage = "capture"
+        stage = _stage(spec, "capture")
         capture = capture_meta if meta else \
-            {"export": capture_export, "dynamo": capture_dynamo, "auto": capture_auto}[spec.mode]
+            {"export": capture_export, "dynamo": capture_dynamo,
+             "auto": functools.partial(capture_auto, export=capture_export)}[spec.mode]
         loss = {} if spec.mode == "dynamo" else {"loss": spec.loss}  # dynamo's joint has no loss
         captured = capture(
             model, args, kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names, int_ranges=ranges,
@@ -82,11 +85,11 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         pass_problems: list[str] = []
         diagnose: dict[str, Any] = {}
         if spec.passes:
-            stage = "passes"
+            stage = _stage(spec, "passes")
             t0 = time.perf_counter()
             pass_problems, result.passes, diagnose = apply_passes(spec, captured, inputs)
             result.passes_seconds = time.perf_counter() - t0
-        stage = "write"
+        stage = _stage(spec, "write")
         t0 = time.perf_counter()
         eager: Any = None
         if spec.verify:
@@ -138,14 +141,39 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             result.status, result.stage = "failed", "passes"
             result.error = "; ".join(pass_problems[:3])
     except AotpipeError as e:
-        result.stage, result.error = stage, str(e)
+        result.stage, result.error = stage, _said_what_next(spec, stage, str(e), e)
         result.traceback = traceback.format_exc()
     except Exception as e:  # a model's own code (or torch) failed: record it, go on
-        result.stage, result.error = stage, exception_line(e)
+        result.stage, result.error = stage, _said_what_next(spec, stage, exception_line(e), e)
         result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start
     return result
+
+
+# The runner's progress bar shows each running model's stage: a job writes it to a file named
+# after the model in this folder (set by the runner while its bar is shown; inherited by workers).
+PROGRESS_DIR_ENV = "AOTPIPE_PROGRESS_DIR"
+
+
+def _stage(spec: ModelSpec, stage: str) -> str:
+    """`stage`, after telling the runner's progress bar (if there is one) that the model is at it."""
+    folder = os.environ.get(PROGRESS_DIR_ENV)
+    if folder:
+        try:
+            (Path(folder) / spec.name).write_text(stage)
+        except OSError:
+            pass  # progress is a courtesy: never a model's failure
+    return stage
+
+
+def _said_what_next(spec: ModelSpec, stage: str, error: str, e: BaseException) -> str:
+    """A capture failure's line with what to try next (capture/hints.py); other stages' as they are."""
+    if stage != "capture":
+        return error
+    from aotpipe.capture.hints import chain_text, with_hint
+
+    return with_hint(spec.mode, error, chain_text(e))
 
 
 def _write_meta(spec: ModelSpec, out_dir: Path, captured: Any, fp: str, key: Path | None, result: ModelResult,

@@ -49,7 +49,11 @@ def _replay_cell(m) -> str:
         return "-"
     graphs = m.verification["graphs"]
     if all(s in ("match", "recorded") for s in graphs.values()):
-        return f"all {len(graphs)} recorded" if "chain" not in graphs else f"{len(graphs) - 1} graphs recorded, chain match"
+        # "chain" (export) and "chain_<i>" (a dynamo subgraph's) are forward-backward checks, not graphs
+        chains = sum(1 for k in graphs if k == "chain" or k.startswith("chain_"))
+        if not chains:
+            return f"all {len(graphs)} recorded"
+        return f"{len(graphs) - chains} graphs recorded, {'chain' if chains == 1 else f'{chains} chains'} match"
     return ", ".join(f"{k} {s}" for k, s in graphs.items() if s not in ("match", "recorded")) or "ran"
 
 

@@ -127,6 +127,21 @@ def failed_last_time(manifest: Manifest) -> bool:
                 or manifest.pass_failures)
 
 
+def why_failed(manifest: Manifest) -> Optional[str]:
+    """One line saying why the run that wrote an artefact failed it (see failed_last_time), or None."""
+    from aotpipe.graph_keys import key_order
+
+    problems = sorted(verification_summary(manifest)["problems"], key=lambda p: key_order(p.split(" ", 1)[0]))
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return problems[0][:300] + more
+    if manifest.checks is not None and manifest.checks.failed:
+        return f"{manifest.checks.failed} check(s) failed"
+    if manifest.pass_failures:
+        return f"pass chain failed: {str(manifest.pass_failures[0])[:300]}"
+    return None
+
+
 def graph_results(manifest: Manifest) -> list[GraphResult]:
     """The manifest's graphs in the order a run writes them: captured ones (by subgraph, then
     kind), then those made by passes."""

@@ -7,11 +7,15 @@ this process, without importing torch), hands the rest to an executor as tasks t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
+import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from aotpipe.config import ModelSpec, Pipeline
 from aotpipe.results import ModelResult, RunResult
@@ -93,8 +97,10 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
     from aotpipe.job import run_model
 
     results: list[Optional[ModelResult]] = [None] * len(specs)
-    bar = tqdm(total=len(specs), unit="model", disable=not progress, dynamic_ncols=True)
+    # disable=None: tqdm shows the bar on a terminal only, never in a redirected log
+    bar = tqdm(total=len(specs), unit="model", disable=None if progress else True, dynamic_ncols=True)
     running: list[str] = []
+    stages = _StageWatch(bar, running) if not bar.disable else None
 
     def finished(i: int, r: ModelResult) -> None:
         results[i] = r
@@ -127,7 +133,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
 
         def on_start(t: int) -> None:
             running.append(tasks[t].name)
-            bar.set_description(", ".join(running[-3:]))
+            bar.set_description(stages.describe() if stages else ", ".join(running[-3:]))
 
         def on_done(t: int, outcome: Outcome) -> None:
             name = tasks[t].name
@@ -141,10 +147,56 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
                 r = outcome
             finished(todo[t], r)
 
-        executor.run(tasks, on_start=on_start, on_done=on_done)
+        with stages if stages is not None else contextlib.nullcontext():
+            executor.run(tasks, on_start=on_start, on_done=on_done)
     finally:
         bar.close()
     return [r for r in results if r is not None]
+
+
+class _StageWatch:
+    """While entered: the stage each running model is at (source, capture, passes, write),
+    as its job reports it (job.PROGRESS_DIR_ENV), shown in the bar's description twice a second."""
+
+    def __init__(self, bar: Any, running: list[str]):
+        self.bar, self.running = bar, running
+        self.folder: Optional[Path] = None
+        self.stop = threading.Event()
+
+    def describe(self) -> str:
+        parts = []
+        for name in self.running[-3:]:
+            try:
+                stage = (self.folder / name).read_text().strip() if self.folder else ""
+            except OSError:
+                stage = ""
+            parts.append(f"{name}: {stage}" if stage else name)
+        return ", ".join(parts)
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.5):
+            self.bar.set_description(self.describe(), refresh=True)
+
+    def __enter__(self) -> "_StageWatch":
+        from aotpipe.job import PROGRESS_DIR_ENV
+
+        self.folder = Path(tempfile.mkdtemp(prefix="aotpipe-progress-"))
+        self._saved = os.environ.get(PROGRESS_DIR_ENV)
+        os.environ[PROGRESS_DIR_ENV] = str(self.folder)
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from aotpipe.job import PROGRESS_DIR_ENV
+
+        self.stop.set()
+        self.thread.join()
+        if self._saved is None:
+            os.environ.pop(PROGRESS_DIR_ENV, None)
+        else:
+            os.environ[PROGRESS_DIR_ENV] = self._saved
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int]:

@@ -254,3 +254,92 @@ def rebuild_from_manifest(model_record: Any, *, trust_code: bool, where: Any) ->
         raise
     except (AotpipeError, ValueError, TypeError, ImportError):
         return None
+
+
+# ---------------------------------------------------------------------------------------
+# what validate can tell from the built model, before any capture
+
+
+def args_problem(spec: ModelSpec, base_dir: Path | None = None) -> tuple[str, str] | None:
+    """(argument name, message) when `args:` names an argument the source's callable does not
+    take, or leaves out one it needs; None when they fit (or the callable hides its signature)."""
+    if spec.source.startswith("hf:"):
+        return None
+    try:
+        fn = _resolve_callable(spec.source, base_dir)
+        sig = inspect.signature(fn)
+    except (SourceError, TypeError, ValueError):
+        return None  # reported as a source problem, or a builtin without a signature
+    params = sig.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    takes = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in spec.args:
+        if name not in takes:
+            return name, (f"{spec.source} takes no argument {name!r}; it takes: {', '.join(takes) or 'none'}")
+    missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in spec.args]
+    if missing:
+        return "", f"{spec.source} needs argument(s) {', '.join(missing)}; add them under args"
+    return None
+
+
+def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None) -> list[tuple[int, str]]:
+    """(input index, message) for each integer input whose range does not fit an embedding
+    table it indexes: its `high` (exclusive) above the table's row count.
+
+    The model is built on the meta device (no memory) and run on meta inputs with a hook on
+    each nn.Embedding that sees which example input (or a view of it) it is given. A model
+    that cannot be built or run so is not checked here (capture reports its own failure).
+    """
+    from aotpipe.global_state import preserved
+
+    integer = {i: inp for i, inp in enumerate(spec.inputs) if inp.is_integer and inp.high is not None}
+    if not integer:
+        return []
+    seen: dict[int, tuple[str, int]] = {}  # input index -> (embedding, rows) of the smallest table
+    with preserved():
+        try:
+            with torch.device("meta"):
+                model = build_model(spec, base_dir)
+            tensors = [torch.empty(inp.shape, dtype=getattr(torch, inp.dtype), device="meta") for inp in spec.inputs]
+        except Exception:
+            return []
+        index_of = {id(t): i for i, t in enumerate(tensors) if i in integer}
+        hooks = []
+
+        def hook(name: str, module: torch.nn.Module):
+            def record(_m: torch.nn.Module, args: tuple) -> None:
+                t = args[0] if args else None
+                while isinstance(t, torch.Tensor) and id(t) not in index_of and t._base is not None:
+                    t = t._base
+                if isinstance(t, torch.Tensor) and id(t) in index_of:
+                    i = index_of[id(t)]
+                    if i not in seen or module.num_embeddings < seen[i][1]:
+                        seen[i] = (name, module.num_embeddings)
+            return record
+
+        for name, m in model.named_modules():
+            # A subclass with its own forward may use its input otherwise (transformers' learned
+            # positional embeddings take input_ids for their shape only): only tables that index.
+            if type(m).forward in (torch.nn.Embedding.forward, torch.nn.EmbeddingBag.forward):
+                hooks.append(m.register_forward_pre_hook(hook(name, m)))
+        if not hooks:
+            return []
+        args = [t for t, inp in zip(tensors, spec.inputs) if inp.name is None]
+        kwargs = {inp.name: t for t, inp in zip(tensors, spec.inputs) if inp.name is not None}
+        try:
+            with torch.no_grad():
+                model.eval()(*args, **kwargs)
+        except Exception:
+            pass  # the hooks saw what ran before the failure
+        finally:
+            for h in hooks:
+                h.remove()
+    out = []
+    for i, (name, rows) in sorted(seen.items()):
+        high = int(integer[i].high)
+        if high > rows:
+            out.append((i, f"high: {high} does not fit embedding {name!r}, which has {rows} rows (indices must lie "
+                           f"in [0, {rows})); set high: {rows} or less"))
+    return out

@@ -1,13 +1,15 @@
 """Small builtin models for the quickstart pipeline and the tests.
 
 Each is a function returning an nn.Module, usable as ``source: aotpipe.zoo:<name>``.
-They are small enough to capture in a second and cover the graph features that matter:
-convolution with batchnorm, attention, layernorm, GELU, and buffer mutation.
+They are small enough to capture in seconds and cover the graph features that matter:
+convolution with batchnorm, attention, layernorm, GELU, buffer mutation, recurrent layers
+(lstm, gru, rnn), data-dependent sizes (topk_moe) and a data-dependent branch (sign_branch).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,4 +125,86 @@ def running_norm(features: int = 16, momentum: float = 0.1) -> nn.Module:
     return RunningNorm(features, momentum)
 
 
-ZOO = {"mlp": mlp, "small_cnn": small_cnn, "tiny_transformer": tiny_transformer, "running_norm": running_norm}
+class Recurrent(nn.Module):
+    """An nn.LSTM, nn.GRU or nn.RNN followed by a linear head on every step's output."""
+
+    def __init__(self, cell: type[nn.RNNBase], input_size: int, hidden: int, out_features: int, **rnn_args: Any):
+        super().__init__()
+        self.rnn = cell(input_size, hidden, **rnn_args)
+        width = (rnn_args.get("proj_size") or hidden) * (2 if rnn_args.get("bidirectional") else 1)
+        self.head = nn.Linear(width, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(x)
+        return self.head(y)
+
+
+def lstm(input_size: int = 8, hidden: int = 16, out_features: int = 4, num_layers: int = 1,
+         bidirectional: bool = False, batch_first: bool = False, dropout: float = 0.0, proj_size: int = 0) -> nn.Module:
+    """nn.LSTM (any layer count, direction, batch layout, inter-layer dropout, projection) and a linear head."""
+    return Recurrent(nn.LSTM, input_size, hidden, out_features, num_layers=num_layers, bidirectional=bidirectional,
+                     batch_first=batch_first, dropout=dropout, proj_size=proj_size)
+
+
+def gru(input_size: int = 8, hidden: int = 16, out_features: int = 4, num_layers: int = 1,
+        bidirectional: bool = False, batch_first: bool = False, dropout: float = 0.0) -> nn.Module:
+    """nn.GRU and a linear head."""
+    return Recurrent(nn.GRU, input_size, hidden, out_features, num_layers=num_layers, bidirectional=bidirectional,
+                     batch_first=batch_first, dropout=dropout)
+
+
+def rnn(input_size: int = 8, hidden: int = 16, out_features: int = 4, num_layers: int = 1,
+        bidirectional: bool = False, batch_first: bool = False, dropout: float = 0.0,
+        nonlinearity: str = "tanh") -> nn.Module:
+    """nn.RNN (tanh or relu) and a linear head."""
+    return Recurrent(nn.RNN, input_size, hidden, out_features, num_layers=num_layers, bidirectional=bidirectional,
+                     batch_first=batch_first, dropout=dropout, nonlinearity=nonlinearity)
+
+
+class TopKMoE(nn.Module):
+    """Top-k routing over expert MLPs: each token goes to its k best experts, found with
+    ``torch.where`` on the routing mask (data-dependent sizes)."""
+
+    def __init__(self, dim: int, experts: int, k: int, hidden: int):
+        super().__init__()
+        self.k = k
+        self.router = nn.Linear(dim, experts)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.router(tokens).softmax(-1).topk(self.k, dim=-1)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == e)
+            out = out.index_add(0, rows, expert(tokens[rows]) * weights[rows, slot, None])
+        return out.reshape(x.shape)
+
+
+def topk_moe(dim: int = 16, experts: int = 4, k: int = 2, hidden: int = 32) -> nn.Module:
+    """A mixture of experts with top-k routing (data-dependent token counts per expert)."""
+    return TopKMoE(dim, experts, k, hidden)
+
+
+class SignBranch(nn.Module):
+    """Takes one of two paths depending on the input's values (``if x.sum() > 0``)."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.up = nn.Linear(features, features)
+        self.down = nn.Linear(features, features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return torch.relu(self.up(x))
+        return torch.tanh(self.down(x))
+
+
+def sign_branch(features: int = 16) -> nn.Module:
+    """A data-dependent Python branch: torch.export refuses it, dynamo breaks the graph there."""
+    return SignBranch(features)
+
+
+ZOO = {"mlp": mlp, "small_cnn": small_cnn, "tiny_transformer": tiny_transformer, "running_norm": running_norm,
+       "lstm": lstm, "gru": gru, "rnn": rnn, "topk_moe": topk_moe, "sign_branch": sign_branch}

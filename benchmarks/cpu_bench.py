@@ -1,7 +1,7 @@
 """CPU inference: aotpipe's optimised graphs side by side with the tools a performance
 engineer would otherwise pick (issue 11), in one run, on the same inputs.
 
-For each model (the mid-size pipeline's ResNet-18-size and BERT-4L, the real-size
+For each model (the mid-size pipeline's bottleneck ResNet and BERT-4L, the real-size
 pipeline's ResNet-50, BERT-base and ViT-B/16):
 
 - eager: the model in eval mode under no_grad;
@@ -19,7 +19,7 @@ hits them all); the table shows the median of the rounds. Headline: cpu-fast aga
 better of jit and inductor, target >= 1.1x; where it is not met, the gap and the op the
 cpu-fast graph spends most time in (torch.profiler, self CPU time).
 
-    python benchmarks/cpu_bench.py [--models resnet18,bert_4l,resnet50,bert_base,vit_b16]
+    python benchmarks/cpu_bench.py [--models resnet_bottleneck,bert_4l,resnet50,bert_base,vit_b16]
         [--rounds 10] [--markdown FILE] [--plot FILE.png] [--json FILE] [--threads N]
 
 Needs the hf extra (transformers), a C++ compiler for inductor, and matplotlib for
@@ -50,7 +50,7 @@ import yaml  # noqa: E402
 TARGET = 1.1
 DEFAULT_CHAIN = ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
 MODELS = {  # name: pipeline file it is taken from
-    "resnet18": "mid-size.yaml", "bert_4l": "mid-size.yaml",
+    "resnet_bottleneck": "mid-size.yaml", "bert_4l": "mid-size.yaml",
     "resnet50": "real-size.yaml", "bert_base": "real-size.yaml", "vit_b16": "real-size.yaml",
 }
 TOOLS = ["eager", "export", "jit", "inductor", "aotpipe raw", "aotpipe default", "aotpipe cpu-fast"]

@@ -158,7 +158,7 @@ def test_failing_model_is_recorded_and_the_others_go_on(tmp_path):
         version: 1
         name: mixed
         models:
-          - {name: branchy, source: badmodels:branchy, inputs: [{shape: [3]}]}
+          - {name: branchy, source: badmodels:branchy, mode: export, inputs: [{shape: [3]}]}  # auto would capture it
           - {name: explodes, source: badmodels:explodes, inputs: [{shape: [3]}]}
           - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 4}, inputs: [{shape: [2, 4]}], graphs: [inference]}
     """)

@@ -619,7 +619,7 @@ def test_model_inherits_defaults_and_overrides_each():
     assert inherits.passes == [{"name": "remove_noops", "options": {"graphs": ["inference"]}}]
     assert inherits.save_inputs is False
     assert inherits.verify is True
-    assert inherits.mode == "export" and inherits.loss == "weighted"
+    assert inherits.mode == "auto" and inherits.loss == "weighted"
 
     assert overrides.graphs == ["joint"]
     assert overrides.passes == []  # an empty list overrides, it does not inherit

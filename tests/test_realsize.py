@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 KINDS = ["inference", "forward", "backward", "joint"]
 PASSES = ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
 MODELS = {
-    "mid-size": ["resnet18", "bert_4l"],
+    "mid-size": ["resnet_bottleneck", "bert_4l"],
     "real-size": ["resnet50", "bert_base", "gpt2", "vit_b16", "llama_200m"],
 }
 

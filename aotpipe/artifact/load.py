@@ -334,7 +334,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
         return graph_from_json(graph_data, constants(None), where=where, trusted=trusted)
 
     deferred = any(n.recompute for n in graph.nodes)
-    if trust_code:
+    if trust_code and not _packed_at_load(graph):
         # Only a module.py that is the code graph.json makes is imported (verify's check).
         from aotpipe.artifact.codegen import code_mismatch, graph_constants
 
@@ -343,6 +343,9 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
             raise ArtifactError(f"{why}; --trust-code imports only a module.py that matches graph.json")
         module: Any = _import_module_py(folder / MODULE_PY)
     else:
+        # With trust_code too, a graph the loader packs (cpu-fast's convolutions and linears):
+        # module.py holds it dense, but its recorded outputs come from the packed graph, so
+        # module.py would be another graph than the one replayed and compared.
         def build() -> torch.nn.Module:
             recomputed = recompute() if deferred and recompute is not None else None
             gm = graph_from_json(graph_data, constants(recomputed), where=where, trusted=trusted)
@@ -377,6 +380,14 @@ def _placeholder(node: records.NodeRecord) -> torch.Tensor:
         return torch.empty_strided(node.shape, node.stride, dtype=dtype, device="meta")
     except (RuntimeError, ValueError, TypeError, OverflowError):
         return torch.empty(0, dtype=dtype, device="meta")  # graph_from_json names the bad layout
+
+
+def _packed_at_load(graph: records.GraphRecord) -> bool:
+    """Whether the graph calls an op :func:`_packed_for_this_cpu` may pack (it is then
+    always built from graph.json)."""
+    from aotpipe.passes.prepack import PACKABLE_TARGETS
+
+    return any(n.op == "call_function" and n.target in PACKABLE_TARGETS for n in graph.nodes)
 
 
 def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -55,6 +55,8 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from aotpipe.capture import export as _export
+from aotpipe.capture.hints import chain_text, where_in_model
+from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphBreak, PartitionContract, Subgraph
 from aotpipe.determinism import run_reproducibly
 from aotpipe.errors import CaptureError, exception_line
@@ -66,6 +68,9 @@ MODE = "dynamo"
 OPTIONS = DYNAMO_OPTIONS
 
 TRAINING_KINDS = ("forward", "backward", "joint")
+
+# The note a capture gets once _check_together passed.
+_TOGETHER = "checked: the {n} subgraph(s) run in sequence reproduce the eager model's outputs ({mode})"
 
 
 class _Outputs(torch.nn.Module):
@@ -106,7 +111,10 @@ def capture_dynamo(*args: Any, **kwargs: Any) -> CapturedGraphs:
     with warnings.catch_warnings():
         # torch-internal deprecation noise (pytree specs, dynamo config); not the user's concern
         warnings.filterwarnings("ignore", category=FutureWarning)
-        return _capture(*args, **kwargs)
+        # allow_rnn: dynamo otherwise skips nn.LSTM/GRU/RNN modules (runs them eagerly, uncaptured);
+        # traced, they decompose into plain ATen (capture/rnn.py).
+        with recurrent_decompositions(), torch._dynamo.config.patch(allow_rnn=True):
+            return _capture(*args, **kwargs)
 
 
 def _capture(
@@ -150,6 +158,7 @@ def _capture(
         model.eval()
         traced = _compile(model, args, kwargs, input_name_of, grad=False)
         counts["inference"] = len(traced)
+        notes.append(_TOGETHER.format(n=len(traced), mode="inference"))
         breaks = _breaks(traced)
         for i, t in enumerate(traced):
             lifted = _lift(t, i)
@@ -164,6 +173,7 @@ def _capture(
         model.train()
         traced = _compile(model, args, kwargs, input_name_of, grad=True)
         counts["training"] = len(traced)
+        notes.append(_TOGETHER.format(n=len(traced), mode="training"))
         breaks = _breaks(traced)
         for i, t in enumerate(traced):
             lifted = _lift(t, i)
@@ -291,17 +301,41 @@ def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: d
     try:
         with _fresh_dynamo(), _state_kept(model, pytree.tree_leaves((args, kwargs))), _torch_logs_quiet(), \
                 torch.set_grad_enabled(grad):
-            run_reproducibly(lambda: compiled(*args, **kwargs))
+            together = run_reproducibly(lambda: compiled(*args, **kwargs))
     except CaptureError:
         raise
     except Exception as e:
         raise CaptureError(f"torch.compile ({'training' if grad else 'inference'}) failed: {_cause_line(e)}") from None
+    if traced:
+        _check_together(model, args, kwargs, together, len(traced), grad)
     if not traced:
         raise CaptureError("torch.compile captured no graph: the model runs no tensor operation dynamo can trace")
     for i, t in enumerate(traced):
         if t.values is None:  # compiled, never called: cannot happen in one run, but say so if it does
             raise CaptureError(f"torch.compile: subgraph {i} was compiled but never ran")
     return traced
+
+
+def _check_together(model: torch.nn.Module, args: tuple, kwargs: dict, together: Any, count: int, grad: bool) -> None:
+    """That the compiled model (its subgraphs run in sequence, eager code between them)
+    gives the eager model's outputs: each subgraph's graphs are checked against their own
+    subgraph, so this closes the chain from the graphs to the model. Raises CaptureError
+    naming the first output that differs."""
+    with _state_kept(model, pytree.tree_leaves((args, kwargs))), torch.set_grad_enabled(grad):
+        expected = run_reproducibly(lambda: model(*args, **kwargs))
+    got_leaves, expected_leaves = pytree.tree_leaves(together), pytree.tree_leaves(expected)
+    mode = "training" if grad else "inference"
+    if len(got_leaves) != len(expected_leaves):
+        raise CaptureError(f"dynamo's {count} subgraph(s) run in sequence ({mode}) return {len(got_leaves)} values, "
+                           f"the eager model {len(expected_leaves)}: the subgraphs do not reproduce the model")
+    for i, (got, want) in enumerate(zip(got_leaves, expected_leaves)):
+        if isinstance(want, torch.Tensor):
+            try:
+                torch.testing.assert_close(got, want, equal_nan=True)
+            except AssertionError as e:
+                detail = next((ln.strip() for ln in str(e).splitlines() if "difference" in ln), exception_line(e))
+                raise CaptureError(f"dynamo's {count} subgraph(s) run in sequence ({mode}) do not reproduce the "
+                                   f"model: output {i} differs from eager ({detail})") from None
 
 
 @contextlib.contextmanager
@@ -619,18 +653,27 @@ def capture_auto(
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
     loss: str = DEFAULT_LOSS,
+    export: Optional[Callable[..., CapturedGraphs]] = None,
 ) -> CapturedGraphs:
     """capture_export (differentiating `loss`), or where it fails, capture_dynamo (which has
     no loss: a tangent per output); the capture says why it fell back (CapturedGraphs.fallback,
-    a note, the manifest's capture.fallback)."""
+    a note, the manifest's capture.fallback). `export`: the export capture to try first (the
+    one the caller uses for mode export; capture_export by default)."""
+    export = export or _export.capture_export
     try:
         with _torch_logs_quiet():  # export's failure is expected here: its own logs are noise
-            return _export.capture_export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
+            return export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
                                           int_ranges=int_ranges, loss=loss)
-    except CaptureError as e:
-        why = str(e)
-    cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
-                         int_ranges=int_ranges)
+    except Exception as e:  # export's failure, whatever raised it: dynamo may still capture the model
+        why = str(e) if isinstance(e, CaptureError) else exception_line(e)
+        where = where_in_model(chain_text(e))
+        if where and where not in why:
+            why += f" at {where}"
+    try:
+        cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
+                             int_ranges=int_ranges)
+    except CaptureError as e:  # both reasons: export's is often the one to act on
+        raise CaptureError(f"export failed: {why}; dynamo failed: {e}") from e
     cap.fallback = why
     cap.notes.insert(0, f"export failed ({why}); captured with dynamo")
     return cap

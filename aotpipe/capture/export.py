@@ -30,6 +30,8 @@ from torch._decomp import core_aten_decompositions
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from aotpipe.capture import unbacked
+from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.capture.types import (
     CapturedGraph,
     CapturedGraphs,
@@ -139,7 +141,8 @@ def capture_export(*args: Any, **kwargs: Any) -> CapturedGraphs:
     with warnings.catch_warnings():
         # torch-internal deprecation noise from deep-copying pytree specs; not the user's concern
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        return _capture(*args, **kwargs)
+        with recurrent_decompositions():  # LSTM/GRU/RNN as plain ATen (capture/rnn.py)
+            return _capture(*args, **kwargs)
 
 
 def _capture(
@@ -174,7 +177,7 @@ def _capture(
         model.eval()
         ep = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "inference"), notes))
         constants.update({k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)})
-        captured["inference"] = _inference_graph(ep, user_names, int_ranges, state)
+        captured["inference"] = _inference_graph(ep, user_names, int_ranges, state, user_values)
 
     if {"forward", "backward", "joint"} & set(graphs):
         model.train()
@@ -318,7 +321,10 @@ def _inference_graph(
     user_names: list[str],
     int_ranges: dict[str, tuple[int, int]],
     state: dict[str, torch.Tensor],
+    user_values: Optional[list[Any]] = None,
 ) -> CapturedGraph:
+    """The inference graph, decomposed to core ATen; `user_values` (the example inputs) give
+    data-dependent sizes their example sizes (capture/unbacked.py)."""
     try:
         ep = ep.run_decompositions(core_aten_decompositions())
     except Exception as e:
@@ -326,6 +332,12 @@ def _inference_graph(
     gm = _flat_graph(ep.graph_module)
     sig = ep.graph_signature
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if user_values is not None and unbacked.has_data_dependent_sizes(gm):
+        users = iter(user_values)
+        bound = [next(users) if spec.kind == InputKind.USER_INPUT else
+                 ep.constants[spec.target] if spec.target in ep.constants else state[spec.target]
+                 for spec in sig.input_specs]
+        unbacked.make_concrete(gm, unbacked.example_values(gm, bound), "inference")
     emb = _embedding_ranges(gm)
     inputs = []
     user_i = 0
@@ -415,8 +427,34 @@ def _training_graphs(
     loss: str = DEFAULT_LOSS,
     notes: Optional[list[str]] = None,
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
-    return training_graphs(ep.module(), args, kwargs, user_names, int_ranges, state, constants_out,
-                           functools.partial(_Loss, kind=loss), notes)
+    fake_args, fake_kwargs = _fake_user_inputs(ep, args, kwargs)
+    return training_graphs(ep.module(), fake_args, fake_kwargs, user_names, int_ranges, state, constants_out,
+                           functools.partial(_Loss, kind=loss), notes, real_user_values=pytree.tree_leaves((args, kwargs)))
+
+
+def _fake_user_inputs(ep: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """`args` and `kwargs` with each tensor replaced by the fake tensor torch.export traced it as.
+
+    AOTAutograd then traces in export's fake mode, whose shape environment gives
+    data-dependent ops (``nonzero``, ``torch.where(mask)``, boolean indexing) sizes of their
+    own (unbacked symbols), as torch.export did; from real inputs it would fakeify them
+    afresh without one and fail (DynamicOutputShapeException: aten.nonzero).
+    """
+    leaves = pytree.tree_leaves((args, kwargs))
+    if any(isinstance(t, torch._subclasses.fake_tensor.FakeTensor) for t in leaves):
+        return args, kwargs  # already fake (mode meta), in the fake mode the model's tensors are in
+    user_specs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    placeholders = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
+    fakes = iter(placeholders[s.arg.name].meta.get("val") for s in user_specs)
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    swapped = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            fake = next(fakes, None)
+            swapped.append(fake if isinstance(fake, torch.Tensor) and fake.shape == leaf.shape else leaf)
+        else:
+            swapped.append(leaf)
+    return pytree.tree_unflatten(swapped, spec)
 
 
 class NothingToDifferentiate(CaptureError):
@@ -488,6 +526,7 @@ def training_graphs(
     constants_out: dict[str, torch.Tensor],
     wrap: Callable[[torch.nn.Module], torch.nn.Module],
     notes: Optional[list[str]] = None,
+    real_user_values: Optional[list[Any]] = None,
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
     """Joint, forward and backward graphs of `module` (a GraphModule: plain tensor attributes
     become buffers) wrapped in `wrap`, which holds it as ``.model`` and says what the joint
@@ -568,6 +607,9 @@ def training_graphs(
         notes.append(parts["restored"])
     fw_gm = _flat_graph(parts["fw"])
     bw_gm = _flat_graph(parts["bw"])
+    _saved_in_forward_order(fw_gm, bw_gm, nfo)
+    if unbacked.has_data_dependent_sizes(joint_gm):
+        _concrete_training_sizes(joint_gm, fw_gm, bw_gm, loss_module, real_user_values or user_values)
 
     fw_inputs = [ph_info[n.name] for n in fw_gm.graph.nodes if n.op == "placeholder"]
     fw_out_node = next(n for n in fw_gm.graph.nodes if n.op == "output")
@@ -620,6 +662,57 @@ def training_graphs(
     fw = CapturedGraph("forward", fw_gm, fw_inputs, fw_outputs)
     bw = CapturedGraph("backward", bw_gm, bw_inputs, bw_outputs)
     return joint, fw, bw, contract, no_grad
+
+
+def _saved_in_forward_order(fw_gm: torch.fx.GraphModule, bw_gm: torch.fx.GraphModule, nfo: int) -> None:
+    """Order the backward's placeholders as the forward returns what it saves.
+
+    The partitioner's forward returns its outputs, the saved tensors, then the saved sizes
+    (symbolic ints: a data-dependent model's); its backward takes the sizes first. Whoever
+    runs the pair (the checks, replay) hands the forward's saved outputs to the backward in
+    the forward's order, so the backward takes them in that order.
+    """
+    fw_out = next(n for n in fw_gm.graph.nodes if n.op == "output")
+    saved = [a.name for a in list(fw_out.args[0])[nfo:] if isinstance(a, torch.fx.Node)]
+    placeholders = [n for n in bw_gm.graph.nodes if n.op == "placeholder"]
+    by_name = {n.name: n for n in placeholders}
+    wanted = [by_name[n] for n in saved if n in by_name]
+    wanted += [n for n in placeholders if n not in wanted]
+    if wanted == placeholders:
+        return
+    first_op = next(n for n in bw_gm.graph.nodes if n.op != "placeholder")
+    for node in wanted:  # each moved, in turn, to just before the first op: in `wanted` order
+        first_op.prepend(node)
+    bw_gm.graph.lint()
+    bw_gm.recompile()
+
+
+def _concrete_training_sizes(joint_gm: torch.fx.GraphModule, fw_gm: torch.fx.GraphModule,
+                             bw_gm: torch.fx.GraphModule, loss_module: torch.nn.Module, user_values: list[Any]) -> None:
+    """Data-dependent sizes in the training graphs made their sizes on the example inputs:
+    the joint runs on them (tangents of ones); forward and backward nodes share its names."""
+    from aotpipe.tensors import ones
+
+    state = {**dict(loss_module.named_parameters(remove_duplicate=False)),
+             **dict(loss_module.named_buffers(remove_duplicate=False))}
+    bound = []
+    for node in joint_gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        desc = node.meta.get("desc")
+        role, target = _desc_target(desc)
+        if role in ("param", "buffer"):
+            bound.append(state[target].detach())
+        elif role == "user":
+            bound.append(user_values[int(target)])
+        elif role == "tangent":
+            meta = _meta_of(node)
+            bound.append(ones(meta.shape, meta.stride, meta.dtype))
+        else:
+            raise CaptureError(f"joint graph: cannot bind input {node.name} to find its data-dependent sizes")
+    values = unbacked.example_values(joint_gm, bound)
+    for kind, gm in (("joint", joint_gm), ("forward", fw_gm), ("backward", bw_gm)):
+        unbacked.make_concrete(gm, values, kind)
 
 
 def _requires_grad(user_values: list[Any], node: torch.fx.Node) -> bool:

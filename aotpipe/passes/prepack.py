@@ -38,6 +38,9 @@ _mkldnn = torch.ops.mkldnn
 _CONVS = {_mkldnn._convolution_pointwise.default: 1, _mkldnn._convolution_pointwise.binary: 2}  # weight's index
 _LINEAR = torch.ops.aten.linear.default
 _DENSE = "dense_graph"  # gm.meta key: the graph before packing
+# graph.json's names of the ops prepack may pack (the loader builds such graphs from graph.json).
+PACKABLE_TARGETS = frozenset({"mkldnn._convolution_pointwise.default", "mkldnn._convolution_pointwise.binary",
+                              "aten.linear.default"})
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -95,6 +98,15 @@ def stored_graph(gm: torch.fx.GraphModule) -> torch.fx.Graph:
     """The graph as graph.json holds it: for a module :func:`prepack` packed, the graph
     before packing (what verify, the checks and show compare and list)."""
     return gm.meta.get(_DENSE, gm.graph)
+
+
+def unpacked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`gm` with its dense weights, as graph.json holds it (a new module sharing gm's tensors):
+    what to hand torch.compile, whose inductor cannot lower MKL's packed linear
+    (``mkl._mkl_linear``). `gm` itself when prepack packed nothing."""
+    if not is_packed(gm):
+        return gm
+    return torch.fx.GraphModule(gm, copy.deepcopy(stored_graph(gm)))
 
 
 def is_packed(gm: torch.fx.GraphModule) -> bool:

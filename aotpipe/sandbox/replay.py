@@ -107,9 +107,15 @@ def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str 
     chained = replay_chain(art, trust_code=trust_code, threads=threads) if chain else None
     no_eager = None
     if bench or chain:
-        from aotpipe.sources import rebuild_refusal
+        from aotpipe.sources import check_source, rebuild_refusal
 
-        no_eager = rebuild_refusal(art.manifest.model.source, trust_code)
+        source = art.manifest.model.source
+        no_eager = rebuild_refusal(source, trust_code)
+        if no_eager is None and isinstance(source, str):
+            why = check_source(source)  # trusted, but it must import here too
+            if why:
+                no_eager = (f"the model's source does not import from {Path.cwd()}: {why} (run replay from the "
+                            "folder the pipeline ran in, or put the module on PYTHONPATH)")
     return ReplayOutcome(art.name, results, chained, no_eager, sandboxed=worker is not None)
 
 

@@ -1,0 +1,68 @@
+"""What to try next when a capture fails: one clause appended to the failure's one line.
+
+torch's capture errors say what went wrong in torch's terms (``GuardOnDataDependentSymNode``,
+``DynamicOutputShapeException``, "captured no graph"); a user needs the line of their model
+that caused it and a setting that may work. No torch import: these read messages only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+# The frame torch.export names as the model's: 'The following call raised this error:\n  File "x.py", line 3, in f\n    code'
+_USER_FRAME = re.compile(r'The following call raised this error:\s*\n\s*File "([^"]+)", line (\d+), in \S+\s*\n\s*(.+)')
+# dynamo's graph-break locations: 'Graph break ... at /path/x.py:12'
+_DYNAMO_AT = re.compile(r"(\S+\.py):(\d+)")
+
+_DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent expression", "data dependent")
+
+
+def where_in_model(text: str) -> Optional[str]:
+    """'file:line (`code`)' of the model code a torch capture error names, if it names one."""
+    m = _USER_FRAME.search(text)
+    if m:
+        return f"{m.group(1)}:{m.group(2)} (`{m.group(3).strip()}`)"
+    return None
+
+
+def chain_text(e: BaseException) -> str:
+    """The text of an exception and of those it was raised from (torch's detail is in the cause)."""
+    parts, seen = [], set()
+    cur: Optional[BaseException] = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        parts.append(str(cur)[:20000])
+        cur = cur.__cause__ or cur.__context__
+    return "\n".join(parts)
+
+
+def capture_hint(mode: str, error: str, detail: str = "") -> str:
+    """What to try next after a capture in `mode` failed with `error` (its one line);
+    `detail` is the full text of torch's exception, where the model's own line is found."""
+    where = where_in_model(detail) or where_in_model(error)
+    at = f" at {where}" if where else ""
+    text = error + "\n" + detail
+    if any(k in text for k in _DATA_DEPENDENT):
+        if mode == "export" or mode == "meta":
+            return (f"the model branches on a tensor's values{at}: use mode: auto (the default; dynamo captures "
+                    "around the branch), or write the branch with torch.cond")
+        return f"the model depends on a tensor's values{at}: write the branch with torch.cond, or capture with mode: dynamo"
+    if "DynamicOutputShapeException" in text:
+        return (f"an op's output size depends on tensor values{at} (nonzero, boolean indexing): mode: export traces "
+                "such ops; in dynamo mode a graph break inside a loop skips the whole function")
+    if "captured no graph" in text:
+        return ("dynamo ran the model eagerly (a graph break inside a loop skips the whole function; run with -v to "
+                "see it): try mode: export")
+    if mode == "dynamo" and ("Unsupported" in text or "torch.compile" in text):
+        return "try mode: export (torch.export), or rerun with -v for the traceback"
+    if mode in ("export", "meta"):
+        return f"try mode: auto (falls back to dynamo){at}, or rerun with -v for torch's traceback"
+    return "rerun with -v for torch's traceback"
+
+
+def with_hint(mode: str, error: str, detail: str = "") -> str:
+    """`error` with `; try next: ...` unless it already says what to try."""
+    if "; next:" in error:
+        return error
+    return f"{error}; next: {capture_hint(mode, error, detail)}"

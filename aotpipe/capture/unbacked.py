@@ -1,0 +1,98 @@
+"""Data-dependent sizes in captured graphs, made concrete from the example inputs.
+
+A model with data-dependent ops (``nonzero``, ``torch.where(mask)``, boolean indexing:
+top-k routing in a mixture of experts) traces to a graph whose values have sizes torch
+cannot know before running (unbacked symbols, ``u0``). The graph computes them at run
+time and stays general; what aotpipe records about it (each node's shape in graph.json,
+the shapes of the inputs and outputs in the records, a backward's saved tensors) is a
+size, so it records the sizes the graph's values have on the example inputs, found by
+running the graph on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from aotpipe.errors import CaptureError
+
+
+def _symbolic(v: Any) -> bool:
+    """Whether a node's value (tensor, scalar, or a list of them) has a size known only at run time."""
+    return bool(free_unbacked_symbols(v)) if v is not None else False
+
+
+def has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
+    """Whether any node of `gm` has a size (or a scalar value) only known at run time."""
+    return any(_symbolic(n.meta.get("val")) for n in gm.graph.nodes)
+
+
+class _Recorder(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        self.values[n.name] = out
+        return out
+
+
+def example_values(gm: torch.fx.GraphModule, inputs: list[Any]) -> dict[str, Any]:
+    """Every node's value when `gm` runs on `inputs`, by node name (the generator is left as it was)."""
+    rec = _Recorder(gm)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        rec.run(*inputs)
+    return rec.values
+
+
+def make_concrete(gm: torch.fx.GraphModule, values: dict[str, Any], what: str) -> None:
+    """Replace each data-dependent size in `gm`'s node metadata by the size of the node's
+    example value in `values` (by node name), and drop the range assertions torch.export
+    adds on such sizes (see drop_size_assertions)."""
+    drop_size_assertions(gm)
+    fake_mode: Optional[FakeTensorMode] = None
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if not _symbolic(val):
+            continue
+        if node.name not in values:
+            raise CaptureError(f"{what} graph: node {node.name} has a data-dependent size and no example value "
+                               "to record it from")
+        fake_mode = fake_mode or FakeTensorMode(allow_non_fake_inputs=True)
+        node.meta["val"] = pytree.tree_map(lambda x: _concrete(x, fake_mode), values[node.name])
+
+
+def _concrete(x: Any, fake_mode: FakeTensorMode) -> Any:
+    if isinstance(x, torch.Tensor):
+        return fake_mode.from_tensor(x)
+    return x
+
+
+_ASSERTIONS = (torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default,
+               torch.ops.aten.sym_constrain_range.default)
+
+
+def drop_size_assertions(gm: torch.fx.GraphModule) -> int:
+    """Remove torch.export's run-time checks that a data-dependent size lies in the range it
+    inferred (``_assert_scalar(ge(u0, 0))``), and the Python comparisons that feed them; the
+    number of checks removed.
+
+    They compute nothing the graph returns, and their comparisons are Python operators
+    (``operator.ge``), which graph.json does not store: only torch ops are stored.
+    """
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in _ASSERTIONS:
+            gm.graph.erase_node(node)
+            dropped += 1
+    if dropped:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return dropped
