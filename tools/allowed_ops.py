@@ -43,6 +43,8 @@ EXTRAS = {
     "aten.sym_storage_offset.default": "a symbolic storage offset",
     "aten.reshape.default": "left by export's non-strict mode (a view or a copy; checks its sizes)",
     "aten.histc.default": "a mixture-of-experts router's expert counts (bins bounded by the precheck)",
+    "aten.sym_constrain_range.default": "a data-dependent size's range assert (training graphs of routing models)",
+    "aten.sym_constrain_range_for_size.default": "a data-dependent size's range assert (training graphs of routing models)",
     "aten.put.default": "Tensor.put_ (no deterministic kernel; its CPU kernel refuses indices out of range)",
 }
 

@@ -109,7 +109,12 @@ def _worker_env(scratch: Path) -> dict[str, str]:
     tmp.mkdir(exist_ok=True)
     paths = [_package_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env.update(PYTHONPATH=os.pathsep.join(paths), TMPDIR=str(tmp), HOME=str(scratch),
-               PYTHONDONTWRITEBYTECODE="1")
+               PYTHONDONTWRITEBYTECODE="1",
+               # torch's caches under scratch too: a caller that used inductor has set its
+               # cache folder in the environment (under /tmp, read-only in the sandbox), and
+               # the fake-tensor check before a graph runs imports inductor.
+               TORCHINDUCTOR_CACHE_DIR=str(tmp / "torchinductor"), TRITON_CACHE_DIR=str(tmp / "triton"))
+    env.pop("XDG_CACHE_HOME", None)
     return env
 
 

@@ -142,8 +142,11 @@ def test_cpu_wall_and_memory_limits_stop_the_worker_in_one_line():
 
 
 @needs_bwrap
-def test_quickstart_artefacts_replay_match_through_the_sandbox(quickstart_run):
+def test_quickstart_artefacts_replay_match_through_the_sandbox(quickstart_run, monkeypatch):
     root, _ = quickstart_run
+    # As after any use of inductor in the caller: its cache folder is set in the environment,
+    # somewhere the sandbox cannot write; the worker's own caches must go to its scratch.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_of_the_caller")
     r = CliRunner().invoke(main, ["replay", str(root / "mlp"), "--chain", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
