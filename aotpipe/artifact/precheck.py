@@ -309,7 +309,9 @@ def _as_recorded(node: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
     if not (isinstance(shape, list) and isinstance(stride, list) and len(stride) == len(shape)
             and all(isinstance(s, int) and s >= 0 for s in shape + stride)):
         return value
-    if shape != list(value.shape) or stride == list(value.stride()) or any(isinstance(s, torch.SymInt) for s in value.shape):
+    if any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride())):
+        return value  # a size read from values (unbacked): comparing it with a literal would guard on it
+    if shape != list(value.shape) or stride == list(value.stride()):
         return value
     expected = 1  # dense: dims by stride, each stride the element count of those inside it
     for size, st in sorted(((sz, st) for sz, st in zip(shape, stride) if sz != 1), key=lambda d: d[1]):
