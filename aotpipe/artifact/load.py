@@ -41,7 +41,8 @@ from aotpipe.graph_keys import graph_key, parse_graph_key
 
 @dataclass
 class Expected:
-    """One recorded output: its value (version 1, or save_values: full) or only its digest."""
+    """One recorded output: its value (version 1, or save_values: full; an int, float or
+    bool output's from version 3) or only its digest."""
 
     digest: Optional[str] = None
     summary: Optional[dict[str, Any]] = None
@@ -178,6 +179,8 @@ class GraphArtifact:
                 if rec.blob not in loaded:
                     loaded[rec.blob] = self.blobs.get(rec.blob)
                 e.value, e.has_value = loaded[rec.blob].reshape(shape), True
+            elif rec.value is not None:  # an int, float or bool output (version 3)
+                e.value, e.has_value = rec.value, True
             elif rec.same_as_input is not None and e.digest is None:
                 inputs = inputs if inputs is not None else self.saved_inputs()
                 e.value, e.has_value = inputs[rec.same_as_input], True

@@ -218,6 +218,9 @@ class OutputRecord(Layout):
     summary: Optional[Summary] = None
     spread: Optional[float] = Field(default=None, ge=0)  # run-to-run spread of a nondeterministic op
     evidence: Optional[Evidence] = None  # version 3
+    # version 3: a Python int, float or bool output's value (a size the graph computed from
+    # tensor values, e.g. how many tokens a router sent to an expert), compared exactly.
+    value: Optional[Union[bool, int, float]] = None
 
 
 class InputsRecord(Record):

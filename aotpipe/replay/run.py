@@ -178,6 +178,11 @@ def _label(i: int, rec: OutputRecord) -> str:
     return f"output {i} ({rec.role}{' ' + rec.target if rec.target else ''})"
 
 
+def _scalar(x: Any) -> bool:
+    """A Python int, float or bool: a size or flag a graph computed (never a tensor)."""
+    return isinstance(x, (bool, int, float))
+
+
 def _numel(rec: OutputRecord, a: Any) -> int:
     if rec.shape is not None:
         return math.prod(rec.shape)
@@ -204,6 +209,15 @@ def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expect
         if isinstance(a, torch.Tensor) and rec.stride is not None and a.numel() > 1:
             if any(st != rs and sz > 1 for st, rs, sz in zip(a.stride(), rec.stride, a.shape)):
                 problems.append(f"output {i}: stride {list(a.stride())} != recorded {rec.stride}")
+        if e.has_value and (_scalar(a) or _scalar(e.value)):
+            if type(a) is type(e.value) and accuracy.exact_equal(a, e.value):
+                continue
+            if e.value is None and record.format_version < 3:
+                continue  # versions 1 and 2 record no value for an int, float or bool output
+            identical = False
+            problems.append(f"{what}: {a!r}, recorded {e.value!r} (a {type(e.value).__name__} output "
+                            "must be equal, here and elsewhere)")
+            continue
         if e.has_value:
             if accuracy.exact_equal(a, e.value):
                 continue
