@@ -205,13 +205,19 @@ def build_inputs(inputs: list[InputRecord], bases: list[Optional[torch.Tensor]],
 
     Inputs whose source is "ones" are ones, "weights" the loss weights of their shape
     (tensors.tangent); "forward" ones are `forward_outputs[k]`; with
-    `random`, every tensor comes from its storage whatever its source.
+    `random`, every tensor comes from its storage whatever its source, and a size the
+    forward computed (an int from the forward) is its recorded value, `forward_outputs[k]`
+    (the forward's recorded output values) or the input's own: the saved tensors' recorded
+    shapes are that size, so random values of those shapes are consistent with it.
     """
     from aotpipe.tensors import view_of
 
     out: list[Any] = []
     for rec in inputs:
         source = "blob" if random else rec.source
+        if random and rec.source == "forward" and rec.type != "tensor":
+            out.append(_recorded_size(rec, forward_outputs))
+            continue
         if source == "forward":
             k = rec.forward_output
             if forward_outputs is None or k is None or k >= len(forward_outputs):
@@ -238,6 +244,22 @@ def build_inputs(inputs: list[InputRecord], bases: list[Optional[torch.Tensor]],
             raise ArtifactError(f"input {rec.name!r} names storage {k!r}, which has no stored value")
         out.append(view_of(bases[k], rec.shape, rec.stride, rec.storage_offset or 0))
     return out
+
+
+def _recorded_size(rec: InputRecord, forward_outputs: Optional[list[Any]]) -> Any:
+    """A saved int, float or bool a backward takes from the forward, for random inputs: the
+    value recorded at capture (the forward's output record, version 3, or the input's own)."""
+    k = rec.forward_output
+    value = rec.value
+    if value is None and forward_outputs is not None and k is not None and k < len(forward_outputs):
+        value = forward_outputs[k]
+    kind = {"int": int, "bool": bool, "float": float}[rec.type]
+    if not isinstance(value, (bool, int, float)):
+        raise ArtifactError(f"input {rec.name!r} is a {rec.type} the forward graph computes (forward output {k}), "
+                            "and no value of it is recorded (artefacts from before format version 3 record none): "
+                            "random inputs cannot be used for this graph, as its saved tensors' shapes depend on it; "
+                            "replay it with saved inputs (--inputs saved)")
+    return kind(value)
 
 
 @dataclass

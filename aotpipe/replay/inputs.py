@@ -55,7 +55,7 @@ def _records_from_input_file(meta: list, where: str) -> tuple[list[StorageRecord
 
 
 def _random_inputs(storages: list[StorageRecord], inputs: list[InputRecord], seed: int,
-                   device: Optional[str]) -> list[Any]:
+                   device: Optional[str], forward_values: Optional[list[Any]] = None) -> list[Any]:
     from aotpipe.artifact.graph_json import decode_dtype
 
     g = torch.Generator().manual_seed(seed)
@@ -65,16 +65,22 @@ def _random_inputs(storages: list[StorageRecord], inputs: list[InputRecord], see
         base = random_storage(grp, g, tuple(s.range) if s.range else None)  # drawn on the CPU: the same everywhere
         bases.append(base.to(device) if device else base)
     # Random inputs take every tensor from its storage, whatever the saved values' source.
-    return build_inputs(inputs, bases, random=True)
+    return build_inputs(inputs, bases, forward_values, random=True)
 
 
-def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | None = None) -> list[Any]:
+def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | None = None,
+               forward_values: Optional[list[Any]] = None) -> list[Any]:
     """Random inputs for a saved graph, from its `.input` file and inputs.json beside it.
 
     Same shapes, dtypes, strides and storage offsets as at capture, and the same aliasing
     (inputs that shared a storage share one again); floats N(0, 1) from a generator seeded
     with `seed`; integers inside the recorded range ([0, 2) when none is recorded); random
-    booleans; recorded int/float scalars. The joint graph's come nested as
+    booleans; recorded int/float scalars. A backward's sizes that the forward computed from
+    tensor values (data-dependent: how many tokens a router sent to an expert) are their
+    recorded values, those the saved tensors' recorded shapes were made with: from
+    `forward_values` (the forward graph's recorded output values, index by index; replay
+    passes them) or the input's own record; with neither, ArtifactError says random inputs
+    cannot be used for that graph. The joint graph's come nested as
     [[primals...], [tangents...]]. Works on `.input` files torch's graph_dumper_aot wrote.
     `path` may be the `.input` file or its graph folder.
     """
@@ -97,7 +103,7 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
         storages, inputs = _records_from_input_file(meta, str(p))
     check_record_bytes(storages, inputs, record_path if record_path.exists() else p)
     try:
-        values = _random_inputs(storages, inputs, seed, dev)
+        values = _random_inputs(storages, inputs, seed, dev, forward_values)
     except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
         raise ArtifactError(f"{p}: cannot make inputs from it ({exception_line(e)})") from None
     return input_meta.nest(values, groups)

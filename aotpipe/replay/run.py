@@ -304,7 +304,10 @@ def replay_graph(
         if inputs == "saved":
             values = ga.saved_inputs()
         elif inputs == "random":
-            flat, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed))
+            # A backward's data-dependent sizes: the forward's recorded int outputs (version 3),
+            # which the saved tensors' recorded shapes agree with.
+            recorded = [o.value for o in ga.upstream.record.outputs] if ga.upstream is not None else None
+            flat, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed, forward_values=recorded))
             values = flat
         else:
             raise ArtifactError(f"--inputs must be saved or random, got {inputs!r}")
