@@ -26,6 +26,7 @@ import torch.fx
 
 from aotpipe import accuracy, evidence
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
+from aotpipe.artifact.precheck import data_dependent_outputs
 from aotpipe.artifact.records import InputsRecord, OutputRecord, Partition
 from aotpipe.devices import move_inputs, parse_device, to_device
 from aotpipe.errors import ArtifactError, exception_line
@@ -354,9 +355,11 @@ def replay_graph(
             result.mismatches = [c.line() for c in checks if not c.passed]
             result.status = "mismatch" if result.mismatches else "close"
         else:
-            # Nothing recorded to compare values with: check the outputs' shapes and dtypes.
+            # Nothing recorded to compare values with: check the outputs' shapes and dtypes,
+            # except the sizes that depend on tensor values (other inputs give other sizes).
+            varies = data_dependent_outputs(ga.module)
             for i, (o, rec) in enumerate(zip(outs, ga.record.outputs)):
-                if isinstance(o, torch.Tensor) and (list(o.shape) != rec.shape
+                if isinstance(o, torch.Tensor) and (not _same_shape(o, rec.shape, varies.get(i, []))
                                                     or str(o.dtype).removeprefix("torch.") != rec.dtype):
                     result.mismatches.append(f"output {i}: {o.dtype}{list(o.shape)} != recorded "
                                              f"{rec.dtype}{rec.shape}")
@@ -371,6 +374,13 @@ def replay_graph(
         result.status = "error"
         result.error = f"{exception_line(e)}"
     return result
+
+
+def _same_shape(o: torch.Tensor, recorded: Optional[list[int]], free: list[int]) -> bool:
+    """`o`'s shape is the recorded one, but for dimensions in `free` (sizes from values)."""
+    if recorded is None or len(recorded) != o.dim():
+        return False
+    return all(d in free or s == r for d, (s, r) in enumerate(zip(o.shape, recorded)))
 
 
 def _cpu(x: Any) -> Any:
