@@ -255,7 +255,8 @@ def _recorded_size(rec: InputRecord, forward_outputs: Optional[list[Any]]) -> An
         value = forward_outputs[k]
     kind = {"int": int, "bool": bool, "float": float}[rec.type]
     if not isinstance(value, (bool, int, float)):
-        raise ArtifactError(f"input {rec.name!r} is a {rec.type} the forward graph computes (forward output {k}), "
+        raise ArtifactError(f"input {rec.name!r} ({rec.type}) is a value the forward graph computes "
+                            f"(forward output {k}), "
                             "and no value of it is recorded (artefacts from before format version 3 record none): "
                             "random inputs cannot be used for this graph, as its saved tensors' shapes depend on it; "
                             "replay it with saved inputs (--inputs saved)")

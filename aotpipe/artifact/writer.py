@@ -174,6 +174,8 @@ def set_outputs(record: dict[str, Any], outputs: list[dict[str, Any]], blobs: Op
         rec.update(digest=o.get("digest"), summary=o.get("summary"), spread=o.get("spread"))
         if o.get("value") is not None:
             rec["value"] = o["value"]  # an int, float or bool output (version 3)
+        if o.get("range") is not None:
+            rec["range"] = o["range"]  # an integer tensor output's [low, high) (version 3)
         if blobs is not None and o.get("evidence") is not None:
             rec["evidence"] = {"blob": blobs.put(o["evidence_values"]), **o["evidence"]}
     if blobs is None or values is None:

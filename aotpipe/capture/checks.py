@@ -217,8 +217,15 @@ def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[lis
             values, fields = evidence.record(o, eager_errors.get(i))
             out.append({"digest": accuracy.digest(o), "summary": accuracy.sampled_summary(o),
                         "spread": spread[i] if spread else None, "layout": TensorMeta.of(o).to_json(),
-                        "evidence": fields, "evidence_values": values})
+                        "evidence": fields, "evidence_values": values, "range": _int_range(o)})
     return out
+
+
+def _int_range(t: torch.Tensor) -> Optional[list[int]]:
+    """[low, high) of an integer tensor's values (None for floats, bools, empty tensors)."""
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or not t.numel():
+        return None
+    return [int(t.min()), int(t.max()) + 1]
 
 
 def _scalar(o: Any) -> bool:

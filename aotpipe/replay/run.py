@@ -216,8 +216,8 @@ def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expect
             if e.value is None and record.format_version < 3:
                 continue  # versions 1 and 2 record no value for an int, float or bool output
             identical = False
-            problems.append(f"{what}: {a!r}, recorded {e.value!r} (a {type(e.value).__name__} output "
-                            "must be equal, here and elsewhere)")
+            problems.append(f"{what}: {a!r}, recorded {e.value!r}; {type(a).__name__} outputs must be equal, "
+                            "here and elsewhere")
             continue
         if e.has_value:
             if accuracy.exact_equal(a, e.value):
@@ -305,10 +305,10 @@ def replay_graph(
         if inputs == "saved":
             values = ga.saved_inputs()
         elif inputs == "random":
-            # A backward's data-dependent sizes: the forward's recorded int outputs (version 3),
-            # which the saved tensors' recorded shapes agree with.
-            recorded = [o.value for o in ga.upstream.record.outputs] if ga.upstream is not None else None
-            flat, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed, forward_values=recorded))
+            # A backward's data-dependent sizes and saved indices: from the forward's recorded
+            # outputs (version 3), which the saved tensors' recorded shapes agree with.
+            forward = ga.upstream.record if ga.upstream is not None else None
+            flat, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed, forward=forward))
             values = flat
         else:
             raise ArtifactError(f"--inputs must be saved or random, got {inputs!r}")
