@@ -41,7 +41,8 @@ from aotpipe.graph_keys import graph_key, parse_graph_key
 
 @dataclass
 class Expected:
-    """One recorded output: its value (version 1, or save_values: full) or only its digest."""
+    """One recorded output: its value (version 1, or save_values: full; an int, float or
+    bool output's from version 3) or only its digest."""
 
     digest: Optional[str] = None
     summary: Optional[dict[str, Any]] = None
@@ -178,6 +179,8 @@ class GraphArtifact:
                 if rec.blob not in loaded:
                     loaded[rec.blob] = self.blobs.get(rec.blob)
                 e.value, e.has_value = loaded[rec.blob].reshape(shape), True
+            elif rec.value is not None:  # an int, float or bool output (version 3)
+                e.value, e.has_value = rec.value, True
             elif rec.same_as_input is not None and e.digest is None:
                 inputs = inputs if inputs is not None else self.saved_inputs()
                 e.value, e.has_value = inputs[rec.same_as_input], True
@@ -202,13 +205,19 @@ def build_inputs(inputs: list[InputRecord], bases: list[Optional[torch.Tensor]],
 
     Inputs whose source is "ones" are ones, "weights" the loss weights of their shape
     (tensors.tangent); "forward" ones are `forward_outputs[k]`; with
-    `random`, every tensor comes from its storage whatever its source.
+    `random`, every tensor comes from its storage whatever its source, and a size the
+    forward computed (an int from the forward) is its recorded value, `forward_outputs[k]`
+    (the forward's recorded output values) or the input's own: the saved tensors' recorded
+    shapes are that size, so random values of those shapes are consistent with it.
     """
     from aotpipe.tensors import view_of
 
     out: list[Any] = []
     for rec in inputs:
         source = "blob" if random else rec.source
+        if random and rec.source == "forward" and rec.type != "tensor":
+            out.append(_recorded_size(rec, forward_outputs))
+            continue
         if source == "forward":
             k = rec.forward_output
             if forward_outputs is None or k is None or k >= len(forward_outputs):
@@ -235,6 +244,23 @@ def build_inputs(inputs: list[InputRecord], bases: list[Optional[torch.Tensor]],
             raise ArtifactError(f"input {rec.name!r} names storage {k!r}, which has no stored value")
         out.append(view_of(bases[k], rec.shape, rec.stride, rec.storage_offset or 0))
     return out
+
+
+def _recorded_size(rec: InputRecord, forward_outputs: Optional[list[Any]]) -> Any:
+    """A saved int, float or bool a backward takes from the forward, for random inputs: the
+    value recorded at capture (the forward's output record, version 3, or the input's own)."""
+    k = rec.forward_output
+    value = rec.value
+    if value is None and forward_outputs is not None and k is not None and k < len(forward_outputs):
+        value = forward_outputs[k]
+    kind = {"int": int, "bool": bool, "float": float}[rec.type]
+    if not isinstance(value, (bool, int, float)):
+        raise ArtifactError(f"input {rec.name!r} ({rec.type}) is a value the forward graph computes "
+                            f"(forward output {k}), "
+                            "and no value of it is recorded (artefacts from before format version 3 record none): "
+                            "random inputs cannot be used for this graph, as its saved tensors' shapes depend on it; "
+                            "replay it with saved inputs (--inputs saved)")
+    return kind(value)
 
 
 @dataclass

@@ -266,6 +266,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                                             f"{limits.human(total_limit)} (raise it with AOTPIPE_MAX_BYTES or "
                                             "--max-bytes)", LimitError)
             elif node.op == "output":
+                gm.meta[_DATA_DEPENDENT] = _data_dependent(node, env)
                 continue
             else:
                 raise ArtifactError(f"{where}: node {node.name!r} is a {node.op} node, which cannot be checked")
@@ -274,6 +275,33 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                     refs[key] -= 1
                     if refs[key] == 0:
                         live -= storage_bytes[key]
+
+
+def data_dependent_outputs(module: Any) -> dict[int, list[int]]:
+    """Per output of a graph the check has propagated, the dimensions whose size depends on
+    tensor values (a tensor's; [] for an int, float or bool computed from them): another
+    input gives other sizes there. Empty where it was not checked."""
+    meta = getattr(module, "meta", None)
+    return dict(meta.get(_DATA_DEPENDENT, {})) if isinstance(meta, dict) else {}
+
+
+_DATA_DEPENDENT = "aotpipe_data_dependent_outputs"
+
+
+def _data_dependent(node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> dict[int, list[int]]:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    args = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+    out: dict[int, list[int]] = {}
+    for i, a in enumerate(args):
+        v = env.get(a) if isinstance(a, torch.fx.Node) else None
+        if isinstance(v, torch.Tensor):
+            dims = [d for d, s in enumerate(v.shape) if isinstance(s, torch.SymInt) and free_unbacked_symbols(s)]
+            if dims:
+                out[i] = dims
+        elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(v):
+            out[i] = []
+    return out
 
 
 def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int, refuse: _Refusal) -> None:
@@ -309,7 +337,9 @@ def _as_recorded(node: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
     if not (isinstance(shape, list) and isinstance(stride, list) and len(stride) == len(shape)
             and all(isinstance(s, int) and s >= 0 for s in shape + stride)):
         return value
-    if shape != list(value.shape) or stride == list(value.stride()) or any(isinstance(s, torch.SymInt) for s in value.shape):
+    if any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride())):
+        return value  # a size read from values (unbacked): comparing it with a literal would guard on it
+    if shape != list(value.shape) or stride == list(value.stride()):
         return value
     expected = 1  # dense: dims by stride, each stride the element count of those inside it
     for size, st in sorted(((sz, st) for sz, st in zip(shape, stride) if sz != 1), key=lambda d: d[1]):

@@ -218,6 +218,12 @@ class OutputRecord(Layout):
     summary: Optional[Summary] = None
     spread: Optional[float] = Field(default=None, ge=0)  # run-to-run spread of a nondeterministic op
     evidence: Optional[Evidence] = None  # version 3
+    # version 3: a Python int, float or bool output's value (a size the graph computed from
+    # tensor values, e.g. how many tokens a router sent to an expert), compared exactly.
+    value: Optional[Union[bool, int, float]] = None
+    # version 3: an integer tensor output's values lie in [low, high) (indices a forward saves
+    # for its backward: random inputs for the backward are drawn there).
+    range: Optional[Range] = None
 
 
 class InputsRecord(Record):

@@ -172,6 +172,10 @@ def set_outputs(record: dict[str, Any], outputs: list[dict[str, Any]], blobs: Op
     for rec, o in zip(record["outputs"], outputs):
         rec.update(o.get("layout") or {})  # the layout the written graph really gives
         rec.update(digest=o.get("digest"), summary=o.get("summary"), spread=o.get("spread"))
+        if o.get("value") is not None:
+            rec["value"] = o["value"]  # an int, float or bool output (version 3)
+        if o.get("range") is not None:
+            rec["range"] = o["range"]  # an integer tensor output's [low, high) (version 3)
         if blobs is not None and o.get("evidence") is not None:
             rec["evidence"] = {"blob": blobs.put(o["evidence_values"]), **o["evidence"]}
     if blobs is None or values is None:

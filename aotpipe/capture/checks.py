@@ -23,6 +23,7 @@ Nothing is skipped silently: every check that cannot run is counted with its rea
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,7 +207,9 @@ def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[lis
                      recorded: bool, eager_errors: dict[int, float]) -> list[dict[str, Any]]:
     out = []
     for i, (o, rec) in enumerate(zip(outs, record.outputs)):
-        if rec.same_as is not None or not isinstance(o, torch.Tensor):
+        if rec.same_as is None and recorded and _scalar(o):
+            out.append({"value": o})  # a size or flag the graph computed: compared exactly at replay
+        elif rec.same_as is not None or not isinstance(o, torch.Tensor):
             out.append({})
         elif not recorded:
             out.append({"layout": TensorMeta.of(o).to_json()})
@@ -214,8 +217,20 @@ def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[lis
             values, fields = evidence.record(o, eager_errors.get(i))
             out.append({"digest": accuracy.digest(o), "summary": accuracy.sampled_summary(o),
                         "spread": spread[i] if spread else None, "layout": TensorMeta.of(o).to_json(),
-                        "evidence": fields, "evidence_values": values})
+                        "evidence": fields, "evidence_values": values, "range": _int_range(o)})
     return out
+
+
+def _int_range(t: torch.Tensor) -> Optional[list[int]]:
+    """[low, high) of an integer tensor's values (None for floats, bools, empty tensors)."""
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or not t.numel():
+        return None
+    return [int(t.min()), int(t.max()) + 1]
+
+
+def _scalar(o: Any) -> bool:
+    """A Python int, bool or finite float output (JSON holds no NaN or inf)."""
+    return isinstance(o, (bool, int)) or (isinstance(o, float) and math.isfinite(o))
 
 
 def _output_keys(record: InputsRecord) -> list[tuple[str, Any]]:

@@ -55,7 +55,7 @@ def _records_from_input_file(meta: list, where: str) -> tuple[list[StorageRecord
 
 
 def _random_inputs(storages: list[StorageRecord], inputs: list[InputRecord], seed: int,
-                   device: Optional[str]) -> list[Any]:
+                   device: Optional[str], forward: Optional[InputsRecord] = None) -> list[Any]:
     from aotpipe.artifact.graph_json import decode_dtype
 
     g = torch.Generator().manual_seed(seed)
@@ -65,16 +65,43 @@ def _random_inputs(storages: list[StorageRecord], inputs: list[InputRecord], see
         base = random_storage(grp, g, tuple(s.range) if s.range else None)  # drawn on the CPU: the same everywhere
         bases.append(base.to(device) if device else base)
     # Random inputs take every tensor from its storage, whatever the saved values' source.
-    return build_inputs(inputs, bases, random=True)
+    sizes = [o.value for o in forward.outputs] if forward is not None else None
+    values = build_inputs(inputs, bases, sizes, random=True)
+    if forward is not None:
+        _draw_in_forward_ranges(values, inputs, forward, g)
+    return values
 
 
-def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | None = None) -> list[Any]:
+def _draw_in_forward_ranges(values: list[Any], inputs: list[InputRecord], forward: InputsRecord,
+                            g: torch.Generator) -> None:
+    """A backward's saved integer tensors (indices the forward computed) drawn inside the range
+    the forward's output had at capture (version 3): indices that fit what they index."""
+    for v, rec in zip(values, inputs):
+        k = rec.forward_output
+        if rec.source != "forward" or rec.range is not None or k is None or k >= len(forward.outputs) \
+                or not isinstance(v, torch.Tensor):
+            continue
+        rng = forward.outputs[k].range
+        if rng is None or v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool \
+                or 0 in v.stride() or rng[0] >= rng[1]:
+            continue
+        v.copy_(torch.randint(rng[0], rng[1], tuple(v.shape), generator=g, dtype=v.dtype))
+
+
+def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | None = None,
+               forward: Optional[InputsRecord] = None) -> list[Any]:
     """Random inputs for a saved graph, from its `.input` file and inputs.json beside it.
 
     Same shapes, dtypes, strides and storage offsets as at capture, and the same aliasing
     (inputs that shared a storage share one again); floats N(0, 1) from a generator seeded
     with `seed`; integers inside the recorded range ([0, 2) when none is recorded); random
-    booleans; recorded int/float scalars. The joint graph's come nested as
+    booleans; recorded int/float scalars. For a backward, `forward` is the forward graph's
+    inputs.json record (replay passes it): the sizes the forward computed from tensor values
+    (data-dependent: how many tokens a router sent to an expert) are their recorded values,
+    those the saved tensors' recorded shapes were made with, and saved integer tensors
+    (indices) are drawn in the range the forward's output had; a size with no recorded value
+    (no `forward`, or an artefact from before format version 3) is an ArtifactError saying
+    random inputs cannot be used for that graph. The joint graph's come nested as
     [[primals...], [tangents...]]. Works on `.input` files torch's graph_dumper_aot wrote.
     `path` may be the `.input` file or its graph folder.
     """
@@ -97,7 +124,7 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
         storages, inputs = _records_from_input_file(meta, str(p))
     check_record_bytes(storages, inputs, record_path if record_path.exists() else p)
     try:
-        values = _random_inputs(storages, inputs, seed, dev)
+        values = _random_inputs(storages, inputs, seed, dev, forward)
     except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
         raise ArtifactError(f"{p}: cannot make inputs from it ({exception_line(e)})") from None
     return input_meta.nest(values, groups)

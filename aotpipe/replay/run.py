@@ -26,6 +26,7 @@ import torch.fx
 
 from aotpipe import accuracy, evidence
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
+from aotpipe.artifact.precheck import data_dependent_outputs
 from aotpipe.artifact.records import InputsRecord, OutputRecord, Partition
 from aotpipe.devices import move_inputs, parse_device, to_device
 from aotpipe.errors import ArtifactError, exception_line
@@ -178,6 +179,11 @@ def _label(i: int, rec: OutputRecord) -> str:
     return f"output {i} ({rec.role}{' ' + rec.target if rec.target else ''})"
 
 
+def _scalar(x: Any) -> bool:
+    """A Python int, float or bool: a size or flag a graph computed (never a tensor)."""
+    return isinstance(x, (bool, int, float))
+
+
 def _numel(rec: OutputRecord, a: Any) -> int:
     if rec.shape is not None:
         return math.prod(rec.shape)
@@ -204,6 +210,15 @@ def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expect
         if isinstance(a, torch.Tensor) and rec.stride is not None and a.numel() > 1:
             if any(st != rs and sz > 1 for st, rs, sz in zip(a.stride(), rec.stride, a.shape)):
                 problems.append(f"output {i}: stride {list(a.stride())} != recorded {rec.stride}")
+        if e.has_value and (_scalar(a) or _scalar(e.value)):
+            if type(a) is type(e.value) and accuracy.exact_equal(a, e.value):
+                continue
+            if e.value is None and record.format_version < 3:
+                continue  # versions 1 and 2 record no value for an int, float or bool output
+            identical = False
+            problems.append(f"{what}: {a!r}, recorded {e.value!r}; {type(a).__name__} outputs must be equal, "
+                            "here and elsewhere")
+            continue
         if e.has_value:
             if accuracy.exact_equal(a, e.value):
                 continue
@@ -290,7 +305,10 @@ def replay_graph(
         if inputs == "saved":
             values = ga.saved_inputs()
         elif inputs == "random":
-            flat, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed))
+            # A backward's data-dependent sizes and saved indices: from the forward's recorded
+            # outputs (version 3), which the saved tensors' recorded shapes agree with.
+            forward = ga.upstream.record if ga.upstream is not None else None
+            flat, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed, forward=forward))
             values = flat
         else:
             raise ArtifactError(f"--inputs must be saved or random, got {inputs!r}")
@@ -337,9 +355,11 @@ def replay_graph(
             result.mismatches = [c.line() for c in checks if not c.passed]
             result.status = "mismatch" if result.mismatches else "close"
         else:
-            # Nothing recorded to compare values with: check the outputs' shapes and dtypes.
+            # Nothing recorded to compare values with: check the outputs' shapes and dtypes,
+            # except the sizes that depend on tensor values (other inputs give other sizes).
+            varies = data_dependent_outputs(ga.module)
             for i, (o, rec) in enumerate(zip(outs, ga.record.outputs)):
-                if isinstance(o, torch.Tensor) and (list(o.shape) != rec.shape
+                if isinstance(o, torch.Tensor) and (not _same_shape(o, rec.shape, varies.get(i, []))
                                                     or str(o.dtype).removeprefix("torch.") != rec.dtype):
                     result.mismatches.append(f"output {i}: {o.dtype}{list(o.shape)} != recorded "
                                              f"{rec.dtype}{rec.shape}")
@@ -354,6 +374,13 @@ def replay_graph(
         result.status = "error"
         result.error = f"{exception_line(e)}"
     return result
+
+
+def _same_shape(o: torch.Tensor, recorded: Optional[list[int]], free: list[int]) -> bool:
+    """`o`'s shape is the recorded one, but for dimensions in `free` (sizes from values)."""
+    if recorded is None or len(recorded) != o.dim():
+        return False
+    return all(d in free or s == r for d, (s, r) in enumerate(zip(o.shape, recorded)))
 
 
 def _cpu(x: Any) -> Any:
