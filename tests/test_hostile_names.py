@@ -180,4 +180,4 @@ def deep(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["ls", "verify"])
 def test_1900_nested_folders_are_one_line(deep, command):
-    _one_line(cli(command, deep), 2, "folders nested too deeply to walk")
+    _one_line(cli(command, deep), 2, "folders nested more than 32 deep")

@@ -45,6 +45,8 @@ EXTRAS = {
     "aten.histc.default": "a mixture-of-experts router's expert counts (bins bounded by the precheck)",
     "aten.sym_constrain_range.default": "a data-dependent size's range assert (training graphs of routing models)",
     "aten.sym_constrain_range_for_size.default": "a data-dependent size's range assert (training graphs of routing models)",
+    "aten.searchsorted.Tensor": "transformers' grouped_mm_fallback, decomposed (MoE); refuses a sorter out of range",
+    "aten.searchsorted.Scalar": "as searchsorted.Tensor",
     "aten.put.default": "Tensor.put_ (no deterministic kernel; its CPU kernel refuses indices out of range)",
 }
 
