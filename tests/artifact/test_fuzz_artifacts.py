@@ -997,6 +997,43 @@ def test_the_oracle_fails_a_tamper_that_is_accepted_and_not_reported(tmp_path):
     assert judge("case", m, False, ok, None, tmp_path / "none") == "accepted, meaning unchanged"
 
 
+def test_the_new_classes_oracles_fail_what_they_must(tmp_path):
+    ok = {"rc": 0, "stdout": "", "stderr": "", "exception": None, "state_changed": None, "rss_growth_mb": 0,
+          "case_growth_mb": 0}
+    none = tmp_path / "none"
+    hostile = MUTATIONS["hostile op args"]
+    with pytest.raises(AssertionError, match="the canaries changed"):
+        judge("c", hostile, True, dict(ok, rc=1, stderr="error: the graph corrupted memory outside its tensors "
+                                                        "(canary 2 changed)\n"), None, none)
+    with pytest.raises(AssertionError, match="without the sandbox's one-line report"):
+        judge("c", hostile, True, dict(ok, rc=1, stderr="error: something else\n"), None, none)
+    with pytest.raises(AssertionError, match="this class must be refused"):
+        judge("c", hostile, True, ok, None, none)
+    assert judge("c", hostile, True, dict(ok, rc=1, stderr="error: the graph crashed the sandbox: SIGSEGV in node "
+                                                           "bad\n"), None, none) == "refused"
+    assert judge("c", hostile, True, dict(ok, rc=1, stdout="inference  error  (saved inputs)\n    error: "
+                                                           "IndexError: index out of range\n"), None, none) == "refused"
+    bombs = MUTATIONS["literal sizes"]
+    with pytest.raises(AssertionError, match="the peak RSS grew by 900 MB"):
+        judge("c", bombs, True, dict(ok, rc=2, stderr="error: x\n", case_growth_mb=900), None, none)
+    with pytest.raises(AssertionError, match="refused with exit 2"):
+        judge("c", bombs, True, dict(ok, rc=1, stdout="FAILED"), None, none)
+    with pytest.raises(AssertionError, match="this class must be refused"):  # a forged signature, even unchanged
+        judge("c", MUTATIONS["public key files"], False, ok, None, none)
+    names = MUTATIONS["escape sequences"]
+    CASE.clear()
+    with pytest.raises(AssertionError, match="raw control characters"):
+        judge("c", names, False, dict(ok, stdout="x\x1b[2Kmlp  verified\n"), None, none)
+    CASE.update(names=["ml\u0440"], corrupt=tmp_path / "ml\u0440")
+    with pytest.raises(AssertionError, match="look-alike name was printed as itself"):
+        judge("c", names, False, dict(ok, stdout="ml\u0440  verified\n"), None, none)
+    with pytest.raises(AssertionError, match="the corrupt folder printed as good"):
+        judge("c", names, False, dict(ok, stdout="ml\\u0440  verified\n"), None, none)
+    assert judge("c", names, False, dict(ok, stdout="ml\\u0440  refused\nmlp  verified\n"), None, none) \
+        == "accepted, meaning unchanged"
+    CASE.clear()
+
+
 def test_the_fuzzer_counted_its_cases_and_reached_its_targets(capsys):
     # Runs after the runs above (pytest keeps file order): prints the table, and checks that
     # every class ran, that payloads reached the check they aim at, and that some cases ran.
