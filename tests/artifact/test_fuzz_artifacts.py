@@ -562,7 +562,8 @@ def _hostile_nodes(draw) -> tuple[str, list[dict]]:
                 "view": [_ref("base"), size], "_reshape_alias": [_ref("base"), size, stride]}[kind]
         target = {"as_strided": "aten.as_strided.default", "view": "aten.view.default",
                   "_reshape_alias": "aten._reshape_alias.default"}[kind]
-        return kind, [_full("base", [4, 8]), _node("bad", target, args), _node("read", "aten.clone.default", [_ref("bad")])]
+        return kind, [_full("base", [4, 8]), _node("bad", target, args),
+                      _node("read", "aten.clone.default", [_ref("bad")])]
     if kind == "segment_reduce unsafe":
         return kind, [_full("data", [6]), _full("lengths", [2], index, I64),
                       _node("bad", "aten.segment_reduce.default", [_ref("data"), "sum"],
@@ -814,7 +815,8 @@ MUTATIONS: dict[str, Mutation] = {
     "referenced outputs": Mutation(1, _referenced_outputs, commands=(("replay", "--graph", "inference"),),
                                    expect="refused", forge=("files",), exits=(2,), check=_check_within_budget,
                                    reached="alive at once"),
-    "public key files": Mutation(2, _key_file, commands=(("verify", "--key", "hmac:{key}"), ("verify", "--key", "{key}"),
+    "public key files": Mutation(2, _key_file, commands=(("verify", "--key", "hmac:{key}"),
+                                                         ("verify", "--key", "{key}"),
                                                          ("verify", "--key", "ed25519:{key}")),
                                  expect="refused", forge=("none",), strict=True, reached="hmac"),
     "escape sequences": Mutation(2, _escape_names, commands=(("ls", "{folder}"), ("verify", "{folder}"), ("show",),
