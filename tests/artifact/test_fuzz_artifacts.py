@@ -509,12 +509,15 @@ def _hostile_nodes(draw) -> tuple[str, list[dict]]:
     """One op with value-indexing semantics (or one that exists to be unsafe), its arguments
     inconsistent: out-of-range indices, short statistics, sizes past the storage."""
     T = True
-    index = draw(st.sampled_from([10**9, 64, -1, -(2**40), 2**62]))
+    index = draw(st.sampled_from([10**9, "one past the end", -1, -(2**40), 2**62]))
     kind = draw(st.sampled_from(["max_pool2d backward", "max_pool3d backward", "adaptive max_pool2d backward",
                                  "embedding backward", "embedding_bag backward", "layer_norm backward",
                                  "batch_norm backward", "group_norm backward", "as_strided", "view",
                                  "_reshape_alias", "segment_reduce unsafe", "denied op", "bincount",
                                  "index_select", "gather", "take"]))
+    if index == "one past the end":  # the smallest index out of range for the op's input
+        index = {"max_pool3d backward": 256, "embedding backward": 10, "embedding_bag backward": 10,
+                 "index_select": 4, "gather": 4, "take": 32, "segment_reduce unsafe": 7, "bincount": -1}.get(kind, 64)
     grid = [_full("img", [4, 1, 8, 8]), _full("grad", [4, 1, 4, 4]),
             _full("idx", [4, 1, 4, 4], index, I64)]
     if kind == "max_pool2d backward":
@@ -945,8 +948,9 @@ def run_case(bases: Bases, worker: Worker, data, mutation_name: Optional[str] = 
             detector = worker.run(["verify", model, "--key", bases.public_key])
         case = f"[{name}] {model_name}: {what}; forged: {forge}; aotpipe {' '.join(command)}"
         if LOG:
+            said = next((ln for ln in (r.get("stderr", "") + r.get("stdout", "")).splitlines() if "error: " in ln), "")
             with open(LOG, "a") as f:
-                f.write(f"{time.perf_counter() - t0:7.3f}s rc={r.get('rc')} {case}\n")
+                f.write(f"{time.perf_counter() - t0:7.3f}s rc={r.get('rc')} {case} | {said.strip()[:200]!r}\n")
         if mutation.reached and mutation.reached.lower() in (r.get("stdout", "") + r.get("stderr", "")).lower():
             reached[name] += 1
         try:
