@@ -989,7 +989,7 @@ def test_each_mutation_class_meets_the_oracle(quick_bases, worker, name, forge):
     cases()
 
 
-@pytest.mark.slow  # 5,000 cases: about 6 minutes on 2 cores; CI runs it
+@pytest.mark.slow  # 1,000 cases: 6.5 min on 2 cores, most of it ~70 sandboxed replays (~4 s each); 5,000 (CI): ~30 min
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=False,
           suppress_health_check=list(HealthCheck))
 @given(data=st.data())
