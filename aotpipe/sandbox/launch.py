@@ -109,7 +109,10 @@ def _worker_env(scratch: Path) -> dict[str, str]:
     tmp.mkdir(exist_ok=True)
     paths = [_package_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env.update(PYTHONPATH=os.pathsep.join(paths), TMPDIR=str(tmp), HOME=str(scratch),
-               PYTHONDONTWRITEBYTECODE="1")
+               PYTHONDONTWRITEBYTECODE="1",
+               # torch writes these into its own process's environment once it compiles
+               # anything; inherited, they name folders that are read-only in the sandbox
+               TORCHINDUCTOR_CACHE_DIR=str(tmp / "torchinductor"), TRITON_CACHE_DIR=str(tmp / "triton"))
     return env
 
 

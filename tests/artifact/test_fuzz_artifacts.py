@@ -476,12 +476,12 @@ SANDBOXED = {"AOTPIPE_NO_SANDBOX": None}  # replay as a user does: untrusted gra
 CASE: dict = {}  # what this case's mutation planted, for its class's own check
 
 
-def _node(name, target, args, kwargs=None) -> dict:
-    return {"name": name, "op": "call_function", "target": target, "args": args, "kwargs": kwargs or {}}
+def _node(name, target, args, kwargs=None) -> dict:  # names prefixed: apart from the graph's own
+    return {"name": f"fz_{name}", "op": "call_function", "target": target, "args": args, "kwargs": kwargs or {}}
 
 
 def _ref(name: str) -> dict:
-    return {"node": name}
+    return {"node": f"fz_{name}"}
 
 
 def _full(name, shape, value=1.0, dtype=None) -> dict:
@@ -634,7 +634,8 @@ def _referenced_outputs(draw, model: Path, marker: Path) -> str:
     digest = BlobStore(model).put(torch.zeros(numel))
     n = draw(st.sampled_from([8, 24, 200]))
     how = draw(st.sampled_from(["aten.clone.default", "aten.neg.default", "aten.contiguous.default"]))
-    nodes = [{"name": "blob", "op": "get_attr", "target": "blob", "blob": digest, "shape": [numel], "stride": [1]}]
+    nodes = [{"name": "fz_blob", "op": "get_attr", "target": "fz_blob", "blob": digest, "shape": [numel],
+              "stride": [1]}]
     names = [f"copy{i}" for i in range(n)]
     nodes += [_node(c, how, [_ref("blob")]) for c in names]
     _insert(graph, nodes, names)
@@ -729,6 +730,8 @@ def _check_sandboxed_refusal(case: str, r: dict) -> None:
         sandbox = len(errors) == 1 and errors[0].startswith((
             "error: the graph crashed the sandbox: ", "error: the graph ran out of the sandbox's memory",
             "error: the graph used up the sandbox's CPU", "error: the graph ran past the sandbox's time"))
+        # an OSError is the sandbox failing the replay (a cache folder it may not write), not a refusal
+        reported = reported and "error: OSError" not in r["stdout"]
         assert sandbox or (reported and not errors), f"{case}: exit 1 without the sandbox's one-line report " \
                                                      f"or replay's error row:\n{out}"
 
@@ -1032,6 +1035,9 @@ def test_the_new_classes_oracles_fail_what_they_must(tmp_path):
                                                            "bad\n"), None, none) == "refused"
     assert judge("c", hostile, True, dict(ok, rc=1, stdout="inference  error  (saved inputs)\n    error: "
                                                            "IndexError: index out of range\n"), None, none) == "refused"
+    with pytest.raises(AssertionError, match="without the sandbox's one-line report"):  # the sandbox failed, no refusal
+        judge("c", hostile, True, dict(ok, rc=1, stdout="inference  error  (saved inputs)\n    error: OSError: "
+                                                         "[Errno 30] Read-only file system: '/tmp/x'\n"), None, none)
     bombs = MUTATIONS["literal sizes"]
     with pytest.raises(AssertionError, match="the peak RSS grew by 900 MB"):
         judge("c", bombs, True, dict(ok, rc=2, stderr="error: x\n", case_growth_mb=900), None, none)
