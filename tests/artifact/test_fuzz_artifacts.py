@@ -953,7 +953,8 @@ def run_case(bases: Bases, worker: Worker, data, mutation_name: Optional[str] = 
         if LOG:
             said = next((ln for ln in (r.get("stderr", "") + r.get("stdout", "")).splitlines() if "error: " in ln), "")
             with open(LOG, "a") as f:
-                f.write(f"{time.perf_counter() - t0:7.3f}s rc={r.get('rc')} {case} | {said.strip()[:200]!r}\n")
+                f.write(f"{time.perf_counter() - t0:7.3f}s rc={r.get('rc')} +{r.get('case_growth_mb', 0):.0f}MB "
+                        f"{case} | {said.strip()[:200]!r}\n")
         if mutation.reached and mutation.reached.lower() in (r.get("stdout", "") + r.get("stderr", "")).lower():
             reached[name] += 1
         try:
