@@ -47,6 +47,7 @@ EXTRAS = {
     "aten.sym_constrain_range_for_size.default": "a data-dependent size's range assert (training graphs of routing models)",
     "aten.searchsorted.Tensor": "transformers' grouped_mm_fallback, decomposed (MoE); refuses a sorter out of range",
     "aten.searchsorted.Scalar": "as searchsorted.Tensor",
+    "aten.empty_permuted.default": "an uninitialised tensor in a given memory order (MoE expert buffers; sizes bounded by the precheck)",
     "aten.put.default": "Tensor.put_ (no deterministic kernel; its CPU kernel refuses indices out of range)",
 }
 

@@ -26,9 +26,22 @@ It counts, per class: refused (exit 1 or 2), accepted and reported (exit 0, and 
 detector reported the change), accepted with the meaning unchanged, and failures; the
 table is printed at the end.
 
-To teach the fuzzer a new class (hostile op arguments, literal sizes, key files, escape
-sequences), add a Mutation to MUTATIONS: a function that mutates the copy and returns
-what it did, the commands to run, and the expected outcome.
+Five classes aim at what untrusted artefacts must never do. "hostile op args" gives an op
+that indexes memory with values (pool, embedding and norm backward, views and strides,
+segment_reduce unsafe, denied ops) inconsistent arguments and replays it in the sandbox,
+as users do (AOTPIPE_NO_SANDBOX unset): refused before any kernel (exit 2), or the
+sandbox's one line for a crash (exit 1), never corrupted canary tensors. "literal sizes"
+and "referenced outputs" ask for gigabytes under the worker's byte limit, replayed in the
+worker's own process: refused with exit 2 before the allocation (the case adds under
+BUDGET_MB to the peak RSS). "public key files" writes the verifier's Ed25519 public key in
+every public encoding and signs a changed artefact with HMAC keyed by those bytes: `verify
+--key` (hmac:, ed25519: or plain) must never say ok. "escape sequences" puts control
+characters and Cyrillic look-alikes in folder, model and graph names: nothing printed holds
+a raw control character, and a damaged twin never prints as ok or verified.
+
+To teach the fuzzer a new class, add a Mutation to MUTATIONS: a function that mutates the
+copy and returns what it did, the commands to run, the expected outcome, and the class's
+own oracle if it has one.
 
 AOTPIPE_FUZZ_EXAMPLES sets the number of cases of the slow run (default 5000; CI runs the
 default); the main suite runs FAST_CASES cases of each class.
@@ -40,6 +53,7 @@ import collections
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -58,7 +72,7 @@ from tests.helpers.fuzz_worker import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("AOTPIPE_FUZZ_EXAMPLES", "5000"))
-FAST_CASES = 1  # per mutation class and forgery, in the main suite
+FAST_CASES = int(os.environ.get("AOTPIPE_FUZZ_FAST", "1"))  # per mutation class and forgery, in the main suite
 LOG = os.environ.get("AOTPIPE_FUZZ_LOG")  # a file to append one line per case to
 LIMIT_MB = 64  # the worker's byte limit (AOTPIPE_MAX_BYTES); nodes and record sizes are lowered too
 SLACK_MB = 192  # what a worker's peak RSS may grow by besides, over a worker's life (caches)
@@ -452,6 +466,308 @@ def _valid_value(draw, model: Path, marker: Path, which: str) -> str:
     return f"{path.relative_to(model)} {'.'.join(map(str, where))}: {str(value)[:20]} -> {str(new)[:20]}"
 
 
+# --- The second round's classes: hostile op arguments, literal sizes, referenced outputs,
+# key files, escape sequences. Their nodes are built from literals (aten.full), so they fit
+# any graph of any base; they go before the output node, which keeps its arguments.
+
+F32 = {"dtype": {"dtype": "float32"}}
+I64 = {"dtype": {"dtype": "int64"}}
+SANDBOXED = {"AOTPIPE_NO_SANDBOX": None}  # replay as a user does: untrusted graphs in the sandbox
+CASE: dict = {}  # what this case's mutation planted, for its class's own check
+
+
+def _node(name, target, args, kwargs=None) -> dict:  # names prefixed: apart from the graph's own
+    return {"name": f"fz_{name}", "op": "call_function", "target": target, "args": args, "kwargs": kwargs or {}}
+
+
+def _ref(name: str) -> dict:
+    return {"node": f"fz_{name}"}
+
+
+def _full(name, shape, value=1.0, dtype=None) -> dict:
+    return _node(name, "aten.full.default", [shape, value], dtype or F32)
+
+
+def _graph_named(draw, model: Path, kind: str = "inference") -> Path:
+    """The folder of the model's `kind` graph (the command replays that one alone)."""
+    folders = [g for g in _graph_folders(model) if g.name.endswith(f"_{kind}_0")]
+    return folders[0] if folders else draw(st.sampled_from(_graph_folders(model)))
+
+
+def _insert(folder: Path, nodes: list[dict], outputs: Optional[list[str]] = None) -> None:
+    graph = folder / "graph.json"
+    data = json.loads(graph.read_text())
+    out = data["nodes"].pop()
+    data["nodes"] += nodes
+    if outputs is not None:
+        out["args"] = [{"tuple": [_ref(n) for n in outputs]}]
+    data["nodes"].append(out)
+    _write(graph, json.dumps(data))
+
+
+def _hostile_nodes(draw) -> tuple[str, list[dict]]:
+    """One op with value-indexing semantics (or one that exists to be unsafe), its arguments
+    inconsistent: out-of-range indices, short statistics, sizes past the storage."""
+    T = True
+    index = draw(st.sampled_from([10**9, "one past the end", -1, -(2**40), 2**62]))
+    kind = draw(st.sampled_from(["max_pool2d backward", "max_pool3d backward", "adaptive max_pool2d backward",
+                                 "embedding backward", "embedding_bag backward", "layer_norm backward",
+                                 "batch_norm backward", "group_norm backward", "as_strided", "view",
+                                 "_reshape_alias", "segment_reduce unsafe", "denied op", "bincount",
+                                 "index_select", "gather", "take"]))
+    if index == "one past the end":  # the smallest index out of range for the op's input
+        index = {"max_pool3d backward": 256, "embedding backward": 10, "embedding_bag backward": 10,
+                 "index_select": 4, "gather": 4, "take": 32, "segment_reduce unsafe": 7, "bincount": -1}.get(kind, 64)
+    grid = [_full("img", [4, 1, 8, 8]), _full("grad", [4, 1, 4, 4]),
+            _full("idx", [4, 1, 4, 4], index, I64)]
+    if kind == "max_pool2d backward":
+        return kind, grid + [_node("bad", "aten.max_pool2d_with_indices_backward.default",
+                                   [_ref("grad"), _ref("img"), [2, 2], [2, 2], [0, 0], [1, 1], False, _ref("idx")])]
+    if kind == "max_pool3d backward":
+        return kind, [_full("img", [1, 1, 4, 8, 8]), _full("grad", [1, 1, 2, 4, 4]),
+                      _full("idx", [1, 1, 2, 4, 4], index, I64),
+                      _node("bad", "aten.max_pool3d_with_indices_backward.default",
+                            [_ref("grad"), _ref("img"), [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], False,
+                             _ref("idx")])]
+    if kind == "adaptive max_pool2d backward":
+        return kind, grid + [_node("bad", "aten.adaptive_max_pool2d_backward.default",
+                                   [_ref("grad"), _ref("img"), _ref("idx")])]
+    if kind == "embedding backward":
+        return kind, [_full("grad", [4, 8]), _full("idx", [4], index, I64),
+                      _node("bad", "aten.embedding_dense_backward.default",
+                            [_ref("grad"), _ref("idx"), 10, -1, draw(st.booleans())])]
+    if kind == "embedding_bag backward":
+        return kind, [_full("grad", [2, 8]), _full("idx", [4], index, I64), _full("offsets", [2], 0, I64),
+                      _full("o2b", [4], 0, I64), _full("bag_size", [2], 2, I64), _full("max_idx", [2], 0, I64),
+                      _node("bad", "aten._embedding_bag_backward.default",
+                            [_ref("grad"), _ref("idx"), _ref("offsets"), _ref("o2b"), _ref("bag_size"),
+                             _ref("max_idx"), 10, draw(st.booleans()), 0, False, None])]
+    if kind == "layer_norm backward":
+        short = draw(st.sampled_from([[1, 1], [0, 1], [1]]))
+        return kind, [_full("x", [64, 8]), _full("grad", [64, 8]), _full("mean", short), _full("rstd", short),
+                      _full("w", [8]),
+                      _node("bad", "aten.native_layer_norm_backward.default",
+                            [_ref("grad"), _ref("x"), [8], _ref("mean"), _ref("rstd"), _ref("w"), None, [T, T, T]])]
+    if kind == "batch_norm backward":
+        return kind, [_full("x", [4, 64, 2]), _full("grad", [4, 64, 2]), _full("w", [64]), _full("stat", [1]),
+                      _node("bad", "aten.native_batch_norm_backward.default",
+                            [_ref("grad"), _ref("x"), _ref("w"), None, None, _ref("stat"), _ref("stat"), True,
+                             1e-5, [T, T, T]])]
+    if kind == "group_norm backward":
+        return kind, [_full("x", [2, 4, 3]), _full("grad", [2, 4, 3]), _full("stat", [1, 1]), _full("w", [4]),
+                      _node("bad", "aten.native_group_norm_backward.default",
+                            [_ref("grad"), _ref("x"), _ref("stat"), _ref("stat"), _ref("w"), 2, 4, 3, 2, [T, T, T]])]
+    if kind in ("as_strided", "view", "_reshape_alias"):
+        size = draw(st.sampled_from([[64, 64], [2**31], [10**6, 10**6]]))
+        stride = draw(st.sampled_from([[1, 2**40], [2**20, 1], [1, 1]]))[:len(size)]
+        stride += [1] * (len(size) - len(stride))
+        args = {"as_strided": [_ref("base"), size, stride, draw(st.sampled_from([0, 2**40]))],
+                "view": [_ref("base"), size], "_reshape_alias": [_ref("base"), size, stride]}[kind]
+        target = {"as_strided": "aten.as_strided.default", "view": "aten.view.default",
+                  "_reshape_alias": "aten._reshape_alias.default"}[kind]
+        return kind, [_full("base", [4, 8]), _node("bad", target, args),
+                      _node("read", "aten.clone.default", [_ref("bad")])]
+    if kind == "segment_reduce unsafe":
+        return kind, [_full("data", [6]), _full("lengths", [2], index, I64),
+                      _node("bad", "aten.segment_reduce.default", [_ref("data"), "sum"],
+                            {"lengths": _ref("lengths"), "axis": 0, "unsafe": True})]
+    if kind == "bincount":
+        return kind, [_full("ints", [4], index, I64), _node("bad", "aten.bincount.default", [_ref("ints"), None, 0])]
+    if kind in ("index_select", "gather", "take"):
+        args = {"index_select": [_ref("src"), 0, _ref("idx")], "gather": [_ref("src"), 0, _ref("idx2")],
+                "take": [_ref("src"), _ref("idx")]}[kind]
+        return kind, [_full("src", [4, 8]), _full("idx", [4], index, I64), _full("idx2", [4, 8], index, I64),
+                      _node("bad", f"aten.{kind}.default", args)]
+    target = draw(st.sampled_from(["aten._fused_sgd_.default", "aten._fused_moving_avg_obs_fq_helper.default",
+                                   "aten._reshape_alias_copy.default", "aten._unsafe_index.Tensor",
+                                   "aten._copy_from.default", "aten.set_.source_Tensor",
+                                   "aten._segment_reduce_backward.default"]))
+    return f"denied {target}", [_full("base", [4, 8]), _node("bad", target, [_ref("base"), [2**30], [1]])]
+
+
+def _hostile_op(draw, model: Path, marker: Path) -> str:
+    graph = _graph_named(draw, model)
+    what, nodes = _hostile_nodes(draw)
+    _insert(graph, nodes)
+    return f"{graph.relative_to(model)}: {what}"
+
+
+def _literal_size(draw, model: Path, marker: Path) -> str:
+    """Gigabytes asked for in a literal argument other than `size` (the worker's limit is
+    LIMIT_MB), or by many tensors alive at once."""
+    graph = _graph_named(draw, model)
+    n = draw(st.sampled_from([100_000_000, 30_000_000]))
+    x = [_full("x", [8, 32])]
+    kind, nodes, outputs = draw(st.sampled_from([
+        ("arange", [_node("bomb", "aten.arange.start_step", [0, n, 1], F32)], None),
+        ("eye", [_node("bomb", "aten.eye.default", [20_000], F32)], None),
+        ("linspace", [_node("bomb", "aten.linspace.default", [0.0, 1.0, n], F32)], None),
+        ("full", [_node("bomb", "aten.full.default", [[n], 0.5], F32)], None),
+        ("new_empty", x + [_node("bomb", "aten.new_empty.default", [_ref("x"), [n]])], None),
+        ("bincount minlength", [_full("ints", [4], 1, I64),
+                                _node("bomb", "aten.bincount.default", [_ref("ints"), None, n])], None),
+        ("upsample", [_full("x4", [1, 1, 8, 32]),
+                      _node("bomb", "aten.upsample_nearest2d.default", [_ref("x4"), [10_000, 10_000]])], None),
+        ("pad", x + [_node("bomb", "aten.constant_pad_nd.default", [_ref("x"), [0, n]])], None),
+        ("repeat", x + [_node("bomb", "aten.repeat.default", [_ref("x"), [100_000, 10]])], None),
+        ("expand then clone", x + [_node("big", "aten.expand.default", [_ref("x"), [400_000, 8, 32]]),
+                                   _node("bomb", "aten.clone.default", [_ref("big")])], None),
+        ("repeated cat", x + [_node(f"c{i}", "aten.cat.default", [[_ref("x")] * 4096]) for i in range(40)],
+         [f"c{i}" for i in range(40)]),
+        ("prims.iota", [_node("bomb", "prims.iota.default", [n],
+                              {"start": 0, "step": 1, "dtype": {"dtype": "int64"}, "device": {"device": "cpu"},
+                               "requires_grad": False})], None),
+    ]))
+    _insert(graph, nodes, outputs)
+    return f"{graph.relative_to(model)}: {kind}"
+
+
+def _referenced_outputs(draw, model: Path, marker: Path) -> str:
+    """One 16 MB constant, returned n times: as copies (all alive at the end), or through one
+    op each; inputs.json records every output as that same stored blob."""
+    import torch
+
+    from aotpipe.artifact.blobs import BlobStore
+
+    graph = _graph_named(draw, model)
+    numel = 4_000_000
+    digest = BlobStore(model).put(torch.zeros(numel))
+    n = draw(st.sampled_from([8, 24, 200]))
+    how = draw(st.sampled_from(["aten.clone.default", "aten.neg.default", "aten.contiguous.default"]))
+    nodes = [{"name": "fz_blob", "op": "get_attr", "target": "fz_blob", "blob": digest, "shape": [numel],
+              "stride": [1]}]
+    names = [f"copy{i}" for i in range(n)]
+    nodes += [_node(c, how, [_ref("blob")]) for c in names]
+    _insert(graph, nodes, names)
+    ipath = graph / "inputs.json"
+    rec = json.loads(ipath.read_text())
+    rec["values"] = "full"
+    rec["outputs"] = [{"index": i, "role": "user", "blob": digest, "shape": [numel], "stride": [1],
+                       "dtype": "float32"} for i in range(n)]
+    _write(ipath, json.dumps(rec))
+    return f"{graph.relative_to(model)}: {n} x {how} of one 16 MB blob"
+
+
+def _public_encodings(pem: bytes) -> dict[str, bytes]:
+    import base64
+
+    from cryptography.hazmat.primitives import serialization as ser
+
+    public = ser.load_pem_public_key(pem)
+    raw = public.public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+    der = public.public_bytes(ser.Encoding.DER, ser.PublicFormat.SubjectPublicKeyInfo)
+    return {
+        "pem": pem,
+        "pem after a comment": b"# the release key\n" + pem,
+        "pem after bag attributes": b"Bag Attributes\n    friendlyName: release\n    localKeyID: 01 02\n" + pem,
+        "pem in CRLF": pem.replace(b"\n", b"\r\n"),
+        "der": der,
+        "base64 der": base64.b64encode(der) + b"\n",
+        "openssh": public.public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH) + b" release@host\n",
+        "raw 32 bytes": raw,
+        "base64 raw": base64.b64encode(raw) + b"\n",
+        "base64url raw": base64.urlsafe_b64encode(raw).rstrip(b"="),
+        "hex raw": raw.hex().encode() + b"\n",
+        "HEX raw": raw.hex().upper().encode(),
+    }
+
+
+def _key_file(draw, model: Path, marker: Path) -> str:
+    """The verifier's public key written in one of its public encodings as the key file
+    ({key} in the command), and the artefact changed, resealed and signed with HMAC-SHA256
+    keyed by those very bytes: what anyone holding the public key can do."""
+    from tests.helpers.forge import hmac_forgery
+
+    encodings = _public_encodings((marker.parent / "trusted.pub").read_bytes())
+    how = draw(st.sampled_from(sorted(encodings)))
+    (marker.parent / "key.file").write_bytes(encodings[how])
+    what = _valid_value(draw, model, marker, draw(st.sampled_from(["manifest", "graph", "inputs"])))
+    reseal(model)
+    hmac_forgery(model, encodings[how])
+    return f"{what}; signed with HMAC keyed by the public key as {how}"
+
+
+SPOOFS = ["\x1b[2K\rmlp          verified", "mlp\x1b[32m ok\x1b[0m", "a\rok      b", "a\nok      b", "bell\x07\x08\x7f",
+          "\u202eok\u202c", "ml\u0440", "\u043c\u0435\u0445", "mlp\u200b", "x\x9b2J", "tab\tname", "\x1b]0;title\x07"]
+
+
+def _escape_names(draw, model: Path, marker: Path) -> str:
+    """Control characters and look-alikes where aotpipe prints names: a sibling folder (a
+    copy of the model beside it, intact or with its manifest cut short), the manifest's model name and
+    graph keys (resealed). CASE["names"]: the names planted; CASE["corrupt"]: the folder
+    whose copy is corrupt (it must never print as verified or ok)."""
+    name = draw(st.sampled_from(SPOOFS))
+    where = draw(st.sampled_from(["folder", "corrupt folder", "model name", "graph key"]))
+    CASE["names"] = [name]
+    if where.endswith("folder"):
+        twin = model.parent / name
+        shutil.copytree(model, twin, symlinks=True, copy_function=os.link)
+        if where == "corrupt folder":  # damaged where ls looks too (ls hashes no blobs)
+            raw = (twin / "manifest.json").read_bytes()
+            _write(twin / "manifest.json", raw[: draw(st.sampled_from([0, 1, len(raw) // 2, len(raw) - 2]))])
+            CASE["corrupt"] = twin
+        return f"{where} {name!r}"
+    path = model / "manifest.json"
+    m = json.loads(path.read_text())
+    if where == "model name":
+        m["model"]["name"] = name
+    else:
+        key = draw(st.sampled_from(sorted(m["graphs"])))
+        m["graphs"][name] = m["graphs"].pop(key)
+    _write(path, json.dumps(m))
+    return f"{where} {name!r}"
+
+
+def _check_sandboxed_refusal(case: str, r: dict) -> None:
+    """A refusal by the sandbox is its one line: a crash or a limit, never corruption."""
+    out = r["stdout"] + r["stderr"]
+    assert "corrupted memory outside its tensors" not in out, f"{case}: the canaries changed:\n{out}"
+    if r["rc"] == 1:
+        errors = [ln for ln in r["stderr"].splitlines() if ln.startswith("error: ")]
+        # replay's report: the graph's row says error, the next line the kernel's own refusal
+        # (an IndexError from a bounds check torch does itself)
+        reported = re.search(r"^\S+\s+error\s.*\n\s+error: \w+: .+$", r["stdout"], re.M)
+        sandbox = len(errors) == 1 and errors[0].startswith((
+            "error: the graph crashed the sandbox: ", "error: the graph ran out of the sandbox's memory",
+            "error: the graph used up the sandbox's CPU", "error: the graph ran past the sandbox's time"))
+        # an OSError is the sandbox failing the replay (a cache folder it may not write), not a refusal
+        reported = reported and "error: OSError" not in r["stdout"]
+        assert sandbox or (reported and not errors), f"{case}: exit 1 without the sandbox's one-line report " \
+                                                     f"or replay's error row:\n{out}"
+
+
+def _check_within_budget(case: str, r: dict) -> None:
+    """Refused before allocation: the case added less than BUDGET_MB to the worker's peak."""
+    assert r["case_growth_mb"] < BUDGET_MB, f"{case}: the peak RSS grew by {r['case_growth_mb']:.0f} MB"
+
+
+def _check_names(case: str, r: dict) -> None:
+    """No raw control character in what was printed; no look-alike name printed as itself
+    on a line saying ok or verified; a corrupt folder never on a line saying ok."""
+    import unicodedata
+
+    from aotpipe.errors import printable
+
+    out = r["stdout"] + r["stderr"]
+    raw = [c for c in out if c not in "\n" and (unicodedata.category(c)[0] == "C" or c in "\u2028\u2029")]
+    assert not raw, f"{case}: raw control characters printed: {raw!r}\n{out!r}"
+    for name in CASE.get("names", ()):
+        # A look-alike printed as itself on a line that says ok or verified reads as the
+        # name it imitates (error lines may print a path as it is: they say what is wrong)
+        if any(ord(c) > 126 for c in name):
+            assert not [ln for ln in out.splitlines() if name in ln and re.search(r"\b(verified|ok)\b", ln)], \
+                f"{case}: the look-alike name was printed as itself as good:\n{out!r}"
+    corrupt = CASE.get("corrupt")
+    if corrupt is not None:
+        shown = printable(corrupt.name, names=True)
+        for ln in out.splitlines():
+            if shown in ln:
+                assert not re.search(r"\b(verified|ok)\b", ln.replace(shown, "")), \
+                    f"{case}: the corrupt folder printed as good:\n{out!r}"
+
+
+BUDGET_MB = 120  # what a refused bomb may add to the worker's peak RSS (tests/artifact/test_bombs.py)
+
 READERS = (("replay",), ("replay", "--inputs", "random"), ("replay", "--chain"), ("replay", "--graph", "inference"),
            ("verify",), ("show",), ("ls",))
 LOADERS = (("replay",), ("replay", "--inputs", "random"), ("replay", "--graph", "inference"), ("verify",), ("show",))
@@ -461,7 +777,10 @@ LOADERS = (("replay",), ("replay", "--inputs", "random"), ("replay", "--graph", 
 class Mutation:
     """One class of mutation. `expect`: "detected" (a change of meaning must be refused by
     the command or reported by `verify --key`), or "refused" (the command must not exit 0).
-    `reached`: text in the output showing the check the class aims at was reached (counted)."""
+    `reached`: text in the output showing the check the class aims at was reached (counted).
+    `env`: set (None: unset) for the command; `exits`: the exit codes a refusal may have;
+    `check`: the class's own oracle, called with the case and the command's result. A
+    command's "{key}" is the key file the mutation wrote, "{folder}" the case's folder."""
 
     weight: int
     mutate: Callable[..., str]
@@ -469,6 +788,10 @@ class Mutation:
     expect: str = "detected"
     forge: tuple[str, ...] = ("none", "seal", "files")
     reached: Optional[str] = None
+    env: Optional[dict] = None
+    exits: tuple[int, ...] = (1, 2)
+    check: Optional[Callable[[str, dict], None]] = None
+    strict: bool = False  # "refused" even when the meaning is unchanged (a forged signature)
 
 
 MUTATIONS: dict[str, Mutation] = {
@@ -487,6 +810,24 @@ MUTATIONS: dict[str, Mutation] = {
     "blob": Mutation(2, _blob),
     "file type": Mutation(1, _file),
     "reformat (control)": Mutation(1, _reformat, forge=("none", "files")),
+    # Replayed in the sandbox: refused before any kernel (exit 2), or the sandbox's one line
+    # (exit 1); the canaries intact.
+    "hostile op args": Mutation(3, _hostile_op, commands=(("replay", "--graph", "inference"),), expect="refused",
+                                forge=("files",), env=SANDBOXED, check=_check_sandboxed_refusal),
+    # Replayed in this process (the worker's): refused by the precheck, before allocation.
+    "literal sizes": Mutation(2, _literal_size, commands=(("replay", "--graph", "inference"),), expect="refused",
+                              forge=("files",), exits=(2,), check=_check_within_budget,
+                              reached="refused before running the graph"),
+    "referenced outputs": Mutation(1, _referenced_outputs, commands=(("replay", "--graph", "inference"),),
+                                   expect="refused", forge=("files",), exits=(2,), check=_check_within_budget,
+                                   reached="alive at once"),
+    "public key files": Mutation(2, _key_file, commands=(("verify", "--key", "hmac:{key}"),
+                                                         ("verify", "--key", "{key}"),
+                                                         ("verify", "--key", "ed25519:{key}")),
+                                 expect="refused", forge=("none",), strict=True, reached="hmac"),
+    "escape sequences": Mutation(2, _escape_names, commands=(("ls", "{folder}"), ("verify", "{folder}"), ("show",),
+                                                             ("verify",), ("ls",)),
+                                 forge=("files",), check=_check_names),
 }
 
 
@@ -554,9 +895,14 @@ def judge(case: str, mutation: Mutation, changed: bool, r: dict, detector: Optio
     unchanged"); an AssertionError naming the case when it is a failure."""
     assert not marker.exists(), f"{case}: the payload ran"
     well_behaved(case, r)
+    if mutation.check is not None:
+        mutation.check(case, r)
     if r["rc"] != 0:
+        assert mutation.expect != "refused" or r["rc"] in mutation.exits, \
+            f"{case}: exit {r['rc']}; this class is refused with exit {' or '.join(map(str, mutation.exits))}\n" \
+            f"{r['stderr'][-2000:]}"
         return "refused"
-    if mutation.expect == "refused" and changed:
+    if mutation.expect == "refused" and (changed or mutation.strict):
         raise AssertionError(f"{case}: accepted with exit 0; this class must be refused\n{r['stdout'][-2000:]}")
     if not changed:
         return "accepted, meaning unchanged"
@@ -579,10 +925,12 @@ def run_case(bases: Bases, worker: Worker, data, mutation_name: Optional[str] = 
     name = mutation_name or data.draw(
         st.sampled_from([k for k, m in MUTATIONS.items() for _ in range(m.weight)]), label="class")
     mutation = MUTATIONS[name]
+    CASE.clear()
     with tempfile.TemporaryDirectory() as d:
         model_name = data.draw(st.sampled_from(bases.models), label="model")
         model = Path(d) / model_name
         shutil.copytree(bases.root / model_name, model, symlinks=True, copy_function=os.link)
+        shutil.copy(bases.public_key, Path(d) / "trusted.pub")
         marker = Path(d) / MARKER
         before = meaning(model)
         what = mutation.mutate(data.draw, model, marker)
@@ -591,17 +939,23 @@ def run_case(bases: Bases, worker: Worker, data, mutation_name: Optional[str] = 
             reseal(model, digests=forge == "files")
         changed = meaning(model) != before
         command = list(data.draw(st.sampled_from(mutation.commands), label="command"))
-        args = command + [model if command[0] != "ls" else Path(d)]
+        args = [a.replace("{key}", str(Path(d) / "key.file")) for a in command]
+        if any("{folder}" in a for a in args):
+            args = [a.replace("{folder}", d) for a in args]
+        else:
+            args.append(model if command[0] != "ls" else Path(d))
         t0 = time.perf_counter()
-        r = worker.run(args)
+        r = worker.run(args, env=mutation.env)
         detector = None
         if r.get("rc") == 0 and changed and mutation.expect != "refused":
             detector = worker.run(["verify", model, "--key", bases.public_key])
         case = f"[{name}] {model_name}: {what}; forged: {forge}; aotpipe {' '.join(command)}"
         if LOG:
+            said = next((ln for ln in (r.get("stderr", "") + r.get("stdout", "")).splitlines() if "error: " in ln), "")
             with open(LOG, "a") as f:
-                f.write(f"{time.perf_counter() - t0:7.3f}s rc={r.get('rc')} {case}\n")
-        if mutation.reached and mutation.reached in r.get("stdout", "") + r.get("stderr", ""):
+                f.write(f"{time.perf_counter() - t0:7.3f}s rc={r.get('rc')} +{r.get('case_growth_mb', 0):.0f}MB "
+                        f"{case} | {said.strip()[:200]!r}\n")
+        if mutation.reached and mutation.reached.lower() in (r.get("stdout", "") + r.get("stderr", "")).lower():
             reached[name] += 1
         try:
             outcome = judge(case, mutation, changed, r, detector, marker)
@@ -639,7 +993,7 @@ def test_each_mutation_class_meets_the_oracle(quick_bases, worker, name, forge):
     cases()
 
 
-@pytest.mark.slow  # 5,000 cases: about 6 minutes on 2 cores; CI runs it
+@pytest.mark.slow  # 1,000 cases: 6.5 min on 2 cores, most of it ~70 sandboxed replays (~4 s each); 5,000 (CI): ~30 min
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=False,
           suppress_health_check=list(HealthCheck))
 @given(data=st.data())
@@ -664,6 +1018,46 @@ def test_the_oracle_fails_a_tamper_that_is_accepted_and_not_reported(tmp_path):
         judge("case", m, False, dict(ok, rss_growth_mb=10_000), None, tmp_path / "none")
     assert judge("case", m, True, ok, dict(ok, rc=1), tmp_path / "none") == "accepted and reported"
     assert judge("case", m, False, ok, None, tmp_path / "none") == "accepted, meaning unchanged"
+
+
+def test_the_new_classes_oracles_fail_what_they_must(tmp_path):
+    ok = {"rc": 0, "stdout": "", "stderr": "", "exception": None, "state_changed": None, "rss_growth_mb": 0,
+          "case_growth_mb": 0}
+    none = tmp_path / "none"
+    hostile = MUTATIONS["hostile op args"]
+    with pytest.raises(AssertionError, match="the canaries changed"):
+        judge("c", hostile, True, dict(ok, rc=1, stderr="error: the graph corrupted memory outside its tensors "
+                                                        "(canary 2 changed)\n"), None, none)
+    with pytest.raises(AssertionError, match="without the sandbox's one-line report"):
+        judge("c", hostile, True, dict(ok, rc=1, stderr="error: something else\n"), None, none)
+    with pytest.raises(AssertionError, match="this class must be refused"):
+        judge("c", hostile, True, ok, None, none)
+    assert judge("c", hostile, True, dict(ok, rc=1, stderr="error: the graph crashed the sandbox: SIGSEGV in node "
+                                                           "bad\n"), None, none) == "refused"
+    assert judge("c", hostile, True, dict(ok, rc=1, stdout="inference  error  (saved inputs)\n    error: "
+                                                           "IndexError: index out of range\n"), None, none) == "refused"
+    with pytest.raises(AssertionError, match="without the sandbox's one-line report"):  # the sandbox failed, no refusal
+        judge("c", hostile, True, dict(ok, rc=1, stdout="inference  error  (saved inputs)\n    error: OSError: "
+                                                         "[Errno 30] Read-only file system: '/tmp/x'\n"), None, none)
+    bombs = MUTATIONS["literal sizes"]
+    with pytest.raises(AssertionError, match="the peak RSS grew by 900 MB"):
+        judge("c", bombs, True, dict(ok, rc=2, stderr="error: x\n", case_growth_mb=900), None, none)
+    with pytest.raises(AssertionError, match="refused with exit 2"):
+        judge("c", bombs, True, dict(ok, rc=1, stdout="FAILED"), None, none)
+    with pytest.raises(AssertionError, match="this class must be refused"):  # a forged signature, even unchanged
+        judge("c", MUTATIONS["public key files"], False, ok, None, none)
+    names = MUTATIONS["escape sequences"]
+    CASE.clear()
+    with pytest.raises(AssertionError, match="raw control characters"):
+        judge("c", names, False, dict(ok, stdout="x\x1b[2Kmlp  verified\n"), None, none)
+    CASE.update(names=["ml\u0440"], corrupt=tmp_path / "ml\u0440")
+    with pytest.raises(AssertionError, match="look-alike name was printed as itself"):
+        judge("c", names, False, dict(ok, stdout="ml\u0440  verified\n"), None, none)
+    with pytest.raises(AssertionError, match="the corrupt folder printed as good"):
+        judge("c", names, False, dict(ok, stdout="ml\\u0440  verified\n"), None, none)
+    assert judge("c", names, False, dict(ok, stdout="ml\\u0440  refused\nmlp  verified\n"), None, none) \
+        == "accepted, meaning unchanged"
+    CASE.clear()
 
 
 def test_the_fuzzer_counted_its_cases_and_reached_its_targets(capsys):

@@ -1,12 +1,13 @@
 """A long-lived process that runs `aotpipe` commands for the artefact fuzzer, one per line.
 
 The fuzzer (tests/artifact/test_fuzz_artifacts.py) starts it once and sends it one JSON
-line per case: ``{"args": [...]}``, with ``"env": {...}`` for environment variables set for
-that case only (a lowered limit). It answers with one JSON line: the exit code, what the
-command printed, the traceback of any exception that escaped the command, the process's
-peak RSS so far, and whether torch's global state was left as it was. A case that kills
-the process (a segfault, an abort) or hangs is seen by the fuzzer as the process ending
-or not answering: it runs the next case in a fresh worker. Importing torch once per worker
+line per case: ``{"args": [...]}``, with ``"env": {...}`` for environment variables set (or,
+given as null, unset) for that case only (a lowered limit, the sandbox switched back on). It
+answers with one JSON line: the exit code, what the command printed, the traceback of any
+exception that escaped the command, the process's peak RSS so far, and whether torch's
+global state was left as it was. A case that kills the process (a segfault, an abort) or
+hangs is seen by the fuzzer as the process ending or not answering: it runs the next case
+in a fresh worker. Importing torch once per worker
 instead of once per case is what lets thousands of cases run within CI's time.
 """
 
@@ -40,7 +41,11 @@ def main() -> None:
     for line in sys.stdin:
         case = json.loads(line)
         saved_env = {k: os.environ.get(k) for k in case.get("env", {})}
-        os.environ.update(case.get("env", {}))
+        for k, v in case.get("env", {}).items():  # None: unset for this case
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         stdout, stderr = io.StringIO(), io.StringIO()
         rc, exc = 0, None
         t0 = time.perf_counter()

@@ -305,3 +305,15 @@ def test_a_crash_line_carries_what_the_c_library_said(tmp_path):
         _verdict(scratch, 128 + 6, False, SandboxLimits.for_bytes(1 << 30))
     assert str(e.value) == ("the graph crashed the sandbox: SIGABRT in node mm (aten.mm.default) of graph forward "
                             "(free(): invalid pointer)")
+
+
+@needs_bwrap
+def test_cache_folders_named_by_the_callers_environment_move_into_the_scratch_folder(quickstart_run, monkeypatch):
+    # torch sets TORCHINDUCTOR_CACHE_DIR in its process's environment once it has compiled
+    # anything (capture does): a folder under /tmp, read-only in the sandbox.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_caller")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/triton_caller")
+    root, _ = quickstart_run
+    r = CliRunner().invoke(main, ["replay", str(root / "mlp"), "--graph", "inference"])
+    assert r.exit_code == 0 and "Read-only file system" not in r.output, r.output
+    assert r.output.split()[:2] == ["inference", "match"], r.output
