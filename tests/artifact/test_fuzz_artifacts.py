@@ -43,7 +43,7 @@ To teach the fuzzer a new class, add a Mutation to MUTATIONS: a function that mu
 copy and returns what it did, the commands to run, the expected outcome, and the class's
 own oracle if it has one.
 
-AOTPIPE_FUZZ_EXAMPLES sets the number of cases of the slow run (default 5000; CI runs the
+AOTPIPE_FUZZ_EXAMPLES sets the number of cases of the slow run (default 1500; CI runs the
 default); the main suite runs FAST_CASES cases of each class.
 """
 
@@ -71,7 +71,7 @@ from tests.helpers.forge import reseal
 from tests.helpers.fuzz_worker import Worker
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = int(os.environ.get("AOTPIPE_FUZZ_EXAMPLES", "5000"))
+EXAMPLES = int(os.environ.get("AOTPIPE_FUZZ_EXAMPLES", "1500"))
 FAST_CASES = int(os.environ.get("AOTPIPE_FUZZ_FAST", "1"))  # per mutation class and forgery, in the main suite
 LOG = os.environ.get("AOTPIPE_FUZZ_LOG")  # a file to append one line per case to
 LIMIT_MB = 64  # the worker's byte limit (AOTPIPE_MAX_BYTES); nodes and record sizes are lowered too
@@ -997,7 +997,7 @@ def test_each_mutation_class_meets_the_oracle(quick_bases, worker, name, forge):
     cases()
 
 
-@pytest.mark.slow  # 1,000 cases: 6.5 min on 2 cores, most of it ~70 sandboxed replays (~4 s each); 5,000 (CI): ~30 min
+@pytest.mark.slow  # 1,000 cases: 6.5 min on 2 cores, most of it ~70 sandboxed replays (~4 s each); 1,500 (CI): ~10 min
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=False,
           suppress_health_check=list(HealthCheck))
 @given(data=st.data())
