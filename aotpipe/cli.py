@@ -256,9 +256,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
         untrusted = trust_problems(p, key)
         in_process = not untrusted
         if untrusted:
-            from aotpipe.sandbox.launch import printable
-
-            click.echo(f"note: not signed by {key}, so replayed in the sandbox: {printable(untrusted[0])}", err=True)
+            _say(f"note: not signed by {key}, so replayed in the sandbox: {untrusted[0]}", err=True)
     try:
         if in_process:
             if device is not None:

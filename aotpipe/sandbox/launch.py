@@ -118,8 +118,9 @@ def _worker_env(scratch: Path) -> dict[str, str]:
     return env
 
 
-def printable(text: Any, limit: int = 2000) -> str:
-    """`text` as one printable line of bounded length (what a worker says is untrusted)."""
+def one_line(text: Any, limit: int = 2000) -> str:
+    """`text` as one printable line of bounded length (what a worker says is untrusted; the
+    CLI escapes what it prints again, with aotpipe.errors.printable)."""
     s = "".join(ch if ch.isprintable() else " " for ch in str(text))
     s = " ".join(s.split())
     return s if len(s) <= limit else s[:limit] + " ..."
@@ -130,11 +131,11 @@ def _clean(value: Any, depth: int = 0) -> Any:
     if depth > 32:
         raise ValueError("nested too deeply")
     if isinstance(value, str):
-        return printable(value, limit=20000)
+        return one_line(value, limit=20000)
     if isinstance(value, list):
         return [_clean(v, depth + 1) for v in value]
     if isinstance(value, dict):
-        return {printable(k, 200): _clean(v, depth + 1) for k, v in value.items()}
+        return {one_line(k, 200): _clean(v, depth + 1) for k, v in value.items()}
     return value
 
 
@@ -163,7 +164,7 @@ def read_progress(scratch: Path) -> str:
     """What the worker said it was doing last ("in node X of graph K", "while ..."), or ""."""
     from aotpipe.sandbox.progress import read
 
-    return printable(read(scratch / PROGRESS), limit=300)
+    return one_line(read(scratch / PROGRESS), limit=300)
 
 
 def _last_log_line(scratch: Path) -> str:
@@ -174,7 +175,7 @@ def _last_log_line(scratch: Path) -> str:
             lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    return printable(lines[-1], limit=300) if lines else ""
+    return one_line(lines[-1], limit=300) if lines else ""
 
 
 def _signal_name(sig: int) -> str:
@@ -229,7 +230,7 @@ def _verdict(scratch: Path, rc: int, timed_out: bool, limits: SandboxLimits) -> 
     doing = read_progress(scratch)
     where = doing or "before it started anything"
     if result is not None and isinstance(result.get("during"), str):
-        where = printable(result["during"], limit=300) or where
+        where = one_line(result["during"], limit=300) or where
     if result is not None and result.get("canaries") not in (None, "intact"):
         raise SandboxError(f"the graph corrupted memory outside its tensors ({result['canaries']}; "
                            f"the worker was last {where})", "corrupted")
