@@ -110,6 +110,12 @@ def main(verbose: bool) -> None:
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Models run at once by the process executor (overrides executor.workers).")
 @click.option("--force", is_flag=True, help="Redo models even if their artefacts are up to date.")
+@click.option("--shard", metavar="I/N", default=None,
+              help="Run only shard I of N: a deterministic, balanced share of the models (every shard computes "
+                   "the same partition on its own); combine the shards' outputs with `aotpipe merge`.")
+@click.option("--shard-times", type=click.Path(dir_okay=False), default=None, metavar="RUN_JSON",
+              help="Balance the shards by the model times in this run.json (give every shard the same file, "
+                   "e.g. the last merged run.json); default: a stable estimate from the pipeline alone.")
 @click.option("--json", "as_json", is_flag=True, help="Print run.json to stdout instead of a summary.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", default=None, envvar="AOTPIPE_SIGNING_KEY",
@@ -117,15 +123,22 @@ def main(verbose: bool) -> None:
                    "an artefact on disk is then kept only if its signature checks. Default: $AOTPIPE_SIGNING_KEY.")
 @_user_errors
 def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str | None, workers: int | None,
-        force: bool, as_json: bool, no_progress: bool, key: str | None) -> None:
+        force: bool, shard: str | None, shard_times: str | None, as_json: bool, no_progress: bool,
+        key: str | None) -> None:
     """Capture every model of PIPELINE into graph artefacts.
 
     \b
     Examples:
       aotpipe run pipelines/quickstart.yaml
       aotpipe run pipelines/families.yaml --only lstm -v
+      aotpipe run pipelines/zoo-hf.yaml --shard 2/4 -o out/shard-2
     """
     from aotpipe.config import load_pipeline
+    from aotpipe.shards import parse_shard
+
+    if shard_times is not None and shard is None:
+        raise AotpipeError("--shard-times balances shards: give --shard I/N with it, or leave it out")
+    which = parse_shard(shard) if shard is not None else None
     from aotpipe.report import REPORT_MD, RUN_JSON, settled_text
     from aotpipe.runner import run_pipeline
 
@@ -134,7 +147,8 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
     # (Ray's worker-death notices, say) goes to stderr.
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force,
-                              key=key or None, executor=executor, workers=workers)
+                              key=key or None, executor=executor, workers=workers, shard=which,
+                              shard_times=shard_times)
     if as_json:
         click.echo((result.output / RUN_JSON).read_text())
     else:
@@ -154,8 +168,54 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
                 if click.get_current_context().find_root().params.get("verbose") and m.traceback:
                     click.echo(m.traceback, err=True)
         n_ok = sum(m.status == "ok" for m in result.models)
-        click.echo(f"{n_ok}/{len(result.models)} models ok in {result.seconds:.1f}s -> {result.output}/ "
+        of = f" (shard {which} of {len(result.shard['selection'])} models)" if which and result.shard else ""
+        click.echo(f"{n_ok}/{len(result.models)} models ok{of} in {result.seconds:.1f}s -> {result.output}/ "
                    f"(see {REPORT_MD})")
+    sys.exit(0 if result.ok else 1)
+
+
+@main.command(short_help="Merge shard output trees into one run.json and report.")
+@click.argument("folders", nargs=-1, required=True, type=click.Path())
+@click.option("--output", "-o", type=click.Path(file_okay=False), default=None,
+              help="Write the merged tree here (DIR/<pipeline>/: the models' folders, hard-linked where the "
+                   "filesystem allows, run.json, report); without it, only check and print.")
+@click.option("--json", "as_json", is_flag=True, help="Print the merged run.json to stdout instead of a summary.")
+@_user_errors
+def merge(folders: tuple[str, ...], output: str | None, as_json: bool) -> None:
+    """Merge the output trees of `aotpipe run --shard I/N` into one run.
+
+    Names the models no shard ran (missing) and those two shards ran (duplicated). Exit 0:
+    every model present once and ok; 1: a model failed, missing or duplicated (the merged
+    tree is still written); 2: the folders are not shards of one pipeline run one way.
+
+    \b
+    Examples:
+      aotpipe merge out/shard-1 out/shard-2 out/shard-3 out/shard-4 -o out/all
+      aotpipe merge out/shard-*            # check only: what is missing, what failed
+    """
+    from pathlib import Path
+
+    from aotpipe.merge import NamedPipeline, merge_runs
+    from aotpipe.report import REPORT_MD, run_record
+
+    result = merge_runs([Path(f) for f in folders], Path(output) if output is not None else None)
+    info = result.merge or {}
+    if as_json:
+        click.echo(json.dumps(run_record(result, NamedPipeline(result.pipeline)), indent=1))  # type: ignore[arg-type]
+    else:
+        for s in info.get("shards", []):
+            _say(f"shard {s['shard'] or '-':<7} {s['models']:4d} model(s)  {s['folder']}")
+        for m in result.models:
+            if m.status != "ok":
+                _say(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
+        if info.get("missing"):
+            _say(f"MISSING {len(info['missing'])} model(s) in no shard: {', '.join(info['missing'])}")
+        for d in info.get("duplicated", []):
+            _say(f"DUPLICATED {d['name']}: in {', '.join(d['folders'])} (kept the first)")
+        n_ok = sum(m.status == "ok" for m in result.models)
+        total = len(result.models) + len(info.get("missing", []))
+        where = f" -> {result.output}/ (see {REPORT_MD})" if output is not None else " (nothing written: no --output)"
+        _say(f"{n_ok}/{total} models ok across {len(info.get('shards', []))} shard(s){where}")
     sys.exit(0 if result.ok else 1)
 
 

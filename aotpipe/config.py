@@ -109,6 +109,14 @@ class ExecutorSpec(_Strict):
     num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per model (ray)")
     address: Optional[str] = Field(
         None, description="Ray cluster address (ray); default $RAY_ADDRESS, else a local Ray instance")
+    max_models_per_worker: Optional[int] = Field(
+        None, ge=1, description="replace a worker after it has run this many models (process); default: never, "
+        "a worker lives for the whole run")
+    recycle_memory_gb: Optional[float] = Field(
+        None, gt=0, description="replace a worker, after the model it ran, when its resident memory has grown by "
+        "more than this many GiB since it started (process), so that one model's leak does not push later ones "
+        "over memory_gb; default: none, but with memory_gb set a worker whose resident memory is over half of it "
+        "after a model is replaced")
 
 
 class Defaults(_Strict):
@@ -558,6 +566,15 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
     problems = []
     models = data.get("models") if isinstance(data.get("models"), list) else []
     defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
+    ex = data.get("executor") if isinstance(data.get("executor"), dict) else {}
+    recycle, limit = ex.get("recycle_memory_gb"), ex.get("memory_gb")
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (recycle, limit)) \
+            and recycle >= limit:
+        problems.append(
+            Problem(path, _line_for(lines, ("executor", "recycle_memory_gb")), "executor.recycle_memory_gb",
+                    f"{recycle:g} GiB is not below memory_gb ({limit:g} GiB): a worker would be killed before it is "
+                    "recycled; set recycle_memory_gb below memory_gb")
+        )
     for i, m in enumerate(models):
         if not isinstance(m, dict) or not isinstance(m.get("source"), str):
             continue

@@ -20,7 +20,10 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> dict:
         "pipeline": pipeline.name,
         "versions": versions(),
         "seconds": round(run.seconds, 3),
-        "executor": {"kind": run.executor, "workers": run.workers},
+        "executor": {"kind": run.executor, "workers": run.workers,
+                     **({"recycled": run.recycled} if run.recycled else {})},
+        **({"shard": run.shard} if run.shard is not None else {}),
+        **({"merge": run.merge} if run.merge is not None else {}),
         "ok": run.ok,
         "summary": {
             "models": len(run.models),
@@ -165,6 +168,20 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
                                  f"| {did} | {step['seconds']:.3f} |")
     if run.cleaned:
         lines += ["", "## Cleaned up", ""] + [f"- {c}" for c in run.cleaned]
+    if run.shard is not None:
+        lines += ["", "## Shard", "", f"Shard {run.shard['index']} of {run.shard['count']}: {len(run.models)} of the "
+                  f"{len(run.shard['selection'])} models; `aotpipe merge` combines the shards."]
+    if run.merge is not None:
+        lines += ["", "## Merged shards", ""] + [
+            f"- {s['shard'] or 'unsharded run'}: {s['models']} model(s) from {s['folder']}" for s in run.merge["shards"]]
+        if run.merge["missing"]:
+            lines.append(f"- **missing** (in no shard): {', '.join(run.merge['missing'])}")
+        for d in run.merge["duplicated"]:
+            lines.append(f"- **duplicated** {d['name']}: in {', '.join(d['folders'])} (the first kept)")
+    if run.recycled:
+        lines += ["", "## Recycled workers", ""] + [
+            f"- worker {r['pid']} replaced after {r['after']} ({r['models']} model(s)): {r['reason']}"
+            for r in run.recycled]
     noted = [m for m in run.models if m.notes]
     if noted:
         lines += ["", "## Notes", ""]

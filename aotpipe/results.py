@@ -69,10 +69,17 @@ class RunResult:
     cleaned: list[str] = field(default_factory=list)
     executor: str = "local"
     workers: int = 1
+    # With --shard: {"index", "count", "selection": every model name the shards share out}
+    shard: Optional[dict[str, Any]] = None
+    # Workers the process executor replaced: {"pid", "after" (the model), "models", "reason"}
+    recycled: list[dict[str, Any]] = field(default_factory=list)
+    # Written by `aotpipe merge`: the shard trees merged, and the models missing or duplicated
+    merge: Optional[dict[str, Any]] = None
 
     @property
     def ok(self) -> bool:
-        return all(m.status == "ok" for m in self.models)
+        gaps = self.merge is not None and bool(self.merge.get("missing") or self.merge.get("duplicated"))
+        return all(m.status == "ok" for m in self.models) and not gaps
 
 
 def eager_cell(checks: Optional[GraphChecks]) -> dict[str, Any]:

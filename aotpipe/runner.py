@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from aotpipe.config import ModelSpec, Pipeline
 from aotpipe.results import ModelResult, RunResult
+from aotpipe.shards import Shard
 
 
 def select_models(pipeline: Pipeline, only: tuple[str, ...] | list[str] | None) -> list[ModelSpec]:
@@ -45,13 +46,18 @@ def run_pipeline(
     key: str | Path | None = None,
     executor: Optional[str] = None,
     workers: Optional[int] = None,
+    shard: Optional[Shard] = None,
+    shard_times: str | Path | None = None,
 ) -> RunResult:
     """Run every selected model of `pipeline`; write run.json and report.md beside them.
 
     Models whose artefacts are up to date (same fingerprint, files intact, checks passed,
     and with a signing `key`, a good signature) are kept, unless `force`. With `key`, every
     artefact written is signed (see artifact/signing.py). `executor` and `workers` override
-    the pipeline's executor settings.
+    the pipeline's executor settings. With `shard` (i of n), only that shard's share of the
+    selected models runs (aotpipe/shards.py: the same partition on every machine, balanced by
+    `shard_times`, a run.json all shards read, else by a stable estimate); run.json names the
+    shard and every model of the selection, so that `aotpipe merge` can name the missing ones.
     """
     from aotpipe.artifact.fsio import OutputError, clean_stale, describe_os_error
     from aotpipe.report import write_reports
@@ -63,6 +69,13 @@ def run_pipeline(
         load_key(key, for_signing=True)  # a bad key is a user error before any work
         key = absolute_key_spec(key)  # workers may run elsewhere
     specs = select_models(pipeline, only)
+    shard_record = None
+    if shard is not None:
+        from aotpipe.shards import shard_models
+
+        selected = [s.name for s in specs]
+        specs = shard_models(specs, shard, Path(shard_times) if shard_times is not None else None)
+        shard_record = {"index": shard.index, "count": shard.count, "selection": selected}
     out_root = Path(output if output is not None else pipeline.output) / pipeline.name
     try:
         out_root.mkdir(parents=True, exist_ok=True)
@@ -78,17 +91,20 @@ def run_pipeline(
     ex = pipeline.executor
     kind = executor or ex.kind
     n_workers = workers or ex.workers
+    recycled: list[dict] = []
     results = _run_models(specs, out_root, base_dir, kind=kind, workers=n_workers, pipeline=pipeline,
-                          progress=progress, force=force, key=key)
+                          progress=progress, force=force, key=key, recycled=recycled)
     run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start, cleaned, kind,
-                    n_workers if kind == "process" else 1)
+                    n_workers if kind == "process" else 1, shard=shard_record, recycled=recycled)
     write_reports(run, pipeline)
     return run
 
 
 def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path], *, kind: str, workers: int,
-                pipeline: Pipeline, progress: bool, force: bool, key: Optional[Path]) -> list[ModelResult]:
-    """Keep what is up to date; run the rest on the executor; one result per spec, in order."""
+                pipeline: Pipeline, progress: bool, force: bool, key: Optional[Path],
+                recycled: Optional[list[dict]] = None) -> list[ModelResult]:
+    """Keep what is up to date; run the rest on the executor; one result per spec, in order.
+    Workers the executor replaced (recycled) are appended to `recycled`."""
     from tqdm import tqdm
 
     from aotpipe import incremental
@@ -125,7 +141,8 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
         todo = longest_first(todo, [s.name for s in specs], out_root)
         ex = pipeline.executor
         executor = make_executor(kind, workers=workers, timeout_s=ex.timeout_s, memory_gb=ex.memory_gb,
-                                 address=ex.address)
+                                 address=ex.address, max_models_per_worker=ex.max_models_per_worker,
+                                 recycle_memory_gb=ex.recycle_memory_gb)
         # Absolute paths: a worker (a Ray worker above all) may start in another folder.
         root = out_root.resolve()
         tasks = [Task(specs[i].name, functools.partial(run_model, specs[i], root, base_dir, force=True, key=key),
@@ -148,7 +165,11 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
             finished(todo[t], r)
 
         with stages if stages is not None else contextlib.nullcontext():
-            executor.run(tasks, on_start=on_start, on_done=on_done)
+            try:
+                executor.run(tasks, on_start=on_start, on_done=on_done)
+            finally:
+                if recycled is not None:
+                    recycled.extend(r.to_json() for r in getattr(executor, "recycled", []))
     finally:
         bar.close()
     return [r for r in results if r is not None]
@@ -203,16 +224,10 @@ def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int
     """`todo` in the order to start them: models the last run (its run.json) did not time first,
     in pipeline order, then the rest, longest first. With N workers the batch then ends with
     short models running beside each other, not with one long model running alone."""
-    import json
-
     from aotpipe.report import RUN_JSON
+    from aotpipe.shards import previous_times
 
-    try:
-        last = json.loads((out_root / RUN_JSON).read_text())
-        took = {m["name"]: float(m["total_seconds"]) for m in last.get("models", [])
-                if isinstance(m, dict) and not m.get("skipped") and m.get("total_seconds")}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        took = {}
+    took = previous_times(out_root / RUN_JSON)
     unknown = [i for i in todo if names[i] not in took]
     known = sorted((i for i in todo if names[i] in took), key=lambda i: -took[names[i]])
     return unknown + known

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-from aotpipe.executors.base import Executor, Failure, Outcome, Resources, Task
+from aotpipe.executors.base import Executor, Failure, Outcome, Recycled, Resources, Task
 
-__all__ = ["Executor", "Failure", "Outcome", "Resources", "Task", "make_executor"]
+__all__ = ["Executor", "Failure", "Outcome", "Recycled", "Resources", "Task", "make_executor"]
 
 
 def make_executor(kind: str, *, workers: int = 1, timeout_s: Optional[float] = None,
-                  memory_gb: Optional[float] = None, address: Optional[str] = None) -> Executor:
-    """The executor of `kind` (local | process | ray) with its limits."""
+                  memory_gb: Optional[float] = None, address: Optional[str] = None,
+                  max_models_per_worker: Optional[int] = None, recycle_memory_gb: Optional[float] = None) -> Executor:
+    """The executor of `kind` (local | process | ray) with its limits; the process executor
+    replaces its workers as `max_models_per_worker` and `recycle_memory_gb` say (and lists
+    them in its `recycled`)."""
     if kind == "local":
         from aotpipe.executors.local import LocalExecutor
 
@@ -24,7 +27,8 @@ def make_executor(kind: str, *, workers: int = 1, timeout_s: Optional[float] = N
     if kind == "process":
         from aotpipe.executors.process import ProcessExecutor
 
-        return ProcessExecutor(workers=workers, timeout_s=timeout_s, memory_gb=memory_gb)
+        return ProcessExecutor(workers=workers, timeout_s=timeout_s, memory_gb=memory_gb,
+                               max_models_per_worker=max_models_per_worker, recycle_memory_gb=recycle_memory_gb)
     if kind == "ray":
         from aotpipe.executors.ray import RayExecutor
 

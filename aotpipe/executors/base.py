@@ -40,6 +40,19 @@ class Failure:
 Outcome = Union[Any, Failure]
 
 
+@dataclass(frozen=True)
+class Recycled:
+    """A worker an executor replaced between tasks (not a failure): which, after what, and why."""
+
+    pid: int
+    after: str  # the name of the last task it ran
+    tasks: int  # how many tasks it ran
+    reason: str  # one line
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "after": self.after, "models": self.tasks, "reason": self.reason}
+
+
 class Executor(Protocol):
     def run(self, tasks: list[Task], *, on_start: Callable[[int], None],
             on_done: Callable[[int, Outcome], None]) -> None:

@@ -6,6 +6,13 @@ group) when a task passes the time limit or the memory limit. A worker that dies
 segfault, ``os._exit``, the kernel's OOM killer, a kill) costs only the task it was
 running, which is reported with the reason; a fresh worker takes the next task.
 
+Recycling: a worker is also replaced, between tasks and without failing anything, after
+`max_models_per_worker` tasks, or when its resident memory has grown by more than
+`recycle_memory_gb` since it was ready (its imports done), or (with `memory_gb` and no
+`recycle_memory_gb`) when it holds over half the memory limit. What one model leaked (a
+growing global, a cache) then dies with its worker instead of pushing later models over
+the limit. Each replacement is listed in `recycled` (the runner puts it in run.json).
+
 Threads: N workers share torch's default intra-op thread count (what a local run uses: the
 cores, or ``OMP_NUM_THREADS``) and take ``default // N`` each (at least 1), so that they do
 not oversubscribe the machine; `threads` sets a count instead. Some kernels' bits depend on
@@ -28,7 +35,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Callable, Optional
 
-from aotpipe.executors.base import Failure, Outcome, Task
+from aotpipe.executors.base import Failure, Outcome, Recycled, Task
 
 POLL_S = 0.05  # how often the parent looks at its workers' time and memory
 START_ATTEMPTS = 3  # workers that die before they are ready, in a row, before giving up
@@ -70,6 +77,7 @@ class _Worker:
     started: float = 0.0
     peak_rss: int = 0
     done: int = 0  # tasks it finished
+    base_rss: Optional[int] = None  # resident memory when it said ready
 
     def tail(self) -> Optional[str]:
         try:
@@ -105,6 +113,9 @@ class ProcessExecutor:
     threads: Optional[int] = None  # intra-op threads per worker; default: see the module's docstring
     # Where workers are started from (their sys.path[0]): the runner's base folder.
     cwd: Optional[Path] = None
+    max_models_per_worker: Optional[int] = None
+    recycle_memory_gb: Optional[float] = None
+    recycled: list[Recycled] = field(default_factory=list)  # workers replaced between tasks, in order
     _logs: Optional[tempfile.TemporaryDirectory] = field(default=None, repr=False)
 
     def _threads(self) -> str:
@@ -135,6 +146,7 @@ class ProcessExecutor:
         pending = collections.deque(range(len(tasks)))
         pool: list[_Worker] = []
         failed_starts = 0
+        self.recycled = []
         self._logs = tempfile.TemporaryDirectory(prefix="aotpipe-workers-")
         try:
             while pending or any(w.task is not None for w in pool):
@@ -162,13 +174,15 @@ class ProcessExecutor:
                         msg = ("raised", f"its result could not be read back: {type(e).__name__}: {e}", None)
                     if msg[0] == "ready":
                         w.ready, failed_starts = True, 0
+                        w.base_rss = rss_bytes(w.proc.pid)
                     elif w.task is not None:
                         i, w.task = w.task, None
                         w.done += 1
                         on_done(i, msg[1] if msg[0] == "done" else Failure(f"the task raised {msg[1]}", msg[2]))
-                        limit, rss = self._limit(tasks[i]), rss_bytes(w.proc.pid)
-                        if limit is not None and rss is not None and rss > limit / 2:
-                            self._retire(w, pool)  # what the task left behind: start the next one afresh
+                        why = self._recycle_reason(w, tasks[i])
+                        if why is not None:  # what the task left behind: start the next one afresh
+                            self.recycled.append(Recycled(w.proc.pid, tasks[i].name, w.done, why))
+                            self._retire(w, pool)
                 for w in list(pool):
                     if w.task is not None:
                         self._watch(w, pool, tasks, on_done)
@@ -177,6 +191,24 @@ class ProcessExecutor:
                 self._retire(w, pool, wait_s=2.0)
             self._logs.cleanup()
             self._logs = None
+
+    def _recycle_reason(self, w: _Worker, task: Task) -> Optional[str]:
+        """Why worker `w`, having just finished `task`, should be replaced (one line), or None."""
+        if self.max_models_per_worker is not None and w.done >= self.max_models_per_worker:
+            return f"ran {w.done} model(s) (max_models_per_worker: {self.max_models_per_worker})"
+        rss = rss_bytes(w.proc.pid)
+        if rss is None:
+            return None
+        if self.recycle_memory_gb is not None:
+            grown = rss - (w.base_rss or 0)
+            if grown > self.recycle_memory_gb * 2**30:
+                return (f"its resident memory grew by {_gib(grown)} since it started (to {_gib(rss)}), past "
+                        f"recycle_memory_gb ({self.recycle_memory_gb:g} GiB)")
+            return None
+        limit = self._limit(task)
+        if limit is not None and rss > limit / 2:
+            return f"its resident memory ({_gib(rss)}) is over half the memory limit ({_gib(limit)})"
+        return None
 
     def _limit(self, task: Task) -> Optional[float]:
         gb = task.resources.memory_gb if task.resources.memory_gb is not None else self.memory_gb

@@ -1,0 +1,115 @@
+"""--shard I/N: every shard computes the same balanced partition on its own."""
+
+import json
+
+import pytest
+
+from aotpipe.config import parse_pipeline
+from aotpipe.errors import AotpipeError
+from aotpipe.shards import Shard, costs, estimate, parse_shard, partition, shard_models
+
+PIPELINE = """
+version: 1
+name: sharded
+executor: {kind: local}
+defaults: {mode: export, graphs: [inference], passes: []}
+models:
+""" + "".join(f"  - {{name: m{i}, source: 'aotpipe.zoo:mlp', args: {{in_features: {8 * (i % 5 + 1)}, "
+              f"hidden: {16 * (i % 3 + 1)}, depth: {1 + i % 4}}}, inputs: [{{shape: [2, {8 * (i % 5 + 1)}]}}]}}\n"
+              for i in range(23))
+
+
+def specs():
+    return parse_pipeline(PIPELINE, check_sources=False).models
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 23, 30])
+def test_the_shards_cover_every_model_exactly_once(n):
+    models = specs()
+    shares = [shard_models(models, Shard(i, n)) for i in range(1, n + 1)]
+    names = [m.name for share in shares for m in share]
+    assert sorted(names) == sorted(m.name for m in models)
+    assert len(names) == len(set(names))
+
+
+def test_each_shard_keeps_pipeline_order():
+    models = specs()
+    order = {m.name: i for i, m in enumerate(models)}
+    for i in range(1, 5):
+        share = [order[m.name] for m in shard_models(models, Shard(i, 4))]
+        assert share == sorted(share)
+
+
+def test_the_partition_balances_by_the_times_file(tmp_path):
+    # One model takes as long as all the others together: with 2 shards it runs alone.
+    models = specs()
+    times = {m.name: 1.0 for m in models}
+    times["m5"] = 22.0
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps({"models": [{"name": k, "total_seconds": v} for k, v in times.items()]}))
+    shares = [[m.name for m in shard_models(models, Shard(i, 2), f)] for i in (1, 2)]
+    assert ["m5"] in shares
+    loads = sorted(sum(times[n] for n in s) for s in shares)
+    assert loads == [22.0, 22.0]
+
+
+def test_the_partition_does_not_read_the_shards_own_output(tmp_path, monkeypatch):
+    """Two machines whose earlier local runs timed different models still agree: the
+    partition reads only the pipeline and the times file given to every shard alike."""
+    models = specs()
+    a = [[m.name for m in shard_models(models, Shard(i, 3))] for i in (1, 2, 3)]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "artifacts" / "sharded").mkdir(parents=True)
+    (tmp_path / "artifacts" / "sharded" / "run.json").write_text(json.dumps(
+        {"models": [{"name": "m0", "total_seconds": 1000.0}]}))
+    b = [[m.name for m in shard_models(models, Shard(i, 3))] for i in (1, 2, 3)]
+    assert a == b
+
+
+def test_models_the_times_file_lacks_are_costed_by_the_scaled_estimate():
+    models = specs()
+    guesses = [estimate(m) for m in models]
+    times = {models[0].name: guesses[0] * 10, models[1].name: guesses[1] * 10}  # 10 s per unit
+    c = costs(models, times)
+    assert c[5] == pytest.approx(guesses[5] * 10)
+    assert c[0] == times[models[0].name]
+
+
+def test_equal_costs_break_ties_by_pipeline_order():
+    assert partition(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], 2) == [[0, 2], [1, 3]]
+    assert partition(["a", "b", "c"], [1.0, 5.0, 1.0], 2) == [[1], [0, 2]]
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("3/2", "between 1 and the shard count"), ("0/4", "between 1 and the shard count"),
+    ("1-4", "expected I/N"), ("a/b", "expected I/N"), ("1/0", "between 1 and the shard count"),
+])
+def test_a_bad_shard_is_one_line_saying_what_would_do(text, fragment):
+    with pytest.raises(AotpipeError, match=fragment) as e:
+        parse_shard(text)
+    assert "\n" not in str(e.value) and "--shard 1/" in str(e.value)
+
+
+def test_an_unreadable_times_file_is_a_user_error(tmp_path):
+    bad = tmp_path / "run.json"
+    bad.write_text("{not json")
+    with pytest.raises(AotpipeError, match=r"--shard-times .*run\.json: cannot read it as a run\.json"):
+        shard_models(specs(), Shard(1, 2), bad)
+    with pytest.raises(AotpipeError, match="No such file"):
+        shard_models(specs(), Shard(1, 2), tmp_path / "absent.json")
+
+
+def test_the_cli_refuses_a_bad_shard_with_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    p = tmp_path / "p.yaml"
+    p.write_text(PIPELINE)
+    r = CliRunner().invoke(main, ["run", str(p), "--shard", "5/4", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    assert r.output.strip() == "error: --shard '5/4': the shard index must be between 1 and the shard count " \
+                               "(got 5 of 4); e.g. --shard 1/4"
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing written
+    r = CliRunner().invoke(main, ["run", str(p), "--shard-times", str(p), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "give --shard I/N with it" in r.output
