@@ -1,0 +1,179 @@
+"""aotpipe merge: shard trees -> one run.json and report, the same models and statuses as one run."""
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from aotpipe.cli import main
+from aotpipe.config import parse_pipeline
+from aotpipe.runner import run_pipeline
+from aotpipe.shards import Shard
+
+PIPELINE = """
+version: 1
+name: small
+executor: {kind: local}
+defaults: {mode: export, graphs: [inference], passes: [], verify: true}
+models:
+  - {name: a, source: 'aotpipe.zoo:mlp', args: {in_features: 8, hidden: 8, depth: 1}, inputs: [{shape: [2, 8]}]}
+  - {name: b, source: 'aotpipe.zoo:mlp', args: {in_features: 8, hidden: 16, depth: 2}, inputs: [{shape: [2, 8]}]}
+  - {name: broken, source: 'tests.test_merge:broken_model', inputs: [{shape: [2, 8]}]}
+  - {name: c, source: 'aotpipe.zoo:running_norm', args: {features: 8}, inputs: [{shape: [4, 8]}]}
+  - {name: d, source: 'aotpipe.zoo:mlp', args: {in_features: 16, hidden: 8, depth: 1}, inputs: [{shape: [4, 16]}]}
+"""
+
+
+def broken_model():
+    raise ValueError("this model cannot be built")
+
+
+def _untimed(value):
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if not k.endswith("seconds")}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def structure(run_json):
+    """run.json's models without the timings (at any depth: a pass step's seconds too): what
+    must not depend on how the run was cut."""
+    return {m["name"]: _untimed(m) for m in json.loads(run_json.read_text())["models"]}
+
+
+class _Runs:
+    """The small pipeline run whole, and cut in n shards on request (each its own output tree)."""
+
+    def __init__(self, root):
+        self.root = root
+        yaml_path = root / "small.yaml"
+        yaml_path.write_text(PIPELINE)
+        self.pipeline = parse_pipeline(PIPELINE, str(yaml_path))
+        self.whole = run_pipeline(self.pipeline, output=root / "whole", progress=False).output
+        self._shards = {}
+
+    def __getitem__(self, n):
+        if n not in self._shards:
+            self._shards[n] = [run_pipeline(self.pipeline, output=self.root / f"of{n}-{i}", progress=False,
+                                            shard=Shard(i, n)).output for i in range(1, n + 1)]
+        return self._shards[n]
+
+
+@pytest.fixture(scope="module")
+def small_runs(tmp_path_factory):
+    runs = _Runs(tmp_path_factory.mktemp("merge"))
+    return runs.root, runs.whole, runs
+
+
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_shards_merged_give_the_models_and_statuses_of_one_run(small_runs, n):
+    root, whole, shards = small_runs
+    # Each shard ran only its share, and says which shard it was.
+    for i, s in enumerate(shards[n], 1):
+        rec = json.loads((s / "run.json").read_text())
+        assert rec["shard"]["index"] == i and rec["shard"]["count"] == n
+        assert len(rec["models"]) < 5
+    r = CliRunner().invoke(main, ["merge", *map(str, shards[n]), "-o", str(root / f"merged{n}")])
+    assert r.exit_code == 1, r.output  # the broken model failed, as in the whole run
+    assert "FAILED  broken" in r.output and "4/5 models ok across" in r.output
+    merged = root / f"merged{n}" / "small"
+    assert structure(merged / "run.json") == structure(whole / "run.json")
+    assert list(structure(merged / "run.json")) == ["a", "b", "broken", "c", "d"]  # pipeline order
+    rec = json.loads((merged / "run.json").read_text())
+    assert rec["merge"]["missing"] == [] and rec["merge"]["duplicated"] == []
+    assert rec["summary"]["ok"] == 4 and rec["summary"]["failed"] == 1
+    # The merged tree holds each model's folder: `aotpipe ls` and `verify` read it like a run's.
+    assert sorted(p.name for p in merged.iterdir() if p.is_dir()) == ["a", "b", "c", "d"]
+    v = CliRunner().invoke(main, ["verify", str(merged)])
+    assert v.exit_code == 0, v.output
+    assert "## Merged shards" in (merged / "report.md").read_text()
+
+
+def test_a_shard_not_merged_is_named_missing(small_runs):
+    root, _, shards = small_runs
+    given = shards[2][1:]  # shard 1 of 2 left out
+    left_out = [m["name"] for m in json.loads((shards[2][0] / "run.json").read_text())["models"]]
+    assert left_out
+    r = CliRunner().invoke(main, ["merge", *map(str, given)])
+    assert r.exit_code == 1
+    assert f"MISSING {len(left_out)} model(s) in no shard: {', '.join(left_out)}" in r.output
+    assert "(nothing written: no --output)" in r.output
+
+
+def test_a_model_two_shards_ran_is_named_duplicated_and_the_first_kept(small_runs, tmp_path):
+    root, _, shards = small_runs
+    extra = tmp_path / "again" / "small"
+    shutil.copytree(shards[2][0], extra)
+    name = json.loads((extra / "run.json").read_text())["models"][0]["name"]
+    r = CliRunner().invoke(main, ["merge", *map(str, shards[2]), str(extra.parent), "-o", str(tmp_path / "m")])
+    assert r.exit_code == 1
+    assert f"DUPLICATED {name}: in {shards[2][0]}, {extra} (kept the first)" in r.output
+    rec = json.loads((tmp_path / "m" / "small" / "run.json").read_text())
+    assert rec["merge"]["duplicated"][0] == {"name": name, "folders": [str(shards[2][0]), str(extra)]}
+    assert [m["name"] for m in rec["models"]].count(name) == 1
+    assert rec["ok"] is False
+
+
+def test_shards_of_different_counts_or_pipelines_are_a_user_error(small_runs, tmp_path):
+    root, whole, shards = small_runs
+    cut3 = tmp_path / "cut3"
+    shutil.copytree(shards[2][1], cut3)
+    rec = json.loads((cut3 / "run.json").read_text())
+    rec["shard"]["count"] = 3
+    (cut3 / "run.json").write_text(json.dumps(rec))
+    r = CliRunner().invoke(main, ["merge", str(shards[2][0]), str(cut3)])
+    assert r.exit_code == 2
+    assert r.output.startswith("error: the shards were cut into different counts (2, 3)")
+    other = tmp_path / "other"
+    shutil.copytree(whole, other)
+    rec = json.loads((other / "run.json").read_text())
+    rec["pipeline"] = "another"
+    (other / "run.json").write_text(json.dumps(rec))
+    r = CliRunner().invoke(main, ["merge", str(whole), str(other)])
+    assert r.exit_code == 2 and "runs of different pipelines ('another', 'small')" in r.output
+
+
+def test_a_folder_without_run_json_or_a_bad_one_is_one_line_exit_2(small_runs, tmp_path):
+    root, _, shards = small_runs
+    r = CliRunner().invoke(main, ["merge", str(shards[2][0]), str(tmp_path)])
+    assert r.exit_code == 2
+    assert r.output == (f"error: {tmp_path}: no run.json here or in a pipeline folder inside; give the folder "
+                        "`aotpipe run --shard I/N -o DIR` wrote (DIR or DIR/<pipeline>)\n")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "run.json").write_text('{"pipeline": "small", "models": [{"name": "x", "graphs": [{"nodes": 1}]}]}')
+    r = CliRunner().invoke(main, ["merge", str(bad)])
+    assert r.exit_code == 2 and "run.json: not a run.json aotpipe can merge" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_merging_into_a_shards_own_folder_keeps_its_models(small_runs, tmp_path):
+    """-o pointing at the first shard's output: its own model folders stay, the others join them."""
+    root, _, shards = small_runs
+    copies = [tmp_path / f"s{i}" for i in (1, 2)]
+    for src, dst in zip(shards[2], copies):
+        shutil.copytree(src, dst / "small")
+    r = CliRunner().invoke(main, ["merge", str(copies[0]), str(copies[1]), "-o", str(copies[0])])
+    assert r.exit_code == 1, r.output  # broken failed
+    assert sorted(p.name for p in (copies[0] / "small").iterdir() if p.is_dir()) == ["a", "b", "c", "d"]
+    v = CliRunner().invoke(main, ["verify", str(copies[0] / "small")])
+    assert v.exit_code == 0, v.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+def test_quickstart_in_shards_through_the_cli_merges_to_the_quickstart_run(quickstart_run, tmp_path, n):
+    from tests.conftest import PIPELINES
+
+    whole, _ = quickstart_run
+    outs = []
+    for i in range(1, n + 1):
+        r = CliRunner().invoke(main, ["run", str(PIPELINES / "quickstart.yaml"), "--shard", f"{i}/{n}",
+                                      "-o", str(tmp_path / f"s{i}"), "--no-progress"])
+        assert r.exit_code == 0, r.output
+        outs.append(tmp_path / f"s{i}")
+    r = CliRunner().invoke(main, ["merge", *map(str, outs), "-o", str(tmp_path / "all")])
+    assert r.exit_code == 0, r.output
+    assert structure(tmp_path / "all" / "quickstart" / "run.json") == structure(whole / "run.json")
