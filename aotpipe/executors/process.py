@@ -179,7 +179,7 @@ class ProcessExecutor:
                         i, w.task = w.task, None
                         w.done += 1
                         on_done(i, msg[1] if msg[0] == "done" else Failure(f"the task raised {msg[1]}", msg[2]))
-                        why = self._recycle_reason(w, tasks[i])
+                        why = self._recycle_reason(w, tasks[i]) if pending else None  # else it retires anyway
                         if why is not None:  # what the task left behind: start the next one afresh
                             self.recycled.append(Recycled(w.proc.pid, tasks[i].name, w.done, why))
                             self._retire(w, pool)

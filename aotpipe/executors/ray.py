@@ -61,8 +61,15 @@ class RayExecutor:
             remote = ray.remote(max_retries=0)(_run)
             # No more tasks in flight than the cluster has CPUs for, so that a task's time
             # limit counts from when it starts, not from when it was queued.
-            cpus = float(ray.cluster_resources().get("CPU", 1.0))
-            pending = list(range(len(tasks)))
+            cluster = ray.cluster_resources()
+            cpus = float(cluster.get("CPU", 1.0))
+            pending = []
+            for i, t in enumerate(tasks):
+                too_big = _infeasible(t, cluster)
+                if too_big is not None:  # Ray would queue it forever
+                    on_done(i, Failure(too_big))
+                else:
+                    pending.append(i)
             refs: dict[Any, int] = {}
             started: dict[int, float] = {}
             in_use = 0.0
@@ -98,6 +105,22 @@ class RayExecutor:
         finally:
             if started_here:
                 ray.shutdown()
+
+
+def _infeasible(task: Task, cluster: dict[str, float]) -> Optional[str]:
+    """Why no node of the cluster as a whole could ever run `task` (one line), or None. Ray
+    itself would keep such a task pending for ever, waiting for a node that never comes."""
+    r = task.resources
+    asked = [("CPU", r.num_cpus, "num_cpus", "CPUs"), ("GPU", r.num_gpus, "num_gpus", "GPUs"),
+             ("memory", (r.memory_gb or 0) * 2**30, "memory_gb", "bytes of memory")]
+    for key, want, field, unit in asked:
+        have = float(cluster.get(key, 0.0))
+        if want and want > have:
+            shown = (f"{want / 2**30:g} GiB", f"{have / 2**30:.3g} GiB") if key == "memory" else (f"{want:g} {unit}",
+                                                                                                   f"{have:g}")
+            return (f"not run: it asks for {shown[0]} ({field}) and the whole Ray cluster has {shown[1]}; lower "
+                    f"resources.{field} for this model or executor.{field}, or add nodes")
+    return None
 
 
 def _reason(e: BaseException) -> str:

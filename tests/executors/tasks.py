@@ -44,3 +44,27 @@ def hog_memory() -> None:
 
 def unpicklable_result():
     return lambda: None
+
+
+_LEAKED: list[bytearray] = []  # what leak_and_pid keeps alive in its worker, as a careless model would
+
+
+def leak_and_pid(mib: int) -> tuple[int, int]:
+    """Keep `mib` MiB (touched) in a module global; the worker's pid and how much it now holds."""
+    block = bytearray(mib << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    _LEAKED.append(block)
+    return os.getpid(), sum(len(b) for b in _LEAKED) >> 20
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def ray_assigned() -> tuple[dict, int]:
+    """Inside a Ray task: the resources Ray reserved for it, and torch's intra-op thread count."""
+    import ray
+    import torch
+
+    return dict(ray.get_runtime_context().get_assigned_resources()), torch.get_num_threads()

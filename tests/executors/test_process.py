@@ -79,3 +79,23 @@ def test_no_worker_outlives_the_run(workers):
     for pid in set(pids):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_worker_is_replaced_after_max_models_per_worker():
+    ex = ProcessExecutor(workers=1, max_models_per_worker=2)
+    pids = _run(ex, [_task(f"t{i}", tasks.pid) for i in range(4)])
+    assert pids[0] == pids[1] != pids[2] == pids[3]
+    assert [(r.pid, r.after, r.tasks) for r in ex.recycled] == [(pids[1], "t1", 2)]  # none after the last
+    assert ex.recycled[0].reason == "ran 2 model(s) (max_models_per_worker: 2)"
+
+
+def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced_and_the_next_task_starts_afresh():
+    ex = ProcessExecutor(workers=1, recycle_memory_gb=0.1)
+    out = _run(ex, [_task("small", tasks.leak_and_pid, 10), _task("leaky", tasks.leak_and_pid, 200),
+                    _task("next", tasks.leak_and_pid, 10)])
+    (p1, held1), (p2, held2), (p3, held3) = out
+    assert p1 == p2 and held2 == 210  # 10 MiB grew nothing worth a new worker; the leak stays
+    assert p3 != p2 and held3 == 10  # the next task runs in a fresh worker: the leak is gone
+    assert len(ex.recycled) == 1 and ex.recycled[0].after == "leaky" and ex.recycled[0].pid == p2
+    assert "grew by" in ex.recycled[0].reason and "past recycle_memory_gb (0.1 GiB)" in ex.recycled[0].reason
+

@@ -63,3 +63,29 @@ def test_ray_runs_zoo_hf_and_writes_what_the_process_executor_writes(local_ray, 
     assert len(files) > 100
     for f in files:
         assert (out["ray"] / f).read_bytes() == (out["process"] / f).read_bytes(), f
+
+
+@pytest.mark.slow
+def test_each_task_gets_the_resources_its_model_asks_for_and_an_impossible_ask_fails_at_once(local_ray):
+    import functools
+    import time
+
+    from aotpipe.executors import Failure, Resources, Task
+    from aotpipe.executors.ray import RayExecutor
+    from tests.executors import tasks
+
+    todo = [Task("two_cpus", tasks.ray_assigned, Resources(num_cpus=2, memory_gb=0.25)),
+            Task("one_cpu", tasks.ray_assigned, Resources(num_cpus=1)),
+            Task("too_many", functools.partial(tasks.square, 3), Resources(num_cpus=64)),
+            Task("too_much_memory", functools.partial(tasks.square, 3), Resources(memory_gb=100000))]
+    done = {}
+    start = time.monotonic()
+    RayExecutor().run(todo, on_start=lambda i: None, on_done=lambda i, o: done.__setitem__(i, o))
+    assert time.monotonic() - start < 120  # the impossible asks did not wait for a node
+    (res2, threads2), (res1, threads1) = done[0], done[1]
+    assert res2["CPU"] == 2.0 and res2["memory"] == 0.25 * 2**30 and threads2 == 2
+    assert res1["CPU"] == 1.0 and "memory" not in res1 and threads1 == 1
+    assert isinstance(done[2], Failure) and done[2].reason == (
+        "not run: it asks for 64 CPUs (num_cpus) and the whole Ray cluster has 2; lower resources.num_cpus for "
+        "this model or executor.num_cpus, or add nodes")
+    assert isinstance(done[3], Failure) and "asks for 100000 GiB (memory_gb)" in done[3].reason
