@@ -817,3 +817,32 @@ def test_duplicate_key_in_a_mapping_is_an_error():
 def test_recursive_alias_is_a_clear_error():
     ps = problems("version: 1\nname: t\nx: &a [*a]\n")
     assert len(ps) == 1 and "refers to itself" in ps[0].message
+
+
+RECYCLING = """
+version: 1
+name: r
+executor: {{kind: process{fields}}}
+models:
+  - {{name: m, source: aotpipe.zoo:mlp, inputs: [{{shape: [2, 8]}}]}}
+"""
+
+
+@pytest.mark.parametrize("fields,expected", [
+    (", max_models_per_worker: 0", "r.yaml:4: executor.max_models_per_worker: Input should be greater than or equal "
+                                   "to 1 (got 0)"),
+    (", recycle_memory_gb: -1", "r.yaml:4: executor.recycle_memory_gb: Input should be greater than 0 (got -1)"),
+    (", memory_gb: 2, recycle_memory_gb: 2", "r.yaml:4: executor.recycle_memory_gb: 2 GiB is not below memory_gb "
+                                             "(2 GiB): a worker would be killed before it is recycled; set "
+                                             "recycle_memory_gb below memory_gb"),
+])
+def test_worker_recycling_fields_are_checked_with_one_line_each(fields, expected):
+    with pytest.raises(ConfigError) as e:
+        parse_pipeline(RECYCLING.format(fields=fields), "r.yaml", check_sources=False)
+    assert [str(p) for p in e.value.problems] == [expected]
+
+
+def test_worker_recycling_fields_reach_the_pipeline():
+    p = parse_pipeline(RECYCLING.format(fields=", memory_gb: 4, recycle_memory_gb: 1.5, max_models_per_worker: 20"),
+                       "r.yaml", check_sources=False)
+    assert (p.executor.max_models_per_worker, p.executor.recycle_memory_gb) == (20, 1.5)
