@@ -60,10 +60,14 @@ def floor(expected: torch.Tensor, rel_floor: Optional[float] = None) -> float:
 
 def digest(t: torch.Tensor) -> str:
     """sha256 of a tensor's dtype, shape and row-major element bytes: equal iff bit-identical."""
-    d = t.detach().to("cpu").contiguous()
+    d = t.detach().to("cpu")
     h = hashlib.sha256(f"{str(d.dtype).removeprefix('torch.')}{list(d.shape)}".encode())
     if d.numel():
-        h.update(d.reshape(-1).view(torch.uint8).numpy().data)
+        # A fresh dense copy, not .contiguous(): torch calls a tensor contiguous when only its
+        # size-1 dimensions have odd strides (x[:, -1:] of a batch of 1, a one-element slice
+        # with a step), returns it as it is, and a byte view of it then fails on the stride.
+        flat = torch.empty(d.numel(), dtype=d.dtype).copy_(d.reshape(-1))
+        h.update(flat.view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 

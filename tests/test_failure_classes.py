@@ -1,0 +1,72 @@
+"""Failure classes seen on zoos aotpipe had not met, each reproduced with a small model of our own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from aotpipe.accuracy import digest
+from aotpipe.config import parse_pipeline
+from aotpipe.runner import run_pipeline
+
+
+def _run(tmp_path, models_yaml, **defaults):
+    d = {"mode": "export", "graphs": "[inference, forward, backward, joint]", "passes": "[]", **defaults}
+    text = ("version: 1\nname: classes\nexecutor: {kind: local}\ndefaults: {"
+            + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}\nmodels:\n" + models_yaml)
+    run = run_pipeline(parse_pipeline(text, str(tmp_path / "p.yaml")), output=tmp_path / "out", progress=False)
+    return {m.name: m for m in run.models}, run
+
+
+# (a) The writer: "self.stride(-1) must be 1 to view Long as Byte". torch calls a tensor
+# contiguous when only its size-1 dimensions have odd strides, so .contiguous() hands it back
+# as it is and a byte view of it fails. Any dtype, any value saved or digested.
+
+ODD_STRIDES = {
+    "one element, step 2": lambda: torch.arange(10)[::2][:1],
+    "1x1 of a transpose": lambda: torch.arange(12).view(3, 4)[1:2, 1:2].t(),
+    "float 1x1 of a transpose": lambda: torch.arange(12.0).view(3, 4).t()[-1:, :1],
+    "bfloat16 one element": lambda: torch.arange(8.0).to(torch.bfloat16)[::4][1:2],
+    "bool one element": lambda: (torch.arange(6) > 2)[::3][1:],
+}
+
+
+@pytest.mark.parametrize("make", ODD_STRIDES.values(), ids=ODD_STRIDES.keys())
+def test_a_digest_reads_odd_strided_tensors_like_their_dense_copy(make):
+    t = make()
+    assert t.is_contiguous() and t.numel() == 1 and t.reshape(-1).stride(-1) != 1  # the class itself
+    dense = torch.empty(t.shape, dtype=t.dtype).copy_(t)
+    assert digest(t) == digest(dense)
+    assert digest(t) != digest(dense + 1)
+
+
+class OddStridedOutputs(torch.nn.Module):
+    """Returns an int64 value with one element and a stride of 2, and a float one of shape
+    [1, 1] with strides of a transposed slice, as a model's position ids or last-token logits do."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 4)
+        self.register_buffer("positions", torch.arange(16))
+
+    def forward(self, x):
+        y = self.proj(x)  # [1, 4]
+        last = y.t()[-1:, :]  # [1, 1], strides (1, 4)
+        pos = self.positions[::2][:1] + x.shape[0]  # int64 [1]
+        return y, last, pos[::1], self.positions[::2][:1]
+
+
+def odd_strided_outputs():
+    return OddStridedOutputs()
+
+
+@pytest.mark.parametrize("save_values", ["minimal", "full"])
+def test_a_model_with_odd_strided_int64_outputs_is_written_and_checked(tmp_path, save_values):
+    models, run = _run(tmp_path, "  - {name: odd, source: 'tests.test_failure_classes:odd_strided_outputs', "
+                                 "inputs: [{shape: [1, 8]}]}\n", save_values=save_values)
+    m = models["odd"]
+    assert m.status == "ok", (m.stage, m.error)
+    assert m.checks["failed"] == 0 and m.checks["run"] > 0
+    assert {g.kind for g in m.graphs} == {"inference", "forward", "backward", "joint"}
