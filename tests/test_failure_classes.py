@@ -70,3 +70,48 @@ def test_a_model_with_odd_strided_int64_outputs_is_written_and_checked(tmp_path,
     assert m.status == "ok", (m.stage, m.error)
     assert m.checks["failed"] == 0 and m.checks["run"] > 0
     assert {g.kind for g in m.graphs} == {"inference", "forward", "backward", "joint"}
+
+
+# (b) AOTAutograd: "Expected native_dropout_N to be a tensor". A dropout whose result is
+# thrown away (or read only for its shape, or taken in a branch not followed) stays in the
+# joint as native_dropout, a two-output op with no users; torch's default_partition asserts
+# that such a node is a tensor. Smallest reproduction, torch alone:
+#   aot_function(lambda x: (F.dropout(x, 0.5, True), (x * 2).sum())[1], nop, nop,
+#                partition_fn=default_partition)(torch.randn(4, requires_grad=True))
+
+
+class Dropouts(torch.nn.Module):
+    """A dropout thrown away, one read for its shape only, then one used: the used one must
+    draw the mask eager draws, so the forward has to consume the generator for the others."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.lin = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.how == "unused":
+            self.drop(y)
+        elif self.how == "shape":
+            y = y * self.drop(y).shape[-1]
+        elif self.how == "functional":
+            torch.nn.functional.dropout(x, 0.3, training=True)
+        return self.drop(y) + y
+
+
+def dropouts(how):
+    return Dropouts(how).train()
+
+
+@pytest.mark.parametrize("how", ["unused", "shape", "functional"])
+def test_a_dropout_whose_result_is_unused_is_captured_and_later_masks_match_eager(tmp_path, how):
+    models, _ = _run(tmp_path, f"  - {{name: d, source: 'tests.test_failure_classes:dropouts', args: {{how: {how}}}, "
+                               "inputs: [{shape: [4, 8]}]}\n", graphs="[forward, backward, joint]")
+    m = models["d"]
+    assert m.status == "ok", (m.stage, m.error)
+    # Every output against eager, the used dropout's too: its mask is eager's only if the
+    # forward drew the unused one first.
+    assert m.checks["failed"] == 0 and m.checks["run"] >= 3 and not m.checks["skipped"]
+    assert any("keeps 1 random draw(s) the model makes but never uses" in n for n in m.notes), m.notes

@@ -467,6 +467,32 @@ def _random_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "call_function" and op_draws_random(n.target)]
 
 
+def _hold_unused_multi_outputs(joint: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Give every op of `joint` that returns several values, none of them used, an (unused)
+    getitem of its first value; the getitems added, for the caller to erase after partitioning.
+
+    A dropout whose result the model throws away (or uses only for its shape) stays in the joint
+    as ``native_dropout``, which returns (output, mask): random ops are impure, so dead-code
+    elimination keeps them. torch's default_partition takes a node whose users are all
+    getitems for a multi-output op, and asserts that any other is a tensor, so a multi-output
+    node with no users at all fails it ("Expected native_dropout to be a tensor"). With one
+    getitem it is seen for what it is and left out of the forward; restore_dropped_draws
+    then puts the draw back, so the forward consumes the generator as eager does.
+    """
+    import operator
+
+    added = []
+    for node in list(joint.graph.nodes):
+        if node.op == "call_function" and not node.users and isinstance(node.meta.get("val"), (tuple, list)):
+            with joint.graph.inserting_after(node):
+                held = joint.graph.call_function(operator.getitem, (node, 0))
+            held.meta.update({k: v for k, v in (("val", node.meta["val"][0]),
+                                                ("tensor_meta", (node.meta.get("tensor_meta") or [None])[0]))
+                              if v is not None})
+            added.append(held)
+    return added
+
+
 def restore_dropped_draws(joint: torch.fx.GraphModule, fw: torch.fx.GraphModule,
                           bw: torch.fx.GraphModule) -> Optional[str]:
     """Put back into `fw` the random draws of the joint that neither partition kept; a note
@@ -496,7 +522,14 @@ def restore_dropped_draws(joint: torch.fx.GraphModule, fw: torch.fx.GraphModule,
                     raise CaptureError(f"a random draw the forward graph dropped ({node.name}) reads {inp.name}, "
                                        "which the forward graph does not have")
                 copy_in(inp, before)
-        with fw.graph.inserting_before(before):
+        # Not before its own inputs: a draw of a value the forward computes later than the
+        # previous draw (a dropout of a layer's output that is then thrown away) goes after it.
+        at = before
+        position = {n: i for i, n in enumerate(fw.graph.nodes)}
+        for inp in node.all_input_nodes:
+            if position[fw_nodes[inp.name]] >= position[at]:
+                at = fw_nodes[inp.name].next
+        with fw.graph.inserting_before(at):
             new = fw.graph.node_copy(node, lambda n: fw_nodes[n.name])
         fw_nodes[node.name] = new
         return new
@@ -548,7 +581,12 @@ def training_graphs(
     parts: dict[str, Any] = {}
 
     def partition(joint_module, joint_inputs, *, num_fwd_outputs, **kw):
-        fw, bw = default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
+        handles = _hold_unused_multi_outputs(joint_module)
+        try:
+            fw, bw = default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
+        finally:
+            for h in handles:
+                joint_module.graph.erase_node(h)
         parts.update(fw=fw, bw=bw, num_fwd_outputs=num_fwd_outputs,
                      restored=restore_dropped_draws(joint_module, fw, bw))
         return fw, bw
