@@ -115,3 +115,57 @@ def test_a_dropout_whose_result_is_unused_is_captured_and_later_masks_match_eage
     # forward drew the unused one first.
     assert m.checks["failed"] == 0 and m.checks["run"] >= 3 and not m.checks["skipped"]
     assert any("keeps 1 random draw(s) the model makes but never uses" in n for n in m.notes), m.notes
+
+
+# (c) Data-dependent sizes that are not: EnCodec/Mimi convolutions compute their padding from
+# integer scalar buffers and pass 0-dim tensors to F.pad; torch.export reads them with
+# .item() (unbacked: the padded length becomes "u0 + u1 + 64"), and the training graphs then
+# compute sizes with Python operators graph.json cannot store. Folded to numbers, they export
+# static. A size that really depends on the input (nonzero) must stay data-dependent.
+
+
+class BufferPaddedConv(torch.nn.Module):
+    def __init__(self, kernel=7, stride=2):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 4, kernel, stride)
+        self.stride = torch.nn.Buffer(torch.tensor(stride), persistent=False)
+        self.kernel_size = torch.nn.Buffer(torch.tensor(kernel), persistent=False)
+        self.padding_total = torch.nn.Buffer(torch.tensor(kernel - stride), persistent=False)
+
+    def forward(self, x):
+        length = x.shape[-1]
+        n_frames = (length - self.kernel_size + self.padding_total) / self.stride + 1
+        n_frames = torch.ceil(n_frames).to(torch.int64) - 1
+        extra = n_frames * self.stride + self.kernel_size - self.padding_total - length
+        return self.conv(torch.nn.functional.pad(x, (self.padding_total, extra)))
+
+
+def buffer_padded_conv():
+    return BufferPaddedConv()
+
+
+@pytest.mark.parametrize("mode", ["export", "auto"])
+def test_sizes_computed_from_integer_buffers_are_captured_static(tmp_path, mode):
+    models, _ = _run(tmp_path, "  - {name: pad, source: 'tests.test_failure_classes:buffer_padded_conv', "
+                               "inputs: [{shape: [1, 2, 61]}]}\n", mode=mode)
+    m = models["pad"]
+    assert m.status == "ok", (m.stage, m.error)
+    assert m.checks["failed"] == 0 and not m.checks["skipped"]
+    assert [g.kind for g in m.graphs] == ["inference", "forward", "backward", "joint"]  # one export, no fallback
+    inference = json.loads((tmp_path / "out" / "classes" / "pad" / "pad_inference_0" / "graph.json").read_text())
+    pad = next(n for n in inference["nodes"] if n.get("target", "").startswith("aten.constant_pad_nd")
+               or n.get("target", "").startswith("aten.pad"))
+    assert pad["args"][1] == [5, 1]  # padding_total 5; extra: ceil((61 - 7 + 5) / 2 + 1) - 1 = 30 frames, 62 - 61
+
+
+def test_a_size_that_depends_on_the_input_stays_data_dependent():
+    from aotpipe.capture.unbacked import constant_sizes_folded
+
+    class Picks(torch.nn.Module):
+        def forward(self, x):
+            k = (x > 1).sum().item()  # an item of the input's values: really data-dependent
+            torch._check_is_size(k)
+            return x[x > 0], x.new_zeros(k)
+
+    ep = torch.export.export(Picks(), (torch.randn(16),), strict=False)
+    assert constant_sizes_folded(ep) is None

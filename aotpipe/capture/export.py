@@ -251,6 +251,9 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str) -> tor
     try:
         with contextlib.redirect_stderr(printed):
             ep = torch.export.export(model, args, kwargs, strict=False)
+            folded = unbacked.constant_sizes_folded(ep)
+            if folded is not None:  # sizes that only looked data-dependent: export them static
+                ep = torch.export.export(folded, args, kwargs, strict=False)
     except Exception as e:
         raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
     sys.stderr.write(printed.getvalue())

@@ -96,3 +96,66 @@ def drop_size_assertions(gm: torch.fx.GraphModule) -> int:
         gm.graph.lint()
         gm.recompile()
     return dropped
+
+
+def constant_sizes_folded(ep: "torch.export.ExportedProgram") -> Optional[torch.fx.GraphModule]:
+    """`ep` as a module whose sizes read from the model's own constants are plain numbers, or
+    None when it has none.
+
+    A size torch.export leaves data-dependent may not depend on data at all: EnCodec- and
+    Mimi-style convolutions compute their padding from integer scalar buffers (kernel size,
+    stride) and the input's static length, then pass those 0-dim tensors to ``F.pad``. torch
+    reads each with ``.item()`` and, buffers being inputs of the graph, calls the result an
+    unbacked symbol; the padded length is then ``u0 + u1 + 7680``, every later size a formula
+    of it, and the training graphs compute those formulas with Python operators that graph.json
+    cannot store. Here each ``item`` whose value follows from buffers and constants alone (no
+    user input, no parameter, no random op, no buffer the graph writes) is evaluated and
+    replaced by its value; exporting the result again gives static sizes.
+    """
+    if not has_data_dependent_sizes(ep.graph_module):
+        return None
+    module = ep.module()
+    graph = module.graph
+    written = {n.args[0] for n in graph.nodes if n.op == "call_function" and _writes_first_argument(n)}
+    params = {name for name, _ in module.named_parameters()}
+    env: dict[torch.fx.Node, Any] = {}
+    from aotpipe.determinism import op_draws_random
+
+    for node in graph.nodes:
+        if node.op == "get_attr" and node.target not in params and node not in written:
+            env[node] = _attr(module, node.target)
+        elif (node.op == "call_function" and node.all_input_nodes and all(i in env for i in node.all_input_nodes)
+              and not op_draws_random(node.target) and not _writes_first_argument(node)):
+            try:
+                env[node] = node.target(*torch.fx.node.map_arg(node.args, env.__getitem__),
+                                        **torch.fx.node.map_arg(node.kwargs, env.__getitem__))
+            except Exception:  # noqa: BLE001 - not evaluable here: leave it to the graph
+                continue
+    items = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.item.default
+             and n in env and isinstance(env[n], int)]  # sizes (ints, bools), not a float scale
+    if not items:
+        return None
+    for node in items:
+        value = env[node]
+        for user in list(node.users):
+            user.args = torch.fx.node.map_arg(user.args, lambda a, n=node, v=value: v if a is n else a)
+            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, n=node, v=value: v if a is n else a)
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    module.recompile()
+    return module
+
+
+def _attr(module: torch.nn.Module, target: str) -> Any:
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _writes_first_argument(node: torch.fx.Node) -> bool:
+    """Whether `node` (an op) writes into its first argument: an in-place or out= overload, copy_."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return False
+    return bool(schema.arguments) and schema.arguments[0].alias_info is not None and \
+        schema.arguments[0].alias_info.is_write
