@@ -176,7 +176,8 @@ def test_unknown_key_in_input():
     "section, key, valid",
     [
         ("defaults", "colour", "mode, graphs, passes, save_inputs, save_values, verify, loss"),
-        ("executor", "kinds", "kind, workers, timeout_s, memory_gb, num_cpus, num_gpus, address"),
+        ("executor", "kinds", "kind, workers, timeout_s, memory_gb, num_cpus, num_gpus, address, max_models_per_worker, "
+                              "recycle_memory_gb"),
     ],
 )
 def test_unknown_key_in_defaults_and_executor(section, key, valid):
