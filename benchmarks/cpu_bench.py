@@ -1,5 +1,5 @@
 """CPU inference: aotpipe's optimised graphs side by side with the tools a performance
-engineer would otherwise pick (issue 11), in one run, on the same inputs.
+engineer would otherwise pick, in one run, on the same inputs.
 
 For each model (the mid-size pipeline's bottleneck ResNet and BERT-4L, the real-size
 pipeline's ResNet-50, BERT-base and ViT-B/16):

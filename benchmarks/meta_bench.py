@@ -1,6 +1,6 @@
 """Capture mode meta at Llama-3-70B size, side by side with plain torch.export on meta.
 
-The issue's target: a Llama-3-70B-size config (80 layers, hidden 8192, 64 heads, 8 KV heads,
+The target: a Llama-3-70B-size config (80 layers, hidden 8192, 64 heads, 8 KV heads,
 intermediate 28672, vocab 128256, 128 tokens) captured in all four kinds (inference,
 forward, backward, joint) and written as a metadata-only artefact in < 60 s with < 2 GiB
 peak RSS on 2 cores.

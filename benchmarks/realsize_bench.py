@@ -1,4 +1,4 @@
-"""Real-size models through aotpipe, side by side with what a user would otherwise run (issue 8).
+"""Real-size models through aotpipe, side by side with what a user would otherwise run, against set targets.
 
 For each model of each pipeline, in one process and one run, one model after another:
 
@@ -18,7 +18,7 @@ For each model of each pipeline, in one process and one run, one model after ano
 - aotpipe load + first replay of the inference graph (`aotpipe.load` + `replay(graphs=
   ["inference"])`, which also compares with the saved outputs) against torch.export.load + run.
 
-Headline: ratios against issue 8's targets, each marked met, or its gap (the ratio divided
+Headline: ratios against the targets (TARGETS below), each marked met, or its gap (the ratio divided
 by the target). Absolute seconds and bytes follow in a second table.
 
     python benchmarks/realsize_bench.py [PIPELINE.yaml ...] [--markdown FILE] [--json FILE]
@@ -68,7 +68,7 @@ TOOLS = ("eager", "export", "dynamo", "aotpipe")
 REPEAT = 3
 KINDS = ("inference", "forward", "backward", "joint")
 
-# Issue 8's targets: (key, label, target); the ratio must be <= the target.
+# The targets: (key, label, target); the ratio must be <= the target.
 TARGETS = [
     ("bytes_vs_pt2", "bytes: aotpipe folder / .pt2", 1.1),
     ("capture_vs_dynamo", "capture (4 kinds) / dynamo dump (4 kinds)", 1.0),

@@ -1,0 +1,127 @@
+"""The documentation: README is a front door, its links resolve, generated pages are fresh.
+
+Generated pages (docs/generated/) are made by tools/gen_docs.py from the code and data they
+describe; the staleness test regenerates them into a temporary folder and compares.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+
+_spec = importlib.util.spec_from_file_location("gen_docs", REPO / "tools" / "gen_docs.py")
+gen_docs = importlib.util.module_from_spec(_spec)
+sys.modules["gen_docs"] = gen_docs
+_spec.loader.exec_module(gen_docs)
+
+
+def _pages() -> list[Path]:
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def test_readme_is_a_front_door_under_20_kb():
+    size = len(README.read_bytes())
+    assert size < 20_000, f"README.md is {size:,} bytes; keep it under 20,000 and move reference text to docs/"
+
+
+def test_committed_generated_pages_are_what_the_generator_makes(tmp_path):
+    gen_docs.write_all(tmp_path)
+    problems = gen_docs.stale(DOCS / "generated", tmp_path)
+    assert problems == [], "\n".join(problems)
+
+
+def test_a_hand_edited_generated_page_is_named_stale_with_the_command_to_run(tmp_path):
+    committed, fresh = tmp_path / "committed", tmp_path / "fresh"
+    gen_docs.write_all(committed)
+    gen_docs.write_all(fresh)
+    page = committed / "passes.md"
+    page.write_text(page.read_text().replace("| `freeze` | inference |", "| `freeze` | inference, joint |"))
+    (committed / "typed-by-hand.md").write_text("# not generated\n")
+    assert gen_docs.stale(committed, fresh) == [
+        "docs/generated/passes.md is stale (edited by hand, or its source changed): run `python tools/gen_docs.py`",
+        "docs/generated/typed-by-hand.md is not made by python tools/gen_docs.py: remove it, or add its "
+        "generator to PAGES",
+    ]
+
+
+def test_the_pass_table_follows_the_registry(monkeypatch):
+    from aotpipe import passes
+    from aotpipe.passes.options import FreezeOptions
+
+    info = passes.PASSES["freeze"]
+    monkeypatch.setitem(passes.PASSES, "freeze", type(info)(
+        info.name, info.fn, FreezeOptions, passes.ALL_KINDS, "a summary changed in the registry"))
+    row = next(line for line in gen_docs.passes_page().splitlines() if line.startswith("| `freeze`"))
+    assert row.startswith("| `freeze` | inference, forward, backward, joint | - | no |")
+    assert row.endswith("| a summary changed in the registry |")
+
+
+def test_the_code_map_lists_every_module_by_its_docstring():
+    text = gen_docs.code_map_page()
+    modules = sorted((REPO / "aotpipe").rglob("*.py"))
+    for p in modules:
+        rel = p.relative_to(REPO).as_posix()
+        name = rel[: -len("/__init__.py")] + "/" if p.name == "__init__.py" else rel
+        assert f"| `{name}` |" in text, f"{rel} is missing from the code map"
+
+
+def test_a_module_without_a_docstring_stops_the_code_map_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "aotpipe").mkdir()
+    (tmp_path / "aotpipe" / "orphan.py").write_text("x = 1\n")
+    monkeypatch.setattr(gen_docs, "REPO", tmp_path)
+    with pytest.raises(SystemExit, match=r"^aotpipe/orphan\.py: no module docstring; the code map takes"):
+        gen_docs.code_map_page()
+
+
+def test_the_zoo_summary_is_computed_from_its_rows():
+    import json
+
+    data = json.loads((DOCS / "data" / "hf-zoo.json").read_text())
+    data["models"] = data["models"][:3] + [dict(data["models"][0], name="broken", status="failed", passed=None,
+                                                skipped=None, reason="capture: boom | (1, 2)")]
+    spec = importlib.util.spec_from_file_location("zoo_table", REPO / "tools" / "zoo_table.py")
+    zoo_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo_table)
+    text = zoo_table.render(data)
+    assert text.startswith("**3/4 ok (75.0%)**")
+    assert "| broken | export | failed | 4 | - | capture: boom \\| (1, 2) |" in text
+
+
+def _links(text: str) -> list[str]:
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_relative_link_names_a_file_that_exists(page):
+    missing = []
+    for link in _links(page.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", link) or link.startswith("#"):
+            continue
+        target = (page.parent / link.split("#")[0]).resolve()
+        if not target.exists():
+            missing.append(link)
+    assert missing == [], f"{page.relative_to(REPO)} links to missing files: {missing}"
+
+
+def test_every_page_under_docs_is_linked_from_readme_or_another_page():
+    linked = set()
+    for page in _pages():
+        for link in _links(page.read_text(encoding="utf-8")):
+            if not re.match(r"[a-z]+:", link) and not link.startswith("#"):
+                linked.add((page.parent / link.split("#")[0]).resolve())
+    orphans = [p.relative_to(REPO).as_posix() for p in DOCS.rglob("*.md") if p.resolve() not in linked]
+    assert orphans == [], f"pages nobody links to: {orphans}"
+
+
+def test_no_page_cites_an_issue_number():
+    cited = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in _pages()
+             for m in re.finditer(r"[Ii]ssues? ?#?\d+", p.read_text(encoding="utf-8"))]
+    assert cited == []
