@@ -21,7 +21,7 @@ For each model of each pipeline, in one process and one run, one model after ano
 Headline: ratios against the targets (TARGETS below), each marked met, or its gap (the ratio divided
 by the target). Absolute seconds and bytes follow in a second table.
 
-    python benchmarks/realsize_bench.py [PIPELINE.yaml ...] [--markdown FILE] [--json FILE]
+    python benchmarks/realsize_bench.py [PIPELINE.yaml ...] [--markdown [FILE]] [--json FILE]
         [--only MODEL ...] [--tools eager,export,dynamo,aotpipe] [--output DIR] [--threads N]
 
 Default pipelines: pipelines/mid-size.yaml and pipelines/real-size.yaml. `--tools
@@ -61,6 +61,7 @@ sys.path.insert(0, str(REPO))  # measure this checkout's aotpipe, not an install
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
+from _markdown import add_markdown_option, write_page  # noqa: E402
 from aotpipe.eager import sum_loss  # noqa: E402
 
 DEFAULT_PIPELINES = [REPO / "pipelines" / "mid-size.yaml", REPO / "pipelines" / "real-size.yaml"]
@@ -540,7 +541,7 @@ def tables(result: dict) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pipelines", nargs="*", type=Path, help="pipeline YAML files (default: mid-size and real-size)")
-    ap.add_argument("--markdown", type=Path, help="also write the tables to this markdown file")
+    add_markdown_option(ap, "realsize_bench")
     ap.add_argument("--json", type=Path, help="write every measurement to this JSON file")
     ap.add_argument("--only", action="append", default=[], help="only this model (repeatable)")
     ap.add_argument("--tools", default=",".join(TOOLS),
@@ -574,7 +575,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(t, flush=True)
         text += t + "\n"
     if ns.markdown:
-        ns.markdown.write_text(text, encoding="utf-8")
+        write_page(ns.markdown, "realsize_bench", text)
     if ns.json:
         ns.json.write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
     return 0
