@@ -125,3 +125,43 @@ def test_no_page_cites_an_issue_number():
     cited = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in _pages()
              for m in re.finditer(r"[Ii]ssues? ?#?\d+", p.read_text(encoding="utf-8"))]
     assert cited == []
+
+
+def _prose_paragraphs(text: str) -> list[str]:
+    """README's paragraphs and list items outside code blocks."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [p for p in re.split(r"\n\s*\n|\n(?=- )", text) if p.strip()]
+
+
+_FIGURE = re.compile(r"\d(?:[\d.,-]*\d)?x\b|\d+(?:\.\d+)?%|\b\d[\d,]* of \d[\d,]*\b|\b\d+/\d+\b")
+
+
+def test_every_measured_figure_in_readme_links_the_generated_page_it_comes_from():
+    untraced = [p.strip()[:80] for p in _prose_paragraphs(README.read_text(encoding="utf-8"))
+                if _FIGURE.search(p) and not re.search(r"\]\(docs/(generated|benchmarks)/", p)]
+    assert untraced == [], f"README figures with no generated source linked beside them: {untraced}"
+
+
+def test_a_figure_without_its_source_is_caught():
+    text = "Intro.\n\n- cpu-fast runs 1.2x faster than eager.\n\n```sh\n$ run  # 3/4 ok\n```\n"
+    found = [p for p in _prose_paragraphs(text) if _FIGURE.search(p)]
+    assert found == ["- cpu-fast runs 1.2x faster than eager."]
+
+
+def test_the_two_setup_commands_name_what_the_repository_has():
+    import tomllib
+
+    text = README.read_text(encoding="utf-8")
+    one = ("python3 -m venv .venv && .venv/bin/pip install -e . -c constraints.txt && "
+           ".venv/bin/aotpipe run pipelines/quickstart.yaml")
+    two = ("python3 -m venv .venv && .venv/bin/pip install -e '.[test]' -c constraints.txt && "
+           ".venv/bin/python -m pytest -m \"not slow\"")
+    assert one in text and two in text
+    assert "torch==" in (REPO / "constraints.txt").read_text()
+    assert (REPO / "pipelines" / "quickstart.yaml").is_file()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["aotpipe"] == "aotpipe.cli:main"
+    for extra in re.findall(r"`(\w+)` \((?:transformers|the Ray|the benchmarks)", text) + ["test"]:
+        assert extra in project["optional-dependencies"], f"README names the extra {extra!r}; pyproject lacks it"
+    ci = (REPO / ".ci" / "run").read_text()
+    assert ".venv/bin/pip install -e '.[test]' -c constraints.txt" in ci

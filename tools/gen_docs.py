@@ -119,8 +119,8 @@ def cli_page() -> str:
     from aotpipe.cli import main
 
     def help_of(cmd: click.Command, path: str, parent: click.Context | None) -> tuple[str, click.Context]:
-        ctx = click.Context(cmd, info_name=path.split()[-1], parent=parent, terminal_width=100,
-                            max_content_width=100)
+        settings = {**cmd.context_settings, "terminal_width": 100, "max_content_width": 100}
+        ctx = click.Context(cmd, info_name=path.split()[-1], parent=parent, **settings)
         return cmd.get_help(ctx), ctx
 
     lines = [_header("the click commands in aotpipe/cli.py"), "# Command reference (generated)", "",
