@@ -165,3 +165,11 @@ def test_the_two_setup_commands_name_what_the_repository_has():
         assert extra in project["optional-dependencies"], f"README names the extra {extra!r}; pyproject lacks it"
     ci = (REPO / ".ci" / "run").read_text()
     assert ".venv/bin/pip install -e '.[test]' -c constraints.txt" in ci
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_file_a_page_names_in_code_exists(page):
+    """`capture/rnn.py`, `tools/hf_zoo.py`: a file that moved or went leaves its page wrong."""
+    named = set(re.findall(r"`([\w.-]+(?:/[\w.-]+)+\.(?:py|txt|yaml|json|png))(?::\w+)?`", page.read_text(encoding="utf-8")))
+    missing = sorted(n for n in named if not (REPO / n).exists() and not (REPO / "aotpipe" / n).exists())
+    assert missing == [], f"{page.relative_to(REPO)} names files that do not exist: {missing}"
