@@ -173,3 +173,30 @@ def test_every_file_a_page_names_in_code_exists(page):
     named = set(re.findall(r"`([\w.-]+(?:/[\w.-]+)+\.(?:py|txt|yaml|json|png))(?::\w+)?`", page.read_text(encoding="utf-8")))
     missing = sorted(n for n in named if not (REPO / n).exists() and not (REPO / "aotpipe" / n).exists())
     assert missing == [], f"{page.relative_to(REPO)} names files that do not exist: {missing}"
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_python_name_a_page_gives_resolves(page):
+    """`aotpipe.passes.prepack.unpacked`, `aotpipe.get_inputs`: a name that moved leaves its page wrong."""
+    names = set(re.findall(r"(?<![\w/.])aotpipe(?:\.[A-Za-z_]\w*)+", page.read_text(encoding="utf-8")))
+    names = {n for n in names if not re.search(r"\.(json|ya?ml|py|md|txt|pt2)$", n)}  # file names
+    missing = sorted(n for n in names if not _resolves(n))
+    assert missing == [], f"{page.relative_to(REPO)} names Python objects that do not exist: {missing}"
