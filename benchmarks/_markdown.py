@@ -78,8 +78,10 @@ def write_page(path: Path, name: str, body: str, command: Optional[list[str]] = 
 
 
 @contextlib.contextmanager
-def tee_page(path: Optional[Path], name: str, command: Optional[list[str]] = None) -> Iterator[None]:
-    """Print as usual; with a PATH, also write what was printed as the page's body."""
+def tee_page(path: Optional[Path], name: str, command: Optional[list[str]] = None,
+             preformatted: bool = False) -> Iterator[None]:
+    """Print as usual; with a PATH, also write what was printed as the page's body (in a code
+    block if PREFORMATTED: aligned plain text rather than Markdown tables)."""
     if path is None:
         yield
         return
@@ -99,4 +101,5 @@ def tee_page(path: Optional[Path], name: str, command: Optional[list[str]] = Non
         yield
     finally:
         sys.stdout = real
-    write_page(path, name, captured.getvalue(), command)
+    body = captured.getvalue()
+    write_page(path, name, f"```\n{body.rstrip()}\n```\n" if preformatted else body, command)

@@ -225,7 +225,7 @@ def main() -> int:
     for tool in a.tools.split(","):
         print(f"running {tool} ...", file=sys.stderr, flush=True)
         results[tool] = _child(tool, a.layers, a.tokens, a.keep)
-    with tee_page(a.markdown, "meta_bench"):
+    with tee_page(a.markdown, "meta_bench", preformatted=True):
         print(report(results, a.layers, a.tokens))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
