@@ -10,6 +10,8 @@ Each page is made from the code or data it describes, never typed by hand:
 - code-map.md: the first sentence of each module's docstring under aotpipe/, benchmarks/
   and tools/ (a module without a docstring is an error: the map would have a hole);
 - cli.md: every command's `--help`, as click prints it at 100 columns;
+- limits.md: every limit on what a file may make aotpipe read or allocate, its default and
+  environment variable (aotpipe/artifact/limits.py);
 - hf-zoo.md: the transformers zoo table, rendered by tools/zoo_table.py from the rows of
   a zoo run kept in docs/data/hf-zoo.json.
 
@@ -46,12 +48,19 @@ def _cell(text: str) -> str:
 
 
 def _field_comments(cls: type) -> dict[str, str]:
-    """An options dataclass's fields' trailing comments (``fold: bool = True  # what it does``)."""
-    comments = {}
+    """A dataclass's fields' comments: the one after the field (``fold: bool = True  # what``),
+    else the comment lines just above it."""
+    comments: dict[str, str] = {}
+    above: list[str] = []
     for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"\s+(\w+)\s*:[^#]*#\s*(.+)$", line)
-        if m:
-            comments[m.group(1)] = m.group(2).strip()
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("#").strip())
+            continue
+        m = re.match(r"\s+(\w+)\s*:[^#]*?(?:#\s*(.+))?$", line)
+        if m and (m.group(2) or above):
+            comments[m.group(1)] = (m.group(2) or " ".join(above)).strip()
+        above = []
     return comments
 
 
@@ -134,6 +143,36 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n:,}"
+
+
+def limits_page() -> str:
+    """Every limit on what an artefact or pipeline file may make aotpipe read or allocate."""
+    from aotpipe.artifact import limits
+
+    notes = _field_comments(limits.Limits)
+    lines = [_header("the Limits dataclass in aotpipe/artifact/limits.py"), "# Limits (generated)", "",
+             "Checked before the read or allocation each guards; a breach is one line naming the file, what it "
+             "asks for and the limit (exit 2). Each can be changed with its environment variable; byte limits "
+             "take suffixes (`AOTPIPE_MAX_BYTES=8G`), and the commands that allocate take `--max-bytes`. "
+             "See [security.md](../security.md).", "",
+             "| limit | default | environment variable | what it bounds |", "|---|---:|---|---|"]
+    for f in dataclasses.fields(limits.Limits):
+        default = f.default
+        if default is None:
+            shown = "max_bytes"
+        elif f.name in limits._BYTE_LIMITS:
+            shown = _size(default)
+        else:
+            shown = f"{default:,}"
+        lines.append(f"| `{f.name}` | {shown} | `{limits.ENV[f.name]}` | {_cell(notes.get(f.name, ''))} |")
+    return "\n".join(lines) + "\n"
+
+
 def hf_zoo_page() -> str:
     """The transformers zoo table from docs/data/hf-zoo.json."""
     spec = importlib.util.spec_from_file_location("zoo_table", REPO / "tools" / "zoo_table.py")
@@ -153,6 +192,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "code-map.md": code_map_page,
     "cli.md": cli_page,
     "hf-zoo.md": hf_zoo_page,
+    "limits.md": limits_page,
 }
 
 
