@@ -200,3 +200,26 @@ def test_every_python_name_a_page_gives_resolves(page):
     names = {n for n in names if not re.search(r"\.(json|ya?ml|py|md|txt|pt2)$", n)}  # file names
     missing = sorted(n for n in names if not _resolves(n))
     assert missing == [], f"{page.relative_to(REPO)} names Python objects that do not exist: {missing}"
+
+
+def test_a_zoo_run_becomes_rows_that_render_and_round_trip(tmp_path):
+    import json
+
+    spec = importlib.util.spec_from_file_location("zoo_table", REPO / "tools" / "zoo_table.py")
+    zoo_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo_table)
+    root = tmp_path / "hf-zoo"
+    (root / "bert").mkdir(parents=True)
+    (root / "bert" / "manifest.json").write_text(json.dumps({"capture": {"mode": "dynamo"}}))
+    (root / "run.json").write_text(json.dumps({"seconds": 12.4, "executor": {"kind": "process"}, "models": [
+        {"name": "bert", "status": "ok", "stage": None, "error": None, "graphs": ["a", "b"],
+         "checks": {"passed": 7, "skipped": 1}},
+        {"name": "vits", "status": "failed", "stage": "capture", "error": "GuardOnDataDependentSymNode: u0",
+         "graphs": [], "checks": {}}]}))
+    data = zoo_table.rows_from_run(root)
+    assert json.loads(zoo_table.dump(data)) == data
+    text = zoo_table.render(data)
+    assert text.startswith("**1/2 ok (50.0%)**; of the ok ones 1 captured with dynamo. Checks of the ok models: "
+                           "7 passed, 1 skipped. The run took 12 s.")
+    assert "| bert | dynamo | ok | 2 | 7 / 1 |  |" in text
+    assert "| vits | - | failed | 0 | - | capture: GuardOnDataDependentSymNode: u0 |" in text

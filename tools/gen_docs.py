@@ -183,7 +183,7 @@ def hf_zoo_page() -> str:
         _header("docs/data/hf-zoo.json (written by `python tools/zoo_table.py artifacts/hf-zoo --save "
                 "docs/data/hf-zoo.json` after a zoo run)"),
         "# The transformers zoo: every architecture (generated)", "",
-        f"{data['note']}", "", "See [zoo.md](../zoo.md) for what the failures are.", "",
+        data.get("note", ""), "", "See [zoo.md](../zoo.md) for what the failures are.", "",
         zoo_table.render(data)])
 
 

@@ -46,7 +46,16 @@ def rows_from_run(root: Path) -> dict[str, Any]:
             "reason": "" if m["status"] == "ok" else f"{m['stage']}: {(m['error'] or '')[:140]}",
         })
     return {"pipeline": root.name, "seconds": round(run["seconds"]), "executor": run.get("executor", {}),
+            "note": f"aotpipe run of pipeline {root.name}, executor {json.dumps(run.get('executor', {}))}; rows "
+                    f"saved by: python tools/zoo_table.py {root.as_posix()} --save docs/data/hf-zoo.json",
             "models": rows}
+
+
+def dump(data: dict[str, Any]) -> str:
+    """The rows as JSON, one model per line (so a re-run's diff shows which models changed)."""
+    head = {k: v for k, v in data.items() if k != "models"}
+    rows = ",\n".join("  " + json.dumps(m, ensure_ascii=False) for m in data["models"])
+    return json.dumps(head, indent=1, ensure_ascii=False)[:-2] + ',\n "models": [\n' + rows + "\n ]\n}\n"
 
 
 def _escape(text: str) -> str:
@@ -91,7 +100,7 @@ def main() -> None:
     a = ap.parse_args()
     data = rows_from_run(a.root)
     if a.save:
-        a.save.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+        a.save.write_text(dump(data), encoding="utf-8")
     print(render(data, a.failures_only), end="")
 
 
