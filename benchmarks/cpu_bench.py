@@ -1,5 +1,5 @@
 """CPU inference: aotpipe's optimised graphs side by side with the tools a performance
-engineer would otherwise pick (issue 11), in one run, on the same inputs.
+engineer would otherwise pick, in one run, on the same inputs.
 
 For each model (the mid-size pipeline's bottleneck ResNet and BERT-4L, the real-size
 pipeline's ResNet-50, BERT-base and ViT-B/16):
@@ -20,7 +20,7 @@ better of jit and inductor, target >= 1.1x; where it is not met, the gap and the
 cpu-fast graph spends most time in (torch.profiler, self CPU time).
 
     python benchmarks/cpu_bench.py [--models resnet_bottleneck,bert_4l,resnet50,bert_base,vit_b16]
-        [--rounds 10] [--markdown FILE] [--plot FILE.png] [--json FILE] [--threads N]
+        [--rounds 10] [--markdown [FILE]] [--plot FILE.png] [--json FILE] [--threads N]
 
 Needs the hf extra (transformers), a C++ compiler for inductor, and matplotlib for
 --plot (the bench extra). Minutes per real-size model on a small CPU machine.
@@ -46,6 +46,7 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 import yaml  # noqa: E402
+from _markdown import add_markdown_option, write_page  # noqa: E402
 
 TARGET = 1.1
 DEFAULT_CHAIN = ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
@@ -207,7 +208,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-inductor", action="store_true")
-    p.add_argument("--markdown", type=Path)
+    add_markdown_option(p, "cpu_bench")
     p.add_argument("--plot", type=Path)
     p.add_argument("--json", type=Path)
     a = p.parse_args()
@@ -230,7 +231,7 @@ def main() -> None:
     text = markdown(rows, torch.get_num_threads())
     print(text)
     if a.markdown:
-        a.markdown.write_text(text + "\n")
+        write_page(a.markdown, "cpu_bench", text)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
     if a.plot:

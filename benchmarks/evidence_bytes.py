@@ -5,7 +5,7 @@ plus a few numbers in inputs.json. This prints, per model folder: its bytes, the
 the blobs only evidence uses (a sample that is also a stored value costs nothing more),
 the bytes of the evidence records in inputs.json, and their share of the folder.
 
-    python benchmarks/evidence_bytes.py ARTIFACT_OR_TREE ...
+    python benchmarks/evidence_bytes.py ARTIFACT_OR_TREE ... [--markdown [FILE]]
 
 For the share at real size, next to the folder / .pt2 ratio:
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+from _markdown import take_markdown_option, tee_page
 
 
 def measure(folder: Path) -> dict:
@@ -60,6 +62,8 @@ def main(paths: list[Path]) -> None:
 
 
 if __name__ == "__main__":
+    page = take_markdown_option("evidence_bytes")
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    main([Path(a) for a in sys.argv[1:]])
+    with tee_page(page, "evidence_bytes"):
+        main([Path(a) for a in sys.argv[1:]])

@@ -5,7 +5,7 @@ Each is the whole `aotpipe run` command, cold (a fresh output folder), on the sa
 pipeline. Target: N=2 workers at least 1.7x as fast as one worker. A warm re-run (nothing
 changed) of the same command is timed too, as a share of the cold one (target: < 5%).
 
-    python benchmarks/executor_bench.py [PIPELINE.yaml] [--workers N] [--repeat R]
+    python benchmarks/executor_bench.py [PIPELINE.yaml] [--workers N] [--repeat R] [--markdown [FILE]]
     # default: pipelines/zoo-hf.yaml, N = 2, R = 1
 """
 
@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _markdown import add_markdown_option, tee_page
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,6 +39,7 @@ def main() -> None:
     ap.add_argument("pipeline", nargs="?", type=Path, default=REPO / "pipelines" / "zoo-hf.yaml")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1, help="cold runs of each (the median is shown)")
+    add_markdown_option(ap, "executor_bench")
     a = ap.parse_args()
     configs = [("local", ["--executor", "local"]), ("process, 1 worker", ["--executor", "process", "--workers", "1"]),
                (f"process, {a.workers} workers", ["--executor", "process", "--workers", str(a.workers)])]
@@ -50,6 +53,11 @@ def main() -> None:
                     warm.append(command_seconds(a.pipeline, Path(tmp), *extra))
     med = {name: statistics.median(ts) for name, ts in times.items()}
     one = med["process, 1 worker"]
+    with tee_page(a.markdown, "executor_bench"):
+        report(a, med, one, warm)
+
+
+def report(a: argparse.Namespace, med: dict[str, float], one: float, warm: list[float]) -> None:
     print(f"pipeline: {a.pipeline.name}; whole `aotpipe run` commands, cold, median of {a.repeat}\n")
     print("| executor | seconds | speed-up over 1 worker | speed-up over local |")
     print("|---|---:|---:|---:|")

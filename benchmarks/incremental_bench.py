@@ -5,7 +5,7 @@ side: the pipeline work in one process (run_pipeline: config, fingerprints, chec
 reports) and the whole `aotpipe run` command (which adds Python start-up and importing
 torch, the same for any tool built on torch).
 
-    python benchmarks/incremental_bench.py [PIPELINE.yaml ...]   # default: quickstart and zoo-hf
+    python benchmarks/incremental_bench.py [PIPELINE.yaml ...] [--markdown [FILE]]   # default: quickstart and zoo-hf
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import warnings
 from pathlib import Path
 
 warnings.filterwarnings("ignore")
+
+from _markdown import take_markdown_option, tee_page  # noqa: E402
 
 from aotpipe.config import load_pipeline  # noqa: E402
 from aotpipe.runner import run_pipeline  # noqa: E402
@@ -55,5 +57,7 @@ def main(paths: list[Path]) -> None:
 
 
 if __name__ == "__main__":
+    page = take_markdown_option("incremental_bench")
     args = [Path(a) for a in sys.argv[1:]] or [REPO / "pipelines" / "quickstart.yaml", REPO / "pipelines" / "zoo-hf.yaml"]
-    main(args)
+    with tee_page(page, "incremental_bench"):
+        main(args)

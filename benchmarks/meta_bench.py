@@ -1,6 +1,6 @@
 """Capture mode meta at Llama-3-70B size, side by side with plain torch.export on meta.
 
-The issue's target: a Llama-3-70B-size config (80 layers, hidden 8192, 64 heads, 8 KV heads,
+The target: a Llama-3-70B-size config (80 layers, hidden 8192, 64 heads, 8 KV heads,
 intermediate 28672, vocab 128256, 128 tokens) captured in all four kinds (inference,
 forward, backward, joint) and written as a metadata-only artefact in < 60 s with < 2 GiB
 peak RSS on 2 cores.
@@ -15,7 +15,7 @@ Each tool runs in a child process of its own, so its peak RSS (getrusage) is its
   the inference graph only, before decomposition, nothing written.
 
     python benchmarks/meta_bench.py [--layers 80] [--tokens 128] [--tools aotpipe,export]
-                                    [--keep DIR] [--json FILE]
+                                    [--keep DIR] [--json FILE] [--markdown [FILE]]
 
 Timings on a shared machine vary with its load: the table shows the load average seen
 and each child's CPU share (CPU seconds per wall second; well under 1: it waited for a core).
@@ -38,6 +38,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # measure this checkout's aotpipe, not an installed one
+
+from _markdown import add_markdown_option, tee_page  # noqa: E402
 
 TARGET_S = 60.0
 TARGET_GB = 2.0
@@ -212,6 +214,7 @@ def main() -> int:
     p.add_argument("--keep", help="write the artefact here and keep it")
     p.add_argument("--json", help="also write the results as JSON here")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    add_markdown_option(p, "meta_bench")
     a = p.parse_args()
     warnings.filterwarnings("ignore")
     if a.child:
@@ -222,7 +225,8 @@ def main() -> int:
     for tool in a.tools.split(","):
         print(f"running {tool} ...", file=sys.stderr, flush=True)
         results[tool] = _child(tool, a.layers, a.tokens, a.keep)
-    print(report(results, a.layers, a.tokens))
+    with tee_page(a.markdown, "meta_bench", preformatted=True):
+        print(report(results, a.layers, a.tokens))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
     ok = "aotpipe" in results and "error" not in results["aotpipe"]

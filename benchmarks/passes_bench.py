@@ -4,7 +4,7 @@ For every model: nodes before and after, and the median time of the raw inferenc
 and of its optimised version (freeze, fold_conv_bn, channels_last, reinplace) on the same
 saved inputs, beside the eager model (what a user would run without aotpipe).
 
-    python benchmarks/passes_bench.py [ARTIFACT_ROOT ...]   # default: run quickstart and zoo-hf first
+    python benchmarks/passes_bench.py [ARTIFACT_ROOT ...] [--markdown [FILE]]   # default: run quickstart and zoo-hf first
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 from _artifacts import run_on_artifacts  # noqa: E402
+from _markdown import take_markdown_option, tee_page  # noqa: E402
 
 from aotpipe.artifact.load import load  # noqa: E402
 from aotpipe.replay import eager_bench, run_graph  # noqa: E402
@@ -61,4 +62,6 @@ def main(roots: list[Path]) -> None:
 
 
 if __name__ == "__main__":
-    run_on_artifacts(main)
+    page = take_markdown_option("passes_bench")
+    with tee_page(page, "passes_bench"):
+        run_on_artifacts(main)

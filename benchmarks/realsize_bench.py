@@ -1,4 +1,4 @@
-"""Real-size models through aotpipe, side by side with what a user would otherwise run (issue 8).
+"""Real-size models through aotpipe, side by side with what a user would otherwise run, against set targets.
 
 For each model of each pipeline, in one process and one run, one model after another:
 
@@ -18,10 +18,10 @@ For each model of each pipeline, in one process and one run, one model after ano
 - aotpipe load + first replay of the inference graph (`aotpipe.load` + `replay(graphs=
   ["inference"])`, which also compares with the saved outputs) against torch.export.load + run.
 
-Headline: ratios against issue 8's targets, each marked met, or its gap (the ratio divided
+Headline: ratios against the targets (TARGETS below), each marked met, or its gap (the ratio divided
 by the target). Absolute seconds and bytes follow in a second table.
 
-    python benchmarks/realsize_bench.py [PIPELINE.yaml ...] [--markdown FILE] [--json FILE]
+    python benchmarks/realsize_bench.py [PIPELINE.yaml ...] [--markdown [FILE]] [--json FILE]
         [--only MODEL ...] [--tools eager,export,dynamo,aotpipe] [--output DIR] [--threads N]
 
 Default pipelines: pipelines/mid-size.yaml and pipelines/real-size.yaml. `--tools
@@ -61,6 +61,7 @@ sys.path.insert(0, str(REPO))  # measure this checkout's aotpipe, not an install
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
+from _markdown import add_markdown_option, write_page  # noqa: E402
 from aotpipe.eager import sum_loss  # noqa: E402
 
 DEFAULT_PIPELINES = [REPO / "pipelines" / "mid-size.yaml", REPO / "pipelines" / "real-size.yaml"]
@@ -68,7 +69,7 @@ TOOLS = ("eager", "export", "dynamo", "aotpipe")
 REPEAT = 3
 KINDS = ("inference", "forward", "backward", "joint")
 
-# Issue 8's targets: (key, label, target); the ratio must be <= the target.
+# The targets: (key, label, target); the ratio must be <= the target.
 TARGETS = [
     ("bytes_vs_pt2", "bytes: aotpipe folder / .pt2", 1.1),
     ("capture_vs_dynamo", "capture (4 kinds) / dynamo dump (4 kinds)", 1.0),
@@ -540,7 +541,7 @@ def tables(result: dict) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pipelines", nargs="*", type=Path, help="pipeline YAML files (default: mid-size and real-size)")
-    ap.add_argument("--markdown", type=Path, help="also write the tables to this markdown file")
+    add_markdown_option(ap, "realsize_bench")
     ap.add_argument("--json", type=Path, help="write every measurement to this JSON file")
     ap.add_argument("--only", action="append", default=[], help="only this model (repeatable)")
     ap.add_argument("--tools", default=",".join(TOOLS),
@@ -574,7 +575,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(t, flush=True)
         text += t + "\n"
     if ns.markdown:
-        ns.markdown.write_text(text, encoding="utf-8")
+        write_page(ns.markdown, "realsize_bench", text)
     if ns.json:
         ns.json.write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
     return 0

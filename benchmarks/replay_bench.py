@@ -5,7 +5,7 @@ to_folder output offers, and what `--trust-code` does); the alternative to
 `aotpipe.get_inputs` is torch's own `torch._functorch.compilers.get_inputs`; a replayed
 graph is timed beside the eager model it came from.
 
-    python benchmarks/replay_bench.py [ARTIFACT_ROOT ...]     # default: quickstart and zoo-hf
+    python benchmarks/replay_bench.py [ARTIFACT_ROOT ...] [--markdown [FILE]]     # default: quickstart and zoo-hf
 
 Runs the pipelines first (into a temporary folder) when no root is given.
 """
@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from torch._functorch.compilers import get_inputs as torch_get_inputs  # noqa: E402
 
 from _artifacts import run_on_artifacts  # noqa: E402
+from _markdown import take_markdown_option, tee_page  # noqa: E402
 
 from aotpipe.artifact.load import load  # noqa: E402
 from aotpipe.replay import eager_bench, get_inputs, replay, run_graph  # noqa: E402
@@ -94,4 +95,6 @@ def main(roots: list[Path]) -> None:
 
 
 if __name__ == "__main__":
-    run_on_artifacts(main)
+    page = take_markdown_option("replay_bench")
+    with tee_page(page, "replay_bench"):
+        run_on_artifacts(main)

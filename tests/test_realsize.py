@@ -1,4 +1,4 @@
-"""The mid-size and real-size pipelines (issue 8): they validate, and the mid-size models run.
+"""The mid-size and real-size pipelines: they validate, and the mid-size models run.
 
 The real-size models are not run here (minutes and GB each); benchmarks/realsize_bench.py
 runs them beside torch.export and a dynamo backend dump.

@@ -160,7 +160,7 @@ gru_input = _single_state(_gru_layer)
 rnn_tanh_input = _single_state(lambda x, h, w, rev: _simple_layer(x, h, w, rev, torch.tanh))
 rnn_relu_input = _single_state(lambda x, h, w, rev: _simple_layer(x, h, w, rev, torch.relu))
 
-# The ops decomposed here, and how. README's "Recurrent layers" lists the same.
+# The ops decomposed here, and how. docs/capture-modes.md ("Recurrent layers") lists the same.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., tuple]] = {
     aten.lstm.input: lstm_input,
     aten.gru.input: gru_input,

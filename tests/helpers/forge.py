@@ -1,6 +1,6 @@
 """What a forger does after editing an artefact: make its hashes fit again.
 
-verify's sha256 and checksum checks catch corruption, not forgery (README, Security): whoever
+verify's sha256 and checksum checks catch corruption, not forgery (docs/security.md): whoever
 can edit the files can recompute them. Tests of the content checks behind them (the
 restricted unpickler, the op allow-list, the limits) reseal an edited artefact first, so
 that only those checks stand between a payload and its execution.

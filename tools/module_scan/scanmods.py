@@ -1,6 +1,6 @@
 """torch.nn building blocks common models use, each wrapped to take one tensor: `scan.yaml`
 captures them all in the default mode, to find torch ops or decompositions aotpipe cannot
-store or that compute another function than eager (see README, Recurrent layers ...)."""
+store or that compute another function than eager (see docs/capture-modes.md, Recurrent layers ...)."""
 
 import torch
 from torch import nn
