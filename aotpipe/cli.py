@@ -461,6 +461,47 @@ def ls_cmd(directory: str) -> None:
         sys.exit(2)
 
 
+@main.command(short_help="Compare two artefacts or two output trees.")
+@click.argument("a", type=click.Path())
+@click.argument("b", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the differences as JSON.")
+@click.option("--threshold", type=click.FloatRange(min=0), default=0.5, show_default=True,
+              help="Trees: a model's time or bytes count as changed when one is more than 1 + THRESHOLD "
+                   "times the other (times also need to move by 1 s).")
+@click.option("--values/--no-values", default=True, show_default=True,
+              help="Artefacts: also run both artefacts' graphs on the same inputs and name the first "
+                   "diverging node (in the sandbox unless --key or --no-sandbox).")
+@click.option("--key", "key", default=None, metavar="KEY",
+              help="A key you trust (as verify --key takes it): artefacts both signed with it run in this process.")
+@click.option("--no-sandbox", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
+              help="Run the graphs in this process: only for artefacts you made or otherwise trust. "
+                   "Default: $AOTPIPE_NO_SANDBOX.")
+@click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",
+              help="Accept ops of this library namespace (as replay --trust-ops).")
+@_user_errors
+@_byte_limit
+def diff(a: str, b: str, as_json: bool, threshold: float, values: bool, key: str | None, no_sandbox: bool,
+         trust_ops: tuple[str, ...]) -> None:
+    """Compare A and B: two artefacts (model folders) or two output trees (pipeline output
+    folders). Exit 0 if they are the same, 1 if they differ, 2 if A or B is not one of those.
+
+    \b
+    Examples:
+      aotpipe diff artifacts/quickstart/mlp other/quickstart/mlp
+      aotpipe diff artifacts/quickstart other/quickstart --json
+    """
+    from aotpipe.diff import diff_paths
+
+    result = diff_paths(a, b, threshold=threshold, values=values, in_process=no_sandbox, key=key,
+                        trust_ops=trust_ops)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str))
+    else:
+        for line in result.lines():
+            _say(line)
+    sys.exit(0 if result.same else 1)
+
+
 @main.command(short_help="Describe one artefact's graphs.")
 @click.argument("artifact", type=click.Path(exists=True))
 @click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",

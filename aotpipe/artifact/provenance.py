@@ -91,6 +91,10 @@ def keep_source(gm: torch.fx.GraphModule) -> None:
             node.meta[SOURCE_KEY] = line
 
 
+def _internal(cls: str) -> bool:
+    return cls.startswith(("torch.export.", "torch._", "torch.fx."))
+
+
 def node_origin(node: torch.fx.Node) -> Optional[dict[str, Any]]:
     """graph.json's ``origin`` of a node (records.NodeOrigin as data), or None where torch
     recorded nothing: the innermost module, its class, the source line, and whether it is
@@ -104,6 +108,8 @@ def node_origin(node: torch.fx.Node) -> Optional[dict[str, Any]]:
     if not stack and source is None:
         return None
     origin: dict[str, Any] = {}
+    # torch's own wrappers (export's non-strict Wrapper around the model) are no module of the model's.
+    stack = {k: v for k, v in (stack or {}).items() if not _internal(class_name(v[1]))}
     if stack:
         path, cls = list(stack.values())[-1]
         origin["module"] = module_path(path)
