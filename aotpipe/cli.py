@@ -506,16 +506,48 @@ def diff(a: str, b: str, as_json: bool, threshold: float, values: bool, key: str
 @click.argument("artifact", type=click.Path(exists=True))
 @click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",
               help="Accept ops of this library namespace (as replay --trust-ops).")
+@click.option("--graph", default=None, metavar="KEY",
+              help="With --model-explorer: only this graph (inference, forward, backward, joint, forward_1, "
+                   "inference.freeze+...); default: every graph of the artefact.")
+@click.option("--model-explorer", "explorer", default=None, metavar="FILE", type=click.Path(dir_okay=False),
+              help="Write the graph(s) as model-explorer's graph JSON to FILE (and the per-node errors against "
+                   "the float64 bound beside it, as FILE's .node-data.json); nothing is run.")
+@click.option("--model-explorer-all", "explorer_all", is_flag=True,
+              help="Write a model-explorer view of every graph of every artefact under ARTIFACT (a model or an "
+                   "output tree) to <tree>/views/<model>/<graph>.model-explorer.json.")
 @_user_errors
 @_byte_limit
-def show(artifact: str, trust_ops: tuple[str, ...]) -> None:
-    """Print an artefact's graphs, node counts, op histogram, inputs and outputs.
+def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer: str | None,
+         explorer_all: bool) -> None:
+    """Print an artefact's graphs, node counts, op histogram, inputs and outputs; or write
+    them as model-explorer graph views.
 
     \b
     Examples:
       aotpipe show artifacts/quickstart/small_cnn
+      aotpipe show artifacts/quickstart/small_cnn --graph joint --model-explorer joint.json
+      aotpipe show artifacts/quickstart --model-explorer-all
     """
     from pathlib import Path
+
+    if explorer or explorer_all:
+        from aotpipe import views
+
+        if explorer and explorer_all:
+            raise AotpipeError("pass --model-explorer FILE or --model-explorer-all, not both")
+        if explorer:
+            for path in views.write_explorer(Path(artifact), Path(explorer), graph):
+                _say(f"wrote {path}")
+        else:
+            if graph is not None:
+                raise AotpipeError("--graph goes with --model-explorer FILE; --model-explorer-all writes every graph")
+            written = views.write_tree_views(Path(artifact))
+            count = sum(len(v) for v in written.values())
+            _say(f"wrote {count} graph views of {len(written)} models under "
+                 f"{next(iter(next(iter(written.values())).values())).parent.parent}")
+        return
+    if graph is not None:
+        raise AotpipeError("--graph goes with --model-explorer FILE (plain show describes every graph)")
 
     from aotpipe.inspect import describe_lines
 
