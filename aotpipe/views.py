@@ -212,7 +212,8 @@ def explorer_json(model: Path, graph: Optional[str] = None) -> tuple[dict[str, A
         return {"graphs": [dataclasses.asdict(g) for g in graphs]}, {}
     from model_explorer.node_data_builder import ModelNodeData
 
-    return {"graphs": [dataclasses.asdict(g) for g in graphs]}, json.loads(ModelNodeData(graphsData=data).to_json_string())
+    node_json = json.loads(ModelNodeData(graphsData=data).to_json_string())
+    return {"graphs": [dataclasses.asdict(g) for g in graphs]}, node_json
 
 
 def node_data(graph: GraphRecord, inputs: Optional[InputsRecord], checks: list[CheckItem]) -> Any:

@@ -146,7 +146,8 @@ def test_every_graph_kind_keeps_module_paths_and_relative_sources(quickstart_run
         assert len(origins) > len(calls) / 2, kind
         modules = {o.get("module") for o in origins}
         assert {"layers.0.qkv", "layers.1.ff1", "tok"} <= modules, (kind, modules)
-        assert all(o["source"].startswith("aotpipe/zoo.py:") for o in origins if "source" in o), kind
+        sources = [o["source"] for o in origins if "source" in o]
+        assert len(sources) > len(origins) / 2 and all(s.startswith("aotpipe/zoo.py:") for s in sources), kind
         if kind in ("backward", "joint"):
             assert any(o.get("of_forward") for o in origins)
 

@@ -21,6 +21,8 @@ import torch.fx
 # The metadata key the writer keeps a node's relative source line under, once the stack
 # trace (which holds absolute paths) is dropped.
 SOURCE_KEY = "aotpipe_source"
+# The metadata key a graph rebuilt from graph.json keeps each node's recorded origin under.
+ORIGIN_KEY = "aotpipe_origin"
 
 _FRAME = re.compile(r'File "([^"\n]+)", line (\d+), in ([^\n]+)')
 _INDEX = re.compile(r"\[(\d+)\]")
@@ -99,6 +101,9 @@ def node_origin(node: torch.fx.Node) -> Optional[dict[str, Any]]:
     """graph.json's ``origin`` of a node (records.NodeOrigin as data), or None where torch
     recorded nothing: the innermost module, its class, the source line, and whether it is
     the forward's (a backward node's gradient computation)."""
+    kept = node.meta.get(ORIGIN_KEY)
+    if isinstance(kept, dict):
+        return dict(kept)
     stack = node.meta.get("nn_module_stack")
     from_forward = False
     if not stack:

@@ -179,8 +179,8 @@ def _list_diff(diff: Diff, section: str, where: str, rows_a: list[str], rows_b: 
         gone, new = rows_a[i1:i2], rows_b[j1:j2]
         if tag == "replace" and len(gone) == len(new):
             for x, y in zip(gone, new):
-                diff.add(section, where, f"{x} -> {y.split(': ', 1)[-1] if x.split(': ')[0] == y.split(': ')[0] else y}",
-                         a=x, b=y)
+                same_entry = x.split(": ")[0] == y.split(": ")[0]  # the same input or output, another layout
+                diff.add(section, where, f"{x} -> {y.split(': ', 1)[-1] if same_entry else y}", a=x, b=y)
         else:
             for x in gone:
                 diff.add(section, where, f"only in A: {x}", a=x)
@@ -315,7 +315,8 @@ def weight_digests(side: Side) -> dict[str, Optional[str]]:
         if rec is not None:
             for i in rec.inputs:
                 if i.role in ("param", "buffer", "constant") and i.target:
-                    storage = rec.storages[i.storage] if i.storage is not None and i.storage < len(rec.storages) else None
+                    known = i.storage is not None and i.storage < len(rec.storages)
+                    storage = rec.storages[i.storage] if known else None
                     out.setdefault(f"{i.role} {i.target}", storage.blob if storage is not None else None)
         g = side.graph(key)
         if g is not None:
