@@ -242,6 +242,11 @@ def test_values_skip_with_a_reason_where_the_sandbox_cannot_start(two_mlps, monk
                for n in data["notes"])
 
 
+def run_mlp(where: Path, **fields):
+    where.mkdir(parents=True)
+    return run_yaml(where, MLP_PIPELINE.format(**fields))
+
+
 MLP_PIPELINE = """
 version: 1
 name: one
@@ -260,8 +265,8 @@ models:
 
 @pytest.mark.slow
 def test_two_seeds_differ_in_weights_inputs_and_values(tmp_path):
-    r0, out0 = run_yaml(tmp_path / "s0", MLP_PIPELINE.format(seed=0, passes="[freeze]"))
-    r1, out1 = run_yaml(tmp_path / "s1", MLP_PIPELINE.format(seed=1, passes="[freeze]"))
+    r0, out0 = run_mlp(tmp_path / "s0", seed=0, passes="[freeze]")
+    r1, out1 = run_mlp(tmp_path / "s1", seed=1, passes="[freeze]")
     assert r0.exit_code == 0 and r1.exit_code == 0, (r0.output, r1.output)
     code, data = diff_json(str(out0 / "one" / "mlp"), str(out1 / "one" / "mlp"))
     assert code == 1
@@ -275,8 +280,8 @@ def test_two_seeds_differ_in_weights_inputs_and_values(tmp_path):
 
 @pytest.mark.slow
 def test_two_pass_chains_differ_in_graphs_and_pass_logs(tmp_path):
-    r0, out0 = run_yaml(tmp_path / "p0", MLP_PIPELINE.format(seed=0, passes="[freeze]"))
-    r1, out1 = run_yaml(tmp_path / "p1", MLP_PIPELINE.format(seed=0, passes="[freeze, reinplace]"))
+    r0, out0 = run_mlp(tmp_path / "p0", seed=0, passes="[freeze]")
+    r1, out1 = run_mlp(tmp_path / "p1", seed=0, passes="[freeze, reinplace]")
     assert r0.exit_code == 0 and r1.exit_code == 0, (r0.output, r1.output)
     code, data = diff_json(str(out0), str(out1))
     assert code == 1

@@ -306,11 +306,11 @@ def _how_they_differ(x: NodeRecord, y: NodeRecord, a: GraphRecord, b: GraphRecor
 # weights, passes, checks
 
 
-def weight_digests(side: Side) -> dict[str, Optional[str]]:
+def weight_digests(side: Side, keys: Iterable[str]) -> dict[str, Optional[str]]:
     """Per parameter, buffer and constant (by name), the blob of its storage; per constant of
-    a graph made by passes (by graph key and target), its blob."""
+    a graph made by passes (by graph key and target), its blob; over the graphs `keys`."""
     out: dict[str, Optional[str]] = {}
-    for key in side.manifest.graphs:
+    for key in keys:
         rec = side.inputs(key)
         if rec is not None:
             for i in rec.inputs:
@@ -327,7 +327,9 @@ def weight_digests(side: Side) -> dict[str, Optional[str]]:
 
 
 def _compare_weights(diff: Diff, at: Any, a: Side, b: Side) -> None:
-    wa, wb = weight_digests(a), weight_digests(b)
+    # Over the graphs both have: a graph only one has is a finding of its own (section graphs).
+    common = [k for k in a.manifest.graphs if k in b.manifest.graphs]
+    wa, wb = weight_digests(a, common), weight_digests(b, common)
     changed = [k for k in wa if k in wb and wa[k] != wb[k]]
     for k in changed:
         diff.add("weights", at(""), f"{k}: {short(wa[k])} -> {short(wb[k])}", name=k, a=wa[k], b=wb[k])
