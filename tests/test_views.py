@@ -175,6 +175,10 @@ def test_source_lines_are_relative_to_the_import_root():
              f'  File "{torch_dir}/nn/modules/sparse.py", line 189, in forward\n')
     assert source_line(trace) == "aotpipe/zoo.py:94"
     assert relative_file("/nowhere/on/the/path/model.py") == "model.py"
+    # code torch.fx generated is no file, and its process-wide counter would make captures differ
+    generated = 'File "<eval_with_key>.256", line 12, in forward\n    add = torch.ops.aten.add(x, y)\n'
+    assert source_line(generated) is None
+    assert source_line(trace.replace("  File", generated + "  File")) == "aotpipe/zoo.py:94"
 
 
 @pytest.mark.parametrize("raw, path", [

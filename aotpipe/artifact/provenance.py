@@ -77,7 +77,9 @@ def source_line(stack_trace: Any) -> Optional[str]:
     when every frame is torch's)."""
     if not isinstance(stack_trace, str):
         return None
-    frames = _FRAME.findall(stack_trace)
+    # Only real files: "<eval_with_key>.256" (code torch.fx generated) numbers itself by a
+    # process-wide counter, which would make two identical captures differ.
+    frames = [f for f in _FRAME.findall(stack_trace) if not f[0].startswith("<")]
     if not frames:
         return None
     own = [f for f in frames if not os.path.abspath(f[0]).startswith(_TORCH_DIR + os.sep)]
