@@ -105,6 +105,13 @@ def _merge(diff: Diff, per_model: list[Diff]) -> None:
     a model's checks are already counted from run.json."""
     groups: dict[tuple[str, str], list[Finding]] = {}
     for d in per_model:
+        weights = [f for f in d.findings if f.section == "weights"]
+        if len(weights) > 3:  # a tree says how many of a model's weights differ; an artefact diff names each
+            names = [str(f.data.get("name")) for f in weights]
+            d.findings = [f for f in d.findings if f.section != "weights"] + [Finding(
+                "weights", weights[0].where,
+                f"{len(weights)} weights and constants differ ({', '.join(names[:2])}, ...; diff the model's "
+                "artefacts for each digest)", {"names": names})]
         for f in d.findings:
             if f.section == "checks":
                 continue
