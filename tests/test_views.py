@@ -181,6 +181,12 @@ def test_source_lines_are_relative_to_the_import_root():
     assert source_line(trace.replace("  File", generated + "  File")) == "aotpipe/zoo.py:94"
 
 
+def test_a_model_beside_a_script_is_named_from_the_working_directory(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", "/nowhere"])
+    assert relative_file(str(tmp_path / "mymodels" / "net.py")) == "mymodels/net.py"
+
+
 @pytest.mark.parametrize("raw, path", [
     ("layers.0.qkv", "layers.0.qkv"), ("", ""), ("L['self'].layers[0].qkv", "layers.0.qkv"),
     ("getattr(L['self'].layers, '0').qkv", "layers.0.qkv"), ("L['self']", ""), ("L['self'].tok", "tok"),

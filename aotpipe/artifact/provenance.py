@@ -62,9 +62,7 @@ def relative_file(path: str) -> str:
     full = os.path.abspath(path)
     best = None
     for root in sys.path:
-        if not root:
-            continue
-        base = os.path.abspath(root)
+        base = os.path.abspath(root or os.curdir)  # "" is the working directory, where a script's models live
         if full.startswith(base.rstrip(os.sep) + os.sep) and (best is None or len(base) > len(best)):
             best = base
     rel = os.path.relpath(full, best) if best is not None else os.path.basename(full)
