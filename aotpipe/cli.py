@@ -521,20 +521,93 @@ def ls_cmd(directory: str) -> None:
         sys.exit(2)
 
 
-@main.command(short_help="Describe one artefact's graphs.")
-@click.argument("artifact", type=click.Path(exists=True))
+@main.command(short_help="Compare two artefacts or two output trees.")
+@click.argument("a", type=click.Path())
+@click.argument("b", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the differences as JSON.")
+@click.option("--threshold", type=click.FloatRange(min=0), default=0.5, show_default=True,
+              help="Trees: a model's time or bytes count as changed when one is more than 1 + THRESHOLD "
+                   "times the other (times also need to move by 1 s).")
+@click.option("--values/--no-values", default=True, show_default=True,
+              help="Artefacts: also run both artefacts' graphs on the same inputs and name the first "
+                   "diverging node (in the sandbox unless --key or --no-sandbox).")
+@click.option("--key", "key", default=None, metavar="KEY",
+              help="A key you trust (as verify --key takes it): artefacts both signed with it run in this process.")
+@click.option("--no-sandbox", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
+              help="Run the graphs in this process: only for artefacts you made or otherwise trust. "
+                   "Default: $AOTPIPE_NO_SANDBOX.")
 @click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",
               help="Accept ops of this library namespace (as replay --trust-ops).")
 @_user_errors
 @_byte_limit
-def show(artifact: str, trust_ops: tuple[str, ...]) -> None:
-    """Print an artefact's graphs, node counts, op histogram, inputs and outputs.
+def diff(a: str, b: str, as_json: bool, threshold: float, values: bool, key: str | None, no_sandbox: bool,
+         trust_ops: tuple[str, ...]) -> None:
+    """Compare A and B: two artefacts (model folders) or two output trees (pipeline output
+    folders). Exit 0 if they are the same, 1 if they differ, 2 if A or B is not one of those.
+
+    \b
+    Examples:
+      aotpipe diff artifacts/quickstart/mlp other/quickstart/mlp
+      aotpipe diff artifacts/quickstart other/quickstart --json
+    """
+    from aotpipe.diff import diff_paths
+
+    result = diff_paths(a, b, threshold=threshold, values=values, in_process=no_sandbox, key=key,
+                        trust_ops=trust_ops)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str))
+    else:
+        for line in result.lines():
+            _say(line)
+    sys.exit(0 if result.same else 1)
+
+
+@main.command(short_help="Describe one artefact's graphs.")
+@click.argument("artifact", type=click.Path(exists=True))
+@click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]",
+              help="Accept ops of this library namespace (as replay --trust-ops).")
+@click.option("--graph", default=None, metavar="KEY",
+              help="With --model-explorer: only this graph (inference, forward, backward, joint, forward_1, "
+                   "inference.freeze+...); default: every graph of the artefact.")
+@click.option("--model-explorer", "explorer", default=None, metavar="FILE", type=click.Path(dir_okay=False),
+              help="Write the graph(s) as model-explorer's graph JSON to FILE (and the per-node errors against "
+                   "the float64 bound beside it, as FILE's .node-data.json); nothing is run.")
+@click.option("--model-explorer-all", "explorer_all", is_flag=True,
+              help="Write a model-explorer view of every graph of every artefact under ARTIFACT (a model or an "
+                   "output tree) to <tree>/views/<model>/<graph>.model-explorer.json.")
+@_user_errors
+@_byte_limit
+def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer: str | None,
+         explorer_all: bool) -> None:
+    """Print an artefact's graphs, node counts, op histogram, inputs and outputs; or write
+    them as model-explorer graph views.
 
     \b
     Examples:
       aotpipe show artifacts/quickstart/small_cnn
+      aotpipe show artifacts/quickstart/small_cnn --graph joint --model-explorer joint.json
+      aotpipe show artifacts/quickstart --model-explorer-all
     """
     from pathlib import Path
+
+    if explorer or explorer_all:
+        from aotpipe import views
+
+        if explorer and explorer_all:
+            raise AotpipeError("pass --model-explorer FILE or --model-explorer-all, not both")
+        if explorer:
+            for path in views.write_explorer(Path(artifact), Path(explorer), graph):
+                _say(f"wrote {path}")
+        else:
+            if graph is not None:
+                raise AotpipeError("--graph goes with --model-explorer FILE; --model-explorer-all writes every graph")
+            written = views.write_tree_views(Path(artifact))
+            count = sum(len(v) for v in written.values())
+            _say(f"wrote {count} graph views of {len(written)} models under "
+                 f"{next(iter(next(iter(written.values())).values())).parent.parent}")
+        return
+    if graph is not None:
+        raise AotpipeError("--graph goes with --model-explorer FILE (plain show describes every graph)")
 
     from aotpipe.inspect import describe_lines
 

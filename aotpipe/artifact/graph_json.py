@@ -20,6 +20,7 @@ import torch
 import torch.fx
 
 from aotpipe.artifact import limits
+from aotpipe.artifact.provenance import ORIGIN_KEY, node_origin
 from aotpipe.artifact.ops import check_kwargs, check_string_args, check_unsafe_flags, op_name, resolve_op
 from aotpipe.artifact.records import GRAPH_FORMAT_VERSION
 from aotpipe.errors import ArtifactError
@@ -195,6 +196,9 @@ def graph_to_json(gm: torch.fx.GraphModule, constants: dict[str, str] | None = N
         val = node.meta.get("val")
         if val is not None:
             entry["val"] = _encode_val(val)
+        origin = node_origin(node)
+        if origin is not None:
+            entry["origin"] = origin
         nodes.append(entry)
     return {"format_version": GRAPH_FORMAT_VERSION, "nodes": nodes}
 
@@ -272,6 +276,8 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
             raise ArtifactError(f"{where}: node name {name!r} is used twice")
         if "val" in entry:
             node.meta["saved_val"] = entry["val"]
+        if isinstance(entry.get("origin"), dict):
+            node.meta[ORIGIN_KEY] = entry["origin"]  # written again as read (a graph saved from a loaded one)
         env[name] = node
     try:
         graph.lint()

@@ -265,6 +265,19 @@ class TraceRecord(Record):
 # graph.json
 
 
+class NodeOrigin(Record):
+    """Where a node came from (absent in files written before aotpipe recorded it): the
+    innermost module it was called in (its path from the model, "" for the model itself,
+    and its class), and the source line that called the op, relative to its package
+    (``aotpipe/zoo.py:94``; never an absolute path). `of_forward`: a backward node's module
+    is that of the forward node it computes the gradient of."""
+
+    module: Optional[Annotated[str, StringConstraints(max_length=1024)]] = None
+    module_class: Optional[Annotated[str, StringConstraints(max_length=512)]] = None
+    source: Optional[Annotated[str, StringConstraints(max_length=1024)]] = None
+    of_forward: Optional[bool] = None
+
+
 class NodeRecord(Record):
     """One FX node. `args` and `kwargs` are tagged JSON: {"node": name} refers to an earlier
     node; {"tuple": [...]}, {"dtype": "float32"}, {"device": "cpu"}, {"layout": "strided"},
@@ -282,6 +295,7 @@ class NodeRecord(Record):
     shape: Optional[Shape] = None  # get_attr: the constant's layout (blobs are contiguous)
     stride: Optional[Stride] = None
     recompute: Optional[bool] = None  # get_attr: not stored; the loader reruns the pass chain
+    origin: Optional[NodeOrigin] = None  # module path, class and source line (provenance)
 
 
 class GraphRecord(Record):

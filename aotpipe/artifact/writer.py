@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.artifact import codegen, graph_json, input_meta
+from aotpipe.artifact import codegen, graph_json, input_meta, provenance
 from aotpipe.artifact.blobs import BLOB_DIR, BlobStore, encode
 from aotpipe.artifact.fsio import OLD_PREFIX, TMP_PREFIX, OutputError, describe_os_error, fsync_dir, write_durable
 from aotpipe.artifact import records as fmt
@@ -187,7 +187,9 @@ def set_outputs(record: dict[str, Any], outputs: list[dict[str, Any]], blobs: Op
 
 
 def _strip_paths(gm: torch.fx.GraphModule) -> None:
-    """Drop node metadata that holds file paths (stack traces) so artefacts carry none."""
+    """Drop node metadata that holds file paths (stack traces) so artefacts carry none,
+    keeping each node's source line relative to its package (graph.json's origin)."""
+    provenance.keep_source(gm)
     for node in gm.graph.nodes:
         node.meta.pop("stack_trace", None)
     gm.recompile()

@@ -552,6 +552,50 @@ def restore_dropped_draws(joint: torch.fx.GraphModule, fw: torch.fx.GraphModule,
             f"partitioner had dropped them), so that it consumes the generator as eager does{order}")
 
 
+@contextlib.contextmanager
+def _node_by_node(module: torch.nn.Module) -> Any:
+    """While tracing, run `module` (if a GraphModule) node by node with its nodes' metadata
+    current, so that the traced nodes keep the module path and source location each came
+    from (nn_module_stack, source_fn_stack, stack_trace; torch copies these onto the nodes
+    it records, and AOTAutograd copies a forward node's onto its backward nodes as
+    fwd_nn_module_stack). Run as generated code, the GraphModule leaves them unset."""
+    if not isinstance(module, torch.fx.GraphModule):
+        yield
+        return
+    import torch.fx.traceback as fx_traceback
+
+    import inspect
+
+    from torch.fx._pytree import tree_flatten_spec
+
+    info = getattr(module.graph._codegen, "pytree_info", None)
+    signature = inspect.signature(type(module).forward)
+
+    def flat_inputs(args: tuple, kwargs: dict) -> list[Any]:
+        # What the generated forward's first line computes (torch.fx.graph._PyTreeCodeGen).
+        if info is None or info.in_spec is None:
+            return list(args)
+        bound = signature.bind(module, *args, **kwargs)
+        values = [bound.arguments[name] for name in info.orig_args]
+        spec = info.in_spec
+        if (spec.type is tuple and spec.num_children == 2 and spec.child(0).type is tuple
+                and spec.child(1).type is dict):
+            count = spec.child(0).num_children
+            return tree_flatten_spec((values[:count], dict(zip(spec.child(1).context, values[count:]))), spec)
+        return tree_flatten_spec(values, spec)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out = torch.fx.Interpreter(module).run(*flat_inputs(args, kwargs), enable_io_processing=False)
+        return module.graph.process_outputs(out)
+
+    module.forward = forward  # an instance attribute: the class's generated forward is left alone
+    try:
+        with fx_traceback.preserve_node_meta():
+            yield
+    finally:
+        del module.forward
+
+
 def training_graphs(
     module: torch.nn.Module,
     args: tuple,
@@ -601,6 +645,7 @@ def training_graphs(
             # rewrites its forward (whose second output becomes the attention weights) but
             # not its backward (which reads that output as logsumexp): wrong gradients.
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+            stack.enter_context(_node_by_node(module))
             jd = aot_export_joint_with_descriptors(stack, loss_module, args, kwargs, decompositions=core_aten_decompositions())
             joint_gm = _flat_graph(jd.graph_module)
             aot_compile_joint_with_descriptors(jd, partition_fn=partition)

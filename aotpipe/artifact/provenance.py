@@ -1,0 +1,126 @@
+"""Where each node of a captured graph came from: the module path and class, and the source line.
+
+torch records this on the nodes it traces: ``nn_module_stack`` (the modules a node was
+called inside, outermost first, each as (path, class)), ``stack_trace`` (the Python frames
+that called the op) and, on a backward node AOTAutograd made, ``fwd_nn_module_stack`` (the
+forward node's stack). graph.json keeps the innermost module and one source line per node
+(:class:`aotpipe.artifact.records.NodeOrigin`); a file is named relative to the import root
+it was found under (``aotpipe/zoo.py:94``), never by an absolute path, so no home directory
+or checkout path reaches an artefact.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any, Optional
+
+import torch.fx
+
+# The metadata key the writer keeps a node's relative source line under, once the stack
+# trace (which holds absolute paths) is dropped.
+SOURCE_KEY = "aotpipe_source"
+# The metadata key a graph rebuilt from graph.json keeps each node's recorded origin under.
+ORIGIN_KEY = "aotpipe_origin"
+
+_FRAME = re.compile(r'File "([^"\n]+)", line (\d+), in ([^\n]+)')
+_INDEX = re.compile(r"\[(\d+)\]")
+_GETATTR = re.compile(r"""getattr\(([^,()]+), ['"]([^'"]+)['"]\)""")
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def module_path(raw: Any) -> str:
+    """A module path as torch.export writes it (``layers.0.attn``) from any capture's
+    spelling (dynamo's ``L['self'].layers[0].attn``, ``getattr(L['self'].layers, '0')``)."""
+    path = str(raw)
+    while True:
+        unwrapped = _GETATTR.sub(r"\1.\2", path)
+        if unwrapped == path:
+            break
+        path = unwrapped
+    path = _INDEX.sub(r".\1", path)
+    for root in ("L['self']", 'L["self"]', "L['self_']", "self"):
+        if path == root:
+            return ""
+        if path.startswith(root + "."):
+            path = path[len(root) + 1:]
+            break
+    return path.replace("['", ".").replace("']", "").strip(".")
+
+
+def class_name(raw: Any) -> str:
+    """A module class as a qualified name, whether torch kept the class or its name."""
+    if isinstance(raw, type):
+        return f"{raw.__module__}.{raw.__qualname__}"
+    return str(raw)
+
+
+def relative_file(path: str) -> str:
+    """`path` relative to the deepest import root (sys.path entry) it lies under, else its
+    file name alone: never absolute, never naming a home directory."""
+    full = os.path.abspath(path)
+    best = None
+    for root in sys.path:
+        base = os.path.abspath(root or os.curdir)  # "" is the working directory, where a script's models live
+        if full.startswith(base.rstrip(os.sep) + os.sep) and (best is None or len(base) > len(best)):
+            best = base
+    rel = os.path.relpath(full, best) if best is not None else os.path.basename(full)
+    return rel.replace(os.sep, "/")
+
+
+def source_line(stack_trace: Any) -> Optional[str]:
+    """The innermost frame of a node's stack trace outside torch itself, as
+    ``package/file.py:LINE``: the model code that called the op (or the innermost frame
+    when every frame is torch's)."""
+    if not isinstance(stack_trace, str):
+        return None
+    # Only real files: "<eval_with_key>.256" (code torch.fx generated) numbers itself by a
+    # process-wide counter, which would make two identical captures differ.
+    frames = [f for f in _FRAME.findall(stack_trace) if not f[0].startswith("<")]
+    if not frames:
+        return None
+    own = [f for f in frames if not os.path.abspath(f[0]).startswith(_TORCH_DIR + os.sep)]
+    file, line, _ = (own or frames)[-1]
+    return f"{relative_file(file)}:{line}"
+
+
+def keep_source(gm: torch.fx.GraphModule) -> None:
+    """Replace each node's stack trace (absolute paths) by its relative source line."""
+    for node in gm.graph.nodes:
+        line = source_line(node.meta.get("stack_trace"))
+        if line is not None:
+            node.meta[SOURCE_KEY] = line
+
+
+def _internal(cls: str) -> bool:
+    return cls.startswith(("torch.export.", "torch._", "torch.fx."))
+
+
+def node_origin(node: torch.fx.Node) -> Optional[dict[str, Any]]:
+    """graph.json's ``origin`` of a node (records.NodeOrigin as data), or None where torch
+    recorded nothing: the innermost module, its class, the source line, and whether it is
+    the forward's (a backward node's gradient computation)."""
+    kept = node.meta.get(ORIGIN_KEY)
+    if isinstance(kept, dict):
+        return dict(kept)
+    stack = node.meta.get("nn_module_stack")
+    from_forward = False
+    if not stack:
+        stack = node.meta.get("fwd_nn_module_stack")
+        from_forward = bool(stack)
+    source = node.meta.get(SOURCE_KEY)
+    if not stack and source is None:
+        return None
+    origin: dict[str, Any] = {}
+    # torch's own wrappers (export's non-strict Wrapper around the model) are no module of the model's.
+    stack = {k: v for k, v in (stack or {}).items() if not _internal(class_name(v[1]))}
+    if stack:
+        path, cls = list(stack.values())[-1]
+        origin["module"] = module_path(path)
+        origin["module_class"] = class_name(cls)
+    if source is not None:
+        origin["source"] = source
+    if from_forward:
+        origin["of_forward"] = True
+    return origin

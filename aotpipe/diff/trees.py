@@ -1,0 +1,130 @@
+"""Two output trees (a pipeline's output folder: run.json and one artefact per model)
+compared model by model: models new or missing, status changes (ok to failed, failed to ok),
+graph-break and check counts, time and bytes beyond a threshold, and for each model both
+trees hold, what :mod:`aotpipe.diff.artifacts` finds between its two artefacts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from aotpipe.artifact import records
+from aotpipe.diff.artifacts import compare_fields, compare_artifacts, read_side
+from aotpipe.diff.model import Diff, Finding
+from aotpipe.errors import AotpipeError
+
+RUN_JSON = "run.json"
+# A time change counts when it is beyond the threshold and at least this many seconds:
+# captures of small models take a few seconds, which machine load alone moves by a second.
+MIN_SECONDS = 1.0
+
+
+def read_run(tree: Path) -> dict[str, Any]:
+    """run.json of an output tree, within the format's limits. The one place run.json is
+    read here, so that it moves to its record class in one edit."""
+    from aotpipe.artifact.limits import read_json
+
+    data = read_json(tree / RUN_JSON, tree)
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise AotpipeError(f"{tree / RUN_JSON}: not a run record (no 'models' list); pass a pipeline's "
+                           "output folder as `aotpipe run` writes it")
+    return data
+
+
+def _models(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {str(m.get("name")): m for m in run["models"] if isinstance(m, dict)}
+
+
+def _breaks(tree: Path, name: str) -> Optional[int]:
+    path = tree / name / records.MANIFEST
+    if not path.exists():
+        return None
+    try:
+        _, manifest = records.read(records.Manifest, path, tree / name)
+    except AotpipeError:
+        return None
+    return len(manifest.capture.graph_breaks or [])
+
+
+def _first_line(text: Any) -> str:
+    line = str(text or "").strip().splitlines()
+    return line[0][:160] if line else ""
+
+
+def _beyond(a: Any, b: Any, threshold: float, floor: float = 0.0) -> bool:
+    """Whether `b` is more than 1 + threshold times `a` or less than `a` / (1 + threshold)
+    (and moved by at least `floor`): symmetric, so 2 s -> 4 s counts as 4 s -> 2 s does."""
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or a <= 0 or b <= 0:
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and a != b and abs(b - a) >= floor
+    return abs(b - a) >= floor and max(a / b, b / a) > 1 + threshold
+
+
+def compare_trees(a: Path, b: Path, diff: Diff, threshold: float) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
+    """Add the differences between trees `a` and `b` to `diff`."""
+    ra, rb = read_run(a), read_run(b)
+    compare_fields(diff, "environment", "", ra.get("versions") or {}, rb.get("versions") or {}, "versions")
+    ma, mb = _models(ra), _models(rb)
+    for name in ma:
+        if name not in mb:
+            diff.add("models", name, f"missing in B (was {ma[name].get('status')} in A)", model=name, change="missing")
+    for name in mb:
+        if name not in ma:
+            diff.add("models", name, f"new in B ({mb[name].get('status')})", model=name, change="new")
+    per_model: list[Diff] = []
+    for name in [n for n in ma if n in mb]:
+        x, y = ma[name], mb[name]
+        sa, sb = x.get("status"), y.get("status")
+        if sa != sb:
+            why = _first_line(y.get("error")) if sb != "ok" else ""
+            diff.add("status", name, f"{sa} -> {sb}" + (f": {why}" if why else ""), model=name, a=sa, b=sb)
+        ca, cb = x.get("checks") or {}, y.get("checks") or {}
+        for key in ("run", "passed", "failed", "skipped"):
+            if ca.get(key) != cb.get(key):
+                diff.add("checks", name, f"{key} {ca.get(key)} -> {cb.get(key)}", model=name, field=key,
+                         a=ca.get(key), b=cb.get(key))
+        ba, bb = _breaks(a, name), _breaks(b, name)
+        if ba != bb and ba is not None and bb is not None:
+            diff.add("breaks", name, f"graph breaks {ba} -> {bb}", model=name, a=ba, b=bb)
+        ta, tb = x.get("total_seconds"), y.get("total_seconds")
+        if _beyond(ta, tb, threshold, MIN_SECONDS):
+            diff.add("time", name, f"{ta:.2f} s -> {tb:.2f} s ({(tb - ta) / ta:+.0%})", model=name, a=ta, b=tb)
+        za, zb = x.get("bytes"), y.get("bytes")
+        if _beyond(za, zb, threshold):
+            diff.add("bytes", name, f"{za} -> {zb} ({(zb - za) / za:+.0%})", model=name, a=za, b=zb)
+        if (a / name / records.MANIFEST).exists() and (b / name / records.MANIFEST).exists():
+            inner = Diff("artifact", str(a / name), str(b / name))
+            compare_artifacts(read_side(a / name), read_side(b / name), inner, model=name)
+            per_model.append(inner)
+    _merge(diff, per_model)
+    return []
+
+
+def _merge(diff: Diff, per_model: list[Diff]) -> None:
+    """The models' artefact findings, one line for what several models share (the same
+    environment change under another torch shows once, with how many models it holds for);
+    a model's checks are already counted from run.json."""
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for d in per_model:
+        weights = [f for f in d.findings if f.section == "weights"]
+        if len(weights) > 3:  # a tree says how many of a model's weights differ; an artefact diff names each
+            names = [str(f.data.get("name")) for f in weights]
+            d.findings = [f for f in d.findings if f.section != "weights"] + [Finding(
+                "weights", weights[0].where,
+                f"{len(weights)} weights and constants differ ({', '.join(names[:2])}, ...; diff the model's "
+                "artefacts for each digest)", {"names": names})]
+        for f in d.findings:
+            if f.section == "checks":
+                continue
+            model = f.where.split("/", 1)[0]
+            rest = f.where[len(model) + 1:]
+            groups.setdefault((f.section, f"{rest}: {f.text}" if rest else f.text), []).append(
+                Finding(f.section, model, f.text, {**f.data, "model": model}))
+    for (section, text), found in groups.items():
+        if len(found) == 1:
+            f = found[0]
+            f_where = f.where + (f"/{text.split(': ', 1)[0]}" if text != f.text else "")
+            diff.findings.append(Finding(section, f_where, f.text, f.data))
+        else:
+            models = [f.where for f in found]
+            where = f"{len(models)} models" if len(models) > 3 else ", ".join(models)
+            diff.findings.append(Finding(section, where, text, {**found[0].data, "models": models}))

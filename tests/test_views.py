@@ -1,0 +1,203 @@
+"""Graph views and provenance: model-explorer's own classes load what `aotpipe show --model-explorer`
+writes, for every graph kind; graph.json keeps where each node came from, never an absolute path."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aotpipe.artifact.provenance import module_path, relative_file, source_line
+from aotpipe.cli import main
+
+graph_builder = pytest.importorskip("model_explorer.graph_builder", reason="model-explorer (ai-edge-model-explorer) "
+                                    "is not installed")
+from model_explorer import node_data_builder  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load(cls, data):
+    """`data` as model-explorer's dataclass `cls`, strictly: an unknown key is a TypeError
+    (the dataclass constructor's), nested items are built as the classes they are."""
+    nested = {
+        graph_builder.Graph: {"nodes": graph_builder.GraphNode},
+        graph_builder.GraphNode: {"incomingEdges": graph_builder.IncomingEdge, "attrs": graph_builder.KeyValue,
+                                  "outputsMetadata": graph_builder.MetadataItem,
+                                  "inputsMetadata": graph_builder.MetadataItem},
+        graph_builder.MetadataItem: {"attrs": graph_builder.KeyValue},
+    }.get(cls, {})
+    kwargs = {}
+    for k, v in data.items():
+        kwargs[k] = [_load(nested[k], x) for x in v] if k in nested else v
+    return cls(**kwargs)
+
+
+def load_graphs(path: Path) -> dict[str, "graph_builder.Graph"]:
+    data = json.loads(path.read_text())
+    assert set(data) == {"graphs"}
+    graphs = {g["id"]: _load(graph_builder.Graph, g) for g in data["graphs"]}
+    for g, raw in zip(graphs.values(), data["graphs"]):
+        assert dataclasses.asdict(g) == raw  # nothing lost or added in the round trip
+    return graphs
+
+
+def show(*args):
+    return CliRunner().invoke(main, ["show", *args])
+
+
+@pytest.mark.parametrize("kind", ["inference", "forward", "backward", "joint"])
+def test_model_explorer_loads_every_graph_kind_with_modules_and_shapes(quickstart_run, tmp_path, kind):
+    root, _ = quickstart_run
+    out = tmp_path / f"{kind}.json"
+    r = show(str(root / "small_cnn"), "--graph", kind, "--model-explorer", str(out))
+    assert r.exit_code == 0, r.output
+    (g,) = load_graphs(out).values()
+    assert g.id == kind
+    nodes = {n.id: n for n in g.nodes}
+    graph = json.loads((root / "small_cnn" / f"small_cnn_{kind}_0" / "graph.json").read_text())
+    assert list(nodes) == [n["name"] for n in graph["nodes"]]
+    # dtype[shape] on every edge: the source's output metadata for the edge's output id
+    for n in g.nodes:
+        for e in n.incomingEdges:
+            meta = {m.id: m for m in nodes[e.sourceNodeId].outputsMetadata}
+            shape = {kv.key: kv.value for kv in meta[e.sourceNodeOutputId].attrs}["tensor_shape"]
+            assert shape.split("[")[0] in ("float32", "int64", "bool") and shape.endswith("]"), (n.id, shape)
+    # grouped by module path: the convolutions sit in their modules' namespaces
+    spaces = {n.namespace for n in g.nodes if n.label == "convolution"}
+    spaces |= {n.namespace for n in g.nodes if n.label == "convolution_backward"}
+    assert spaces == {"conv1", "conv2"}, spaces
+    assert {n.namespace for n in g.nodes if n.label == "input"} == {"inputs"}
+
+
+def test_joint_view_marks_backward_nodes_with_their_forward_module(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    out = tmp_path / "joint.json"
+    assert show(str(root / "tiny_transformer"), "--graph", "joint", "--model-explorer", str(out)).exit_code == 0
+    (g,) = load_graphs(out).values()
+    of_forward = [n for n in g.nodes if any(kv.key == "module_of" for kv in n.attrs)]
+    assert of_forward and any(n.namespace.startswith("layers/0") for n in of_forward)
+
+
+def test_per_node_error_against_the_float64_bound_is_node_data(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    out = tmp_path / "cnn.json"
+    r = show(str(root / "small_cnn"), "--model-explorer", str(out))
+    assert r.exit_code == 0, r.output
+    assert set(load_graphs(out)) == set(json.loads((root / "small_cnn" / "manifest.json").read_text())["graphs"])
+    data = json.loads((tmp_path / "cnn.node-data.json").read_text())
+    model = node_data_builder.ModelNodeData(graphsData={
+        k: node_data_builder.GraphNodeData(**{**v, "results": {n: node_data_builder.NodeDataResult(**x)
+                                                               for n, x in v["results"].items()},
+                                              "thresholds": [node_data_builder.ThresholdItem(**t)
+                                                             for t in v["thresholds"]]})
+        for k, v in data.items()})
+    backward = model.graphsData["backward"].results
+    manifest = json.loads((root / "small_cnn" / "manifest.json").read_text())
+    items = manifest["graphs"]["backward"]["checks"]["items"]
+    inputs = json.loads((root / "small_cnn" / "small_cnn_backward_0" / "inputs.json").read_text())
+    graph = json.loads((root / "small_cnn" / "small_cnn_backward_0" / "graph.json").read_text())
+    produced = graph["nodes"][-1]["args"][0]["tuple"]
+    for item in items:  # each gradient's check is the node that computes it
+        target = item["what"].removeprefix("gradient of ")
+        index = next(o["index"] for o in inputs["outputs"] if o.get("target") == target)
+        node = produced[index]["node"]
+        assert backward[node].value == pytest.approx(item["error"] / item["bound"])
+
+
+def test_views_of_a_tree_go_beside_it_and_leave_artefacts_verifying(quickstart_run, tmp_path):
+    import shutil
+
+    root, _ = quickstart_run
+    tree = tmp_path / "quickstart"
+    shutil.copytree(root, tree)
+    r = show(str(tree), "--model-explorer-all")
+    assert r.exit_code == 0, r.output
+    views = sorted(p.relative_to(tree).as_posix() for p in (tree / "views").rglob("*.model-explorer.json"))
+    assert "views/mlp/joint.model-explorer.json" in views and len(views) == 20
+    assert CliRunner().invoke(main, ["verify", str(tree)]).exit_code == 0
+
+
+def test_show_refuses_an_unknown_graph_in_one_line(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    r = show(str(root / "mlp"), "--graph", "jointt", "--model-explorer", str(tmp_path / "x.json"))
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines() == [
+        "error: --graph jointt: this artefact has no such graph; it has backward, forward, inference, "
+        "inference.freeze+fold_conv_bn+channels_last+reinplace, joint"]
+    assert not (tmp_path / "x.json").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# provenance in graph.json
+
+
+def test_every_graph_kind_keeps_module_paths_and_relative_sources(quickstart_run):
+    root, _ = quickstart_run
+    for kind in ("inference", "forward", "backward", "joint"):
+        graph = json.loads((root / "tiny_transformer" / f"tiny_transformer_{kind}_0" / "graph.json").read_text())
+        calls = [n for n in graph["nodes"] if n["op"] == "call_function"]
+        origins = [n["origin"] for n in calls if "origin" in n]
+        assert len(origins) > len(calls) / 2, kind
+        modules = {o.get("module") for o in origins}
+        assert {"layers.0.qkv", "layers.1.ff1", "tok"} <= modules, (kind, modules)
+        sources = [o["source"] for o in origins if "source" in o]
+        assert len(sources) > len(origins) / 2 and all(s.startswith("aotpipe/zoo.py:") for s in sources), kind
+        if kind in ("backward", "joint"):
+            assert any(o.get("of_forward") for o in origins)
+
+
+def test_no_absolute_path_or_home_folder_is_written(quickstart_run):
+    root, _ = quickstart_run
+    needles = {str(REPO), os.path.expanduser("~"), sys.prefix, str(root.parent)}
+    sources = set()
+    for path in root.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".py", ".md"):
+            text = path.read_text(errors="replace")
+            for needle in needles:
+                assert needle not in text, (path, needle)
+            if path.name == "graph.json":
+                sources |= {n["origin"]["source"] for n in json.loads(text)["nodes"]
+                            if "source" in n.get("origin", {})}
+    assert sources and not any(s.startswith("/") or ":\\" in s for s in sources), sources
+
+
+def test_source_lines_are_relative_to_the_import_root():
+    import torch
+
+    torch_dir = os.path.dirname(torch.__file__)
+    trace = (f'File "{REPO}/aotpipe/zoo.py", line 94, in forward\n    x = self.tok(ids)\n'
+             f'  File "{torch_dir}/nn/modules/sparse.py", line 189, in forward\n')
+    assert source_line(trace) == "aotpipe/zoo.py:94"
+    assert relative_file("/nowhere/on/the/path/model.py") == "model.py"
+    # code torch.fx generated is no file, and its process-wide counter would make captures differ
+    generated = 'File "<eval_with_key>.256", line 12, in forward\n    add = torch.ops.aten.add(x, y)\n'
+    assert source_line(generated) is None
+    assert source_line(trace.replace("  File", generated + "  File")) == "aotpipe/zoo.py:94"
+
+
+def test_a_model_beside_a_script_is_named_from_the_working_directory(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", "/nowhere"])
+    assert relative_file(str(tmp_path / "mymodels" / "net.py")) == "mymodels/net.py"
+
+
+@pytest.mark.parametrize("raw, path", [
+    ("layers.0.qkv", "layers.0.qkv"), ("", ""), ("L['self'].layers[0].qkv", "layers.0.qkv"),
+    ("getattr(L['self'].layers, '0').qkv", "layers.0.qkv"), ("L['self']", ""), ("L['self'].tok", "tok"),
+])
+def test_module_paths_read_the_same_from_every_capture(raw, path):
+    assert module_path(raw) == path
+
+
+def test_older_graph_files_without_origin_still_view(tmp_path):
+    out = tmp_path / "v2.json"
+    r = show(str(REPO / "tests" / "data" / "format_v2" / "mlp"), "--graph", "forward", "--model-explorer", str(out))
+    assert r.exit_code == 0, r.output
+    (g,) = load_graphs(out).values()
+    assert g.nodes and {n.namespace for n in g.nodes} <= {"", "inputs"}
