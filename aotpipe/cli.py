@@ -126,6 +126,7 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
       aotpipe run pipelines/families.yaml --only lstm -v
     """
     from aotpipe.config import load_pipeline
+    from aotpipe.htmlreport import REPORT_HTML
     from aotpipe.report import REPORT_MD, RUN_JSON, settled_text
     from aotpipe.runner import run_pipeline
 
@@ -155,7 +156,7 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
                     click.echo(m.traceback, err=True)
         n_ok = sum(m.status == "ok" for m in result.models)
         click.echo(f"{n_ok}/{len(result.models)} models ok in {result.seconds:.1f}s -> {result.output}/ "
-                   f"(see {REPORT_MD})")
+                   f"(see {REPORT_MD}, {REPORT_HTML})")
     sys.exit(0 if result.ok else 1)
 
 
@@ -480,6 +481,37 @@ def show(artifact: str, trust_ops: tuple[str, ...]) -> None:
 
     for line in describe_lines(Path(artifact), trust_ops=trust_ops):
         _say(line)
+
+
+@main.command(short_help="Rebuild report.html of an output folder from its files.")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the page here instead of DIRECTORY/report.html.")
+@_user_errors
+def report(directory: str, output: str | None) -> None:
+    """Rebuild DIRECTORY/report.html from what is on disk: run.json, each model's manifest and
+    graph.json, and bench.json where a bench has run. Nothing is run: any tree can be read.
+
+    \b
+    Examples:
+      aotpipe report artifacts/quickstart
+      aotpipe report artifacts/quickstart -o /tmp/quickstart.html
+    """
+    from pathlib import Path
+
+    from aotpipe.htmlreport import build_html, write_html
+
+    if output is None:
+        path = write_html(Path(directory))
+    else:
+        from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
+
+        path = Path(output)
+        try:
+            write_atomic(path, build_html(Path(directory)).encode("utf-8"))
+        except OSError as e:
+            raise OutputError(describe_os_error(e, path)) from None
+    _say(f"wrote {path}")
 
 
 if __name__ == "__main__":

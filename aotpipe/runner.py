@@ -54,6 +54,7 @@ def run_pipeline(
     the pipeline's executor settings.
     """
     from aotpipe.artifact.fsio import OutputError, clean_stale, describe_os_error
+    from aotpipe.htmlreport import write_html
     from aotpipe.report import write_reports
 
     start = time.perf_counter()
@@ -83,6 +84,7 @@ def run_pipeline(
     run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start, cleaned, kind,
                     n_workers if kind == "process" else 1)
     write_reports(run, pipeline)
+    write_html(out_root)  # from what is now on disk, as `aotpipe report` rebuilds it
     return run
 
 
