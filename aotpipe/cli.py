@@ -514,5 +514,57 @@ def report(directory: str, output: str | None) -> None:
     _say(f"wrote {path}")
 
 
+@main.command(short_help="List every op a tree's graphs call; coverage against a supported set.")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--supported", "supported", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Supported ops, one per line: aten.addmm.default, aten.addmm (every overload) or aten.* .")
+@click.option("--backend", default=None, metavar="NAME",
+              help="Supported ops from a backend's own tables: inductor (lowered or decomposed) or core_aten "
+                   "(torch.Tag.core). Imports torch; see docs/ops.md.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the op table as CSV.")
+@_user_errors
+def ops(directory: str, supported: str | None, backend: str | None, as_json: bool, as_csv: bool) -> None:
+    """List every op the graphs under DIRECTORY call: calls, models, graph kinds, input
+    signatures (dtype[rank]); with --supported or --backend, the coverage per model and the
+    first unsupported op of each graph. Reads graph.json only: nothing is run.
+
+    Exit 0: listed (and, with a supported set, every op covered); 1: some op not covered;
+    2: bad input (a record that cannot be read is named, the rest still listed).
+
+    \b
+    Examples:
+      aotpipe ops artifacts/quickstart
+      aotpipe ops artifacts/zoo-hf --backend inductor
+      aotpipe ops artifacts/zoo-hf --supported my_backend_ops.txt --csv > ops.csv
+    """
+    from pathlib import Path
+
+    from aotpipe import opcov
+
+    if supported and backend:
+        raise AotpipeError("give --supported FILE or --backend NAME, not both")
+    if as_json and as_csv:
+        raise AotpipeError("give --json or --csv, not both")
+    check = by = None
+    if supported:
+        check, by = opcov.supported_from_file(Path(supported)), supported
+    elif backend:
+        check, by = opcov.supported_by_backend(backend), f"backend {backend}"
+    table = opcov.op_table(Path(directory), check, by)
+    if as_json:
+        click.echo(json.dumps(opcov.to_json(table), indent=2, sort_keys=True))
+    elif as_csv:
+        click.echo(opcov.to_csv(table), nl=False)
+    else:
+        for line in opcov.text_lines(table):
+            _say(line)
+    for p in table.problems:
+        if as_json or as_csv:
+            _say(f"error: {p}", err=True)
+    uncovered = by is not None and any(not r.supported for r in table.ops)
+    sys.exit(2 if table.problems else 1 if uncovered else 0)
+
+
 if __name__ == "__main__":
     main()
