@@ -566,5 +566,53 @@ def ops(directory: str, supported: str | None, backend: str | None, as_json: boo
     sys.exit(2 if table.problems else 1 if uncovered else 0)
 
 
+@main.command(name="export-pt2", short_help="Write an artefact's inference graph as a torch.export .pt2.")
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), required=True, help="The .pt2 file to write.")
+@click.option("--graph", default=None, metavar="KEY",
+              help="Which inference graph: inference (the default) or one made by passes, e.g. "
+                   "inference.freeze+fold_conv_bn.")
+@click.option("--key", "key", default=None, metavar="KEY",
+              help="A key you trust: an artefact signed with it, and unchanged since, is exported.")
+@click.option("--no-sandbox", "trusted", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
+              help="Export an unsigned artefact (you made it or otherwise trust it): exporting traces and runs "
+                   "its graph in this process. Default: $AOTPIPE_NO_SANDBOX.")
+@_user_errors
+@_byte_limit
+def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, trusted: bool) -> None:
+    """Write the inference graph of ARTIFACT as a torch.export archive (.pt2) that
+    torch.export.load reads and AOTInductor packages; it is loaded back and run on the
+    artefact's saved inputs beside the artefact's graph, and must match it.
+
+    Tracing and checking run the graph in this process: the artefact must be signed by
+    --key, or trusted with --no-sandbox.
+
+    \b
+    Examples:
+      aotpipe export-pt2 artifacts/quickstart/small_cnn -o small_cnn.pt2 --no-sandbox
+      aotpipe export-pt2 artifacts/quickstart/mlp --graph inference.freeze+fold_conv_bn+channels_last+reinplace -o mlp.pt2 --key pub.pem
+    """
+    from pathlib import Path
+
+    from aotpipe.pt2_program import export_pt2 as export
+
+    p = Path(artifact)
+    _artefact_folder(p)
+    if not trusted:
+        if key is None:
+            raise AotpipeError(f"{artifact}: export-pt2 runs the graph in this process; pass --key KEY for an artefact "
+                               "signed with it, or --no-sandbox if you made it or otherwise trust it")
+        from aotpipe.sandbox.replay import trust_problems
+
+        untrusted = trust_problems(p, key)
+        if untrusted:
+            raise AotpipeError(f"{artifact}: not signed by {key}, so not exported: {untrusted[0]}")
+    r = export(p, Path(output), graph)
+    verdict = "identical" if r.identical else f"max abs difference {r.max_abs_difference:.3g}"
+    _say(f"wrote {r.path}: {r.graph} graph, {r.user_inputs} inputs, {r.outputs} outputs, {r.parameters} parameters, "
+         f"{r.buffers} buffers and constants; loaded back, outputs vs the artefact's graph: {verdict}")
+    sys.exit(0 if r.identical else 1)
+
+
 if __name__ == "__main__":
     main()
