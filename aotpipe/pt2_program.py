@@ -94,7 +94,8 @@ class _GraphProgram(torch.nn.Module):
     @staticmethod
     def _state_name(target: Optional[str], i: int, taken: set[str]) -> str:
         parts = (target or "").split(".")
-        name = target if target and all(p.isidentifier() for p in parts) and target not in taken else f"input_{i}"
+        name = target if target and all(p.isidentifier() or p.isdigit() for p in parts) and target not in taken \
+            else f"input_{i}"
         taken.add(name)
         return name  # type: ignore[return-value]
 
@@ -193,7 +194,9 @@ def export_pt2(artifact: Path, out: Path, graph: Optional[str] = None) -> Export
     program = _GraphProgram(ga.module, ga.record, values).eval()
     user = tuple(v for v, r in zip(values, ga.record.inputs) if r.role == "user")
     try:
-        ep = torch.export.export(program, user, strict=False)
+        # Functional ATen, as the artefact's graphs are: buffer updates become the program's
+        # buffers_to_mutate (no decompositions: the table is empty).
+        ep = torch.export.export(program, user, strict=False).run_decompositions({})
     except Exception as e:
         raise AotpipeError(f"{artifact}: torch.export could not trace the {key} graph: {exception_line(e)}") from e
     out = Path(out)
