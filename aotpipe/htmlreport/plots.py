@@ -40,6 +40,14 @@ def _label(name: str, width: int = 22) -> str:
     return name if len(name) <= width else name[: width - 1] + "\u2026"
 
 
+def _count(x: float, _pos: object = None) -> str:
+    """A tick label for a count: 500, 20k, 1.5M, 2G."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:g}{unit}"
+    return f"{x:g}"
+
+
 def capture_vs_parameters(points: Sequence[tuple[str, int, float]]) -> Optional[str]:
     """Capture seconds against parameter count, one point per model (name, params, seconds)."""
     points = [p for p in points if p[1] and p[1] > 0]
@@ -53,6 +61,11 @@ def capture_vs_parameters(points: Sequence[tuple[str, int, float]]) -> Optional[
     for name, x, y in points[:40]:
         ax.annotate(_label(name), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xscale("log")
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))  # 1-2-5 ticks, labelled 20k, 5M, ...
+    ax.xaxis.set_major_formatter(FuncFormatter(_count))
+    ax.xaxis.set_minor_formatter(FuncFormatter(_count))
     ax.set_xlabel("parameters (elements)")
     ax.set_ylabel("capture seconds")
     ax.set_title("Capture time against parameter count")
@@ -81,7 +94,7 @@ def seconds_per_stage(rows: Sequence[tuple[str, Sequence[float]]]) -> Optional[s
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.set_title("Checks against the other stages: seconds per model")
-    ax.legend(loc="lower right", fontsize=7)
+    fig.legend(loc="outside lower center", ncol=4, fontsize=7, frameon=False)
     return _svg(fig, "Seconds per stage per model: capture, passes, checks against eager, write")
 
 
