@@ -203,8 +203,9 @@ def supported_from_file(path: Path) -> Callable[[str], Optional[str]]:
 
 BACKENDS = {
     "inductor": "ops torch._inductor lowers (torch._inductor.lowering.lowerings, its explicit fallbacks among "
-                "them) or decomposes (torch._inductor.decomposition.decompositions); others reach inductor only "
-                "through its implicit fallback",
+                "them) or decomposes (torch._inductor.decomposition.decompositions), and in-place ops whose "
+                "functional form it does (functionalization runs first); others reach inductor only through its "
+                "implicit fallback",
     "core_aten": "ops tagged torch.Tag.core (the core ATen opset that export backends take), and prims",
 }
 
@@ -235,12 +236,7 @@ def supported_by_backend(name: str) -> Callable[[str], Optional[str]]:
         fallbacks = getattr(lowering, "fallbacks", set())
         decomposed = decomposition.decompositions
 
-        def inductor(op: str) -> Optional[str]:
-            if _python_op(op):
-                return "python"
-            o = _resolve(op)
-            if o is None:
-                return None
+        def table(o: Any) -> Optional[str]:
             if o in fallbacks:
                 return "fallback kernel"
             if o in lowered or o.overloadpacket in lowered:
@@ -248,6 +244,22 @@ def supported_by_backend(name: str) -> Callable[[str], Optional[str]]:
             if o in decomposed:
                 return "decomposed"
             return None
+
+        def inductor(op: str) -> Optional[str]:
+            if _python_op(op):
+                return "python"
+            o = _resolve(op)
+            if o is None:
+                return None
+            how = table(o)
+            if how is None and o.overloadpacket.__name__.endswith("_"):
+                # torch.compile functionalizes a graph before inductor lowers it: an in-place
+                # op (tanh_) reaches inductor as its functional form (tanh).
+                ns, name, overload = op.split(".")
+                functional = _resolve(f"{ns}.{name[:-1]}.{overload}")
+                if functional is not None and table(functional) is not None:
+                    how = f"functionalized: {table(functional)}"
+            return how
 
         return inductor
 

@@ -153,3 +153,4 @@ def test_inductor_backend_reads_its_lowering_and_decomposition_tables(tree):
     assert how["aten.addmm.default"] == "lowered"
     assert how["aten.native_layer_norm.default"] == "decomposed"
     assert how["operator.getitem"] == "python"
+    assert how["aten.relu_.default"] == "functionalized: lowered"  # the reinplace pass's; relu is lowered
