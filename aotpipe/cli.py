@@ -514,7 +514,7 @@ def report(directory: str, output: str | None) -> None:
     _say(f"wrote {path}")
 
 
-@main.command(short_help="List every op a tree's graphs call; coverage against a supported set.")
+@main.command(short_help="List the ops of a tree's graphs, and their coverage.")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--supported", "supported", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Supported ops, one per line: aten.addmm.default, aten.addmm (every overload) or aten.* .")

@@ -272,7 +272,12 @@ def gather(root: Path) -> Report:
         "checks": total_checks,
         "settled": settled,
     }
-    figures = [
+    try:
+        import matplotlib  # noqa: F401  (a declared dependency; a page without plots if it is missing)
+    except ImportError:
+        problems.append("no plots: matplotlib is not installed (pip install matplotlib -c constraints.txt)")
+        plots = None  # type: ignore[assignment]
+    figures = [] if plots is None else [
         ("plot-capture", "Capture seconds against parameter count (parameters: elements of the graphs' param "
                          "inputs).",
          plots.capture_vs_parameters([(r.name, r.parameters or 0, r.seconds.get("capture") or 0.0) for r in rows
@@ -285,7 +290,7 @@ def gather(root: Path) -> Report:
                         "fails.",
          plots.ratio_histogram([c.ratio for r in rows for c in r.checks if c.ratio is not None])),
     ]
-    if bench is not None:
+    if bench is not None and plots is not None:
         figures.append(("plot-bench", f"Bench ({bench.backend or 'backend'}): speedup over eager per graph; "
                                       "red: not ok (speedup 0 where none was measured).",
                         plots.bench_speedups([(f"{b.model}/{b.graph}", b.status, b.speedup)

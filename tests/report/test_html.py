@@ -142,3 +142,14 @@ def test_a_tree_without_run_json_reports_from_its_manifests():
         html = build_html(Path(__file__).parent.parent / "data" / version)
         assert sorted(name for _, name in _rows(html)) == ["mlp", "running_norm"], version
         assert 'id="plot-ratios"' in html or version == "format_v1"
+
+
+def test_without_matplotlib_the_page_says_so_and_is_still_written(tree, monkeypatch):
+    import sys
+
+    from aotpipe.htmlreport import build_html
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    html = build_html(tree)
+    assert "no plots: matplotlib is not installed (pip install matplotlib -c constraints.txt)" in html
+    assert "<figure" not in html and len(_rows(html)) == 4
