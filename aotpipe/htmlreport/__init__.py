@@ -328,7 +328,12 @@ def write_html(root: Path) -> Path:
     """Write report.html into the output folder `root` (replaced atomically); its path."""
     from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 
+    from aotpipe.artifact.records import MANIFEST
+
     root = Path(root)
+    if (root / MANIFEST).exists():  # a file there would be one the manifest does not list
+        raise AotpipeError(f"{root} is a model folder; write its page elsewhere (aotpipe report {root} -o FILE) or "
+                           "pass the output folder above it")
     html = build_html(root)
     path = root / REPORT_HTML
     try:

@@ -153,3 +153,12 @@ def test_without_matplotlib_the_page_says_so_and_is_still_written(tree, monkeypa
     html = build_html(tree)
     assert "no plots: matplotlib is not installed (pip install matplotlib -c constraints.txt)" in html
     assert "<figure" not in html and len(_rows(html)) == 4
+
+
+def test_report_writes_nothing_into_a_model_folder_unless_told_where(tree, tmp_path):
+    r = cli("report", tree / "mlp")
+    assert r.exit_code == 2 and not (tree / "mlp" / "report.html").exists()
+    assert r.output == (f"error: {tree / 'mlp'} is a model folder; write its page elsewhere (aotpipe report "
+                        f"{tree / 'mlp'} -o FILE) or pass the output folder above it\n")
+    r = cli("report", tree / "mlp", "-o", tmp_path / "mlp.html")
+    assert r.exit_code == 0 and _rows((tmp_path / "mlp.html").read_text()) == [("ok", "mlp")]
