@@ -11,13 +11,19 @@ from typing import Optional, Sequence
 _RC = {"svg.hashsalt": "aotpipe", "svg.fonttype": "path", "font.size": 9}
 
 
-def _figure(width: float = 5.6, height: float = 3.4):
+def _figure(width: float = 5.6, height: float = 3.4, left_chars: int = 6, legend_below: bool = False):
+    """A figure with fixed margins (a layout engine draws each figure twice more: 2-3x the
+    time); `left_chars`: the longest y tick label, in characters."""
     import matplotlib
 
     matplotlib.rcParams.update(_RC)
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height))
+    inch = 1.0 / width
+    fig.subplots_adjust(left=min(0.5, (0.35 + 0.08 * left_chars) * inch), right=1 - 0.2 * inch,
+                        top=1 - 0.35 / height, bottom=(0.75 if legend_below else 0.5) / height)
+    return fig
 
 
 def _svg(fig, title: str) -> str:
@@ -61,6 +67,7 @@ def capture_vs_parameters(points: Sequence[tuple[str, int, float]]) -> Optional[
     for name, x, y in points[:40]:
         ax.annotate(_label(name), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xscale("log")
+    ax.margins(x=0.2)  # room for the labels of the outermost points
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))  # 1-2-5 ticks, labelled 20k, 5M, ...
@@ -82,7 +89,7 @@ def seconds_per_stage(rows: Sequence[tuple[str, Sequence[float]]]) -> Optional[s
     rows = [r for r in rows if sum(r[1]) > 0]
     if not rows:
         return None
-    fig = _figure(5.6, max(2.4, 0.32 * len(rows) + 1.2))
+    fig = _figure(5.6, max(2.4, 0.32 * len(rows) + 1.2), max(len(_label(r[0])) for r in rows), legend_below=True)
     ax = fig.subplots()
     left = [0.0] * len(rows)
     ys = list(range(len(rows)))
@@ -94,7 +101,7 @@ def seconds_per_stage(rows: Sequence[tuple[str, Sequence[float]]]) -> Optional[s
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.set_title("Checks against the other stages: seconds per model")
-    fig.legend(loc="outside lower center", ncol=4, fontsize=7, frameon=False)
+    fig.legend(loc="lower center", ncol=4, fontsize=7, frameon=False)
     return _svg(fig, "Seconds per stage per model: capture, passes, checks against eager, write")
 
 
@@ -124,12 +131,14 @@ def bench_speedups(rows: Sequence[tuple[str, str, Optional[float]]]) -> Optional
     if not rows:
         return None
     rows = list(rows)[:60]
-    fig = _figure(5.6, max(2.4, 0.26 * len(rows) + 1.2))
+    fig = _figure(5.6, max(2.4, 0.26 * len(rows) + 1.2), max(len(_label(f"{r[0]} ({r[1]})", 36)) for r in rows))
     ax = fig.subplots()
     ys = list(range(len(rows)))
     values = [r[2] if r[2] is not None and r[2] > 0 else 0.0 for r in rows]
     colours = ["#109618" if r[1] in ("ok", "pass", "passed") else "#cc0000" for r in rows]
     ax.barh(ys, values, color=colours)
+    failed = [y for y, r in zip(ys, rows) if r[2] is None or r[2] <= 0]
+    ax.scatter([0.0] * len(failed), failed, marker="x", color="#cc0000", clip_on=False, zorder=3)
     ax.axvline(1.0, color="#555555", linestyle="--")
     ax.set_yticks(ys, [_label(f"{r[0]} ({r[1]})", 36) for r in rows])
     ax.invert_yaxis()
