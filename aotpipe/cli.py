@@ -134,6 +134,7 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
       aotpipe run pipelines/zoo-hf.yaml --shard 2/4 -o out/shard-2
     """
     from aotpipe.config import load_pipeline
+    from aotpipe.htmlreport import REPORT_HTML
     from aotpipe.shards import parse_shard
 
     if shard_times is not None and shard is None:
@@ -170,7 +171,7 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
         n_ok = sum(m.status == "ok" for m in result.models)
         of = f" (shard {which} of {len(result.shard['selection'])} models)" if which and result.shard else ""
         click.echo(f"{n_ok}/{len(result.models)} models ok{of} in {result.seconds:.1f}s -> {result.output}/ "
-                   f"(see {REPORT_MD})")
+                   f"(see {REPORT_MD}, {REPORT_HTML})")
     sys.exit(0 if result.ok else 1)
 
 
@@ -613,6 +614,137 @@ def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer:
 
     for line in describe_lines(Path(artifact), trust_ops=trust_ops):
         _say(line)
+
+
+@main.command(short_help="Rebuild report.html of an output folder from its files.")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the page here instead of DIRECTORY/report.html.")
+@_user_errors
+def report(directory: str, output: str | None) -> None:
+    """Rebuild DIRECTORY/report.html from what is on disk: run.json, each model's manifest and
+    graph.json, and bench.json where a bench has run. Nothing is run: any tree can be read.
+
+    \b
+    Examples:
+      aotpipe report artifacts/quickstart
+      aotpipe report artifacts/quickstart -o /tmp/quickstart.html
+    """
+    from pathlib import Path
+
+    from aotpipe.htmlreport import build_html, write_html
+
+    if output is None:
+        path = write_html(Path(directory))
+    else:
+        from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
+
+        path = Path(output)
+        try:
+            write_atomic(path, build_html(Path(directory)).encode("utf-8"))
+        except OSError as e:
+            raise OutputError(describe_os_error(e, path)) from None
+    _say(f"wrote {path}")
+
+
+@main.command(short_help="List the ops of a tree's graphs, and their coverage.")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--supported", "supported", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Supported ops, one per line: aten.addmm.default, aten.addmm (every overload) or aten.* .")
+@click.option("--backend", default=None, metavar="NAME",
+              help="Supported ops from a backend's own tables: inductor (lowered or decomposed) or core_aten "
+                   "(torch.Tag.core). Imports torch; see docs/ops.md.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the op table as CSV.")
+@_user_errors
+def ops(directory: str, supported: str | None, backend: str | None, as_json: bool, as_csv: bool) -> None:
+    """List every op the graphs under DIRECTORY call: calls, models, graph kinds, input
+    signatures (dtype[rank]); with --supported or --backend, the coverage per model and the
+    first unsupported op of each graph. Reads graph.json only: nothing is run.
+
+    Exit 0: listed (and, with a supported set, every op covered); 1: some op not covered;
+    2: bad input (a record that cannot be read is named, the rest still listed).
+
+    \b
+    Examples:
+      aotpipe ops artifacts/quickstart
+      aotpipe ops artifacts/zoo-hf --backend inductor
+      aotpipe ops artifacts/zoo-hf --supported my_backend_ops.txt --csv > ops.csv
+    """
+    from pathlib import Path
+
+    from aotpipe import opcov
+
+    if supported and backend:
+        raise AotpipeError("give --supported FILE or --backend NAME, not both")
+    if as_json and as_csv:
+        raise AotpipeError("give --json or --csv, not both")
+    check = by = None
+    if supported:
+        check, by = opcov.supported_from_file(Path(supported)), supported
+    elif backend:
+        check, by = opcov.supported_by_backend(backend), f"backend {backend}"
+    table = opcov.op_table(Path(directory), check, by)
+    if as_json:
+        click.echo(json.dumps(opcov.to_json(table), indent=2, sort_keys=True))
+    elif as_csv:
+        click.echo(opcov.to_csv(table), nl=False)
+    else:
+        for line in opcov.text_lines(table):
+            _say(line)
+    for p in table.problems:
+        if as_json or as_csv:
+            _say(f"error: {p}", err=True)
+    uncovered = by is not None and any(not r.supported for r in table.ops)
+    sys.exit(2 if table.problems else 1 if uncovered else 0)
+
+
+@main.command(name="export-pt2", short_help="Write an artefact's inference graph as a torch.export .pt2.")
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), required=True, help="The .pt2 file to write.")
+@click.option("--graph", default=None, metavar="KEY",
+              help="Which inference graph: inference (the default) or one made by passes, e.g. "
+                   "inference.freeze+fold_conv_bn.")
+@click.option("--key", "key", default=None, metavar="KEY",
+              help="A key you trust: an artefact signed with it, and unchanged since, is exported.")
+@click.option("--no-sandbox", "trusted", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
+              help="Export an unsigned artefact (you made it or otherwise trust it): exporting traces and runs "
+                   "its graph in this process. Default: $AOTPIPE_NO_SANDBOX.")
+@_user_errors
+@_byte_limit
+def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, trusted: bool) -> None:
+    """Write the inference graph of ARTIFACT as a torch.export archive (.pt2) that
+    torch.export.load reads and AOTInductor packages; it is loaded back and run on the
+    artefact's saved inputs beside the artefact's graph, and must match it.
+
+    Tracing and checking run the graph in this process: the artefact must be signed by
+    --key, or trusted with --no-sandbox.
+
+    \b
+    Examples:
+      aotpipe export-pt2 artifacts/quickstart/small_cnn -o small_cnn.pt2 --no-sandbox
+      aotpipe export-pt2 artifacts/quickstart/mlp --graph inference.freeze+fold_conv_bn+channels_last+reinplace -o mlp.pt2 --key pub.pem
+    """
+    from pathlib import Path
+
+    from aotpipe.pt2_program import export_pt2 as export
+
+    p = Path(artifact)
+    _artefact_folder(p)
+    if not trusted:
+        if key is None:
+            raise AotpipeError(f"{artifact}: export-pt2 runs the graph in this process; pass --key KEY for an artefact "
+                               "signed with it, or --no-sandbox if you made it or otherwise trust it")
+        from aotpipe.sandbox.replay import trust_problems
+
+        untrusted = trust_problems(p, key)
+        if untrusted:
+            raise AotpipeError(f"{artifact}: not signed by {key}, so not exported: {untrusted[0]}")
+    r = export(p, Path(output), graph)
+    verdict = "identical" if r.identical else f"max abs difference {r.max_abs_difference:.3g}"
+    _say(f"wrote {r.path}: {r.graph} graph, {r.user_inputs} inputs, {r.outputs} outputs, {r.parameters} parameters, "
+         f"{r.buffers} buffers and constants; loaded back, outputs vs the artefact's graph: {verdict}")
+    sys.exit(0 if r.identical else 1)
 
 
 if __name__ == "__main__":

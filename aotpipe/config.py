@@ -147,7 +147,8 @@ class ModelEntry(_Strict):
     """One model as written in the YAML; unset fields inherit from `defaults`."""
 
     name: str = Field(description="unique name; becomes the artefact folder name")
-    source: str = Field(description="'module:callable', 'aotpipe.zoo:<name>' or 'hf:<ClassName>'")
+    source: str = Field(description="'module:callable', 'aotpipe.zoo:<name>', 'hf:<ClassName>' or 'pt2:<path>' "
+                                    "(a torch.export archive, relative to the pipeline file)")
     args: dict[str, Any] = Field({}, description="keyword arguments for a module:callable source")
     config: Optional[dict[str, Any]] = Field(None, description="transformers config fields for an hf: source")
     inputs: list[InputSpec] = Field(description="example inputs")
@@ -168,7 +169,7 @@ class ModelEntry(_Strict):
             raise ValueError(
                 f"model name {v!r} is not a safe folder name; use letters, digits, '_', '.', '-'"
             )
-        if v in ("run.json", "report.md"):
+        if v in ("run.json", "report.md", "report.html", "bench.json"):
             raise ValueError(f"model name {v!r} is the name of a run report; choose another")
         return v
 
@@ -178,6 +179,10 @@ class ModelEntry(_Strict):
         if v.startswith("hf:"):
             if not v[3:].isidentifier():
                 raise ValueError(f"source {v!r}: after 'hf:' put a transformers class name, e.g. hf:BertModel")
+            return v
+        if v.startswith("pt2:"):
+            if not v[4:]:
+                raise ValueError(f"source {v!r}: after 'pt2:' put the path of a torch.export archive, e.g. pt2:model.pt2")
             return v
         module, sep, attr = v.partition(":")
         if not sep or not module or not attr:
@@ -678,6 +683,10 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
                 if s.source[3:] not in hf_classes:
                     msg = (f"transformers has no model class {s.source[3:]!r}; use a class such as BertModel or "
                            "LlamaForCausalLM")
+        elif s.source.startswith("pt2:"):
+            from aotpipe.pt2 import pt2_problem
+
+            msg = pt2_problem(s.source, base_dir)
         else:
             module = s.source.partition(":")[0]
             sys_path = [str(base_dir)] if base_dir is not None else []

@@ -63,10 +63,14 @@ def _on_path(base_dir: Path | None) -> Iterator[None]:
 
 def source_file(spec: ModelSpec, base_dir: Path | None = None) -> Optional[Path]:
     """The file of the module a `module:callable` source names, without importing that
-    module (a dotted name imports its parent packages, as Python's finder does); None for
-    transformers sources or a module that cannot be found (building the model says why)."""
+    module (a dotted name imports its parent packages, as Python's finder does), or a pt2:
+    source's archive; None for transformers sources or a module that cannot be found (building the model says why)."""
     if spec.source.startswith("hf:"):
         return None
+    if spec.source.startswith("pt2:"):
+        from aotpipe.pt2 import pt2_path
+
+        return pt2_path(spec.source, base_dir)  # the archive: another file, another fingerprint
     module = "aotpipe.zoo" if spec.source.startswith(ZOO) else spec.source.partition(":")[0]
     with _on_path(base_dir):
         try:

@@ -60,6 +60,7 @@ def run_pipeline(
     shard and every model of the selection, so that `aotpipe merge` can name the missing ones.
     """
     from aotpipe.artifact.fsio import OutputError, clean_stale, describe_os_error
+    from aotpipe.htmlreport import write_html
     from aotpipe.report import write_reports
 
     start = time.perf_counter()
@@ -97,6 +98,7 @@ def run_pipeline(
     run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start, cleaned, kind,
                     n_workers if kind == "process" else 1, shard=shard_record, recycled=recycled)
     write_reports(run, pipeline)
+    write_html(out_root)  # from what is now on disk, as `aotpipe report` rebuilds it
     return run
 
 

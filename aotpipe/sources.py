@@ -1,11 +1,13 @@
 """Model sources: build the nn.Module and its example inputs from a ModelSpec.
 
-Three forms of `source:`
+Four forms of `source:`
 - ``module:callable``: import `module`, call `callable(**args)`, which returns an nn.Module;
 - ``aotpipe.zoo:<name>``: a builtin model, looked up by name in :data:`aotpipe.zoo.ZOO`
   (never resolved as an attribute path);
 - ``hf:<ClassName>``: a transformers class built from ``config:`` with random weights
-  (no hub access).
+  (no hub access);
+- ``pt2:<path>``: the module of a torch.export archive (torch.export.load; the path is
+  relative to the pipeline file), with the weights it holds.
 
 A pipeline file is the user's own, so its sources are built as written. A source named in
 an artefact's manifest is another matter: rebuilding it (for eager comparisons) runs code
@@ -107,6 +109,10 @@ def check_source(source: str, base_dir: Path | None = None) -> str | None:
     try:
         if source.startswith("hf:"):
             _resolve_hf(source)
+        elif source.startswith("pt2:"):
+            from aotpipe.pt2 import pt2_problem
+
+            return pt2_problem(source, base_dir)
         else:
             _resolve_callable(source, base_dir)
     except SourceError as e:
@@ -123,7 +129,11 @@ def derived_seed(seed: int, *parts: str) -> int:
 def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Module:
     """Build the model with weights from a seed derived from the pipeline seed and its name."""
     torch.manual_seed(derived_seed(spec.seed, spec.name, "weights"))
-    if spec.source.startswith("hf:"):
+    if spec.source.startswith("pt2:"):
+        from aotpipe.pt2_program import load_pt2_module
+
+        model = load_pt2_module(spec.source, base_dir)
+    elif spec.source.startswith("hf:"):
         cls = _resolve_hf(spec.source)
         try:
             config = cls.config_class(**(spec.config or {}))
@@ -263,7 +273,7 @@ def rebuild_from_manifest(model_record: Any, *, trust_code: bool, where: Any) ->
 def args_problem(spec: ModelSpec, base_dir: Path | None = None) -> tuple[str, str] | None:
     """(argument name, message) when `args:` names an argument the source's callable does not
     take, or leaves out one it needs; None when they fit (or the callable hides its signature)."""
-    if spec.source.startswith("hf:"):
+    if spec.source.startswith(("hf:", "pt2:")):
         return None
     try:
         fn = _resolve_callable(spec.source, base_dir)

@@ -26,7 +26,7 @@ SMALL = textwrap.dedent("""
 
 def _hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name not in ("run.json", "report.md")}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name not in ("run.json", "report.md", "report.html")}
 
 
 def _run(args, **kw):

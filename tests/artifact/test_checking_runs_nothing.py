@@ -1,5 +1,5 @@
-"""Checking an artefact never runs a graph: `verify`, `verify --key`, `show`, `ls`, `sign`
-and `aotpipe.load(...).build_all()` read and hash only.
+"""Checking an artefact never runs a graph: `verify`, `verify --key`, `show`, `ls`, `sign`,
+`ops`, `report` and `aotpipe.load(...).build_all()` read and hash only.
 
 A pass graph whose constants are marked `recompute` is rebuilt, on replay, by running the
 pass chain on its base graph. The spies below record that (the loader's call of
@@ -104,7 +104,7 @@ def test_the_spies_see_a_replay_recompute_and_run_the_graph(copy, spy):
     assert calls == ["recompute_constants"] and kernels.convolutions > 0
 
 
-@pytest.mark.parametrize("command", ["verify", "verify --key", "show", "ls", "sign", "build_all"])
+@pytest.mark.parametrize("command", ["verify", "verify --key", "show", "ls", "sign", "ops", "report", "build_all"])
 def test_checking_commands_never_run_a_graph(copy, spy, hmac_key, command):
     calls, kernels = spy
     if command == "verify":
@@ -125,6 +125,12 @@ def test_checking_commands_never_run_a_graph(copy, spy, hmac_key, command):
     elif command == "sign":
         r = cli("sign", copy.parent, "--key", f"hmac:{hmac_key}")
         assert r.exit_code == 0 and "signed  " in r.output, r.output
+    elif command == "ops":
+        r = cli("ops", copy.parent)
+        assert r.exit_code == 0 and "aten.convolution.default " in r.output, r.output
+    elif command == "report":
+        r = cli("report", copy.parent)
+        assert r.exit_code == 0 and "aten.convolution.default" in (copy.parent / "report.html").read_text(), r.output
     else:
         art = aotpipe.load(copy).build_all()
         gm = art.graphs[CHAIN].structure

@@ -69,7 +69,7 @@ def test_segfault_hang_and_memory_hog_are_reported_and_the_others_finish(tmp_pat
     assert "out of memory" in by["hog"]["error"] and "1.00 GiB" in by["hog"]["error"]
     assert "exited with status 3" in by["exits"]["error"]
     out = tmp_path / "out" / "batch"
-    assert sorted(p.name for p in out.iterdir()) == ["cnn", "mlp", "report.md", "run.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["cnn", "mlp", "report.html", "report.md", "run.json"]
     report = (out / "report.md").read_text()
     assert "SIGSEGV" in report and "timed out" in report
 

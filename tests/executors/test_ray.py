@@ -44,7 +44,7 @@ def test_ray_runs_models_and_reports_a_crash_and_a_timeout(local_ray, tmp_path):
     assert by["mlp"]["status"] == "ok" and by["mlp"]["checks"]["failed"] == 0
     assert by["exits"]["stage"] == "worker" and "crashed" in by["exits"]["error"], by["exits"]
     assert by["hang"]["stage"] == "worker" and "timed out after 20 s" in by["hang"]["error"], by["hang"]
-    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["mlp", "report.md", "run.json"]
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["mlp", "report.html", "report.md", "run.json"]
 
 
 @pytest.mark.slow
@@ -59,7 +59,7 @@ def test_ray_runs_zoo_hf_and_writes_what_the_process_executor_writes(local_ray, 
     # Every graph, input record and blob is the same; manifests may differ in the eager
     # checks' float32 error figures, which depend on the thread count (Ray: 1 per task).
     files = sorted(p.relative_to(out["ray"]) for p in out["ray"].rglob("*")
-                   if p.is_file() and p.name not in ("manifest.json", "run.json", "report.md"))
+                   if p.is_file() and p.name not in ("manifest.json", "run.json", "report.md", "report.html"))
     assert len(files) > 100
     for f in files:
         assert (out["ray"] / f).read_bytes() == (out["process"] / f).read_bytes(), f

@@ -1,0 +1,343 @@
+"""report.html: one static page about an output tree, built from what is on disk (run.json,
+each model's manifest, graph.json and inputs.json, and bench.json where a bench has run).
+CSS, script and plots (SVG) are inline: the page opens from disk with no network.
+
+Every string an artefact or run.json supplies is escaped (Jinja2 autoescape): a model or op
+named ``<script>`` shows as text. Nothing is run; a hostile tree is read like any other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from aotpipe.errors import AotpipeError, ArtifactError
+from aotpipe.tree import ModelView, RunFile, RunModel, read_run, read_tree
+
+REPORT_HTML = "report.html"
+BENCH_JSON = "bench.json"
+BASE_KINDS = ("inference", "forward", "backward", "joint")
+TOP_OPS = 25  # ops shown per graph in the histogram (the rest summed)
+
+
+# ---------------------------------------------------------------------------------------
+# bench.json (optional): `aotpipe bench ... --json > DIR/bench.json`, read leniently.
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class BenchRow(_Loose):
+    model: str = "?"
+    graph: str = "?"
+    backend: Optional[str] = None
+    status: str = "?"
+    speedup: Optional[float] = None
+
+
+class BenchFile(_Loose):
+    backend: Optional[str] = None
+    results: list[BenchRow] = []
+    scores: dict[str, Optional[float]] = {}
+
+
+def read_bench(root: Path) -> Optional[BenchFile]:
+    """DIR/bench.json, or None; an ArtifactError naming the file where it is not one."""
+    from aotpipe.artifact.limits import read_json
+
+    path = root / BENCH_JSON
+    if not path.is_file():
+        return None
+    raw = read_json(path, root)
+    if isinstance(raw, list):
+        raw = {"results": raw}
+    try:
+        return BenchFile.model_validate(raw)
+    except ValidationError as e:
+        from aotpipe.artifact.records import describe
+
+        raise ArtifactError(f"{path}: not a bench result ({describe(e)}); expected {{\"results\": [{{\"model\", "
+                            f"\"graph\", \"status\", \"speedup\"}}], \"scores\": {{...}}}}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# What the page shows
+
+
+@dataclass
+class CheckRow:
+    graph: str
+    what: str
+    method: str
+    passed: bool
+    error: Optional[float]
+    bound: Optional[float]
+    ratio: Optional[float]  # error / bound
+    detail: Optional[str]
+
+
+@dataclass
+class GraphRow:
+    key: str
+    folder: str
+    nodes: Optional[int]
+    ops: list[tuple[str, int, float]]  # op, count, share of the largest (for the bar)
+    more_ops: int
+    distinct_ops: int
+    verified: Optional[str]
+    problem: Optional[str]
+    view: Optional[str]  # relative link to the model-explorer JSON, where written
+
+
+@dataclass
+class ModelRow:
+    name: str
+    anchor: str
+    status: str  # ok, failed, up to date, unreadable
+    stage: Optional[str] = None
+    mode: Optional[str] = None
+    graph_breaks: Optional[int] = None
+    seconds: dict[str, Optional[float]] = field(default_factory=dict)
+    bytes: Optional[int] = None
+    nodes: dict[str, Optional[int]] = field(default_factory=dict)
+    other_graphs: int = 0
+    checks_run: Optional[int] = None
+    checks_passed: Optional[int] = None
+    checks_failed: Optional[int] = None
+    checks_skipped: Optional[int] = None
+    settled: str = ""
+    worst_ratio: Optional[float] = None
+    parameters: Optional[int] = None
+    graphs: list[GraphRow] = field(default_factory=list)
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[CheckRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    breaks: list[str] = field(default_factory=list)
+
+
+def _anchor(i: int) -> str:
+    return f"m{i}"  # never the model's name: names may hold anything
+
+
+def _finite(x: Optional[float]) -> Optional[float]:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _model_row(i: int, run: Optional[RunModel], view: Optional[ModelView], root: Path) -> ModelRow:
+    name = run.name if run is not None else view.name  # type: ignore[union-attr]
+    row = ModelRow(name=name, anchor=_anchor(i), status="unreadable")
+    if run is not None:
+        row.status = ("up to date" if run.skipped else "ok") if run.status == "ok" else run.status
+        row.stage = run.stage
+        row.seconds = {"capture": run.capture_seconds, "passes": run.passes_seconds, "checks": run.checks_seconds,
+                       "write": run.write_seconds, "total": run.total_seconds}
+        row.bytes = run.bytes
+        row.notes = list(run.notes)
+        if run.error:
+            row.errors.append(f"{run.stage or 'run'}: {run.error}")
+    if view is None:
+        return row
+    if view.problem:
+        row.errors.append(view.problem)
+    m = view.manifest
+    if m is None:
+        return row
+    if run is None:
+        from aotpipe.results import why_failed
+
+        failed = why_failed(m)
+        row.status = "failed" if failed else "ok"
+        if failed:
+            row.errors.append(failed)
+        row.notes = list(m.capture.notes)
+    row.mode = m.capture.mode
+    row.graph_breaks = len(m.capture.graph_breaks or [])
+    row.breaks = [f"after subgraph {b.subgraph}: {b.reason}" + (f" at {b.where}" if b.where else "")
+                  for b in m.capture.graph_breaks or []]
+    if m.capture.fallback:
+        row.notes.append(f"export failed, dynamo used: {m.capture.fallback}")
+    if m.checks is not None:
+        c = m.checks
+        row.checks_run, row.checks_passed, row.checks_failed, row.checks_skipped = c.run, c.passed, c.failed, c.skipped
+        if c.fp64 is not None:
+            row.settled = f"{c.exact or 0} exact, {c.floor or 0} floor, {c.fp64 or 0} fp64"
+    row.parameters = view.parameters()
+    for kind in BASE_KINDS:
+        entry = m.graphs.get(kind)
+        row.nodes[kind] = entry.nodes if entry is not None else None
+    row.other_graphs = sum(1 for k in m.graphs if k not in BASE_KINDS)
+    ratios = []
+    for g in view.graphs:
+        entry = m.graphs[g.key]
+        counts = g.ops()
+        top = counts.most_common(TOP_OPS)
+        biggest = top[0][1] if top else 1
+        link = Path("views") / f"{g.key}.model-explorer.json"
+        verified = (m.verification or {}).get(g.key)
+        row.graphs.append(GraphRow(
+            key=g.key, folder=g.folder, nodes=entry.nodes,
+            ops=[(op, n, n / biggest) for op, n in top], more_ops=sum(counts.values()) - sum(n for _, n in top),
+            distinct_ops=len(counts), verified=verified.status if verified is not None else None,
+            problem=g.problem,
+            view=f"{view.folder.relative_to(root).as_posix()}/{link.as_posix()}" if (view.folder / link).is_file()
+            else None))
+        for step in entry.passes or []:
+            row.passes.append({"graph": g.key, "name": step.name, "before": step.nodes_before,
+                               "after": step.nodes_after, "modified": step.modified,
+                               "did": ", ".join(f"{k} {v}" for k, v in step.stats.items() if v) or "nothing"})
+        if entry.checks is not None:
+            for item in entry.checks.items:
+                err, bound = _finite(item.error), _finite(item.bound)
+                ratio = err / bound if err is not None and bound else None
+                if ratio is not None:
+                    ratios.append(ratio)
+                row.checks.append(CheckRow(g.key, item.what, item.method, item.passed, err, bound, ratio, item.detail))
+            row.errors += [f"{g.key}: check skipped: {r}" for r in entry.checks.skipped_reasons]
+        if verified is not None and verified.error:
+            row.errors.append(f"{g.key}: {verified.status}: {verified.error}")
+    row.errors += [f"pass chain failed: {p}" for p in m.pass_failures]
+    row.worst_ratio = max(ratios) if ratios else None
+    return row
+
+
+@dataclass
+class Report:
+    title: str
+    versions: str
+    rows: list[ModelRow]
+    summary: dict[str, Any]
+    plots: list[tuple[str, str, str]]  # (id, caption, svg)
+    bench: Optional[BenchFile]
+    problems: list[str]
+
+
+def gather(root: Path) -> Report:
+    """Everything report.html shows about the output tree `root`, read from disk."""
+    from aotpipe.htmlreport import plots
+
+    root = Path(root)
+    if not root.is_dir():
+        raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder (it holds run.json)")
+    run: Optional[RunFile] = read_run(root)
+    views = read_tree(root)
+    if run is None and not views:
+        raise AotpipeError(f"{root}: no run.json and no artefacts (manifest.json) found in it or below; "
+                           "pass a pipeline's output folder, e.g. artifacts/quickstart")
+    problems: list[str] = []
+    by_name: dict[str, ModelView] = {}
+    for v in views:
+        # run.json names models; a model folder is named after its model
+        by_name.setdefault(v.name, v)
+        by_name.setdefault(v.folder.name, v)
+    rows: list[ModelRow] = []
+    seen: set[int] = set()
+    for i, rm in enumerate(run.models if run is not None else []):
+        v = by_name.get(rm.name)
+        if v is not None:
+            seen.add(id(v))
+        rows.append(_model_row(i, rm, v, root))
+    for v in views:
+        if id(v) not in seen:
+            rows.append(_model_row(len(rows), None, v, root))
+    bench = None
+    try:
+        bench = read_bench(root)
+    except AotpipeError as e:
+        problems.append(e.lines()[0])
+    total_checks: dict[str, int] = {}
+    for r in rows:
+        for k, v in (("run", r.checks_run), ("passed", r.checks_passed), ("failed", r.checks_failed),
+                     ("skipped", r.checks_skipped)):
+            total_checks[k] = total_checks.get(k, 0) + (v or 0)
+    settled = {"exact": 0, "floor": 0, "fp64": 0, "within_noise": 0}
+    for v in views:
+        c = v.manifest.checks if v.manifest is not None else None
+        if c is not None:
+            for k in settled:
+                settled[k] += getattr(c, k) or 0
+    summary = {
+        "models": len(rows),
+        "ok": sum(r.status in ("ok", "up to date") for r in rows),
+        "failed": sum(r.status not in ("ok", "up to date") for r in rows),
+        "up_to_date": sum(r.status == "up to date" for r in rows),
+        "graphs": sum(len(r.graphs) for r in rows),
+        "bytes": sum(r.bytes or 0 for r in rows),
+        "seconds": run.seconds if run is not None else None,
+        "checks": total_checks,
+        "settled": settled,
+    }
+    try:
+        import matplotlib  # noqa: F401  (a declared dependency; a page without plots if it is missing)
+    except ImportError:
+        problems.append("no plots: matplotlib is not installed (pip install matplotlib -c constraints.txt)")
+        plots = None  # type: ignore[assignment]
+    figures = [] if plots is None else [
+        ("plot-capture", "Capture seconds against parameter count (parameters: elements of the graphs' param "
+                         "inputs).",
+         plots.capture_vs_parameters([(r.name, r.parameters or 0, r.seconds.get("capture") or 0.0) for r in rows
+                                      if r.seconds])),
+        ("plot-stages", "Seconds per stage: capture, passes, checks (every written graph run once against the "
+                        "eager model), write.",
+         plots.seconds_per_stage([(r.name, [r.seconds.get(s) or 0.0 for s in plots.STAGES]) for r in rows
+                                  if r.seconds])),
+        ("plot-ratios", "Each check's error against its bound (the float64 rule or the noise floor); above 1 "
+                        "fails.",
+         plots.ratio_histogram([c.ratio for r in rows for c in r.checks if c.ratio is not None])),
+    ]
+    if bench is not None and plots is not None:
+        figures.append(("plot-bench", f"Bench ({bench.backend or 'backend'}): speedup over eager per graph; "
+                                      "red: not ok (speedup 0 where none was measured).",
+                        plots.bench_speedups([(f"{b.model}/{b.graph}", b.status, b.speedup)
+                                              for b in bench.results])))
+    from aotpipe.report import human_size
+
+    versions = (f"torch {run.versions.torch}, python {run.versions.python}, aotpipe {run.versions.aotpipe}"
+                if run is not None else "")
+    return Report(
+        title=run.pipeline if run is not None else root.name,
+        versions=versions, rows=rows, summary=summary | {"size": human_size(summary["bytes"])},
+        plots=[(pid, cap, svg) for pid, cap, svg in figures if svg], bench=bench, problems=problems)
+
+
+def render(report: Report) -> str:
+    """The page, as one HTML string."""
+    import jinja2
+    from markupsafe import Markup
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("aotpipe.htmlreport", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = lambda x, fmt=".2f": "-" if x is None else format(x, fmt)
+    env.filters["g"] = lambda x: "-" if x is None else format(x, ".3g")
+    # The plots are matplotlib's own SVG (every text escaped by it, labels drawn as paths).
+    plots = [(pid, cap, Markup(svg)) for pid, cap, svg in report.plots]
+    return env.get_template("report.html.j2").render(r=report, plots=plots, kinds=BASE_KINDS)
+
+
+def build_html(root: Path) -> str:
+    return render(gather(root))
+
+
+def write_html(root: Path) -> Path:
+    """Write report.html into the output folder `root` (replaced atomically); its path."""
+    from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
+
+    from aotpipe.artifact.records import MANIFEST
+
+    root = Path(root)
+    if (root / MANIFEST).exists():  # a file there would be one the manifest does not list
+        raise AotpipeError(f"{root} is a model folder; write its page elsewhere (aotpipe report {root} -o FILE) or "
+                           "pass the output folder above it")
+    html = build_html(root)
+    path = root / REPORT_HTML
+    try:
+        write_atomic(path, html.encode("utf-8"))
+    except OSError as e:
+        raise OutputError(describe_os_error(e, path)) from None
+    return path

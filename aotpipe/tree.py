@@ -1,0 +1,201 @@
+"""What an output tree holds, read from disk without running anything: run.json, each model's
+manifest, and each graph's graph.json and inputs.json (every file within the artefact limits,
+every record validated). The HTML report and `aotpipe ops` read a tree through this; a
+hostile tree can be read: no graph is built, no code imported.
+
+A leaf above artifact/: torch-free.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from aotpipe.artifact import records
+from aotpipe.artifact.records import GraphRecord, InputsRecord, Layout, Manifest, NodeRecord
+from aotpipe.errors import AotpipeError, ArtifactError
+
+RUN_JSON = "run.json"
+
+
+# ---------------------------------------------------------------------------------------
+# run.json: read through one function (read_run) so that a record class for run.json can
+# replace these few fields in one place.
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class RunModel(_Loose):
+    """One model of run.json, the fields the report shows."""
+
+    name: str
+    status: str = "failed"
+    stage: Optional[str] = None
+    error: Optional[str] = None
+    capture_seconds: float = 0.0
+    passes_seconds: float = 0.0
+    checks_seconds: float = 0.0
+    write_seconds: float = 0.0
+    total_seconds: float = 0.0
+    bytes: int = 0
+    notes: list[str] = []
+    skipped: bool = False
+
+
+class RunVersions(_Loose):
+    aotpipe: str = "?"
+    torch: str = "?"
+    python: str = "?"
+
+
+class RunFile(_Loose):
+    """run.json, as far as the report reads it."""
+
+    pipeline: str = "?"
+    seconds: float = 0.0
+    versions: RunVersions = RunVersions()
+    models: list[RunModel] = []
+
+
+def read_run(root: Path) -> Optional[RunFile]:
+    """run.json of the output folder `root`, or None where there is none; an ArtifactError
+    naming the file where it is not a run record."""
+    from pydantic import ValidationError
+
+    from aotpipe.artifact.limits import read_json
+
+    path = root / RUN_JSON
+    if not path.is_file():
+        return None
+    raw = read_json(path, root)
+    try:
+        return RunFile.model_validate(raw)
+    except ValidationError as e:
+        raise ArtifactError(f"{path}: not a run record: {records.describe(e)}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Graphs
+
+
+@dataclass
+class GraphView:
+    """One graph of a model as its files say: kind (the manifest's key), folder, and its
+    graph.json nodes (None where graph.json could not be read: `problem` says why)."""
+
+    key: str
+    folder: str
+    nodes: Optional[list[NodeRecord]] = None
+    inputs: Optional[InputsRecord] = None
+    problem: Optional[str] = None
+
+    def ops(self) -> collections.Counter:
+        """call_function targets and how often each is called."""
+        return collections.Counter(n.target or "?" for n in self.nodes or [] if n.op == "call_function")
+
+
+@dataclass
+class ModelView:
+    """One model folder: its manifest (None where unreadable: `problem` says why) and graphs."""
+
+    name: str
+    folder: Path
+    manifest: Optional[Manifest] = None
+    graphs: list[GraphView] = field(default_factory=list)
+    problem: Optional[str] = None
+
+    def parameters(self) -> Optional[int]:
+        """Elements of the parameters a graph takes (the first graph that lists param inputs)."""
+        for g in self.graphs:
+            if g.inputs is not None and any(i.role == "param" for i in g.inputs.inputs):
+                total = 0
+                for i in g.inputs.inputs:
+                    if i.role == "param" and i.shape is not None:
+                        n = 1
+                        for d in i.shape:
+                            n *= d
+                        total += n
+                return total
+        return None
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, AotpipeError):
+        return e.lines()[0]
+    return f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def read_model(folder: Path, root: Path) -> ModelView:
+    """A model folder's manifest and every graph's graph.json and inputs.json, read (never run)."""
+    from aotpipe.graph_keys import key_order
+
+    view = ModelView(name=folder.name, folder=folder)
+    try:
+        view.manifest = records.read(Manifest, folder / records.MANIFEST, root)[1]
+    except (AotpipeError, OSError) as e:
+        view.problem = _one_line(e)
+        return view
+    view.name = view.manifest.model.name
+    for key in sorted(view.manifest.graphs, key=key_order):
+        entry = view.manifest.graphs[key]
+        g = GraphView(key=key, folder=entry.folder)
+        gdir = folder / entry.folder
+        try:
+            g.nodes = records.read(GraphRecord, gdir / records.GRAPH_JSON, root)[1].nodes
+            if (gdir / records.INPUTS_JSON).exists():
+                g.inputs = records.read(InputsRecord, gdir / records.INPUTS_JSON, root)[1]
+        except (AotpipeError, OSError) as e:
+            g.problem = _one_line(e)
+        view.graphs.append(g)
+    return view
+
+
+def read_tree(root: Path) -> list[ModelView]:
+    """Every model folder under `root` (or `root` itself if it is one), read as ModelViews."""
+    from aotpipe.artifact.verify import find_artifacts
+
+    root = Path(root)
+    models, _ = find_artifacts(root)
+    return [read_model(m, root) for m in models]
+
+
+def value_layout(node: NodeRecord) -> Optional[Layout]:
+    """A node's recorded value as a tensor layout, or None (a tuple, a scalar, nothing)."""
+    from pydantic import ValidationError
+
+    if not isinstance(node.val, dict):
+        return None
+    try:
+        return Layout.model_validate(node.val)
+    except ValidationError:
+        return None
+
+
+def node_signature(node: NodeRecord, by_name: dict[str, NodeRecord]) -> str:
+    """A call's input signature: dtype and rank of each tensor argument, in order, e.g.
+    "float32[2], float32[2]"; scalars and lists as their Python type."""
+    parts = []
+    for a in node.args or []:
+        parts.append(_arg_signature(a, by_name))
+    return ", ".join(parts)
+
+
+def _arg_signature(a: Any, by_name: dict[str, NodeRecord]) -> str:
+    if isinstance(a, dict) and isinstance(a.get("node"), str):
+        src = by_name.get(a["node"])
+        layout = value_layout(src) if src is not None else None
+        if layout is not None and layout.shape is not None:
+            return f"{layout.dtype or '?'}[{len(layout.shape)}]"
+        return "value"
+    if isinstance(a, list):
+        inner = {_arg_signature(x, by_name) for x in a}
+        return f"list({'|'.join(sorted(inner))})" if inner else "list()"
+    if isinstance(a, dict):
+        return next(iter(a), "dict")
+    return type(a).__name__

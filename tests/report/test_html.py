@@ -1,0 +1,164 @@
+"""report.html: written by `aotpipe run`, rebuilt by `aotpipe report DIR` from the files on
+disk, one self-contained page (no network), every artefact-supplied string escaped."""
+
+import json
+import re
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from aotpipe.cli import main
+
+HOSTILE_MODEL = "<script>document.title='pwned-model'</script>"
+HOSTILE_OP = "aten.<script>document.title='pwned-op'</script>.default"
+
+
+def cli(*args):
+    return CliRunner().invoke(main, list(map(str, args)))
+
+
+@pytest.fixture()
+def tree(quickstart_run, tmp_path):
+    """A copy of the quickstart's output folder, to edit."""
+    root, _ = quickstart_run
+    dst = tmp_path / "quickstart"
+    shutil.copytree(root, dst)
+    return dst
+
+
+def _rows(html):
+    return re.findall(r'<tr class="model-row" data-status="(\w+)">\s*<td><a href="#m\d+">([^<]*)</a>', html)
+
+
+def test_run_writes_a_self_contained_report_html_with_a_row_per_model_and_its_plots(quickstart_run):
+    root, result = quickstart_run
+    html = (root / "report.html").read_text()
+    assert "report.html" in result.output
+    assert [name for _, name in _rows(html)] == ["mlp", "small_cnn", "tiny_transformer", "running_norm"]
+    for plot in ("plot-capture", "plot-stages", "plot-ratios"):
+        assert re.search(rf'<figure id="{plot}"><svg class="plot"', html), plot
+    assert 'id="plot-bench"' not in html  # no bench has run
+    # Nothing fetched: no external script, style sheet, image or font; the CSP forbids any.
+    assert not re.search(r"<link\b|\bsrc=|url\((?!#)|@import|href=\"(?!#|mlp/)", html)  # url(#clip): the SVG's own
+    assert "default-src 'none'" in html
+    # Per model: op histogram per graph, what each pass changed, errors against the bound.
+    details = html.split('id="details"', 1)[1]
+    assert "aten.addmm.default" in details and "What each pass changed" in details
+    assert "frozen 6" in details  # mlp's freeze pass froze its six parameters
+    assert "Errors against the bound" in details
+
+
+def test_report_rebuilds_the_same_page_from_disk(tree):
+    before = (tree / "report.html").read_bytes()
+    (tree / "report.html").unlink()
+    r = cli("report", tree)
+    assert r.exit_code == 0, r.output
+    assert r.output.strip() == f"wrote {tree / 'report.html'}"
+    assert (tree / "report.html").read_bytes() == before  # deterministic, and the run's page is this one
+
+
+def test_report_of_a_folder_without_artefacts_is_one_line_and_exit_2(tmp_path):
+    r = cli("report", tmp_path)
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines() == [
+        f"error: {tmp_path}: no run.json and no artefacts (manifest.json) found in it or below; pass a pipeline's "
+        "output folder, e.g. artifacts/quickstart"]
+
+
+def test_a_broken_run_json_is_named_in_one_line(tree):
+    (tree / "run.json").write_text(json.dumps({"models": [{"status": "ok"}]}))
+    r = cli("report", tree)
+    assert r.exit_code == 2
+    assert r.output.startswith(f"error: {tree / 'run.json'}: not a run record: field models.0.name: Field required")
+
+
+def test_hostile_model_and_op_names_are_escaped(tree):
+    run = json.loads((tree / "run.json").read_text())
+    run["models"][0]["name"] = HOSTILE_MODEL
+    run["models"][0]["notes"] = ["<img src=x onerror=alert(1)>"]
+    (tree / "run.json").write_text(json.dumps(run))
+    graph = tree / "mlp" / "mlp_forward_0" / "graph.json"
+    g = json.loads(graph.read_text())
+    next(n for n in g["nodes"] if n["op"] == "call_function")["target"] = HOSTILE_OP
+    graph.write_text(json.dumps(g))
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    assert "<script>document" not in html and "<img src=x" not in html
+    assert "&lt;script&gt;document.title=&#39;pwned-model&#39;&lt;/script&gt;" in html
+    assert "aten.&lt;script&gt;document.title=&#39;pwned-op&#39;&lt;/script&gt;.default" in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert html.count("<script>") == 1  # the page's own
+
+
+def test_a_failed_model_is_counted_shown_open_with_its_error(tree):
+    run = json.loads((tree / "run.json").read_text())
+    m = run["models"][1]
+    m.update(status="failed", stage="capture", error="planted: the model raised")
+    (tree / "run.json").write_text(json.dumps(run))
+    shutil.rmtree(tree / m["name"])  # a model that failed at capture leaves no artefact
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    assert ("failed", "small_cnn") in _rows(html)
+    assert [s for s, _ in _rows(html)].count("ok") == 3
+    assert re.search(r'id="sum-failed" class="failed">1<', html)
+    assert re.search(r'<details class="model" id="m1" open>.*?capture: planted: the model raised', html, re.S)
+
+
+def test_bench_json_adds_the_bench_plot_and_table(tree):
+    (tree / "bench.json").write_text(json.dumps({
+        "backend": "inductor", "scores": {"S(0)": 1.25},
+        "results": [{"model": "mlp", "graph": "inference", "status": "ok", "speedup": 1.8},
+                    {"model": "small_cnn", "graph": "forward", "status": "fail_accuracy", "speedup": None}]}))
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    assert re.search(r'<figure id="plot-bench"><svg class="plot"', html)
+    assert "<h2>Bench: inductor</h2>" in html and "S(0) 1.25" in html and "fail_accuracy" in html
+
+
+def test_a_malformed_bench_json_is_named_and_the_page_still_written(tree):
+    (tree / "bench.json").write_text(json.dumps({"results": "fast"}))
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    assert 'id="plot-bench"' not in html
+    assert f"{tree / 'bench.json'}: not a bench result (field results: Input should be a valid list" in html
+
+
+def test_a_graph_links_its_model_explorer_view_only_where_the_file_exists(tree):
+    views = tree / "mlp" / "views"
+    views.mkdir()
+    (views / "joint.model-explorer.json").write_text("{}")
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    assert re.findall(r'<a class="view" href="([^"]+)"', html) == ["mlp/views/joint.model-explorer.json"]
+
+
+def test_a_tree_without_run_json_reports_from_its_manifests():
+    from pathlib import Path
+
+    from aotpipe.htmlreport import build_html
+
+    for version in ("format_v1", "format_v2"):
+        html = build_html(Path(__file__).parent.parent / "data" / version)
+        assert sorted(name for _, name in _rows(html)) == ["mlp", "running_norm"], version
+        assert 'id="plot-ratios"' in html or version == "format_v1"
+
+
+def test_without_matplotlib_the_page_says_so_and_is_still_written(tree, monkeypatch):
+    import sys
+
+    from aotpipe.htmlreport import build_html
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    html = build_html(tree)
+    assert "no plots: matplotlib is not installed (pip install matplotlib -c constraints.txt)" in html
+    assert "<figure" not in html and len(_rows(html)) == 4
+
+
+def test_report_writes_nothing_into_a_model_folder_unless_told_where(tree, tmp_path):
+    r = cli("report", tree / "mlp")
+    assert r.exit_code == 2 and not (tree / "mlp" / "report.html").exists()
+    assert r.output == (f"error: {tree / 'mlp'} is a model folder; write its page elsewhere (aotpipe report "
+                        f"{tree / 'mlp'} -o FILE) or pass the output folder above it\n")
+    r = cli("report", tree / "mlp", "-o", tmp_path / "mlp.html")
+    assert r.exit_code == 0 and _rows((tmp_path / "mlp.html").read_text()) == [("ok", "mlp")]
