@@ -76,6 +76,7 @@ def merge_runs(folders: list[Path], output: Optional[Path] = None) -> RunResult:
     """Merge the runs in `folders` (shard output trees); with `output`, write the merged tree
     (model folders, run.json, report) in `output`/<pipeline>/. Raises AotpipeError when the
     folders are not runs of one pipeline sharded one way."""
+    from aotpipe.htmlreport import write_html
     from aotpipe.report import write_reports
 
     runs = [(f, _read(f)) for f in (run_folder(Path(g)) for g in folders)]
@@ -122,6 +123,7 @@ def merge_runs(folders: list[Path], output: Optional[Path] = None) -> RunResult:
     if output is not None:
         _link_models(out_root, [(found[m.name][0][0], m.name) for m in models])
         write_reports(run, NamedPipeline(pipelines[0]))  # type: ignore[arg-type]
+        write_html(out_root)  # the merged tree's page, as a run writes its own
     return run
 
 

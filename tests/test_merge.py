@@ -89,6 +89,8 @@ def test_shards_merged_give_the_models_and_statuses_of_one_run(small_runs, n):
     v = CliRunner().invoke(main, ["verify", str(merged)])
     assert v.exit_code == 0, v.output
     assert "## Merged shards" in (merged / "report.md").read_text()
+    page = (merged / "report.html").read_text()  # the merged tree's page lists every model
+    assert all(f">{name}<" in page for name in ("a", "b", "broken", "c", "d"))
 
 
 def test_a_shard_not_merged_is_named_missing(small_runs):
