@@ -141,10 +141,10 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
         for m in result.models:
             if m.status == "ok":
                 kinds = ", ".join(f"{g.kind}({g.nodes})" for g in m.graphs)
-                c = m.checks or {}
-                checks = f"{c.get('passed', 0)}/{c.get('run', 0)} checks" + (
+                c = m.checks
+                checks = f"{c.passed if c else 0}/{c.run if c else 0} checks" + (
                     f" ({settled_text(c)})" if settled_text(c) else "") + (
-                    f", {c['skipped']} SKIPPED" if c.get("skipped") else "")
+                    f", {c.skipped} SKIPPED" if c is not None and c.skipped else "")
                 if m.skipped:
                     click.echo(f"kept    {m.name:<24} up to date  {checks}  {kinds}")
                 else:

@@ -203,15 +203,13 @@ def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int
     """`todo` in the order to start them: models the last run (its run.json) did not time first,
     in pipeline order, then the rest, longest first. With N workers the batch then ends with
     short models running beside each other, not with one long model running alone."""
-    import json
-
-    from aotpipe.report import RUN_JSON
+    from aotpipe.artifact.records import load_run
+    from aotpipe.errors import AotpipeError
 
     try:
-        last = json.loads((out_root / RUN_JSON).read_text())
-        took = {m["name"]: float(m["total_seconds"]) for m in last.get("models", [])
-                if isinstance(m, dict) and not m.get("skipped") and m.get("total_seconds")}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        last = load_run(out_root)
+        took = {m.name: m.total_seconds for m in last.models if not m.skipped and m.total_seconds}
+    except (OSError, AotpipeError):
         took = {}
     unknown = [i for i in todo if names[i] not in took]
     known = sorted((i for i in todo if names[i] in took), key=lambda i: -took[names[i]])

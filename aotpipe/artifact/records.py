@@ -49,6 +49,7 @@ SIGNATURE = "signature.json"
 GRAPH_JSON = "graph.json"
 INPUTS_JSON = "inputs.json"
 TRACE = "trace.json"
+RUN_JSON = "run.json"  # beside the model folders: one pipeline run (RunRecord)
 MODULE_PY = "module.py"
 BLOB_DIR = "blobs"
 INPUT_SUFFIX = ".input"
@@ -473,6 +474,132 @@ class Manifest(Record):
     files: Annotated[dict[str, Sha256], FailFast]
 
 
+# ---------------------------------------------------------------------------------------
+# run.json (one per pipeline run, beside the model folders; not part of any artefact)
+
+
+class GraphSummary(Record):
+    """One graph a model's run wrote (or kept): its key, folder and size."""
+
+    kind: str  # the graph's key: "inference", "forward_1", "inference.freeze+reinplace"
+    folder: FolderName
+    nodes: Count
+    inputs: Count
+    outputs: Count
+
+
+class CheckSummary(CheckTotals):
+    """A model's checks in brief: its manifest's totals, and every skipped check's reason
+    ("<graph key>: <reason>")."""
+
+    skipped_reasons: list[str] = []
+
+
+class EagerCell(CheckTotals):
+    """One graph's checks in brief: its counts and its worst error as a multiple of eager's own
+    (None where no check needed the float64 reference)."""
+
+    worst_ratio: Number = None
+    skipped_reasons: list[str] = []
+
+
+class TimedPassStep(PassStep):
+    """A pass as it ran, with its time (run.json only: the manifest is deterministic)."""
+
+    seconds: float
+
+
+class PassChainRun(Record):
+    """What a pass chain did to one graph, and how long it took."""
+
+    seconds: float
+    steps: list[TimedPassStep]
+
+
+class VerificationSummary(Record):
+    """How a model's graphs ran at write time: each one's status ("recorded", "match", ...),
+    and a line per problem (none: ok)."""
+
+    ok: bool
+    graphs: dict[str, str]
+    problems: list[str]
+
+
+class ModelRun(Record):
+    """run.json's record of one model: what happened, where it stopped, what it wrote."""
+
+    name: str
+    status: Literal["ok", "failed"]
+    stage: Optional[str] = None  # where it failed: results.STAGES
+    error: Optional[str] = None
+    # The exception's class when the failure was not an aotpipe error (the model's code, torch).
+    exception: Optional[str] = None
+    graphs: list[GraphSummary] = []
+    capture_seconds: float = 0.0
+    passes_seconds: float = 0.0
+    checks_seconds: float = 0.0
+    write_seconds: float = 0.0
+    verification: Optional[VerificationSummary] = None
+    checks: Optional[CheckSummary] = None
+    eager: dict[str, EagerCell] = {}  # per graph key
+    passes: dict[str, PassChainRun] = {}  # per graph made by passes
+    total_seconds: float = 0.0
+    bytes: Count = 0
+    files: Count = 0
+    notes: list[str] = []
+    skipped: bool = False  # up to date: the artefact on disk was kept
+
+
+class ExecutorRecord(Record):
+    kind: str
+    workers: Annotated[int, Field(ge=1)]
+
+
+class SettledTotals(Record):
+    """How a run's checks were settled, summed over its models (CheckTotals' counts)."""
+
+    run: Count
+    skipped: Count
+    exact: Count
+    floor: Count
+    fp64: Count
+    within_noise: Count
+
+
+class RunSummary(Record):
+    models: Count
+    ok: Count
+    up_to_date: Count
+    failed: Count
+    graphs: Count
+    bytes: Count
+    checks: Optional[SettledTotals] = None
+
+
+class RunRecord(Record):
+    """run.json: one pipeline run, for machines (report.md says the same for people)."""
+
+    format_version: Literal[1]
+    pipeline: str
+    versions: Versions
+    seconds: float
+    executor: ExecutorRecord
+    ok: bool
+    summary: RunSummary
+    models: list[ModelRun]
+
+
+def load_run(path: Any) -> "RunRecord":
+    """A run.json (its path, or the run's output folder) as a RunRecord, read within the
+    limits and validated; an ArtifactError naming the file and the first bad field otherwise."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / RUN_JSON
+    return read(RunRecord, path)[1]
+
+
 class Signature(Record):
     """signature.json: a signature over the context line and manifest.json's bytes."""
 
@@ -551,6 +678,7 @@ RECORDS: dict[str, type[Record]] = {
     TRACE: TraceRecord,
     GRAPH_JSON: GraphRecord,
     SIGNATURE: Signature,
+    RUN_JSON: RunRecord,
 }
 
 

@@ -356,7 +356,7 @@ def _write_graphs(
         record = inputs_record(g, contract.to_json() if contract is not None else None, values,
                                blobs if values is not None else None, save_values, saved=inputs is not None)
         if derived is not None:
-            record["passes"] = [s["name"] for s in derived.steps]
+            record["passes"] = [s.name for s in derived.steps]
         _write(d / INPUTS_JSON, dump_json(record, compact=True))  # complete enough to load; outputs filled in later
         records[key] = record
         graphs_record[key] = {
@@ -367,7 +367,7 @@ def _write_graphs(
             "ops": sum(1 for n in g.gm.graph.nodes if n.op == "call_function"),
         }
         if derived is not None:
-            graphs_record[key].update(base=derived.base, passes=derived.steps)
+            graphs_record[key].update(base=derived.base, passes=[s.model_dump(mode="json") for s in derived.steps])
         written.graphs.append(WrittenGraph(key, folder, g.num_nodes, len(g.inputs), len(g.outputs)))
     # Enough of a manifest for the loader (no file list yet), so the check can run the written
     # graphs; the final one replaces it (a killed run leaves only a .tmp- folder, which is removed).
@@ -434,7 +434,8 @@ def _finish(
         **header,
         "graphs": graphs_record,
         "partition": contract,
-        "passes": {dg.key: dg.steps for dg in captured.derived.values() if dg.key in graphs_record},
+        "passes": {dg.key: [s.model_dump(mode="json") for s in dg.steps] for dg in captured.derived.values()
+                   if dg.key in graphs_record},
         "pass_failures": pass_failures,
         "verification": verification or None,
         "files": files,

@@ -12,6 +12,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from aotpipe.artifact.records import PassStep
 from aotpipe.graph_keys import parse_graph_key
 
 
@@ -131,7 +132,7 @@ class DerivedGraph:
     base: str  # the key of the graph it was made from ("inference", "inference_1", ...)
     chain: str  # its passes joined by '+'
     graph: CapturedGraph
-    steps: list[dict[str, Any]]  # what each pass did (no timings: the manifest is deterministic)
+    steps: list[PassStep]  # what each pass did (no timings: the manifest is deterministic)
 
     @property
     def key(self) -> str:
