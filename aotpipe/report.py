@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from aotpipe.artifact.manifest import dump_json, versions
-from aotpipe.artifact.records import (RUN_JSON, CheckTotals, ExecutorRecord, ModelRun, RunRecord, RunSummary,
+from aotpipe.artifact.records import (RUN_FORMAT_VERSION, RUN_JSON, CheckTotals, ExecutorRecord, ModelRun, RunRecord, RunSummary,
                                       SettledTotals, Versions, load_run)
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> RunRecord:
     """run.json's record of a run."""
     models = [m.to_record() for m in run.models]
     return RunRecord(
-        format_version=1,
+        format_version=RUN_FORMAT_VERSION,
         pipeline=pipeline.name,
         versions=Versions(**versions()),
         seconds=round(run.seconds, 3),

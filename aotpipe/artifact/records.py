@@ -579,7 +579,7 @@ class RunSummary(Record):
 class RunRecord(Record):
     """run.json: one pipeline run, for machines (report.md says the same for people)."""
 
-    format_version: Literal[1]
+    format_version: Literal[1]  # RUN_FORMAT_VERSION
     pipeline: str
     versions: Versions
     seconds: float
@@ -679,6 +679,19 @@ RECORDS: dict[str, type[Record]] = {
     GRAPH_JSON: GraphRecord,
     SIGNATURE: Signature,
     RUN_JSON: RunRecord,
+}
+
+# Each record file's version as written now, and the versions of it this aotpipe reads
+# (tools/format_schema.py holds field changes to them: docs/format/README.md).
+RUN_FORMAT_VERSION = 1
+SIGNATURE_FORMAT_VERSION = 1
+RECORD_VERSIONS: dict[str, tuple[int, tuple[int, ...]]] = {
+    MANIFEST: (FORMAT_VERSION, READABLE_VERSIONS),
+    INPUTS_JSON: (FORMAT_VERSION, READABLE_VERSIONS),
+    TRACE: (FORMAT_VERSION, READABLE_VERSIONS),
+    GRAPH_JSON: (GRAPH_FORMAT_VERSION, (1, GRAPH_FORMAT_VERSION)),
+    SIGNATURE: (SIGNATURE_FORMAT_VERSION, (SIGNATURE_FORMAT_VERSION,)),
+    RUN_JSON: (RUN_FORMAT_VERSION, (RUN_FORMAT_VERSION,)),
 }
 
 
