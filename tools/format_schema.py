@@ -75,9 +75,12 @@ def fields(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(compatible, incompatible) changes from the locked fields `old` to `new`, one line each."""
     ok, bad = [], []
+    classes = {f.split(".")[0] for f in old}
     for f in sorted(set(old) | set(new)):
         if f not in new:
             bad.append(f"{f} was removed")
+        elif f not in old and f.split(".")[0] not in classes:
+            ok.append(f"{f} was added with its record")  # reached only through a field that changed or is new
         elif f not in old:
             (bad if new[f]["required"] else ok).append(
                 f"{f} was added" + (" as a required field" if new[f]["required"] else " (optional)"))

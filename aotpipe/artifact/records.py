@@ -30,7 +30,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError, model_validator
+from typing_extensions import TypeAliasType
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, JsonValue, StringConstraints, Tag, ValidationError,
+                      model_validator)
 
 from aotpipe.errors import ArtifactError
 from aotpipe.graph_keys import BASE_KEY_PATTERN, GRAPH_KINDS
@@ -266,18 +269,115 @@ class TraceRecord(Record):
 # graph.json
 
 
+# A node argument: JSON's own values, a list, or one of the tagged forms below (an object
+# with one key) for what JSON lacks. The key says which (a pydantic discriminated union).
+
+
+class NodeRef(Record):
+    """An earlier node's value."""
+
+    node: str
+
+
+class TupleArg(Record):
+    tuple: list["NodeArg"]
+
+
+class DTypeArg(Record):
+    dtype: DType
+
+
+class DeviceArg(Record):
+    device: str  # torch.device's spelling, checked when the graph is built
+
+
+class LayoutArg(Record):
+    layout: str  # only "strided" builds (graph_json refuses the rest, naming it)
+
+
+class MemoryFormatArg(Record):
+    memory_format: str
+
+
+class SliceArg(Record):
+    slice: Annotated[list["NodeArg"], Field(min_length=3, max_length=3)]  # start, stop, step
+
+
+class ComplexArg(Record):
+    complex: Annotated[list["NodeArg"], Field(min_length=2, max_length=2)]  # real, imaginary
+
+
+class FloatArg(Record):
+    float: Literal["nan", "inf", "-inf"]  # the floats JSON cannot spell
+
+
+ARG_TAGS: dict[str, type[Record]] = {
+    "node": NodeRef, "tuple": TupleArg, "dtype": DTypeArg, "device": DeviceArg, "layout": LayoutArg,
+    "memory_format": MemoryFormatArg, "slice": SliceArg, "complex": ComplexArg, "float": FloatArg,
+}
+
+
+def _arg_tag(v: Any) -> Optional[str]:
+    """Which member of NodeArg `v` is: the JSON type, or a tagged object's one key."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, list):
+        return "list"
+    if isinstance(v, dict):
+        return next(iter(v)) if len(v) == 1 and next(iter(v)) in ARG_TAGS else None
+    for tag, cls in ARG_TAGS.items():
+        if isinstance(v, cls):
+            return tag
+    return None
+
+
+NodeArg = TypeAliasType("NodeArg", Annotated[
+    Union[
+        Annotated[None, Tag("null")],
+        Annotated[bool, Tag("bool")],
+        Annotated[int, Tag("int")],
+        Annotated[float, Tag("number")],
+        Annotated[str, Tag("str")],
+        Annotated[list["NodeArg"], Tag("list")],
+        Annotated[NodeRef, Tag("node")],
+        Annotated[TupleArg, Tag("tuple")],
+        Annotated[DTypeArg, Tag("dtype")],
+        Annotated[DeviceArg, Tag("device")],
+        Annotated[LayoutArg, Tag("layout")],
+        Annotated[MemoryFormatArg, Tag("memory_format")],
+        Annotated[SliceArg, Tag("slice")],
+        Annotated[ComplexArg, Tag("complex")],
+        Annotated[FloatArg, Tag("float")],
+    ],
+    Discriminator(_arg_tag, custom_error_type="node_argument",
+                  custom_error_message="not a node argument: a JSON value, a list, or an object with one of the "
+                                       "keys " + ", ".join(ARG_TAGS)),
+])
+for _cls in (TupleArg, SliceArg, ComplexArg):
+    _cls.model_rebuild()
+
+
 class NodeRecord(Record):
-    """One FX node. `args` and `kwargs` are tagged JSON: {"node": name} refers to an earlier
-    node; {"tuple": [...]}, {"dtype": "float32"}, {"device": "cpu"}, {"layout": "strided"},
-    {"memory_format": ...}, {"slice": [start, stop, step]}, {"complex": [re, im]} and
-    {"float": "nan" | "inf" | "-inf"} spell out what JSON lacks. A call_function target is a
-    qualified op name (aten.addmm.default) that must be on the allow-list of safe ops."""
+    """One FX node. `args` and `kwargs` are node arguments (NodeArg): JSON values, lists, and
+    tagged objects of one key for what JSON lacks ({"node": name} refers to an earlier node,
+    {"tuple": [...]}, {"dtype": "float32"}, {"device": "cpu"}, {"layout": "strided"},
+    {"memory_format": ...}, {"slice": [start, stop, step]}, {"complex": [re, im]},
+    {"float": "nan" | "inf" | "-inf"}). A call_function target is a qualified op name
+    (aten.addmm.default) that must be on the allow-list of safe ops."""
 
     name: str
     op: Literal["placeholder", "get_attr", "call_function", "output"]
     target: Optional[str] = None
-    args: Optional[list[JsonValue]] = None
-    kwargs: Optional[dict[str, JsonValue]] = None
+    args: Optional[list[NodeArg]] = None
+    kwargs: Optional[dict[str, NodeArg]] = None
     val: JsonValue = None  # the value's layout at capture (informational)
     blob: Optional[Sha256] = None  # get_attr: the constant's blob
     shape: Optional[Shape] = None  # get_attr: the constant's layout (blobs are contiguous)

@@ -111,9 +111,9 @@ def test_every_record_of_quickstart_and_of_version_1_validates(quickstart_run):
     from aotpipe.artifact import records
 
     root, _ = quickstart_run
-    data_v1 = Path(__file__).resolve().parents[1] / "data" / "format_v1"
+    data = Path(__file__).resolve().parents[1] / "data"
     seen = {name: 0 for name in records.RECORDS}
-    for base in (root, data_v1):
+    for base in (root, data / "format_v1", data / "format_v2"):
         for name, cls in records.RECORDS.items():
             for p in base.rglob(name):
                 records.parse(cls, json.loads(p.read_text()), p)
@@ -151,6 +151,30 @@ def test_a_record_off_the_format_is_one_line_naming_file_and_field(mlp_copy, rec
     assert line.startswith(f"error: {path}: field {field}:"), line
 
 
+@pytest.mark.parametrize("arg,where,why", [
+    ({"nodez": "x"}, "", "not a node argument: a JSON value, a list, or an object with one of the keys node, tuple"),
+    ({"node": "x", "tuple": []}, "", "not a node argument"),  # one key, not two
+    ({"dtype": "float99"}, ".dtype.dtype", "not one of the"),
+    ({"slice": [1, 2]}, ".slice.slice", "List should have at least 3 items"),
+    ({"float": "1.5"}, ".float.float", "Input should be 'nan', 'inf' or '-inf'"),
+    ({"tuple": [{"node": 3}]}, ".tuple.tuple.0.node.node", "Input should be a valid string"),
+])
+def test_a_node_argument_off_its_tagged_forms_is_refused_naming_it(mlp_copy, arg, where, why):
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    path = mlp_copy / "mlp_inference_0" / "graph.json"
+    data = json.loads(path.read_text())
+    i = next(i for i, n in enumerate(data["nodes"]) if n["op"] == "call_function")
+    data["nodes"][i]["args"][0] = arg
+    path.write_text(json.dumps(data))
+    r = CliRunner().invoke(main, ["replay", str(mlp_copy)])
+    assert r.exit_code == 2, r.output
+    (line,) = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert line.startswith(f"error: {path}: field nodes.{i}.args.0{where}: {why}"), line
+
+
 def test_the_writer_refuses_a_record_off_the_format():
     from aotpipe.artifact import records
 
@@ -167,7 +191,8 @@ def test_schema_artifact_prints_the_json_schema_of_every_record_file():
     r = CliRunner().invoke(main, ["schema", "--artifact"])
     assert r.exit_code == 0, r.output
     schema = json.loads(r.output)
-    assert set(schema["files"]) == {"manifest.json", "inputs.json", "trace.json", "graph.json", "signature.json"}
+    assert set(schema["files"]) == {"manifest.json", "inputs.json", "trace.json", "graph.json", "signature.json",
+                                    "run.json"}
     inputs = schema["files"]["inputs.json"]
     assert inputs["additionalProperties"] is False and "storages" in inputs["required"]
     storage = inputs["$defs"]["StorageRecord"]["properties"]
