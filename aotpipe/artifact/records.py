@@ -129,15 +129,23 @@ class TupleSummary(Record):
 
 
 class Partition(Record):
-    """How a forward graph and its backward fit together (forward and backward records)."""
+    """How a forward graph and its backward fit together (forward and backward records).
+
+    forward(*primals) returns ``mutated inputs' new values + user outputs + saved``;
+    backward(*saved, *tangents) returns one gradient (or None) per primal."""
 
     num_user_outputs: Count
     num_mutated_inputs: Count
     num_saved_tensors: Count
     num_saved_symints: Count
     num_tangents: Count
-    mutated_inputs: list[str]
-    grad_of: list[Optional[str]]
+    mutated_inputs: list[str]  # forward input names, in output order
+    grad_of: list[Optional[str]]  # per backward output: the forward input it is the grad of
+
+    @property
+    def num_forward_outputs(self) -> int:
+        """Forward outputs that are not saved activations (mutations + user outputs)."""
+        return self.num_mutated_inputs + self.num_user_outputs
 
 
 # ---------------------------------------------------------------------------------------
@@ -398,8 +406,8 @@ class GraphRecord(Record):
 # manifest.json
 
 
-class PassStep(Record):
-    """One pass of a chain as it ran."""
+class PassRecord(Record):
+    """One pass of a chain as it ran (passes.PassStep is the chain's step as the pipeline names it)."""
 
     name: str
     options: dict[str, JsonValue]
@@ -453,7 +461,7 @@ class GraphEntry(Record):
     outputs: Count
     ops: Optional[Count] = None
     base: Optional[BaseGraphKey] = None  # a graph made by passes: the key of the graph they ran on
-    passes: Optional[list[PassStep]] = None
+    passes: Optional[list[PassRecord]] = None
     checks: Optional[GraphChecks] = None
     nondeterministic: list[str] = []  # ops without a deterministic kernel (values stored)
     eager: Optional[dict[str, JsonValue]] = None  # version 1's eager comparison
@@ -566,7 +574,7 @@ class Manifest(Record):
     save_values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # version 2
     graphs: Annotated[dict[str, GraphEntry], FailFast]
     partition: Optional[Partition] = None
-    passes: dict[str, list[PassStep]] = {}
+    passes: dict[str, list[PassRecord]] = {}
     pass_failures: list[str] = []
     verification: Optional[Annotated[dict[str, VerificationEntry], FailFast]] = None
     checks: Optional[CheckTotals] = None  # version 2
@@ -603,7 +611,7 @@ class EagerCell(CheckTotals):
     skipped_reasons: list[str] = []
 
 
-class TimedPassStep(PassStep):
+class TimedPassRecord(PassRecord):
     """A pass as it ran, with its time (run.json only: the manifest is deterministic)."""
 
     seconds: float
@@ -613,7 +621,7 @@ class PassChainRun(Record):
     """What a pass chain did to one graph, and how long it took."""
 
     seconds: float
-    steps: list[TimedPassStep]
+    steps: list[TimedPassRecord]
 
 
 class VerificationSummary(Record):

@@ -19,8 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.artifact.records import PassChainRun, TimedPassStep
-from aotpipe.artifact.records import PassStep as RecordedPassStep
+from aotpipe.artifact.records import PassChainRun, PassRecord, TimedPassRecord
 from aotpipe.passes import PASSES, PassStep, step_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe import accuracy
@@ -29,17 +28,17 @@ from aotpipe.execution import run_graph, run_with_summaries
 
 
 def _step(step: PassStep, nodes_before: int, nodes_after: int, modified: bool, seconds: float,
-          max_abs_error: Optional[float], stats: dict[str, Any]) -> TimedPassStep:
+          max_abs_error: Optional[float], stats: dict[str, Any]) -> TimedPassRecord:
     """What one pass did (run.json's record; the manifest's is the same less the time).
     max_abs_error: against the graph before it; None when not run (checked at the end)."""
-    return TimedPassStep(name=step.name, options=step_to_json(step)["options"], nodes_before=nodes_before,
+    return TimedPassRecord(name=step.name, options=step_to_json(step)["options"], nodes_before=nodes_before,
                          nodes_after=nodes_after, modified=modified, max_abs_error=max_abs_error, stats=stats,
                          seconds=round(seconds, 4))
 
 
-def untimed(step: TimedPassStep) -> RecordedPassStep:
+def untimed(step: TimedPassRecord) -> PassRecord:
     """The manifest's record of a pass as it ran: deterministic, so without its time."""
-    return RecordedPassStep(**{k: v for k, v in step if k != "seconds"})
+    return PassRecord(**{k: v for k, v in step if k != "seconds"})
 
 
 def first_diverging_node(before: GraphUnderPass, after: GraphUnderPass) -> Optional[str]:
@@ -78,7 +77,7 @@ def _compare(expected: list[Any], actual: list[Any]) -> tuple[float, list[str]]:
 
 
 def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
-              check_each: bool = True) -> tuple[GraphUnderPass, list[TimedPassStep]]:
+              check_each: bool = True) -> tuple[GraphUnderPass, list[TimedPassRecord]]:
     """Apply `steps` in order; returns the final graph and what each step did.
 
     With `check_each`, each pass is run and compared with the graph before it (a
@@ -89,7 +88,7 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
     order = chain_order_problems([s.name for s in steps])
     if order:
         raise PassError(order[0][1])
-    records: list[TimedPassStep] = []
+    records: list[TimedPassRecord] = []
     current = graph
     reference = run_graph(current.gm, current.values) if check_each else None
     for i, step in enumerate(steps):

@@ -120,8 +120,8 @@ def test_lifted_parameters_are_weights_named_as_in_the_model(branchy_cap):
 def test_written_graphs_load_replay_bit_exact_and_pass_their_checks(branchy_cap, tmp_path):
     path, mc = _write_and_check(branchy_cap, tmp_path)
     assert mc.problems == []
-    assert mc.graphs["forward_2"].to_json()["passed"] == 1  # its user output vs the dynamo graph's
-    assert mc.graphs["backward_2"].to_json()["passed"] == 3  # both parameters and the activation
+    assert mc.graphs["forward_2"].record().passed == 1  # its user output vs the dynamo graph's
+    assert mc.graphs["backward_2"].record().passed == 3  # both parameters and the activation
     # fc1.bias feeds a train-mode BatchNorm, which subtracts its mean: its gradient is zero in
     # exact arithmetic, float noise in eager, and checked all the same; nothing is skipped.
     assert {k: gc.skipped for k, gc in mc.graphs.items() if gc.skipped} == {}
@@ -283,7 +283,7 @@ def test_a_masked_in_place_write_into_an_activation_captures_and_checks(tmp_path
     assert mc.problems == []
     grads = load(path).graphs["forward_1"].record.partition.grad_of
     assert "embed" in grads and "h" in grads
-    assert mc.graphs["backward_1"].to_json()["passed"] >= 2  # embed's and h's gradients vs eager
+    assert mc.graphs["backward_1"].record().passed >= 2  # embed's and h's gradients vs eager
 
 
 class ViewAfterBreak(nn.Module):
@@ -323,8 +323,8 @@ def test_a_subgraph_output_that_views_its_input_is_not_in_the_eager_gradient_eit
                          input_names=["x"])
     path, mc = _write_and_check(cap, tmp_path)
     assert mc.problems == []
-    items = {i["what"]: i for i in mc.graphs["backward_1"].to_json()["items"]}
-    assert items["gradient of h"]["passed"], items
+    items = {i.what: i for i in mc.graphs["backward_1"].record().items}
+    assert items["gradient of h"].passed, items
 
 
 class NormalisedBreak(nn.Module):
