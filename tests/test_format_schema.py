@@ -55,8 +55,8 @@ def test_a_field_added_without_regenerating_is_stale(monkeypatch, committed):
     assert tool.write(committed) == []
     after = _lock(committed)["graph.json"]
     assert after["revision"] == before["revision"] + 1 and after["version"] == before["version"]
-    assert after["fields"]["GraphRecord.provenance"] == {"type": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                                                         "required": False}
+    assert after["fields"]["provenance"] == {"type": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                                             "required": False, "record": "GraphRecord"}
     assert tool.stale(committed) == []
 
 
@@ -64,7 +64,7 @@ def test_a_required_new_field_is_refused(monkeypatch, committed):
     grown = create_model("RunRecord", __base__=records.RunRecord, host=(str, ...))
     monkeypatch.setitem(records.RECORDS, records.RUN_JSON, grown)
     problems = tool.write(committed)
-    assert len(problems) == 1 and problems[0].startswith("run.json: RunRecord.host was added as a required field, "
+    assert len(problems) == 1 and problems[0].startswith("run.json: host was added as a required field, "
                                                          "but the run.json files this aotpipe reads (versions 1) may hold it")
     assert "a new field must be Optional" in problems[0]
     assert tool.stale(committed)[0] == problems[0]  # the check says the same
@@ -75,7 +75,7 @@ def test_a_retyped_field_is_refused_unless_the_version_is_bumped(monkeypatch, co
     retyped = create_model("RunRecord", __base__=records.RunRecord, seconds=(str, ...))
     monkeypatch.setitem(records.RECORDS, records.RUN_JSON, retyped)
     (problem,) = tool.write(committed)
-    assert problem.startswith('run.json: RunRecord.seconds changed type from {"type":"number"} to {"type":"string"}')
+    assert problem.startswith('run.json: seconds changed type from {"type":"number"} to {"type":"string"}')
     assert "bump run.json's version in aotpipe/artifact/records.py and keep reading the old one" in problem
     monkeypatch.setitem(records.RECORD_VERSIONS, records.RUN_JSON, (2, (1, 2)))
     assert tool.write(committed) == []
@@ -85,10 +85,11 @@ def test_a_retyped_field_is_refused_unless_the_version_is_bumped(monkeypatch, co
 def test_a_removed_field_is_refused_naming_the_versions_still_read(committed):
     lock = _lock(committed)
     # as if the code had dropped a field the lock still holds
-    lock["manifest.json"]["fields"]["Manifest.colour"] = {"type": {"type": "string"}, "required": False}
+    lock["manifest.json"]["fields"]["graphs{}.colour"] = {"type": {"type": "string"}, "required": False,
+                                                          "record": "GraphEntry"}
     (committed / tool.LOCK).write_text(json.dumps(lock))
     (problem,) = tool.write(committed)
-    assert problem.startswith("manifest.json: Manifest.colour was removed, but the manifest.json files this "
+    assert problem.startswith("manifest.json: graphs{}.colour was removed, but the manifest.json files this "
                               "aotpipe reads (versions 1, 2, 3) may hold it")
 
 
@@ -97,3 +98,26 @@ def test_a_hand_edited_schema_file_is_stale(committed):
     p.write_text(p.read_text().replace('"StorageRecord"', '"Storage"', 1))
     assert tool.stale(committed) == ["docs/format/inputs.schema.json differs from the records in "
                                      "aotpipe/artifact/records.py"]
+
+
+def test_fields_are_named_by_where_they_stand_so_a_renamed_class_is_no_change(monkeypatch, committed):
+    fields = _lock(committed)["manifest.json"]["fields"]
+    assert fields["graphs{}.passes[].nodes_after"]["record"] == "PassRecord"
+    assert fields["graphs{}.checks.items[].ratio"]["required"] is False
+    renamed = create_model("ExecutorOfTheRun", __base__=records.ExecutorRecord)
+    grown = create_model("RunRecord", __base__=records.RunRecord, executor=(renamed, ...))
+    monkeypatch.setitem(records.RECORDS, records.RUN_JSON, grown)
+    before = _lock(committed)["run.json"]["revision"]
+    assert tool.write(committed) == []
+    assert _lock(committed)["run.json"]["revision"] == before  # the file may hold the same as before
+
+
+def test_a_new_kind_of_node_argument_is_compatible(monkeypatch, committed):
+    old, new = tool.fields(json.loads((committed / "graph.schema.json").read_text())), None
+    new = dict(old)
+    new["nodes[].args[].symbol"] = {"type": {"type": "string"}, "required": True, "record": "SymbolArg"}
+    ok, bad = tool.changes(old, new)
+    assert bad == [] and ok == ["nodes[].args[].symbol was added with its record SymbolArg"]
+    new["nodes[].args[].node_kind"] = {"type": {"type": "string"}, "required": True, "record": "NodeRef"}
+    ok, bad = tool.changes(old, new)
+    assert bad == ["nodes[].args[].node_kind was added as a required field"]

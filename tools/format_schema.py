@@ -51,8 +51,12 @@ def generate() -> dict[str, str]:
 
 
 def _bare(prop: Any) -> Any:
-    """A property's schema without what does not decide its type (titles, descriptions, defaults)."""
+    """A property's schema as far as it decides what a file may hold: no titles, descriptions
+    or defaults, and a named record or type only as "(named)" (its own fields are compared
+    where they stand, so renaming a class changes nothing)."""
     if isinstance(prop, dict):
+        if "$ref" in prop:
+            return {"$ref": "(named)"}
         return {k: _bare(v) for k, v in prop.items() if k not in ("title", "description", "default")}
     if isinstance(prop, list):
         return [_bare(v) for v in prop]
@@ -60,27 +64,60 @@ def _bare(prop: Any) -> Any:
 
 
 def fields(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Every field of a record file's schema: "Class.field" -> {"type": its JSON Schema (no
-    title, description or default), "required": whether a file must hold it}."""
-    out = {}
-    defs = dict(schema.get("$defs", {}))
-    defs[schema.get("title", "(record)")] = schema
-    for cls, d in defs.items():
+    """Every field of a record file, by where it stands in the file ("graphs{}.passes[].name":
+    {} a map's values, [] a list's items) -> {"type": its schema (see _bare), "required":
+    whether a file must hold it, "record": the class that holds it}."""
+    defs = schema.get("$defs", {})
+    out: dict[str, dict[str, Any]] = {}
+
+    def record(d: dict[str, Any], cls: str, path: str, seen: frozenset[str]) -> None:
         required = set(d.get("required", []))
         for name, prop in d.get("properties", {}).items():
-            out[f"{cls}.{name}"] = {"type": _bare(prop), "required": name in required}
+            at = f"{path}.{name}" if path else name
+            out[at] = {"type": _bare(prop), "required": name in required, "record": cls}
+            walk(prop, at, seen)
+
+    def walk(t: Any, path: str, seen: frozenset[str]) -> None:
+        if not isinstance(t, dict):
+            return
+        if "$ref" in t:
+            name = t["$ref"].rsplit("/", 1)[-1]
+            if name in seen:  # a recursive type (a node argument holds node arguments): once
+                return
+            d = defs[name]
+            if "properties" in d:
+                record(d, name, path, seen | {name})
+            else:
+                walk(d, path, seen | {name})
+            return
+        for key, sub in t.items():
+            if key == "items":
+                walk(sub, path + "[]", seen)
+            elif key == "additionalProperties":
+                walk(sub, path + "{}", seen)
+            elif key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+                for one in sub:
+                    walk(one, path, seen)
+
+    record(schema, schema.get("title", "(record)"), "", frozenset())
     return out
 
 
 def changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(compatible, incompatible) changes from the locked fields `old` to `new`, one line each."""
     ok, bad = [], []
-    classes = {f.split(".")[0] for f in old}
+
+    def owner(f: str, entry: dict[str, Any]) -> tuple[str, str]:
+        return (f.rsplit(".", 1)[0] if "." in f else ""), entry.get("record", "")
+
+    # A record that stands where none of its class stood before (a new optional field's, a
+    # new kind of node argument's) is new as a whole: files already written hold none of it.
+    known = {owner(f, e) for f, e in old.items()}
     for f in sorted(set(old) | set(new)):
         if f not in new:
             bad.append(f"{f} was removed")
-        elif f not in old and f.split(".")[0] not in classes:
-            ok.append(f"{f} was added with its record")  # reached only through a field that changed or is new
+        elif f not in old and owner(f, new[f]) not in known:
+            ok.append(f"{f} was added with its record {new[f].get('record')}")
         elif f not in old:
             (bad if new[f]["required"] else ok).append(
                 f"{f} was added" + (" as a required field" if new[f]["required"] else " (optional)"))
