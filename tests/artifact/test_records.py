@@ -88,6 +88,50 @@ def test_run_json_round_trips(quickstart_run):
     assert dump_json(json.loads(raw)) == raw
 
 
+def test_run_json_is_a_run_record_that_round_trips(quickstart_run):
+    from aotpipe.artifact.records import RunRecord, load_run
+
+    root, _ = quickstart_run
+    raw = (root / "run.json").read_bytes()
+    run = load_run(root)  # the folder, or the file
+    assert isinstance(run, RunRecord) and load_run(root / "run.json") == run
+    assert dump_json(run.model_dump(mode="json")) == raw  # every field typed, nothing lost or added
+    m = {m.name: m for m in run.models}["mlp"]
+    assert m.status == "ok" and m.checks.failed == 0 and m.verification.ok
+    (chain,) = m.passes.values()
+    assert [s.name for s in chain.steps] == ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
+    assert all(s.seconds >= 0 for s in chain.steps) and m.eager["inference"].run >= 1
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda d: d["models"][0].__setitem__("status", "fine"), "models.0.status"),
+    (lambda d: d["models"][0]["checks"].__setitem__("failed", "0"), "models.0.checks.failed"),
+    (lambda d: d["models"][0].__setitem__("traceback", "Traceback..."), "models.0.traceback"),
+    (lambda d: d["summary"].pop("graphs"), "summary.graphs"),
+])
+def test_a_run_json_off_its_record_is_one_line_naming_the_field(quickstart_run, tmp_path, edit, field):
+    from aotpipe.artifact.records import load_run
+
+    root, _ = quickstart_run
+    data = json.loads((root / "run.json").read_text())
+    edit(data)
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError) as e:
+        load_run(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'run.json'}: field {field}: "), str(e.value)
+
+
+def test_a_failed_model_keeps_its_traceback_out_of_run_json():
+    from aotpipe.results import ModelResult
+
+    r = ModelResult(name="m", status="failed", stage="capture", error="boom", traceback="Traceback (most recent...")
+    assert "traceback" not in r.to_record().model_dump() and r.traceback.startswith("Traceback")
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"status\n  Input should be 'ok' or 'failed'"):
+        r.status = "fine"  # the result is run.json's record: checked as it is filled in
+
+
 @pytest.mark.parametrize("record", ["manifest.json", "mlp_inference_0/graph.json", "mlp_inference_0/inputs.json",
                                     "mlp_inference_0/trace.json"])
 def test_newer_format_version_is_refused_naming_both_versions(quickstart_run, tmp_path, record):
