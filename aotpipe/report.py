@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 from aotpipe.artifact.manifest import dump_json, versions
 from aotpipe.artifact.records import (RUN_FORMAT_VERSION, RUN_JSON, CheckTotals, ExecutorRecord, ModelRun, RunRecord, RunSummary,
-                                      SettledTotals, Versions, load_run)
+                                      SettledTotals, load_run)
 
 if TYPE_CHECKING:
     from aotpipe.config import Pipeline
@@ -25,7 +25,7 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> RunRecord:
     return RunRecord(
         format_version=RUN_FORMAT_VERSION,
         pipeline=pipeline.name,
-        versions=Versions(**versions()),
+        versions=versions(),
         seconds=round(run.seconds, 3),
         executor=ExecutorRecord(kind=run.executor, workers=run.workers),
         ok=run.ok,

@@ -271,12 +271,12 @@ def write_model(
         header = dict(
             format_version=FORMAT_VERSION,
             fingerprint=fingerprint,
-            versions=fmt.Versions(**versions()),
+            versions=versions(),
             model=fmt.ModelRecord.model_validate(model_record),
             capture=captured.capture_record(),
             save_values=save_values if inputs is not None else "none",
             # The reference outputs are recorded by `check`, in this process, at this thread count.
-            environment=fmt.Environment(**environment()),
+            environment=environment(),
         )
         written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
         with intra_op_threads(header["environment"].threads):
@@ -364,7 +364,7 @@ def _write_graphs(
             input_lines=[_input_line(gi) for gi in g.inputs],
             constants={t: (h, *layouts[t]) for t, h in constants.items()},
             version=aotpipe.__version__,
-            torch_version=v["torch"],
+            torch_version=v.torch,
         )
         _write(d / MODULE_PY, src.encode("utf-8"))
         _write(d / f"{folder}{INPUT_SUFFIX}", input_meta.dumps(input_meta.input_meta(g.inputs, g.input_groups)))

@@ -3,12 +3,12 @@
 import json
 
 from aotpipe.artifact.manifest import dump_json, versions
-from aotpipe.artifact.records import ExecutorRecord, ModelRun, RunRecord, RunSummary, Versions
+from aotpipe.artifact.records import ExecutorRecord, ModelRun, RunRecord, RunSummary
 from aotpipe.runner import longest_first
 
 
 def _run_json(folder, models):
-    record = RunRecord(format_version=1, pipeline="p", versions=Versions(**versions()), seconds=1.0,
+    record = RunRecord(format_version=1, pipeline="p", versions=versions(), seconds=1.0,
                        executor=ExecutorRecord(kind="local", workers=1), ok=True,
                        summary=RunSummary(models=len(models), ok=len(models), up_to_date=0, failed=0, graphs=0,
                                           bytes=0), models=models)
