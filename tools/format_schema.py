@@ -176,7 +176,23 @@ def stale(out: Path = OUT) -> list[str]:
         if was is None or {k: was.get(k) for k in entry} != entry:
             why = "its fields changed" if was is None or was.get("fields") != entry["fields"] else "its schema changed"
             lines.append(f"docs/format/{LOCK}: {name}'s entry is out of date ({why})")
+    if not lines and (out / LOCK).read_text(encoding="utf-8") != dump_lock(expected):
+        lines.append(f"docs/format/{LOCK} is not as tools/format_schema.py writes it")
     return lines
+
+
+def dump_lock(lock: dict[str, Any]) -> str:
+    """The lock as JSON with one line per field (a field change is a one-line diff)."""
+    def compact(v: Any) -> str:
+        return json.dumps(v, sort_keys=True, separators=(", ", ": "), ensure_ascii=False)
+
+    parts = []
+    for name in sorted(lock):
+        entry = lock[name]
+        head = ",\n".join(f'  {json.dumps(k)}: {compact(entry[k])}' for k in sorted(entry) if k != "fields")
+        fields = ",\n".join(f'   {json.dumps(f)}: {compact(v)}' for f, v in sorted(entry["fields"].items()))
+        parts.append(f' {json.dumps(name)}: {{\n{head},\n  "fields": {{\n{fields}\n  }}\n }}')
+    return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
 def _read_lock(out: Path) -> dict[str, Any]:
@@ -193,7 +209,7 @@ def write(out: Path = OUT) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (out / name).write_text(text, encoding="utf-8")
-    (out / LOCK).write_text(dump(new_lock), encoding="utf-8")
+    (out / LOCK).write_text(dump_lock(new_lock), encoding="utf-8")
     return []
 
 
