@@ -31,6 +31,8 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
+from aotpipe.artifact.records import CheckItem
+
 # Per dtype: (multiplier, relative floor). torch's runners use 2.0 for float32 and 3.0 for
 # half types; the floor is about 100 float32 ulps of the tensor's RMS.
 _RULES: dict[torch.dtype, tuple[float, float]] = {
@@ -165,13 +167,14 @@ class Check:
             return None
         return self.error / self.eager_error
 
-    def to_json(self) -> dict[str, Any]:
-        def num(x: Optional[float]) -> Any:
-            return None if x is None else ("inf" if math.isinf(x) else float(f"{x:.4g}"))
+    def item(self) -> CheckItem:
+        """The manifest's record of this check, its figures to 4 significant digits."""
+        def num(x: Optional[float]) -> Optional[float]:
+            return None if x is None else (x if math.isinf(x) else float(f"{x:.4g}"))
 
-        return {"what": self.what, "passed": self.passed, "method": self.method, "error": num(self.error),
-                "eager_error": num(self.eager_error), "ratio": num(self.ratio), "bound": num(self.bound),
-                "detail": self.detail}
+        return CheckItem(what=self.what, passed=self.passed, method=self.method, error=num(self.error),
+                         eager_error=num(self.eager_error), ratio=num(self.ratio), bound=num(self.bound),
+                         detail=self.detail)
 
     def line(self) -> str:
         """One line for people: what, verdict and the figures behind it."""

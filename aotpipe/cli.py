@@ -156,10 +156,10 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
         for m in result.models:
             if m.status == "ok":
                 kinds = ", ".join(f"{g.kind}({g.nodes})" for g in m.graphs)
-                c = m.checks or {}
-                checks = f"{c.get('passed', 0)}/{c.get('run', 0)} checks" + (
+                c = m.checks
+                checks = f"{c.passed if c else 0}/{c.run if c else 0} checks" + (
                     f" ({settled_text(c)})" if settled_text(c) else "") + (
-                    f", {c['skipped']} SKIPPED" if c.get("skipped") else "")
+                    f", {c.skipped} SKIPPED" if c is not None and c.skipped else "")
                 if m.skipped:
                     click.echo(f"kept    {m.name:<24} up to date  {checks}  {kinds}")
                 else:
@@ -169,7 +169,7 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
                 if click.get_current_context().find_root().params.get("verbose") and m.traceback:
                     click.echo(m.traceback, err=True)
         n_ok = sum(m.status == "ok" for m in result.models)
-        of = f" (shard {which} of {len(result.shard['selection'])} models)" if which and result.shard else ""
+        of = f" (shard {which} of {len(result.shard.selection)} models)" if which and result.shard else ""
         click.echo(f"{n_ok}/{len(result.models)} models ok{of} in {result.seconds:.1f}s -> {result.output}/ "
                    f"(see {REPORT_MD}, {REPORT_HTML})")
     sys.exit(0 if result.ok else 1)
@@ -197,26 +197,27 @@ def merge(folders: tuple[str, ...], output: str | None, as_json: bool) -> None:
     from pathlib import Path
 
     from aotpipe.merge import NamedPipeline, merge_runs
-    from aotpipe.report import REPORT_MD, run_record
+    from aotpipe.report import REPORT_MD, dump_run, run_record
 
     result = merge_runs([Path(f) for f in folders], Path(output) if output is not None else None)
-    info = result.merge or {}
+    info = result.merge
+    assert info is not None  # merge_runs always records what it merged
     if as_json:
-        click.echo(json.dumps(run_record(result, NamedPipeline(result.pipeline)), indent=1))  # type: ignore[arg-type]
+        click.echo(dump_run(run_record(result, NamedPipeline(result.pipeline))))  # type: ignore[arg-type]
     else:
-        for s in info.get("shards", []):
-            _say(f"shard {s['shard'] or '-':<7} {s['models']:4d} model(s)  {s['folder']}")
+        for s in info.shards:
+            _say(f"shard {s.shard or '-':<7} {s.models:4d} model(s)  {s.folder}")
         for m in result.models:
             if m.status != "ok":
                 _say(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
-        if info.get("missing"):
-            _say(f"MISSING {len(info['missing'])} model(s) in no shard: {', '.join(info['missing'])}")
-        for d in info.get("duplicated", []):
-            _say(f"DUPLICATED {d['name']}: in {', '.join(d['folders'])} (kept the first)")
+        if info.missing:
+            _say(f"MISSING {len(info.missing)} model(s) in no shard: {', '.join(info.missing)}")
+        for d in info.duplicated:
+            _say(f"DUPLICATED {d.name}: in {', '.join(d.folders)} (kept the first)")
         n_ok = sum(m.status == "ok" for m in result.models)
-        total = len(result.models) + len(info.get("missing", []))
+        total = len(result.models) + len(info.missing)
         where = f" -> {result.output}/ (see {REPORT_MD})" if output is not None else " (nothing written: no --output)"
-        _say(f"{n_ok}/{total} models ok across {len(info.get('shards', []))} shard(s){where}")
+        _say(f"{n_ok}/{total} models ok across {len(info.shards)} shard(s){where}")
     sys.exit(0 if result.ok else 1)
 
 

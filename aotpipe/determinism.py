@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import torch
 import torch.fx
 
+from aotpipe.artifact.records import Environment
+
 # Seed set before every seeded run (graph or eager), at capture and at replay.
 RNG_SEED = 0
 
@@ -110,47 +112,46 @@ def intra_op_threads(n: Optional[int]) -> Iterator[int]:
             torch.set_num_threads(was)
 
 
-def environment(device: str = "cpu") -> dict[str, Any]:
+def environment(device: str = "cpu") -> Environment:
     """What decides the bits of a graph's outputs here, besides the graph and its inputs:
     intra-op threads, the CPU instruction set torch's kernels dispatch to, torch's version,
     the deterministic settings graphs run under (:func:`reproducible`) and the CPU
     libraries torch was built with. The manifest records it (manifest.environment)."""
-    return {
-        "device": device,
-        "threads": torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch": torch.__version__,
+    return Environment(
+        device=device,
+        threads=torch.get_num_threads(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        torch=torch.__version__,
         # What reproducible() sets for every graph run: always so with this aotpipe.
-        "deterministic_algorithms": True,
-        "fill_uninitialized_memory": bool(torch.utils.deterministic.fill_uninitialized_memory),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "mkldnn": bool(torch.backends.mkldnn.is_available()),
-        "mkl": bool(torch.backends.mkl.is_available()),
-    }
+        deterministic_algorithms=True,
+        fill_uninitialized_memory=bool(torch.utils.deterministic.fill_uninitialized_memory),
+        float32_matmul_precision=torch.get_float32_matmul_precision(),
+        mkldnn=bool(torch.backends.mkldnn.is_available()),
+        mkl=bool(torch.backends.mkl.is_available()),
+    )
 
 
-def environment_differences(recorded: Optional[dict[str, Any]], now: dict[str, Any]) -> list[str]:
+def environment_differences(recorded: Optional[Environment], now: Environment) -> list[str]:
     """Why bits recorded in `recorded` cannot be expected `now`, one short phrase each, the
     way a replay report says them ("other CPU: avx2, recorded avx512", "2 threads, recorded
     1"); empty when nothing that decides bits differs (or nothing was recorded)."""
-    if not recorded:
+    if recorded is None:
         return []
     out = []
-    if now["device"] != recorded.get("device", "cpu"):
-        out.append(f"device {now['device']}, recorded {recorded.get('device', 'cpu')}")
-    if now["cpu_capability"] != recorded.get("cpu_capability"):
-        out.append(f"other CPU: {str(now['cpu_capability']).lower()}, recorded "
-                   f"{str(recorded.get('cpu_capability')).lower()}")
-    if now["torch"] != recorded.get("torch"):
-        out.append(f"torch {now['torch']}, recorded {recorded.get('torch')}")
-    if now["threads"] != recorded.get("threads"):
-        out.append(f"{now['threads']} thread{'s' if now['threads'] != 1 else ''}, recorded {recorded.get('threads')}")
+    if now.device != recorded.device:
+        out.append(f"device {now.device}, recorded {recorded.device}")
+    if now.cpu_capability != recorded.cpu_capability:
+        out.append(f"other CPU: {now.cpu_capability.lower()}, recorded {recorded.cpu_capability.lower()}")
+    if now.torch != recorded.torch:
+        out.append(f"torch {now.torch}, recorded {recorded.torch}")
+    if now.threads != recorded.threads:
+        out.append(f"{now.threads} thread{'s' if now.threads != 1 else ''}, recorded {recorded.threads}")
     for key, what, yes, no in (("deterministic_algorithms", "deterministic algorithms", "on", "off"),
                                ("fill_uninitialized_memory", "fill_uninitialized_memory", "on", "off"),
                                ("float32_matmul_precision", "float32 matmul precision", "", ""),
                                ("mkldnn", "oneDNN", "available", "missing"), ("mkl", "MKL", "available", "missing")):
-        if key in recorded and now[key] != recorded[key]:
+        if getattr(now, key) != getattr(recorded, key):
             def shown(v: Any) -> str:
                 return (yes if v else no) if isinstance(v, bool) else str(v)
-            out.append(f"{what} {shown(now[key])}, recorded {shown(recorded[key])}")
+            out.append(f"{what} {shown(getattr(now, key))}, recorded {shown(getattr(recorded, key))}")
     return out

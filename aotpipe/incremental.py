@@ -21,7 +21,7 @@ from typing import Iterator, Optional
 from aotpipe.artifact.records import FORMAT_VERSION, Manifest
 from aotpipe.config import ModelSpec
 from aotpipe.errors import AotpipeError
-from aotpipe.results import ModelResult, checks_summary, eager_cell, failed_last_time, graph_results, \
+from aotpipe.results import ModelResult, checks_summary, eager_cells, failed_last_time, graph_results, \
     verification_summary, written_manifest
 
 ZOO = "aotpipe.zoo:"
@@ -107,7 +107,7 @@ def up_to_date(folder: Path, fp: str, key: Path | None = None) -> Optional[Manif
 def skipped_result(spec: ModelSpec, folder: Path, manifest: Manifest, start: float) -> ModelResult:
     r = ModelResult(name=spec.name, status="ok", skipped=True)
     r.graphs = graph_results(manifest)
-    r.eager = {k: eager_cell(g.checks) for k, g in manifest.graphs.items()}
+    r.eager = eager_cells(manifest)
     r.checks = checks_summary(manifest)
     files = [p for p in folder.rglob("*") if p.is_file()]
     r.bytes, r.files = sum(p.stat().st_size for p in files), len(files)

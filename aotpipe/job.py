@@ -16,7 +16,7 @@ from typing import Any
 
 from aotpipe.config import ModelSpec
 from aotpipe.errors import AotpipeError, exception_line
-from aotpipe.results import GraphResult, ModelResult, checks_summary, eager_cell, verification_summary, written_manifest
+from aotpipe.results import GraphSummary, ModelResult, checks_summary, eager_cells, verification_summary, written_manifest
 
 
 def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False,
@@ -124,15 +124,16 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         result.notes = list(captured.notes)
         result.checks_seconds = mc.seconds
         result.write_seconds = time.perf_counter() - t0 - mc.seconds
-        result.graphs = [GraphResult(g.kind, g.folder, g.nodes, g.num_inputs, g.num_outputs) for g in written.graphs]
+        result.graphs = [GraphSummary(kind=g.kind, folder=g.folder, nodes=g.nodes, inputs=g.num_inputs, outputs=g.num_outputs)
+                         for g in written.graphs]
         result.bytes = written.bytes
         result.files = written.files
         result.status = "ok"
         manifest = written_manifest(written.path)
         result.verification = verification_summary(manifest)
         result.checks = checks_summary(manifest)
-        result.eager = {k: eager_cell(g.checks) for k, g in manifest.graphs.items()}
-        problems = mc.problems + result.verification["problems"]
+        result.eager = eager_cells(manifest)
+        problems = mc.problems + result.verification.problems
         if problems:
             result.status, result.stage = "failed", "verify"
             result.error = "; ".join(problems[:3])
@@ -199,12 +200,13 @@ def _write_meta(spec: ModelSpec, out_dir: Path, captured: Any, fp: str, key: Pat
     mc = checked[0]
     result.checks_seconds = mc.seconds
     result.write_seconds = time.perf_counter() - t0 - mc.seconds
-    result.graphs = [GraphResult(g.kind, g.folder, g.nodes, g.num_inputs, g.num_outputs) for g in written.graphs]
+    result.graphs = [GraphSummary(kind=g.kind, folder=g.folder, nodes=g.nodes, inputs=g.num_inputs, outputs=g.num_outputs)
+                         for g in written.graphs]
     result.bytes, result.files = written.bytes, written.files
     manifest = written_manifest(written.path)
     result.verification = verification_summary(manifest)
     result.checks = checks_summary(manifest)
-    problems = mc.problems + result.verification["problems"]
+    problems = mc.problems + result.verification.problems
     result.status = "failed" if problems else "ok"
     if problems:
         result.stage, result.error = "verify", "; ".join(problems[:3])

@@ -17,8 +17,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from aotpipe.artifact.records import DuplicatedModel, MergedShard, MergeRecord, ModelRun, RunRecord
 from aotpipe.errors import AotpipeError
-from aotpipe.results import GraphResult, ModelResult, RunResult
+from aotpipe.results import ModelResult, RunResult
 from aotpipe.shards import read_run_json
 
 
@@ -48,28 +49,20 @@ def run_folder(given: Path) -> Path:
                        "give the one to merge")
 
 
-def model_result(record: dict[str, Any]) -> ModelResult:
-    """A ModelResult from its run.json entry (fields the entry lacks take their defaults)."""
-    names = {f.name for f in dataclasses.fields(ModelResult)}
-    kept = {k: v for k, v in record.items() if k in names}
-    kept["graphs"] = [GraphResult(**g) for g in record.get("graphs") or []]
-    return ModelResult(**kept)
+def model_result(record: ModelRun) -> ModelResult:
+    """A ModelResult from its run.json record."""
+    return ModelResult.model_validate(record.model_dump())
 
 
-def _read(folder: Path) -> dict[str, Any]:
+def _read(folder: Path) -> RunRecord:
     from aotpipe.report import RUN_JSON
 
     try:
-        data = read_run_json(folder / RUN_JSON)
-        if not isinstance(data.get("pipeline"), str) or not isinstance(data.get("models"), list):
-            raise ValueError("it has no pipeline name or no models list")
-        for m in data["models"]:
-            model_result(m)  # each entry must read back
-    except (OSError, ValueError, TypeError, AttributeError) as e:
+        return read_run_json(folder / RUN_JSON)
+    except (OSError, AotpipeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:200]
         raise AotpipeError(f"{folder / RUN_JSON}: not a run.json aotpipe can merge ({why}); rerun that shard") \
             from None
-    return data
 
 
 def merge_runs(folders: list[Path], output: Optional[Path] = None) -> RunResult:
@@ -80,45 +73,43 @@ def merge_runs(folders: list[Path], output: Optional[Path] = None) -> RunResult:
     from aotpipe.report import write_reports
 
     runs = [(f, _read(f)) for f in (run_folder(Path(g)) for g in folders)]
-    pipelines = sorted({r["pipeline"] for _, r in runs})
+    pipelines = sorted({r.pipeline for _, r in runs})
     if len(pipelines) > 1:
         raise AotpipeError(f"the folders hold runs of different pipelines ({', '.join(map(repr, pipelines))}); "
                            "merge the shards of one pipeline at a time")
-    shard_records = [(f, r["shard"]) for f, r in runs if isinstance(r.get("shard"), dict)]
-    counts = sorted({s.get("count") for _, s in shard_records}, key=str)
+    shard_records = [(f, r.shard) for f, r in runs if r.shard is not None]
+    counts = sorted({s.count for _, s in shard_records})
     if len(counts) > 1:
         raise AotpipeError(f"the shards were cut into different counts ({', '.join(map(str, counts))}): a model "
                            "can be in two shards or none; rerun them all with one --shard I/N count")
     expected: list[str] = []
     for f, s in shard_records:
-        selection = s.get("selection") or []
-        if expected and selection != expected:
+        if expected and s.selection != expected:
             raise AotpipeError(f"{f}: its shard shares out other models than {shard_records[0][0]}'s (another "
                                "pipeline version or --only); rerun the shards from one pipeline file")
-        expected = list(selection)
+        expected = list(s.selection)
 
-    found: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    found: dict[str, list[tuple[Path, ModelRun]]] = {}
     for f, r in runs:
-        for m in r["models"]:
-            found.setdefault(m["name"], []).append((f, m))
+        for m in r.models:
+            found.setdefault(m.name, []).append((f, m))
     order = expected + [n for n in found if n not in expected]
     models = [model_result(found[n][0][1]) for n in order if n in found]
     missing = [n for n in expected if n not in found]
-    duplicated = [{"name": n, "folders": [str(f) for f, _ in found[n]]} for n in order
+    duplicated = [DuplicatedModel(name=n, folders=[str(f) for f, _ in found[n]]) for n in order
                   if len(found.get(n, [])) > 1]
-    kinds = sorted({(r.get("executor") or {}).get("kind", "local") for _, r in runs})
-    recycled = [{**x, "shard": str(f)} for f, r in runs for x in (r.get("executor") or {}).get("recycled") or []]
-    merge = {
-        "shards": [{"folder": str(f), "shard": (f"{r['shard']['index']}/{r['shard']['count']}"
-                                                if isinstance(r.get("shard"), dict) else None),
-                    "models": len(r["models"]), "seconds": r.get("seconds")} for f, r in runs],
-        "missing": missing,
-        "duplicated": duplicated,
-    }
+    kinds = sorted({r.executor.kind for _, r in runs})
+    recycled = [x.model_copy(update={"shard": str(f)}) for f, r in runs for x in r.executor.recycled or []]
+    merge = MergeRecord(
+        shards=[MergedShard(folder=str(f), shard=f"{r.shard.index}/{r.shard.count}" if r.shard else None,
+                            models=len(r.models), seconds=r.seconds) for f, r in runs],
+        missing=missing,
+        duplicated=duplicated,
+    )
     out_root = Path(output) / pipelines[0] if output is not None else runs[0][0]
-    run = RunResult(pipelines[0], out_root, models, max(float(r.get("seconds") or 0) for _, r in runs),
+    run = RunResult(pipelines[0], out_root, models, max(r.seconds for _, r in runs),
                     executor=kinds[0] if len(kinds) == 1 else "mixed",
-                    workers=sum(int((r.get("executor") or {}).get("workers") or 1) for _, r in runs),
+                    workers=sum(r.executor.workers for _, r in runs),
                     recycled=recycled, merge=merge)
     if output is not None:
         _link_models(out_root, [(found[m.name][0][0], m.name) for m in models])

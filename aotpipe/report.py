@@ -1,41 +1,49 @@
-"""run.json (for machines) and report.md (for people) of one pipeline run."""
+"""run.json (for machines) and report.md (for people) of one pipeline run.
+
+run.json is a :class:`~aotpipe.artifact.records.RunRecord`; read one with
+:func:`~aotpipe.artifact.records.load_run` (re-exported here).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from aotpipe.artifact.manifest import dump_json, versions
+from aotpipe.artifact.records import (RUN_FORMAT_VERSION, RUN_JSON, CheckTotals, ExecutorRecord, ModelRun, RunRecord, RunSummary,
+                                      SettledTotals, load_run)
 
 if TYPE_CHECKING:
     from aotpipe.config import Pipeline
     from aotpipe.results import RunResult
 
-RUN_JSON = "run.json"
 REPORT_MD = "report.md"
 
 
-def run_record(run: "RunResult", pipeline: "Pipeline") -> dict:
-    return {
-        "format_version": 1,
-        "pipeline": pipeline.name,
-        "versions": versions(),
-        "seconds": round(run.seconds, 3),
-        "executor": {"kind": run.executor, "workers": run.workers,
-                     **({"recycled": run.recycled} if run.recycled else {})},
+def run_record(run: "RunResult", pipeline: "Pipeline") -> RunRecord:
+    """run.json's record of a run."""
+    models = [m.to_record() for m in run.models]
+    return RunRecord(
+        format_version=RUN_FORMAT_VERSION,
+        pipeline=pipeline.name,
+        versions=versions(),
+        seconds=round(run.seconds, 3),
+        executor=ExecutorRecord(kind=run.executor, workers=run.workers,
+                                **({"recycled": list(run.recycled)} if run.recycled else {})),
+        # A shard's and a merged run's records: absent (not null) from a plain run's run.json.
         **({"shard": run.shard} if run.shard is not None else {}),
         **({"merge": run.merge} if run.merge is not None else {}),
-        "ok": run.ok,
-        "summary": {
-            "models": len(run.models),
-            "ok": sum(m.status == "ok" for m in run.models),
-            "up_to_date": sum(m.skipped for m in run.models),
-            "failed": sum(m.status != "ok" for m in run.models),
-            "graphs": sum(len(m.graphs) for m in run.models),
-            "bytes": sum(m.bytes for m in run.models),
-            "checks": settled_totals(run.models) or None,  # how the checks were settled, over every model
-        },
-        "models": [m.to_json() for m in run.models],
-    }
+        ok=run.ok,
+        summary=RunSummary(
+            models=len(models),
+            ok=sum(m.status == "ok" for m in models),
+            up_to_date=sum(m.skipped for m in models),
+            failed=sum(m.status != "ok" for m in models),
+            graphs=sum(len(m.graphs) for m in models),
+            bytes=sum(m.bytes for m in models),
+            checks=settled_totals(models),  # how the checks were settled, over every model
+        ),
+        models=models,
+    )
 
 
 def human_size(n: float) -> str:
@@ -47,10 +55,10 @@ def human_size(n: float) -> str:
     return str(n)
 
 
-def _replay_cell(m) -> str:
-    if not m.verification:
+def _replay_cell(m: ModelRun) -> str:
+    if m.verification is None:
         return "-"
-    graphs = m.verification["graphs"]
+    graphs = m.verification.graphs
     if all(s in ("match", "recorded") for s in graphs.values()):
         # "chain" (export) and "chain_<i>" (a dynamo subgraph's) are forward-backward checks, not graphs
         chains = sum(1 for k in graphs if k == "chain" or k.startswith("chain_"))
@@ -63,80 +71,82 @@ def _replay_cell(m) -> str:
 SETTLED = (("exact", "exact"), ("floor", "floor"), ("fp64", "fp64"))
 
 
-def settled_text(c: dict) -> str:
+def settled_text(c: Optional[CheckTotals | SettledTotals]) -> str:
     """How a model's (or a run's) checks were settled, briefly: "5 exact, 60 floor, 5 fp64";
     empty for checks recorded before the counts were (format version 2)."""
-    if c.get("fp64") is None:
+    if c is None or c.fp64 is None:
         return ""
-    text = ", ".join(f"{c.get(key) or 0} {word}" for key, word in SETTLED)
-    return text + (f" ({c['within_noise']} within eager's noise)" if c.get("within_noise") else "")
+    text = f"{c.exact or 0} exact, {c.floor or 0} floor, {c.fp64 or 0} fp64"
+    return text + (f" ({c.within_noise} within eager's noise)" if c.within_noise else "")
 
 
-def settled_totals(models: list) -> dict:
-    """The settled counts (records.CheckTotals) summed over `models`' checks."""
-    keys = ("run", "skipped", *(k for k, _ in SETTLED), "within_noise")
-    with_counts = [m.checks for m in models if m.checks and m.checks.get("fp64") is not None]
-    return {k: sum(c.get(k) or 0 for c in with_counts) for k in keys} if with_counts else {}
+def settled_totals(models: list[ModelRun]) -> Optional[SettledTotals]:
+    """The settled counts (records.CheckTotals) summed over `models`' checks; None where no
+    model's checks recorded them."""
+    with_counts = [m.checks for m in models if m.checks is not None and m.checks.fp64 is not None]
+    if not with_counts:
+        return None
+    return SettledTotals(**{k: sum(getattr(c, k) or 0 for c in with_counts) for k in SettledTotals.model_fields})
 
 
-def _checks_cell(m) -> str:
+def _checks_cell(m: ModelRun) -> str:
     c = m.checks
-    if not c:
+    if c is None:
         return "-"
-    text = f"{c.get('passed', 0)}/{c.get('run', 0)} passed"
+    text = f"{c.passed}/{c.run} passed"
     if settled_text(c):
         text += f" ({settled_text(c)})"
-    if c.get("failed"):
-        text += f", **{c['failed']} failed**"
-    if c.get("skipped"):
-        text += f", **{c['skipped']} skipped**"
-    if c.get("indirect"):
-        text += f" (+{c['indirect']} through other graphs)"
+    if c.failed:
+        text += f", **{c.failed} failed**"
+    if c.skipped:
+        text += f", **{c.skipped} skipped**"
+    if c.indirect:
+        text += f" (+{c.indirect} through other graphs)"
     return text
 
 
-def _worst_ratio(m) -> str:
-    ratios = [e["worst_ratio"] for e in m.eager.values() if e and e.get("worst_ratio") is not None]
+def _worst_ratio(m: ModelRun) -> str:
+    ratios = [e.worst_ratio for e in m.eager.values() if e.worst_ratio is not None]
     return f"{max(ratios):.2g}" if ratios else "-"
 
 
-def status_text(m) -> str:
+def status_text(m: ModelRun) -> str:
     """ok, up to date, or failed; says so when some checks were skipped."""
     if m.status != "ok":
         return f"**{m.status}** ({m.stage})"
     text = "up to date" if m.skipped else "ok"
-    skipped = (m.checks or {}).get("skipped")
+    skipped = m.checks.skipped if m.checks is not None else 0
     return f"{text}, {skipped} checks skipped" if skipped else text
 
 
 def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
     rec = run_record(run, pipeline)
-    s = rec["summary"]
-    v = rec["versions"]
+    s = rec.summary
+    v = rec.versions
     lines = [
         f"# aotpipe run: {pipeline.name}",
         "",
-        f"{s['ok']} of {s['models']} models ok, {s['graphs']} graphs, {human_size(s['bytes'])} on disk, "
-        f"{run.seconds:.1f} s (torch {v['torch']}, python {v['python']}, aotpipe {v['aotpipe']})"
-        + (f"; {s['up_to_date']} up to date and kept." if s["up_to_date"] else "."),
+        f"{s.ok} of {s.models} models ok, {s.graphs} graphs, {human_size(s.bytes)} on disk, "
+        f"{run.seconds:.1f} s (torch {v.torch}, python {v.python}, aotpipe {v.aotpipe})"
+        + (f"; {s.up_to_date} up to date and kept." if s.up_to_date else "."),
         "",
         "| model | status | graphs (nodes) | replay | checks vs eager | worst error / eager's | capture s "
         "| passes s | checks s | write s | size |",
         "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for m in run.models:
+    for m in rec.models:
         graphs = ", ".join(f"{g.kind} ({g.nodes})" for g in m.graphs) or "-"
         lines.append(
             f"| {m.name} | {status_text(m)} | {graphs} | {_replay_cell(m)} | {_checks_cell(m)} | {_worst_ratio(m)} "
             f"| {m.capture_seconds:.2f} | {m.passes_seconds:.2f} | {m.checks_seconds:.2f} | {m.write_seconds:.2f} "
             f"| {human_size(m.bytes)} |"
         )
-    failed = [m for m in run.models if m.status != "ok"]
+    failed = [m for m in rec.models if m.status != "ok"]
     if failed:
         lines += ["", "## Failures", ""]
         for m in failed:
             lines.append(f"- **{m.name}** ({m.stage}): {m.error}")
-    skipped = [(m.name, r) for m in run.models for r in (m.checks or {}).get("skipped_reasons", [])]
+    skipped = [(m.name, r) for m in rec.models for r in (m.checks.skipped_reasons if m.checks is not None else [])]
     if skipped:
         lines += ["", "## Skipped checks", ""] + [f"- {name}: {r}" for name, r in skipped]
     lines += ["", "Replay: each graph is run once from its written files (deterministic kernels, seeded "
@@ -146,13 +156,13 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
               "accuracy-runner rule: RMS error against eager in float64 at most 2x eager float32's own "
               "(more for tiny tensors), plus a floor of 1e-5 of the tensor's RMS; \"worst error / eager's\" "
               "is the largest such ratio where the float64 reference was needed."]
-    totals = settled_totals(run.models)
-    if totals:
-        lines += ["", f"Checks settled: {totals['run']} run: {totals['exact']} exactly (integers, shapes, None), "
-                  f"{totals['floor']} within the float-noise floor of eager float32, {totals['fp64']} by the float64 "
-                  f"rule ({totals['within_noise']} of them values zero in exact arithmetic, held to eager's own "
-                  f"noise); {totals['skipped']} skipped" + (" (reasons above)." if totals["skipped"] else ".")]
-    with_passes = [m for m in run.models if m.passes]
+    totals = s.checks
+    if totals is not None:
+        lines += ["", f"Checks settled: {totals.run} run: {totals.exact} exactly (integers, shapes, None), "
+                  f"{totals.floor} within the float-noise floor of eager float32, {totals.fp64} by the float64 "
+                  f"rule ({totals.within_noise} of them values zero in exact arithmetic, held to eager's own "
+                  f"noise); {totals.skipped} skipped" + (" (reasons above)." if totals.skipped else ".")]
+    with_passes = [m for m in rec.models if m.passes]
     if with_passes:
         lines += ["", "## Passes", "",
                   "The chain's result is checked against the eager model like every graph; only when it fails "
@@ -160,29 +170,29 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
                   "| model | graph | pass | nodes before | nodes after | max abs error | what it did | s |",
                   "|---|---|---|---:|---:|---:|---|---:|"]
         for m in with_passes:
-            for key, rec in m.passes.items():
-                for step in rec["steps"]:
-                    did = ", ".join(f"{k} {v}" for k, v in step["stats"].items() if v) or "nothing"
-                    lines.append(f"| {m.name} | {key.split('.')[0]} | {step['name']} | {step['nodes_before']} "
-                                 f"| {step['nodes_after']} | {'-' if step['max_abs_error'] is None else format(step['max_abs_error'], '.2g')} "
-                                 f"| {did} | {step['seconds']:.3f} |")
+            for key, chain in m.passes.items():
+                for step in chain.steps:
+                    did = ", ".join(f"{k} {v}" for k, v in step.stats.items() if v) or "nothing"
+                    lines.append(f"| {m.name} | {key.split('.')[0]} | {step.name} | {step.nodes_before} "
+                                 f"| {step.nodes_after} | {'-' if step.max_abs_error is None else format(step.max_abs_error, '.2g')} "
+                                 f"| {did} | {step.seconds:.3f} |")
     if run.cleaned:
         lines += ["", "## Cleaned up", ""] + [f"- {c}" for c in run.cleaned]
     if run.shard is not None:
-        lines += ["", "## Shard", "", f"Shard {run.shard['index']} of {run.shard['count']}: {len(run.models)} of the "
-                  f"{len(run.shard['selection'])} models; `aotpipe merge` combines the shards."]
+        lines += ["", "## Shard", "", f"Shard {run.shard.index} of {run.shard.count}: {len(run.models)} of the "
+                  f"{len(run.shard.selection)} models; `aotpipe merge` combines the shards."]
     if run.merge is not None:
         lines += ["", "## Merged shards", ""] + [
-            f"- {s['shard'] or 'unsharded run'}: {s['models']} model(s) from {s['folder']}" for s in run.merge["shards"]]
-        if run.merge["missing"]:
-            lines.append(f"- **missing** (in no shard): {', '.join(run.merge['missing'])}")
-        for d in run.merge["duplicated"]:
-            lines.append(f"- **duplicated** {d['name']}: in {', '.join(d['folders'])} (the first kept)")
+            f"- {s.shard or 'unsharded run'}: {s.models} model(s) from {s.folder}" for s in run.merge.shards]
+        if run.merge.missing:
+            lines.append(f"- **missing** (in no shard): {', '.join(run.merge.missing)}")
+        for d in run.merge.duplicated:
+            lines.append(f"- **duplicated** {d.name}: in {', '.join(d.folders)} (the first kept)")
     if run.recycled:
         lines += ["", "## Recycled workers", ""] + [
-            f"- worker {r['pid']} replaced after {r['after']} ({r['models']} model(s)): {r['reason']}"
+            f"- worker {r.pid} replaced after {r.after} ({r.models} model(s)): {r.reason}"
             for r in run.recycled]
-    noted = [m for m in run.models if m.notes]
+    noted = [m for m in rec.models if m.notes]
     if noted:
         lines += ["", "## Notes", ""]
         for m in noted:
@@ -191,13 +201,22 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
     return "\n".join(lines) + "\n"
 
 
+def dump_run(record: RunRecord) -> str:
+    """run.json's text: the fields set (a shard's or a merged run's records only where they
+    apply), in dump_json's deterministic form."""
+    return dump_json(record.model_dump(mode="json", exclude_unset=True)).decode("utf-8")
+
+
 def write_reports(run: "RunResult", pipeline: "Pipeline") -> None:
     """Write run.json and report.md, each replaced atomically."""
     from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 
-    for name, data in ((RUN_JSON, dump_json(run_record(run, pipeline))),
+    for name, data in ((RUN_JSON, dump_run(run_record(run, pipeline)).encode("utf-8")),
                        (REPORT_MD, report_markdown(run, pipeline).encode("utf-8"))):
         try:
             write_atomic(run.output / name, data)
         except OSError as e:
             raise OutputError(describe_os_error(e, run.output / name)) from None
+
+
+__all__ = ["RUN_JSON", "REPORT_MD", "dump_run", "load_run", "run_record", "report_markdown", "write_reports", "settled_text"]

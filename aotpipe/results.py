@@ -7,57 +7,35 @@ and data flows one way: runner -> executors -> job -> results.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from aotpipe.artifact.records import GraphChecks, Manifest
+from pydantic import ConfigDict, Field
+
+from aotpipe.artifact.records import (CheckSummary, EagerCell, GraphChecks, GraphSummary, Manifest, MergeRecord,
+                                     ModelRun, RecycledWorker, ShardRecord, VerificationSummary)
 
 # Where a model's run stopped: its own stages, or the worker it ran in (crash, timeout,
 # out of memory: reported by the executor, not by the model's code).
 STAGES = ("source", "capture", "passes", "write", "verify", "worker")
 
 
-@dataclass
-class GraphResult:
-    kind: str
-    folder: str
-    nodes: int
-    inputs: int
-    outputs: int
+# One graph a model's run wrote: run.json's record (kept by this name for its callers).
+GraphResult = GraphSummary
 
 
-@dataclass
-class ModelResult:
-    """What happened to one model; `status` is ok or failed."""
+class ModelResult(ModelRun):
+    """What happened to one model; `status` is ok or failed. run.json's record of it
+    (records.ModelRun), plus the traceback of a failure, kept for -v and never written."""
 
-    name: str
-    status: str
-    stage: Optional[str] = None  # where it failed: one of STAGES
-    error: Optional[str] = None
-    # The exception's class when the failure was not an aotpipe error: the model's own code,
-    # torch, or a bug in aotpipe (the traceback is kept for -v).
-    exception: Optional[str] = None
-    graphs: list[GraphResult] = field(default_factory=list)
-    capture_seconds: float = 0.0
-    passes_seconds: float = 0.0
-    checks_seconds: float = 0.0  # running the written graphs once: references, eager checks, chain
-    write_seconds: float = 0.0
-    verification: Optional[dict[str, Any]] = None
-    checks: dict[str, Any] = field(default_factory=dict)  # run, passed, failed, skipped (with reasons), indirect
-    eager: dict[str, Any] = field(default_factory=dict)  # per graph: its checks in brief
-    passes: dict[str, Any] = field(default_factory=dict)  # per transformed graph: what each pass did
-    total_seconds: float = 0.0
-    bytes: int = 0
-    files: int = 0
-    notes: list[str] = field(default_factory=list)
-    skipped: bool = False  # up to date: the artefact on disk was kept
-    traceback: Optional[str] = None
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("traceback")
-        return d
+    traceback: Optional[str] = Field(default=None, exclude=True)
+
+    def to_record(self) -> ModelRun:
+        """run.json's record of this model (without the traceback)."""
+        return ModelRun.model_validate(self.model_dump())
 
 
 @dataclass
@@ -69,36 +47,39 @@ class RunResult:
     cleaned: list[str] = field(default_factory=list)
     executor: str = "local"
     workers: int = 1
-    # With --shard: {"index", "count", "selection": every model name the shards share out}
-    shard: Optional[dict[str, Any]] = None
-    # Workers the process executor replaced: {"pid", "after" (the model), "models", "reason"}
-    recycled: list[dict[str, Any]] = field(default_factory=list)
-    # Written by `aotpipe merge`: the shard trees merged, and the models missing or duplicated
-    merge: Optional[dict[str, Any]] = None
+    shard: Optional[ShardRecord] = None  # with --shard
+    recycled: list[RecycledWorker] = field(default_factory=list)  # workers the process executor replaced
+    merge: Optional[MergeRecord] = None  # written by `aotpipe merge`
 
     @property
     def ok(self) -> bool:
-        gaps = self.merge is not None and bool(self.merge.get("missing") or self.merge.get("duplicated"))
+        gaps = self.merge is not None and bool(self.merge.missing or self.merge.duplicated)
         return all(m.status == "ok" for m in self.models) and not gaps
 
 
-def eager_cell(checks: Optional[GraphChecks]) -> dict[str, Any]:
+def eager_cell(checks: Optional[GraphChecks]) -> Optional[EagerCell]:
     """A graph's checks in brief: counts, the worst error as a multiple of eager's own."""
     if checks is None:
-        return {}
+        return None
     ratios = [c.ratio for c in checks.items if c.ratio is not None]
-    return {"run": checks.run, "passed": checks.passed, "failed": checks.failed, "skipped": checks.skipped,
-            "indirect": checks.indirect, "worst_ratio": max(ratios) if ratios else None,
-            "exact": checks.exact, "floor": checks.floor, "fp64": checks.fp64, "within_noise": checks.within_noise,
-            "skipped_reasons": list(checks.skipped_reasons)}
+    return EagerCell(run=checks.run, passed=checks.passed, failed=checks.failed, skipped=checks.skipped,
+                     indirect=checks.indirect, worst_ratio=max(ratios) if ratios else None,
+                     exact=checks.exact, floor=checks.floor, fp64=checks.fp64, within_noise=checks.within_noise,
+                     skipped_reasons=list(checks.skipped_reasons))
 
 
-def checks_summary(manifest: Manifest) -> dict[str, Any]:
-    """The model's checks in brief: counts, and the reasons for every skipped one."""
-    totals: dict[str, Any] = manifest.checks.model_dump() if manifest.checks is not None else {}
-    totals["skipped_reasons"] = [f"{key}: {r}" for key, g in manifest.graphs.items()
-                                 for r in (g.checks.skipped_reasons if g.checks is not None else [])]
-    return totals
+def eager_cells(manifest: Manifest) -> dict[str, EagerCell]:
+    """Every checked graph's checks in brief, by key."""
+    return {k: cell for k, g in manifest.graphs.items() if (cell := eager_cell(g.checks)) is not None}
+
+
+def checks_summary(manifest: Manifest) -> Optional[CheckSummary]:
+    """The model's checks in brief: counts, and the reasons for every skipped one (None: the
+    manifest records no checks)."""
+    if manifest.checks is None:
+        return None
+    return CheckSummary(**dict(manifest.checks), skipped_reasons=[
+        f"{key}: {r}" for key, g in manifest.graphs.items() for r in (g.checks.skipped_reasons if g.checks is not None else [])])
 
 
 # Verification statuses that are not problems: recorded by the run after writing (v2),
@@ -114,7 +95,7 @@ def written_manifest(path: Path) -> Manifest:
     return records.read(Manifest, path / records.MANIFEST, path)[1]
 
 
-def verification_summary(manifest: Manifest) -> dict[str, Any]:
+def verification_summary(manifest: Manifest) -> VerificationSummary:
     problems = []
     statuses = {}
     for kind, r in (manifest.verification or {}).items():
@@ -124,13 +105,13 @@ def verification_summary(manifest: Manifest) -> dict[str, Any]:
             if r.first_divergence:
                 detail += f" (first divergence: {r.first_divergence})"
             problems.append(f"{kind} replay {r.status}: {detail}")
-    return {"ok": not problems, "graphs": statuses, "problems": problems}
+    return VerificationSummary(ok=not problems, graphs=statuses, problems=problems)
 
 
 def failed_last_time(manifest: Manifest) -> bool:
     """Whether the run that wrote an artefact found a problem: a graph that did not run as
     recorded, a failed check, or a failed pass chain (such a model is redone, and ls says FAILED)."""
-    return bool(verification_summary(manifest)["problems"] or (manifest.checks is not None and manifest.checks.failed)
+    return bool(verification_summary(manifest).problems or (manifest.checks is not None and manifest.checks.failed)
                 or manifest.pass_failures)
 
 
@@ -138,7 +119,7 @@ def why_failed(manifest: Manifest) -> Optional[str]:
     """One line saying why the run that wrote an artefact failed it (see failed_last_time), or None."""
     from aotpipe.graph_keys import key_order
 
-    problems = sorted(verification_summary(manifest)["problems"], key=lambda p: key_order(p.split(" ", 1)[0]))
+    problems = sorted(verification_summary(manifest).problems, key=lambda p: key_order(p.split(" ", 1)[0]))
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         return problems[0][:300] + more
@@ -160,5 +141,5 @@ def graph_results(manifest: Manifest) -> list[GraphResult]:
         parsed = parse_graph_key(key)
         return (parsed is None or parsed.chain is not None, key_order(key))
 
-    return [GraphResult(k, graphs[k].folder, graphs[k].nodes, graphs[k].inputs, graphs[k].outputs)
-            for k in sorted(graphs, key=order)]
+    return [GraphSummary(kind=k, folder=graphs[k].folder, nodes=graphs[k].nodes, inputs=graphs[k].inputs,
+                         outputs=graphs[k].outputs) for k in sorted(graphs, key=order)]

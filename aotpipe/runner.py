@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from aotpipe.artifact.records import RecycledWorker, ShardRecord
 from aotpipe.config import ModelSpec, Pipeline
 from aotpipe.results import ModelResult, RunResult
 from aotpipe.shards import Shard
@@ -76,7 +77,7 @@ def run_pipeline(
 
         selected = [s.name for s in specs]
         specs = shard_models(specs, shard, Path(shard_times) if shard_times is not None else None)
-        shard_record = {"index": shard.index, "count": shard.count, "selection": selected}
+        shard_record = ShardRecord(index=shard.index, count=shard.count, selection=selected)
     out_root = Path(output if output is not None else pipeline.output) / pipeline.name
     try:
         out_root.mkdir(parents=True, exist_ok=True)
@@ -92,7 +93,7 @@ def run_pipeline(
     ex = pipeline.executor
     kind = executor or ex.kind
     n_workers = workers or ex.workers
-    recycled: list[dict] = []
+    recycled: list[RecycledWorker] = []
     results = _run_models(specs, out_root, base_dir, kind=kind, workers=n_workers, pipeline=pipeline,
                           progress=progress, force=force, key=key, recycled=recycled)
     run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start, cleaned, kind,
@@ -104,7 +105,7 @@ def run_pipeline(
 
 def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path], *, kind: str, workers: int,
                 pipeline: Pipeline, progress: bool, force: bool, key: Optional[Path],
-                recycled: Optional[list[dict]] = None) -> list[ModelResult]:
+                recycled: Optional[list[RecycledWorker]] = None) -> list[ModelResult]:
     """Keep what is up to date; run the rest on the executor; one result per spec, in order.
     Workers the executor replaced (recycled) are appended to `recycled`."""
     from tqdm import tqdm
@@ -171,7 +172,8 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
                 executor.run(tasks, on_start=on_start, on_done=on_done)
             finally:
                 if recycled is not None:
-                    recycled.extend(r.to_json() for r in getattr(executor, "recycled", []))
+                    recycled.extend(RecycledWorker(pid=r.pid, after=r.after, models=r.tasks, reason=r.reason)
+                                    for r in getattr(executor, "recycled", []))
     finally:
         bar.close()
     return [r for r in results if r is not None]
@@ -226,10 +228,14 @@ def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int
     """`todo` in the order to start them: models the last run (its run.json) did not time first,
     in pipeline order, then the rest, longest first. With N workers the batch then ends with
     short models running beside each other, not with one long model running alone."""
-    from aotpipe.report import RUN_JSON
-    from aotpipe.shards import previous_times
+    from aotpipe.artifact.records import load_run
+    from aotpipe.errors import AotpipeError
 
-    took = previous_times(out_root / RUN_JSON)
+    try:
+        last = load_run(out_root)
+        took = {m.name: m.total_seconds for m in last.models if not m.skipped and m.total_seconds}
+    except (OSError, AotpipeError):
+        took = {}
     unknown = [i for i in todo if names[i] not in took]
     known = sorted((i for i in todo if names[i] in took), key=lambda i: -took[names[i]])
     return unknown + known

@@ -19,7 +19,6 @@ No torch here, no runner: a leaf the runner, the CLI and merge all read.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Optional
 from aotpipe.errors import AotpipeError
 
 if TYPE_CHECKING:
+    from aotpipe.artifact.records import RunRecord
     from aotpipe.config import ModelSpec
 
 
@@ -55,12 +55,11 @@ def parse_shard(text: str) -> Shard:
     return Shard(i, n)
 
 
-def read_run_json(path: Path) -> dict:
-    """A run.json as a dict (the one place this module reads one; raises OSError or ValueError)."""
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a run record (a JSON object)")
-    return data
+def read_run_json(path: Path) -> "RunRecord":
+    """A run.json as its record (records.load_run: raises ArtifactError or OSError)."""
+    from aotpipe.artifact.records import load_run
+
+    return load_run(path)
 
 
 def previous_times(path: Path) -> dict[str, float]:
@@ -68,10 +67,9 @@ def previous_times(path: Path) -> dict[str, float]:
     to date, with a time); empty when the file is missing or malformed."""
     try:
         last = read_run_json(path)
-        return {m["name"]: float(m["total_seconds"]) for m in last.get("models", [])
-                if isinstance(m, dict) and not m.get("skipped") and m.get("total_seconds")}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, AotpipeError):
         return {}
+    return {m.name: m.total_seconds for m in last.models if not m.skipped and m.total_seconds}
 
 
 _DEPTH_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "layers", "depth", "encoder_layers", "decoder_layers")
@@ -126,7 +124,7 @@ def shard_models(specs: list["ModelSpec"], shard: Shard, times_file: Optional[Pa
     if times_file is not None:
         try:
             read_run_json(Path(times_file))
-        except (OSError, ValueError) as e:
+        except (OSError, AotpipeError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
             raise AotpipeError(f"--shard-times {times_file}: cannot read it as a run.json ({why}); give the "
                                "run.json of an earlier run, or leave the option out") from None

@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 import torch.fx
 
+from aotpipe.artifact.records import GraphRecord
+
 _HEADER = '''\
 # {title}
 # Written by aotpipe {version} with torch {torch_version}. Generated code: do not edit.
@@ -74,12 +76,9 @@ def module_source(
 # checking module.py against graph.json (aotpipe verify, and load before --trust-code imports it)
 
 
-def graph_constants(graph_data: Any) -> dict[str, tuple]:
+def graph_constants(graph: GraphRecord) -> dict[str, tuple]:
     """{target: (blob, shape, stride)} of graph.json's constants: what module.py loads."""
-    nodes = graph_data.get("nodes") if isinstance(graph_data, dict) else None
-    return {n["target"]: (n.get("blob"), n.get("shape"), n.get("stride"))
-            for n in nodes or []
-            if isinstance(n, dict) and n.get("op") == "get_attr" and isinstance(n.get("target"), str)}
+    return {n.target: (n.blob, n.shape, n.stride) for n in graph.nodes if n.op == "get_attr" and n.target is not None}
 
 
 class _NotCode(ast.NodeTransformer):

@@ -19,7 +19,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.artifact import limits
+from pydantic import TypeAdapter, ValidationError
+
+from aotpipe.artifact import limits, records
 from aotpipe.artifact.provenance import ORIGIN_KEY, node_origin
 from aotpipe.artifact.ops import check_kwargs, check_string_args, check_unsafe_flags, op_name, resolve_op
 from aotpipe.artifact.records import GRAPH_FORMAT_VERSION
@@ -101,39 +103,47 @@ def encode_arg(a: Any) -> Any:
     raise ArtifactError(f"graph.json cannot store an argument of type {type(a).__name__}: {a!r}")
 
 
+# Node arguments given as parsed JSON (not yet a record) are read through the record's union.
+_NODE_ARG = TypeAdapter(records.NodeArg)
+
+
 def decode_arg(a: Any, env: dict[str, torch.fx.Node]) -> Any:
-    """Inverse of encode_arg; node names resolve in `env` (nodes defined so far)."""
+    """Inverse of encode_arg: a node argument (records.NodeArg, or the JSON it is parsed
+    from) as the value it stands for; node names resolve in `env` (nodes defined so far)."""
+    if isinstance(a, dict):
+        try:
+            a = _NODE_ARG.validate_python(a)
+        except ValidationError:
+            raise ArtifactError(f"graph.json: cannot decode argument {str(a)[:80]}") from None
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
     if isinstance(a, list):
         return [decode_arg(x, env) for x in a]
-    if isinstance(a, dict) and len(a) == 1:
-        (tag, v), = a.items()
-        if tag == "node":
-            if v not in env:
-                raise ArtifactError(f"graph.json refers to node {v!r} before it is defined")
-            return env[v]
-        if tag == "tuple":
-            return tuple(decode_arg(x, env) for x in v)
-        if tag == "float" and v in ("nan", "inf", "-inf"):
-            return float(v)
-        if tag == "dtype":
-            return decode_dtype(v)
-        if tag == "device":
-            try:
-                return torch.device(v)
-            except (RuntimeError, TypeError):
-                raise ArtifactError(f"graph.json: bad device {v!r}") from None
-        if tag == "layout":
-            if v not in _LAYOUTS:
-                raise ArtifactError(f"graph.json: layout {str(v)[:40]!r} is not allowed (only strided tensors)")
-            return _LAYOUTS[v]
-        if tag == "memory_format" and v in _MEMORY_FORMATS:
-            return _MEMORY_FORMATS[v]
-        if tag == "slice":
-            return slice(*(decode_arg(x, env) for x in v))
-        if tag == "complex":
-            return complex(decode_arg(v[0], env), decode_arg(v[1], env))
+    if isinstance(a, records.NodeRef):
+        if a.node not in env:
+            raise ArtifactError(f"graph.json refers to node {a.node!r} before it is defined")
+        return env[a.node]
+    if isinstance(a, records.TupleArg):
+        return tuple(decode_arg(x, env) for x in a.tuple)
+    if isinstance(a, records.FloatArg):
+        return float(a.float)
+    if isinstance(a, records.DTypeArg):
+        return decode_dtype(a.dtype)
+    if isinstance(a, records.DeviceArg):
+        try:
+            return torch.device(a.device)
+        except (RuntimeError, TypeError):
+            raise ArtifactError(f"graph.json: bad device {a.device[:40]!r}") from None
+    if isinstance(a, records.LayoutArg):
+        if a.layout not in _LAYOUTS:
+            raise ArtifactError(f"graph.json: layout {a.layout[:40]!r} is not allowed (only strided tensors)")
+        return _LAYOUTS[a.layout]
+    if isinstance(a, records.MemoryFormatArg) and a.memory_format in _MEMORY_FORMATS:
+        return _MEMORY_FORMATS[a.memory_format]
+    if isinstance(a, records.SliceArg):
+        return slice(*(decode_arg(x, env) for x in a.slice))
+    if isinstance(a, records.ComplexArg):
+        return complex(decode_arg(a.complex[0], env), decode_arg(a.complex[1], env))
     raise ArtifactError(f"graph.json: cannot decode argument {str(a)[:80]}")
 
 
@@ -207,13 +217,15 @@ def graph_from_json(
     data: Any, constants: dict[str, torch.Tensor] | None = None, *, where: str = "graph.json",
     trusted: frozenset[str] = frozenset(),
 ) -> torch.fx.GraphModule:
-    """Rebuild a GraphModule from graph_to_json data; `constants` maps blob hashes to tensors;
-    ops of the library namespaces in `trusted` (granted by the user) resolve too.
+    """Rebuild a GraphModule from a graph record (records.GraphRecord, or the JSON data of
+    one: graph_to_json's); `constants` maps blob hashes to tensors; ops of the library
+    namespaces in `trusted` (granted by the user) resolve too.
 
     Malformed data of any shape is an ArtifactError, never another exception.
     """
     try:
-        return _graph_from_json(data, constants, where, trusted)
+        graph = data if isinstance(data, records.GraphRecord) else _graph_record(data, where)
+        return _graph_from_json(graph, constants, where, trusted)
     except ArtifactError:
         raise
     except (TypeError, ValueError, IndexError, KeyError, AttributeError, RuntimeError, RecursionError,
@@ -222,8 +234,8 @@ def graph_from_json(
         raise ArtifactError(f"{where}: malformed graph ({e.__class__.__name__}: {first})") from None
 
 
-def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where: str,
-                     trusted: frozenset[str]) -> torch.fx.GraphModule:
+def _graph_record(data: Any, where: str) -> records.GraphRecord:
+    """JSON data as a graph record: its version and size first, then every field."""
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise ArtifactError(f"{where}: not a graph (no 'nodes' list)")
     version = data.get("format_version")
@@ -232,52 +244,52 @@ def _graph_from_json(data: Any, constants: dict[str, torch.Tensor] | None, where
             f"{where}: graph format version {repr(version)[:40]}; this aotpipe reads versions 1, {GRAPH_FORMAT_VERSION}"
         )
     limits.check_nodes(len(data["nodes"]), where)
+    return records.parse(records.GraphRecord, data, where)
+
+
+def _graph_from_json(graph_record: records.GraphRecord, constants: dict[str, torch.Tensor] | None, where: str,
+                     trusted: frozenset[str]) -> torch.fx.GraphModule:
+    limits.check_nodes(len(graph_record.nodes), where)
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     env: dict[str, torch.fx.Node] = {}
-    for i, entry in enumerate(data["nodes"]):
-        if not isinstance(entry, dict):
-            raise ArtifactError(f"{where}: node {i} is not an object")
-        op, name = entry.get("op"), entry.get("name")
+    for i, entry in enumerate(graph_record.nodes):
+        op, name = entry.op, entry.name
         if not is_code_name(name):
             raise ArtifactError(f"{where}: node {i} has a bad name {str(name)[:80]!r} "
                                 "(names must be identifiers, not Python keywords)")
         if op == "placeholder":
             node = graph.create_node("placeholder", name, name=name)
         elif op == "get_attr":
-            blob = entry.get("blob")
+            blob = entry.blob
             if constants is None or blob not in constants:
                 raise ArtifactError(f"{where}: constant {name!r} needs blob {blob!r}, which is missing")
-            target = entry.get("target")
+            target = entry.target
             if not isinstance(target, str) or not all(is_code_name(p) for p in target.split(".")) \
                     or hasattr(torch.fx.GraphModule, target.split(".")[0]):
                 raise ArtifactError(f"{where}: bad get_attr target {str(target)[:80]!r} "
                                     "(dotted identifiers, not Python keywords)")
-            value = _constant_layout(constants[blob], entry.get("shape"), entry.get("stride"), f"{where}: constant {name!r}")
+            value = _constant_layout(constants[blob], entry.shape, entry.stride, f"{where}: constant {name!r}")
             _set_attr(root, target, value)
             node = graph.create_node("get_attr", target, name=name)
         elif op == "call_function":
-            fn = resolve_op(entry.get("target"), trusted)
-            args = decode_arg(entry.get("args", []), env)
-            if not isinstance(args, list):
-                raise ArtifactError(f"{where}: node {name!r}: args must be a list")
-            raw_kwargs = check_kwargs(fn, entry.get("kwargs") or {}, f"{where}: node {name!r}")
+            fn = resolve_op(entry.target, trusted)
+            args = decode_arg(entry.args or [], env)
+            raw_kwargs = check_kwargs(fn, entry.kwargs or {}, f"{where}: node {name!r}")
             kwargs = {k: decode_arg(v, env) for k, v in raw_kwargs.items()}
             check_string_args(fn, args, kwargs, f"{where}: node {name!r}")
             check_unsafe_flags(fn, args, kwargs, f"{where}: node {name!r}")
             limits.check_op_sizes(fn, args, kwargs, f"{where}: node {name!r}")
             node = graph.create_node("call_function", fn, tuple(args), kwargs, name=name)
-        elif op == "output":
-            args = decode_arg(entry.get("args", []), env)
+        else:  # output (the record allows no other op)
+            args = decode_arg(entry.args or [], env)
             node = graph.create_node("output", "output", (args[0] if len(args) == 1 else tuple(args),), name=name)
-        else:
-            raise ArtifactError(f"{where}: node {name!r} has unsupported op {op!r}")
         if node.name != name:
             raise ArtifactError(f"{where}: node name {name!r} is used twice")
-        if "val" in entry:
-            node.meta["saved_val"] = entry["val"]
-        if isinstance(entry.get("origin"), dict):
-            node.meta[ORIGIN_KEY] = entry["origin"]  # written again as read (a graph saved from a loaded one)
+        if "val" in entry.model_fields_set:
+            node.meta["saved_val"] = entry.val
+        if entry.origin is not None:  # written again as read (a graph saved from a loaded one)
+            node.meta[ORIGIN_KEY] = entry.origin.model_dump(exclude_none=True)
         env[name] = node
     try:
         graph.lint()

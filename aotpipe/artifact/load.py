@@ -69,6 +69,7 @@ class GraphArtifact:
     upstream: Optional["GraphArtifact"] = None
     # Builds the graph as graph.json holds it without running anything (see `structure`).
     structure_builder: Optional[Callable[[], torch.fx.GraphModule]] = None
+    graph: Optional[records.GraphRecord] = None  # graph.json, as read (once) and validated
     _structure: Optional[torch.fx.GraphModule] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -357,14 +358,14 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
     where = str(folder / GRAPH_JSON)
 
     def structure() -> torch.fx.GraphModule:
-        return graph_from_json(graph_data, constants(None), where=where, trusted=trusted)
+        return graph_from_json(graph, constants(None), where=where, trusted=trusted)
 
     deferred = any(n.recompute for n in graph.nodes)
     if trust_code and not _packed_at_load(graph):
         # Only a module.py that is the code graph.json makes is imported (verify's check).
         from aotpipe.artifact.codegen import code_mismatch, graph_constants
 
-        why = code_mismatch(folder / MODULE_PY, structure(), graph_constants(graph_data))
+        why = code_mismatch(folder / MODULE_PY, structure(), graph_constants(graph))
         if why:
             raise ArtifactError(f"{why}; --trust-code imports only a module.py that matches graph.json")
         module: Any = _import_module_py(folder / MODULE_PY)
@@ -374,7 +375,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
         # module.py would be another graph than the one replayed and compared.
         def build() -> torch.nn.Module:
             recomputed = recompute() if deferred and recompute is not None else None
-            gm = graph_from_json(graph_data, constants(recomputed), where=where, trusted=trusted)
+            gm = graph_from_json(graph, constants(recomputed), where=where, trusted=trusted)
             # aotpipe's run functions propagate it on fake tensors before any kernel runs, and
             # run its value-indexing ops in checked forms (artifact/precheck.py, checked.py).
             precheck.mark(gm, where)
@@ -388,8 +389,9 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
     from aotpipe.passes.prepack import is_packed
 
     if built is not None and not is_packed(built):
-        return GraphArtifact(record.kind, folder, record, module, blobs, trace, structure_builder=lambda: built)
-    return GraphArtifact(record.kind, folder, record, module, blobs, trace, structure_builder=structure)
+        return GraphArtifact(record.kind, folder, record, module, blobs, trace, structure_builder=lambda: built,
+                             graph=graph)
+    return GraphArtifact(record.kind, folder, record, module, blobs, trace, structure_builder=structure, graph=graph)
 
 
 def _placeholder(node: records.NodeRecord) -> torch.Tensor:

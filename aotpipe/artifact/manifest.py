@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 # The format's constants live with its records; these names are kept for callers.
-from aotpipe.artifact.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS  # noqa: F401
+from aotpipe.artifact.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, Versions  # noqa: F401
 
 
 def dump_json(data: Any, *, compact: bool = False) -> bytes:
@@ -40,13 +40,13 @@ def seal_ok(manifest: dict[str, Any]) -> bool:
         return False  # NaN or other values aotpipe never writes
 
 
-def versions() -> dict[str, str]:
+def versions() -> Versions:
     """aotpipe's, torch's and Python's versions. torch's from its installed metadata, which is
     what ``torch.__version__`` says too, without importing torch: the up-to-date check of a
     warm re-run needs it and nothing else from torch."""
     from aotpipe import __version__
 
-    return {"aotpipe": __version__, "torch": _torch_version(), "python": platform.python_version()}
+    return Versions(aotpipe=__version__, torch=_torch_version(), python=platform.python_version())
 
 
 @functools.lru_cache(maxsize=None)  # installed metadata, parsed once per process
@@ -75,7 +75,7 @@ def fingerprint(model_spec: dict[str, Any], source_sha256: str | None, options: 
         "model": model_spec,
         "source_sha256": source_sha256,
         "options": options,
-        "aotpipe": v["aotpipe"],
-        "torch": v["torch"],
+        "aotpipe": v.aotpipe,
+        "torch": v.torch,
     }
     return hashlib.sha256(dump_json(payload)).hexdigest()

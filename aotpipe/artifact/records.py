@@ -30,7 +30,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError, model_validator
+from typing_extensions import TypeAliasType
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, JsonValue, StringConstraints, Tag, ValidationError,
+                      model_validator)
 
 from aotpipe.errors import ArtifactError
 from aotpipe.graph_keys import BASE_KEY_PATTERN, GRAPH_KINDS
@@ -49,6 +52,7 @@ SIGNATURE = "signature.json"
 GRAPH_JSON = "graph.json"
 INPUTS_JSON = "inputs.json"
 TRACE = "trace.json"
+RUN_JSON = "run.json"  # beside the model folders: one pipeline run (RunRecord)
 MODULE_PY = "module.py"
 BLOB_DIR = "blobs"
 INPUT_SUFFIX = ".input"
@@ -125,15 +129,23 @@ class TupleSummary(Record):
 
 
 class Partition(Record):
-    """How a forward graph and its backward fit together (forward and backward records)."""
+    """How a forward graph and its backward fit together (forward and backward records).
+
+    forward(*primals) returns ``mutated inputs' new values + user outputs + saved``;
+    backward(*saved, *tangents) returns one gradient (or None) per primal."""
 
     num_user_outputs: Count
     num_mutated_inputs: Count
     num_saved_tensors: Count
     num_saved_symints: Count
     num_tangents: Count
-    mutated_inputs: list[str]
-    grad_of: list[Optional[str]]
+    mutated_inputs: list[str]  # forward input names, in output order
+    grad_of: list[Optional[str]]  # per backward output: the forward input it is the grad of
+
+    @property
+    def num_forward_outputs(self) -> int:
+        """Forward outputs that are not saved activations (mutations + user outputs)."""
+        return self.num_mutated_inputs + self.num_user_outputs
 
 
 # ---------------------------------------------------------------------------------------
@@ -278,18 +290,115 @@ class NodeOrigin(Record):
     of_forward: Optional[bool] = None
 
 
+# A node argument: JSON's own values, a list, or one of the tagged forms below (an object
+# with one key) for what JSON lacks. The key says which (a pydantic discriminated union).
+
+
+class NodeRef(Record):
+    """An earlier node's value."""
+
+    node: str
+
+
+class TupleArg(Record):
+    tuple: list["NodeArg"]
+
+
+class DTypeArg(Record):
+    dtype: DType
+
+
+class DeviceArg(Record):
+    device: str  # torch.device's spelling, checked when the graph is built
+
+
+class LayoutArg(Record):
+    layout: str  # only "strided" builds (graph_json refuses the rest, naming it)
+
+
+class MemoryFormatArg(Record):
+    memory_format: str
+
+
+class SliceArg(Record):
+    slice: Annotated[list["NodeArg"], Field(min_length=3, max_length=3)]  # start, stop, step
+
+
+class ComplexArg(Record):
+    complex: Annotated[list["NodeArg"], Field(min_length=2, max_length=2)]  # real, imaginary
+
+
+class FloatArg(Record):
+    float: Literal["nan", "inf", "-inf"]  # the floats JSON cannot spell
+
+
+ARG_TAGS: dict[str, type[Record]] = {
+    "node": NodeRef, "tuple": TupleArg, "dtype": DTypeArg, "device": DeviceArg, "layout": LayoutArg,
+    "memory_format": MemoryFormatArg, "slice": SliceArg, "complex": ComplexArg, "float": FloatArg,
+}
+
+
+def _arg_tag(v: Any) -> Optional[str]:
+    """Which member of NodeArg `v` is: the JSON type, or a tagged object's one key."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, list):
+        return "list"
+    if isinstance(v, dict):
+        return next(iter(v)) if len(v) == 1 and next(iter(v)) in ARG_TAGS else None
+    for tag, cls in ARG_TAGS.items():
+        if isinstance(v, cls):
+            return tag
+    return None
+
+
+NodeArg = TypeAliasType("NodeArg", Annotated[
+    Union[
+        Annotated[None, Tag("null")],
+        Annotated[bool, Tag("bool")],
+        Annotated[int, Tag("int")],
+        Annotated[float, Tag("number")],
+        Annotated[str, Tag("str")],
+        Annotated[list["NodeArg"], Tag("list")],
+        Annotated[NodeRef, Tag("node")],
+        Annotated[TupleArg, Tag("tuple")],
+        Annotated[DTypeArg, Tag("dtype")],
+        Annotated[DeviceArg, Tag("device")],
+        Annotated[LayoutArg, Tag("layout")],
+        Annotated[MemoryFormatArg, Tag("memory_format")],
+        Annotated[SliceArg, Tag("slice")],
+        Annotated[ComplexArg, Tag("complex")],
+        Annotated[FloatArg, Tag("float")],
+    ],
+    Discriminator(_arg_tag, custom_error_type="node_argument",
+                  custom_error_message="not a node argument: a JSON value, a list, or an object with one of the "
+                                       "keys " + ", ".join(ARG_TAGS)),
+])
+for _cls in (TupleArg, SliceArg, ComplexArg):
+    _cls.model_rebuild()
+
+
 class NodeRecord(Record):
-    """One FX node. `args` and `kwargs` are tagged JSON: {"node": name} refers to an earlier
-    node; {"tuple": [...]}, {"dtype": "float32"}, {"device": "cpu"}, {"layout": "strided"},
-    {"memory_format": ...}, {"slice": [start, stop, step]}, {"complex": [re, im]} and
-    {"float": "nan" | "inf" | "-inf"} spell out what JSON lacks. A call_function target is a
-    qualified op name (aten.addmm.default) that must be on the allow-list of safe ops."""
+    """One FX node. `args` and `kwargs` are node arguments (NodeArg): JSON values, lists, and
+    tagged objects of one key for what JSON lacks ({"node": name} refers to an earlier node,
+    {"tuple": [...]}, {"dtype": "float32"}, {"device": "cpu"}, {"layout": "strided"},
+    {"memory_format": ...}, {"slice": [start, stop, step]}, {"complex": [re, im]},
+    {"float": "nan" | "inf" | "-inf"}). A call_function target is a qualified op name
+    (aten.addmm.default) that must be on the allow-list of safe ops."""
 
     name: str
     op: Literal["placeholder", "get_attr", "call_function", "output"]
     target: Optional[str] = None
-    args: Optional[list[JsonValue]] = None
-    kwargs: Optional[dict[str, JsonValue]] = None
+    args: Optional[list[NodeArg]] = None
+    kwargs: Optional[dict[str, NodeArg]] = None
     val: JsonValue = None  # the value's layout at capture (informational)
     blob: Optional[Sha256] = None  # get_attr: the constant's blob
     shape: Optional[Shape] = None  # get_attr: the constant's layout (blobs are contiguous)
@@ -311,8 +420,8 @@ class GraphRecord(Record):
 # manifest.json
 
 
-class PassStep(Record):
-    """One pass of a chain as it ran."""
+class PassRecord(Record):
+    """One pass of a chain as it ran (passes.PassStep is the chain's step as the pipeline names it)."""
 
     name: str
     options: dict[str, JsonValue]
@@ -366,7 +475,7 @@ class GraphEntry(Record):
     outputs: Count
     ops: Optional[Count] = None
     base: Optional[BaseGraphKey] = None  # a graph made by passes: the key of the graph they ran on
-    passes: Optional[list[PassStep]] = None
+    passes: Optional[list[PassRecord]] = None
     checks: Optional[GraphChecks] = None
     nondeterministic: list[str] = []  # ops without a deterministic kernel (values stored)
     eager: Optional[dict[str, JsonValue]] = None  # version 1's eager comparison
@@ -479,12 +588,180 @@ class Manifest(Record):
     save_values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # version 2
     graphs: Annotated[dict[str, GraphEntry], FailFast]
     partition: Optional[Partition] = None
-    passes: dict[str, list[PassStep]] = {}
+    passes: dict[str, list[PassRecord]] = {}
     pass_failures: list[str] = []
     verification: Optional[Annotated[dict[str, VerificationEntry], FailFast]] = None
     checks: Optional[CheckTotals] = None  # version 2
     environment: Optional[Environment] = None  # version 3
     files: Annotated[dict[str, Sha256], FailFast]
+
+
+# ---------------------------------------------------------------------------------------
+# run.json (one per pipeline run, beside the model folders; not part of any artefact)
+
+
+class GraphSummary(Record):
+    """One graph a model's run wrote (or kept): its key, folder and size."""
+
+    kind: str  # the graph's key: "inference", "forward_1", "inference.freeze+reinplace"
+    folder: FolderName
+    nodes: Count
+    inputs: Count
+    outputs: Count
+
+
+class CheckSummary(CheckTotals):
+    """A model's checks in brief: its manifest's totals, and every skipped check's reason
+    ("<graph key>: <reason>")."""
+
+    skipped_reasons: list[str] = []
+
+
+class EagerCell(CheckTotals):
+    """One graph's checks in brief: its counts and its worst error as a multiple of eager's own
+    (None where no check needed the float64 reference)."""
+
+    worst_ratio: Number = None
+    skipped_reasons: list[str] = []
+
+
+class TimedPassRecord(PassRecord):
+    """A pass as it ran, with its time (run.json only: the manifest is deterministic)."""
+
+    seconds: float
+
+
+class PassChainRun(Record):
+    """What a pass chain did to one graph, and how long it took."""
+
+    seconds: float
+    steps: list[TimedPassRecord]
+
+
+class VerificationSummary(Record):
+    """How a model's graphs ran at write time: each one's status ("recorded", "match", ...),
+    and a line per problem (none: ok)."""
+
+    ok: bool
+    graphs: dict[str, str]
+    problems: list[str]
+
+
+class ModelRun(Record):
+    """run.json's record of one model: what happened, where it stopped, what it wrote."""
+
+    name: str
+    status: Literal["ok", "failed"]
+    stage: Optional[str] = None  # where it failed: results.STAGES
+    error: Optional[str] = None
+    # The exception's class when the failure was not an aotpipe error (the model's code, torch).
+    exception: Optional[str] = None
+    graphs: list[GraphSummary] = []
+    capture_seconds: float = 0.0
+    passes_seconds: float = 0.0
+    checks_seconds: float = 0.0
+    write_seconds: float = 0.0
+    verification: Optional[VerificationSummary] = None
+    checks: Optional[CheckSummary] = None
+    eager: dict[str, EagerCell] = {}  # per graph key
+    passes: dict[str, PassChainRun] = {}  # per graph made by passes
+    total_seconds: float = 0.0
+    bytes: Count = 0
+    files: Count = 0
+    notes: list[str] = []
+    skipped: bool = False  # up to date: the artefact on disk was kept
+
+
+class RecycledWorker(Record):
+    """A process-executor worker replaced between models (executor.max_models_per_worker,
+    executor.recycle_memory_gb): not a failure."""
+
+    pid: int
+    after: str  # the last model it ran
+    models: Count  # how many it ran
+    reason: str  # one line
+    shard: Optional[str] = None  # in a merged run: the shard folder whose run replaced it
+
+
+class ExecutorRecord(Record):
+    kind: str
+    workers: Annotated[int, Field(ge=1)]
+    recycled: Optional[list[RecycledWorker]] = None  # absent when no worker was replaced
+
+
+class ShardRecord(Record):
+    """`aotpipe run --shard I/N`: which shard, and every model the shards share out."""
+
+    index: Annotated[int, Field(ge=1)]
+    count: Annotated[int, Field(ge=1)]
+    selection: list[str]
+
+
+class MergedShard(Record):
+    folder: str
+    shard: Optional[str]  # "I/N", None for an unsharded run
+    models: Count
+    seconds: Optional[float] = None
+
+
+class DuplicatedModel(Record):
+    name: str
+    folders: list[str]  # the first one's folder was kept
+
+
+class MergeRecord(Record):
+    """`aotpipe merge`: the shard trees merged, and the models missing from all or run twice."""
+
+    shards: list[MergedShard]
+    missing: list[str]
+    duplicated: list[DuplicatedModel]
+
+
+class SettledTotals(Record):
+    """How a run's checks were settled, summed over its models (CheckTotals' counts)."""
+
+    run: Count
+    skipped: Count
+    exact: Count
+    floor: Count
+    fp64: Count
+    within_noise: Count
+
+
+class RunSummary(Record):
+    models: Count
+    ok: Count
+    up_to_date: Count
+    failed: Count
+    graphs: Count
+    bytes: Count
+    checks: Optional[SettledTotals] = None
+
+
+class RunRecord(Record):
+    """run.json: one pipeline run, for machines (report.md says the same for people)."""
+
+    format_version: Literal[1]  # RUN_FORMAT_VERSION
+    pipeline: str
+    versions: Versions
+    seconds: float
+    executor: ExecutorRecord
+    shard: Optional[ShardRecord] = None  # a shard's run
+    merge: Optional[MergeRecord] = None  # a merged run
+    ok: bool
+    summary: RunSummary
+    models: list[ModelRun]
+
+
+def load_run(path: Any) -> "RunRecord":
+    """A run.json (its path, or the run's output folder) as a RunRecord, read within the
+    limits and validated; an ArtifactError naming the file and the first bad field otherwise."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / RUN_JSON
+    return read(RunRecord, path)[1]
 
 
 class Signature(Record):
@@ -565,6 +842,20 @@ RECORDS: dict[str, type[Record]] = {
     TRACE: TraceRecord,
     GRAPH_JSON: GraphRecord,
     SIGNATURE: Signature,
+    RUN_JSON: RunRecord,
+}
+
+# Each record file's version as written now, and the versions of it this aotpipe reads
+# (tools/format_schema.py holds field changes to them: docs/format/README.md).
+RUN_FORMAT_VERSION = 1
+SIGNATURE_FORMAT_VERSION = 1
+RECORD_VERSIONS: dict[str, tuple[int, tuple[int, ...]]] = {
+    MANIFEST: (FORMAT_VERSION, READABLE_VERSIONS),
+    INPUTS_JSON: (FORMAT_VERSION, READABLE_VERSIONS),
+    TRACE: (FORMAT_VERSION, READABLE_VERSIONS),
+    GRAPH_JSON: (GRAPH_FORMAT_VERSION, (1, GRAPH_FORMAT_VERSION)),
+    SIGNATURE: (SIGNATURE_FORMAT_VERSION, (SIGNATURE_FORMAT_VERSION,)),
+    RUN_JSON: (RUN_FORMAT_VERSION, (RUN_FORMAT_VERSION,)),
 }
 
 

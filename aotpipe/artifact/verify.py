@@ -113,10 +113,8 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequen
         except Exception as e:  # a bug in the loader must not hide the verdict
             return [f"{folder}: failed to load ({exception_line(e)})"]
         from aotpipe.artifact.codegen import code_mismatch, graph_constants
-        from aotpipe.artifact.graph_json import read_graph_json
-
         for ga in art.graphs.values():
-            constants = graph_constants(read_graph_json(ga.folder / "graph.json", ga.folder))
+            constants = graph_constants(ga.graph) if ga.graph is not None else {}  # load_graph keeps what it read
             why = code_mismatch(ga.folder / "module.py", ga.structure, constants)
             if why:
                 problems.append(why)

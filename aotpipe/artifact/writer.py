@@ -12,7 +12,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.fx
@@ -70,12 +70,12 @@ def _source(gi: GraphInput, save_values: str) -> str:
 
 def inputs_record(
     g: CapturedGraph,
-    contract: dict[str, Any] | None,
+    contract: Optional[fmt.Partition],
     values: Optional[list[Any]] = None,
     blobs: Optional[BlobStore] = None,
     save_values: str = "minimal",
     saved: Optional[bool] = None,
-) -> dict[str, Any]:
+) -> fmt.InputsRecord:
     """inputs.json: per input its role, name, layout, range, storage and source; per output its role.
 
     With `values` (the graph's real inputs) and `blobs`, the storages that cannot be
@@ -101,29 +101,23 @@ def inputs_record(
             # e.g. indices a forward saved for its backward: keep random ones as valid
             rng = [int(bases[k].min()), int(bases[k].max()) + 1]
         stored = any(m == k and src == "blob" for m, src in zip(member, sources))
-        storages.append({
-            "dtype": str(grp.dtype).removeprefix("torch."),
-            "device": grp.device,
-            "numel": grp.numel,
-            "range": rng,
-            "blob": blobs.put(bases[k]) if stored and bases is not None and blobs is not None else None,
-        })
+        storages.append(fmt.StorageRecord(
+            dtype=str(grp.dtype).removeprefix("torch."), device=grp.device, numel=grp.numel, range=rng,
+            blob=blobs.put(bases[k]) if stored and bases is not None and blobs is not None else None))
     inputs = []
     for i, (gi, m) in enumerate(zip(g.inputs, member)):
-        rec: dict[str, Any] = {"index": i, "name": gi.name, "role": gi.role, "target": gi.target,
-                               "source": sources[i]}
+        more: dict[str, Any] = {}
         if gi.meta is None:
-            rec["type"] = getattr(gi.scalar_type, "__name__", "int")
+            more["type"] = getattr(gi.scalar_type, "__name__", "int")
             if values is not None:
-                rec["value"] = values[i]
+                more["value"] = values[i]
         else:
-            rec["type"] = "tensor"
-            rec.update(gi.meta.to_json())
-        rec["range"] = list(gi.int_range) if gi.int_range else None
-        rec["storage"] = m
+            more["type"] = "tensor"
+            more.update(_layout_fields(gi.meta.layout()))
         if sources[i] == "forward":
-            rec["forward_output"] = _forward_index(gi.target)
-        inputs.append(rec)
+            more["forward_output"] = _forward_index(gi.target)
+        inputs.append(fmt.InputRecord(index=i, name=gi.name, role=gi.role, target=gi.target, source=sources[i],
+                                      range=list(gi.int_range) if gi.int_range else None, storage=m, **more))
 
     out_node = next(n for n in g.gm.graph.nodes if n.op == "output")
     out_args = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
@@ -131,32 +125,40 @@ def inputs_record(
     ph_index = {n.name: i for i, n in enumerate(placeholders)}
     outputs = []
     for go, arg in zip(g.outputs, out_args):
-        rec = {"index": go.index, "role": go.role, "target": go.target}
-        if go.meta is not None:
-            rec.update(go.meta.to_json())
-        rec.update(same_as=None, same_as_input=None, blob=None, digest=None, summary=None, spread=None)
+        same_as = same_as_input = None
         if isinstance(arg, torch.fx.Node):
             if arg.name in first_seen:
-                rec["same_as"] = first_seen[arg.name]  # a de-duplicated output
+                same_as = first_seen[arg.name]  # a de-duplicated output
             else:
                 first_seen[arg.name] = go.index
                 if arg.op == "placeholder":
-                    rec["same_as_input"] = ph_index[arg.name]
-        outputs.append(rec)
+                    same_as_input = ph_index[arg.name]
+        outputs.append(fmt.OutputRecord(
+            index=go.index, role=go.role, target=go.target,
+            **(_layout_fields(go.meta.layout()) if go.meta is not None else {}),
+            same_as=same_as, same_as_input=same_as_input, blob=None, digest=None, summary=None, spread=None))
     has_values = (values is not None and blobs is not None) if saved is None else saved
-    out: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "kind": g.kind,
-        "groups": list(g.input_groups) if g.input_groups else None,
-        "rng_seed": RNG_SEED,
-        "values": save_values if has_values else "none",
-        "storages": storages,
-        "inputs": inputs,
-        "outputs": outputs,
-    }
-    if contract is not None and g.kind in ("forward", "backward"):
-        out["partition"] = contract
-    return out
+    more = {"partition": contract} if contract is not None and g.kind in ("forward", "backward") else {}
+    return fmt.InputsRecord(
+        format_version=FORMAT_VERSION, kind=g.kind, groups=list(g.input_groups) if g.input_groups else None,
+        rng_seed=RNG_SEED, values=save_values if has_values else "none", storages=storages, inputs=inputs,
+        outputs=outputs, **more)
+
+
+def _layout_fields(layout: fmt.Layout) -> dict[str, Any]:
+    """A layout's fields, to give a record that is a layout (an input, an output)."""
+    return {k: getattr(layout, k) for k in layout.model_fields_set}
+
+
+def _set(record: fmt.Record, **fields: Any) -> None:
+    """Set fields of a record being built (each one is then written, None included)."""
+    for k, v in fields.items():
+        setattr(record, k, v)
+
+
+def dump(record: fmt.Record) -> dict[str, Any]:
+    """A record as the JSON data written: every field that was set, None included."""
+    return record.model_dump(mode="json", exclude_unset=True)
 
 
 def _forward_index(target: Optional[str]) -> int:
@@ -166,24 +168,24 @@ def _forward_index(target: Optional[str]) -> int:
     raise ValueError(f"a saved input names {target!r}, not forward_output[k]")
 
 
-def set_outputs(record: dict[str, Any], outputs: list[dict[str, Any]], blobs: Optional[BlobStore],
+def set_outputs(record: fmt.InputsRecord, outputs: list["OutputReference"], blobs: Optional[BlobStore],
                 values: Optional[list[Any]]) -> None:
     """Put reference digests, summaries and spreads (and with `values`, blobs) into an inputs record."""
-    for rec, o in zip(record["outputs"], outputs):
-        rec.update(o.get("layout") or {})  # the layout the written graph really gives
-        rec.update(digest=o.get("digest"), summary=o.get("summary"), spread=o.get("spread"))
-        if o.get("value") is not None:
-            rec["value"] = o["value"]  # an int, float or bool output (version 3)
-        if o.get("range") is not None:
-            rec["range"] = o["range"]  # an integer tensor output's [low, high) (version 3)
-        if blobs is not None and o.get("evidence") is not None:
-            rec["evidence"] = {"blob": blobs.put(o["evidence_values"]), **o["evidence"]}
+    for rec, o in zip(record.outputs, outputs):
+        if o.layout is not None:
+            _set(rec, **_layout_fields(o.layout))  # the layout the written graph really gives
+        _set(rec, digest=o.digest, summary=o.summary, spread=o.spread)
+        if o.value is not None:
+            _set(rec, value=o.value)  # an int, float or bool output (version 3)
+        if o.range is not None:
+            _set(rec, range=o.range)  # an integer tensor output's [low, high) (version 3)
+        if blobs is not None and o.evidence is not None:
+            _set(rec, evidence=fmt.Evidence(blob=blobs.put(o.evidence_values), **o.evidence))
     if blobs is None or values is None:
         return
-    for rec, v in zip(record["outputs"], values):
-        if rec["same_as"] is None and isinstance(v, torch.Tensor) and (
-                record["values"] == "full" or rec.get("spread") is not None):
-            rec["blob"] = blobs.put(v)
+    for rec, v in zip(record.outputs, values):
+        if rec.same_as is None and isinstance(v, torch.Tensor) and (record.values == "full" or rec.spread is not None):
+            _set(rec, blob=blobs.put(v))
 
 
 def _strip_paths(gm: torch.fx.GraphModule) -> None:
@@ -200,14 +202,29 @@ _fsync_dir = fsync_dir
 
 
 @dataclass
+class OutputReference:
+    """What running a written graph recorded of one output (nothing, when it was not recorded)."""
+
+    layout: Optional[fmt.Layout] = None  # the layout the written graph gives
+    digest: Optional[str] = None
+    summary: Optional[fmt.Summary] = None
+    spread: Optional[float] = None  # run-to-run spread of a nondeterministic op
+    value: Optional[Union[bool, int, float]] = None  # a Python scalar output
+    range: Optional[list[int]] = None  # an integer tensor's [low, high)
+    evidence: Optional[dict[str, Any]] = None  # records.Evidence's fields but its blob (aotpipe.evidence.record)
+    evidence_values: Optional[torch.Tensor] = None  # the sampled values the evidence blob holds
+
+
+@dataclass
 class GraphOutcome:
     """What running one written graph gave: reference records and check results."""
 
-    outputs: list[dict[str, Any]]  # per output: digest, summary, spread (all None when not recorded)
+    outputs: list[OutputReference]
     values: Optional[list[Any]] = None  # the output values (stored as blobs with save_values: full)
     trace: Optional[dict[str, Any]] = None  # per node: a sampled summary of its value
-    record: dict[str, Any] = field(default_factory=dict)  # merged into manifest graphs.<key>
-    verification: dict[str, Any] = field(default_factory=dict)  # manifest verification.<key>
+    checks: Optional[fmt.GraphChecks] = None  # into manifest graphs.<key>
+    nondeterministic: Optional[list[str]] = None  # ops without a deterministic kernel (graphs.<key>)
+    verification: Optional[fmt.VerificationEntry] = None  # manifest verification.<key>
 
 
 @dataclass
@@ -216,8 +233,8 @@ class CheckOutcome:
 
     graphs: dict[str, GraphOutcome] = field(default_factory=dict)
     drop: list[str] = field(default_factory=list)  # derived graphs whose checks failed: not kept
-    verification: dict[str, Any] = field(default_factory=dict)  # extra entries (the chain)
-    manifest: dict[str, Any] = field(default_factory=dict)  # extra top-level manifest fields
+    verification: dict[str, fmt.VerificationEntry] = field(default_factory=dict)  # extra entries (the chain)
+    checks: Optional[fmt.CheckTotals] = None  # the manifest's totals
 
 
 def write_model(
@@ -253,18 +270,18 @@ def write_model(
     except OSError as e:
         raise OutputError(describe_os_error(e, e.filename or tmp)) from None
     try:
-        header = {
-            "format_version": FORMAT_VERSION,
-            "fingerprint": fingerprint,
-            "versions": versions(),
-            "model": model_record,
-            "capture": captured.capture_record(),
-            "save_values": save_values if inputs is not None else "none",
+        header = dict(
+            format_version=FORMAT_VERSION,
+            fingerprint=fingerprint,
+            versions=versions(),
+            model=fmt.ModelRecord.model_validate(model_record),
+            capture=captured.capture_record(),
+            save_values=save_values if inputs is not None else "none",
             # The reference outputs are recorded by `check`, in this process, at this thread count.
-            "environment": environment(),
-        }
+            environment=environment(),
+        )
         written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
-        with intra_op_threads(header["environment"]["threads"]):
+        with intra_op_threads(header["environment"].threads):
             outcome = check(tmp) if check is not None else CheckOutcome()
         _finish(tmp, captured, written, graphs_record, records, outcome, header, pass_failures or [])
         if sign is not None:
@@ -304,14 +321,14 @@ def _write_graphs(
     inputs: Optional[dict[str, list[Any]]],
     save_values: str,
     header: dict[str, Any],
-) -> tuple[WrittenArtifact, dict[str, Any], dict[str, dict[str, Any]]]:
+) -> tuple[WrittenArtifact, dict[str, fmt.GraphEntry], dict[str, "_Written"]]:
     import aotpipe
 
     blobs = BlobStore(root)
     v = versions()
     written = WrittenArtifact(path=root)
-    graphs_record: dict[str, Any] = {}
-    records: dict[str, dict[str, Any]] = {}
+    graphs_record: dict[str, fmt.GraphEntry] = {}
+    records: dict[str, _Written] = {}
     for key, kind, folder, g, derived in graph_entries(captured):
         d = root / folder
         d.mkdir()
@@ -334,13 +351,13 @@ def _write_graphs(
         recompute = _worth_recomputing(computed, blobs)
         for target, (digest, flat) in computed.items():
             constants[target] = digest if target in recompute else blobs.put(flat)
-        gj = graph_json.graph_to_json(g.gm, constants)
-        for entry in gj["nodes"]:
-            if entry["op"] == "get_attr" and entry["target"] in recompute:
-                entry["recompute"] = True
-        gj["kind"] = kind
-        gj["input_groups"] = list(g.input_groups) if g.input_groups else None
-        _write(d / GRAPH_JSON, dump_json(fmt.check_written(fmt.GraphRecord, gj, d / GRAPH_JSON), compact=True))
+        graph = fmt.parse(fmt.GraphRecord, {**graph_json.graph_to_json(g.gm, constants), "kind": kind,
+                                            "input_groups": list(g.input_groups) if g.input_groups else None},
+                          d / GRAPH_JSON)
+        for node in graph.nodes:
+            if node.op == "get_attr" and node.target in recompute:
+                _set(node, recompute=True)
+        _write(d / GRAPH_JSON, dump_json(dump(graph), compact=True))
         src = codegen.module_source(
             g.gm,
             title=f"{folder}: the {kind} graph of model {captured.model} ({captured.mode} capture"
@@ -349,32 +366,41 @@ def _write_graphs(
             input_lines=[_input_line(gi) for gi in g.inputs],
             constants={t: (h, *layouts[t]) for t, h in constants.items()},
             version=aotpipe.__version__,
-            torch_version=v["torch"],
+            torch_version=v.torch,
         )
         _write(d / MODULE_PY, src.encode("utf-8"))
         _write(d / f"{folder}{INPUT_SUFFIX}", input_meta.dumps(input_meta.input_meta(g.inputs, g.input_groups)))
         values = inputs.get(key) if inputs else None
         contract = captured.contract_of(key) if derived is None else None
-        record = inputs_record(g, contract.to_json() if contract is not None else None, values,
-                               blobs if values is not None else None, save_values, saved=inputs is not None)
+        record = inputs_record(g, contract, values, blobs if values is not None else None, save_values,
+                               saved=inputs is not None)
         if derived is not None:
-            record["passes"] = [s["name"] for s in derived.steps]
-        _write(d / INPUTS_JSON, dump_json(record, compact=True))  # complete enough to load; outputs filled in later
-        records[key] = record
-        graphs_record[key] = {
-            "folder": folder,
-            "nodes": g.num_nodes,
-            "inputs": len(g.inputs),
-            "outputs": len(g.outputs),
-            "ops": sum(1 for n in g.gm.graph.nodes if n.op == "call_function"),
-        }
-        if derived is not None:
-            graphs_record[key].update(base=derived.base, passes=derived.steps)
+            _set(record, passes=[s.name for s in derived.steps])
+        _write(d / INPUTS_JSON, dump_json(dump(record), compact=True))  # complete enough to load; outputs filled in later
+        records[key] = _Written(record, graph)
+        graphs_record[key] = fmt.GraphEntry(
+            folder=folder, nodes=g.num_nodes, inputs=len(g.inputs), outputs=len(g.outputs),
+            ops=sum(1 for n in g.gm.graph.nodes if n.op == "call_function"),
+            **({"base": derived.base, "passes": list(derived.steps)} if derived is not None else {}))
         written.graphs.append(WrittenGraph(key, folder, g.num_nodes, len(g.inputs), len(g.outputs)))
     # Enough of a manifest for the loader (no file list yet), so the check can run the written
     # graphs; the final one replaces it (a killed run leaves only a .tmp- folder, which is removed).
-    _write(root / MANIFEST, seal({**header, "graphs": graphs_record, "files": {}}))
+    _write(root / MANIFEST, _sealed(**header, graphs=graphs_record, files={}))
     return written, graphs_record, records
+
+
+@dataclass
+class _Written:
+    """One graph folder's records as written: inputs.json's (outputs filled in after the
+    check) and graph.json's."""
+
+    inputs: fmt.InputsRecord
+    graph: fmt.GraphRecord
+
+
+def _sealed(**fields: Any) -> bytes:
+    """manifest.json's bytes: a Manifest of `fields`, sealed with the checksum of its content."""
+    return seal(dump(fmt.Manifest(checksum="0" * 64, **fields)))
 
 
 # Constants the passes computed are recomputed at load (not stored) only when that saves
@@ -397,8 +423,8 @@ def _finish(
     root: Path,
     captured: CapturedGraphs,
     written: WrittenArtifact,
-    graphs_record: dict[str, Any],
-    records: dict[str, dict[str, Any]],
+    graphs_record: dict[str, fmt.GraphEntry],
+    records: dict[str, _Written],
     outcome: CheckOutcome,
     header: dict[str, Any],
     pass_failures: list[str],
@@ -406,43 +432,45 @@ def _finish(
     """Reference outputs and traces into the graph folders, then the sealed manifest."""
     blobs = BlobStore(root)
     for key in outcome.drop:
-        shutil.rmtree(root / graphs_record[key]["folder"], ignore_errors=True)
+        shutil.rmtree(root / graphs_record[key].folder, ignore_errors=True)
         graphs_record.pop(key)
         records.pop(key)
     written.graphs = [g for g in written.graphs if g.kind in graphs_record]
-    verification: dict[str, Any] = {}
-    for key, record in records.items():
-        d = root / graphs_record[key]["folder"]
+    verification: dict[str, fmt.VerificationEntry] = {}
+    for key, w in records.items():
+        record, entry = w.inputs, graphs_record[key]
+        d = root / entry.folder
         go = outcome.graphs.get(key)
         if go is not None:
-            set_outputs(record, go.outputs, blobs if record["values"] != "none" else None, go.values)
-            _write(d / INPUTS_JSON, dump_json(fmt.check_written(fmt.InputsRecord, record, d / INPUTS_JSON),
+            set_outputs(record, go.outputs, blobs if record.values != "none" else None, go.values)
+            _write(d / INPUTS_JSON, dump_json(fmt.check_written(fmt.InputsRecord, dump(record), d / INPUTS_JSON),
                                               compact=True))
             if go.trace is not None:
                 trace = {"format_version": FORMAT_VERSION, "sampled": True, "nodes": go.trace}
                 _write(d / TRACE, dump_json(fmt.check_written(fmt.TraceRecord, trace, d / TRACE), compact=True))
-            graphs_record[key].update(go.record)
-            if go.verification:
+            if go.checks is not None:
+                _set(entry, checks=go.checks)
+            if go.nondeterministic is not None:
+                _set(entry, nondeterministic=go.nondeterministic)
+            if go.verification is not None:
                 verification[key] = go.verification
         _fsync_dir(d)
     verification.update(outcome.verification)
-    _remove_unused_blobs(root, graphs_record, records)
+    _remove_unused_blobs(root, records)
     files = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
             files[p.relative_to(root).as_posix()] = file_sha256(p)
-    contract = captured.contract.to_json() if captured.contract else None
-    manifest = {
+    sealed = _sealed(
         **header,
-        "graphs": graphs_record,
-        "partition": contract,
-        "passes": {dg.key: dg.steps for dg in captured.derived.values() if dg.key in graphs_record},
-        "pass_failures": pass_failures,
-        "verification": verification or None,
-        "files": files,
-        **outcome.manifest,
-    }
-    sealed = seal(manifest)
+        graphs=graphs_record,
+        partition=captured.contract,
+        passes={dg.key: list(dg.steps) for dg in captured.derived.values() if dg.key in graphs_record},
+        pass_failures=pass_failures,
+        verification=verification or None,
+        files=files,
+        **({"checks": outcome.checks} if outcome.checks is not None else {}),
+    )
     fmt.parse(fmt.Manifest, json.loads(sealed), root / MANIFEST)  # what readers will check
     _write(root / MANIFEST, sealed)
     if (root / BLOB_DIR).exists():
@@ -451,16 +479,14 @@ def _finish(
     written.files = sum(1 for p in root.rglob("*") if p.is_file())
 
 
-def _remove_unused_blobs(root: Path, graphs_record: dict[str, Any], records: dict[str, dict[str, Any]]) -> None:
+def _remove_unused_blobs(root: Path, records: dict[str, _Written]) -> None:
     """Blobs only a dropped graph used go with it."""
     used = set()
-    for key, record in records.items():
-        used |= {s["blob"] for s in record["storages"] if s.get("blob")}
-        used |= {o["blob"] for o in record["outputs"] if o.get("blob")}
-        used |= {o["evidence"]["blob"] for o in record["outputs"] if o.get("evidence")}
-        gj = json.loads((root / graphs_record[key]["folder"] / GRAPH_JSON).read_text(encoding="utf-8"))
-        used |= {n["blob"] for n in gj["nodes"] if n.get("op") == "get_attr" and n.get("blob")
-                 and not n.get("recompute")}
+    for w in records.values():
+        used |= {s.blob for s in w.inputs.storages if s.blob}
+        used |= {o.blob for o in w.inputs.outputs if o.blob}
+        used |= {o.evidence.blob for o in w.inputs.outputs if o.evidence is not None}
+        used |= {n.blob for n in w.graph.nodes if n.op == "get_attr" and n.blob and not n.recompute}
     blob_dir = root / BLOB_DIR
     if blob_dir.is_dir():
         for p in blob_dir.iterdir():
@@ -469,4 +495,4 @@ def _remove_unused_blobs(root: Path, graphs_record: dict[str, Any], records: dic
 
 
 __all__ = ["write_model", "graph_folder_name", "graph_entries", "BLOB_DIR", "CheckOutcome", "GraphOutcome",
-           "WrittenArtifact", "WrittenGraph"]
+           "OutputReference", "WrittenArtifact", "WrittenGraph"]

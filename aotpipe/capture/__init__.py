@@ -5,10 +5,8 @@ from aotpipe.capture.export import capture_export
 from aotpipe.capture.types import (
     CapturedGraph,
     CapturedGraphs,
-    GraphBreak,
     GraphInput,
     GraphOutput,
-    PartitionContract,
     Subgraph,
     TensorMeta,
 )
@@ -18,12 +16,10 @@ __all__ = [
     "capture_dynamo",
     "capture_export",
     "subgraph_references",
-    "GraphBreak",
     "Subgraph",
     "CapturedGraph",
     "CapturedGraphs",
     "GraphInput",
     "GraphOutput",
-    "PartitionContract",
     "TensorMeta",
 ]

@@ -35,8 +35,8 @@ import torch.fx
 from aotpipe import accuracy, evidence
 from aotpipe.accuracy import Check
 from aotpipe.artifact.load import GraphArtifact, load
-from aotpipe.artifact.records import InputsRecord
-from aotpipe.artifact.writer import CheckOutcome, GraphOutcome
+from aotpipe.artifact.records import CheckTotals, GraphChecks, InputsRecord, Summary, VerificationEntry
+from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
 from aotpipe.capture.types import TensorMeta
 from aotpipe.determinism import RunLog
 from aotpipe.eager import EagerReference, EagerRun, SubgraphReference
@@ -53,8 +53,8 @@ Reference = Union[EagerReference, SubgraphReference]
 
 
 @dataclass
-class GraphChecks:
-    """The checks of one graph and what could not be checked."""
+class CheckedGraph:
+    """The checks of one graph and what could not be checked (its record: records.GraphChecks)."""
 
     checks: list[Check] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # one reason per skipped check
@@ -63,20 +63,21 @@ class GraphChecks:
     # (the bound of the output's replay evidence; aotpipe.evidence).
     eager_errors: dict[int, float] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def record(self) -> GraphChecks:
+        """The manifest's record of these checks (graphs.<key>.checks)."""
         reasons: dict[str, int] = {}
         for r in self.skipped:
             reasons[r] = reasons.get(r, 0) + 1
-        return {
-            "run": len(self.checks),
-            "passed": sum(c.passed for c in self.checks),
-            "failed": sum(not c.passed for c in self.checks),
-            "skipped": len(self.skipped),
+        return GraphChecks(
+            run=len(self.checks),
+            passed=sum(c.passed for c in self.checks),
+            failed=sum(not c.passed for c in self.checks),
+            skipped=len(self.skipped),
             **settled_counts(self.checks),
-            "skipped_reasons": [f"{n} x {r}" if n > 1 else r for r, n in reasons.items()],
-            "indirect": self.indirect,
-            "items": [c.to_json() for c in self.checks],
-        }
+            skipped_reasons=[f"{n} x {r}" if n > 1 else r for r, n in reasons.items()],
+            indirect=self.indirect,
+            items=[c.item() for c in self.checks],
+        )
 
 
 def settled_counts(checks: Sequence[Check]) -> dict[str, int]:
@@ -94,19 +95,14 @@ class ModelChecks:
 
     outcome: CheckOutcome
     problems: list[str] = field(default_factory=list)  # failures: the model fails
-    graphs: dict[str, GraphChecks] = field(default_factory=dict)
+    graphs: dict[str, CheckedGraph] = field(default_factory=dict)
     pass_failures: list[str] = field(default_factory=list)  # derived graphs dropped
     seconds: float = 0.0
 
     def finish(self, start: float) -> "ModelChecks":
         """Totals of every graph's checks into the manifest's `checks`, and the time taken."""
-        totals = {"run": 0, "passed": 0, "failed": 0, "skipped": 0, "indirect": 0,
-                  "exact": 0, "floor": 0, "fp64": 0, "within_noise": 0}
-        for gc in self.graphs.values():
-            j = gc.to_json()
-            for k in totals:
-                totals[k] += j[k]
-        self.outcome.manifest["checks"] = totals
+        records = [gc.record() for gc in self.graphs.values()]
+        self.outcome.checks = CheckTotals(**{k: sum(getattr(r, k) or 0 for r in records) for k in CheckTotals.model_fields})
         self.seconds = time.perf_counter() - start
         return self
 
@@ -135,7 +131,7 @@ class _Checker:
             return pick(run) if run is not None else None
         return get
 
-    def _compare(self, gc: GraphChecks, mode: str, actual: Any, expected: Any, pick: Callable[[EagerRun], Any],
+    def _compare(self, gc: CheckedGraph, mode: str, actual: Any, expected: Any, pick: Callable[[EagerRun], Any],
                  what: str, index: int) -> None:
         c = accuracy.compare(actual, expected, self._ref(mode, pick), what=what)
         if c.eager_error is not None:
@@ -146,11 +142,11 @@ class _Checker:
             return
         gc.checks.append(c)
 
-    def check_outputs(self, ga: GraphArtifact, outs: list[Any], chained: bool = False) -> GraphChecks:
+    def check_outputs(self, ga: GraphArtifact, outs: list[Any], chained: bool = False) -> CheckedGraph:
         """Every output of one graph against eager. A joint graph with forward and backward
         beside it (`chained`) is checked through the chain instead: it must equal them bit
         for bit, and they are checked against eager."""
-        gc = GraphChecks()
+        gc = CheckedGraph()
         recs = ga.record.outputs
         if not self.verify:
             gc.skipped += ["verify: false"] * len(recs)
@@ -204,20 +200,21 @@ class _Checker:
 
 
 def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[list[Optional[float]]],
-                     recorded: bool, eager_errors: dict[int, float]) -> list[dict[str, Any]]:
+                     recorded: bool, eager_errors: dict[int, float]) -> list[OutputReference]:
     out = []
     for i, (o, rec) in enumerate(zip(outs, record.outputs)):
         if rec.same_as is None and recorded and _scalar(o):
-            out.append({"value": o})  # a size or flag the graph computed: compared exactly at replay
+            out.append(OutputReference(value=o))  # a size or flag the graph computed: compared exactly at replay
         elif rec.same_as is not None or not isinstance(o, torch.Tensor):
-            out.append({})
+            out.append(OutputReference())
         elif not recorded:
-            out.append({"layout": TensorMeta.of(o).to_json()})
+            out.append(OutputReference(layout=TensorMeta.of(o).layout()))
         else:
             values, fields = evidence.record(o, eager_errors.get(i))
-            out.append({"digest": accuracy.digest(o), "summary": accuracy.sampled_summary(o),
-                        "spread": spread[i] if spread else None, "layout": TensorMeta.of(o).to_json(),
-                        "evidence": fields, "evidence_values": values, "range": _int_range(o)})
+            out.append(OutputReference(
+                digest=accuracy.digest(o), summary=Summary(**accuracy.sampled_summary(o)),
+                spread=spread[i] if spread else None, layout=TensorMeta.of(o).layout(), evidence=fields,
+                evidence_values=values, range=_int_range(o)))
     return out
 
 
@@ -320,15 +317,14 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         except Exception as e:
             msg = exception_line(e)
             result.problems.append(f"{key} graph: the written graph does not run: {msg}")
-            result.outcome.graphs[key] = GraphOutcome([{} for _ in ga.record.outputs],
-                                                      verification={"status": "error", "error": msg})
+            result.outcome.graphs[key] = GraphOutcome([OutputReference() for _ in ga.record.outputs],
+                                                      verification=VerificationEntry(status="error", error=msg))
             continue
         outs_by_key[key] = outs
         checker = checkers.setdefault(sub, _Checker(per_subgraph.get(sub), verify, has_loss))
         gc = checker.check_outputs(ga, outs, chained=set(TRAINING) <= kinds_of.get(sub, set()))
         result.graphs[key] = gc
         failed = [c for c in gc.checks if not c.passed]
-        record = {"checks": gc.to_json(), "nondeterministic": log.nondeterministic}
         status = "recorded" if saved else "shapes only"
         # A joint checked through the chain has its forward's and backward's measured errors.
         measured = measured_by_sub.setdefault(sub, {})
@@ -339,8 +335,8 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         errors.update({i: e for i, e in gc.eager_errors.items() if i >= 0})
         result.outcome.graphs[key] = GraphOutcome(
             _outcome_outputs(outs, ga.record, spread, saved, errors), outs if saved else None,
-            trace if saved else None, record,
-            {"status": status, "inputs": "saved" if saved else "in memory (save_inputs: false)"})
+            trace if saved else None, gc.record(), list(log.nondeterministic),
+            VerificationEntry(status=status, inputs="saved" if saved else "in memory (save_inputs: false)"))
         if failed and (parsed is None or parsed.chain is not None):
             lines = [c.line() for c in failed]
             why = diagnose(key, lines) if diagnose else ""
@@ -360,8 +356,8 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         problems, _, compared = chain_problems(contract, outs_by_key[fw], outs_by_key[bw],
                                                art.graphs[joint].record, outs_by_key[joint])
         name = chain_key(sub)
-        result.outcome.verification[name] = {"status": "mismatch" if problems else "match",
-                                             "compared": compared, "problems": problems}
+        result.outcome.verification[name] = VerificationEntry(status="mismatch" if problems else "match",
+                                                              compared=compared, problems=problems)
         result.problems += [f"{name}: {p}" for p in problems[:3]]
     return result.finish(start)
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.fx
 
+from aotpipe.artifact.records import TrustedNamespace
 from aotpipe.errors import CaptureError
 
 
@@ -124,9 +125,9 @@ def defining_module(op: torch._ops.OpOverload) -> str | None:
     return op.namespace if found is not None else None
 
 
-def trust(gms: Iterable[torch.fx.GraphModule], trusted: Iterable[str]) -> dict[str, dict[str, Any]]:
+def trust(gms: Iterable[torch.fx.GraphModule], trusted: Iterable[str]) -> dict[str, TrustedNamespace]:
     """The library ops `gms` still call (after decomposition), by namespace, as the manifest
-    records them: ``{ns: {"module": ..., "ops": [...]}}``. A CaptureError if a namespace is
+    records them (the module that defines them, and the ops). A CaptureError if a namespace is
     not in `trusted` (the pipeline's ``trusted_ops``): an artefact never holds a library's op
     that nobody vouched for."""
     by_ns: dict[str, dict[str, torch._ops.OpOverload]] = {}
@@ -143,5 +144,5 @@ def trust(gms: Iterable[torch.fx.GraphModule], trusted: Iterable[str]) -> dict[s
             f"decomposition for (aotpipe/capture/custom_ops.py); to keep it, trust that library in the "
             f"pipeline: trusted_ops: [{ns}] (a loader then needs --trust-ops {ns})"
         )
-    return {ns: {"module": defining_module(next(iter(ops.values()))), "ops": sorted(ops)}
+    return {ns: TrustedNamespace(module=defining_module(next(iter(ops.values()))), ops=sorted(ops))
             for ns, ops in sorted(by_ns.items())}

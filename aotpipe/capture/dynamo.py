@@ -57,7 +57,8 @@ import torch.utils._pytree as pytree
 from aotpipe.capture import export as _export
 from aotpipe.capture.hints import chain_text, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
-from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphBreak, PartitionContract, Subgraph
+from aotpipe.artifact.records import GraphBreakRecord, Partition
+from aotpipe.capture.types import CapturedGraph, CapturedGraphs, Subgraph
 from aotpipe.determinism import run_reproducibly
 from aotpipe.errors import CaptureError, exception_line
 from aotpipe.graph_keys import graph_key, key_order
@@ -148,7 +149,7 @@ def _capture(
     captured: dict[str, CapturedGraph] = {}
     subgraphs: dict[int, Subgraph] = {}
     inputs: dict[str, list[Any]] = {}
-    breaks: list[GraphBreak] = []
+    breaks: list[GraphBreakRecord] = []
     counts: dict[str, int] = {}
 
     def subgraph(i: int) -> Subgraph:
@@ -370,7 +371,7 @@ def _snapshot(v: Any) -> Any:
     return copy_.requires_grad_(v.requires_grad) if copy_.is_floating_point() or copy_.is_complex() else copy_
 
 
-def _breaks(traced: list[_Traced]) -> list[GraphBreak]:
+def _breaks(traced: list[_Traced]) -> list[GraphBreakRecord]:
     """The graph breaks that ended subgraphs, each with its reason and the user code line."""
     out = []
     for i, t in enumerate(traced):
@@ -387,7 +388,7 @@ def _breaks(traced: list[_Traced]) -> list[GraphBreak]:
             func = re.sub(r"_at_[0-9]+$", "", func)
             where = f"{os.path.basename(frame.filename)}:{frame.lineno} in {func}"
             code = (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip() or None
-        out.append(GraphBreak(i, reason, where, code))
+        out.append(GraphBreakRecord(subgraph=i, reason=reason, where=where, code=code))
     return out
 
 
@@ -581,7 +582,7 @@ def _differentiable(lifted: _Lifted) -> bool:
 
 
 def _training_graphs(lifted: _Lifted, ranges: dict[str, tuple[int, int]], index: int,
-                     notes: list[str]) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract]:
+                     notes: list[str]) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, Partition]:
     constants: dict[str, torch.Tensor] = {}
     state = _state(lifted.module)
     joint, fw, bw, contract, no_grad = _export.training_graphs(

@@ -7,7 +7,7 @@
   mutated input, gradient). Exporting first matters: AOTAutograd on the raw model trips
   on data-dependent code that torch.export handles (transformers' Llama).
 - forward / backward: the joint graph split by functorch's default partitioner; the split
-  is recorded as a :class:`PartitionContract`.
+  is recorded as a :class:`Partition`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from aotpipe.capture.types import (
     CapturedGraphs,
     GraphInput,
     GraphOutput,
-    PartitionContract,
+    Partition,
     TensorMeta,
 )
 from aotpipe.eager import NoLossError, model_loss
@@ -429,7 +429,7 @@ def _training_graphs(
     constants_out: dict[str, torch.Tensor],
     loss: str = DEFAULT_LOSS,
     notes: Optional[list[str]] = None,
-) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
+) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, Partition, list[str]]:
     fake_args, fake_kwargs = _fake_user_inputs(ep, args, kwargs)
     return training_graphs(ep.module(), fake_args, fake_kwargs, user_names, int_ranges, state, constants_out,
                            functools.partial(_Loss, kind=loss), notes, real_user_values=pytree.tree_leaves((args, kwargs)))
@@ -607,7 +607,7 @@ def training_graphs(
     wrap: Callable[[torch.nn.Module], torch.nn.Module],
     notes: Optional[list[str]] = None,
     real_user_values: Optional[list[Any]] = None,
-) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, PartitionContract, list[str]]:
+) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, Partition, list[str]]:
     """Joint, forward and backward graphs of `module` (a GraphModule: plain tensor attributes
     become buffers) wrapped in `wrap`, which holds it as ``.model`` and says what the joint
     differentiates: a sum loss (export) or every output (dynamo, a tangent per output).
@@ -735,14 +735,14 @@ def training_graphs(
     no_grad = [j.target for j in joint_outputs if j.role == "none" and j.target]
     saved_symints = sum(1 for gi in bw_inputs if gi.role == "symint")
     mutated = tuple(o.target for o in fw_outputs if o.role == "mutation")
-    contract = PartitionContract(
+    contract = Partition(
         num_mutated_inputs=len(mutated),
         num_user_outputs=sum(1 for o in fw_outputs if o.role == "user"),
         num_saved_tensors=num_saved - saved_symints,
         num_saved_symints=saved_symints,
         num_tangents=sum(1 for gi in bw_inputs if gi.role == "tangent"),
-        mutated_inputs=mutated,
-        grad_of=tuple(grad_of),
+        mutated_inputs=list(mutated),
+        grad_of=grad_of,
     )
     joint = CapturedGraph("joint", joint_gm, primals + tangents, joint_outputs, (len(primals), len(tangents)))
     fw = CapturedGraph("forward", fw_gm, fw_inputs, fw_outputs)

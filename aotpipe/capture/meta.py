@@ -271,9 +271,10 @@ def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = 
 
     from aotpipe.artifact.graph_json import decode_dtype
     from aotpipe.artifact.load import build_inputs, load
-    from aotpipe.capture.checks import GraphChecks, ModelChecks, graph_structure
+    from aotpipe.artifact.records import VerificationEntry
+    from aotpipe.capture.checks import CheckedGraph, ModelChecks, graph_structure
     from aotpipe.capture.types import TensorMeta
-    from aotpipe.artifact.writer import CheckOutcome, GraphOutcome
+    from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
     from aotpipe.replay.run import expand_outputs
 
     from aotpipe.artifact import limits
@@ -300,23 +301,23 @@ def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = 
         except Exception as e:
             msg = exception_line(e)
             result.problems.append(f"{key} graph: the written graph does not run on fake inputs: {msg}")
-            result.outcome.graphs[key] = GraphOutcome([{} for _ in ga.record.outputs],
-                                                      verification={"status": "error", "error": msg})
+            result.outcome.graphs[key] = GraphOutcome([OutputReference() for _ in ga.record.outputs],
+                                                      verification=VerificationEntry(status="error", error=msg))
             continue
-        gc = GraphChecks(skipped=["mode meta: no values to compare"] * len(ga.record.outputs))
+        gc = CheckedGraph(skipped=["mode meta: no values to compare"] * len(ga.record.outputs))
         layouts = []
         for i, (o, rec) in enumerate(zip(outs, ga.record.outputs)):
             if not isinstance(o, torch.Tensor) or rec.same_as is not None:
-                layouts.append({})
+                layouts.append(OutputReference())
                 continue
             got = TensorMeta.of(o)
             if rec.shape is not None and (list(got.shape) != rec.shape or list(got.stride) != rec.stride
                                           or str(got.dtype).removeprefix("torch.") != rec.dtype):
                 result.problems.append(f"{key} graph: output {i} is {got.dtype}{list(got.shape)} stride "
                                        f"{list(got.stride)}, recorded {rec.dtype}{rec.shape} stride {rec.stride}")
-            layouts.append({"layout": got.to_json()})
+            layouts.append(OutputReference(layout=got.layout()))
         result.graphs[key] = gc
         result.outcome.graphs[key] = GraphOutcome(
-            layouts, None, None, {"checks": gc.to_json(), "nondeterministic": []},
-            {"status": "shapes only", "inputs": "fake (mode meta: no values)"})
+            layouts, None, None, gc.record(), [],
+            VerificationEntry(status="shapes only", inputs="fake (mode meta: no values)"))
     return result.finish(start)

@@ -12,12 +12,14 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from aotpipe.artifact.records import CaptureRecord, GraphBreakRecord, Layout, Partition, PassRecord, TrustedNamespace
 from aotpipe.graph_keys import parse_graph_key
 
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """Shape, layout and type of one tensor value."""
+    """Shape, layout and type of one tensor value, as torch types (records.Layout is its record,
+    by name: :meth:`layout`)."""
 
     shape: tuple[int, ...]
     stride: tuple[int, ...]
@@ -37,15 +39,10 @@ class TensorMeta:
             requires_grad=bool(t.requires_grad),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "shape": list(self.shape),
-            "stride": list(self.stride),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "device": str(self.device),
-            "storage_offset": self.storage_offset,
-            "requires_grad": self.requires_grad,
-        }
+    def layout(self) -> Layout:
+        """The record of this layout (inputs.json's and the manifest's)."""
+        return Layout(shape=list(self.shape), stride=list(self.stride), dtype=str(self.dtype).removeprefix("torch."),
+                      device=str(self.device), storage_offset=self.storage_offset, requires_grad=self.requires_grad)
 
 
 @dataclass(frozen=True)
@@ -75,39 +72,6 @@ class GraphOutput:
     meta: Optional[TensorMeta]
 
 
-@dataclass(frozen=True)
-class PartitionContract:
-    """How a forward graph and its backward graph fit together.
-
-    forward(*primals) returns ``mutated inputs' new values + user outputs + saved``;
-    backward(*saved, *tangents) returns one gradient (or None) per primal.
-    """
-
-    num_mutated_inputs: int
-    num_user_outputs: int
-    num_saved_tensors: int
-    num_saved_symints: int
-    num_tangents: int
-    mutated_inputs: tuple[str, ...]  # forward input names, in output order
-    grad_of: tuple[Optional[str], ...]  # per backward output: the forward input it is the grad of
-
-    @property
-    def num_forward_outputs(self) -> int:
-        """Forward outputs that are not saved activations (mutations + user outputs)."""
-        return self.num_mutated_inputs + self.num_user_outputs
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "num_mutated_inputs": self.num_mutated_inputs,
-            "num_user_outputs": self.num_user_outputs,
-            "num_saved_tensors": self.num_saved_tensors,
-            "num_saved_symints": self.num_saved_symints,
-            "num_tangents": self.num_tangents,
-            "mutated_inputs": list(self.mutated_inputs),
-            "grad_of": list(self.grad_of),
-        }
-
-
 @dataclass
 class CapturedGraph:
     """One graph of one kind, with flat placeholders and described inputs/outputs."""
@@ -131,24 +95,11 @@ class DerivedGraph:
     base: str  # the key of the graph it was made from ("inference", "inference_1", ...)
     chain: str  # its passes joined by '+'
     graph: CapturedGraph
-    steps: list[dict[str, Any]]  # what each pass did (no timings: the manifest is deterministic)
+    steps: list[PassRecord]  # what each pass did (no timings: the manifest is deterministic)
 
     @property
     def key(self) -> str:
         return f"{self.base}.{self.chain}"
-
-
-@dataclass(frozen=True)
-class GraphBreak:
-    """Why dynamo ended a subgraph before the end of the model's code, and where."""
-
-    subgraph: int  # the subgraph the break ended
-    reason: str  # dynamo's reason, first line ("Call to `torch._dynamo.graph_break()`")
-    where: Optional[str] = None  # innermost user frame: "file.py:12 in forward" (no directory)
-    code: Optional[str] = None  # the source line there
-
-    def to_json(self) -> dict[str, Any]:
-        return {"subgraph": self.subgraph, "reason": self.reason, "where": self.where, "code": self.code}
 
 
 @dataclass
@@ -163,7 +114,7 @@ class Subgraph:
 
     index: int
     keys: dict[str, str]  # kind -> key in CapturedGraphs.graphs
-    contract: Optional[PartitionContract] = None
+    contract: Optional[Partition] = None
     reference: dict[str, tuple[torch.nn.Module, list[Any]]] = field(default_factory=dict)
 
 
@@ -180,7 +131,7 @@ class CapturedGraphs:
     model: str
     mode: str
     graphs: dict[str, CapturedGraph]
-    contract: Optional[PartitionContract]
+    contract: Optional[Partition]
     seconds: float
     options: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -192,7 +143,7 @@ class CapturedGraphs:
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     # Dynamo: one entry per compiled subgraph, in order; empty for a single-graph capture.
     subgraphs: list[Subgraph] = field(default_factory=list)
-    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    graph_breaks: list[GraphBreakRecord] = field(default_factory=list)
     # Mode auto: why export failed, when it fell back to dynamo.
     fallback: Optional[str] = None
     # Each graph's real inputs by key, where capture saw them (dynamo: a later subgraph's
@@ -200,10 +151,9 @@ class CapturedGraphs:
     # bind them from the model's state and its example inputs (capture.binding).
     inputs: dict[str, list[Any]] = field(default_factory=dict)
     # Library op namespaces the graphs call, trusted by the pipeline (custom_ops.trust):
-    # {namespace: {"module": defining module or None, "ops": ["ns::op", ...]}}.
-    trusted_ops: dict[str, dict[str, Any]] = field(default_factory=dict)
+    trusted_ops: dict[str, TrustedNamespace] = field(default_factory=dict)
 
-    def contract_of(self, key: str) -> Optional[PartitionContract]:
+    def contract_of(self, key: str) -> Optional[Partition]:
         """The partition contract of the subgraph graph `key` belongs to."""
         parsed = parse_graph_key(key)
         index = parsed.subgraph if parsed is not None else 0
@@ -212,15 +162,14 @@ class CapturedGraphs:
                 return sg.contract
         return self.contract if index == 0 else None
 
-    def capture_record(self) -> dict[str, Any]:
+    def capture_record(self) -> CaptureRecord:
         """The manifest's "capture" entry: mode, options and notes; for a multi-subgraph
         capture also the subgraph count and the graph breaks; for auto, why export failed."""
-        out: dict[str, Any] = {"mode": self.mode, "options": self.options, "notes": self.notes}
+        more: dict[str, Any] = {}
         if self.subgraphs:
-            out["subgraphs"] = len(self.subgraphs)
-            out["graph_breaks"] = [b.to_json() for b in self.graph_breaks]
+            more.update(subgraphs=len(self.subgraphs), graph_breaks=list(self.graph_breaks))
         if self.fallback is not None:
-            out["fallback"] = self.fallback
+            more.update(fallback=self.fallback)
         if self.trusted_ops:
-            out["trusted_ops"] = self.trusted_ops
-        return out
+            more.update(trusted_ops=self.trusted_ops)
+        return CaptureRecord(mode=self.mode, options=self.options, notes=self.notes, **more)

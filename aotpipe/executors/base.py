@@ -49,9 +49,6 @@ class Recycled:
     tasks: int  # how many tasks it ran
     reason: str  # one line
 
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "after": self.after, "models": self.tasks, "reason": self.reason}
-
 
 class Executor(Protocol):
     def run(self, tasks: list[Task], *, on_start: Callable[[int], None],

@@ -14,12 +14,12 @@ chain replayed pass by pass to name the pass at fault (:func:`diagnose_chain`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
 
+from aotpipe.artifact.records import PassChainRun, PassRecord, TimedPassRecord
 from aotpipe.passes import PASSES, PassStep, step_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe import accuracy
@@ -27,32 +27,18 @@ from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph, run_with_summaries
 
 
-@dataclass
-class StepRecord:
-    """What one pass did: for the manifest and the report."""
+def _step(step: PassStep, nodes_before: int, nodes_after: int, modified: bool, seconds: float,
+          max_abs_error: Optional[float], stats: dict[str, Any]) -> TimedPassRecord:
+    """What one pass did (run.json's record; the manifest's is the same less the time).
+    max_abs_error: against the graph before it; None when not run (checked at the end)."""
+    return TimedPassRecord(name=step.name, options=step_to_json(step)["options"], nodes_before=nodes_before,
+                         nodes_after=nodes_after, modified=modified, max_abs_error=max_abs_error, stats=stats,
+                         seconds=round(seconds, 4))
 
-    name: str
-    options: dict[str, Any]
-    nodes_before: int
-    nodes_after: int
-    modified: bool
-    seconds: float
-    max_abs_error: Optional[float]  # against the graph before it; None when not run (checked at the end)
-    stats: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self, *, timings: bool = True) -> dict[str, Any]:
-        d = {
-            "name": self.name,
-            "options": self.options,
-            "nodes_before": self.nodes_before,
-            "nodes_after": self.nodes_after,
-            "modified": self.modified,
-            "max_abs_error": self.max_abs_error,
-            "stats": self.stats,
-        }
-        if timings:
-            d["seconds"] = round(self.seconds, 4)
-        return d
+def untimed(step: TimedPassRecord) -> PassRecord:
+    """The manifest's record of a pass as it ran: deterministic, so without its time."""
+    return PassRecord(**{k: v for k, v in step if k != "seconds"})
 
 
 def first_diverging_node(before: GraphUnderPass, after: GraphUnderPass) -> Optional[str]:
@@ -91,7 +77,7 @@ def _compare(expected: list[Any], actual: list[Any]) -> tuple[float, list[str]]:
 
 
 def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
-              check_each: bool = True) -> tuple[GraphUnderPass, list[StepRecord]]:
+              check_each: bool = True) -> tuple[GraphUnderPass, list[TimedPassRecord]]:
     """Apply `steps` in order; returns the final graph and what each step did.
 
     With `check_each`, each pass is run and compared with the graph before it (a
@@ -102,7 +88,7 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
     order = chain_order_problems([s.name for s in steps])
     if order:
         raise PassError(order[0][1])
-    records: list[StepRecord] = []
+    records: list[TimedPassRecord] = []
     current = graph
     reference = run_graph(current.gm, current.values) if check_each else None
     for i, step in enumerate(steps):
@@ -126,8 +112,8 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
         seconds = time.perf_counter() - t0
         after = result.graph
         if not check_each:
-            records.append(StepRecord(step.name, step_to_json(step)["options"], nodes_before,
-                                      len(after.gm.graph.nodes), result.modified, seconds, None, result.stats))
+            records.append(_step(step, nodes_before, len(after.gm.graph.nodes), result.modified, seconds, None,
+                                 result.stats))
             current = after
             continue
         try:
@@ -139,8 +125,8 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
             node = first_diverging_node(before, after)
             raise PassError(f"{where} changed the results: {'; '.join(problems[:3])}"
                             + (f"; first diverging node: {node}" if node else ""))
-        records.append(StepRecord(step.name, step_to_json(step)["options"], nodes_before,
-                                  len(after.gm.graph.nodes), result.modified, seconds, worst, result.stats))
+        records.append(_step(step, nodes_before, len(after.gm.graph.nodes), result.modified, seconds, worst,
+                             result.stats))
         current, reference = after, outputs
     return current, records
 
@@ -160,7 +146,7 @@ def diagnose_chain(graph: GraphUnderPass, steps: list[PassStep]) -> str:
     return "every pass is within float noise of the graph before it: the passes' errors add up"
 
 
-def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tuple[list[str], dict[str, Any],
+def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tuple[list[str], dict[str, PassChainRun],
                                                                                  dict[str, Callable[[], str]]]:
     """Apply the model's pass chain to each graph kind it selects; add the results to `captured`.
 
@@ -176,7 +162,7 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
 
     steps = [parse_pass_entry({p["name"]: p["options"]})[1] for p in spec.passes]
     problems: list[str] = []
-    done: dict[str, Any] = {}
+    done: dict[str, PassChainRun] = {}
     diagnose: dict[str, Callable[[], str]] = {}
     for key, g in list(captured.graphs.items()):
         kind = g.kind  # a dynamo capture's later subgraphs: key "inference_1", kind "inference"
@@ -198,10 +184,10 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
             meta = TensorMeta.of(val) if isinstance(val, torch.Tensor) and val.device.type != "meta" else go.meta
             outputs.append(GraphOutput(go.index, go.role, go.target, meta))
         derived = DerivedGraph(key, chain_name(kind_steps), CapturedGraph(kind, final.gm, final.inputs, outputs),
-                               [r.to_json(timings=False) for r in records])
+                               [untimed(r) for r in records])
         captured.derived[derived.key] = derived
         inputs[derived.key] = final.values
-        done[derived.key] = {"seconds": round(time.perf_counter() - t0, 4), "steps": [r.to_json() for r in records]}
+        done[derived.key] = PassChainRun(seconds=round(time.perf_counter() - t0, 4), steps=records)
         fresh = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[key]))
         diagnose[derived.key] = lambda fresh=fresh, kind_steps=kind_steps: diagnose_chain(fresh, kind_steps)
     return problems, done, diagnose

@@ -425,7 +425,7 @@ def replay(
             dev = "cpu" if device is None else parse_device(device).type
         except ValueError as e:
             raise ArtifactError(f"--device: {e}") from None
-        differs = environment_differences(recorded.model_dump() if recorded else None, current_environment(dev))
+        differs = environment_differences(recorded, current_environment(dev))
         return [replay_graph(art.graphs[k], inputs=inputs, seed=seed, device=device, bench=bench,
                              environment=differs) for k in kinds]
 

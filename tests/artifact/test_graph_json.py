@@ -127,7 +127,8 @@ def test_hostile_graph_through_the_cli_leaves_no_marker(mlp_copy, tmp_path):
 
 def test_call_module_nodes_are_refused():
     data = {"format_version": 1, "nodes": [{"name": "m", "op": "call_module", "target": "sub"}]}
-    with pytest.raises(ArtifactError, match="unsupported op"):
+    with pytest.raises(ArtifactError, match=r"^graph\.json: field nodes\.0\.op: Input should be 'placeholder', "
+                                            r"'get_attr', 'call_function' or 'output' \(got \"call_module\"\)$"):
         graph_from_json(data)
 
 

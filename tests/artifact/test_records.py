@@ -88,6 +88,50 @@ def test_run_json_round_trips(quickstart_run):
     assert dump_json(json.loads(raw)) == raw
 
 
+def test_run_json_is_a_run_record_that_round_trips(quickstart_run):
+    from aotpipe.artifact.records import RunRecord, load_run
+
+    root, _ = quickstart_run
+    raw = (root / "run.json").read_bytes()
+    run = load_run(root)  # the folder, or the file
+    assert isinstance(run, RunRecord) and load_run(root / "run.json") == run
+    assert dump_json(run.model_dump(mode="json")) == raw  # every field typed, nothing lost or added
+    m = {m.name: m for m in run.models}["mlp"]
+    assert m.status == "ok" and m.checks.failed == 0 and m.verification.ok
+    (chain,) = m.passes.values()
+    assert [s.name for s in chain.steps] == ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
+    assert all(s.seconds >= 0 for s in chain.steps) and m.eager["inference"].run >= 1
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda d: d["models"][0].__setitem__("status", "fine"), "models.0.status"),
+    (lambda d: d["models"][0]["checks"].__setitem__("failed", "0"), "models.0.checks.failed"),
+    (lambda d: d["models"][0].__setitem__("traceback", "Traceback..."), "models.0.traceback"),
+    (lambda d: d["summary"].pop("graphs"), "summary.graphs"),
+])
+def test_a_run_json_off_its_record_is_one_line_naming_the_field(quickstart_run, tmp_path, edit, field):
+    from aotpipe.artifact.records import load_run
+
+    root, _ = quickstart_run
+    data = json.loads((root / "run.json").read_text())
+    edit(data)
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError) as e:
+        load_run(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'run.json'}: field {field}: "), str(e.value)
+
+
+def test_a_failed_model_keeps_its_traceback_out_of_run_json():
+    from aotpipe.results import ModelResult
+
+    r = ModelResult(name="m", status="failed", stage="capture", error="boom", traceback="Traceback (most recent...")
+    assert "traceback" not in r.to_record().model_dump() and r.traceback.startswith("Traceback")
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"status\n  Input should be 'ok' or 'failed'"):
+        r.status = "fine"  # the result is run.json's record: checked as it is filled in
+
+
 @pytest.mark.parametrize("record", ["manifest.json", "mlp_inference_0/graph.json", "mlp_inference_0/inputs.json",
                                     "mlp_inference_0/trace.json"])
 def test_newer_format_version_is_refused_naming_both_versions(quickstart_run, tmp_path, record):
@@ -111,9 +155,9 @@ def test_every_record_of_quickstart_and_of_version_1_validates(quickstart_run):
     from aotpipe.artifact import records
 
     root, _ = quickstart_run
-    data_v1 = Path(__file__).resolve().parents[1] / "data" / "format_v1"
+    data = Path(__file__).resolve().parents[1] / "data"
     seen = {name: 0 for name in records.RECORDS}
-    for base in (root, data_v1):
+    for base in (root, data / "format_v1", data / "format_v2"):
         for name, cls in records.RECORDS.items():
             for p in base.rglob(name):
                 records.parse(cls, json.loads(p.read_text()), p)
@@ -151,6 +195,30 @@ def test_a_record_off_the_format_is_one_line_naming_file_and_field(mlp_copy, rec
     assert line.startswith(f"error: {path}: field {field}:"), line
 
 
+@pytest.mark.parametrize("arg,where,why", [
+    ({"nodez": "x"}, "", "not a node argument: a JSON value, a list, or an object with one of the keys node, tuple"),
+    ({"node": "x", "tuple": []}, "", "not a node argument"),  # one key, not two
+    ({"dtype": "float99"}, ".dtype.dtype", "not one of the"),
+    ({"slice": [1, 2]}, ".slice.slice", "List should have at least 3 items"),
+    ({"float": "1.5"}, ".float.float", "Input should be 'nan', 'inf' or '-inf'"),
+    ({"tuple": [{"node": 3}]}, ".tuple.tuple.0.node.node", "Input should be a valid string"),
+])
+def test_a_node_argument_off_its_tagged_forms_is_refused_naming_it(mlp_copy, arg, where, why):
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    path = mlp_copy / "mlp_inference_0" / "graph.json"
+    data = json.loads(path.read_text())
+    i = next(i for i, n in enumerate(data["nodes"]) if n["op"] == "call_function")
+    data["nodes"][i]["args"][0] = arg
+    path.write_text(json.dumps(data))
+    r = CliRunner().invoke(main, ["replay", str(mlp_copy)])
+    assert r.exit_code == 2, r.output
+    (line,) = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert line.startswith(f"error: {path}: field nodes.{i}.args.0{where}: {why}"), line
+
+
 def test_the_writer_refuses_a_record_off_the_format():
     from aotpipe.artifact import records
 
@@ -167,7 +235,8 @@ def test_schema_artifact_prints_the_json_schema_of_every_record_file():
     r = CliRunner().invoke(main, ["schema", "--artifact"])
     assert r.exit_code == 0, r.output
     schema = json.loads(r.output)
-    assert set(schema["files"]) == {"manifest.json", "inputs.json", "trace.json", "graph.json", "signature.json"}
+    assert set(schema["files"]) == {"manifest.json", "inputs.json", "trace.json", "graph.json", "signature.json",
+                                    "run.json"}
     inputs = schema["files"]["inputs.json"]
     assert inputs["additionalProperties"] is False and "storages" in inputs["required"]
     storage = inputs["$defs"]["StorageRecord"]["properties"]

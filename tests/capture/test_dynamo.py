@@ -90,8 +90,8 @@ def test_each_subgraph_has_its_own_graphs_keyed_by_index(branchy_cap):
     # Each forward is paired with its own backward.
     c0, c2 = cap.subgraphs[0].contract, cap.subgraphs[2].contract
     assert cap.contract is c0 and cap.contract_of("backward_2") is c2
-    assert c0.mutated_inputs == ("bn.num_batches_tracked", "bn.running_mean", "bn.running_var")
-    assert c2.grad_of == ("fc2.weight", "fc2.bias", "h")  # the activation from subgraph 0 gets one too
+    assert c0.mutated_inputs == ["bn.num_batches_tracked", "bn.running_mean", "bn.running_var"]
+    assert c2.grad_of == ["fc2.weight", "fc2.bias", "h"]  # the activation from subgraph 0 gets one too
     assert c2.num_tangents == 1 and c2.num_user_outputs == 1
 
 
@@ -103,7 +103,7 @@ def test_graph_breaks_are_recorded_with_reason_and_place(branchy_cap):
     assert breaks[1].where.startswith("test_dynamo.py:") and breaks[1].where.endswith(" in forward")
     assert sum("graph break after subgraph" in n for n in branchy_cap.notes) == 2
     record = branchy_cap.capture_record()
-    assert record["subgraphs"] == 3 and len(record["graph_breaks"]) == 2
+    assert record.subgraphs == 3 and record.graph_breaks == breaks
 
 
 def test_lifted_parameters_are_weights_named_as_in_the_model(branchy_cap):
@@ -120,8 +120,8 @@ def test_lifted_parameters_are_weights_named_as_in_the_model(branchy_cap):
 def test_written_graphs_load_replay_bit_exact_and_pass_their_checks(branchy_cap, tmp_path):
     path, mc = _write_and_check(branchy_cap, tmp_path)
     assert mc.problems == []
-    assert mc.graphs["forward_2"].to_json()["passed"] == 1  # its user output vs the dynamo graph's
-    assert mc.graphs["backward_2"].to_json()["passed"] == 3  # both parameters and the activation
+    assert mc.graphs["forward_2"].record().passed == 1  # its user output vs the dynamo graph's
+    assert mc.graphs["backward_2"].record().passed == 3  # both parameters and the activation
     # fc1.bias feeds a train-mode BatchNorm, which subtracts its mean: its gradient is zero in
     # exact arithmetic, float noise in eager, and checked all the same; nothing is skipped.
     assert {k: gc.skipped for k, gc in mc.graphs.items() if gc.skipped} == {}
@@ -189,7 +189,7 @@ def test_export_refuses_a_data_dependent_branch_and_auto_falls_back_to_dynamo():
     cap = _capture(model, x, graphs=["inference"], capture=capture_auto)
     assert cap.mode == "dynamo" and "GuardOnDataDependentSymNode" in cap.fallback
     assert cap.notes[0].startswith("export failed (torch.export (inference) failed")
-    assert cap.capture_record()["fallback"] == cap.fallback
+    assert cap.capture_record().fallback == cap.fallback
     assert list(cap.graphs) == ["inference", "inference_1", "inference_2"]
 
 
@@ -201,7 +201,7 @@ def test_auto_keeps_export_when_export_works():
 def test_export_captures_record_nothing_new(tmp_path):
     cap = _capture(zoo.mlp(in_features=8), torch.randn(2, 8), graphs=["inference"], capture=capture_export)
     assert cap.subgraphs == [] and cap.graph_breaks == [] and cap.inputs == {}
-    assert set(cap.capture_record()) == {"mode", "options", "notes"}
+    assert cap.capture_record().model_fields_set == {"mode", "options", "notes"}  # what the manifest holds
 
 
 def test_subgraph_checks_catch_a_wrong_graph(tmp_path):
@@ -283,7 +283,7 @@ def test_a_masked_in_place_write_into_an_activation_captures_and_checks(tmp_path
     assert mc.problems == []
     grads = load(path).graphs["forward_1"].record.partition.grad_of
     assert "embed" in grads and "h" in grads
-    assert mc.graphs["backward_1"].to_json()["passed"] >= 2  # embed's and h's gradients vs eager
+    assert mc.graphs["backward_1"].record().passed >= 2  # embed's and h's gradients vs eager
 
 
 class ViewAfterBreak(nn.Module):
@@ -323,8 +323,8 @@ def test_a_subgraph_output_that_views_its_input_is_not_in_the_eager_gradient_eit
                          input_names=["x"])
     path, mc = _write_and_check(cap, tmp_path)
     assert mc.problems == []
-    items = {i["what"]: i for i in mc.graphs["backward_1"].to_json()["items"]}
-    assert items["gradient of h"]["passed"], items
+    items = {i.what: i for i in mc.graphs["backward_1"].record().items}
+    assert items["gradient of h"].passed, items
 
 
 class NormalisedBreak(nn.Module):
