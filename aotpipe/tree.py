@@ -187,8 +187,8 @@ def node_signature(node: NodeRecord, by_name: dict[str, NodeRecord]) -> str:
 
 
 def _arg_signature(a: Any, by_name: dict[str, NodeRecord]) -> str:
-    if isinstance(a, dict) and isinstance(a.get("node"), str):
-        src = by_name.get(a["node"])
+    if isinstance(a, records.NodeRef):
+        src = by_name.get(a.node)
         layout = value_layout(src) if src is not None else None
         if layout is not None and layout.shape is not None:
             return f"{layout.dtype or '?'}[{len(layout.shape)}]"
@@ -196,6 +196,6 @@ def _arg_signature(a: Any, by_name: dict[str, NodeRecord]) -> str:
     if isinstance(a, list):
         inner = {_arg_signature(x, by_name) for x in a}
         return f"list({'|'.join(sorted(inner))})" if inner else "list()"
-    if isinstance(a, dict):
-        return next(iter(a), "dict")
+    if isinstance(a, records.Record):  # a tagged argument: its tag (dtype, device, tuple...)
+        return next(iter(type(a).model_fields))
     return type(a).__name__

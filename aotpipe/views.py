@@ -52,12 +52,14 @@ def _layout(val: Any) -> Optional[str]:
 
 def _refs(arg: Any, out: list[str]) -> list[str]:
     """Every node an argument refers to, in order."""
-    if isinstance(arg, dict):
-        if len(arg) == 1 and "node" in arg:
-            out.append(str(arg["node"]))
-        else:
-            for v in arg.values():
-                _refs(v, out)
+    if isinstance(arg, records.NodeRef):
+        out.append(arg.node)
+    elif isinstance(arg, records.Record):  # a tagged argument (a tuple, a slice...): what it holds
+        for k in type(arg).model_fields:
+            _refs(getattr(arg, k), out)
+    elif isinstance(arg, dict):  # keyword arguments
+        for v in arg.values():
+            _refs(v, out)
     elif isinstance(arg, list):
         for v in arg:
             _refs(v, out)
@@ -88,11 +90,11 @@ def checked_nodes(graph: GraphRecord, inputs: Optional[InputsRecord], checks: li
     if out_node is None or inputs is None:
         return {}
     args: Any = out_node.args[0] if out_node.args else []
-    if isinstance(args, dict) and "tuple" in args:
-        args = args["tuple"]
+    if isinstance(args, records.TupleArg):
+        args = args.tuple
     if not isinstance(args, list):
         args = [args]
-    produced = [(_refs(a, []) or [None])[0] if isinstance(a, (dict, list)) else None for a in args]
+    produced = [(_refs(a, []) or [None])[0] if isinstance(a, (records.Record, list)) else None for a in args]
     recs = inputs.outputs
     users = [i for i, r in enumerate(recs) if r.role == "user" and r.dtype is not None]
     placeholders = {i.name: i.target for i in inputs.inputs}

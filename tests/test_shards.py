@@ -1,12 +1,14 @@
 """--shard I/N: every shard computes the same balanced partition on its own."""
 
-import json
 
 import pytest
 
+from aotpipe.artifact.manifest import versions
+from aotpipe.artifact.records import ExecutorRecord, ModelRun, RunRecord, RunSummary
 from aotpipe.config import parse_pipeline
 from aotpipe.errors import AotpipeError
-from aotpipe.shards import Shard, costs, estimate, parse_shard, partition, shard_models
+from aotpipe.report import dump_run
+from aotpipe.shards import Shard, costs, estimate, parse_shard, partition, previous_times, shard_models
 
 PIPELINE = """
 version: 1
@@ -40,13 +42,24 @@ def test_each_shard_keeps_pipeline_order():
         assert share == sorted(share)
 
 
+def _write_times(path, times):
+    """A real run.json (its record) whose models took `times` seconds."""
+    models = [ModelRun(name=k, status="ok", total_seconds=v) for k, v in times.items()]
+    record = RunRecord(format_version=1, pipeline="sharded", versions=versions(), seconds=1.0,
+                       executor=ExecutorRecord(kind="local", workers=1), ok=True,
+                       summary=RunSummary(models=len(models), ok=len(models), up_to_date=0, failed=0, graphs=0,
+                                          bytes=0), models=models)
+    path.write_text(dump_run(record))
+    assert previous_times(path) == times  # the balance can read it
+
+
 def test_the_partition_balances_by_the_times_file(tmp_path):
     # One model takes as long as all the others together: with 2 shards it runs alone.
     models = specs()
     times = {m.name: 1.0 for m in models}
     times["m5"] = 22.0
     f = tmp_path / "run.json"
-    f.write_text(json.dumps({"models": [{"name": k, "total_seconds": v} for k, v in times.items()]}))
+    _write_times(f, times)
     shares = [[m.name for m in shard_models(models, Shard(i, 2), f)] for i in (1, 2)]
     assert ["m5"] in shares
     loads = sorted(sum(times[n] for n in s) for s in shares)
@@ -60,8 +73,7 @@ def test_the_partition_does_not_read_the_shards_own_output(tmp_path, monkeypatch
     a = [[m.name for m in shard_models(models, Shard(i, 3))] for i in (1, 2, 3)]
     monkeypatch.chdir(tmp_path)
     (tmp_path / "artifacts" / "sharded").mkdir(parents=True)
-    (tmp_path / "artifacts" / "sharded" / "run.json").write_text(json.dumps(
-        {"models": [{"name": "m0", "total_seconds": 1000.0}]}))
+    _write_times(tmp_path / "artifacts" / "sharded" / "run.json", {"m0": 1000.0})
     b = [[m.name for m in shard_models(models, Shard(i, 3))] for i in (1, 2, 3)]
     assert a == b
 

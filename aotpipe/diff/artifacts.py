@@ -218,9 +218,11 @@ def _val_layout(val: Any) -> str:
 
 def _normalise(arg: Any, layouts: dict[str, str]) -> Any:
     """An argument with node references replaced by the referenced node's dtype[shape]."""
-    if isinstance(arg, dict):
-        if len(arg) == 1 and "node" in arg:
-            return f"%{layouts.get(str(arg['node']), '?')}"
+    if isinstance(arg, records.NodeRef):
+        return f"%{layouts.get(arg.node, '?')}"
+    if isinstance(arg, records.Record):  # a tagged argument: {tag: its normalised value}, as in graph.json
+        return {k: _normalise(getattr(arg, k), layouts) for k in type(arg).model_fields}
+    if isinstance(arg, dict):  # keyword arguments
         return {k: _normalise(v, layouts) for k, v in sorted(arg.items())}
     if isinstance(arg, list):
         return [_normalise(x, layouts) for x in arg]
