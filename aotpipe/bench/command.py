@@ -63,7 +63,7 @@ def run_bench(o: BenchOptions, say: Callable[..., None]) -> int:
         from aotpipe.bench.locate import locate_failures
 
         located = locate_failures(result, Path(o.locate_dir or "bench-repros"), timeout_s=o.timeout_s,
-                                  trust_ops=o.trust_ops)
+                                  trust_ops=o.trust_ops, threads=o.threads)
     comparison = baselines.compare(result.results, expected) if expected is not None else None
     if o.csv:
         write_csv(Path(o.csv), result)

@@ -60,6 +60,9 @@ class GraphResult:
     in_backend_s: float = 0.0  # of which compiling and running the compiled graph
     nodes: int = 0
     detail: Optional[str] = None  # e.g. the worker's last lines, for a crash
+    path: str = ""  # the model folder
+    inputs: str = "saved"  # saved | random
+    seed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -231,7 +234,8 @@ def bench_graph(task: GraphTask) -> GraphResult:
     start = time.perf_counter()
     art = load(task.artifact, trust_ops=task.trust_ops)
     ga = art.graphs[task.graph]
-    res = GraphResult(task.label, task.graph, ga.kind, "skipped")
+    res = GraphResult(task.label, task.graph, ga.kind, "skipped", path=task.artifact, inputs=task.inputs,
+                      seed=task.seed)
     try:
         backend = Backend(task.backend)
         user = backend.resolve()
@@ -313,7 +317,8 @@ def _in_compile(e: BaseException) -> bool:
 def result_from_failure(task: GraphTask, kind: str, reason: str, detail: Optional[str]) -> GraphResult:
     """The result of a graph whose worker did not return: timed out, or died."""
     status = "timeout" if reason.startswith("timed out") else "crashed"
-    return GraphResult(task.label, task.graph, kind, status, reason, detail=detail)
+    return GraphResult(task.label, task.graph, kind, status, reason, detail=detail, path=task.artifact,
+                       inputs=task.inputs, seed=task.seed)
 
 
 def artefact_label(folder: Path, root: Path) -> str:
