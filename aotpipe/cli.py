@@ -473,7 +473,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
 
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
                                     inputs, seed, timeout_s, rounds, key, no_sandbox, trust_ops, not no_progress,
-                                    locate_dir, threads), _say))
+                                    locate_dir, threads), _say, click.echo))
 
 
 @main.command(name="ls", short_help='List artefacts and their status.')

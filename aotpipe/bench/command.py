@@ -34,8 +34,11 @@ class BenchOptions:
     threads: Optional[int] = None
 
 
-def run_bench(o: BenchOptions, say: Callable[..., None]) -> int:
+def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., None]) -> int:
     """Bench, print the table (or JSON), write the files asked for; the exit status.
+
+    `say` prints a line that may hold names from artefacts (escaped); `emit` prints JSON as
+    it is (json.dumps escapes every control character itself).
 
     0: every graph passed, or (with --baseline) no graph that passed in the baseline fails
     now, or (with --write-baseline) the baseline was written; 1 otherwise."""
@@ -74,7 +77,7 @@ def run_bench(o: BenchOptions, say: Callable[..., None]) -> int:
         out["located"] = [loc.to_json() for loc in located]
         if comparison is not None:
             out["baseline"] = comparison.__dict__
-        say(json.dumps(out, indent=2, sort_keys=True))
+        emit(json.dumps(out, indent=2, sort_keys=True))
     else:
         for line in table(result):
             say(line)
