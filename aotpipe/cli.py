@@ -450,6 +450,8 @@ def sign(directory: str, key: str) -> None:
 @click.option("--rounds", type=click.IntRange(min=2), default=10, show_default=True, help="Timed rounds per graph.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Intra-op threads of the bench's worker (default: torch's; 1 on a loaded machine).")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="Time samples by wall time, or by the process's CPU time (with --threads 1 on a loaded machine).")
 @click.option("--key", "key", default=None, metavar="KEY", help="Bench artefacts signed with this key.")
 @click.option("--no-sandbox", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
               help="Bench artefacts without a signature check: only ones you made or otherwise trust.")
@@ -460,7 +462,8 @@ def sign(directory: str, key: str) -> None:
 def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: str | None,
           write_baseline: str | None, locate: bool, locate_dir: str | None, as_json: bool, csv_path: str | None,
           inputs: str, seed: int, timeout_s: float, rounds: int, key: str | None, no_sandbox: bool,
-          trust_ops: tuple[str, ...], no_progress: bool, threads: int | None) -> None:
+          trust_ops: tuple[str, ...], no_progress: bool, threads: int | None,
+          clock: str) -> None:
     """Run BACKEND over every graph of every artefact under PATHS: status, speedup, scores.
 
     \b
@@ -473,7 +476,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
 
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
                                     inputs, seed, timeout_s, rounds, key, no_sandbox, trust_ops, not no_progress,
-                                    locate_dir, threads), _say, click.echo))
+                                    locate_dir, threads, clock), _say, click.echo))
 
 
 @main.command(name="ls", short_help='List artefacts and their status.')

@@ -112,6 +112,12 @@ def compile_graph(backend: Backend, gm: torch.nn.Module, inputs: list[Any], role
         fwd = gm.forward if isinstance(gm, torch.fx.GraphModule) else gm
         return _no_grad(fwd), list(range(len(inputs)))
     torch._dynamo.reset()  # one graph's guards and caches do not count against the next
+    if backend.name.startswith("inductor"):
+        import torch._inductor.config as inductor_config
+
+        # As torch's own accuracy runners do: random ops call ATen's, so that a graph that
+        # draws (dropout) draws what the loaded graph does under the same seed.
+        inductor_config.fallback_random = True
     if backend.name == "inductor-freezing":
         bound = [i for i, r in enumerate(roles) if r in FROZEN_ROLES and isinstance(inputs[i], torch.Tensor)]
         module = _Frozen(gm, inputs, bound)

@@ -32,6 +32,7 @@ class BenchOptions:
     progress: bool = True
     locate_dir: Optional[str] = None
     threads: Optional[int] = None
+    clock: str = "wall"
 
 
 def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., None]) -> int:
@@ -58,7 +59,7 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
 
     result = bench([Path(p) for p in o.paths], o.backend, kinds=kinds, inputs=o.inputs, seed=o.seed,
                    timeout_s=o.timeout_s, rounds=o.rounds, key=o.key, trusted=o.trusted, trust_ops=o.trust_ops,
-                   threads=o.threads, on_result=on_result, on_plan=on_plan)
+                   threads=o.threads, clock=o.clock, on_result=on_result, on_plan=on_plan)
     if bar:
         bar[0].close()
     located = []

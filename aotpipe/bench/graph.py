@@ -31,6 +31,10 @@ ROUNDS = 10
 NOISY = 0.2  # IQR / median over which a timing is repeated, then marked noisy
 SAMPLE_S = 2e-3  # a timed sample lasts at least this long (calls per sample chosen to fit)
 MAX_CALLS = 200
+# How a timed sample is measured: wall time, or the process's CPU time (all its threads), which
+# a loaded machine's preemptions do not inflate; with one intra-op thread it is the wall time
+# the sample would take on an idle machine.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 # GraphNet's tolerance levels t (graph_net_bench: range(-10, 3 error kinds + 2)).
 GRAPHNET_T = tuple(range(-10, 5))
 
@@ -80,6 +84,7 @@ class GraphTask:
     seed: int = 0
     rounds: int = ROUNDS
     trust_ops: tuple[str, ...] = ()
+    clock: str = "wall"  # wall | cpu (the process's CPU time: see CLOCKS)
 
     def __call__(self) -> GraphResult:
         return bench_graph(self)
@@ -258,11 +263,19 @@ def bench_graph(task: GraphTask) -> GraphResult:
         res.in_backend_s = res.compile_s
         res.status = "compile_error" if is_compile_error(e) or backend.name != "eager" and _in_compile(e) \
             else "runtime_error"
-        res.reason = exception_line(e)
+        res.reason = failure_line(e)
         res.wall_s = time.perf_counter() - start
         return res
     res.compile_s = time.perf_counter() - t0
     res.in_backend_s = res.compile_s
+    if _seeded(module):
+        # Checked on a run seeded as the loaded graph's runs are (execution.run_graph).
+        try:
+            first = seeded_call(lambda: fn([args[i] for i in free]))
+        except Exception as e:
+            res.status, res.reason = "runtime_error", failure_line(e)
+            res.wall_s = time.perf_counter() - start
+            return res
     actual = expand_outputs(ga.record, as_list(first))
     if len(actual) != len(expected):
         res.status, res.reason = "fail_accuracy", f"{len(actual)} outputs, the loaded graph gives {len(expected)}"
@@ -293,13 +306,40 @@ def bench_graph(task: GraphTask) -> GraphResult:
 
     try:
         (res.eager_s, res.eager_iqr), (res.backend_s, res.backend_iqr), res.noisy, spent = time_interleaved(
-            run_eager, run_backend, task.rounds)
+            run_eager, run_backend, task.rounds, clock=CLOCKS[task.clock])
         res.in_backend_s += spent
         res.speedup = res.eager_s / res.backend_s if res.backend_s > 0 else math.inf
     except Exception as e:
-        res.status, res.reason = "runtime_error", f"a later call failed: {exception_line(e)}"
+        res.status, res.reason = "runtime_error", f"a later call failed: {failure_line(e)}"
     res.wall_s = time.perf_counter() - start
     return res
+
+
+def _seeded(module: Any) -> bool:
+    from aotpipe.determinism import draws_random
+
+    return not isinstance(module, torch.fx.GraphModule) or draws_random(module)
+
+
+def seeded_call(fn: Callable[[], Any]) -> Any:
+    """`fn()` with torch's generator seeded as aotpipe seeds a graph's runs; the caller's
+    generator state is restored after."""
+    from aotpipe.determinism import RNG_SEED
+    from aotpipe.global_state import preserved
+
+    with preserved():
+        torch.manual_seed(RNG_SEED)
+        return fn()
+
+
+def failure_line(e: BaseException) -> str:
+    """One line for an exception from torch.compile, naming the backend's own exception where
+    dynamo wrapped it (BackendCompilerFailed keeps it as inner_exception)."""
+    line = exception_line(e)
+    inner = getattr(e, "inner_exception", None) or e.__cause__
+    if inner is not None and inner is not e:
+        line = f"{type(e).__name__}: {exception_line(inner)}"
+    return line
 
 
 def _in_compile(e: BaseException) -> bool:

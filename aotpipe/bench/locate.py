@@ -129,14 +129,14 @@ def _check_prefix(pm: torch.fx.GraphModule, inputs: list[Any], backend: Any, use
                   roles: list[str]) -> tuple[bool, str]:
     """(the prefix passes, the first failing output's line or why it could not be judged)."""
     from aotpipe.bench.backends import compile_graph
-    from aotpipe.bench.graph import as_list, check_outputs, reference64
+    from aotpipe.bench.graph import as_list, check_outputs, reference64, seeded_call
     from aotpipe.execution import run_graph
 
     expected = run_graph(pm, [_fresh(x) for x in inputs])
     ref = reference64(pm, [_fresh(x) for x in inputs])
     args = [_fresh(x) for x in inputs]
     fn, free = compile_graph(backend, pm, args, roles, user)
-    actual = as_list(fn([args[i] for i in free]))
+    actual = as_list(seeded_call(lambda: fn([args[i] for i in free])))
     names = [a.name for a in pm.graph.output_node().args[0]]
     checks = check_outputs(actual, expected, ref, [f"node {n}" for n in names])
     failed = [c for c in checks if not c.passed]

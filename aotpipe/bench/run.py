@@ -101,7 +101,7 @@ def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted:
 
 
 def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[str]], inputs: str, seed: int,
-         rounds: int, trust_ops: tuple[str, ...]) -> tuple[list[GraphTask], list[str], list[str]]:
+         rounds: int, trust_ops: tuple[str, ...], clock: str = "wall") -> tuple[list[GraphTask], list[str], list[str]]:
     """(one task per graph, each graph's kind, notes about graphs left out)."""
     from aotpipe.artifact.load import load
 
@@ -120,7 +120,7 @@ def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[s
                 skipped_kinds[ga.kind] = skipped_kinds.get(ga.kind, 0) + 1
                 continue
             mode = inputs if ga.has_saved_values else "random"
-            tasks.append(GraphTask(str(folder), label, key, backend, mode, seed, rounds, trust_ops))
+            tasks.append(GraphTask(str(folder), label, key, backend, mode, seed, rounds, trust_ops, clock))
             task_kinds.append(ga.kind)
     if skipped_kinds:
         notes.append(f"{backend} takes inference graphs only; left out: " +
@@ -130,7 +130,7 @@ def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[s
 
 def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = None, inputs: str = "saved",
           seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, rounds: int = 10, key: Optional[str] = None,
-          trusted: bool = False, trust_ops: tuple[str, ...] = (), threads: Optional[int] = None,
+          trusted: bool = False, trust_ops: tuple[str, ...] = (), threads: Optional[int] = None, clock: str = "wall",
           on_result: Optional[Callable[[GraphResult], None]] = None,
           on_plan: Optional[Callable[[int], None]] = None) -> Bench:
     """Bench `backend` over every graph (of `kinds`) of every artefact under `paths`."""
@@ -141,7 +141,7 @@ def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = No
     b.resolve()  # a user backend that does not import is the user's error, now, once
     models = find_models(paths)
     check_trust(models, key, trusted)
-    tasks, task_kinds, notes = plan(models, backend, kinds, inputs, seed, rounds, trust_ops)
+    tasks, task_kinds, notes = plan(models, backend, kinds, inputs, seed, rounds, trust_ops, clock)
     if on_plan is not None:
         on_plan(len(tasks))
     results: list[Optional[GraphResult]] = [None] * len(tasks)

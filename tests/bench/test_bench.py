@@ -184,7 +184,7 @@ def test_unsigned_artefacts_are_not_benched_without_a_key_or_no_sandbox(quicksta
     assert r.exit_code == 2
     assert "pass --key KEY to run artefacts signed with it, or --no-sandbox" in r.output
     key = tmp_path / "k.key"
-    key.write_bytes(b"0" * 64)
+    key.write_bytes(bytes(range(64)))
     r = bench(str(root / "mlp"), "--backend", "eager", "--key", f"hmac:{key}")
     assert r.exit_code == 2 and "not signed by" in r.output and "so not benched: mlp:" in r.output, r.output
 
@@ -206,7 +206,7 @@ def test_signed_artefacts_are_benched_with_their_key(quickstart_run, tmp_path, m
     art = tmp_path / "lib" / "mlp"
     shutil.copytree(root / "mlp", art)
     key = tmp_path / "k.key"
-    key.write_bytes(b"1" * 64)
+    key.write_bytes(bytes(range(64, 128)))
     s = CliRunner().invoke(main, ["sign", str(art.parent), "--key", f"hmac:{key}"])
     assert s.exit_code == 0, s.output
     monkeypatch.delenv("AOTPIPE_NO_SANDBOX")
