@@ -85,18 +85,19 @@ def module_path(n: torch.fx.Node) -> Optional[str]:
     return None
 
 
-def _values(gm: torch.fx.GraphModule, inputs: list[Any]) -> dict[str, Any]:
-    """Every node's value, from one eager run (tensors only; others by description)."""
-    out: dict[str, Any] = {}
+def _values(gm: torch.fx.GraphModule, inputs: list[Any]) -> dict[str, tuple[bool, str]]:
+    """Per node, from one eager run: whether its value is a tensor, and its description
+    (dtype and shape); values are freed as the run goes, as a plain run frees them."""
+    out: dict[str, tuple[bool, str]] = {}
 
     class Keep(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             v = super().run_node(n)
-            out[n.name] = v
+            out[n.name] = (isinstance(v, torch.Tensor), _describe(v))
             return v
 
     with torch.no_grad():
-        Keep(gm, garbage_collect_values=False).run(*inputs)
+        Keep(gm).run(*inputs)
     return out
 
 
@@ -182,7 +183,7 @@ def locate_graph(task: LocateTask) -> Located:
     inputs = graph_inputs(ga, task.inputs, task.seed)
     roles = [r.role for r in ga.record.inputs]
     values = _values(gm, [_fresh(x) for x in inputs])
-    tensors = {k for k, v in values.items() if isinstance(v, torch.Tensor)}
+    tensors = {k for k, (is_tensor, _) in values.items() if is_tensor}
     candidates = [n for n in gm.graph.nodes if n.op == "call_function" and n.name in tensors]
     if not candidates:
         res.reason = "the graph computes no tensor"
@@ -218,9 +219,9 @@ def locate_graph(task: LocateTask) -> Located:
     res.reason = fails(hi)[1]
     res.position = f"{hi + 1} of {len(candidates)}"
     res.prefixes_tried = tried
-    res.input_shapes = [_describe(values.get(a.name)) if isinstance(a, torch.fx.Node) else _describe(a)
+    res.input_shapes = [values.get(a.name, (False, "?"))[1] if isinstance(a, torch.fx.Node) else _describe(a)
                         for a in culprit.args if isinstance(a, (torch.fx.Node, int, float, bool))]
-    res.output_shape = _describe(values.get(culprit.name))
+    res.output_shape = values[culprit.name][1]
     res.module_path = module_path(culprit)
     try:
         res.repro = str(write_repro(gm, culprit, tensors, ga, inputs, task))
