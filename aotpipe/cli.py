@@ -458,7 +458,6 @@ def sign(directory: str, key: str) -> None:
 @click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]", help="As replay --trust-ops.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @_user_errors
-@_byte_limit
 def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: str | None,
           write_baseline: str | None, locate: bool, locate_dir: str | None, as_json: bool, csv_path: str | None,
           inputs: str, seed: int, timeout_s: float, rounds: int, key: str | None, no_sandbox: bool,

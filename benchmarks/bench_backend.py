@@ -84,7 +84,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--clock", choices=("wall", "cpu"), default="cpu",
                     help="cpu (default here): the worker's CPU time, which a loaded machine does not inflate")
     ap.add_argument("--timeout", type=float, default=900.0)
-    ap.add_argument("--out", type=Path, default=None, help="the markdown file (default docs/benchmarks/bench-BACKEND.md)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the markdown file (default docs/benchmarks/bench-BACKEND.md)")
     args = ap.parse_args(argv[1:])
     from aotpipe.bench.output import table, write_csv
     from aotpipe.bench.run import bench, parse_kinds
