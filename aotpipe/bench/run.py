@@ -62,10 +62,14 @@ def parse_kinds(text: Optional[str]) -> Optional[set[str]]:
 
 
 def find_models(paths: Sequence[Path]) -> list[tuple[Path, str]]:
-    """(model folder, label) of every artefact under `paths`; none is the user's error."""
+    """(model folder, label) of every artefact under `paths`; none is the user's error.
+
+    A label is the model folder relative to its PATH (the pipeline's output folder when PATH is
+    a model folder); if two PATHs give the same label, every label is prefixed with its PATH's
+    folder name."""
     from aotpipe.artifact.verify import find_artifacts
 
-    out: list[tuple[Path, str]] = []
+    per_root: list[tuple[str, list[tuple[Path, str]]]] = []
     for p in paths:
         if not Path(p).exists():
             raise AotpipeError(f"{p}: no such file or folder")
@@ -76,8 +80,12 @@ def find_models(paths: Sequence[Path]) -> list[tuple[Path, str]]:
         if not models:
             raise AotpipeError(f"{p}: no artefact under it (no manifest.json); capture one with aotpipe run")
         base = root if not (root / "manifest.json").exists() else root.parent
-        out += [(m, artefact_label(m, base)) for m in models]
-    return out
+        per_root.append((base.name, [(m, artefact_label(m, base)) for m in models]))
+    labels = [label for _, found in per_root for _, label in found]
+    if len(set(labels)) < len(labels):
+        # Two PATHs hold artefacts of the same name: each is named by its PATH's folder too.
+        return [(m, f"{name}/{label}") for name, found in per_root for m, label in found]
+    return [entry for _, found in per_root for entry in found]
 
 
 def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted: bool) -> None:

@@ -118,3 +118,15 @@ def test_a_malformed_baseline_names_its_line(tmp_path, text, message):
     with pytest.raises(AotpipeError) as e:
         baseline.read_baseline(p)
     assert message in str(e.value)
+
+
+def test_artefacts_of_the_same_name_under_two_paths_are_told_apart():
+    from pathlib import Path
+
+    from aotpipe.bench.run import find_models
+
+    data = Path(__file__).resolve().parent.parent / "data"
+    both = [label for _, label in find_models([data / "format_v1", data / "format_v2"])]
+    assert both == ["format_v1/mlp", "format_v1/running_norm", "format_v2/mlp", "format_v2/running_norm"]
+    assert [label for _, label in find_models([data / "format_v1"])] == ["mlp", "running_norm"]
+    assert [label for _, label in find_models([data / "format_v2" / "mlp"])] == ["mlp"]
