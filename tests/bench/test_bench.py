@@ -245,3 +245,40 @@ def test_random_inputs_are_benched_like_saved_ones(quickstart_run):
     assert r.exit_code == 0, r.output
     [g] = data["graphs"]
     assert g["status"] == "pass" and g["inputs"] == "random"
+
+
+DYNAMO_MODEL = '''
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        torch._dynamo.graph_break()
+        return self.fc2(h * 2)
+
+
+def branchy():
+    return Branchy()
+'''
+
+
+@pytest.mark.slow
+def test_dynamo_subgraphs_are_benched_each_under_its_own_key(tmp_path, monkeypatch):
+    (tmp_path / "benchdyn.py").write_text(DYNAMO_MODEL)
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nname: p\nexecutor: {kind: local}\ndefaults: {graphs: [inference, forward, backward]}\n"
+        "models:\n  - {name: dyn, source: \"benchdyn:branchy\", inputs: [{shape: [4, 8]}], mode: dynamo}\n")
+    run = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress"])
+    assert run.exit_code == 0, run.output
+    r, data = bench_json(str(tmp_path / "out" / "p"), "--backend", "eager")
+    assert r.exit_code == 0, r.output
+    keys = {g["graph"]: g["status"] for g in data["graphs"]}
+    assert {"inference", "inference_1", "forward", "forward_1", "backward", "backward_1"} <= set(keys), keys
+    assert set(keys.values()) == {"pass"}
