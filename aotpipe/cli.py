@@ -493,6 +493,53 @@ def sign(directory: str, key: str) -> None:
     sys.exit(2 if breach else 1 if failed else 0)
 
 
+@main.command(short_help="Run a compiler backend over every graph of some artefacts.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--backend", required=True, metavar="BACKEND",
+              help="eager, aot_eager, inductor, inductor-freezing (inference graphs) or module:callable.")
+@click.option("--graphs", metavar="KINDS", default=None, help="Only these kinds, comma-separated (default: all).")
+@click.option("--baseline", metavar="FILE", default=None, help="Expected statuses (CSV): exit 1 on any new failure.")
+@click.option("--write-baseline", metavar="FILE", default=None, help="Write this bench's statuses as a baseline.")
+@click.option("--locate", is_flag=True, help="Bisect each failing graph to its first faulty node; write a repro.")
+@click.option("--locate-dir", metavar="DIR", default=None, help="Where --locate writes repros (default bench-repros).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results and scores as JSON.")
+@click.option("--csv", "csv_path", metavar="FILE", default=None, help="Write one row per graph to FILE.")
+@click.option("--inputs", type=click.Choice(["saved", "random"]), default="saved", show_default=True,
+              help="Saved inputs, or random ones like them (used anyway where none were saved).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --inputs random.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0,
+              show_default=True, help="Per-graph time limit in seconds (compile, check and timing).")
+@click.option("--rounds", type=click.IntRange(min=2), default=10, show_default=True, help="Timed rounds per graph.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads of the bench's worker (default: torch's; 1 on a loaded machine).")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="Time samples by wall time, or by the process's CPU time (with --threads 1 on a loaded machine).")
+@click.option("--key", "key", default=None, metavar="KEY", help="Bench artefacts signed with this key.")
+@click.option("--no-sandbox", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
+              help="Bench artefacts without a signature check: only ones you made or otherwise trust.")
+@click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]", help="As replay --trust-ops.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@_user_errors
+def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: str | None,
+          write_baseline: str | None, locate: bool, locate_dir: str | None, as_json: bool, csv_path: str | None,
+          inputs: str, seed: int, timeout_s: float, rounds: int, key: str | None, no_sandbox: bool,
+          trust_ops: tuple[str, ...], no_progress: bool, threads: int | None,
+          clock: str) -> None:
+    """Run BACKEND over every graph of every artefact under PATHS: status, speedup, scores.
+
+    \b
+    Examples:
+      aotpipe bench artifacts/quickstart --backend inductor
+      aotpipe bench artifacts/quickstart --backend inductor --baseline benchmarks/baselines/quickstart-inductor.csv
+      aotpipe bench artifacts/quickstart --backend mybackends:broken --locate
+    """
+    from aotpipe.bench.command import BenchOptions, run_bench
+
+    sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
+                                    inputs, seed, timeout_s, rounds, key, no_sandbox, trust_ops, not no_progress,
+                                    locate_dir, threads, clock), _say, click.echo))
+
+
 @main.command(name="ls", short_help='List artefacts and their status.')
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @_user_errors

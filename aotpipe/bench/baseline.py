@@ -1,0 +1,92 @@
+"""Expected results of a bench, as a CSV file: the regression gate.
+
+One row per graph: ``artifact,graph,status`` (a header row first; columns after these three
+are ignored, so a ``--csv`` file serves as a baseline too). Against a baseline, a graph that
+passed and now does not is a regression (the bench exits 1); one that failed and now passes
+is an improvement; a change from one failure to another is listed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from aotpipe.bench.graph import STATUSES, GraphResult
+from aotpipe.errors import AotpipeError
+
+COLUMNS = ("artifact", "graph", "status")
+
+
+def write_baseline(path: Path, results: Sequence[GraphResult]) -> None:
+    """Write `results` as a baseline (sorted, so that two benches' files diff line by line)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in sorted(results, key=lambda r: (r.artifact, r.graph)):
+        w.writerow([r.artifact, r.graph, r.status])
+    try:
+        Path(path).write_text(buf.getvalue())
+    except OSError as e:
+        raise AotpipeError(f"--write-baseline {path}: cannot write it ({e.strerror or e})") from None
+
+
+def read_baseline(path: Path) -> dict[tuple[str, str], str]:
+    """{(artifact, graph): status} of a baseline file; a malformed one is the user's error,
+    naming its line."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise AotpipeError(f"--baseline {path}: cannot read it ({e.strerror or e})") from None
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows or [c.strip() for c in rows[0][:3]] != list(COLUMNS):
+        raise AotpipeError(f"{path}:1: a baseline's first line is the header {','.join(COLUMNS)}; "
+                           "write one with aotpipe bench ... --write-baseline FILE")
+    out: dict[tuple[str, str], str] = {}
+    for n, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        if len(row) < 3:
+            raise AotpipeError(f"{path}:{n}: {len(row)} columns; a row is artifact,graph,status")
+        status = row[2].strip()
+        if status not in STATUSES:
+            raise AotpipeError(f"{path}:{n}: status {status!r} is not one of {', '.join(STATUSES)}")
+        out[(row[0], row[1])] = status
+    return out
+
+
+@dataclass
+class Comparison:
+    """How a bench's results differ from a baseline."""
+
+    regressions: list[str] = field(default_factory=list)  # passed, now fail: exit 1
+    improvements: list[str] = field(default_factory=list)  # failed, now pass
+    changed: list[str] = field(default_factory=list)  # one failure to another
+    new: list[str] = field(default_factory=list)  # benched, not in the baseline
+    missing: list[str] = field(default_factory=list)  # in the baseline, not benched
+
+    @property
+    def ok(self) -> bool:
+        return not self.regressions
+
+
+def compare(results: Sequence[GraphResult], baseline: dict[tuple[str, str], str]) -> Comparison:
+    c = Comparison()
+    seen = set()
+    for r in sorted(results, key=lambda r: (r.artifact, r.graph)):
+        key = (r.artifact, r.graph)
+        seen.add(key)
+        was = baseline.get(key)
+        name = f"{r.artifact} {r.graph}"
+        if was is None:
+            c.new.append(f"{name}: {r.status}")
+        elif was == "pass" and r.status != "pass":
+            c.regressions.append(f"{name}: pass -> {r.status} ({r.reason})")
+        elif was != "pass" and r.status == "pass":
+            c.improvements.append(f"{name}: {was} -> pass")
+        elif was != r.status:
+            c.changed.append(f"{name}: {was} -> {r.status}")
+    c.missing = [f"{a} {g}: {s}" for (a, g), s in sorted(baseline.items()) if (a, g) not in seen]
+    return c

@@ -1,0 +1,370 @@
+"""Bench one graph in a worker: compile it with a backend, check it, time it.
+
+Correctness is the project's rule (aotpipe.accuracy.compare): the backend's output against a
+float64 run of the same graph, within the multiplier of the loaded graph's own float32 error
+against that run, plus the floor. Speed is the compiled graph against the loaded graph run
+eagerly, in interleaved rounds after warm-up (see :func:`time_interleaved`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+
+from aotpipe import accuracy
+from aotpipe.bench.backends import Backend, compile_graph, is_compile_error
+from aotpipe.errors import exception_line
+
+STATUSES = ("pass", "fail_accuracy", "compile_error", "runtime_error", "timeout", "crashed", "skipped")
+FAILURES = ("fail_accuracy", "compile_error", "runtime_error", "timeout", "crashed")
+
+WARMUP = 3
+ROUNDS = 10
+NOISY = 0.2  # IQR / median over which a timing is repeated, then marked noisy
+SAMPLE_S = 2e-3  # a timed sample lasts at least this long (calls per sample chosen to fit)
+MAX_CALLS = 200
+# How a timed sample is measured: wall time, or the process's CPU time (all its threads), which
+# a loaded machine's preemptions do not inflate; with one intra-op thread it is the wall time
+# the sample would take on an idle machine.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+# GraphNet's tolerance levels t (graph_net_bench: range(-10, 3 error kinds + 2)).
+GRAPHNET_T = tuple(range(-10, 5))
+
+
+@dataclass
+class GraphResult:
+    """One graph benched: status and one-line reason, timings, and what failed by how much."""
+
+    artifact: str
+    graph: str
+    kind: str
+    status: str
+    reason: str = ""
+    compile_s: Optional[float] = None  # the first call of the compiled graph (torch.compile compiles then)
+    eager_s: Optional[float] = None  # median per call, the loaded graph run eagerly
+    backend_s: Optional[float] = None  # median per call, the compiled graph
+    eager_iqr: Optional[float] = None
+    backend_iqr: Optional[float] = None
+    speedup: Optional[float] = None
+    noisy: bool = False
+    failed_outputs: list[str] = field(default_factory=list)
+    worst_ratio: Optional[float] = None  # the worst output's error as a share of its bound
+    # GraphNet: the least tolerance level t at which every output is allclose to eager float32
+    # at GraphNet's atol/rtol for t (None: not even at t = 4, or the graph did not run).
+    graphnet_t: Optional[int] = None
+    wall_s: float = 0.0  # the whole task in the worker
+    in_backend_s: float = 0.0  # of which compiling and running the compiled graph
+    nodes: int = 0
+    detail: Optional[str] = None  # e.g. the worker's last lines, for a crash
+    path: str = ""  # the model folder
+    inputs: str = "saved"  # saved | random
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GraphTask:
+    """What a worker needs to bench one graph (picklable)."""
+
+    artifact: str  # the model folder
+    label: str  # how the artefact is named in results (relative to the bench's PATH)
+    graph: str
+    backend: str
+    inputs: str = "saved"  # saved | random
+    seed: int = 0
+    rounds: int = ROUNDS
+    trust_ops: tuple[str, ...] = ()
+    clock: str = "wall"  # wall | cpu (the process's CPU time: see CLOCKS)
+
+    def __call__(self) -> GraphResult:
+        return bench_graph(self)
+
+
+def graph_inputs(ga: Any, inputs: str, seed: int) -> list[Any]:
+    """Fresh inputs of a loaded graph: its saved ones, or random ones like them."""
+    if inputs == "saved" and ga.has_saved_values:
+        return ga.saved_inputs()
+    from aotpipe.replay.inputs import _flatten_meta, get_inputs
+
+    forward = ga.upstream.record if ga.upstream is not None else None
+    flat, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed, forward=forward))
+    return flat
+
+
+def as_list(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def to_float64(gm: torch.nn.Module, inputs: list[Any]) -> tuple[torch.nn.Module, list[Any]]:
+    """A float64 copy of a graph and its inputs: floating tensors (parameters, buffers,
+    constants, inputs) widened; ops that name a dtype keep it."""
+    g = copy.deepcopy(gm)
+    g.double()
+    if isinstance(g, torch.fx.GraphModule):
+        for n in g.graph.nodes:
+            if n.op == "get_attr":
+                owner, _, name = n.target.rpartition(".")
+                mod = g.get_submodule(owner) if owner else g
+                v = getattr(mod, name, None)
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != torch.float64:
+                    setattr(mod, name, v.double())
+    wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+    return g, wide
+
+
+def reference64(gm: torch.nn.Module, inputs: list[Any]) -> Optional[list[Any]]:
+    """The graph's outputs in float64 (None where the graph does not run so: the rule then
+    falls back to the float-noise floor alone)."""
+    from aotpipe.execution import run_graph
+
+    try:
+        g, wide = to_float64(gm, inputs)
+        return run_graph(g, wide)
+    except Exception:
+        return None
+
+
+def check_outputs(actual: list[Any], expected: list[Any], ref: Optional[list[Any]],
+                  labels: list[str]) -> list[accuracy.Check]:
+    """Each output of the backend against the loaded graph's, by the project's rule."""
+    checks = []
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        r = None if ref is None or i >= len(ref) else ref[i]
+        checks.append(accuracy.compare(a.detach() if isinstance(a, torch.Tensor) else a, e, r, what=labels[i]))
+    return checks
+
+
+def graphnet_tolerance(actual: list[Any], expected: list[Any]) -> Optional[int]:
+    """The least GraphNet tolerance level t at which every output is allclose to eager's, at
+    GraphNet's (rtol, atol) for t and the output's dtype (graph_net_bench/datatype_tolerance_config:
+    float32 10**(t*5.886/5), 10**t; float16 10**(t*3/5), 10**t; bfloat16 10**(t*1.796/5),
+    10**t; float64 10**(t*7/5) both; other dtypes must be equal)."""
+    exps = {torch.float16: (3 / 5, 1.0), torch.bfloat16: (1.796 / 5, 1.0), torch.float32: (5.886 / 5, 1.0),
+            torch.float64: (7 / 5, 7 / 5)}
+    for t in GRAPHNET_T:
+        ok = True
+        for a, e in zip(actual, expected):
+            if not (isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor)):
+                ok = accuracy.exact_equal(a, e)
+            elif a.shape != e.shape or a.dtype != e.dtype:
+                ok = False
+            elif e.dtype in exps:
+                rexp, aexp = exps[e.dtype]
+                ok = torch.allclose(a.detach().cpu(), e.cpu(), rtol=10 ** (t * rexp), atol=10 ** (t * aexp),
+                                    equal_nan=True)
+            else:
+                ok = torch.equal(a.detach().cpu(), e.cpu())
+            if not ok:
+                break
+        if ok:
+            return t
+    return None
+
+
+def _median_iqr(xs: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return q[1], q[2] - q[0]
+
+
+def time_interleaved(eager: Callable[[], Any], backend: Callable[[], Any], rounds: int,
+                     clock: Callable[[], float] = time.perf_counter) -> tuple[tuple[float, float], tuple[float, float],
+                                                                            bool, float]:
+    """((median, IQR) per call of eager, the same of the backend, noisy, seconds in the backend).
+
+    Both are warmed up, then timed in `rounds` rounds, each timing one sample of each in
+    turn (which goes first alternates), a sample being enough calls to last SAMPLE_S. A
+    timing whose IQR/median is over NOISY is taken again with twice the rounds; if it is
+    still over, it is marked noisy."""
+    in_backend = 0.0
+    for _ in range(WARMUP):
+        eager()
+        t0 = clock()
+        backend()
+        in_backend += clock() - t0
+    t0 = clock()
+    eager()
+    one = max(clock() - t0, 1e-7)
+    calls = max(1, min(MAX_CALLS, int(SAMPLE_S / one)))
+
+    def sample(fn: Callable[[], Any]) -> float:
+        t0 = clock()
+        for _ in range(calls):
+            fn()
+        return (clock() - t0) / calls
+
+    result: Any = None
+    for attempt in (1, 2):
+        es, bs = [], []
+        for r in range(rounds * attempt):
+            if r % 2:
+                b = sample(backend)
+                es.append(sample(eager))
+            else:
+                es.append(sample(eager))
+                b = sample(backend)
+            bs.append(b)
+            in_backend += b * calls
+        e, b = _median_iqr(es), _median_iqr(bs)
+        noisy = e[1] > NOISY * e[0] or b[1] > NOISY * b[0]
+        result = (e, b, noisy)
+        if not noisy:
+            break
+    return result[0], result[1], result[2], in_backend
+
+
+def _labels(record: Any) -> list[str]:
+    out = []
+    for i, rec in enumerate(record.outputs):
+        target = f" {rec.target}" if rec.target else ""
+        out.append(f"output {i} ({rec.role}{target})")
+    return out
+
+
+def bench_graph(task: GraphTask) -> GraphResult:
+    """Load one graph of an artefact and bench it (runs in a worker process)."""
+    from aotpipe.artifact.load import load
+    from aotpipe.execution import run_graph
+    from aotpipe.replay.run import expand_outputs
+
+    start = time.perf_counter()
+    art = load(task.artifact, trust_ops=task.trust_ops)
+    ga = art.graphs[task.graph]
+    res = GraphResult(task.label, task.graph, ga.kind, "skipped", path=task.artifact, inputs=task.inputs,
+                      seed=task.seed)
+    try:
+        backend = Backend(task.backend)
+        user = backend.resolve()
+        module = ga.module
+        res.nodes = len(module.graph.nodes) if isinstance(module, torch.fx.GraphModule) else 0
+        expected = expand_outputs(ga.record, run_graph(module, graph_inputs(ga, task.inputs, task.seed)))
+        ref = reference64(module, graph_inputs(ga, task.inputs, task.seed))
+    except Exception as e:
+        res.reason = f"the loaded graph does not run eagerly: {exception_line(e)}"
+        res.wall_s = time.perf_counter() - start
+        return res
+    roles = [r.role for r in ga.record.inputs]
+    args = graph_inputs(ga, task.inputs, task.seed)
+    t0 = time.perf_counter()
+    try:
+        fn, free = compile_graph(backend, module, args, roles, user)
+        first = fn([args[i] for i in free])
+    except Exception as e:
+        res.compile_s = time.perf_counter() - t0
+        res.in_backend_s = res.compile_s
+        res.status = "compile_error" if is_compile_error(e) or backend.name != "eager" and _in_compile(e) \
+            else "runtime_error"
+        res.reason = failure_line(e)
+        res.wall_s = time.perf_counter() - start
+        return res
+    res.compile_s = time.perf_counter() - t0
+    res.in_backend_s = res.compile_s
+    if _seeded(module):
+        # Checked on a run seeded as the loaded graph's runs are (execution.run_graph).
+        try:
+            first = seeded_call(lambda: fn([args[i] for i in free]))
+        except Exception as e:
+            res.status, res.reason = "runtime_error", failure_line(e)
+            res.wall_s = time.perf_counter() - start
+            return res
+    actual = expand_outputs(ga.record, as_list(first))
+    if len(actual) != len(expected):
+        res.status, res.reason = "fail_accuracy", f"{len(actual)} outputs, the loaded graph gives {len(expected)}"
+        res.wall_s = time.perf_counter() - start
+        return res
+    checks = check_outputs(actual, expected, ref, _labels(ga.record))
+    failed = [c for c in checks if not c.passed]
+    ratios = [c.error / c.bound for c in checks if c.error is not None and c.bound]
+    res.worst_ratio = max(ratios, default=None)
+    res.graphnet_t = graphnet_tolerance(actual, expected)
+    if failed:
+        res.status = "fail_accuracy"
+        res.failed_outputs = [c.line() for c in failed]
+        res.reason = f"{len(failed)} of {len(checks)} outputs outside the bound; {failed[0].line()}"
+    else:
+        res.status = "pass"
+        res.reason = f"{len(checks)} outputs within the bound"
+    eager_args = graph_inputs(ga, task.inputs, task.seed)
+    backend_args = [args[i] for i in free]
+    fwd = module.forward if isinstance(module, torch.fx.GraphModule) else module
+
+    def run_eager() -> Any:
+        with torch.no_grad():
+            return fwd(*eager_args)
+
+    def run_backend() -> Any:
+        return fn(backend_args)
+
+    try:
+        (res.eager_s, res.eager_iqr), (res.backend_s, res.backend_iqr), res.noisy, spent = time_interleaved(
+            run_eager, run_backend, task.rounds, clock=CLOCKS[task.clock])
+        res.in_backend_s += spent
+        res.speedup = res.eager_s / res.backend_s if res.backend_s > 0 else math.inf
+    except Exception as e:
+        res.status, res.reason = "runtime_error", f"a later call failed: {failure_line(e)}"
+    res.wall_s = time.perf_counter() - start
+    return res
+
+
+def _seeded(module: Any) -> bool:
+    from aotpipe.determinism import draws_random
+
+    return not isinstance(module, torch.fx.GraphModule) or draws_random(module)
+
+
+def seeded_call(fn: Callable[[], Any]) -> Any:
+    """`fn()` with torch's generator seeded as aotpipe seeds a graph's runs; the caller's
+    generator state is restored after."""
+    from aotpipe.determinism import RNG_SEED
+    from aotpipe.global_state import preserved
+
+    with preserved():
+        torch.manual_seed(RNG_SEED)
+        return fn()
+
+
+def failure_line(e: BaseException) -> str:
+    """One line for an exception from torch.compile, naming the backend's own exception where
+    dynamo wrapped it (BackendCompilerFailed keeps it as inner_exception)."""
+    line = exception_line(e)
+    inner = getattr(e, "inner_exception", None) or e.__cause__
+    if inner is not None and inner is not e:
+        line = f"{type(e).__name__}: {exception_line(inner)}"
+    return line
+
+
+def _in_compile(e: BaseException) -> bool:
+    """Whether an exception came through torch.compile's compile path (its traceback passes
+    through dynamo's convert_frame or a backend's compile)."""
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if "_dynamo/convert_frame" in name or "_dynamo/output_graph" in name:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def result_from_failure(task: GraphTask, kind: str, reason: str, detail: Optional[str]) -> GraphResult:
+    """The result of a graph whose worker did not return: timed out, or died."""
+    status = "timeout" if reason.startswith("timed out") else "crashed"
+    return GraphResult(task.label, task.graph, kind, status, reason, detail=detail, path=task.artifact,
+                       inputs=task.inputs, seed=task.seed)
+
+
+def artefact_label(folder: Path, root: Path) -> str:
+    """How results name an artefact: its folder relative to the bench's PATH (its name if PATH is it)."""
+    try:
+        rel = folder.resolve().relative_to(root.resolve())
+    except ValueError:
+        return folder.name
+    return rel.as_posix() if rel.parts else folder.name

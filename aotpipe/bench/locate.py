@@ -1,0 +1,301 @@
+"""Find the first node of a failing graph whose compiled result leaves the bound; write a repro.
+
+A prefix of the graph is its nodes up to one node, returning every value that leaves the
+prefix (used by a later node, or an output of the graph) and that node's own. Each prefix is
+compiled with the backend and checked like a whole graph (aotpipe.accuracy's rule against
+the prefix run in float64, within the multiplier of its float32 run's error, plus the floor).
+A node whose value is wrong makes every prefix that returns it, or a value computed from it,
+fail; bisection over the tensor-valued nodes, in graph order, finds the first prefix that
+fails: its last node is the culprit. That prefix (its unused inputs dropped) is written as an
+artefact of one inference graph, with its inputs and reference outputs, which `aotpipe
+replay` and `aotpipe bench` take like any other.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.fx
+
+from aotpipe.errors import exception_line
+
+
+@dataclass
+class Located:
+    """Where a failing graph first goes wrong, and the repro written for it."""
+
+    artifact: str
+    graph: str
+    found: bool
+    reason: str  # why not found, or the failing check at the culprit
+    node: Optional[str] = None
+    op: Optional[str] = None
+    input_shapes: list[str] = field(default_factory=list)
+    output_shape: Optional[str] = None
+    module_path: Optional[str] = None
+    position: Optional[str] = None  # "k of n" tensor-valued nodes
+    prefixes_tried: int = 0
+    repro: Optional[str] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        head = f"located {self.artifact} {self.graph}: "
+        if not self.found:
+            return [head + f"no faulty node found ({self.reason})"]
+        return [head + f"first faulty node {self.node} ({self.op}), {self.position} tensor nodes, "
+                       f"{self.prefixes_tried} prefixes compiled",
+                f"    inputs {', '.join(self.input_shapes) or 'none'} -> {self.output_shape}; "
+                f"module {self.module_path or 'unknown (the artefact records no module path)'}",
+                f"    {self.reason}",
+                f"    repro: {self.repro}" if self.repro else "    repro: not written"]
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+    return type(v).__name__ if not isinstance(v, (int, float, bool)) else repr(v)
+
+
+def op_name(n: torch.fx.Node) -> str:
+    from aotpipe.artifact.ops import op_name as qualified
+
+    known = qualified(n.target)
+    if known:
+        return known
+    t = n.target
+    name = getattr(t, "name", None)
+    if callable(name):
+        return f"aten.{name()}" if not name().startswith(("aten", "prims")) else name()
+    return getattr(t, "__name__", str(t))
+
+
+def module_path(n: torch.fx.Node) -> Optional[str]:
+    """The module the node came from, where the graph's meta says (nn_module_stack)."""
+    stack = n.meta.get("nn_module_stack")
+    if isinstance(stack, dict) and stack:
+        last = list(stack.values())[-1]
+        if isinstance(last, tuple) and last:
+            return str(last[0])
+    return None
+
+
+def _values(gm: torch.fx.GraphModule, inputs: list[Any]) -> dict[str, tuple[bool, str]]:
+    """Per node, from one eager run: whether its value is a tensor, and its description
+    (dtype and shape); values are freed as the run goes, as a plain run frees them."""
+    out: dict[str, tuple[bool, str]] = {}
+
+    class Keep(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            v = super().run_node(n)
+            out[n.name] = (isinstance(v, torch.Tensor), _describe(v))
+            return v
+
+    with torch.no_grad():
+        Keep(gm).run(*inputs)
+    return out
+
+
+def prefix(gm: torch.fx.GraphModule, upto: torch.fx.Node, tensors: set[str], *,
+           drop_unused: bool = False) -> torch.fx.GraphModule:
+    """The graph's nodes up to `upto`, returning the tensor values that leave the prefix and
+    `upto`'s own. With `drop_unused`, placeholders the prefix does not use are left out."""
+    nodes = list(gm.graph.nodes)
+    end = nodes.index(upto)
+    inside = {n for n in nodes[: end + 1] if n.op != "output"}
+    g = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in nodes[: end + 1]:
+        if n.op == "output":
+            continue
+        if drop_unused and n.op == "placeholder" and not any(u in inside for u in n.users):
+            continue
+        env[n] = g.node_copy(n, lambda a: env[a])
+    outs = []
+    for n in nodes[: end + 1]:
+        if n.op in ("placeholder", "get_attr", "output") or n.name not in tensors:
+            continue
+        if n is upto or any(u not in inside for u in n.users):
+            outs.append(env[n])
+    g.output(tuple(outs))
+    return torch.fx.GraphModule(gm, g)
+
+
+def _check_prefix(pm: torch.fx.GraphModule, inputs: list[Any], backend: Any, user: Any,
+                  roles: list[str]) -> tuple[bool, str]:
+    """(the prefix passes, the first failing output's line or why it could not be judged)."""
+    from aotpipe.bench.backends import compile_graph
+    from aotpipe.bench.graph import as_list, check_outputs, reference64, seeded_call
+    from aotpipe.execution import run_graph
+
+    expected = run_graph(pm, [_fresh(x) for x in inputs])
+    ref = reference64(pm, [_fresh(x) for x in inputs])
+    args = [_fresh(x) for x in inputs]
+    fn, free = compile_graph(backend, pm, args, roles, user)
+    actual = as_list(seeded_call(lambda: fn([args[i] for i in free])))
+    names = [a.name for a in pm.graph.output_node().args[0]]
+    checks = check_outputs(actual, expected, ref, [f"node {n}" for n in names])
+    failed = [c for c in checks if not c.passed]
+    return (not failed), (failed[-1].line() if failed else "")
+
+
+def _fresh(x: Any) -> Any:
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+@dataclass(frozen=True)
+class LocateTask:
+    """What a worker needs to locate one failing graph (picklable)."""
+
+    artifact: str
+    label: str
+    graph: str
+    backend: str
+    inputs: str
+    seed: int
+    out_dir: str
+    trust_ops: tuple[str, ...] = ()
+
+    def __call__(self) -> Located:
+        return locate_graph(self)
+
+
+def locate_graph(task: LocateTask) -> Located:
+    """Bisect one failing graph to its first faulty node and write the prefix as a repro."""
+    from aotpipe.artifact.load import load
+    from aotpipe.bench.backends import Backend
+    from aotpipe.bench.graph import graph_inputs
+
+    res = Located(task.label, task.graph, False, "")
+    art = load(task.artifact, trust_ops=task.trust_ops)
+    ga = art.graphs[task.graph]
+    gm = ga.module
+    if not isinstance(gm, torch.fx.GraphModule):
+        res.reason = "the graph is not an FX graph"
+        return res
+    backend = Backend(task.backend)
+    user = backend.resolve()
+    inputs = graph_inputs(ga, task.inputs, task.seed)
+    roles = [r.role for r in ga.record.inputs]
+    values = _values(gm, [_fresh(x) for x in inputs])
+    tensors = {k for k, (is_tensor, _) in values.items() if is_tensor}
+    candidates = [n for n in gm.graph.nodes if n.op == "call_function" and n.name in tensors]
+    if not candidates:
+        res.reason = "the graph computes no tensor"
+        return res
+    tried = 0
+    memo: dict[int, tuple[bool, str]] = {}
+
+    def fails(i: int) -> tuple[bool, str]:
+        nonlocal tried
+        if i not in memo:
+            tried += 1
+            try:
+                ok, line = _check_prefix(prefix(gm, candidates[i], tensors), inputs, backend, user, roles)
+            except Exception as e:  # the prefix does not compile or run: not this kind of fault
+                ok, line = True, f"prefix failed to run: {exception_line(e)}"
+            memo[i] = (not ok, line)
+        return memo[i]
+
+    last = len(candidates) - 1
+    if not fails(last)[0]:
+        res.reason = "the graph's prefixes all pass: the fault needs the whole graph (its outputs as one)"
+        res.prefixes_tried = tried
+        return res
+    lo, hi = 0, last  # fails(hi) holds
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fails(mid)[0]:
+            hi = mid
+        else:
+            lo = mid + 1
+    culprit = candidates[hi]
+    res.found, res.node, res.op = True, culprit.name, op_name(culprit)
+    res.reason = fails(hi)[1]
+    res.position = f"{hi + 1} of {len(candidates)}"
+    res.prefixes_tried = tried
+    res.input_shapes = [values.get(a.name, (False, "?"))[1] if isinstance(a, torch.fx.Node) else _describe(a)
+                        for a in culprit.args if isinstance(a, (torch.fx.Node, int, float, bool))]
+    res.output_shape = values[culprit.name][1]
+    res.module_path = module_path(culprit)
+    try:
+        res.repro = str(write_repro(gm, culprit, tensors, ga, inputs, task))
+    except Exception as e:
+        res.reason += f" (the repro could not be written: {exception_line(e)})"
+    return res
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "graph"
+
+
+def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[str], ga: Any,
+                inputs: list[Any], task: LocateTask) -> Path:
+    """Write the culprit's prefix as an artefact of one inference graph under `task.out_dir`."""
+    from aotpipe.artifact.writer import write_model
+    from aotpipe.capture.checks import check_written
+    from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
+
+    pm = prefix(gm, culprit, tensors, drop_unused=True)
+    kept = {n.name for n in pm.graph.nodes if n.op == "placeholder"}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    g_inputs, values = [], []
+    for n, rec, v in zip(placeholders, ga.record.inputs, inputs):
+        if n.name not in kept:
+            continue
+        role = rec.role if rec.role in ("param", "buffer", "constant", "user") else "user"
+        meta = TensorMeta.of(v) if isinstance(v, torch.Tensor) else None
+        scalar = None if isinstance(v, torch.Tensor) else type(v)
+        g_inputs.append(GraphInput(n.name, role, rec.target if role != "user" else n.name, meta, scalar))
+        values.append(_fresh(v))
+    from aotpipe.execution import run_graph
+
+    outs = run_graph(pm, [_fresh(x) for x in values])
+    g_outputs = [GraphOutput(i, "user", None, TensorMeta.of(o) if isinstance(o, torch.Tensor) else None)
+                 for i, o in enumerate(outs)]
+    name = _safe(f"{task.label}-{task.graph}-{culprit.name}")
+    captured = CapturedGraphs(model=name, mode="export",
+                              graphs={"inference": CapturedGraph("inference", pm, g_inputs, g_outputs)},
+                              contract=None, seconds=0.0,
+                              notes=[f"aotpipe bench --locate: the prefix of {task.label} {task.graph} up to node "
+                                     f"{culprit.name} ({op_name(culprit)}), which {task.backend} computes "
+                                     "outside the bound"])
+    memory = {"inference": [_fresh(x) for x in values]}
+
+    def check(folder: Path) -> Any:
+        return check_written(folder, memory_inputs=memory, codes={}, eager=None, verify=False).outcome
+
+    import hashlib
+
+    fingerprint = hashlib.sha256(pm.code.encode()).hexdigest()
+    written = write_model(Path(task.out_dir), captured,
+                          model_record={"name": name, "source": f"bench-repro:{task.label}:{task.graph}"},
+                          fingerprint=fingerprint, inputs={"inference": values}, save_values="full", check=check)
+    return written.path
+
+
+def locate_failures(bench: Any, out_dir: Path, *, timeout_s: float, trust_ops: Sequence[str] = (),
+                    threads: Optional[int] = None) -> list[Located]:
+    """Locate every fail_accuracy graph of a bench, each in a worker; repros under `out_dir`."""
+    from aotpipe.executors.base import Failure, Resources, Task
+    from aotpipe.executors.process import ProcessExecutor
+
+    failing = [r for r in bench.results if r.status == "fail_accuracy"]
+    tasks = [LocateTask(r.path, r.artifact, r.graph, bench.backend, r.inputs, r.seed, str(out_dir.resolve()),
+                        tuple(trust_ops)) for r in failing]
+    out: list[Optional[Located]] = [None] * len(tasks)
+
+    def done(i: int, outcome: Any) -> None:
+        if isinstance(outcome, Failure):
+            outcome = Located(tasks[i].label, tasks[i].graph, False, outcome.reason)
+        out[i] = outcome
+
+    ProcessExecutor(workers=1, timeout_s=timeout_s, threads=threads, cwd=Path.cwd()).run(
+        [Task(f"locate {t.label} {t.graph}", t, Resources(timeout_s=timeout_s)) for t in tasks],
+        on_start=lambda i: None, on_done=done)
+    return [x for x in out if x is not None]

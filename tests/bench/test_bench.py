@@ -1,0 +1,284 @@
+"""`aotpipe bench` end to end through the real CLI, on the quickstart's artefacts.
+
+Planted backends (tests/bench/backends.py) break one thing each; every test asserts the
+status, reason or node the bench must report for it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aotpipe.cli import main
+
+PLANTED = "tests.bench.backends"
+
+
+def bench(*args: str):
+    return CliRunner().invoke(main, ["bench", *args, "--no-progress", "--threads", "1", "--rounds", "2"])
+
+
+def bench_json(*args: str):
+    r = bench(*args, "--json")
+    return r, (json.loads(r.output[r.output.index("{"):]) if "{" in r.output else None)
+
+
+def by_graph(data):
+    return {g["graph"]: g for g in data["graphs"]}
+
+
+def test_eager_over_mlp_passes_every_graph_of_every_kind_with_timings(quickstart_run):
+    root, _ = quickstart_run
+    r, data = bench_json(str(root / "mlp"), "--backend", "eager")
+    assert r.exit_code == 0, r.output
+    graphs = by_graph(data)
+    assert {g["kind"] for g in graphs.values()} == {"inference", "forward", "backward", "joint"}
+    assert set(graphs) == {"inference", "forward", "backward", "joint",
+                           "inference.freeze+fold_conv_bn+channels_last+reinplace"}
+    for g in graphs.values():
+        assert g["status"] == "pass", g
+        assert g["speedup"] is not None and g["speedup"] > 0 and g["compile_s"] is not None
+        assert g["reason"].endswith("outputs within the bound")
+    assert data["scores"]["all"]["pass_rate"] == 1.0
+    assert set(data["scores"]) == {"inference", "forward", "backward", "joint", "all"}
+
+
+@pytest.mark.slow
+def test_aot_eager_over_mlp_passes(quickstart_run):
+    root, _ = quickstart_run
+    r, data = bench_json(str(root / "mlp"), "--backend", "aot_eager", "--graphs", "inference,backward")
+    assert r.exit_code == 0, r.output
+    assert {g["kind"]: g["status"] for g in data["graphs"]} == {"inference": "pass", "backward": "pass"}
+
+
+# Measured here (torch 2.13, CPU): inductor's fused joint graph of small_cnn computes the batch
+# norm's weight and bias gradients and conv2's weight gradient with about 20x eager float32's
+# error against float64 (RMS 1.6e-5 on values of RMS 0.5), 1.5-4x over the project's bound;
+# its separate forward and backward graphs pass. The bench reports it as it is.
+NEAR_BOUND = {("small_cnn", "joint"): 10.0}
+
+
+@pytest.mark.slow
+def test_inductor_over_quickstart_passes_every_graph_with_speedup_and_compile_time(quickstart_run):
+    root, _ = quickstart_run
+    csv_path = root.parent / "inductor.csv"
+    r = bench(str(root), "--backend", "inductor", "--csv", str(csv_path), "--clock", "cpu")
+    rows = csv_path.read_text().splitlines()
+    header = rows[0].split(",")
+    assert len(rows) == 1 + 4 * 5, r.output  # four models, five graphs each
+    import csv
+
+    for row in csv.DictReader(rows):
+        assert float(row["compile_s"]) > 0, row
+        near = NEAR_BOUND.get((row["artifact"], row["graph"]))
+        if near is not None and row["status"] == "fail_accuracy":
+            assert float(row["worst_ratio"]) < near, row  # just over the bound, not garbage
+            continue
+        assert row["status"] == "pass", row
+        assert float(row["speedup"]) > 0
+    assert header[:3] == ["artifact", "graph", "status"]
+    assert "compile" in r.output and "x  eager" in r.output
+
+
+@pytest.mark.slow
+def test_gelu_computed_as_relu_fails_accuracy_and_locate_names_the_gelu(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    art = str(root / "tiny_transformer")
+    ok, _ = bench_json(art, "--backend", "eager", "--graphs", "inference")
+    assert ok.exit_code == 0, ok.output  # the same graphs pass with the backend that changes nothing
+    repros = tmp_path / "repros"
+    r, data = bench_json(art, "--backend", f"{PLANTED}:gelu_as_relu", "--graphs", "inference", "--locate",
+                         "--locate-dir", str(repros))
+    assert r.exit_code == 1, r.output
+    g = by_graph(data)["inference"]
+    assert g["status"] == "fail_accuracy"
+    assert "outside the bound" in g["reason"] and "against the float64 eager model" in g["reason"]
+    [loc] = [x for x in data["located"] if x["graph"] == "inference"]
+    assert loc["found"] and loc["op"] == "aten.gelu.default" and loc["node"] == "gelu"
+    assert loc["output_shape"] == "float32[2, 16, 256]"
+    repro = Path(loc["repro"])
+    assert repro.parent == repros
+    # The repro is an artefact replay and bench take: it replays bit for bit, and still fails.
+    rp = CliRunner().invoke(main, ["replay", str(repro)])
+    assert rp.exit_code == 0 and "match" in rp.output, rp.output
+    again, data2 = bench_json(str(repro), "--backend", f"{PLANTED}:gelu_as_relu")
+    assert again.exit_code == 1 and data2["graphs"][0]["status"] == "fail_accuracy", again.output
+
+
+@pytest.mark.slow
+def test_one_add_off_by_1e_2_fails_accuracy_and_locate_names_that_add(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    art = root / "mlp"
+    graph = json.loads(next(art.glob("mlp_forward_0/graph.json")).read_text())
+    first_add = next(n["name"] for n in graph["nodes"] if n.get("target") == "aten.add.Tensor")
+    r, data = bench_json(str(art), "--backend", f"{PLANTED}:first_add_off", "--graphs", "forward", "--locate",
+                         "--locate-dir", str(tmp_path))
+    assert r.exit_code == 1, r.output
+    assert by_graph(data)["forward"]["status"] == "fail_accuracy"
+    [loc] = data["located"]
+    assert loc["found"] and loc["node"] == first_add and loc["op"] == "aten.add.Tensor", loc
+
+
+@pytest.mark.slow
+def test_a_segfaulting_backend_marks_its_graph_crashed_and_the_others_still_run(quickstart_run):
+    root, _ = quickstart_run
+    r, data = bench_json(str(root / "mlp"), "--backend", f"{PLANTED}:segfault_on_relu_backward",
+                         "--graphs", "backward,inference")
+    assert r.exit_code == 1, r.output
+    graphs = by_graph(data)
+    assert graphs["backward"]["status"] == "crashed"
+    assert "SIGSEGV" in graphs["backward"]["reason"]
+    assert graphs["inference"]["status"] == "pass"
+    assert graphs["inference.freeze+fold_conv_bn+channels_last+reinplace"]["status"] == "pass"
+
+
+@pytest.mark.slow
+def test_a_hanging_backend_times_out_its_graph_and_the_others_still_run(quickstart_run):
+    root, _ = quickstart_run
+    r, data = bench_json(str(root / "mlp"), "--backend", f"{PLANTED}:hang_on_relu_backward",
+                         "--graphs", "backward,inference", "--timeout", "60")
+    assert r.exit_code == 1, r.output
+    graphs = by_graph(data)
+    assert graphs["backward"]["status"] == "timeout"
+    assert "timed out after 60 s" in graphs["backward"]["reason"]
+    assert graphs["inference"]["status"] == "pass"
+
+
+@pytest.mark.slow
+def test_baseline_round_trips_and_one_flipped_status_exits_1_naming_that_graph(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    art = str(root / "mlp")
+    base = tmp_path / "expected.csv"
+    args = (art, "--backend", f"{PLANTED}:fails_to_compile", "--graphs", "inference")
+    w = bench(*args, "--write-baseline", str(base))
+    assert w.exit_code == 0, w.output
+    rows = base.read_text().splitlines()
+    assert rows == ["artifact,graph,status", "mlp,inference,compile_error",
+                    "mlp,inference.freeze+fold_conv_bn+channels_last+reinplace,compile_error"]
+    same = bench(*args, "--baseline", str(base))
+    assert same.exit_code == 0 and "no regressions" in same.output, same.output
+    base.write_text(base.read_text().replace("mlp,inference,compile_error", "mlp,inference,pass"))
+    flipped = bench(*args, "--baseline", str(base))
+    assert flipped.exit_code == 1, flipped.output
+    assert "regressions (passed in the baseline, fail now): 1" in flipped.output
+    assert "mlp inference: pass -> compile_error (" in flipped.output
+    assert "reinplace: pass ->" not in flipped.output
+
+
+def test_a_backend_that_fails_to_compile_is_compile_error_with_its_message(quickstart_run):
+    root, _ = quickstart_run
+    r, data = bench_json(str(root / "mlp"), "--backend", f"{PLANTED}:fails_to_compile", "--graphs", "inference")
+    assert r.exit_code == 1, r.output
+    for g in data["graphs"]:
+        assert g["status"] == "compile_error" and "no lowering for this graph" in g["reason"], g
+
+
+def test_an_unknown_backend_is_a_user_error_listing_the_backends(quickstart_run):
+    root, _ = quickstart_run
+    r = bench(str(root / "mlp"), "--backend", "tensorrt")
+    assert r.exit_code == 2
+    assert "--backend 'tensorrt' is not a backend; use one of eager, aot_eager, inductor, inductor-freezing" in r.output
+
+
+def test_a_user_backend_that_does_not_import_is_a_user_error(quickstart_run):
+    root, _ = quickstart_run
+    r = bench(str(root / "mlp"), "--backend", "no_such_module_here:fn")
+    assert r.exit_code == 2 and "cannot import 'no_such_module_here'" in r.output, r.output
+    r = bench(str(root / "mlp"), "--backend", f"{PLANTED}:NOT_CALLABLE")
+    assert r.exit_code == 2 and "'NOT_CALLABLE' is a int, not a callable" in r.output, r.output
+
+
+def test_unsigned_artefacts_are_not_benched_without_a_key_or_no_sandbox(quickstart_run, monkeypatch, tmp_path):
+    root, _ = quickstart_run
+    monkeypatch.delenv("AOTPIPE_NO_SANDBOX")
+    r = bench(str(root / "mlp"), "--backend", "eager")
+    assert r.exit_code == 2
+    assert "pass --key KEY to run artefacts signed with it, or --no-sandbox" in r.output
+    key = tmp_path / "k.key"
+    key.write_bytes(bytes(range(64)))
+    r = bench(str(root / "mlp"), "--backend", "eager", "--key", f"hmac:{key}")
+    assert r.exit_code == 2 and "not signed by" in r.output and "so not benched: mlp:" in r.output, r.output
+
+
+def test_graphs_names_only_known_kinds(quickstart_run):
+    root, _ = quickstart_run
+    r = bench(str(root / "mlp"), "--backend", "eager", "--graphs", "forward,backwards")
+    assert r.exit_code == 2 and "backwards is not a graph kind" in r.output, r.output
+
+
+def test_a_folder_without_artefacts_is_a_user_error(tmp_path):
+    r = bench(str(tmp_path), "--backend", "eager")
+    assert r.exit_code == 2 and "no artefact under it" in r.output, r.output
+
+
+@pytest.mark.slow
+def test_signed_artefacts_are_benched_with_their_key(quickstart_run, tmp_path, monkeypatch):
+    root, _ = quickstart_run
+    art = tmp_path / "lib" / "mlp"
+    shutil.copytree(root / "mlp", art)
+    key = tmp_path / "k.key"
+    key.write_bytes(bytes(range(64, 128)))
+    s = CliRunner().invoke(main, ["sign", str(art.parent), "--key", f"hmac:{key}"])
+    assert s.exit_code == 0, s.output
+    monkeypatch.delenv("AOTPIPE_NO_SANDBOX")
+    r = bench(str(art), "--backend", "eager", "--graphs", "inference", "--key", f"hmac:{key}")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.slow
+def test_inductor_freezing_benches_inference_graphs_only_and_says_so(quickstart_run):
+    root, _ = quickstart_run
+    r, data = bench_json(str(root / "mlp"), "--backend", "inductor-freezing", "--graphs", "inference,joint")
+    assert r.exit_code == 0, r.output
+    assert {g["kind"] for g in data["graphs"]} == {"inference"} and len(data["graphs"]) == 2
+    assert data["notes"] == ["inductor-freezing takes inference graphs only; left out: 1 joint"]
+
+
+@pytest.mark.slow
+def test_random_inputs_are_benched_like_saved_ones(quickstart_run):
+    root, _ = quickstart_run
+    r, data = bench_json(str(root / "mlp"), "--backend", "eager", "--graphs", "backward", "--inputs", "random",
+                         "--clock", "cpu")
+    assert r.exit_code == 0, r.output
+    [g] = data["graphs"]
+    assert g["status"] == "pass" and g["inputs"] == "random"
+
+
+DYNAMO_MODEL = '''
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        torch._dynamo.graph_break()
+        return self.fc2(h * 2)
+
+
+def branchy():
+    return Branchy()
+'''
+
+
+@pytest.mark.slow
+def test_dynamo_subgraphs_are_benched_each_under_its_own_key(tmp_path, monkeypatch):
+    (tmp_path / "benchdyn.py").write_text(DYNAMO_MODEL)
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nname: p\nexecutor: {kind: local}\ndefaults: {graphs: [inference, forward, backward]}\n"
+        "models:\n  - {name: dyn, source: \"benchdyn:branchy\", inputs: [{shape: [4, 8]}], mode: dynamo}\n")
+    run = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress"])
+    assert run.exit_code == 0, run.output
+    r, data = bench_json(str(tmp_path / "out" / "p"), "--backend", "eager")
+    assert r.exit_code == 0, r.output
+    keys = {g["graph"]: g["status"] for g in data["graphs"]}
+    assert {"inference", "inference_1", "forward", "forward_1", "backward", "backward_1"} <= set(keys), keys
+    assert set(keys.values()) == {"pass"}
