@@ -99,6 +99,8 @@ def test_gelu_computed_as_relu_fails_accuracy_and_locate_names_the_gelu(quicksta
     [loc] = [x for x in data["located"] if x["graph"] == "inference"]
     assert loc["found"] and loc["op"] == "aten.gelu.default" and loc["node"] == "gelu"
     assert loc["output_shape"] == "float32[2, 16, 256]"
+    # Where the node came from: graph.json's origin of the node (module path, class, source line).
+    assert loc["module_path"].startswith("layers.0 (aotpipe.zoo.EncoderLayer), aotpipe/zoo.py:")
     repro = Path(loc["repro"])
     assert repro.parent == repros
     # The repro is an artefact replay and bench take: it replays bit for bit, and still fails.
