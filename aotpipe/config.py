@@ -1,117 +1,29 @@
-"""Pipeline YAML -> typed :class:`Pipeline`, with every error reported at once as file:line.
+"""Pipeline YAML -> typed :class:`~aotpipe.spec.Pipeline`, with every error reported at once as file:line.
 
-The YAML is parsed once here. The rest of aotpipe sees only :class:`Pipeline` and
-:class:`ModelSpec`, never raw dicts: defaults are resolved into each model, dtypes are
-checked, sources are checked to import.
+The YAML is parsed once here (the file's own shape: :class:`PipelineFile`). The rest of
+aotpipe sees only the spec types of :mod:`aotpipe.spec`, never raw dicts: defaults are
+resolved into each model, dtypes are checked, sources are checked to import.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from aotpipe.errors import ConfigError, Problem
+from aotpipe.spec import (GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, Pipeline,
+                          ResourceSpec, Strict)
 
 SCHEMA_VERSION = 1
-
-GraphKind = Literal["inference", "forward", "backward", "joint"]
-Mode = Literal["export", "dynamo", "meta", "auto"]
-Loss = Literal["weighted", "sum", "mean"]  # modes.LOSSES
-GRAPH_KINDS: tuple[str, ...] = get_args(GraphKind)
-
-# Names accepted for `dtype:`; values are torch dtype attribute names.
-DTYPES: dict[str, str] = {
-    "float32": "float32",
-    "float": "float32",
-    "float64": "float64",
-    "double": "float64",
-    "float16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "int64": "int64",
-    "long": "int64",
-    "int32": "int32",
-    "int": "int32",
-    "int16": "int16",
-    "int8": "int8",
-    "uint8": "uint8",
-    "bool": "bool",
-}
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class InputSpec(_Strict):
-    """One example input of a model: a tensor made from a seeded generator."""
-
-    name: Optional[str] = Field(None, description="keyword argument name; positional when absent")
-    shape: list[int] = Field(description="tensor shape, e.g. [8, 3, 32, 32]")
-    dtype: str = Field("float32", description="one of: " + ", ".join(DTYPES))
-    low: Optional[Union[int, float]] = Field(
-        None, description="lowest value (inclusive); integers default to 0, floats are N(0, 1) when unset"
-    )
-    high: Optional[Union[int, float]] = Field(
-        None, description="highest value (exclusive); integers default to 2"
-    )
-
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, v: str) -> str:
-        if v not in DTYPES:
-            raise ValueError(f"unknown dtype {v!r}; use one of: {', '.join(DTYPES)}")
-        return DTYPES[v]
-
-    @field_validator("shape")
-    @classmethod
-    def _non_negative(cls, v: list[int]) -> list[int]:
-        if any(d < 0 for d in v):
-            raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
-        return v
-
-    @property
-    def is_integer(self) -> bool:
-        return self.dtype in ("int64", "int32", "int16", "int8", "uint8")
-
-
-class ResourceSpec(_Strict):
-    """What one model asks of the worker it runs in (process and ray executors)."""
-
-    num_cpus: Optional[float] = Field(None, gt=0, description="CPUs to reserve (ray); default 1")
-    num_gpus: Optional[float] = Field(None, ge=0, description="GPUs to reserve (ray); default 0")
-    memory_gb: Optional[float] = Field(
-        None, gt=0, description="memory: the worker's limit (process: killed above it) and reservation (ray)")
-    timeout_s: Optional[float] = Field(None, gt=0, description="time limit for this model (process, ray)")
-
-
-class ExecutorSpec(_Strict):
-    """How models are scheduled, and the limits each model runs under."""
-
-    kind: Literal["local", "process", "ray"] = Field(
-        "process", description="process: each model in a worker process, isolated (default); local: in this "
-        "process, one after another; ray: Ray tasks on a cluster (the ray extra)")
-    workers: int = Field(1, ge=1, description="models run at once (process)")
-    timeout_s: Optional[float] = Field(
-        None, gt=0, description="per-model time limit in seconds; a model past it is killed and reported "
-        "(process, ray)")
-    memory_gb: Optional[float] = Field(
-        None, gt=0, description="per-model memory limit: a worker whose resident memory passes it is killed and "
-        "the model reported (process); the memory reserved per task (ray)")
-    num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per model (ray)")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per model (ray)")
-    address: Optional[str] = Field(
-        None, description="Ray cluster address (ray); default $RAY_ADDRESS, else a local Ray instance")
-
-
-class Defaults(_Strict):
+class Defaults(Strict):
     """Settings every model inherits and may override."""
 
     mode: Mode = Field("auto", description="capture mode: auto (export, else dynamo, recording why; the default: "
@@ -135,7 +47,7 @@ class Defaults(_Strict):
         "1/numel, as a mean-reduced training loss)")
 
 
-class ModelEntry(_Strict):
+class ModelEntry(Strict):
     """One model as written in the YAML; unset fields inherit from `defaults`."""
 
     name: str = Field(description="unique name; becomes the artefact folder name")
@@ -179,7 +91,7 @@ class ModelEntry(_Strict):
         return v
 
 
-class PipelineFile(_Strict):
+class PipelineFile(Strict):
     """The pipeline YAML, schema version 1, exactly as written."""
 
     version: Literal[1] = Field(description="schema version; this aotpipe reads 1")
@@ -212,44 +124,6 @@ class PipelineFile(_Strict):
         return v
 
 
-class ModelSpec(_Strict):
-    """One model with every default resolved: what capture and the fingerprint see."""
-
-    name: str
-    source: str
-    args: dict[str, Any]
-    config: Optional[dict[str, Any]]
-    inputs: list[InputSpec]
-    mode: Mode
-    graphs: list[GraphKind]
-    passes: list[dict[str, Any]]  # [{"name": ..., "options": {...}}], options complete
-    save_inputs: bool
-    save_values: str = "minimal"
-    verify: bool
-    loss: Loss
-    seed: int
-    trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
-    # Where and with what it runs; not part of what it produces (nor of its fingerprint).
-    resources: Optional[ResourceSpec] = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact.
-        No trusted_ops entry when there are none (as before the field existed)."""
-        return json.loads(self.model_dump_json(exclude={"resources"} if self.trusted_ops else
-                                               {"resources", "trusted_ops"}))
-
-
-class Pipeline(_Strict):
-    """A validated pipeline: what `aotpipe run` executes."""
-
-    name: str
-    path: str
-    output: str
-    seed: int
-    executor: ExecutorSpec
-    models: list[ModelSpec]
-    # Per model: its index in `models:` and the line of its source (for errors found later).
-    source_lines: dict[str, tuple[int, Optional[int]]] = {}
 
 
 # ---------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from aotpipe.artifact.records import FORMAT_VERSION, Manifest
-from aotpipe.config import ModelSpec
+from aotpipe.spec import ModelSpec
 from aotpipe.errors import AotpipeError
 from aotpipe.results import ModelResult, checks_summary, eager_cell, failed_last_time, graph_results, \
     verification_summary, written_manifest

@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from aotpipe.config import ModelSpec
+from aotpipe.spec import ModelSpec
 from aotpipe.errors import AotpipeError, exception_line
 from aotpipe.results import GraphResult, ModelResult, checks_summary, eager_cell, verification_summary, written_manifest
 

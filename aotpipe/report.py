@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from aotpipe.artifact.manifest import dump_json, versions
 
 if TYPE_CHECKING:
-    from aotpipe.config import Pipeline
+    from aotpipe.spec import Pipeline
     from aotpipe.results import RunResult
 
 RUN_JSON = "run.json"

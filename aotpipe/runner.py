@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from aotpipe.config import ModelSpec, Pipeline
+from aotpipe.spec import ModelSpec, Pipeline
 from aotpipe.results import ModelResult, RunResult
 
 

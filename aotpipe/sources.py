@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
-from aotpipe.config import InputSpec, ModelSpec
+from aotpipe.spec import InputSpec, ModelSpec
 from aotpipe.errors import AotpipeError, LimitError, SourceError, exception_line
 
 ZOO_PREFIX = "aotpipe.zoo:"

@@ -51,7 +51,7 @@ def llama70b_config(layers: int) -> dict[str, Any]:
 
 
 def _spec(layers: int, tokens: int) -> Any:
-    from aotpipe.config import ModelSpec
+    from aotpipe.spec import ModelSpec
 
     data = dict(name="llama70b_meta", source="hf:LlamaForCausalLM", args={}, config=llama70b_config(layers),
                 inputs=[{"name": "input_ids", "shape": [1, tokens], "dtype": "int64", "high": 128256}],

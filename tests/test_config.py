@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import DTYPES, GRAPH_KINDS, ModelSpec, Pipeline, load_pipeline, parse_pipeline
+from aotpipe.config import load_pipeline, parse_pipeline
+from aotpipe.spec import DTYPES, GRAPH_KINDS, ModelSpec, Pipeline
 from aotpipe.errors import ConfigError, Problem
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"

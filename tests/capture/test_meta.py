@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from aotpipe.capture import capture_export
 from aotpipe.capture.checks import graph_structure
 from aotpipe.capture.meta import build_on_meta, capture_meta, check_meta_written, meta_example_inputs
-from aotpipe.config import ModelSpec
+from aotpipe.spec import ModelSpec
 from aotpipe.errors import CaptureError, SourceError
 from aotpipe.sources import build_model, make_example_inputs
 
