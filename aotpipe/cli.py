@@ -406,7 +406,8 @@ def sign(directory: str, key: str) -> None:
     """
     from pathlib import Path
 
-    from aotpipe.artifact.signing import load_key, sign_artifact
+    from aotpipe.artifact.signing import load_key
+    from aotpipe.artifact.verify import sign_artifact
     from aotpipe.artifact.verify import find_artifacts
     from aotpipe.errors import LimitError
 

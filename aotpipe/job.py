@@ -34,7 +34,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
     from aotpipe.artifact.writer import graph_entries, write_model
     from aotpipe.capture import capture_auto, capture_dynamo, capture_export, custom_ops, subgraph_references
     from aotpipe.capture.binding import graph_inputs
-    from aotpipe.capture.checks import ModelChecks, check_written, graph_structure
+    from aotpipe.checks.written import ModelChecks, check_written, graph_structure
     from aotpipe.eager import EagerReference, model_state
     from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
     from aotpipe.passes.manager import apply_passes
@@ -182,8 +182,8 @@ def _write_meta(spec: ModelSpec, out_dir: Path, captured: Any, fp: str, key: Pat
     tensors (capture/meta.py). The config refuses passes for mode meta (they need values)."""
     from aotpipe.artifact.signing import signer
     from aotpipe.artifact.writer import graph_entries, write_model
-    from aotpipe.capture.checks import graph_structure
-    from aotpipe.capture.meta import check_meta_written
+    from aotpipe.checks.written import graph_structure
+    from aotpipe.checks.meta import check_meta_written
 
     checked: list[Any] = []
     t0 = time.perf_counter()

@@ -83,8 +83,9 @@ class _Clock:
 
 def child_aotpipe(layers: int, tokens: int, keep: str | None) -> dict[str, Any]:
     from aotpipe.artifact.writer import graph_entries, write_model
-    from aotpipe.capture.checks import graph_structure
-    from aotpipe.capture.meta import build_on_meta, capture_meta, check_meta_written, meta_example_inputs
+    from aotpipe.checks.written import graph_structure
+    from aotpipe.capture.meta import build_on_meta, capture_meta, meta_example_inputs
+    from aotpipe.checks.meta import check_meta_written
 
     spec = _spec(layers, tokens)
     clock = _Clock()

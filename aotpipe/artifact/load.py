@@ -385,7 +385,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
         # and checking an artefact never runs it).
         module = build if deferred else build()
     built = module if isinstance(module, torch.fx.GraphModule) else None
-    from aotpipe.passes.prepack import is_packed
+    from aotpipe.devices import is_packed
 
     if built is not None and not is_packed(built):
         return GraphArtifact(record.kind, folder, record, module, blobs, trace, structure_builder=lambda: built)
@@ -411,15 +411,15 @@ def _placeholder(node: records.NodeRecord) -> torch.Tensor:
 def _packed_at_load(graph: records.GraphRecord) -> bool:
     """Whether the graph calls an op :func:`_packed_for_this_cpu` may pack (it is then
     always built from graph.json)."""
-    from aotpipe.passes.prepack import PACKABLE_TARGETS
+    from aotpipe.artifact.prepack import PACKABLE_TARGETS
 
     return any(n.op == "call_function" and n.target in PACKABLE_TARGETS for n in graph.nodes)
 
 
 def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A graph of the cpu-fast chain with its convolution and linear weights packed for
-    this CPU, in memory (aotpipe/passes/prepack.py); any other graph as it is."""
-    from aotpipe.passes.prepack import prepack
+    this CPU, in memory (aotpipe/artifact/prepack.py); any other graph as it is."""
+    from aotpipe.artifact.prepack import prepack
 
     prepack(gm)
     return gm
@@ -428,7 +428,7 @@ def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _recompute(art: "Artifact", key: str, rec: records.GraphEntry) -> Callable[[], dict[str, torch.Tensor]]:
     """For a graph made by passes: its constants, recomputed by the recorded chain on its base graph."""
     def run() -> dict[str, torch.Tensor]:
-        from aotpipe.passes.manager import recompute_constants
+        from aotpipe.artifact.recompute import recompute_constants
 
         base = art.graphs.get(rec.base or "")
         if base is None or not isinstance(base.module, torch.fx.GraphModule):

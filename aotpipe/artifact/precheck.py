@@ -39,6 +39,7 @@ import torch.fx
 
 from aotpipe.artifact import limits
 from aotpipe.errors import ArtifactError, LimitError, exception_line
+from aotpipe.execution import RUN_GUARD
 
 _MARK = "aotpipe_precheck"  # gm.meta key: the loader built this module from an artefact
 
@@ -50,6 +51,7 @@ class GraphWillNotRun(RuntimeError):
 def mark(gm: torch.fx.GraphModule, where: str) -> None:
     """Have :func:`runnable` propagate `gm` (built from the artefact at `where`) before it runs."""
     gm.meta[_MARK] = where
+    gm.meta[RUN_GUARD] = runnable  # aotpipe.execution runs every graph through it
 
 
 def needs_check(module: Any) -> bool:
@@ -149,7 +151,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     from torch.multiprocessing.reductions import StorageWeakRef
 
     from aotpipe.artifact.checked import RUNTIME_BOUNDED
-    from aotpipe.passes.prepack import stored_graph
+    from aotpipe.artifact.prepack import stored_graph
 
     graph = stored_graph(gm)
     refuse = _Refusal(where)

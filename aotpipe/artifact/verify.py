@@ -18,9 +18,11 @@ from typing import Sequence
 from pathlib import Path
 
 from aotpipe.artifact import limits, records
+from aotpipe.artifact.fsio import write_atomic
 from aotpipe.artifact.limits import Breach
 from aotpipe.artifact.manifest import file_sha256, seal_ok
 from aotpipe.artifact.records import MANIFEST, SIGNATURE
+from aotpipe.artifact.signing import check_signature, load_key, manifest_bytes, signature_record
 from aotpipe.errors import ArtifactError, LimitError, exception_line
 
 
@@ -154,8 +156,6 @@ def verify_tree(root: Path, key_path: str | Path | None = None, trust_ops: Seque
     and one whose signature fails is not read any further (its problem is that alone)."""
     check = None
     if key_path is not None:
-        from aotpipe.artifact.signing import check_signature, load_key
-
         load_key(key_path)  # a bad key file is the user's error, once, before any artefact
         check = check_signature
     models, unfinished = find_artifacts(root)
@@ -168,3 +168,20 @@ def verify_tree(root: Path, key_path: str | Path | None = None, trust_ops: Seque
     for u in unfinished:
         out[u] = [f"{u / MANIFEST}: missing (an incomplete artefact: run the pipeline again)"]
     return out
+
+
+def sign_artifact(folder: str | Path, key: str | Path) -> Path:
+    """Sign one model folder: write signature.json beside its manifest; returns its path.
+
+    The folder must verify first (files, checksum, safe load, module.py): a signature
+    vouches for what is there, so a damaged artefact is not signed.
+    """
+    folder = Path(folder)
+    signing_key = load_key(key, for_signing=True)
+    problems = verify_artifact(folder)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ArtifactError(f"{folder}: not signed, it does not verify: {problems[0]}{more}")
+    path = folder / SIGNATURE
+    write_atomic(path, signature_record(manifest_bytes(folder), signing_key))
+    return path

@@ -377,10 +377,10 @@ def _backward_inputs(ga: GraphArtifact, fw_out: Optional[list[Any]], memory: Opt
 
 def graph_structure(gm: torch.fx.GraphModule) -> list[str]:
     """One line per node: op, name, target, arguments, keyword arguments in name order. Of
-    the graph as graph.json holds it, for a graph the loader packed (passes/prepack.py)."""
+    the graph as graph.json holds it, for a graph the loader packed (artifact/prepack.py)."""
     from aotpipe.artifact.graph_json import target_name
 
-    from aotpipe.passes.prepack import stored_graph
+    from aotpipe.artifact.prepack import stored_graph
 
     graph = stored_graph(gm)
     # Nodes by position, not name: FX renames a placeholder that would shadow a builtin.
