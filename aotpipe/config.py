@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from aotpipe.errors import ConfigError, Problem
+from aotpipe.modes import CAPTURE_MODES
 from aotpipe.spec import (GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, Pipeline,
                           ResourceSpec, Strict)
 
@@ -448,11 +449,11 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
             )
         mode = m.get("mode", defaults.get("mode"))
         passes = m.get("passes", defaults.get("passes"))
-        if mode == "meta" and passes:
+        if mode in CAPTURE_MODES and not CAPTURE_MODES[mode].values and passes:
             where = ("models", i, "passes") if "passes" in m else ("defaults", "passes")
             problems.append(
                 Problem(path, lines.get(where) or lines.get(("models", i, "mode")), f"models[{i}].passes",
-                        "mode meta captures shapes only, and passes need values; set passes: [] for this model, "
+                        f"mode {mode} captures shapes only, and passes need values; set passes: [] for this model, "
                         "or use mode export")
             )
         inputs = m.get("inputs") if isinstance(m.get("inputs"), list) else []

@@ -155,7 +155,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
 
 
 class _StageWatch:
-    """While entered: the stage each running model is at (source, capture, passes, write),
+    """While entered: the stage each running model is at (source, capture, passes, write, verify),
     as its job reports it (job.PROGRESS_DIR_ENV), shown in the bar's description twice a second."""
 
     def __init__(self, bar: Any, running: list[str]):
