@@ -16,8 +16,9 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from aotpipe.errors import ConfigError, Problem
 from aotpipe.modes import CAPTURE_MODES
-from aotpipe.spec import (GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, Pipeline,
-                          ResourceSpec, Strict)
+from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
+from aotpipe.spec import (GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, PassStep,
+                          Pipeline, ResourceSpec, Strict)
 
 SCHEMA_VERSION = 1
 
@@ -393,10 +394,12 @@ def parse_pipeline(
             if isinstance(m, dict) and isinstance(m.get("source"), str)], base_dir))
 
     problems.extend(_check_field_combinations(path, lines, data))
+    chain_problems, chains = _pass_chains(path, lines, data)
+    problems.extend(chain_problems)
     resolved = None
     if not problems:
         assert parsed is not None
-        resolved = _resolve(parsed, path, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
+        resolved = _resolve(parsed, path, chains, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
                                            enumerate(data.get("models") or []) if isinstance(m, dict)})
         if check_sources:
             problems.extend(_model_problems(path, lines, resolved, base_dir))
@@ -466,28 +469,39 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
                     Problem(path, lines.get(("models", i, "inputs", j)), f"models[{i}].inputs[{j}]",
                             "a positional input (no name) follows a named one; put positional inputs first")
                 )
-    from aotpipe.passes import chain_order_problems, chain_problem, parse_pass_entry
+    return problems
 
+
+def _pass_chains(path: str, lines: dict[tuple, int], data: dict) -> tuple[list[Problem], dict[tuple, list[PassStep]]]:
+    """Every `passes:` of the YAML (the defaults' and each model's) parsed once, into its one
+    form, a list of typed steps: the problems, and the chains that have none, by location."""
+    problems: list[Problem] = []
+    chains: dict[tuple, list[PassStep]] = {}
+    models = data.get("models") if isinstance(data.get("models"), list) else []
+    defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
     for loc, passes in [(("defaults", "passes"), defaults.get("passes"))] + [
         (("models", i, "passes"), m.get("passes")) for i, m in enumerate(models) if isinstance(m, dict)
     ]:
         if isinstance(passes, str) and chain_problem(passes):
             problems.append(Problem(path, _line_for(lines, loc), _field_path(loc), chain_problem(passes)))
-        if isinstance(passes, list):
-            steps = []
-            for j, entry in enumerate(passes):
+        elif isinstance(passes, (str, list)):
+            found, entries = len(problems), expand_chain(passes)
+            steps: list[tuple[int, Optional[PassStep]]] = []
+            for j, entry in enumerate(entries):
                 if not isinstance(entry, (str, dict)):
                     continue  # pydantic already reports the wrong type
                 entry_problems, step = parse_pass_entry(entry)
                 for sub, msg in entry_problems:
                     where = loc + (j,) + sub
                     problems.append(Problem(path, _line_for(lines, where), _field_path(where), msg))
-                steps.append((j, step.name if step is not None else None))
-            names = [name for _, name in steps]
-            for k, msg in chain_order_problems([n or "" for n in names]):
+                steps.append((j, step))
+            names = [step.name if step is not None else "" for _, step in steps]
+            for k, msg in chain_order_problems(names):
                 where = loc + (steps[k][0],)
                 problems.append(Problem(path, _line_for(lines, where), _field_path(where), msg))
-    return problems
+            if len(problems) == found and len(steps) == len(entries):
+                chains[loc] = [step for _, step in steps if step is not None]
+    return problems, chains
 
 
 def _source_problems(path: str, sources: list[tuple[int, Optional[int], str]],
@@ -554,21 +568,11 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
         raise ConfigError(problems)
 
 
-def _pass_chain(entries: Union[str, list]) -> list[dict[str, Any]]:
-    from aotpipe.passes import expand_chain, parse_pass_entry, step_to_json
-
-    out = []
-    for entry in expand_chain(entries):
-        _, step = parse_pass_entry(entry)
-        assert step is not None  # validated before
-        out.append(step_to_json(step))
-    return out
-
-
-def _resolve(f: PipelineFile, path: str, source_lines: dict[str, tuple[int, Optional[int]]]) -> Pipeline:
+def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
+             source_lines: dict[str, tuple[int, Optional[int]]]) -> Pipeline:
     d = f.defaults
     models = []
-    for m in f.models:
+    for i, m in enumerate(f.models):
         pick = lambda name: getattr(m, name) if getattr(m, name) is not None else getattr(d, name)  # noqa: E731
         models.append(
             ModelSpec(
@@ -579,7 +583,7 @@ def _resolve(f: PipelineFile, path: str, source_lines: dict[str, tuple[int, Opti
                 inputs=m.inputs,
                 mode=pick("mode"),
                 graphs=pick("graphs"),
-                passes=_pass_chain(pick("passes")),
+                passes=chains.get(("models", i, "passes") if m.passes is not None else ("defaults", "passes"), []),
                 save_inputs=pick("save_inputs"),
                 save_values=pick("save_values"),
                 verify=pick("verify"),

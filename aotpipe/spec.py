@@ -7,6 +7,7 @@ the runner and the fingerprint read them.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -104,6 +105,21 @@ class ExecutorSpec(Strict):
         None, description="Ray cluster address (ray); default $RAY_ADDRESS, else a local Ray instance")
 
 
+@dataclass(frozen=True)
+class PassStep:
+    """One step of a pass chain: a registered pass and its options, complete and typed (a
+    dataclass of aotpipe/passes/options.py). The chain's one form from the YAML, where the
+    config parses it once, to the pass manager; written as {"name", "options"} (the
+    manifest's model.passes, and the fingerprint)."""
+
+    name: str
+    options: Any
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        return tuple(self.options.graphs)
+
+
 class ModelSpec(Strict):
     """One model with every default resolved: what capture and the fingerprint see."""
 
@@ -114,7 +130,7 @@ class ModelSpec(Strict):
     inputs: list[InputSpec]
     mode: Mode
     graphs: list[GraphKind]
-    passes: list[dict[str, Any]]  # [{"name": ..., "options": {...}}], options complete
+    passes: list[PassStep]
     save_inputs: bool
     save_values: str = "minimal"
     verify: bool

@@ -172,9 +172,8 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
     import copy
 
     from aotpipe.capture.types import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
-    from aotpipe.passes import parse_pass_entry
 
-    steps = [parse_pass_entry({p["name"]: p["options"]})[1] for p in spec.passes]
+    steps = list(spec.passes)
     problems: list[str] = []
     done: dict[str, Any] = {}
     diagnose: dict[str, Callable[[], str]] = {}
