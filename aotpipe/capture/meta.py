@@ -36,7 +36,9 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from aotpipe.capture import export as _export_mod
 from aotpipe.capture.types import CapturedGraphs
 from aotpipe.errors import CaptureError, SourceError, exception_line
+from aotpipe.global_state import preserved
 from aotpipe.modes import DEFAULT_LOSS, META_OPTIONS
+from aotpipe.sources import build_model
 
 MODE = "meta"
 OPTIONS = META_OPTIONS
@@ -53,9 +55,6 @@ def build_on_meta(spec: Any, base_dir: Optional[Path] = None) -> torch.nn.Module
     without naming a device). A source whose construction reads values (``.item()``,
     loading a checkpoint) cannot be built on meta: a SourceError says so.
     """
-    from aotpipe.global_state import preserved
-    from aotpipe.sources import build_model
-
     with preserved():
         try:
             with torch.device("meta"):
@@ -153,7 +152,6 @@ def _flat_graph_in_place(orig: Any) -> Any:
 @contextlib.contextmanager
 def _fast_capture() -> Iterator[None]:
     """What makes a 70B-size capture affordable, scoped to this capture:
-
     - GraphModules made while tracing (make_fx, the partitioner, split_module) generate
       and compile their Python code only when first called (most never are);
     - AOTAutograd does not render the joint, forward and backward graphs as text for its

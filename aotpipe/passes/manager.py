@@ -20,11 +20,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.passes import PASSES, PassStep, step_to_json
-from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe import accuracy
 from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph, run_with_summaries
+from aotpipe.passes import PASSES, PassStep, chain_order_problems, step_to_json
+from aotpipe.passes.base import GraphUnderPass, PassError
 
 
 @dataclass
@@ -97,8 +97,6 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
     With `check_each`, each pass is run and compared with the graph before it (a
     PassError names the first that changes the results); without, passes are only linted.
     """
-    from aotpipe.passes import chain_order_problems
-
     order = chain_order_problems([s.name for s in steps])
     if order:
         raise PassError(order[0][1])
