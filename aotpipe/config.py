@@ -14,7 +14,9 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from aotpipe.errors import ConfigError, Problem
+from aotpipe.artifact.limits import current, read_bounded
+from aotpipe.artifact.records import library_namespace_problem
+from aotpipe.errors import ConfigError, LimitError, Problem
 from aotpipe.modes import CAPTURE_MODES
 from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
 from aotpipe.spec import (GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, PassStep,
@@ -110,8 +112,6 @@ class PipelineFile(Strict):
     @field_validator("trusted_ops")
     @classmethod
     def _namespaces(cls, v: list[str]) -> list[str]:
-        from aotpipe.artifact.records import library_namespace_problem
-
         for ns in v:
             why = library_namespace_problem(ns)
             if why:
@@ -171,8 +171,6 @@ def _check_expansion(root: yaml.Node, limit: int) -> None:
 
 def _compose_with_lines(text: str) -> tuple[Any, dict[tuple, int], list[tuple[int, tuple, str]]]:
     """Parse YAML into plain data, a map from field path to 1-based line, and duplicate keys."""
-    from aotpipe.artifact.limits import current
-
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     lines: dict[tuple, int] = {}
     duplicates: list[tuple[int, tuple, str]] = []
@@ -311,9 +309,6 @@ def _check_duplicates(path: str, lines: dict[tuple, int], data: Any) -> list[Pro
 
 def load_pipeline(path: str | Path, *, check_sources: bool = True) -> Pipeline:
     """Read and validate a pipeline YAML; raise ConfigError listing every problem found."""
-    from aotpipe.artifact.limits import current, read_bounded
-    from aotpipe.errors import LimitError
-
     p = Path(path)
     shown = str(path)
     try:
@@ -347,8 +342,6 @@ def parse_pipeline(
         raise ConfigError([Problem(path, line, "", f"malformed YAML: character #x{code:04x} is not allowed "
                                    f"({e.reason}); remove it")]) from None
     except _TooManyValues:
-        from aotpipe.artifact.limits import current
-
         limit = current().max_yaml_values
         raise ConfigError([Problem(path, None, "", f"its aliases expand to more than {limit:,} values, over the "
                                    "limit (raise it with AOTPIPE_MAX_YAML_VALUES); write the values out "
@@ -413,7 +406,7 @@ def parse_pipeline(
 def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
     """What importing and building each model shows: `args` its callable does not take, and
     integer input ranges that do not fit the embedding tables they index."""
-    from aotpipe.sources import args_problem, embedding_range_problems
+    from aotpipe.sources import args_problem, embedding_range_problems  # torch: kept off the torch-free path
 
     problems = []
     for i, spec in enumerate(pipeline.models):
@@ -507,7 +500,7 @@ def _pass_chains(path: str, lines: dict[tuple, int], data: dict) -> tuple[list[P
 def _source_problems(path: str, sources: list[tuple[int, Optional[int], str]],
                      base_dir: Path | None) -> list[Problem]:
     """Problems of (index, line, source) entries whose source does not resolve (imports them)."""
-    from aotpipe.sources import check_source
+    from aotpipe.sources import check_source  # torch: kept off the torch-free path
 
     problems = []
     for i, line, source in sources:

@@ -62,9 +62,9 @@ def _capture(job: _Job) -> None:
     """The graphs, by the capture mode; then (for a mode with values) each graph's real inputs."""
     import torch.utils._pytree as pytree  # torch: only in the process that runs the job
 
-    from aotpipe.capture import custom_ops  # torch, as are the two below
-    from aotpipe.capture.binding import graph_inputs
-    from aotpipe.eager import model_state
+    from aotpipe.capture import custom_ops  # torch
+    from aotpipe.capture.binding import graph_inputs  # torch
+    from aotpipe.eager import model_state  # torch
 
     spec, mode = job.spec, job.mode
     names = [inp.name or f"arg{i}" for i, inp in enumerate(spec.inputs)]
@@ -102,9 +102,9 @@ def _passes(job: _Job) -> None:
 def _write(job: _Job) -> None:
     """The artefact written, checked by :func:`_check` before it is renamed into place, and signed."""
     from aotpipe.artifact.signing import signer  # cryptography
-    from aotpipe.artifact.writer import write_model  # torch, as are the two below
-    from aotpipe.capture import subgraph_references
-    from aotpipe.eager import EagerReference
+    from aotpipe.artifact.writer import write_model  # torch
+    from aotpipe.capture import subgraph_references  # torch
+    from aotpipe.eager import EagerReference  # torch
 
     spec, result, captured = job.spec, job.result, job.captured
     t0 = time.perf_counter()
@@ -157,8 +157,8 @@ def _check(job: _Job, folder: Path) -> Any:
 
 def _codes(job: _Job) -> dict[str, list[str]]:
     """Each captured graph's structure, which graph.json must rebuild exactly."""
-    from aotpipe.artifact.writer import graph_entries  # torch, as is the one below
-    from aotpipe.checks.written import graph_structure
+    from aotpipe.artifact.writer import graph_entries  # torch
+    from aotpipe.checks.written import graph_structure  # torch
 
     return {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(job.captured)}
 

@@ -58,7 +58,7 @@ def run_pipeline(
 
     start = time.perf_counter()
     if key is not None:
-        from aotpipe.artifact.signing import absolute_key_spec, load_key
+        from aotpipe.artifact.signing import absolute_key_spec, load_key  # cryptography: only when used
 
         load_key(key, for_signing=True)  # a bad key is a user error before any work
         key = absolute_key_spec(key)  # workers may run elsewhere

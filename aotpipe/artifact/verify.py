@@ -104,7 +104,7 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequen
     except LimitError as e:
         problems.append(_problem(e))
     if load_graphs and not problems:
-        from aotpipe.artifact.load import load
+        from aotpipe.artifact.load import load  # torch: kept off the torch-free path
 
         # Read, never run: graphs rebuilt through the allow-list; constants the loader would
         # recompute (by running the pass chain on the base graph) are left out.
@@ -114,8 +114,8 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequen
             return [_problem(e)]
         except Exception as e:  # a bug in the loader must not hide the verdict
             return [f"{folder}: failed to load ({exception_line(e)})"]
-        from aotpipe.artifact.codegen import code_mismatch, graph_constants
-        from aotpipe.artifact.graph_json import read_graph_json
+        from aotpipe.artifact.codegen import code_mismatch, graph_constants  # torch: kept off the torch-free path
+        from aotpipe.artifact.graph_json import read_graph_json  # torch: kept off the torch-free path
 
         for ga in art.graphs.values():
             constants = graph_constants(read_graph_json(ga.folder / "graph.json", ga.folder))
