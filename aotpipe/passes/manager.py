@@ -23,8 +23,9 @@ import torch.fx
 from aotpipe import accuracy
 from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph, run_with_summaries
-from aotpipe.passes import PASSES, PassStep, chain_order_problems, step_to_json
+from aotpipe.passes import PASSES, chain_order_problems, step_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
+from aotpipe.spec import PassStep
 
 
 @dataclass
