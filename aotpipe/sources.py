@@ -239,7 +239,9 @@ def rebuild_from_manifest(model_record: Any, *, trust_code: bool, where: Any) ->
     if is_builtin(source):
         check_rebuild_args(model_record.get("args"), where)
     try:
-        spec = ModelSpec.model_validate(model_record)
+        # The pass chain plays no part in building the model, and the record holds it in its
+        # written form ({name, options}), which may name a pass this aotpipe no longer has.
+        spec = ModelSpec.model_validate({**model_record, "passes": []})
         with bounded_build(where):
             return build_within_limits(spec, where)
     except LimitError:
