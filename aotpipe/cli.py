@@ -373,7 +373,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
 
 def _artefact_folder(p: Any) -> None:
     """Refuse, in one line, a folder that holds artefacts rather than being one (a pipeline's output)."""
-    from aotpipe.artifact.verify import find_artifacts
+    from aotpipe.artifact.verify import find_artifacts  # cryptography: only when used
 
     if not p.is_dir() or (p / "manifest.json").exists() or (p / "graph.json").exists():
         return
@@ -407,9 +407,9 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
     from pathlib import Path
 
     from aotpipe.artifact.limits import Breach
-    from aotpipe.artifact.verify import verify_tree
+    from aotpipe.artifact.verify import verify_tree  # cryptography: only when used
 
-    from aotpipe.artifact.load import parse_trust
+    from aotpipe.artifact.load import parse_trust  # torch: kept off the torch-free path
 
     parse_trust(trust_ops)  # a malformed --trust-ops is the user's error, once
     results = verify_tree(Path(directory), key or None, trust_ops=trust_ops)
@@ -468,8 +468,9 @@ def sign(directory: str, key: str) -> None:
     """
     from pathlib import Path
 
-    from aotpipe.artifact.signing import load_key, sign_artifact
-    from aotpipe.artifact.verify import find_artifacts
+    from aotpipe.artifact.signing import load_key  # cryptography: only when used
+    from aotpipe.artifact.verify import sign_artifact  # cryptography: only when used
+    from aotpipe.artifact.verify import find_artifacts  # cryptography: only when used
     from aotpipe.errors import LimitError
 
     k = load_key(key, for_signing=True)

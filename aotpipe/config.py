@@ -1,125 +1,33 @@
-"""Pipeline YAML -> typed :class:`Pipeline`, with every error reported at once as file:line.
+"""Pipeline YAML -> typed :class:`~aotpipe.spec.Pipeline`, with every error reported at once as file:line.
 
-The YAML is parsed once here. The rest of aotpipe sees only :class:`Pipeline` and
-:class:`ModelSpec`, never raw dicts: defaults are resolved into each model, dtypes are
-checked, sources are checked to import.
+The YAML is parsed once here (the file's own shape: :class:`PipelineFile`). The rest of
+aotpipe sees only the spec types of :mod:`aotpipe.spec`, never raw dicts: defaults are
+resolved into each model, dtypes are checked, sources are checked to import.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from aotpipe.errors import ConfigError, Problem
+from aotpipe.artifact.limits import current, read_bounded
+from aotpipe.artifact.records import library_namespace_problem
+from aotpipe.errors import ConfigError, LimitError, Problem
+from aotpipe.modes import CAPTURE_MODES
+from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
+from aotpipe.spec import (GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, PassStep,
+                          Pipeline, ResourceSpec, Strict)
 
 SCHEMA_VERSION = 1
-
-GraphKind = Literal["inference", "forward", "backward", "joint"]
-Mode = Literal["export", "dynamo", "meta", "auto"]
-Loss = Literal["weighted", "sum", "mean"]  # modes.LOSSES
-GRAPH_KINDS: tuple[str, ...] = get_args(GraphKind)
-
-# Names accepted for `dtype:`; values are torch dtype attribute names.
-DTYPES: dict[str, str] = {
-    "float32": "float32",
-    "float": "float32",
-    "float64": "float64",
-    "double": "float64",
-    "float16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "int64": "int64",
-    "long": "int64",
-    "int32": "int32",
-    "int": "int32",
-    "int16": "int16",
-    "int8": "int8",
-    "uint8": "uint8",
-    "bool": "bool",
-}
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class InputSpec(_Strict):
-    """One example input of a model: a tensor made from a seeded generator."""
-
-    name: Optional[str] = Field(None, description="keyword argument name; positional when absent")
-    shape: list[int] = Field(description="tensor shape, e.g. [8, 3, 32, 32]")
-    dtype: str = Field("float32", description="one of: " + ", ".join(DTYPES))
-    low: Optional[Union[int, float]] = Field(
-        None, description="lowest value (inclusive); integers default to 0, floats are N(0, 1) when unset"
-    )
-    high: Optional[Union[int, float]] = Field(
-        None, description="highest value (exclusive); integers default to 2"
-    )
-
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, v: str) -> str:
-        if v not in DTYPES:
-            raise ValueError(f"unknown dtype {v!r}; use one of: {', '.join(DTYPES)}")
-        return DTYPES[v]
-
-    @field_validator("shape")
-    @classmethod
-    def _non_negative(cls, v: list[int]) -> list[int]:
-        if any(d < 0 for d in v):
-            raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
-        return v
-
-    @property
-    def is_integer(self) -> bool:
-        return self.dtype in ("int64", "int32", "int16", "int8", "uint8")
-
-
-class ResourceSpec(_Strict):
-    """What one model asks of the worker it runs in (process and ray executors)."""
-
-    num_cpus: Optional[float] = Field(None, gt=0, description="CPUs to reserve (ray); default 1")
-    num_gpus: Optional[float] = Field(None, ge=0, description="GPUs to reserve (ray); default 0")
-    memory_gb: Optional[float] = Field(
-        None, gt=0, description="memory: the worker's limit (process: killed above it) and reservation (ray)")
-    timeout_s: Optional[float] = Field(None, gt=0, description="time limit for this model (process, ray)")
-
-
-class ExecutorSpec(_Strict):
-    """How models are scheduled, and the limits each model runs under."""
-
-    kind: Literal["local", "process", "ray"] = Field(
-        "process", description="process: each model in a worker process, isolated (default); local: in this "
-        "process, one after another; ray: Ray tasks on a cluster (the ray extra)")
-    workers: int = Field(1, ge=1, description="models run at once (process)")
-    timeout_s: Optional[float] = Field(
-        None, gt=0, description="per-model time limit in seconds; a model past it is killed and reported "
-        "(process, ray)")
-    memory_gb: Optional[float] = Field(
-        None, gt=0, description="per-model memory limit: a worker whose resident memory passes it is killed and "
-        "the model reported (process); the memory reserved per task (ray)")
-    num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per model (ray)")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per model (ray)")
-    address: Optional[str] = Field(
-        None, description="Ray cluster address (ray); default $RAY_ADDRESS, else a local Ray instance")
-    max_models_per_worker: Optional[int] = Field(
-        None, ge=1, description="replace a worker after it has run this many models (process); default: never, "
-        "a worker lives for the whole run")
-    recycle_memory_gb: Optional[float] = Field(
-        None, gt=0, description="replace a worker, after the model it ran, when its resident memory has grown by "
-        "more than this many GiB since it started (process), so that one model's leak does not push later ones "
-        "over memory_gb; default: none, but with memory_gb set a worker whose resident memory is over half of it "
-        "after a model is replaced")
-
-
-class Defaults(_Strict):
+class Defaults(Strict):
     """Settings every model inherits and may override."""
 
     mode: Mode = Field("auto", description="capture mode: auto (export, else dynamo, recording why; the default: "
@@ -143,7 +51,7 @@ class Defaults(_Strict):
         "1/numel, as a mean-reduced training loss)")
 
 
-class ModelEntry(_Strict):
+class ModelEntry(Strict):
     """One model as written in the YAML; unset fields inherit from `defaults`."""
 
     name: str = Field(description="unique name; becomes the artefact folder name")
@@ -192,7 +100,7 @@ class ModelEntry(_Strict):
         return v
 
 
-class PipelineFile(_Strict):
+class PipelineFile(Strict):
     """The pipeline YAML, schema version 1, exactly as written."""
 
     version: Literal[1] = Field(description="schema version; this aotpipe reads 1")
@@ -209,8 +117,6 @@ class PipelineFile(_Strict):
     @field_validator("trusted_ops")
     @classmethod
     def _namespaces(cls, v: list[str]) -> list[str]:
-        from aotpipe.artifact.records import library_namespace_problem
-
         for ns in v:
             why = library_namespace_problem(ns)
             if why:
@@ -225,44 +131,6 @@ class PipelineFile(_Strict):
         return v
 
 
-class ModelSpec(_Strict):
-    """One model with every default resolved: what capture and the fingerprint see."""
-
-    name: str
-    source: str
-    args: dict[str, Any]
-    config: Optional[dict[str, Any]]
-    inputs: list[InputSpec]
-    mode: Mode
-    graphs: list[GraphKind]
-    passes: list[dict[str, Any]]  # [{"name": ..., "options": {...}}], options complete
-    save_inputs: bool
-    save_values: str = "minimal"
-    verify: bool
-    loss: Loss
-    seed: int
-    trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
-    # Where and with what it runs; not part of what it produces (nor of its fingerprint).
-    resources: Optional[ResourceSpec] = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact.
-        No trusted_ops entry when there are none (as before the field existed)."""
-        return json.loads(self.model_dump_json(exclude={"resources"} if self.trusted_ops else
-                                               {"resources", "trusted_ops"}))
-
-
-class Pipeline(_Strict):
-    """A validated pipeline: what `aotpipe run` executes."""
-
-    name: str
-    path: str
-    output: str
-    seed: int
-    executor: ExecutorSpec
-    models: list[ModelSpec]
-    # Per model: its index in `models:` and the line of its source (for errors found later).
-    source_lines: dict[str, tuple[int, Optional[int]]] = {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -308,8 +176,6 @@ def _check_expansion(root: yaml.Node, limit: int) -> None:
 
 def _compose_with_lines(text: str) -> tuple[Any, dict[tuple, int], list[tuple[int, tuple, str]]]:
     """Parse YAML into plain data, a map from field path to 1-based line, and duplicate keys."""
-    from aotpipe.artifact.limits import current
-
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     lines: dict[tuple, int] = {}
     duplicates: list[tuple[int, tuple, str]] = []
@@ -448,9 +314,6 @@ def _check_duplicates(path: str, lines: dict[tuple, int], data: Any) -> list[Pro
 
 def load_pipeline(path: str | Path, *, check_sources: bool = True) -> Pipeline:
     """Read and validate a pipeline YAML; raise ConfigError listing every problem found."""
-    from aotpipe.artifact.limits import current, read_bounded
-    from aotpipe.errors import LimitError
-
     p = Path(path)
     shown = str(path)
     try:
@@ -484,8 +347,6 @@ def parse_pipeline(
         raise ConfigError([Problem(path, line, "", f"malformed YAML: character #x{code:04x} is not allowed "
                                    f"({e.reason}); remove it")]) from None
     except _TooManyValues:
-        from aotpipe.artifact.limits import current
-
         limit = current().max_yaml_values
         raise ConfigError([Problem(path, None, "", f"its aliases expand to more than {limit:,} values, over the "
                                    "limit (raise it with AOTPIPE_MAX_YAML_VALUES); write the values out "
@@ -531,10 +392,12 @@ def parse_pipeline(
             if isinstance(m, dict) and isinstance(m.get("source"), str)], base_dir))
 
     problems.extend(_check_field_combinations(path, lines, data))
+    chain_problems, chains = _pass_chains(path, lines, data)
+    problems.extend(chain_problems)
     resolved = None
     if not problems:
         assert parsed is not None
-        resolved = _resolve(parsed, path, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
+        resolved = _resolve(parsed, path, chains, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
                                            enumerate(data.get("models") or []) if isinstance(m, dict)})
         if check_sources:
             problems.extend(_model_problems(path, lines, resolved, base_dir))
@@ -548,7 +411,7 @@ def parse_pipeline(
 def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
     """What importing and building each model shows: `args` its callable does not take, and
     integer input ranges that do not fit the embedding tables they index."""
-    from aotpipe.sources import args_problem, embedding_range_problems
+    from aotpipe.sources import args_problem, embedding_range_problems  # torch: kept off the torch-free path
 
     problems = []
     for i, spec in enumerate(pipeline.models):
@@ -596,11 +459,11 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
             )
         mode = m.get("mode", defaults.get("mode"))
         passes = m.get("passes", defaults.get("passes"))
-        if mode == "meta" and passes:
+        if mode in CAPTURE_MODES and not CAPTURE_MODES[mode].values and passes:
             where = ("models", i, "passes") if "passes" in m else ("defaults", "passes")
             problems.append(
                 Problem(path, lines.get(where) or lines.get(("models", i, "mode")), f"models[{i}].passes",
-                        "mode meta captures shapes only, and passes need values; set passes: [] for this model, "
+                        f"mode {mode} captures shapes only, and passes need values; set passes: [] for this model, "
                         "or use mode export")
             )
         inputs = m.get("inputs") if isinstance(m.get("inputs"), list) else []
@@ -613,34 +476,45 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
                     Problem(path, lines.get(("models", i, "inputs", j)), f"models[{i}].inputs[{j}]",
                             "a positional input (no name) follows a named one; put positional inputs first")
                 )
-    from aotpipe.passes import chain_order_problems, chain_problem, parse_pass_entry
+    return problems
 
+
+def _pass_chains(path: str, lines: dict[tuple, int], data: dict) -> tuple[list[Problem], dict[tuple, list[PassStep]]]:
+    """Every `passes:` of the YAML (the defaults' and each model's) parsed once, into its one
+    form, a list of typed steps: the problems, and the chains that have none, by location."""
+    problems: list[Problem] = []
+    chains: dict[tuple, list[PassStep]] = {}
+    models = data.get("models") if isinstance(data.get("models"), list) else []
+    defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
     for loc, passes in [(("defaults", "passes"), defaults.get("passes"))] + [
         (("models", i, "passes"), m.get("passes")) for i, m in enumerate(models) if isinstance(m, dict)
     ]:
         if isinstance(passes, str) and chain_problem(passes):
             problems.append(Problem(path, _line_for(lines, loc), _field_path(loc), chain_problem(passes)))
-        if isinstance(passes, list):
-            steps = []
-            for j, entry in enumerate(passes):
+        elif isinstance(passes, (str, list)):
+            found, entries = len(problems), expand_chain(passes)
+            steps: list[tuple[int, Optional[PassStep]]] = []
+            for j, entry in enumerate(entries):
                 if not isinstance(entry, (str, dict)):
                     continue  # pydantic already reports the wrong type
                 entry_problems, step = parse_pass_entry(entry)
                 for sub, msg in entry_problems:
                     where = loc + (j,) + sub
                     problems.append(Problem(path, _line_for(lines, where), _field_path(where), msg))
-                steps.append((j, step.name if step is not None else None))
-            names = [name for _, name in steps]
-            for k, msg in chain_order_problems([n or "" for n in names]):
+                steps.append((j, step))
+            names = [step.name if step is not None else "" for _, step in steps]
+            for k, msg in chain_order_problems(names):
                 where = loc + (steps[k][0],)
                 problems.append(Problem(path, _line_for(lines, where), _field_path(where), msg))
-    return problems
+            if len(problems) == found and len(steps) == len(entries):
+                chains[loc] = [step for _, step in steps if step is not None]
+    return problems, chains
 
 
 def _source_problems(path: str, sources: list[tuple[int, Optional[int], str]],
                      base_dir: Path | None) -> list[Problem]:
     """Problems of (index, line, source) entries whose source does not resolve (imports them)."""
-    from aotpipe.sources import check_source
+    from aotpipe.sources import check_source  # torch: kept off the torch-free path
 
     problems = []
     for i, line, source in sources:
@@ -705,21 +579,11 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
         raise ConfigError(problems)
 
 
-def _pass_chain(entries: Union[str, list]) -> list[dict[str, Any]]:
-    from aotpipe.passes import expand_chain, parse_pass_entry, step_to_json
-
-    out = []
-    for entry in expand_chain(entries):
-        _, step = parse_pass_entry(entry)
-        assert step is not None  # validated before
-        out.append(step_to_json(step))
-    return out
-
-
-def _resolve(f: PipelineFile, path: str, source_lines: dict[str, tuple[int, Optional[int]]]) -> Pipeline:
+def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
+             source_lines: dict[str, tuple[int, Optional[int]]]) -> Pipeline:
     d = f.defaults
     models = []
-    for m in f.models:
+    for i, m in enumerate(f.models):
         pick = lambda name: getattr(m, name) if getattr(m, name) is not None else getattr(d, name)  # noqa: E731
         models.append(
             ModelSpec(
@@ -730,7 +594,7 @@ def _resolve(f: PipelineFile, path: str, source_lines: dict[str, tuple[int, Opti
                 inputs=m.inputs,
                 mode=pick("mode"),
                 graphs=pick("graphs"),
-                passes=_pass_chain(pick("passes")),
+                passes=chains.get(("models", i, "passes") if m.passes is not None else ("defaults", "passes"), []),
                 save_inputs=pick("save_inputs"),
                 save_values=pick("save_values"),
                 verify=pick("verify"),

@@ -12,6 +12,15 @@ import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+# gm.meta key: the graph as graph.json holds it, kept when the loader packs the weights of a
+# graph for this CPU (artifact/prepack.py); such a graph runs on the CPU only.
+DENSE_GRAPH = "dense_graph"
+
+
+def is_packed(gm: torch.fx.GraphModule) -> bool:
+    """Whether the loader packed `gm`'s weights for this CPU."""
+    return DENSE_GRAPH in gm.meta
+
 
 def parse_device(device: str | torch.device) -> torch.device:
     """`device` as a torch.device; a ValueError naming the valid forms if it is not one."""
@@ -25,8 +34,6 @@ def to_device(gm: torch.fx.GraphModule, device: str | torch.device) -> torch.fx.
     """A copy of `gm` whose factory ops and device arguments name `device`. A CPU-only
     graph (the cpu-fast chain's oneDNN ops, weights the loader packed) is refused for
     another device (ValueError) and returned as it is for the CPU."""
-    from aotpipe.passes.prepack import is_packed
-
     dev = parse_device(device)
     cpu_only = sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"
                        and getattr(n.target, "namespace", None) in ("mkldnn", "mkl")}

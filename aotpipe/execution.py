@@ -12,9 +12,19 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.artifact.precheck import runnable
 from aotpipe.determinism import RunLog, draws_random, run_reproducibly
 from aotpipe.global_state import preserved
+
+# gm.meta key: what makes a graph ready to run on given inputs, as (module, inputs) -> module.
+# The loader puts its fake-tensor check there on every graph it builds from an artefact
+# (artifact/precheck.py), so that every run here goes through it; capture's own graphs have none.
+RUN_GUARD = "aotpipe_run_guard"
+
+
+def runnable(module: Any, inputs: list[Any]) -> Any:
+    """What to run for `module` on `inputs`: the module as its run guard makes it, else itself."""
+    guard = module.meta.get(RUN_GUARD) if isinstance(module, torch.fx.GraphModule) else None
+    return module if guard is None else guard(module, inputs)
 
 
 def _seeds(module: torch.nn.Module) -> bool:
@@ -59,7 +69,7 @@ class _Summarising(torch.fx.Interpreter):
         # A summary now: a later in-place op may overwrite the tensor itself.
         if n.op != "output" and not (self.skip and self.skip(n)):
             if isinstance(r, torch.Tensor) and r.layout != torch.strided:
-                pass  # a weight the loader packed for this CPU (passes/prepack.py): opaque, and a constant
+                pass  # a weight the loader packed for this CPU (artifact/prepack.py): opaque, and a constant
             elif isinstance(r, torch.Tensor):
                 self.summaries[n.name] = self.summarise(r)
             elif isinstance(r, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in r):

@@ -18,20 +18,19 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
+from aotpipe.artifact.manifest import file_sha256, fingerprint
 from aotpipe.artifact.records import FORMAT_VERSION, Manifest
-from aotpipe.config import ModelSpec
 from aotpipe.errors import AotpipeError
+from aotpipe.modes import capture_options
 from aotpipe.results import ModelResult, checks_summary, eager_cells, failed_last_time, graph_results, \
     verification_summary, written_manifest
+from aotpipe.spec import ModelSpec
 
 ZOO = "aotpipe.zoo:"
 
 
 def model_fingerprint(spec: ModelSpec, base_dir: Path | None = None) -> str:
     """The fingerprint an up-to-date artefact of `spec` carries (spec, source code, options, versions)."""
-    from aotpipe.artifact.manifest import file_sha256, fingerprint
-    from aotpipe.modes import capture_options
-
     if spec.source.startswith("hf:"):
         code = _transformers_code()
     else:
@@ -86,8 +85,8 @@ def source_file(spec: ModelSpec, base_dir: Path | None = None) -> Optional[Path]
 def up_to_date(folder: Path, fp: str, key: Path | None = None) -> Optional[Manifest]:
     """The manifest of `folder` if it carries fingerprint `fp`, its files match their
     digests, it passed its checks, and with a signing `key`, its signature checks."""
-    from aotpipe.artifact.signing import check_signature
-    from aotpipe.artifact.verify import verify_artifact
+    from aotpipe.artifact.signing import check_signature  # cryptography: only when used
+    from aotpipe.artifact.verify import verify_artifact  # cryptography: only when used
 
     try:
         manifest = written_manifest(folder)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from aotpipe.artifact import records
+from aotpipe.artifact.limits import walk
 from aotpipe.artifact.manifest import seal_ok
 from aotpipe.artifact.records import MANIFEST, Manifest
 from aotpipe.errors import ArtifactError, exception_line
@@ -39,8 +40,6 @@ def list_artifacts(root: Path) -> list[dict[str, Any]]:
 
     The tree is walked once, within the walk limits (artifact/limits.py: a tree too deep or of
     too many files is one LimitError line); each folder's size is summed from that walk."""
-    from aotpipe.artifact.limits import walk
-
     root = Path(root)
     sizes: dict[Path, int] = {root: 0}  # every folder's own files, then (below) with its folders'
     manifests: list[Path] = []
@@ -90,7 +89,7 @@ def describe_lines(path: Path, trust_ops: Sequence[str] = ()) -> list[str]:
 
 def _describe(path: Path, trust_ops: Sequence[str]) -> list[str]:
     from aotpipe.artifact.graph_json import target_name  # torch: not for ls, which reads manifests only
-    from aotpipe.artifact.load import load
+    from aotpipe.artifact.load import load  # torch: kept off the torch-free path
 
     art = load(path, trust_ops=trust_ops)
     m = art.manifest

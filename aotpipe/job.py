@@ -3,6 +3,9 @@
 The executors run :func:`run_model` (bound to its arguments) wherever they run models; it
 never raises for a model's own failure. Whether a model needs running at all is decided
 before, by the runner (aotpipe/incremental.py), so a warm re-run never gets here.
+
+The runner imports this module in the parent process, which never imports torch: the
+stages import what needs torch (capture, passes, the writer, the checks) when they run.
 """
 
 from __future__ import annotations
@@ -11,12 +14,188 @@ import functools
 import os
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
-from aotpipe.config import ModelSpec
 from aotpipe.errors import AotpipeError, exception_line
+from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
+from aotpipe.modes import CaptureMode, capture_mode
 from aotpipe.results import GraphSummary, ModelResult, checks_summary, eager_cells, verification_summary, written_manifest
+from aotpipe.spec import ModelSpec
+
+
+@dataclass
+class _Job:
+    """One model's job as it goes through the stages: what each stage leaves for the next."""
+
+    spec: ModelSpec
+    mode: CaptureMode
+    out_dir: Path
+    base_dir: Path | None
+    key: Path | None
+    result: ModelResult
+    stage: str = "source"  # the stage it is at: where it stopped if it fails
+    fingerprint: str = ""
+    model: Any = None
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    captured: Any = None  # CapturedGraphs
+    inputs: Optional[dict[str, list[Any]]] = None  # each graph's real inputs (None: a mode without values)
+    pass_problems: list[str] = field(default_factory=list)
+    diagnose: dict[str, Callable[[], str]] = field(default_factory=dict)  # by derived key: the pass at fault
+    eager: Any = None  # what the checks compare against: the eager model, or dynamo's subgraphs
+    checks: Any = None  # the check stage's ModelChecks
+
+    def at(self, stage: str) -> None:
+        """Enter `stage` (and tell the runner's progress bar)."""
+        self.stage = _stage(self.spec, stage)
+
+
+def _source(job: _Job) -> None:
+    """The model and its example inputs, built as the capture mode builds them."""
+    job.model = job.mode.function("build")(job.spec, job.base_dir)
+    job.args, job.kwargs = job.mode.function("example_inputs")(job.spec)
+
+
+def _capture(job: _Job) -> None:
+    """The graphs, by the capture mode; then (for a mode with values) each graph's real inputs."""
+    import torch.utils._pytree as pytree  # torch: only in the process that runs the job
+
+    from aotpipe.capture import custom_ops  # torch
+    from aotpipe.capture.binding import graph_inputs  # torch
+    from aotpipe.eager import model_state  # torch
+
+    spec, mode = job.spec, job.mode
+    names = [inp.name or f"arg{i}" for i, inp in enumerate(spec.inputs)]
+    ranges = {
+        (inp.name or f"arg{i}"): (int(inp.low or 0), int(inp.high if inp.high is not None else 2))
+        for i, inp in enumerate(spec.inputs)
+        if inp.is_integer
+    }
+    extra: dict[str, Any] = {"loss": spec.loss} if mode.takes_loss else {}
+    if mode.tries_first:  # auto: the capture it tries first is the one that mode uses
+        extra[mode.tries_first] = capture_mode(mode.tries_first).function()
+    captured = job.captured = mode.function()(
+        job.model, job.args, job.kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names,
+        int_ranges=ranges, **extra,
+    )
+    job.result.capture_seconds = captured.seconds
+    job.result.notes = list(captured.notes)
+    # Library ops left after decomposition: refused unless the pipeline trusts their namespace.
+    captured.trusted_ops = custom_ops.trust([g.gm for g in captured.graphs.values()], spec.trusted_ops)
+    if mode.values:
+        state = model_state(job.model, captured.constants)
+        user = dict(zip(captured.user_inputs, pytree.tree_leaves((job.args, job.kwargs))))
+        job.inputs = graph_inputs(captured, state, user, with_backward=spec.save_values == "full")
+
+
+def _passes(job: _Job) -> None:
+    """The pass chain applied to the graph kinds it selects (the derived graphs join the capture)."""
+    from aotpipe.passes.manager import apply_passes  # torch
+
+    t0 = time.perf_counter()
+    job.pass_problems, job.result.passes, job.diagnose = apply_passes(job.spec, job.captured, job.inputs)
+    job.result.passes_seconds = time.perf_counter() - t0
+
+
+def _write(job: _Job) -> None:
+    """The artefact written, checked by :func:`_check` before it is renamed into place, and signed."""
+    from aotpipe.artifact.signing import signer  # cryptography
+    from aotpipe.artifact.writer import write_model  # torch
+    from aotpipe.capture import subgraph_references  # torch
+    from aotpipe.eager import EagerReference  # torch
+
+    spec, result, captured = job.spec, job.result, job.captured
+    t0 = time.perf_counter()
+    if spec.verify and job.mode.values:
+        # A dynamo capture's graphs are checked against their own subgraph, run eagerly.
+        job.eager = subgraph_references(captured) if captured.subgraphs else \
+            EagerReference(job.model, job.args, job.kwargs, captured.constants, captured.user_inputs, loss=spec.loss)
+    written = write_model(
+        job.out_dir,
+        captured,
+        model_record=spec.to_json(),
+        fingerprint=job.fingerprint,
+        inputs=job.inputs if spec.save_inputs else None,
+        save_values=spec.save_values,
+        check=functools.partial(_check, job),
+        pass_failures=job.pass_problems,
+        sign=signer(job.key) if job.key is not None else None,
+    )
+    mc = job.checks
+    result.notes = list(captured.notes)
+    result.checks_seconds = mc.seconds
+    result.write_seconds = time.perf_counter() - t0 - mc.seconds
+    result.graphs = [GraphSummary(kind=g.kind, folder=g.folder, nodes=g.nodes, inputs=g.num_inputs, outputs=g.num_outputs)
+                     for g in written.graphs]
+    result.bytes = written.bytes
+    result.files = written.files
+    result.status = "ok"
+    manifest = written_manifest(written.path)
+    result.verification = verification_summary(manifest)
+    result.checks = checks_summary(manifest)
+    if job.mode.values:
+        result.eager = eager_cells(manifest)
+    problems = mc.problems + result.verification.problems
+    if problems:
+        result.status, result.stage = "failed", "verify"
+        result.error = "; ".join(problems[:3])
+    elif job.pass_problems:
+        # The raw graphs were written and checked; the failing chain's graph was not kept.
+        result.status, result.stage = "failed", "passes"
+        result.error = "; ".join(job.pass_problems[:3])
+
+
+def _check(job: _Job, folder: Path) -> Any:
+    """The written folder's checks (write_model's `check`, before the rename): its outcome.
+    While they run the job is at stage verify; write resumes after them (signing, renaming)."""
+    job.at("verify")
+    outcome = _check_values(job, folder) if job.mode.values else _check_shapes(job, folder)
+    job.at("write")
+    return outcome
+
+
+def _codes(job: _Job) -> dict[str, list[str]]:
+    """Each captured graph's structure, which graph.json must rebuild exactly."""
+    from aotpipe.artifact.writer import graph_entries  # torch
+    from aotpipe.checks.written import graph_structure  # torch
+
+    return {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(job.captured)}
+
+
+def _check_shapes(job: _Job, folder: Path) -> Any:
+    """A mode without values (meta): each graph run on fake tensors, for shapes only."""
+    from aotpipe.checks.meta import check_meta_written  # torch
+
+    job.checks = check_meta_written(folder, codes=_codes(job), trust_ops=job.spec.trusted_ops)
+    return job.checks.outcome
+
+
+def _check_values(job: _Job, folder: Path) -> Any:
+    """Each graph run from its files against the eager model and the chain."""
+    from aotpipe.checks.written import check_written  # torch
+
+    spec, captured, diagnose = job.spec, job.captured, job.diagnose
+    mc = job.checks = check_written(folder, memory_inputs=job.inputs, codes=_codes(job), eager=job.eager,
+                                    verify=spec.verify,
+                                    diagnose=lambda key, lines: diagnose[key]() if key in diagnose else "",
+                                    trust_ops=spec.trusted_ops)
+    job.pass_problems.extend(mc.pass_failures)
+    # Where eager took the traced branch (eager.traced_branches): into the manifest's notes.
+    captured.notes.extend(n for n in getattr(job.eager, "notes", []) if n not in captured.notes)
+    return mc.outcome
+
+
+# A model's stages in order: (name, the stage, whether the job needs it). The name is what the
+# progress bar shows and, if the stage fails, the result's `stage` (results.STAGES); the
+# checks run inside write, before the folder is renamed into place, as stage verify.
+STAGES: tuple[tuple[str, Callable[[_Job], None], Callable[[_Job], bool]], ...] = (
+    ("source", _source, lambda job: True),
+    ("capture", _capture, lambda job: True),
+    ("passes", _passes, lambda job: bool(job.spec.passes)),
+    ("write", _write, lambda job: True),
+)
 
 
 def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False,
@@ -28,124 +207,25 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
 
     Never raises for a model's own failure: the result says what failed and where.
     """
-    import torch.utils._pytree as pytree
-
-    from aotpipe.artifact.signing import signer
-    from aotpipe.artifact.writer import graph_entries, write_model
-    from aotpipe.capture import capture_auto, capture_dynamo, capture_export, custom_ops, subgraph_references
-    from aotpipe.capture.binding import graph_inputs
-    from aotpipe.capture.checks import ModelChecks, check_written, graph_structure
-    from aotpipe.eager import EagerReference, model_state
-    from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
-    from aotpipe.passes.manager import apply_passes
-    from aotpipe.sources import build_model, make_example_inputs
-
     start = time.perf_counter()
     result = ModelResult(name=spec.name, status="failed")
-    stage = _stage(spec, "source")
+    job = _Job(spec, capture_mode(spec.mode), out_dir, base_dir, key, result)
+    job.at("source")
     try:
-        fp = model_fingerprint(spec, base_dir)
+        job.fingerprint = model_fingerprint(spec, base_dir)
         if not force:
-            manifest = up_to_date(out_dir / spec.name, fp, key)
+            manifest = up_to_date(out_dir / spec.name, job.fingerprint, key)
             if manifest is not None:
                 return skipped_result(spec, out_dir / spec.name, manifest, start)
-        meta = spec.mode == "meta"  # built on the meta device: shapes only, no values anywhere
-        if meta:
-            from aotpipe.capture.meta import build_on_meta, capture_meta, meta_example_inputs
-
-            model = build_on_meta(spec, base_dir)
-            args, kwargs = meta_example_inputs(spec)
-        else:
-            model = build_model(spec, base_dir)
-            args, kwargs = make_example_inputs(spec)
-        names = [inp.name or f"arg{i}" for i, inp in enumerate(spec.inputs)]
-        ranges = {
-            (inp.name or f"arg{i}"): (int(inp.low or 0), int(inp.high if inp.high is not None else 2))
-            for i, inp in enumerate(spec.inputs)
-            if inp.is_integer
-        }
-        stage = _stage(spec, "capture")
-        capture = capture_meta if meta else \
-            {"export": capture_export, "dynamo": capture_dynamo,
-             "auto": functools.partial(capture_auto, export=capture_export)}[spec.mode]
-        loss = {} if spec.mode == "dynamo" else {"loss": spec.loss}  # dynamo's joint has no loss
-        captured = capture(
-            model, args, kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names, int_ranges=ranges,
-            **loss,
-        )
-        result.capture_seconds = captured.seconds
-        result.notes = list(captured.notes)
-        # Library ops left after decomposition: refused unless the pipeline trusts their namespace.
-        captured.trusted_ops = custom_ops.trust([g.gm for g in captured.graphs.values()], spec.trusted_ops)
-        if meta:
-            return _write_meta(spec, out_dir, captured, fp, key, result, start)
-        state = model_state(model, captured.constants)
-        user = dict(zip(captured.user_inputs, pytree.tree_leaves((args, kwargs))))
-        inputs = graph_inputs(captured, state, user, with_backward=spec.save_values == "full")
-        pass_problems: list[str] = []
-        diagnose: dict[str, Any] = {}
-        if spec.passes:
-            stage = _stage(spec, "passes")
-            t0 = time.perf_counter()
-            pass_problems, result.passes, diagnose = apply_passes(spec, captured, inputs)
-            result.passes_seconds = time.perf_counter() - t0
-        stage = _stage(spec, "write")
-        t0 = time.perf_counter()
-        eager: Any = None
-        if spec.verify:
-            # A dynamo capture's graphs are checked against their own subgraph, run eagerly.
-            eager = subgraph_references(captured) if captured.subgraphs else \
-                EagerReference(model, args, kwargs, captured.constants, captured.user_inputs, loss=spec.loss)
-        checked: list[ModelChecks] = []
-
-        def check(folder: Path) -> Any:
-            codes = {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(captured)}
-            mc = check_written(folder, memory_inputs=inputs, codes=codes, eager=eager, verify=spec.verify,
-                               diagnose=lambda key, lines: diagnose[key]() if key in diagnose else "",
-                               trust_ops=spec.trusted_ops)
-            checked.append(mc)
-            pass_problems.extend(mc.pass_failures)
-            # Where eager took the traced branch (eager.traced_branches): into the manifest's notes.
-            captured.notes.extend(n for n in getattr(eager, "notes", []) if n not in captured.notes)
-            return mc.outcome
-
-        written = write_model(
-            out_dir,
-            captured,
-            model_record=spec.to_json(),
-            fingerprint=fp,
-            inputs=inputs if spec.save_inputs else None,
-            save_values=spec.save_values,
-            check=check,
-            pass_failures=pass_problems,
-            sign=signer(key) if key is not None else None,
-        )
-        mc = checked[0]
-        result.notes = list(captured.notes)
-        result.checks_seconds = mc.seconds
-        result.write_seconds = time.perf_counter() - t0 - mc.seconds
-        result.graphs = [GraphSummary(kind=g.kind, folder=g.folder, nodes=g.nodes, inputs=g.num_inputs, outputs=g.num_outputs)
-                         for g in written.graphs]
-        result.bytes = written.bytes
-        result.files = written.files
-        result.status = "ok"
-        manifest = written_manifest(written.path)
-        result.verification = verification_summary(manifest)
-        result.checks = checks_summary(manifest)
-        result.eager = eager_cells(manifest)
-        problems = mc.problems + result.verification.problems
-        if problems:
-            result.status, result.stage = "failed", "verify"
-            result.error = "; ".join(problems[:3])
-        elif pass_problems:
-            # The raw graphs were written and checked; the failing chain's graph was not kept.
-            result.status, result.stage = "failed", "passes"
-            result.error = "; ".join(pass_problems[:3])
+        for name, run, needed in STAGES:
+            if needed(job):
+                job.at(name)
+                run(job)
     except AotpipeError as e:
-        result.stage, result.error = stage, _said_what_next(spec, stage, str(e), e)
+        result.stage, result.error = job.stage, _said_what_next(spec, job.stage, str(e), e)
         result.traceback = traceback.format_exc()
     except Exception as e:  # a model's own code (or torch) failed: record it, go on
-        result.stage, result.error = stage, _said_what_next(spec, stage, exception_line(e), e)
+        result.stage, result.error = job.stage, _said_what_next(spec, job.stage, exception_line(e), e)
         result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start
@@ -172,43 +252,6 @@ def _said_what_next(spec: ModelSpec, stage: str, error: str, e: BaseException) -
     """A capture failure's line with what to try next (capture/hints.py); other stages' as they are."""
     if stage != "capture":
         return error
-    from aotpipe.capture.hints import chain_text, with_hint
+    from aotpipe.capture.hints import chain_text, with_hint  # torch (the capture package)
 
     return with_hint(spec.mode, error, chain_text(e))
-
-
-def _write_meta(spec: ModelSpec, out_dir: Path, captured: Any, fp: str, key: Path | None, result: ModelResult,
-                start: float) -> ModelResult:
-    """Write a meta capture: metadata only (no blobs), each graph checked for shapes on fake
-    tensors (capture/meta.py). The config refuses passes for mode meta (they need values)."""
-    from aotpipe.artifact.signing import signer
-    from aotpipe.artifact.writer import graph_entries, write_model
-    from aotpipe.capture.checks import graph_structure
-    from aotpipe.capture.meta import check_meta_written
-
-    checked: list[Any] = []
-    t0 = time.perf_counter()
-
-    def check(folder: Path) -> Any:
-        codes = {k: graph_structure(g.gm) for k, _, _, g, _ in graph_entries(captured)}
-        checked.append(check_meta_written(folder, codes=codes, trust_ops=spec.trusted_ops))
-        return checked[-1].outcome
-
-    written = write_model(out_dir, captured, model_record=spec.to_json(), fingerprint=fp, inputs=None,
-                          save_values=spec.save_values, check=check, pass_failures=[],
-                          sign=signer(key) if key is not None else None)
-    mc = checked[0]
-    result.checks_seconds = mc.seconds
-    result.write_seconds = time.perf_counter() - t0 - mc.seconds
-    result.graphs = [GraphSummary(kind=g.kind, folder=g.folder, nodes=g.nodes, inputs=g.num_inputs, outputs=g.num_outputs)
-                         for g in written.graphs]
-    result.bytes, result.files = written.bytes, written.files
-    manifest = written_manifest(written.path)
-    result.verification = verification_summary(manifest)
-    result.checks = checks_summary(manifest)
-    problems = mc.problems + result.verification.problems
-    result.status = "failed" if problems else "ok"
-    if problems:
-        result.stage, result.error = "verify", "; ".join(problems[:3])
-    result.total_seconds = time.perf_counter() - start
-    return result

@@ -6,9 +6,9 @@ capture, to see that nothing changed. The capture modules take their options fro
 
 from __future__ import annotations
 
-from typing import Any
-
-MODES = ("export", "dynamo", "meta", "auto")
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 # The `loss:` setting: what the training graphs differentiate (eager.model_loss). "weighted",
 # the default, weighs every element by a fixed non-uniform weight, so no gradient is zero
@@ -42,15 +42,70 @@ DYNAMO_OPTIONS: dict[str, Any] = {
 META_OPTIONS: dict[str, Any] = {**EXPORT_OPTIONS, "values": "none (meta build, fake tensors)"}
 
 
+def _function(ref: str) -> Callable[..., Any]:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class CaptureMode:
+    """One capture mode: how the model and its example inputs are built, what captures it,
+    what the artefact then holds, and the options it records. Functions are named
+    ``module:attribute`` and imported when first used (they import torch)."""
+
+    name: str
+    capture: str  # (model, args, kwargs, *, name, graphs, input_names, int_ranges[, loss]) -> CapturedGraphs
+    recorded: Callable[[str], dict[str, Any]]  # the options it records, given the `loss:` setting
+    summary: str
+    build: str = "aotpipe.sources:build_model"  # (spec, base_dir) -> the model
+    example_inputs: str = "aotpipe.sources:make_example_inputs"  # spec -> (args, kwargs)
+    takes_loss: bool = True  # its training graphs differentiate `loss:` (dynamo's joint takes a tangent per output)
+    values: bool = True  # False: shapes only: no weights nor inputs stored, no passes, checked on fake tensors
+    via_export: bool = True  # it traces with torch.export (what a capture failure's hint says)
+    tries_first: Optional[str] = None  # a mode whose capture it tries first, passed as the keyword of that name
+
+    def function(self, which: str = "capture") -> Callable[..., Any]:
+        """The mode's `capture`, `build` or `example_inputs` function (imports it, and torch)."""
+        return _function(getattr(self, which))
+
+
+def _table(modes: list[CaptureMode]) -> dict[str, CaptureMode]:
+    table: dict[str, CaptureMode] = {}
+    for m in modes:
+        if m.name in table:
+            raise ValueError(f"capture mode {m.name!r} is registered twice")
+        table[m.name] = m
+    return table
+
+
+# The one table of capture modes (spec.Mode lists the same names for the YAML's schema).
+CAPTURE_MODES: dict[str, CaptureMode] = _table([
+    CaptureMode("export", "aotpipe.capture:capture_export", lambda loss: {**EXPORT_OPTIONS, "loss": loss},
+                "torch.export + AOTAutograd"),
+    CaptureMode("dynamo", "aotpipe.capture:capture_dynamo", lambda loss: dict(DYNAMO_OPTIONS),
+                "torch.compile with a capturing backend: graphs per subgraph, graph breaks recorded",
+                takes_loss=False, via_export=False),
+    CaptureMode("meta", "aotpipe.capture.meta:capture_meta", lambda loss: {**META_OPTIONS, "loss": loss},
+                "export of the model built on the meta device: shapes only, no values, no memory",
+                build="aotpipe.capture.meta:build_on_meta", example_inputs="aotpipe.capture.meta:meta_example_inputs",
+                values=False),
+    CaptureMode("auto", "aotpipe.capture:capture_auto",
+                lambda loss: {"export": {**EXPORT_OPTIONS, "loss": loss}, "dynamo": dict(DYNAMO_OPTIONS)},
+                "export, else dynamo, recording why (either may be what the artefact holds)",
+                via_export=False, tries_first="export"),
+])
+MODES = tuple(CAPTURE_MODES)
+
+
+def capture_mode(name: str) -> CaptureMode:
+    """The capture mode `name`; a ValueError listing the valid names if there is none."""
+    mode = CAPTURE_MODES.get(name)
+    if mode is None:
+        raise ValueError(f"unknown capture mode {name!r}; use one of: {', '.join(CAPTURE_MODES)}")
+    return mode
+
+
 def capture_options(mode: str, loss: str = DEFAULT_LOSS) -> dict[str, Any]:
     """The options a model captured in `mode` records (part of its fingerprint); `loss` is
     the training loss export differentiates (dynamo has none)."""
-    if mode == "export":
-        return {"mode": mode, **EXPORT_OPTIONS, "loss": loss}
-    if mode == "dynamo":
-        return {"mode": mode, **DYNAMO_OPTIONS}
-    if mode == "meta":
-        return {"mode": mode, **META_OPTIONS, "loss": loss}
-    if mode == "auto":  # export, else dynamo: either may be what the artefact holds
-        return {"mode": mode, "export": {**EXPORT_OPTIONS, "loss": loss}, "dynamo": dict(DYNAMO_OPTIONS)}
-    raise ValueError(f"unknown capture mode {mode!r}")
+    return {"mode": mode, **capture_mode(mode).recorded(loss)}

@@ -13,7 +13,7 @@ from aotpipe.artifact.records import (RUN_FORMAT_VERSION, RUN_JSON, CheckTotals,
                                       SettledTotals, load_run)
 
 if TYPE_CHECKING:
-    from aotpipe.config import Pipeline
+    from aotpipe.spec import Pipeline
     from aotpipe.results import RunResult
 
 REPORT_MD = "report.md"

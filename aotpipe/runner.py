@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from aotpipe.artifact.records import RecycledWorker, ShardRecord
-from aotpipe.config import ModelSpec, Pipeline
+from aotpipe.spec import ModelSpec, Pipeline
 from aotpipe.results import ModelResult, RunResult
 from aotpipe.shards import Shard
 
@@ -66,7 +66,7 @@ def run_pipeline(
 
     start = time.perf_counter()
     if key is not None:
-        from aotpipe.artifact.signing import absolute_key_spec, load_key
+        from aotpipe.artifact.signing import absolute_key_spec, load_key  # cryptography: only when used
 
         load_key(key, for_signing=True)  # a bad key is a user error before any work
         key = absolute_key_spec(key)  # workers may run elsewhere
@@ -180,7 +180,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
 
 
 class _StageWatch:
-    """While entered: the stage each running model is at (source, capture, passes, write),
+    """While entered: the stage each running model is at (source, capture, passes, write, verify),
     as its job reports it (job.PROGRESS_DIR_ENV), shown in the bar's description twice a second."""
 
     def __init__(self, bar: Any, running: list[str]):

@@ -27,8 +27,11 @@ from typing import Any, Iterator
 
 import torch
 
-from aotpipe.config import InputSpec, ModelSpec
+from aotpipe.artifact.limits import bounded_build, check_rebuild_args, check_total_bytes, numel
 from aotpipe.errors import AotpipeError, LimitError, SourceError, exception_line
+from aotpipe.global_state import preserved
+from aotpipe.spec import InputSpec, ModelSpec
+from aotpipe.zoo import ZOO
 
 ZOO_PREFIX = "aotpipe.zoo:"
 
@@ -47,8 +50,6 @@ def _import_path(base_dir: Path | None) -> Iterator[None]:
 
 
 def _resolve_builtin(source: str) -> Any:
-    from aotpipe.zoo import ZOO
-
     name = source[len(ZOO_PREFIX):]
     fn = ZOO.get(name)  # a table lookup: the name is never an attribute path
     if fn is None:
@@ -58,8 +59,6 @@ def _resolve_builtin(source: str) -> Any:
 
 def is_builtin(source: Any) -> bool:
     """Whether `source` names a model of the builtin zoo table."""
-    from aotpipe.zoo import ZOO
-
     return isinstance(source, str) and source.startswith(ZOO_PREFIX) and source[len(ZOO_PREFIX):] in ZOO
 
 
@@ -205,8 +204,6 @@ def rebuild_refusal(source: Any, trust_code: bool) -> str | None:
 
 def _spec_bytes(spec: ModelSpec) -> list[tuple[str, int]]:
     """(label, bytes) of each example input a spec asks for."""
-    from aotpipe.artifact.limits import numel
-
     out = []
     for i, inp in enumerate(spec.inputs):
         n = numel(inp.shape) * getattr(torch, inp.dtype).itemsize
@@ -218,9 +215,6 @@ def build_within_limits(spec: ModelSpec, where: Any) -> tuple[torch.nn.Module, t
     """The model and its example inputs, refused before allocating when their parameters,
     buffers and inputs need more than the byte limit (the model is first built on the
     meta device, which allocates nothing)."""
-    from aotpipe.artifact.limits import check_total_bytes
-    from aotpipe.global_state import preserved
-
     parts = _spec_bytes(spec)
     check_total_bytes(parts, where, f"the example inputs of model {spec.name!r}")
     with preserved():
@@ -252,12 +246,12 @@ def rebuild_from_manifest(model_record: Any, *, trust_code: bool, where: Any) ->
     source = model_record.get("source") if isinstance(model_record, dict) else None
     if rebuild_refusal(source, trust_code) is not None:
         return None
-    from aotpipe.artifact.limits import bounded_build, check_rebuild_args
-
     if is_builtin(source):
         check_rebuild_args(model_record.get("args"), where)
     try:
-        spec = ModelSpec.model_validate(model_record)
+        # The pass chain plays no part in building the model, and the record holds it in its
+        # written form ({name, options}), which may name a pass this aotpipe no longer has.
+        spec = ModelSpec.model_validate({**model_record, "passes": []})
         with bounded_build(where):
             return build_within_limits(spec, where)
     except LimitError:
@@ -302,8 +296,6 @@ def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None) -> l
     each nn.Embedding that sees which example input (or a view of it) it is given. A model
     that cannot be built or run so is not checked here (capture reports its own failure).
     """
-    from aotpipe.global_state import preserved
-
     integer = {i: inp for i, inp in enumerate(spec.inputs) if inp.is_integer and inp.high is not None}
     if not integer:
         return []

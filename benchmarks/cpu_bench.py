@@ -88,7 +88,8 @@ def _derived(art: Any) -> Any:
 def pass_seconds(art: Any) -> float:
     """The cpu-fast chain on the saved inference graph, timed alone."""
     from aotpipe.passes import CHAINS, parse_pass_entry
-    from aotpipe.passes.manager import graph_under_pass, run_chain
+    from aotpipe.artifact.recompute import graph_under_pass
+    from aotpipe.passes.manager import run_chain
 
     raw = art.graphs["inference"]
     start = graph_under_pass(raw.module, raw.record, raw.saved_inputs())

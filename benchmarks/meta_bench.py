@@ -53,7 +53,7 @@ def llama70b_config(layers: int) -> dict[str, Any]:
 
 
 def _spec(layers: int, tokens: int) -> Any:
-    from aotpipe.config import ModelSpec
+    from aotpipe.spec import ModelSpec
 
     data = dict(name="llama70b_meta", source="hf:LlamaForCausalLM", args={}, config=llama70b_config(layers),
                 inputs=[{"name": "input_ids", "shape": [1, tokens], "dtype": "int64", "high": 128256}],
@@ -85,8 +85,9 @@ class _Clock:
 
 def child_aotpipe(layers: int, tokens: int, keep: str | None) -> dict[str, Any]:
     from aotpipe.artifact.writer import graph_entries, write_model
-    from aotpipe.capture.checks import graph_structure
-    from aotpipe.capture.meta import build_on_meta, capture_meta, check_meta_written, meta_example_inputs
+    from aotpipe.checks.written import graph_structure
+    from aotpipe.capture.meta import build_on_meta, capture_meta, meta_example_inputs
+    from aotpipe.checks.meta import check_meta_written
 
     spec = _spec(layers, tokens)
     clock = _Clock()

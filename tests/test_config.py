@@ -14,7 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import DTYPES, GRAPH_KINDS, ModelSpec, Pipeline, load_pipeline, parse_pipeline
+from aotpipe.config import load_pipeline, parse_pipeline
+from aotpipe.passes.options import FreezeOptions, ReinplaceOptions, RemoveNoopsOptions
+from aotpipe.spec import DTYPES, GRAPH_KINDS, ModelSpec, PassStep, Pipeline
 from aotpipe.errors import ConfigError, Problem
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
@@ -418,7 +420,9 @@ def test_unknown_pass_option_lists_the_options():
 def test_pass_options_become_typed_and_complete():
     text = GOOD + "    passes: [freeze, {reinplace: {graphs: [forward, backward]}}]\n"
     (m,) = parse_pipeline(text, check_sources=False).models
-    assert m.passes == [
+    assert m.passes == [PassStep("freeze", FreezeOptions()),
+                        PassStep("reinplace", ReinplaceOptions(graphs=("forward", "backward")))]
+    assert m.to_json()["passes"] == [
         {"name": "freeze", "options": {"fold": True, "cse": True, "graphs": ["inference"]}},
         {"name": "reinplace", "options": {"graphs": ["forward", "backward"]}},
     ]
@@ -617,7 +621,8 @@ def test_model_inherits_defaults_and_overrides_each():
     inherits, overrides = p.models
     assert isinstance(inherits, ModelSpec)
     assert inherits.graphs == ["inference", "forward"]
-    assert inherits.passes == [{"name": "remove_noops", "options": {"graphs": ["inference"]}}]
+    assert inherits.passes == [PassStep("remove_noops", RemoveNoopsOptions(graphs=("inference",)))]
+    assert inherits.to_json()["passes"] == [{"name": "remove_noops", "options": {"graphs": ["inference"]}}]
     assert inherits.save_inputs is False
     assert inherits.verify is True
     assert inherits.mode == "auto" and inherits.loss == "weighted"

@@ -180,7 +180,7 @@ def test_replay_trust_code_says_why_there_is_no_eager_comparison(tmp_path, monke
 
 def test_replay_trust_code_replays_the_packed_graph_it_recorded_not_module_py(tmp_path):
     from aotpipe.artifact.load import load
-    from aotpipe.passes.prepack import is_packed
+    from aotpipe.devices import is_packed
 
     result, out = run_yaml(tmp_path, textwrap.dedent("""\
         version: 1
@@ -217,7 +217,7 @@ def _cpu_fast_cnn(tmp_path):
 def test_unpacked_gives_the_dense_form_of_a_packed_graph(tmp_path):
     import torch
 
-    from aotpipe.passes.prepack import is_packed, packed_linear, unpacked
+    from aotpipe.artifact.prepack import is_packed, packed_linear, unpacked
 
     ga = _cpu_fast_cnn(tmp_path)
     assert is_packed(ga.module)
@@ -233,7 +233,7 @@ def test_unpacked_gives_the_dense_form_of_a_packed_graph(tmp_path):
 def test_torch_compile_takes_the_unpacked_form_of_a_cpu_fast_graph(tmp_path):
     import torch
 
-    from aotpipe.passes.prepack import unpacked
+    from aotpipe.artifact.prepack import unpacked
 
     ga = _cpu_fast_cnn(tmp_path)
     inputs = ga.saved_inputs()

@@ -242,7 +242,7 @@ def test_bounds_come_from_eagers_measured_float64_error_joint_included(tmp_path,
     import textwrap
 
     from aotpipe import accuracy
-    from aotpipe.capture import checks
+    from aotpipe.checks import written as checks
 
     real = accuracy.compare
     measured = {}

@@ -29,6 +29,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
+from aotpipe.artifact import limits
+from aotpipe.artifact.ops import op_name
 from aotpipe.errors import ArtifactError
 
 aten = torch.ops.aten
@@ -48,8 +50,6 @@ class CheckedOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         why = self.check(_bind(self.checked_op, args, kwargs))
         if why:
-            from aotpipe.artifact.ops import op_name
-
             raise ArtifactError(f"{self.where} ({op_name(self.checked_op)}): {why}; the kernel was not run")
         return call_kernel(self.checked_op, args, kwargs)
 
@@ -349,8 +349,6 @@ def _segment_reduce_backward(a: dict[str, Any]) -> Optional[str]:
 
 
 def _bounded_size(n: int, itemsize: int, what: str) -> Optional[str]:
-    from aotpipe.artifact import limits
-
     limit = limits.current().tensor_bytes
     if n * itemsize > limit:
         return (f"{what} makes {n:,} elements ({limits.human(n * itemsize)}), over the limit of "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch.fx
+from aotpipe.artifact import limits
 
 from aotpipe.artifact.records import GraphRecord
 
@@ -205,8 +206,6 @@ def code_mismatch(module_py: Path, gm: torch.fx.GraphModule, constants: Optional
     (shapes) and docstrings are for people and run nothing; they are not compared. Nothing
     is imported.
     """
-    from aotpipe.artifact import limits
-
     try:
         data = limits.read_bytes(module_py, limit=limits.current().max_record_bytes, limit_name="max_record_bytes")
         tree = ast.parse(data.decode("utf-8"), filename=str(module_py))

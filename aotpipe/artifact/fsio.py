@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+from aotpipe.artifact.records import MANIFEST
 from aotpipe.errors import AotpipeError
 
 # A model folder is written as <TMP_PREFIX><model>-<pid>, and one it replaces is moved to
@@ -86,8 +87,6 @@ def clean_stale(out_dir: Path) -> list[str]:
     folder is a complete earlier artefact that was being replaced: it is put back if the
     new one never arrived, else deleted. Folders of live processes (other workers) are left.
     """
-    from aotpipe.artifact.records import MANIFEST
-
     done: list[str] = []
     if not out_dir.is_dir():
         return done

@@ -26,6 +26,7 @@ from aotpipe.artifact.provenance import ORIGIN_KEY, node_origin
 from aotpipe.artifact.ops import check_kwargs, check_string_args, check_unsafe_flags, op_name, resolve_op
 from aotpipe.artifact.records import GRAPH_FORMAT_VERSION
 from aotpipe.errors import ArtifactError
+from aotpipe.tensors import extent
 
 
 # Only dense tensors: a sparse or mkldnn layout argument would build what the op allow-list
@@ -312,8 +313,6 @@ def _constant_layout(value: torch.Tensor, shape: Any, stride: Any, where: str) -
         raise ArtifactError(f"{where}: bad shape {str(shape)[:40]} or stride {str(stride)[:40]}")
     if limits.numel(shape) != value.numel():
         raise ArtifactError(f"{where}: shape {shape} does not hold its blob's {value.numel()} elements")
-    from aotpipe.tensors import extent
-
     if value.numel() and extent(tuple(shape), tuple(stride)) != value.numel():
         raise ArtifactError(f"{where}: stride {stride} is not a dense layout of shape {shape}")
     if list(value.shape) != shape:

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
+from aotpipe.artifact.limits import breach, current, read_bytes
 from aotpipe.capture.types import GraphInput
 from aotpipe.errors import ArtifactError, exception_line
 
@@ -126,8 +127,6 @@ def check_opcodes(data: bytes, where: str) -> None:
     one that would make the unpickler allocate more than the file's size suggests: more
     opcodes than the limit (each can push an object), or a memo index out of order (the
     unpickler grows its memo to twice the largest index: ten bytes can ask for gigabytes)."""
-    from aotpipe.artifact.limits import breach, current
-
     limit = current().max_pickle_ops
     memo = 0  # entries the memo holds so far: a pickler numbers them 0, 1, 2, ...
     try:
@@ -188,8 +187,6 @@ def loads(data: bytes, where: str = ".input") -> list:
 
 def read(path: str | Path) -> list:
     """Read a .input file safely (a regular file within the record size limit)."""
-    from aotpipe.artifact.limits import current, read_bytes
-
     p = Path(path)
     data = read_bytes(p, limit=current().max_record_bytes, limit_name="max_record_bytes")
     return loads(data, str(p))

@@ -441,7 +441,7 @@ def record_parts(storages: Any, inputs: Any) -> list[tuple[str, int]]:
     records (artifact/records.py): each storage, and each input made afresh (a tangent)."""
     import torch
 
-    from aotpipe.tensors import extent
+    from aotpipe.tensors import extent  # torch: kept off the torch-free path
 
     parts = []
     for k, s in enumerate(storages):
@@ -535,7 +535,7 @@ def check_op_sizes(op: Any, args: Any, kwargs: Any, where: Any) -> None:
         stride = kwargs.get("stride") if "stride" in kwargs else (
             args[names.index("stride")] if "stride" in names and names.index("stride") < len(args) else None)
         if isinstance(stride, (list, tuple)) and len(stride) == len(size) and all(isinstance(s, int) for s in stride):
-            from aotpipe.tensors import extent
+            from aotpipe.tensors import extent  # torch: kept off the torch-free path
 
             n = extent(tuple(size), tuple(stride))
         else:

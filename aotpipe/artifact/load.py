@@ -20,8 +20,10 @@ import torch.fx
 
 from aotpipe.artifact import input_meta, precheck, records
 from aotpipe.artifact.blobs import BlobStore
+from aotpipe.artifact.codegen import code_mismatch, graph_constants
 from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
-from aotpipe.artifact.limits import NodeBudget, check_graphs, check_record_bytes, check_regular_file
+from aotpipe.artifact.limits import NodeBudget, check_graphs, check_record_bytes, check_regular_file, check_tensor_bytes
+from aotpipe.artifact.prepack import PACKABLE_TARGETS, prepack
 from aotpipe.artifact.records import (  # noqa: F401 (check_version: the loader's callers)
     GRAPH_JSON,
     GRAPH_KINDS,
@@ -35,8 +37,11 @@ from aotpipe.artifact.records import (  # noqa: F401 (check_version: the loader'
     TraceRecord,
     check_version,
 )
+from aotpipe.devices import is_packed
 from aotpipe.errors import ArtifactError, exception_line
+from aotpipe.execution import run_graph
 from aotpipe.graph_keys import graph_key, parse_graph_key
+from aotpipe.tensors import extent, ones, tangent, view_of
 
 
 @dataclass
@@ -142,8 +147,6 @@ class GraphArtifact:
             if self.upstream is None:
                 raise ArtifactError(f"{self.folder}: its saved activations come from the forward graph, "
                                     "which this artefact does not have")
-            from aotpipe.execution import run_graph
-
             forward_outputs = run_graph(self.upstream.module, self.upstream.saved_inputs())
         return build_inputs(self.record.inputs, bases, forward_outputs)
 
@@ -211,8 +214,6 @@ def build_inputs(inputs: list[InputRecord], bases: list[Optional[torch.Tensor]],
     (the forward's recorded output values) or the input's own: the saved tensors' recorded
     shapes are that size, so random values of those shapes are consistent with it.
     """
-    from aotpipe.tensors import view_of
-
     out: list[Any] = []
     for rec in inputs:
         source = "blob" if random else rec.source
@@ -232,9 +233,6 @@ def build_inputs(inputs: list[InputRecord], bases: list[Optional[torch.Tensor]],
         if rec.shape is None or rec.stride is None or rec.dtype is None:
             raise ArtifactError(f"input {rec.name!r}: a tensor input needs a shape, a stride and a dtype")
         if source in ("ones", "weights"):
-            from aotpipe.artifact.limits import check_tensor_bytes
-            from aotpipe.tensors import extent, ones, tangent
-
             dt = decode_dtype(rec.dtype)
             check_tensor_bytes(extent(tuple(rec.shape), tuple(rec.stride)) * dt.itemsize, INPUTS_JSON,
                                f"input {rec.name!r}")
@@ -363,8 +361,6 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
     deferred = any(n.recompute for n in graph.nodes)
     if trust_code and not _packed_at_load(graph):
         # Only a module.py that is the code graph.json makes is imported (verify's check).
-        from aotpipe.artifact.codegen import code_mismatch, graph_constants
-
         why = code_mismatch(folder / MODULE_PY, structure(), graph_constants(graph))
         if why:
             raise ArtifactError(f"{why}; --trust-code imports only a module.py that matches graph.json")
@@ -386,8 +382,6 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
         # and checking an artefact never runs it).
         module = build if deferred else build()
     built = module if isinstance(module, torch.fx.GraphModule) else None
-    from aotpipe.passes.prepack import is_packed
-
     if built is not None and not is_packed(built):
         return GraphArtifact(record.kind, folder, record, module, blobs, trace, structure_builder=lambda: built,
                              graph=graph)
@@ -413,16 +407,12 @@ def _placeholder(node: records.NodeRecord) -> torch.Tensor:
 def _packed_at_load(graph: records.GraphRecord) -> bool:
     """Whether the graph calls an op :func:`_packed_for_this_cpu` may pack (it is then
     always built from graph.json)."""
-    from aotpipe.passes.prepack import PACKABLE_TARGETS
-
     return any(n.op == "call_function" and n.target in PACKABLE_TARGETS for n in graph.nodes)
 
 
 def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A graph of the cpu-fast chain with its convolution and linear weights packed for
-    this CPU, in memory (aotpipe/passes/prepack.py); any other graph as it is."""
-    from aotpipe.passes.prepack import prepack
-
+    this CPU, in memory (aotpipe/artifact/prepack.py); any other graph as it is."""
     prepack(gm)
     return gm
 
@@ -430,7 +420,7 @@ def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _recompute(art: "Artifact", key: str, rec: records.GraphEntry) -> Callable[[], dict[str, torch.Tensor]]:
     """For a graph made by passes: its constants, recomputed by the recorded chain on its base graph."""
     def run() -> dict[str, torch.Tensor]:
-        from aotpipe.passes.manager import recompute_constants
+        from aotpipe.artifact.recompute import recompute_constants
 
         base = art.graphs.get(rec.base or "")
         if base is None or not isinstance(base.module, torch.fx.GraphModule):

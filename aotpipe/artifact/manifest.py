@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 # The format's constants live with its records; these names are kept for callers.
+from aotpipe import __version__
 from aotpipe.artifact.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, Versions  # noqa: F401
 
 
@@ -44,8 +45,6 @@ def versions() -> Versions:
     """aotpipe's, torch's and Python's versions. torch's from its installed metadata, which is
     what ``torch.__version__`` says too, without importing torch: the up-to-date check of a
     warm re-run needs it and nothing else from torch."""
-    from aotpipe import __version__
-
     return Versions(aotpipe=__version__, torch=_torch_version(), python=platform.python_version())
 
 

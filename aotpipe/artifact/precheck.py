@@ -38,7 +38,11 @@ import torch
 import torch.fx
 
 from aotpipe.artifact import limits
+from aotpipe.artifact.checked import RUNTIME_BOUNDED, checked_twin
+from aotpipe.artifact.ops import op_name
+from aotpipe.artifact.prepack import stored_graph
 from aotpipe.errors import ArtifactError, LimitError, exception_line
+from aotpipe.execution import RUN_GUARD
 
 _MARK = "aotpipe_precheck"  # gm.meta key: the loader built this module from an artefact
 
@@ -50,6 +54,7 @@ class GraphWillNotRun(RuntimeError):
 def mark(gm: torch.fx.GraphModule, where: str) -> None:
     """Have :func:`runnable` propagate `gm` (built from the artefact at `where`) before it runs."""
     gm.meta[_MARK] = where
+    gm.meta[RUN_GUARD] = runnable  # aotpipe.execution runs every graph through it
 
 
 def needs_check(module: Any) -> bool:
@@ -88,14 +93,10 @@ def runnable(module: Any, inputs: list[Any]) -> Any:
     if sig not in done:
         check_graph(module, inputs, module.meta[_MARK])
         done.add(sig)
-    from aotpipe.artifact.checked import checked_twin
-
     return checked_twin(module, module.meta[_MARK])
 
 
 def _op_label(node: torch.fx.Node) -> str:
-    from aotpipe.artifact.ops import op_name
-
     target = getattr(node.target, "checked_op", node.target)
     return op_name(target) or getattr(target, "__name__", str(target))
 
@@ -148,8 +149,6 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    from aotpipe.artifact.checked import RUNTIME_BOUNDED
-    from aotpipe.passes.prepack import stored_graph
 
     graph = stored_graph(gm)
     refuse = _Refusal(where)

@@ -236,29 +236,9 @@ def _parse_key(data: bytes, raw_ok: bool) -> tuple[Any, Any]:
     return None, None
 
 
-def _manifest_bytes(folder: Path) -> bytes:
+def manifest_bytes(folder: Path) -> bytes:
     return limits.read_bytes(folder / MANIFEST, limit=limits.current().max_record_bytes,
                              limit_name="max_record_bytes", root=folder)
-
-
-def sign_artifact(folder: str | Path, key: str | Path) -> Path:
-    """Sign one model folder: write signature.json beside its manifest; returns its path.
-
-    The folder must verify first (files, checksum, safe load, module.py): a signature
-    vouches for what is there, so a damaged artefact is not signed.
-    """
-    from aotpipe.artifact.fsio import write_atomic
-    from aotpipe.artifact.verify import verify_artifact
-
-    folder = Path(folder)
-    signing_key = load_key(key, for_signing=True)
-    problems = verify_artifact(folder)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ArtifactError(f"{folder}: not signed, it does not verify: {problems[0]}{more}")
-    path = folder / SIGNATURE
-    write_atomic(path, signature_record(_manifest_bytes(folder), signing_key))
-    return path
 
 
 def signature_record(manifest: bytes, key: SigningKey) -> bytes:
@@ -284,7 +264,7 @@ def signer(key_spec: str | Path) -> Callable[[Path], None]:
     def sign(folder: Path) -> None:
         from aotpipe.artifact.fsio import write_durable
 
-        write_durable(Path(folder) / SIGNATURE, signature_record(_manifest_bytes(Path(folder)), key))
+        write_durable(Path(folder) / SIGNATURE, signature_record(manifest_bytes(Path(folder)), key))
 
     return sign
 
@@ -300,7 +280,7 @@ def check_signature(folder: str | Path, key_spec: str | Path) -> list[str]:
         return [f"{spath}: missing (the artefact is not signed; aotpipe sign it)"]
     try:
         record: Any = limits.read_json(spath, folder)
-        manifest = _manifest_bytes(folder)
+        manifest = manifest_bytes(folder)
     except ArtifactError as e:
         return [str(e)]
     try:

@@ -18,9 +18,11 @@ from typing import Sequence
 from pathlib import Path
 
 from aotpipe.artifact import limits, records
+from aotpipe.artifact.fsio import write_atomic
 from aotpipe.artifact.limits import Breach
 from aotpipe.artifact.manifest import file_sha256, seal_ok
 from aotpipe.artifact.records import MANIFEST, SIGNATURE
+from aotpipe.artifact.signing import check_signature, load_key, manifest_bytes, signature_record
 from aotpipe.errors import ArtifactError, LimitError, exception_line
 
 
@@ -102,7 +104,7 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequen
     except LimitError as e:
         problems.append(_problem(e))
     if load_graphs and not problems:
-        from aotpipe.artifact.load import load
+        from aotpipe.artifact.load import load  # torch: kept off the torch-free path
 
         # Read, never run: graphs rebuilt through the allow-list; constants the loader would
         # recompute (by running the pass chain on the base graph) are left out.
@@ -112,7 +114,7 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequen
             return [_problem(e)]
         except Exception as e:  # a bug in the loader must not hide the verdict
             return [f"{folder}: failed to load ({exception_line(e)})"]
-        from aotpipe.artifact.codegen import code_mismatch, graph_constants
+        from aotpipe.artifact.codegen import code_mismatch, graph_constants  # torch: kept off the torch-free path
         for ga in art.graphs.values():
             constants = graph_constants(ga.graph) if ga.graph is not None else {}  # load_graph keeps what it read
             why = code_mismatch(ga.folder / "module.py", ga.structure, constants)
@@ -152,8 +154,6 @@ def verify_tree(root: Path, key_path: str | Path | None = None, trust_ops: Seque
     and one whose signature fails is not read any further (its problem is that alone)."""
     check = None
     if key_path is not None:
-        from aotpipe.artifact.signing import check_signature, load_key
-
         load_key(key_path)  # a bad key file is the user's error, once, before any artefact
         check = check_signature
     models, unfinished = find_artifacts(root)
@@ -166,3 +166,20 @@ def verify_tree(root: Path, key_path: str | Path | None = None, trust_ops: Seque
     for u in unfinished:
         out[u] = [f"{u / MANIFEST}: missing (an incomplete artefact: run the pipeline again)"]
     return out
+
+
+def sign_artifact(folder: str | Path, key: str | Path) -> Path:
+    """Sign one model folder: write signature.json beside its manifest; returns its path.
+
+    The folder must verify first (files, checksum, safe load, module.py): a signature
+    vouches for what is there, so a damaged artefact is not signed.
+    """
+    folder = Path(folder)
+    signing_key = load_key(key, for_signing=True)
+    problems = verify_artifact(folder)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ArtifactError(f"{folder}: not signed, it does not verify: {problems[0]}{more}")
+    path = folder / SIGNATURE
+    write_atomic(path, signature_record(manifest_bytes(folder), signing_key))
+    return path

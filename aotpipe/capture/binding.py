@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs
+from aotpipe.execution import run_graph
 from aotpipe.graph_keys import graph_key, parse_graph_key
+from aotpipe.tensors import tangent
 
 
 def graph_inputs(captured: CapturedGraphs, state: dict[str, Any], user: dict[str, Any], *,
@@ -38,8 +40,6 @@ def graph_inputs(captured: CapturedGraphs, state: dict[str, Any], user: dict[str
 def bind_inputs(g: CapturedGraph, state: dict[str, Any], user: dict[str, Any]) -> list[Any]:
     """A graph's real inputs: model tensors by target, user inputs by name, loss weights for
     tangents (tensors.tangent)."""
-    from aotpipe.tensors import tangent
-
     vals: list[Any] = []
     for gi in g.inputs:
         if gi.role in ("param", "buffer", "constant"):
@@ -55,9 +55,6 @@ def bind_inputs(g: CapturedGraph, state: dict[str, Any], user: dict[str, Any]) -
 
 def backward_inputs(captured: CapturedGraphs, key: str, forward_inputs: list[Any]) -> list[Any]:
     """Backward graph `key`'s real inputs: its forward's saved outputs, then the tangents."""
-    from aotpipe.execution import run_graph
-    from aotpipe.tensors import tangent
-
     parsed = parse_graph_key(key)
     sub = parsed.subgraph if parsed is not None else 0
     contract = captured.contract_of(key)

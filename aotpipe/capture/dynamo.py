@@ -55,14 +55,17 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from aotpipe.capture import export as _export
+from aotpipe.capture.custom_ops import replace_calls
 from aotpipe.capture.hints import chain_text, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.artifact.records import GraphBreakRecord, Partition
 from aotpipe.capture.types import CapturedGraph, CapturedGraphs, Subgraph
 from aotpipe.determinism import run_reproducibly
+from aotpipe.eager import EagerReference, SubgraphReference
 from aotpipe.errors import CaptureError, exception_line
 from aotpipe.graph_keys import graph_key, key_order
 from aotpipe.modes import DEFAULT_LOSS, DYNAMO_OPTIONS
+from aotpipe.tensors import tangent
 
 MODE = "dynamo"
 # How this mode captures; recorded in the manifest and part of the fingerprint.
@@ -278,8 +281,6 @@ def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: d
     traced: list[_Traced] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        from aotpipe.capture.custom_ops import replace_calls
-
         replace_calls(gm)  # libraries' custom ops, as ATen (capture/custom_ops.py)
         entry = _Traced(gm, getattr(gm, "compile_subgraph_reason", None),
                         [names.get(id(x)) if isinstance(x, torch.Tensor) else None for x in example_inputs],
@@ -597,8 +598,6 @@ def _training_graphs(lifted: _Lifted, ranges: dict[str, tuple[int, int]], index:
 def _bind(g: CapturedGraph, lifted: _Lifted) -> list[Any]:
     """A training graph's real inputs: the subgraph's tensors by target, user inputs by name,
     loss weights for tangents (tensors.tangent)."""
-    from aotpipe.tensors import tangent
-
     state = {**_state(lifted.module)}
     by_name = dict(zip(lifted.user_names, lifted.user_values))
     out: list[Any] = []
@@ -622,8 +621,6 @@ def _bind(g: CapturedGraph, lifted: _Lifted) -> list[Any]:
 def subgraph_references(captured: CapturedGraphs) -> dict[int, Any]:
     """Per subgraph, the reference its graphs are checked against: its own dynamo graphs run
     eagerly (see eager.SubgraphReference). Empty for a capture without subgraphs."""
-    from aotpipe.eager import EagerReference, SubgraphReference
-
     out = {}
     for sg in captured.subgraphs:
         by_mode = {}

@@ -30,7 +30,7 @@ from torch._decomp import core_aten_decompositions
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from aotpipe.capture import unbacked
+from aotpipe.capture import custom_ops, unbacked
 from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.capture.types import (
     CapturedGraph,
@@ -40,9 +40,11 @@ from aotpipe.capture.types import (
     Partition,
     TensorMeta,
 )
+from aotpipe.determinism import op_draws_random
 from aotpipe.eager import NoLossError, model_loss
 from aotpipe.errors import CaptureError
 from aotpipe.modes import DEFAULT_LOSS, EXPORT_OPTIONS
+from aotpipe.tensors import ones
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
 OPTIONS = EXPORT_OPTIONS
@@ -264,8 +266,6 @@ def _library_ops_to_aten(ep: torch.export.ExportedProgram, notes: list[str], *, 
                          ) -> torch.export.ExportedProgram:
     """`ep` with libraries' custom ops rewritten into ATen where aotpipe has a decomposition
     (capture/custom_ops.py); noted once per capture."""
-    from aotpipe.capture import custom_ops
-
     try:
         ep, names = custom_ops.decompose(ep, training=training)
     except Exception as e:
@@ -465,8 +465,6 @@ class NothingToDifferentiate(CaptureError):
 
 
 def _random_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    from aotpipe.determinism import op_draws_random
-
     return [n for n in gm.graph.nodes if n.op == "call_function" and op_draws_random(n.target)]
 
 
@@ -777,8 +775,6 @@ def _concrete_training_sizes(joint_gm: torch.fx.GraphModule, fw_gm: torch.fx.Gra
                              bw_gm: torch.fx.GraphModule, loss_module: torch.nn.Module, user_values: list[Any]) -> None:
     """Data-dependent sizes in the training graphs made their sizes on the example inputs:
     the joint runs on them (tangents of ones); forward and backward nodes share its names."""
-    from aotpipe.tensors import ones
-
     state = {**dict(loss_module.named_parameters(remove_duplicate=False)),
              **dict(loss_module.named_buffers(remove_duplicate=False))}
     bound = []

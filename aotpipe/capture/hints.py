@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from aotpipe.modes import CAPTURE_MODES
+
 # The frame torch.export names as the model's: 'The following call raised this error:\n  File "x.py", line 3, in f\n    code'
 _USER_FRAME = re.compile(r'The following call raised this error:\s*\n\s*File "([^"]+)", line (\d+), in \S+\s*\n\s*(.+)')
 # dynamo's graph-break locations: 'Graph break ... at /path/x.py:12'
@@ -43,8 +45,9 @@ def capture_hint(mode: str, error: str, detail: str = "") -> str:
     where = where_in_model(detail) or where_in_model(error)
     at = f" at {where}" if where else ""
     text = error + "\n" + detail
+    via_export = mode in CAPTURE_MODES and CAPTURE_MODES[mode].via_export
     if any(k in text for k in _DATA_DEPENDENT):
-        if mode == "export" or mode == "meta":
+        if via_export:
             return (f"the model branches on a tensor's values{at}: use mode: auto (the default; dynamo captures "
                     "around the branch), or write the branch with torch.cond")
         return f"the model depends on a tensor's values{at}: write the branch with torch.cond, or capture with mode: dynamo"
@@ -56,7 +59,7 @@ def capture_hint(mode: str, error: str, detail: str = "") -> str:
                 "see it): try mode: export")
     if mode == "dynamo" and ("Unsupported" in text or "torch.compile" in text):
         return "try mode: export (torch.export), or rerun with -v for the traceback"
-    if mode in ("export", "meta"):
+    if via_export:
         return f"try mode: auto (falls back to dynamo){at}, or rerun with -v for torch's traceback"
     return "rerun with -v for torch's traceback"
 

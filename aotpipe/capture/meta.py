@@ -18,7 +18,7 @@ What cannot be known without values:
   tensor's contents) fails with one CaptureError line.
 
 The artefact holds metadata only (no blobs): write it with ``inputs=None`` and check it
-with :func:`check_meta_written`, which loads each graph back and runs it on fake inputs
+with :func:`aotpipe.checks.meta.check_meta_written`, which loads each graph back and runs it on fake inputs
 built from its records (shapes, dtypes, strides of every output); ``aotpipe replay
 --inputs random`` materialises what it needs.
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -36,7 +36,9 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from aotpipe.capture import export as _export_mod
 from aotpipe.capture.types import CapturedGraphs
 from aotpipe.errors import CaptureError, SourceError, exception_line
+from aotpipe.global_state import preserved
 from aotpipe.modes import DEFAULT_LOSS, META_OPTIONS
+from aotpipe.sources import build_model
 
 MODE = "meta"
 OPTIONS = META_OPTIONS
@@ -53,9 +55,6 @@ def build_on_meta(spec: Any, base_dir: Optional[Path] = None) -> torch.nn.Module
     without naming a device). A source whose construction reads values (``.item()``,
     loading a checkpoint) cannot be built on meta: a SourceError says so.
     """
-    from aotpipe.global_state import preserved
-    from aotpipe.sources import build_model
-
     with preserved():
         try:
             with torch.device("meta"):
@@ -92,7 +91,7 @@ def meta_example_inputs(spec: Any) -> tuple[tuple, dict]:
 # fake tensors on the target device
 
 
-def _fake(mode: FakeTensorMode, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def fake_like(mode: FakeTensorMode, t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`t` (meta, fake or real) as a fake tensor of `mode` that says it is on `device`."""
     if isinstance(t, FakeTensor):
         t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")  # re-home into `mode`
@@ -111,13 +110,13 @@ def _fakeify_model(model: torch.nn.Module, mode: FakeTensorMode, device: torch.d
             if p is None:
                 continue
             if id(p) not in memo:
-                memo[id(p)] = torch.nn.Parameter(_fake(mode, p.data, device), requires_grad=p.requires_grad)
+                memo[id(p)] = torch.nn.Parameter(fake_like(mode, p.data, device), requires_grad=p.requires_grad)
             sub._parameters[n] = memo[id(p)]
         for n, b in list(sub._buffers.items()):
             if b is None:
                 continue
             if id(b) not in memo:
-                memo[id(b)] = _fake(mode, b, device)
+                memo[id(b)] = fake_like(mode, b, device)
             sub._buffers[n] = memo[id(b)]
 
 
@@ -153,7 +152,6 @@ def _flat_graph_in_place(orig: Any) -> Any:
 @contextlib.contextmanager
 def _fast_capture() -> Iterator[None]:
     """What makes a 70B-size capture affordable, scoped to this capture:
-
     - GraphModules made while tracing (make_fx, the partitioner, split_module) generate
       and compile their Python code only when first called (most never are);
     - AOTAutograd does not render the joint, forward and backward graphs as text for its
@@ -208,7 +206,7 @@ def capture_meta(
         if not isinstance(x, torch.Tensor):
             return x
         if id(x) not in by_id:
-            by_id[id(x)] = _fake(mode, x, device)
+            by_id[id(x)] = fake_like(mode, x, device)
         return by_id[id(x)]
 
     fargs, fkwargs = pytree.tree_map(conv, (tuple(args), dict(kwargs)))
@@ -251,73 +249,3 @@ def _check_no_values(captured: CapturedGraphs) -> None:
         names = ", ".join(sorted(captured.constants)[:4])
         captured.notes.append(f"tensor constants without values (replays draw them at random): {names}")
 
-
-# ---------------------------------------------------------------------------------------
-# checking a metadata-only artefact
-
-
-def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = None,
-                       trust_ops: Sequence[str] = ()) -> Any:
-    """The post-write check of a meta artefact (write_model's `check`): a ModelChecks.
-
-    Each graph is loaded back through the safe loader, must rebuild the captured graph
-    exactly (`codes`: each graph's graph_structure at capture), and is run once on fake
-    inputs made from its inputs.json (recorded shapes, strides, dtypes, devices, aliasing;
-    no memory): every output must have the recorded shape, stride and dtype. There are no
-    values, so no comparison with eager: the checks are counted as skipped with that reason,
-    and each graph's status is "shapes only".
-    """
-    import time
-
-    from aotpipe.artifact.graph_json import decode_dtype
-    from aotpipe.artifact.load import build_inputs, load
-    from aotpipe.artifact.records import VerificationEntry
-    from aotpipe.capture.checks import CheckedGraph, ModelChecks, graph_structure
-    from aotpipe.capture.types import TensorMeta
-    from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
-    from aotpipe.replay.run import expand_outputs
-
-    from aotpipe.artifact import limits
-
-    start = time.perf_counter()
-    # Byte limits guard allocations; this check makes none (fake tensors), so a 70B-size
-    # graph's literal sizes (an lm_head gradient of 4 GB) must not stop it. Node counts and
-    # record sizes stay limited.
-    with limits.unbounded_bytes():
-        art = load(folder, trust_ops=trust_ops).build_all()
-    result = ModelChecks(CheckOutcome())
-    mode = FakeTensorMode(allow_non_fake_inputs=False)  # one for all graphs: making one costs ~1 s
-    for key, ga in art.graphs.items():
-        gm = ga.module
-        if codes and key in codes and graph_structure(gm) != codes[key]:
-            result.problems.append(f"{key} graph: graph.json does not rebuild the captured graph exactly")
-        try:
-            bases = [_fake(mode, torch.empty((s.numel,), dtype=decode_dtype(s.dtype), device="meta"),
-                           torch.device(s.device)) for s in ga.record.storages]
-            inputs = build_inputs(ga.record.inputs, bases, random=True)
-            fn = gm.forward if isinstance(gm, torch.fx.GraphModule) else gm
-            with mode, torch.no_grad():
-                outs = expand_outputs(ga.record, list(fn(*inputs)))
-        except Exception as e:
-            msg = exception_line(e)
-            result.problems.append(f"{key} graph: the written graph does not run on fake inputs: {msg}")
-            result.outcome.graphs[key] = GraphOutcome([OutputReference() for _ in ga.record.outputs],
-                                                      verification=VerificationEntry(status="error", error=msg))
-            continue
-        gc = CheckedGraph(skipped=["mode meta: no values to compare"] * len(ga.record.outputs))
-        layouts = []
-        for i, (o, rec) in enumerate(zip(outs, ga.record.outputs)):
-            if not isinstance(o, torch.Tensor) or rec.same_as is not None:
-                layouts.append(OutputReference())
-                continue
-            got = TensorMeta.of(o)
-            if rec.shape is not None and (list(got.shape) != rec.shape or list(got.stride) != rec.stride
-                                          or str(got.dtype).removeprefix("torch.") != rec.dtype):
-                result.problems.append(f"{key} graph: output {i} is {got.dtype}{list(got.shape)} stride "
-                                       f"{list(got.stride)}, recorded {rec.dtype}{rec.shape} stride {rec.stride}")
-            layouts.append(OutputReference(layout=got.layout()))
-        result.graphs[key] = gc
-        result.outcome.graphs[key] = GraphOutcome(
-            layouts, None, None, gc.record(), [],
-            VerificationEntry(status="shapes only", inputs="fake (mode meta: no values)"))
-    return result.finish(start)

@@ -29,6 +29,7 @@ from aotpipe.passes.options import (
     ToDeviceOptions,
     ViewToReshapeOptions,
 )
+from aotpipe.spec import PassStep
 
 ALL_KINDS = frozenset({"inference", "forward", "backward", "joint"})
 INFERENCE = frozenset({"inference"})
@@ -119,18 +120,6 @@ def chain_order_problems(names: list[str]) -> list[tuple[int, str]]:
                 problems.append((i, f"pass {name!r} needs {need!r} before it in the chain: it works on the "
                                     f"constants {need} makes, and without them it would do nothing"))
     return problems
-
-
-@dataclass(frozen=True)
-class PassStep:
-    """One entry of a pass chain: a registered pass and its typed options."""
-
-    name: str
-    options: Any
-
-    @property
-    def graphs(self) -> tuple[str, ...]:
-        return tuple(self.options.graphs)
 
 
 def parse_pass_entry(entry: Any) -> tuple[list[tuple[tuple, str]], PassStep | None]:

@@ -13,6 +13,7 @@ import torch.fx
 from aotpipe.capture.types import GraphInput, GraphOutput
 from aotpipe.determinism import op_draws_random
 from aotpipe.errors import AotpipeError
+from aotpipe.execution import layouts_of
 
 
 @dataclass
@@ -146,8 +147,6 @@ def tensor_facts(gm: torch.fx.GraphModule, values: list[Any]) -> dict[str, Facts
     8 here), so the result is kept in ``gm.meta`` with the graph and constant layouts it
     was taken on: the next pass of a chain, if the graph has not changed since, reuses it.
     """
-    from aotpipe.execution import layouts_of
-
     signature = _facts_signature(gm, values)
     cached = gm.meta.get("aotpipe_facts")
     if cached is not None and cached[0] == signature:

@@ -20,11 +20,12 @@ import torch
 import torch.fx
 
 from aotpipe.artifact.records import PassChainRun, PassRecord, TimedPassRecord
-from aotpipe.passes import PASSES, PassStep, step_to_json
-from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe import accuracy
 from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph, run_with_summaries
+from aotpipe.passes import PASSES, chain_order_problems, step_to_json
+from aotpipe.passes.base import GraphUnderPass, PassError
+from aotpipe.spec import PassStep
 
 
 def _step(step: PassStep, nodes_before: int, nodes_after: int, modified: bool, seconds: float,
@@ -83,8 +84,6 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
     With `check_each`, each pass is run and compared with the graph before it (a
     PassError names the first that changes the results); without, passes are only linted.
     """
-    from aotpipe.passes import chain_order_problems
-
     order = chain_order_problems([s.name for s in steps])
     if order:
         raise PassError(order[0][1])
@@ -158,9 +157,8 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
     import copy
 
     from aotpipe.capture.types import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
-    from aotpipe.passes import parse_pass_entry
 
-    steps = [parse_pass_entry({p["name"]: p["options"]})[1] for p in spec.passes]
+    steps = list(spec.passes)
     problems: list[str] = []
     done: dict[str, PassChainRun] = {}
     diagnose: dict[str, Callable[[], str]] = {}
@@ -191,66 +189,3 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
         fresh = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[key]))
         diagnose[derived.key] = lambda fresh=fresh, kind_steps=kind_steps: diagnose_chain(fresh, kind_steps)
     return problems, done, diagnose
-
-
-def recompute_constants(module: torch.fx.GraphModule, record: Any, values: list[Any],
-                        steps: list[Any]) -> dict[str, torch.Tensor]:
-    """The constants a recorded pass chain makes from a saved graph, by their blob digest.
-
-    What the loader uses for constants an artefact does not store (save_values: minimal):
-    folded weights are recomputed from the stored ones, not stored twice. `module` and
-    `record` are the base graph and its inputs.json (a records.InputsRecord), `values` its
-    saved inputs, `steps` the manifest's records.PassStep list.
-    """
-    from aotpipe.artifact.blobs import encode
-    from aotpipe.passes import parse_pass_entry
-
-    chain = [parse_pass_entry({s.name: s.options})[1] for s in steps]
-    # Only through the last pass that makes constants: the rest cannot change them.
-    chain = chain[:1 + max((i for i, st in enumerate(chain) if PASSES[st.name].makes_constants), default=-1)]
-    final, _ = run_chain(graph_under_pass(module, record, values), chain, check_each=False)
-    out = {}
-    for node in final.gm.graph.nodes:
-        if node.op == "get_attr":
-            value = final.gm.get_buffer(node.target) if "." in node.target else getattr(final.gm, node.target)
-            out[encode(value.reshape(-1))[0]] = value
-    return out
-
-
-def graph_under_pass(module: torch.fx.GraphModule, record: Any, values: list[Any]) -> GraphUnderPass:
-    """A saved graph as passes take it: a copy of `module` with node values' layouts, its
-    inputs and outputs described from `record` (inputs.json, a records.InputsRecord), and
-    its saved input `values`."""
-    import copy
-
-    from aotpipe.artifact.graph_json import decode_dtype
-    from aotpipe.capture.types import GraphInput, GraphOutput, TensorMeta
-
-    def meta(r: Any) -> Optional[TensorMeta]:
-        if r.shape is None or r.dtype is None or r.stride is None:
-            return None
-        return TensorMeta(tuple(r.shape), tuple(r.stride), decode_dtype(r.dtype), torch.device(r.device or "cpu"),
-                          r.storage_offset or 0, bool(r.requires_grad))
-
-    scalar = {"int": int, "float": float, "bool": bool}
-    inputs = [GraphInput(r.name, r.role, r.target, meta(r) if r.type == "tensor" else None, scalar.get(r.type),
-                         tuple(r.range) if r.range else None) for r in record.inputs]
-    outputs = [GraphOutput(r.index, r.role, r.target, meta(r)) for r in record.outputs]
-    gm = copy.deepcopy(module)
-    _restore_meta(gm, values)
-    return GraphUnderPass(gm, record.kind, inputs, outputs, list(values))
-
-
-def _restore_meta(gm: torch.fx.GraphModule, values: list[Any]) -> None:
-    """node.meta["val"] as meta tensors of each node's real layout (graph.json keeps none;
-    passes read shapes from it). Not fake tensors: FakeTensorMode imports torch._inductor."""
-    def as_meta(t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-
-    _, vals = run_with_summaries(gm, values, as_meta)
-    for n in gm.graph.nodes:
-        v = vals.get(n.name)
-        if isinstance(v, dict):
-            n.meta["val"] = tuple(v["items"])
-        elif v is not None:
-            n.meta["val"] = v

@@ -24,7 +24,7 @@ matmul decomposition wrote as ``bmm(x, expand(W^T))`` (+ bias): one GEMM on x re
 
 Weights stay dense constants in the artefact: graph.json stores only dense tensors, and
 packed layouts are specific to a CPU. The loader packs them for the CPU it runs on
-(:mod:`aotpipe.passes.prepack`), from the input shapes this pass records on each
+(:mod:`aotpipe.artifact.prepack`), from the input shapes this pass records on each
 convolution's and linear's input node (its "val").
 
 This is what torch's own mkldnn fusion does for inference (jit's frozen conv-add-relu

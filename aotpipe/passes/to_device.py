@@ -7,13 +7,12 @@ Accepts: any graph kind. Factory ops' device arguments and the graph's constants
 from __future__ import annotations
 
 
+from aotpipe.devices import move_inputs, to_device as rewrite
 from aotpipe.passes.base import GraphUnderPass, PassResult
 from aotpipe.passes.options import ToDeviceOptions
 
 
 def to_device(g: GraphUnderPass, options: ToDeviceOptions) -> PassResult:
-    from aotpipe.devices import move_inputs, to_device as rewrite
-
     g.gm = rewrite(g.gm, options.device)
     g.values = move_inputs(g.values, options.device)
     return PassResult(g, modified=True, stats={"device": options.device})

@@ -16,6 +16,7 @@ from aotpipe.artifact.load import Artifact
 from aotpipe.artifact.records import MANIFEST
 from aotpipe.eager import model_loss
 from aotpipe.modes import LOSSES
+from aotpipe.sources import rebuild_from_manifest
 
 
 def median_seconds(fn: Any, n: int) -> float:
@@ -33,8 +34,6 @@ def rebuild_model(art: Artifact, *, trust_code: bool = False) -> Optional[tuple[
     Only builtin zoo models are rebuilt unless `trust_code` (sources.rebuild_refusal says
     why); a model over the byte limit is a LimitError.
     """
-    from aotpipe.sources import rebuild_from_manifest
-
     return rebuild_from_manifest(art.manifest.model.model_dump(), trust_code=trust_code, where=art.path / MANIFEST)
 
 

@@ -8,8 +8,9 @@ from typing import Any, Optional
 import torch
 
 from aotpipe.artifact import input_meta, records
-from aotpipe.artifact.load import build_inputs
+from aotpipe.artifact.graph_json import decode_dtype
 from aotpipe.artifact.limits import check_record_bytes
+from aotpipe.artifact.load import build_inputs
 from aotpipe.artifact.records import InputRecord, InputsRecord, StorageRecord
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.tensors import StorageGroup, extent, random_storage
@@ -56,8 +57,6 @@ def _records_from_input_file(meta: list, where: str) -> tuple[list[StorageRecord
 
 def _random_inputs(storages: list[StorageRecord], inputs: list[InputRecord], seed: int,
                    device: Optional[str], forward: Optional[InputsRecord] = None) -> list[Any]:
-    from aotpipe.artifact.graph_json import decode_dtype
-
     g = torch.Generator().manual_seed(seed)
     bases = []
     for s in storages:

@@ -28,10 +28,10 @@ from aotpipe import accuracy, evidence
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
 from aotpipe.artifact.precheck import data_dependent_outputs
 from aotpipe.artifact.records import InputsRecord, OutputRecord, Partition
+from aotpipe.determinism import environment as current_environment, environment_differences, intra_op_threads
 from aotpipe.devices import move_inputs, parse_device, to_device
+from aotpipe.eager import EagerReference
 from aotpipe.errors import ArtifactError, exception_line
-from aotpipe.determinism import environment as current_environment
-from aotpipe.determinism import environment_differences, intra_op_threads
 from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.replay.eager import artifact_loss, median_seconds, rebuild_model
 from aotpipe.replay.inputs import _flatten_meta, get_inputs
@@ -538,8 +538,6 @@ def _subgraph(i: int, chains: dict[int, Any]) -> str:
 
 def _chain_vs_eager(art: Artifact, contract: Partition, grads: list[Any], problems: list[str], worst: float,
                     compared: int, rebuild_source: bool, trust_code: bool) -> ChainReplay:
-    from aotpipe.eager import EagerReference
-
     eager_err, eager_ok = None, None
     rebuilt = rebuild_model(art, trust_code=trust_code) if rebuild_source else None
     if rebuilt is not None:

@@ -56,7 +56,7 @@ class ReplayOutcome:
         """Rebuilt from :meth:`to_json`'s data, validated (it comes from the worker)."""
         import pydantic
 
-        from aotpipe.replay.run import ChainReplay, GraphReplay
+        from aotpipe.replay.run import ChainReplay, GraphReplay  # torch: kept off the torch-free path
 
         try:
             if not isinstance(data, dict):
@@ -82,8 +82,8 @@ def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str 
 
     Runs the graphs here: only for artefacts you trust. `worker`: the sandboxed worker
     this runs in, which instruments the graphs and keeps the progress."""
-    from aotpipe.artifact.load import load
-    from aotpipe.replay import eager_bench, replay as replay_graphs, replay_chain
+    from aotpipe.artifact.load import load  # torch: kept off the torch-free path
+    from aotpipe.replay import eager_bench, replay as replay_graphs, replay_chain  # torch: kept off the torch-free path
 
     p = Path(path)
     if worker is not None:
@@ -107,7 +107,7 @@ def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str 
     chained = replay_chain(art, trust_code=trust_code, threads=threads) if chain else None
     no_eager = None
     if bench or chain:
-        from aotpipe.sources import check_source, rebuild_refusal
+        from aotpipe.sources import check_source, rebuild_refusal  # torch: kept off the torch-free path
 
         source = art.manifest.model.source
         no_eager = rebuild_refusal(source, trust_code)
@@ -162,8 +162,8 @@ def trust_problems(path: str | Path, key: str) -> list[str]:
     is signed by that key and every file is still the one its signed manifest lists.
 
     Reads and hashes only: no graph is built. A bad key file is the user's error, raised."""
-    from aotpipe.artifact.signing import check_signature, load_key
-    from aotpipe.artifact.verify import verify_artifact
+    from aotpipe.artifact.signing import check_signature, load_key  # cryptography: only when used
+    from aotpipe.artifact.verify import verify_artifact  # cryptography: only when used
 
     load_key(key)
     folder = model_folder(path)

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import aotpipe
 from aotpipe.cli import main
-from aotpipe.passes import manager
+from aotpipe.artifact import recompute
 
 CHAIN = "inference.freeze+fold_conv_bn+channels_last"
 
@@ -70,13 +70,13 @@ class _Kernels(TorchDispatchMode):
 def spy(monkeypatch):
     """Records every recompute of constants and every convolution run while active."""
     calls = []
-    real = manager.recompute_constants
+    real = recompute.recompute_constants
 
     def recording(*args, **kwargs):
         calls.append("recompute_constants")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(manager, "recompute_constants", recording)
+    monkeypatch.setattr(recompute, "recompute_constants", recording)
     kernels = _Kernels()
     with kernels:
         yield calls, kernels
@@ -111,7 +111,7 @@ def test_checking_commands_never_run_a_graph(copy, spy, hmac_key, command):
         r = cli("verify", copy.parent)
         assert r.exit_code == 0 and "1/1 artefacts ok" in r.output, r.output
     elif command == "verify --key":
-        from aotpipe.artifact.signing import sign_artifact
+        from aotpipe.artifact.verify import sign_artifact
 
         sign_artifact(copy, f"hmac:{hmac_key}")
         r = cli("verify", copy.parent, "--key", f"hmac:{hmac_key}")
@@ -156,7 +156,7 @@ def test_verify_still_catches_a_pass_graph_whose_module_py_differs(copy):
 @pytest.mark.parametrize("case", ["unsigned", "forged signature"])
 def test_verify_with_a_key_stops_at_a_bad_signature_before_reading_any_graph(copy, hmac_key, monkeypatch, case):
     if case == "forged signature":
-        from aotpipe.artifact.signing import sign_artifact
+        from aotpipe.artifact.verify import sign_artifact
 
         other = hmac_key.parent / "other.key"
         other.write_bytes(bytes(range(100, 164)))

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from aotpipe.artifact.signing import _hmac_key, check_signature, load_key, sign_artifact, signature_record
+from aotpipe.artifact.signing import _hmac_key, check_signature, load_key, signature_record
+from aotpipe.artifact.verify import sign_artifact
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError
 

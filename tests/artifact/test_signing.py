@@ -20,7 +20,8 @@ import aotpipe
 from aotpipe import accuracy
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.manifest import seal
-from aotpipe.artifact.signing import check_signature, sign_artifact
+from aotpipe.artifact.signing import check_signature
+from aotpipe.artifact.verify import sign_artifact
 from aotpipe.artifact.verify import verify_artifact
 from aotpipe.cli import main
 from aotpipe.errors import ArtifactError

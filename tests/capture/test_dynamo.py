@@ -11,7 +11,7 @@ from aotpipe.artifact.load import load
 from aotpipe.artifact.writer import graph_entries, write_model
 from aotpipe.capture import capture_auto, capture_dynamo, capture_export, subgraph_references
 from aotpipe.capture.binding import graph_inputs
-from aotpipe.capture.checks import check_written, graph_structure
+from aotpipe.checks.written import check_written, graph_structure
 from aotpipe.errors import CaptureError
 from aotpipe.execution import run_graph
 from aotpipe.replay import replay, replay_chain

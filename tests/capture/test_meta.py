@@ -12,9 +12,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from aotpipe.capture import capture_export
-from aotpipe.capture.checks import graph_structure
-from aotpipe.capture.meta import build_on_meta, capture_meta, check_meta_written, meta_example_inputs
-from aotpipe.config import ModelSpec
+from aotpipe.checks.written import graph_structure
+from aotpipe.capture.meta import build_on_meta, capture_meta, meta_example_inputs
+from aotpipe.checks.meta import check_meta_written
+from aotpipe.spec import ModelSpec
 from aotpipe.errors import CaptureError, SourceError
 from aotpipe.sources import build_model, make_example_inputs
 

@@ -4,7 +4,7 @@ import torch.utils._pytree as pytree
 
 from aotpipe.artifact.writer import graph_entries, write_model
 from aotpipe.capture import capture_export
-from aotpipe.capture.checks import check_written, graph_structure
+from aotpipe.checks.written import check_written, graph_structure
 from aotpipe.eager import EagerReference, model_state
 from aotpipe.capture.binding import bind_inputs
 

@@ -81,8 +81,8 @@ def attention_model():
 def test_named_chain_expands_in_the_pipeline(tmp_path):
     (tmp_path / "p.yaml").write_text(_yaml("cpu-fast"))
     spec = load_pipeline(tmp_path / "p.yaml").models[0]
-    assert [p["name"] for p in spec.passes] == [e if isinstance(e, str) else next(iter(e)) for e in CHAINS["cpu-fast"]]
-    assert {"name": "channels_last", "options": {"activations": True, "graphs": ["inference"]}} in spec.passes
+    assert [p.name for p in spec.passes] == [e if isinstance(e, str) else next(iter(e)) for e in CHAINS["cpu-fast"]]
+    assert {"name": "channels_last", "options": {"activations": True, "graphs": ["inference"]}} in spec.to_json()["passes"]
 
 
 def test_an_unknown_chain_names_the_field_and_the_choices(tmp_path):

@@ -13,9 +13,10 @@ from click.testing import CliRunner
 import aotpipe.passes as passes
 from aotpipe import zoo
 from aotpipe.cli import main
-from aotpipe.passes import PassStep, parse_pass_entry
+from aotpipe.passes import parse_pass_entry
 from aotpipe.passes.base import PassError, PassResult, constant_value
 from aotpipe.passes.manager import run_chain
+from aotpipe.spec import PassStep
 from tests.passes.helpers import graph_of
 
 CONV = torch.ops.aten.convolution.default

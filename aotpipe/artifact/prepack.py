@@ -34,10 +34,11 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from aotpipe.devices import DENSE_GRAPH, is_packed
+
 _mkldnn = torch.ops.mkldnn
 _CONVS = {_mkldnn._convolution_pointwise.default: 1, _mkldnn._convolution_pointwise.binary: 2}  # weight's index
 _LINEAR = torch.ops.aten.linear.default
-_DENSE = "dense_graph"  # gm.meta key: the graph before packing
 # graph.json's names of the ops prepack may pack (the loader builds such graphs from graph.json).
 PACKABLE_TARGETS = frozenset({"mkldnn._convolution_pointwise.default", "mkldnn._convolution_pointwise.binary",
                               "aten.linear.default"})
@@ -97,7 +98,7 @@ def needs_prepack(gm: torch.fx.GraphModule) -> bool:
 def stored_graph(gm: torch.fx.GraphModule) -> torch.fx.Graph:
     """The graph as graph.json holds it: for a module :func:`prepack` packed, the graph
     before packing (what verify, the checks and show compare and list)."""
-    return gm.meta.get(_DENSE, gm.graph)
+    return gm.meta.get(DENSE_GRAPH, gm.graph)
 
 
 def unpacked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -107,10 +108,6 @@ def unpacked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     if not is_packed(gm):
         return gm
     return torch.fx.GraphModule(gm, copy.deepcopy(stored_graph(gm)))
-
-
-def is_packed(gm: torch.fx.GraphModule) -> bool:
-    return _DENSE in gm.meta
 
 
 def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
@@ -167,7 +164,7 @@ def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
             node.args = (x, packed[key], w, b, shape[0])
             done["linear"] += 1
     if any(done.values()):
-        gm.meta[_DENSE] = dense
+        gm.meta[DENSE_GRAPH] = dense
         gm.graph.eliminate_dead_code()
         gm.recompile()
     return done

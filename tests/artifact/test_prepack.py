@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from aotpipe.passes.prepack import needs_prepack, packed_linear, prepack
+from aotpipe.artifact.prepack import needs_prepack, packed_linear, prepack
 from tests.passes.helpers import apply, graph_of
 from tests.passes.test_mkldnn_fuse import _Block
 

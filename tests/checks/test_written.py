@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 
 import aotpipe.capture
-from aotpipe.capture.checks import _Checker
+from aotpipe.checks.written import _Checker
 from aotpipe.cli import main
 from aotpipe.eager import EagerRun
 from aotpipe.replay import replay

@@ -34,7 +34,10 @@ import torch.fx
 
 from aotpipe import accuracy, evidence
 from aotpipe.accuracy import Check
-from aotpipe.artifact.load import GraphArtifact, load
+from aotpipe.artifact import limits
+from aotpipe.artifact.graph_json import target_name
+from aotpipe.artifact.load import GraphArtifact, build_inputs, load
+from aotpipe.artifact.prepack import stored_graph
 from aotpipe.artifact.records import CheckTotals, GraphChecks, InputsRecord, Summary, VerificationEntry
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
 from aotpipe.capture.types import TensorMeta
@@ -264,8 +267,6 @@ def check_written(
     Each subgraph's forward, backward and joint are checked as a chain. `trust_ops`: the
     pipeline's trusted library op namespaces (their ops are loaded back too).
     """
-    from aotpipe.artifact import limits
-
     # The byte limits guard a loader against hostile artefacts. This one was just written
     # from the model, which ran with these tensors already. A replay of it later may need
     # --max-bytes.
@@ -365,18 +366,13 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
 def _backward_inputs(ga: GraphArtifact, fw_out: Optional[list[Any]], memory: Optional[list[Any]]) -> list[Any]:
     if fw_out is None:
         raise RuntimeError("the backward graph needs the forward graph's outputs")
-    from aotpipe.artifact.load import build_inputs
-
     return build_inputs(ga.record.inputs, [None] * len(ga.record.storages), fw_out) if all(
         r.source != "blob" or r.type != "tensor" for r in ga.record.inputs) else memory
 
 
 def graph_structure(gm: torch.fx.GraphModule) -> list[str]:
     """One line per node: op, name, target, arguments, keyword arguments in name order. Of
-    the graph as graph.json holds it, for a graph the loader packed (passes/prepack.py)."""
-    from aotpipe.artifact.graph_json import target_name
-
-    from aotpipe.passes.prepack import stored_graph
+    the graph as graph.json holds it, for a graph the loader packed (artifact/prepack.py)."""
 
     graph = stored_graph(gm)
     # Nodes by position, not name: FX renames a placeholder that would shadow a builtin.

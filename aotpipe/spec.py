@@ -1,0 +1,168 @@
+"""The pipeline spec types: what a validated pipeline is, as the rest of aotpipe sees it.
+
+A leaf: pydantic only. :mod:`aotpipe.config` parses the YAML into these; capture, the job,
+the runner and the fingerprint read them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+GraphKind = Literal["inference", "forward", "backward", "joint"]
+Mode = Literal["export", "dynamo", "meta", "auto"]
+Loss = Literal["weighted", "sum", "mean"]  # modes.LOSSES
+GRAPH_KINDS: tuple[str, ...] = get_args(GraphKind)
+
+# Names accepted for `dtype:`; values are torch dtype attribute names.
+DTYPES: dict[str, str] = {
+    "float32": "float32",
+    "float": "float32",
+    "float64": "float64",
+    "double": "float64",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "int64": "int64",
+    "long": "int64",
+    "int32": "int32",
+    "int": "int32",
+    "int16": "int16",
+    "int8": "int8",
+    "uint8": "uint8",
+    "bool": "bool",
+}
+
+
+class Strict(BaseModel):
+    """Strict, frozen, no unknown fields: every spec type and the YAML's own shape."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class InputSpec(Strict):
+    """One example input of a model: a tensor made from a seeded generator."""
+
+    name: Optional[str] = Field(None, description="keyword argument name; positional when absent")
+    shape: list[int] = Field(description="tensor shape, e.g. [8, 3, 32, 32]")
+    dtype: str = Field("float32", description="one of: " + ", ".join(DTYPES))
+    low: Optional[Union[int, float]] = Field(
+        None, description="lowest value (inclusive); integers default to 0, floats are N(0, 1) when unset"
+    )
+    high: Optional[Union[int, float]] = Field(
+        None, description="highest value (exclusive); integers default to 2"
+    )
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str) -> str:
+        if v not in DTYPES:
+            raise ValueError(f"unknown dtype {v!r}; use one of: {', '.join(DTYPES)}")
+        return DTYPES[v]
+
+    @field_validator("shape")
+    @classmethod
+    def _non_negative(cls, v: list[int]) -> list[int]:
+        if any(d < 0 for d in v):
+            raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
+        return v
+
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype in ("int64", "int32", "int16", "int8", "uint8")
+
+
+class ResourceSpec(Strict):
+    """What one model asks of the worker it runs in (process and ray executors)."""
+
+    num_cpus: Optional[float] = Field(None, gt=0, description="CPUs to reserve (ray); default 1")
+    num_gpus: Optional[float] = Field(None, ge=0, description="GPUs to reserve (ray); default 0")
+    memory_gb: Optional[float] = Field(
+        None, gt=0, description="memory: the worker's limit (process: killed above it) and reservation (ray)")
+    timeout_s: Optional[float] = Field(None, gt=0, description="time limit for this model (process, ray)")
+
+
+class ExecutorSpec(Strict):
+    """How models are scheduled, and the limits each model runs under."""
+
+    kind: Literal["local", "process", "ray"] = Field(
+        "process", description="process: each model in a worker process, isolated (default); local: in this "
+        "process, one after another; ray: Ray tasks on a cluster (the ray extra)")
+    workers: int = Field(1, ge=1, description="models run at once (process)")
+    timeout_s: Optional[float] = Field(
+        None, gt=0, description="per-model time limit in seconds; a model past it is killed and reported "
+        "(process, ray)")
+    memory_gb: Optional[float] = Field(
+        None, gt=0, description="per-model memory limit: a worker whose resident memory passes it is killed and "
+        "the model reported (process); the memory reserved per task (ray)")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per model (ray)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per model (ray)")
+    address: Optional[str] = Field(
+        None, description="Ray cluster address (ray); default $RAY_ADDRESS, else a local Ray instance")
+    max_models_per_worker: Optional[int] = Field(
+        None, ge=1, description="replace a worker after it has run this many models (process); default: never, "
+        "a worker lives for the whole run")
+    recycle_memory_gb: Optional[float] = Field(
+        None, gt=0, description="replace a worker, after the model it ran, when its resident memory has grown by "
+        "more than this many GiB since it started (process), so that one model's leak does not push later ones "
+        "over memory_gb; default: none, but with memory_gb set a worker whose resident memory is over half of it "
+        "after a model is replaced")
+
+
+@dataclass(frozen=True)
+class PassStep:
+    """One step of a pass chain: a registered pass and its options, complete and typed (a
+    dataclass of aotpipe/passes/options.py). The chain's one form from the YAML, where the
+    config parses it once, to the pass manager; written as {"name", "options"} (the
+    manifest's model.passes, and the fingerprint)."""
+
+    name: str
+    options: Any
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        return tuple(self.options.graphs)
+
+
+class ModelSpec(Strict):
+    """One model with every default resolved: what capture and the fingerprint see."""
+
+    name: str
+    source: str
+    args: dict[str, Any]
+    config: Optional[dict[str, Any]]
+    inputs: list[InputSpec]
+    mode: Mode
+    graphs: list[GraphKind]
+    passes: list[PassStep]
+    save_inputs: bool
+    save_values: str = "minimal"
+    verify: bool
+    loss: Loss
+    seed: int
+    trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
+    # Where and with what it runs; not part of what it produces (nor of its fingerprint).
+    resources: Optional[ResourceSpec] = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact.
+        No trusted_ops entry when there are none (as before the field existed)."""
+        return json.loads(self.model_dump_json(exclude={"resources"} if self.trusted_ops else
+                                               {"resources", "trusted_ops"}))
+
+
+class Pipeline(Strict):
+    """A validated pipeline: what `aotpipe run` executes."""
+
+    name: str
+    path: str
+    output: str
+    seed: int
+    executor: ExecutorSpec
+    models: list[ModelSpec]
+    # Per model: its index in `models:` and the line of its source (for errors found later).
+    source_lines: dict[str, tuple[int, Optional[int]]] = {}

@@ -1,0 +1,105 @@
+"""The one table of capture modes (modes.CAPTURE_MODES): the YAML, the fingerprint, the
+config's rules and every stage of a model's job read it; no place decides a mode by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from typing import get_args
+
+import pytest
+
+from aotpipe import modes
+from aotpipe.config import parse_pipeline
+from aotpipe.errors import CaptureError, ConfigError, SourceError
+from aotpipe.job import STAGES, run_model
+from aotpipe.results import STAGES as RESULT_STAGES
+from aotpipe.spec import Mode
+
+ONE_MODEL = textwrap.dedent("""
+    version: 1
+    name: t
+    models:
+      - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 4, hidden: 8, depth: 1},
+         inputs: [{shape: [2, 4]}], mode: export, graphs: [inference]}
+""")
+
+
+def planted_capture(model, args, kwargs, **kw):
+    raise CaptureError(f"planted capture ran with {sorted(kw)}")
+
+
+def planted_build(spec, base_dir):
+    raise SourceError(f"planted builder ran for {spec.name}")
+
+
+@pytest.fixture()
+def export_entry(monkeypatch):
+    """Replace the table's export entry with fields of the test's choosing."""
+    def replace(**fields):
+        entry = dataclasses.replace(modes.CAPTURE_MODES["export"], **fields)
+        monkeypatch.setitem(modes.CAPTURE_MODES, "export", entry)
+        return entry
+    return replace
+
+
+def test_the_yaml_accepts_exactly_the_modes_of_the_table():
+    assert get_args(Mode) == tuple(modes.CAPTURE_MODES) == modes.MODES
+
+
+def test_an_unknown_mode_names_the_valid_ones():
+    with pytest.raises(ValueError) as e:
+        modes.capture_options("jit")
+    assert str(e.value) == "unknown capture mode 'jit'; use one of: export, dynamo, meta, auto"
+
+
+def test_a_mode_without_values_refuses_passes_whatever_its_name(export_entry):
+    text = ONE_MODEL.replace("graphs: [inference]}", "graphs: [inference], passes: [freeze]}")
+    parse_pipeline(text, "p.yaml", check_sources=False)  # export has values: passes are fine
+    export_entry(values=False)
+    with pytest.raises(ConfigError) as e:
+        parse_pipeline(text, "p.yaml", check_sources=False)
+    assert "models[0].passes" in str(e.value) and "mode export captures shapes only" in str(e.value)
+
+
+def test_the_job_captures_with_the_function_the_table_names(tmp_path, export_entry):
+    export_entry(capture=f"{__name__}:planted_capture")
+    (spec,) = parse_pipeline(ONE_MODEL, "p.yaml").models
+    r = run_model(spec, tmp_path)
+    assert (r.status, r.stage) == ("failed", "capture")
+    # export differentiates the `loss:` setting: the table says so, and the job passes it
+    assert r.error.startswith("planted capture ran with ['graphs', 'input_names', 'int_ranges', 'loss', 'name']")
+
+
+def test_a_mode_without_loss_is_not_given_one(tmp_path, export_entry):
+    export_entry(capture=f"{__name__}:planted_capture", takes_loss=False)
+    (spec,) = parse_pipeline(ONE_MODEL, "p.yaml").models
+    r = run_model(spec, tmp_path)
+    assert r.error.startswith("planted capture ran with ['graphs', 'input_names', 'int_ranges', 'name']")
+
+
+def test_the_job_builds_the_model_as_the_table_says(tmp_path, export_entry):
+    export_entry(build=f"{__name__}:planted_build")
+    (spec,) = parse_pipeline(ONE_MODEL, "p.yaml").models
+    r = run_model(spec, tmp_path)
+    assert (r.status, r.stage, r.error) == ("failed", "source", "planted builder ran for mlp")
+
+
+@pytest.mark.slow  # a real capture and write: several seconds on 2 busy cores
+def test_a_failing_check_stops_the_model_at_stage_verify(tmp_path, monkeypatch):
+    from aotpipe.checks import written
+
+    def planted_check(*args, **kwargs):
+        raise RuntimeError("planted check failure")
+
+    monkeypatch.setattr(written, "check_written", planted_check)
+    (spec,) = parse_pipeline(ONE_MODEL, "p.yaml").models
+    r = run_model(spec, tmp_path)
+    assert (r.status, r.stage) == ("failed", "verify") and "planted check failure" in r.error
+    assert not (tmp_path / "mlp").exists()  # a folder that failed its checks is not renamed into place
+
+
+def test_every_stage_of_the_job_is_a_stage_a_result_can_name():
+    names = [name for name, _, _ in STAGES]
+    assert names == ["source", "capture", "passes", "write"]
+    assert set(names) | {"verify"} <= set(RESULT_STAGES)
