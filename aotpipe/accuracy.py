@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from aotpipe.artifact.records import CheckItem
+from aotpipe.format.records import CheckItem
 
 # Per dtype: (multiplier, relative floor). torch's runners use 2.0 for float32 and 3.0 for
 # half types; the floor is about 100 float32 ulps of the tensor's RMS.

@@ -55,7 +55,7 @@ def _byte_limit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, max_bytes: str | None = None, **kwargs: Any) -> Any:
-        from aotpipe.artifact.limits import override, parse_bytes
+        from aotpipe.format.limits import override, parse_bytes
 
         with override(max_bytes=parse_bytes(max_bytes, "--max-bytes") if max_bytes is not None else None):
             return fn(*args, **kwargs)
@@ -248,7 +248,7 @@ def schema(artifact: bool) -> None:
       aotpipe schema > aotpipe.schema.json
     """
     if artifact:
-        from aotpipe.artifact.records import json_schema as artifact_schema
+        from aotpipe.format.records import json_schema as artifact_schema
 
         click.echo(json.dumps(artifact_schema(), indent=2, sort_keys=True))
         return
@@ -406,7 +406,7 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
     """
     from pathlib import Path
 
-    from aotpipe.artifact.limits import Breach
+    from aotpipe.format.limits import Breach
     from aotpipe.artifact.verify import verify_tree  # cryptography: only when used
 
     from aotpipe.artifact.load import parse_trust  # torch: kept off the torch-free path
@@ -440,7 +440,7 @@ def _failed_at_capture(folder: Any) -> str | None:
     manifest cannot be read: verify has said so)."""
     from pathlib import Path
 
-    from aotpipe.artifact import records
+    from aotpipe.format import records
     from aotpipe.results import why_failed
 
     try:

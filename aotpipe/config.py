@@ -14,8 +14,8 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from aotpipe.artifact.limits import current, read_bounded
-from aotpipe.artifact.records import library_namespace_problem
+from aotpipe.format.limits import current, read_bounded
+from aotpipe.format.records import library_namespace_problem
 from aotpipe.errors import ConfigError, LimitError, Problem
 from aotpipe.modes import CAPTURE_MODES
 from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry

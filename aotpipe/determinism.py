@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import torch
 import torch.fx
 
-from aotpipe.artifact.records import Environment
+from aotpipe.format.records import Environment
 
 # Seed set before every seeded run (graph or eager), at capture and at replay.
 RNG_SEED = 0

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from aotpipe.artifact.manifest import file_sha256, fingerprint
-from aotpipe.artifact.records import FORMAT_VERSION, Manifest
+from aotpipe.format.records import FORMAT_VERSION, Manifest
 from aotpipe.errors import AotpipeError
 from aotpipe.modes import capture_options
 from aotpipe.results import ModelResult, checks_summary, eager_cells, failed_last_time, graph_results, \

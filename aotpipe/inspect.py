@@ -9,10 +9,10 @@ import collections
 from pathlib import Path
 from typing import Any, Sequence
 
-from aotpipe.artifact import records
-from aotpipe.artifact.limits import walk
+from aotpipe.format import records
+from aotpipe.format.limits import walk
 from aotpipe.artifact.manifest import seal_ok
-from aotpipe.artifact.records import MANIFEST, Manifest
+from aotpipe.format.records import MANIFEST, Manifest
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.graph_keys import key_order, parse_graph_key
 from aotpipe.report import human_size as _size
@@ -38,7 +38,7 @@ def list_artifacts(root: Path) -> list[dict[str, Any]]:
     made a manifest "refused" (a link, a device, a FIFO, over a limit, not of the format),
     else None. The status is what the manifest records; `aotpipe verify` checks the files.
 
-    The tree is walked once, within the walk limits (artifact/limits.py: a tree too deep or of
+    The tree is walked once, within the walk limits (format/limits.py: a tree too deep or of
     too many files is one LimitError line); each folder's size is summed from that walk."""
     root = Path(root)
     sizes: dict[Path, int] = {root: 0}  # every folder's own files, then (below) with its folders'

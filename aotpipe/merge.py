@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from aotpipe.artifact.records import DuplicatedModel, MergedShard, MergeRecord, ModelRun, RunRecord
+from aotpipe.format.records import DuplicatedModel, MergedShard, MergeRecord, ModelRun, RunRecord
 from aotpipe.errors import AotpipeError
 from aotpipe.results import ModelResult, RunResult
 from aotpipe.shards import read_run_json

@@ -1,6 +1,6 @@
 """`source: pt2:path/model.pt2`: an exported program (a torch.export archive) as a model
 source: where its file is, and whether it is there. Torch-free (the up-to-date check hashes
-the file; aotpipe/pt2_program.py loads it, and writes such archives from artefacts).
+the file; aotpipe/pt2_source.py loads it, aotpipe/pt2_program.py writes such archives from artefacts).
 """
 
 from __future__ import annotations

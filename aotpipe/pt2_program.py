@@ -1,5 +1,5 @@
-"""Exported programs (.pt2, torch.export archives): one read as a model to capture
-(`source: pt2:path`), and an artefact's inference graph written as one (`aotpipe export-pt2`).
+"""An artefact's inference graph written as an exported program (.pt2, a torch.export
+archive: `aotpipe export-pt2`). (Reading one as a model to capture is aotpipe/pt2_source.py.)
 
 The graph is loaded as replay loads it (rebuilt from graph.json through the allow-list),
 wrapped in a module that owns its parameters and buffers (under their recorded names) and
@@ -18,46 +18,6 @@ import torch
 
 from aotpipe.errors import AotpipeError, ArtifactError, SourceError, exception_line
 from aotpipe.pt2 import pt2_path, pt2_problem
-
-class ExportedModel(torch.nn.Module):
-    """An exported program's module as a model to capture. Its train/eval mode was fixed when
-    it was exported (dropout, batch norm), and torch refuses .train()/.eval() on it: the mode
-    set here is this wrapper's alone."""
-
-    def __init__(self, program: torch.nn.Module) -> None:
-        super().__init__()
-        self.program = program
-
-    def train(self, mode: bool = True) -> "ExportedModel":
-        self.training = mode
-        return self
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.program(*args, **kwargs)
-
-
-def load_pt2_module(source: str, base_dir: Optional[Path]) -> torch.nn.Module:
-    """The module of the exported program a `pt2:` source names (torch.export.load, then
-    .module()): a trusted source, as any module:callable (loading runs torch's deserializer)."""
-    if torch.get_default_device().type == "meta":
-        # torch.export.load fills its tensors from the archive: nothing to build without values.
-        raise SourceError(f"{source}: an exported program is loaded with its weights; it cannot be built on the "
-                          "meta device (mode meta)")
-    problem = pt2_problem(source, base_dir)
-    if problem:
-        raise SourceError(problem)
-    path = pt2_path(source, base_dir)
-    try:
-        ep = torch.export.load(str(path))
-    except Exception as e:
-        raise SourceError(f"{path}: torch.export.load cannot read it ({exception_line(e)}); is it a torch.export "
-                          "archive (torch.export.save)?") from None
-    module = ExportedModel(ep.module())
-    # Parameters come back as the program recorded them; a training capture needs gradients.
-    for p in module.parameters():
-        p.requires_grad_(True)
-    return module
-
 
 class _GraphProgram(torch.nn.Module):
     """An inference graph as a module: it owns the graph's parameters and buffers (named as

@@ -1,7 +1,7 @@
 """run.json (for machines) and report.md (for people) of one pipeline run.
 
-run.json is a :class:`~aotpipe.artifact.records.RunRecord`; read one with
-:func:`~aotpipe.artifact.records.load_run` (re-exported here).
+run.json is a :class:`~aotpipe.format.records.RunRecord`; read one with
+:func:`~aotpipe.format.records.load_run` (re-exported here).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from aotpipe.artifact.manifest import dump_json, versions
-from aotpipe.artifact.records import (RUN_FORMAT_VERSION, RUN_JSON, CheckTotals, ExecutorRecord, ModelRun, RunRecord, RunSummary,
+from aotpipe.format.records import (RUN_FORMAT_VERSION, RUN_JSON, CheckTotals, ExecutorRecord, ModelRun, RunRecord, RunSummary,
                                       SettledTotals, load_run)
 
 if TYPE_CHECKING:

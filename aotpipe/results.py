@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from pydantic import ConfigDict, Field
 
-from aotpipe.artifact.records import (CheckSummary, EagerCell, GraphChecks, GraphSummary, Manifest, MergeRecord,
+from aotpipe.format.records import (CheckSummary, EagerCell, GraphChecks, GraphSummary, Manifest, MergeRecord,
                                      ModelRun, RecycledWorker, ShardRecord, VerificationSummary)
 
 # Where a model's run stopped: its own stages, or the worker it ran in (crash, timeout,
@@ -90,7 +90,7 @@ VERIFIED = ("recorded", "shapes only", "match", "ran")
 def written_manifest(path: Path) -> Manifest:
     """The manifest of a model folder, read within the limits and validated (an ArtifactError
     if it is not one)."""
-    from aotpipe.artifact import records
+    from aotpipe.format import records
 
     return records.read(Manifest, path / records.MANIFEST, path)[1]
 

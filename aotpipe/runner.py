@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from aotpipe.artifact.records import RecycledWorker, ShardRecord
+from aotpipe.format.records import RecycledWorker, ShardRecord
 from aotpipe.spec import ModelSpec, Pipeline
 from aotpipe.results import ModelResult, RunResult
 from aotpipe.shards import Shard
@@ -228,7 +228,7 @@ def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int
     """`todo` in the order to start them: models the last run (its run.json) did not time first,
     in pipeline order, then the rest, longest first. With N workers the batch then ends with
     short models running beside each other, not with one long model running alone."""
-    from aotpipe.artifact.records import load_run
+    from aotpipe.format.records import load_run
     from aotpipe.errors import AotpipeError
 
     try:

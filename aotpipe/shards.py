@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Optional
 from aotpipe.errors import AotpipeError
 
 if TYPE_CHECKING:
-    from aotpipe.artifact.records import RunRecord
-    from aotpipe.config import ModelSpec
+    from aotpipe.format.records import RunRecord
+    from aotpipe.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def parse_shard(text: str) -> Shard:
 
 def read_run_json(path: Path) -> "RunRecord":
     """A run.json as its record (records.load_run: raises ArtifactError or OSError)."""
-    from aotpipe.artifact.records import load_run
+    from aotpipe.format.records import load_run
 
     return load_run(path)
 

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
-from aotpipe.artifact.limits import bounded_build, check_rebuild_args, check_total_bytes, numel
+from aotpipe.format.limits import bounded_build, check_rebuild_args, check_total_bytes, numel
 from aotpipe.errors import AotpipeError, LimitError, SourceError, exception_line
 from aotpipe.global_state import preserved
 from aotpipe.spec import InputSpec, ModelSpec
@@ -129,7 +129,7 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
     """Build the model with weights from a seed derived from the pipeline seed and its name."""
     torch.manual_seed(derived_seed(spec.seed, spec.name, "weights"))
     if spec.source.startswith("pt2:"):
-        from aotpipe.pt2_program import load_pt2_module
+        from aotpipe.pt2_source import load_pt2_module
 
         model = load_pt2_module(spec.source, base_dir)
     elif spec.source.startswith("hf:"):
@@ -137,7 +137,7 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
         try:
             config = cls.config_class(**(spec.config or {}))
             model = cls(config)
-        except LimitError:  # a rebuild over the limits (artifact/limits.py: bounded_build)
+        except LimitError:  # a rebuild over the limits (format/limits.py: bounded_build)
             raise
         except Exception as e:
             raise SourceError(f"building {spec.source} from its config failed: {exception_line(e)}") from e

@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from aotpipe.artifact import records
-from aotpipe.artifact.records import GraphRecord, InputsRecord, Layout, Manifest, NodeRecord
+from aotpipe.format import records
+from aotpipe.format.records import GraphRecord, InputsRecord, Layout, Manifest, NodeRecord
 from aotpipe.errors import AotpipeError, ArtifactError
 
 RUN_JSON = "run.json"
@@ -68,7 +68,7 @@ def read_run(root: Path) -> Optional[RunFile]:
     naming the file where it is not a run record."""
     from pydantic import ValidationError
 
-    from aotpipe.artifact.limits import read_json
+    from aotpipe.format.limits import read_json
 
     path = root / RUN_JSON
     if not path.is_file():

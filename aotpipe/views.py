@@ -24,8 +24,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from aotpipe.artifact import records
-from aotpipe.artifact.records import CheckItem, GraphRecord, InputsRecord, Manifest, NodeRecord
+from aotpipe.format import records
+from aotpipe.format.records import CheckItem, GraphRecord, InputsRecord, Manifest, NodeRecord
 from aotpipe.errors import AotpipeError
 
 VIEWS_DIR = "views"

@@ -12,7 +12,7 @@ from typing import Optional
 import pytest
 from pydantic import create_model
 
-from aotpipe.artifact import records
+from aotpipe.format import records
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("format_schema", ROOT / "tools" / "format_schema.py")
@@ -48,7 +48,7 @@ def test_a_field_added_without_regenerating_is_stale(monkeypatch, committed):
     grown = create_model("GraphRecord", __base__=records.GraphRecord, provenance=(Optional[str], None))
     monkeypatch.setitem(records.RECORDS, records.GRAPH_JSON, grown)
     problems = tool.stale(committed)
-    assert "docs/format/graph.schema.json differs from the records in aotpipe/artifact/records.py" in problems
+    assert "docs/format/graph.schema.json differs from the records in aotpipe/format/records.py" in problems
     assert "docs/format/schema-lock.json: graph.json's entry is out of date (its fields changed)" in problems
     # regenerating takes it, a compatible change: the revision counts up, the version stays
     before = _lock(committed)["graph.json"]
@@ -76,7 +76,7 @@ def test_a_retyped_field_is_refused_unless_the_version_is_bumped(monkeypatch, co
     monkeypatch.setitem(records.RECORDS, records.RUN_JSON, retyped)
     (problem,) = tool.write(committed)
     assert problem.startswith('run.json: seconds changed type from {"type":"number"} to {"type":"string"}')
-    assert "bump run.json's version in aotpipe/artifact/records.py and keep reading the old one" in problem
+    assert "bump run.json's version in aotpipe/format/records.py and keep reading the old one" in problem
     monkeypatch.setitem(records.RECORD_VERSIONS, records.RUN_JSON, (2, (1, 2)))
     assert tool.write(committed) == []
     assert _lock(committed)["run.json"]["version"] == 2 and _lock(committed)["run.json"]["revision"] == 0
@@ -97,7 +97,7 @@ def test_a_hand_edited_schema_file_is_stale(committed):
     p = committed / "inputs.schema.json"
     p.write_text(p.read_text().replace('"StorageRecord"', '"Storage"', 1))
     assert tool.stale(committed) == ["docs/format/inputs.schema.json differs from the records in "
-                                     "aotpipe/artifact/records.py"]
+                                     "aotpipe/format/records.py"]
 
 
 def test_fields_are_named_by_where_they_stand_so_a_renamed_class_is_no_change(monkeypatch, committed):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from aotpipe.artifact import records
+from aotpipe.format import records
 from aotpipe.errors import ArtifactError
 from aotpipe.graph_keys import GraphKey, graph_folder_name, graph_key, key_order, parse_graph_key
 

@@ -82,7 +82,7 @@ def test_export_pt2_refuses_an_unsigned_artefact_without_trust(quickstart_run, t
 
 
 def test_export_pt2_exports_a_signed_artefact_and_refuses_a_tampered_one(mlp_copy, tmp_path, monkeypatch):
-    from aotpipe.artifact.signing import sign_artifact
+    from aotpipe.artifact.verify import sign_artifact
 
     monkeypatch.delenv("AOTPIPE_NO_SANDBOX")
     key = tmp_path / "secret.key"

@@ -4,7 +4,7 @@
 import pytest
 
 from aotpipe.artifact.manifest import versions
-from aotpipe.artifact.records import ExecutorRecord, ModelRun, RunRecord, RunSummary
+from aotpipe.format.records import ExecutorRecord, ModelRun, RunRecord, RunSummary
 from aotpipe.config import parse_pipeline
 from aotpipe.errors import AotpipeError
 from aotpipe.report import dump_run

@@ -11,7 +11,7 @@ Each page is made from the code or data it describes, never typed by hand:
   and tools/ (a module without a docstring is an error: the map would have a hole);
 - cli.md: every command's `--help`, as click prints it at 100 columns;
 - limits.md: every limit on what a file may make aotpipe read or allocate, its default and
-  environment variable (aotpipe/artifact/limits.py);
+  environment variable (aotpipe/format/limits.py);
 - hf-zoo.md: the transformers zoo table, rendered by tools/zoo_table.py from the rows of
   a zoo run kept in docs/data/hf-zoo.json.
 
@@ -152,10 +152,10 @@ def _size(n: int) -> str:
 
 def limits_page() -> str:
     """Every limit on what an artefact or pipeline file may make aotpipe read or allocate."""
-    from aotpipe.artifact import limits
+    from aotpipe.format import limits
 
     notes = _field_comments(limits.Limits)
-    lines = [_header("the Limits dataclass in aotpipe/artifact/limits.py"), "# Limits (generated)", "",
+    lines = [_header("the Limits dataclass in aotpipe/format/limits.py"), "# Limits (generated)", "",
              "Checked before the read or allocation each guards; a breach is one line naming the file, what it "
              "asks for and the limit (exit 2). Each can be changed with its environment variable; byte limits "
              "take suffixes (`AOTPIPE_MAX_BYTES=8G`), and the commands that allocate take `--max-bytes`. "

@@ -3,7 +3,7 @@
     python tools/record_lookups.py [ROOT] [--run-json RUN_JSON] [-v]
 
 A lookup counts when its key (a string literal) names a field of a record of
-aotpipe/artifact/records.py (or a key of RUN_JSON, for a tree older than run.json's record)
+aotpipe/format/records.py (or a key of RUN_JSON, for a tree older than run.json's record)
 and it is a read (not a store). Left out: node.meta[...] and os.environ[...] (not records),
 and aotpipe/artifact/checked.py (it binds op arguments by name). What is left is mostly raw
 JSON before it is validated (the YAML parser, a worker's reply) and value summaries
@@ -26,7 +26,7 @@ def record_fields(root: Path, run_json: Path | None) -> set[str]:
     sys.path.insert(0, str(root))
     import pydantic
 
-    from aotpipe.artifact import records
+    from aotpipe.format import records
 
     fields: set[str] = set()
     for obj in vars(records).values():

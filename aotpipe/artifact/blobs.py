@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from aotpipe.artifact.records import BLOB_DIR
+from aotpipe.format.records import BLOB_DIR
 from aotpipe.errors import ArtifactError
 
 _KEY = "tensor"
@@ -67,7 +67,7 @@ class BlobStore:
         (each distinct blob counted once, by its size on disk)."""
         import os
 
-        from aotpipe.artifact import limits
+        from aotpipe.format import limits
 
         parts = []
         for digest in dict.fromkeys(digests):
@@ -81,7 +81,7 @@ class BlobStore:
             limits.check_total_bytes(parts, where, what)
 
     def _read_checked(self, digest: str, path: Path) -> bytes:
-        from aotpipe.artifact import limits
+        from aotpipe.format import limits
 
         lim = limits.current()
         # one tensor and its safetensors header; a link, device or FIFO is refused unread

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.artifact import limits
+from aotpipe.format import limits
 from aotpipe.artifact.ops import op_name
 from aotpipe.errors import ArtifactError
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch.fx
-from aotpipe.artifact import limits
+from aotpipe.format import limits
 
-from aotpipe.artifact.records import GraphRecord
+from aotpipe.format.records import GraphRecord
 
 _HEADER = '''\
 # {title}

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from aotpipe.artifact.records import MANIFEST
+from aotpipe.format.records import MANIFEST
 from aotpipe.errors import AotpipeError
 
 # A model folder is written as <TMP_PREFIX><model>-<pid>, and one it replaces is moved to

@@ -21,10 +21,10 @@ import torch.fx
 
 from pydantic import TypeAdapter, ValidationError
 
-from aotpipe.artifact import limits, records
+from aotpipe.format import limits, records
 from aotpipe.artifact.provenance import ORIGIN_KEY, node_origin
 from aotpipe.artifact.ops import check_kwargs, check_string_args, check_unsafe_flags, op_name, resolve_op
-from aotpipe.artifact.records import GRAPH_FORMAT_VERSION
+from aotpipe.format.records import GRAPH_FORMAT_VERSION
 from aotpipe.errors import ArtifactError
 from aotpipe.tensors import extent
 

@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import torch
 
-from aotpipe.artifact.limits import breach, current, read_bytes
-from aotpipe.capture.types import GraphInput
+from aotpipe.format.limits import breach, current, read_bytes
+from aotpipe.format.ir import GraphInput
 from aotpipe.errors import ArtifactError, exception_line
 
 PICKLE_PROTOCOL = 4  # what torch's own reader and Python >= 3.8 read; deterministic for these types

@@ -18,13 +18,14 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 import torch.fx
 
-from aotpipe.artifact import input_meta, precheck, records
+from aotpipe.artifact import input_meta, precheck
+from aotpipe.format import records
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.codegen import code_mismatch, graph_constants
 from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
-from aotpipe.artifact.limits import NodeBudget, check_graphs, check_record_bytes, check_regular_file, check_tensor_bytes
+from aotpipe.format.limits import NodeBudget, check_graphs, check_record_bytes, check_regular_file, check_tensor_bytes
 from aotpipe.artifact.prepack import PACKABLE_TARGETS, prepack
-from aotpipe.artifact.records import (  # noqa: F401 (check_version: the loader's callers)
+from aotpipe.format.records import (  # noqa: F401 (check_version: the loader's callers)
     GRAPH_JSON,
     GRAPH_KINDS,
     INPUTS_JSON,
@@ -315,7 +316,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
                recompute: Optional[Callable[[], dict[str, torch.Tensor]]] = None,
                trusted: frozenset[str] = frozenset(), nodes: Optional[NodeBudget] = None) -> GraphArtifact:
     """Load one graph folder (`<model>_<kind>_<i>/`): every record validated against the
-    format (artifact/records.py) before anything is built from it. Ops of the library
+    format (format/records.py) before anything is built from it. Ops of the library
     namespaces in `trusted` (imported by :func:`grant_trust`) resolve too. `nodes`: the
     artefact's node budget, charged before the graph is validated or built."""
     folder = Path(folder)

@@ -12,7 +12,7 @@ from typing import Any
 
 # The format's constants live with its records; these names are kept for callers.
 from aotpipe import __version__
-from aotpipe.artifact.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, Versions  # noqa: F401
+from aotpipe.format.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, Versions  # noqa: F401
 
 
 def dump_json(data: Any, *, compact: bool = False) -> bytes:

@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from aotpipe.artifact.records import library_namespace_problem
+from aotpipe.format.records import library_namespace_problem
 from aotpipe.errors import ArtifactError
 
 ALLOWED_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn")

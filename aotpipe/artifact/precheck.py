@@ -37,7 +37,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from aotpipe.artifact import limits
+from aotpipe.format import limits
 from aotpipe.artifact.checked import RUNTIME_BOUNDED, checked_twin
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph

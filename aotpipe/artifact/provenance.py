@@ -4,7 +4,7 @@ torch records this on the nodes it traces: ``nn_module_stack`` (the modules a no
 called inside, outermost first, each as (path, class)), ``stack_trace`` (the Python frames
 that called the op) and, on a backward node AOTAutograd made, ``fwd_nn_module_stack`` (the
 forward node's stack). graph.json keeps the innermost module and one source line per node
-(:class:`aotpipe.artifact.records.NodeOrigin`); a file is named relative to the import root
+(:class:`aotpipe.format.records.NodeOrigin`); a file is named relative to the import root
 it was found under (``aotpipe/zoo.py:94``), never by an absolute path, so no home directory
 or checkout path reaches an artefact.
 """

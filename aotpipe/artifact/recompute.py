@@ -15,7 +15,7 @@ import torch.fx
 
 from aotpipe.artifact.blobs import encode
 from aotpipe.artifact.graph_json import decode_dtype
-from aotpipe.capture.types import GraphInput, GraphOutput, TensorMeta
+from aotpipe.format.ir import GraphInput, GraphOutput, TensorMeta
 from aotpipe.execution import run_with_summaries
 from aotpipe.passes import PASSES, parse_pass_entry
 from aotpipe.passes.base import GraphUnderPass

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from aotpipe.artifact import limits, records
+from aotpipe.format import limits, records
 from aotpipe.artifact.manifest import dump_json
-from aotpipe.artifact.records import MANIFEST, SIGNATURE
+from aotpipe.format.records import MANIFEST, SIGNATURE
 from aotpipe.errors import AotpipeError, ArtifactError
 
 try:

@@ -17,11 +17,11 @@ import stat
 from typing import Sequence
 from pathlib import Path
 
-from aotpipe.artifact import limits, records
+from aotpipe.format import limits, records
 from aotpipe.artifact.fsio import write_atomic
-from aotpipe.artifact.limits import Breach
+from aotpipe.format.limits import Breach
 from aotpipe.artifact.manifest import file_sha256, seal_ok
-from aotpipe.artifact.records import MANIFEST, SIGNATURE
+from aotpipe.format.records import MANIFEST, SIGNATURE
 from aotpipe.artifact.signing import check_signature, load_key, manifest_bytes, signature_record
 from aotpipe.errors import ArtifactError, LimitError, exception_line
 
@@ -51,7 +51,7 @@ def verify_artifact(folder: Path, *, load_graphs: bool = True, trust_ops: Sequen
     """Every problem with one model folder, one line each naming the file; [] if none.
     `trust_ops`: library op namespaces whose ops the graphs may call (load's).
 
-    Lines that are :class:`~aotpipe.artifact.limits.Breach` es report a limit breach.
+    Lines that are :class:`~aotpipe.format.limits.Breach` es report a limit breach.
     """
     folder = Path(folder)
     mpath = folder / MANIFEST

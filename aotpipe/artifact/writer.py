@@ -20,10 +20,10 @@ import torch.fx
 from aotpipe.artifact import codegen, graph_json, input_meta, provenance
 from aotpipe.artifact.blobs import BLOB_DIR, BlobStore, encode
 from aotpipe.artifact.fsio import OLD_PREFIX, TMP_PREFIX, OutputError, describe_os_error, fsync_dir, write_durable
-from aotpipe.artifact import records as fmt
+from aotpipe.format import records as fmt
 from aotpipe.artifact.manifest import dump_json, file_sha256, seal, versions
-from aotpipe.artifact.records import FORMAT_VERSION, GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MANIFEST, MODULE_PY, TRACE
-from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput
+from aotpipe.format.records import FORMAT_VERSION, GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MANIFEST, MODULE_PY, TRACE
+from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput
 from aotpipe.determinism import environment, intra_op_threads
 from aotpipe.graph_keys import graph_folder_name, parse_graph_key
 from aotpipe.tensors import storage_base, storage_groups

@@ -246,8 +246,8 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
                 inputs: list[Any], task: LocateTask) -> Path:
     """Write the culprit's prefix as an artefact of one inference graph under `task.out_dir`."""
     from aotpipe.artifact.writer import write_model
-    from aotpipe.capture.checks import check_written
-    from aotpipe.capture.types import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
+    from aotpipe.checks.written import check_written
+    from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
 
     pm = prefix(gm, culprit, tensors, drop_unused=True)
     kept = {n.name for n in pm.graph.nodes if n.op == "placeholder"}

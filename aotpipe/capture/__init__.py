@@ -2,7 +2,7 @@
 
 from aotpipe.capture.dynamo import capture_auto, capture_dynamo, subgraph_references
 from aotpipe.capture.export import capture_export
-from aotpipe.capture.types import (
+from aotpipe.format.ir import (
     CapturedGraph,
     CapturedGraphs,
     GraphInput,

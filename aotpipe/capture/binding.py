@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aotpipe.capture.types import CapturedGraph, CapturedGraphs
+from aotpipe.format.ir import CapturedGraph, CapturedGraphs
 from aotpipe.execution import run_graph
 from aotpipe.graph_keys import graph_key, parse_graph_key
 from aotpipe.tensors import tangent

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.fx
 
-from aotpipe.artifact.records import TrustedNamespace
+from aotpipe.format.records import TrustedNamespace
 from aotpipe.errors import CaptureError
 
 

@@ -58,8 +58,8 @@ from aotpipe.capture import export as _export
 from aotpipe.capture.custom_ops import replace_calls
 from aotpipe.capture.hints import chain_text, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
-from aotpipe.artifact.records import GraphBreakRecord, Partition
-from aotpipe.capture.types import CapturedGraph, CapturedGraphs, Subgraph
+from aotpipe.format.records import GraphBreakRecord, Partition
+from aotpipe.format.ir import CapturedGraph, CapturedGraphs, Subgraph
 from aotpipe.determinism import run_reproducibly
 from aotpipe.eager import EagerReference, SubgraphReference
 from aotpipe.errors import CaptureError, exception_line

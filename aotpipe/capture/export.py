@@ -32,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.capture import custom_ops, unbacked
 from aotpipe.capture.rnn import recurrent_decompositions
-from aotpipe.capture.types import (
+from aotpipe.format.ir import (
     CapturedGraph,
     CapturedGraphs,
     GraphInput,

@@ -34,7 +34,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from aotpipe.capture import export as _export_mod
-from aotpipe.capture.types import CapturedGraphs
+from aotpipe.format.ir import CapturedGraphs
 from aotpipe.errors import CaptureError, SourceError, exception_line
 from aotpipe.global_state import preserved
 from aotpipe.modes import DEFAULT_LOSS, META_OPTIONS

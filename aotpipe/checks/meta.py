@@ -10,13 +10,13 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from aotpipe.artifact import limits
+from aotpipe.format import limits
 from aotpipe.artifact.graph_json import decode_dtype
 from aotpipe.artifact.load import build_inputs, load
-from aotpipe.artifact.records import VerificationEntry
+from aotpipe.format.records import VerificationEntry
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
 from aotpipe.capture.meta import fake_like
-from aotpipe.capture.types import TensorMeta
+from aotpipe.format.ir import TensorMeta
 from aotpipe.checks.written import CheckedGraph, ModelChecks, graph_structure
 from aotpipe.errors import exception_line
 from aotpipe.replay.run import expand_outputs

@@ -34,13 +34,13 @@ import torch.fx
 
 from aotpipe import accuracy, evidence
 from aotpipe.accuracy import Check
-from aotpipe.artifact import limits
+from aotpipe.format import limits
 from aotpipe.artifact.graph_json import target_name
 from aotpipe.artifact.load import GraphArtifact, build_inputs, load
 from aotpipe.artifact.prepack import stored_graph
-from aotpipe.artifact.records import CheckTotals, GraphChecks, InputsRecord, Summary, VerificationEntry
+from aotpipe.format.records import CheckTotals, GraphChecks, InputsRecord, Summary, VerificationEntry
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
-from aotpipe.capture.types import TensorMeta
+from aotpipe.format.ir import TensorMeta
 from aotpipe.determinism import RunLog
 from aotpipe.eager import EagerReference, EagerRun, SubgraphReference
 from aotpipe.errors import ArtifactError, exception_line

@@ -1,6 +1,6 @@
 """Two model artefacts compared from their records: nothing is run and torch is not imported.
 
-Every record is read through its pydantic class (aotpipe.artifact.records), within the
+Every record is read through its pydantic class (aotpipe.format.records), within the
 format's limits. Graph nodes are compared after name normalisation: a node is its op, its
 target, and its arguments with every reference to another node replaced by that node's
 dtype[shape]; the two sequences are aligned with difflib, and what does not align is named
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from aotpipe.artifact import records
-from aotpipe.artifact.records import GraphRecord, InputsRecord, Manifest, NodeRecord
+from aotpipe.format import records
+from aotpipe.format.records import GraphRecord, InputsRecord, Manifest, NodeRecord
 from aotpipe.diff.model import Diff
 
 # At most this many node hunks (and list entries) are named per graph; the rest are counted.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-from aotpipe.artifact import records
+from aotpipe.format import records
 from aotpipe.diff.artifacts import compare_artifacts, describe_node, read_side
 from aotpipe.diff.model import Diff
 from aotpipe.diff.trees import RUN_JSON, compare_trees

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from aotpipe.artifact import records
+from aotpipe.format import records
 from aotpipe.diff.artifacts import compare_fields, compare_artifacts, read_side
 from aotpipe.diff.model import Diff, Finding
 from aotpipe.errors import AotpipeError
@@ -22,7 +22,7 @@ MIN_SECONDS = 1.0
 def read_run(tree: Path) -> dict[str, Any]:
     """run.json of an output tree, within the format's limits. The one place run.json is
     read here, so that it moves to its record class in one edit."""
-    from aotpipe.artifact.limits import read_json
+    from aotpipe.format.limits import read_json
 
     data = read_json(tree / RUN_JSON, tree)
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):

@@ -48,7 +48,7 @@ class BenchFile(_Loose):
 
 def read_bench(root: Path) -> Optional[BenchFile]:
     """DIR/bench.json, or None; an ArtifactError naming the file where it is not one."""
-    from aotpipe.artifact.limits import read_json
+    from aotpipe.format.limits import read_json
 
     path = root / BENCH_JSON
     if not path.is_file():
@@ -59,7 +59,7 @@ def read_bench(root: Path) -> Optional[BenchFile]:
     try:
         return BenchFile.model_validate(raw)
     except ValidationError as e:
-        from aotpipe.artifact.records import describe
+        from aotpipe.format.records import describe
 
         raise ArtifactError(f"{path}: not a bench result ({describe(e)}); expected {{\"results\": [{{\"model\", "
                             f"\"graph\", \"status\", \"speedup\"}}], \"scores\": {{...}}}}") from None
@@ -328,7 +328,7 @@ def write_html(root: Path) -> Path:
     """Write report.html into the output folder `root` (replaced atomically); its path."""
     from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 
-    from aotpipe.artifact.records import MANIFEST
+    from aotpipe.format.records import MANIFEST
 
     root = Path(root)
     if (root / MANIFEST).exists():  # a file there would be one the manifest does not list

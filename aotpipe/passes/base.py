@@ -10,7 +10,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.fx
 
-from aotpipe.capture.types import GraphInput, GraphOutput
+from aotpipe.format.ir import GraphInput, GraphOutput
 from aotpipe.determinism import op_draws_random
 from aotpipe.errors import AotpipeError
 from aotpipe.execution import layouts_of

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.artifact.records import PassChainRun, PassRecord, TimedPassRecord
+from aotpipe.format.records import PassChainRun, PassRecord, TimedPassRecord
 from aotpipe import accuracy
 from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph, run_with_summaries
@@ -156,7 +156,7 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
     """
     import copy
 
-    from aotpipe.capture.types import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
+    from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
 
     steps = list(spec.passes)
     problems: list[str] = []

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from aotpipe.artifact.load import Artifact
-from aotpipe.artifact.records import MANIFEST
+from aotpipe.format.records import MANIFEST
 from aotpipe.eager import model_loss
 from aotpipe.modes import LOSSES
 from aotpipe.sources import rebuild_from_manifest

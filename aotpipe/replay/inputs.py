@@ -7,11 +7,12 @@ from typing import Any, Optional
 
 import torch
 
-from aotpipe.artifact import input_meta, records
+from aotpipe.artifact import input_meta
+from aotpipe.format import records
 from aotpipe.artifact.graph_json import decode_dtype
-from aotpipe.artifact.limits import check_record_bytes
+from aotpipe.format.limits import check_record_bytes
 from aotpipe.artifact.load import build_inputs
-from aotpipe.artifact.records import InputRecord, InputsRecord, StorageRecord
+from aotpipe.format.records import InputRecord, InputsRecord, StorageRecord
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.tensors import StorageGroup, extent, random_storage
 

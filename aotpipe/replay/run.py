@@ -27,7 +27,7 @@ import torch.fx
 from aotpipe import accuracy, evidence
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
 from aotpipe.artifact.precheck import data_dependent_outputs
-from aotpipe.artifact.records import InputsRecord, OutputRecord, Partition
+from aotpipe.format.records import InputsRecord, OutputRecord, Partition
 from aotpipe.determinism import environment as current_environment, environment_differences, intra_op_threads
 from aotpipe.devices import move_inputs, parse_device, to_device
 from aotpipe.eager import EagerReference

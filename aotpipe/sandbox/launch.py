@@ -55,7 +55,7 @@ class SandboxLimits:
         --max-bytes or AOTPIPE_MAX_BYTES): 1 GiB for the interpreter plus three times it
         (inputs, intermediates, outputs and the references they are compared with)."""
         if max_bytes is None:
-            from aotpipe.artifact.limits import current
+            from aotpipe.format.limits import current
 
             max_bytes = current().max_bytes
         data = WORKER_BASE_BYTES + 3 * max_bytes
@@ -197,7 +197,7 @@ def run_task(task: str, args: dict[str, Any], *, limits: Optional[SandboxLimits]
     canaries saw, or a limit overrun as SandboxError (one line, exit 1); SandboxUnavailable
     (exit 2) when the sandbox cannot start here.
     """
-    from aotpipe.artifact.limits import current
+    from aotpipe.format.limits import current
 
     bwrap = find_bwrap()
     limits = limits or SandboxLimits.for_bytes()

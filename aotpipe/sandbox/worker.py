@@ -99,7 +99,7 @@ def main(scratch: Path) -> None:
     progress = Progress(scratch / PROGRESS)
     progress.mark("while starting the worker")
 
-    from aotpipe.artifact.limits import Limits, override
+    from aotpipe.format.limits import Limits, override
     from aotpipe.errors import AotpipeError, exception_line
 
     worker = Worker(progress)

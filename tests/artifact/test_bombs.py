@@ -256,7 +256,7 @@ def test_a_zoo_model_of_too_many_modules_stops_at_the_limit(worker, mlp_copy):
 def test_running_out_of_memory_while_parsing_json_is_one_line(monkeypatch):
     # Under a memory cap below what the limits allow (ulimit -v, a container), the parser's
     # MemoryError is a limit breach, not a traceback.
-    from aotpipe.artifact import limits
+    from aotpipe.format import limits
     from aotpipe.errors import LimitError
 
     def oom(*a, **k):
@@ -269,7 +269,7 @@ def test_running_out_of_memory_while_parsing_json_is_one_line(monkeypatch):
 
 
 def test_json_values_are_counted_exactly_outside_strings():
-    from aotpipe.artifact.limits import count_json_values
+    from aotpipe.format.limits import count_json_values
 
     for text in ['[]', '[1, 2]', '{"a": [ ], "b": {}}', '["a,b\\"[{,", 1, {"x": [2, 3]}]', '[{}, {}, {}]']:
         def values(v):

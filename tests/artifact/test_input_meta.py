@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aotpipe.artifact import input_meta
-from aotpipe.capture.types import GraphInput, TensorMeta
+from aotpipe.format.ir import GraphInput, TensorMeta
 from aotpipe.errors import ArtifactError
 
 

@@ -14,8 +14,8 @@ import torch
 from click.testing import CliRunner
 
 import aotpipe
-from aotpipe.artifact import limits
-from aotpipe.artifact.limits import Breach
+from aotpipe.format import limits
+from aotpipe.format.limits import Breach
 from aotpipe.artifact.verify import verify_artifact
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError, ArtifactError, LimitError

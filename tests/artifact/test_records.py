@@ -89,7 +89,7 @@ def test_run_json_round_trips(quickstart_run):
 
 
 def test_run_json_is_a_run_record_that_round_trips(quickstart_run):
-    from aotpipe.artifact.records import RunRecord, load_run
+    from aotpipe.format.records import RunRecord, load_run
 
     root, _ = quickstart_run
     raw = (root / "run.json").read_bytes()
@@ -110,7 +110,7 @@ def test_run_json_is_a_run_record_that_round_trips(quickstart_run):
     (lambda d: d["summary"].pop("graphs"), "summary.graphs"),
 ])
 def test_a_run_json_off_its_record_is_one_line_naming_the_field(quickstart_run, tmp_path, edit, field):
-    from aotpipe.artifact.records import load_run
+    from aotpipe.format.records import load_run
 
     root, _ = quickstart_run
     data = json.loads((root / "run.json").read_text())
@@ -148,11 +148,11 @@ def test_newer_format_version_is_refused_naming_both_versions(quickstart_run, tm
 
 
 # ---------------------------------------------------------------------------------------
-# The typed record layer (artifact/records.py)
+# The typed record layer (format/records.py)
 
 
 def test_every_record_of_quickstart_and_of_version_1_validates(quickstart_run):
-    from aotpipe.artifact import records
+    from aotpipe.format import records
 
     root, _ = quickstart_run
     data = Path(__file__).resolve().parents[1] / "data"
@@ -220,7 +220,7 @@ def test_a_node_argument_off_its_tagged_forms_is_refused_naming_it(mlp_copy, arg
 
 
 def test_the_writer_refuses_a_record_off_the_format():
-    from aotpipe.artifact import records
+    from aotpipe.format import records
 
     with pytest.raises(ArtifactError, match="field kind"):
         records.check_written(records.InputsRecord, {"format_version": 2, "kind": "training", "storages": [],
@@ -258,8 +258,8 @@ def test_every_dtype_the_format_names_is_a_torch_dtype_and_reading_a_manifest_ne
     import subprocess
     import sys
 
-    from aotpipe.artifact.records import DTYPES
+    from aotpipe.format.records import DTYPES
 
     assert all(isinstance(getattr(torch, name, None), torch.dtype) for name in DTYPES)
-    code = "import sys, aotpipe.artifact.records, aotpipe.incremental; print('torch' in sys.modules)"
+    code = "import sys, aotpipe.format.records, aotpipe.incremental; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -159,7 +159,7 @@ def test_metadata_only_artefact_checks_and_replays_with_random_inputs(tmp_path):
     written = write_model(tmp_path, cap, model_record=spec.to_json(), fingerprint="0" * 64, inputs=None, check=check)
     assert found[0].problems == []
     assert not list(written.path.rglob("*.safetensors"))  # metadata only: no blobs
-    from aotpipe.artifact import records
+    from aotpipe.format import records
 
     manifest = records.read(records.Manifest, written.path / records.MANIFEST, written.path)[1]
     assert manifest.capture.mode == "meta"

@@ -174,7 +174,7 @@ def test_an_op_without_a_deterministic_kernel_is_named_and_compared_within_its_s
 
 
 def _fake_graph(kind, outputs, inputs=()):
-    from aotpipe.artifact.records import InputsRecord
+    from aotpipe.format.records import InputsRecord
 
     outputs = [{"index": i, **o} for i, o in enumerate(outputs)]
     record = InputsRecord.model_validate({"format_version": 2, "kind": kind, "storages": [], "inputs": list(inputs),

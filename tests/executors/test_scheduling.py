@@ -3,7 +3,7 @@
 import json
 
 from aotpipe.artifact.manifest import dump_json, versions
-from aotpipe.artifact.records import ExecutorRecord, ModelRun, RunRecord, RunSummary
+from aotpipe.format.records import ExecutorRecord, ModelRun, RunRecord, RunSummary
 from aotpipe.runner import longest_first
 
 

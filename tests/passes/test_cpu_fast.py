@@ -10,7 +10,7 @@ import torch
 
 from aotpipe import zoo
 from aotpipe.artifact.ops import STRING_ARG_VALUES, resolve_op
-from aotpipe.artifact.records import library_namespace_problem
+from aotpipe.format.records import library_namespace_problem
 from aotpipe.config import load_pipeline
 from aotpipe.errors import ArtifactError, ConfigError
 from aotpipe.passes import CHAINS

@@ -438,7 +438,7 @@ def check_total_bytes(parts: list[tuple[str, int]], where: Any, what: str) -> No
 
 def record_parts(storages: Any, inputs: Any) -> list[tuple[str, int]]:
     """(label, bytes) of every tensor replay allocates for a graph's inputs, from validated
-    records (artifact/records.py): each storage, and each input made afresh (a tangent)."""
+    records (format/records.py): each storage, and each input made afresh (a tangent)."""
     import torch
 
     from aotpipe.tensors import extent  # torch: kept off the torch-free path

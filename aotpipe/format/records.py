@@ -796,7 +796,7 @@ def parse(cls: type[Record], data: Any, where: Any) -> Any:
     if cls in VERSIONED:
         check_version(data, where)
     if cls is Manifest and isinstance(data, dict) and isinstance(data.get("graphs"), dict):
-        from aotpipe.artifact.limits import check_graphs
+        from aotpipe.format.limits import check_graphs
 
         check_graphs(len(data["graphs"]), where)  # before validating each one
     try:
@@ -808,7 +808,7 @@ def parse(cls: type[Record], data: Any, where: Any) -> Any:
 def read(cls: type[Record], path: Any, root: Any = None) -> tuple[Any, Any]:
     """(the raw data, the record) of a record file, read within the limits (regular files
     only: no FIFO, no link to a device) and validated. The raw data is what a checksum covers."""
-    from aotpipe.artifact.limits import read_json
+    from aotpipe.format.limits import read_json
 
     raw = read_json(path, root)
     return raw, parse(cls, raw, path)

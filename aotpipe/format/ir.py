@@ -12,7 +12,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from aotpipe.artifact.records import CaptureRecord, GraphBreakRecord, Layout, Partition, PassRecord, TrustedNamespace
+from aotpipe.format.records import CaptureRecord, GraphBreakRecord, Layout, Partition, PassRecord, TrustedNamespace
 from aotpipe.graph_keys import parse_graph_key
 
 
