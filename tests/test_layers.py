@@ -51,16 +51,23 @@ def test_the_unchanged_copy_keeps_the_contracts(tree):
 
 
 def test_an_upward_import_is_caught_even_inside_a_function(tree):
-    plant(tree / "aotpipe/format/records.py", "from aotpipe.runner import run_pipeline", in_function=True)
+    plant(tree / "aotpipe/artifact/load.py", "from aotpipe.runner import run_pipeline", in_function=True)
     status, out = lint(tree)
     assert status == 1
     assert "aotpipe's packages import only downward BROKEN" in out
     assert "aotpipe.artifact is not allowed to import aotpipe.runner" in out
-    assert "aotpipe.format.records -> aotpipe.runner" in out
+    assert "aotpipe.artifact.load -> aotpipe.runner" in out
+
+
+def test_the_format_leaf_importing_a_package_is_caught(tree):
+    plant(tree / "aotpipe/format/records.py", "from aotpipe.artifact.fsio import write_atomic", in_function=True)
+    status, out = lint(tree)
+    assert status == 1
+    assert "aotpipe.format is not allowed to import aotpipe.artifact" in out
 
 
 def test_a_leaf_importing_a_package_is_caught(tree):
-    plant(tree / "aotpipe/spec.py", "from aotpipe.format.records import MANIFEST")
+    plant(tree / "aotpipe/spec.py", "from aotpipe.artifact.load import load")
     status, out = lint(tree)
     assert status == 1
     assert "aotpipe.spec is not allowed to import aotpipe.artifact" in out

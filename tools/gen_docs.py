@@ -121,6 +121,23 @@ def code_map_page() -> str:
     return "\n".join(lines)
 
 
+def layers_page() -> str:
+    """The layers contract of pyproject.toml, top down, each with its comment there."""
+    import re
+
+    text = (REPO / "pyproject.toml").read_text()
+    block = text[text.index('id = "layers"'):]
+    block = block[block.index("layers = [") + len("layers = ["):block.index("\n]")]
+    lines = [_header("the layers contract in pyproject.toml ([tool.importlinter])"), "# Layers (generated)", "",
+             "From the top down: a layer may import any layer below it and none above it; names joined "
+             "by `|` are independent of each other. See [layers.md](../layers.md).", "",
+             "| layer | what it holds |", "|---|---|"]
+    for m in re.finditer(r'^\s*"([^"]+)",\s*(?:#\s*(.*))?$', block, flags=re.M):
+        names = " \\| ".join(f"`{n.strip()}`" for n in m.group(1).split("|"))
+        lines.append(f"| {names} | {_cell(m.group(2) or '')} |")
+    return "\n".join(lines) + "\n"
+
+
 def cli_page() -> str:
     """Every command's --help, as click prints it at a fixed width."""
     import click
@@ -190,6 +207,7 @@ def hf_zoo_page() -> str:
 PAGES: dict[str, Callable[[], str]] = {
     "passes.md": passes_page,
     "code-map.md": code_map_page,
+    "layers.md": layers_page,
     "cli.md": cli_page,
     "hf-zoo.md": hf_zoo_page,
     "limits.md": limits_page,
