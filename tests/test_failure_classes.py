@@ -68,7 +68,7 @@ def test_a_model_with_odd_strided_int64_outputs_is_written_and_checked(tmp_path,
                                  "inputs: [{shape: [1, 8]}]}\n", save_values=save_values)
     m = models["odd"]
     assert m.status == "ok", (m.stage, m.error)
-    assert m.checks["failed"] == 0 and m.checks["run"] > 0
+    assert m.checks.failed == 0 and m.checks.run > 0
     assert {g.kind for g in m.graphs} == {"inference", "forward", "backward", "joint"}
 
 
@@ -113,7 +113,7 @@ def test_a_dropout_whose_result_is_unused_is_captured_and_later_masks_match_eage
     assert m.status == "ok", (m.stage, m.error)
     # Every output against eager, the used dropout's too: its mask is eager's only if the
     # forward drew the unused one first.
-    assert m.checks["failed"] == 0 and m.checks["run"] >= 3 and not m.checks["skipped"]
+    assert m.checks.failed == 0 and m.checks.run >= 3 and not m.checks.skipped
     assert any("keeps 1 random draw(s) the model makes but never uses" in n for n in m.notes), m.notes
 
 
@@ -150,7 +150,7 @@ def test_sizes_computed_from_integer_buffers_are_captured_static(tmp_path, mode)
                                "inputs: [{shape: [1, 2, 61]}]}\n", mode=mode)
     m = models["pad"]
     assert m.status == "ok", (m.stage, m.error)
-    assert m.checks["failed"] == 0 and not m.checks["skipped"]
+    assert m.checks.failed == 0 and not m.checks.skipped
     assert [g.kind for g in m.graphs] == ["inference", "forward", "backward", "joint"]  # one export, no fallback
     inference = json.loads((tmp_path / "out" / "classes" / "pad" / "pad_inference_0" / "graph.json").read_text())
     pad = next(n for n in inference["nodes"] if n.get("target", "").startswith("aten.constant_pad_nd")

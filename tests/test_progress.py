@@ -7,6 +7,7 @@ from tqdm import tqdm
 
 from aotpipe.config import parse_pipeline
 from aotpipe.job import _stage
+from aotpipe.format.records import ModelRun, VerificationSummary
 from aotpipe.report import _replay_cell
 from aotpipe.runner import _StageWatch
 from tests.helpers.pipelines import run_yaml
@@ -51,9 +52,8 @@ def test_a_run_whose_output_is_redirected_writes_no_progress_bar(tmp_path):
     assert "%|" not in r.stderr and "model/s" not in r.stderr
 
 
-class _Model:
-    def __init__(self, statuses):
-        self.verification = {"graphs": statuses}
+def _Model(statuses):
+    return ModelRun(name="m", status="ok", verification=VerificationSummary(ok=True, graphs=statuses, problems=[]))
 
 
 def test_report_counts_no_chain_as_a_graph():

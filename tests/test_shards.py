@@ -107,7 +107,7 @@ def test_an_unreadable_times_file_is_a_user_error(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(AotpipeError, match=r"--shard-times .*run\.json: cannot read it as a run\.json"):
         shard_models(specs(), Shard(1, 2), bad)
-    with pytest.raises(AotpipeError, match="No such file"):
+    with pytest.raises(AotpipeError, match=r"absent\.json: cannot read it as a run\.json \(.*absent\.json: missing\)"):
         shard_models(specs(), Shard(1, 2), tmp_path / "absent.json")
 
 

@@ -90,12 +90,13 @@ def test_run_json_round_trips(quickstart_run):
 
 def test_run_json_is_a_run_record_that_round_trips(quickstart_run):
     from aotpipe.format.records import RunRecord, load_run
+    from aotpipe.report import dump_run
 
     root, _ = quickstart_run
     raw = (root / "run.json").read_bytes()
     run = load_run(root)  # the folder, or the file
     assert isinstance(run, RunRecord) and load_run(root / "run.json") == run
-    assert dump_json(run.model_dump(mode="json")) == raw  # every field typed, nothing lost or added
+    assert dump_run(run).encode("utf-8") == raw  # every field typed, nothing lost or added
     m = {m.name: m for m in run.models}["mlp"]
     assert m.status == "ok" and m.checks.failed == 0 and m.verification.ok
     (chain,) = m.passes.values()
