@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict
 
 from aotpipe.format import records
 from aotpipe.format.records import GraphRecord, InputsRecord, Layout, Manifest, NodeRecord
@@ -23,61 +22,16 @@ RUN_JSON = "run.json"
 
 
 # ---------------------------------------------------------------------------------------
-# run.json: read through one function (read_run) so that a record class for run.json can
-# replace these few fields in one place.
+# run.json
 
 
-class _Loose(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class RunModel(_Loose):
-    """One model of run.json, the fields the report shows."""
-
-    name: str
-    status: str = "failed"
-    stage: Optional[str] = None
-    error: Optional[str] = None
-    capture_seconds: float = 0.0
-    passes_seconds: float = 0.0
-    checks_seconds: float = 0.0
-    write_seconds: float = 0.0
-    total_seconds: float = 0.0
-    bytes: int = 0
-    notes: list[str] = []
-    skipped: bool = False
-
-
-class RunVersions(_Loose):
-    aotpipe: str = "?"
-    torch: str = "?"
-    python: str = "?"
-
-
-class RunFile(_Loose):
-    """run.json, as far as the report reads it."""
-
-    pipeline: str = "?"
-    seconds: float = 0.0
-    versions: RunVersions = RunVersions()
-    models: list[RunModel] = []
-
-
-def read_run(root: Path) -> Optional[RunFile]:
-    """run.json of the output folder `root`, or None where there is none; an ArtifactError
-    naming the file where it is not a run record."""
-    from pydantic import ValidationError
-
-    from aotpipe.format.limits import read_json
-
+def read_run(root: Path) -> Optional[records.RunRecord]:
+    """run.json of the output folder `root` as its record, or None where there is none; an
+    ArtifactError naming the file and field where it is not a run record."""
     path = root / RUN_JSON
     if not path.is_file():
         return None
-    raw = read_json(path, root)
-    try:
-        return RunFile.model_validate(raw)
-    except ValidationError as e:
-        raise ArtifactError(f"{path}: not a run record: {records.describe(e)}") from None
+    return records.load_run(path)
 
 
 # ---------------------------------------------------------------------------------------

@@ -19,20 +19,9 @@ RUN_JSON = "run.json"
 MIN_SECONDS = 1.0
 
 
-def read_run(tree: Path) -> dict[str, Any]:
-    """run.json of an output tree, within the format's limits. The one place run.json is
-    read here, so that it moves to its record class in one edit."""
-    from aotpipe.format.limits import read_json
-
-    data = read_json(tree / RUN_JSON, tree)
-    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
-        raise AotpipeError(f"{tree / RUN_JSON}: not a run record (no 'models' list); pass a pipeline's "
-                           "output folder as `aotpipe run` writes it")
-    return data
-
-
-def _models(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {str(m.get("name")): m for m in run["models"] if isinstance(m, dict)}
+def read_run(tree: Path) -> records.RunRecord:
+    """run.json of an output tree, as its record (read within the format's limits)."""
+    return records.load_run(tree / RUN_JSON)
 
 
 def _breaks(tree: Path, name: str) -> Optional[int]:
@@ -62,33 +51,32 @@ def _beyond(a: Any, b: Any, threshold: float, floor: float = 0.0) -> bool:
 def compare_trees(a: Path, b: Path, diff: Diff, threshold: float) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
     """Add the differences between trees `a` and `b` to `diff`."""
     ra, rb = read_run(a), read_run(b)
-    compare_fields(diff, "environment", "", ra.get("versions") or {}, rb.get("versions") or {}, "versions")
-    ma, mb = _models(ra), _models(rb)
+    compare_fields(diff, "environment", "", ra.versions.model_dump(), rb.versions.model_dump(), "versions")
+    ma, mb = {m.name: m for m in ra.models}, {m.name: m for m in rb.models}
     for name in ma:
         if name not in mb:
-            diff.add("models", name, f"missing in B (was {ma[name].get('status')} in A)", model=name, change="missing")
+            diff.add("models", name, f"missing in B (was {ma[name].status} in A)", model=name, change="missing")
     for name in mb:
         if name not in ma:
-            diff.add("models", name, f"new in B ({mb[name].get('status')})", model=name, change="new")
+            diff.add("models", name, f"new in B ({mb[name].status})", model=name, change="new")
     per_model: list[Diff] = []
     for name in [n for n in ma if n in mb]:
         x, y = ma[name], mb[name]
-        sa, sb = x.get("status"), y.get("status")
-        if sa != sb:
-            why = _first_line(y.get("error")) if sb != "ok" else ""
-            diff.add("status", name, f"{sa} -> {sb}" + (f": {why}" if why else ""), model=name, a=sa, b=sb)
-        ca, cb = x.get("checks") or {}, y.get("checks") or {}
+        if x.status != y.status:
+            why = _first_line(y.error) if y.status != "ok" else ""
+            diff.add("status", name, f"{x.status} -> {y.status}" + (f": {why}" if why else ""), model=name,
+                     a=x.status, b=y.status)
         for key in ("run", "passed", "failed", "skipped"):
-            if ca.get(key) != cb.get(key):
-                diff.add("checks", name, f"{key} {ca.get(key)} -> {cb.get(key)}", model=name, field=key,
-                         a=ca.get(key), b=cb.get(key))
+            ca, cb = (getattr(c, key) if c is not None else None for c in (x.checks, y.checks))
+            if ca != cb:
+                diff.add("checks", name, f"{key} {ca} -> {cb}", model=name, field=key, a=ca, b=cb)
         ba, bb = _breaks(a, name), _breaks(b, name)
         if ba != bb and ba is not None and bb is not None:
             diff.add("breaks", name, f"graph breaks {ba} -> {bb}", model=name, a=ba, b=bb)
-        ta, tb = x.get("total_seconds"), y.get("total_seconds")
+        ta, tb = x.total_seconds, y.total_seconds
         if _beyond(ta, tb, threshold, MIN_SECONDS):
             diff.add("time", name, f"{ta:.2f} s -> {tb:.2f} s ({(tb - ta) / ta:+.0%})", model=name, a=ta, b=tb)
-        za, zb = x.get("bytes"), y.get("bytes")
+        za, zb = x.bytes, y.bytes
         if _beyond(za, zb, threshold):
             diff.add("bytes", name, f"{za} -> {zb} ({(zb - za) / za:+.0%})", model=name, a=za, b=zb)
         if (a / name / records.MANIFEST).exists() and (b / name / records.MANIFEST).exists():

@@ -16,7 +16,8 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from aotpipe.errors import AotpipeError, ArtifactError
-from aotpipe.tree import ModelView, RunFile, RunModel, read_run, read_tree
+from aotpipe.format.records import ModelRun, RunRecord
+from aotpipe.tree import ModelView, read_run, read_tree
 
 REPORT_HTML = "report.html"
 BENCH_JSON = "bench.json"
@@ -129,7 +130,7 @@ def _finite(x: Optional[float]) -> Optional[float]:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _model_row(i: int, run: Optional[RunModel], view: Optional[ModelView], root: Path) -> ModelRow:
+def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root: Path) -> ModelRow:
     name = run.name if run is not None else view.name  # type: ignore[union-attr]
     row = ModelRow(name=name, anchor=_anchor(i), status="unreadable")
     if run is not None:
@@ -224,7 +225,7 @@ def gather(root: Path) -> Report:
     root = Path(root)
     if not root.is_dir():
         raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder (it holds run.json)")
-    run: Optional[RunFile] = read_run(root)
+    run: Optional[RunRecord] = read_run(root)
     views = read_tree(root)
     if run is None and not views:
         raise AotpipeError(f"{root}: no run.json and no artefacts (manifest.json) found in it or below; "
