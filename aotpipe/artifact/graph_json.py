@@ -209,7 +209,7 @@ def graph_to_json(gm: torch.fx.GraphModule, constants: dict[str, str] | None = N
             entry["val"] = _encode_val(val)
         origin = node_origin(node)
         if origin is not None:
-            entry["origin"] = origin
+            entry["origin"] = origin.model_dump(exclude_none=True)
         nodes.append(entry)
     return {"format_version": GRAPH_FORMAT_VERSION, "nodes": nodes}
 
@@ -290,7 +290,7 @@ def _graph_from_json(graph_record: records.GraphRecord, constants: dict[str, tor
         if "val" in entry.model_fields_set:
             node.meta["saved_val"] = entry.val
         if entry.origin is not None:  # written again as read (a graph saved from a loaded one)
-            node.meta[ORIGIN_KEY] = entry.origin.model_dump(exclude_none=True)
+            node.meta[ORIGIN_KEY] = entry.origin
         env[name] = node
     try:
         graph.lint()

@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import torch.fx
 
+from aotpipe.format.records import NodeOrigin
+
 # The metadata key the writer keeps a node's relative source line under, once the stack
 # trace (which holds absolute paths) is dropped.
 SOURCE_KEY = "aotpipe_source"
@@ -97,13 +99,13 @@ def _internal(cls: str) -> bool:
     return cls.startswith(("torch.export.", "torch._", "torch.fx."))
 
 
-def node_origin(node: torch.fx.Node) -> Optional[dict[str, Any]]:
-    """graph.json's ``origin`` of a node (records.NodeOrigin as data), or None where torch
-    recorded nothing: the innermost module, its class, the source line, and whether it is
-    the forward's (a backward node's gradient computation)."""
+def node_origin(node: torch.fx.Node) -> Optional[NodeOrigin]:
+    """graph.json's ``origin`` of a node, or None where torch recorded nothing: the innermost
+    module, its class, the source line, and whether it is the forward's (a backward node's
+    gradient computation). A graph loaded from graph.json keeps the origin it was read with."""
     kept = node.meta.get(ORIGIN_KEY)
-    if isinstance(kept, dict):
-        return dict(kept)
+    if isinstance(kept, NodeOrigin):
+        return kept
     stack = node.meta.get("nn_module_stack")
     from_forward = False
     if not stack:
@@ -112,15 +114,8 @@ def node_origin(node: torch.fx.Node) -> Optional[dict[str, Any]]:
     source = node.meta.get(SOURCE_KEY)
     if not stack and source is None:
         return None
-    origin: dict[str, Any] = {}
     # torch's own wrappers (export's non-strict Wrapper around the model) are no module of the model's.
     stack = {k: v for k, v in (stack or {}).items() if not _internal(class_name(v[1]))}
-    if stack:
-        path, cls = list(stack.values())[-1]
-        origin["module"] = module_path(path)
-        origin["module_class"] = class_name(cls)
-    if source is not None:
-        origin["source"] = source
-    if from_forward:
-        origin["of_forward"] = True
-    return origin
+    path, cls = list(stack.values())[-1] if stack else (None, None)
+    return NodeOrigin(module=module_path(path) if stack else None, module_class=class_name(cls) if stack else None,
+                      source=source, of_forward=True if from_forward else None)

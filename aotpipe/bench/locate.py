@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.fx
 
-from aotpipe.artifact.provenance import ORIGIN_KEY
+from aotpipe.artifact.provenance import node_origin
 from aotpipe.errors import exception_line
 
 
@@ -79,11 +79,11 @@ def op_name(n: torch.fx.Node) -> str:
 def module_path(n: torch.fx.Node) -> Optional[str]:
     """The module the node came from: graph.json's origin (its module path and class, and the
     source line that called the op), else the graph's own nn_module_stack."""
-    origin = n.meta.get(ORIGIN_KEY)
-    if isinstance(origin, dict) and origin.get("module") is not None:
-        where = origin["module"] or "the model itself"
-        cls = f" ({origin['module_class']})" if origin.get("module_class") else ""
-        src = f", {origin['source']}" if origin.get("source") else ""
+    origin = node_origin(n)
+    if origin is not None and origin.module is not None:
+        where = origin.module or "the model itself"
+        cls = f" ({origin.module_class})" if origin.module_class else ""
+        src = f", {origin.source}" if origin.source else ""
         return f"{where}{cls}{src}"
     stack = n.meta.get("nn_module_stack")
     if isinstance(stack, dict) and stack:
