@@ -459,7 +459,8 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
             )
         mode = m.get("mode", defaults.get("mode"))
         passes = m.get("passes", defaults.get("passes"))
-        if mode in CAPTURE_MODES and not CAPTURE_MODES[mode].values and passes:
+        # The raw YAML: a mode that is not a string (a list, a mapping) is the schema's error to report.
+        if isinstance(mode, str) and mode in CAPTURE_MODES and not CAPTURE_MODES[mode].values and passes:
             where = ("models", i, "passes") if "passes" in m else ("defaults", "passes")
             problems.append(
                 Problem(path, lines.get(where) or lines.get(("models", i, "mode")), f"models[{i}].passes",

@@ -389,6 +389,16 @@ def test_unknown_pass_in_model():
     assert p.message.startswith("unknown pass 'fuse_everything'; valid passes: ")
 
 
+@pytest.mark.parametrize("mode", ["[]", "{meta: 1}", "[meta]"])
+def test_a_mode_that_is_not_a_string_is_one_problem_with_passes_set(mode):
+    # The field-combination rule (a mode without values takes no passes) looks the mode up in
+    # the capture-mode table: a list or mapping there is the schema's error, not a TypeError.
+    text = GOOD + f"    mode: {mode}\n    passes: [freeze]\n"
+    p = only_problem(text)
+    assert p.line == 7 and p.field == "models[0].mode"
+    assert p.message.startswith("Input should be 'export', 'dynamo', 'meta' or 'auto'")
+
+
 def test_unknown_pass_in_defaults():
     text = GOOD.replace("models:", "defaults:\n  passes:\n    - bogus\nmodels:")
     p = only_problem(text)

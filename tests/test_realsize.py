@@ -38,7 +38,7 @@ def test_pipeline_captures_every_kind_with_the_default_passes(name):
     assert [m.name for m in p.models] == MODELS[name]
     for m in p.models:
         assert m.graphs == KINDS, m.name
-        assert [s["name"] for s in m.passes] == PASSES, m.name
+        assert [s.name for s in m.passes] == PASSES, m.name
         assert m.source.startswith("hf:") and m.save_inputs and m.verify, m.name
 
 
