@@ -69,7 +69,10 @@ def test_a_mixture_of_experts_model_captures_in_aten_and_passes_its_checks(tmp_p
         assert len(m["graphs"]) == 4
     assert any("transformers::grouped_mm_fallback" in n for n in by["mixtral"]["notes"]), by["mixtral"]["notes"]
     for gj in (tmp_path / "out" / "moe" / "mixtral").rglob("graph.json"):
-        assert "transformers." not in gj.read_text(), gj
+        # Every call is an ATen op (the library's own op was decomposed); a node's origin may
+        # still name the transformers module it came from, which is what provenance is for.
+        targets = [n["target"] for n in json.loads(gj.read_text())["nodes"] if n["op"] == "call_function"]
+        assert targets and not [t for t in targets if t.startswith("transformers")], gj
 
 
 @torch.library.custom_op("aotpipe_test::twice", mutates_args=())
