@@ -6,9 +6,10 @@ capture, to see that nothing changed. The capture modules take their options fro
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+from aotpipe.registry import by_name, resolve
 
 # The `loss:` setting: what the training graphs differentiate (eager.model_loss). "weighted",
 # the default, weighs every element by a fixed non-uniform weight, so no gradient is zero
@@ -42,11 +43,6 @@ DYNAMO_OPTIONS: dict[str, Any] = {
 META_OPTIONS: dict[str, Any] = {**EXPORT_OPTIONS, "values": "none (meta build, fake tensors)"}
 
 
-def _function(ref: str) -> Callable[..., Any]:
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 @dataclass(frozen=True)
 class CaptureMode:
     """One capture mode: how the model and its example inputs are built, what captures it,
@@ -66,20 +62,11 @@ class CaptureMode:
 
     def function(self, which: str = "capture") -> Callable[..., Any]:
         """The mode's `capture`, `build` or `example_inputs` function (imports it, and torch)."""
-        return _function(getattr(self, which))
-
-
-def _table(modes: list[CaptureMode]) -> dict[str, CaptureMode]:
-    table: dict[str, CaptureMode] = {}
-    for m in modes:
-        if m.name in table:
-            raise ValueError(f"capture mode {m.name!r} is registered twice")
-        table[m.name] = m
-    return table
+        return resolve(getattr(self, which))
 
 
 # The one table of capture modes (spec.Mode lists the same names for the YAML's schema).
-CAPTURE_MODES: dict[str, CaptureMode] = _table([
+CAPTURE_MODES: dict[str, CaptureMode] = by_name([
     CaptureMode("export", "aotpipe.capture:capture_export", lambda loss: {**EXPORT_OPTIONS, "loss": loss},
                 "torch.export + AOTAutograd"),
     CaptureMode("dynamo", "aotpipe.capture:capture_dynamo", lambda loss: dict(DYNAMO_OPTIONS),
@@ -93,7 +80,7 @@ CAPTURE_MODES: dict[str, CaptureMode] = _table([
                 lambda loss: {"export": {**EXPORT_OPTIONS, "loss": loss}, "dynamo": dict(DYNAMO_OPTIONS)},
                 "export, else dynamo, recording why (either may be what the artefact holds)",
                 via_export=False, tries_first="export"),
-])
+], "capture mode")
 MODES = tuple(CAPTURE_MODES)
 
 

@@ -12,7 +12,6 @@ pipeline's passes and fingerprinting a model import no torch. In the YAML a pass
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -29,6 +28,7 @@ from aotpipe.passes.options import (
     ToDeviceOptions,
     ViewToReshapeOptions,
 )
+from aotpipe.registry import by_name, resolve
 from aotpipe.spec import PassStep
 
 ALL_KINDS = frozenset({"inference", "forward", "backward", "joint"})
@@ -50,21 +50,11 @@ class PassInfo:
         """The pass itself (imports its module, and torch, the first time)."""
         if callable(self.fn):
             return self.fn
-        module, _, attr = self.fn.partition(":")
-        return getattr(importlib.import_module(module), attr)
-
-
-def _table(infos: list[PassInfo]) -> dict[str, PassInfo]:
-    table: dict[str, PassInfo] = {}
-    for info in infos:
-        if info.name in table:
-            raise ValueError(f"pass {info.name!r} is registered twice")
-        table[info.name] = info
-    return table
+        return resolve(self.fn)
 
 
 # The one registry. Order here is only the order `aotpipe schema` lists them in.
-PASSES: dict[str, PassInfo] = _table([
+PASSES: dict[str, PassInfo] = by_name([
     PassInfo("freeze", "aotpipe.passes.freeze:freeze", FreezeOptions, INFERENCE,
              "parameters/buffers to constants, then constant folding, CSE, DCE", makes_constants=True),
     PassInfo("fold_conv_bn", "aotpipe.passes.fold_conv_bn:fold_conv_bn", FoldConvBnOptions, INFERENCE,
@@ -86,7 +76,7 @@ PASSES: dict[str, PassInfo] = _table([
     PassInfo("reinplace", "aotpipe.passes.reinplace:reinplace", ReinplaceOptions, ALL_KINDS,
              "functional ops to in-place where the input is dead and not a graph input"),
     PassInfo("to_device", "aotpipe.passes.to_device:to_device", ToDeviceOptions, ALL_KINDS, "rewrite for another device", makes_constants=True),
-])
+], "pass")
 
 
 # Named chains: `passes: cpu-fast` in the YAML stands for this list (recorded expanded).
