@@ -293,9 +293,12 @@ def _prod(xs: list[int]) -> int:
     return n
 
 
-def summary_departs(actual: dict[str, Any], recorded: dict[str, Any], rtol: float) -> Optional[str]:
-    """How `actual` summary departs from a `recorded` one, or None if they agree within `rtol`."""
-    for key in ("dtype", "shape", "stride"):
+def summary_departs(actual: dict[str, Any], recorded: dict[str, Any], rtol: float,
+                    layout: tuple[str, ...] = ("dtype", "shape", "stride")) -> Optional[str]:
+    """How `actual` summary departs from a `recorded` one, or None if they agree within `rtol`
+    (of the recorded absolute sum). The reason's first word is the field that departs.
+    `layout`: the layout fields compared (a diff of two graphs leaves strides out)."""
+    for key in layout:
         if actual[key] != recorded[key]:
             return f"{key} {actual[key]} != recorded {recorded[key]}"
     if actual["nonfinite"] != recorded["nonfinite"]:

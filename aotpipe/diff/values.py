@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from aotpipe import accuracy
+
 # How far two aligned nodes' sampled sums may lie apart (relative to A's absolute sum)
 # before the node counts as diverging: a little over float32 noise from another order of
 # summation, so two pass chains that compute the same function do not diverge.
@@ -32,17 +34,16 @@ def _departs(a: Any, b: Any, rtol: float) -> Optional[str]:
             if why:
                 return f"item {i}: {why}"
         return None
-    for key in ("dtype", "shape"):
-        if a[key] != b[key]:
-            return f"{key} {a[key]} in A, {b[key]} in B"
-    if a["nonfinite"] != b["nonfinite"]:
-        return f"{a['nonfinite']} non-finite values in A, {b['nonfinite']} in B"
-    scale = max(1.0, abs(a["abs_sum"]))
-    for key in ("sum", "abs_sum"):
-        if abs(a[key] - b[key]) > rtol * scale:
-            what = "sum" if key == "sum" else "absolute sum"
-            return f"{what} of its sampled elements {a[key]:.9g} in A, {b[key]:.9g} in B"
-    return None
+    why = accuracy.summary_departs(b, a, rtol, layout=("dtype", "shape"))  # the rule replay uses, A as reference
+    if why is None:
+        return None
+    key = why.split()[0]  # the field that departs, said here as A against B
+    if key in ("dtype", "shape"):
+        return f"{key} {a[key]} in A, {b[key]} in B"
+    if key in ("sum", "abs_sum"):
+        what = "sum" if key == "sum" else "absolute sum"
+        return f"{what} of its sampled elements {a[key]:.9g} in A, {b[key]:.9g} in B"
+    return f"{a['nonfinite']} non-finite values in A, {b['nonfinite']} in B"
 
 
 def _same_layout(x: Any, y: Any) -> bool:
