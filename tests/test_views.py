@@ -181,10 +181,35 @@ def test_source_lines_are_relative_to_the_import_root():
     assert source_line(trace.replace("  File", generated + "  File")) == "aotpipe/zoo.py:94"
 
 
-def test_a_model_beside_a_script_is_named_from_the_working_directory(monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)
+def test_a_source_file_is_named_by_its_import_name_from_any_folder(monkeypatch, tmp_path):
+    """The CI failure this guards: a run from another working folder named aotpipe's own
+    files "zoo.py:28" instead of "aotpipe/zoo.py:28", so two runs differed byte for byte."""
+    import importlib
+
+    pkg = tmp_path / "src" / "mymodels"
+    (pkg / "vision").mkdir(parents=True)
+    for init in (pkg / "__init__.py", pkg / "vision" / "__init__.py"):
+        init.write_text("")
+    (pkg / "vision" / "net.py").write_text("X = 1\n")
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "script_model.py").write_text("Y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    monkeypatch.syspath_prepend(str(loose))
+    importlib.import_module("mymodels.vision.net")
+    importlib.import_module("script_model")
+    named = {}
+    for cwd in (tmp_path, REPO, loose, pkg / "vision"):
+        monkeypatch.chdir(cwd)
+        named[cwd] = (relative_file(str(pkg / "vision" / "net.py")), relative_file(str(pkg / "vision" / "__init__.py")),
+                      relative_file(str(loose / "script_model.py")), relative_file(str(REPO / "aotpipe" / "zoo.py")))
+    assert set(named.values()) == {("mymodels/vision/net.py", "mymodels/vision/__init__.py", "script_model.py",
+                                    "aotpipe/zoo.py")}
+    # a file no module was imported from: named from its outermost package, or alone
+    (pkg / "vision" / "never_imported.py").write_text("")
+    assert relative_file(str(pkg / "vision" / "never_imported.py")) == "mymodels/vision/never_imported.py"
     monkeypatch.setattr(sys, "path", ["", "/nowhere"])
-    assert relative_file(str(tmp_path / "mymodels" / "net.py")) == "mymodels/net.py"
+    assert relative_file(str(loose / "not_imported.py")) == "not_imported.py"
 
 
 @pytest.mark.parametrize("raw, path", [

@@ -4,9 +4,10 @@ torch records this on the nodes it traces: ``nn_module_stack`` (the modules a no
 called inside, outermost first, each as (path, class)), ``stack_trace`` (the Python frames
 that called the op) and, on a backward node AOTAutograd made, ``fwd_nn_module_stack`` (the
 forward node's stack). graph.json keeps the innermost module and one source line per node
-(:class:`aotpipe.format.records.NodeOrigin`); a file is named relative to the import root
-it was found under (``aotpipe/zoo.py:94``), never by an absolute path, so no home directory
-or checkout path reaches an artefact.
+(:class:`aotpipe.format.records.NodeOrigin`); a file is named by the module it was imported
+as (``aotpipe/zoo.py:94``), never by an absolute path or one relative to the working
+folder, so no home directory or checkout path reaches an artefact and two captures of the
+same model agree wherever they ran.
 """
 
 from __future__ import annotations
@@ -59,16 +60,45 @@ def class_name(raw: Any) -> str:
 
 
 def relative_file(path: str) -> str:
-    """`path` relative to the deepest import root (sys.path entry) it lies under, else its
-    file name alone: never absolute, never naming a home directory."""
+    """`path` as the module it was imported as (``aotpipe/zoo.py`` for ``aotpipe.zoo``), else
+    relative to the outermost package folder it lies in, else its file name alone.
+
+    Only the import name is used, never the working directory or sys.path (an editable
+    install is found by an import hook, not a path, and a pipeline's own folder is on the
+    path only while its models import), so the same model gives the same line from any
+    folder, machine or checkout: two captures stay byte-identical."""
     full = os.path.abspath(path)
-    best = None
-    for root in sys.path:
-        base = os.path.abspath(root or os.curdir)  # "" is the working directory, where a script's models live
-        if full.startswith(base.rstrip(os.sep) + os.sep) and (best is None or len(base) > len(best)):
-            best = base
-    rel = os.path.relpath(full, best) if best is not None else os.path.basename(full)
-    return rel.replace(os.sep, "/")
+    name = _module_names().get(full)
+    if name is None or name.startswith("__"):  # __main__, __mp_main__: a script, not an import name
+        return _package_relative(full)
+    tail = "/__init__.py" if os.path.basename(full) == "__init__.py" else os.path.splitext(full)[1]
+    return name.replace(".", "/") + tail
+
+
+_MODULE_NAMES: dict[str, str] = {}
+_MODULE_COUNT = [-1]
+
+
+def _module_names() -> dict[str, str]:
+    """Absolute source file -> dotted name of every imported module, rebuilt when modules
+    were imported since the last call."""
+    if len(sys.modules) != _MODULE_COUNT[0]:
+        _MODULE_NAMES.clear()
+        for name, mod in list(sys.modules.items()):
+            file = getattr(mod, "__file__", None)
+            if isinstance(file, str) and file.endswith(".py"):
+                _MODULE_NAMES.setdefault(os.path.abspath(file), name)
+        _MODULE_COUNT[0] = len(sys.modules)
+    return _MODULE_NAMES
+
+
+def _package_relative(full: str) -> str:
+    """`full` relative to the folder above its outermost package (folders with an
+    ``__init__.py``), or its file name when it lies in no package."""
+    root = os.path.dirname(full)
+    while os.path.isfile(os.path.join(root, "__init__.py")) and os.path.dirname(root) != root:
+        root = os.path.dirname(root)
+    return os.path.relpath(full, root).replace(os.sep, "/")
 
 
 def source_line(stack_trace: Any) -> Optional[str]:
