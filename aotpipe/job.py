@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from aotpipe.errors import AotpipeError, exception_line
+from aotpipe.format.source_files import name_files_in
 from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
 from aotpipe.modes import CaptureMode, capture_mode
 from aotpipe.results import GraphSummary, ModelResult, checks_summary, eager_cells, verification_summary, written_manifest
@@ -81,7 +82,7 @@ def _capture(job: _Job) -> None:
         int_ranges=ranges, **extra,
     )
     job.result.capture_seconds = captured.seconds
-    job.result.notes = list(captured.notes)
+    job.result.notes = [name_files_in(n) for n in captured.notes]  # torch quotes files by absolute path
     # Library ops left after decomposition: refused unless the pipeline trusts their namespace.
     captured.trusted_ops = custom_ops.trust([g.gm for g in captured.graphs.values()], spec.trusted_ops)
     if mode.values:
@@ -124,7 +125,7 @@ def _write(job: _Job) -> None:
         sign=signer(job.key) if job.key is not None else None,
     )
     mc = job.checks
-    result.notes = list(captured.notes)
+    result.notes = [name_files_in(n) for n in captured.notes]
     result.checks_seconds = mc.seconds
     result.write_seconds = time.perf_counter() - t0 - mc.seconds
     result.graphs = [GraphSummary(kind=g.kind, folder=g.folder, nodes=g.nodes, inputs=g.num_inputs, outputs=g.num_outputs)

@@ -59,6 +59,35 @@ def test_artefacts_hold_no_absolute_paths_hostnames_or_times(quickstart_run):
             assert not host or host not in text, p
 
 
+def test_torch_messages_quoting_the_model_file_keep_no_absolute_path(tmp_path):
+    """sign_branch falls back from export to dynamo; torch's message and the graph break
+    quote the model's file ("... at /abs/checkout/aotpipe/zoo.py:199"). Manifest, run.json
+    and report.md name it by import name, so two checkouts write the same manifest."""
+    p = tmp_path / "p.yaml"
+    p.write_text(textwrap.dedent("""
+        version: 1
+        name: branchy
+        models:
+          - {name: sb, source: aotpipe.zoo:sign_branch, inputs: [{shape: [4, 16]}]}
+    """))
+    assert _run([p, "-o", tmp_path / "out"]).exit_code == 0
+    root = tmp_path / "out" / "branchy"
+    manifest = json.loads((root / "sb" / "manifest.json").read_text())
+    assert "aotpipe/zoo.py:" in manifest["capture"]["fallback"], manifest["capture"]["fallback"]
+    assert any("aotpipe/zoo.py:" in n for n in manifest["capture"]["notes"])
+    for f in (root / "sb" / "manifest.json", root / "run.json", root / "report.md"):
+        text = f.read_text()
+        assert str(REPO) not in text and str(tmp_path) not in text, f
+
+
+def test_absolute_py_paths_in_messages_are_named_by_import_name():
+    from aotpipe.format.source_files import name_files_in
+
+    text = f"guard Eq(u0, 1) at {REPO}/aotpipe/zoo.py:199 (`if x.sum() > 0:`); see /nowhere/x/y/net.py, line 3"
+    assert name_files_in(text) == "guard Eq(u0, 1) at aotpipe/zoo.py:199 (`if x.sum() > 0:`); see net.py, line 3"
+    assert name_files_in("aotpipe/zoo.py:1 and a/b.pyc and u0/2") == "aotpipe/zoo.py:1 and a/b.pyc and u0/2"
+
+
 # --- incremental runs --------------------------------------------------------------------
 
 

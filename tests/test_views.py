@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aotpipe.artifact.provenance import module_path, relative_file, source_line
+from aotpipe.artifact.provenance import module_path, source_line
+from aotpipe.format.source_files import name_files_in, relative_file
 from aotpipe.cli import main
 
 graph_builder = pytest.importorskip("model_explorer.graph_builder", reason="model-explorer (ai-edge-model-explorer) "
@@ -186,28 +187,28 @@ def test_a_source_file_is_named_by_its_import_name_from_any_folder(monkeypatch, 
     files "zoo.py:28" instead of "aotpipe/zoo.py:28", so two runs differed byte for byte."""
     import importlib
 
-    pkg = tmp_path / "src" / "mymodels"
+    pkg = tmp_path / "src" / "probe_pkg_relfile"
     (pkg / "vision").mkdir(parents=True)
     for init in (pkg / "__init__.py", pkg / "vision" / "__init__.py"):
         init.write_text("")
     (pkg / "vision" / "net.py").write_text("X = 1\n")
     loose = tmp_path / "loose"
     loose.mkdir()
-    (loose / "script_model.py").write_text("Y = 2\n")
+    (loose / "probe_loose_relfile.py").write_text("Y = 2\n")
     monkeypatch.syspath_prepend(str(tmp_path / "src"))
     monkeypatch.syspath_prepend(str(loose))
-    importlib.import_module("mymodels.vision.net")
-    importlib.import_module("script_model")
+    importlib.import_module("probe_pkg_relfile.vision.net")
+    importlib.import_module("probe_loose_relfile")
     named = {}
     for cwd in (tmp_path, REPO, loose, pkg / "vision"):
         monkeypatch.chdir(cwd)
         named[cwd] = (relative_file(str(pkg / "vision" / "net.py")), relative_file(str(pkg / "vision" / "__init__.py")),
-                      relative_file(str(loose / "script_model.py")), relative_file(str(REPO / "aotpipe" / "zoo.py")))
-    assert set(named.values()) == {("mymodels/vision/net.py", "mymodels/vision/__init__.py", "script_model.py",
+                      relative_file(str(loose / "probe_loose_relfile.py")), relative_file(str(REPO / "aotpipe" / "zoo.py")))
+    assert set(named.values()) == {("probe_pkg_relfile/vision/net.py", "probe_pkg_relfile/vision/__init__.py", "probe_loose_relfile.py",
                                     "aotpipe/zoo.py")}
     # a file no module was imported from: named from its outermost package, or alone
     (pkg / "vision" / "never_imported.py").write_text("")
-    assert relative_file(str(pkg / "vision" / "never_imported.py")) == "mymodels/vision/never_imported.py"
+    assert relative_file(str(pkg / "vision" / "never_imported.py")) == "probe_pkg_relfile/vision/never_imported.py"
     monkeypatch.setattr(sys, "path", ["", "/nowhere"])
     assert relative_file(str(loose / "not_imported.py")) == "not_imported.py"
 

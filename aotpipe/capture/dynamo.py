@@ -60,6 +60,7 @@ from aotpipe.capture.hints import chain_text, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.format.records import GraphBreakRecord, Partition
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, Subgraph
+from aotpipe.format.source_files import relative_file
 from aotpipe.determinism import run_reproducibly
 from aotpipe.eager import EagerReference, SubgraphReference
 from aotpipe.errors import CaptureError, exception_line
@@ -384,10 +385,10 @@ def _breaks(traced: list[_Traced]) -> list[GraphBreakRecord]:
         stack = list(getattr(r, "user_stack", None) or [])
         if stack:
             frame = stack[-1]
-            # The file's name, not its path: artefacts carry no paths (same bytes on every machine).
+            # The file by its import name, not its path: artefacts carry no paths (same bytes on every machine).
             func = frame.name.removeprefix("torch_dynamo_resume_in_")  # dynamo's name for the code after a break
             func = re.sub(r"_at_[0-9]+$", "", func)
-            where = f"{os.path.basename(frame.filename)}:{frame.lineno} in {func}"
+            where = f"{relative_file(frame.filename)}:{frame.lineno} in {func}"
             code = (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip() or None
         out.append(GraphBreakRecord(subgraph=i, reason=reason, where=where, code=code))
     return out

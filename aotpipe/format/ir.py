@@ -13,6 +13,7 @@ import torch
 import torch.fx
 
 from aotpipe.format.records import CaptureRecord, GraphBreakRecord, Layout, Partition, PassRecord, TrustedNamespace
+from aotpipe.format.source_files import name_files_in
 from aotpipe.graph_keys import parse_graph_key
 
 
@@ -165,11 +166,14 @@ class CapturedGraphs:
     def capture_record(self) -> CaptureRecord:
         """The manifest's "capture" entry: mode, options and notes; for a multi-subgraph
         capture also the subgraph count and the graph breaks; for auto, why export failed."""
+        # torch's messages quote the model's file by its absolute path: named by import name
+        # instead, so the manifest is the same from any folder or checkout.
         more: dict[str, Any] = {}
         if self.subgraphs:
-            more.update(subgraphs=len(self.subgraphs), graph_breaks=list(self.graph_breaks))
+            more.update(subgraphs=len(self.subgraphs),
+                        graph_breaks=[b.model_copy(update={"reason": name_files_in(b.reason)}) for b in self.graph_breaks])
         if self.fallback is not None:
-            more.update(fallback=self.fallback)
+            more.update(fallback=name_files_in(self.fallback))
         if self.trusted_ops:
             more.update(trusted_ops=self.trusted_ops)
-        return CaptureRecord(mode=self.mode, options=self.options, notes=self.notes, **more)
+        return CaptureRecord(mode=self.mode, options=self.options, notes=[name_files_in(n) for n in self.notes], **more)
