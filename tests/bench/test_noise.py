@@ -16,7 +16,7 @@ from aotpipe import accuracy
 from aotpipe.bench import graph as bench_graph_mod
 from aotpipe.bench.graph import GraphTask, bench_graph, judge
 from aotpipe.bench.noise import sequential_sum, sequential_twin
-from tests.bench.test_bench import PLANTED, bench_json, by_graph
+from tests.bench.test_bench import PLANTED, bench, bench_json, by_graph
 
 
 def _loop_sum(x: torch.Tensor) -> torch.Tensor:
@@ -79,6 +79,8 @@ def test_a_backend_that_sums_sequentially_passes_saying_which_outputs_needed_the
     assert g["status"] == "pass"
     assert g["rescaled"] == ["output 8 (grad bn1.weight)", "output 9 (grad bn1.bias)", "output 10 (grad conv2.weight)"]
     assert "3 of them only with float32 summed sequentially as the scale, output 8 (grad bn1.weight)" in g["reason"]
+    table = bench(str(root / "small_cnn"), "--backend", f"{PLANTED}:sums_sequential", "--graphs", "joint")
+    assert "    22 outputs within the bound; 3 of them only with float32 summed sequentially" in table.output
 
 
 @pytest.mark.slow
