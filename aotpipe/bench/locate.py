@@ -159,9 +159,12 @@ class _Kept(torch.fx.Interpreter):
 
 
 def _kept_values(gm: Any, inputs: list[Any], keep: set[str], budget: int) -> dict[str, torch.Tensor]:
-    """The values of `keep`'s nodes from one run of `gm`, seeded and deterministic as run_graph's."""
+    """The values of `keep`'s nodes from one run of `gm`, as run_graph runs it (its run guard's
+    checked forms, seeded, deterministic kernels)."""
     from aotpipe.determinism import run_reproducibly
+    from aotpipe.execution import runnable
 
+    gm = runnable(gm, inputs)
     if not isinstance(gm, torch.fx.GraphModule):
         return {}
     interp = _Kept(gm, keep, budget)
@@ -201,8 +204,11 @@ class References:
 
         def seq() -> Optional[dict[str, torch.Tensor]]:
             try:
-                twin = sequential_twin(gm)
-                return None if twin is None else _kept_values(twin, copy_inputs(inputs), keep, KEEP_BYTES)
+                from aotpipe.execution import runnable
+
+                args = copy_inputs(inputs)
+                twin = sequential_twin(runnable(gm, args))
+                return None if twin is None else _kept_values(twin, args, keep, KEEP_BYTES)
             except Exception:
                 return None  # no second sample
 
