@@ -68,7 +68,7 @@ def markdown(bench, roots: list[str], argv: list[str], load: tuple[float, float,
         c = dict(zip(("artifact", "graph", "status", "kind", "reason", "compile_s", "eager_ms", "backend_ms",
                       "speedup"), row(r)))
         lines.append(_md_row([c["artifact"], c["graph"], c["status"], c["compile_s"], c["eager_ms"], c["backend_ms"],
-                              c["speedup"], "yes" if r.noisy else "", r.reason if r.status != "pass" else ""]))
+                              c["speedup"], "yes" if r.noisy else "", r.reason if r.status != "pass" or r.rescaled else ""]))
     for note in bench.notes:
         lines.append(f"\nnote: {note}")
     return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.fx
@@ -134,20 +134,133 @@ def prefix(gm: torch.fx.GraphModule, upto: torch.fx.Node, tensors: set[str], *,
     return torch.fx.GraphModule(gm, g)
 
 
-def _check_prefix(pm: torch.fx.GraphModule, inputs: list[Any], backend: Any, user: Any,
-                  roles: list[str]) -> tuple[bool, str]:
-    """(the prefix passes, the first failing output's line or why it could not be judged)."""
-    from aotpipe.bench.backends import compile_graph
-    from aotpipe.bench.graph import as_list, check_outputs, reference64, seeded_call
-    from aotpipe.execution import run_graph
+# How many bytes of node values a locate keeps from one whole-graph run per reference (float32,
+# the second sample; float64 is kept up to twice this): a prefix whose values were all kept is
+# checked against them, any other runs itself.
+KEEP_BYTES = 1 << 30
 
-    expected = run_graph(pm, [_fresh(x) for x in inputs])
-    ref = reference64(pm, [_fresh(x) for x in inputs])
-    args = [_fresh(x) for x in inputs]
+
+class _Kept(torch.fx.Interpreter):
+    """One run of a graph keeping (a copy of) the values of the nodes named, up to a budget."""
+
+    def __init__(self, gm: torch.fx.GraphModule, keep: set[str], budget: int):
+        super().__init__(gm)
+        self.keep, self.budget, self.used = keep, budget, 0
+        self.values: dict[str, torch.Tensor] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        v = super().run_node(n)
+        if n.name in self.keep and isinstance(v, torch.Tensor):
+            size = v.numel() * v.element_size()
+            if self.used + size <= self.budget:
+                self.values[n.name] = v.detach().clone()  # a later in-place op may overwrite it
+                self.used += size
+        return v
+
+
+def _kept_values(gm: Any, inputs: list[Any], keep: set[str], budget: int) -> dict[str, torch.Tensor]:
+    """The values of `keep`'s nodes from one run of `gm`, as run_graph runs it (its run guard's
+    checked forms, seeded, deterministic kernels)."""
+    from aotpipe.determinism import run_reproducibly
+    from aotpipe.execution import runnable
+
+    gm = runnable(gm, inputs)
+    if not isinstance(gm, torch.fx.GraphModule):
+        return {}
+    interp = _Kept(gm, keep, budget)
+
+    def run() -> Any:
+        with torch.no_grad():
+            return interp.run(*inputs)
+
+    run_reproducibly(run)
+    return interp.values
+
+
+class References:
+    """The float32, float64 and sequential-sum values of a graph's nodes, each from one run of
+    the whole graph (made when first needed) and reused by every prefix the bisection checks;
+    a prefix some of whose values were not kept (over KEEP_BYTES) is run by itself."""
+
+    def __init__(self, gm: torch.fx.GraphModule, inputs: list[Any], keep: set[str]):
+        from aotpipe.bench.graph import Lazy, copy_inputs, to_float64
+        from aotpipe.bench.noise import sequential_twin
+
+        self.gm, self.inputs = gm, inputs
+        self.runs = {"f32": 0, "f64": 0, "seq": 0}
+
+        def counted(kind: str, make: Callable[[], Any]) -> Callable[[], Any]:
+            def run() -> Any:
+                self.runs[kind] += 1
+                return make()
+            return run
+
+        def wide() -> Optional[dict[str, torch.Tensor]]:
+            try:
+                g, w = to_float64(gm, copy_inputs(inputs))
+                return _kept_values(g, w, keep, 2 * KEEP_BYTES)
+            except Exception:
+                return None  # the graph does not run in float64: the floor alone decides
+
+        def seq() -> Optional[dict[str, torch.Tensor]]:
+            try:
+                from aotpipe.execution import runnable
+
+                args = copy_inputs(inputs)
+                twin = sequential_twin(runnable(gm, args))
+                return None if twin is None else _kept_values(twin, args, keep, KEEP_BYTES)
+            except Exception:
+                return None  # no second sample
+
+        self.f32 = Lazy(counted("f32", lambda: _kept_values(gm, copy_inputs(inputs), keep, KEEP_BYTES)))
+        self.f64 = Lazy(counted("f64", wide))
+        self.seq = Lazy(counted("seq", seq))
+
+    @staticmethod
+    def _pick(values: dict[str, torch.Tensor], names: list[str]) -> Optional[list[Any]]:
+        return [values[n] for n in names] if all(n in values for n in names) else None
+
+    def expected(self, pm: torch.fx.GraphModule, names: list[str]) -> list[Any]:
+        from aotpipe.bench.graph import copy_inputs
+        from aotpipe.execution import run_graph
+
+        kept = self._pick(self.f32(), names)
+        return kept if kept is not None else run_graph(pm, copy_inputs(self.inputs))
+
+    def reference(self, pm: torch.fx.GraphModule, names: list[str]) -> Optional[list[Any]]:
+        from aotpipe.bench.graph import copy_inputs, reference64
+
+        values = self.f64()
+        if values is None:
+            return None  # the graph does not run in float64: the floor alone decides
+        kept = self._pick(values, names)
+        return kept if kept is not None else reference64(pm, copy_inputs(self.inputs))
+
+    def sequential(self, pm: torch.fx.GraphModule, names: list[str]) -> Optional[list[Any]]:
+        from aotpipe.bench.graph import copy_inputs
+        from aotpipe.bench.noise import sequential_run
+
+        values = self.seq()
+        if values is None:
+            return None
+        kept = self._pick(values, names)
+        return kept if kept is not None else sequential_run(pm, copy_inputs(self.inputs))
+
+
+def _check_prefix(pm: torch.fx.GraphModule, refs: References, backend: Any, user: Any,
+                  roles: list[str]) -> tuple[bool, str]:
+    """(the prefix passes, the first failing output's line or why it could not be judged), by
+    the whole graph's rule (aotpipe.bench.graph.judge)."""
+    from aotpipe.bench.backends import compile_graph
+    from aotpipe.bench.graph import Lazy, as_list, check_outputs, copy_inputs, seeded_call
+
+    names = [a.name for a in pm.graph.output_node().args[0]]
+    expected = refs.expected(pm, names)
+    args = copy_inputs(refs.inputs)
     fn, free = compile_graph(backend, pm, args, roles, user)
     actual = as_list(seeded_call(lambda: fn([args[i] for i in free])))
-    names = [a.name for a in pm.graph.output_node().args[0]]
-    checks = check_outputs(actual, expected, ref, [f"node {n}" for n in names])
+    checks, _ = check_outputs(actual, expected, Lazy(lambda: refs.reference(pm, names)),
+                              [f"node {n}" for n in names], Lazy(lambda: refs.sequential(pm, names)))
     failed = [c for c in checks if not c.passed]
     return (not failed), (failed[-1].line() if failed else "")
 
@@ -175,12 +288,11 @@ class LocateTask:
 
 def locate_graph(task: LocateTask) -> Located:
     """Bisect one failing graph to its first faulty node and write the prefix as a repro."""
-    from aotpipe.artifact.load import load
     from aotpipe.bench.backends import Backend
-    from aotpipe.bench.graph import graph_inputs
+    from aotpipe.bench.graph import copy_inputs, graph_inputs, loaded
 
     res = Located(task.label, task.graph, False, "")
-    art = load(task.artifact, trust_ops=task.trust_ops)
+    art = loaded(task.artifact, task.trust_ops)
     ga = art.graphs[task.graph]
     gm = ga.module
     if not isinstance(gm, torch.fx.GraphModule):
@@ -190,12 +302,13 @@ def locate_graph(task: LocateTask) -> Located:
     user = backend.resolve()
     inputs = graph_inputs(ga, task.inputs, task.seed)
     roles = [r.role for r in ga.record.inputs]
-    values = _values(gm, [_fresh(x) for x in inputs])
+    values = _values(gm, copy_inputs(inputs))
     tensors = {k for k, (is_tensor, _) in values.items() if is_tensor}
     candidates = [n for n in gm.graph.nodes if n.op == "call_function" and n.name in tensors]
     if not candidates:
         res.reason = "the graph computes no tensor"
         return res
+    refs = References(gm, inputs, tensors)
     tried = 0
     memo: dict[int, tuple[bool, str]] = {}
 
@@ -204,7 +317,7 @@ def locate_graph(task: LocateTask) -> Located:
         if i not in memo:
             tried += 1
             try:
-                ok, line = _check_prefix(prefix(gm, candidates[i], tensors), inputs, backend, user, roles)
+                ok, line = _check_prefix(prefix(gm, candidates[i], tensors), refs, backend, user, roles)
             except Exception as e:  # the prefix does not compile or run: not this kind of fault
                 ok, line = True, f"prefix failed to run: {exception_line(e)}"
             memo[i] = (not ok, line)

@@ -54,13 +54,14 @@ def result_line(r: GraphResult, width: int) -> str:
 
 
 def table(bench: Bench, *, t_levels: tuple[int, ...] = (-5, -3, -1, 0, 1, 3)) -> list[str]:
-    """The table (one line per graph, a reason under each that did not pass), then the scores."""
+    """The table (one line per graph, a reason under each that did not pass or passed only by
+    the second noise sample), then the scores."""
     rs = sorted(bench.results, key=lambda r: (r.artifact, r.graph))
     width = max([20] + [len(f"{r.artifact} {r.graph}") for r in rs])
     lines = [f"{'graph':<{width}} {'status':<13} {'compile':<15} speedup (eager / {bench.backend}, median per call)"]
     for r in rs:
         lines.append(result_line(r, width))
-        if r.status != "pass":
+        if r.status != "pass" or r.rescaled:
             lines.append(f"    {r.reason}")
     lines.append("")
     lines.append(f"{'scores':<10} {'graphs':>6} {'pass':>6} {'rate':>6} {'geomean':>8} {'compile s':>10}  " +

@@ -57,3 +57,50 @@ def fails_to_compile(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any
 
 
 NOT_CALLABLE = 42
+
+
+def sums_sequential(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Sums every sum and mean reduction left to right in float32, one accumulator per output
+    element: what inductor's outer reductions do where its layout optimization made a
+    training graph's convolutions channels-last (a valid order, less accurate than ATen's)."""
+    from aotpipe.bench.noise import REORDERED
+
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in REORDERED:
+            n.target = REORDERED[n.target]
+    gm.recompile()
+    return gm.forward
+
+
+def _output_off(gm: torch.fx.GraphModule, index: int, rel: float) -> Any:
+    """Multiplies the graph's output `index` by (1 + rel)."""
+    out = gm.graph.output_node()
+    values = list(out.args[0])
+    with gm.graph.inserting_before(out):
+        values[index] = gm.graph.call_function(aten.mul.Tensor, (values[index], 1.0 + rel))
+    out.args = (type(out.args[0])(values),)
+    gm.recompile()
+    return gm.forward
+
+
+# small_cnn's joint graph returns its gradients as outputs 7 (conv1.weight), 8 (bn1.weight),
+# 10 (conv2.weight) and 13 (fc.weight).
+def bn1_weight_grad_off_1e_4(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """An extra 1e-4 relative error on the batch norm's weight gradient (a sum over 8192 terms)."""
+    return _output_off(gm, 8, 1e-4)
+
+
+def conv2_weight_grad_off_1e_4(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """An extra 1e-4 relative error on conv2's weight gradient."""
+    return _output_off(gm, 10, 1e-4)
+
+
+def fc_weight_grad_off_1e_4(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """An extra 1e-4 relative error on the linear layer's weight gradient (a matrix product)."""
+    return _output_off(gm, 13, 1e-4)
+
+
+def sums_sequential_and_conv2_weight_grad_off_1e_4(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """sums_sequential, plus an extra 1e-4 relative error on conv2's weight gradient."""
+    sums_sequential(gm, example_inputs)
+    return _output_off(gm, 10, 1e-4)

@@ -54,11 +54,9 @@ def test_aot_eager_over_mlp_passes(quickstart_run):
     assert {g["kind"]: g["status"] for g in data["graphs"]} == {"inference": "pass", "backward": "pass"}
 
 
-# Measured here (torch 2.13, CPU): inductor's fused joint graph of small_cnn computes the batch
-# norm's weight and bias gradients and conv2's weight gradient with about 20x eager float32's
-# error against float64 (RMS 1.6e-5 on values of RMS 0.5), 1.5-4x over the project's bound;
-# its separate forward and backward graphs pass. The bench reports it as it is.
-NEAR_BOUND = {("small_cnn", "joint"): 10.0}
+# small_cnn's joint graph passes only with the bench's second noise sample (float32 summed
+# sequentially): inductor sums its batch norm's reductions so (docs/bench.md, the finding).
+RESCALED = {("small_cnn", "joint")}
 
 
 @pytest.mark.slow
@@ -73,11 +71,9 @@ def test_inductor_over_quickstart_passes_every_graph_with_speedup_and_compile_ti
 
     for row in csv.DictReader(rows):
         assert float(row["compile_s"]) > 0, row
-        near = NEAR_BOUND.get((row["artifact"], row["graph"]))
-        if near is not None and row["status"] == "fail_accuracy":
-            assert float(row["worst_ratio"]) < near, row  # just over the bound, not garbage
-            continue
         assert row["status"] == "pass", row
+        if (row["artifact"], row["graph"]) in RESCALED:
+            assert "only with float32 summed sequentially as the scale" in row["reason"], row
         assert float(row["speedup"]) > 0
     assert header[:3] == ["artifact", "graph", "status"]
     assert "compile" in r.output and "x  eager" in r.output
