@@ -227,3 +227,18 @@ def test_a_guard_on_the_inputs_values_is_not_decided_on_the_example(tmp_path, mo
         assert m.status == "ok", (m.stage, m.error)
         assert any(n.startswith("mode auto") or "dynamo" in n for n in m.notes), m.notes
     assert not any("captured static" in n for n in m.notes), m.notes
+
+
+@pytest.mark.slow
+def test_the_mimi_encoder_captures_in_export_mode_with_every_check_passing(tmp_path):
+    pytest.importorskip("transformers")
+    models, _ = _run(tmp_path, "  - name: mimi_encoder\n    source: hf:MimiEncoderModel\n"
+                               "    config: {num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, "
+                               "head_dim: 16, hidden_size: 64, intermediate_size: 128, use_cache: false}\n"
+                               "    inputs: [{name: input_values, shape: [2, 1, 4000]}]\n")
+    m = models["mimi_encoder"]
+    assert m.status == "ok", (m.stage, m.error)
+    assert m.checks.failed == 0 and m.checks.run >= 50 and not m.checks.skipped
+    assert [g.kind for g in m.graphs] == ["inference", "forward", "backward", "joint"]
+    assert any(n.startswith("data-dependent sizes computed from the model's own integer buffers (downsample.kernel_size")
+               and n.endswith("after a guard on them stopped torch.export") for n in m.notes), m.notes

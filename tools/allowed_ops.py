@@ -49,6 +49,11 @@ EXTRAS = {
     "aten.searchsorted.Scalar": "as searchsorted.Tensor",
     "aten.empty_permuted.default": "an uninitialised tensor in a given memory order (MoE expert buffers; sizes bounded by the precheck)",
     "aten.put.default": "Tensor.put_ (no deterministic kernel; its CPU kernel refuses indices out of range)",
+    # F.pad(mode="replicate") in training graphs (Mimi's and EnCodec's convolutions); the kernel refuses a
+    # gradient whose size does not follow from the input's and the padding, and clamps every index it reads
+    "aten.replication_pad1d_backward.default": "gradient of replicate padding (checks the gradient's size)",
+    "aten.replication_pad2d_backward.default": "as replication_pad1d_backward",
+    "aten.replication_pad3d_backward.default": "as replication_pad1d_backward",
 }
 
 

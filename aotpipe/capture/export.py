@@ -265,6 +265,8 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
                 if ep is None:
                     raise
                 decided, refused = True, e
+                printed.seek(0)
+                printed.truncate()  # the failed export's partial graph: not the user's concern now
             folded = unbacked.fold_constant_sizes(ep, guards_decided=decided)
             if folded is None and decided:
                 raise refused  # a guard on the input's values (or a parameter's): not a constant size
