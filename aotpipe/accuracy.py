@@ -20,6 +20,11 @@ error: eager has no correct digit) is held to the same form of bound, with a mul
 value, so no value passes whatever it is. The training loss is weighted (eager.model_loss)
 so that no gradient is zero merely because of the loss; some still are (a bias before a
 batch norm), and those are checked so.
+
+Eager's error is one draw of rounding noise; where a value is small next to it, one draw can
+be small by chance. A check that fails the rule takes further samples (eager float32 on inputs
+and weights nudged by one ulp, :data:`NOISE_SAMPLES` in all) and uses the largest error
+(:func:`eager_error`); :func:`fp64_bound` is the bound for a given eager error.
 """
 
 from __future__ import annotations
