@@ -54,6 +54,14 @@ EXTRAS = {
     "aten.replication_pad1d_backward.default": "gradient of replicate padding (checks the gradient's size)",
     "aten.replication_pad2d_backward.default": "as replication_pad1d_backward",
     "aten.replication_pad3d_backward.default": "as replication_pad1d_backward",
+    # complex FFT graphs (torch.fft.fft2 / ifft2, and the backward of a complex product)
+    "aten._fft_c2c.default": "complex-to-complex FFT; runs in a checked form (dims and normalization, checked.py)",
+    "aten._conj.default": "the lazy conjugate of a complex tensor (a view: no size or index it reads)",
+    "aten.view_as_real.default": "a complex tensor as pairs of reals (a view; refuses a non-complex input)",
+    "aten.view_as_complex.default": "pairs of reals as a complex tensor (a view; refuses a last size other than 2 "
+                                    "or a stride other than 1)",
+    # stochastic depth / drop path (MobileViT) draws with Tensor.bernoulli_(p)
+    "aten.bernoulli.p": "a Bernoulli draw of probability p (its kernel refuses p outside [0, 1])",
 }
 
 
