@@ -20,6 +20,11 @@ error: eager has no correct digit) is held to the same form of bound, with a mul
 value, so no value passes whatever it is. The training loss is weighted (eager.model_loss)
 so that no gradient is zero merely because of the loss; some still are (a bias before a
 batch norm), and those are checked so.
+
+Eager's error is one draw of rounding noise; where a value is small next to it, one draw can
+be small by chance. A check that fails the rule takes further samples (eager float32 on inputs
+and weights nudged by one ulp, :data:`NOISE_SAMPLES` in all) and uses the largest error
+(:func:`eager_error`); :func:`fp64_bound` is the bound for a given eager error.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -198,12 +203,58 @@ WITHIN_NOISE = ("zero in exact arithmetic: its float64 value is no larger than e
                 "value lies within eager's own noise of it")
 
 
+def within_noise(check: "Check") -> bool:
+    """Whether a passing fp64 check's reference had no correct digit in eager float32."""
+    return check.method == "fp64" and check.passed and (check.detail or "").startswith(WITHIN_NOISE)
+
+
+# How many samples of eager float32's rounding noise a check may take (the first, then further
+# ones only while the float64 rule fails): a value small next to float noise is a ratio of two
+# noise draws, heavy-tailed: one draw of eager's is below a tenth of another's about 1 time in 20.
+# Measured on 1000 seeds of tests/test_accuracy.py's depthwise-convolution scale gradient (eager's
+# batch norm against its decomposition): 52 fail with one sample, 8 with two, 1 with three, 0
+# with four.
+NOISE_SAMPLES = 4
+
+# Why eager float32's error was taken from more than one sample (appended to a passing check's detail).
+MORE_SAMPLES = ("eager float32's error is the largest of {n} samples: the others ran on inputs, parameters and "
+                "buffers nudged by one ulp")
+
+
+def eager_error(expected: torch.Tensor, reference: torch.Tensor, *samples: Optional[torch.Tensor]) -> float:
+    """Eager float32's own error against the float64 `reference`: the largest RMSE of `expected`
+    and of the other float32 `samples` of the same value (None and mismatched ones left out).
+
+    One sample of rounding noise can be small by chance (a value zero in exact arithmetic is
+    a ratio of two noise draws, heavy-tailed); the largest of two is a steadier scale."""
+    errors = [rmse(expected, reference)]
+    errors += [rmse(s, reference) for s in samples if isinstance(s, torch.Tensor) and s.shape == expected.shape
+               and s.dtype == expected.dtype and not _nonfinite_differs(s, expected)]
+    return max(errors)
+
+
+def fp64_bound(expected: torch.Tensor, reference: torch.Tensor, error: float,
+               rel_floor: Optional[float] = None) -> tuple[float, float, bool]:
+    """(bound, multiplier, within_noise): the largest RMSE against the float64 `reference` a value
+    of `expected`'s dtype and size may have, given eager float32's own `error` (eager_error).
+    within_noise: the reference is no larger than eager's error (zero in exact arithmetic), so
+    the multiplier is at least NOISE_MULTIPLIER."""
+    noise = _rms(reference) <= error  # eager has no correct digit: the value must lie within its noise
+    m = multiplier(expected.dtype, expected.numel())
+    if noise:
+        m = max(NOISE_MULTIPLIER, m)
+    return m * error + floor(expected, rel_floor), m, noise
+
+
 def compare(actual: Any, expected: Any, reference: Reference = None, *, what: str = "value",
-            rel_floor: Optional[float] = None) -> Check:
+            rel_floor: Optional[float] = None, samples: Sequence[Reference] = ()) -> Check:
     """Compare a graph's value with eager float32's (`expected`) under the rule above.
 
     `reference` is the fp64 value, or a callable giving it (called only when the floor does
     not settle the question), or None when there is none: then the floor alone decides.
+    `samples`: other eager float32 values of the same quantity (or callables giving them), taken
+    in order only while the float64 rule fails, at most NOISE_SAMPLES in all with `expected`;
+    eager's error is then the largest of those taken (eager_error).
     """
     if actual is None or expected is None:
         if actual is None and expected is None:
@@ -235,17 +286,23 @@ def compare(actual: Any, expected: Any, reference: Reference = None, *, what: st
         return Check(what, False, "floor", error=d, bound=fl,
                      detail=f"RMS error {d:.3g} against eager float32, over the float-noise floor {fl:.3g} "
                             f"(max abs error {max_abs_error(actual, expected):.3g})")
-    e = rmse(expected, ref)
+    e = eager_error(expected, ref)
     r = rmse(actual, ref)
-    noise = _rms(ref) <= e  # eager has no correct digit: the graph must lie within its noise
-    m = max(NOISE_MULTIPLIER, multiplier(expected.dtype, expected.numel())) if noise else \
-        multiplier(expected.dtype, expected.numel())
-    bound = m * e + fl
+    bound, m, noise = fp64_bound(expected, ref, e, rel_floor)
+    taken = 1
+    for sample in list(samples)[:NOISE_SAMPLES - 1]:
+        if r <= bound:
+            break
+        taken += 1
+        e = max(e, eager_error(expected, ref, sample() if callable(sample) else sample))
+        bound, m, noise = fp64_bound(expected, ref, e, rel_floor)
     ok = r <= bound
-    return Check(what, ok, "fp64", error=r, eager_error=e, bound=bound, detail=(
-        WITHIN_NOISE if noise else None) if ok else (
+    more = MORE_SAMPLES.format(n=taken) if taken > 1 else None
+    why = "; ".join(x for x in (WITHIN_NOISE if noise else None, more) if x)
+    return Check(what, ok, "fp64", error=r, eager_error=e, bound=bound, detail=(why or None) if ok else (
         f"RMS error {r:.3g} against the float64 eager model, over {bound:.3g} "
-        f"({m:g}x eager float32's own {e:.3g} plus the floor)"))
+        f"({m:g}x eager float32's own {e:.3g} plus the floor"
+        + (f", the largest of {taken} samples" if taken > 1 else "") + ")"))
 
 
 def summary(t: Any) -> Optional[dict[str, Any]]:

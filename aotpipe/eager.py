@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -94,6 +95,15 @@ def _to64(x: Any) -> Any:
     return x
 
 
+def _nudged(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """`t` with each float32/float64 element moved one ulp up or down (by `gen`); others as they are."""
+    if t.dtype not in (torch.float32, torch.float64) or not t.numel():
+        return t
+    up = torch.rand(t.shape, generator=gen) < 0.5
+    inf = torch.tensor(math.inf, dtype=t.dtype)
+    return torch.nextafter(t, torch.where(up, inf, -inf))
+
+
 # transformers' note when the eager run took the branch a trace takes instead of its shortcut.
 CAUSAL_MASK_NOTE = ("eager reference built the causal mask as traced graphs do (transformers skips it in eager "
                     "for an all-ones attention mask, which changes the function where attention sets "
@@ -145,22 +155,25 @@ class EagerReference:
         self.skip_input_views = skip_input_views
         self.constants = constants or {}
         self.user_names = user_names or []  # names of the (args, kwargs) leaves: user-input mutations
-        self._runs: dict[tuple[str, bool], Optional[EagerRun]] = {}
+        self._runs: dict[tuple[str, bool, int], Optional[EagerRun]] = {}
         self.errors: dict[tuple[str, bool], str] = {}
         self.notes: list[str] = []  # where eager was made to take the traced branch (traced_branches)
 
-    def run(self, mode: str, fp64: bool = False) -> Optional[EagerRun]:
-        """The `mode` ("inference" or "training") run, in float64 if `fp64`; None if it failed."""
-        key = (mode, fp64)
+    def run(self, mode: str, fp64: bool = False, nudged: int = 0) -> Optional[EagerRun]:
+        """The `mode` ("inference" or "training") run, in float64 if `fp64`; None if it failed.
+        `nudged` k > 0: a float32 run on inputs, parameters and buffers each moved by one ulp, up or
+        down as a generator seeded with k draws: another sample of eager's rounding noise
+        (accuracy.eager_error)."""
+        key = (mode, fp64, nudged)
         if key not in self._runs:
             try:
-                self._runs[key] = self._run(mode, fp64)
+                self._runs[key] = self._run(mode, fp64, nudged)
             except Exception as e:  # a model that cannot run in float64, say: the check says so
                 self._runs[key] = None
-                self.errors[key] = exception_line(e)
+                self.errors[(mode, f"nudged {nudged}") if nudged else (mode, fp64)] = exception_line(e)
         return self._runs[key]
 
-    def _run(self, mode: str, fp64: bool) -> EagerRun:
+    def _run(self, mode: str, fp64: bool, nudged: int = 0) -> EagerRun:
         model = copy.deepcopy(self.model)
         args, kwargs = copy.deepcopy((self.args, self.kwargs))  # a model may mutate its inputs
         constants = dict(self.constants)
@@ -168,6 +181,12 @@ class EagerReference:
             model = model.double()
             args, kwargs = pytree.tree_map(_to64, (args, kwargs))
             constants = {k: _to64(v) for k, v in constants.items()}
+        elif nudged:
+            gen = torch.Generator().manual_seed(nudged)
+            with torch.no_grad():
+                for t in [*model.parameters(), *model.buffers(), *pytree.tree_leaves((args, kwargs))]:
+                    if isinstance(t, torch.Tensor):
+                        t.data.copy_(_nudged(t.data, gen))
         before = {n: b.detach().clone() for n, b in model.named_buffers(remove_duplicate=False)}
         users = {n: t for n, t in zip(self.user_names, pytree.tree_leaves((args, kwargs))) if isinstance(t, torch.Tensor)}
         before.update({n: t.detach().clone() for n, t in users.items() if n not in before})
@@ -231,9 +250,9 @@ class SubgraphReference:
     def __init__(self, by_mode: dict[str, EagerReference]):
         self.by_mode = by_mode
 
-    def run(self, mode: str, fp64: bool = False) -> Optional[EagerRun]:
+    def run(self, mode: str, fp64: bool = False, nudged: int = 0) -> Optional[EagerRun]:
         ref = self.by_mode.get(mode)
-        return ref.run(mode, fp64) if ref is not None else None
+        return ref.run(mode, fp64, nudged) if ref is not None else None
 
     @property
     def errors(self) -> dict[tuple[str, bool], str]:

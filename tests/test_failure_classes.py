@@ -169,3 +169,76 @@ def test_a_size_that_depends_on_the_input_stays_data_dependent():
 
     ep = torch.export.export(Picks(), (torch.randn(16),), strict=False)
     assert constant_sizes_folded(ep) is None
+
+
+# (d) The same sizes compared before they can be folded: Mimi's encoder pads with integer
+# buffers, then SDPA asks whether the padded length is over 1, and torch.export stops on that
+# guard ("u0 + u1 + 7680 > 1") before any fold runs. Export again deciding guards on the example's
+# values, fold, and export static; a guard on the input's values is a branch on data and must
+# not be decided so.
+
+
+class GuardedBufferPaddedConv(BufferPaddedConv):
+    """BufferPaddedConv whose padded length is then compared (as SDPA compares a sequence
+    length); with `on_input`, also a branch on the input's values."""
+
+    def __init__(self, on_input: bool = False):
+        super().__init__()
+        self.on_input = on_input
+
+    def forward(self, x):
+        y = super().forward(x)
+        if y.shape[-1] > 1:  # a guard on the buffer-computed size
+            y = y * 2
+        if self.on_input and (x > 0).sum().item() > 3:  # a guard on the input's values
+            y = y + 1
+        return y
+
+
+def guarded_buffer_padded_conv(on_input: bool = False):
+    return GuardedBufferPaddedConv(on_input)
+
+
+def test_a_guard_on_sizes_from_integer_buffers_is_decided_and_the_sizes_captured_static(tmp_path):
+    with pytest.raises(Exception, match="Could not guard on data-dependent expression"):
+        torch.export.export(GuardedBufferPaddedConv().train(), (torch.randn(1, 2, 61),), strict=False)
+    models, _ = _run(tmp_path, "  - {name: pad, source: 'tests.test_failure_classes:guarded_buffer_padded_conv', "
+                               "inputs: [{shape: [1, 2, 61]}]}\n")
+    m = models["pad"]
+    assert m.status == "ok", (m.stage, m.error)
+    assert m.checks.failed == 0 and m.checks.run >= 4 and not m.checks.skipped
+    assert [g.kind for g in m.graphs] == ["inference", "forward", "backward", "joint"]
+    assert ("data-dependent sizes computed from the model's own integer buffers (kernel_size, padding_total, "
+            "stride) captured static, after a guard on them stopped torch.export") in m.notes, m.notes
+    inference = json.loads((tmp_path / "out" / "classes" / "pad" / "pad_inference_0" / "graph.json").read_text())
+    assert not any("u0" in json.dumps(n) for n in inference["nodes"])
+    pad = next(n for n in inference["nodes"] if n.get("target", "").startswith("aten.constant_pad_nd"))
+    assert pad["args"][1] == [5, 1]
+
+
+@pytest.mark.parametrize("mode", ["export", "auto"])
+def test_a_guard_on_the_inputs_values_is_not_decided_on_the_example(tmp_path, mode):
+    models, _ = _run(tmp_path, "  - {name: pad, source: 'tests.test_failure_classes:guarded_buffer_padded_conv', "
+                               "args: {on_input: true}, inputs: [{shape: [1, 2, 61]}]}\n", mode=mode)
+    m = models["pad"]
+    if mode == "export":  # the branch on x is torch.export's error, as without the fold
+        assert m.status == "failed" and "GuardOnDataDependentSymNode" in m.error, (m.status, m.error)
+    else:  # auto falls back to dynamo, which splits the graph at the branch
+        assert m.status == "ok", (m.stage, m.error)
+        assert any(n.startswith("mode auto") or "dynamo" in n for n in m.notes), m.notes
+    assert not any("captured static" in n for n in m.notes), m.notes
+
+
+@pytest.mark.slow
+def test_the_mimi_encoder_captures_in_export_mode_with_every_check_passing(tmp_path):
+    pytest.importorskip("transformers")
+    models, _ = _run(tmp_path, "  - name: mimi_encoder\n    source: hf:MimiEncoderModel\n"
+                               "    config: {num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, "
+                               "head_dim: 16, hidden_size: 64, intermediate_size: 128, use_cache: false}\n"
+                               "    inputs: [{name: input_values, shape: [2, 1, 4000]}]\n")
+    m = models["mimi_encoder"]
+    assert m.status == "ok", (m.stage, m.error)
+    assert m.checks.failed == 0 and m.checks.run >= 50 and not m.checks.skipped
+    assert [g.kind for g in m.graphs] == ["inference", "forward", "backward", "joint"]
+    assert any(n.startswith("data-dependent sizes computed from the model's own integer buffers (downsample.kernel_size")
+               and n.endswith("after a guard on them stopped torch.export") for n in m.notes), m.notes

@@ -49,6 +49,19 @@ EXTRAS = {
     "aten.searchsorted.Scalar": "as searchsorted.Tensor",
     "aten.empty_permuted.default": "an uninitialised tensor in a given memory order (MoE expert buffers; sizes bounded by the precheck)",
     "aten.put.default": "Tensor.put_ (no deterministic kernel; its CPU kernel refuses indices out of range)",
+    # F.pad(mode="replicate") in training graphs (Mimi's and EnCodec's convolutions); the kernel refuses a
+    # gradient whose size does not follow from the input's and the padding, and clamps every index it reads
+    "aten.replication_pad1d_backward.default": "gradient of replicate padding (checks the gradient's size)",
+    "aten.replication_pad2d_backward.default": "as replication_pad1d_backward",
+    "aten.replication_pad3d_backward.default": "as replication_pad1d_backward",
+    # complex FFT graphs (torch.fft.fft2 / ifft2, and the backward of a complex product)
+    "aten._fft_c2c.default": "complex-to-complex FFT; runs in a checked form (dims and normalization, checked.py)",
+    "aten._conj.default": "the lazy conjugate of a complex tensor (a view: no size or index it reads)",
+    "aten.view_as_real.default": "a complex tensor as pairs of reals (a view; refuses a non-complex input)",
+    "aten.view_as_complex.default": "pairs of reals as a complex tensor (a view; refuses a last size other than 2 "
+                                    "or a stride other than 1)",
+    # stochastic depth / drop path (MobileViT) draws with Tensor.bernoulli_(p)
+    "aten.bernoulli.p": "a Bernoulli draw of probability p (its kernel refuses p outside [0, 1])",
 }
 
 

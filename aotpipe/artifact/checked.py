@@ -376,6 +376,28 @@ def _repeat_interleave(a: dict[str, Any]) -> Optional[str]:
     return _bounded_size(total, 8, "its repeats")
 
 
+def _fft(a: dict[str, Any]) -> Optional[str]:
+    """_fft_r2c, _fft_c2r, _fft_c2c: the MKL and pocketfft kernels index the input's sizes with
+    `dim` and switch on `normalization` without checking either."""
+    x, dims, norm = a["self"], a["dim"], a["normalization"]
+    if not isinstance(x, torch.Tensor):
+        return "self is not a tensor"
+    if not isinstance(dims, (list, tuple)) or not dims or not all(isinstance(d, int) for d in dims):
+        return "dim is not a list of dimensions"
+    if any(not 0 <= d < x.dim() for d in dims):  # the kernels take wrapped dims only
+        return f"dim {list(dims)} names a dimension self ({x.dim()}-d) does not have (0 to {x.dim() - 1})"
+    if len(set(dims)) != len(dims):
+        return f"dim {list(dims)} names a dimension twice"
+    if norm not in (0, 1, 2):
+        return f"normalization {norm!r} is not 0, 1 or 2"
+    last = a.get("last_dim_size")
+    if last is not None:
+        if not isinstance(last, int) or last < 1:
+            return f"last_dim_size {last!r} is not a positive size"
+        return _bounded_size(x.numel() // max(1, x.shape[dims[-1]]) * last, x.element_size(), "last_dim_size")
+    return None
+
+
 # The op -> its check. Ops whose output size a value decides are here too: the precheck
 # bounds them by the limit these checks enforce (aotpipe/artifact/precheck.py).
 CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
@@ -413,6 +435,9 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
     aten._segment_reduce_backward.default: _segment_reduce_backward,
     aten.bincount.default: _bincount,
     aten.repeat_interleave.Tensor: _repeat_interleave,
+    aten._fft_r2c.default: _fft,
+    aten._fft_c2r.default: _fft,
+    aten._fft_c2c.default: _fft,
 }
 
 # Ops whose output size comes from values, bounded at run time by their check above to

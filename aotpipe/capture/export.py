@@ -17,6 +17,7 @@ import dataclasses
 import copy
 import functools
 import io
+import logging
 import operator
 import sys
 import time
@@ -28,6 +29,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.capture import custom_ops, unbacked
@@ -177,13 +179,13 @@ def _capture(
 
     if "inference" in graphs:
         model.eval()
-        ep = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "inference"), notes))
+        ep = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "inference", notes), notes))
         constants.update({k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)})
         captured["inference"] = _inference_graph(ep, user_names, int_ranges, state, user_values)
 
     if {"forward", "backward", "joint"} & set(graphs):
         model.train()
-        ep_train = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "training"), notes,
+        ep_train = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "training", notes), notes,
                                                            training=True))
         joint, fw, bw, contract, no_grad = _training_graphs(
             ep_train, args, kwargs, user_names, int_ranges, state, constants, loss, notes)
@@ -246,20 +248,64 @@ def _tied_names(model: torch.nn.Module) -> dict[str, set[str]]:
     return {n: names - {n} for names in by_id.values() for n in names if len(names) > 1}
 
 
-def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str) -> torch.export.ExportedProgram:
+def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
+            notes: Optional[list[str]] = None) -> torch.export.ExportedProgram:
     # On failure torch.export prints the partial graph to stderr; the error is one line here.
     # What it prints on success is passed on.
     printed = io.StringIO()
     try:
         with contextlib.redirect_stderr(printed):
-            ep = torch.export.export(model, args, kwargs, strict=False)
-            folded = unbacked.constant_sizes_folded(ep)
+            decided = False
+            try:
+                ep = torch.export.export(model, args, kwargs, strict=False)
+            except GuardOnDataDependentSymNode as e:
+                # A guard on a size computed from the model's own integer buffers (Mimi's padded
+                # length compared in SDPA) stops the export before those sizes can be folded.
+                ep = _export_deciding_guards(model, args, kwargs)
+                if ep is None:
+                    raise
+                decided, refused = True, e
+                printed.seek(0)
+                printed.truncate()  # the failed export's partial graph: not the user's concern now
+            folded = unbacked.fold_constant_sizes(ep, guards_decided=decided)
+            if folded is None and decided:
+                raise refused  # a guard on the input's values (or a parameter's): not a constant size
             if folded is not None:  # sizes that only looked data-dependent: export them static
-                ep = torch.export.export(folded, args, kwargs, strict=False)
+                ep = torch.export.export(folded[0], args, kwargs, strict=False)
+                note = (f"data-dependent sizes computed from the model's own integer buffers "
+                        f"({', '.join(folded[1][:6])}{' ...' if len(folded[1]) > 6 else ''}) captured static"
+                        + (", after a guard on them stopped torch.export" if decided else ""))
+                if notes is not None and note not in notes:
+                    notes.append(note)
     except Exception as e:
         raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
     sys.stderr.write(printed.getvalue())
     return ep
+
+
+def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict
+                            ) -> Optional[torch.export.ExportedProgram]:
+    """torch.export with real-tensor propagation (what ``torch.export.draft_export`` uses, at a
+    tenth of its time): each data-dependent guard is decided on the example's values and left in
+    the graph as a run-time assertion, for unbacked.fold_constant_sizes to accept only where it
+    follows from constants. None if even that fails. The model's buffers and the generator are
+    left as they were (the real run alongside the trace would advance them)."""
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")  # one warning per decided guard
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with torch.random.fork_rng(devices=[]), \
+                torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True):
+            return torch.export.export(model, args, kwargs, strict=False)
+    except Exception:  # noqa: BLE001 - the caller raises the first export's error
+        return None
+    finally:
+        logger.setLevel(level)
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved:
+                    b.copy_(saved[n])
 
 
 def _library_ops_to_aten(ep: torch.export.ExportedProgram, notes: list[str], *, training: bool = False

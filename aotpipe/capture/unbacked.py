@@ -98,7 +98,8 @@ def drop_size_assertions(gm: torch.fx.GraphModule) -> int:
     return dropped
 
 
-def constant_sizes_folded(ep: "torch.export.ExportedProgram") -> Optional[torch.fx.GraphModule]:
+def constant_sizes_folded(ep: "torch.export.ExportedProgram", *, guards_decided: bool = False
+                          ) -> Optional[torch.fx.GraphModule]:
     """`ep` as a module whose sizes read from the model's own constants are plain numbers, or
     None when it has none.
 
@@ -111,7 +112,21 @@ def constant_sizes_folded(ep: "torch.export.ExportedProgram") -> Optional[torch.
     cannot store. Here each ``item`` whose value follows from buffers and constants alone (no
     user input, no parameter, no random op, no buffer the graph writes) is evaluated and
     replaced by its value; exporting the result again gives static sizes.
+
+    `guards_decided`: `ep` was traced with torch's real-tensor propagation (see
+    capture/export.py's ``_export_deciding_guards``), which decides each data-dependent guard on the example's values
+    and leaves a run-time assertion (``_assert_scalar``) for it. Such a graph is folded only if
+    every assertion follows from constants too and holds; one that reads a user input or a
+    parameter is a branch on data, and the graph is refused (None).
     """
+    folded = fold_constant_sizes(ep, guards_decided=guards_decided)
+    return folded[0] if folded is not None else None
+
+
+def fold_constant_sizes(ep: "torch.export.ExportedProgram", *, guards_decided: bool = False
+                        ) -> Optional[tuple[torch.fx.GraphModule, list[str]]]:
+    """:func:`constant_sizes_folded`'s module, with the names of the buffers and constants
+    whose values it read (for the manifest's note), or None."""
     if not has_data_dependent_sizes(ep.graph_module):
         return None
     module = ep.module()
@@ -135,6 +150,14 @@ def constant_sizes_folded(ep: "torch.export.ExportedProgram") -> Optional[torch.
              and n in env and isinstance(env[n], int)]  # sizes (ints, bools), not a float scale
     if not items:
         return None
+    if guards_decided:
+        for node in graph.nodes:
+            if node.op == "call_function" and node.target is torch.ops.aten._assert_scalar.default:
+                cond = node.args[0]
+                value = env.get(cond) if isinstance(cond, torch.fx.Node) else cond
+                if value is None or not bool(value):
+                    return None  # decided on a user input's (or a parameter's) values, or false
+    sources = sorted({a.target for n in items for a in _ancestors(n) if a.op == "get_attr"})
     for node in items:
         value = env[node]
         for user in list(node.users):
@@ -143,7 +166,18 @@ def constant_sizes_folded(ep: "torch.export.ExportedProgram") -> Optional[torch.
         graph.erase_node(node)
     graph.eliminate_dead_code()
     module.recompile()
-    return module
+    return module, sources
+
+
+def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
+    seen: set[torch.fx.Node] = set()
+    todo = list(node.all_input_nodes)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return seen
 
 
 def _attr(module: torch.nn.Module, target: str) -> Any:

@@ -23,6 +23,7 @@ Nothing is skipped silently: every check that cannot run is counted with its rea
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ def settled_counts(checks: Sequence[Check]) -> dict[str, int]:
     methods = [c.method for c in checks]
     return {"exact": sum(m in ("exact", "none") for m in methods), "floor": methods.count("floor"),
             "fp64": methods.count("fp64"),
-            "within_noise": sum(c.method == "fp64" and c.detail == accuracy.WITHIN_NOISE for c in checks)}
+            "within_noise": sum(accuracy.within_noise(c) for c in checks)}
 
 
 @dataclass
@@ -134,9 +135,17 @@ class _Checker:
             return pick(run) if run is not None else None
         return get
 
+    def _nudged(self, mode: str, pick: Callable[[EagerRun], Any]) -> list[Callable[[], Any]]:
+        """Further samples of eager float32's noise (accuracy.compare's `samples`), run on demand."""
+        def get(k: int) -> Any:
+            run = self.eager.run(mode, nudged=k) if self.eager is not None else None
+            return pick(run) if run is not None else None
+        return [functools.partial(get, k) for k in range(1, accuracy.NOISE_SAMPLES)]
+
     def _compare(self, gc: CheckedGraph, mode: str, actual: Any, expected: Any, pick: Callable[[EagerRun], Any],
                  what: str, index: int) -> None:
-        c = accuracy.compare(actual, expected, self._ref(mode, pick), what=what)
+        c = accuracy.compare(actual, expected, self._ref(mode, pick), what=what,
+                             samples=self._nudged(mode, pick))
         if c.eager_error is not None:
             gc.eager_errors[index] = c.eager_error
         if not c.passed and c.method == "floor" and self.eager is not None and self.eager.run(mode, True) is None:

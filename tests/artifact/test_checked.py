@@ -137,6 +137,18 @@ HOSTILE = {
         aten.bincount.default, (_i(0, 10**12),), "its values makes 1,000,000,000,001 elements"),
     "repeat_interleave of a huge count": (
         aten.repeat_interleave.Tensor, (_i(10**12),), "its repeats makes 1,000,000,000,000 elements"),
+    # the FFT kernels read the input's sizes at `dim` and switch on `normalization` unchecked
+    "complex FFT, dim past the input": (
+        aten._fft_c2c.default, (_r(4, 8).to(torch.cfloat), [5], 0, True),
+        "dim [5] names a dimension self (2-d) does not have"),
+    "real FFT, dim past the input": (
+        aten._fft_r2c.default, (_r(4, 8), [-3], 0, True), "dim [-3] names a dimension self (2-d) does not have"),
+    "real FFT, a dimension twice": (
+        aten._fft_r2c.default, (_r(4, 8), [1, 1], 0, True), "dim [1, 1] names a dimension twice"),
+    "complex FFT, unknown normalization": (
+        aten._fft_c2c.default, (_r(4, 8).to(torch.cfloat), [1], 7, True), "normalization 7 is not 0, 1 or 2"),
+    "inverse real FFT, huge last size": (
+        aten._fft_c2r.default, (_r(4, 5).to(torch.cfloat), [1], 0, 10**12), "last_dim_size makes 4,000,000,000,000"),
 }
 KWARGS = {
     "segment_reduce, unsafe": {"lengths": _i(2, 2), "unsafe": True},
@@ -184,6 +196,9 @@ GOOD = {
     aten._pdist_backward.default: lambda: (lambda x: (torch.ones(6), x, 2.0, aten._pdist_forward.default(x, 2.0)))(
         _r(4, 3)),
     aten.bincount.default: lambda: (_i(0, 3, 3, 1),),
+    aten._fft_c2c.default: lambda: (_r(3, 4, 8).to(torch.cfloat), [1, 2], 2, False),
+    aten._fft_r2c.default: lambda: (_r(4, 8), [1], 1, True),
+    aten._fft_c2r.default: lambda: (_r(4, 5).to(torch.cfloat), [1], 2, 8),
 }
 
 
