@@ -205,6 +205,7 @@ def per_model(pipeline: Path, names: list[str], before: Optional[Path]) -> dict[
             for tool in order:
                 print(f"  {name}: {tool} ...", file=sys.stderr, flush=True)
                 results[name][tool] = children[tool].run(name)
+                print(f"  {name}: {tool}: {json.dumps(results[name][tool])}", file=sys.stderr, flush=True)
     finally:
         for c in children.values():
             c.close()
