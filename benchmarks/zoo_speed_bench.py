@@ -228,7 +228,7 @@ def runner_wall(pipeline: Path, names: list[str], workers: int) -> dict[str, Any
     try:
         from aotpipe.format.records import load_run
 
-        run = load_run(out / "run.json")
+        run = load_run(next(out.rglob("run.json")))  # under the pipeline's name
         ok = sum(1 for m in run.models if m.status in ("ok", "skipped"))
         failed = len(run.models) - ok
     except Exception:  # noqa: BLE001 - a run that wrote no run.json: its exit code says it
@@ -305,7 +305,7 @@ def report(results: dict[str, Any], zoo_size: int, before: Optional[Path]) -> st
     if w:
         w1, w2 = w["1"], w["2"]
         speedup = w1["wall_s"] / w2["wall_s"]
-        n = len(models) or w.get("n", 1)
+        n = w.get("n") or len(models) or 1  # the models the worker runs took
         zoo = w2["wall_s"] * zoo_size / n
         lines.append(f"2 workers / 1 worker (measured)      x{speedup:<14.2f}  >= x{WORKERS_TARGET}     "
                      + ("met" if speedup >= WORKERS_TARGET else f"missed (gap x{WORKERS_TARGET / speedup:.2f})"))
