@@ -258,7 +258,8 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
 
 
 def report(results: dict[str, Any], zoo_size: int, before: Optional[Path]) -> str:
-    lines = [f"{os.cpu_count()} cores; load average at the end {os.getloadavg()[0]:.1f}", ""]
+    lines = [f"{os.cpu_count()} cores; load average at the end {os.getloadavg()[0]:.1f}"]
+    lines += [f"measured by: {c}" for c in results.get("commands", []) if "--results" not in c] + [""]
     models = results.get("models", {})
     if models:
         lines.append(f"per model ({len(models)} of the zoo's {zoo_size}), the job's own time (wall s / CPU s):")
@@ -365,10 +366,14 @@ def main() -> int:
     if a.child:
         return child(a.child, pipeline)
     names, zoo_size = sample_names(pipeline, None if a.all else a.sample)
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"commands": [" ".join(["python", "benchmarks/zoo_speed_bench.py", *sys.argv[1:]])]}
     if a.results:  # runs made apart (the 70B meta one beside the zoo's, say) on one page
+        commands: list[str] = []
         for f in a.results:
-            results.update(json.loads(f.read_text()))
+            saved = json.loads(f.read_text())
+            commands += saved.pop("commands", [])
+            results.update(saved)
+        results["commands"] = commands
         with tee_page(a.markdown, "zoo_speed_bench", preformatted=True):
             print(report(results, zoo_size, results.get("before")))
         return 0
