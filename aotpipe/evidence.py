@@ -92,9 +92,13 @@ def bound(t: torch.Tensor, eager_error: Optional[float]) -> tuple[Optional[float
         return None, None, None
     if r.numel() == 0:
         return 0.0, "floor", 0.0
-    fl = accuracy.floor(r)
-    v = r[torch.isfinite(r)] if not bool(torch.isfinite(r).all()) else r
+    # One isfinite and one norm pass over the output (it may be a large gradient): for a
+    # finite output its RMS is the one accuracy.floor would compute again.
+    finite = torch.isfinite(r)
+    all_finite = bool(finite.all())
+    v = r if all_finite else r[finite]
     rms = float(torch.linalg.vector_norm(v, dtype=torch.float64)) / math.sqrt(v.numel()) if v.numel() else 0.0
+    fl = accuracy.floor(r, rms=rms if all_finite else None)
     noise, source = (eager_error, "fp64") if eager_error is not None and math.isfinite(eager_error) else (fl, "floor")
     m = accuracy.multiplier(r.dtype, r.numel())
     return TAIL * 2 * (m * noise + fl), source, rms

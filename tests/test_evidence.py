@@ -42,6 +42,27 @@ def test_bound_uses_eagers_float64_error_where_measured_else_the_floor():
     assert ints.bound is None
 
 
+def test_bound_and_rms_are_bit_for_bit_those_of_the_floor_and_norm_computed_apart():
+    # bound() takes one isfinite pass and one norm pass and hands its RMS to accuracy.floor;
+    # the artefact's bytes must be those of computing each apart (finite or not, real or complex).
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(257, 31, generator=g) * 3.7, torch.randn(5, generator=g, dtype=torch.float64),
+             torch.randn(40, 40, generator=g).t(), torch.randn(64, generator=g, dtype=torch.complex64),
+             torch.randn(1000, generator=g).to(torch.bfloat16)]
+    odd = torch.randn(999, generator=torch.Generator().manual_seed(0)) * 3.7  # the two RMS formulas differ here
+    odd[[3, 500]] = float("inf")
+    odd[7] = float("nan")
+    cases.append(odd)
+    for t in cases:
+        r = torch.view_as_real(t) if t.is_complex() else t
+        finite = r[torch.isfinite(r)]
+        rms = float(torch.linalg.vector_norm(finite, dtype=torch.float64)) / math.sqrt(finite.numel())
+        fl = accuracy.floor(r)  # its own pass: float64 mean of squares where some are not finite
+        m = accuracy.multiplier(r.dtype, r.numel())
+        b, source, got_rms = evidence.bound(t, None)
+        assert (b, source, got_rms) == (evidence.TAIL * 2 * (m * fl + fl), "floor", rms), t.dtype
+
+
 def test_an_element_beyond_the_bound_fails_with_its_elementwise_error():
     t = torch.randn(200, 100)
     values, f = fields(t)

@@ -253,3 +253,22 @@ def test_training_graphs_of_a_model_without_a_floating_output_are_a_capture_erro
 
     with pytest.raises(CaptureError, match="no floating-point output to build a loss from"):
         _capture(ArgMax(), (torch.randn(2, 4),), graphs=["forward", "backward", "joint"])
+
+
+def test_capture_renders_no_graph_as_text_for_logs_and_leaves_torch_as_it_was(monkeypatch):
+    import torch._functorch._aot_autograd.graph_compile as graph_compile
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    rendered = []  # AOTAutograd's renderers of the joint, forward and backward for its logs
+    for name in ("_log_joint_graph", "_log_fw_bw_graphs"):
+        real = getattr(graph_compile, name)
+        monkeypatch.setattr(graph_compile, name, lambda *a, _real=real, _name=name, **k: rendered.append(_name) or _real(*a, **k))
+    logs = (graph_compile._log_joint_graph, graph_compile._log_fw_bw_graphs)
+    cap = _capture(zoo.mlp(), (torch.randn(4, 32),))
+    assert set(cap.graphs) == set(KINDS)
+    assert rendered == []
+    assert (graph_compile._log_joint_graph, graph_compile._log_fw_bw_graphs) == logs  # put back
+    assert not torch.fx._lazy_graph_module._use_lazy_graph_module_flag
+    # the graphs kept are plain GraphModules with their code generated
+    assert not any(isinstance(g.gm, _LazyGraphModule) for g in cap.graphs.values())
+    assert all("def forward" in g.gm.code for g in cap.graphs.values())

@@ -1,0 +1,60 @@
+"""benchmarks/zoo_speed_bench.py: the sample it takes and how its table states each target."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("zoo_speed_bench", REPO / "benchmarks" / "zoo_speed_bench.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def _job(cpu, status="ok"):
+    return {"status": status, "error": None if status == "ok" else "GuardOnDataDependentSymNode: x", "wall_s": cpu * 2,
+            "cpu_s": cpu, "stages": {"capture_seconds": cpu / 2, "checks_seconds": cpu / 4}}
+
+
+def _results(w1, w2, meta_wall, meta_gb):
+    return {"models": {"a": {"aotpipe": _job(10.0), "baseline": _job(4.0), "before": _job(12.5)},
+                       "b": {"aotpipe": _job(6.0), "baseline": _job(1.0, "failed"), "before": _job(7.5)}},
+            "workers": {"1": {"wall_s": w1, "rc": 0, "ok": 2, "failed": 0, "load_before": 1.0, "load_after": 1.0},
+                        "2": {"wall_s": w2, "rc": 0, "ok": 2, "failed": 0, "load_before": 1.0, "load_after": 1.0},
+                        "n": 2},
+            "meta": {"aotpipe": {"phases": {"capture": {"wall_s": meta_wall, "cpu_s": meta_wall, "peak_rss_gb": meta_gb}},
+                                 "wall_s": meta_wall, "cpu_s": meta_wall, "peak_rss_gb": meta_gb, "check_s": 1.0,
+                                 "cpu_share": 1.0},
+                     "export": {"wall_s": 5.0, "cpu_s": 5.0, "peak_rss_gb": 0.4}}}
+
+
+def test_the_sample_is_evenly_spaced_over_the_zoo_and_all_takes_every_model():
+    names, size = bench.sample_names(bench.ZOO, 4)
+    every, _ = bench.sample_names(bench.ZOO, None)
+    assert size == len(every) == 448 and len(names) == 4
+    assert [every.index(n) for n in names] == [56, 168, 280, 392]
+
+
+def test_each_target_is_met_or_states_its_gap_and_the_zoo_time_is_named_an_extrapolation():
+    text = bench.report(_results(w1=100.0, w2=80.0, meta_wall=90.0, meta_gb=1.5), 448, "/work/main")
+    assert "2 workers / 1 worker (measured)      x1.25" in text and "missed (gap x1.36)" in text
+    assert "zoo, 2 workers (EXTRAPOLATED)" in text and "(gap x9.96)" in text  # 80 s x 448/2 = 298.7 min
+    assert "70B meta, wall (measured)" in text and "missed (gap x1.50)" in text
+    assert "70B meta, peak RSS (measured)            1.50 GiB     < 2 GiB      met" in text
+    # ratios over the models both tools took; before/after over every model
+    assert "aotpipe / baseline CPU x2.50" in text and "after / before CPU x0.80" in text
+    assert "baseline failed on b: GuardOnDataDependentSymNode: x" in text
+    met = bench.report(_results(w1=100.0, w2=50.0, meta_wall=30.0, meta_gb=1.0), 448, None)
+    line = {ln.split("  ")[0]: ln for ln in met.splitlines()}
+    assert line["2 workers / 1 worker (measured)"].endswith(">= x1.7     met")
+    assert line["70B meta, wall (measured)"].endswith("< 60 s       met")
+
+
+def test_saved_results_make_the_page_without_measuring(tmp_path, capsys, monkeypatch):
+    saved = tmp_path / "r.json"
+    saved.write_text(json.dumps(_results(100.0, 80.0, 90.0, 1.5)))
+    monkeypatch.setattr(sys, "argv", ["zoo_speed_bench.py", "--results", str(saved)])
+    assert bench.main() == 0
+    assert "2 workers / 1 worker (measured)      x1.25" in capsys.readouterr().out
