@@ -274,7 +274,9 @@ def write_model(
             format_version=FORMAT_VERSION,
             fingerprint=fingerprint,
             versions=versions(),
-            model=fmt.ModelRecord.model_validate(model_record),
+            # Less its pass chain: each chain is written once, as it ran, in the entry of the
+            # graph it made (the fingerprint still covers the configured chain).
+            model=fmt.ModelRecord.model_validate({k: v for k, v in model_record.items() if k != "passes"}),
             capture=captured.capture_record(),
             save_values=save_values if inputs is not None else "none",
             # The reference outputs are recorded by `check`, in this process, at this thread count.
@@ -465,7 +467,6 @@ def _finish(
         **header,
         graphs=graphs_record,
         partition=captured.contract,
-        passes={dg.key: list(dg.steps) for dg in captured.derived.values() if dg.key in graphs_record},
         pass_failures=pass_failures,
         verification=verification or None,
         files=files,

@@ -126,9 +126,11 @@ def _capture_options(m: Manifest) -> dict[str, Any]:
 
 def _model_options(m: Manifest) -> dict[str, Any]:
     """The model's spec as it ran, but its name (a tree pairs models by name; two artefacts
-    compared directly may be named apart)."""
+    compared directly may be named apart) and its pass chain (the copy older manifests keep
+    there; the chains are compared as they ran, from the graph entries)."""
     spec = m.model.model_dump()
     spec.pop("name", None)
+    spec.pop("passes", None)
     return spec
 
 
@@ -348,8 +350,9 @@ def _chain(steps: Iterable[Any]) -> str:
 
 
 def _compare_passes(diff: Diff, at: Any, ma: Manifest, mb: Manifest) -> None:
-    for key in sorted(set(ma.passes) | set(mb.passes)):
-        sa, sb = ma.passes.get(key), mb.passes.get(key)
+    ca, cb = ma.pass_chains(), mb.pass_chains()
+    for key in sorted(set(ca) | set(cb)):
+        sa, sb = ca.get(key), cb.get(key)
         if sa is None or sb is None:
             diff.add("passes", at(key), f"pass log only in {'A' if sb is None else 'B'}: "
                      f"{_chain(sa if sb is None else sb)}")

@@ -475,6 +475,8 @@ class GraphEntry(Record):
     outputs: Count
     ops: Optional[Count] = None
     base: Optional[BaseGraphKey] = None  # a graph made by passes: the key of the graph they ran on
+    # A graph made by passes: the chain that made it, as it ran. The one copy of the chain
+    # (Manifest.pass_chains reads it, and the copies older manifests kept).
     passes: Optional[list[PassRecord]] = None
     checks: Optional[GraphChecks] = None
     nondeterministic: list[str] = []  # ops without a deterministic kernel (values stored)
@@ -568,7 +570,9 @@ class CaptureRecord(Record):
 
 class ModelRecord(BaseModel):
     """The pipeline's model entry as it ran (config.ModelSpec, which validates the rest
-    when a trusted rebuild uses it)."""
+    when a trusted rebuild uses it), less its pass chain: each chain is written once, in the
+    graph entry of the graph it made (manifests written before also hold it here, as
+    "passes", which nothing reads)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -588,12 +592,25 @@ class Manifest(Record):
     save_values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # version 2
     graphs: Annotated[dict[str, GraphEntry], FailFast]
     partition: Optional[Partition] = None
+    # Written before each chain was stored once (in its graph entry): a copy of every
+    # graphs[key].passes, by key. Read only through pass_chains, for a graph entry without one.
     passes: dict[str, list[PassRecord]] = {}
     pass_failures: list[str] = []
     verification: Optional[Annotated[dict[str, VerificationEntry], FailFast]] = None
     checks: Optional[CheckTotals] = None  # version 2
     environment: Optional[Environment] = None  # version 3
     files: Annotated[dict[str, Sha256], FailFast]
+
+    def pass_chains(self) -> dict[str, list[PassRecord]]:
+        """Each graph made by passes (by key, in the manifest's order): the chain that made it,
+        as it ran. Read from its graph entry, the one copy; a manifest of any readable version
+        whose entry lacks it gives the top-level copy older writers kept."""
+        out = {}
+        for key, entry in self.graphs.items():
+            chain = entry.passes if entry.passes is not None else self.passes.get(key)
+            if chain is not None:
+                out[key] = chain
+        return out
 
 
 # ---------------------------------------------------------------------------------------
