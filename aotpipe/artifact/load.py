@@ -35,6 +35,7 @@ from aotpipe.format.records import (  # noqa: F401 (check_version: the loader's 
     InputRecord,
     InputsRecord,
     Manifest,
+    Summary,
     TraceRecord,
     check_version,
 )
@@ -51,7 +52,7 @@ class Expected:
     bool output's from version 3) or only its digest."""
 
     digest: Optional[str] = None
-    summary: Optional[dict[str, Any]] = None
+    summary: Optional[Summary] = None
     value: Any = None
     has_value: bool = False  # value is meaningful (None may be a recorded None)
     spread: Optional[float] = None  # run-to-run spread of an op without a deterministic kernel
@@ -176,7 +177,7 @@ class GraphArtifact:
                                         "which does not come before it")
                 out.append(out[rec.same_as])
                 continue
-            e = Expected(rec.digest, rec.summary.model_dump() if rec.summary else None, spread=rec.spread,
+            e = Expected(rec.digest, rec.summary, spread=rec.spread,
                          evidence=rec.evidence)
             if rec.blob is not None:
                 # Values only: the recorded stride is in `rec`, compared separately at replay.

@@ -221,7 +221,8 @@ class GraphOutcome:
 
     outputs: list[OutputReference]
     values: Optional[list[Any]] = None  # the output values (stored as blobs with save_values: full)
-    trace: Optional[dict[str, Any]] = None  # per node: a sampled summary of its value
+    # per node: a sampled summary of its value (checks.written.trace_nodes)
+    trace: Optional[dict[str, Union[fmt.Summary, fmt.TupleSummary]]] = None
     checks: Optional[fmt.GraphChecks] = None  # into manifest graphs.<key>
     nondeterministic: Optional[list[str]] = None  # ops without a deterministic kernel (graphs.<key>)
     verification: Optional[fmt.VerificationEntry] = None  # manifest verification.<key>
@@ -448,7 +449,7 @@ def _finish(
             _write(d / INPUTS_JSON, dump_json(fmt.check_written(fmt.InputsRecord, dump(record), d / INPUTS_JSON),
                                               compact=True))
             if go.trace is not None:
-                trace = {"format_version": FORMAT_VERSION, "sampled": True, "nodes": go.trace}
+                trace = dump(fmt.TraceRecord(format_version=FORMAT_VERSION, sampled=True, nodes=go.trace))
                 _write(d / TRACE, dump_json(fmt.check_written(fmt.TraceRecord, trace, d / TRACE), compact=True))
             if go.checks is not None:
                 _set(entry, checks=go.checks)

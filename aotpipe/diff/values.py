@@ -26,10 +26,12 @@ RTOL = 1e-5
 
 
 def _departs(a: Any, b: Any, rtol: float) -> Optional[str]:
+    """How two aligned nodes' summaries depart (records.Summary, or a tuple of them for a
+    tuple value), said as A against B; None if they agree or either has none."""
     if a is None or b is None:
         return None
-    if "items" in a or "items" in b:
-        for i, (x, y) in enumerate(zip(a.get("items", []), b.get("items", []))):
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        for i, (x, y) in enumerate(zip(a if isinstance(a, tuple) else (), b if isinstance(b, tuple) else ())):
             why = _departs(x, y, rtol)
             if why:
                 return f"item {i}: {why}"
@@ -39,11 +41,11 @@ def _departs(a: Any, b: Any, rtol: float) -> Optional[str]:
         return None
     key = why.split()[0]  # the field that departs, said here as A against B
     if key in ("dtype", "shape"):
-        return f"{key} {a[key]} in A, {b[key]} in B"
+        return f"{key} {getattr(a, key)} in A, {getattr(b, key)} in B"
     if key in ("sum", "abs_sum"):
         what = "sum" if key == "sum" else "absolute sum"
-        return f"{what} of its sampled elements {a[key]:.9g} in A, {b[key]:.9g} in B"
-    return f"{a['nonfinite']} non-finite values in A, {b['nonfinite']} in B"
+        return f"{what} of its sampled elements {getattr(a, key):.9g} in A, {getattr(b, key):.9g} in B"
+    return f"{a.nonfinite} non-finite values in A, {b.nonfinite} in B"
 
 
 def _same_layout(x: Any, y: Any) -> bool:

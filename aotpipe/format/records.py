@@ -28,12 +28,13 @@ marked "version 1" below.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, TypeAlias, Union
 
 from typing_extensions import TypeAliasType
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, JsonValue, StringConstraints, Tag, ValidationError,
                       model_validator)
+from pydantic_core import ErrorDetails
 
 from aotpipe.errors import ArtifactError
 from aotpipe.graph_keys import BASE_KEY_PATTERN, GRAPH_KINDS
@@ -94,6 +95,14 @@ BaseGraphKey = Annotated[str, StringConstraints(pattern=BASE_KEY_PATTERN)]
 FolderName = Annotated[str, StringConstraints(pattern=r"^[^/\\.][^/\\]*$", max_length=255)]
 Number = Optional[float]  # a float, or null where no number applies
 
+
+# Data as parsed from a JSON file or the pipeline YAML, before a record (or the pipeline
+# file's model, config.PipelineFile) validates it. It is read by key only where it must be:
+# a format version or a size peeked at before validating, and the YAML parser's own checks,
+# which report every problem at once with its line (tools/record_lookups.py counts lookups
+# on records, and apart those on values typed so).
+RawJson: TypeAlias = Any
+RawYaml: TypeAlias = Any
 
 # On the long collections of a record: validation stops at the first bad element (pydantic
 # would otherwise build an error for every one: gigabytes for a manifest of a million).
@@ -796,7 +805,7 @@ class Signature(Record):
 # Validation
 
 
-def check_version(data: Any, where: Any) -> None:
+def check_version(data: RawJson, where: Any) -> None:
     """Refuse a record of a format version this aotpipe does not read, saying which it reads."""
     version = data.get("format_version") if isinstance(data, dict) else None
     if version not in READABLE_VERSIONS:
@@ -807,7 +816,7 @@ def check_version(data: Any, where: Any) -> None:
         )
 
 
-def parse(cls: type[Record], data: Any, where: Any) -> Any:
+def parse(cls: type[Record], data: RawJson, where: Any) -> Any:
     """`data` (parsed JSON) as a `cls` record; an ArtifactError naming `where` and the first
     bad field otherwise (for a record of the artefact format, its version first)."""
     if cls in VERSIONED:
@@ -834,7 +843,7 @@ def read(cls: type[Record], path: Any, root: Any = None) -> tuple[Any, Any]:
 def describe(e: ValidationError) -> str:
     """The first problem of a validation error in one line: field path, message, value."""
     errs = e.errors(include_url=False)
-    first = errs[0]
+    first: ErrorDetails = errs[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(the record)"
     value = first.get("input")
     shown = json.dumps(value, default=str)[:60] if not isinstance(value, (dict, list)) else type(value).__name__
