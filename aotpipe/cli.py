@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import sys
@@ -559,12 +560,14 @@ def ls_cmd(directory: str) -> None:
     if not rows:
         _say(f"no artefacts under {directory}")
         return
-    rows = [{k: v if v is None else printable(str(v), names=k != "error") for k, v in r.items()}
+    rows = [dataclasses.replace(r, path=printable(r.path, names=True), status=printable(r.status, names=True),
+                                graphs=printable(r.graphs, names=True), size=printable(r.size, names=True),
+                                error=None if r.error is None else printable(r.error))
             for r in rows]
-    width = max(len(r["path"]) for r in rows)
+    width = max(len(r.path) for r in rows)
     for r in rows:
-        click.echo(f"{r['path']:<{width}}  {r['status']:<10} {r['graphs']:<36} {r['size']}")
-    refused = [r["error"] for r in rows if r.get("error")]
+        click.echo(f"{r.path:<{width}}  {r.status:<10} {r.graphs:<36} {r.size}")
+    refused = [r.error for r in rows if r.error]
     for line in refused:
         click.echo(f"error: {line}", err=True)
     if refused:

@@ -40,7 +40,8 @@ def _builder() -> Any:
     return graph_builder
 
 
-def _layout(val: Any) -> Optional[str]:
+def _layout(val: records.RawJson) -> Optional[str]:
+    """A node's recorded value (graph.json's free-JSON val) in brief: dtype[shape], a symint, a scalar type."""
     if isinstance(val, dict) and "dtype" in val and "shape" in val:
         return f"{val['dtype']}[{', '.join(str(s) for s in val['shape'])}]"
     if isinstance(val, dict) and "symbolic" in val:

@@ -12,8 +12,9 @@ read through its class; but before a record exists there is data as parsed: the 
 YAML that config.py checks field by field so that validate reports every problem at once
 with its line, a file's format_version peeked at to say which versions this aotpipe reads
 before the record is validated, and pydantic's own error details. Such a value is
-annotated with one of RAW_TYPES (aotpipe.format.records.RawYaml and RawJson, or pydantic's
-ErrorDetails), as a parameter or a variable, and so is every value taken from one in the
+annotated with one of RAW_TYPES (aotpipe.format.records.RawYaml and RawJson, pydantic's
+ErrorDetails, or format.limits.OpKwargs: an op call's keyword arguments, whose names
+"dtype" and "stride" are torch's), as a parameter or a variable, and so is every value taken from one in the
 same function by subscripting, .get(...) or iteration (`for m in data.get("models")`). The
 annotation is the claim, in the code where a reviewer sees it, that the value is no record;
 `-v` lists those lookups too, marked "raw".
@@ -57,7 +58,7 @@ def record_fields(root: Path, run_json: Path | None) -> set[str]:
 
 
 # Type names that mark a value as data not yet validated into a record (see the docstring).
-RAW_TYPES = {"RawYaml", "RawJson", "ErrorDetails"}
+RAW_TYPES = {"RawYaml", "RawJson", "ErrorDetails", "OpKwargs"}
 
 
 def _annotation_is_raw(a: ast.expr | None) -> bool:

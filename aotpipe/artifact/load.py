@@ -321,7 +321,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
     namespaces in `trusted` (imported by :func:`grant_trust`) resolve too. `nodes`: the
     artefact's node budget, charged before the graph is validated or built."""
     folder = Path(folder)
-    graph_data = read_graph_json(folder / GRAPH_JSON, folder)
+    graph_data: records.RawJson = read_graph_json(folder / GRAPH_JSON, folder)  # its size charged before validating
     if nodes is not None and isinstance(graph_data, dict) and isinstance(graph_data.get("nodes"), list):
         nodes.take(len(graph_data["nodes"]), folder / GRAPH_JSON)
     graph = records.parse(records.GraphRecord, graph_data, folder / GRAPH_JSON)
@@ -393,7 +393,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
 def _placeholder(node: records.NodeRecord) -> torch.Tensor:
     """A meta tensor with the layout graph.json records for a constant (its dtype if the
     node's value records one): what a graph is rebuilt with when it is only read."""
-    val = node.val if isinstance(node.val, dict) else {}
+    val: records.RawJson = node.val if isinstance(node.val, dict) else {}  # free JSON in the format
     try:
         dtype = decode_dtype(val.get("dtype", "float32"))
     except ArtifactError:

@@ -38,6 +38,7 @@ import torch
 import torch.fx
 
 from aotpipe.format import limits
+from aotpipe.format.records import RawJson
 from aotpipe.artifact.checked import RUNTIME_BOUNDED, checked_twin
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph
@@ -329,7 +330,7 @@ def _as_recorded(node: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
     activations) guess another memory format than their real kernel gives, and a view
     after them would fail only here. The bytes are the same either way, and a record that
     lies can only make a later view fail, here or when the real graph runs and checks it."""
-    rec = node.meta.get("saved_val")
+    rec: RawJson = node.meta.get("saved_val")  # graph.json's free-JSON val, as the loader kept it
     if not isinstance(rec, dict):
         return value
     shape, stride = rec.get("shape"), rec.get("stride")

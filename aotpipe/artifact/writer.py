@@ -281,10 +281,10 @@ def write_model(
             capture=captured.capture_record(),
             save_values=save_values if inputs is not None else "none",
             # The reference outputs are recorded by `check`, in this process, at this thread count.
-            environment=environment(),
+            environment=(env := environment()),
         )
         written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
-        with intra_op_threads(header["environment"].threads):
+        with intra_op_threads(env.threads):
             outcome = check(tmp) if check is not None else CheckOutcome()
         _finish(tmp, captured, written, graphs_record, records, outcome, header, pass_failures or [])
         if sign is not None:

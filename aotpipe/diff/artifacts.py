@@ -208,7 +208,8 @@ def _compare_ops(diff: Diff, where: str, a: GraphRecord, b: GraphRecord) -> None
             diff.add("ops", where, f"{op} {ha[op]} -> {hb[op]} ({hb[op] - ha[op]:+d})", op=op, a=ha[op], b=hb[op])
 
 
-def _val_layout(val: Any) -> str:
+def _val_layout(val: records.RawJson) -> str:
+    """A node's recorded value (graph.json's free-JSON val) in brief."""
     if isinstance(val, dict) and "dtype" in val and "shape" in val:
         return f"{val['dtype']}{val['shape']}"
     if isinstance(val, list):

@@ -513,7 +513,11 @@ def bounded_build(where: Any) -> Iterator[None]:
 _SIZE_ARGS = ("size", "input_sizes")
 
 
-def check_op_sizes(op: Any, args: Any, kwargs: Any, where: Any) -> None:
+# A call's keyword arguments as torch takes them (an op's "dtype", "stride"): no record.
+OpKwargs = dict[str, Any]
+
+
+def check_op_sizes(op: Any, args: Any, kwargs: OpKwargs, where: Any) -> None:
     """Refuse, at load, a call that makes a fresh tensor of a literal size over the per-tensor
     limit (aten.full([1e12]), slice_backward's input_sizes). Sizes computed while the graph
     runs are not known here."""

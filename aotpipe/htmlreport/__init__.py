@@ -262,13 +262,14 @@ def gather(root: Path) -> Report:
         if c is not None:
             for k in settled:
                 settled[k] += getattr(c, k) or 0
+    on_disk = sum(r.bytes or 0 for r in rows)
     summary = {
         "models": len(rows),
         "ok": sum(r.status in ("ok", "up to date") for r in rows),
         "failed": sum(r.status not in ("ok", "up to date") for r in rows),
         "up_to_date": sum(r.status == "up to date" for r in rows),
         "graphs": sum(len(r.graphs) for r in rows),
-        "bytes": sum(r.bytes or 0 for r in rows),
+        "bytes": on_disk,
         "seconds": run.seconds if run is not None else None,
         "checks": total_checks,
         "settled": settled,
@@ -302,7 +303,7 @@ def gather(root: Path) -> Report:
                 if run is not None else "")
     return Report(
         title=run.pipeline if run is not None else root.name,
-        versions=versions, rows=rows, summary=summary | {"size": human_size(summary["bytes"])},
+        versions=versions, rows=rows, summary=summary | {"size": human_size(on_disk)},
         plots=[(pid, cap, svg) for pid, cap, svg in figures if svg], bench=bench, problems=problems)
 
 

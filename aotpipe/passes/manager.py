@@ -23,7 +23,7 @@ from aotpipe.format.records import PassChainRun, PassRecord, Summary, TimedPassR
 from aotpipe import accuracy
 from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph, run_with_summaries
-from aotpipe.passes import PASSES, chain_order_problems, step_to_json
+from aotpipe.passes import PASSES, chain_order_problems, options_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe.spec import PassStep
 
@@ -32,7 +32,7 @@ def _step(step: PassStep, nodes_before: int, nodes_after: int, modified: bool, s
           max_abs_error: Optional[float], stats: dict[str, Any]) -> TimedPassRecord:
     """What one pass did (run.json's record; the manifest's is the same less the time).
     max_abs_error: against the graph before it; None when not run (checked at the end)."""
-    return TimedPassRecord(name=step.name, options=step_to_json(step)["options"], nodes_before=nodes_before,
+    return TimedPassRecord(name=step.name, options=options_to_json(step.options), nodes_before=nodes_before,
                          nodes_after=nodes_after, modified=modified, max_abs_error=max_abs_error, stats=stats,
                          seconds=round(seconds, 4))
 

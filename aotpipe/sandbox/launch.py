@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from aotpipe.errors import AotpipeError, SandboxError, SandboxUnavailable
 
-PROTOCOL = 1
+from aotpipe.errors import AotpipeError, SandboxError, SandboxUnavailable
+from aotpipe.sandbox.protocol import PROTOCOL, SandboxRequest, SandboxResult
+
 REQUEST = "request.json"
 RESULT = "result.json"
 PROGRESS = "progress"
@@ -139,7 +140,8 @@ def _clean(value: Any, depth: int = 0) -> Any:
     return value
 
 
-def _read_result(scratch: Path) -> Optional[dict[str, Any]]:
+def _read_result(scratch: Path) -> Optional[SandboxResult]:
+    """The worker's answer, or None where there is none that fits the protocol."""
     path = scratch / RESULT
     try:
         with open(path, "rb") as f:
@@ -152,11 +154,9 @@ def _read_result(scratch: Path) -> Optional[dict[str, Any]]:
         result = json.loads(data)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(result, dict) or result.get("protocol") != PROTOCOL:
-        return None
     try:
-        return _clean(result)
-    except (ValueError, RecursionError):
+        return SandboxResult.model_validate(_clean(result))
+    except (ValueError, RecursionError):  # pydantic's ValidationError is a ValueError
         return None
 
 
@@ -203,9 +203,9 @@ def run_task(task: str, args: dict[str, Any], *, limits: Optional[SandboxLimits]
     limits = limits or SandboxLimits.for_bytes()
     with tempfile.TemporaryDirectory(prefix="aotpipe-sandbox-") as tmp:
         scratch = Path(tmp).resolve()
-        request = {"protocol": PROTOCOL, "task": task, "args": args, "limits": dataclasses.asdict(limits),
-                   "byte_limits": dataclasses.asdict(current())}
-        (scratch / REQUEST).write_text(json.dumps(request))
+        request = SandboxRequest(protocol=PROTOCOL, task=task, args=args, limits=dataclasses.asdict(limits),
+                                 byte_limits=dataclasses.asdict(current()))
+        (scratch / REQUEST).write_text(request.model_dump_json())
         argv = sandbox_argv(bwrap, scratch, read_paths) + [
             sys.executable, "-m", "aotpipe.sandbox.worker", str(scratch)]
         timed_out = False
@@ -229,10 +229,10 @@ def _verdict(scratch: Path, rc: int, timed_out: bool, limits: SandboxLimits) -> 
     result = _read_result(scratch)
     doing = read_progress(scratch)
     where = doing or "before it started anything"
-    if result is not None and isinstance(result.get("during"), str):
-        where = one_line(result["during"], limit=300) or where
-    if result is not None and result.get("canaries") not in (None, "intact"):
-        raise SandboxError(f"the graph corrupted memory outside its tensors ({result['canaries']}; "
+    if result is not None and result.during is not None:
+        where = one_line(result.during, limit=300) or where
+    if result is not None and result.canaries not in (None, "intact"):
+        raise SandboxError(f"the graph corrupted memory outside its tensors ({result.canaries}; "
                            f"the worker was last {where})", "corrupted")
     if result is None:
         if timed_out:
@@ -250,13 +250,12 @@ def _verdict(scratch: Path, rc: int, timed_out: bool, limits: SandboxLimits) -> 
             raise SandboxUnavailable(f"the sandbox did not start ({why}); {TRUSTED_ALTERNATIVE}")
         raise SandboxError(f"the sandboxed worker stopped without a result (exit {rc}) {where}: "
                            f"{_last_log_line(scratch)}".rstrip(": "))
-    status = result.get("status")
+    status = result.status
     if status == "ok":
-        return result.get("value")
+        return result.value
     if status == "user_error":
-        lines = [ln for ln in result.get("lines", []) if isinstance(ln, str)] or ["(no message)"]
-        raise AotpipeError("; ".join(lines))
+        raise AotpipeError("; ".join(result.lines or ["(no message)"]))
     if status == "memory":
         raise SandboxError(f"the graph ran out of the sandbox's memory ({limits.memory_bytes / 1e9:.2g} GB "
                            f"of data; --max-bytes raises it) {where}", "memory")
-    raise SandboxError(f"the sandboxed worker failed {where}: {result.get('line', status)}")
+    raise SandboxError(f"the sandboxed worker failed {where}: {result.line or status}")

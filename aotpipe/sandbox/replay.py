@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from aotpipe.errors import AotpipeError
+from aotpipe.format.records import RawJson
 
 if TYPE_CHECKING:
     from aotpipe.replay.run import ChainReplay, GraphReplay
@@ -52,7 +53,7 @@ class ReplayOutcome:
         return out
 
     @classmethod
-    def from_json(cls, data: Any, *, sandboxed: bool) -> "ReplayOutcome":
+    def from_json(cls, data: RawJson, *, sandboxed: bool) -> "ReplayOutcome":
         """Rebuilt from :meth:`to_json`'s data, validated (it comes from the worker)."""
         import pydantic
 

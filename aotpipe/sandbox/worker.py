@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from aotpipe.sandbox.launch import PROGRESS, PROTOCOL, REQUEST, RESULT
+from aotpipe.sandbox.launch import PROGRESS, REQUEST, RESULT
 from aotpipe.sandbox.progress import Progress
+from aotpipe.sandbox.protocol import PROTOCOL, SandboxRequest, SandboxResult
 
 # The tasks a caller may name; a caller may also name "module:function" (tests, bench).
 TASKS = {"replay": "aotpipe.sandbox.replay:replay_task"}
@@ -84,9 +85,9 @@ def _resolve(task: str) -> Callable[[dict[str, Any], Worker], Any]:
     return getattr(importlib.import_module(module), name)
 
 
-def _write_result(scratch: Path, result: dict[str, Any]) -> None:
+def _write_result(scratch: Path, result: SandboxResult) -> None:
     tmp = scratch / (RESULT + ".tmp")
-    tmp.write_text(json.dumps({"protocol": PROTOCOL, **result}, allow_nan=True))
+    tmp.write_text(json.dumps(result.model_dump(), allow_nan=True))
     os.replace(tmp, scratch / RESULT)
 
 
@@ -94,8 +95,8 @@ def main(scratch: Path) -> None:
     # Python's own messages (warnings) to a file of their own: what stays on fd 2 is the C
     # library's and the kernels' ("free(): invalid pointer"), which a crash line quotes.
     sys.stderr = open(scratch / "python.log", "w", buffering=1)
-    request = json.loads((scratch / REQUEST).read_text())
-    set_limits(request["limits"])
+    request = SandboxRequest.model_validate_json((scratch / REQUEST).read_text())
+    set_limits(request.limits)
     progress = Progress(scratch / PROGRESS)
     progress.mark("while starting the worker")
 
@@ -105,20 +106,20 @@ def main(scratch: Path) -> None:
     worker = Worker(progress)
     worker.canaries.add("before any graph was built")
     known = set(Limits.__dataclass_fields__)
-    byte_limits = {k: v for k, v in request.get("byte_limits", {}).items() if k in known}
+    byte_limits = {k: v for k, v in request.byte_limits.items() if k in known}
     try:
         with override(**byte_limits):
-            value = _resolve(request["task"])(request["args"], worker)
-        result: dict[str, Any] = {"status": "ok", "value": value}
+            value = _resolve(request.task)(request.args, worker)
+        result = SandboxResult(protocol=PROTOCOL, status="ok", value=value)
     except AotpipeError as e:
-        result = {"status": "user_error", "lines": e.lines(), "exit_code": e.exit_code}
+        result = SandboxResult(protocol=PROTOCOL, status="user_error", lines=e.lines(), exit_code=e.exit_code)
     except MemoryError:
-        result = {"status": "memory"}
+        result = SandboxResult(protocol=PROTOCOL, status="memory")
     except Exception as e:
-        result = {"status": "error", "line": exception_line(e)}
-    result["during"] = progress.text()  # where the task was when it ended
+        result = SandboxResult(protocol=PROTOCOL, status="error", line=exception_line(e))
+    result.during = progress.text()  # where the task was when it ended
     progress.mark("while checking the canary tensors after the run")
-    result["canaries"] = worker.canaries.check()
+    result.canaries = worker.canaries.check()
     progress.mark("while writing the result")
     _write_result(scratch, result)
 
