@@ -11,7 +11,20 @@ from typing import Any, Callable
 
 import click
 
-from aotpipe.errors import AotpipeError, printable
+from aotpipe.errors import AotpipeError, LimitError, printable
+from aotpipe import opcov
+from aotpipe.config import json_schema, load_pipeline
+from aotpipe.diff import diff_paths
+from aotpipe.format import records
+from aotpipe.format.limits import Breach, override, parse_bytes
+from aotpipe.htmlreport import REPORT_HTML, build_html, write_html
+from aotpipe.inspect import describe_lines, list_artifacts
+from aotpipe.merge import NamedPipeline, merge_runs
+from aotpipe.report import REPORT_MD, RUN_JSON, dump_run, run_record, settled_text
+from aotpipe.results import why_failed
+from aotpipe.runner import run_pipeline
+from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed, trust_problems
+from aotpipe.shards import parse_shard
 
 
 def _say(line: object, err: bool = False) -> None:
@@ -56,8 +69,6 @@ def _byte_limit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, max_bytes: str | None = None, **kwargs: Any) -> Any:
-        from aotpipe.format.limits import override, parse_bytes
-
         with override(max_bytes=parse_bytes(max_bytes, "--max-bytes") if max_bytes is not None else None):
             return fn(*args, **kwargs)
 
@@ -134,15 +145,9 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
       aotpipe run pipelines/families.yaml --only lstm -v
       aotpipe run pipelines/zoo-hf.yaml --shard 2/4 -o out/shard-2
     """
-    from aotpipe.config import load_pipeline
-    from aotpipe.htmlreport import REPORT_HTML
-    from aotpipe.shards import parse_shard
-
     if shard_times is not None and shard is None:
         raise AotpipeError("--shard-times balances shards: give --shard I/N with it, or leave it out")
     which = parse_shard(shard) if shard is not None else None
-    from aotpipe.report import REPORT_MD, RUN_JSON, settled_text
-    from aotpipe.runner import run_pipeline
 
     p = load_pipeline(pipeline, check_sources=False)  # those of models to run, by run_pipeline
     # With --json, stdout is run.json alone: whatever a model or a library prints meanwhile
@@ -197,9 +202,6 @@ def merge(folders: tuple[str, ...], output: str | None, as_json: bool) -> None:
     """
     from pathlib import Path
 
-    from aotpipe.merge import NamedPipeline, merge_runs
-    from aotpipe.report import REPORT_MD, dump_run, run_record
-
     result = merge_runs([Path(f) for f in folders], Path(output) if output is not None else None)
     info = result.merge
     assert info is not None  # merge_runs always records what it merged
@@ -232,8 +234,6 @@ def validate(pipeline: str) -> None:
     Examples:
       aotpipe validate pipelines/quickstart.yaml
     """
-    from aotpipe.config import load_pipeline
-
     p = load_pipeline(pipeline)
     click.echo(f"ok: {pipeline}: pipeline {p.name!r}, {len(p.models)} model(s)")
 
@@ -253,7 +253,6 @@ def schema(artifact: bool) -> None:
 
         click.echo(json.dumps(artifact_schema(), indent=2, sort_keys=True))
         return
-    from aotpipe.config import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
 
@@ -306,8 +305,6 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
       aotpipe replay artifacts/quickstart/mlp --threads 1
     """
     from pathlib import Path
-
-    from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed, trust_problems
 
     p = Path(path)
     _artefact_folder(p)
@@ -407,7 +404,6 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
     """
     from pathlib import Path
 
-    from aotpipe.format.limits import Breach
     from aotpipe.artifact.verify import verify_tree  # cryptography: only when used
 
     from aotpipe.artifact.load import parse_trust  # torch: kept off the torch-free path
@@ -441,9 +437,6 @@ def _failed_at_capture(folder: Any) -> str | None:
     manifest cannot be read: verify has said so)."""
     from pathlib import Path
 
-    from aotpipe.format import records
-    from aotpipe.results import why_failed
-
     try:
         _, manifest = records.read(records.Manifest, Path(folder) / records.MANIFEST)
     except (AotpipeError, OSError):
@@ -472,7 +465,6 @@ def sign(directory: str, key: str) -> None:
     from aotpipe.artifact.signing import load_key  # cryptography: only when used
     from aotpipe.artifact.verify import sign_artifact  # cryptography: only when used
     from aotpipe.artifact.verify import find_artifacts  # cryptography: only when used
-    from aotpipe.errors import LimitError
 
     k = load_key(key, for_signing=True)
     models, unfinished = find_artifacts(Path(directory))
@@ -554,8 +546,6 @@ def ls_cmd(directory: str) -> None:
     """
     from pathlib import Path
 
-    from aotpipe.inspect import list_artifacts
-
     rows = list_artifacts(Path(directory))
     if not rows:
         _say(f"no artefacts under {directory}")
@@ -603,8 +593,6 @@ def diff(a: str, b: str, as_json: bool, threshold: float, values: bool, key: str
       aotpipe diff artifacts/quickstart/mlp other/quickstart/mlp
       aotpipe diff artifacts/quickstart other/quickstart --json
     """
-    from aotpipe.diff import diff_paths
-
     result = diff_paths(a, b, threshold=threshold, values=values, in_process=no_sandbox, key=key,
                         trust_ops=trust_ops)
     if as_json:
@@ -662,8 +650,6 @@ def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer:
     if graph is not None:
         raise AotpipeError("--graph goes with --model-explorer FILE (plain show describes every graph)")
 
-    from aotpipe.inspect import describe_lines
-
     for line in describe_lines(Path(artifact), trust_ops=trust_ops):
         _say(line)
 
@@ -683,8 +669,6 @@ def report(directory: str, output: str | None) -> None:
       aotpipe report artifacts/quickstart -o /tmp/quickstart.html
     """
     from pathlib import Path
-
-    from aotpipe.htmlreport import build_html, write_html
 
     if output is None:
         path = write_html(Path(directory))
@@ -724,8 +708,6 @@ def ops(directory: str, supported: str | None, backend: str | None, as_json: boo
       aotpipe ops artifacts/zoo-hf --supported my_backend_ops.txt --csv > ops.csv
     """
     from pathlib import Path
-
-    from aotpipe import opcov
 
     if supported and backend:
         raise AotpipeError("give --supported FILE or --backend NAME, not both")

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from aotpipe.errors import AotpipeError
 from aotpipe.tree import ModelView, node_signature, read_tree
+from aotpipe.graph_keys import parse_graph_key
 
 MAX_SIGNATURES = 8  # distinct input signatures kept per op
 MAX_COUNTED = 4096  # distinct ones counted beyond those (memory stays bounded on a hostile tree)
@@ -108,8 +109,6 @@ class ModelCoverage:
 def base_kind(key: str) -> str:
     """inference, forward, backward or joint: the kind of any graph key (a later subgraph's,
     one made by passes)."""
-    from aotpipe.graph_keys import parse_graph_key
-
     parsed = parse_graph_key(key)
     return key if parsed is None else parsed.kind
 

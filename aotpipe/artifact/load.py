@@ -44,6 +44,8 @@ from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.execution import run_graph
 from aotpipe.graph_keys import graph_key, parse_graph_key
 from aotpipe.tensors import extent, ones, tangent, view_of
+from aotpipe.artifact.recompute import recompute_constants
+from torch._library.custom_ops import OPDEFS
 
 
 @dataclass
@@ -422,8 +424,6 @@ def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _recompute(art: "Artifact", key: str, rec: records.GraphEntry) -> Callable[[], dict[str, torch.Tensor]]:
     """For a graph made by passes: its constants, recomputed by the recorded chain on its base graph."""
     def run() -> dict[str, torch.Tensor]:
-        from aotpipe.artifact.recompute import recompute_constants
-
         base = art.graphs.get(rec.base or "")
         if base is None or not isinstance(base.module, torch.fx.GraphModule):
             raise ArtifactError(f"{art.path}: the {key} graph's constants come from its base graph "
@@ -455,8 +455,6 @@ def torch_namespaces() -> frozenset[str]:
     import os
     import re
     import sys
-
-    from torch._library.custom_ops import OPDEFS
 
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     outside = {qualname.split("::")[0] for qualname, opdef in OPDEFS.items()

@@ -27,6 +27,8 @@ from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput
 from aotpipe.determinism import environment, intra_op_threads
 from aotpipe.graph_keys import graph_folder_name, parse_graph_key
 from aotpipe.tensors import storage_base, storage_groups
+import aotpipe
+from aotpipe.determinism import RNG_SEED
 
 
 
@@ -82,8 +84,6 @@ def inputs_record(
     recomputed are stored as blobs (with save_values "full", all of them). Output reference
     digests are added after the written graph has run (:func:`set_outputs`).
     """
-    from aotpipe.determinism import RNG_SEED
-
     placeholders = [n for n in g.gm.graph.nodes if n.op == "placeholder"]
     layout_source = values if values is not None else [n.meta.get("val") for n in placeholders]
     groups, member = storage_groups(layout_source)
@@ -325,8 +325,6 @@ def _write_graphs(
     save_values: str,
     header: dict[str, Any],
 ) -> tuple[WrittenArtifact, dict[str, fmt.GraphEntry], dict[str, "_Written"]]:
-    import aotpipe
-
     blobs = BlobStore(root)
     v = versions()
     written = WrittenArtifact(path=root)

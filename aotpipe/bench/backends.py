@@ -19,6 +19,7 @@ import torch
 import torch.fx
 
 from aotpipe.errors import AotpipeError
+import torch._inductor.config as inductor_config
 
 BUILTIN = ("eager", "aot_eager", "inductor", "inductor-freezing")
 # Graph kinds a backend can take; the others are left out of a bench with a note.
@@ -95,8 +96,6 @@ class _Frozen(torch.nn.Module):
 
 @contextlib.contextmanager
 def _freezing() -> Iterator[None]:
-    import torch._inductor.config as inductor_config
-
     with inductor_config.patch(freezing=True):
         yield
 

@@ -22,6 +22,12 @@ import torch.fx
 from aotpipe import accuracy
 from aotpipe.bench.backends import Backend, compile_graph, is_compile_error
 from aotpipe.errors import exception_line
+from aotpipe.artifact.load import load
+from aotpipe.determinism import RNG_SEED, draws_random
+from aotpipe.execution import run_graph
+from aotpipe.global_state import preserved
+from aotpipe.replay.inputs import _flatten_meta, get_inputs
+from aotpipe.replay.run import expand_outputs
 
 STATUSES = ("pass", "fail_accuracy", "compile_error", "runtime_error", "timeout", "crashed", "skipped")
 FAILURES = ("fail_accuracy", "compile_error", "runtime_error", "timeout", "crashed")
@@ -94,7 +100,6 @@ def graph_inputs(ga: Any, inputs: str, seed: int) -> list[Any]:
     """Fresh inputs of a loaded graph: its saved ones, or random ones like them."""
     if inputs == "saved" and ga.has_saved_values:
         return ga.saved_inputs()
-    from aotpipe.replay.inputs import _flatten_meta, get_inputs
 
     forward = ga.upstream.record if ga.upstream is not None else None
     flat, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed, forward=forward))
@@ -125,8 +130,6 @@ def to_float64(gm: torch.nn.Module, inputs: list[Any]) -> tuple[torch.nn.Module,
 def reference64(gm: torch.nn.Module, inputs: list[Any]) -> Optional[list[Any]]:
     """The graph's outputs in float64 (None where the graph does not run so: the rule then
     falls back to the float-noise floor alone)."""
-    from aotpipe.execution import run_graph
-
     try:
         g, wide = to_float64(gm, inputs)
         return run_graph(g, wide)
@@ -232,10 +235,6 @@ def _labels(record: Any) -> list[str]:
 
 def bench_graph(task: GraphTask) -> GraphResult:
     """Load one graph of an artefact and bench it (runs in a worker process)."""
-    from aotpipe.artifact.load import load
-    from aotpipe.execution import run_graph
-    from aotpipe.replay.run import expand_outputs
-
     start = time.perf_counter()
     art = load(task.artifact, trust_ops=task.trust_ops)
     ga = art.graphs[task.graph]
@@ -316,17 +315,12 @@ def bench_graph(task: GraphTask) -> GraphResult:
 
 
 def _seeded(module: Any) -> bool:
-    from aotpipe.determinism import draws_random
-
     return not isinstance(module, torch.fx.GraphModule) or draws_random(module)
 
 
 def seeded_call(fn: Callable[[], Any]) -> Any:
     """`fn()` with torch's generator seeded as aotpipe seeds a graph's runs; the caller's
     generator state is restored after."""
-    from aotpipe.determinism import RNG_SEED
-    from aotpipe.global_state import preserved
-
     with preserved():
         torch.manual_seed(RNG_SEED)
         return fn()

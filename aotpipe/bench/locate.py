@@ -23,6 +23,16 @@ import torch.fx
 
 from aotpipe.artifact.provenance import node_origin
 from aotpipe.errors import exception_line
+from aotpipe.artifact.load import load
+from aotpipe.artifact.ops import op_name as qualified
+from aotpipe.artifact.writer import write_model
+from aotpipe.bench.backends import Backend, compile_graph
+from aotpipe.bench.graph import as_list, check_outputs, graph_inputs, reference64, seeded_call
+from aotpipe.checks.written import check_written
+from aotpipe.execution import run_graph
+from aotpipe.executors.base import Failure, Resources, Task
+from aotpipe.executors.process import ProcessExecutor
+from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
 
 
 @dataclass
@@ -64,8 +74,6 @@ def _describe(v: Any) -> str:
 
 
 def op_name(n: torch.fx.Node) -> str:
-    from aotpipe.artifact.ops import op_name as qualified
-
     known = qualified(n.target)
     if known:
         return known
@@ -137,10 +145,6 @@ def prefix(gm: torch.fx.GraphModule, upto: torch.fx.Node, tensors: set[str], *,
 def _check_prefix(pm: torch.fx.GraphModule, inputs: list[Any], backend: Any, user: Any,
                   roles: list[str]) -> tuple[bool, str]:
     """(the prefix passes, the first failing output's line or why it could not be judged)."""
-    from aotpipe.bench.backends import compile_graph
-    from aotpipe.bench.graph import as_list, check_outputs, reference64, seeded_call
-    from aotpipe.execution import run_graph
-
     expected = run_graph(pm, [_fresh(x) for x in inputs])
     ref = reference64(pm, [_fresh(x) for x in inputs])
     args = [_fresh(x) for x in inputs]
@@ -175,10 +179,6 @@ class LocateTask:
 
 def locate_graph(task: LocateTask) -> Located:
     """Bisect one failing graph to its first faulty node and write the prefix as a repro."""
-    from aotpipe.artifact.load import load
-    from aotpipe.bench.backends import Backend
-    from aotpipe.bench.graph import graph_inputs
-
     res = Located(task.label, task.graph, False, "")
     art = load(task.artifact, trust_ops=task.trust_ops)
     ga = art.graphs[task.graph]
@@ -245,10 +245,6 @@ def _safe(name: str) -> str:
 def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[str], ga: Any,
                 inputs: list[Any], task: LocateTask) -> Path:
     """Write the culprit's prefix as an artefact of one inference graph under `task.out_dir`."""
-    from aotpipe.artifact.writer import write_model
-    from aotpipe.checks.written import check_written
-    from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
-
     pm = prefix(gm, culprit, tensors, drop_unused=True)
     kept = {n.name for n in pm.graph.nodes if n.op == "placeholder"}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -261,7 +257,6 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
         scalar = None if isinstance(v, torch.Tensor) else type(v)
         g_inputs.append(GraphInput(n.name, role, rec.target if role != "user" else n.name, meta, scalar))
         values.append(_fresh(v))
-    from aotpipe.execution import run_graph
 
     outs = run_graph(pm, [_fresh(x) for x in values])
     g_outputs = [GraphOutput(i, "user", None, TensorMeta.of(o) if isinstance(o, torch.Tensor) else None)
@@ -290,9 +285,6 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
 def locate_failures(bench: Any, out_dir: Path, *, timeout_s: float, trust_ops: Sequence[str] = (),
                     threads: Optional[int] = None) -> list[Located]:
     """Locate every fail_accuracy graph of a bench, each in a worker; repros under `out_dir`."""
-    from aotpipe.executors.base import Failure, Resources, Task
-    from aotpipe.executors.process import ProcessExecutor
-
     failing = [r for r in bench.results if r.status == "fail_accuracy"]
     tasks = [LocateTask(r.path, r.artifact, r.graph, bench.backend, r.inputs, r.seed, str(out_dir.resolve()),
                         tuple(trust_ops)) for r in failing]

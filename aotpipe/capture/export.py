@@ -45,6 +45,10 @@ from aotpipe.eager import NoLossError, model_loss
 from aotpipe.errors import CaptureError
 from aotpipe.modes import DEFAULT_LOSS, EXPORT_OPTIONS
 from aotpipe.tensors import ones
+import torch.fx.traceback as fx_traceback
+from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors, aot_export_joint_with_descriptors
+from torch._functorch.partitioners import default_partition
+from torch.fx._pytree import tree_flatten_spec
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
 OPTIONS = EXPORT_OPTIONS
@@ -560,11 +564,8 @@ def _node_by_node(module: torch.nn.Module) -> Any:
     if not isinstance(module, torch.fx.GraphModule):
         yield
         return
-    import torch.fx.traceback as fx_traceback
 
     import inspect
-
-    from torch.fx._pytree import tree_flatten_spec
 
     info = getattr(module.graph._codegen, "pytree_info", None)
     signature = inspect.signature(type(module).forward)
@@ -612,12 +613,6 @@ def training_graphs(
 
     Also the contract that pairs forward and backward, and the parameters that get no gradient.
     """
-    from torch._functorch.aot_autograd import (
-        aot_compile_joint_with_descriptors,
-        aot_export_joint_with_descriptors,
-    )
-    from torch._functorch.partitioners import default_partition
-
     constants = _lift_constants_to_buffers(module)
     for target in constants:
         constants_out.setdefault(target, module.get_buffer(target))

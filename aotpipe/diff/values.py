@@ -23,6 +23,11 @@ from pydantic import BaseModel, ConfigDict
 from aotpipe import accuracy
 from aotpipe.diff.model import ValuesComparison
 from aotpipe.format.records import RawJson
+import torch
+from aotpipe.artifact.load import load
+from aotpipe.errors import exception_line
+from aotpipe.execution import run_with_summaries
+from aotpipe.sandbox.launch import run_task
 
 # How far two aligned nodes' sampled sums may lie apart (relative to A's absolute sum)
 # before the node counts as diverging: a little over float32 noise from another order of
@@ -54,8 +59,6 @@ def _departs(a: Any, b: Any, rtol: float) -> Optional[str]:
 
 
 def _same_layout(x: Any, y: Any) -> bool:
-    import torch
-
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
         return x.shape == y.shape and x.dtype == y.dtype
     return type(x) is type(y)
@@ -65,11 +68,6 @@ def compare_values(a_path: str, b_path: str, aligned: dict[str, dict[str, str]],
                    trust_ops: tuple[str, ...] = ()) -> dict[str, ValuesComparison]:
     """Per graph key both artefacts have (in `aligned`: A's node name -> B's), how their
     values compare."""
-    from aotpipe import accuracy
-    from aotpipe.artifact.load import load
-    from aotpipe.errors import exception_line
-    from aotpipe.execution import run_with_summaries
-
     art_a, art_b = load(a_path, trust_ops=trust_ops), load(b_path, trust_ops=trust_ops)
     outputs: dict[tuple[str, str], list[Any]] = {}
     out: dict[str, dict[str, Any]] = {}
@@ -140,8 +138,6 @@ def compare_values_sandboxed(a_path: str, b_path: str, aligned: dict[str, dict[s
                              trust_ops: tuple[str, ...] = ()) -> dict[str, ValuesComparison]:
     """:func:`compare_values` in a sandboxed worker (no network, read-only filesystem,
     memory and CPU limits): for artefacts the user has not said they trust."""
-    from aotpipe.sandbox.launch import run_task
-
     a, b = str(Path(a_path).resolve()), str(Path(b_path).resolve())
     result = run_task("aotpipe.diff.values:values_task",
                       ValuesTask(a=a, b=b, aligned=aligned, rtol=rtol, trust_ops=list(trust_ops)).model_dump(),

@@ -19,6 +19,7 @@ import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
+import aotpipe.job
 
 
 def _die_with_parent(parent: int) -> None:
@@ -49,8 +50,6 @@ def main(argv: list[str]) -> int:
     conn_in = Connection(read_fd, writable=False)
     conn_out = Connection(write_fd, readable=False)
     import torch  # once, before the first task: the parent's time limit is for the model
-
-    import aotpipe.job  # noqa: F401
 
     torch.set_num_threads(intra_op_threads(threads, torch.get_num_threads()))
     conn_out.send(("ready",))

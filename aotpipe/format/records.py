@@ -38,6 +38,7 @@ from pydantic_core import ErrorDetails
 
 from aotpipe.errors import ArtifactError
 from aotpipe.graph_keys import BASE_KEY_PATTERN, GRAPH_KINDS
+from aotpipe.format.limits import read_json
 
 # ---------------------------------------------------------------------------------------
 # Constants
@@ -834,8 +835,6 @@ def parse(cls: type[Record], data: RawJson, where: Any) -> Any:
 def read(cls: type[Record], path: Any, root: Any = None) -> tuple[Any, Any]:
     """(the raw data, the record) of a record file, read within the limits (regular files
     only: no FIFO, no link to a device) and validated. The raw data is what a checksum covers."""
-    from aotpipe.format.limits import read_json
-
     raw = read_json(path, root)
     return raw, parse(cls, raw, path)
 

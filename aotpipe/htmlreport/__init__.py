@@ -18,6 +18,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format.records import ModelRun, RunRecord
 from aotpipe.tree import ModelView, read_run, read_tree
+from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
+from aotpipe.format.limits import read_json
+from aotpipe.format.records import MANIFEST
+from aotpipe.htmlreport import plots
+from aotpipe.report import human_size
 
 REPORT_HTML = "report.html"
 BENCH_JSON = "bench.json"
@@ -49,8 +54,6 @@ class BenchFile(_Loose):
 
 def read_bench(root: Path) -> Optional[BenchFile]:
     """DIR/bench.json, or None; an ArtifactError naming the file where it is not one."""
-    from aotpipe.format.limits import read_json
-
     path = root / BENCH_JSON
     if not path.is_file():
         return None
@@ -220,8 +223,6 @@ class Report:
 
 def gather(root: Path) -> Report:
     """Everything report.html shows about the output tree `root`, read from disk."""
-    from aotpipe.htmlreport import plots
-
     root = Path(root)
     if not root.is_dir():
         raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder (it holds run.json)")
@@ -297,7 +298,6 @@ def gather(root: Path) -> Report:
                                       "red: not ok (speedup 0 where none was measured).",
                         plots.bench_speedups([(f"{b.model}/{b.graph}", b.status, b.speedup)
                                               for b in bench.results])))
-    from aotpipe.report import human_size
 
     versions = (f"torch {run.versions.torch}, python {run.versions.python}, aotpipe {run.versions.aotpipe}"
                 if run is not None else "")
@@ -328,10 +328,6 @@ def build_html(root: Path) -> str:
 
 def write_html(root: Path) -> Path:
     """Write report.html into the output folder `root` (replaced atomically); its path."""
-    from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
-
-    from aotpipe.format.records import MANIFEST
-
     root = Path(root)
     if (root / MANIFEST).exists():  # a file there would be one the manifest does not list
         raise AotpipeError(f"{root} is a model folder; write its page elsewhere (aotpipe report {root} -o FILE) or "

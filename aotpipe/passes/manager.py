@@ -26,6 +26,7 @@ from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.passes import PASSES, chain_order_problems, options_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe.spec import PassStep
+from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
 
 
 def _step(step: PassStep, nodes_before: int, nodes_after: int, modified: bool, seconds: float,
@@ -154,8 +155,6 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
     names the pass at fault when the derived graph later fails its checks.
     """
     import copy
-
-    from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
 
     steps = list(spec.passes)
     problems: list[str] = []

@@ -22,6 +22,8 @@ from typing import Any, Iterable, Optional
 
 from aotpipe.errors import AotpipeError, SandboxError, SandboxUnavailable
 from aotpipe.sandbox.protocol import PROTOCOL, SandboxRequest, SandboxResult
+from aotpipe.format.limits import current
+from aotpipe.sandbox.progress import read
 
 REQUEST = "request.json"
 RESULT = "result.json"
@@ -162,8 +164,6 @@ def _read_result(scratch: Path) -> Optional[SandboxResult]:
 
 def read_progress(scratch: Path) -> str:
     """What the worker said it was doing last ("in node X of graph K", "while ..."), or ""."""
-    from aotpipe.sandbox.progress import read
-
     return one_line(read(scratch / PROGRESS), limit=300)
 
 
@@ -197,8 +197,6 @@ def run_task(task: str, args: dict[str, Any], *, limits: Optional[SandboxLimits]
     canaries saw, or a limit overrun as SandboxError (one line, exit 1); SandboxUnavailable
     (exit 2) when the sandbox cannot start here.
     """
-    from aotpipe.format.limits import current
-
     bwrap = find_bwrap()
     limits = limits or SandboxLimits.for_bytes()
     with tempfile.TemporaryDirectory(prefix="aotpipe-sandbox-") as tmp:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from aotpipe.errors import AotpipeError
 from aotpipe.format.records import RawJson
+from aotpipe.sandbox.launch import run_task
 
 if TYPE_CHECKING:
     from aotpipe.replay.run import ChainReplay, GraphReplay
@@ -132,8 +133,6 @@ def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: st
     """:func:`replay_outcome` in a sandboxed worker: the way to replay an artefact you do
     not trust. Needs bubblewrap (bwrap); a crash, a memory corruption or a limit overrun
     in the worker is a one-line SandboxError, and this process is untouched."""
-    from aotpipe.sandbox.launch import run_task
-
     if device is not None and device.split(":")[0] not in ("cpu", "meta"):
         raise AotpipeError(f"--device {device}: the sandbox runs graphs on the CPU only; for an artefact you "
                            "trust, sign it and pass --key KEY, or pass --no-sandbox")

@@ -19,6 +19,10 @@ from typing import Any, Callable
 from aotpipe.sandbox.launch import PROGRESS, REQUEST, RESULT
 from aotpipe.sandbox.progress import Progress
 from aotpipe.sandbox.protocol import PROTOCOL, SandboxRequest, SandboxResult
+from aotpipe.errors import AotpipeError, exception_line
+from aotpipe.format.limits import Limits, override
+from aotpipe.sandbox.canary import Canaries
+from aotpipe.sandbox.progress import instrument
 
 # The tasks a caller may name; a caller may also name "module:function" (tests, bench).
 TASKS = {"replay": "aotpipe.sandbox.replay:replay_task"}
@@ -48,8 +52,6 @@ class Worker:
     """What a task gets besides its arguments: progress marks, canaries, graph instrumentation."""
 
     def __init__(self, progress: Progress):
-        from aotpipe.sandbox.canary import Canaries
-
         self.progress = progress
         self.canaries = Canaries()
 
@@ -59,8 +61,6 @@ class Worker:
     def watch(self, art: Any) -> Any:
         """Every graph of a loaded Artifact instrumented (on build, for deferred ones), with
         canaries allocated beside each as it is built; returns `art`."""
-        from aotpipe.sandbox.progress import instrument
-
         import torch
 
         for key, ga in art.graphs.items():
@@ -99,9 +99,6 @@ def main(scratch: Path) -> None:
     set_limits(request.limits)
     progress = Progress(scratch / PROGRESS)
     progress.mark("while starting the worker")
-
-    from aotpipe.format.limits import Limits, override
-    from aotpipe.errors import AotpipeError, exception_line
 
     worker = Worker(progress)
     worker.canaries.add("before any graph was built")
