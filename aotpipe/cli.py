@@ -25,6 +25,9 @@ from aotpipe.results import why_failed
 from aotpipe.runner import run_pipeline
 from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed, trust_problems
 from aotpipe.shards import parse_shard
+from aotpipe import views
+from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
+from aotpipe.format.records import json_schema as artifact_schema
 
 
 def _say(line: object, err: bool = False) -> None:
@@ -79,7 +82,7 @@ def _byte_limit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _check_device(name: str) -> None:
     """--device must name a device torch knows and this machine has (a user error otherwise)."""
-    import torch
+    import torch  # torch: kept off the torch-free path (every command imports cli)
 
     try:
         dev = torch.device(name)
@@ -249,8 +252,6 @@ def schema(artifact: bool) -> None:
       aotpipe schema > aotpipe.schema.json
     """
     if artifact:
-        from aotpipe.format.records import json_schema as artifact_schema
-
         click.echo(json.dumps(artifact_schema(), indent=2, sort_keys=True))
         return
 
@@ -527,6 +528,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
       aotpipe bench artifacts/quickstart --backend inductor --baseline benchmarks/baselines/quickstart-inductor.csv
       aotpipe bench artifacts/quickstart --backend mybackends:broken --locate
     """
+    # torch: kept off the torch-free path (every command imports cli)
     from aotpipe.bench.command import BenchOptions, run_bench
 
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
@@ -632,8 +634,6 @@ def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer:
     from pathlib import Path
 
     if explorer or explorer_all:
-        from aotpipe import views
-
         if explorer and explorer_all:
             raise AotpipeError("pass --model-explorer FILE or --model-explorer-all, not both")
         if explorer:
@@ -673,8 +673,6 @@ def report(directory: str, output: str | None) -> None:
     if output is None:
         path = write_html(Path(directory))
     else:
-        from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
-
         path = Path(output)
         try:
             write_atomic(path, build_html(Path(directory)).encode("utf-8"))
@@ -761,7 +759,7 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
     """
     from pathlib import Path
 
-    from aotpipe.pt2_program import export_pt2 as export
+    from aotpipe.pt2_program import export_pt2 as export  # torch: kept off the torch-free path (cli)
 
     p = Path(artifact)
     _artefact_folder(p)
@@ -769,8 +767,6 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
         if key is None:
             raise AotpipeError(f"{artifact}: export-pt2 runs the graph in this process; pass --key KEY for an artefact "
                                "signed with it, or --no-sandbox if you made it or otherwise trust it")
-        from aotpipe.sandbox.replay import trust_problems
-
         untrusted = trust_problems(p, key)
         if untrusted:
             raise AotpipeError(f"{artifact}: not signed by {key}, so not exported: {untrusted[0]}")

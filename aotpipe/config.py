@@ -22,6 +22,7 @@ from aotpipe.modes import CAPTURE_MODES
 from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
 from aotpipe.spec import (GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, PassStep,
                           Pipeline, ResourceSpec, Strict)
+from aotpipe.pt2 import pt2_problem
 
 SCHEMA_VERSION = 1
 
@@ -561,8 +562,6 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
                     msg = (f"transformers has no model class {s.source[3:]!r}; use a class such as BertModel or "
                            "LlamaForCausalLM")
         elif s.source.startswith("pt2:"):
-            from aotpipe.pt2 import pt2_problem
-
             msg = pt2_problem(s.source, base_dir)
         else:
             module = s.source.partition(":")[0]

@@ -29,6 +29,8 @@ from aotpipe.format.records import load_run
 from aotpipe.htmlreport import write_html
 from aotpipe.job import PROGRESS_DIR_ENV, run_model
 from aotpipe.report import write_reports
+from aotpipe.config import check_sources
+from aotpipe.shards import shard_models
 
 
 def select_models(pipeline: Pipeline, only: tuple[str, ...] | list[str] | None) -> list[ModelSpec]:
@@ -75,8 +77,6 @@ def run_pipeline(
     specs = select_models(pipeline, only)
     shard_record = None
     if shard is not None:
-        from aotpipe.shards import shard_models
-
         selected = [s.name for s in specs]
         specs = shard_models(specs, shard, Path(shard_times) if shard_times is not None else None)
         shard_record = ShardRecord(index=shard.index, count=shard.count, selection=selected)
@@ -135,7 +135,6 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
                 todo.append(i)
         if not todo:
             return [r for r in results if r is not None]
-        from aotpipe.config import check_sources
 
         check_sources(pipeline, [specs[i] for i in todo])  # what was not checked at load
         todo = longest_first(todo, [s.name for s in specs], out_root)

@@ -33,6 +33,8 @@ from aotpipe.global_state import preserved
 from aotpipe.format.records import ModelRecord
 from aotpipe.spec import InputSpec, ModelSpec
 from aotpipe.zoo import ZOO
+from aotpipe.pt2 import pt2_problem
+from aotpipe.pt2_source import load_pt2_module
 
 ZOO_PREFIX = "aotpipe.zoo:"
 
@@ -110,8 +112,6 @@ def check_source(source: str, base_dir: Path | None = None) -> str | None:
         if source.startswith("hf:"):
             _resolve_hf(source)
         elif source.startswith("pt2:"):
-            from aotpipe.pt2 import pt2_problem
-
             return pt2_problem(source, base_dir)
         else:
             _resolve_callable(source, base_dir)
@@ -130,8 +130,6 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
     """Build the model with weights from a seed derived from the pipeline seed and its name."""
     torch.manual_seed(derived_seed(spec.seed, spec.name, "weights"))
     if spec.source.startswith("pt2:"):
-        from aotpipe.pt2_source import load_pt2_module
-
         model = load_pt2_module(spec.source, base_dir)
     elif spec.source.startswith("hf:"):
         cls = _resolve_hf(spec.source)

@@ -111,6 +111,7 @@ def read_model(folder: Path, root: Path) -> ModelView:
 
 def read_tree(root: Path) -> list[ModelView]:
     """Every model folder under `root` (or `root` itself if it is one), read as ModelViews."""
+    # cryptography (signatures): kept off the torch-free path of ls, report and diff
     from aotpipe.artifact.verify import find_artifacts
 
     root = Path(root)

@@ -267,6 +267,7 @@ def view_path(tree: Path, model: str, key: str) -> Path:
 def write_tree_views(root: Path) -> dict[str, dict[str, Path]]:
     """A view of every graph of every artefact under `root` (a tree, or one artefact: its
     views go beside it, in its parent's views/). Returns {model: {graph key: path}}."""
+    # cryptography (signatures): kept off the torch-free path of ls and report
     from aotpipe.artifact.verify import find_artifacts
 
     root = Path(root)

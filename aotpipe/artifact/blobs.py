@@ -16,6 +16,7 @@ from safetensors.torch import save as st_save
 from aotpipe.format.records import BLOB_DIR
 from aotpipe.errors import ArtifactError
 from aotpipe.format import limits
+from aotpipe.artifact.fsio import write_durable
 
 _KEY = "tensor"
 
@@ -38,8 +39,6 @@ class BlobStore:
         digest, data = encode(t)
         path = self.dir / f"{digest}.safetensors"
         if not path.exists():
-            from aotpipe.artifact.fsio import write_durable
-
             self.dir.mkdir(parents=True, exist_ok=True)
             write_durable(path, data)
         return digest

@@ -54,7 +54,7 @@ def _torch_version() -> str:
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path: ask torch itself
-        import torch
+        import torch  # torch: only where its installed metadata is missing; manifests are read torch-free
 
         return torch.__version__
 

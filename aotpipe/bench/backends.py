@@ -112,8 +112,6 @@ def compile_graph(backend: Backend, gm: torch.nn.Module, inputs: list[Any], role
         return _no_grad(fwd), list(range(len(inputs)))
     torch._dynamo.reset()  # one graph's guards and caches do not count against the next
     if backend.name.startswith("inductor"):
-        import torch._inductor.config as inductor_config
-
         # As torch's own accuracy runners do: random ops call ATen's, so that a graph that
         # draws (dropout) draws what the loaded graph does under the same seed.
         inductor_config.fallback_random = True

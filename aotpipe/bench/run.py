@@ -23,6 +23,7 @@ from aotpipe.bench.graph import GraphResult, GraphTask, artefact_label, result_f
 from aotpipe.bench.scores import Score, scores
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.artifact.load import load
+from aotpipe.artifact.verify import find_artifacts
 from aotpipe.executors.base import Failure, Resources, Task
 from aotpipe.executors.process import ProcessExecutor
 from aotpipe.sandbox.replay import trust_problems
@@ -71,8 +72,6 @@ def find_models(paths: Sequence[Path]) -> list[tuple[Path, str]]:
     A label is the model folder relative to its PATH (the pipeline's output folder when PATH is
     a model folder); if two PATHs give the same label, every label is prefixed with its PATH's
     folder name."""
-    from aotpipe.artifact.verify import find_artifacts
-
     per_root: list[tuple[str, list[tuple[Path, str]]]] = []
     for p in paths:
         if not Path(p).exists():

@@ -10,6 +10,7 @@ from aotpipe.diff.artifacts import compare_artifacts, describe_node, read_side
 from aotpipe.diff.model import Diff
 from aotpipe.diff.trees import RUN_JSON, compare_trees
 from aotpipe.errors import AotpipeError, SandboxUnavailable
+from aotpipe.sandbox.replay import trust_problems
 
 _WHAT = ("pass two artefact folders (each holding manifest.json) or two output trees "
          "(each holding run.json, as `aotpipe run` writes them)")
@@ -65,11 +66,10 @@ def diff_paths(a: str | Path, b: str | Path, *, threshold: float = 0.5, values: 
 
 def _compare_values(diff: Diff, sa, sb, aligned: dict[str, dict[str, str]], in_process: bool,
                     key: Optional[str], trust_ops: Sequence[str]) -> None:
+    # torch (diff.values runs graphs): kept off the torch-free path of a records-only diff
     from aotpipe.diff import values
 
     if not in_process and key is not None:
-        from aotpipe.sandbox.replay import trust_problems
-
         untrusted = trust_problems(sa.path, key) or trust_problems(sb.path, key)
         in_process = not untrusted
         if untrusted:

@@ -28,6 +28,7 @@ from aotpipe.artifact.load import load
 from aotpipe.errors import exception_line
 from aotpipe.execution import run_with_summaries
 from aotpipe.sandbox.launch import run_task
+from aotpipe.errors import SandboxError
 
 # How far two aligned nodes' sampled sums may lie apart (relative to A's absolute sum)
 # before the node counts as diverging: a little over float32 noise from another order of
@@ -145,6 +146,5 @@ def compare_values_sandboxed(a_path: str, b_path: str, aligned: dict[str, dict[s
     try:
         return pydantic.TypeAdapter(dict[str, ValuesComparison]).validate_python(result)
     except ValueError:  # pydantic's ValidationError is a ValueError
-        from aotpipe.errors import SandboxError
 
         raise SandboxError("the sandboxed worker sent back a malformed diff result", "malformed") from None

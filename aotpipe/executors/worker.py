@@ -20,6 +20,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 import aotpipe.job
+from aotpipe.errors import exception_line
 
 
 def _die_with_parent(parent: int) -> None:
@@ -61,7 +62,6 @@ def main(argv: list[str]) -> int:
         try:
             value = fn()
         except BaseException as e:  # noqa: BLE001 - the parent records it; the worker goes on
-            from aotpipe.errors import exception_line
 
             conn_out.send(("raised", exception_line(e), traceback.format_exc()))
             if not isinstance(e, Exception):

@@ -39,6 +39,7 @@ from pydantic_core import ErrorDetails
 from aotpipe.errors import ArtifactError
 from aotpipe.graph_keys import BASE_KEY_PATTERN, GRAPH_KINDS
 from aotpipe.format.limits import read_json
+from aotpipe.format.limits import check_graphs
 
 # ---------------------------------------------------------------------------------------
 # Constants
@@ -823,8 +824,6 @@ def parse(cls: type[Record], data: RawJson, where: Any) -> Any:
     if cls in VERSIONED:
         check_version(data, where)
     if cls is Manifest and isinstance(data, dict) and isinstance(data.get("graphs"), dict):
-        from aotpipe.format.limits import check_graphs
-
         check_graphs(len(data["graphs"]), where)  # before validating each one
     try:
         return cls.model_validate(data)

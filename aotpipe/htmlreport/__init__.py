@@ -23,6 +23,8 @@ from aotpipe.format.limits import read_json
 from aotpipe.format.records import MANIFEST
 from aotpipe.htmlreport import plots
 from aotpipe.report import human_size
+from aotpipe.format.records import describe
+from aotpipe.results import why_failed
 
 REPORT_HTML = "report.html"
 BENCH_JSON = "bench.json"
@@ -63,8 +65,6 @@ def read_bench(root: Path) -> Optional[BenchFile]:
     try:
         return BenchFile.model_validate(raw)
     except ValidationError as e:
-        from aotpipe.format.records import describe
-
         raise ArtifactError(f"{path}: not a bench result ({describe(e)}); expected {{\"results\": [{{\"model\", "
                             f"\"graph\", \"status\", \"speedup\"}}], \"scores\": {{...}}}}") from None
 
@@ -153,8 +153,6 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
     if m is None:
         return row
     if run is None:
-        from aotpipe.results import why_failed
-
         failed = why_failed(m)
         row.status = "failed" if failed else "ok"
         if failed:
@@ -275,28 +273,29 @@ def gather(root: Path) -> Report:
         "checks": total_checks,
         "settled": settled,
     }
+    charts: Any = plots
     try:
         import matplotlib  # noqa: F401  (a declared dependency; a page without plots if it is missing)
     except ImportError:
         problems.append("no plots: matplotlib is not installed (pip install matplotlib -c constraints.txt)")
-        plots = None  # type: ignore[assignment]
-    figures = [] if plots is None else [
+        charts = None
+    figures = [] if charts is None else [
         ("plot-capture", "Capture seconds against parameter count (parameters: elements of the graphs' param "
                          "inputs).",
-         plots.capture_vs_parameters([(r.name, r.parameters or 0, r.seconds.get("capture") or 0.0) for r in rows
+         charts.capture_vs_parameters([(r.name, r.parameters or 0, r.seconds.get("capture") or 0.0) for r in rows
                                       if r.seconds])),
         ("plot-stages", "Seconds per stage: capture, passes, checks (every written graph run once against the "
                         "eager model), write.",
-         plots.seconds_per_stage([(r.name, [r.seconds.get(s) or 0.0 for s in plots.STAGES]) for r in rows
+         charts.seconds_per_stage([(r.name, [r.seconds.get(s) or 0.0 for s in charts.STAGES]) for r in rows
                                   if r.seconds])),
         ("plot-ratios", "Each check's error against its bound (the float64 rule or the noise floor); above 1 "
                         "fails.",
-         plots.ratio_histogram([c.ratio for r in rows for c in r.checks if c.ratio is not None])),
+         charts.ratio_histogram([c.ratio for r in rows for c in r.checks if c.ratio is not None])),
     ]
-    if bench is not None and plots is not None:
+    if bench is not None and charts is not None:
         figures.append(("plot-bench", f"Bench ({bench.backend or 'backend'}): speedup over eager per graph; "
                                       "red: not ok (speedup 0 where none was measured).",
-                        plots.bench_speedups([(f"{b.model}/{b.graph}", b.status, b.speedup)
+                        charts.bench_speedups([(f"{b.model}/{b.graph}", b.status, b.speedup)
                                               for b in bench.results])))
 
     versions = (f"torch {run.versions.torch}, python {run.versions.python}, aotpipe {run.versions.aotpipe}"

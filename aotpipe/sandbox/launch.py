@@ -58,8 +58,6 @@ class SandboxLimits:
         --max-bytes or AOTPIPE_MAX_BYTES): 1 GiB for the interpreter plus three times it
         (inputs, intermediates, outputs and the references they are compared with)."""
         if max_bytes is None:
-            from aotpipe.format.limits import current
-
             max_bytes = current().max_bytes
         data = WORKER_BASE_BYTES + 3 * max_bytes
         return cls(memory_bytes=data, address_space_bytes=data + ADDRESS_SPACE_SLACK, **kw)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from aotpipe.errors import AotpipeError
 from aotpipe.format.records import RawJson
 from aotpipe.sandbox.launch import run_task
+from aotpipe.errors import SandboxError
 
 if TYPE_CHECKING:
     from aotpipe.replay.run import ChainReplay, GraphReplay
@@ -70,7 +71,6 @@ class ReplayOutcome:
             return cls(str(data.get("artifact", "")), graphs, chain,
                        str(no_eager) if no_eager is not None else None, sandboxed)
         except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
-            from aotpipe.errors import SandboxError
 
             first = " ".join(str(e).split())[:200]
             raise SandboxError(f"the sandboxed worker sent back a malformed result ({first})", "malformed") from None

@@ -61,7 +61,7 @@ class Worker:
     def watch(self, art: Any) -> Any:
         """Every graph of a loaded Artifact instrumented (on build, for deferred ones), with
         canaries allocated beside each as it is built; returns `art`."""
-        import torch
+        import torch  # torch: after the worker's rlimits are set
 
         for key, ga in art.graphs.items():
             built = ga.built
