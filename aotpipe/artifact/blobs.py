@@ -16,7 +16,7 @@ from safetensors.torch import save as st_save
 from aotpipe.format.records import BLOB_DIR
 from aotpipe.errors import ArtifactError
 from aotpipe.format import limits
-from aotpipe.artifact.fsio import write_durable
+from aotpipe.artifact import fsio
 
 _KEY = "tensor"
 
@@ -40,7 +40,7 @@ class BlobStore:
         path = self.dir / f"{digest}.safetensors"
         if not path.exists():
             self.dir.mkdir(parents=True, exist_ok=True)
-            write_durable(path, data)
+            fsio.write_durable(path, data)
         return digest
 
     def has(self, digest: str) -> bool:

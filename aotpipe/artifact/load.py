@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 import torch.fx
 
-from aotpipe.artifact import input_meta, precheck
+from aotpipe.artifact import input_meta, precheck, recompute
 from aotpipe.format import records
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.codegen import code_mismatch, graph_constants
@@ -44,7 +44,6 @@ from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.execution import run_graph
 from aotpipe.graph_keys import graph_key, parse_graph_key
 from aotpipe.tensors import extent, ones, tangent, view_of
-from aotpipe.artifact.recompute import recompute_constants
 from torch._library.custom_ops import OPDEFS
 
 
@@ -429,7 +428,7 @@ def _recompute(art: "Artifact", key: str, rec: records.GraphEntry) -> Callable[[
             raise ArtifactError(f"{art.path}: the {key} graph's constants come from its base graph "
                                 f"{rec.base!r}, which is not loaded")
         try:
-            return recompute_constants(base.module, base.record, base.saved_inputs(), rec.passes or [])
+            return recompute.recompute_constants(base.module, base.record, base.saved_inputs(), rec.passes or [])
         except ArtifactError:
             raise
         except Exception as e:
