@@ -8,6 +8,7 @@ worker over): strings are stripped of control characters before anyone prints th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -19,15 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-
 from aotpipe.errors import AotpipeError, SandboxError, SandboxUnavailable
-from aotpipe.sandbox.protocol import PROTOCOL, SandboxRequest, SandboxResult
 from aotpipe.format.limits import current
 from aotpipe.sandbox.progress import read
+from aotpipe.sandbox.protocol import PROGRESS, PROTOCOL, REQUEST, RESULT, SandboxRequest, SandboxResult
 
-REQUEST = "request.json"
-RESULT = "result.json"
-PROGRESS = "progress"
 LOG = "worker.log"
 MAX_RESULT_BYTES = 64 << 20
 INSTALL = "apt-get install -y bubblewrap"
@@ -140,6 +137,15 @@ def _clean(value: Any, depth: int = 0) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=1)
+def _result_adapter() -> Any:
+    """The validator of the worker's answer (pydantic reads the protocol's dataclasses)."""
+    # pydantic: not at import, which the sandbox worker pays before its first progress mark
+    import pydantic
+
+    return pydantic.TypeAdapter(SandboxResult)
+
+
 def _read_result(scratch: Path) -> Optional[SandboxResult]:
     """The worker's answer, or None where there is none that fits the protocol."""
     path = scratch / RESULT
@@ -155,7 +161,7 @@ def _read_result(scratch: Path) -> Optional[SandboxResult]:
     except (ValueError, RecursionError):
         return None
     try:
-        return SandboxResult.model_validate(_clean(result))
+        return _result_adapter().validate_python(_clean(result))
     except (ValueError, RecursionError):  # pydantic's ValidationError is a ValueError
         return None
 
@@ -201,7 +207,7 @@ def run_task(task: str, args: dict[str, Any], *, limits: Optional[SandboxLimits]
         scratch = Path(tmp).resolve()
         request = SandboxRequest(protocol=PROTOCOL, task=task, args=args, limits=dataclasses.asdict(limits),
                                  byte_limits=dataclasses.asdict(current()))
-        (scratch / REQUEST).write_text(request.model_dump_json())
+        (scratch / REQUEST).write_text(json.dumps(dataclasses.asdict(request)))
         argv = sandbox_argv(bwrap, scratch, read_paths) + [
             sys.executable, "-m", "aotpipe.sandbox.worker", str(scratch)]
         timed_out = False

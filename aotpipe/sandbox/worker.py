@@ -8,6 +8,7 @@ may have damaged). Nothing here is trusted to the caller: it reads result.json a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -16,9 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from aotpipe.sandbox.launch import PROGRESS, REQUEST, RESULT
 from aotpipe.sandbox.progress import Progress
-from aotpipe.sandbox.protocol import PROTOCOL, SandboxRequest, SandboxResult
+from aotpipe.sandbox.protocol import PROGRESS, PROTOCOL, REQUEST, RESULT, SandboxRequest, SandboxResult
 from aotpipe.errors import AotpipeError, exception_line
 from aotpipe.format.limits import Limits, override
 from aotpipe.sandbox.canary import Canaries
@@ -87,7 +87,7 @@ def _resolve(task: str) -> Callable[[dict[str, Any], Worker], Any]:
 
 def _write_result(scratch: Path, result: SandboxResult) -> None:
     tmp = scratch / (RESULT + ".tmp")
-    tmp.write_text(json.dumps(result.model_dump(), allow_nan=True))
+    tmp.write_text(json.dumps(dataclasses.asdict(result), allow_nan=True))
     os.replace(tmp, scratch / RESULT)
 
 
@@ -95,7 +95,7 @@ def main(scratch: Path) -> None:
     # Python's own messages (warnings) to a file of their own: what stays on fd 2 is the C
     # library's and the kernels' ("free(): invalid pointer"), which a crash line quotes.
     sys.stderr = open(scratch / "python.log", "w", buffering=1)
-    request = SandboxRequest.model_validate_json((scratch / REQUEST).read_text())
+    request = SandboxRequest(**json.loads((scratch / REQUEST).read_text()))  # the caller's, trusted
     set_limits(request.limits)
     progress = Progress(scratch / PROGRESS)
     progress.mark("while starting the worker")
