@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from aotpipe.format.records import CheckItem
+from aotpipe.format.records import CheckItem, Summary
 
 # Per dtype: (multiplier, relative floor). torch's runners use 2.0 for float32 and 3.0 for
 # half types; the floor is about 100 float32 ulps of the tensor's RMS.
@@ -306,26 +306,30 @@ def compare(actual: Any, expected: Any, reference: Reference = None, *, what: st
         + (f", the largest of {taken} samples" if taken > 1 else "") + ")"))
 
 
-def summary(t: Any) -> Optional[dict[str, Any]]:
+def summary(t: Any) -> Optional[Summary]:
     """A small fingerprint of a value: layout, float64 sum and absolute sum of finite elements."""
     if not isinstance(t, torch.Tensor):
         return None
-    out = _sums(_f64(t))
-    return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype).removeprefix("torch."), **out}
+    return _summary(t, _f64(t))
 
 
-def _sums(v: torch.Tensor) -> dict[str, Any]:
+def _summary(t: torch.Tensor, v: torch.Tensor) -> Summary:
+    """`t`'s layout and the sums of `v` (t in float64, or a sample of it)."""
     finite = torch.isfinite(v)
     nonfinite = v.numel() - int(finite.sum())
     if nonfinite:
         v = v.where(finite, 0.0)
-    return {"sum": float(v.sum()), "abs_sum": float(v.abs().sum()), "nonfinite": nonfinite}
+    # Not validated here: a trace is, as a whole, when it is written (records.check_written);
+    # a replay or a pass check of a graph with a dtype the format cannot name still compares.
+    return Summary.model_construct(shape=list(t.shape), stride=list(t.stride()),
+                                   dtype=str(t.dtype).removeprefix("torch."), sum=float(v.sum()),
+                                   abs_sum=float(v.abs().sum()), nonfinite=nonfinite)
 
 
 SAMPLE = 4096
 
 
-def sampled_summary(t: Any) -> Optional[dict[str, Any]]:
+def sampled_summary(t: Any) -> Optional[Summary]:
     """Like :func:`summary`, over at most about :data:`SAMPLE` elements: a strided view that
     keeps every k-th index of the largest dimensions, so nothing is copied but the sample;
     cheap enough to take at every node of a real-size graph."""
@@ -340,8 +344,7 @@ def sampled_summary(t: Any) -> Optional[dict[str, Any]]:
         sizes[k] = -(-sample.shape[k] // steps[k])
     if any(st > 1 for st in steps):
         sample = sample[tuple(slice(None, None, st) for st in steps)]
-    return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype).removeprefix("torch."),
-            **_sums(_f64(sample))}
+    return _summary(t, _f64(sample))
 
 
 def _prod(xs: list[int]) -> int:
@@ -351,18 +354,18 @@ def _prod(xs: list[int]) -> int:
     return n
 
 
-def summary_departs(actual: dict[str, Any], recorded: dict[str, Any], rtol: float,
+def summary_departs(actual: Summary, recorded: Summary, rtol: float,
                     layout: tuple[str, ...] = ("dtype", "shape", "stride")) -> Optional[str]:
     """How `actual` summary departs from a `recorded` one, or None if they agree within `rtol`
     (of the recorded absolute sum). The reason's first word is the field that departs.
     `layout`: the layout fields compared (a diff of two graphs leaves strides out)."""
     for key in layout:
-        if actual[key] != recorded[key]:
-            return f"{key} {actual[key]} != recorded {recorded[key]}"
-    if actual["nonfinite"] != recorded["nonfinite"]:
-        return f"{actual['nonfinite']} non-finite values != recorded {recorded['nonfinite']}"
-    scale = max(1.0, abs(recorded["abs_sum"]))
+        if getattr(actual, key) != getattr(recorded, key):
+            return f"{key} {getattr(actual, key)} != recorded {getattr(recorded, key)}"
+    if actual.nonfinite != recorded.nonfinite:
+        return f"{actual.nonfinite} non-finite values != recorded {recorded.nonfinite}"
+    scale = max(1.0, abs(recorded.abs_sum))
     for key in ("sum", "abs_sum"):
-        if abs(actual[key] - recorded[key]) > rtol * scale:
-            return f"{key} {actual[key]!r} != recorded {recorded[key]!r}"
+        if abs(getattr(actual, key) - getattr(recorded, key)) > rtol * scale:
+            return f"{key} {getattr(actual, key)!r} != recorded {getattr(recorded, key)!r}"
     return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import sys
@@ -10,7 +11,23 @@ from typing import Any, Callable
 
 import click
 
-from aotpipe.errors import AotpipeError, printable
+from aotpipe.errors import AotpipeError, LimitError, printable
+from aotpipe import opcov
+from aotpipe.config import json_schema, load_pipeline
+from aotpipe.diff import diff_paths
+from aotpipe.format import records
+from aotpipe.format.limits import Breach, override, parse_bytes
+from aotpipe.htmlreport import REPORT_HTML, build_html, write_html
+from aotpipe.inspect import describe_lines, list_artifacts
+from aotpipe.merge import NamedPipeline, merge_runs
+from aotpipe.report import REPORT_MD, RUN_JSON, dump_run, run_record, settled_text
+from aotpipe.results import why_failed
+from aotpipe.runner import run_pipeline
+from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed, trust_problems
+from aotpipe.shards import parse_shard
+from aotpipe import views
+from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
+from aotpipe.format.records import json_schema as artifact_schema
 
 
 def _say(line: object, err: bool = False) -> None:
@@ -55,8 +72,6 @@ def _byte_limit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, max_bytes: str | None = None, **kwargs: Any) -> Any:
-        from aotpipe.format.limits import override, parse_bytes
-
         with override(max_bytes=parse_bytes(max_bytes, "--max-bytes") if max_bytes is not None else None):
             return fn(*args, **kwargs)
 
@@ -67,7 +82,7 @@ def _byte_limit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _check_device(name: str) -> None:
     """--device must name a device torch knows and this machine has (a user error otherwise)."""
-    import torch
+    import torch  # torch: kept off the torch-free path (every command imports cli)
 
     try:
         dev = torch.device(name)
@@ -133,15 +148,9 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
       aotpipe run pipelines/families.yaml --only lstm -v
       aotpipe run pipelines/zoo-hf.yaml --shard 2/4 -o out/shard-2
     """
-    from aotpipe.config import load_pipeline
-    from aotpipe.htmlreport import REPORT_HTML
-    from aotpipe.shards import parse_shard
-
     if shard_times is not None and shard is None:
         raise AotpipeError("--shard-times balances shards: give --shard I/N with it, or leave it out")
     which = parse_shard(shard) if shard is not None else None
-    from aotpipe.report import REPORT_MD, RUN_JSON, settled_text
-    from aotpipe.runner import run_pipeline
 
     p = load_pipeline(pipeline, check_sources=False)  # those of models to run, by run_pipeline
     # With --json, stdout is run.json alone: whatever a model or a library prints meanwhile
@@ -196,9 +205,6 @@ def merge(folders: tuple[str, ...], output: str | None, as_json: bool) -> None:
     """
     from pathlib import Path
 
-    from aotpipe.merge import NamedPipeline, merge_runs
-    from aotpipe.report import REPORT_MD, dump_run, run_record
-
     result = merge_runs([Path(f) for f in folders], Path(output) if output is not None else None)
     info = result.merge
     assert info is not None  # merge_runs always records what it merged
@@ -231,8 +237,6 @@ def validate(pipeline: str) -> None:
     Examples:
       aotpipe validate pipelines/quickstart.yaml
     """
-    from aotpipe.config import load_pipeline
-
     p = load_pipeline(pipeline)
     click.echo(f"ok: {pipeline}: pipeline {p.name!r}, {len(p.models)} model(s)")
 
@@ -248,11 +252,8 @@ def schema(artifact: bool) -> None:
       aotpipe schema > aotpipe.schema.json
     """
     if artifact:
-        from aotpipe.format.records import json_schema as artifact_schema
-
         click.echo(json.dumps(artifact_schema(), indent=2, sort_keys=True))
         return
-    from aotpipe.config import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))
 
@@ -305,8 +306,6 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
       aotpipe replay artifacts/quickstart/mlp --threads 1
     """
     from pathlib import Path
-
-    from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed, trust_problems
 
     p = Path(path)
     _artefact_folder(p)
@@ -406,7 +405,6 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
     """
     from pathlib import Path
 
-    from aotpipe.format.limits import Breach
     from aotpipe.artifact.verify import verify_tree  # cryptography: only when used
 
     from aotpipe.artifact.load import parse_trust  # torch: kept off the torch-free path
@@ -440,9 +438,6 @@ def _failed_at_capture(folder: Any) -> str | None:
     manifest cannot be read: verify has said so)."""
     from pathlib import Path
 
-    from aotpipe.format import records
-    from aotpipe.results import why_failed
-
     try:
         _, manifest = records.read(records.Manifest, Path(folder) / records.MANIFEST)
     except (AotpipeError, OSError):
@@ -471,7 +466,6 @@ def sign(directory: str, key: str) -> None:
     from aotpipe.artifact.signing import load_key  # cryptography: only when used
     from aotpipe.artifact.verify import sign_artifact  # cryptography: only when used
     from aotpipe.artifact.verify import find_artifacts  # cryptography: only when used
-    from aotpipe.errors import LimitError
 
     k = load_key(key, for_signing=True)
     models, unfinished = find_artifacts(Path(directory))
@@ -534,6 +528,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
       aotpipe bench artifacts/quickstart --backend inductor --baseline benchmarks/baselines/quickstart-inductor.csv
       aotpipe bench artifacts/quickstart --backend mybackends:broken --locate
     """
+    # torch: kept off the torch-free path (every command imports cli)
     from aotpipe.bench.command import BenchOptions, run_bench
 
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
@@ -553,18 +548,18 @@ def ls_cmd(directory: str) -> None:
     """
     from pathlib import Path
 
-    from aotpipe.inspect import list_artifacts
-
     rows = list_artifacts(Path(directory))
     if not rows:
         _say(f"no artefacts under {directory}")
         return
-    rows = [{k: v if v is None else printable(str(v), names=k != "error") for k, v in r.items()}
+    rows = [dataclasses.replace(r, path=printable(r.path, names=True), status=printable(r.status, names=True),
+                                graphs=printable(r.graphs, names=True), size=printable(r.size, names=True),
+                                error=None if r.error is None else printable(r.error))
             for r in rows]
-    width = max(len(r["path"]) for r in rows)
+    width = max(len(r.path) for r in rows)
     for r in rows:
-        click.echo(f"{r['path']:<{width}}  {r['status']:<10} {r['graphs']:<36} {r['size']}")
-    refused = [r["error"] for r in rows if r.get("error")]
+        click.echo(f"{r.path:<{width}}  {r.status:<10} {r.graphs:<36} {r.size}")
+    refused = [r.error for r in rows if r.error]
     for line in refused:
         click.echo(f"error: {line}", err=True)
     if refused:
@@ -600,8 +595,6 @@ def diff(a: str, b: str, as_json: bool, threshold: float, values: bool, key: str
       aotpipe diff artifacts/quickstart/mlp other/quickstart/mlp
       aotpipe diff artifacts/quickstart other/quickstart --json
     """
-    from aotpipe.diff import diff_paths
-
     result = diff_paths(a, b, threshold=threshold, values=values, in_process=no_sandbox, key=key,
                         trust_ops=trust_ops)
     if as_json:
@@ -641,8 +634,6 @@ def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer:
     from pathlib import Path
 
     if explorer or explorer_all:
-        from aotpipe import views
-
         if explorer and explorer_all:
             raise AotpipeError("pass --model-explorer FILE or --model-explorer-all, not both")
         if explorer:
@@ -658,8 +649,6 @@ def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer:
         return
     if graph is not None:
         raise AotpipeError("--graph goes with --model-explorer FILE (plain show describes every graph)")
-
-    from aotpipe.inspect import describe_lines
 
     for line in describe_lines(Path(artifact), trust_ops=trust_ops):
         _say(line)
@@ -681,13 +670,9 @@ def report(directory: str, output: str | None) -> None:
     """
     from pathlib import Path
 
-    from aotpipe.htmlreport import build_html, write_html
-
     if output is None:
         path = write_html(Path(directory))
     else:
-        from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
-
         path = Path(output)
         try:
             write_atomic(path, build_html(Path(directory)).encode("utf-8"))
@@ -721,8 +706,6 @@ def ops(directory: str, supported: str | None, backend: str | None, as_json: boo
       aotpipe ops artifacts/zoo-hf --supported my_backend_ops.txt --csv > ops.csv
     """
     from pathlib import Path
-
-    from aotpipe import opcov
 
     if supported and backend:
         raise AotpipeError("give --supported FILE or --backend NAME, not both")
@@ -776,7 +759,7 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
     """
     from pathlib import Path
 
-    from aotpipe.pt2_program import export_pt2 as export
+    from aotpipe.pt2_program import export_pt2 as export  # torch: kept off the torch-free path (cli)
 
     p = Path(artifact)
     _artefact_folder(p)
@@ -784,8 +767,6 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
         if key is None:
             raise AotpipeError(f"{artifact}: export-pt2 runs the graph in this process; pass --key KEY for an artefact "
                                "signed with it, or --no-sandbox if you made it or otherwise trust it")
-        from aotpipe.sandbox.replay import trust_problems
-
         untrusted = trust_problems(p, key)
         if untrusted:
             raise AotpipeError(f"{artifact}: not signed by {key}, so not exported: {untrusted[0]}")

@@ -13,14 +13,16 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
 from aotpipe.format.limits import current, read_bounded
-from aotpipe.format.records import library_namespace_problem
+from aotpipe.format.records import RawYaml, library_namespace_problem
 from aotpipe.errors import ConfigError, LimitError, Problem
 from aotpipe.modes import CAPTURE_MODES
 from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
 from aotpipe.spec import (GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, PassStep,
                           Pipeline, ResourceSpec, Strict)
+from aotpipe.pt2 import pt2_problem
 
 SCHEMA_VERSION = 1
 
@@ -174,7 +176,7 @@ def _check_expansion(root: yaml.Node, limit: int) -> None:
         raise _TooManyValues
 
 
-def _compose_with_lines(text: str) -> tuple[Any, dict[tuple, int], list[tuple[int, tuple, str]]]:
+def _compose_with_lines(text: str) -> tuple[RawYaml, dict[tuple, int], list[tuple[int, tuple, str]]]:
     """Parse YAML into plain data, a map from field path to 1-based line, and duplicate keys."""
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     lines: dict[tuple, int] = {}
@@ -240,7 +242,7 @@ def _field_path(loc: tuple) -> str:
     return out
 
 
-def _data_loc(data: Any, loc: tuple, kind: str) -> tuple:
+def _data_loc(data: RawYaml, loc: tuple, kind: str) -> tuple:
     """The part of a pydantic error location that indexes the YAML data.
 
     Pydantic adds union-member tags ('int', 'float', 'function-after[...]') to locations;
@@ -269,7 +271,7 @@ def _data_loc(data: Any, loc: tuple, kind: str) -> tuple:
     return tuple(out)
 
 
-def _problem_from_pydantic(path: str, lines: dict[tuple, int], data: Any, err: dict) -> Problem:
+def _problem_from_pydantic(path: str, lines: dict[tuple, int], data: RawYaml, err: ErrorDetails) -> Problem:
     loc = _data_loc(data, tuple(err["loc"]), err["type"])
     kind = err["type"]
     msg = err["msg"]
@@ -290,7 +292,7 @@ def _problem_from_pydantic(path: str, lines: dict[tuple, int], data: Any, err: d
     return Problem(path, _line_for(lines, loc), _field_path(loc), msg)
 
 
-def _check_duplicates(path: str, lines: dict[tuple, int], data: Any) -> list[Problem]:
+def _check_duplicates(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Problem]:
     problems = []
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, list):
@@ -339,6 +341,7 @@ def parse_pipeline(
     text: str, path: str = "<string>", *, base_dir: Path | None = None, check_sources: bool = True
 ) -> Pipeline:
     """Validate pipeline YAML text; `path` only names the file in error messages."""
+    data: RawYaml  # checked here key by key, so that every problem is reported with its line
     try:
         data, lines, duplicate_keys = _compose_with_lines(text)
     except yaml.reader.ReaderError as e:  # a character YAML does not allow (a NUL, a control character)
@@ -430,7 +433,7 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
     return problems
 
 
-def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) -> list[Problem]:
+def _check_field_combinations(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Problem]:
     problems = []
     models = data.get("models") if isinstance(data.get("models"), list) else []
     defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
@@ -480,7 +483,7 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: dict) ->
     return problems
 
 
-def _pass_chains(path: str, lines: dict[tuple, int], data: dict) -> tuple[list[Problem], dict[tuple, list[PassStep]]]:
+def _pass_chains(path: str, lines: dict[tuple, int], data: RawYaml) -> tuple[list[Problem], dict[tuple, list[PassStep]]]:
     """Every `passes:` of the YAML (the defaults' and each model's) parsed once, into its one
     form, a list of typed steps: the problems, and the chains that have none, by location."""
     problems: list[Problem] = []
@@ -559,8 +562,6 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
                     msg = (f"transformers has no model class {s.source[3:]!r}; use a class such as BertModel or "
                            "LlamaForCausalLM")
         elif s.source.startswith("pt2:"):
-            from aotpipe.pt2 import pt2_problem
-
             msg = pt2_problem(s.source, base_dir)
         else:
             module = s.source.partition(":")[0]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import torch
@@ -67,7 +67,18 @@ def sample(t: torch.Tensor, count: Optional[int] = None) -> torch.Tensor:
     return r[where].cpu().clone()
 
 
-def stats(s: torch.Tensor) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SampleStats:
+    """Statistics of a sample, as records.Evidence holds them: float64 sums and largest
+    magnitude over its finite elements, and how many are not finite."""
+
+    sum: float
+    abs_sum: float
+    max_abs: float
+    nonfinite: int
+
+
+def stats(s: torch.Tensor) -> SampleStats:
     """sum, abs_sum, max_abs (float64, over the finite elements) and how many are not finite."""
     v = s.double() if s.dtype != torch.bool else s.to(torch.float64)
     finite = torch.isfinite(v)
@@ -76,8 +87,8 @@ def stats(s: torch.Tensor) -> dict[str, Any]:
     out = {"sum": float(v.sum()) if v.numel() else 0.0, "abs_sum": float(v.abs().sum()) if v.numel() else 0.0,
            "max_abs": float(v.abs().max()) if v.numel() else 0.0}
     # float64 sums of values near its largest may overflow; JSON has no inf
-    return {**{k: x if math.isfinite(x) else math.copysign(sys.float_info.max, x) for k, x in out.items()},
-            "nonfinite": nonfinite}
+    return SampleStats(**{k: x if math.isfinite(x) else math.copysign(sys.float_info.max, x) for k, x in out.items()},
+                       nonfinite=nonfinite)
 
 
 def exact_dtype(dtype: torch.dtype) -> bool:
@@ -108,7 +119,7 @@ def record(t: torch.Tensor, eager_error: Optional[float] = None) -> tuple[torch.
     """(the sampled values, the other fields of records.Evidence) of output `t`."""
     s = sample(t)
     b, source, rms = bound(t, eager_error)
-    fields = {"count": s.numel(), **stats(s), "bound": b, "bound_from": source,
+    fields = {"count": s.numel(), **asdict(stats(s)), "bound": b, "bound_from": source,
               "eager_error": eager_error if source == "fp64" else None, "rms": rms}
     return s, fields
 
@@ -163,4 +174,4 @@ def judge(actual: Any, evidence: Any, values: torch.Tensor, numel: int) -> Judge
     return Judgement(False, n, err, b, (
         f"max abs error {err:.3g} over {n} sampled elements, over the bound {b:.3g} "
         f"(from {'eager float32' + chr(39) + 's float64 error' if evidence.bound_from == 'fp64' else 'the float-noise floor'}); "
-        f"sum of those elements {got['sum']:.8g}, recorded {evidence.sum:.8g}"))
+        f"sum of those elements {got.sum:.8g}, recorded {evidence.sum:.8g}"))

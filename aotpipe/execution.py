@@ -73,8 +73,9 @@ class _Summarising(torch.fx.Interpreter):
             elif isinstance(r, torch.Tensor):
                 self.summaries[n.name] = self.summarise(r)
             elif isinstance(r, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in r):
-                self.summaries[n.name] = {"items": [self.summarise(x) if isinstance(x, torch.Tensor) else None
-                                                    for x in r]}
+                # A tuple per tuple (None for its non-tensors): records.TupleSummary in a trace.
+                self.summaries[n.name] = tuple(self.summarise(x) if isinstance(x, torch.Tensor) else None
+                                               for x in r)
         return r
 
 

@@ -25,6 +25,7 @@ from aotpipe.modes import capture_options
 from aotpipe.results import ModelResult, checks_summary, eager_cells, failed_last_time, graph_results, \
     verification_summary, written_manifest
 from aotpipe.spec import ModelSpec
+from aotpipe.pt2 import pt2_path
 
 ZOO = "aotpipe.zoo:"
 
@@ -67,8 +68,6 @@ def source_file(spec: ModelSpec, base_dir: Path | None = None) -> Optional[Path]
     if spec.source.startswith("hf:"):
         return None
     if spec.source.startswith("pt2:"):
-        from aotpipe.pt2 import pt2_path
-
         return pt2_path(spec.source, base_dir)  # the archive: another file, another fingerprint
     module = "aotpipe.zoo" if spec.source.startswith(ZOO) else spec.source.partition(":")[0]
     with _on_path(base_dir):

@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Optional, Sequence
 
 from aotpipe.format import records
 from aotpipe.format.limits import walk
@@ -33,7 +34,18 @@ def artifact_status(manifest: Manifest) -> str:
     return f"verified, {skipped} checks skipped" if skipped else "verified"
 
 
-def list_artifacts(root: Path) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ArtifactRow:
+    """One model artefact as `aotpipe ls` lists it."""
+
+    path: str  # relative to the folder listed
+    status: str  # what the manifest records ("verified", "FAILED", ...), or why it was not read
+    graphs: str  # "<key>(<nodes>), ..."
+    size: str
+    error: Optional[str] = None  # why the manifest was refused
+
+
+def list_artifacts(root: Path) -> list[ArtifactRow]:
     """One row per model artefact under `root`: path, status, graphs, size, and the error that
     made a manifest "refused" (a link, a device, a FIFO, over a limit, not of the format),
     else None. The status is what the manifest records; `aotpipe verify` checks the files.
@@ -66,8 +78,8 @@ def list_artifacts(root: Path) -> list[dict[str, Any]]:
             status, graphs, error = "refused", "-", str(e)
         except OSError:
             status, graphs = "unreadable", "-"
-        rows.append({"path": str(folder.relative_to(root)) or ".", "status": status, "graphs": graphs,
-                     "size": _size(sizes.get(folder, 0)), "error": error})
+        rows.append(ArtifactRow(str(folder.relative_to(root)) or ".", status, graphs, _size(sizes.get(folder, 0)),
+                                error))
     return rows
 
 

@@ -15,12 +15,15 @@ import dataclasses
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from aotpipe.format.records import DuplicatedModel, MergedShard, MergeRecord, ModelRun, RunRecord
 from aotpipe.errors import AotpipeError
 from aotpipe.results import ModelResult, RunResult
 from aotpipe.shards import read_run_json
+from aotpipe.artifact.fsio import OutputError, describe_os_error
+from aotpipe.htmlreport import write_html
+from aotpipe.report import RUN_JSON, write_reports
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +36,6 @@ class NamedPipeline:
 def run_folder(given: Path) -> Path:
     """The run folder (the one holding run.json) for a path given to merge: itself, or the one
     pipeline folder inside it (`-o DIR` of `aotpipe run` makes DIR/<pipeline>/)."""
-    from aotpipe.report import RUN_JSON
-
     if (given / RUN_JSON).is_file():
         return given
     if not given.is_dir():
@@ -55,8 +56,6 @@ def model_result(record: ModelRun) -> ModelResult:
 
 
 def _read(folder: Path) -> RunRecord:
-    from aotpipe.report import RUN_JSON
-
     try:
         return read_run_json(folder / RUN_JSON)
     except (OSError, AotpipeError) as e:
@@ -69,9 +68,6 @@ def merge_runs(folders: list[Path], output: Optional[Path] = None) -> RunResult:
     """Merge the runs in `folders` (shard output trees); with `output`, write the merged tree
     (model folders, run.json, report) in `output`/<pipeline>/. Raises AotpipeError when the
     folders are not runs of one pipeline sharded one way."""
-    from aotpipe.htmlreport import write_html
-    from aotpipe.report import write_reports
-
     runs = [(f, _read(f)) for f in (run_folder(Path(g)) for g in folders)]
     pipelines = sorted({r.pipeline for _, r in runs})
     if len(pipelines) > 1:
@@ -121,8 +117,6 @@ def merge_runs(folders: list[Path], output: Optional[Path] = None) -> RunResult:
 def _link_models(out_root: Path, models: list[tuple[Path, str]]) -> None:
     """Each (run folder, model) folder into `out_root`, hard-linked where possible, each folder
     appearing whole or not at all; a model folder already in place from this shard is left."""
-    from aotpipe.artifact.fsio import OutputError, describe_os_error
-
     def link_or_copy(src: str, dst: str) -> None:
         try:
             os.link(src, dst)

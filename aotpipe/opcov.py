@@ -8,8 +8,8 @@ can be listed). Only --backend imports torch, to read the backend's own tables.
 
 from __future__ import annotations
 
-import collections
 import csv
+import dataclasses
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from aotpipe.errors import AotpipeError
 from aotpipe.tree import ModelView, node_signature, read_tree
+from aotpipe.graph_keys import parse_graph_key
 
 MAX_SIGNATURES = 8  # distinct input signatures kept per op
 MAX_COUNTED = 4096  # distinct ones counted beyond those (memory stays bounded on a hostile tree)
@@ -68,32 +69,45 @@ class OpsTable:
     problems: list[str]
     supported_by: Optional[str] = None
 
-    def per_model(self) -> list[dict[str, Any]]:
+    def per_model(self) -> list["ModelCoverage"]:
         """Coverage per model: calls of supported ops over calls, and distinct ops."""
-        by_model: dict[str, dict[str, Any]] = {}
+        by_model: dict[str, ModelCoverage] = {}
         for g in self.graphs:
-            m = by_model.setdefault(g.model, {"model": g.model, "calls": 0, "supported_calls": 0,
-                                              "graphs_fully_supported": 0, "graphs": 0})
-            m["calls"] += g.ops
-            m["supported_calls"] += g.supported
-            m["graphs"] += 1
-            m["graphs_fully_supported"] += g.first_unsupported is None and g.problem is None
+            m = by_model.setdefault(g.model, ModelCoverage(g.model))
+            m.calls += g.ops
+            m.supported_calls += g.supported
+            m.graphs += 1
+            m.graphs_fully_supported += g.first_unsupported is None and g.problem is None
         for op in self.ops:
             for name in op.models:
                 m = by_model.get(name)
                 if m is not None:
-                    m.setdefault("distinct", 0)
-                    m.setdefault("distinct_supported", 0)
-                    m["distinct"] += 1
-                    m["distinct_supported"] += bool(op.supported)
+                    m.distinct = (m.distinct or 0) + 1
+                    m.distinct_supported = (m.distinct_supported or 0) + bool(op.supported)
         return list(by_model.values())
+
+
+@dataclass
+class ModelCoverage:
+    """One model's op coverage: calls of supported ops over all calls, graphs whose every op
+    is supported, and distinct ops (None: no op of its graphs was listed)."""
+
+    model: str
+    calls: int = 0
+    supported_calls: int = 0
+    graphs_fully_supported: int = 0
+    graphs: int = 0
+    distinct: Optional[int] = None
+    distinct_supported: Optional[int] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None or k not in ("distinct",
+                                                                                             "distinct_supported")}
 
 
 def base_kind(key: str) -> str:
     """inference, forward, backward or joint: the kind of any graph key (a later subgraph's,
     one made by passes)."""
-    from aotpipe.graph_keys import parse_graph_key
-
     parsed = parse_graph_key(key)
     return key if parsed is None else parsed.kind
 
@@ -212,7 +226,7 @@ BACKENDS = {
 
 def _resolve(op: str) -> Any:
     """The torch OpOverload a built-in op name names, or None (looked up, never called)."""
-    import torch
+    import torch  # torch: kept off the torch-free path (opcov reads graph.json without torch)
 
     parts = op.split(".")
     if len(parts) != 3 or parts[0] not in TORCH_NAMESPACES or not all(p.isidentifier() for p in parts):
@@ -230,6 +244,7 @@ def supported_by_backend(name: str) -> Callable[[str], Optional[str]]:
         raise AotpipeError(f"--backend {name[:60]!r} is not known; use one of: {', '.join(BACKENDS)} "
                            "(or --supported FILE)")
     if name == "inductor":
+        # torch: kept off the torch-free path (opcov reads graph.json without torch)
         from torch._inductor import decomposition, lowering
 
         lowered = lowering.lowerings
@@ -263,7 +278,7 @@ def supported_by_backend(name: str) -> Callable[[str], Optional[str]]:
 
         return inductor
 
-    import torch
+    import torch  # torch: kept off the torch-free path (opcov reads graph.json without torch)
 
     def core_aten(op: str) -> Optional[str]:
         if _python_op(op):
@@ -296,7 +311,7 @@ def to_json(t: OpsTable) -> dict[str, Any]:
         "problems": t.problems,
     }
     if t.supported_by is not None:
-        out["coverage"] = t.per_model()
+        out["coverage"] = [m.to_json() for m in t.per_model()]
         out["graphs"] = [{"model": g.model, "graph": g.graph, "calls": g.ops, "supported_calls": g.supported,
                           "first_unsupported": None if g.first_unsupported is None else
                           {"node": g.first_unsupported[0], "op": g.first_unsupported[1]}, "problem": g.problem}
@@ -332,10 +347,10 @@ def text_lines(t: OpsTable) -> list[str]:
         lines += ["", f"Coverage per model ({t.supported_by}):", ""]
         lines.append(f"{'model':<24} {'calls covered':>20} {'distinct ops':>13} {'graphs covered':>15}")
         for m in t.per_model():
-            pct = 100.0 * m["supported_calls"] / m["calls"] if m["calls"] else 100.0
-            calls = f"{m['supported_calls']}/{m['calls']} ({pct:.1f}%)"
-            lines.append(f"{m['model'][:24]:<24} {calls:>20} {str(m.get('distinct_supported', 0)) + '/' + str(m.get('distinct', 0)):>13} "
-                         f"{str(m['graphs_fully_supported']) + '/' + str(m['graphs']):>15}")
+            pct = 100.0 * m.supported_calls / m.calls if m.calls else 100.0
+            calls = f"{m.supported_calls}/{m.calls} ({pct:.1f}%)"
+            lines.append(f"{m.model[:24]:<24} {calls:>20} {str(m.distinct_supported or 0) + '/' + str(m.distinct or 0):>13} "
+                         f"{str(m.graphs_fully_supported) + '/' + str(m.graphs):>15}")
         missing = [g for g in t.graphs if g.first_unsupported is not None]
         if missing:
             lines += ["", "First unsupported op of each graph:"]

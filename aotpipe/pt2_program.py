@@ -16,8 +16,10 @@ from typing import Any, Optional
 
 import torch
 
-from aotpipe.errors import AotpipeError, ArtifactError, SourceError, exception_line
-from aotpipe.pt2 import pt2_path, pt2_problem
+from aotpipe.errors import AotpipeError, ArtifactError, exception_line
+from aotpipe.artifact.fsio import OutputError, describe_os_error
+from aotpipe.artifact.load import load
+from aotpipe.graph_keys import parse_graph_key
 
 class _GraphProgram(torch.nn.Module):
     """An inference graph as a module: it owns the graph's parameters and buffers (named as
@@ -99,8 +101,6 @@ class ExportResult:
 
 
 def _inference_key(manifest: Any, graph: Optional[str], where: Path) -> str:
-    from aotpipe.graph_keys import parse_graph_key
-
     keys = list(manifest.graphs)
     if graph is None:
         if "inference" not in keys:
@@ -141,9 +141,6 @@ def export_pt2(artifact: Path, out: Path, graph: Optional[str] = None) -> Export
     """Write the artefact's inference graph (or `graph`, an inference graph made by passes)
     to `out` as a torch.export archive, loaded back and checked against the artefact's graph
     on its saved inputs."""
-    from aotpipe.artifact.fsio import OutputError, describe_os_error
-    from aotpipe.artifact.load import load
-
     art = load(artifact)
     key = _inference_key(art.manifest, graph, artifact)
     if (art.manifest.capture.subgraphs or 1) > 1:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import torch
 
-from aotpipe.errors import AotpipeError, ArtifactError, SourceError, exception_line
+from aotpipe.errors import SourceError, exception_line
 from aotpipe.pt2 import pt2_path, pt2_problem
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Optional
 from aotpipe.artifact.manifest import dump_json, versions
 from aotpipe.format.records import (RUN_FORMAT_VERSION, RUN_JSON, CheckTotals, ExecutorRecord, ModelRun, RunRecord, RunSummary,
                                       SettledTotals, load_run)
+from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 
 if TYPE_CHECKING:
     from aotpipe.spec import Pipeline
@@ -209,8 +210,6 @@ def dump_run(record: RunRecord) -> str:
 
 def write_reports(run: "RunResult", pipeline: "Pipeline") -> None:
     """Write run.json and report.md, each replaced atomically."""
-    from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
-
     for name, data in ((RUN_JSON, dump_run(run_record(run, pipeline)).encode("utf-8")),
                        (REPORT_MD, report_markdown(run, pipeline).encode("utf-8"))):
         try:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from pydantic import ConfigDict, Field
 
 from aotpipe.format.records import (CheckSummary, EagerCell, GraphChecks, GraphSummary, Manifest, MergeRecord,
                                      ModelRun, RecycledWorker, ShardRecord, VerificationSummary)
+from aotpipe.format import records
+from aotpipe.graph_keys import key_order, parse_graph_key
 
 # Where a model's run stopped: its own stages, or the worker it ran in (crash, timeout,
 # out of memory: reported by the executor, not by the model's code).
@@ -90,8 +92,6 @@ VERIFIED = ("recorded", "shapes only", "match", "ran")
 def written_manifest(path: Path) -> Manifest:
     """The manifest of a model folder, read within the limits and validated (an ArtifactError
     if it is not one)."""
-    from aotpipe.format import records
-
     return records.read(Manifest, path / records.MANIFEST, path)[1]
 
 
@@ -117,8 +117,6 @@ def failed_last_time(manifest: Manifest) -> bool:
 
 def why_failed(manifest: Manifest) -> Optional[str]:
     """One line saying why the run that wrote an artefact failed it (see failed_last_time), or None."""
-    from aotpipe.graph_keys import key_order
-
     problems = sorted(verification_summary(manifest).problems, key=lambda p: key_order(p.split(" ", 1)[0]))
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -133,8 +131,6 @@ def why_failed(manifest: Manifest) -> Optional[str]:
 def graph_results(manifest: Manifest) -> list[GraphResult]:
     """The manifest's graphs in the order a run writes them: captured ones (by subgraph, then
     kind), then those made by passes."""
-    from aotpipe.graph_keys import key_order, parse_graph_key
-
     graphs = manifest.graphs
 
     def order(key: str) -> tuple:

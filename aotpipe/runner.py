@@ -21,12 +21,20 @@ from aotpipe.format.records import RecycledWorker, ShardRecord
 from aotpipe.spec import ModelSpec, Pipeline
 from aotpipe.results import ModelResult, RunResult
 from aotpipe.shards import Shard
+from aotpipe import incremental
+from aotpipe.artifact.fsio import OutputError, clean_stale, describe_os_error
+from aotpipe.errors import AotpipeError, AotpipeError as _E
+from aotpipe.executors import Failure, Outcome, Resources, Task, make_executor
+from aotpipe.format.records import load_run
+from aotpipe.htmlreport import write_html
+from aotpipe.job import PROGRESS_DIR_ENV, run_model
+from aotpipe.report import write_reports
+from aotpipe.config import check_sources
+from aotpipe.shards import shard_models
 
 
 def select_models(pipeline: Pipeline, only: tuple[str, ...] | list[str] | None) -> list[ModelSpec]:
     """The models to run: all, or those named by --only (an unknown name is a user error)."""
-    from aotpipe.errors import AotpipeError as _E
-
     if not only:
         return list(pipeline.models)
     names = {m.name for m in pipeline.models}
@@ -60,10 +68,6 @@ def run_pipeline(
     `shard_times`, a run.json all shards read, else by a stable estimate); run.json names the
     shard and every model of the selection, so that `aotpipe merge` can name the missing ones.
     """
-    from aotpipe.artifact.fsio import OutputError, clean_stale, describe_os_error
-    from aotpipe.htmlreport import write_html
-    from aotpipe.report import write_reports
-
     start = time.perf_counter()
     if key is not None:
         from aotpipe.artifact.signing import absolute_key_spec, load_key  # cryptography: only when used
@@ -73,8 +77,6 @@ def run_pipeline(
     specs = select_models(pipeline, only)
     shard_record = None
     if shard is not None:
-        from aotpipe.shards import shard_models
-
         selected = [s.name for s in specs]
         specs = shard_models(specs, shard, Path(shard_times) if shard_times is not None else None)
         shard_record = ShardRecord(index=shard.index, count=shard.count, selection=selected)
@@ -110,11 +112,6 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
     Workers the executor replaced (recycled) are appended to `recycled`."""
     from tqdm import tqdm
 
-    from aotpipe import incremental
-    from aotpipe.artifact.fsio import clean_stale
-    from aotpipe.executors import Failure, Outcome, Task, make_executor
-    from aotpipe.job import run_model
-
     results: list[Optional[ModelResult]] = [None] * len(specs)
     # disable=None: tqdm shows the bar on a terminal only, never in a redirected log
     bar = tqdm(total=len(specs), unit="model", disable=None if progress else True, dynamic_ncols=True)
@@ -138,7 +135,6 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
                 todo.append(i)
         if not todo:
             return [r for r in results if r is not None]
-        from aotpipe.config import check_sources
 
         check_sources(pipeline, [specs[i] for i in todo])  # what was not checked at load
         todo = longest_first(todo, [s.name for s in specs], out_root)
@@ -203,8 +199,6 @@ class _StageWatch:
             self.bar.set_description(self.describe(), refresh=True)
 
     def __enter__(self) -> "_StageWatch":
-        from aotpipe.job import PROGRESS_DIR_ENV
-
         self.folder = Path(tempfile.mkdtemp(prefix="aotpipe-progress-"))
         self._saved = os.environ.get(PROGRESS_DIR_ENV)
         os.environ[PROGRESS_DIR_ENV] = str(self.folder)
@@ -213,8 +207,6 @@ class _StageWatch:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        from aotpipe.job import PROGRESS_DIR_ENV
-
         self.stop.set()
         self.thread.join()
         if self._saved is None:
@@ -228,9 +220,6 @@ def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int
     """`todo` in the order to start them: models the last run (its run.json) did not time first,
     in pipeline order, then the rest, longest first. With N workers the batch then ends with
     short models running beside each other, not with one long model running alone."""
-    from aotpipe.format.records import load_run
-    from aotpipe.errors import AotpipeError
-
     try:
         last = load_run(out_root)
         took = {m.name: m.total_seconds for m in last.models if not m.skipped and m.total_seconds}
@@ -242,8 +231,6 @@ def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int
 
 
 def _resources(spec: ModelSpec, pipeline: Pipeline):
-    from aotpipe.executors import Resources
-
     ex, own = pipeline.executor, spec.resources
     pick = lambda name, default: getattr(own, name) if own is not None and getattr(own, name) is not None \
         else default  # noqa: E731

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from aotpipe.errors import AotpipeError
+from aotpipe.format.records import load_run
 
 if TYPE_CHECKING:
     from aotpipe.format.records import RunRecord
@@ -57,8 +58,6 @@ def parse_shard(text: str) -> Shard:
 
 def read_run_json(path: Path) -> "RunRecord":
     """A run.json as its record (records.load_run: raises ArtifactError or OSError)."""
-    from aotpipe.format.records import load_run
-
     return load_run(path)
 
 

@@ -30,8 +30,11 @@ import torch
 from aotpipe.format.limits import bounded_build, check_rebuild_args, check_total_bytes, numel
 from aotpipe.errors import AotpipeError, LimitError, SourceError, exception_line
 from aotpipe.global_state import preserved
+from aotpipe.format.records import ModelRecord
 from aotpipe.spec import InputSpec, ModelSpec
 from aotpipe.zoo import ZOO
+from aotpipe.pt2 import pt2_problem
+from aotpipe.pt2_source import load_pt2_module
 
 ZOO_PREFIX = "aotpipe.zoo:"
 
@@ -109,8 +112,6 @@ def check_source(source: str, base_dir: Path | None = None) -> str | None:
         if source.startswith("hf:"):
             _resolve_hf(source)
         elif source.startswith("pt2:"):
-            from aotpipe.pt2 import pt2_problem
-
             return pt2_problem(source, base_dir)
         else:
             _resolve_callable(source, base_dir)
@@ -129,8 +130,6 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
     """Build the model with weights from a seed derived from the pipeline seed and its name."""
     torch.manual_seed(derived_seed(spec.seed, spec.name, "weights"))
     if spec.source.startswith("pt2:"):
-        from aotpipe.pt2_source import load_pt2_module
-
         model = load_pt2_module(spec.source, base_dir)
     elif spec.source.startswith("hf:"):
         cls = _resolve_hf(spec.source)
@@ -239,19 +238,22 @@ def build_within_limits(spec: ModelSpec, where: Any) -> tuple[torch.nn.Module, t
     return model, args, kwargs
 
 
-def rebuild_from_manifest(model_record: Any, *, trust_code: bool, where: Any) -> tuple | None:
+def rebuild_from_manifest(model_record: ModelRecord, *, trust_code: bool, where: Any) -> tuple | None:
     """(model, args, kwargs) rebuilt from a manifest's model record, or None when it may not
     be rebuilt (see rebuild_refusal) or cannot be; a LimitError when it would need more
     memory than the limits allow."""
-    source = model_record.get("source") if isinstance(model_record, dict) else None
-    if rebuild_refusal(source, trust_code) is not None:
+    if rebuild_refusal(model_record.source, trust_code) is not None:
         return None
-    if is_builtin(source):
-        check_rebuild_args(model_record.get("args"), where)
     try:
-        # The pass chain plays no part in building the model, and the record holds it in its
-        # written form ({name, options}), which may name a pass this aotpipe no longer has.
-        spec = ModelSpec.model_validate({**model_record, "passes": []})
+        # The pass chain plays no part in building the model; a manifest written before each
+        # chain was stored once holds it here in its written form ({name, options}), which
+        # may name a pass this aotpipe no longer has.
+        spec = ModelSpec.model_validate({**model_record.model_dump(), "passes": []})
+    except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
+        return None
+    if is_builtin(spec.source):
+        check_rebuild_args(spec.args, where)
+    try:
         with bounded_build(where):
             return build_within_limits(spec, where)
     except LimitError:

@@ -118,7 +118,7 @@ class PassStep:
     """One step of a pass chain: a registered pass and its options, complete and typed (a
     dataclass of aotpipe/passes/options.py). The chain's one form from the YAML, where the
     config parses it once, to the pass manager; written as {"name", "options"} (the
-    manifest's model.passes, and the fingerprint)."""
+    fingerprint; each step as it ran is the manifest's PassRecord, in the entry of the graph it made)."""
 
     name: str
     options: Any

@@ -16,7 +16,8 @@ from typing import Any, Optional
 
 from aotpipe.format import records
 from aotpipe.format.records import GraphRecord, InputsRecord, Layout, Manifest, NodeRecord
-from aotpipe.errors import AotpipeError, ArtifactError
+from aotpipe.errors import AotpipeError
+from aotpipe.graph_keys import key_order
 
 RUN_JSON = "run.json"
 
@@ -87,8 +88,6 @@ def _one_line(e: BaseException) -> str:
 
 def read_model(folder: Path, root: Path) -> ModelView:
     """A model folder's manifest and every graph's graph.json and inputs.json, read (never run)."""
-    from aotpipe.graph_keys import key_order
-
     view = ModelView(name=folder.name, folder=folder)
     try:
         view.manifest = records.read(Manifest, folder / records.MANIFEST, root)[1]
@@ -112,6 +111,7 @@ def read_model(folder: Path, root: Path) -> ModelView:
 
 def read_tree(root: Path) -> list[ModelView]:
     """Every model folder under `root` (or `root` itself if it is one), read as ModelViews."""
+    # cryptography (signatures): kept off the torch-free path of ls, report and diff
     from aotpipe.artifact.verify import find_artifacts
 
     root = Path(root)

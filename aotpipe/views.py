@@ -40,7 +40,8 @@ def _builder() -> Any:
     return graph_builder
 
 
-def _layout(val: Any) -> Optional[str]:
+def _layout(val: records.RawJson) -> Optional[str]:
+    """A node's recorded value (graph.json's free-JSON val) in brief: dtype[shape], a symint, a scalar type."""
     if isinstance(val, dict) and "dtype" in val and "shape" in val:
         return f"{val['dtype']}[{', '.join(str(s) for s in val['shape'])}]"
     if isinstance(val, dict) and "symbolic" in val:
@@ -266,6 +267,7 @@ def view_path(tree: Path, model: str, key: str) -> Path:
 def write_tree_views(root: Path) -> dict[str, dict[str, Path]]:
     """A view of every graph of every artefact under `root` (a tree, or one artefact: its
     views go beside it, in its parent's views/). Returns {model: {graph key: path}}."""
+    # cryptography (signatures): kept off the torch-free path of ls and report
     from aotpipe.artifact.verify import find_artifacts
 
     root = Path(root)

@@ -15,6 +15,8 @@ from safetensors.torch import save as st_save
 
 from aotpipe.format.records import BLOB_DIR
 from aotpipe.errors import ArtifactError
+from aotpipe.format import limits
+from aotpipe.artifact import fsio
 
 _KEY = "tensor"
 
@@ -37,10 +39,8 @@ class BlobStore:
         digest, data = encode(t)
         path = self.dir / f"{digest}.safetensors"
         if not path.exists():
-            from aotpipe.artifact.fsio import write_durable
-
             self.dir.mkdir(parents=True, exist_ok=True)
-            write_durable(path, data)
+            fsio.write_durable(path, data)
         return digest
 
     def has(self, digest: str) -> bool:
@@ -67,8 +67,6 @@ class BlobStore:
         (each distinct blob counted once, by its size on disk)."""
         import os
 
-        from aotpipe.format import limits
-
         parts = []
         for digest in dict.fromkeys(digests):
             path = self.dir / f"{digest}.safetensors"
@@ -81,8 +79,6 @@ class BlobStore:
             limits.check_total_bytes(parts, where, what)
 
     def _read_checked(self, digest: str, path: Path) -> bytes:
-        from aotpipe.format import limits
-
         lim = limits.current()
         # one tensor and its safetensors header; a link, device or FIFO is refused unread
         data = limits.read_bytes(path, limit=lim.tensor_bytes + (1 << 20),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch.fx
 from aotpipe.format import limits

@@ -235,7 +235,7 @@ def graph_from_json(
         raise ArtifactError(f"{where}: malformed graph ({e.__class__.__name__}: {first})") from None
 
 
-def _graph_record(data: Any, where: str) -> records.GraphRecord:
+def _graph_record(data: records.RawJson, where: str) -> records.GraphRecord:
     """JSON data as a graph record: its version and size first, then every field."""
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise ArtifactError(f"{where}: not a graph (no 'nodes' list)")

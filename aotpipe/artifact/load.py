@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 import torch.fx
 
-from aotpipe.artifact import input_meta, precheck
+from aotpipe.artifact import input_meta, precheck, recompute
 from aotpipe.format import records
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.codegen import code_mismatch, graph_constants
@@ -35,6 +35,7 @@ from aotpipe.format.records import (  # noqa: F401 (check_version: the loader's 
     InputRecord,
     InputsRecord,
     Manifest,
+    Summary,
     TraceRecord,
     check_version,
 )
@@ -43,6 +44,7 @@ from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.execution import run_graph
 from aotpipe.graph_keys import graph_key, parse_graph_key
 from aotpipe.tensors import extent, ones, tangent, view_of
+from torch._library.custom_ops import OPDEFS
 
 
 @dataclass
@@ -51,7 +53,7 @@ class Expected:
     bool output's from version 3) or only its digest."""
 
     digest: Optional[str] = None
-    summary: Optional[dict[str, Any]] = None
+    summary: Optional[Summary] = None
     value: Any = None
     has_value: bool = False  # value is meaningful (None may be a recorded None)
     spread: Optional[float] = None  # run-to-run spread of an op without a deterministic kernel
@@ -176,7 +178,7 @@ class GraphArtifact:
                                         "which does not come before it")
                 out.append(out[rec.same_as])
                 continue
-            e = Expected(rec.digest, rec.summary.model_dump() if rec.summary else None, spread=rec.spread,
+            e = Expected(rec.digest, rec.summary, spread=rec.spread,
                          evidence=rec.evidence)
             if rec.blob is not None:
                 # Values only: the recorded stride is in `rec`, compared separately at replay.
@@ -320,7 +322,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
     namespaces in `trusted` (imported by :func:`grant_trust`) resolve too. `nodes`: the
     artefact's node budget, charged before the graph is validated or built."""
     folder = Path(folder)
-    graph_data = read_graph_json(folder / GRAPH_JSON, folder)
+    graph_data: records.RawJson = read_graph_json(folder / GRAPH_JSON, folder)  # its size charged before validating
     if nodes is not None and isinstance(graph_data, dict) and isinstance(graph_data.get("nodes"), list):
         nodes.take(len(graph_data["nodes"]), folder / GRAPH_JSON)
     graph = records.parse(records.GraphRecord, graph_data, folder / GRAPH_JSON)
@@ -392,7 +394,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
 def _placeholder(node: records.NodeRecord) -> torch.Tensor:
     """A meta tensor with the layout graph.json records for a constant (its dtype if the
     node's value records one): what a graph is rebuilt with when it is only read."""
-    val = node.val if isinstance(node.val, dict) else {}
+    val: records.RawJson = node.val if isinstance(node.val, dict) else {}  # free JSON in the format
     try:
         dtype = decode_dtype(val.get("dtype", "float32"))
     except ArtifactError:
@@ -421,14 +423,12 @@ def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _recompute(art: "Artifact", key: str, rec: records.GraphEntry) -> Callable[[], dict[str, torch.Tensor]]:
     """For a graph made by passes: its constants, recomputed by the recorded chain on its base graph."""
     def run() -> dict[str, torch.Tensor]:
-        from aotpipe.artifact.recompute import recompute_constants
-
         base = art.graphs.get(rec.base or "")
         if base is None or not isinstance(base.module, torch.fx.GraphModule):
             raise ArtifactError(f"{art.path}: the {key} graph's constants come from its base graph "
                                 f"{rec.base!r}, which is not loaded")
         try:
-            return recompute_constants(base.module, base.record, base.saved_inputs(), rec.passes or [])
+            return recompute.recompute_constants(base.module, base.record, base.saved_inputs(), rec.passes or [])
         except ArtifactError:
             raise
         except Exception as e:
@@ -454,8 +454,6 @@ def torch_namespaces() -> frozenset[str]:
     import os
     import re
     import sys
-
-    from torch._library.custom_ops import OPDEFS
 
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     outside = {qualname.split("::")[0] for qualname, opdef in OPDEFS.items()

@@ -12,7 +12,7 @@ from typing import Any
 
 # The format's constants live with its records; these names are kept for callers.
 from aotpipe import __version__
-from aotpipe.format.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, Versions  # noqa: F401
+from aotpipe.format.records import FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, RawJson, Versions  # noqa: F401
 
 
 def dump_json(data: Any, *, compact: bool = False) -> bytes:
@@ -32,8 +32,9 @@ def seal(manifest: dict[str, Any]) -> bytes:
     return dump_json(body)
 
 
-def seal_ok(manifest: dict[str, Any]) -> bool:
-    """Whether a loaded manifest's checksum matches its content."""
+def seal_ok(manifest: RawJson) -> bool:
+    """Whether a loaded manifest's checksum matches its content (the JSON as read: what the
+    checksum covers, checked before the record is validated)."""
     body = {k: v for k, v in manifest.items() if k != "checksum"}
     try:
         return manifest.get("checksum") == hashlib.sha256(dump_json(body)).hexdigest()
@@ -53,7 +54,7 @@ def _torch_version() -> str:
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path: ask torch itself
-        import torch
+        import torch  # torch: only where its installed metadata is missing; manifests are read torch-free
 
         return torch.__version__
 

@@ -38,11 +38,16 @@ import torch
 import torch.fx
 
 from aotpipe.format import limits
+from aotpipe.format.records import RawJson
 from aotpipe.artifact.checked import RUNTIME_BOUNDED, checked_twin
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph
 from aotpipe.errors import ArtifactError, LimitError, exception_line
 from aotpipe.execution import RUN_GUARD
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode, UnsupportedOperatorException)
+from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, ShapeEnv, _constrain_range_for_size,
+                                                    free_unbacked_symbols)
+from torch.multiprocessing.reductions import StorageWeakRef
 
 _MARK = "aotpipe_precheck"  # gm.meta key: the loader built this module from an artefact
 
@@ -63,8 +68,6 @@ def needs_check(module: Any) -> bool:
 
 def _signature(values: list[Any]) -> tuple:
     """What of the inputs the check depends on: layouts, storage sizes and sharing, scalars."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     seen: dict[Any, int] = {}
     out = []
     for v in values:
@@ -140,15 +143,6 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     """Refuse `gm` if, run on `inputs`, a node would reach outside a storage or the bytes
     it holds would pass the limits (see the module's docstring); ArtifactError or
     LimitError naming the node, GraphWillNotRun if torch's checks reject a node's arguments."""
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-        FakeTensorMode,
-        UnsupportedOperatorException,
-    )
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
-    from torch.multiprocessing.reductions import StorageWeakRef
-
 
     graph = stored_graph(gm)
     refuse = _Refusal(where)
@@ -288,8 +282,6 @@ _DATA_DEPENDENT = "aotpipe_data_dependent_outputs"
 
 
 def _data_dependent(node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> dict[int, list[int]]:
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
     args = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
     out: dict[int, list[int]] = {}
     for i, a in enumerate(args):
@@ -307,8 +299,6 @@ def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int,
     """An op whose output size comes from values (bincount): its checked form refuses, when
     it runs, a size over the per-tensor limit, so that limit bounds it here; a lower bound
     already over it (a literal minlength) is refused now."""
-    from torch.fx.experimental.symbolic_shapes import _constrain_range_for_size, free_unbacked_symbols
-
     for t in _tensors(value):
         for s in t.shape:
             if not (isinstance(s, torch.SymInt) and free_unbacked_symbols(s)):
@@ -329,7 +319,7 @@ def _as_recorded(node: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:
     activations) guess another memory format than their real kernel gives, and a view
     after them would fail only here. The bytes are the same either way, and a record that
     lies can only make a later view fail, here or when the real graph runs and checks it."""
-    rec = node.meta.get("saved_val")
+    rec: RawJson = node.meta.get("saved_val")  # graph.json's free-JSON val, as the loader kept it
     if not isinstance(rec, dict):
         return value
     shape, stride = rec.get("shape"), rec.get("stride")

@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from aotpipe.devices import DENSE_GRAPH, is_packed
+from aotpipe.format.records import RawJson
 
 _mkldnn = torch.ops.mkldnn
 _CONVS = {_mkldnn._convolution_pointwise.default: 1, _mkldnn._convolution_pointwise.binary: 2}  # weight's index
@@ -66,7 +67,7 @@ def _recorded(node: Any) -> Optional[tuple[list[int], list[int]]]:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         return list(val.shape), list(val.stride())
-    saved = node.meta.get("saved_val")
+    saved: RawJson = node.meta.get("saved_val")  # graph.json's free-JSON val, as the loader kept it
     shape, stride = (saved.get("shape"), saved.get("stride")) if isinstance(saved, dict) else (None, None)
     if all(isinstance(v, list) and len(v) == len(shape) and all(isinstance(s, int) and 0 <= s < 2**31 for s in v)
            for v in (shape, stride)):

@@ -71,7 +71,5 @@ def _restore_meta(gm: torch.fx.GraphModule, values: list[Any]) -> None:
     _, vals = run_with_summaries(gm, values, as_meta)
     for n in gm.graph.nodes:
         v = vals.get(n.name)
-        if isinstance(v, dict):
-            n.meta["val"] = tuple(v["items"])
-        elif v is not None:
-            n.meta["val"] = v
+        if v is not None:
+            n.meta["val"] = v  # a meta tensor, or a tuple of them (None for non-tensors)

@@ -34,6 +34,7 @@ from aotpipe.format import limits, records
 from aotpipe.artifact.manifest import dump_json
 from aotpipe.format.records import MANIFEST, SIGNATURE
 from aotpipe.errors import AotpipeError, ArtifactError
+from aotpipe.artifact.fsio import write_durable
 
 try:
     from cryptography.exceptions import UnsupportedAlgorithm
@@ -262,8 +263,6 @@ def signer(key_spec: str | Path) -> Callable[[Path], None]:
     key = load_key(key_spec, for_signing=True)
 
     def sign(folder: Path) -> None:
-        from aotpipe.artifact.fsio import write_durable
-
         write_durable(Path(folder) / SIGNATURE, signature_record(manifest_bytes(Path(folder)), key))
 
     return sign

@@ -27,6 +27,8 @@ from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput
 from aotpipe.determinism import environment, intra_op_threads
 from aotpipe.graph_keys import graph_folder_name, parse_graph_key
 from aotpipe.tensors import storage_base, storage_groups
+import aotpipe
+from aotpipe.determinism import RNG_SEED
 
 
 
@@ -82,8 +84,6 @@ def inputs_record(
     recomputed are stored as blobs (with save_values "full", all of them). Output reference
     digests are added after the written graph has run (:func:`set_outputs`).
     """
-    from aotpipe.determinism import RNG_SEED
-
     placeholders = [n for n in g.gm.graph.nodes if n.op == "placeholder"]
     layout_source = values if values is not None else [n.meta.get("val") for n in placeholders]
     groups, member = storage_groups(layout_source)
@@ -221,7 +221,8 @@ class GraphOutcome:
 
     outputs: list[OutputReference]
     values: Optional[list[Any]] = None  # the output values (stored as blobs with save_values: full)
-    trace: Optional[dict[str, Any]] = None  # per node: a sampled summary of its value
+    # per node: a sampled summary of its value (checks.written.trace_nodes)
+    trace: Optional[dict[str, Union[fmt.Summary, fmt.TupleSummary]]] = None
     checks: Optional[fmt.GraphChecks] = None  # into manifest graphs.<key>
     nondeterministic: Optional[list[str]] = None  # ops without a deterministic kernel (graphs.<key>)
     verification: Optional[fmt.VerificationEntry] = None  # manifest verification.<key>
@@ -274,14 +275,16 @@ def write_model(
             format_version=FORMAT_VERSION,
             fingerprint=fingerprint,
             versions=versions(),
-            model=fmt.ModelRecord.model_validate(model_record),
+            # Less its pass chain: each chain is written once, as it ran, in the entry of the
+            # graph it made (the fingerprint still covers the configured chain).
+            model=fmt.ModelRecord.model_validate({k: v for k, v in model_record.items() if k != "passes"}),
             capture=captured.capture_record(),
             save_values=save_values if inputs is not None else "none",
             # The reference outputs are recorded by `check`, in this process, at this thread count.
-            environment=environment(),
+            environment=(env := environment()),
         )
         written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
-        with intra_op_threads(header["environment"].threads):
+        with intra_op_threads(env.threads):
             outcome = check(tmp) if check is not None else CheckOutcome()
         _finish(tmp, captured, written, graphs_record, records, outcome, header, pass_failures or [])
         if sign is not None:
@@ -322,8 +325,6 @@ def _write_graphs(
     save_values: str,
     header: dict[str, Any],
 ) -> tuple[WrittenArtifact, dict[str, fmt.GraphEntry], dict[str, "_Written"]]:
-    import aotpipe
-
     blobs = BlobStore(root)
     v = versions()
     written = WrittenArtifact(path=root)
@@ -446,7 +447,7 @@ def _finish(
             _write(d / INPUTS_JSON, dump_json(fmt.check_written(fmt.InputsRecord, dump(record), d / INPUTS_JSON),
                                               compact=True))
             if go.trace is not None:
-                trace = {"format_version": FORMAT_VERSION, "sampled": True, "nodes": go.trace}
+                trace = dump(fmt.TraceRecord(format_version=FORMAT_VERSION, sampled=True, nodes=go.trace))
                 _write(d / TRACE, dump_json(fmt.check_written(fmt.TraceRecord, trace, d / TRACE), compact=True))
             if go.checks is not None:
                 _set(entry, checks=go.checks)
@@ -465,7 +466,6 @@ def _finish(
         **header,
         graphs=graphs_record,
         partition=captured.contract,
-        passes={dg.key: list(dg.steps) for dg in captured.derived.values() if dg.key in graphs_record},
         pass_failures=pass_failures,
         verification=verification or None,
         files=files,

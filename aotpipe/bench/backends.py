@@ -19,6 +19,7 @@ import torch
 import torch.fx
 
 from aotpipe.errors import AotpipeError
+import torch._inductor.config as inductor_config
 
 BUILTIN = ("eager", "aot_eager", "inductor", "inductor-freezing")
 # Graph kinds a backend can take; the others are left out of a bench with a note.
@@ -95,8 +96,6 @@ class _Frozen(torch.nn.Module):
 
 @contextlib.contextmanager
 def _freezing() -> Iterator[None]:
-    import torch._inductor.config as inductor_config
-
     with inductor_config.patch(freezing=True):
         yield
 
@@ -113,8 +112,6 @@ def compile_graph(backend: Backend, gm: torch.nn.Module, inputs: list[Any], role
         return _no_grad(fwd), list(range(len(inputs)))
     torch._dynamo.reset()  # one graph's guards and caches do not count against the next
     if backend.name.startswith("inductor"):
-        import torch._inductor.config as inductor_config
-
         # As torch's own accuracy runners do: random ops call ATen's, so that a graph that
         # draws (dropout) draws what the loaded graph does under the same seed.
         inductor_config.fallback_random = True

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 from aotpipe.bench import baseline as baselines
 from aotpipe.bench.output import table, write_csv
 from aotpipe.bench.run import bench, parse_kinds
+from aotpipe.bench.locate import locate_failures
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,6 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
         bar[0].close()
     located = []
     if o.locate:
-        from aotpipe.bench.locate import locate_failures
-
         located = locate_failures(result, Path(o.locate_dir or "bench-repros"), timeout_s=o.timeout_s,
                                   trust_ops=o.trust_ops, threads=o.threads)
     comparison = baselines.compare(result.results, expected) if expected is not None else None

@@ -27,8 +27,15 @@ import torch
 import torch.fx
 
 from aotpipe import accuracy
+from aotpipe.artifact.load import load
 from aotpipe.bench.backends import Backend, compile_graph, is_compile_error
+from aotpipe.bench.noise import sequential_run
+from aotpipe.determinism import RNG_SEED, draws_random
 from aotpipe.errors import exception_line
+from aotpipe.execution import run_graph
+from aotpipe.global_state import preserved
+from aotpipe.replay.inputs import _flatten_meta, get_inputs
+from aotpipe.replay.run import expand_outputs
 
 STATUSES = ("pass", "fail_accuracy", "compile_error", "runtime_error", "timeout", "crashed", "skipped")
 FAILURES = ("fail_accuracy", "compile_error", "runtime_error", "timeout", "crashed")
@@ -52,7 +59,6 @@ GRAPHNET_T = tuple(range(-10, 5))
 @dataclass
 class GraphResult:
     """One graph benched: status and one-line reason, timings, and what failed by how much."""
-
     artifact: str
     graph: str
     kind: str
@@ -87,7 +93,6 @@ class GraphResult:
 @dataclass(frozen=True)
 class GraphTask:
     """What a worker needs to bench one graph (picklable)."""
-
     artifact: str  # the model folder
     label: str  # how the artefact is named in results (relative to the bench's PATH)
     graph: str
@@ -106,7 +111,6 @@ def graph_inputs(ga: Any, inputs: str, seed: int) -> list[Any]:
     """Fresh inputs of a loaded graph: its saved ones, or random ones like them."""
     if inputs == "saved" and ga.has_saved_values:
         return ga.saved_inputs()
-    from aotpipe.replay.inputs import _flatten_meta, get_inputs
 
     forward = ga.upstream.record if ga.upstream is not None else None
     flat, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed, forward=forward))
@@ -137,8 +141,6 @@ def to_float64(gm: torch.nn.Module, inputs: list[Any]) -> tuple[torch.nn.Module,
 def reference64(gm: torch.nn.Module, inputs: list[Any]) -> Optional[list[Any]]:
     """The graph's outputs in float64 (None where the graph does not run so: the rule then
     falls back to the float-noise floor alone)."""
-    from aotpipe.execution import run_graph
-
     try:
         g, wide = to_float64(gm, inputs)
         return run_graph(g, wide)
@@ -148,7 +150,6 @@ def reference64(gm: torch.nn.Module, inputs: list[Any]) -> Optional[list[Any]]:
 
 class Lazy:
     """A value computed on first use, then kept (None stays None: it is not computed again)."""
-
     def __init__(self, make: Callable[[], Any]):
         self._make: Optional[Callable[[], Any]] = make
         self._value: Any = None
@@ -314,8 +315,6 @@ def loaded(folder: str, trust_ops: tuple[str, ...]) -> Any:
     """The artefact at `folder`, loaded once per worker while its graphs are benched one after
     another: the worker keeps the last one it loaded (one, so that its memory is bounded),
     and loads it again if its manifest changed since."""
-    from aotpipe.artifact.load import load
-
     m = Path(folder) / "manifest.json"
     try:
         st = m.stat()
@@ -337,10 +336,6 @@ def copy_inputs(inputs: list[Any]) -> list[Any]:
 
 def bench_graph(task: GraphTask) -> GraphResult:
     """Load one graph of an artefact and bench it (runs in a worker process)."""
-    from aotpipe.bench.noise import sequential_run
-    from aotpipe.execution import run_graph
-    from aotpipe.replay.run import expand_outputs
-
     start = time.perf_counter()
     art = loaded(task.artifact, task.trust_ops)
     ga = art.graphs[task.graph]
@@ -438,17 +433,12 @@ def bench_graph(task: GraphTask) -> GraphResult:
 
 
 def _seeded(module: Any) -> bool:
-    from aotpipe.determinism import draws_random
-
     return not isinstance(module, torch.fx.GraphModule) or draws_random(module)
 
 
 def seeded_call(fn: Callable[[], Any]) -> Any:
     """`fn()` with torch's generator seeded as aotpipe seeds a graph's runs; the caller's
     generator state is restored after."""
-    from aotpipe.determinism import RNG_SEED
-    from aotpipe.global_state import preserved
-
     with preserved():
         torch.manual_seed(RNG_SEED)
         return fn()

@@ -21,14 +21,25 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
+from aotpipe.artifact.ops import op_name as qualified
 from aotpipe.artifact.provenance import node_origin
+from aotpipe.artifact.writer import write_model
+from aotpipe.bench.backends import Backend, compile_graph
+from aotpipe.bench.graph import (Lazy, as_list, check_outputs, copy_inputs, graph_inputs, loaded, reference64,
+                                 seeded_call, to_float64)
+from aotpipe.bench.noise import sequential_run, sequential_twin
+from aotpipe.checks.written import check_written
+from aotpipe.determinism import run_reproducibly
 from aotpipe.errors import exception_line
+from aotpipe.execution import run_graph, runnable
+from aotpipe.executors.base import Failure, Resources, Task
+from aotpipe.executors.process import ProcessExecutor
+from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
 
 
 @dataclass
 class Located:
     """Where a failing graph first goes wrong, and the repro written for it."""
-
     artifact: str
     graph: str
     found: bool
@@ -64,8 +75,6 @@ def _describe(v: Any) -> str:
 
 
 def op_name(n: torch.fx.Node) -> str:
-    from aotpipe.artifact.ops import op_name as qualified
-
     known = qualified(n.target)
     if known:
         return known
@@ -142,7 +151,6 @@ KEEP_BYTES = 1 << 30
 
 class _Kept(torch.fx.Interpreter):
     """One run of a graph keeping (a copy of) the values of the nodes named, up to a budget."""
-
     def __init__(self, gm: torch.fx.GraphModule, keep: set[str], budget: int):
         super().__init__(gm)
         self.keep, self.budget, self.used = keep, budget, 0
@@ -161,9 +169,6 @@ class _Kept(torch.fx.Interpreter):
 def _kept_values(gm: Any, inputs: list[Any], keep: set[str], budget: int) -> dict[str, torch.Tensor]:
     """The values of `keep`'s nodes from one run of `gm`, as run_graph runs it (its run guard's
     checked forms, seeded, deterministic kernels)."""
-    from aotpipe.determinism import run_reproducibly
-    from aotpipe.execution import runnable
-
     gm = runnable(gm, inputs)
     if not isinstance(gm, torch.fx.GraphModule):
         return {}
@@ -181,10 +186,7 @@ class References:
     """The float32, float64 and sequential-sum values of a graph's nodes, each from one run of
     the whole graph (made when first needed) and reused by every prefix the bisection checks;
     a prefix some of whose values were not kept (over KEEP_BYTES) is run by itself."""
-
     def __init__(self, gm: torch.fx.GraphModule, inputs: list[Any], keep: set[str]):
-        from aotpipe.bench.graph import Lazy, copy_inputs, to_float64
-        from aotpipe.bench.noise import sequential_twin
 
         self.gm, self.inputs = gm, inputs
         self.runs = {"f32": 0, "f64": 0, "seq": 0}
@@ -204,7 +206,6 @@ class References:
 
         def seq() -> Optional[dict[str, torch.Tensor]]:
             try:
-                from aotpipe.execution import runnable
 
                 args = copy_inputs(inputs)
                 twin = sequential_twin(runnable(gm, args))
@@ -221,15 +222,10 @@ class References:
         return [values[n] for n in names] if all(n in values for n in names) else None
 
     def expected(self, pm: torch.fx.GraphModule, names: list[str]) -> list[Any]:
-        from aotpipe.bench.graph import copy_inputs
-        from aotpipe.execution import run_graph
-
         kept = self._pick(self.f32(), names)
         return kept if kept is not None else run_graph(pm, copy_inputs(self.inputs))
 
     def reference(self, pm: torch.fx.GraphModule, names: list[str]) -> Optional[list[Any]]:
-        from aotpipe.bench.graph import copy_inputs, reference64
-
         values = self.f64()
         if values is None:
             return None  # the graph does not run in float64: the floor alone decides
@@ -237,9 +233,6 @@ class References:
         return kept if kept is not None else reference64(pm, copy_inputs(self.inputs))
 
     def sequential(self, pm: torch.fx.GraphModule, names: list[str]) -> Optional[list[Any]]:
-        from aotpipe.bench.graph import copy_inputs
-        from aotpipe.bench.noise import sequential_run
-
         values = self.seq()
         if values is None:
             return None
@@ -251,9 +244,6 @@ def _check_prefix(pm: torch.fx.GraphModule, refs: References, backend: Any, user
                   roles: list[str]) -> tuple[bool, str]:
     """(the prefix passes, the first failing output's line or why it could not be judged), by
     the whole graph's rule (aotpipe.bench.graph.judge)."""
-    from aotpipe.bench.backends import compile_graph
-    from aotpipe.bench.graph import Lazy, as_list, check_outputs, copy_inputs, seeded_call
-
     names = [a.name for a in pm.graph.output_node().args[0]]
     expected = refs.expected(pm, names)
     args = copy_inputs(refs.inputs)
@@ -272,7 +262,6 @@ def _fresh(x: Any) -> Any:
 @dataclass(frozen=True)
 class LocateTask:
     """What a worker needs to locate one failing graph (picklable)."""
-
     artifact: str
     label: str
     graph: str
@@ -288,9 +277,6 @@ class LocateTask:
 
 def locate_graph(task: LocateTask) -> Located:
     """Bisect one failing graph to its first faulty node and write the prefix as a repro."""
-    from aotpipe.bench.backends import Backend
-    from aotpipe.bench.graph import copy_inputs, graph_inputs, loaded
-
     res = Located(task.label, task.graph, False, "")
     art = loaded(task.artifact, task.trust_ops)
     ga = art.graphs[task.graph]
@@ -358,10 +344,6 @@ def _safe(name: str) -> str:
 def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[str], ga: Any,
                 inputs: list[Any], task: LocateTask) -> Path:
     """Write the culprit's prefix as an artefact of one inference graph under `task.out_dir`."""
-    from aotpipe.artifact.writer import write_model
-    from aotpipe.checks.written import check_written
-    from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
-
     pm = prefix(gm, culprit, tensors, drop_unused=True)
     kept = {n.name for n in pm.graph.nodes if n.op == "placeholder"}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -374,7 +356,6 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
         scalar = None if isinstance(v, torch.Tensor) else type(v)
         g_inputs.append(GraphInput(n.name, role, rec.target if role != "user" else n.name, meta, scalar))
         values.append(_fresh(v))
-    from aotpipe.execution import run_graph
 
     outs = run_graph(pm, [_fresh(x) for x in values])
     g_outputs = [GraphOutput(i, "user", None, TensorMeta.of(o) if isinstance(o, torch.Tensor) else None)
@@ -403,9 +384,6 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
 def locate_failures(bench: Any, out_dir: Path, *, timeout_s: float, trust_ops: Sequence[str] = (),
                     threads: Optional[int] = None) -> list[Located]:
     """Locate every fail_accuracy graph of a bench, each in a worker; repros under `out_dir`."""
-    from aotpipe.executors.base import Failure, Resources, Task
-    from aotpipe.executors.process import ProcessExecutor
-
     failing = [r for r in bench.results if r.status == "fail_accuracy"]
     tasks = [LocateTask(r.path, r.artifact, r.graph, bench.backend, r.inputs, r.seed, str(out_dir.resolve()),
                         tuple(trust_ops)) for r in failing]

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.fx
 
+from aotpipe.execution import run_graph, runnable
+
 aten = torch.ops.aten
 
 # The dtypes whose sums are re-ordered, and the dtype each is accumulated in: a half type in
@@ -104,8 +106,6 @@ def sequential_run(gm: Any, inputs: list[Any]) -> Optional[list[Any]]:
     """The graph's outputs with its sums accumulated sequentially (float32 as loaded), run as
     the loaded graph is (its run guard's checked forms, seeded, without autograd); None where
     there is no second sample (no reduction to re-order, not an FX graph, or it does not run)."""
-    from aotpipe.execution import run_graph, runnable
-
     if not isinstance(gm, torch.fx.GraphModule):
         return None
     try:

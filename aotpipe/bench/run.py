@@ -22,6 +22,11 @@ from aotpipe.bench.backends import parse_backend
 from aotpipe.bench.graph import GraphResult, GraphTask, artefact_label, result_from_failure
 from aotpipe.bench.scores import Score, scores
 from aotpipe.errors import AotpipeError, ArtifactError
+from aotpipe.artifact.load import load
+from aotpipe.artifact.verify import find_artifacts
+from aotpipe.executors.base import Failure, Resources, Task
+from aotpipe.executors.process import ProcessExecutor
+from aotpipe.sandbox.replay import trust_problems
 
 KINDS = ("inference", "forward", "backward", "joint")
 DEFAULT_TIMEOUT_S = 600.0
@@ -67,8 +72,6 @@ def find_models(paths: Sequence[Path]) -> list[tuple[Path, str]]:
     A label is the model folder relative to its PATH (the pipeline's output folder when PATH is
     a model folder); if two PATHs give the same label, every label is prefixed with its PATH's
     folder name."""
-    from aotpipe.artifact.verify import find_artifacts
-
     per_root: list[tuple[str, list[tuple[Path, str]]]] = []
     for p in paths:
         if not Path(p).exists():
@@ -95,7 +98,6 @@ def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted:
     if key is None:
         raise AotpipeError("a bench runs graphs in worker processes, not the sandbox: pass --key KEY to run "
                            "artefacts signed with it, or --no-sandbox (AOTPIPE_NO_SANDBOX=1) for artefacts you made")
-    from aotpipe.sandbox.replay import trust_problems
 
     bad = []
     for m, label in models:
@@ -111,8 +113,6 @@ def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted:
 def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[str]], inputs: str, seed: int,
          rounds: int, trust_ops: tuple[str, ...], clock: str = "wall") -> tuple[list[GraphTask], list[str], list[str]]:
     """(one task per graph, each graph's kind, notes about graphs left out)."""
-    from aotpipe.artifact.load import load
-
     b = parse_backend(backend)
     tasks, task_kinds, notes = [], [], []
     skipped_kinds: dict[str, int] = {}
@@ -142,9 +142,6 @@ def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = No
           on_result: Optional[Callable[[GraphResult], None]] = None,
           on_plan: Optional[Callable[[int], None]] = None) -> Bench:
     """Bench `backend` over every graph (of `kinds`) of every artefact under `paths`."""
-    from aotpipe.executors.base import Failure, Resources, Task
-    from aotpipe.executors.process import ProcessExecutor
-
     b = parse_backend(backend)
     b.resolve()  # a user backend that does not import is the user's error, now, once
     models = find_models(paths)

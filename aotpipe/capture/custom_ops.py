@@ -18,6 +18,7 @@ import torch.fx
 
 from aotpipe.format.records import TrustedNamespace
 from aotpipe.errors import CaptureError
+from torch._library.custom_ops import OPDEFS
 
 
 def _grouped_mm_dense(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -112,8 +113,6 @@ def defining_module(op: torch._ops.OpOverload) -> str | None:
     """The module that registers `op`, as far as torch can tell: a ``torch.library.custom_op``
     knows its function's module; for an op defined another way, the package named like its
     namespace if there is one. None: a loader must be told which module to import."""
-    from torch._library.custom_ops import OPDEFS
-
     opdef = OPDEFS.get(qualname(op))
     module = getattr(getattr(opdef, "_init_fn", None), "__module__", None)
     if isinstance(module, str) and module != "__main__":

@@ -43,7 +43,6 @@ import contextlib
 import copy
 import linecache
 import logging
-import os
 import re
 import time
 import warnings

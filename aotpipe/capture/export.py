@@ -26,9 +26,15 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.fx
+import torch._functorch._aot_autograd.graph_compile as graph_compile
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions
+from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors, aot_export_joint_with_descriptors
+from torch._functorch.partitioners import default_partition
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
+from torch.fx._pytree import tree_flatten_spec
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -161,9 +167,6 @@ def unrendered_tracing() -> Iterator[None]:
     In a BERT-4L capture these renderings were about a tenth of the CPU time. No graph
     changes: the graphs kept are made afresh by :func:`_flat_graph`, which renders them.
     """
-    import torch._functorch._aot_autograd.graph_compile as graph_compile
-    from torch.fx._lazy_graph_module import _use_lazy_graph_module
-
     saved = graph_compile._log_joint_graph, graph_compile._log_fw_bw_graphs
     graph_compile._log_joint_graph = lambda *a, **k: None
     graph_compile._log_fw_bw_graphs = lambda *a, **k: (None, None)
@@ -631,11 +634,8 @@ def _node_by_node(module: torch.nn.Module) -> Any:
     if not isinstance(module, torch.fx.GraphModule):
         yield
         return
-    import torch.fx.traceback as fx_traceback
 
     import inspect
-
-    from torch.fx._pytree import tree_flatten_spec
 
     info = getattr(module.graph._codegen, "pytree_info", None)
     signature = inspect.signature(type(module).forward)
@@ -683,12 +683,6 @@ def training_graphs(
 
     Also the contract that pairs forward and backward, and the parameters that get no gradient.
     """
-    from torch._functorch.aot_autograd import (
-        aot_compile_joint_with_descriptors,
-        aot_export_joint_with_descriptors,
-    )
-    from torch._functorch.partitioners import default_partition
-
     constants = _lift_constants_to_buffers(module)
     for target in constants:
         constants_out.setdefault(target, module.get_buffer(target))

@@ -39,6 +39,8 @@ from aotpipe.errors import CaptureError, SourceError, exception_line
 from aotpipe.global_state import preserved
 from aotpipe.modes import DEFAULT_LOSS, META_OPTIONS
 from aotpipe.sources import build_model
+import torch._functorch._aot_autograd.graph_compile as graph_compile
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 MODE = "meta"
 OPTIONS = META_OPTIONS
@@ -160,9 +162,6 @@ def _fast_capture() -> Iterator[None]:
       export.py's own helper for the duration; export mode keeps its copy until it is shown
       to give the same artefacts without it.)
     """
-    import torch._functorch._aot_autograd.graph_compile as graph_compile
-    from torch.fx._lazy_graph_module import _use_lazy_graph_module
-
     with contextlib.ExitStack() as stack:
         stack.enter_context(_use_lazy_graph_module(True))
         stack.enter_context(_patched(graph_compile, "_log_joint_graph", lambda orig: lambda *a, **k: None))

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from aotpipe.errors import CaptureError
+from aotpipe.determinism import op_draws_random
 
 
 def _symbolic(v: Any) -> bool:
@@ -134,7 +135,6 @@ def fold_constant_sizes(ep: "torch.export.ExportedProgram", *, guards_decided: b
     written = {n.args[0] for n in graph.nodes if n.op == "call_function" and _writes_first_argument(n)}
     params = {name for name, _ in module.named_parameters()}
     env: dict[torch.fx.Node, Any] = {}
-    from aotpipe.determinism import op_draws_random
 
     for node in graph.nodes:
         if node.op == "get_attr" and node.target not in params and node not in written:

@@ -39,7 +39,7 @@ from aotpipe.format import limits
 from aotpipe.artifact.graph_json import target_name
 from aotpipe.artifact.load import GraphArtifact, build_inputs, load
 from aotpipe.artifact.prepack import stored_graph
-from aotpipe.format.records import CheckTotals, GraphChecks, InputsRecord, Summary, VerificationEntry
+from aotpipe.format.records import CheckTotals, GraphChecks, InputsRecord, Summary, TupleSummary, VerificationEntry
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
 from aotpipe.format.ir import TensorMeta
 from aotpipe.determinism import RunLog
@@ -224,7 +224,7 @@ def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[lis
         else:
             values, fields = evidence.record(o, eager_errors.get(i))
             out.append(OutputReference(
-                digest=accuracy.digest(o), summary=Summary(**accuracy.sampled_summary(o)),
+                digest=accuracy.digest(o), summary=accuracy.sampled_summary(o),
                 spread=spread[i] if spread else None, layout=TensorMeta.of(o).layout(), evidence=fields,
                 evidence_values=values, range=_int_range(o)))
     return out
@@ -345,7 +345,7 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         errors.update({i: e for i, e in gc.eager_errors.items() if i >= 0})
         result.outcome.graphs[key] = GraphOutcome(
             _outcome_outputs(outs, ga.record, spread, saved, errors), outs if saved else None,
-            trace if saved else None, gc.record(), list(log.nondeterministic),
+            trace_nodes(trace) if saved else None, gc.record(), list(log.nondeterministic),
             VerificationEntry(status=status, inputs="saved" if saved else "in memory (save_inputs: false)"))
         if failed and (parsed is None or parsed.chain is not None):
             lines = [c.line() for c in failed]
@@ -400,6 +400,13 @@ def _first_difference(expected: list[str], actual: list[str]) -> str:
         if a != b:
             return f"node {b!r}, captured {a!r}"
     return f"{len(actual)} nodes, captured {len(expected)}"
+
+
+def trace_nodes(summaries: dict[str, Any]) -> dict[str, Union[Summary, TupleSummary]]:
+    """trace.json's nodes from a run's per-node summaries (execution.run_with_summaries: a
+    tuple of them for a node whose value is a tuple)."""
+    return {name: TupleSummary.model_construct(items=list(s)) if isinstance(s, tuple) else s
+            for name, s in summaries.items()}
 
 
 def _is_view(node: torch.fx.Node) -> bool:

@@ -126,9 +126,11 @@ def _capture_options(m: Manifest) -> dict[str, Any]:
 
 def _model_options(m: Manifest) -> dict[str, Any]:
     """The model's spec as it ran, but its name (a tree pairs models by name; two artefacts
-    compared directly may be named apart)."""
+    compared directly may be named apart) and its pass chain (the copy older manifests keep
+    there; the chains are compared as they ran, from the graph entries)."""
     spec = m.model.model_dump()
     spec.pop("name", None)
+    spec.pop("passes", None)
     return spec
 
 
@@ -206,7 +208,8 @@ def _compare_ops(diff: Diff, where: str, a: GraphRecord, b: GraphRecord) -> None
             diff.add("ops", where, f"{op} {ha[op]} -> {hb[op]} ({hb[op] - ha[op]:+d})", op=op, a=ha[op], b=hb[op])
 
 
-def _val_layout(val: Any) -> str:
+def _val_layout(val: records.RawJson) -> str:
+    """A node's recorded value (graph.json's free-JSON val) in brief."""
     if isinstance(val, dict) and "dtype" in val and "shape" in val:
         return f"{val['dtype']}{val['shape']}"
     if isinstance(val, list):
@@ -348,8 +351,9 @@ def _chain(steps: Iterable[Any]) -> str:
 
 
 def _compare_passes(diff: Diff, at: Any, ma: Manifest, mb: Manifest) -> None:
-    for key in sorted(set(ma.passes) | set(mb.passes)):
-        sa, sb = ma.passes.get(key), mb.passes.get(key)
+    ca, cb = ma.pass_chains(), mb.pass_chains()
+    for key in sorted(set(ca) | set(cb)):
+        sa, sb = ca.get(key), cb.get(key)
         if sa is None or sb is None:
             diff.add("passes", at(key), f"pass log only in {'A' if sb is None else 'B'}: "
                      f"{_chain(sa if sb is None else sb)}")

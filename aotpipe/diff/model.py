@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict
 
 # The sections a finding belongs to, in the order they print.
 SECTIONS = (
     "models", "status", "environment", "options", "graphs", "signature", "ops", "nodes", "weights",
     "passes", "checks", "breaks", "values", "time", "bytes",
 )
+
+
+class ValuesComparison(BaseModel):
+    """How one graph's values compare between A and B (diff.values.compare_values): "same",
+    "diverged" at an aligned pair of nodes (and why), or "skipped" (and why). Sent back by a
+    sandboxed worker too, so validated when read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["same", "diverged", "skipped"]
+    compared: Optional[int] = None  # aligned nodes compared
+    a_node: Optional[str] = None
+    b_node: Optional[str] = None
+    why: Optional[str] = None  # "diverged": how
+    reason: Optional[str] = None  # "skipped": why
 
 
 @dataclass

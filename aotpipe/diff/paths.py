@@ -10,6 +10,7 @@ from aotpipe.diff.artifacts import compare_artifacts, describe_node, read_side
 from aotpipe.diff.model import Diff
 from aotpipe.diff.trees import RUN_JSON, compare_trees
 from aotpipe.errors import AotpipeError, SandboxUnavailable
+from aotpipe.sandbox.replay import trust_problems
 
 _WHAT = ("pass two artefact folders (each holding manifest.json) or two output trees "
          "(each holding run.json, as `aotpipe run` writes them)")
@@ -65,11 +66,10 @@ def diff_paths(a: str | Path, b: str | Path, *, threshold: float = 0.5, values: 
 
 def _compare_values(diff: Diff, sa, sb, aligned: dict[str, dict[str, str]], in_process: bool,
                     key: Optional[str], trust_ops: Sequence[str]) -> None:
+    # torch (diff.values runs graphs): kept off the torch-free path of a records-only diff
     from aotpipe.diff import values
 
     if not in_process and key is not None:
-        from aotpipe.sandbox.replay import trust_problems
-
         untrusted = trust_problems(sa.path, key) or trust_problems(sb.path, key)
         in_process = not untrusted
         if untrusted:
@@ -90,17 +90,16 @@ def _compare_values(diff: Diff, sa, sb, aligned: dict[str, dict[str, str]], in_p
         diff.notes.append(f"values not compared: {e.lines()[0]}")
         return
     for graph, r in result.items():
-        status = str(r.get("status"))
-        if status == "skipped":
-            diff.notes.append(f"values of {graph} not compared: {r.get('reason')}")
+        if r.status == "skipped":
+            diff.notes.append(f"values of {graph} not compared: {r.reason}")
             continue
-        if status != "diverged":
+        if r.status != "diverged":
             diff.first_divergence[graph] = None
             continue
-        a_node, b_node = str(r.get("a_node")), str(r.get("b_node"))
+        a_node, b_node = str(r.a_node), str(r.b_node)
         diff.first_divergence[graph] = a_node
         ga = sa.graph(graph)
         node = next((n for n in ga.nodes if n.name == a_node), None) if ga is not None else None
         named = describe_node(node) if node is not None else a_node
-        diff.add("values", graph, f"first diverging node: A {named}, B {b_node}: {r.get('why')}",
-                 a_node=a_node, b_node=b_node, why=r.get("why"), compared=r.get("compared"))
+        diff.add("values", graph, f"first diverging node: A {named}, B {b_node}: {r.why}",
+                 a_node=a_node, b_node=b_node, why=r.why, compared=r.compared)

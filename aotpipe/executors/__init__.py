@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Optional
 
 from aotpipe.executors.base import Executor, Failure, Outcome, Recycled, Resources, Task
+from aotpipe.executors.local import LocalExecutor
+from aotpipe.executors.process import ProcessExecutor
+from aotpipe.executors.ray import RayExecutor
 
 __all__ = ["Executor", "Failure", "Outcome", "Recycled", "Resources", "Task", "make_executor"]
 
@@ -21,16 +24,10 @@ def make_executor(kind: str, *, workers: int = 1, timeout_s: Optional[float] = N
     replaces its workers as `max_models_per_worker` and `recycle_memory_gb` say (and lists
     them in its `recycled`)."""
     if kind == "local":
-        from aotpipe.executors.local import LocalExecutor
-
         return LocalExecutor()
     if kind == "process":
-        from aotpipe.executors.process import ProcessExecutor
-
         return ProcessExecutor(workers=workers, timeout_s=timeout_s, memory_gb=memory_gb,
                                max_models_per_worker=max_models_per_worker, recycle_memory_gb=recycle_memory_gb)
     if kind == "ray":
-        from aotpipe.executors.ray import RayExecutor
-
         return RayExecutor(address=address, timeout_s=timeout_s)
     raise ValueError(f"unknown executor {kind!r}")

@@ -19,10 +19,11 @@ from typing import Any, Callable, Optional
 
 from aotpipe.errors import AotpipeError
 from aotpipe.executors.base import Failure, Outcome, Task
+from aotpipe.errors import exception_line
 
 
 def _run(fn: Callable[[], Any], threads: int) -> Any:
-    import torch
+    import torch  # torch: kept off the torch-free path (the runner imports the executors)
 
     if threads > 0:
         torch.set_num_threads(threads)
@@ -134,7 +135,6 @@ def _reason(e: BaseException) -> str:
         return "the Ray task was cancelled"
     if isinstance(e, rx.RayTaskError):
         cause = e.cause if getattr(e, "cause", None) is not None else e
-        from aotpipe.errors import exception_line
 
         return f"the task raised {exception_line(cause)}"
     text = str(e).strip().splitlines()

@@ -19,6 +19,8 @@ import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
+import aotpipe.job
+from aotpipe.errors import exception_line
 
 
 def _die_with_parent(parent: int) -> None:
@@ -50,8 +52,6 @@ def main(argv: list[str]) -> int:
     conn_out = Connection(write_fd, readable=False)
     import torch  # once, before the first task: the parent's time limit is for the model
 
-    import aotpipe.job  # noqa: F401
-
     torch.set_num_threads(intra_op_threads(threads, torch.get_num_threads()))
     conn_out.send(("ready",))
     while True:
@@ -62,7 +62,6 @@ def main(argv: list[str]) -> int:
         try:
             value = fn()
         except BaseException as e:  # noqa: BLE001 - the parent records it; the worker goes on
-            from aotpipe.errors import exception_line
 
             conn_out.send(("raised", exception_line(e), traceback.format_exc()))
             if not isinstance(e, Exception):

@@ -439,7 +439,7 @@ def check_total_bytes(parts: list[tuple[str, int]], where: Any, what: str) -> No
 def record_parts(storages: Any, inputs: Any) -> list[tuple[str, int]]:
     """(label, bytes) of every tensor replay allocates for a graph's inputs, from validated
     records (format/records.py): each storage, and each input made afresh (a tangent)."""
-    import torch
+    import torch  # torch: kept off the torch-free path (the format's limits are read without torch)
 
     from aotpipe.tensors import extent  # torch: kept off the torch-free path
 
@@ -489,6 +489,7 @@ def bounded_build(where: Any) -> Iterator[None]:
     """Within the block, building more than max_modules modules, parameters and buffers in
     all is refused as it happens (torch's global registration hooks), so a model whose
     arguments ask for a million layers stops at the limit, not after building them."""
+    # torch: kept off the torch-free path (the format's limits are read without torch)
     from torch.nn.modules import module as nn_module
 
     limit = current().max_modules
@@ -513,11 +514,15 @@ def bounded_build(where: Any) -> Iterator[None]:
 _SIZE_ARGS = ("size", "input_sizes")
 
 
-def check_op_sizes(op: Any, args: Any, kwargs: Any, where: Any) -> None:
+# A call's keyword arguments as torch takes them (an op's "dtype", "stride"): no record.
+OpKwargs = dict[str, Any]
+
+
+def check_op_sizes(op: Any, args: Any, kwargs: OpKwargs, where: Any) -> None:
     """Refuse, at load, a call that makes a fresh tensor of a literal size over the per-tensor
     limit (aten.full([1e12]), slice_backward's input_sizes). Sizes computed while the graph
     runs are not known here."""
-    import torch
+    import torch  # torch: kept off the torch-free path (the format's limits are read without torch)
 
     schema = getattr(op, "_schema", None)
     if schema is None or any(r.alias_info is not None for r in schema.returns):

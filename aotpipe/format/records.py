@@ -28,15 +28,18 @@ marked "version 1" below.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, TypeAlias, Union
 
 from typing_extensions import TypeAliasType
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, JsonValue, StringConstraints, Tag, ValidationError,
                       model_validator)
+from pydantic_core import ErrorDetails
 
 from aotpipe.errors import ArtifactError
 from aotpipe.graph_keys import BASE_KEY_PATTERN, GRAPH_KINDS
+from aotpipe.format.limits import read_json
+from aotpipe.format.limits import check_graphs
 
 # ---------------------------------------------------------------------------------------
 # Constants
@@ -94,6 +97,14 @@ BaseGraphKey = Annotated[str, StringConstraints(pattern=BASE_KEY_PATTERN)]
 FolderName = Annotated[str, StringConstraints(pattern=r"^[^/\\.][^/\\]*$", max_length=255)]
 Number = Optional[float]  # a float, or null where no number applies
 
+
+# Data as parsed from a JSON file or the pipeline YAML, before a record (or the pipeline
+# file's model, config.PipelineFile) validates it. It is read by key only where it must be:
+# a format version or a size peeked at before validating, and the YAML parser's own checks,
+# which report every problem at once with its line (tools/record_lookups.py counts lookups
+# on records, and apart those on values typed so).
+RawJson: TypeAlias = Any
+RawYaml: TypeAlias = Any
 
 # On the long collections of a record: validation stops at the first bad element (pydantic
 # would otherwise build an error for every one: gigabytes for a manifest of a million).
@@ -475,6 +486,8 @@ class GraphEntry(Record):
     outputs: Count
     ops: Optional[Count] = None
     base: Optional[BaseGraphKey] = None  # a graph made by passes: the key of the graph they ran on
+    # A graph made by passes: the chain that made it, as it ran. The one copy of the chain
+    # (Manifest.pass_chains reads it, and the copies older manifests kept).
     passes: Optional[list[PassRecord]] = None
     checks: Optional[GraphChecks] = None
     nondeterministic: list[str] = []  # ops without a deterministic kernel (values stored)
@@ -568,7 +581,9 @@ class CaptureRecord(Record):
 
 class ModelRecord(BaseModel):
     """The pipeline's model entry as it ran (config.ModelSpec, which validates the rest
-    when a trusted rebuild uses it)."""
+    when a trusted rebuild uses it), less its pass chain: each chain is written once, in the
+    graph entry of the graph it made (manifests written before also hold it here, as
+    "passes", which nothing reads)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -588,12 +603,25 @@ class Manifest(Record):
     save_values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # version 2
     graphs: Annotated[dict[str, GraphEntry], FailFast]
     partition: Optional[Partition] = None
+    # Written before each chain was stored once (in its graph entry): a copy of every
+    # graphs[key].passes, by key. Read only through pass_chains, for a graph entry without one.
     passes: dict[str, list[PassRecord]] = {}
     pass_failures: list[str] = []
     verification: Optional[Annotated[dict[str, VerificationEntry], FailFast]] = None
     checks: Optional[CheckTotals] = None  # version 2
     environment: Optional[Environment] = None  # version 3
     files: Annotated[dict[str, Sha256], FailFast]
+
+    def pass_chains(self) -> dict[str, list[PassRecord]]:
+        """Each graph made by passes (by key, in the manifest's order): the chain that made it,
+        as it ran. Read from its graph entry, the one copy; a manifest of any readable version
+        whose entry lacks it gives the top-level copy older writers kept."""
+        out = {}
+        for key, entry in self.graphs.items():
+            chain = entry.passes if entry.passes is not None else self.passes.get(key)
+            if chain is not None:
+                out[key] = chain
+        return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -779,7 +807,7 @@ class Signature(Record):
 # Validation
 
 
-def check_version(data: Any, where: Any) -> None:
+def check_version(data: RawJson, where: Any) -> None:
     """Refuse a record of a format version this aotpipe does not read, saying which it reads."""
     version = data.get("format_version") if isinstance(data, dict) else None
     if version not in READABLE_VERSIONS:
@@ -790,14 +818,12 @@ def check_version(data: Any, where: Any) -> None:
         )
 
 
-def parse(cls: type[Record], data: Any, where: Any) -> Any:
+def parse(cls: type[Record], data: RawJson, where: Any) -> Any:
     """`data` (parsed JSON) as a `cls` record; an ArtifactError naming `where` and the first
     bad field otherwise (for a record of the artefact format, its version first)."""
     if cls in VERSIONED:
         check_version(data, where)
     if cls is Manifest and isinstance(data, dict) and isinstance(data.get("graphs"), dict):
-        from aotpipe.format.limits import check_graphs
-
         check_graphs(len(data["graphs"]), where)  # before validating each one
     try:
         return cls.model_validate(data)
@@ -808,8 +834,6 @@ def parse(cls: type[Record], data: Any, where: Any) -> Any:
 def read(cls: type[Record], path: Any, root: Any = None) -> tuple[Any, Any]:
     """(the raw data, the record) of a record file, read within the limits (regular files
     only: no FIFO, no link to a device) and validated. The raw data is what a checksum covers."""
-    from aotpipe.format.limits import read_json
-
     raw = read_json(path, root)
     return raw, parse(cls, raw, path)
 
@@ -817,7 +841,7 @@ def read(cls: type[Record], path: Any, root: Any = None) -> tuple[Any, Any]:
 def describe(e: ValidationError) -> str:
     """The first problem of a validation error in one line: field path, message, value."""
     errs = e.errors(include_url=False)
-    first = errs[0]
+    first: ErrorDetails = errs[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(the record)"
     value = first.get("input")
     shown = json.dumps(value, default=str)[:60] if not isinstance(value, (dict, list)) else type(value).__name__

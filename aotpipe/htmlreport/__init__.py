@@ -18,6 +18,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format.records import ModelRun, RunRecord
 from aotpipe.tree import ModelView, read_run, read_tree
+from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
+from aotpipe.format.limits import read_json
+from aotpipe.format.records import MANIFEST
+from aotpipe.htmlreport import plots
+from aotpipe.report import human_size
+from aotpipe.format.records import describe
+from aotpipe.results import why_failed
 
 REPORT_HTML = "report.html"
 BENCH_JSON = "bench.json"
@@ -49,8 +56,6 @@ class BenchFile(_Loose):
 
 def read_bench(root: Path) -> Optional[BenchFile]:
     """DIR/bench.json, or None; an ArtifactError naming the file where it is not one."""
-    from aotpipe.format.limits import read_json
-
     path = root / BENCH_JSON
     if not path.is_file():
         return None
@@ -60,8 +65,6 @@ def read_bench(root: Path) -> Optional[BenchFile]:
     try:
         return BenchFile.model_validate(raw)
     except ValidationError as e:
-        from aotpipe.format.records import describe
-
         raise ArtifactError(f"{path}: not a bench result ({describe(e)}); expected {{\"results\": [{{\"model\", "
                             f"\"graph\", \"status\", \"speedup\"}}], \"scores\": {{...}}}}") from None
 
@@ -150,8 +153,6 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
     if m is None:
         return row
     if run is None:
-        from aotpipe.results import why_failed
-
         failed = why_failed(m)
         row.status = "failed" if failed else "ok"
         if failed:
@@ -220,8 +221,6 @@ class Report:
 
 def gather(root: Path) -> Report:
     """Everything report.html shows about the output tree `root`, read from disk."""
-    from aotpipe.htmlreport import plots
-
     root = Path(root)
     if not root.is_dir():
         raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder (it holds run.json)")
@@ -262,47 +261,48 @@ def gather(root: Path) -> Report:
         if c is not None:
             for k in settled:
                 settled[k] += getattr(c, k) or 0
+    on_disk = sum(r.bytes or 0 for r in rows)
     summary = {
         "models": len(rows),
         "ok": sum(r.status in ("ok", "up to date") for r in rows),
         "failed": sum(r.status not in ("ok", "up to date") for r in rows),
         "up_to_date": sum(r.status == "up to date" for r in rows),
         "graphs": sum(len(r.graphs) for r in rows),
-        "bytes": sum(r.bytes or 0 for r in rows),
+        "bytes": on_disk,
         "seconds": run.seconds if run is not None else None,
         "checks": total_checks,
         "settled": settled,
     }
+    charts: Any = plots
     try:
         import matplotlib  # noqa: F401  (a declared dependency; a page without plots if it is missing)
     except ImportError:
         problems.append("no plots: matplotlib is not installed (pip install matplotlib -c constraints.txt)")
-        plots = None  # type: ignore[assignment]
-    figures = [] if plots is None else [
+        charts = None
+    figures = [] if charts is None else [
         ("plot-capture", "Capture seconds against parameter count (parameters: elements of the graphs' param "
                          "inputs).",
-         plots.capture_vs_parameters([(r.name, r.parameters or 0, r.seconds.get("capture") or 0.0) for r in rows
+         charts.capture_vs_parameters([(r.name, r.parameters or 0, r.seconds.get("capture") or 0.0) for r in rows
                                       if r.seconds])),
         ("plot-stages", "Seconds per stage: capture, passes, checks (every written graph run once against the "
                         "eager model), write.",
-         plots.seconds_per_stage([(r.name, [r.seconds.get(s) or 0.0 for s in plots.STAGES]) for r in rows
+         charts.seconds_per_stage([(r.name, [r.seconds.get(s) or 0.0 for s in charts.STAGES]) for r in rows
                                   if r.seconds])),
         ("plot-ratios", "Each check's error against its bound (the float64 rule or the noise floor); above 1 "
                         "fails.",
-         plots.ratio_histogram([c.ratio for r in rows for c in r.checks if c.ratio is not None])),
+         charts.ratio_histogram([c.ratio for r in rows for c in r.checks if c.ratio is not None])),
     ]
-    if bench is not None and plots is not None:
+    if bench is not None and charts is not None:
         figures.append(("plot-bench", f"Bench ({bench.backend or 'backend'}): speedup over eager per graph; "
                                       "red: not ok (speedup 0 where none was measured).",
-                        plots.bench_speedups([(f"{b.model}/{b.graph}", b.status, b.speedup)
+                        charts.bench_speedups([(f"{b.model}/{b.graph}", b.status, b.speedup)
                                               for b in bench.results])))
-    from aotpipe.report import human_size
 
     versions = (f"torch {run.versions.torch}, python {run.versions.python}, aotpipe {run.versions.aotpipe}"
                 if run is not None else "")
     return Report(
         title=run.pipeline if run is not None else root.name,
-        versions=versions, rows=rows, summary=summary | {"size": human_size(summary["bytes"])},
+        versions=versions, rows=rows, summary=summary | {"size": human_size(on_disk)},
         plots=[(pid, cap, svg) for pid, cap, svg in figures if svg], bench=bench, problems=problems)
 
 
@@ -327,10 +327,6 @@ def build_html(root: Path) -> str:
 
 def write_html(root: Path) -> Path:
     """Write report.html into the output folder `root` (replaced atomically); its path."""
-    from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
-
-    from aotpipe.format.records import MANIFEST
-
     root = Path(root)
     if (root / MANIFEST).exists():  # a file there would be one the manifest does not list
         raise AotpipeError(f"{root} is a model folder; write its page elsewhere (aotpipe report {root} -o FILE) or "

@@ -165,6 +165,7 @@ def parse_pass_entry(entry: Any) -> tuple[list[tuple[tuple, str]], PassStep | No
     return problems, step
 
 
-def step_to_json(step: PassStep) -> dict[str, Any]:
-    opts = dataclasses.asdict(step.options)
-    return {"name": step.name, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in opts.items()}}
+def options_to_json(options: Any) -> dict[str, Any]:
+    """A step's typed options as JSON data (tuples as lists), as the manifest and fingerprint write them."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()}
+

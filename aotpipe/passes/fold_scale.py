@@ -23,7 +23,8 @@ user, so no one else sees the unscaled value. Folding reorders float rounding on
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
 
 import torch
 import torch.fx
@@ -78,7 +79,20 @@ def _through_views(node: torch.fx.Node, facts: FactsLike, channels: int,
         return last, user
 
 
-def _producer(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: FactsLike) -> Optional[dict[str, Any]]:
+@dataclass(frozen=True)
+class _Producer:
+    """A foldable producer: its kind, the dim its `channels` lie along, its weights, and for a
+    layer norm the norm node itself."""
+
+    kind: Literal["linear", "conv", "norm"]
+    channels: int
+    dim: int
+    weight: torch.Tensor
+    bias: torch.Tensor
+    norm: Optional[torch.fx.Node] = None
+
+
+def _producer(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: FactsLike) -> Optional[_Producer]:
     """What a foldable producer is: its kind, channel count and dim, weights."""
     if node.op != "call_function" or node.target not in (_aten.addmm.default, _aten.convolution.default,
                                                           operator.getitem):
@@ -90,34 +104,33 @@ def _producer(gm: torch.fx.GraphModule, node: torch.fx.Node, facts: FactsLike) -
         wt = view_of_constant(gm, node.args[2])
         if wt is None or wt.dim() != 2:
             return None
-        return {"kind": "linear", "channels": wt.shape[1], "dim": -1, "weight": wt.t(),
-                "bias": constant_value(gm, node.args[0])}
+        return _Producer("linear", wt.shape[1], -1, wt.t(), constant_value(gm, node.args[0]))
     if node.target is _aten.convolution.default and not node.kwargs and not node.args[6] \
             and is_constant(node.args[1]) and (node.args[2] is None or is_constant(node.args[2])):
         w = constant_value(gm, node.args[1])
         if w.dim() != 4:
             return None
         bias = constant_value(gm, node.args[2]) if node.args[2] is not None else torch.zeros(w.shape[0], dtype=w.dtype)
-        return {"kind": "conv", "channels": w.shape[0], "dim": 1, "weight": w, "bias": bias}
+        return _Producer("conv", w.shape[0], 1, w, bias)
     if node.target is operator.getitem and node.args[1] == 0:
         ln = node.args[0]
         if (ln.op == "call_function" and ln.target is _aten.native_layer_norm.default and len(ln.args[1]) == 1
                 and is_constant(ln.args[2]) and is_constant(ln.args[3]) and len(ln.users) == 1):
-            return {"kind": "norm", "channels": ln.args[1][0], "dim": -1, "weight": constant_value(gm, ln.args[2]),
-                    "bias": constant_value(gm, ln.args[3]), "norm": ln}
+            return _Producer("norm", ln.args[1][0], -1, constant_value(gm, ln.args[2]),
+                             constant_value(gm, ln.args[3]), norm=ln)
     return None
 
 
-def _rebuild(gm: torch.fx.GraphModule, node: torch.fx.Node, p: dict[str, Any], w: torch.Tensor,
+def _rebuild(gm: torch.fx.GraphModule, node: torch.fx.Node, p: _Producer, w: torch.Tensor,
              b: torch.Tensor) -> None:
     """Point the producer at new weight and bias constants."""
-    if p["kind"] == "linear":
+    if p.kind == "linear":
         wn = add_constant(gm, w.contiguous(), f"{node.name}_scaled_weight", node)  # [N, K], as nn.Linear keeps it
         with gm.graph.inserting_before(node):
             wt = gm.graph.call_function(_aten.permute.default, (wn, [1, 0]))
         bn = add_constant(gm, b.contiguous(), f"{node.name}_scaled_bias", node)
         node.args = (bn, node.args[1], wt)
-    elif p["kind"] == "conv":
+    elif p.kind == "conv":
         old = constant_value(gm, node.args[1])
         wn = add_constant(gm, w.contiguous(memory_format=torch.channels_last) if old.is_contiguous(
             memory_format=torch.channels_last) and not old.is_contiguous() else w.contiguous(),
@@ -125,7 +138,7 @@ def _rebuild(gm: torch.fx.GraphModule, node: torch.fx.Node, p: dict[str, Any], w
         bn = add_constant(gm, b.contiguous(), f"{node.name}_scaled_bias", node)
         node.args = (node.args[0], wn, bn, *node.args[3:])
     else:
-        ln = p["norm"]
+        ln = p.norm
         wn = add_constant(gm, w.contiguous(), f"{ln.name}_scaled_weight", ln)
         bn = add_constant(gm, b.contiguous(), f"{ln.name}_scaled_bias", ln)
         ln.args = (ln.args[0], ln.args[1], wn, bn, *ln.args[4:])
@@ -155,21 +168,21 @@ def fold_scale(g: GraphUnderPass, options: FoldScaleOptions) -> PassResult:
             p = _producer(gm, node, facts)
             if p is None:
                 continue
-            down = _through_views(node, facts, p["channels"], p["dim"])
+            down = _through_views(node, facts, p.channels, p.dim)
             if down is None:
                 continue
             last, user = down
             fl, fu = facts.get(last.name), facts.get(user.name)
             if fl is None or fu is None or (fl.shape, fl.dtype) != (fu.shape, fu.dtype):
                 continue  # the constant broadcasts the result to a larger shape, or changes its dtype
-            found = _factor(gm, user, last, p["channels"], p["dim"], len(fl.shape))
+            found = _factor(gm, user, last, p.channels, p.dim, len(fl.shape))
             if found is None:
                 continue
             op, c = found
-            c = c.to(p["weight"].dtype)
+            c = c.to(p.weight.dtype)
             if op == "div" and bool((c == 0).any()):
                 continue
-            w, b = p["weight"], p["bias"]
+            w, b = p.weight, p.bias
             shape = (-1,) + (1,) * (w.dim() - 1)
             with torch.no_grad():
                 if op == "mul":
@@ -183,7 +196,7 @@ def fold_scale(g: GraphUnderPass, options: FoldScaleOptions) -> PassResult:
             _rebuild(gm, node, p, w, b)
             user.replace_all_uses_with(last)
             gm.graph.erase_node(user)
-            folded[p["kind"]] += 1
+            folded[p.kind] += 1
             changed = True
         gm.graph.eliminate_dead_code()
     drop_unused_constants(gm)

@@ -19,20 +19,21 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.format.records import PassChainRun, PassRecord, TimedPassRecord
+from aotpipe.format.records import PassChainRun, PassRecord, Summary, TimedPassRecord
 from aotpipe import accuracy
 from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph, run_with_summaries
-from aotpipe.passes import PASSES, chain_order_problems, step_to_json
+from aotpipe.passes import PASSES, chain_order_problems, options_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe.spec import PassStep
+from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
 
 
 def _step(step: PassStep, nodes_before: int, nodes_after: int, modified: bool, seconds: float,
           max_abs_error: Optional[float], stats: dict[str, Any]) -> TimedPassRecord:
     """What one pass did (run.json's record; the manifest's is the same less the time).
     max_abs_error: against the graph before it; None when not run (checked at the end)."""
-    return TimedPassRecord(name=step.name, options=step_to_json(step)["options"], nodes_before=nodes_before,
+    return TimedPassRecord(name=step.name, options=options_to_json(step.options), nodes_before=nodes_before,
                          nodes_after=nodes_after, modified=modified, max_abs_error=max_abs_error, stats=stats,
                          seconds=round(seconds, 4))
 
@@ -47,11 +48,10 @@ def first_diverging_node(before: GraphUnderPass, after: GraphUnderPass) -> Optio
     _, old = run_with_summaries(before.gm, before.values, accuracy.summary)
     _, new = run_with_summaries(after.gm, after.values, accuracy.summary)
     for name in [n.name for n in after.gm.graph.nodes]:
-        if name in old and name in new and "items" not in old[name] and "items" not in new[name] \
-                and old[name]["shape"] == new[name]["shape"]:
-            a, b = dict(new[name]), dict(old[name])
-            a["stride"] = b["stride"]  # a layout pass may change strides on purpose
-            why = accuracy.summary_departs(a, b, rtol=1e-4)
+        a, b = new.get(name), old.get(name)
+        if isinstance(a, Summary) and isinstance(b, Summary) and a.shape == b.shape:
+            # strides left out: a layout pass may change them on purpose
+            why = accuracy.summary_departs(a, b, rtol=1e-4, layout=("dtype", "shape"))
             if why:
                 node = next(n for n in after.gm.graph.nodes if n.name == name)
                 return f"{name} ({getattr(node.target, '__name__', node.target)}): {why}"
@@ -155,8 +155,6 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
     names the pass at fault when the derived graph later fails its checks.
     """
     import copy
-
-    from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
 
     steps = list(spec.passes)
     problems: list[str] = []

@@ -34,7 +34,7 @@ def rebuild_model(art: Artifact, *, trust_code: bool = False) -> Optional[tuple[
     Only builtin zoo models are rebuilt unless `trust_code` (sources.rebuild_refusal says
     why); a model over the byte limit is a LimitError.
     """
-    return rebuild_from_manifest(art.manifest.model.model_dump(), trust_code=trust_code, where=art.path / MANIFEST)
+    return rebuild_from_manifest(art.manifest.model, trust_code=trust_code, where=art.path / MANIFEST)
 
 
 def artifact_loss(art: Artifact) -> str:

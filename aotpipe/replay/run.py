@@ -27,7 +27,7 @@ import torch.fx
 from aotpipe import accuracy, evidence
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
 from aotpipe.artifact.precheck import data_dependent_outputs
-from aotpipe.format.records import InputsRecord, OutputRecord, Partition
+from aotpipe.format.records import InputsRecord, OutputRecord, Partition, Summary, TupleSummary
 from aotpipe.determinism import environment as current_environment, environment_differences, intra_op_threads
 from aotpipe.devices import move_inputs, parse_device, to_device
 from aotpipe.eager import EagerReference
@@ -74,14 +74,16 @@ def first_divergence(ga: GraphArtifact, inputs: list[Any], rtol: float = SAME_RT
     sums of the same sampled elements, more than `rtol` of their absolute sum apart)."""
     if not ga.trace or not isinstance(ga.module, torch.fx.GraphModule):
         return None
-    recorded = {k: (v.model_dump() if v is not None else None) for k, v in ga.trace.nodes.items()}
     summarise = accuracy.sampled_summary if ga.trace.sampled else accuracy.summary
     _, now = run_with_summaries(ga.module, inputs, summarise)
     for n in ga.module.graph.nodes:
-        rec, got = recorded.get(n.name), now.get(n.name)
+        rec, got = ga.trace.nodes.get(n.name), now.get(n.name)
         if rec is None or got is None:
             continue
-        pairs = [(got, rec)] if "items" not in rec else list(zip(got.get("items", []), rec["items"]))
+        # A tuple's elements pair up with the recorded TupleSummary's (a node that is no longer a
+        # tuple pairs with none); a tensor's summary with the recorded Summary.
+        pairs = list(zip(got if isinstance(got, tuple) else (), rec.items)) if isinstance(rec, TupleSummary) \
+            else [(got, rec)] if isinstance(got, Summary) else []
         for a, r in pairs:
             if a is None or r is None:
                 continue
@@ -93,7 +95,7 @@ def first_divergence(ga: GraphArtifact, inputs: list[Any], rtol: float = SAME_RT
     return None
 
 
-def _departs(now: dict[str, Any], recorded: dict[str, Any], rtol: float) -> Optional[str]:
+def _departs(now: Summary, recorded: Summary, rtol: float) -> Optional[str]:
     """How a node's summary departs from the recorded one: layout, or the sums of its sampled
     elements (the same elements in both) more than `rtol` of their absolute sum apart."""
     why = accuracy.summary_departs(now, recorded, rtol)
@@ -101,7 +103,7 @@ def _departs(now: dict[str, Any], recorded: dict[str, Any], rtol: float) -> Opti
         return why
     key = why.split()[0]
     what = "sum" if key == "sum" else "absolute sum"
-    return f"{what} of its sampled elements {now[key]:.9g}, recorded {recorded[key]:.9g}"
+    return f"{what} of its sampled elements {getattr(now, key):.9g}, recorded {getattr(recorded, key):.9g}"
 
 
 @dataclass

@@ -17,7 +17,7 @@ _MIX = 0x9E3779B97F4A7C15 - (1 << 64)  # a golden-ratio multiplier as a signed i
 
 
 def _pattern(n: int, salt: int) -> Any:
-    import torch
+    import torch  # torch: after the worker's rlimits are set (sandbox/worker.py)
 
     # No two canaries alike, no run of equal or zero words (what a stray memset writes).
     return (torch.arange(n, dtype=torch.int64) + salt * 1_000_003 + 1) * _MIX
@@ -36,7 +36,7 @@ class Canaries:
 
     def check(self) -> str:
         """"intact", or which canaries changed (one line)."""
-        import torch
+        import torch  # torch: after the worker's rlimits are set (sandbox/worker.py)
 
         changed = [name for i, (name, t) in enumerate(self._tensors)
                    if not torch.equal(t, _pattern(t.numel(), i))]

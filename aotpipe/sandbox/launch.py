@@ -8,6 +8,7 @@ worker over): strings are stripped of control characters before anyone prints th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -20,11 +21,10 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from aotpipe.errors import AotpipeError, SandboxError, SandboxUnavailable
+from aotpipe.format.limits import current
+from aotpipe.sandbox.progress import read
+from aotpipe.sandbox.protocol import PROGRESS, PROTOCOL, REQUEST, RESULT, SandboxRequest, SandboxResult
 
-PROTOCOL = 1
-REQUEST = "request.json"
-RESULT = "result.json"
-PROGRESS = "progress"
 LOG = "worker.log"
 MAX_RESULT_BYTES = 64 << 20
 INSTALL = "apt-get install -y bubblewrap"
@@ -55,8 +55,6 @@ class SandboxLimits:
         --max-bytes or AOTPIPE_MAX_BYTES): 1 GiB for the interpreter plus three times it
         (inputs, intermediates, outputs and the references they are compared with)."""
         if max_bytes is None:
-            from aotpipe.format.limits import current
-
             max_bytes = current().max_bytes
         data = WORKER_BASE_BYTES + 3 * max_bytes
         return cls(memory_bytes=data, address_space_bytes=data + ADDRESS_SPACE_SLACK, **kw)
@@ -139,7 +137,17 @@ def _clean(value: Any, depth: int = 0) -> Any:
     return value
 
 
-def _read_result(scratch: Path) -> Optional[dict[str, Any]]:
+@functools.lru_cache(maxsize=1)
+def _result_adapter() -> Any:
+    """The validator of the worker's answer (pydantic reads the protocol's dataclasses)."""
+    # pydantic: not at import, which the sandbox worker pays before its first progress mark
+    import pydantic
+
+    return pydantic.TypeAdapter(SandboxResult)
+
+
+def _read_result(scratch: Path) -> Optional[SandboxResult]:
+    """The worker's answer, or None where there is none that fits the protocol."""
     path = scratch / RESULT
     try:
         with open(path, "rb") as f:
@@ -152,18 +160,14 @@ def _read_result(scratch: Path) -> Optional[dict[str, Any]]:
         result = json.loads(data)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(result, dict) or result.get("protocol") != PROTOCOL:
-        return None
     try:
-        return _clean(result)
-    except (ValueError, RecursionError):
+        return _result_adapter().validate_python(_clean(result))
+    except (ValueError, RecursionError):  # pydantic's ValidationError is a ValueError
         return None
 
 
 def read_progress(scratch: Path) -> str:
     """What the worker said it was doing last ("in node X of graph K", "while ..."), or ""."""
-    from aotpipe.sandbox.progress import read
-
     return one_line(read(scratch / PROGRESS), limit=300)
 
 
@@ -197,15 +201,13 @@ def run_task(task: str, args: dict[str, Any], *, limits: Optional[SandboxLimits]
     canaries saw, or a limit overrun as SandboxError (one line, exit 1); SandboxUnavailable
     (exit 2) when the sandbox cannot start here.
     """
-    from aotpipe.format.limits import current
-
     bwrap = find_bwrap()
     limits = limits or SandboxLimits.for_bytes()
     with tempfile.TemporaryDirectory(prefix="aotpipe-sandbox-") as tmp:
         scratch = Path(tmp).resolve()
-        request = {"protocol": PROTOCOL, "task": task, "args": args, "limits": dataclasses.asdict(limits),
-                   "byte_limits": dataclasses.asdict(current())}
-        (scratch / REQUEST).write_text(json.dumps(request))
+        request = SandboxRequest(protocol=PROTOCOL, task=task, args=args, limits=dataclasses.asdict(limits),
+                                 byte_limits=dataclasses.asdict(current()))
+        (scratch / REQUEST).write_text(json.dumps(dataclasses.asdict(request)))
         argv = sandbox_argv(bwrap, scratch, read_paths) + [
             sys.executable, "-m", "aotpipe.sandbox.worker", str(scratch)]
         timed_out = False
@@ -229,10 +231,10 @@ def _verdict(scratch: Path, rc: int, timed_out: bool, limits: SandboxLimits) -> 
     result = _read_result(scratch)
     doing = read_progress(scratch)
     where = doing or "before it started anything"
-    if result is not None and isinstance(result.get("during"), str):
-        where = one_line(result["during"], limit=300) or where
-    if result is not None and result.get("canaries") not in (None, "intact"):
-        raise SandboxError(f"the graph corrupted memory outside its tensors ({result['canaries']}; "
+    if result is not None and result.during is not None:
+        where = one_line(result.during, limit=300) or where
+    if result is not None and result.canaries not in (None, "intact"):
+        raise SandboxError(f"the graph corrupted memory outside its tensors ({result.canaries}; "
                            f"the worker was last {where})", "corrupted")
     if result is None:
         if timed_out:
@@ -250,13 +252,12 @@ def _verdict(scratch: Path, rc: int, timed_out: bool, limits: SandboxLimits) -> 
             raise SandboxUnavailable(f"the sandbox did not start ({why}); {TRUSTED_ALTERNATIVE}")
         raise SandboxError(f"the sandboxed worker stopped without a result (exit {rc}) {where}: "
                            f"{_last_log_line(scratch)}".rstrip(": "))
-    status = result.get("status")
+    status = result.status
     if status == "ok":
-        return result.get("value")
+        return result.value
     if status == "user_error":
-        lines = [ln for ln in result.get("lines", []) if isinstance(ln, str)] or ["(no message)"]
-        raise AotpipeError("; ".join(lines))
+        raise AotpipeError("; ".join(result.lines or ["(no message)"]))
     if status == "memory":
         raise SandboxError(f"the graph ran out of the sandbox's memory ({limits.memory_bytes / 1e9:.2g} GB "
                            f"of data; --max-bytes raises it) {where}", "memory")
-    raise SandboxError(f"the sandboxed worker failed {where}: {result.get('line', status)}")
+    raise SandboxError(f"the sandboxed worker failed {where}: {result.line or status}")

@@ -79,7 +79,7 @@ def instrument(gm: Any, graph: str, progress: Progress) -> Any:
     """`gm` (a torch.fx.GraphModule), changed in place so that each node that calls
     something first records "in node NAME (TARGET) of graph `graph`"; returns it. Other
     modules (an imported module.py) are left alone: the progress then names only the graph."""
-    import torch.fx
+    import torch.fx  # torch: kept off the torch-free path (the caller reads progress without torch)
 
     if not isinstance(gm, torch.fx.GraphModule) or gm.__dict__.get("_aotpipe_instrumented"):
         return gm

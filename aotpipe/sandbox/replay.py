@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from aotpipe.errors import AotpipeError
+from aotpipe.format.records import RawJson
+from aotpipe.sandbox.launch import run_task
+from aotpipe.errors import SandboxError
 
 if TYPE_CHECKING:
     from aotpipe.replay.run import ChainReplay, GraphReplay
@@ -52,7 +55,7 @@ class ReplayOutcome:
         return out
 
     @classmethod
-    def from_json(cls, data: Any, *, sandboxed: bool) -> "ReplayOutcome":
+    def from_json(cls, data: RawJson, *, sandboxed: bool) -> "ReplayOutcome":
         """Rebuilt from :meth:`to_json`'s data, validated (it comes from the worker)."""
         import pydantic
 
@@ -68,7 +71,6 @@ class ReplayOutcome:
             return cls(str(data.get("artifact", "")), graphs, chain,
                        str(no_eager) if no_eager is not None else None, sandboxed)
         except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
-            from aotpipe.errors import SandboxError
 
             first = " ".join(str(e).split())[:200]
             raise SandboxError(f"the sandboxed worker sent back a malformed result ({first})", "malformed") from None
@@ -131,8 +133,6 @@ def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: st
     """:func:`replay_outcome` in a sandboxed worker: the way to replay an artefact you do
     not trust. Needs bubblewrap (bwrap); a crash, a memory corruption or a limit overrun
     in the worker is a one-line SandboxError, and this process is untouched."""
-    from aotpipe.sandbox.launch import run_task
-
     if device is not None and device.split(":")[0] not in ("cpu", "meta"):
         raise AotpipeError(f"--device {device}: the sandbox runs graphs on the CPU only; for an artefact you "
                            "trust, sign it and pass --key KEY, or pass --no-sandbox")

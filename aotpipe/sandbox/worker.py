@@ -8,6 +8,7 @@ may have damaged). Nothing here is trusted to the caller: it reads result.json a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -16,8 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from aotpipe.sandbox.launch import PROGRESS, PROTOCOL, REQUEST, RESULT
 from aotpipe.sandbox.progress import Progress
+from aotpipe.sandbox.protocol import PROGRESS, PROTOCOL, REQUEST, RESULT, SandboxRequest, SandboxResult
+from aotpipe.errors import AotpipeError, exception_line
+from aotpipe.format.limits import Limits, override
+from aotpipe.sandbox.canary import Canaries
+from aotpipe.sandbox.progress import instrument
 
 # The tasks a caller may name; a caller may also name "module:function" (tests, bench).
 TASKS = {"replay": "aotpipe.sandbox.replay:replay_task"}
@@ -47,8 +52,6 @@ class Worker:
     """What a task gets besides its arguments: progress marks, canaries, graph instrumentation."""
 
     def __init__(self, progress: Progress):
-        from aotpipe.sandbox.canary import Canaries
-
         self.progress = progress
         self.canaries = Canaries()
 
@@ -58,9 +61,7 @@ class Worker:
     def watch(self, art: Any) -> Any:
         """Every graph of a loaded Artifact instrumented (on build, for deferred ones), with
         canaries allocated beside each as it is built; returns `art`."""
-        from aotpipe.sandbox.progress import instrument
-
-        import torch
+        import torch  # torch: after the worker's rlimits are set
 
         for key, ga in art.graphs.items():
             built = ga.built
@@ -84,9 +85,9 @@ def _resolve(task: str) -> Callable[[dict[str, Any], Worker], Any]:
     return getattr(importlib.import_module(module), name)
 
 
-def _write_result(scratch: Path, result: dict[str, Any]) -> None:
+def _write_result(scratch: Path, result: SandboxResult) -> None:
     tmp = scratch / (RESULT + ".tmp")
-    tmp.write_text(json.dumps({"protocol": PROTOCOL, **result}, allow_nan=True))
+    tmp.write_text(json.dumps(dataclasses.asdict(result), allow_nan=True))
     os.replace(tmp, scratch / RESULT)
 
 
@@ -94,31 +95,28 @@ def main(scratch: Path) -> None:
     # Python's own messages (warnings) to a file of their own: what stays on fd 2 is the C
     # library's and the kernels' ("free(): invalid pointer"), which a crash line quotes.
     sys.stderr = open(scratch / "python.log", "w", buffering=1)
-    request = json.loads((scratch / REQUEST).read_text())
-    set_limits(request["limits"])
+    request = SandboxRequest(**json.loads((scratch / REQUEST).read_text()))  # the caller's, trusted
+    set_limits(request.limits)
     progress = Progress(scratch / PROGRESS)
     progress.mark("while starting the worker")
-
-    from aotpipe.format.limits import Limits, override
-    from aotpipe.errors import AotpipeError, exception_line
 
     worker = Worker(progress)
     worker.canaries.add("before any graph was built")
     known = set(Limits.__dataclass_fields__)
-    byte_limits = {k: v for k, v in request.get("byte_limits", {}).items() if k in known}
+    byte_limits = {k: v for k, v in request.byte_limits.items() if k in known}
     try:
         with override(**byte_limits):
-            value = _resolve(request["task"])(request["args"], worker)
-        result: dict[str, Any] = {"status": "ok", "value": value}
+            value = _resolve(request.task)(request.args, worker)
+        result = SandboxResult(protocol=PROTOCOL, status="ok", value=value)
     except AotpipeError as e:
-        result = {"status": "user_error", "lines": e.lines(), "exit_code": e.exit_code}
+        result = SandboxResult(protocol=PROTOCOL, status="user_error", lines=e.lines(), exit_code=e.exit_code)
     except MemoryError:
-        result = {"status": "memory"}
+        result = SandboxResult(protocol=PROTOCOL, status="memory")
     except Exception as e:
-        result = {"status": "error", "line": exception_line(e)}
-    result["during"] = progress.text()  # where the task was when it ended
+        result = SandboxResult(protocol=PROTOCOL, status="error", line=exception_line(e))
+    result.during = progress.text()  # where the task was when it ended
     progress.mark("while checking the canary tensors after the run")
-    result["canaries"] = worker.canaries.check()
+    result.canaries = worker.canaries.check()
     progress.mark("while writing the result")
     _write_result(scratch, result)
 

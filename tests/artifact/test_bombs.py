@@ -222,12 +222,12 @@ def test_ls_sums_sizes_from_one_walk(quickstart_run, tmp_path):
     shutil.copytree(root / "mlp", tmp_path / "a" / "mlp" / "nested" / "mlp")  # an artefact inside another
     (tmp_path / "a" / ".tmp-x-1").mkdir()
     shutil.copytree(root / "mlp", tmp_path / "a" / ".tmp-x-1" / "mlp")  # a run in progress: not listed
-    rows = {r["path"]: r for r in list_artifacts(tmp_path / "a")}
+    rows = {r.path: r for r in list_artifacts(tmp_path / "a")}
     assert sorted(rows) == ["mlp", "mlp/nested/mlp"]
     one = sum(p.stat().st_size for p in (root / "mlp").rglob("*") if p.is_file())
     from aotpipe.report import human_size
 
-    assert rows["mlp/nested/mlp"]["size"] == human_size(one) and rows["mlp"]["size"] == human_size(2 * one)
+    assert rows["mlp/nested/mlp"].size == human_size(one) and rows["mlp"].size == human_size(2 * one)
 
 
 # --- rebuilding the model a manifest names -----------------------------------------------------

@@ -76,7 +76,7 @@ def _relu_to_neg(folder, *, module_py=True, rerecord=True):
             if r["blob"] is not None:
                 r["blob"] = BlobStore(folder).put(out)
             if r.get("digest") is not None:  # format 2 records digests
-                r["digest"], r["summary"] = accuracy.digest(out), accuracy.sampled_summary(out)
+                r["digest"], r["summary"] = accuracy.digest(out), accuracy.sampled_summary(out).model_dump()
         (g / "inputs.json").write_text(json.dumps(rec))
     _reseal(folder)
 

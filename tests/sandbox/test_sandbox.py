@@ -317,3 +317,19 @@ def test_cache_folders_named_by_the_callers_environment_move_into_the_scratch_fo
     r = CliRunner().invoke(main, ["replay", str(root / "mlp"), "--graph", "inference"])
     assert r.exit_code == 0 and "Read-only file system" not in r.output, r.output
     assert r.output.split()[:2] == ["inference", "match"], r.output
+
+
+def test_an_answer_the_protocol_does_not_describe_is_no_answer(tmp_path):
+    """result.json is read as a SandboxResult (sandbox/protocol.py): a key it does not name, a
+    field of the wrong type or a status it does not know make it no result at all."""
+    from aotpipe.sandbox.launch import _verdict
+
+    limits = SandboxLimits.for_bytes(1 << 30)
+    good = {"protocol": 1, "status": "ok", "value": {"graphs": [1]}, "canaries": "intact"}
+    assert _verdict(_scratch(tmp_path / "good", good), 0, False, limits) == {"graphs": [1]}
+    for i, bad in enumerate([{**good, "shell": "echo planted"}, {**good, "during": ["in node x"]},
+                             {**good, "status": "done"}, {**good, "lines": [1, 2]}]):
+        with pytest.raises(SandboxError) as e:
+            _verdict(_scratch(tmp_path / str(i), bad, "while loading the artefact"), 0, False, limits)
+        assert str(e.value) == ("the sandboxed worker stopped without a result (exit 0) while loading the "
+                                "artefact"), bad
