@@ -29,7 +29,7 @@ def _md_row(cells: list[str]) -> str:
 
 
 def markdown(bench, roots: list[str], argv: list[str], load: tuple[float, float, float], threads: int,
-             clock: str) -> str:
+             clock: str, cache: str = "cold") -> str:
     import torch
 
     from aotpipe.bench.output import row
@@ -40,6 +40,9 @@ def markdown(bench, roots: list[str], argv: list[str], load: tuple[float, float,
              f"- torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} CPU cores, "
              f"{threads} intra-op thread(s) in the bench's worker; timed by "
              + ("the worker's CPU time (--clock cpu)" if clock == "cpu" else "wall time"),
+             f"- inductor's on-disk caches: {cache}"
+             + (" (a fresh TORCHINDUCTOR_CACHE_DIR: compile seconds are a first compile's)" if cache == "cold"
+                else " (--warm-cache: compile seconds may be cache hits)"),
              f"- load average when it started: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min): "
              "timings on a shared machine are noisy; ratios were measured side by side, interleaved",
              f"- wall time {bench.wall_s:.0f} s for {len(bench.results)} graphs; "
@@ -86,7 +89,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--out", type=Path, default=None,
                     help="the markdown file (default docs/benchmarks/bench-BACKEND.md)")
+    ap.add_argument("--warm-cache", action="store_true",
+                    help="keep inductor's on-disk caches (default: a fresh cache folder, so compile times are cold)")
     args = ap.parse_args(argv[1:])
+    if not args.warm_cache:
+        # A first compile's time, not a cache hit from an earlier run: the workers inherit this.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="aotpipe-bench-inductor-cache-")
     from aotpipe.bench.output import table, write_csv
     from aotpipe.bench.run import bench, parse_kinds
 
@@ -115,7 +123,7 @@ def main(argv: list[str]) -> int:
     out = args.out or DOCS / f"bench-{args.backend.replace(':', '-')}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     names = [r.name for r in roots] if args.roots else ["quickstart", "zoo-hf"]
-    out.write_text(markdown(b, names, argv, load, args.threads, args.clock))
+    out.write_text(markdown(b, names, argv, load, args.threads, args.clock, "warm" if args.warm_cache else "cold"))
     write_csv(out.with_suffix(".csv"), b)
     print(f"wrote {out} and {out.with_suffix('.csv')}", file=sys.stderr)
     return 0
