@@ -574,6 +574,8 @@ def _hostile_nodes(draw) -> tuple[str, list[dict]]:
     if kind == "bincount":
         return kind, [_full("ints", [4], index, I64), _node("bad", "aten.bincount.default", [_ref("ints"), None, 0])]
     if kind in ("index_select", "gather", "take"):
+        if kind == "take" and index == -1:
+            index = -33  # take wraps negative indices (-1 is src's last element): one before the start
         args = {"index_select": [_ref("src"), 0, _ref("idx")], "gather": [_ref("src"), 0, _ref("idx2")],
                 "take": [_ref("src"), _ref("idx")]}[kind]
         return kind, [_full("src", [4, 8]), _full("idx", [4], index, I64), _full("idx2", [4, 8], index, I64),

@@ -131,11 +131,12 @@ def test_a_worker_loads_an_artefact_once_and_runs_float64_only_for_outputs_the_f
 
 @pytest.mark.slow
 def test_locate_widens_the_graph_once_for_all_its_prefixes(quickstart_run, monkeypatch, tmp_path):
+    import aotpipe.bench.locate as locate_mod
     from aotpipe.bench.locate import LocateTask, locate_graph
 
     root, _ = quickstart_run
     art = root / "mlp"
-    widened = _count(monkeypatch, bench_graph_mod, "to_float64")
+    widened = _count(monkeypatch, locate_mod, "to_float64")  # as bench.locate calls it
     loc = locate_graph(LocateTask(str(art), "mlp", "forward", f"{PLANTED}:first_add_off", "saved", 0, str(tmp_path)))
     graph = json.loads(next(art.glob("mlp_forward_0/graph.json")).read_text())
     first_add = next(n["name"] for n in graph["nodes"] if n.get("target") == "aten.add.Tensor")
