@@ -17,8 +17,7 @@ from aotpipe.format.records import VerificationEntry
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
 from aotpipe.capture.meta import fake_like
 from aotpipe.format.ir import TensorMeta
-from aotpipe.checks.written import CheckedGraph, ModelChecks, graph_structure
-from aotpipe.errors import exception_line
+from aotpipe.checks.written import CheckedGraph, ModelChecks, graph_did_not_run, graph_structure
 from aotpipe.replay.run import expand_outputs
 
 
@@ -53,10 +52,7 @@ def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = 
             with mode, torch.no_grad():
                 outs = expand_outputs(ga.record, list(fn(*inputs)))
         except Exception as e:
-            msg = exception_line(e)
-            result.problems.append(f"{key} graph: the written graph does not run on fake inputs: {msg}")
-            result.outcome.graphs[key] = GraphOutcome([OutputReference() for _ in ga.record.outputs],
-                                                      verification=VerificationEntry(status="error", error=msg))
+            graph_did_not_run(result, key, ga, "the written graph does not run on fake inputs", e)
             continue
         gc = CheckedGraph(skipped=["mode meta: no values to compare"] * len(ga.record.outputs))
         layouts = []

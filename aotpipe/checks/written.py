@@ -255,6 +255,15 @@ def _output_keys(record: InputsRecord) -> list[tuple[str, Any]]:
     return keys
 
 
+def graph_did_not_run(result: "ModelChecks", key: str, ga: Any, what: str, e: BaseException) -> None:
+    """Record that graph `key` could not be run back (`what`: how it was run): a problem line
+    and an error verification with no output references."""
+    msg = exception_line(e)
+    result.problems.append(f"{key} graph: {what}: {msg}")
+    result.outcome.graphs[key] = GraphOutcome([OutputReference() for _ in ga.record.outputs],
+                                              verification=VerificationEntry(status="error", error=msg))
+
+
 def check_written(
     folder: Path,
     *,
@@ -325,10 +334,7 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
                 spread = [accuracy.max_abs_error(a, b) if isinstance(a, torch.Tensor) else None
                           for a, b in zip(outs, again)]
         except Exception as e:
-            msg = exception_line(e)
-            result.problems.append(f"{key} graph: the written graph does not run: {msg}")
-            result.outcome.graphs[key] = GraphOutcome([OutputReference() for _ in ga.record.outputs],
-                                                      verification=VerificationEntry(status="error", error=msg))
+            graph_did_not_run(result, key, ga, "the written graph does not run", e)
             continue
         outs_by_key[key] = outs
         checker = checkers.setdefault(sub, _Checker(per_subgraph.get(sub), verify, has_loss))

@@ -266,3 +266,21 @@ def test_checks_are_counted_by_how_they_were_settled(tmp_path):
     run = json.loads((tmp_path / "out" / "t" / "run.json").read_text())
     assert run["summary"]["checks"] == {k: totals[k] for k in ("run", "skipped", "exact", "floor", "fp64",
                                                                "within_noise")}
+
+
+def test_a_written_graph_that_does_not_run_fails_its_model_naming_the_graph(tmp_path, monkeypatch):
+    import aotpipe.checks.written as written
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("planted: the kernel refused")
+
+    monkeypatch.setattr(written, "run_with_summaries", refuse)
+    p = _pipeline(tmp_path, """
+        - {name: m, source: aotpipe.zoo:mlp, args: {in_features: 8, hidden: 8}, inputs: [{shape: [2, 8]}],
+           graphs: [inference]}
+    """)
+    r, run = _run(tmp_path, p)
+    assert r.exit_code == 1, r.output
+    [m] = run["models"]
+    assert m["status"] == "failed"
+    assert "inference graph: the written graph does not run: RuntimeError: planted: the kernel refused" in m["error"]
