@@ -13,8 +13,10 @@ capture pipelines/real-size.yaml and pass its root with --graphs inference.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -94,7 +96,9 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv[1:])
     if not args.warm_cache:
         # A first compile's time, not a cache hit from an earlier run: the workers inherit this.
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="aotpipe-bench-inductor-cache-")
+        cache = tempfile.mkdtemp(prefix="aotpipe-bench-inductor-cache-")
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     from aotpipe.bench.output import table, write_csv
     from aotpipe.bench.run import bench, parse_kinds
 
