@@ -25,3 +25,10 @@ def test_text_stacks_of_a_multimodal_config_run_without_kv_cache():
     cfg = hf_zoo.shrunk_config(transformers.Qwen2VLConfig, "qwen2_vl")
     assert cfg["text_config"]["use_cache"] is False
     assert cfg["text_config"]["num_hidden_layers"] == hf_zoo.LAYERS
+
+
+def test_an_audio_codec_is_offered_its_channels_dimension():
+    """Mimi's encoder takes [batch, audio channels, samples]; [batch, samples] fails eagerly."""
+    cfg = transformers.MimiConfig()
+    shapes = [c[0]["shape"] for c in hf_zoo.candidate_inputs(transformers.MimiModel, cfg)]
+    assert [hf_zoo.BATCH, cfg.audio_channels, hf_zoo.AUDIO_SAMPLES] in shapes, shapes

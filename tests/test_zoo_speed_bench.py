@@ -58,3 +58,36 @@ def test_saved_results_make_the_page_without_measuring(tmp_path, capsys, monkeyp
     monkeypatch.setattr(sys, "argv", ["zoo_speed_bench.py", "--results", str(saved)])
     assert bench.main() == 0
     assert "2 workers / 1 worker (measured)      x1.25" in capsys.readouterr().out
+
+
+def _zoo_run_json(folder, seconds, statuses, shards=None):
+    from aotpipe.artifact.manifest import dump_json, versions
+    from aotpipe.format.records import (ExecutorRecord, MergedShard, MergeRecord, ModelRun, RunRecord,
+                                        RunSummary)
+
+    models = [ModelRun(name=f"m{i}", status=s, total_seconds=1.0) for i, s in enumerate(statuses)]
+    ok = statuses.count("ok")
+    merge = None if shards is None else MergeRecord(
+        shards=[MergedShard(folder=f"s{i}", shard=f"{i + 1}/{len(shards)}", models=1, seconds=s)
+                for i, s in enumerate(shards)], missing=[], duplicated=[])
+    record = RunRecord(format_version=1, pipeline="hf-zoo", versions=versions(), seconds=seconds,
+                       executor=ExecutorRecord(kind="process", workers=2), ok=ok == len(statuses),
+                       summary=RunSummary(models=len(models), ok=ok, up_to_date=0, failed=len(models) - ok, graphs=0,
+                                          bytes=0), models=models, merge=merge)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run.json").write_bytes(dump_json(record.model_dump(mode="json")))
+    return folder / "run.json"
+
+
+def test_a_whole_zoo_run_is_the_measured_zoo_figure(tmp_path):
+    one = bench.zoo_run(_zoo_run_json(tmp_path / "one", 1500.0, ["ok", "ok", "failed"]))
+    text = bench.report({"zoo_run": one}, 3, None)
+    line = next(ln for ln in text.splitlines() if ln.startswith("zoo, 2 workers (MEASURED)"))
+    assert "25.0 min" in line and line.endswith("met")
+    assert "3 models, process executor, 2 ok, 1 failed; one `aotpipe run`" in text
+    # a merge of shards run one after another: their seconds add up (the merge's own is its longest)
+    merged = bench.zoo_run(_zoo_run_json(tmp_path / "merged", 700.0, ["ok", "ok"], shards=[700.0, 650.0, 500.0]))
+    text = bench.report({"zoo_run": merged}, 3, None)
+    line = next(ln for ln in text.splitlines() if ln.startswith("zoo, 2 workers (MEASURED)"))
+    assert "30.8 min" in line and "missed (gap x1.03)" in line and "(PARTIAL: 2 of 3 models)" in line
+    assert "3 shards run one after another, merged" in text

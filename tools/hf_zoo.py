@@ -523,6 +523,9 @@ def candidate_inputs(model_cls: type, cfg: Any) -> list[list[dict[str, Any]]]:
             cands.append([px, ids] + extras)
     elif main == "input_values":
         cands.append([{"name": "input_values", "shape": [BATCH, AUDIO_SAMPLES]}] + extras)
+        chans = _find(cfg, "audio_channels")
+        if isinstance(chans, int):  # audio codecs (Mimi, EnCodec, DAC): [B, channels, samples]
+            cands.append([{"name": "input_values", "shape": [BATCH, chans, AUDIO_SAMPLES]}] + extras)
         mel = _find(cfg, "num_mel_bins")
         if isinstance(mel, int):  # spectrogram transformers: [B, frames, mel]
             frames = _find(cfg, "max_length")

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _make_graph_module
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -300,7 +301,9 @@ def _graph_from_json(graph_record: records.GraphRecord, constants: dict[str, tor
         # Literal arguments of an odd graph (None[0]) make Python warn while compiling the
         # generated code; the graph fails when run, and that is reported as an error.
         warnings.simplefilter("ignore", SyntaxWarning)
-        return torch.fx.GraphModule(root, graph)
+        # Under torch's _use_lazy_graph_module(True) (the meta check) a module whose code is
+        # made when first called, if ever; else a plain one, its code made now.
+        return _make_graph_module(root, graph)
 
 
 def _constant_layout(value: torch.Tensor, shape: Any, stride: Any, where: str) -> torch.Tensor:

@@ -190,11 +190,14 @@ def set_outputs(record: fmt.InputsRecord, outputs: list["OutputReference"], blob
 
 def _strip_paths(gm: torch.fx.GraphModule) -> None:
     """Drop node metadata that holds file paths (stack traces) so artefacts carry none,
-    keeping each node's source line relative to its package (graph.json's origin)."""
+    keeping each node's source line relative to its package (graph.json's origin).
+
+    The module is not recompiled: its code's comments still name the files, but that code is
+    never written (module.py is rendered afresh from the stripped graph, graph.json holds no
+    code), and a recompile of a 23K-node joint graph takes seconds."""
     provenance.keep_source(gm)
     for node in gm.graph.nodes:
         node.meta.pop("stack_trace", None)
-    gm.recompile()
 
 
 _write = write_durable

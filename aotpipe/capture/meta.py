@@ -40,7 +40,7 @@ from aotpipe.global_state import preserved
 from aotpipe.modes import DEFAULT_LOSS, META_OPTIONS
 from aotpipe.sources import build_model
 import torch._functorch._aot_autograd.graph_compile as graph_compile
-from torch.fx._lazy_graph_module import _use_lazy_graph_module
+from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 
 MODE = "meta"
 OPTIONS = META_OPTIONS
@@ -142,10 +142,12 @@ def _flat_graph_in_place(orig: Any) -> Any:
     partitioner only reads the joint. Proposed for export.py itself (see the report)."""
 
     def flat(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-        if type(gm) is not torch.fx.GraphModule:  # e.g. make_fx's class named after the traced function
-            gm = torch.fx.GraphModule(gm, gm.graph)  # a plain one over the same graph (module.py's class name)
+        # A lazy one over the same graph (make_fx's class is named after the traced function;
+        # module.py's is GraphModule): mode meta never runs its captured graphs, so their
+        # Python code (seconds for a 70B-size joint graph) is made only if something asks.
+        gm = _LazyGraphModule(gm, gm.graph)
         gm.graph.set_codegen(torch.fx.graph.CodeGen())
-        gm.recompile()
+        gm.recompile()  # lazy: marks the code stale
         return gm
 
     return flat

@@ -171,6 +171,70 @@ def test_metadata_only_artefact_checks_and_replays_with_random_inputs(tmp_path):
     assert [r.status for r in results] == ["ran"] * 4, [r.error or r.mismatches for r in results]
 
 
+def _tampered_meta_check(tmp_path, tamper, codes_edit=None):
+    """The meta check's problems for tiny_transformer's artefact, `tamper(folder)` applied to
+    the written folder before the check runs (the check sees files the loader accepts)."""
+    import json
+
+    from aotpipe.artifact.writer import graph_entries, write_model
+
+    spec = SPECS["tiny_transformer"]()
+    _, cap = _meta_capture(spec)
+    codes = {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(cap)}
+    if codes_edit:
+        codes_edit(codes)
+    found = []
+
+    def check(folder):
+        tamper(folder, json)
+        mc = check_meta_written(folder, codes=codes)
+        found.append(mc)
+        return mc.outcome
+
+    write_model(tmp_path, cap, model_record=spec.to_json(), fingerprint="0" * 64, inputs=None, check=check)
+    return found[0].problems
+
+
+def _edit_inputs_json(kind, edit):
+    def tamper(folder, json):
+        path = next(folder.glob(f"*_{kind}_0")) / "inputs.json"
+        record = json.loads(path.read_text())
+        edit(record)
+        path.write_text(json.dumps(record))
+    return tamper
+
+
+# Planted faults: each check of the meta check, broken on purpose and seen reported.
+
+
+def test_meta_check_reports_an_output_shape_that_is_not_the_recorded_one(tmp_path):
+    def edit(record):
+        record["outputs"][0]["shape"][0] += 1  # recorded one row more than the graph makes
+
+    problems = _tampered_meta_check(tmp_path, _edit_inputs_json("inference", edit))
+    assert len(problems) == 1 and problems[0].startswith("inference graph: output 0 is torch.float32[2, 12, 64]"), problems
+    assert "recorded float32[3, 12, 64]" in problems[0]
+
+
+def test_meta_check_reports_a_graph_that_does_not_run_on_its_fake_inputs(tmp_path):
+    def edit(record):
+        user = next(i for i in record["inputs"] if i["role"] == "user")
+        user["shape"][-1] += 1  # the inputs' sizes no longer fit the graph's first op
+        user["stride"] = [user["shape"][-1], 1][-len(user["shape"]):]
+        record["storages"][user["storage"]]["numel"] = user["shape"][0] * user["shape"][-1]
+
+    problems = _tampered_meta_check(tmp_path, _edit_inputs_json("inference", edit))
+    assert len(problems) == 1 and problems[0].startswith("inference graph: the written graph does not run on fake inputs"), problems
+
+
+def test_meta_check_reports_a_graph_json_that_is_not_the_captured_graph(tmp_path):
+    def edit(codes):
+        codes["joint"][-2] = codes["joint"][-2] + " "  # the captured graph, one node changed
+
+    problems = _tampered_meta_check(tmp_path, lambda folder, json: None, edit)
+    assert problems == ["joint graph: graph.json does not rebuild the captured graph exactly"], problems
+
+
 # ---------------------------------------------------------------------------------------
 # what a meta capture cannot do
 
