@@ -242,3 +242,62 @@ def test_the_mimi_encoder_captures_in_export_mode_with_every_check_passing(tmp_p
     assert [g.kind for g in m.graphs] == ["inference", "forward", "backward", "joint"]
     assert any(n.startswith("data-dependent sizes computed from the model's own integer buffers (downsample.kernel_size")
                and n.endswith("after a guard on them stopped torch.export") for n in m.notes), m.notes
+
+
+# (e) A layer drop: in training, wav2vec2, HuBERT, WavLM, SEW and their kind skip a layer when
+# `torch.rand([]) < layerdrop`. torch.export stops on that guard; deciding it on the example's
+# draw would capture one draw's branch as if it were the model, and dynamo's subgraphs run in
+# sequence do not reproduce it either. The failure says so and what to change, not "use
+# torch.cond".
+
+
+class LayerDrop(torch.nn.Module):
+    def __init__(self, layerdrop: float = 0.5):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+        self.layerdrop = layerdrop
+
+    def forward(self, x):
+        x = self.a(x)
+        skip = self.training and torch.rand([]) < self.layerdrop
+        if not skip:
+            x = self.b(x).relu()
+        return x
+
+
+def layer_drop(layerdrop: float = 0.5):
+    return LayerDrop(layerdrop)
+
+
+def test_a_branch_on_a_random_draw_fails_naming_the_layer_drop_and_the_setting(tmp_path):
+    models, _ = _run(tmp_path, "  - {name: drop, source: 'tests.test_failure_classes:layer_drop', "
+                               "inputs: [{shape: [4, 8]}]}\n")
+    m = models["drop"]
+    assert m.status == "failed" and m.stage == "capture", (m.status, m.error)
+    assert "torch.export (training) failed: RandomBranch: the model branches on a random number it draws: Could " \
+           "not guard on data-dependent expression" in m.error, m.error
+    assert m.error.endswith("turn the random skip off in its config (layerdrop: 0.0, or the model's own name for "
+                            "it), or capture graphs: [inference] only (eval mode draws nothing)"), m.error
+    assert "torch.cond" not in m.error
+    # mode auto falls back to dynamo, whose subgraphs, run in sequence on the same seed, draw the
+    # same number and take the same branch here (transformers' layer drops also draw dropout
+    # masks between, and fail that check with this hint)
+    models, _ = _run(tmp_path / "auto", "  - {name: drop, source: 'tests.test_failure_classes:layer_drop', "
+                                        "inputs: [{shape: [4, 8]}]}\n", mode="auto")
+    assert models["drop"].status == "ok", models["drop"].error
+    assert any(n.startswith("mode auto") or "dynamo" in n for n in models["drop"].notes), models["drop"].notes
+
+
+def test_the_layer_drop_model_captures_with_its_drop_off_or_for_inference_only(tmp_path):
+    models, _ = _run(tmp_path, "  - {name: drop_off, source: 'tests.test_failure_classes:layer_drop', args: {layerdrop: 0.0}, "
+                               "inputs: [{shape: [4, 8]}]}\n"
+                               "  - {name: inference_only, source: 'tests.test_failure_classes:layer_drop', graphs: [inference], "
+                               "inputs: [{shape: [4, 8]}]}\n", mode="auto")
+    assert {n: (m.status, m.error) for n, m in models.items()} == {"drop_off": ("ok", None), "inference_only": ("ok", None)}
+
+
+def test_hints_and_export_name_a_random_branch_the_same_way():
+    from aotpipe.capture import export, hints
+
+    assert hints._RANDOM_BRANCH == export.RANDOM_BRANCH

@@ -62,6 +62,18 @@ EXTRAS = {
                                     "or a stride other than 1)",
     # stochastic depth / drop path (MobileViT) draws with Tensor.bernoulli_(p)
     "aten.bernoulli.p": "a Bernoulli draw of probability p (its kernel refuses p outside [0, 1])",
+    # found by the whole hf-zoo run (each refused at verify before it was reviewed)
+    "aten.max.default": "the largest element (a full reduction: reads no size or index; refuses an empty input)",
+    "aten.min.default": "as max.default",
+    "aten.lift_fresh_copy.default": "a copy of a constant tensor export lifted (reads no size or index)",
+    "aten.rand_like.default": "uniform draws shaped like a tensor (no size of its own)",
+    "aten.randn.generator": "randn with its generator argument (graph.json stores none: the seeded default); "
+                            "its literal size is bounded like randn's",
+    "aten.grid_sampler_2d_backward.default": "gradient of grid_sample (Mask2Former); runs in a checked form "
+                                             "(its modes, checked.py), its kernel checks the shapes",
+    "aten.masked_scatter_backward.default": "gradient of masked_scatter: masked_select, zero-padded to a literal "
+                                            "size (bounded by the precheck) and viewed; the view refuses a size "
+                                            "smaller than the selection",
 }
 
 

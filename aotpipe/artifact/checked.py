@@ -398,6 +398,16 @@ def _fft(a: dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _grid_sampler(a: dict[str, Any]) -> Optional[str]:
+    """grid_sampler_2d and its backward: the CPU kernels switch on `interpolation_mode` and
+    `padding_mode` (ints in the graph) without checking them (7 runs as if it were a mode)."""
+    if a["interpolation_mode"] not in (0, 1, 2):
+        return f"interpolation_mode {a['interpolation_mode']!r} is not 0, 1 or 2 (bilinear, nearest, bicubic)"
+    if a["padding_mode"] not in (0, 1, 2):
+        return f"padding_mode {a['padding_mode']!r} is not 0, 1 or 2 (zeros, border, reflection)"
+    return None
+
+
 # The op -> its check. Ops whose output size a value decides are here too: the precheck
 # bounds them by the limit these checks enforce (aotpipe/artifact/precheck.py).
 CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
@@ -438,6 +448,8 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
     aten._fft_r2c.default: _fft,
     aten._fft_c2r.default: _fft,
     aten._fft_c2c.default: _fft,
+    aten.grid_sampler_2d.default: _grid_sampler,
+    aten.grid_sampler_2d_backward.default: _grid_sampler,
 }
 
 # Ops whose output size comes from values, bounded at run time by their check above to

@@ -276,6 +276,14 @@ def _tied_names(model: torch.nn.Module) -> dict[str, set[str]]:
     return {n: names - {n} for names in by_id.values() for n in names if len(names) > 1}
 
 
+RANDOM_BRANCH = "the model branches on a random number it draws"  # capture/hints.py reads this
+
+
+class RandomBranch(RuntimeError):
+    """A guard on a random draw (LayerDrop): each draw takes another branch, so no one graph
+    reproduces the model."""
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
             notes: Optional[list[str]] = None) -> torch.export.ExportedProgram:
     # On failure torch.export prints the partial graph to stderr; the error is one line here.
@@ -296,6 +304,8 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
                 printed.seek(0)
                 printed.truncate()  # the failed export's partial graph: not the user's concern now
             folded = unbacked.fold_constant_sizes(ep, guards_decided=decided)
+            if folded is None and decided and unbacked.branches_on_random_draw(ep):
+                raise RandomBranch(f"{RANDOM_BRANCH}: {_first_line(refused)}") from refused
             if folded is None and decided:
                 raise refused  # a guard on the input's values (or a parameter's): not a constant size
             if folded is not None:  # sizes that only looked data-dependent: export them static

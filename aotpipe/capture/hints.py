@@ -18,6 +18,7 @@ _USER_FRAME = re.compile(r'The following call raised this error:\s*\n\s*File "([
 _DYNAMO_AT = re.compile(r"(\S+\.py):(\d+)")
 
 _DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent expression", "data dependent")
+_RANDOM_BRANCH = "the model branches on a random number it draws"  # capture/export.py's RANDOM_BRANCH
 
 
 def where_in_model(text: str) -> Optional[str]:
@@ -46,6 +47,10 @@ def capture_hint(mode: str, error: str, detail: str = "") -> str:
     at = f" at {where}" if where else ""
     text = error + "\n" + detail
     via_export = mode in CAPTURE_MODES and CAPTURE_MODES[mode].via_export
+    if _RANDOM_BRANCH in text:
+        return (f"in training the model takes a branch by a random draw{at} (a layer drop): no one graph holds "
+                "every draw's branch; turn the random skip off in its config (layerdrop: 0.0, or the model's own "
+                "name for it), or capture graphs: [inference] only (eval mode draws nothing)")
     if any(k in text for k in _DATA_DEPENDENT):
         if via_export:
             return (f"the model branches on a tensor's values{at}: use mode: auto (the default; dynamo captures "

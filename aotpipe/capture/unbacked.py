@@ -169,6 +169,17 @@ def fold_constant_sizes(ep: "torch.export.ExportedProgram", *, guards_decided: b
     return module, sources
 
 
+def branches_on_random_draw(ep: "torch.export.ExportedProgram") -> bool:
+    """Whether a guard torch's real-tensor propagation decided (an ``_assert_scalar`` left in
+    the graph) reads a random draw: the model picks a branch by a number it draws (LayerDrop
+    skips a layer when ``torch.rand([]) < layerdrop``), which no one graph can hold."""
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_scalar.default:
+            if any(a.op == "call_function" and op_draws_random(a.target) for a in _ancestors(node)):
+                return True
+    return False
+
+
 def _ancestors(node: torch.fx.Node) -> set[torch.fx.Node]:
     seen: set[torch.fx.Node] = set()
     todo = list(node.all_input_nodes)

@@ -147,6 +147,13 @@ HOSTILE = {
         aten._fft_r2c.default, (_r(4, 8), [1, 1], 0, True), "dim [1, 1] names a dimension twice"),
     "complex FFT, unknown normalization": (
         aten._fft_c2c.default, (_r(4, 8).to(torch.cfloat), [1], 7, True), "normalization 7 is not 0, 1 or 2"),
+    # the grid sampler's CPU kernels take any int as a mode
+    "grid sampler, unknown interpolation": (
+        aten.grid_sampler_2d.default, (_r(1, 1, 4, 4), _r(1, 4, 4, 2), 7, 0, False),
+        "interpolation_mode 7 is not 0, 1 or 2"),
+    "grid sampler backward, unknown padding": (
+        aten.grid_sampler_2d_backward.default, (_r(1, 1, 4, 4), _r(1, 1, 4, 4), _r(1, 4, 4, 2), 0, -1, False,
+                                                [True, True]), "padding_mode -1 is not 0, 1 or 2"),
     "inverse real FFT, huge last size": (
         aten._fft_c2r.default, (_r(4, 5).to(torch.cfloat), [1], 0, 10**12), "last_dim_size makes 4,000,000,000,000"),
 }
@@ -199,6 +206,9 @@ GOOD = {
     aten._fft_c2c.default: lambda: (_r(3, 4, 8).to(torch.cfloat), [1, 2], 2, False),
     aten._fft_r2c.default: lambda: (_r(4, 8), [1], 1, True),
     aten._fft_c2r.default: lambda: (_r(4, 5).to(torch.cfloat), [1], 2, 8),
+    aten.grid_sampler_2d.default: lambda: (_r(1, 2, 4, 4), _r(1, 3, 3, 2), 2, 2, True),
+    aten.grid_sampler_2d_backward.default: lambda: (_r(1, 2, 3, 3), _r(1, 2, 4, 4), _r(1, 3, 3, 2), 0, 1, False,
+                                                    [True, True]),
 }
 
 
