@@ -13,7 +13,8 @@ imports are not charged to the first), in this process:
 
 Parts (CPU seconds; nested parts are inside their parents, so the shares do not add up to
 100%): the two torch.export traces, the inference decomposition, AOTAutograd's joint and
-partition, the fake-tensor precheck of each written graph before it runs, rebuilding graphs
+partition, the eager model's runs (float32, float64 and nudged noise samples), the written
+graphs' runs and, inside them, the fake-tensor precheck of each before it runs, rebuilding graphs
 from graph.json, rendering and compiling graphs' Python code (anywhere, torch's own included),
 module.py's text. With ``--meta-layers N``: the same for mode meta's Llama-3-70B-size config
 at N layers (benchmarks/meta_bench.py's model) instead of the pipeline's models.
@@ -66,6 +67,8 @@ PARTS = [  # (module, attribute, label), in the order the table lists them
     ("aotpipe.capture.export", "_export", "torch.export, eval and train"),
     ("aotpipe.capture.export", "_inference_graph", "inference graph (run_decompositions)"),
     ("aotpipe.capture.export", "_training_graphs", "training graphs (AOTAutograd joint, partition)"),
+    ("aotpipe.eager.EagerReference", "_run", "checks: eager model runs (float32, float64, nudged)"),
+    ("aotpipe.checks.written", "run_with_summaries", "checks: written graphs run (per-node summaries)"),
     ("aotpipe.artifact.precheck", "check_graph", "checks: fake-tensor precheck of written graphs"),
     ("aotpipe.artifact.graph_json", "_graph_from_json", "checks: graphs rebuilt from graph.json"),
     ("aotpipe.artifact.codegen", "module_source", "writer: module.py text"),
@@ -79,11 +82,11 @@ def _install() -> None:
     import importlib
 
     for module, attr, label in PARTS:
-        if module.endswith(".Graph") or module.endswith(".GraphModule"):
+        try:
+            owner = importlib.import_module(module)
+        except ModuleNotFoundError:  # a class: module.Class
             mod_name, cls = module.rsplit(".", 1)
             owner = getattr(importlib.import_module(mod_name), cls)
-        else:
-            owner = importlib.import_module(module)
         _timed(owner, attr, label)
 
 
