@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 import torch.utils._pytree as pytree
+import torch.utils._python_dispatch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.determinism import RunLog, run_reproducibly
@@ -141,6 +142,61 @@ def traced_branches(notes: list[str]) -> Any:
         masking._ignore_causal_mask_sdpa = original
 
 
+_IN_PLACE_DRAWS = frozenset(getattr(torch.ops.aten, n).default if hasattr(getattr(torch.ops.aten, n), "default")
+                             else getattr(torch.ops.aten, n).float
+                             for n in ("uniform_", "normal_", "exponential_", "cauchy_", "log_normal_", "geometric_"))
+
+
+class Float32Draws(torch.utils._python_dispatch.TorchDispatchMode):
+    """While active (the float64 reference run): random numbers are drawn in float32 and cast
+    up, so that the float64 model draws exactly the numbers the float32 run draws.
+
+    A float64 draw is another number (53 random bits, not 24) and may take the generator
+    another number of steps: a model that draws its own noise (GroupViT's gumbel noise in its
+    logits' dtype, Uniform/Normal distributions, dropout masks) would otherwise compute
+    another function in float64, and the float64 rule would compare different functions.
+    Covered: factory draws given a float64 dtype (rand, randn, normal, ...), *_like draws of
+    a float64 tensor, in-place draws into one (uniform_, normal_, bernoulli_, ...),
+    native_dropout (its mask drawn as the float32 run draws it, the product kept in float64),
+    and other functional draws from float64 parameters (bernoulli(p), normal(mean, std)),
+    whose parameters are rounded to float32 as the float32 run has them.
+    """
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+            return func(*args, **kwargs)
+        if func is torch.ops.aten.native_dropout.default and args[0].dtype == torch.float64:
+            x, p, train = args[0], args[1], args[2] if len(args) > 2 else kwargs.get("train")
+            if not train:
+                return func(*args, **kwargs)
+            keep = torch.empty_like(x, dtype=torch.float32).bernoulli_(1 - p)
+            scale = 1.0 / (1 - p) if p < 1 else 0.0
+            return x * keep.to(torch.float64) * scale, keep.bool()
+        first = args[0] if args else None
+        name = func._schema.name.split("::")[-1]  # rand_like, bernoulli_, ...
+        if isinstance(first, torch.Tensor) and first.dtype == torch.float64 and func._schema.is_mutable:
+            if func in _IN_PLACE_DRAWS or name == "bernoulli_":
+                tmp = torch.empty_like(first, dtype=torch.float32)
+                func(tmp, *args[1:], **kwargs)
+                first.copy_(tmp)
+                return first
+            return func(*args, **kwargs)
+        if kwargs.get("dtype") == torch.float64:  # rand(size, dtype=float64), normal(..., dtype=...)
+            return func(*args, **{**kwargs, "dtype": torch.float32}).to(torch.float64)
+        if name.endswith("_like") and isinstance(first, torch.Tensor) and first.dtype == torch.float64 \
+                and kwargs.get("dtype") is None:
+            return func(torch.empty_like(first, dtype=torch.float32), *args[1:], **kwargs).to(torch.float64)
+        if not func._schema.is_mutable and any(isinstance(t, torch.Tensor) and t.dtype == torch.float64
+                                               for t in pytree.tree_leaves((args, kwargs))):
+            # bernoulli(p), normal(mean, std), poisson(rates), ...: parameters as the float32 run has them
+            a, k = pytree.tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == torch.float64
+                                   else t, (args, kwargs))
+            return pytree.tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.dtype == torch.float32
+                                   else t, func(*a, **k))
+        return func(*args, **kwargs)
+
+
 class EagerReference:
     """Eager runs of one model on its example inputs, made once each and only when asked for."""
 
@@ -202,6 +258,8 @@ class EagerReference:
                         dst.data.copy_(src)
             with contextlib.ExitStack() as stack:
                 stack.enter_context(traced_branches(self.notes))
+                if fp64:
+                    stack.enter_context(Float32Draws())
                 if training:
                     stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
                     model.zero_grad(set_to_none=True)
