@@ -170,7 +170,8 @@ class Float32Draws(torch.utils._python_dispatch.TorchDispatchMode):
             x, p, train = args[0], args[1], args[2] if len(args) > 2 else kwargs.get("train")
             if not train:
                 return func(*args, **kwargs)
-            keep = torch.empty_like(x, dtype=torch.float32).bernoulli_(1 - p)
+            # contiguous, as the CPU kernel makes its mask: the draws fill it in memory order
+            keep = torch.empty(x.shape, dtype=torch.float32, device=x.device).bernoulli_(1 - p)
             scale = 1.0 / (1 - p) if p < 1 else 0.0
             return x * keep.to(torch.float64) * scale, keep.bool()
         first = args[0] if args else None

@@ -24,6 +24,8 @@ DRAWS = {
     "bernoulli_": lambda dt: torch.ones(9, dtype=dt).bernoulli_(0.3),
     "bernoulli(p)": lambda dt: torch.bernoulli(torch.full((9,), 0.4, dtype=dt)),
     "dropout": lambda dt: nn.functional.dropout(torch.ones(16, dtype=dt), 0.5, True),
+    "dropout of a transposed input": lambda dt: nn.functional.dropout(
+        torch.arange(1.0, 25.0, dtype=dt).view(4, 6).t(), 0.5, True),
     "multinomial": lambda dt: torch.multinomial(torch.ones(6, dtype=dt), 3),
     "two draws in a row": lambda dt: torch.cat([torch.rand(3, dtype=dt), torch.randn(3, dtype=dt)]),
 }
