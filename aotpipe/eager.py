@@ -28,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.determinism import RunLog, run_reproducibly
 from aotpipe.errors import exception_line
+from aotpipe.format.limits import OpKwargs
 from aotpipe.modes import DEFAULT_LOSS, LOSSES
 from aotpipe.tensors import loss_weights
 
@@ -162,7 +163,7 @@ class Float32Draws(torch.utils._python_dispatch.TorchDispatchMode):
     whose parameters are rounded to float32 as the float32 run has them.
     """
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[OpKwargs] = None) -> Any:
         kwargs = kwargs or {}
         if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
             return func(*args, **kwargs)
