@@ -159,11 +159,10 @@ def main() -> int:
     if a.meta_layers:
         rows = _meta_job(a.meta_layers)
     else:
-        from aotpipe.config import load_pipeline
+        from zoo_speed_bench import sample_names  # the same evenly spaced sample as the zoo's speed page
 
-        names = [s.name for s in load_pipeline(a.pipeline.resolve(), check_sources=False).models]
-        n = min(a.sample, len(names))
-        sample = [names[(2 * i + 1) * len(names) // (2 * n)] for i in range(n)]
+        sample, _ = sample_names(a.pipeline.resolve(), a.sample)
+        names, _ = sample_names(a.pipeline.resolve(), None)
         warm = a.warm or next(x for x in names if x not in sample)
         rows = _zoo_jobs(a.pipeline.resolve(), sample, warm)
     with tee_page(a.markdown, "job_parts", preformatted=True):
