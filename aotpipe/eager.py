@@ -204,13 +204,15 @@ class EagerReference:
 
     def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict,
                  constants: Optional[dict[str, torch.Tensor]] = None, user_names: Optional[list[str]] = None,
-                 loss: str = DEFAULT_LOSS, skip_input_views: bool = False):
+                 loss: str = DEFAULT_LOSS, loss_outputs: Optional[frozenset[int]] = None):
         self.model, self.args, self.kwargs = model, args, kwargs
         self.loss = loss  # the training loss, as capture differentiated it (model_loss)
-        # A dynamo subgraph's: outputs that are views of its inputs are left out of the loss.
-        # AOTAutograd regenerates such an output outside the graph, so the graph's backward
-        # gives no gradient through it (autograd adds that part around a compiled graph).
-        self.skip_input_views = skip_input_views
+        # A dynamo subgraph's: the outputs (indices of the output's pytree leaves) its joint
+        # takes a tangent for; the others are left out of the loss. AOTAutograd makes an
+        # output that views a user input outside the graph (or not: it decides), and then the
+        # graph's backward gives no gradient through it (autograd adds that part around a
+        # compiled graph). None: every output.
+        self.loss_outputs = loss_outputs
         self.constants = constants or {}
         self.user_names = user_names or []  # names of the (args, kwargs) leaves: user-input mutations
         self._runs: dict[tuple[str, bool, int], Optional[EagerRun]] = {}
@@ -268,7 +270,7 @@ class EagerReference:
                     for t in users.values():
                         t.grad = None
                     out = model(*args, **kwargs)
-                    loss = model_loss(_without_views_of(out, users) if self.skip_input_views else out, self.loss)
+                    loss = model_loss(_only(out, self.loss_outputs), self.loss)
                     loss.backward()
                     return out, loss
                 stack.enter_context(torch.no_grad())
@@ -288,11 +290,9 @@ class EagerReference:
                         log.nondeterministic)
 
 
-def _without_views_of(out: Any, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors of `out` that share no storage with any of `inputs`."""
-    storages = {t.untyped_storage().data_ptr() for t in inputs.values()}
-    return [t for t in pytree.tree_leaves(out)
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in storages]
+def _only(out: Any, indices: Optional[frozenset[int]]) -> Any:
+    """The leaves of `out` at `indices` (all of `out` for None)."""
+    return out if indices is None else [t for i, t in enumerate(pytree.tree_leaves(out)) if i in indices]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -297,6 +297,37 @@ def test_the_layer_drop_model_captures_with_its_drop_off_or_for_inference_only(t
     assert {n: (m.status, m.error) for n, m in models.items()} == {"drop_off": ("ok", None), "inference_only": ("ok", None)}
 
 
+class DropoutThenCheck(torch.nn.Module):
+    """Mask2Former's shape: a branch on values dropout made (`if not isfinite(h).all()`),
+    which is an ordinary data-dependent branch, not a random skip."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = torch.nn.functional.dropout(self.a(x), 0.1, self.training)
+        if not torch.isfinite(h).all():
+            h = h.nan_to_num()
+        return self.b(h)
+
+
+def dropout_then_check():
+    return DropoutThenCheck()
+
+
+def test_a_branch_on_values_dropout_made_is_not_called_a_random_skip(tmp_path):
+    models, _ = _run(tmp_path, "  - {name: check, source: 'tests.test_failure_classes:dropout_then_check', "
+                               "inputs: [{shape: [4, 8]}]}\n"
+                               "  - {name: drop, source: 'tests.test_failure_classes:layer_drop', "
+                               "inputs: [{shape: [4, 8]}]}\n")
+    check, drop = models["check"], models["drop"]
+    assert check.status == "failed" and "Could not guard on data-dependent expression" in check.error, check.error
+    assert "RandomBranch" not in check.error and "layerdrop" not in check.error, check.error
+    assert "RandomBranch: the model branches on a random number it draws" in drop.error, drop.error  # still told apart
+
+
 def test_hints_and_export_name_a_random_branch_the_same_way():
     from aotpipe.capture import export, hints
 

@@ -187,7 +187,7 @@ def _capture(
                 notes.append(f"subgraph {i}: {static} boolean-mask write(s) x[mask] = v captured as "
                              "x.copy_(where(mask, v, x)) (same values and gradients, static shapes)")
             try:
-                differentiable = _differentiable(lifted)
+                outs = _outputs(lifted)
             except RuntimeError as e:
                 if _LEAF_IN_PLACE not in str(e):
                     raise
@@ -195,7 +195,13 @@ def _capture(
                 notes.append(f"subgraph {i} writes in place into input(s) that require grad ({', '.join(cloned)}: "
                              "activations of the subgraph before), which autograd allows only on a copy; its "
                              "training graphs copy them first")
-                differentiable = _differentiable(lifted)
+                outs = _outputs(lifted)
+            copied = _copy_aliasing_outputs(lifted, outs)
+            if copied:
+                notes.append(f"subgraph {i}: output(s) {', '.join(map(str, copied))} share memory with another "
+                             "output or an intermediate value; the training graphs return copies, so each "
+                             "output has its own tangent")
+            differentiable = any(isinstance(t, torch.Tensor) and t.requires_grad for t in outs)
             sg.reference["training"] = (lifted.module, lifted.user_values)
             if not differentiable:
                 notes.append(f"subgraph {i}: no output requires grad; it has no forward, backward or joint graph")
@@ -205,6 +211,7 @@ def _capture(
             except _export.NothingToDifferentiate as e:
                 notes.append(f"subgraph {i}: {e}; it has no forward, backward or joint graph")
                 continue
+            _every_output_has_its_tangent(joint, lifted, outs, i)
             sg.contract = contract
             for kind, g in (("forward", fw), ("backward", bw), ("joint", joint)):
                 if kind in graphs:
@@ -575,11 +582,57 @@ def _clone_grad_inputs(lifted: _Lifted) -> list[str]:
     return names
 
 
-def _differentiable(lifted: _Lifted) -> bool:
-    """Whether any output of the subgraph requires grad when it runs (else it has no backward)."""
+def _outputs(lifted: _Lifted) -> list[Any]:
+    """The subgraph's outputs (pytree leaves) from one run with grad enabled: which require
+    grad (none: it has no backward), and which share memory (_copy_aliasing_outputs)."""
     with torch.enable_grad():
-        out = lifted.module(*lifted.user_values)
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in pytree.tree_leaves(out))
+        return pytree.tree_leaves(lifted.module(*lifted.user_values))
+
+
+def _storage(t: torch.Tensor) -> Any:
+    return torch.multiprocessing.reductions.StorageWeakRef(t.untyped_storage())
+
+
+def _copy_aliasing_outputs(lifted: _Lifted, outs: list[Any]) -> list[int]:
+    """Return a copy in place of each output that is a view, or the same tensor as an
+    earlier output, unless it views one of the subgraph's user inputs; returns their indices.
+
+    AOTAutograd makes such an output outside the graph, from the output or intermediate it
+    views, and gives the joint no tangent for it: torch.compile's autograd adds its gradient
+    around the compiled graph. A saved backward graph has no "around": a consumer binding a
+    tangent per output would get the gradient without that output's part (GroupViT returns
+    logits_per_text = logits_per_image.t() and lost its share), and two views of one
+    intermediate make AOTAutograd add the intermediate as an output of no user role. A copy
+    is its own tensor, with its own tangent. Views of user inputs stay as they are: their
+    gradient is the input's own, and AOTAutograd decides whether the joint takes a tangent
+    for them (the reference's loss has the outputs that have one: tangent_outputs).
+    """
+    inputs = {_storage(v) for v in lifted.user_values if isinstance(v, torch.Tensor)}
+    seen: set[Any] = set()
+    copy_at = []
+    for i, t in enumerate(outs):
+        if not isinstance(t, torch.Tensor):
+            continue
+        key = _storage(t)
+        if key in inputs:
+            continue
+        if t._is_view() or key in seen:
+            copy_at.append(i)
+        seen.add(key)
+    if not copy_at:
+        return []
+    graph = lifted.module.graph
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    flat, spec = pytree.tree_flatten(output.args[0])
+    if len(flat) != len(outs):
+        raise CaptureError(f"the subgraph's output node has {len(flat)} values, its run gave {len(outs)}")
+    with graph.inserting_before(output):
+        for i in copy_at:
+            flat[i] = graph.call_method("clone", (flat[i],))
+    output.args = (pytree.tree_unflatten(flat, spec),)
+    graph.lint()
+    lifted.module.recompile()
+    return copy_at
 
 
 def _training_graphs(lifted: _Lifted, ranges: dict[str, tuple[int, int]], index: int,
@@ -593,6 +646,20 @@ def _training_graphs(lifted: _Lifted, ranges: dict[str, tuple[int, int]], index:
         notes.append(f"subgraph {index}: {len(no_grad)} parameter(s) get no gradient: {', '.join(no_grad[:8])}"
                      + (" ..." if len(no_grad) > 8 else ""))
     return joint, fw, bw, contract
+
+
+def _every_output_has_its_tangent(joint: CapturedGraph, lifted: _Lifted, outs: list[Any], index: int) -> None:
+    """Raise CaptureError unless the joint takes a tangent for each output that requires grad
+    and shares no memory with a user input: after _copy_aliasing_outputs, AOTAutograd has no
+    reason to make any of them outside the graph, and a backward without its tangent would
+    give gradients without that output's part."""
+    inputs = {_storage(v) for v in lifted.user_values if isinstance(v, torch.Tensor)}
+    have = {_output_index(gi.target) for gi in joint.inputs if gi.role == "tangent"}
+    missing = [i for i, t in enumerate(outs) if isinstance(t, torch.Tensor) and t.requires_grad
+               and _storage(t) not in inputs and i not in have]
+    if missing:
+        raise CaptureError(f"subgraph {index}: the joint takes no tangent for output(s) "
+                           f"{', '.join(map(str, missing))}, so its gradients would leave them out")
 
 
 def _bind(g: CapturedGraph, lifted: _Lifted) -> list[Any]:
@@ -628,9 +695,25 @@ def subgraph_references(captured: CapturedGraphs) -> dict[int, Any]:
             names = _names_of(captured, sg, mode, values)
             # the joint takes each output's loss weights as its tangent: the weighted loss's gradient
             by_mode[mode] = EagerReference(module, tuple(values), {}, None, names, loss="weighted",
-                                           skip_input_views=True)
+                                           loss_outputs=tangent_outputs(captured, sg))
         out[sg.index] = SubgraphReference(by_mode)
     return out
+
+
+def tangent_outputs(captured: CapturedGraphs, sg: Subgraph) -> Optional[frozenset[int]]:
+    """The outputs of subgraph `sg` its joint (or backward) takes a tangent for, by index;
+    None if it has neither graph."""
+    g = captured.graphs.get(sg.keys.get("joint", "")) or captured.graphs.get(sg.keys.get("backward", ""))
+    if g is None:
+        return None
+    return frozenset(_output_index(gi.target) for gi in g.inputs if gi.role == "tangent")
+
+
+def _output_index(target: Optional[str]) -> int:
+    m = re.fullmatch(r"output\[(\d+)\]", target or "")
+    if m is None:
+        raise CaptureError(f"a tangent names {target!r}, not an output of the subgraph")
+    return int(m.group(1))
 
 
 def _names_of(captured: CapturedGraphs, sg: Subgraph, mode: str, values: list[Any]) -> list[str]:

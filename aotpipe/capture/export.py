@@ -734,6 +734,9 @@ def training_graphs(
         if node.op != "placeholder":
             continue
         role, target = _desc_target(node.meta.get("desc"))
+        if role == "other":
+            raise CaptureError(f"AOTAutograd joint capture: input {node.name} is {target}, which aotpipe's "
+                               "graphs have no role for")
         if role == "user":
             target = user_names[int(target)] if int(target) < len(user_names) else target
         elif role in ("param", "buffer"):
@@ -756,7 +759,11 @@ def training_graphs(
     descs = list(joint_out.meta.get("desc", [None] * len(joint_out_args)))
     joint_outputs = []
     for i, (arg, desc) in enumerate(zip(joint_out_args, descs)):
-        joint_outputs.append(_output_from_desc(i, arg, desc, user_names))
+        out = _output_from_desc(i, arg, desc, user_names)
+        if out.role == "other":  # the format has no role for it: say so here, not as the writer's schema error
+            raise CaptureError(f"AOTAutograd joint capture: output {i} is {type(desc).__name__} "
+                               f"({desc!r}), which aotpipe's graphs have no role for")
+        joint_outputs.append(out)
 
     if "num_fwd_outputs" not in parts:  # AOTAutograd compiled it for inference: no gradient flows
         raise NothingToDifferentiate("AOTAutograd found no gradient to compute (its outputs are views of its "

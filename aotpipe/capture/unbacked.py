@@ -171,11 +171,18 @@ def fold_constant_sizes(ep: "torch.export.ExportedProgram", *, guards_decided: b
 
 def branches_on_random_draw(ep: "torch.export.ExportedProgram") -> bool:
     """Whether a guard torch's real-tensor propagation decided (an ``_assert_scalar`` left in
-    the graph) reads a random draw: the model picks a branch by a number it draws (LayerDrop
-    skips a layer when ``torch.rand([]) < layerdrop``), which no one graph can hold."""
-    for node in ep.graph_module.graph.nodes:
+    the graph) reads a random draw made only to decide: the model picks a branch by a number
+    it draws (LayerDrop skips a layer when ``torch.rand([]) < layerdrop``), which no one graph
+    can hold. A draw whose values also reach an output (a dropout mask) does not count: a
+    guard on the values it made (``isfinite(hidden).all()`` after dropout) is an ordinary
+    data-dependent branch."""
+    graph = ep.graph_module.graph
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    reach_output = _ancestors(output)
+    for node in graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten._assert_scalar.default:
-            if any(a.op == "call_function" and op_draws_random(a.target) for a in _ancestors(node)):
+            if any(a.op == "call_function" and op_draws_random(a.target) and a not in reach_output
+                   for a in _ancestors(node)):
                 return True
     return False
 

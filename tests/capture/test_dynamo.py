@@ -332,6 +332,86 @@ def test_a_subgraph_output_that_views_its_input_is_not_in_the_eager_gradient_eit
     assert items["gradient of h"].passed, items
 
 
+class SplitsItsInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 12)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        torch._dynamo.graph_break()
+        a, b = h.split([4, 8], 1)
+        return a.permute(1, 0).view(2, 2, -1), self.fc2(b)  # Mask2Former's levels: views of h
+
+
+def test_an_input_view_the_joint_keeps_a_tangent_for_is_in_the_eager_gradient_too(tmp_path):
+    # Here AOTAutograd keeps the split-permute-view of h in the graph, with a tangent: the
+    # graph's gradient of h has both parts, and so must the reference's (it follows the tangents).
+    torch.manual_seed(0)
+    cap = capture_dynamo(SplitsItsInput(), (torch.randn(4, 8),), {}, name="m", graphs=KINDS, input_names=["x"])
+    assert [gi.target for gi in cap.graphs["backward_1"].inputs if gi.role == "tangent"] == ["output[0]", "output[1]"]
+    path, mc = _write_and_check(cap, tmp_path)
+    assert mc.problems == []
+    items = {i.what: i for i in mc.graphs["backward_1"].record().items}
+    assert items["gradient of h"].passed, items
+
+
+class ReturnsATranspose(nn.Module):
+    """GroupViT's logits_per_text = logits_per_image.t(): an output that views another."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        a = self.fc(x) @ self.fc.weight
+        return a, a.t()
+
+
+class ReturnsTwoViews(nn.Module):
+    """Two outputs viewing one intermediate: AOTAutograd adds the intermediate as an output."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        a = self.fc(x)
+        return a.t(), a.view(-1)
+
+
+@pytest.mark.parametrize("cls", [ReturnsATranspose, ReturnsTwoViews])
+def test_outputs_that_share_memory_are_returned_as_copies_each_with_its_tangent(cls, tmp_path):
+    torch.manual_seed(0)
+    cap = capture_dynamo(cls(), (torch.randn(4, 8),), {}, name="m", graphs=KINDS, input_names=["x"])
+    copied = "0, 1" if cls is ReturnsTwoViews else "1"
+    assert f"subgraph 0: output(s) {copied} share memory with another output or an intermediate value; the training " \
+           "graphs return copies, so each output has its own tangent" in cap.notes, cap.notes
+    assert [gi.target for gi in cap.graphs["joint"].inputs if gi.role == "tangent"] == ["output[0]", "output[1]"]
+    path, mc = _write_and_check(cap, tmp_path)
+    assert mc.problems == [] and mc.outcome.verification["chain"].status == "match"
+    items = {i.what: i for i in mc.graphs["backward"].record().items}
+    assert items["gradient of fc.weight"].passed and items["gradient of fc.bias"].passed, items
+
+
+def test_without_the_copies_capture_refuses_in_one_line_instead_of_losing_a_gradient(monkeypatch):
+    # The fault planted: outputs left sharing memory. A transpose of an output gets no tangent
+    # (before the copies, GroupViT's gradients lacked logits_per_text's part and failed the
+    # float64 check); two views of an intermediate make AOTAutograd output the intermediate.
+    from aotpipe.capture import dynamo
+
+    monkeypatch.setattr(dynamo, "_copy_aliasing_outputs", lambda lifted, outs: [])
+    torch.manual_seed(0)
+    with pytest.raises(CaptureError) as e:
+        capture_dynamo(ReturnsATranspose(), (torch.randn(4, 8),), {}, name="m", graphs=KINDS, input_names=["x"])
+    assert str(e.value) == "subgraph 0: the joint takes no tangent for output(s) 1, so its gradients would leave them out"
+    with pytest.raises(CaptureError) as e:
+        capture_dynamo(ReturnsTwoViews(), (torch.randn(4, 8),), {}, name="m", graphs=KINDS, input_names=["x"])
+    assert str(e.value).startswith("AOTAutograd joint capture: output 2 is "), str(e.value)
+    assert str(e.value).endswith("which aotpipe's graphs have no role for"), str(e.value)
+
+
 class NormalisedBreak(nn.Module):
     """A graph break, then a subgraph whose only output is a LayerNorm's (rows sum to zero)."""
 
