@@ -88,6 +88,28 @@ class EagerRun:
     loss: Optional[torch.Tensor] = None
     grads: dict[str, Optional[torch.Tensor]] = field(default_factory=dict)
     nondeterministic: list[str] = field(default_factory=list)
+    # training: the autograd.Function classes whose own backward the loss's gradient ran
+    custom_backwards: list[str] = field(default_factory=list)
+
+
+def custom_backwards(loss: torch.Tensor) -> list[str]:
+    """The torch.autograd.Function subclasses (module.qualname) in `loss`'s autograd graph:
+    each has a backward of its own, which autograd runs instead of differentiating its forward."""
+    found: list[str] = []
+    seen: set[int] = set()
+    todo = [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            cls = node._forward_cls  # type: ignore[attr-defined]
+            name = f"{cls.__module__}.{cls.__qualname__}"
+            if name not in found:
+                found.append(name)
+        todo.extend(n for n, _ in node.next_functions)
+    return found
 
 
 def _to64(x: Any) -> Any:
@@ -254,6 +276,7 @@ class EagerReference:
         model.train(training)
         log = RunLog()
         pristine = copy.deepcopy((args, kwargs)) if self.user_names else None
+        functions: list[str] = []
 
         def run() -> tuple[Any, Optional[torch.Tensor]]:
             if pristine is not None:  # a repeated attempt starts from unmutated inputs
@@ -271,6 +294,7 @@ class EagerReference:
                         t.grad = None
                     out = model(*args, **kwargs)
                     loss = model_loss(_only(out, self.loss_outputs), self.loss)
+                    functions[:] = custom_backwards(loss)
                     loss.backward()
                     return out, loss
                 stack.enter_context(torch.no_grad())
@@ -287,7 +311,7 @@ class EagerReference:
             grads.update({n: (t.grad.detach() if t.grad is not None else None)
                           for n, t in users.items() if t.requires_grad and n not in grads})
         return EagerRun(outputs, state, mutated, loss.detach() if loss is not None else None, grads,
-                        log.nondeterministic)
+                        log.nondeterministic, functions)
 
 
 def _only(out: Any, indices: Optional[frozenset[int]]) -> Any:

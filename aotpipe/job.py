@@ -10,13 +10,14 @@ stages import what needs torch (capture, passes, the writer, the checks) when th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from aotpipe.errors import AotpipeError, exception_line
 from aotpipe.format.source_files import name_files_in
@@ -218,10 +219,8 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             manifest = up_to_date(out_dir / spec.name, job.fingerprint, key)
             if manifest is not None:
                 return skipped_result(spec, out_dir / spec.name, manifest, start)
-        for name, run, needed in STAGES:
-            if needed(job):
-                job.at(name)
-                run(job)
+        with _distribution_checks_off():
+            _run(job)
     except AotpipeError as e:
         result.stage, result.error = job.stage, _said_what_next(spec, job.stage, str(e), e)
         result.traceback = traceback.format_exc()
@@ -231,6 +230,72 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         result.traceback = traceback.format_exc()
     result.total_seconds = time.perf_counter() - start
     return result
+
+
+def _run(job: _Job) -> None:
+    """The stages; for mode auto, again with dynamo where export lost a custom backward."""
+    result = job.result
+    _run_stages(job)
+    lost = _lost_custom_backwards(job)
+    if lost and job.spec.mode == "auto":  # what auto does when export's capture fails: dynamo
+        why = _LOST_BACKWARD.format(names=", ".join(lost))
+        job.mode = capture_mode("dynamo")
+        job.inputs, job.pass_problems, job.diagnose, job.eager, job.checks = None, [], {}, None, None
+        result.status, result.stage, result.error = "failed", None, None
+        _run_stages(job, fallback=why)
+    elif lost:
+        result.error = f"{result.error}; why: {_LOST_BACKWARD.format(names=', '.join(lost))}: capture with " \
+                       "mode: dynamo (or auto), which keeps it"
+
+
+@contextlib.contextmanager
+def _distribution_checks_off() -> Iterator[None]:
+    """torch.distributions' argument checks off for the job, restored after.
+
+    torch.compile turns them off for the rest of the process the first time dynamo runs
+    (torch._dynamo.eval_frame.TorchPatcher). Left alone, a model that builds a distribution
+    (GroupViT's Gumbel noise) was refused by torch.export on the checks' data-dependent
+    guard in a fresh worker and captured by export in one where an earlier model had used
+    dynamo: its outcome depended on the worker's history. Every job now runs as after
+    dynamo. The checks only raise on invalid parameters; they change no value.
+    """
+    import torch  # only in the process that runs the job
+
+    was = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(was)
+
+
+# Why a model whose eager gradient runs custom autograd.Function backwards fails export mode's checks.
+_LOST_BACKWARD = ("the model's torch.autograd.Function(s) {names} have a backward of their own, which torch.export "
+                  "does not keep (it traces their forward, and AOTAutograd differentiates that instead)")
+
+
+def _run_stages(job: _Job, fallback: Optional[str] = None) -> None:
+    for name, run, needed in STAGES:
+        if needed(job):
+            job.at(name)
+            run(job)
+            if name == "capture" and fallback is not None:  # said as auto's export-failure fallback is
+                job.captured.fallback = fallback
+                job.captured.notes.insert(0, f"export's training graphs failed their gradient checks ({fallback}); "
+                                             "captured with dynamo, which keeps it")
+                job.result.notes = [name_files_in(n) for n in job.captured.notes]
+
+
+def _lost_custom_backwards(job: _Job) -> list[str]:
+    """The custom autograd.Functions an export capture's training graphs failed their checks
+    for: a backward or joint check failed, and the eager gradient ran their own backwards."""
+    if job.result.status != "failed" or job.result.stage != "verify" or job.captured is None \
+            or job.captured.mode != "export" or job.checks is None:
+        return []
+    failed = [key for key, gc in job.checks.graphs.items()
+              if key.split(".")[0] in ("backward", "joint") and any(not c.passed for c in gc.checks)]
+    run = job.eager.run("training") if failed and hasattr(job.eager, "run") else None
+    return list(run.custom_backwards) if run is not None else []
 
 
 # The runner's progress bar shows each running model's stage: a job writes it to a file named

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from aotpipe.accuracy import digest
+from aotpipe.artifact.load import load
 from aotpipe.config import parse_pipeline
 from aotpipe.runner import run_pipeline
 
@@ -332,3 +333,145 @@ def test_hints_and_export_name_a_random_branch_the_same_way():
     from aotpipe.capture import export, hints
 
     assert hints._RANDOM_BRANCH == export.RANDOM_BRANCH
+
+
+# (f) A custom torch.autograd.Function: YOSO's attention, straight-through estimators, gradient
+# reversal. torch.export traces its forward and AOTAutograd differentiates that, so export's
+# backward is not the model's (YOSO: gradients off by 1e3x the bound). dynamo keeps the
+# Function's own backward; auto falls back to it when the checks find the difference.
+
+
+class _ApproxSin(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.sin(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 2 * x  # not cos(x): a backward of its own, as YOSO's expectation gradient is
+
+
+class _ExactSin(_ApproxSin):
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * torch.cos(x)  # the forward's own derivative
+
+
+class CustomBackward(torch.nn.Module):
+    def __init__(self, exact: bool = False):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.fn = _ExactSin if exact else _ApproxSin
+
+    def forward(self, x):
+        return self.fn.apply(self.fc(x)).sum(1)
+
+
+def custom_backward(exact: bool = False):
+    return CustomBackward(exact)
+
+
+_CUSTOM = "tests.test_failure_classes:custom_backward"
+
+
+def test_a_custom_backward_export_drops_fails_export_naming_the_function_and_auto_keeps_it(tmp_path):
+    models, _ = _run(tmp_path, f"  - {{name: export, source: '{_CUSTOM}', inputs: [{{shape: [4, 8]}}]}}\n"
+                               f"  - {{name: auto, source: '{_CUSTOM}', mode: auto, inputs: [{{shape: [4, 8]}}]}}\n"
+                               f"  - {{name: exact, source: '{_CUSTOM}', args: {{exact: true}}, inputs: [{{shape: [4, 8]}}]}}\n")
+    export, auto, exact = models["export"], models["auto"], models["exact"]
+    assert export.status == "failed" and export.stage == "verify", (export.status, export.error)
+    assert export.error.startswith("backward graph differs from the eager model"), export.error
+    assert export.error.endswith("; why: the model's torch.autograd.Function(s) tests.test_failure_classes._ApproxSin "
+                                 "have a backward of their own, which torch.export does not keep (it traces their "
+                                 "forward, and AOTAutograd differentiates that instead): capture with mode: dynamo "
+                                 "(or auto), which keeps it"), export.error
+    assert auto.status == "ok", auto.error
+    manifest = load(tmp_path / "out" / "classes" / "auto").manifest
+    assert manifest.capture.mode == "dynamo" and "tests.test_failure_classes._ApproxSin" in manifest.capture.fallback
+    assert auto.notes[0].startswith("export's training graphs failed their gradient checks (the model's "
+                                    "torch.autograd.Function(s) tests.test_failure_classes._ApproxSin"), auto.notes
+    backward = (tmp_path / "out" / "classes" / "auto" / "auto_backward_0" / "module.py").read_text()
+    assert "aten.cos" not in backward and "aten.mul" in backward  # the Function's own 2 * x
+    # A Function whose backward is its forward's derivative: export's graphs pass, export is kept.
+    assert exact.status == "ok" and load(tmp_path / "out" / "classes" / "exact").manifest.capture.mode == "export"
+
+
+def test_without_the_custom_backward_finding_auto_keeps_export_and_fails(tmp_path, monkeypatch):
+    # The fault planted: the eager run's list of custom backwards left empty.
+    from aotpipe import eager
+
+    monkeypatch.setattr(eager, "custom_backwards", lambda loss: [])
+    models, _ = _run(tmp_path, f"  - {{name: auto, source: '{_CUSTOM}', mode: auto, inputs: [{{shape: [4, 8]}}]}}\n")
+    assert models["auto"].status == "failed" and "why:" not in models["auto"].error, models["auto"].error
+
+
+def test_the_eager_run_names_each_custom_backward_once():
+    from aotpipe.eager import custom_backwards
+
+    x = torch.randn(3, requires_grad=True)
+    loss = (_ApproxSin.apply(x) + _ApproxSin.apply(x * 2) + _ExactSin.apply(x)).sum()
+    assert sorted(custom_backwards(loss)) == ["tests.test_failure_classes._ApproxSin", "tests.test_failure_classes._ExactSin"]
+    assert custom_backwards((x * 2).sum()) == []
+
+
+# (g) A worker's history: torch.compile turns torch.distributions' argument checks off for the
+# rest of the process the first time dynamo runs. GroupViT builds a Gumbel distribution; with the
+# checks on, torch.export stops on their data-dependent guard. So GroupViT failed in a fresh
+# worker and captured by export in one that had run a dynamo capture before. Every job now runs
+# with the checks off, whatever ran before it.
+
+
+class GumbelNoise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        logits = self.fc(x)
+        gumbel = torch.distributions.Gumbel(torch.full((), 0.0), torch.full((), 1.0))
+        return (logits + gumbel.sample(logits.shape)).softmax(-1)
+
+
+def gumbel_noise():
+    return GumbelNoise()
+
+
+_GUMBEL = "  - {name: gumbel, source: 'tests.test_failure_classes:gumbel_noise', inputs: [{shape: [4, 8]}]}\n"
+
+
+@pytest.mark.parametrize("checks_before", [True, False], ids=["fresh worker", "after a dynamo capture"])
+def test_a_distribution_captures_alike_whatever_the_worker_ran_before(tmp_path, checks_before):
+    from torch.distributions import Distribution
+
+    was = Distribution._validate_args
+    Distribution.set_default_validate_args(checks_before)
+    try:
+        models, _ = _run(tmp_path, _GUMBEL)
+        assert Distribution._validate_args is checks_before  # the job's setting does not leak out
+    finally:
+        Distribution.set_default_validate_args(was)
+    m = models["gumbel"]
+    assert m.status == "ok" and m.checks.failed == 0, (m.status, m.error)
+    assert load(tmp_path / "out" / "classes" / "gumbel").manifest.capture.mode == "export"
+
+
+def test_with_the_checks_left_on_export_stops_on_their_guard(tmp_path, monkeypatch):
+    # The fault planted: the job leaves the process's setting alone, in a fresh worker.
+    import contextlib
+
+    from aotpipe import job
+    from torch.distributions import Distribution
+
+    monkeypatch.setattr(job, "_distribution_checks_off", contextlib.nullcontext)
+    was = Distribution._validate_args
+    Distribution.set_default_validate_args(True)
+    try:
+        models, _ = _run(tmp_path, _GUMBEL)
+    finally:
+        Distribution.set_default_validate_args(was)
+    m = models["gumbel"]
+    assert m.status == "failed" and m.stage == "capture", (m.status, m.error)
+    assert "Could not guard on data-dependent expression" in m.error, m.error
