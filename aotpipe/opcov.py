@@ -21,8 +21,10 @@ from aotpipe.graph_keys import parse_graph_key
 
 MAX_SIGNATURES = 8  # distinct input signatures kept per op
 MAX_COUNTED = 4096  # distinct ones counted beyond those (memory stays bounded on a hostile tree)
-# Python-level call targets (operator.getitem): every backend handles them itself.
+# Python-level call targets (operator.getitem, int arithmetic on sizes): every backend handles
+# them itself.
 PYTHON_NAMESPACES = ("operator",)
+PYTHON_OPS = ("torch.sym_max", "torch.sym_min")  # as artifact/ops.py's SIZE_ARITHMETIC names them
 # Namespaces whose op names are looked up in torch.ops for --backend (built into torch: a
 # lookup imports nothing); a library's ops (trusted_ops) count as not covered.
 TORCH_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn", "mkl", "onednn")
@@ -171,7 +173,7 @@ def op_table(root: Path, supported: Optional[Callable[[str], Optional[str]]] = N
 
 
 def _python_op(op: str) -> bool:
-    return op.split(".", 1)[0] in PYTHON_NAMESPACES
+    return op.split(".", 1)[0] in PYTHON_NAMESPACES or op in PYTHON_OPS
 
 
 def supported_from_file(path: Path) -> Callable[[str], Optional[str]]:

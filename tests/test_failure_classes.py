@@ -475,3 +475,40 @@ def test_with_the_checks_left_on_export_stops_on_their_guard(tmp_path, monkeypat
     m = models["gumbel"]
     assert m.status == "failed" and m.stage == "capture", (m.status, m.error)
     assert "Could not guard on data-dependent expression" in m.error, m.error
+
+
+# (h) Python int arithmetic on data-dependent sizes: export leaves ``u0 + 2`` as
+# operator.add, ``max(u0, u1)`` as torch.sym_max (JetMoE's routing, SAM3, SuperPoint).
+# graph.json stores them; a loaded graph runs them in a form that takes ints only.
+
+
+class SizeArithmetic(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        kept = h[h > 0]  # a size that depends on values: u0
+        dropped = h[h <= 0]  # u1
+        n = torch.sym_max(kept.shape[0], dropped.shape[0])
+        pad = torch.zeros(n + 2 - kept.shape[0], dtype=h.dtype)
+        return torch.cat([kept, pad]).sum() * h.mean()
+
+
+def size_arithmetic():
+    return SizeArithmetic()
+
+
+def test_int_arithmetic_on_data_dependent_sizes_is_stored_and_replays(tmp_path):
+    from aotpipe.replay import replay
+
+    models, _ = _run(tmp_path, "  - {name: sizes, source: 'tests.test_failure_classes:size_arithmetic', "
+                               "inputs: [{shape: [4, 8]}]}\n")
+    m = models["sizes"]
+    assert m.status == "ok", (m.stage, m.error)
+    folder = tmp_path / "out" / "classes" / "sizes"
+    targets = {n["target"] for g in folder.glob("sizes_*_0/graph.json") for n in json.loads(g.read_text())["nodes"]
+               if n["op"] == "call_function"}
+    assert {"operator.add", "operator.sub", "torch.sym_max"} <= targets, sorted(t for t in targets if "." in t[:9])
+    assert {r.status for r in replay(folder)} == {"match"}

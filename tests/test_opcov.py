@@ -155,3 +155,11 @@ def test_inductor_backend_reads_its_lowering_and_decomposition_tables(tree):
     assert how["aten.native_layer_norm.default"] == "decomposed"
     assert how["operator.getitem"] == "python"
     assert how["aten.tanh_.default"] == "functionalized: lowered"
+
+
+def test_size_arithmetic_counts_as_python_as_artifact_ops_names_it():
+    from aotpipe.artifact.ops import SIZE_ARITHMETIC
+    from aotpipe.opcov import _python_op
+
+    assert all(_python_op(name) for name in SIZE_ARITHMETIC)
+    assert not _python_op("torch.ops.aten.add") and not _python_op("aten.add.Tensor")

@@ -17,6 +17,9 @@ it. What is allowed is what aotpipe's own capture and passes emit:
   ``aten.add.Tensor`` into ``aten.add_.Tensor``, a ``slice_scatter`` into a ``copy_``);
 - the few prims and rngprims decompositions can leave behind (:data:`PRIMS`);
 - ``operator.getitem``, which picks one output of a multi-output op;
+- Python int arithmetic on sizes (:data:`SIZE_ARITHMETIC`: ``+ - * // %``, negation,
+  ``sym_max``, ``sym_min``), which export leaves where a size depends on values; loaded in a
+  checked form that takes ints only and refuses a result beyond an int64;
 - the oneDNN convolutions the ``mkldnn_fuse`` pass emits (:data:`MKLDNN`): named one by
   one, on dense tensors only (no op that builds or reorders into an mkldnn-layout tensor),
   each string argument held to the values listed in :data:`STRING_ARG_VALUES`;
@@ -50,9 +53,46 @@ from aotpipe.errors import ArtifactError
 
 ALLOWED_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn")
 
+# Python int arithmetic export leaves on data-dependent sizes (``u0 + u1``: a nonzero's count
+# plus another, JetMoE's expert routing; SAM3's ``sym_max``), by the name graph.json gives it:
+# (the function capture emits, how many arguments it takes). A loaded graph calls
+# :func:`checked_size_arithmetic`'s form of it instead.
+SIZE_ARITHMETIC: dict[str, tuple[Callable[..., Any], int]] = {
+    "operator.add": (operator.add, 2), "operator.sub": (operator.sub, 2), "operator.mul": (operator.mul, 2),
+    "operator.floordiv": (operator.floordiv, 2), "operator.mod": (operator.mod, 2), "operator.neg": (operator.neg, 1),
+    "torch.sym_max": (torch.sym_max, 2), "torch.sym_min": (torch.sym_min, 2),
+}
+
+# The largest magnitude size arithmetic may give: an int64, what any size or index holds.
+_INT64 = 2 ** 63 - 1
+
+
+def checked_size_arithmetic(name: str) -> Callable[..., Any]:
+    """The loaded form of `name` (a SIZE_ARITHMETIC entry): the same function on ints (or
+    symbolic ints, when a check runs the graph on fake tensors) and nothing else, its result
+    within an int64. On anything else (a tensor, a list: ``[0] * 10**12``, a float) it
+    raises a one-line error and computes nothing."""
+    fn, arity = SIZE_ARITHMETIC[name]
+
+    def checked(*args: Any) -> Any:
+        if len(args) != arity or not all(isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool)
+                                         for a in args):
+            kinds = ", ".join(type(a).__name__ for a in args)
+            raise ArtifactError(f"{name} takes {arity} int(s) (sizes), got ({kinds}); not computed")
+        out = fn(*args)
+        if isinstance(out, int) and abs(out) > _INT64:
+            raise ArtifactError(f"{name} of sizes gave {str(out)[:30]}..., beyond an int64")
+        return out
+
+    checked.__name__ = checked.__qualname__ = f"checked_{name.replace('.', '_')}"
+    checked.checked_op = fn  # type: ignore[attr-defined]  # op_name names the form as the op
+    return checked
+
+
 # Python callables (not torch ops) captured graphs use, by qualified name.
 PYTHON_CALLABLES: dict[str, Callable[..., Any]] = {
     "operator.getitem": operator.getitem,
+    **{name: checked_size_arithmetic(name) for name in SIZE_ARITHMETIC},
 }
 
 # prims and rngprims that decompositions can leave in a graph (all functional).
@@ -229,7 +269,9 @@ def op_name(target: Any) -> Optional[str]:
     target = getattr(target, "checked_op", target)
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._schema.name.split('::', 1)[1]}.{target._overloadname}"
-    for name, fn in PYTHON_CALLABLES.items():
+    if target is operator.getitem:
+        return "operator.getitem"
+    for name, (fn, _) in SIZE_ARITHMETIC.items():
         if fn is target:
             return name
     return None

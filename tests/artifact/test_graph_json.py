@@ -10,6 +10,7 @@ import torch.fx
 
 from aotpipe.artifact.graph_json import decode_arg, encode_arg, graph_from_json, graph_to_json, resolve_target
 from aotpipe.errors import ArtifactError
+from aotpipe.artifact.ops import op_name
 
 
 def _traced():
@@ -163,3 +164,36 @@ def test_names_that_are_python_keywords_are_refused_before_codegen(nodes):
     with pytest.raises(ArtifactError, match="bad (name|get_attr target)") as e:
         graph_from_json(_graph(nodes), {"0" * 64: torch.zeros(1)})
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("args,why", [
+    ([[0], 10 ** 12], "operator.mul takes 2 int(s) (sizes), got (list, int); not computed"),  # a 10^12-long list
+    ([{"node": "x"}, 3], "operator.mul takes 2 int(s) (sizes), got (Tensor, int); not computed"),
+    ([True, 3], "operator.mul takes 2 int(s) (sizes), got (bool, int); not computed"),
+    ([2 ** 62, 4], "operator.mul of sizes gave 18446744073709551616..., beyond an int64"),
+])
+def test_size_arithmetic_from_a_graph_takes_ints_only_and_stays_within_an_int64(args, why):
+    data = {"format_version": 1, "nodes": [
+        {"name": "x", "op": "placeholder", "target": "x"},
+        {"name": "n", "op": "call_function", "target": "operator.mul", "args": args, "kwargs": {}},
+        {"name": "output", "op": "output", "args": [[{"node": "x"}, {"node": "n"}]], "kwargs": {}},
+    ]}
+    gm = graph_from_json(data)
+    with pytest.raises(ArtifactError) as e:
+        gm(torch.zeros(1))
+    assert str(e.value) == why
+
+
+def test_size_arithmetic_round_trips_by_name_and_computes_on_ints():
+    import operator
+
+    for name, fn, args in [("operator.add", operator.add, (7, 5)), ("operator.sub", operator.sub, (7, 5)),
+                           ("operator.floordiv", operator.floordiv, (7, 2)), ("operator.mod", operator.mod, (7, 2)),
+                           ("operator.neg", operator.neg, (7,)), ("torch.sym_max", torch.sym_max, (7, 5)),
+                           ("torch.sym_min", torch.sym_min, (7, 5))]:
+        loaded = resolve_target(name)
+        assert loaded is not fn and loaded(*args) == fn(*args), name
+        assert op_name(loaded) == op_name(fn) == name
+    for other in ("operator.pow", "operator.lshift", "builtins.max", "operator.add_"):
+        with pytest.raises(ArtifactError):
+            resolve_target(other)
