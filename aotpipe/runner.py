@@ -158,9 +158,11 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
             if isinstance(outcome, Failure):
                 r = ModelResult(name=name, status="failed", stage="worker", error=outcome.reason,
                                 traceback=outcome.detail)
-                clean_stale(out_root)  # the dead worker's half-written folder
             else:
                 r = outcome
+            # A dead worker's half-written folder: this model's, or an earlier attempt's (a model
+            # out of memory in a used worker runs again in a fresh one).
+            clean_stale(out_root)
             finished(todo[t], r)
 
         with stages if stages is not None else contextlib.nullcontext():

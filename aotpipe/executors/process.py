@@ -13,6 +13,12 @@ Recycling: a worker is also replaced, between tasks and without failing anything
 growing global, a cache) then dies with its worker instead of pushing later models over
 the limit. Each replacement is listed in `recycled` (the runner puts it in run.json).
 
+A task that runs out of memory (over the limit, or killed by the kernel's OOM killer) in a
+worker that had run other tasks before runs once more, in a fresh worker, and that run's
+outcome is the task's: a worker's resident memory carries what earlier tasks left (the
+allocator's cache, a library's), so a model at the edge of the limit would otherwise pass
+or fail by which worker it drew, and a run split in shards would not match the whole run.
+
 Threads: N workers share torch's default intra-op thread count (what a local run uses: the
 cores, or ``OMP_NUM_THREADS``) and take ``default // N`` each (at least 1), so that they do
 not oversubscribe the machine; `threads` sets a count instead. Some kernels' bits depend on
@@ -38,6 +44,7 @@ from typing import Callable, Optional
 from aotpipe.executors.base import Failure, Outcome, Recycled, Task
 
 POLL_S = 0.05  # how often the parent looks at its workers' time and memory
+_MAKE_ROOM = "a model that ran out of memory in a used worker waits to run again in a fresh one"
 START_ATTEMPTS = 3  # workers that die before they are ready, in a row, before giving up
 TAIL_LINES = 20
 
@@ -77,6 +84,7 @@ class _Worker:
     started: float = 0.0
     peak_rss: int = 0
     done: int = 0  # tasks it finished
+    last: Optional[int] = None  # the last of them
     base_rss: Optional[int] = None  # resident memory when it said ready
 
     def tail(self) -> Optional[str]:
@@ -116,6 +124,7 @@ class ProcessExecutor:
     max_models_per_worker: Optional[int] = None
     recycle_memory_gb: Optional[float] = None
     recycled: list[Recycled] = field(default_factory=list)  # workers replaced between tasks, in order
+    _fresh_only: set[int] = field(default_factory=set, repr=False)  # tasks to run again in a fresh worker
     _logs: Optional[tempfile.TemporaryDirectory] = field(default=None, repr=False)
 
     def _threads(self) -> str:
@@ -147,22 +156,30 @@ class ProcessExecutor:
         pool: list[_Worker] = []
         failed_starts = 0
         self.recycled = []
+        self._fresh_only = set()
         self._logs = tempfile.TemporaryDirectory(prefix="aotpipe-workers-")
         try:
             while pending or any(w.task is not None for w in pool):
                 busy = sum(w.task is not None for w in pool)
                 while len(pool) < min(self.workers, busy + len(pending)):
                     pool.append(self._start())
-                for w in pool:
+                for w in list(pool):
                     if w.ready and w.task is None and pending:
-                        i = pending.popleft()
+                        i = next((j for j in pending if w.done == 0 or j not in self._fresh_only), None)
+                        if i is None:  # only retries wait, and this worker has run tasks: make room
+                            self.recycled.append(Recycled(w.proc.pid, tasks[w.last].name if w.last is not None
+                                                          else "", w.done, _MAKE_ROOM))
+                            self._retire(w, pool)
+                            continue
+                        pending.remove(i)
                         try:
                             w.send.send(tasks[i].fn)
                         except (OSError, pickle.PicklingError) as e:
                             on_done(i, Failure(f"could not send the task to its worker: {e}"))
                             continue
                         w.task, w.started, w.peak_rss = i, time.monotonic(), 0
-                        on_start(i)
+                        if i not in self._fresh_only:  # a retry: started already, as the caller sees it
+                            on_start(i)
                 for conn in wait([w.recv for w in pool], timeout=POLL_S):
                     w = next(w for w in pool if w.recv is conn)
                     try:
@@ -177,7 +194,7 @@ class ProcessExecutor:
                         w.base_rss = rss_bytes(w.proc.pid)
                     elif w.task is not None:
                         i, w.task = w.task, None
-                        w.done += 1
+                        w.done, w.last = w.done + 1, i
                         on_done(i, msg[1] if msg[0] == "done" else Failure(f"the task raised {msg[1]}", msg[2]))
                         why = self._recycle_reason(w, tasks[i]) if pending else None  # else it retires anyway
                         if why is not None:  # what the task left behind: start the next one afresh
@@ -185,7 +202,7 @@ class ProcessExecutor:
                             self._retire(w, pool)
                 for w in list(pool):
                     if w.task is not None:
-                        self._watch(w, pool, tasks, on_done)
+                        self._watch(w, pool, tasks, pending, on_done)
         finally:
             for w in list(pool):
                 self._retire(w, pool, wait_s=2.0)
@@ -222,7 +239,20 @@ class ProcessExecutor:
         w.peak_rss = max(w.peak_rss, rss)
         return rss if limit is not None and rss > limit else None
 
-    def _watch(self, w: _Worker, pool: list[_Worker], tasks: list[Task],
+    def _again_in_a_fresh_worker(self, w: _Worker, i: int, tasks: list[Task], pending: collections.deque,
+                                 reason: str) -> bool:
+        """Whether task `i`, out of memory in worker `w`, goes back to run in a fresh worker
+        (once, and only if `w` had run other tasks first); says so in `recycled`."""
+        if w.done == 0 or i in self._fresh_only:
+            return False
+        self._fresh_only.add(i)
+        pending.appendleft(i)
+        self.recycled.append(Recycled(w.proc.pid, tasks[i].name, w.done,
+                                      f"{reason} after {w.done} other model(s) in this worker; "
+                                      f"{tasks[i].name} runs again in a fresh worker"))
+        return True
+
+    def _watch(self, w: _Worker, pool: list[_Worker], tasks: list[Task], pending: collections.deque,
                on_done: Callable[[int, Outcome], None]) -> None:
         assert w.task is not None
         task = tasks[w.task]
@@ -240,6 +270,8 @@ class ProcessExecutor:
         w.kill()
         pool.remove(w)
         w.close()
+        if rss is not None and self._again_in_a_fresh_worker(w, i, tasks, pending, "out of memory"):
+            return
         on_done(i, Failure(reason, w.tail()))
 
     def _died(self, w: _Worker, pool: list[_Worker], tasks: list[Task], pending: collections.deque,
@@ -253,6 +285,9 @@ class ProcessExecutor:
             how = f"exited with status {code}"
         if w.task is not None:
             i = w.task
+            if code == -signal.SIGKILL and self._again_in_a_fresh_worker(w, i, tasks, pending,
+                                                                          "killed (the kernel's OOM killer?)"):
+                return 0
             on_done(i, Failure(f"the worker {how} while running this model", w.tail()))
             return 0
         if not w.ready:

@@ -68,3 +68,18 @@ def ray_assigned() -> tuple[dict, int]:
     import torch
 
     return dict(ray.get_runtime_context().get_assigned_resources()), torch.get_num_threads()
+
+
+def hold_and_pid(mib: int) -> int:
+    """Touch `mib` MiB for a moment, then free it (a model's peak, not a leak); the worker's pid."""
+    block = bytearray(mib << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    time.sleep(0.5)  # long enough for the parent to see the peak
+    return os.getpid()
+
+
+def own_rss_mib() -> int:
+    """The worker's resident memory in MiB (what the parent's memory watch reads)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20

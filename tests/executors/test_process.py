@@ -99,3 +99,37 @@ def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced_and_the_next_
     assert len(ex.recycled) == 1 and ex.recycled[0].after == "leaky" and ex.recycled[0].pid == p2
     assert "grew by" in ex.recycled[0].reason and "past recycle_memory_gb (0.1 GiB)" in ex.recycled[0].reason
 
+
+
+def test_out_of_memory_after_other_models_runs_again_in_a_fresh_worker_and_its_outcome_counts():
+    # A model at the edge of the limit must not pass or fail by the worker it drew. The first
+    # task leaves 500 MiB behind; the second needs 700 MiB for a moment: over the limit in that
+    # worker, within it in a fresh one. Out of memory in a fresh worker stays a failure.
+    (base,) = _run(ProcessExecutor(workers=1), [_task("probe", tasks.own_rss_mib)])
+    limit_gb = (base + 850) / 1024
+    ex = ProcessExecutor(workers=1, memory_gb=limit_gb, recycle_memory_gb=100)  # growth alone never recycles
+    (p_leaky, held), p_edge, p_after = _run(ex, [_task("leaky", tasks.leak_and_pid, 500),
+                                                 _task("edge", tasks.hold_and_pid, 700), _task("after", tasks.pid)])
+    assert held == 500 and isinstance(p_edge, int) and p_edge != p_leaky, p_edge
+    assert p_after == p_edge  # the fresh worker goes on with the rest
+    (r,) = ex.recycled
+    assert (r.pid, r.after, r.tasks) == (p_leaky, "edge", 1)
+    assert r.reason == "out of memory after 1 other model(s) in this worker; edge runs again in a fresh worker"
+    # Over the limit in a fresh worker: a failure, not retried.
+    ex = ProcessExecutor(workers=1, memory_gb=limit_gb, recycle_memory_gb=100)
+    (too_big,) = _run(ex, [_task("too_big", tasks.hold_and_pid, 1200)])
+    assert isinstance(too_big, Failure) and "out of memory" in too_big.reason and ex.recycled == []
+
+
+def test_a_retry_waits_for_a_fresh_worker_while_the_used_ones_finish_their_tasks():
+    # Two workers: the one that ran out of memory is gone; the other has run a task, so the retry
+    # is not given to it: it is retired, and a fresh worker takes the retry.
+    (base,) = _run(ProcessExecutor(workers=1), [_task("probe", tasks.own_rss_mib)])
+    ex = ProcessExecutor(workers=2, memory_gb=(base + 850) / 1024, recycle_memory_gb=100)
+    out = _run(ex, [_task("leaky", tasks.leak_and_pid, 500), _task("quick", tasks.pid),
+                    _task("edge", tasks.hold_and_pid, 700)])
+    (p_leaky, _), p_quick, p_edge = out
+    assert isinstance(p_edge, int), p_edge
+    if p_edge != p_leaky and any(r.after == "edge" for r in ex.recycled):  # it drew the used worker first
+        assert p_edge not in (p_leaky, p_quick)
+        assert any(r.reason.startswith("out of memory after") for r in ex.recycled)
