@@ -59,7 +59,10 @@ def test_segfault_hang_and_memory_hog_are_reported_and_the_others_finish(tmp_pat
                                   "--json"])
     assert r.exit_code == 1, r.output
     run = json.loads(r.output)
+    recycled = run["executor"].pop("recycled", [])
     assert run["executor"] == {"kind": "process", "workers": 2}
+    # hog out of memory in a worker that ran a model first runs again in a fresh one (and fails there too)
+    assert all(x["after"] == "hog" and x["reason"].endswith("hog runs again in a fresh worker") for x in recycled)
     by = {m["name"]: m for m in run["models"]}
     assert by["mlp"]["status"] == "ok" and by["cnn"]["status"] == "ok"
     for name in ("segfault", "hang", "hog", "exits"):
