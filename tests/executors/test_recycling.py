@@ -41,7 +41,7 @@ models:
 def test_a_leaking_model_gets_its_worker_recycled_and_later_models_succeed(tmp_path):
     """Three models each leave 400 MiB behind; the limit (1.3 GiB) holds a worker with one leak
     (about 0.75 GiB) but not with three: with recycling off, leak_3's worker is killed out of
-    memory (checked by hand). Each leak recycles its worker, so every model runs in a fresh one (the
+    memory (checked by hand; leak_3 then runs again in a fresh worker). Each leak recycles its worker, so every model runs in a fresh one (the
     last one's worker is not recycled: it retires at the end anyway)."""
     (tmp_path / "leaky_models.py").write_text(LEAKY_MODELS)
     log = tmp_path / "pids.txt"
