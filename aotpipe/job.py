@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from aotpipe.errors import AotpipeError, exception_line
+from aotpipe.errors import AotpipeError, CaptureError, exception_line
 from aotpipe.format.source_files import name_files_in
 from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
 from aotpipe.modes import CaptureMode, capture_mode
@@ -242,7 +242,12 @@ def _run(job: _Job) -> None:
         job.mode = capture_mode("dynamo")
         job.inputs, job.pass_problems, job.diagnose, job.eager, job.checks = None, [], {}, None, None
         result.status, result.stage, result.error = "failed", None, None
-        _run_stages(job, fallback=why)
+        try:
+            _run_stages(job, fallback=why)
+        except Exception as e:  # both reasons, as auto's export-failure fallback keeps them
+            detail = str(e) if isinstance(e, AotpipeError) else exception_line(e)
+            raise CaptureError(f"export's training graphs failed their gradient checks ({why}); dynamo "
+                               f"failed: {detail}") from e
     elif lost:
         result.error = f"{result.error}; why: {_LOST_BACKWARD.format(names=', '.join(lost))}: capture with " \
                        "mode: dynamo (or auto), which keeps it"

@@ -512,3 +512,20 @@ def test_int_arithmetic_on_data_dependent_sizes_is_stored_and_replays(tmp_path):
                if n["op"] == "call_function"}
     assert {"operator.add", "operator.sub", "torch.sym_max"} <= targets, sorted(t for t in targets if "." in t[:9])
     assert {r.status for r in replay(folder)} == {"match"}
+
+
+def test_where_dynamo_then_fails_too_the_error_keeps_both_reasons(tmp_path, monkeypatch):
+    import aotpipe.capture
+    from aotpipe.errors import CaptureError
+
+    def no_dynamo(*args, **kwargs):
+        raise CaptureError("dynamo cannot here")
+
+    monkeypatch.setattr(aotpipe.capture, "capture_dynamo", no_dynamo)
+    models, _ = _run(tmp_path, f"  - {{name: auto, source: '{_CUSTOM}', mode: auto, inputs: [{{shape: [4, 8]}}]}}\n")
+    m = models["auto"]
+    assert m.status == "failed" and m.stage == "capture", (m.stage, m.error)
+    assert m.error.startswith("export's training graphs failed their gradient checks (the model's "
+                              "torch.autograd.Function(s) tests.test_failure_classes._ApproxSin have a backward of "
+                              "their own"), m.error
+    assert "; dynamo failed: dynamo cannot here" in m.error, m.error
