@@ -67,6 +67,7 @@ EXTRAS = {
     "aten.min.default": "as max.default",
     "aten.lift_fresh_copy.default": "a copy of a constant tensor export lifted (reads no size or index)",
     "aten.rand_like.default": "uniform draws shaped like a tensor (no size of its own)",
+    "aten.randn_like.default": "normal draws shaped like a tensor (no size of its own; VITS's noise)",
     "aten.randn.generator": "randn with its generator argument (graph.json stores none: the seeded default); "
                             "its literal size is bounded like randn's",
     "aten.grid_sampler_2d_backward.default": "gradient of grid_sample (Mask2Former); runs in a checked form "

@@ -47,7 +47,8 @@ def target_name(target: Any) -> str:
     mod = getattr(target, "__module__", None)
     qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
     raise ArtifactError(f"graph calls {mod}.{qual}, which graph.json cannot store; only torch ops, "
-                        "operator.getitem and int arithmetic on sizes (+ - * // %, sym_max, sym_min) can be stored")
+                        "operator.getitem and arithmetic and comparisons on sizes (aotpipe.artifact.ops.SIZE_ARITHMETIC) "
+                        "can be stored")
 
 
 def resolve_target(name: Any, trusted: frozenset[str] = frozenset()) -> Callable[..., Any]:

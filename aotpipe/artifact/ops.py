@@ -17,9 +17,11 @@ it. What is allowed is what aotpipe's own capture and passes emit:
   ``aten.add.Tensor`` into ``aten.add_.Tensor``, a ``slice_scatter`` into a ``copy_``);
 - the few prims and rngprims decompositions can leave behind (:data:`PRIMS`);
 - ``operator.getitem``, which picks one output of a multi-output op;
-- Python int arithmetic on sizes (:data:`SIZE_ARITHMETIC`: ``+ - * // %``, negation,
-  ``sym_max``, ``sym_min``), which export leaves where a size depends on values; loaded in a
-  checked form that takes ints only and refuses a result beyond an int64;
+- Python arithmetic and comparisons on sizes (:data:`SIZE_ARITHMETIC`: ``+ - * // %``,
+  negation, ``sym_max``, ``sym_min``, ``== != < <= > >=``, ``and``/``or``/``not`` of conditions,
+  ``sym_ite``), which export leaves where a size depends on values; loaded in a checked form
+  that takes ints (and bools where it takes conditions) only and refuses a result beyond an
+  int64;
 - the oneDNN convolutions the ``mkldnn_fuse`` pass emits (:data:`MKLDNN`): named one by
   one, on dense tensors only (no op that builds or reorders into an mkldnn-layout tensor),
   each string argument held to the values listed in :data:`STRING_ARG_VALUES`;
@@ -53,32 +55,46 @@ from aotpipe.errors import ArtifactError
 
 ALLOWED_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn")
 
-# Python int arithmetic export leaves on data-dependent sizes (``u0 + u1``: a nonzero's count
-# plus another, JetMoE's expert routing; SAM3's ``sym_max``), by the name graph.json gives it:
-# (the function capture emits, how many arguments it takes). A loaded graph calls
+# Python int arithmetic and comparisons export leaves on data-dependent sizes (``u0 + u1``: a
+# nonzero's count plus another, JetMoE's expert routing; SAM3's ``sym_max``; BLT's ``u0 == u1 or
+# u2 > 0``; VITS's ``sym_ite``), by the name graph.json gives them: (the function capture emits,
+# the kind of each argument: "int" a size, "bool" a condition). A loaded graph calls
 # :func:`checked_size_arithmetic`'s form of it instead.
-SIZE_ARITHMETIC: dict[str, tuple[Callable[..., Any], int]] = {
-    "operator.add": (operator.add, 2), "operator.sub": (operator.sub, 2), "operator.mul": (operator.mul, 2),
-    "operator.floordiv": (operator.floordiv, 2), "operator.mod": (operator.mod, 2), "operator.neg": (operator.neg, 1),
-    "torch.sym_max": (torch.sym_max, 2), "torch.sym_min": (torch.sym_min, 2),
+_I, _B = "int", "bool"
+SIZE_ARITHMETIC: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
+    "operator.add": (operator.add, (_I, _I)), "operator.sub": (operator.sub, (_I, _I)),
+    "operator.mul": (operator.mul, (_I, _I)), "operator.floordiv": (operator.floordiv, (_I, _I)),
+    "operator.mod": (operator.mod, (_I, _I)), "operator.neg": (operator.neg, (_I,)),
+    "torch.sym_max": (torch.sym_max, (_I, _I)), "torch.sym_min": (torch.sym_min, (_I, _I)),
+    "operator.eq": (operator.eq, (_I, _I)), "operator.ne": (operator.ne, (_I, _I)),
+    "operator.lt": (operator.lt, (_I, _I)), "operator.le": (operator.le, (_I, _I)),
+    "operator.gt": (operator.gt, (_I, _I)), "operator.ge": (operator.ge, (_I, _I)),
+    "operator.and_": (operator.and_, (_B, _B)), "operator.or_": (operator.or_, (_B, _B)),
+    "torch.sym_not": (torch.sym_not, (_B,)), "torch.sym_ite": (torch.sym_ite, (_B, _I, _I)),
 }
 
 # The largest magnitude size arithmetic may give: an int64, what any size or index holds.
 _INT64 = 2 ** 63 - 1
 
 
+def _of_kind(a: Any, kind: str) -> bool:
+    if kind == _B:
+        return isinstance(a, (bool, torch.SymBool))
+    return isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool)
+
+
 def checked_size_arithmetic(name: str) -> Callable[..., Any]:
     """The loaded form of `name` (a SIZE_ARITHMETIC entry): the same function on ints (or
-    symbolic ints, when a check runs the graph on fake tensors) and nothing else, its result
-    within an int64. On anything else (a tensor, a list: ``[0] * 10**12``, a float) it
-    raises a one-line error and computes nothing."""
-    fn, arity = SIZE_ARITHMETIC[name]
+    bools where it takes conditions; symbolic ones when a check runs the graph on fake
+    tensors) and nothing else, its result within an int64. On anything else (a tensor, a
+    list: ``[0] * 10**12``, a float) it raises a one-line error and computes nothing."""
+    fn, kinds = SIZE_ARITHMETIC[name]
 
     def checked(*args: Any) -> Any:
-        if len(args) != arity or not all(isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool)
-                                         for a in args):
-            kinds = ", ".join(type(a).__name__ for a in args)
-            raise ArtifactError(f"{name} takes {arity} int(s) (sizes), got ({kinds}); not computed")
+        if len(args) != len(kinds) or not all(_of_kind(a, k) for a, k in zip(args, kinds)):
+            got = ", ".join(type(a).__name__ for a in args)
+            raise ArtifactError(f"{name} takes ({', '.join(kinds)}) (sizes and conditions), got ({got}); "
+                                "not computed")
         out = fn(*args)
         if isinstance(out, int) and abs(out) > _INT64:
             raise ArtifactError(f"{name} of sizes gave {str(out)[:30]}..., beyond an int64")

@@ -167,9 +167,9 @@ def test_names_that_are_python_keywords_are_refused_before_codegen(nodes):
 
 
 @pytest.mark.parametrize("args,why", [
-    ([[0], 10 ** 12], "operator.mul takes 2 int(s) (sizes), got (list, int); not computed"),  # a 10^12-long list
-    ([{"node": "x"}, 3], "operator.mul takes 2 int(s) (sizes), got (Tensor, int); not computed"),
-    ([True, 3], "operator.mul takes 2 int(s) (sizes), got (bool, int); not computed"),
+    ([[0], 10 ** 12], "operator.mul takes (int, int) (sizes and conditions), got (list, int); not computed"),
+    ([{"node": "x"}, 3], "operator.mul takes (int, int) (sizes and conditions), got (Tensor, int); not computed"),
+    ([True, 3], "operator.mul takes (int, int) (sizes and conditions), got (bool, int); not computed"),
     ([2 ** 62, 4], "operator.mul of sizes gave 18446744073709551616..., beyond an int64"),
 ])
 def test_size_arithmetic_from_a_graph_takes_ints_only_and_stays_within_an_int64(args, why):
@@ -190,10 +190,16 @@ def test_size_arithmetic_round_trips_by_name_and_computes_on_ints():
     for name, fn, args in [("operator.add", operator.add, (7, 5)), ("operator.sub", operator.sub, (7, 5)),
                            ("operator.floordiv", operator.floordiv, (7, 2)), ("operator.mod", operator.mod, (7, 2)),
                            ("operator.neg", operator.neg, (7,)), ("torch.sym_max", torch.sym_max, (7, 5)),
-                           ("torch.sym_min", torch.sym_min, (7, 5))]:
+                           ("torch.sym_min", torch.sym_min, (7, 5)), ("operator.eq", operator.eq, (7, 7)),
+                           ("operator.gt", operator.gt, (7, 5)), ("operator.or_", operator.or_, (False, True)),
+                           ("torch.sym_not", torch.sym_not, (False,)), ("torch.sym_ite", torch.sym_ite, (True, 7, 5))]:
         loaded = resolve_target(name)
         assert loaded is not fn and loaded(*args) == fn(*args), name
         assert op_name(loaded) == op_name(fn) == name
-    for other in ("operator.pow", "operator.lshift", "builtins.max", "operator.add_"):
+    for other in ("operator.pow", "operator.lshift", "builtins.max", "operator.add_", "operator.xor"):
         with pytest.raises(ArtifactError):
             resolve_target(other)
+    with pytest.raises(ArtifactError, match=r"operator.or_ takes \(bool, bool\)"):
+        resolve_target("operator.or_")(6, 1)  # bitwise or of ints: not a condition
+    with pytest.raises(ArtifactError, match=r"torch.sym_ite takes \(bool, int, int\)"):
+        resolve_target("torch.sym_ite")(1, [0] * 3, 2)
