@@ -83,3 +83,10 @@ def own_rss_mib() -> int:
     """The worker's resident memory in MiB (what the parent's memory watch reads)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+
+def leak_wait_and_pid(mib: int, seconds: float) -> tuple[int, int]:
+    """leak_and_pid, then wait `seconds` (so that another worker takes the next task)."""
+    out = leak_and_pid(mib)
+    time.sleep(seconds)
+    return out

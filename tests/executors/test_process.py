@@ -121,15 +121,18 @@ def test_out_of_memory_after_other_models_runs_again_in_a_fresh_worker_and_its_o
     assert isinstance(too_big, Failure) and "out of memory" in too_big.reason and ex.recycled == []
 
 
-def test_a_retry_waits_for_a_fresh_worker_while_the_used_ones_finish_their_tasks():
-    # Two workers: the one that ran out of memory is gone; the other has run a task, so the retry
-    # is not given to it: it is retired, and a fresh worker takes the retry.
+def test_a_retry_waits_for_a_fresh_worker_and_a_used_idle_one_makes_room():
+    # Two workers, each left holding 500 MiB by its first task; the third task needs 700 MiB:
+    # out of memory in either. Its retry is not given to the other (used) worker, which is
+    # retired instead, and a fresh worker runs it.
+    from aotpipe.executors.process import _MAKE_ROOM
+
     (base,) = _run(ProcessExecutor(workers=1), [_task("probe", tasks.own_rss_mib)])
     ex = ProcessExecutor(workers=2, memory_gb=(base + 850) / 1024, recycle_memory_gb=100)
-    out = _run(ex, [_task("leaky", tasks.leak_and_pid, 500), _task("quick", tasks.pid),
-                    _task("edge", tasks.hold_and_pid, 700)])
-    (p_leaky, _), p_quick, p_edge = out
-    assert isinstance(p_edge, int), p_edge
-    if p_edge != p_leaky and any(r.after == "edge" for r in ex.recycled):  # it drew the used worker first
-        assert p_edge not in (p_leaky, p_quick)
-        assert any(r.reason.startswith("out of memory after") for r in ex.recycled)
+    (p1, _), (p2, _), p_edge = _run(ex, [_task("leaky1", tasks.leak_wait_and_pid, 500, 5),
+                                         _task("leaky2", tasks.leak_wait_and_pid, 500, 5),
+                                         _task("edge", tasks.hold_and_pid, 700)])
+    assert p1 != p2 and isinstance(p_edge, int) and p_edge not in (p1, p2), (p1, p2, p_edge)
+    reasons = sorted(r.reason for r in ex.recycled)
+    assert reasons == sorted([_MAKE_ROOM, "out of memory after 1 other model(s) in this worker; edge runs again "
+                                          "in a fresh worker"]), reasons
