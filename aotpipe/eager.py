@@ -88,7 +88,7 @@ class EagerRun:
     loss: Optional[torch.Tensor] = None
     grads: dict[str, Optional[torch.Tensor]] = field(default_factory=dict)
     nondeterministic: list[str] = field(default_factory=list)
-    # training: the autograd.Function classes whose own backward the loss's gradient ran
+    # the float32 training run: the autograd.Function classes whose own backward its gradient ran
     custom_backwards: list[str] = field(default_factory=list)
 
 
@@ -294,7 +294,8 @@ class EagerReference:
                         t.grad = None
                     out = model(*args, **kwargs)
                     loss = model_loss(_only(out, self.loss_outputs), self.loss)
-                    functions[:] = custom_backwards(loss)
+                    if not fp64 and not nudged:  # the same Functions in every run: list them once
+                        functions[:] = custom_backwards(loss)
                     loss.backward()
                     return out, loss
                 stack.enter_context(torch.no_grad())
