@@ -230,6 +230,59 @@ def test_a_guard_on_the_inputs_values_is_not_decided_on_the_example(tmp_path, mo
     assert not any("captured static" in n for n in m.notes), m.notes
 
 
+STEPS_TAKEN = [0]  # DecodesUntilStop's steps, by any trace or run
+
+
+class DecodesUntilStop(torch.nn.Module):
+    """A decoder loop that stops when its output says so (SLANet's table structure, a text
+    decoder's end token): each step's guard is on the data, one per step."""
+
+    def __init__(self, steps: int = 100):
+        super().__init__()
+        self.cell = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+        self.steps = steps
+
+    def forward(self, x):
+        for _ in range(self.steps):
+            STEPS_TAKEN[0] += 1  # outside the module: torch.export restores the module's attributes
+            x = self.cell(x)
+            if (x.sum(-1) > 1e9).all():  # never true: every step runs
+                break
+        return x
+
+
+def decodes_until_stop():
+    return DecodesUntilStop()
+
+
+def test_deciding_guards_stops_at_its_limit_on_a_loop_over_data():
+    from aotpipe.capture.export import MAX_DECIDED_GUARDS, _export_deciding_guards
+
+    model, x = DecodesUntilStop(100), torch.randn(2, 4)
+    STEPS_TAKEN[0] = 0
+    assert _export_deciding_guards(model, (x,), {}) is None
+    assert STEPS_TAKEN == [MAX_DECIDED_GUARDS + 1]  # the trace stopped at the guard over the limit
+    # Planted fault (no limit worth the name): the same trace decides all 100 and unrolls the loop.
+    STEPS_TAKEN[0] = 0
+    ep = _export_deciding_guards(model, (x,), {}, max_guards=1000)
+    assert ep is not None and STEPS_TAKEN == [100]
+    assert sum(n.target is torch.ops.aten._assert_scalar.default for n in ep.graph.nodes) >= 100  # one per step, at least
+
+
+def test_a_loop_over_data_fails_export_on_its_first_guard_without_unrolling(tmp_path):
+    from aotpipe.capture.export import MAX_DECIDED_GUARDS
+
+    STEPS_TAKEN[0] = 0
+    models, _ = _run(tmp_path, "  - {name: loop, source: 'tests.test_failure_classes:decodes_until_stop', "
+                               "inputs: [{shape: [2, 4]}]}\n")
+    m = models["loop"]
+    assert m.status == "failed" and m.stage == "capture", (m.status, m.stage)
+    assert m.error.startswith("torch.export (inference) failed: GuardOnDataDependentSymNode: Could not guard "
+                              "on data-dependent expression Eq(u0, 1)"), m.error  # the first export's guard
+    # The first export stops at step 1, the deciding one past its limit: no trace unrolled the loop.
+    assert STEPS_TAKEN == [1 + MAX_DECIDED_GUARDS + 1], STEPS_TAKEN
+
+
 @pytest.mark.slow
 def test_the_mimi_encoder_captures_in_export_mode_with_every_check_passing(tmp_path):
     pytest.importorskip("transformers")

@@ -321,19 +321,52 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
     return ep
 
 
-def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict
-                            ) -> Optional[torch.export.ExportedProgram]:
+# Guards the deciding export may decide before it gives up. Sizes computed from a model's own
+# constants take a few (Mimi's encoder: 1); a loop that runs until its output says stop (a
+# decoder's end token, SLANet's table structure) decides one per step, each on the data, and
+# would unroll to its step limit (SLANeXt: 501 guards, 52 s) only for the fold to refuse it.
+MAX_DECIDED_GUARDS = 64
+
+
+class _TooManyGuards(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _at_most_decided_guards(limit: int) -> Iterator[None]:
+    """Stop a real-tensor-propagation trace at its `limit`+1-th decided guard (_TooManyGuards)."""
+    shape_env = torch.fx.experimental.symbolic_shapes.ShapeEnv
+    log_decided = shape_env._log_real_tensor_propagation  # called once per decided guard
+    decided = 0
+
+    def counted(self: Any, orig_expr: Any, unsound_result: Any) -> None:
+        nonlocal decided
+        decided += 1
+        if decided > limit:
+            raise _TooManyGuards(f"more than {limit} data-dependent guards decided on the example's values")
+        log_decided(self, orig_expr, unsound_result)
+
+    shape_env._log_real_tensor_propagation = counted
+    try:
+        yield
+    finally:
+        shape_env._log_real_tensor_propagation = log_decided
+
+
+def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict,
+                            max_guards: int = MAX_DECIDED_GUARDS) -> Optional[torch.export.ExportedProgram]:
     """torch.export with real-tensor propagation (what ``torch.export.draft_export`` uses, at a
     tenth of its time): each data-dependent guard is decided on the example's values and left in
     the graph as a run-time assertion, for unbacked.fold_constant_sizes to accept only where it
-    follows from constants. None if even that fails. The model's buffers and the generator are
+    follows from constants. None if even that fails, or if it decides more than `max_guards`
+    guards (a loop on data: see MAX_DECIDED_GUARDS). The model's buffers and the generator are
     left as they were (the real run alongside the trace would advance them)."""
     saved = {n: b.detach().clone() for n, b in model.named_buffers()}
     logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")  # one warning per decided guard
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        with torch.random.fork_rng(devices=[]), \
+        with torch.random.fork_rng(devices=[]), _at_most_decided_guards(max_guards), \
                 torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True):
             return torch.export.export(model, args, kwargs, strict=False)
     except Exception:  # noqa: BLE001 - the caller raises the first export's error

@@ -179,10 +179,14 @@ def branches_on_random_draw(ep: "torch.export.ExportedProgram") -> bool:
     graph = ep.graph_module.graph
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     reach_output = _ancestors(output)
+    # One pass in graph order (each node after its inputs): does a draw that reaches no output
+    # flow into the node? (An ancestor walk per assertion was quadratic: SLANeXt's 501.)
+    tainted: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten._assert_scalar.default:
-            if any(a.op == "call_function" and op_draws_random(a.target) and a not in reach_output
-                   for a in _ancestors(node)):
+        if (node.op == "call_function" and op_draws_random(node.target) and node not in reach_output) \
+                or any(i in tainted for i in node.all_input_nodes):
+            tainted.add(node)
+            if node.op == "call_function" and node.target is torch.ops.aten._assert_scalar.default:
                 return True
     return False
 
