@@ -457,7 +457,73 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
 RUNTIME_BOUNDED = frozenset({aten.bincount.default, aten.repeat_interleave.Tensor})
 
 
-_TWINS: "weakref.WeakKeyDictionary[torch.fx.GraphModule, tuple[str, torch.fx.GraphModule]]" = weakref.WeakKeyDictionary()
+# ---------------------------------------------------------------------------------------
+# views whose reach only the run's values decide
+
+# gm.meta key: names of the view nodes the precheck could not bound (their sizes come from
+# values read while the graph runs: an MoE's routed-token counts); each runs checked.
+RUN_CHECKED_VIEWS = "aotpipe_run_checked_views"
+
+
+def is_view_op(target: Any) -> bool:
+    """An op whose outputs only alias its inputs' memory, reading and writing none of it."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return False
+    return all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+def reach_bytes(t: torch.Tensor) -> int:
+    """Bytes of its storage a strided tensor reaches, from the storage's start."""
+    if t.numel() == 0:
+        return 0
+    return (t.storage_offset() + 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
+class ViewCheckedAtRun:
+    """A view op whose sizes the precheck could not bound: the view is first made on meta
+    tensors laid out like the arguments (shapes, strides, offsets, storage sizes; no data),
+    and each output must lie within the storage it views; only then is the op itself run."""
+
+    def __init__(self, op: Any, where: str):
+        self.checked_op = getattr(op, "checked_op", op)
+        self.inner = op
+        self.where = where
+        short = self.checked_op.__name__.replace(".", "_")
+        self.__name__ = self.__qualname__ = f"run_checked_{short}"
+        self.__module__ = __name__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        storage_bytes: dict[int, int] = {}
+
+        def meta(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
+                return v
+            nbytes = v.untyped_storage().nbytes()
+            base = torch.empty(nbytes // v.element_size(), dtype=v.dtype, device="meta")
+            storage_bytes[id(base.untyped_storage())] = nbytes
+            return base.as_strided(v.shape, v.stride(), v.storage_offset())
+
+        meta_args, meta_kwargs = torch.utils._pytree.tree_map(meta, (args, kwargs))
+        try:
+            made = self.checked_op(*meta_args, **meta_kwargs)
+        except Exception:  # noqa: BLE001 - the arguments fail torch's own checks: the op says so itself
+            made = None
+        for t in torch.utils._pytree.tree_leaves(made):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                have = storage_bytes.get(id(t.untyped_storage()))
+                need = reach_bytes(t)
+                if have is not None and need > have:
+                    raise ArtifactError(
+                        f"{self.where} ({op_name(self.checked_op)}): gives a view (sizes {list(t.shape)[:8]}, strides "
+                        f"{list(t.stride())[:8]}, storage offset {t.storage_offset()}) that reaches byte {need:,} "
+                        f"of a storage of {have:,} bytes; the kernel was not run")
+        return self.inner(*args, **kwargs)
+
+
+_TWINS: "weakref.WeakKeyDictionary[torch.fx.GraphModule, tuple[Any, torch.fx.GraphModule]]" = weakref.WeakKeyDictionary()
 
 
 def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
@@ -467,18 +533,22 @@ def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
     itself if it has none of them."""
     # A pass may rewrite `gm`'s graph in place after a run (the loader's recompute runs the
     # chain on the loaded base graph): a twin is good only for the code it was made from.
-    code = gm.code
+    # The views checked at run time are the precheck's finding for the inputs it has seen.
+    run_checked = frozenset(gm.meta.get(RUN_CHECKED_VIEWS, ()))
+    key = (gm.code, run_checked)
     cached = _TWINS.get(gm)
-    if cached is not None and cached[0] == code:
+    if cached is not None and cached[0] == key:
         return cached[1]
-    if not any(n.op == "call_function" and n.target in CHECKS for n in gm.graph.nodes):
+    if not any(n.op == "call_function" and (n.target in CHECKS or n.name in run_checked) for n in gm.graph.nodes):
         twin = gm
     else:
         graph = copy.deepcopy(gm.graph)
         for n in graph.nodes:
             if n.op == "call_function" and n.target in CHECKS:
                 n.target = CheckedOp(n.target, CHECKS[n.target], f"{where}: node {n.name!r}")
+            if n.op == "call_function" and n.name in run_checked:
+                n.target = ViewCheckedAtRun(n.target, f"{where}: node {n.name!r}")
         twin = torch.fx.GraphModule(gm, graph)  # gm's constants, not copies
         twin.meta.update({k: v for k, v in gm.meta.items()})
-    _TWINS[gm] = (code, twin)
+    _TWINS[gm] = (key, twin)
     return twin

@@ -10,7 +10,11 @@ very inputs and constants it is about to get, and refuses, naming the node and o
 
 - a value that reaches outside its storage: each node's tensors are held against the
   storage they live in, at the size it had when it was made (a fake ``as_strided`` grows
-  its fake storage instead of failing, as the real kernel may fail or may not);
+  its fake storage instead of failing, as the real kernel may fail or may not). A view
+  whose sizes are read from values while the graph runs (an MoE's routed-token counts),
+  and so has no bound here or one that overshoots, is checked when it runs instead: made
+  first on meta tensors with the run's sizes, it must lie within its storage before its
+  kernel runs (checked.ViewCheckedAtRun);
 - a tensor over the per-tensor byte limit, and a peak of live bytes (inputs, constants,
   and every intermediate until its last use; outputs live to the end) over ``max_bytes``;
 - a size that depends on values and has no bound: ``nonzero``, ``masked_select`` and
@@ -39,7 +43,7 @@ import torch.fx
 
 from aotpipe.format import limits
 from aotpipe.format.records import RawJson
-from aotpipe.artifact.checked import RUNTIME_BOUNDED, checked_twin
+from aotpipe.artifact.checked import RUN_CHECKED_VIEWS, RUNTIME_BOUNDED, checked_twin, is_view_op
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph
 from aotpipe.errors import ArtifactError, LimitError, exception_line
@@ -193,6 +197,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
 
     env: dict[torch.fx.Node, Any] = {}
     inputs_iter = iter(inputs)
+    run_checked: set[str] = gm.meta.setdefault(RUN_CHECKED_VIEWS, set())
     with mode:
         for node in graph.nodes:
             if node.op == "placeholder":
@@ -243,7 +248,14 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                                                     f"with {limits.ENV[tensor_name]} or --max-bytes)", LimitError)
                         refs[key] = 0
                         live += nbytes
-                    if span is not None and span * item > storage_bytes[key]:
+                    if (span is None or span * item > storage_bytes[key]) and is_view_op(target) \
+                            and _unbacked_geometry(t):
+                        # Sizes read from values while the graph runs: their static bound can
+                        # overshoot (the sum of four routed-token counts, each bounded by all
+                        # tokens) or not exist. The view is checked with the run's values
+                        # before its kernel runs (checked.ViewCheckedAtRun).
+                        run_checked.add(node.name)
+                    elif span is not None and span * item > storage_bytes[key]:
                         raise refuse.node(node, f"gives a view (sizes {list(t.shape)[:8]}, strides "
                                                 f"{list(t.stride())[:8]}, storage offset {t.storage_offset()}) "
                                                 f"that reaches byte {span * item:,} of a storage of "
@@ -351,6 +363,12 @@ def _span(t: torch.Tensor, shape_env: Any) -> Optional[int]:
     if any(s == 0 for s in sizes):
         return 0
     return offset + 1 + sum((s - 1) * abs(st) for s, st in zip(sizes, strides))
+
+
+def _unbacked_geometry(t: torch.Tensor) -> bool:
+    """Whether a tensor's sizes, strides or offset are read from values while the graph runs."""
+    return any(isinstance(s, torch.SymInt) and free_unbacked_symbols(s)
+               for s in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _describe(t: torch.Tensor) -> str:

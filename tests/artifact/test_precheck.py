@@ -5,6 +5,7 @@ import json
 import threading
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 import aotpipe
@@ -134,6 +135,61 @@ def test_a_view_past_its_storage_is_refused(mlp_copy):
         replay(mlp_copy, graphs=["inference"])
     assert ("node 'far' (aten.as_strided.default) gives a view (sizes [10, 10], strides [1000, 1], storage "
             "offset 0) that reaches byte 36,040 of a storage of 1,024 bytes") in str(e.value)
+
+
+# A view whose size is read from values while the graph runs (JetMoE's joint: an expand to
+# the sum of four routed-token counts, each bounded by all tokens, so the static bound is 4x
+# the storage). x's 256 elements are all >= -1e30, so `rows` is 8 when the graph runs.
+ROWS_FROM_VALUES = [("pos", "aten.ge.Scalar", [X, -1e30], {}),
+                    ("cnt", "aten.sum.default", [{"node": "pos"}], {}),
+                    ("u", "aten._local_scalar_dense.default", [{"node": "cnt"}], {}),
+                    ("rows", "operator.floordiv", [{"node": "u"}, 32], {})]
+
+
+def _run_inference(folder):
+    from aotpipe.replay import run_graph
+
+    ga = aotpipe.load(folder).graphs["inference"]
+    return ga, run_graph(ga.module, ga.saved_inputs())
+
+
+def test_a_view_sized_by_values_is_checked_when_it_runs_and_runs_when_within_its_storage(mlp_copy):
+    add_nodes(mlp_copy, ROWS_FROM_VALUES + [("e", "aten.expand.default", [X, [{"node": "rows"}, 32]], {})],
+              outputs=["e"])
+    ga, out = _run_inference(mlp_copy)
+    assert ga.module.meta[precheck.RUN_CHECKED_VIEWS] == {"e"}
+    assert torch.equal(out[0], ga.saved_inputs()[-1])  # x itself, expanded to its own 8 rows
+    twin = precheck.checked_twin(ga.module, "graph.json")
+    assert [n.target.__name__ for n in twin.graph.nodes if n.name == "e"] == ["run_checked_expand_default"]
+
+
+def test_a_view_sized_by_values_past_its_storage_is_refused_before_its_kernel_runs(mlp_copy, monkeypatch):
+    from aotpipe.artifact import checked
+
+    # the same rows (8), as a view of x that steps 4 rows at a time: byte 3,200 of x's 1,024
+    add_nodes(mlp_copy, ROWS_FROM_VALUES + [("far", "aten.as_strided.default", [X, [{"node": "rows"}, 32], [128, 1], 0],
+                                             {})], outputs=["far"])
+    ran = []
+    monkeypatch.setattr(checked.ViewCheckedAtRun, "__call__", _spy(checked.ViewCheckedAtRun.__call__, ran))
+    with pytest.raises(ArtifactError) as e:
+        _run_inference(mlp_copy)
+    assert str(e.value).endswith("graph.json: node 'far' (aten.as_strided.default): gives a view (sizes [8, 32], "
+                                 "strides [128, 1], storage offset 0) that reaches byte 3,712 of a storage of "
+                                 "1,024 bytes; the kernel was not run"), str(e.value)
+    assert ran == ["far"]  # aotpipe's check, ahead of torch's own in the kernel (a RuntimeError)
+    # Planted fault: without the deferral the precheck lets the unbounded view through
+    # silently (its static span is unknown) and nothing checks it when it runs.
+    monkeypatch.setattr(precheck, "is_view_op", lambda target: False)
+    mod = aotpipe.load(mlp_copy).graphs["inference"].module
+    precheck.check_graph(mod, aotpipe.load(mlp_copy).graphs["inference"].saved_inputs())
+    assert not mod.meta[precheck.RUN_CHECKED_VIEWS]
+
+
+def _spy(call, ran):
+    def spied(self, *args, **kwargs):
+        ran.append(self.where.rsplit("'", 2)[-2])
+        return call(self, *args, **kwargs)
+    return spied
 
 
 def test_a_graph_is_checked_once_per_input_layout(mlp_copy, monkeypatch):
