@@ -185,6 +185,27 @@ def test_a_view_sized_by_values_past_its_storage_is_refused_before_its_kernel_ru
     assert not mod.meta[precheck.RUN_CHECKED_VIEWS]
 
 
+def test_a_view_sized_by_values_that_torch_rejects_fails_as_torch_says_without_its_kernel(mlp_copy, monkeypatch):
+    from aotpipe.artifact import checked
+
+    rows16 = [(n, t, a if n != "rows" else [{"node": "u"}, 16], k) for n, t, a, k in ROWS_FROM_VALUES]
+    add_nodes(mlp_copy, rows16 + [("e", "aten.expand.default", [X, [{"node": "rows"}, 32]], {})], outputs=["e"])
+    ran = []
+    monkeypatch.setattr(checked.ViewCheckedAtRun, "__init__", _spy_init(checked.ViewCheckedAtRun.__init__, ran))
+    with pytest.raises(RuntimeError, match=r"^The expanded size of the tensor \(16\) must match the existing size "
+                                           r"\(8\) at non-singleton dimension 0"):
+        _run_inference(mlp_copy)
+    assert [w.checked_op for w in ran] == [torch.ops.aten.expand.default]  # checked, and its kernel never ran
+
+
+def _spy_init(init, made):
+    def spied(self, op, where):
+        init(self, op, where)
+        made.append(self)
+        self.inner = lambda *a, **k: pytest.fail("the real kernel ran")
+    return spied
+
+
 def _spy(call, ran):
     def spied(self, *args, **kwargs):
         ran.append(self.where.rsplit("'", 2)[-2])
