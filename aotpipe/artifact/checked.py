@@ -465,14 +465,11 @@ RUNTIME_BOUNDED = frozenset({aten.bincount.default, aten.repeat_interleave.Tenso
 RUN_CHECKED_VIEWS = "aotpipe_run_checked_views"
 
 
-def is_view_op(target: Any) -> bool:
-    """An op whose outputs only alias its inputs' memory, reading and writing none of it."""
+def aliases_inputs(target: Any) -> bool:
+    """An op whose outputs are its inputs' memory (a view, an in-place op): what they reach
+    lies in its inputs' storages, and its meta kernel gives their sizes, strides and offset."""
     schema = getattr(target, "_schema", None)
-    if schema is None or not schema.returns:
-        return False
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-        return False
-    return all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    return schema is not None and bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
 
 
 def reach_bytes(t: torch.Tensor) -> int:
@@ -482,8 +479,11 @@ def reach_bytes(t: torch.Tensor) -> int:
     return (t.storage_offset() + 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))) * t.element_size()
 
 
+_META_ELEMENTS = 1 << 56
+
+
 class ViewCheckedAtRun:
-    """A view op whose sizes the precheck could not bound: the view is first made on meta
+    """A view (or in-place) op whose sizes the precheck could not bound: the view is first made on meta
     tensors laid out like the arguments (shapes, strides, offsets, storage sizes; no data),
     and each output must lie within the storage it views; only then is the op itself run."""
 
@@ -502,7 +502,9 @@ class ViewCheckedAtRun:
             if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
                 return v
             nbytes = v.untyped_storage().nbytes()
-            base = torch.empty(nbytes // v.element_size(), dtype=v.dtype, device="meta")
+            # A meta storage far larger than the real one (meta allocates nothing), so that a
+            # reach past the real one is this check's refusal, not a meta kernel's own error.
+            base = torch.empty(_META_ELEMENTS, dtype=v.dtype, device="meta")
             storage_bytes[base.untyped_storage()._cdata] = nbytes
             return base.as_strided(v.shape, v.stride(), v.storage_offset())
 

@@ -43,7 +43,7 @@ import torch.fx
 
 from aotpipe.format import limits
 from aotpipe.format.records import RawJson
-from aotpipe.artifact.checked import RUN_CHECKED_VIEWS, RUNTIME_BOUNDED, checked_twin, is_view_op
+from aotpipe.artifact.checked import RUN_CHECKED_VIEWS, RUNTIME_BOUNDED, aliases_inputs, checked_twin
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph
 from aotpipe.errors import ArtifactError, LimitError, exception_line
@@ -248,7 +248,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                                                     f"with {limits.ENV[tensor_name]} or --max-bytes)", LimitError)
                         refs[key] = 0
                         live += nbytes
-                    if (span is None or span * item > storage_bytes[key]) and is_view_op(target) \
+                    if (span is None or span * item > storage_bytes[key]) and aliases_inputs(target) \
                             and _unbacked_geometry(t):
                         # Sizes read from values while the graph runs: their static bound can
                         # overshoot (the sum of four routed-token counts, each bounded by all

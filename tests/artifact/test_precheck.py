@@ -163,23 +163,26 @@ def test_a_view_sized_by_values_is_checked_when_it_runs_and_runs_when_within_its
     assert [n.target.__name__ for n in twin.graph.nodes if n.name == "e"] == ["run_checked_expand_default"]
 
 
-def test_a_view_sized_by_values_past_its_storage_is_refused_before_its_kernel_runs(mlp_copy, monkeypatch):
+@pytest.mark.parametrize("op", ["aten.as_strided.default", "aten.as_strided_.default"])
+def test_a_view_sized_by_values_past_its_storage_is_refused_before_its_kernel_runs(mlp_copy, monkeypatch, op):
     from aotpipe.artifact import checked
 
-    # the same rows (8), as a view of x that steps 4 rows at a time: byte 3,200 of x's 1,024
-    add_nodes(mlp_copy, ROWS_FROM_VALUES + [("far", "aten.as_strided.default", [X, [{"node": "rows"}, 32], [128, 1], 0],
-                                             {})], outputs=["far"])
+    # the same rows (8), as a view of x (a copy of it, in place) that steps 4 rows at a time:
+    # byte 3,712 of x's 1,024
+    add_nodes(mlp_copy, ROWS_FROM_VALUES + [("xc", "aten.clone.default", [X], {}),
+                                            ("far", op, [{"node": "xc"}, [{"node": "rows"}, 32], [128, 1], 0], {})],
+              outputs=["far"])
     ran = []
     monkeypatch.setattr(checked.ViewCheckedAtRun, "__call__", _spy(checked.ViewCheckedAtRun.__call__, ran))
     with pytest.raises(ArtifactError) as e:
         _run_inference(mlp_copy)
-    assert str(e.value).endswith("graph.json: node 'far' (aten.as_strided.default): gives a view (sizes [8, 32], "
+    assert str(e.value).endswith(f"graph.json: node 'far' ({op}): gives a view (sizes [8, 32], "
                                  "strides [128, 1], storage offset 0) that reaches byte 3,712 of a storage of "
                                  "1,024 bytes; the kernel was not run"), str(e.value)
     assert ran == ["far"]  # aotpipe's check, ahead of torch's own in the kernel (a RuntimeError)
     # Planted fault: without the deferral the precheck lets the unbounded view through
     # silently (its static span is unknown) and nothing checks it when it runs.
-    monkeypatch.setattr(precheck, "is_view_op", lambda target: False)
+    monkeypatch.setattr(precheck, "aliases_inputs", lambda target: False)
     mod = aotpipe.load(mlp_copy).graphs["inference"].module
     precheck.check_graph(mod, aotpipe.load(mlp_copy).graphs["inference"].saved_inputs())
     assert not mod.meta[precheck.RUN_CHECKED_VIEWS]
