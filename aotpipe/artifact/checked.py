@@ -479,14 +479,34 @@ def reach_bytes(t: torch.Tensor) -> int:
     return (t.storage_offset() + 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))) * t.element_size()
 
 
+# gm.meta key: node name -> bytes, for the nodes that make a tensor whose size only the run's
+# values decide (an arange to a count read from a tensor): each may make at most that much.
+RUN_CHECKED_ALLOCS = "aotpipe_run_checked_allocs"
+
 _META_ELEMENTS = 1 << 56
 
 
-class ViewCheckedAtRun:
-    """A view (or in-place) op whose sizes the precheck could not bound: the view is first made on meta
-    tensors laid out like the arguments (shapes, strides, offsets, storage sizes; no data),
-    and each output must lie within the storage it views; only then is the op itself run."""
+def _on_meta(op: Any, args: tuple, kwargs: dict) -> tuple[Any, dict[int, int]]:
+    """`op` run on meta tensors laid out like the tensor arguments (shapes, strides, offsets;
+    no data), and the real storages' bytes by meta storage (its C++ address). Each meta
+    storage is far larger than the real one (meta allocates nothing), so that a reach past
+    the real one is the caller's refusal, not a meta kernel's own error. Arguments torch's own
+    checks reject (an expand to a size that does not match) raise here, as the real kernel
+    would, and the real kernel is never reached unchecked."""
+    storage_bytes: dict[int, int] = {}
 
+    def meta(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
+            return v
+        base = torch.empty(_META_ELEMENTS, dtype=v.dtype, device="meta")
+        storage_bytes[base.untyped_storage()._cdata] = v.untyped_storage().nbytes()
+        return base.as_strided(v.shape, v.stride(), v.storage_offset())
+
+    meta_args, meta_kwargs = torch.utils._pytree.tree_map(meta, (args, kwargs))
+    return op(*meta_args, **meta_kwargs), storage_bytes
+
+
+class _CheckedAtRun:
     def __init__(self, op: Any, where: str):
         self.checked_op = getattr(op, "checked_op", op)
         self.inner = op
@@ -495,32 +515,47 @@ class ViewCheckedAtRun:
         self.__name__ = self.__qualname__ = f"run_checked_{short}"
         self.__module__ = __name__
 
+    def _refuse(self, why: str) -> ArtifactError:
+        return ArtifactError(f"{self.where} ({op_name(self.checked_op)}): {why}; the kernel was not run")
+
+
+class ViewCheckedAtRun(_CheckedAtRun):
+    """A view (or in-place) op whose sizes the precheck could not bound, or over a storage
+    whose size only the run decides: the view is first made on meta tensors laid out like the
+    arguments, and each output must lie within the storage it views; only then is the op run."""
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        storage_bytes: dict[int, int] = {}  # meta storage (its C++ address) -> the real one's bytes
-
-        def meta(v: Any) -> Any:
-            if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
-                return v
-            nbytes = v.untyped_storage().nbytes()
-            # A meta storage far larger than the real one (meta allocates nothing), so that a
-            # reach past the real one is this check's refusal, not a meta kernel's own error.
-            base = torch.empty(_META_ELEMENTS, dtype=v.dtype, device="meta")
-            storage_bytes[base.untyped_storage()._cdata] = nbytes
-            return base.as_strided(v.shape, v.stride(), v.storage_offset())
-
-        meta_args, meta_kwargs = torch.utils._pytree.tree_map(meta, (args, kwargs))
-        # Arguments torch's own checks reject (an expand to a size that does not match) raise
-        # here, as the real kernel would, and the real kernel is never reached unchecked.
-        made = self.checked_op(*meta_args, **meta_kwargs)
+        made, storage_bytes = _on_meta(self.checked_op, args, kwargs)
         for t in torch.utils._pytree.tree_leaves(made):
             if isinstance(t, torch.Tensor) and t.layout == torch.strided:
                 have = storage_bytes.get(t.untyped_storage()._cdata)
                 need = reach_bytes(t)
                 if have is not None and need > have:
-                    raise ArtifactError(
-                        f"{self.where} ({op_name(self.checked_op)}): gives a view (sizes {list(t.shape)[:8]}, strides "
-                        f"{list(t.stride())[:8]}, storage offset {t.storage_offset()}) that reaches byte {need:,} "
-                        f"of a storage of {have:,} bytes; the kernel was not run")
+                    raise self._refuse(f"gives a view (sizes {list(t.shape)[:8]}, strides {list(t.stride())[:8]}, "
+                                       f"storage offset {t.storage_offset()}) that reaches byte {need:,} of a "
+                                       f"storage of {have:,} bytes")
+        return self.inner(*args, **kwargs)
+
+
+class AllocationCheckedAtRun(_CheckedAtRun):
+    """An op that makes a tensor whose size only the run's values decide: it is first made on
+    meta tensors (sizes, no memory), and may need at most `limit` bytes, the share of the room
+    the graph leaves under the byte limit that the precheck gave it; only then is the op run."""
+
+    def __init__(self, op: Any, limit: int, where: str):
+        super().__init__(op, where)
+        self.limit = limit
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        made, inputs = _on_meta(self.checked_op, args, kwargs)
+        fresh = {t.untyped_storage()._cdata: t for t in torch.utils._pytree.tree_leaves(made)
+                 if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in inputs}
+        need = sum(t.untyped_storage().nbytes() for t in fresh.values())
+        if need > self.limit:
+            shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)[:8]}" for t in fresh.values())
+            raise self._refuse(f"makes {shapes} ({limits.human(need)}) from values read while the graph runs, over "
+                               f"the {limits.human(self.limit)} the graph leaves it under the byte limit (raise it "
+                               "with AOTPIPE_MAX_BYTES or --max-bytes)")
         return self.inner(*args, **kwargs)
 
 
@@ -536,19 +571,25 @@ def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
     # chain on the loaded base graph): a twin is good only for the code it was made from.
     # The views checked at run time are the precheck's finding for the inputs it has seen.
     run_checked = frozenset(gm.meta.get(RUN_CHECKED_VIEWS, ()))
-    key = (gm.code, run_checked)
+    run_allocs = dict(gm.meta.get(RUN_CHECKED_ALLOCS, {}))
+    key = (gm.code, run_checked, frozenset(run_allocs.items()))
     cached = _TWINS.get(gm)
     if cached is not None and cached[0] == key:
         return cached[1]
-    if not any(n.op == "call_function" and (n.target in CHECKS or n.name in run_checked) for n in gm.graph.nodes):
+    if not any(n.op == "call_function" and (n.target in CHECKS or n.name in run_checked or n.name in run_allocs)
+               for n in gm.graph.nodes):
         twin = gm
     else:
         graph = copy.deepcopy(gm.graph)
         for n in graph.nodes:
-            if n.op == "call_function" and n.target in CHECKS:
+            if n.op != "call_function":
+                continue
+            if n.target in CHECKS:
                 n.target = CheckedOp(n.target, CHECKS[n.target], f"{where}: node {n.name!r}")
-            if n.op == "call_function" and n.name in run_checked:
+            if n.name in run_checked:
                 n.target = ViewCheckedAtRun(n.target, f"{where}: node {n.name!r}")
+            elif n.name in run_allocs:
+                n.target = AllocationCheckedAtRun(n.target, run_allocs[n.name], f"{where}: node {n.name!r}")
         twin = torch.fx.GraphModule(gm, graph)  # gm's constants, not copies
         twin.meta.update({k: v for k, v in gm.meta.items()})
     _TWINS[gm] = (key, twin)

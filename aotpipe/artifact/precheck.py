@@ -21,7 +21,10 @@ very inputs and constants it is about to get, and refuses, naming the node and o
   ``unique`` are bounded by their input's size (torch's fake kernels say so); a
   ``bincount`` or ``repeat_interleave`` size is the bound the checked forms enforce when
   they run (aotpipe/artifact/checked.py: at most the per-tensor limit); a size read from
-  a tensor's value (``item()``) has no bound, and is refused;
+  a tensor's value (``item()``) has no bound here: each node making such a tensor runs
+  checked (checked.AllocationCheckedAtRun: made on meta first, from the run's values) and
+  may make at most an equal share of the room the checked peak leaves under ``max_bytes``,
+  so that all of them at once still fit; a view of such a tensor is checked when it runs;
 - an op torch has no fake kernel for (it cannot be checked without running it).
 
 A node whose arguments torch's own checks reject (a wrong shape or type) raises
@@ -43,7 +46,8 @@ import torch.fx
 
 from aotpipe.format import limits
 from aotpipe.format.records import RawJson
-from aotpipe.artifact.checked import RUN_CHECKED_VIEWS, RUNTIME_BOUNDED, aliases_inputs, checked_twin
+from aotpipe.artifact.checked import (RUN_CHECKED_ALLOCS, RUN_CHECKED_VIEWS, RUNTIME_BOUNDED, aliases_inputs,
+                                     checked_twin)
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph
 from aotpipe.errors import ArtifactError, LimitError, exception_line
@@ -198,6 +202,8 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     env: dict[torch.fx.Node, Any] = {}
     inputs_iter = iter(inputs)
     run_checked: set[str] = gm.meta.setdefault(RUN_CHECKED_VIEWS, set())
+    unbounded: list[torch.fx.Node] = []  # nodes making a tensor whose size only the run decides
+    peak = 0
     with mode:
         for node in graph.nodes:
             if node.op == "placeholder":
@@ -239,8 +245,13 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                     if key not in storage_bytes:  # made by this node
                         nbytes = _upper(t.untyped_storage().nbytes(), shape_env)
                         if nbytes is None:
-                            raise refuse.node(node, "makes a tensor whose size depends on values read from "
-                                                    "tensors while the graph runs, with no bound")
+                            # A size read from values while the graph runs, with no bound here
+                            # (an arange to a count): the node runs checked, held to a share of
+                            # the room the graph leaves under the limit (see below).
+                            storage_bytes[key] = None
+                            if node not in unbounded:
+                                unbounded.append(node)
+                            continue
                         storage_bytes[key] = nbytes
                         if nbytes > tensor_limit:
                             raise refuse.node(node, f"makes {_describe(t)}, which needs {limits.human(nbytes)}, "
@@ -248,7 +259,10 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                                                     f"with {limits.ENV[tensor_name]} or --max-bytes)", LimitError)
                         refs[key] = 0
                         live += nbytes
-                    if (span is None or span * item > storage_bytes[key]) and aliases_inputs(target) \
+                    if storage_bytes[key] is None:  # a view of a tensor only the run sizes
+                        if aliases_inputs(target):
+                            run_checked.add(node.name)
+                    elif (span is None or span * item > storage_bytes[key]) and aliases_inputs(target) \
                             and _unbacked_geometry(t):
                         # Sizes read from values while the graph runs: their static bound can
                         # overshoot (the sum of four routed-token counts, each bounded by all
@@ -265,6 +279,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                         mine.append(key)
                 node_storages[node] = mine
                 total = live + held_bytes
+                peak = max(peak, total)
                 if total > total_limit:
                     raise refuse.node(node, f"would hold {limits.human(total)} of tensors alive at once (inputs, "
                                             f"constants, values still to be used and outputs), over the limit of "
@@ -280,6 +295,19 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                     refs[key] -= 1
                     if refs[key] == 0:
                         live -= storage_bytes[key]
+    if unbounded:
+        # Each tensor sized by the run gets an equal share of the room the checked peak leaves
+        # under max_bytes (and no more than the per-tensor limit): all of them alive at the
+        # checked peak still fit. Kept per node at the smallest share any input layout gave.
+        share = min(tensor_limit, (total_limit - peak) // len(unbounded))
+        if share <= 0:
+            raise refuse.node(unbounded[0], f"makes a tensor whose size depends on values read from tensors while "
+                                            f"the graph runs, and the graph leaves it no room under the limit of "
+                                            f"{limits.human(total_limit)} (raise it with AOTPIPE_MAX_BYTES or "
+                                            "--max-bytes)", LimitError)
+        allocs: dict[str, int] = gm.meta.setdefault(RUN_CHECKED_ALLOCS, {})
+        for node in unbounded:
+            allocs[node.name] = min(allocs.get(node.name, share), share)
 
 
 def data_dependent_outputs(module: Any) -> dict[int, list[int]]:

@@ -209,6 +209,61 @@ def _spy_init(init, made):
     return spied
 
 
+def test_a_tensor_sized_by_values_runs_checked_within_its_share_of_the_room_left(mlp_copy):
+    # SAM3's class: an arange to a count read from a tensor (here 256), with no bound before it runs
+    add_nodes(mlp_copy, ROWS_FROM_VALUES + [("r", "aten.arange.start_step", [0, {"node": "u"}, 1], F32),
+                                            ("r2", "aten.mul.Tensor", [{"node": "r"}, {"node": "r"}], {})],
+              outputs=["r2"])
+    ga, out = _run_inference(mlp_copy)
+    assert torch.equal(out[0], torch.arange(256.0) ** 2)
+    shares = ga.module.meta[precheck.RUN_CHECKED_ALLOCS]
+    assert set(shares) == {"r", "r2"} and shares["r"] == shares["r2"]  # two unbounded tensors: equal shares
+    from aotpipe.format import limits
+
+    assert 2 * shares["r"] <= limits.current().max_bytes - 1024  # both fit beside x (1 KB) under the limit
+
+
+def test_a_tensor_sized_by_values_over_its_share_is_refused_before_its_kernel_runs(mlp_copy, monkeypatch):
+    from aotpipe.artifact import checked
+
+    # 256 * 10**7 float32s: 10.2 GB asked for by the run's values
+    add_nodes(mlp_copy, ROWS_FROM_VALUES + [("n", "operator.mul", [{"node": "u"}, 10**7], {}),
+                                            ("r", "aten.arange.start_step", [0, {"node": "n"}, 1], F32)],
+              outputs=["r"])
+    made = []
+    monkeypatch.setattr(checked.AllocationCheckedAtRun, "__init__", _spy_alloc_init(checked.AllocationCheckedAtRun.__init__,
+                                                                                     made))
+    with pytest.raises(ArtifactError) as e:
+        _run_inference(mlp_copy)
+    assert "graph.json: node 'r' (aten.arange.start_step): makes float32[2560000000] (10.2 GB) from values read " \
+           "while the graph runs, over the 2.15 GB the graph leaves it under the byte limit" in str(e.value), str(e.value)
+    assert str(e.value).endswith("; the kernel was not run")
+    assert [m.checked_op for m in made] == [torch.ops.aten.arange.start_step] and not made[0].ran
+
+
+def test_replay_refuses_a_tensor_sized_by_values_over_its_share_in_one_line(mlp_copy):
+    add_nodes(mlp_copy, ROWS_FROM_VALUES + [("n", "operator.mul", [{"node": "u"}, 1000], {}),
+                                            ("r", "aten.arange.start_step", [0, {"node": "n"}, 1], F32)],
+              outputs=["r"])
+    r = cli("replay", mlp_copy, "--graph", "inference", "--max-bytes", "256K")  # r: 256,000 float32s, 1 MB
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: ") and r.output.count("\n") == 1 and "Traceback" not in r.output
+    assert "node 'r' (aten.arange.start_step): makes float32[256000] (1.02 MB) from values read while the graph " \
+           "runs, over the " in r.output and "the kernel was not run" in r.output, r.output
+
+
+def _spy_alloc_init(init, made):
+    def spied(self, op, limit, where):
+        init(self, op, limit, where)
+        made.append(self)
+        self.ran = False
+
+        def inner(*a, **k):
+            self.ran = True
+        self.inner = inner
+    return spied
+
+
 def _spy(call, ran):
     def spied(self, *args, **kwargs):
         ran.append(self.where.rsplit("'", 2)[-2])
