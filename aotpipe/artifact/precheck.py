@@ -244,10 +244,11 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                     span = _span(t, shape_env)
                     if key not in storage_bytes:  # made by this node
                         nbytes = _upper(t.untyped_storage().nbytes(), shape_env)
-                        if nbytes is None:
+                        if nbytes is None or (nbytes > tensor_limit and _unbacked_geometry(t)):
                             # A size read from values while the graph runs, with no bound here
-                            # (an arange to a count): the node runs checked, held to a share of
-                            # the room the graph leaves under the limit (see below).
+                            # (an arange to a count) or only one past the limit (nonzero of such
+                            # a tensor): the node runs checked, held to a share of the room the
+                            # graph leaves under the limit (see below).
                             storage_bytes[key] = None
                             if node not in unbounded:
                                 unbounded.append(node)

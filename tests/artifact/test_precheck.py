@@ -212,15 +212,18 @@ def _spy_init(init, made):
 def test_a_tensor_sized_by_values_runs_checked_within_its_share_of_the_room_left(mlp_copy):
     # SAM3's class: an arange to a count read from a tensor (here 256), with no bound before it runs
     add_nodes(mlp_copy, ROWS_FROM_VALUES + [("r", "aten.arange.start_step", [0, {"node": "u"}, 1], F32),
-                                            ("r2", "aten.mul.Tensor", [{"node": "r"}, {"node": "r"}], {})],
-              outputs=["r2"])
+                                            ("r2", "aten.mul.Tensor", [{"node": "r"}, {"node": "r"}], {}),
+                                            ("big", "aten.gt.Scalar", [{"node": "r2"}, 10_000.0], {}),
+                                            ("nz", "aten.nonzero.default", [{"node": "big"}], {})],
+              outputs=["r2", "nz"])
     ga, out = _run_inference(mlp_copy)
     assert torch.equal(out[0], torch.arange(256.0) ** 2)
+    assert torch.equal(out[1], torch.arange(101, 256)[:, None])  # nonzero of a run-sized tensor: at most its input's
     shares = ga.module.meta[precheck.RUN_CHECKED_ALLOCS]
-    assert set(shares) == {"r", "r2"} and shares["r"] == shares["r2"]  # two unbounded tensors: equal shares
+    assert set(shares) == {"r", "r2", "big", "nz"} and len(set(shares.values())) == 1  # equal shares
     from aotpipe.format import limits
 
-    assert 2 * shares["r"] <= limits.current().max_bytes - 1024  # both fit beside x (1 KB) under the limit
+    assert 4 * shares["r"] <= limits.current().max_bytes - 1024  # all fit beside x (1 KB) under the limit
 
 
 def test_a_tensor_sized_by_values_over_its_share_is_refused_before_its_kernel_runs(mlp_copy, monkeypatch):
