@@ -582,3 +582,33 @@ def test_where_dynamo_then_fails_too_the_error_keeps_both_reasons(tmp_path, monk
                               "torch.autograd.Function(s) tests.test_failure_classes._ApproxSin have a backward of "
                               "their own"), m.error
     assert "; dynamo failed: dynamo cannot here" in m.error, m.error
+
+
+# (h) A graph that runs subgraphs of its own (torch.cond, a higher-order op): graph.json has
+# no place for them. The writer died on an AttributeError ('<lambda>' object has no attribute
+# 'reshape': a branch's module taken for a tensor); now one line naming the op and the node.
+
+
+class CondBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.a(x).relu(), lambda x: self.b(x).tanh(), (x,))
+
+
+def cond_branch():
+    return CondBranch()
+
+
+def test_a_graph_with_torch_cond_is_refused_in_one_line_at_write(tmp_path):
+    models, _ = _run(tmp_path, "  - {name: cond, source: 'tests.test_failure_classes:cond_branch', "
+                               "inputs: [{shape: [4, 8]}]}\n", mode="auto")
+    m = models["cond"]
+    assert m.status == "failed" and m.stage == "write", (m.status, m.stage, m.error)
+    assert m.error.startswith("graph calls torch.ops.higher_order.cond (node 'cond'), an op that runs subgraphs of "
+                              "its own, which graph.json cannot store"), m.error
+    assert "\n" not in m.error
+    assert not list((tmp_path / "out" / "classes").glob("cond/cond_*"))  # no graph folder left half-written

@@ -168,7 +168,24 @@ def _embedding_bag_dense_backward(a: dict[str, Any]) -> Optional[str]:
 def _embedding_bag_backward(a: dict[str, Any]) -> Optional[str]:
     if a.get("sparse"):
         return "sparse=True builds a sparse tensor"
-    return _first(_offsets(a["offsets"], a["indices"]), _embedding_bag_dense_backward(a))
+    problem = _offsets(a["offsets"], a["indices"])
+    if problem:
+        return problem
+    idx, o2b = a["indices"], a["offset2bag"]
+    if idx.numel() and isinstance(o2b, torch.Tensor) and o2b.numel() == 0:
+        # The forward leaves offset2bag empty where it does not need it (mode sum); this op
+        # then rebuilds it from offsets, and what it rebuilds must name bags grad has.
+        a = {**a, "offset2bag": _offset2bag_from(a["offsets"], idx.numel())}
+    return _embedding_bag_dense_backward(a)
+
+
+def _offset2bag_from(offsets: torch.Tensor, n: int) -> torch.Tensor:
+    """The offset2bag _embedding_bag_backward builds from `offsets` (checked: in [0, n],
+    never decreasing) for `n` indices: each index's bag."""
+    o2b = torch.zeros(n + 1, dtype=offsets.dtype)
+    o2b.index_add_(0, offsets, torch.ones_like(offsets))
+    o2b[0] -= 1
+    return o2b.cumsum(0)[:n]
 
 
 def _offsets(offsets: Any, indices: Any) -> Optional[str]:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 import torch.fx
 
+from aotpipe.errors import ArtifactError
 from aotpipe.artifact import codegen, graph_json, input_meta, provenance
 from aotpipe.artifact.blobs import BLOB_DIR, BlobStore, encode
 from aotpipe.artifact.fsio import OLD_PREFIX, TMP_PREFIX, OutputError, describe_os_error, fsync_dir, write_durable
@@ -188,6 +189,16 @@ def set_outputs(record: fmt.InputsRecord, outputs: list["OutputReference"], blob
             _set(rec, blob=blobs.put(v))
 
 
+def _refuse_subgraphs(gm: torch.fx.GraphModule) -> None:
+    """One line for a graph that calls graphs of its own (torch.cond, torch.while_loop, a
+    map or a checkpoint kept whole: torch's higher-order ops), which graph.json has no place for."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            raise ArtifactError(f"graph calls torch.ops.higher_order.{node.target.name()} (node {node.name!r}), an "
+                                "op that runs subgraphs of its own, which graph.json cannot store; write the model "
+                                "without it (torch.cond: a torch.where of both branches, where both can run)")
+
+
 def _strip_paths(gm: torch.fx.GraphModule) -> None:
     """Drop node metadata that holds file paths (stack traces) so artefacts carry none,
     keeping each node's source line relative to its package (graph.json's origin).
@@ -337,6 +348,7 @@ def _write_graphs(
         d = root / folder
         d.mkdir()
         _strip_paths(g.gm)
+        _refuse_subgraphs(g.gm)
         constants = {}
         layouts = {}
         computed: dict[str, tuple[str, torch.Tensor]] = {}

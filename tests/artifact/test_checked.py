@@ -68,6 +68,10 @@ HOSTILE = {
         aten._embedding_bag_backward.default,
         (_r(2, 4), _i(0, 1, 10**6), _i(0, 2), _i(0, 0, 1), _i(2, 1), _i(0, 0), 10, False, 0, False, None, -1),
         "indices (num_weights 10) holds 1000000, outside [0, 10)"),
+    "embedding_bag backward, offset2bag to rebuild past the bags": (  # 3 offsets (bags) for a grad of 2
+        aten._embedding_bag_backward.default,
+        (_r(2, 4), _i(0, 1, 2), _i(0, 1, 2), _i(), _i(1, 1, 1), _i(), 10, False, 0, False, None, -1),
+        "offset2bag (2 bags) holds 2, outside [0, 2)"),
     "embedding_bag dense backward, offset2bag past the bags": (
         aten._embedding_bag_dense_backward.default,
         (_r(2, 4), _i(0, 1, 2), _i(0, 0, 7), _i(2, 1), _i(0, 0), 10, False, 0, None, -1),
@@ -203,6 +207,11 @@ GOOD = {
     aten._pdist_backward.default: lambda: (lambda x: (torch.ones(6), x, 2.0, aten._pdist_forward.default(x, 2.0)))(
         _r(4, 3)),
     aten.bincount.default: lambda: (_i(0, 3, 3, 1),),
+    # mode sum, 2 bags of 3: the forward's offset2bag is empty, the backward rebuilds it
+    aten._embedding_bag_backward.default: lambda: (
+        lambda ids, off, psw: (torch.ones(2, 4), ids, off, *aten._embedding_bag.default(
+            _r(10, 4), ids, off, False, 0, False, psw)[1:], 10, False, 0, False, psw, -1))(
+        _i(1, 2, 3, 4, 5, 6), _i(0, 3), _r(6)),
     aten._fft_c2c.default: lambda: (_r(3, 4, 8).to(torch.cfloat), [1, 2], 2, False),
     aten._fft_r2c.default: lambda: (_r(4, 8), [1], 1, True),
     aten._fft_c2r.default: lambda: (_r(4, 5).to(torch.cfloat), [1], 2, 8),
