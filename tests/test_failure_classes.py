@@ -612,3 +612,64 @@ def test_a_graph_with_torch_cond_is_refused_in_one_line_at_write(tmp_path):
                               "its own, which graph.json cannot store"), m.error
     assert "\n" not in m.error
     assert not list((tmp_path / "out" / "classes").glob("cond/cond_*"))  # no graph folder left half-written
+
+
+# (i) A model that caches a tensor on its first forward (x-transformers' ALiBi bias:
+# register_buffer when the cache is missing or too short). torch.export left its fake tensor in
+# the model, and the training capture then mixed two fake modes.
+
+
+class _Alibi(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("slopes", torch.full((1,), 0.5), persistent=False)
+        self.register_buffer("bias", None, persistent=False)
+
+    def forward(self, n):
+        if self.bias is not None and self.bias.shape[-1] >= n:
+            return self.bias[:n, :n]
+        pos = torch.arange(n, device=self.slopes.device)
+        self.register_buffer("bias", -(pos[:, None] - pos[None, :]).abs() * self.slopes, persistent=False)
+        return self.bias
+
+
+class CachesABias(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.rel = _Alibi()
+
+    def forward(self, x):
+        return torch.softmax(self.proj(x) @ self.proj(x).transpose(-1, -2) + self.rel(x.shape[-2]), -1) @ x
+
+
+def caches_a_bias():
+    return CachesABias()
+
+
+def test_a_model_that_caches_a_tensor_in_forward_is_left_with_no_fake_tensor(tmp_path):
+    from aotpipe.capture.export import capture_export
+
+    model = CachesABias()
+    cap = capture_export(model, (torch.randn(2, 5, 8),), {}, name="c", graphs=["inference", "forward", "joint"],
+                         input_names=["x"])
+    assert list(cap.graphs) == ["inference", "forward", "joint"]
+    assert model.rel.bias is None  # as before the capture: not the trace's fake tensor
+    models, _ = _run(tmp_path, "  - {name: cache, source: 'tests.test_failure_classes:caches_a_bias', "
+                               "inputs: [{shape: [2, 5, 8]}]}\n")
+    assert models["cache"].status == "ok", (models["cache"].stage, models["cache"].error)
+
+
+def test_planted_a_fake_tensor_left_in_the_model_breaks_the_next_trace(monkeypatch):
+    import contextlib
+
+    from aotpipe.capture import export
+    from aotpipe.errors import CaptureError
+
+    monkeypatch.setattr(export, "_no_fake_state_left", lambda model: contextlib.nullcontext())
+    model = CachesABias()
+    with pytest.raises(CaptureError, match="AOTAutograd joint capture failed: AssertionError: fake mode .* from fake "
+                                           "tensor input .* doesn't match mode"):
+        export.capture_export(model, (torch.randn(2, 5, 8),), {}, name="c", graphs=["inference", "forward"],
+                              input_names=["x"])
+    assert isinstance(model.rel.bias, torch._subclasses.fake_tensor.FakeTensor)

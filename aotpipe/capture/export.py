@@ -284,13 +284,41 @@ class RandomBranch(RuntimeError):
     reproduces the model."""
 
 
+@contextlib.contextmanager
+def _no_fake_state_left(model: torch.nn.Module) -> Iterator[None]:
+    """Undo what a trace leaves in the model's state: a model that caches a tensor during
+    forward (x-transformers' ALiBi bias, ``register_buffer`` on first use) keeps the trace's
+    fake tensor, and the next trace then mixes two fake modes ("fake mode from fake tensor
+    input 25 doesn't match mode from fake tensor input 26"). Buffers and tensor attributes
+    that became fake are put back as they were, or removed where the trace added them."""
+    fake = torch._subclasses.fake_tensor.FakeTensor
+    before = [(m, dict(m._buffers), {k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)})
+              for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, buffers, attrs in before:
+            for name, b in list(m._buffers.items()):
+                if isinstance(b, fake) and buffers.get(name) is not b:
+                    if name in buffers:
+                        m._buffers[name] = buffers[name]
+                    else:
+                        del m._buffers[name]
+            for name, v in list(vars(m).items()):
+                if isinstance(v, fake) and attrs.get(name) is not v:
+                    if name in attrs:
+                        setattr(m, name, attrs[name])
+                    else:
+                        delattr(m, name)
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
             notes: Optional[list[str]] = None) -> torch.export.ExportedProgram:
     # On failure torch.export prints the partial graph to stderr; the error is one line here.
     # What it prints on success is passed on.
     printed = io.StringIO()
     try:
-        with contextlib.redirect_stderr(printed):
+        with contextlib.redirect_stderr(printed), _no_fake_state_left(model):
             decided = False
             try:
                 ep = torch.export.export(model, args, kwargs, strict=False)
