@@ -673,3 +673,45 @@ def test_planted_a_fake_tensor_left_in_the_model_breaks_the_next_trace(monkeypat
         export.capture_export(model, (torch.randn(2, 5, 8),), {}, name="c", graphs=["inference", "forward"],
                               input_names=["x"])
     assert isinstance(model.rel.bias, torch._subclasses.fake_tensor.FakeTensor)
+
+
+# (j) A size-1 dimension whose stride the CPU kernel and the trace disagree on, read by the
+# CPU group norm to pick its memory format (diffusers' VAE: its attention output reshaped to
+# [1, C, H, W], then a group norm). Eager's group_norm copies its input into that format first;
+# the trace, whose fake input was canonical channels-last, kept no copy.
+
+
+def _group_norm_graph():
+    """A graph group-norming its channels-last [1, 8, 4, 4] input, as traced (no copy)."""
+    x = torch.randn(1, 8, 4, 4).contiguous(memory_format=torch.channels_last)
+    w, b = torch.ones(8), torch.zeros(8)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda x, w, b: torch.ops.aten.native_group_norm.default(x, w, b, 1, 8, 16, 2, 1e-5)[0],
+        tracing_mode="fake")(x, w, b)
+    odd = torch.empty_strided((1, 8, 4, 4), (8, 1, 32, 8))  # channels-last but the batch stride: as the CPU view left it
+    odd.copy_(x)
+    return gm, (odd, w, b), torch.group_norm(x, 2, w, b, 1e-5)
+
+
+def test_a_group_norm_input_gets_the_channels_last_layout_the_trace_saw():
+    from aotpipe.capture.layouts import pin_group_norm_layouts
+
+    gm, args, want = _group_norm_graph()
+    # channels-last in every dimension of size > 1, yet the kernel's choice of format reads the batch stride too
+    assert args[0].is_contiguous(memory_format=torch.channels_last) and not args[0].is_contiguous()
+    with pytest.raises(RuntimeError, match=r"Expected X.is_contiguous\(memory_format\) to be true"):
+        gm(*args)  # the class itself: as traced, the CPU kernel refuses the input
+    assert pin_group_norm_layouts(gm) == 1
+    assert torch.allclose(gm(*args), want, atol=1e-6)
+    assert [n.kwargs.get("memory_format") for n in gm.graph.nodes
+            if n.target is torch.ops.aten.clone.default] == [torch.channels_last]
+
+
+def test_a_contiguous_group_norm_input_is_left_as_it_is():
+    from aotpipe.capture.layouts import pin_group_norm_layouts
+
+    x, w, b = torch.randn(1, 8, 4, 4), torch.ones(8), torch.zeros(8)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda x, w, b: torch.ops.aten.native_group_norm.default(x, w, b, 1, 8, 16, 2, 1e-5)[0],
+        tracing_mode="fake")(x, w, b)
+    assert pin_group_norm_layouts(gm) == 0

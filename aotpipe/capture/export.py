@@ -39,6 +39,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.capture import custom_ops, unbacked
+from aotpipe.capture.layouts import pin_group_norm_layouts
 from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.format.ir import (
     CapturedGraph,
@@ -478,6 +479,7 @@ def _inference_graph(
     except Exception as e:
         raise CaptureError(f"decomposing the inference graph failed: {e.__class__.__name__}: {_first_line(e)}") from e
     gm = _flat_graph(ep.graph_module)
+    pin_group_norm_layouts(gm)
     sig = ep.graph_signature
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if user_values is not None and unbacked.has_data_dependent_sizes(gm):
@@ -834,6 +836,8 @@ def training_graphs(
         notes.append(parts["restored"])
     fw_gm = _flat_graph(parts["fw"])
     bw_gm = _flat_graph(parts["bw"])
+    for gm in (joint_gm, fw_gm, bw_gm):
+        pin_group_norm_layouts(gm)
     _saved_in_forward_order(fw_gm, bw_gm, nfo)
     if unbacked.has_data_dependent_sizes(joint_gm):
         _concrete_training_sizes(joint_gm, fw_gm, bw_gm, loss_module, real_user_values or user_values)
