@@ -39,7 +39,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.capture import custom_ops, unbacked
-from aotpipe.capture.layouts import pin_group_norm_layouts
+from aotpipe.capture.layouts import pin_batch_norm_layouts, pin_group_norm_layouts
 from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.format.ir import (
     CapturedGraph,
@@ -480,6 +480,7 @@ def _inference_graph(
         raise CaptureError(f"decomposing the inference graph failed: {e.__class__.__name__}: {_first_line(e)}") from e
     gm = _flat_graph(ep.graph_module)
     pin_group_norm_layouts(gm)
+    pin_batch_norm_layouts(gm)
     sig = ep.graph_signature
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if user_values is not None and unbacked.has_data_dependent_sizes(gm):
@@ -838,6 +839,7 @@ def training_graphs(
     bw_gm = _flat_graph(parts["bw"])
     for gm in (joint_gm, fw_gm, bw_gm):
         pin_group_norm_layouts(gm)
+        pin_batch_norm_layouts(gm)
     _saved_in_forward_order(fw_gm, bw_gm, nfo)
     if unbacked.has_data_dependent_sizes(joint_gm):
         _concrete_training_sizes(joint_gm, fw_gm, bw_gm, loss_module, real_user_values or user_values)

@@ -19,6 +19,8 @@ that input, only there.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 
@@ -35,6 +37,72 @@ _CHECKED_LAYOUT = {
 def _needs_pinning(val: object) -> bool:
     return (isinstance(val, torch.Tensor) and val.dim() == 4 and 1 in val.shape
             and not val.is_contiguous() and val.is_contiguous(memory_format=torch.channels_last))
+
+
+# Batch norms whose CPU kernel returns its output in the input's suggested memory format
+# (contiguous, or channels-last), where the meta kernel keeps a permuted input's strides.
+_FORMAT_OF_INPUT = frozenset({
+    aten._native_batch_norm_legit_no_training.default,
+    aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit_functional.default,
+    aten.native_batch_norm.default,
+    aten.native_batch_norm_backward.default,
+})
+
+
+def _dense_order(val: object) -> list[int] | None:
+    """For a dense tensor in neither contiguous nor channels-last layout (a permuted one), its
+    dimensions from the largest stride to the smallest; else None."""
+    if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.is_contiguous():
+        return None
+    if val.dim() in (4, 5) and val.is_contiguous(memory_format=torch.channels_last if val.dim() == 4
+                                                  else torch.channels_last_3d):
+        return None
+    order = sorted(range(val.dim()), key=lambda d: (-val.stride(d), -val.shape[d]))
+    if not val.permute(order).is_contiguous():
+        return None  # not a permutation of a dense layout: leave it
+    return order
+
+
+def pin_batch_norm_layouts(gm: torch.fx.GraphModule) -> int:
+    """Give each batch norm output the trace's (permuted) layout, in place; how many.
+
+    The CPU batch norm returns its output contiguous (or channels-last) whatever its input's
+    layout; its meta kernel keeps a permuted input's strides (PatchTST's BatchNorm1d over a
+    transposed [batch, time, channels]). Ops after it were traced on the meta layout (a
+    ``view`` where eager's ``reshape`` copied), and fail on the CPU's. The output is laid
+    out as the trace saw it: permuted to its dense order, made contiguous, permuted back
+    (one copy, only there)."""
+    graph = gm.graph
+    pinned = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _FORMAT_OF_INPUT:
+            continue
+        for user in list(node.users):
+            if user.op != "call_function" or user.target is not operator.getitem or user.args[1] != 0:
+                continue
+            val = user.meta.get("val")
+            order = _dense_order(val)
+            if order is None:
+                continue
+            inverse = [order.index(d) for d in range(len(order))]
+            with graph.inserting_after(user):
+                forward = graph.call_function(aten.permute.default, (user, order))
+            with graph.inserting_after(forward):
+                dense = graph.call_function(aten.clone.default, (forward,), {"memory_format": torch.contiguous_format})
+            with graph.inserting_after(dense):
+                back = graph.call_function(aten.permute.default, (dense, inverse))
+            for new, v in ((forward, val.permute(order)), (dense, val.permute(order).contiguous()), (back, val)):
+                new.meta.update({k: x for k, x in user.meta.items() if k in _KEPT_META})
+                new.meta["val"] = v
+            user.replace_all_uses_with(back, delete_user_cb=lambda n: n is not forward)
+            pinned += 1
+    if pinned:
+        gm.recompile()
+    return pinned
+
+
+_KEPT_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
 
 
 def pin_group_norm_layouts(gm: torch.fx.GraphModule) -> int:
