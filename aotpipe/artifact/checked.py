@@ -564,10 +564,11 @@ class AllocationCheckedAtRun(_CheckedAtRun):
         self.limit = limit
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.Tag.dynamic_output_shape in getattr(self.checked_op, "tags", ()):
-            # Its size depends on the data itself (nonzero, masked_select, unique of a tensor
-            # the run sized): no meta kernel can say it, and it is at most its input's (torch's
-            # fake kernels bound it so), a tensor that already passed its own check.
+        if torch.Tag.dynamic_output_shape in getattr(self.checked_op, "tags", ()) and self.checked_op not in CHECKS:
+            # Its size depends on the data itself (nonzero, boolean indexing of a tensor the
+            # run sized): no meta kernel can say it, and it is at most its input's (torch's fake
+            # kernels bound it so), a tensor that already passed its own check. (bincount and
+            # repeat_interleave, whose values decide their size, are not: their meta run fails.)
             return self.inner(*args, **kwargs)
         made, inputs = _on_meta(self.checked_op, args, kwargs)
         fresh = {t.untyped_storage()._cdata: t for t in torch.utils._pytree.tree_leaves(made)
