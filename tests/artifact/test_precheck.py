@@ -255,6 +255,38 @@ def test_replay_refuses_a_tensor_sized_by_values_over_its_share_in_one_line(mlp_
            "runs, over the " in r.output and "the kernel was not run" in r.output, r.output
 
 
+def test_a_tensor_sized_by_values_with_no_room_left_under_the_limit_is_refused_before_the_graph_runs(mlp_copy):
+    from aotpipe.errors import LimitError
+    from aotpipe.format import limits
+
+    add_nodes(mlp_copy, ROWS_FROM_VALUES + [("r", "aten.arange.start_step", [0, {"node": "u"}, 1], F32)],
+              outputs=["r"])
+    ga = aotpipe.load(mlp_copy).graphs["inference"]
+    inputs = ga.saved_inputs()
+
+    def fits(limit):  # does the graph's checked peak fit under `limit`?
+        with limits.override(max_bytes=limit, max_tensor_bytes=1 << 30):
+            try:
+                precheck.check_graph(ga.module, inputs)
+            except LimitError as e:
+                if "alive at once" in str(e):
+                    return False
+                assert "leaves it no room" in str(e), str(e)  # the peak fits, with nothing left over
+            return True
+
+    low, high = 1, 1 << 30  # the smallest limit the checked tensors fit under: the checked peak itself
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid + 1, high)
+    with limits.override(max_bytes=low, max_tensor_bytes=1 << 30), pytest.raises(LimitError) as e:
+        precheck.check_graph(ga.module, inputs)
+    assert str(e.value).endswith(f"node 'r' (aten.arange.start_step) makes a tensor whose size depends on values "
+                                 f"read from tensors while the graph runs, and the graph leaves it no room under "
+                                 f"the limit of {limits.human(low)} (raise it with AOTPIPE_MAX_BYTES or --max-bytes); "
+                                 "refused before running the graph"), str(e.value)
+    assert fits(low + 1) and ga.module.meta[precheck.RUN_CHECKED_ALLOCS]["r"] == 1  # one byte of room: its share
+
+
 def _spy_alloc_init(init, made):
     def spied(self, op, limit, where):
         init(self, op, limit, where)
