@@ -1,20 +1,23 @@
-"""Layouts the CPU kernels read that the trace cannot see.
+"""Layouts the CPU kernels read or make that the trace cannot see.
 
-torch's meta kernels and its CPU kernels may give a size-1 dimension different strides
-(a ``view`` of an ``expand`` on the CPU keeps the old stride there; meta computes the
-canonical one). Where nothing reads them that is harmless, but the CPU group norm picks its
-memory format from its input's strides (``suggest_memory_format``) and then requires the
-input to be contiguous in it: a channels-last [1, C, H, W] whose batch stride is not
-C*H*W is "contiguous" to neither, and the kernel stops ("Expected
-X.is_contiguous(memory_format) to be true"). In eager, group_norm makes its input
-contiguous in that format first; the trace, whose fake input was already canonical, kept
-no copy. diffusers' VAE (its attention block's output, reshaped back to an image, then a
-group norm) is the case seen.
+torch's meta kernels, which the trace runs, and its CPU kernels, which a written graph
+runs, do not always agree on strides. Two cases aotpipe routes around, each where it is met:
 
-:func:`pin_group_norm_layouts` gives each such input the layout the trace saw: a clone in
-channels-last format, whose strides are canonical in every dimension, for a group norm
-(or its backward) whose fake input is channels-last with a size-1 dimension. One copy of
-that input, only there.
+- **Batch norm over a permuted input** (PatchTST's BatchNorm1d over a transposed [batch,
+  time, channels]): the CPU kernel returns its output contiguous, the meta kernel keeps the
+  input's strides. Ops after it were traced on the meta layout (a ``view`` where eager's
+  ``reshape`` copied) and fail on the CPU's. :func:`pin_batch_norm_layouts` lays the output
+  out as the trace saw it (permute, contiguous copy, permute back).
+- **Group norm on a channels-last [1, C, H, W]** (diffusers' VAE, after its attention block):
+  a ``view`` of an ``expand`` on the CPU keeps an old stride in a size-1 dimension where meta
+  computes the canonical one. The CPU group norm picks its memory format from its input's
+  strides, that one included (``suggest_memory_format``): it calls the tensor contiguous-format,
+  in which it is not contiguous, and stops ("Expected X.is_contiguous(memory_format) to be
+  true"). In eager, group_norm copies its input into that format first; the trace, whose fake
+  input was canonical channels-last, kept no copy. :func:`pin_group_norm_layouts` gives such an
+  input a channels-last copy, canonical in every dimension.
+
+One copy each, only there.
 """
 
 from __future__ import annotations
