@@ -32,6 +32,7 @@ import torch.fx
 from aotpipe.format import limits
 from aotpipe.artifact.ops import op_name
 from aotpipe.errors import ArtifactError
+from aotpipe.tensors import extent
 
 aten = torch.ops.aten
 
@@ -493,7 +494,7 @@ def reach_bytes(t: torch.Tensor) -> int:
     """Bytes of its storage a strided tensor reaches, from the storage's start."""
     if t.numel() == 0:
         return 0
-    return (t.storage_offset() + 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))) * t.element_size()
+    return (t.storage_offset() + extent(t.shape, t.stride())) * t.element_size()
 
 
 # gm.meta key: node name -> bytes, for the nodes that make a tensor whose size only the run's
