@@ -501,6 +501,25 @@ def reach_bytes(t: torch.Tensor) -> int:
 # values decide (an arange to a count read from a tensor): each may make at most that much.
 RUN_CHECKED_ALLOCS = "aotpipe_run_checked_allocs"
 
+# gm.meta key: node name -> the outputs the precheck assumed, for the nodes of those above
+# whose fake kernel needs a plain int where the graph gives a size read from values (SAM3's
+# constant_pad_nd padded by u0*u1): the precheck went on with the outputs it assumed, and the
+# run's must be those: per output tensor, its dtype and sizes (None: any size).
+RUN_CHECKED_OUTPUTS = "aotpipe_run_checked_outputs"
+
+Expected = tuple[tuple[str, tuple[Optional[int], ...]], ...]
+
+
+def expected_outputs(value: Any) -> Expected:
+    """What :class:`AllocationCheckedAtRun` holds the run's outputs to: per tensor of `value`
+    (the precheck's fake outputs), dtype and sizes, None where a size is symbolic."""
+    return tuple((str(t.dtype).removeprefix("torch."), tuple(s if isinstance(s, int) else None for s in t.shape))
+                 for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+def _shown(expected: Expected) -> str:
+    return ", ".join(f"{dtype}[{', '.join('?' if s is None else str(s) for s in sizes)}]" for dtype, sizes in expected)
+
 _META_ELEMENTS = 1 << 56
 
 
@@ -558,24 +577,34 @@ class ViewCheckedAtRun(_CheckedAtRun):
 class AllocationCheckedAtRun(_CheckedAtRun):
     """An op that makes a tensor whose size only the run's values decide: it is first made on
     meta tensors (sizes, no memory), and may need at most `limit` bytes, the share of the room
-    the graph leaves under the byte limit that the precheck gave it; only then is the op run."""
+    the graph leaves under the byte limit that the precheck gave it; where the precheck had to
+    assume its outputs (`expected`: its fake kernel could not take the sizes), they must be
+    those; only then is the op run."""
 
-    def __init__(self, op: Any, limit: int, where: str):
+    def __init__(self, op: Any, limit: Optional[int], where: str, expected: Optional[Expected] = None):
         super().__init__(op, where)
-        self.limit = limit
+        self.limit = limit  # None: sizes the precheck knew, counted in its peak (only `expected` to hold)
+        self.expected = expected  # RUN_CHECKED_OUTPUTS: the outputs the precheck assumed, if it had to
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.Tag.dynamic_output_shape in getattr(self.checked_op, "tags", ()) and self.checked_op not in CHECKS:
+        if self.expected is None and torch.Tag.dynamic_output_shape in getattr(self.checked_op, "tags", ()) \
+                and self.checked_op not in CHECKS:
             # Its size depends on the data itself (nonzero, boolean indexing of a tensor the
             # run sized): no meta kernel can say it, and it is at most its input's (torch's fake
             # kernels bound it so), a tensor that already passed its own check. (bincount and
             # repeat_interleave, whose values decide their size, are not: their meta run fails.)
             return self.inner(*args, **kwargs)
         made, inputs = _on_meta(self.checked_op, args, kwargs)
+        if self.expected is not None:
+            got = expected_outputs(made)
+            if len(got) != len(self.expected) or any(
+                    g[0] != e[0] or len(g[1]) != len(e[1]) or any(w is not None and w != s for s, w in zip(g[1], e[1]))
+                    for g, e in zip(got, self.expected)):
+                raise self._refuse(f"gives {_shown(got)} where the check before the run assumed {_shown(self.expected)}")
         fresh = {t.untyped_storage()._cdata: t for t in torch.utils._pytree.tree_leaves(made)
                  if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in inputs}
         need = sum(t.untyped_storage().nbytes() for t in fresh.values())
-        if need > self.limit:
+        if self.limit is not None and need > self.limit:
             shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)[:8]}" for t in fresh.values())
             raise self._refuse(f"makes {shapes} ({limits.human(need)}) from values read while the graph runs, over "
                                f"the {limits.human(self.limit)} the graph leaves it under the byte limit (raise it "
@@ -596,12 +625,13 @@ def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
     # The views checked at run time are the precheck's finding for the inputs it has seen.
     run_checked = frozenset(gm.meta.get(RUN_CHECKED_VIEWS, ()))
     run_allocs = dict(gm.meta.get(RUN_CHECKED_ALLOCS, {}))
-    key = (gm.code, run_checked, frozenset(run_allocs.items()))
+    run_outputs = dict(gm.meta.get(RUN_CHECKED_OUTPUTS, {}))
+    key = (gm.code, run_checked, frozenset(run_allocs.items()), frozenset(run_outputs.items()))
     cached = _TWINS.get(gm)
     if cached is not None and cached[0] == key:
         return cached[1]
-    if not any(n.op == "call_function" and (n.target in CHECKS or n.name in run_checked or n.name in run_allocs)
-               for n in gm.graph.nodes):
+    if not any(n.op == "call_function" and (n.target in CHECKS or n.name in run_checked or n.name in run_allocs
+                                            or n.name in run_outputs) for n in gm.graph.nodes):
         twin = gm
     else:
         graph = copy.deepcopy(gm.graph)
@@ -612,8 +642,9 @@ def checked_twin(gm: torch.fx.GraphModule, where: str) -> torch.fx.GraphModule:
                 n.target = CheckedOp(n.target, CHECKS[n.target], f"{where}: node {n.name!r}")
             if n.name in run_checked:
                 n.target = ViewCheckedAtRun(n.target, f"{where}: node {n.name!r}")
-            elif n.name in run_allocs:
-                n.target = AllocationCheckedAtRun(n.target, run_allocs[n.name], f"{where}: node {n.name!r}")
+            elif n.name in run_allocs or n.name in run_outputs:
+                n.target = AllocationCheckedAtRun(n.target, run_allocs.get(n.name), f"{where}: node {n.name!r}",
+                                                  run_outputs.get(n.name))
         twin = torch.fx.GraphModule(gm, graph)  # gm's constants, not copies
         twin.meta.update({k: v for k, v in gm.meta.items()})
     _TWINS[gm] = (key, twin)

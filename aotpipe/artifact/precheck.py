@@ -25,6 +25,10 @@ very inputs and constants it is about to get, and refuses, naming the node and o
   checked (checked.AllocationCheckedAtRun: made on meta first, from the run's values) and
   may make at most an equal share of the room the checked peak leaves under ``max_bytes``,
   so that all of them at once still fit; a view of such a tensor is checked when it runs;
+  a fake kernel that wants a plain int where the graph gives such a size (SAM3's
+  ``constant_pad_nd`` of a tensor ``u0*u1`` wide) is probed with stand-in values for it, the
+  sizes that do not follow the probes become the run's own, and the node runs checked
+  against the outputs assumed (:func:`_assumed_outputs`);
 - an op torch has no fake kernel for (it cannot be checked without running it).
 
 A node whose arguments torch's own checks reject (a wrong shape or type) raises
@@ -38,6 +42,8 @@ module's constants.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import weakref
 from typing import Any, Optional
 
@@ -46,8 +52,8 @@ import torch.fx
 
 from aotpipe.format import limits
 from aotpipe.format.records import RawJson
-from aotpipe.artifact.checked import (RUN_CHECKED_ALLOCS, RUN_CHECKED_VIEWS, RUNTIME_BOUNDED, aliases_inputs,
-                                     checked_twin)
+from aotpipe.artifact.checked import (RUN_CHECKED_ALLOCS, RUN_CHECKED_OUTPUTS, RUN_CHECKED_VIEWS, RUNTIME_BOUNDED,
+                                     aliases_inputs, checked_twin, expected_outputs)
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph
 from aotpipe.errors import ArtifactError, LimitError, exception_line
@@ -90,7 +96,7 @@ def _signature(values: list[Any]) -> tuple:
     return tuple(out)
 
 
-_CHECKED: "weakref.WeakKeyDictionary[torch.fx.GraphModule, set]" = weakref.WeakKeyDictionary()
+_CHECKED: "weakref.WeakKeyDictionary[torch.fx.GraphModule, dict]" = weakref.WeakKeyDictionary()
 
 
 def runnable(module: Any, inputs: list[Any]) -> Any:
@@ -99,11 +105,14 @@ def runnable(module: Any, inputs: list[Any]) -> Any:
     in checked forms (artifact/checked.py); any other module (capture's own graphs) as is."""
     if not needs_check(module):
         return module
-    done = _CHECKED.setdefault(module, set())  # by module: a copy (a pass's) is checked afresh
+    done = _CHECKED.setdefault(module, {})  # by module: a copy (a pass's) is checked afresh
     sig = (module.code, _signature(inputs))  # and by code: a pass may rewrite the graph in place
     if sig not in done:
         check_graph(module, inputs, module.meta[_MARK])
-        done.add(sig)
+        done[sig] = module.meta[RUN_CHECKED_OUTPUTS]
+    # The outputs the check assumed are those of these inputs' layout (the views and shares
+    # it found are kept over all layouts seen, the stricter always).
+    module.meta[RUN_CHECKED_OUTPUTS] = done[sig]
     return checked_twin(module, module.meta[_MARK])
 
 
@@ -203,8 +212,14 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     inputs_iter = iter(inputs)
     run_checked: set[str] = gm.meta.setdefault(RUN_CHECKED_VIEWS, set())
     unbounded: list[torch.fx.Node] = []  # nodes making a tensor whose size only the run decides
+    assumed: dict[str, Any] = {}  # RUN_CHECKED_OUTPUTS for these inputs
     peak = 0
-    with mode:
+    # torch logs a traceback for each fake kernel that raises (one that wants plain ints, say):
+    # what it means is this check's to say, in one line.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    with mode, contextlib.ExitStack() as restore:
+        restore.callback(fake_log.setLevel, fake_log.level)
+        fake_log.setLevel(logging.CRITICAL + 1)
         for node in graph.nodes:
             if node.op == "placeholder":
                 env[node] = fake(next(inputs_iter))
@@ -222,17 +237,27 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                 except ArtifactError:
                     raise
                 except (DynamicOutputShapeException, DataDependentOutputException, GuardOnDataDependentSymNode) as e:
-                    raise refuse.node(node, f"has a size that depends on the values of tensors "
-                                            f"({exception_line(e, 120)}), which cannot be checked before it runs")
+                    value = _assumed_outputs(target, args, kwargs, shape_env) \
+                        if isinstance(e, GuardOnDataDependentSymNode) else None
+                    if value is None:
+                        raise refuse.node(node, f"has a size that depends on the values of tensors "
+                                                f"({exception_line(e, 120)}), which cannot be checked before it runs")
+                    assumed[node.name] = expected_outputs(value)
                 except UnsupportedOperatorException:
                     raise refuse.node(node, "has no fake-tensor kernel in this torch, so its arguments "
                                             "cannot be checked without running it")
                 except Exception as e:
-                    raise GraphWillNotRun(f"{where}: node {node.name!r} ({_op_label(node)}) does not run on "
-                                          f"these inputs: {exception_line(e)}") from None
+                    # (a fake kernel that wants plain ints: "SymIntArrayRef expected to contain
+                    # only concrete integers", given a size read from values)
+                    value = _assumed_outputs(target, args, kwargs, shape_env)
+                    if value is None:
+                        raise GraphWillNotRun(f"{where}: node {node.name!r} ({_op_label(node)}) does not run on "
+                                              f"these inputs: {exception_line(e)}") from None
+                    assumed[node.name] = expected_outputs(value)
                 if target in RUNTIME_BOUNDED:
                     _bound_by_limit(node, value, shape_env, tensor_limit, refuse)
-                if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) not in storage_bytes:
+                if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) not in storage_bytes \
+                        and node.name not in assumed:
                     value = _as_recorded(node, value)
                 env[node] = value
                 mine = []
@@ -296,6 +321,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                     refs[key] -= 1
                     if refs[key] == 0:
                         live -= storage_bytes[key]
+    gm.meta[RUN_CHECKED_OUTPUTS] = assumed
     if unbounded:
         # Each tensor sized by the run gets an equal share of the room the checked peak leaves
         # under max_bytes (and no more than the per-tensor limit): all of them alive at the
@@ -334,6 +360,80 @@ def _data_dependent(node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> dict[
         elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(v):
             out[i] = []
     return out
+
+
+# The values the probes give each size read from values (distinct per symbol and between
+# probes; small and large, so that a size divided down still differs): a size of an output
+# that is the same in every probe that ran is taken to be that size, one that differs to be
+# any (a fresh symbol). The run holds the outputs to that (checked.Expected).
+_PROBES = ((lambda i: 7 + 2 * i), (lambda i: 1031 + 3 * i), (lambda i: 4099 + 5 * i))
+
+
+def _assumed_outputs(target: Any, args: tuple, kwargs: dict, shape_env: Any) -> Any:
+    """Fake outputs for an op whose fake kernel needs a plain int where its arguments hold a
+    size read from values while the graph runs (constant_pad_nd padded by ``u0*u1``), so that
+    the precheck can go on past it; None where that cannot be done (the caller refuses).
+
+    The op is run on fake arguments with every such size replaced by each probe's value
+    (:data:`_PROBES`; at least two must run); sizes of the outputs that agree are kept, the
+    others become sizes of their own read from the run (so the outputs' storages have no bound
+    here: the node runs checked, and anything that views them too). The guess is not trusted: when the graph
+    runs, the op is first run on meta tensors and its outputs must have the dtypes and kept
+    sizes assumed here (checked.AllocationCheckedAtRun), or the kernel is not run.
+    Views and in-place ops (whose outputs are their inputs' memory) and ops whose output size
+    is the data's own are not assumed."""
+    if not isinstance(target, torch._ops.OpOverload) or aliases_inputs(target) or target._schema.is_mutable \
+            or torch.Tag.dynamic_output_shape in target.tags:
+        return None
+    leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    symbols = sorted(free_unbacked_symbols([x for x in leaves if isinstance(x, (torch.Tensor, torch.SymInt,
+                                                                                torch.SymFloat, torch.SymBool))]),
+                     key=str)
+    if not symbols:
+        return None
+
+    def concrete(x: Any, values: dict) -> Any:
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            expr = x.node.expr.xreplace(values)
+            if expr.free_symbols:
+                raise ValueError("a size of symbols other than those read from values")
+            if isinstance(x, torch.SymInt):
+                return int(expr)
+            return float(expr) if isinstance(x, torch.SymFloat) else bool(expr)
+        if isinstance(x, torch.Tensor) and _unbacked_geometry(x):
+            sizes = [concrete(s, values) for s in x.shape]
+            strides = [concrete(s, values) for s in x.stride()]
+            return torch.empty_strided(sizes, strides, dtype=x.dtype, device=x.device)
+        return x
+
+    outs = []
+    for probe in _PROBES:
+        values = {s: probe(i) for i, s in enumerate(symbols)}
+        try:
+            a, k = torch.utils._pytree.tree_unflatten([concrete(x, values) for x in leaves], spec)
+            outs.append(torch.utils._pytree.tree_flatten(target(*a, **k)))
+        except Exception:  # noqa: BLE001 - values the op refuses (a narrow past the end): not this probe
+            continue
+    if len(outs) < 2:
+        return None  # the caller refuses the node, naming the first error
+    (first, first_spec), others = outs[0], outs[1:]
+    if any(other_spec != first_spec or not all(
+            isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
+            and x.device == y.device and x.dim() == y.dim() and x.layout == torch.strided == y.layout
+            for x, y in zip(first, other)) for other, other_spec in others):
+        return None
+    made = []
+    for i, x in enumerate(first):
+        sizes = []
+        for d, size in enumerate(x.shape):
+            if all(other[i].shape[d] == size for other, _ in others):
+                sizes.append(int(size))
+            else:
+                s = shape_env.create_unbacked_symint()
+                _constrain_range_for_size(s, min=0)
+                sizes.append(s)
+        made.append(torch.empty(sizes, dtype=x.dtype, device=x.device))
+    return torch.utils._pytree.tree_unflatten(made, first_spec)
 
 
 def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int, refuse: _Refusal) -> None:

@@ -287,9 +287,101 @@ def test_a_tensor_sized_by_values_with_no_room_left_under_the_limit_is_refused_b
     assert fits(low + 1) and ga.module.meta[precheck.RUN_CHECKED_ALLOCS]["r"] == 1  # one byte of room: its share
 
 
+# SAM3's class: torch's fake kernel for constant_pad_nd cannot take a size read from values,
+# in its pad (here rows * cols = 64: "SymIntArrayRef expected to contain only concrete
+# integers") or in its input's shape (SAM3's: "Could not extract specialized integer").
+SIZES_FROM_VALUES = ROWS_FROM_VALUES + [("v", "aten._local_scalar_dense.default", [{"node": "cnt"}], {}),
+                                        ("cols", "operator.floordiv", [{"node": "v"}, 32], {}),
+                                        ("n", "operator.mul", [{"node": "rows"}, {"node": "cols"}], {})]
+PADS = {
+    "pad read from values": (SIZES_FROM_VALUES + [("p", "aten.constant_pad_nd.default", [X, [0, {"node": "n"}]], {})],
+                             "RuntimeError: .*SymIntArrayRef expected to contain only concrete integers"),
+    "input sized by values": (SIZES_FROM_VALUES + [
+        ("r", "aten.arange.start_step", [0, {"node": "n"}, 1], F32),
+        ("p", "aten.constant_pad_nd.default", [{"node": "r"}, [2, 1]], {})],
+        "GuardOnDataDependentSymNode: Could not extract specialized integer from data-dependent expression"),
+}
+
+
+def _pad_expected(folder, case):
+    x = aotpipe.load(folder).graphs["inference"].saved_inputs()[-1]
+    return torch.nn.functional.pad(x, [0, 64]) if case == "pad read from values" else \
+        torch.nn.functional.pad(torch.arange(64.0), [2, 1])
+
+
+@pytest.mark.parametrize("case", sorted(PADS))
+def test_an_op_whose_fake_kernel_needs_a_plain_size_runs_with_its_outputs_checked(mlp_copy, case, caplog):
+    add_nodes(mlp_copy, PADS[case][0] + [("s", "aten.sum.dim_IntList", [{"node": "p"}, [-1]], {})], outputs=["p", "s"])
+    ga, out = _run_inference(mlp_copy)
+    # torch's traceback for the fake kernel's error: kept quiet, the check says what it means
+    assert not [r for r in caplog.records if "failed while attempting to run meta" in r.getMessage()]
+    want = _pad_expected(mlp_copy, case)
+    assert torch.equal(out[0], want) and torch.equal(out[1], want.sum(-1))
+    # the sizes the probes agree on are kept (x's 8 rows), the others are the run's
+    shape = (8, None) if case == "pad read from values" else (None,)
+    assert ga.module.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float32", shape),)}
+    assert "p" in ga.module.meta[precheck.RUN_CHECKED_ALLOCS]  # its storage has no bound here: a share
+    twin = precheck.checked_twin(ga.module, "graph.json")
+    assert [n.target.__name__ for n in twin.graph.nodes if n.name == "p"] == ["run_checked_constant_pad_nd_default"]
+
+
+@pytest.mark.parametrize("case", sorted(PADS))
+def test_an_op_whose_fake_kernel_needs_a_plain_size_is_refused_without_the_assumed_outputs(mlp_copy, monkeypatch,
+                                                                                           case):
+    # Planted fault: without the probes the precheck cannot go past the pad (SAM3's failure).
+    add_nodes(mlp_copy, PADS[case][0], outputs=["p"])
+    monkeypatch.setattr(precheck, "_assumed_outputs", lambda *a: None)
+    refusal = ArtifactError if case == "input sized by values" else precheck.GraphWillNotRun  # as before
+    with pytest.raises(refusal, match=r"graph.json: node 'p' \(aten.constant_pad_nd.default\) (has a size that "
+                                            r"depends on the values of tensors \(|does not run on these inputs: )"
+                                            + PADS[case][1]):
+        _run_inference(mlp_copy)
+
+
+def test_outputs_the_precheck_assumed_wrongly_are_refused_before_the_kernel_runs(mlp_copy, monkeypatch):
+    # Planted fault: probes whose pads agree (u = 2 and 3: no padding either way) make the
+    # precheck assume a [8, 32] output; the run's values pad by 64 and its check refuses.
+    add_nodes(mlp_copy, PADS["pad read from values"][0], outputs=["p"])
+    monkeypatch.setattr(precheck, "_PROBES", ((lambda i: 2), (lambda i: 3)))
+    with pytest.raises(ArtifactError) as e:
+        _run_inference(mlp_copy)
+    assert str(e.value).endswith("graph.json: node 'p' (aten.constant_pad_nd.default): gives float32[8, 96] where "
+                                 "the check before the run assumed float32[8, 32]; the kernel was not run"), str(e.value)
+
+
+def test_the_outputs_assumed_are_those_of_the_inputs_layout(mlp_copy):
+    from aotpipe.replay import run_graph
+
+    add_nodes(mlp_copy, PADS["pad read from values"][0], outputs=["p"])
+    ga = aotpipe.load(mlp_copy).graphs["inference"]
+    inputs = ga.saved_inputs()
+    short = [t.clone() for t in inputs[:-1]] + [inputs[-1][:4].clone()]  # 4 rows: padded by 4 * 4
+    assert run_graph(ga.module, inputs)[0].shape == (8, 96)
+    assert run_graph(ga.module, short)[0].shape == (4, 48)
+    assert ga.module.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float32", (4, None)),)}
+    # the first layout again (checked already): held to its own assumption, not the last one's
+    assert run_graph(ga.module, inputs)[0].shape == (8, 96)
+    assert ga.module.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float32", (8, None)),)}
+
+
+def test_a_pad_by_values_over_its_share_is_refused_before_its_kernel_runs(mlp_copy, monkeypatch):
+    from aotpipe.artifact import checked
+
+    big = [(n, t, a if n != "n" else [{"node": "u"}, 10**7], k) for n, t, a, k in PADS["pad read from values"][0]]
+    add_nodes(mlp_copy, big, outputs=["p"])  # 8 x 2.56e9 float32s: 81.9 GB asked for by the run's values
+    made = []
+    monkeypatch.setattr(checked.AllocationCheckedAtRun, "__init__", _spy_alloc_init(checked.AllocationCheckedAtRun.__init__,
+                                                                                     made))
+    with pytest.raises(ArtifactError) as e:
+        _run_inference(mlp_copy)
+    assert "graph.json: node 'p' (aten.constant_pad_nd.default): makes float32[8, 2560000032] (81.9 GB) from " \
+           "values read while the graph runs, over the" in str(e.value), str(e.value)
+    assert [m.checked_op for m in made] == [torch.ops.aten.constant_pad_nd.default] and not made[0].ran
+
+
 def _spy_alloc_init(init, made):
-    def spied(self, op, limit, where):
-        init(self, op, limit, where)
+    def spied(self, op, limit, where, expected=None):
+        init(self, op, limit, where, expected)
         made.append(self)
         self.ran = False
 
