@@ -84,6 +84,13 @@ class _Clock:
 
 
 def child_aotpipe(layers: int, tokens: int, keep: str | None) -> dict[str, Any]:
+    from aotpipe.job import collections_paced
+
+    with collections_paced():  # as run_model runs a job
+        return _child_aotpipe(layers, tokens, keep)
+
+
+def _child_aotpipe(layers: int, tokens: int, keep: str | None) -> dict[str, Any]:
     from aotpipe.artifact.writer import graph_entries, write_model
     from aotpipe.checks.written import graph_structure
     from aotpipe.capture.meta import build_on_meta, capture_meta, meta_example_inputs

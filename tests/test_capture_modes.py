@@ -29,6 +29,12 @@ def planted_capture(model, args, kwargs, **kw):
     raise CaptureError(f"planted capture ran with {sorted(kw)}")
 
 
+def capture_seeing_the_collector(model, args, kwargs, **kw):
+    import gc
+
+    raise CaptureError(f"the collector's thresholds: {gc.get_threshold()}")
+
+
 def planted_build(spec, base_dir):
     raise SourceError(f"planted builder ran for {spec.name}")
 
@@ -69,6 +75,24 @@ def test_the_job_captures_with_the_function_the_table_names(tmp_path, export_ent
     assert (r.status, r.stage) == ("failed", "capture")
     # export differentiates the `loss:` setting: the table says so, and the job passes it
     assert r.error.startswith("planted capture ran with ['graphs', 'input_names', 'int_ranges', 'loss', 'name']")
+
+
+def test_a_job_runs_with_the_collector_paced_and_gives_the_callers_pacing_back(tmp_path, export_entry):
+    import gc
+
+    from aotpipe import job
+
+    export_entry(capture=f"{__name__}:capture_seeing_the_collector")
+    (spec,) = parse_pipeline(ONE_MODEL, "p.yaml").models
+    was = gc.get_threshold()
+    gc.set_threshold(123, 4, 5)
+    try:
+        r = run_model(spec, tmp_path)
+        assert gc.get_threshold() == (123, 4, 5)  # a failed job too
+    finally:
+        gc.set_threshold(*was)
+    assert r.error.startswith(f"the collector's thresholds: {job.JOB_GC_THRESHOLDS};"), r.error
+    assert job.JOB_GC_THRESHOLDS[0] > 700 * 10  # far from the defaults' full collections (see job.py)
 
 
 def test_a_mode_without_loss_is_not_given_one(tmp_path, export_entry):
