@@ -289,16 +289,22 @@ def walk(root: Path, *, prune: Any = None) -> Iterator[WalkEntry]:
 # JSON
 
 
-def check_depth(value: Any, where: Any, limit: Optional[int] = None) -> None:
-    """Refuse JSON data nested deeper than the limit (walked without recursion)."""
-    limit = limit if limit is not None else current().max_json_depth
-    stack = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        children: Iterable[Any] = v.values() if isinstance(v, dict) else v
-        if depth > limit:
-            raise breach(where, f"JSON nested more than {limit} levels deep", "max_json_depth", limit)
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+_JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def json_deeper_than(data: bytes, limit: int) -> bool:
+    """Whether a valid JSON text nests containers more than `limit` levels deep (the root
+    container is level 1, empty containers count), found from the text with C-speed passes:
+    strings cut out, every other character but brackets dropped, then the innermost pairs
+    removed once per level. (Walking the parsed value in Python took as long as parsing it.)"""
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = _INNERMOST.sub(b"", brackets)
+    return bool(brackets)
 
 
 # One structural token of a JSON text (a comma, an empty container, an opening bracket), with
@@ -357,8 +363,8 @@ def parse_json(data: bytes, where: Any) -> Any:
         raise ArtifactError(f"{where}: not valid JSON (line {e.lineno}: {e.msg})") from None
     except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         raise ArtifactError(f"{where}: not valid JSON ({str(e).split(';')[0]})") from None
-    if isinstance(value, (dict, list)):
-        check_depth(value, where, limit)
+    if isinstance(value, (dict, list)) and json_deeper_than(data, limit):
+        raise breach(where, f"JSON nested more than {limit} levels deep", "max_json_depth", limit)
     if _SURROGATE_ESCAPE.search(data):
         try:  # a \ud800 escape alone is no character: no name, key or path may hold one
             json.dumps(value, ensure_ascii=False).encode("utf-8")

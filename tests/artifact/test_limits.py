@@ -210,6 +210,36 @@ def test_json_limit_helpers():
         limits.parse_json(b'{"a": "\xff"}', "f")
 
 
+def _depth(v):
+    return 1 + max((_depth(c) for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, (dict, list))),
+                   default=0)
+
+
+def test_json_depth_is_counted_from_the_text_as_the_parsed_value_nests():
+    import json
+    import random
+
+    rng = random.Random(0)
+    tricky = ['[', ']', '{', '}', '"', '\\', '\\"', '\\\\', '[{"', 'é]', '\u005b', '\n']
+
+    def value(d):
+        r = rng.random()
+        if d > 9 or r < 0.3:
+            return rng.choice([1, -2.5, None, True, "".join(rng.choices(tricky, k=rng.randint(0, 6)))])
+        if r < 0.65:
+            return [value(d + 1) for _ in range(rng.randint(0, 3))]
+        return {"".join(rng.choices(tricky, k=rng.randint(0, 4))) + str(i): value(d + 1) for i in range(rng.randint(0, 3))}
+
+    seen = set()
+    for _ in range(400):
+        v = [value(0)] if rng.random() < 0.5 else {"k": value(0)}
+        text = json.dumps(v, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 1])).encode()
+        depth = _depth(json.loads(text))
+        seen.add(depth)
+        assert not limits.json_deeper_than(text, depth) and limits.json_deeper_than(text, depth - 1), text
+    assert len(seen) >= 8  # shallow and deep values both drawn
+
+
 # --- pipeline YAML ---------------------------------------------------------------------------
 
 BOMB = "version: 1\nname: b\n" + "".join(
