@@ -377,11 +377,11 @@ def _assumed_outputs(target: Any, args: tuple, kwargs: dict, shape_env: Any) -> 
     The op is run on fake arguments with every such size replaced by each probe's value
     (:data:`_PROBES`; at least two must run); sizes of the outputs that agree are kept, the
     others become sizes of their own read from the run (so the outputs' storages have no bound
-    here: the node runs checked, and anything that views them too). The guess is not trusted: when the graph
-    runs, the op is first run on meta tensors and its outputs must have the dtypes and kept
-    sizes assumed here (checked.AllocationCheckedAtRun), or the kernel is not run.
-    Views and in-place ops (whose outputs are their inputs' memory) and ops whose output size
-    is the data's own are not assumed."""
+    here: the node runs checked, and anything that views them too). The guess is not
+    trusted: when the graph runs, the op is first run on meta tensors and its outputs must
+    have the dtypes and kept sizes assumed here (checked.AllocationCheckedAtRun), or the
+    kernel is not run. Views and in-place ops (whose outputs are their inputs' memory) and
+    ops whose output size is the data's own are not assumed."""
     if not isinstance(target, torch._ops.OpOverload) or aliases_inputs(target) or target._schema.is_mutable \
             or torch.Tag.dynamic_output_shape in target.tags:
         return None
