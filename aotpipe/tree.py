@@ -49,9 +49,12 @@ class GraphView:
     nodes: Optional[list[NodeRecord]] = None
     inputs: Optional[InputsRecord] = None
     problem: Optional[str] = None
+    op_counts: Optional[collections.Counter] = None  # ops(), kept where the nodes were not
 
     def ops(self) -> collections.Counter:
         """call_function targets and how often each is called."""
+        if self.op_counts is not None:
+            return self.op_counts
         return collections.Counter(n.target or "?" for n in self.nodes or [] if n.op == "call_function")
 
 
@@ -86,8 +89,10 @@ def _one_line(e: BaseException) -> str:
     return f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def read_model(folder: Path, root: Path) -> ModelView:
-    """A model folder's manifest and every graph's graph.json and inputs.json, read (never run)."""
+def read_model(folder: Path, root: Path, keep_nodes: bool = True) -> ModelView:
+    """A model folder's manifest and every graph's graph.json and inputs.json, read (never run).
+    Without `keep_nodes`, each graph keeps its op counts rather than its nodes (the report: a
+    zoo's nodes held at once took 7 GB)."""
     view = ModelView(name=folder.name, folder=folder)
     try:
         view.manifest = records.read(Manifest, folder / records.MANIFEST, root)[1]
@@ -101,6 +106,8 @@ def read_model(folder: Path, root: Path) -> ModelView:
         gdir = folder / entry.folder
         try:
             g.nodes = records.read(GraphRecord, gdir / records.GRAPH_JSON, root)[1].nodes
+            if not keep_nodes:
+                g.op_counts, g.nodes = g.ops(), None
             if (gdir / records.INPUTS_JSON).exists():
                 g.inputs = records.read(InputsRecord, gdir / records.INPUTS_JSON, root)[1]
         except (AotpipeError, OSError) as e:
@@ -109,14 +116,15 @@ def read_model(folder: Path, root: Path) -> ModelView:
     return view
 
 
-def read_tree(root: Path) -> list[ModelView]:
-    """Every model folder under `root` (or `root` itself if it is one), read as ModelViews."""
+def read_tree(root: Path, keep_nodes: bool = True) -> list[ModelView]:
+    """Every model folder under `root` (or `root` itself if it is one), read as ModelViews
+    (without `keep_nodes`: op counts instead of nodes, see read_model)."""
     # cryptography (signatures): kept off the torch-free path of ls, report and diff
     from aotpipe.artifact.verify import find_artifacts
 
     root = Path(root)
     models, _ = find_artifacts(root)
-    return [read_model(m, root) for m in models]
+    return [read_model(m, root, keep_nodes) for m in models]
 
 
 def value_layout(node: NodeRecord) -> Optional[Layout]:

@@ -225,7 +225,7 @@ def gather(root: Path) -> Report:
     if not root.is_dir():
         raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder (it holds run.json)")
     run: Optional[RunRecord] = read_run(root)
-    views = read_tree(root)
+    views = read_tree(root, keep_nodes=False)  # the page shows op counts, never nodes
     if run is None and not views:
         raise AotpipeError(f"{root}: no run.json and no artefacts (manifest.json) found in it or below; "
                            "pass a pipeline's output folder, e.g. artifacts/quickstart")

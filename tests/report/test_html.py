@@ -164,3 +164,17 @@ def test_report_writes_nothing_into_a_model_folder_unless_told_where(tree, tmp_p
                         f"{tree / 'mlp'} -o FILE) or pass the output folder above it\n")
     r = cli("report", tree / "mlp", "-o", tmp_path / "mlp.html")
     assert r.exit_code == 0 and _rows((tmp_path / "mlp.html").read_text()) == [("ok", "mlp")]
+
+
+def test_the_page_reads_op_counts_and_keeps_no_graph_nodes(tree, monkeypatch):
+    # A zoo's nodes, all held at once while the page was gathered, took 7 GB.
+    from aotpipe import htmlreport, tree as tree_mod
+
+    kept = tree_mod.read_tree(tree)
+    read = []
+    real = tree_mod.read_tree
+    monkeypatch.setattr(htmlreport, "read_tree", lambda *a, **k: read.extend(real(*a, **k)) or read)
+    page = htmlreport.gather(tree)
+    assert read and all(g.nodes is None and g.op_counts for v in read for g in v.graphs)
+    assert [[g.ops() for g in v.graphs] for v in read] == [[g.ops() for g in v.graphs] for v in kept]
+    assert [r.graphs for r in page.rows] and all(gr.ops for r in page.rows for gr in r.graphs)
