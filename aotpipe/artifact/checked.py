@@ -587,8 +587,7 @@ class AllocationCheckedAtRun(_CheckedAtRun):
         self.expected = expected  # RUN_CHECKED_OUTPUTS: the outputs the precheck assumed, if it had to
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.expected is None and torch.Tag.dynamic_output_shape in getattr(self.checked_op, "tags", ()) \
-                and self.checked_op not in CHECKS:
+        if torch.Tag.dynamic_output_shape in getattr(self.checked_op, "tags", ()) and self.checked_op not in CHECKS:
             # Its size depends on the data itself (nonzero, boolean indexing of a tensor the
             # run sized): no meta kernel can say it, and it is at most its input's (torch's fake
             # kernels bound it so), a tensor that already passed its own check. (bincount and
