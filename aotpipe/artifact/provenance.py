@@ -111,7 +111,15 @@ def node_origin(node: torch.fx.Node) -> Optional[NodeOrigin]:
     if not stack and source is None:
         return None
     # torch's own wrappers (export's non-strict Wrapper around the model) are no module of the model's.
-    stack = {k: v for k, v in (stack or {}).items() if not _internal(class_name(v[1]))}
-    path, cls = list(stack.values())[-1] if stack else (None, None)
-    return NodeOrigin(module=module_path(path) if stack else None, module_class=class_name(cls) if stack else None,
+    innermost = next((v for v in reversed((stack or {}).values()) if not _internal(class_name(v[1]))), None)
+    path, cls = innermost if innermost is not None else (None, None)
+    return _origin(innermost is not None, path, cls, source, from_forward)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _origin(in_module: bool, path: Any, cls: Any, source: Optional[str], from_forward: bool) -> NodeOrigin:
+    """One (immutable) NodeOrigin for each distinct origin: the nodes of a graph share a few
+    hundred, and building one was most of the time of describing a node."""
+    return NodeOrigin(module=module_path(path) if in_module else None,
+                      module_class=class_name(cls) if in_module else None,
                       source=source, of_forward=True if from_forward else None)

@@ -300,6 +300,8 @@ class NodeOrigin(Record):
     source: Optional[Annotated[str, StringConstraints(max_length=1024)]] = None
     of_forward: Optional[bool] = None
 
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)  # shared by the nodes of one origin
+
 
 # A node argument: JSON's own values, a list, or one of the tagged forms below (an object
 # with one key) for what JSON lacks. The key says which (a pydantic discriminated union).
