@@ -25,7 +25,8 @@ from aotpipe import incremental
 from aotpipe.artifact.fsio import OutputError, clean_stale, describe_os_error
 from aotpipe.errors import AotpipeError, AotpipeError as _E
 from aotpipe.executors import Failure, Outcome, Resources, Task, make_executor
-from aotpipe.format.records import load_run
+from aotpipe.executors.process import ran_out_of_memory
+from aotpipe.format.records import RunRecord, load_run
 from aotpipe.htmlreport import write_html
 from aotpipe.job import PROGRESS_DIR_ENV, run_model
 from aotpipe.report import write_reports
@@ -138,6 +139,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
 
         check_sources(pipeline, [specs[i] for i in todo])  # what was not checked at load
         todo = longest_first(todo, [s.name for s in specs], out_root)
+        fresh = ran_out_of_memory_last_run(out_root)
         ex = pipeline.executor
         executor = make_executor(kind, workers=workers, timeout_s=ex.timeout_s, memory_gb=ex.memory_gb,
                                  address=ex.address, max_models_per_worker=ex.max_models_per_worker,
@@ -145,7 +147,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
         # Absolute paths: a worker (a Ray worker above all) may start in another folder.
         root = out_root.resolve()
         tasks = [Task(specs[i].name, functools.partial(run_model, specs[i], root, base_dir, force=True, key=key),
-                      _resources(specs[i], pipeline)) for i in todo]
+                      _resources(specs[i], pipeline), fresh=specs[i].name in fresh) for i in todo]
 
         def on_start(t: int) -> None:
             running.append(tasks[t].name)
@@ -170,7 +172,8 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
                 executor.run(tasks, on_start=on_start, on_done=on_done)
             finally:
                 if recycled is not None:
-                    recycled.extend(RecycledWorker(pid=r.pid, after=r.after, models=r.tasks, reason=r.reason)
+                    recycled.extend(RecycledWorker(pid=r.pid, after=r.after, models=r.tasks, reason=r.reason,
+                                                   **({"out_of_memory": True} if r.out_of_memory else {}))
                                     for r in getattr(executor, "recycled", []))
     finally:
         bar.close()
@@ -218,18 +221,37 @@ class _StageWatch:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _last_run(out_root: Path) -> Optional[RunRecord]:
+    """The last run's run.json in `out_root`; None if there is none or it does not read."""
+    try:
+        return load_run(out_root)
+    except (OSError, AotpipeError):
+        return None
+
+
 def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int]:
     """`todo` in the order to start them: models the last run (its run.json) did not time first,
     in pipeline order, then the rest, longest first. With N workers the batch then ends with
     short models running beside each other, not with one long model running alone."""
-    try:
-        last = load_run(out_root)
-        took = {m.name: m.total_seconds for m in last.models if not m.skipped and m.total_seconds}
-    except (OSError, AotpipeError):
-        took = {}
+    last = _last_run(out_root)
+    took = {m.name: m.total_seconds for m in last.models if not m.skipped and m.total_seconds} if last else {}
     unknown = [i for i in todo if names[i] not in took]
     known = sorted((i for i in todo if names[i] in took), key=lambda i: -took[names[i]])
     return unknown + known
+
+
+def ran_out_of_memory_last_run(out_root: Path) -> set[str]:
+    """The models that ran out of memory in the last run (its run.json): in a used worker (its
+    replacement says so; the model then ran again in a fresh one) or in a fresh one (its failure).
+    This run starts them in a fresh worker (Task.fresh), which spares a first run that the
+    leftovers of the models before it would push over the limit again."""
+    last = _last_run(out_root)
+    if last is None:
+        return set()
+    names = {r.after for r in last.executor.recycled or [] if r.out_of_memory}
+    names |= {m.name for m in last.models if m.status != "ok" and m.stage == "worker" and m.error
+              and ran_out_of_memory(m.error)}
+    return names
 
 
 def _resources(spec: ModelSpec, pipeline: Pipeline):

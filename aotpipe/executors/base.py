@@ -27,6 +27,9 @@ class Task:
     name: str
     fn: Callable[[], Any]  # picklable for the process and ray executors
     resources: Resources = Resources()
+    # Start it in a worker that has run nothing else (the process executor; others ignore it):
+    # it ran out of memory in the last run, where a used worker's leftovers weigh.
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Recycled:
     after: str  # the name of the last task it ran
     tasks: int  # how many tasks it ran
     reason: str  # one line
+    out_of_memory: bool = False  # replaced because `after` ran out of memory in it (it runs again afresh)
 
 
 class Executor(Protocol):

@@ -18,6 +18,10 @@ worker that had run other tasks before runs once more, in a fresh worker, and th
 outcome is the task's: a worker's resident memory carries what earlier tasks left (the
 allocator's cache, a library's), so a model at the edge of the limit would otherwise pass
 or fail by which worker it drew, and a run split in shards would not match the whole run.
+A task marked `fresh` (the runner marks the models that ran out of memory in the last run)
+starts in a fresh worker from the outset: when it comes next, a used idle worker retires to
+make room unless a fresh one is already starting, so the task keeps its place in the order
+and no run of it in a used worker is wasted first.
 
 Threads: N workers share torch's default intra-op thread count (what a local run uses: the
 cores, or ``OMP_NUM_THREADS``) and take ``default // N`` each (at least 1), so that they do
@@ -45,6 +49,7 @@ from aotpipe.executors.base import Failure, Outcome, Recycled, Task
 
 POLL_S = 0.05  # how often the parent looks at its workers' time and memory
 _MAKE_ROOM = "a model that ran out of memory in a used worker waits to run again in a fresh one"
+_MAKE_ROOM_FOR = "{} ran out of memory in the last run: it starts in a fresh worker"
 START_ATTEMPTS = 3  # workers that die before they are ready, in a row, before giving up
 TAIL_LINES = 20
 
@@ -60,6 +65,15 @@ def rss_bytes(pid: int) -> Optional[int]:
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+OUT_OF_MEMORY = "out of memory: "  # how the reason of a task killed over its memory limit begins
+
+
+def ran_out_of_memory(reason: str) -> bool:
+    """Whether a task's Failure reason (a failed model's error in run.json) says that it ran
+    out of memory: over the limit, or killed as the kernel's out-of-memory killer kills."""
+    return reason.startswith(OUT_OF_MEMORY) or f"crashed: {_signal_name(signal.SIGKILL)}" in reason
 
 
 def _signal_name(num: int) -> str:
@@ -124,7 +138,8 @@ class ProcessExecutor:
     max_models_per_worker: Optional[int] = None
     recycle_memory_gb: Optional[float] = None
     recycled: list[Recycled] = field(default_factory=list)  # workers replaced between tasks, in order
-    _fresh_only: set[int] = field(default_factory=set, repr=False)  # tasks to run again in a fresh worker
+    _fresh_only: set[int] = field(default_factory=set, repr=False)  # tasks that run only in a fresh worker
+    _retries: set[int] = field(default_factory=set, repr=False)  # of those, the ones started once already
     _logs: Optional[tempfile.TemporaryDirectory] = field(default=None, repr=False)
 
     def _threads(self) -> str:
@@ -156,7 +171,8 @@ class ProcessExecutor:
         pool: list[_Worker] = []
         failed_starts = 0
         self.recycled = []
-        self._fresh_only = set()
+        self._fresh_only = {i for i, t in enumerate(tasks) if t.fresh}
+        self._retries = set()
         self._logs = tempfile.TemporaryDirectory(prefix="aotpipe-workers-")
         try:
             while pending or any(w.task is not None for w in pool):
@@ -165,10 +181,12 @@ class ProcessExecutor:
                     pool.append(self._start())
                 for w in list(pool):
                     if w.ready and w.task is None and pending:
-                        i = next((j for j in pending if w.done == 0 or j not in self._fresh_only), None)
-                        if i is None:  # only retries wait, and this worker has run tasks: make room
+                        i = self._pick(w, pool, pending)
+                        if i is None:  # a task that must start afresh comes next: make room
+                            first = next(j for j in pending if j in self._fresh_only)
+                            why = _MAKE_ROOM if first in self._retries else _MAKE_ROOM_FOR.format(tasks[first].name)
                             self.recycled.append(Recycled(w.proc.pid, tasks[w.last].name if w.last is not None
-                                                          else "", w.done, _MAKE_ROOM))
+                                                          else "", w.done, why))
                             self._retire(w, pool)
                             continue
                         pending.remove(i)
@@ -178,7 +196,7 @@ class ProcessExecutor:
                             on_done(i, Failure(f"could not send the task to its worker: {e}"))
                             continue
                         w.task, w.started, w.peak_rss = i, time.monotonic(), 0
-                        if i not in self._fresh_only:  # a retry: started already, as the caller sees it
+                        if i not in self._retries:  # a retry: started already, as the caller sees it
                             on_start(i)
                 for conn in wait([w.recv for w in pool], timeout=POLL_S):
                     w = next(w for w in pool if w.recv is conn)
@@ -208,6 +226,16 @@ class ProcessExecutor:
                 self._retire(w, pool, wait_s=2.0)
             self._logs.cleanup()
             self._logs = None
+
+    def _pick(self, w: _Worker, pool: list[_Worker], pending: collections.deque) -> Optional[int]:
+        """The task idle worker `w` runs next, or None if it should retire to make room for a
+        fresh worker: a task that must start afresh is next and no fresh worker is starting,
+        or only such tasks wait."""
+        if w.done == 0:
+            return pending[0]
+        if pending[0] in self._fresh_only and not any(o is not w and o.done == 0 and o.task is None for o in pool):
+            return None
+        return next((j for j in pending if j not in self._fresh_only), None)
 
     def _recycle_reason(self, w: _Worker, task: Task) -> Optional[str]:
         """Why worker `w`, having just finished `task`, should be replaced (one line), or None."""
@@ -246,10 +274,11 @@ class ProcessExecutor:
         if w.done == 0 or i in self._fresh_only:
             return False
         self._fresh_only.add(i)
+        self._retries.add(i)
         pending.appendleft(i)
         self.recycled.append(Recycled(w.proc.pid, tasks[i].name, w.done,
                                       f"{reason} after {w.done} other model(s) in this worker; "
-                                      f"{tasks[i].name} runs again in a fresh worker"))
+                                      f"{tasks[i].name} runs again in a fresh worker", out_of_memory=True))
         return True
 
     def _watch(self, w: _Worker, pool: list[_Worker], tasks: list[Task], pending: collections.deque,
@@ -260,7 +289,7 @@ class ProcessExecutor:
         limit = self._limit(task)
         elapsed = time.monotonic() - w.started
         if rss is not None and limit is not None:
-            reason = (f"out of memory: the worker's resident memory reached {_gib(rss)}, over the limit of "
+            reason = (f"{OUT_OF_MEMORY}the worker's resident memory reached {_gib(rss)}, over the limit of "
                       f"{_gib(limit)} (executor.memory_gb)")
         elif (timeout := task.resources.timeout_s or self.timeout_s) is not None and elapsed > timeout:
             reason = f"timed out after {timeout:g} s (timeout_s); the worker was killed"

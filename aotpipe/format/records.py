@@ -711,6 +711,7 @@ class RecycledWorker(Record):
     models: Count  # how many it ran
     reason: str  # one line
     shard: Optional[str] = None  # in a merged run: the shard folder whose run replaced it
+    out_of_memory: Optional[bool] = None  # true: `after` ran out of memory in it (and ran again afresh)
 
 
 class ExecutorRecord(Record):

@@ -90,3 +90,10 @@ def leak_wait_and_pid(mib: int, seconds: float) -> tuple[int, int]:
     out = leak_and_pid(mib)
     time.sleep(seconds)
     return out
+
+
+def sigkill_self() -> None:
+    """Die as the kernel's out-of-memory killer kills: SIGKILL, no word said."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from aotpipe.executors import Failure, Resources, Task
-from aotpipe.executors.process import ProcessExecutor
+from aotpipe.executors.base import Recycled
+from aotpipe.executors.process import ProcessExecutor, _Worker, ran_out_of_memory
 from tests.executors import tasks
 
 
@@ -65,6 +66,14 @@ def test_crashes_hangs_and_memory_hogs_cost_only_their_own_task():
     assert isinstance(hog, Failure) and "out of memory" in hog.reason and "0.50 GiB" in hog.reason, hog
     assert ok == 49
     assert isinstance(unpicklable, Failure), unpicklable
+    # What the runner reads back from run.json to start a model afresh next time.
+    assert ran_out_of_memory(hog.reason)
+    assert not any(ran_out_of_memory(f.reason) for f in (segv, exit3, hang, unpicklable))
+
+
+def test_a_worker_killed_as_the_oom_killer_kills_counts_as_out_of_memory():
+    (killed,) = _run(ProcessExecutor(workers=1), [_task("killed", tasks.sigkill_self)])
+    assert isinstance(killed, Failure) and "SIGKILL" in killed.reason and ran_out_of_memory(killed.reason), killed
 
 
 def test_the_executors_memory_limit_applies_to_every_task():
@@ -136,3 +145,40 @@ def test_a_retry_waits_for_a_fresh_worker_and_a_used_idle_one_makes_room():
     reasons = sorted(r.reason for r in ex.recycled)
     assert reasons == sorted([_MAKE_ROOM, "out of memory after 1 other model(s) in this worker; edge runs again "
                                           "in a fresh worker"]), reasons
+
+
+def test_a_task_marked_fresh_starts_in_a_fresh_worker_and_a_used_one_makes_room():
+    # The edge task of the test above, marked fresh (it ran out of memory in the last run):
+    # it never runs in the worker the leak is in. That worker retires when edge comes next,
+    # saying why; edge runs once, in a fresh worker, and passes. Unmarked, it first runs
+    # out of memory in the used worker (the test above).
+    (base,) = _run(ProcessExecutor(workers=1), [_task("probe", tasks.own_rss_mib)])
+    ex = ProcessExecutor(workers=1, memory_gb=(base + 850) / 1024, recycle_memory_gb=100)
+    edge = Task("edge", functools.partial(tasks.hold_and_pid, 700), fresh=True)
+    started = []
+    done = {}
+    ex.run([_task("leaky", tasks.leak_and_pid, 500), edge, _task("after", tasks.pid)],
+           on_start=started.append, on_done=lambda i, o: done.__setitem__(i, o))
+    (p_leaky, held), p_edge, p_after = done[0], done[1], done[2]
+    assert held == 500 and isinstance(p_edge, int) and p_edge != p_leaky and p_after == p_edge, done
+    assert started == [0, 1, 2]  # each started once, as the caller sees it
+    assert ex.recycled == [Recycled(p_leaky, "leaky", 1, "edge ran out of memory in the last run: it starts in a "
+                                                         "fresh worker")]
+
+
+def _worker(done, task=None):
+    return _Worker(proc=None, send=None, recv=None, log=None, task=task, done=done)
+
+
+def test_which_task_an_idle_worker_takes_when_one_must_start_afresh():
+    import collections
+
+    ex = ProcessExecutor(workers=2)
+    ex._fresh_only = {0}
+    used, fresh_idle, fresh_busy = _worker(3), _worker(0), _worker(0, task=5)
+    pending = collections.deque([0, 1, 2])
+    assert ex._pick(fresh_idle, [used, fresh_idle], pending) == 0  # a fresh worker takes the head, marked or not
+    assert ex._pick(used, [used, fresh_idle], pending) == 1  # a fresh one is there for 0: go on with the rest
+    assert ex._pick(used, [used, fresh_busy], pending) is None  # none is: make room, 0 keeps its place
+    assert ex._pick(used, [used], collections.deque([1, 0])) == 1  # 0 is not next yet
+    assert ex._pick(used, [used, fresh_idle], collections.deque([0])) is None  # only 0 waits: make room

@@ -37,3 +37,58 @@ def test_no_or_malformed_run_json_keeps_pipeline_order(tmp_path):
     run["models"][0]["total_seconds"] = "9"  # a string where run.json has a number: not a run.json
     (tmp_path / "run.json").write_text(json.dumps(run))
     assert longest_first([0, 1, 2], ["a", "b", "c"], tmp_path) == [0, 1, 2]
+
+
+def test_models_that_ran_out_of_memory_last_time_start_in_a_fresh_worker(tmp_path, monkeypatch):
+    # The last run's evidence, as the process executor writes it: a model out of memory in a
+    # used worker (its replacement says so, and it passed afresh), one out of memory in a fresh
+    # one (its failure), one killed as the OOM killer kills; not a crash, a time limit, or a
+    # worker replaced for another reason.
+    from aotpipe.config import parse_pipeline
+    from aotpipe.executors.process import OUT_OF_MEMORY
+    from aotpipe.format.records import RecycledWorker
+    from aotpipe import runner
+
+    models = [ModelRun(name="used_oom", status="ok", total_seconds=3.0),
+              ModelRun(name="fresh_oom", status="failed", stage="worker",
+                       error=f"{OUT_OF_MEMORY}the worker's resident memory reached 9.00 GiB, over the limit of "
+                             "8.00 GiB (executor.memory_gb)"),
+              ModelRun(name="killed", status="failed", stage="worker",
+                       error="the worker crashed: SIGKILL (killed, e.g. by the kernel's out-of-memory killer) "
+                             "while running this model"),
+              ModelRun(name="segv", status="failed", stage="worker",
+                       error="the worker crashed: SIGSEGV (segmentation fault) while running this model"),
+              ModelRun(name="slow", status="failed", stage="worker", error="timed out after 5 s (timeout_s)"),
+              ModelRun(name="capped", status="ok", total_seconds=1.0),
+              ModelRun(name="raised", status="failed", stage="capture", error="out of memory: said by the model")]
+    record = RunRecord(format_version=1, pipeline="p", versions=versions(), seconds=1.0,
+                       executor=ExecutorRecord(kind="process", workers=2, recycled=[
+                           RecycledWorker(pid=1, after="used_oom", models=4, reason="out of memory after 4 ...",
+                                          out_of_memory=True),
+                           RecycledWorker(pid=2, after="capped", models=2, reason="ran 2 model(s) (...)")]),
+                       ok=False, summary=RunSummary(models=7, ok=2, up_to_date=0, failed=5, graphs=0, bytes=0),
+                       models=models)
+    root = tmp_path / "p"
+    root.mkdir()
+    (root / "run.json").write_bytes(dump_json(record.model_dump(mode="json", exclude_none=True)))
+    assert runner.ran_out_of_memory_last_run(root) == {"used_oom", "fresh_oom", "killed"}
+    assert runner.ran_out_of_memory_last_run(tmp_path / "nothing") == set()
+
+    # ... and the tasks the runner hands its executor say so.
+    pipeline = parse_pipeline("version: 1\nname: p\nexecutor: {kind: process}\n"
+                              "defaults: {mode: export, graphs: [inference], passes: []}\nmodels:\n"
+                              + "".join(f"  - {{name: {m.name}, source: 'aotpipe.zoo:mlp', inputs: [{{shape: [2, 16]}}]}}\n"
+                                        for m in models), check_sources=False)
+    seen = {}
+
+    class Recording:
+        recycled = []
+
+        def run(self, tasks, *, on_start, on_done):
+            for i, t in enumerate(tasks):
+                seen[t.name] = t.fresh
+                on_done(i, runner.Failure("not run"))
+
+    monkeypatch.setattr(runner, "make_executor", lambda *a, **k: Recording())
+    runner.run_pipeline(pipeline, output=tmp_path, progress=False, force=True)
+    assert seen == {m.name: m.name in {"used_oom", "fresh_oom", "killed"} for m in models}
