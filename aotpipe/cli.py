@@ -19,6 +19,7 @@ from aotpipe.format import records
 from aotpipe.format.limits import Breach, override, parse_bytes
 from aotpipe.htmlreport import REPORT_HTML, build_html, write_html
 from aotpipe.inspect import describe_lines, list_artifacts
+from aotpipe.job import collections_paced
 from aotpipe.merge import NamedPipeline, merge_runs
 from aotpipe.report import REPORT_MD, RUN_JSON, dump_run, run_record, settled_text
 from aotpipe.results import why_failed
@@ -39,12 +40,16 @@ def _say(line: object, err: bool = False) -> None:
 
 
 def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Print an AotpipeError as one line per problem and exit 2; traceback only with -v."""
+    """Print an AotpipeError as one line per problem and exit 2; traceback only with -v.
+
+    The command runs with the garbage collector paced as a job is (job.collections_paced):
+    replay, bench, report and ops build graphs and records by the million too."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with collections_paced():
+                return fn(*args, **kwargs)
         except AotpipeError as e:
             ctx = click.get_current_context()
             if ctx.find_root().params.get("verbose"):

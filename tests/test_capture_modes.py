@@ -127,3 +127,31 @@ def test_every_stage_of_the_job_is_a_stage_a_result_can_name():
     names = [name for name, _, _ in STAGES]
     assert names == ["source", "capture", "passes", "write"]
     assert set(names) | {"verify"} <= set(RESULT_STAGES)
+
+
+def test_every_command_runs_with_the_collector_paced_and_gives_the_callers_pacing_back(monkeypatch, tmp_path):
+    # replay, bench, report and ops build graphs by the thousand, as a job does; each command
+    # goes through the same wrapper (cli._user_errors), seen here through `validate`.
+    import gc
+
+    from click.testing import CliRunner
+
+    from aotpipe import cli, job
+    from aotpipe.errors import AotpipeError
+
+    seen = []
+
+    def load(path):
+        seen.append(gc.get_threshold())
+        raise AotpipeError("planted: stop here")
+
+    monkeypatch.setattr(cli, "load_pipeline", load)
+    was = gc.get_threshold()
+    gc.set_threshold(123, 4, 5)
+    try:
+        r = CliRunner().invoke(cli.main, ["validate", str(tmp_path / "p.yaml")])
+        assert gc.get_threshold() == (123, 4, 5)  # given back, after an error too
+    finally:
+        gc.set_threshold(*was)
+    assert (r.exit_code, r.output.strip()) == (2, "error: planted: stop here")
+    assert seen == [job.JOB_GC_THRESHOLDS]
