@@ -762,3 +762,35 @@ def test_a_batch_norm_over_a_transposed_input_runs_in_every_graph(tmp_path, monk
     else:
         assert m.status == "ok", (m.stage, m.error)
         assert m.checks.failed == 0 and m.checks.run >= 4 and not m.checks.skipped
+
+
+# (g) A check on a tensor's values (transformers' torch_compilable_check, VITS's
+# `torch.all(discriminant >= 0)`): torch._check_tensor_all_with calls `cond._is_all_true()`,
+# so every graph holds aten._is_all_true, which the loader's reviewed list lacked: VITS
+# failed at verify once it no longer ran out of memory.
+
+
+class CheckedValues(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        torch._check_tensor_all(h * h >= 0, lambda: "a square is never negative")
+        return h.relu()
+
+
+def checked_values():
+    return CheckedValues()
+
+
+def test_a_check_on_a_tensors_values_is_captured_loaded_and_replayed(tmp_path):
+    models, run = _run(tmp_path, "  - {name: checked, source: 'tests.test_failure_classes:checked_values', "
+                                 "inputs: [{shape: [4, 8]}]}\n")
+    m = models["checked"]
+    assert m.status == "ok", m.error
+    art = load(run.output / "checked")
+    calls = {str(n.target) for g in art.build_all().graphs.values() for n in g.module.graph.nodes
+             if n.op == "call_function"}
+    assert "aten._is_all_true.default" in calls, sorted(calls)

@@ -37,6 +37,8 @@ EXTRAS = {
     "aten._assert_scalar.default": "export's runtime asserts",
     "aten._functional_assert_async.msg": "export's runtime asserts, functionalised",
     "aten._local_scalar_dense.default": "item(): a data-dependent scalar (the precheck bounds sizes it feeds)",
+    "aten._is_all_true.default": "torch._check on a tensor's values (transformers' torch_compilable_check: VITS); "
+                                 "a bool tensor reduced to one bool, no size or index read from values",
     "aten.sym_size.int": "a symbolic size",
     "aten.sym_stride.int": "a symbolic stride",
     "aten.sym_numel.default": "a symbolic element count",
