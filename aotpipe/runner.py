@@ -25,7 +25,7 @@ from aotpipe import incremental
 from aotpipe.artifact.fsio import OutputError, clean_stale, describe_os_error
 from aotpipe.errors import AotpipeError, AotpipeError as _E
 from aotpipe.executors import Failure, Outcome, Resources, Task, make_executor
-from aotpipe.executors.process import ran_out_of_memory
+from aotpipe.executors.process import ran_out_of_memory, retried_out_of_memory
 from aotpipe.format.records import RunRecord, load_run
 from aotpipe.htmlreport import write_html
 from aotpipe.job import PROGRESS_DIR_ENV, run_model
@@ -248,7 +248,8 @@ def ran_out_of_memory_last_run(out_root: Path) -> set[str]:
     last = _last_run(out_root)
     if last is None:
         return set()
-    names = {r.after for r in last.executor.recycled or [] if r.out_of_memory}
+    names = {r.after for r in last.executor.recycled or []
+             if r.out_of_memory or (r.out_of_memory is None and retried_out_of_memory(r.reason))}
     names |= {m.name for m in last.models if m.status != "ok" and m.stage == "worker" and m.error
               and ran_out_of_memory(m.error)}
     return names

@@ -70,6 +70,18 @@ def _gib(n: float) -> str:
 OUT_OF_MEMORY = "out of memory: "  # how the reason of a task killed over its memory limit begins
 
 
+# What a task out of memory in a used worker is called in that worker's replacement
+# (`recycled`), before "after N other model(s) ...".
+_RETRY_OUT_OF_MEMORY = "out of memory"
+_RETRY_KILLED = "killed (the kernel's OOM killer?)"
+
+
+def retried_out_of_memory(reason: str) -> bool:
+    """Whether a replacement's reason says its task ran out of memory and ran again afresh: how
+    a run.json written before RecycledWorker.out_of_memory existed says it."""
+    return reason.startswith((f"{_RETRY_OUT_OF_MEMORY} after ", f"{_RETRY_KILLED} after "))
+
+
 def ran_out_of_memory(reason: str) -> bool:
     """Whether a task's Failure reason (a failed model's error in run.json) says that it ran
     out of memory: over the limit, or killed as the kernel's out-of-memory killer kills."""
@@ -299,7 +311,7 @@ class ProcessExecutor:
         w.kill()
         pool.remove(w)
         w.close()
-        if rss is not None and self._again_in_a_fresh_worker(w, i, tasks, pending, "out of memory"):
+        if rss is not None and self._again_in_a_fresh_worker(w, i, tasks, pending, _RETRY_OUT_OF_MEMORY):
             return
         on_done(i, Failure(reason, w.tail()))
 
@@ -315,7 +327,7 @@ class ProcessExecutor:
         if w.task is not None:
             i = w.task
             if code == -signal.SIGKILL and self._again_in_a_fresh_worker(w, i, tasks, pending,
-                                                                          "killed (the kernel's OOM killer?)"):
+                                                                          _RETRY_KILLED):
                 return 0
             on_done(i, Failure(f"the worker {how} while running this model", w.tail()))
             return 0

@@ -9,7 +9,7 @@ import pytest
 
 from aotpipe.executors import Failure, Resources, Task
 from aotpipe.executors.base import Recycled
-from aotpipe.executors.process import ProcessExecutor, _Worker, ran_out_of_memory
+from aotpipe.executors.process import ProcessExecutor, _Worker, ran_out_of_memory, retried_out_of_memory
 from tests.executors import tasks
 
 
@@ -124,6 +124,7 @@ def test_out_of_memory_after_other_models_runs_again_in_a_fresh_worker_and_its_o
     (r,) = ex.recycled
     assert (r.pid, r.after, r.tasks) == (p_leaky, "edge", 1)
     assert r.reason == "out of memory after 1 other model(s) in this worker; edge runs again in a fresh worker"
+    assert r.out_of_memory and retried_out_of_memory(r.reason)  # what the next run reads (runner.py)
     # Over the limit in a fresh worker: a failure, not retried.
     ex = ProcessExecutor(workers=1, memory_gb=limit_gb, recycle_memory_gb=100)
     (too_big,) = _run(ex, [_task("too_big", tasks.hold_and_pid, 1200)])

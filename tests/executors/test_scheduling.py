@@ -60,18 +60,27 @@ def test_models_that_ran_out_of_memory_last_time_start_in_a_fresh_worker(tmp_pat
                        error="the worker crashed: SIGSEGV (segmentation fault) while running this model"),
               ModelRun(name="slow", status="failed", stage="worker", error="timed out after 5 s (timeout_s)"),
               ModelRun(name="capped", status="ok", total_seconds=1.0),
-              ModelRun(name="raised", status="failed", stage="capture", error="out of memory: said by the model")]
+              ModelRun(name="raised", status="failed", stage="capture", error="out of memory: said by the model"),
+              ModelRun(name="old_oom", status="ok", total_seconds=2.0),
+              ModelRun(name="old_killed", status="ok", total_seconds=2.0)]
     record = RunRecord(format_version=1, pipeline="p", versions=versions(), seconds=1.0,
                        executor=ExecutorRecord(kind="process", workers=2, recycled=[
                            RecycledWorker(pid=1, after="used_oom", models=4, reason="out of memory after 4 ...",
                                           out_of_memory=True),
-                           RecycledWorker(pid=2, after="capped", models=2, reason="ran 2 model(s) (...)")]),
-                       ok=False, summary=RunSummary(models=7, ok=2, up_to_date=0, failed=5, graphs=0, bytes=0),
+                           RecycledWorker(pid=2, after="capped", models=2, reason="ran 2 model(s) (...)"),
+                           # a run.json from before the field: the reason's words say it
+                           RecycledWorker(pid=3, after="old_oom", models=9, reason="out of memory after 9 other "
+                                          "model(s) in this worker; old_oom runs again in a fresh worker"),
+                           RecycledWorker(pid=4, after="old_killed", models=2, reason="killed (the kernel's OOM "
+                                          "killer?) after 2 other model(s) in this worker; old_killed runs again "
+                                          "in a fresh worker")]),
+                       ok=False, summary=RunSummary(models=9, ok=4, up_to_date=0, failed=5, graphs=0, bytes=0),
                        models=models)
     root = tmp_path / "p"
     root.mkdir()
     (root / "run.json").write_bytes(dump_json(record.model_dump(mode="json", exclude_none=True)))
-    assert runner.ran_out_of_memory_last_run(root) == {"used_oom", "fresh_oom", "killed"}
+    oom = {"used_oom", "fresh_oom", "killed", "old_oom", "old_killed"}
+    assert runner.ran_out_of_memory_last_run(root) == oom
     assert runner.ran_out_of_memory_last_run(tmp_path / "nothing") == set()
 
     # ... and the tasks the runner hands its executor say so.
@@ -91,4 +100,4 @@ def test_models_that_ran_out_of_memory_last_time_start_in_a_fresh_worker(tmp_pat
 
     monkeypatch.setattr(runner, "make_executor", lambda *a, **k: Recording())
     runner.run_pipeline(pipeline, output=tmp_path, progress=False, force=True)
-    assert seen == {m.name: m.name in {"used_oom", "fresh_oom", "killed"} for m in models}
+    assert seen == {m.name: m.name in oom for m in models}
