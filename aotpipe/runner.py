@@ -119,7 +119,11 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
     running: list[str] = []
     stages = _StageWatch(bar, running) if not bar.disable else None
 
+    fresh = ran_out_of_memory_last_run(out_root)
+
     def finished(i: int, r: ModelResult) -> None:
+        if r.name in fresh:  # the mark stays: a model that passes afresh would run out again in a used worker
+            r.fresh_worker = True
         results[i] = r
         bar.set_postfix_str(f"{r.name}: {'up to date' if r.skipped else r.status}")
         if r.status != "ok" and progress:
@@ -139,7 +143,6 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
 
         check_sources(pipeline, [specs[i] for i in todo])  # what was not checked at load
         todo = longest_first(todo, [s.name for s in specs], out_root)
-        fresh = ran_out_of_memory_last_run(out_root)
         ex = pipeline.executor
         executor = make_executor(kind, workers=workers, timeout_s=ex.timeout_s, memory_gb=ex.memory_gb,
                                  address=ex.address, max_models_per_worker=ex.max_models_per_worker,
@@ -242,7 +245,9 @@ def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int
 
 def ran_out_of_memory_last_run(out_root: Path) -> set[str]:
     """The models that ran out of memory in the last run (its run.json): in a used worker (its
-    replacement says so; the model then ran again in a fresh one) or in a fresh one (its failure).
+    replacement says so; the model then ran again in a fresh one) or in a fresh one (its failure),
+    and those it already started in a fresh worker for that reason (`fresh_worker`: the mark
+    stays, or a model that passed afresh would run out again in a used worker the run after).
     This run starts them in a fresh worker (Task.fresh), which spares a first run that the
     leftovers of the models before it would push over the limit again."""
     last = _last_run(out_root)
@@ -250,8 +255,8 @@ def ran_out_of_memory_last_run(out_root: Path) -> set[str]:
         return set()
     names = {r.after for r in last.executor.recycled or []
              if r.out_of_memory or (r.out_of_memory is None and retried_out_of_memory(r.reason))}
-    names |= {m.name for m in last.models if m.status != "ok" and m.stage == "worker" and m.error
-              and ran_out_of_memory(m.error)}
+    names |= {m.name for m in last.models if m.fresh_worker or (
+        m.status != "ok" and m.stage == "worker" and m.error and ran_out_of_memory(m.error))}
     return names
 
 

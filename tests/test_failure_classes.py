@@ -766,7 +766,7 @@ def test_a_batch_norm_over_a_transposed_input_runs_in_every_graph(tmp_path, monk
 
 # (g) A check on a tensor's values (transformers' torch_compilable_check, VITS's
 # `torch.all(discriminant >= 0)`): torch._check_tensor_all_with calls `cond._is_all_true()`,
-# so every graph holds aten._is_all_true, which the loader's reviewed list lacked: VITS
+# so the graphs hold aten._is_all_true, which the loader's reviewed list lacked: VITS
 # failed at verify once it no longer ran out of memory.
 
 

@@ -700,6 +700,9 @@ class ModelRun(Record):
     files: Count = 0
     notes: list[str] = []
     skipped: bool = False  # up to date: the artefact on disk was kept
+    # true: it ran out of memory in this folder's runs before, and starts in a fresh worker
+    # (process executor); kept from run to run (runner.ran_out_of_memory_last_run)
+    fresh_worker: Optional[bool] = None
 
 
 class RecycledWorker(Record):

@@ -62,7 +62,9 @@ def test_models_that_ran_out_of_memory_last_time_start_in_a_fresh_worker(tmp_pat
               ModelRun(name="capped", status="ok", total_seconds=1.0),
               ModelRun(name="raised", status="failed", stage="capture", error="out of memory: said by the model"),
               ModelRun(name="old_oom", status="ok", total_seconds=2.0),
-              ModelRun(name="old_killed", status="ok", total_seconds=2.0)]
+              ModelRun(name="old_killed", status="ok", total_seconds=2.0),
+              # started afresh for that reason the run before, and passed: still marked
+              ModelRun(name="marked", status="ok", total_seconds=2.0, fresh_worker=True)]
     record = RunRecord(format_version=1, pipeline="p", versions=versions(), seconds=1.0,
                        executor=ExecutorRecord(kind="process", workers=2, recycled=[
                            RecycledWorker(pid=1, after="used_oom", models=4, reason="out of memory after 4 ...",
@@ -74,12 +76,12 @@ def test_models_that_ran_out_of_memory_last_time_start_in_a_fresh_worker(tmp_pat
                            RecycledWorker(pid=4, after="old_killed", models=2, reason="killed (the kernel's OOM "
                                           "killer?) after 2 other model(s) in this worker; old_killed runs again "
                                           "in a fresh worker")]),
-                       ok=False, summary=RunSummary(models=9, ok=4, up_to_date=0, failed=5, graphs=0, bytes=0),
+                       ok=False, summary=RunSummary(models=10, ok=5, up_to_date=0, failed=5, graphs=0, bytes=0),
                        models=models)
     root = tmp_path / "p"
     root.mkdir()
     (root / "run.json").write_bytes(dump_json(record.model_dump(mode="json", exclude_none=True)))
-    oom = {"used_oom", "fresh_oom", "killed", "old_oom", "old_killed"}
+    oom = {"used_oom", "fresh_oom", "killed", "old_oom", "old_killed", "marked"}
     assert runner.ran_out_of_memory_last_run(root) == oom
     assert runner.ran_out_of_memory_last_run(tmp_path / "nothing") == set()
 
@@ -101,3 +103,5 @@ def test_models_that_ran_out_of_memory_last_time_start_in_a_fresh_worker(tmp_pat
     monkeypatch.setattr(runner, "make_executor", lambda *a, **k: Recording())
     runner.run_pipeline(pipeline, output=tmp_path, progress=False, force=True)
     assert seen == {m.name: m.name in oom for m in models}
+    # The marks stay in this run's run.json (none of them ran out of memory in it), for the next.
+    assert runner.ran_out_of_memory_last_run(root) == oom
