@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from aotpipe.errors import AotpipeError
-from aotpipe.tree import ModelView, node_signature, read_tree
+from aotpipe.tree import ModelView, iter_tree, model_folders, node_signature
 from aotpipe.graph_keys import parse_graph_key
 
 MAX_SIGNATURES = 8  # distinct input signatures kept per op
@@ -121,8 +121,8 @@ def op_table(root: Path, supported: Optional[Callable[[str], Optional[str]]] = N
     root = Path(root)
     if not root.is_dir():
         raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder or a model folder")
-    views: list[ModelView] = read_tree(root)
-    if not views:
+    folders = model_folders(root)
+    if not folders:
         raise AotpipeError(f"{root}: no artefacts found (looked for manifest.json in it and every folder below); "
                            "pass a pipeline's output folder, e.g. artifacts/quickstart")
     rows: dict[str, OpRow] = {}
@@ -135,7 +135,7 @@ def op_table(root: Path, supported: Optional[Callable[[str], Optional[str]]] = N
             verdicts[op] = supported(op) if supported is not None else None
         return verdicts[op]
 
-    for v in views:
+    def count(v: ModelView) -> None:
         if v.problem:
             problems.append(v.problem)
         for g in v.graphs:
@@ -160,12 +160,18 @@ def op_table(root: Path, supported: Optional[Callable[[str], Optional[str]]] = N
                         cov.supported += 1
                     elif cov.first_unsupported is None:
                         cov.first_unsupported = (n.name, op)
+
+    # One model's graph.json nodes at a time: only the rows, with a few signatures each, are
+    # kept (a zoo's nodes held at once took 7 GB).
+    for view in iter_tree(root, folders=folders):
+        count(view)
+        del view  # before the next model is read
     for op, row in rows.items():
         if supported is not None:
             row.how = how(op)
             row.supported = row.how is not None
     ordered = sorted(rows.values(), key=lambda r: (-r.count, r.op))
-    return OpsTable(ordered, graphs, len(views), problems, supported_by)
+    return OpsTable(ordered, graphs, len(folders), problems, supported_by)
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 
 from aotpipe.format import records
@@ -119,12 +119,24 @@ def read_model(folder: Path, root: Path, keep_nodes: bool = True) -> ModelView:
 def read_tree(root: Path, keep_nodes: bool = True) -> list[ModelView]:
     """Every model folder under `root` (or `root` itself if it is one), read as ModelViews
     (without `keep_nodes`: op counts instead of nodes, see read_model)."""
+    return list(iter_tree(root, keep_nodes))
+
+
+def model_folders(root: Path) -> list[Path]:
+    """The model folders under `root` (or `root` itself if it is one), in tree order."""
     # cryptography (signatures): kept off the torch-free path of ls, report and diff
     from aotpipe.artifact.verify import find_artifacts
 
+    return find_artifacts(Path(root))[0]
+
+
+def iter_tree(root: Path, keep_nodes: bool = True, folders: Optional[list[Path]] = None) -> Iterator[ModelView]:
+    """read_tree's views one at a time, each read when asked for: a caller that keeps only
+    what it needs of each (`aotpipe ops`) holds one model's nodes at a time, not a zoo's.
+    `folders`: model_folders(root), if the caller already has them."""
     root = Path(root)
-    models, _ = find_artifacts(root)
-    return [read_model(m, root, keep_nodes) for m in models]
+    for m in model_folders(root) if folders is None else folders:
+        yield read_model(m, root, keep_nodes)
 
 
 def value_layout(node: NodeRecord) -> Optional[Layout]:

@@ -163,3 +163,40 @@ def test_size_arithmetic_counts_as_python_as_artifact_ops_names_it():
 
     assert all(_python_op(name) for name in SIZE_ARITHMETIC)
     assert not _python_op("torch.ops.aten.add") and not _python_op("aten.add.Tensor")
+
+
+def test_a_tree_is_read_one_model_at_a_time(tree, monkeypatch):
+    """`aotpipe ops` on a zoo's tree held every graph.json's nodes at once (7 GB for the
+    448-model zoo): the table keeps rows, each model's nodes are let go before the next is read."""
+    import gc
+    import weakref
+
+    import aotpipe.tree as tree_mod
+
+    real_read_model = tree_mod.read_model
+    read: list[weakref.ref] = []
+    alive_at_read: list[int] = []
+
+    def read_model(folder, root, keep_nodes=True):
+        gc.collect()
+        alive_at_read.append(sum(r() is not None for r in read))
+        view = real_read_model(folder, root, keep_nodes)
+        read.extend(weakref.ref(g.nodes) for g in view.graphs if g.nodes is not None)
+        return view
+
+    class Nodes(list):  # a list that can be weakly referenced
+        pass
+
+    real_read = tree_mod.records.read
+
+    def records_read(cls, path, root):
+        what, rec = real_read(cls, path, root)
+        if cls is tree_mod.GraphRecord:
+            rec.nodes = Nodes(rec.nodes)
+        return what, rec
+
+    monkeypatch.setattr(tree_mod, "read_model", read_model)
+    monkeypatch.setattr(tree_mod.records, "read", records_read)
+    data = _all_ops(tree)
+    assert data["models"] == 4 and len(alive_at_read) == 4
+    assert alive_at_read == [0, 0, 0, 0], alive_at_read  # no earlier model's nodes left when the next is read
