@@ -158,6 +158,9 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
     which = parse_shard(shard) if shard is not None else None
 
     p = load_pipeline(pipeline, check_sources=False)  # those of models to run, by run_pipeline
+    if (executor or p.executor.kind) == "ray" and p.executor.recycle_memory_gb is not None:
+        click.echo(f"note: {pipeline}: executor.recycle_memory_gb is not applied with the Ray executor (Ray "
+                   "reuses its workers as it sees fit); max_models_per_worker is (Ray's max_calls)", err=True)
     # With --json, stdout is run.json alone: whatever a model or a library prints meanwhile
     # (Ray's worker-death notices, say) goes to stderr.
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():

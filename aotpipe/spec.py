@@ -104,7 +104,7 @@ class ExecutorSpec(Strict):
     address: Optional[str] = Field(
         None, description="Ray cluster address (ray); default $RAY_ADDRESS, else a local Ray instance")
     max_models_per_worker: Optional[int] = Field(
-        None, ge=1, description="replace a worker after it has run this many models (process); default: never, "
+        None, ge=1, description="replace a worker after it has run this many models (process; Ray: its max_calls); default: never, "
         "a worker lives for the whole run")
     recycle_memory_gb: Optional[float] = Field(
         None, gt=0, description="replace a worker, after the model it ran, when its resident memory has grown by "

@@ -22,12 +22,12 @@ def make_executor(kind: str, *, workers: int = 1, timeout_s: Optional[float] = N
                   max_models_per_worker: Optional[int] = None, recycle_memory_gb: Optional[float] = None) -> Executor:
     """The executor of `kind` (local | process | ray) with its limits; the process executor
     replaces its workers as `max_models_per_worker` and `recycle_memory_gb` say (and lists
-    them in its `recycled`)."""
+    them in its `recycled`), Ray's exit after `max_models_per_worker` models."""
     if kind == "local":
         return LocalExecutor()
     if kind == "process":
         return ProcessExecutor(workers=workers, timeout_s=timeout_s, memory_gb=memory_gb,
                                max_models_per_worker=max_models_per_worker, recycle_memory_gb=recycle_memory_gb)
     if kind == "ray":
-        return RayExecutor(address=address, timeout_s=timeout_s)
+        return RayExecutor(address=address, timeout_s=timeout_s, max_models_per_worker=max_models_per_worker)
     raise ValueError(f"unknown executor {kind!r}")

@@ -8,6 +8,12 @@ cluster it must be a filesystem every node shares.
 A task whose worker dies (crash, Ray's out-of-memory killer) or that passes
 `executor.timeout_s` (cancelled, its worker killed) is reported like the process
 executor's; the other tasks go on.
+
+Worker reuse is Ray's: a Ray worker runs task after task. `executor.max_models_per_worker`
+is Ray's own `max_calls`, a worker exits after that many models; `recycle_memory_gb` and
+the fresh start of a model that ran out of memory in the last run are the process
+executor's alone (Ray gives a task no say in which worker runs it, nor a way to retire its
+worker once it has returned); the CLI says so when a pipeline sets recycle_memory_gb with Ray.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ def _run(fn: Callable[[], Any], threads: int) -> Any:
 class RayExecutor:
     address: Optional[str] = None
     timeout_s: Optional[float] = None
+    max_models_per_worker: Optional[int] = None  # Ray's max_calls: a worker exits after this many
 
     def _init(self) -> bool:
         """Connect to (or start) Ray; True if this run started it and must stop it."""
@@ -59,7 +66,8 @@ class RayExecutor:
 
         started_here = self._init()
         try:
-            remote = ray.remote(max_retries=0)(_run)
+            # max_calls 0: Ray's default, a worker runs any number of tasks
+            remote = ray.remote(max_retries=0, max_calls=self.max_models_per_worker or 0)(_run)
             # No more tasks in flight than the cluster has CPUs for, so that a task's time
             # limit counts from when it starts, not from when it was queued.
             cluster = ray.cluster_resources()

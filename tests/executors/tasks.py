@@ -97,3 +97,8 @@ def sigkill_self() -> None:
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def worker_pid() -> int:
+    """The pid of the process that runs this task."""
+    return os.getpid()

@@ -89,3 +89,42 @@ def test_each_task_gets_the_resources_its_model_asks_for_and_an_impossible_ask_f
         "not run: it asks for 64 CPUs (num_cpus) and the whole Ray cluster has 2; lower resources.num_cpus for "
         "this model or executor.num_cpus, or add nodes")
     assert isinstance(done[3], Failure) and "asks for 100000 GiB (memory_gb)" in done[3].reason
+
+
+@pytest.mark.slow
+def test_max_models_per_worker_retires_ray_workers_and_recycle_memory_is_said_not_applied(local_ray, tmp_path):
+    """executor.max_models_per_worker is Ray's max_calls: no Ray worker runs more models than
+    that. Without it Ray runs task after task in the same workers. recycle_memory_gb, which Ray
+    cannot apply, gets a note rather than silence."""
+    from aotpipe.executors import Resources, Task
+    from aotpipe.executors.ray import RayExecutor
+    from tests.executors import tasks
+
+    def pids(**kw):
+        todo = [Task(f"t{i}", tasks.worker_pid, Resources(num_cpus=1)) for i in range(6)]
+        done = {}
+        RayExecutor(**kw).run(todo, on_start=lambda i: None, on_done=lambda i, o: done.__setitem__(i, o))
+        assert all(isinstance(p, int) for p in done.values()), done
+        return [done[i] for i in range(6)]
+
+    reused = pids()
+    assert len(set(reused)) < 6, reused  # the fault the setting guards against: workers run many models
+    once = pids(max_models_per_worker=1)
+    assert len(set(once)) == 6, once
+    twice = pids(max_models_per_worker=2)
+    assert max(twice.count(p) for p in twice) <= 2, twice
+
+    (tmp_path / "p.yaml").write_text(textwrap.dedent("""
+        version: 1
+        name: r
+        executor: {kind: process, recycle_memory_gb: 1}
+        models:
+          - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 8}, inputs: [{shape: [4, 8]}]}
+    """))
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress",
+                                  "--executor", "ray"])
+    assert r.exit_code == 0, r.output
+    assert (f"note: {tmp_path / 'p.yaml'}: executor.recycle_memory_gb is not applied with the Ray executor"
+            in r.stderr), r.stderr
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out2"), "--no-progress"])
+    assert r.exit_code == 0 and "note:" not in r.stderr, r.stderr
