@@ -333,6 +333,13 @@ def sampled_summary(t: Any) -> Optional[Summary]:
     """Like :func:`summary`, over at most about :data:`SAMPLE` elements: a strided view that
     keeps every k-th index of the largest dimensions, so nothing is copied but the sample;
     cheap enough to take at every node of a real-size graph."""
+    sample = sampled(t)
+    return None if sample is None else _summary(t, _f64(sample))
+
+
+def sampled(t: Any) -> Optional[torch.Tensor]:
+    """The elements :func:`sampled_summary` sums: a strided view of `t` (None: not a tensor
+    with values)."""
     if not isinstance(t, torch.Tensor) or t.device.type == "meta":
         return None
     sample = t.detach()
@@ -344,7 +351,7 @@ def sampled_summary(t: Any) -> Optional[Summary]:
         sizes[k] = -(-sample.shape[k] // steps[k])
     if any(st > 1 for st in steps):
         sample = sample[tuple(slice(None, None, st) for st in steps)]
-    return _summary(t, _f64(sample))
+    return sample
 
 
 def _prod(xs: list[int]) -> int:

@@ -10,6 +10,8 @@ backward). Ops that torch says have no deterministic kernel are reported, not hi
 from __future__ import annotations
 
 import contextlib
+import functools
+import platform
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -128,13 +130,88 @@ def environment(device: str = "cpu") -> Environment:
         float32_matmul_precision=torch.get_float32_matmul_precision(),
         mkldnn=bool(torch.backends.mkldnn.is_available()),
         mkl=bool(torch.backends.mkl.is_available()),
+        cpu=cpu_model(),
     )
+
+
+# Instruction-set features that select MKL's and oneDNN's kernels (and so the bits of a
+# matmul or a convolution) beyond torch's own cpu_capability: two machines of the same kind,
+# both AVX512 to torch, gave other float32 GEMM bits for the same graph (the fixtures of
+# tests/data, made on one, replayed on a GenuineIntel 6/207/2). x86 /proc/cpuinfo names,
+# then Arm's.
+KERNEL_FEATURES = frozenset({
+    "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512cd", "avx512ifma",
+    "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx512_bitalg", "avx_vnni",
+    "avx_vnni_int8", "avx_ne_convert", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "amx_complex",
+    "asimd", "asimddp", "asimdhp", "sve", "sve2", "bf16", "i8mm", "sme",
+})
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """This CPU as far as it decides kernel choice: "GenuineIntel 6/143/8 avx avx2 ...", its
+    vendor and family/model/stepping (x86) or implementer/part/variant (Arm), then the
+    :data:`KERNEL_FEATURES` it has; from /proc/cpuinfo, else what the platform module says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        text = ""
+    return cpu_from_cpuinfo(text)
+
+
+def cpu_from_cpuinfo(text: str) -> str:
+    """:func:`cpu_model` from the text of /proc/cpuinfo (its first processor's block)."""
+    first = text.split("\n\n", 1)[0]
+    fields: dict[str, str] = {}
+    for line in first.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    if "vendor_id" in fields:
+        ident = f"{fields['vendor_id']} " + "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    elif "CPU implementer" in fields:
+        ident = "arm " + "/".join(fields.get(k, "?") for k in ("CPU implementer", "CPU part", "CPU variant"))
+    else:
+        ident = " ".join(x for x in (platform.machine(), platform.processor()) if x) or "unknown"
+    flags = set((fields.get("flags") or fields.get("Features") or "").split()) & KERNEL_FEATURES
+    return " ".join([ident, *sorted(flags)])
+
+
+def _cpu_difference(now: str, recorded: str) -> str:
+    """"other CPU model: GenuineIntel 6/143/8, recorded GenuineIntel 6/85/7", or where only the
+    features differ, "other CPU features than recorded: +amx_tile -avx512_fp16" (this CPU has
+    amx_tile, the recorded one had avx512_fp16)."""
+    now_id, now_f = _cpu_parts(now)
+    rec_id, rec_f = _cpu_parts(recorded)
+    if now_id != rec_id:
+        return f"other CPU model: {now_id}, recorded {rec_id}"
+    changes = [f"+{x}" for x in sorted(now_f - rec_f)] + [f"-{x}" for x in sorted(rec_f - now_f)]
+    return f"other CPU features than recorded: {' '.join(changes)}"
+
+
+def _cpu_parts(cpu: str) -> tuple[str, set[str]]:
+    words = cpu.split()
+    n = next((i for i, w in enumerate(words) if w in KERNEL_FEATURES), len(words))
+    return " ".join(words[:n]), set(words[n:])
+
+
+def unrecorded_cpu(recorded: Optional[Environment]) -> Optional[str]:
+    """Why a bit difference cannot be taken as a fault: the artefact does not record the CPU
+    its outputs were recorded on (format 1 and 2 record no environment; early version 3
+    artefacts no `cpu`). None where it does."""
+    if recorded is None:
+        return "its CPU is not recorded: an artefact of format version < 3"
+    if recorded.cpu is None:
+        return "its CPU is not recorded: written before aotpipe recorded it"
+    return None
 
 
 def environment_differences(recorded: Optional[Environment], now: Environment) -> list[str]:
     """Why bits recorded in `recorded` cannot be expected `now`, one short phrase each, the
     way a replay report says them ("other CPU: avx2, recorded avx512", "2 threads, recorded
-    1"); empty when nothing that decides bits differs (or nothing was recorded)."""
+    1"); empty when nothing that decides bits differs, or nothing was recorded
+    (:func:`unrecorded_cpu` says what that means)."""
     if recorded is None:
         return []
     out = []
@@ -142,6 +219,8 @@ def environment_differences(recorded: Optional[Environment], now: Environment) -
         out.append(f"device {now.device}, recorded {recorded.device}")
     if now.cpu_capability != recorded.cpu_capability:
         out.append(f"other CPU: {now.cpu_capability.lower()}, recorded {recorded.cpu_capability.lower()}")
+    if now.cpu is not None and recorded.cpu is not None and now.cpu != recorded.cpu:
+        out.append(_cpu_difference(now.cpu, recorded.cpu))
     if now.torch != recorded.torch:
         out.append(f"torch {now.torch}, recorded {recorded.torch}")
     if now.threads != recorded.threads:

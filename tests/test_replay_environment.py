@@ -18,9 +18,11 @@ from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import file_sha256, seal
 from aotpipe.artifact.verify import verify_artifact
 from aotpipe.cli import main
+from aotpipe.determinism import cpu_from_cpuinfo, cpu_model
 from aotpipe.executors.worker import intra_op_threads
 from aotpipe.execution import run_graph
 from aotpipe.replay import replay
+from tests.helpers.replays import assert_match_or_close_for_want_of_a_recorded_cpu
 
 
 @pytest.fixture()
@@ -210,13 +212,80 @@ def test_op_swapped_in_graph_json_is_a_mismatch_naming_that_node(small_cnn, else
     assert "max abs error" in out.output
 
 
-def test_v1_and_v2_artefacts_replay_bit_for_bit_at_any_thread_count(tmp_path):
+def test_v1_and_v2_artefacts_replay_the_same_at_any_thread_count(tmp_path):
+    """Made at 1 thread, replayed at 1 whatever the caller's count: the same statuses and
+    errors each time (bit for bit where they were made; from another CPU, which they do not
+    record, close within float noise: tests/helpers/replays.py)."""
     data = os.path.join(os.path.dirname(__file__), "data")
     for version in ("format_v1", "format_v2"):
         for model in ("mlp", "running_norm"):
-            results = replay(os.path.join(data, version, model), threads=1)
-            assert {r.status for r in results} == {"match"}, (version, model, [(r.kind, r.mismatches) for r in results])
-            assert all(r.environment == [] for r in results)
+            seen = []
+            for caller in (1, 2, 4):
+                was = torch.get_num_threads()
+                torch.set_num_threads(caller)
+                try:
+                    art = load(os.path.join(data, version, model))
+                    results = replay(art, threads=1)
+                finally:
+                    torch.set_num_threads(was)
+                assert_match_or_close_for_want_of_a_recorded_cpu(results, art.manifest.environment)
+                seen.append([(r.kind, r.status, r.max_abs_error) for r in results])
+            assert seen[0] == seen[1] == seen[2], (version, model, seen)
+
+
+def test_the_manifest_records_the_cpu_model_and_features(quickstart_run):
+    root, _ = quickstart_run
+    assert recorded(root / "small_cnn")["cpu"] == cpu_model()
+
+
+def test_the_cpu_model_is_read_from_cpuinfo():
+    x86 = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) "
+           "Xeon(R) Platinum 8480+\nstepping\t: 8\nflags\t\t: fpu sse avx2 fma avx512f avx512_fp16 amx_tile ht\n\n"
+           "processor\t: 1\nvendor_id\t: Other\n")
+    assert cpu_from_cpuinfo(x86) == "GenuineIntel 6/143/8 amx_tile avx2 avx512_fp16 avx512f fma"
+    arm = "processor\t: 0\nFeatures\t: fp asimd sve bf16 crc32\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n"
+    assert cpu_from_cpuinfo(arm) == "arm 0x41/0xd40/? asimd bf16 sve"
+    assert cpu_from_cpuinfo("") == cpu_from_cpuinfo("nothing: here")  # the platform module's words
+
+
+@pytest.mark.parametrize("other", ["model", "features", "unrecorded"])
+def test_another_cpu_model_or_features_is_close_and_the_same_one_must_match(small_cnn, other):
+    """Two CPUs of the same instruction set (cpu_capability AVX512 both) can give other GEMM
+    bits: an artefact recorded on another CPU model, or one with other features, or one that
+    does not say (an early version 3 artefact), is judged by evidence, the reason said. The
+    planted fault: its recorded bits changed (a digest), it is close by evidence there, and a
+    mismatch where the recorded CPU is this one."""
+    m = json.loads((small_cnn / "manifest.json").read_text())
+    here = m["environment"]["cpu"]
+    if other == "model":
+        m["environment"]["cpu"] = "GenuineIntel 6/85/7 " + " ".join(here.split()[2:])
+        why = f"other CPU model: {' '.join(here.split()[:2])}, recorded GenuineIntel 6/85/7"
+    elif other == "features":
+        m["environment"]["cpu"] = here + " amx_tile" if "amx_tile" not in here else here.replace(" amx_tile", "")
+        why = "other CPU features than recorded: " + ("-amx_tile" if "amx_tile" not in here else "+amx_tile")
+    else:
+        del m["environment"]["cpu"]
+        why = "its CPU is not recorded: written before aotpipe recorded it"
+    (small_cnn / "manifest.json").write_bytes(seal(m))
+    assert verify_artifact(small_cnn) == []
+    (r,) = replay(small_cnn, graphs=["inference"])
+    if other == "unrecorded":  # bits that match are a match: nothing to excuse
+        assert (r.status, r.environment) == ("match", []), (r.status, r.environment)
+    else:
+        assert (r.status, r.environment) == ("close", [why]), (r.status, r.environment)
+    # another machine's bits: the recorded digest of the logits changed
+    rec_path = small_cnn / "small_cnn_inference_0" / "inputs.json"
+    rec = json.loads(rec_path.read_text())
+    rec["outputs"][0]["digest"] = "0" * 64
+    rec_path.write_text(json.dumps(rec))
+    reseal(small_cnn)
+    (r,) = replay(small_cnn, graphs=["inference"])
+    assert (r.status, r.environment, r.bit_identical) == ("close", [why], False), (r.status, r.mismatches)
+    m = json.loads((small_cnn / "manifest.json").read_text())
+    m["environment"]["cpu"] = here
+    (small_cnn / "manifest.json").write_bytes(seal(m))
+    (r,) = replay(small_cnn, graphs=["inference"])
+    assert r.status == "mismatch" and r.environment == [] and "not bit-identical" in r.mismatches[0], r.mismatches
 
 
 def test_kernels_of_another_instruction_set_are_close(quickstart_run):

@@ -511,7 +511,8 @@ class VerificationEntry(Record):
 class Environment(Record):
     """Where the graphs ran when their reference outputs were recorded, and what else decides
     their bits (version 3; aotpipe.determinism.environment). A replay runs at `threads` unless
-    told otherwise; where one of these differs, it judges by the outputs' evidence."""
+    told otherwise; where one of these differs, or `cpu` was not recorded, it judges outputs
+    whose bits differ by their evidence."""
 
     device: str
     threads: Annotated[int, Field(ge=1)]  # intra-op threads (torch.get_num_threads)
@@ -522,6 +523,10 @@ class Environment(Record):
     float32_matmul_precision: str
     mkldnn: bool  # oneDNN available
     mkl: bool
+    # determinism.cpu_model(): the CPU's vendor, family/model/stepping and the instruction-set
+    # features MKL and oneDNN pick kernels by, which cpu_capability does not tell apart (two
+    # AVX512 CPUs can give other bits). Absent in artefacts written before it was recorded.
+    cpu: Optional[str] = None
 
 
 class Versions(Record):

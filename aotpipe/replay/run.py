@@ -5,7 +5,8 @@
 - :func:`replay_graph` binds inputs (saved or random), runs the graph, copies mutated
   inputs back, re-expands de-duplicated outputs and compares with the recorded outputs:
   bit for bit (their digests, or their values where stored) in the recorded environment;
-  where CPU capability, torch, thread count or device differ, by each output's evidence
+  where the CPU (model, features or capability), torch, thread count or device differ, or
+  the artefact does not say which CPU it was made on, by each output's evidence
   (aotpipe.evidence: "close" within its element-wise bound). Every error it reports is
   element-wise. On a mismatch it interprets the graph node by node and names the first
   node that departs from the trace recorded at capture.
@@ -28,7 +29,8 @@ from aotpipe import accuracy, evidence
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
 from aotpipe.artifact.precheck import data_dependent_outputs
 from aotpipe.format.records import InputsRecord, OutputRecord, Partition, Summary, TupleSummary
-from aotpipe.determinism import environment as current_environment, environment_differences, intra_op_threads
+from aotpipe.determinism import (environment as current_environment, environment_differences, intra_op_threads,
+                                 unrecorded_cpu)
 from aotpipe.devices import move_inputs, parse_device, to_device
 from aotpipe.eager import EagerReference
 from aotpipe.errors import ArtifactError, exception_line
@@ -266,12 +268,42 @@ def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expect
                     problems.append(f"{what}: not bit-identical to the recorded output{figure}")
                 elif not j.passed:
                     problems.append(f"{what}: {j.detail}")
+            elif elsewhere and e.summary is not None:
+                why = _sums_beyond_noise(a, e.summary)
+                if why:
+                    problems.append(f"{what}: {why}")
             elif elsewhere:
                 problems.append(f"{what}: not bit-identical, and the artefact records no evidence to judge it "
                                 "by elsewhere (format version < 3): replay it where it was made")
             else:
                 problems.append(f"{what}: not bit-identical to the recorded output{_sampled_sums(a, e)}")
     return problems, errors, identical
+
+
+def _sums_beyond_noise(a: torch.Tensor, recorded: Summary) -> Optional[str]:
+    """Why `a` cannot be the recorded output give or take float noise, judged by the sums of
+    its sampled elements (format version 2 records no element-wise evidence), or None.
+
+    Each sampled element may differ by the element-wise bound of `a`'s float-noise floor
+    (evidence.bound without eager's error); sums further apart than the sample's count times
+    that bound mean some element is off by more. A weaker test than evidence's element by
+    element one: it can refute, not prove, closeness."""
+    sample = accuracy.sampled(a)
+    now = accuracy.sampled_summary(a)
+    if sample is None or now is None:
+        return None
+    departs = accuracy.summary_departs(now, recorded, 0.0)
+    if departs is None or not departs.startswith(("sum", "abs_sum")):
+        return f"not bit-identical; over the same sampled elements: {departs}" if departs else None
+    bound = evidence.bound(a, None)[0] or 0.0
+    slack = sample.numel() * bound
+    for key in ("sum", "abs_sum"):
+        diff = abs(getattr(now, key) - getattr(recorded, key))
+        if diff > slack:
+            return (f"not bit-identical; over the same {sample.numel()} sampled elements, {key} "
+                    f"{getattr(now, key)!r} != recorded {getattr(recorded, key)!r}, {diff:.3g} apart, over "
+                    f"{sample.numel()} times the element-wise bound {bound:.3g}")
+    return None
 
 
 def _sampled_sums(a: torch.Tensor, e: Expected) -> str:
@@ -294,12 +326,16 @@ def replay_graph(
     device: Optional[str] = None,
     bench: int = 0,
     environment: Optional[list[str]] = None,
+    unrecorded: Optional[str] = None,
 ) -> GraphReplay:
     """Replay one graph and compare it with its recorded outputs (saved inputs only).
 
     `environment`: why bits cannot match here (determinism.environment_differences; replay()
     works it out from the manifest). Empty or None: the outputs must match their digests bit
-    for bit. Otherwise they are judged by their evidence: "close" within its bounds."""
+    for bit. Otherwise they are judged by their evidence: "close" within its bounds.
+    `unrecorded`: why it cannot be told whether they must (determinism.unrecorded_cpu: the
+    artefact does not say which CPU it was made on). Then outputs that match bit for bit
+    are a "match", and any that differ are judged by their evidence, the reason said."""
     result = GraphReplay(ga.name, "error", inputs, environment=list(environment or []))
     try:
         if device is not None:
@@ -336,12 +372,14 @@ def replay_graph(
         expected = ga.expected_outputs() if inputs == "saved" else []
         by_evidence = all(e.evidence is not None or e.has_value or e.digest is None for e in expected)
         if inputs == "saved" and (on_cpu or (dev.type != "meta" and by_evidence)):
-            elsewhere = bool(result.environment)
+            elsewhere = bool(result.environment) or unrecorded is not None
             problems, errors, identical = compare_recorded(ga, [_cpu(o) for o in outs], expected, elsewhere)
             result.errors, result.bit_identical = errors, identical
             result.max_abs_error = max((e.max_abs_error for e in errors), default=0.0 if identical else None)
             result.mismatches = problems
-            result.status = "mismatch" if problems else ("close" if elsewhere else "match")
+            if unrecorded is not None and not identical:
+                result.environment.append(unrecorded)  # why a bit difference is judged, not refused
+            result.status = "mismatch" if problems else ("close" if result.environment else "match")
             if problems:
                 result.first_divergence = first_divergence(ga, ga.saved_inputs(),
                                                            ELSEWHERE_RTOL if elsewhere else SAME_RTOL)
@@ -411,7 +449,8 @@ def replay(
     They run at `threads` intra-op threads, by default the count the artefact's outputs were
     recorded at (manifest.environment), so that on the machine that made it they match bit
     for bit whatever executor made it. Where the environment differs from the recorded one
-    (CPU capability, torch, threads, device), outputs are judged by their evidence."""
+    (CPU model or features, torch, threads, device), outputs are judged by their evidence;
+    where the artefact does not record its CPU, those whose bits differ are."""
     art = path if isinstance(path, Artifact) else load(path, trust_code=trust_code)
     kinds = graphs or list(art.graphs)
     unknown = [k for k in kinds if k not in art.graphs]
@@ -428,8 +467,9 @@ def replay(
         except ValueError as e:
             raise ArtifactError(f"--device: {e}") from None
         differs = environment_differences(recorded, current_environment(dev))
+        why_judged = unrecorded_cpu(recorded)
         return [replay_graph(art.graphs[k], inputs=inputs, seed=seed, device=device, bench=bench,
-                             environment=differs) for k in kinds]
+                             environment=differs, unrecorded=why_judged) for k in kinds]
 
 
 @dataclass

@@ -1,0 +1,24 @@
+"""What a replay of an artefact made on another machine may honestly say.
+
+The committed fixtures (tests/data) were made on another machine. Where they do not record
+the CPU they were made on (format versions 1 and 2 record no environment, early version 3
+artefacts no CPU model), a replay cannot tell whether its bits must match: two CPUs of the
+same instruction set (AVX512) give other float32 GEMM bits through MKL. So each graph is a
+"match" (bit for bit), or "close" with exactly that reason, every output within its bound.
+"""
+
+from __future__ import annotations
+
+from aotpipe.determinism import unrecorded_cpu
+
+
+def assert_match_or_close_for_want_of_a_recorded_cpu(results, recorded_environment) -> None:
+    why = unrecorded_cpu(recorded_environment)
+    assert why is not None, "the fixture records its CPU: its bits must match here or it names the difference"
+    for r in results:
+        assert r.status in ("match", "close"), (r.kind, r.status, r.mismatches)
+        if r.status == "match":
+            assert r.environment == [] and r.bit_identical is not False, (r.kind, r.environment)
+        else:
+            assert r.environment == [why] and r.bit_identical is False, (r.kind, r.environment)
+            assert all(e.bound is None or e.max_abs_error <= e.bound for e in r.errors), (r.kind, r.errors)
