@@ -149,9 +149,10 @@ KERNEL_FEATURES = frozenset({
 
 @functools.lru_cache(maxsize=None)
 def cpu_model() -> str:
-    """This CPU as far as it decides kernel choice: "GenuineIntel 6/143/8 avx avx2 ...", its
-    vendor and family/model/stepping (x86) or implementer/part/variant (Arm), then the
-    :data:`KERNEL_FEATURES` it has; from /proc/cpuinfo, else what the platform module says."""
+    """This CPU: "GenuineIntel 6/143/8 | avx avx2 ...", its vendor and family/model/stepping
+    (x86) or implementer/part/variant (Arm), then every feature flag /proc/cpuinfo lists
+    (else what the platform module says). All of them, so that a later aotpipe that knows
+    more of the flags that decide kernels (:data:`KERNEL_FEATURES`) still compares them."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -174,26 +175,27 @@ def cpu_from_cpuinfo(text: str) -> str:
         ident = "arm " + "/".join(fields.get(k, "?") for k in ("CPU implementer", "CPU part", "CPU variant"))
     else:
         ident = " ".join(x for x in (platform.machine(), platform.processor()) if x) or "unknown"
-    flags = set((fields.get("flags") or fields.get("Features") or "").split()) & KERNEL_FEATURES
-    return " ".join([ident, *sorted(flags)])
+    flags = sorted(set((fields.get("flags") or fields.get("Features") or "").split()))
+    return " | ".join([ident, " ".join(flags)]) if flags else ident
 
 
 def _cpu_difference(now: str, recorded: str) -> str:
     """"other CPU model: GenuineIntel 6/143/8, recorded GenuineIntel 6/85/7", or where only the
     features differ, "other CPU features than recorded: +amx_tile -avx512_fp16" (this CPU has
     amx_tile, the recorded one had avx512_fp16)."""
-    now_id, now_f = _cpu_parts(now)
-    rec_id, rec_f = _cpu_parts(recorded)
+    now_id, now_f = cpu_parts(now)
+    rec_id, rec_f = cpu_parts(recorded)
     if now_id != rec_id:
         return f"other CPU model: {now_id}, recorded {rec_id}"
     changes = [f"+{x}" for x in sorted(now_f - rec_f)] + [f"-{x}" for x in sorted(rec_f - now_f)]
     return f"other CPU features than recorded: {' '.join(changes)}"
 
 
-def _cpu_parts(cpu: str) -> tuple[str, set[str]]:
-    words = cpu.split()
-    n = next((i for i, w in enumerate(words) if w in KERNEL_FEATURES), len(words))
-    return " ".join(words[:n]), set(words[n:])
+def cpu_parts(cpu: str) -> tuple[str, frozenset[str]]:
+    """(identity, the flags among :data:`KERNEL_FEATURES`) of a :func:`cpu_model` string:
+    what decides kernels, so what a replay compares."""
+    ident, _, flags = cpu.partition(" | ")
+    return ident.strip(), frozenset(flags.split()) & KERNEL_FEATURES
 
 
 def unrecorded_cpu(recorded: Optional[Environment]) -> Optional[str]:
@@ -219,7 +221,7 @@ def environment_differences(recorded: Optional[Environment], now: Environment) -
         out.append(f"device {now.device}, recorded {recorded.device}")
     if now.cpu_capability != recorded.cpu_capability:
         out.append(f"other CPU: {now.cpu_capability.lower()}, recorded {recorded.cpu_capability.lower()}")
-    if now.cpu is not None and recorded.cpu is not None and now.cpu != recorded.cpu:
+    if now.cpu is not None and recorded.cpu is not None and cpu_parts(now.cpu) != cpu_parts(recorded.cpu):
         out.append(_cpu_difference(now.cpu, recorded.cpu))
     if now.torch != recorded.torch:
         out.append(f"torch {now.torch}, recorded {recorded.torch}")

@@ -4,6 +4,7 @@
 import json
 import math
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import file_sha256, seal
 from aotpipe.artifact.verify import verify_artifact
 from aotpipe.cli import main
-from aotpipe.determinism import cpu_from_cpuinfo, cpu_model
+from aotpipe.determinism import cpu_from_cpuinfo, cpu_model, cpu_parts
 from aotpipe.executors.worker import intra_op_threads
 from aotpipe.execution import run_graph
 from aotpipe.replay import replay
@@ -242,10 +243,28 @@ def test_the_cpu_model_is_read_from_cpuinfo():
     x86 = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) "
            "Xeon(R) Platinum 8480+\nstepping\t: 8\nflags\t\t: fpu sse avx2 fma avx512f avx512_fp16 amx_tile ht\n\n"
            "processor\t: 1\nvendor_id\t: Other\n")
-    assert cpu_from_cpuinfo(x86) == "GenuineIntel 6/143/8 amx_tile avx2 avx512_fp16 avx512f fma"
+    cpu = cpu_from_cpuinfo(x86)
+    assert cpu == "GenuineIntel 6/143/8 | amx_tile avx2 avx512_fp16 avx512f fma fpu ht sse"
+    assert cpu_parts(cpu) == ("GenuineIntel 6/143/8", {"amx_tile", "avx2", "avx512_fp16", "avx512f", "fma"})
     arm = "processor\t: 0\nFeatures\t: fp asimd sve bf16 crc32\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n"
-    assert cpu_from_cpuinfo(arm) == "arm 0x41/0xd40/? asimd bf16 sve"
-    assert cpu_from_cpuinfo("") == cpu_from_cpuinfo("nothing: here")  # the platform module's words
+    assert cpu_from_cpuinfo(arm) == "arm 0x41/0xd40/? | asimd bf16 crc32 fp sve"
+    fallback = cpu_from_cpuinfo("nothing: here")
+    assert fallback == (" ".join(x for x in (platform.machine(), platform.processor()) if x) or "unknown")
+    assert cpu_parts(fallback) == (fallback, frozenset())
+
+
+def test_only_the_model_and_kernel_features_are_compared(small_cnn):
+    """The recorded flags are all of them: flags that decide no kernel (a hypervisor's, a
+    mitigation's) and their order change nothing; a kernel feature does."""
+    m = json.loads((small_cnn / "manifest.json").read_text())
+    ident, _, flags = m["environment"]["cpu"].partition(" | ")
+    for recorded_flags, status in ((" ".join(reversed(flags.split())), "match"),
+                                   (flags + " hypervisor_x md_clear_x", "match"),  # flags no kernel is chosen by
+                                   (flags + " amx_fp16", "close")):
+        m["environment"]["cpu"] = f"{ident} | {recorded_flags}"
+        (small_cnn / "manifest.json").write_bytes(seal(m))
+        (r,) = replay(small_cnn, graphs=["inference"])
+        assert r.status == status, (recorded_flags[-30:], r.status, r.environment)
 
 
 @pytest.mark.parametrize("other", ["model", "features", "unrecorded"])
@@ -257,12 +276,14 @@ def test_another_cpu_model_or_features_is_close_and_the_same_one_must_match(smal
     mismatch where the recorded CPU is this one."""
     m = json.loads((small_cnn / "manifest.json").read_text())
     here = m["environment"]["cpu"]
+    ident = here.partition(" | ")[0]
     if other == "model":
-        m["environment"]["cpu"] = "GenuineIntel 6/85/7 " + " ".join(here.split()[2:])
-        why = f"other CPU model: {' '.join(here.split()[:2])}, recorded GenuineIntel 6/85/7"
+        m["environment"]["cpu"] = "TestVendor 0/0/0 | " + here.partition(" | ")[2]  # no real CPU's
+        why = f"other CPU model: {ident}, recorded TestVendor 0/0/0"
     elif other == "features":
-        m["environment"]["cpu"] = here + " amx_tile" if "amx_tile" not in here else here.replace(" amx_tile", "")
-        why = "other CPU features than recorded: " + ("-amx_tile" if "amx_tile" not in here else "+amx_tile")
+        has = "amx_tile" in here.split()
+        m["environment"]["cpu"] = here.replace(" amx_tile", "") if has else here + " amx_tile"
+        why = "other CPU features than recorded: " + ("+amx_tile" if has else "-amx_tile")
     else:
         del m["environment"]["cpu"]
         why = "its CPU is not recorded: written before aotpipe recorded it"

@@ -523,9 +523,10 @@ class Environment(Record):
     float32_matmul_precision: str
     mkldnn: bool  # oneDNN available
     mkl: bool
-    # determinism.cpu_model(): the CPU's vendor, family/model/stepping and the instruction-set
-    # features MKL and oneDNN pick kernels by, which cpu_capability does not tell apart (two
-    # AVX512 CPUs can give other bits). Absent in artefacts written before it was recorded.
+    # determinism.cpu_model(): the CPU's vendor and family/model/stepping, then its feature
+    # flags ("GenuineIntel 6/207/2 | avx avx2 ..."); a replay compares the model and the flags
+    # MKL and oneDNN pick kernels by, which cpu_capability does not tell apart (two AVX512 CPUs
+    # can give other bits). Absent in artefacts written before it was recorded.
     cpu: Optional[str] = None
 
 

@@ -132,8 +132,10 @@ class GraphReplay:
 
     kind: str
     # match: bit for bit, where it was made. close: where bits cannot match (`environment`
-    # says why), every output within its evidence's bound. mismatch | ran (nothing to
-    # compare with: random inputs) | error.
+    # says why), every output within its evidence's bound. unverified: bits differ and the
+    # artefact records too little to judge them (format 2 from a machine it does not name:
+    # only sums of sampled elements, which can refute closeness, not prove it); not ok.
+    # mismatch | ran (nothing to compare with: random inputs) | error.
     status: str
     inputs: str  # saved | random
     max_abs_error: Optional[float] = None  # element-wise, the largest of `errors`
@@ -156,7 +158,7 @@ class GraphReplay:
     def verdict(self) -> str:
         """The status as people read it: "close (2 threads, recorded 1)"."""
         return f"{self.status} ({'; '.join(self.environment)})" if self.environment and \
-            self.status in ("close", "mismatch") else self.status
+            self.status in ("close", "mismatch", "unverified") else self.status
 
     def worst(self) -> Optional[OutputError]:
         """The output nearest its bound (or with the largest error, where there is no bound)."""
@@ -195,9 +197,11 @@ def _numel(rec: OutputRecord, a: Any) -> int:
 
 
 def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expected],
-                     elsewhere: bool = False) -> tuple[list[str], list[OutputError], bool]:
+                     elsewhere: bool = False,
+                     unjudged: Optional[list[str]] = None) -> tuple[list[str], list[OutputError], bool]:
     """(problems, element-wise errors of the outputs that differ, whether every digest matched)
-    of `actual` against the recorded outputs.
+    of `actual` against the recorded outputs. Outputs whose bits differ and that the artefact
+    records too little to judge (format 2 elsewhere, sums not refuting) go to `unjudged`.
 
     Where it was made (`elsewhere` false), bit for bit: a digest that differs is a problem,
     and its error is measured over the evidence's sampled elements (format version 3) or,
@@ -272,6 +276,12 @@ def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expect
                 why = _sums_beyond_noise(a, e.summary)
                 if why:
                     problems.append(f"{what}: {why}")
+                elif unjudged is not None:
+                    unjudged.append(f"{what}: not bit-identical; its sampled sums are within float noise of the "
+                                    "recorded ones, all format version 2 records of it: replay it on the machine "
+                                    "that made it, or capture it again")
+                else:
+                    problems.append(f"{what}: not bit-identical, and the artefact records too little to judge it")
             elif elsewhere:
                 problems.append(f"{what}: not bit-identical, and the artefact records no evidence to judge it "
                                 "by elsewhere (format version < 3): replay it where it was made")
@@ -288,6 +298,8 @@ def _sums_beyond_noise(a: torch.Tensor, recorded: Summary) -> Optional[str]:
     (evidence.bound without eager's error); sums further apart than the sample's count times
     that bound mean some element is off by more. A weaker test than evidence's element by
     element one: it can refute, not prove, closeness."""
+    if not (a.is_floating_point() or a.is_complex()):
+        return "not bit-identical; integer and bool outputs must be equal, here and elsewhere"
     sample = accuracy.sampled(a)
     now = accuracy.sampled_summary(a)
     if sample is None or now is None:
@@ -335,7 +347,8 @@ def replay_graph(
     for bit. Otherwise they are judged by their evidence: "close" within its bounds.
     `unrecorded`: why it cannot be told whether they must (determinism.unrecorded_cpu: the
     artefact does not say which CPU it was made on). Then outputs that match bit for bit
-    are a "match", and any that differ are judged by their evidence, the reason said."""
+    are a "match", and any that differ are judged by their evidence, the reason said; where
+    there is none to judge by (format 2), "unverified"."""
     result = GraphReplay(ga.name, "error", inputs, environment=list(environment or []))
     try:
         if device is not None:
@@ -373,13 +386,16 @@ def replay_graph(
         by_evidence = all(e.evidence is not None or e.has_value or e.digest is None for e in expected)
         if inputs == "saved" and (on_cpu or (dev.type != "meta" and by_evidence)):
             elsewhere = bool(result.environment) or unrecorded is not None
-            problems, errors, identical = compare_recorded(ga, [_cpu(o) for o in outs], expected, elsewhere)
+            unjudged: list[str] = []
+            problems, errors, identical = compare_recorded(ga, [_cpu(o) for o in outs], expected, elsewhere,
+                                                           unjudged)
             result.errors, result.bit_identical = errors, identical
             result.max_abs_error = max((e.max_abs_error for e in errors), default=0.0 if identical else None)
-            result.mismatches = problems
+            result.mismatches = problems or unjudged
             if unrecorded is not None and not identical:
                 result.environment.append(unrecorded)  # why a bit difference is judged, not refused
-            result.status = "mismatch" if problems else ("close" if result.environment else "match")
+            result.status = "mismatch" if problems else "unverified" if unjudged else \
+                ("close" if result.environment else "match")
             if problems:
                 result.first_divergence = first_divergence(ga, ga.saved_inputs(),
                                                            ELSEWHERE_RTOL if elsewhere else SAME_RTOL)

@@ -45,12 +45,12 @@ def test_version_2_verifies_and_is_listed(v2):
     assert r.output.count("verified") == 2
 
 
-@pytest.mark.parametrize("shift", [0.1, 0.0])
+@pytest.mark.parametrize("shift", [0.1, 1e-7, 0.0])
 def test_sampled_sums_beyond_float_noise_are_a_mismatch_from_an_unknown_machine(v2, shift):
     """The planted fault: a version 2 output whose digest differs and whose recorded sampled
     sum is 0.1 away from the replay's (as if an element were off by 0.1, where float noise
-    allows about 1e-4 each) is refused; with only its digest changed (bits differ, sums
-    equal) it is close, the reason said. Sums can refute closeness, not prove it."""
+    allows about 1e-4 each) is a mismatch. With sums within float noise (1e-7 apart, or
+    equal) it is "unverified", not ok: sums can refute closeness, not prove it."""
     import json
 
     from aotpipe import accuracy
@@ -70,9 +70,31 @@ def test_sampled_sums_beyond_float_noise_are_a_mismatch_from_an_unknown_machine(
     (folder / "inputs.json").write_text(json.dumps(rec))
     reseal(v2 / "mlp")
     (r,) = replay(aotpipe.load(v2 / "mlp"), graphs=["inference"])
-    if shift:
+    if shift > 1e-3:
         assert r.status == "mismatch", (r.status, r.mismatches)
         assert "times the element-wise bound" in r.mismatches[0], r.mismatches
     else:
-        assert r.status == "close" and r.bit_identical is False, (r.status, r.mismatches)
+        assert (r.status, r.ok, r.bit_identical) == ("unverified", False, False), (r.status, r.mismatches)
         assert r.environment == ["its CPU is not recorded: an artefact of format version < 3"]
+        assert "sampled sums are within float noise" in r.mismatches[0], r.mismatches
+        out = CliRunner().invoke(main, ["replay", str(v2 / "mlp"), "--graph", "inference", "--no-sandbox"])
+        assert out.exit_code == 1 and "unverified (its CPU is not recorded" in out.output, out.output
+
+
+def test_integer_outputs_must_be_equal_and_a_permutation_is_not_within_noise():
+    """What the sums cannot see, they do not excuse: an integer or bool output that differs
+    is refused whatever its sums; a float output permuted keeps its sums, so it is only ever
+    "unverified" (not ok), never close."""
+    import torch
+
+    from aotpipe import accuracy
+    from aotpipe.replay.run import _sums_beyond_noise
+
+    ints = torch.arange(12).reshape(3, 4)
+    rec = accuracy.sampled_summary(ints)
+    assert _sums_beyond_noise(ints.flip(0), rec) == \
+        "not bit-identical; integer and bool outputs must be equal, here and elsewhere"
+    assert _sums_beyond_noise(ints > 5, accuracy.sampled_summary(ints > 5)).startswith("not bit-identical; integer")
+    x = torch.randn(4, 10)
+    assert _sums_beyond_noise(x.flip(0), accuracy.sampled_summary(x)) is None  # sums cannot refute it
+    assert "times the element-wise bound" in _sums_beyond_noise(x + 0.1 * (x.abs() < 9), accuracy.sampled_summary(x))

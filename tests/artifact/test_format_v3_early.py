@@ -75,7 +75,9 @@ def test_a_chain_reads_the_same_from_the_one_copy_as_from_the_three(early, tmp_p
     reseal(edited, digests=False)
     art = aotpipe.load(edited)
     assert chain_as_read(art.manifest) == before and list(before) == [DERIVED]
-    assert [(r.status, r.environment) for r in replay(art)] == \
+    results = replay(art)
+    assert_match_or_close_for_want_of_a_recorded_cpu(results, art.manifest.environment)
+    assert [(r.status, r.environment) for r in results] == \
         [(r.status, r.environment) for r in replay(aotpipe.load(early))]
     # aotpipe diff reads the chain from its one copy too: the two say the same.
     r = CliRunner().invoke(main, ["diff", str(early), str(edited), "--json", "--no-values"])
