@@ -14,13 +14,17 @@ import contextlib
 import functools
 import gc
 import os
+import shutil
+import signal
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from aotpipe.artifact.fsio import TMP_PREFIX
 from aotpipe.errors import AotpipeError, CaptureError, exception_line
+from aotpipe.format.records import MANIFEST
 from aotpipe.format.source_files import name_files_in
 from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
 from aotpipe.modes import CaptureMode, capture_mode
@@ -49,6 +53,7 @@ class _Job:
     diagnose: dict[str, Callable[[], str]] = field(default_factory=dict)  # by derived key: the pass at fault
     eager: Any = None  # what the checks compare against: the eager model, or dynamo's subgraphs
     checks: Any = None  # the check stage's ModelChecks
+    kinds: Optional[list[str]] = None  # the graph kinds this process captures (None: the spec's)
 
     def at(self, stage: str) -> None:
         """Enter `stage` (and tell the runner's progress bar)."""
@@ -80,7 +85,7 @@ def _capture(job: _Job) -> None:
     if mode.tries_first:  # auto: the capture it tries first is the one that mode uses
         extra[mode.tries_first] = capture_mode(mode.tries_first).function()
     captured = job.captured = mode.function()(
-        job.model, job.args, job.kwargs, name=spec.name, graphs=list(spec.graphs), input_names=names,
+        job.model, job.args, job.kwargs, name=spec.name, graphs=list(job.kinds or spec.graphs), input_names=names,
         int_ranges=ranges, **extra,
     )
     job.result.capture_seconds = captured.seconds
@@ -127,19 +132,10 @@ def _write(job: _Job) -> None:
         sign=signer(job.key) if job.key is not None else None,
     )
     mc = job.checks
-    result.notes = [name_files_in(n) for n in captured.notes]
     result.checks_seconds = mc.seconds
     result.write_seconds = time.perf_counter() - t0 - mc.seconds
-    result.graphs = [GraphSummary(kind=g.kind, folder=g.folder, nodes=g.nodes, inputs=g.num_inputs, outputs=g.num_outputs)
-                     for g in written.graphs]
-    result.bytes = written.bytes
-    result.files = written.files
-    result.status = "ok"
-    manifest = written_manifest(written.path)
-    result.verification = verification_summary(manifest)
-    result.checks = checks_summary(manifest)
-    if job.mode.values:
-        result.eager = eager_cells(manifest)
+    _written_result(job, written)
+    result.notes = [name_files_in(n) for n in captured.notes]  # with the checks' notes on eager's branches
     problems = mc.problems + result.verification.problems
     if problems:
         result.status, result.stage = "failed", "verify"
@@ -148,6 +144,22 @@ def _write(job: _Job) -> None:
         # The raw graphs were written and checked; the failing chain's graph was not kept.
         result.status, result.stage = "failed", "passes"
         result.error = "; ".join(job.pass_problems[:3])
+
+
+def _written_result(job: _Job, written: Any) -> None:
+    """The job's result as its written artefact says: graphs, sizes, notes, checks; ok."""
+    result = job.result
+    manifest = written_manifest(written.path)
+    result.notes = list(manifest.capture.notes)  # files named by module (name_files_in)
+    result.graphs = [GraphSummary(kind=g.kind, folder=g.folder, nodes=g.nodes, inputs=g.num_inputs, outputs=g.num_outputs)
+                     for g in written.graphs]
+    result.bytes = written.bytes
+    result.files = written.files
+    result.status = "ok"
+    result.verification = verification_summary(manifest)
+    result.checks = checks_summary(manifest)
+    if job.mode.values:
+        result.eager = eager_cells(manifest)
 
 
 def _check(job: _Job, folder: Path) -> Any:
@@ -202,11 +214,14 @@ STAGES: tuple[tuple[str, Callable[[_Job], None], Callable[[_Job], bool]], ...] =
 
 
 def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False,
-              key: Path | None = None) -> ModelResult:
+              key: Path | None = None, beside: Optional[bool] = None) -> ModelResult:
     """Build, capture, write and check one model, unless its artefact is up to date.
 
     With a signing `key`, the artefact is signed as it is written, and one on disk counts
     as up to date only if its signature checks under that key.
+
+    `beside`: capture mode meta's inference graph in a second process, beside the training
+    graphs (see :func:`beside_kinds`); None decides by the cores the job has.
 
     Never raises for a model's own failure: the result says what failed and where.
     """
@@ -220,17 +235,157 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
             manifest = up_to_date(out_dir / spec.name, job.fingerprint, key)
             if manifest is not None:
                 return skipped_result(spec, out_dir / spec.name, manifest, start)
-        with _distribution_checks_off(), collections_paced():
-            _run(job)
-    except AotpipeError as e:
-        result.stage, result.error = job.stage, _said_what_next(spec, job.stage, str(e), e)
-        result.traceback = traceback.format_exc()
-    except Exception as e:  # a model's own code (or torch) failed: record it, go on
-        result.stage, result.error = job.stage, _said_what_next(spec, job.stage, exception_line(e), e)
-        result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
-        result.traceback = traceback.format_exc()
+    except Exception as e:
+        _failed(job, e)
+    else:
+        kinds = beside_kinds(spec, beside)
+        if kinds is None:
+            _attempt(job)
+        else:
+            _attempt(job, functools.partial(_run_beside, kinds=kinds))
     result.total_seconds = time.perf_counter() - start
     return result
+
+
+def _attempt(job: _Job, run: Optional[Callable[[_Job], None]] = None) -> None:
+    """`run` (default: the job's stages) with the job's settings; a model's own failure is
+    recorded in its result, never raised."""
+    try:
+        with _distribution_checks_off(), collections_paced():
+            (run or _run)(job)
+    except Exception as e:
+        _failed(job, e)
+
+
+def _failed(job: _Job, e: Exception) -> None:
+    """The job's result says that `e` stopped it, at the stage it was at."""
+    spec, result = job.spec, job.result
+    if isinstance(e, AotpipeError):
+        result.stage, result.error = job.stage, _said_what_next(spec, job.stage, str(e), e)
+    else:  # a model's own code (or torch) failed: record it, go on
+        result.stage, result.error = job.stage, _said_what_next(spec, job.stage, exception_line(e), e)
+        result.exception = f"{type(e).__module__}.{type(e).__qualname__}"
+    result.traceback = traceback.format_exc()
+
+
+# ---------------------------------------------------------------------------------------
+# Mode meta's inference graph captured beside its training graphs, in a second process
+
+# Mode meta computes nothing, so a job given two or more cores (its intra-op threads: the
+# process executor gives each worker its share) has a core its capture leaves idle. It
+# captures the inference graph there, in a spawned process, while it captures the training
+# graphs; each writes and checks its graphs as a whole artefact would be, and the two
+# folders are joined into one (writer.join_parts), the same files as one process writes.
+# A Llama-3-70B-size config: 80.3 s in one process, see docs/capture-speed.md.
+BESIDE_KINDS = ("inference",)
+
+
+def beside_kinds(spec: ModelSpec, beside: Optional[bool] = None) -> Optional[tuple[list[str], list[str]]]:
+    """(the kinds a second process captures, the kinds this one does) when the job splits
+    so, else None: mode meta, no pass chain, both an inference and a training graph asked
+    for, and `beside` true, or None and the job has two cores or more."""
+    first = [k for k in spec.graphs if k in BESIDE_KINDS]
+    rest = [k for k in spec.graphs if k not in BESIDE_KINDS]
+    if beside is False or spec.mode != "meta" or spec.passes or not first or not rest:
+        return None
+    if beside is None:
+        import torch  # only in the process that runs the job
+
+        if torch.get_num_threads() < 2:
+            return None
+    return first, rest
+
+
+def _run_beside(job: _Job, kinds: tuple[list[str], list[str]]) -> None:
+    """The job's stages in two processes, each capturing some of the graph kinds into a
+    folder of its own under a temporary one; the two folders joined into the artefact."""
+    import torch  # only in the process that runs the job
+
+    from aotpipe.artifact.signing import signer  # cryptography
+    from aotpipe.artifact.writer import join_parts  # torch
+
+    spec, result = job.spec, job.result
+    parts = job.out_dir / f"{TMP_PREFIX}{spec.name}.parts-{os.getpid()}"  # removed by clean_stale if killed
+    job.at("capture")
+    child, send, receive = _start_half()
+    try:
+        send.send((spec, parts / "0", job.base_dir, kinds[0], job.fingerprint, torch.get_num_threads()))
+        mine = _Job(spec, job.mode, parts / "1", job.base_dir, None, ModelResult(name=spec.name, status="failed"),
+                    fingerprint=job.fingerprint, kinds=kinds[1])
+        _attempt(mine)
+        try:
+            theirs = receive.recv()
+        except (EOFError, OSError):  # it died before it could say
+            code = child.wait()
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            raise CaptureError(f"the process that captured the {', '.join(kinds[0])} graph beside this one died "
+                               f"({how}); next: rerun it, or capture it in one process (OMP_NUM_THREADS=1: mode "
+                               "meta computes nothing, one core is enough)") from None
+        child.wait()
+        halves = [theirs, mine.result]
+        folders = [parts / "0" / spec.name, parts / "1" / spec.name]
+        if all((f / MANIFEST).is_file() for f in folders):  # both written, checked (perhaps failing)
+            job.at("write")
+            written = join_parts(folders, job.out_dir, spec.name,
+                                 sign=signer(job.key) if job.key is not None else None)
+            _written_result(job, written)
+            result.graphs = [g for r in halves for g in r.graphs]  # in capture order, as one process lists them
+        failed = next((r for r in halves if r.status != "ok"), None)
+        if failed is not None:
+            result.status = "failed"
+            for f in ("stage", "error", "exception", "traceback"):
+                setattr(result, f, getattr(failed, f))
+        # The halves ran side by side: each stage took the longer half's time.
+        for f in ("capture_seconds", "passes_seconds", "write_seconds", "checks_seconds"):
+            setattr(result, f, max(getattr(r, f) for r in halves))
+    finally:
+        send.close()
+        receive.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        shutil.rmtree(parts, ignore_errors=True)
+
+
+# The second process: a fresh interpreter (not a fork of this one, whose threads' locks it would
+# copy; not multiprocessing's spawn, which imports the caller's __main__ again) with this one's
+# import path, told what to do through a pipe (see _half_main).
+_HALF_CODE = ("import sys; from multiprocessing.connection import Connection; "
+              "receive, send = Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False); "
+              "sys.path[:] = receive.recv(); from aotpipe.job import _half_main; _half_main(receive, send)")
+
+
+def _start_half() -> tuple[Any, Any, Any]:
+    """The second process started: (its Popen, the connection to it, the one from it)."""
+    import subprocess
+    import sys
+    from multiprocessing.connection import Connection
+
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    try:
+        child = subprocess.Popen([sys.executable, "-c", _HALF_CODE, str(to_r), str(from_w)], pass_fds=(to_r, from_w),
+                                 stdin=subprocess.DEVNULL)  # its output goes where this process's goes
+    finally:
+        os.close(to_r)
+        os.close(from_w)  # so that its death is an EOF here
+    send, receive = Connection(to_w, readable=False), Connection(from_r, writable=False)
+    send.send(list(sys.path))
+    return child, send, receive
+
+
+def _half_main(receive: Any, send: Any) -> None:
+    """The second process of :func:`_run_beside`: the job's stages for the kinds it is sent;
+    sends back its result."""
+    import torch  # the process that runs the job
+
+    spec, out_dir, base_dir, kinds, fingerprint, threads = receive.recv()
+    torch.set_num_threads(threads)  # as the first process: the manifests' environment is one
+    os.environ.pop(PROGRESS_DIR_ENV, None)  # the progress bar shows the first process's stage
+    job = _Job(spec, capture_mode(spec.mode), out_dir, base_dir, None, ModelResult(name=spec.name, status="failed"),
+               fingerprint=fingerprint, kinds=kinds)
+    _attempt(job)
+    send.send(job.result)
 
 
 def _run(job: _Job) -> None:

@@ -91,3 +91,14 @@ def test_a_whole_zoo_run_is_the_measured_zoo_figure(tmp_path):
     line = next(ln for ln in text.splitlines() if ln.startswith("zoo, 2 workers (MEASURED)"))
     assert "30.8 min" in line and "missed (gap x1.03)" in line and "(PARTIAL: 2 of 3 models)" in line
     assert "3 shards run one after another, merged" in text
+
+
+def test_the_70b_targets_are_the_jobs_as_aotpipe_run_runs_it_when_measured():
+    results = _results(w1=100.0, w2=50.0, meta_wall=77.0, meta_gb=1.2)
+    results["meta"]["job"] = {"wall_s": 56.9, "cpu_s": 88.6, "peak_rss_gb": 1.65, "processes": 2}
+    line = {ln.split("  ")[0]: ln for ln in bench.report(results, 448, None).splitlines()}
+    assert line["70B meta, wall (measured)"] == ("70B meta, wall (measured)                56.9 s       < 60 s       met"
+                                                 "   (2 processes: inference beside training)")
+    assert line["70B meta, peak RSS (measured)"].endswith("met   (both processes' peaks, added)")
+    assert line["70B meta, one process, CPU s"].startswith("70B meta, one process, CPU s             77.0 s")
+    assert "missed (gap x1.28)" in line["70B meta, one process, CPU s"]

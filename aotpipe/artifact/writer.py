@@ -303,14 +303,7 @@ def write_model(
         _finish(tmp, captured, written, graphs_record, records, outcome, header, pass_failures or [])
         if sign is not None:
             sign(tmp)
-        _fsync_dir(tmp)
-        old = out_dir / f"{OLD_PREFIX}{name}-{os.getpid()}"
-        if final.exists():
-            os.rename(final, old)
-        os.rename(tmp, final)
-        _fsync_dir(out_dir)
-        if old.exists():
-            shutil.rmtree(old)
+        _into_place(tmp, final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise OutputError(describe_os_error(e, e.filename or final)) from None
@@ -319,6 +312,114 @@ def write_model(
         raise
     written.path = final
     return written
+
+
+# What every part of one artefact must agree on to be joined (the rest is each part's graphs).
+_SHARED_FIELDS = ("format_version", "fingerprint", "versions", "model", "save_values", "environment")
+
+
+def join_parts(parts: list[Path], out_dir: Path, name: str, *,
+               sign: Optional[Callable[[Path], None]] = None) -> WrittenArtifact:
+    """`<out_dir>/<name>/` from folders that each hold some of its graphs; returns what was written.
+
+    Each part is a model folder write_model wrote from a capture of the same model (same
+    fingerprint, versions, environment and capture options) with some of its graph kinds,
+    checked. Their graph folders and blobs are moved into one folder, which gets one
+    manifest: the parts' graphs, verification entries and pass failures together, the
+    capture notes of each in turn (each note once), the check totals summed, the files
+    hashed again. The folder is signed (`sign`) and renamed into place as write_model does.
+    The parts are consumed. An ArtifactError if they disagree on anything but their graphs.
+    """
+    out_dir = Path(out_dir)
+    manifests = [fmt.parse(fmt.Manifest, json.loads((p / MANIFEST).read_bytes()), p / MANIFEST) for p in parts]
+    first = manifests[0]
+    for p, m in zip(parts[1:], manifests[1:]):
+        for f in _SHARED_FIELDS:
+            if getattr(m, f) != getattr(first, f):
+                raise ArtifactError(f"{p}: its manifest's {f} is not {parts[0]}'s: the parts of one artefact "
+                                    "must come from one model, spec and machine")
+        if (m.capture.mode, m.capture.options) != (first.capture.mode, first.capture.options):
+            raise ArtifactError(f"{p}: captured with other options than {parts[0]}")
+    if any(m.capture.subgraphs or m.capture.fallback or m.passes for m in manifests):
+        raise ArtifactError("the parts hold subgraphs, a fallback capture or old pass records: only parts of a "
+                            "one-graph-per-kind capture are joined")
+    graphs: dict[str, fmt.GraphEntry] = {}
+    partition = None
+    verification: dict[str, fmt.VerificationEntry] = {}
+    notes: list[str] = []
+    trusted: dict[str, fmt.TrustedNamespace] = {}
+    for p, m in zip(parts, manifests):
+        for key, entry in m.graphs.items():
+            if key in graphs or any(e.folder == entry.folder for e in graphs.values()):
+                raise ArtifactError(f"{p}: graph {key} ({entry.folder}) is in another part too")
+            graphs[key] = entry
+        if m.partition is not None:
+            if partition is not None:
+                raise ArtifactError(f"{p}: a second forward/backward partition")
+            partition = m.partition
+        verification.update(m.verification or {})
+        notes += [n for n in m.capture.notes if n not in notes]
+        for ns, t in (m.capture.trusted_ops or {}).items():
+            ops = sorted(set(t.ops) | set(trusted[ns].ops)) if ns in trusted else t.ops
+            trusted[ns] = fmt.TrustedNamespace(module=t.module, ops=ops)
+    totals = [m.checks for m in manifests if m.checks is not None]
+    checks = None
+    if totals:
+        checks = fmt.CheckTotals(**{
+            f: None if all(getattr(t, f) is None for t in totals) else sum(getattr(t, f) or 0 for t in totals)
+            for f in fmt.CheckTotals.model_fields})
+    final = out_dir / name
+    tmp = out_dir / f"{TMP_PREFIX}{name}-{os.getpid()}"
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        for p, m in zip(parts, manifests):
+            for entry in m.graphs.values():
+                os.rename(p / entry.folder, tmp / entry.folder)
+            if (p / BLOB_DIR).is_dir():
+                (tmp / BLOB_DIR).mkdir(exist_ok=True)
+                for blob in (p / BLOB_DIR).iterdir():  # content-addressed: a name in both parts is one blob
+                    os.replace(blob, tmp / BLOB_DIR / blob.name)
+        files = {q.relative_to(tmp).as_posix(): file_sha256(q)
+                 for q in sorted(tmp.rglob("*")) if q.is_file() and q.name != MANIFEST}
+        capture = first.capture.model_copy(update={"notes": notes, **({"trusted_ops": trusted} if trusted else {})})
+        sealed = _sealed(**{f: getattr(first, f) for f in _SHARED_FIELDS}, capture=capture, graphs=graphs,
+                         partition=partition, pass_failures=[f for m in manifests for f in m.pass_failures],
+                         verification=verification or None, files=files,
+                         **({"checks": checks} if checks is not None else {}))
+        fmt.parse(fmt.Manifest, json.loads(sealed), tmp / MANIFEST)  # what readers will check
+        _write(tmp / MANIFEST, sealed)
+        if (tmp / BLOB_DIR).exists():
+            _fsync_dir(tmp / BLOB_DIR)
+        for entry in graphs.values():
+            _fsync_dir(tmp / entry.folder)
+        if sign is not None:
+            sign(tmp)
+        _into_place(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(describe_os_error(e, e.filename or final)) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    written = WrittenArtifact(path=final)
+    written.graphs = [WrittenGraph(key, e.folder, e.nodes, e.inputs, e.outputs) for key, e in graphs.items()]
+    written.bytes = sum(q.stat().st_size for q in final.rglob("*") if q.is_file())
+    written.files = sum(1 for q in final.rglob("*") if q.is_file())
+    return written
+
+
+def _into_place(tmp: Path, final: Path) -> None:
+    """A complete folder `tmp` renamed to `final` (replacing what is there), fsynced."""
+    _fsync_dir(tmp)
+    old = final.parent / f"{OLD_PREFIX}{final.name}-{os.getpid()}"
+    if final.exists():
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def graph_entries(captured: CapturedGraphs) -> list[tuple[str, str, str, CapturedGraph, Any]]:
@@ -509,5 +610,5 @@ def _remove_unused_blobs(root: Path, records: dict[str, _Written]) -> None:
                 p.unlink()
 
 
-__all__ = ["write_model", "graph_folder_name", "graph_entries", "BLOB_DIR", "CheckOutcome", "GraphOutcome",
+__all__ = ["write_model", "join_parts", "graph_folder_name", "graph_entries", "BLOB_DIR", "CheckOutcome", "GraphOutcome",
            "OutputReference", "WrittenArtifact", "WrittenGraph"]

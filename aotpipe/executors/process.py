@@ -55,12 +55,26 @@ TAIL_LINES = 20
 
 
 def rss_bytes(pid: int) -> Optional[int]:
-    """Resident memory of a process (Linux /proc), None where it cannot be read."""
+    """Resident memory of a process and of the processes it started (Linux /proc: a job may
+    start one, job.beside_kinds), None where the process's own cannot be read."""
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            total = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+    return total + sum(rss_bytes(child) or 0 for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started, by /proc/<pid>/task/*/children ([] where it cannot be read)."""
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                out += [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        pass
+    return out
 
 
 def _gib(n: float) -> str:

@@ -102,3 +102,12 @@ def sigkill_self() -> None:
 def worker_pid() -> int:
     """The pid of the process that runs this task."""
     return os.getpid()
+
+
+def child_hogs_memory() -> None:
+    """Starts a process that holds 800 MiB, and waits for it (a job's second process)."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "import time; b = bytearray(800 << 20); b[::4096] = b'x' * len(b[::4096]); "
+                    "time.sleep(60)"], check=False)
