@@ -28,6 +28,7 @@ from aotpipe.format.records import MANIFEST
 from aotpipe.format.source_files import name_files_in
 from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
 from aotpipe.modes import CaptureMode, capture_mode
+from aotpipe.results import STAGES as RESULT_STAGES
 from aotpipe.results import GraphSummary, ModelResult, checks_summary, eager_cells, verification_summary, written_manifest
 from aotpipe.spec import ModelSpec
 
@@ -303,12 +304,14 @@ def _run_beside(job: _Job, kinds: tuple[list[str], list[str]]) -> None:
 
     from aotpipe.artifact.signing import signer  # cryptography
     from aotpipe.artifact.writer import join_parts  # torch
+    from aotpipe.capture.meta import join_notes  # torch
 
     spec, result = job.spec, job.result
     parts = job.out_dir / f"{TMP_PREFIX}{spec.name}.parts-{os.getpid()}"  # removed by clean_stale if killed
     job.at("capture")
-    child, send, receive = _start_half()
+    child = send = receive = None
     try:
+        child, send, receive = _start_half()
         send.send((spec, parts / "0", job.base_dir, kinds[0], job.fingerprint, torch.get_num_threads()))
         mine = _Job(spec, job.mode, parts / "1", job.base_dir, None, ModelResult(name=spec.name, status="failed"),
                     fingerprint=job.fingerprint, kinds=kinds[1])
@@ -316,43 +319,73 @@ def _run_beside(job: _Job, kinds: tuple[list[str], list[str]]) -> None:
         try:
             theirs = receive.recv()
         except (EOFError, OSError):  # it died before it could say
-            code = child.wait()
-            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             raise CaptureError(f"the process that captured the {', '.join(kinds[0])} graph beside this one died "
-                               f"({how}); next: rerun it, or capture it in one process (OMP_NUM_THREADS=1: mode "
-                               "meta computes nothing, one core is enough)") from None
-        child.wait()
+                               f"({_how_it_ended(_ended(child))}); next: rerun it, or capture it in one process "
+                               "(OMP_NUM_THREADS=1: mode meta computes nothing, one core is enough)") from None
         halves = [theirs, mine.result]
         folders = [parts / "0" / spec.name, parts / "1" / spec.name]
         if all((f / MANIFEST).is_file() for f in folders):  # both written, checked (perhaps failing)
             job.at("write")
-            written = join_parts(folders, job.out_dir, spec.name,
+            written = join_parts(folders, job.out_dir, spec.name, notes=join_notes,
                                  sign=signer(job.key) if job.key is not None else None)
             _written_result(job, written)
             result.graphs = [g for r in halves for g in r.graphs]  # in capture order, as one process lists them
-        failed = next((r for r in halves if r.status != "ok"), None)
-        if failed is not None:
-            result.status = "failed"
-            for f in ("stage", "error", "exception", "traceback"):
-                setattr(result, f, getattr(failed, f))
+        _failed_as_one(result, halves)
         # The halves ran side by side: each stage took the longer half's time.
         for f in ("capture_seconds", "passes_seconds", "write_seconds", "checks_seconds"):
             setattr(result, f, max(getattr(r, f) for r in halves))
     finally:
-        send.close()
-        receive.close()
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        for end in (send, receive):
+            if end is not None:
+                end.close()
+        if child is not None:
+            _ended(child)
         shutil.rmtree(parts, ignore_errors=True)
+
+
+def _failed_as_one(result: ModelResult, halves: list[ModelResult]) -> None:
+    """`result` failed as one process would have failed, if a half failed: at the earliest
+    stage a half failed at (one process captures every kind before it writes any), with that
+    half's error, or both halves' problems where both failed their checks."""
+    failed = [r for r in halves if r.status != "ok"]
+    if not failed:
+        return
+    first = min(failed, key=lambda r: RESULT_STAGES.index(r.stage) if r.stage in RESULT_STAGES else 0)
+    result.status = "failed"
+    for f in ("stage", "exception", "traceback"):
+        setattr(result, f, getattr(first, f))
+    same = [r.error or "" for r in failed if r.stage == first.stage]
+    result.error = "; ".join(same) if first.stage == "verify" else first.error
+
+
+def _ended(child: Any, timeout: float = 30.0) -> int:
+    """`child`'s exit code, once it has exited (killed if it has not within `timeout` s)."""
+    import subprocess
+
+    try:
+        return child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
+
+
+def _how_it_ended(code: int) -> str:
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 # The second process: a fresh interpreter (not a fork of this one, whose threads' locks it would
 # copy; not multiprocessing's spawn, which imports the caller's __main__ again) with this one's
-# import path, told what to do through a pipe (see _half_main).
+# import path, told what to do through a pipe (see _half_main). It is killed if this process
+# dies (executors/worker.py: _die_with_parent), as the process executor's workers are.
 _HALF_CODE = ("import sys; from multiprocessing.connection import Connection; "
               "receive, send = Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False); "
-              "sys.path[:] = receive.recv(); from aotpipe.job import _half_main; _half_main(receive, send)")
+              "sys.path[:] = receive.recv(); from aotpipe.executors.worker import _die_with_parent; "
+              "_die_with_parent(int(sys.argv[3])); from aotpipe.job import _half_main; _half_main(receive, send)")
 
 
 def _start_half() -> tuple[Any, Any, Any]:
@@ -364,13 +397,24 @@ def _start_half() -> tuple[Any, Any, Any]:
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
     try:
-        child = subprocess.Popen([sys.executable, "-c", _HALF_CODE, str(to_r), str(from_w)], pass_fds=(to_r, from_w),
-                                 stdin=subprocess.DEVNULL)  # its output goes where this process's goes
+        child = subprocess.Popen([sys.executable, "-c", _HALF_CODE, str(to_r), str(from_w), str(os.getpid())],
+                                 pass_fds=(to_r, from_w), stdin=subprocess.DEVNULL)  # its output goes where ours goes
+    except BaseException:
+        for fd in (to_w, from_r):
+            os.close(fd)
+        raise
     finally:
         os.close(to_r)
         os.close(from_w)  # so that its death is an EOF here
     send, receive = Connection(to_w, readable=False), Connection(from_r, writable=False)
-    send.send(list(sys.path))
+    try:
+        send.send(list(sys.path))
+    except BaseException:
+        send.close()
+        receive.close()
+        child.kill()
+        child.wait()
+        raise
     return child, send, receive
 
 

@@ -68,6 +68,10 @@ def test_two_processes_write_the_same_files_as_one_and_the_inference_graph_is_th
     pids = _pids(env)
     assert len(pids) == 2 and os.getpid() in pids  # the model was built in a second process too
     assert one.status == two.status == "ok", (one.error, two.error)
+    # each half notes a constant of its own and one process both, last; the tied weight once
+    assert one.notes[-1] == ("tensor constants without values (replays draw them at random): eval_scale, "
+                             "train_scale")
+    assert any("tied" in n for n in one.notes)
     assert _files(tmp_path / "one" / "rec") == _files(tmp_path / "two" / "rec")  # manifest.json included
     assert one.model_dump(exclude=TIMINGS) == two.model_dump(exclude=TIMINGS)
     assert [g.kind for g in two.graphs] == KINDS
@@ -84,6 +88,8 @@ def test_a_signed_run_signs_the_joined_folder(tmp_path, env):
     assert r.status == "ok", r.error
     assert check_signature(tmp_path / "out" / "rec", key) == []
     assert len(_pids(env)) == 2
+    one = run_model(_spec(), tmp_path / "one", key=key, beside=False)
+    assert (r.files, r.bytes) == (one.files, one.bytes)  # counted as one process counts: before signing
 
 
 def test_a_second_process_that_dies_fails_the_model_in_one_line_and_leaves_nothing(tmp_path, env, monkeypatch):
@@ -181,8 +187,9 @@ def test_the_process_executor_counts_a_workers_children_in_its_memory():
                               "len(b[::4096]); print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
     try:
         assert child.stdout.readline().strip() == b"ready"
-        with open(f"/proc/{child.pid}/statm", "rb") as f:
-            own = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open(f"/proc/{child.pid}/statm", "rb") as f:  # its own pages: resident less file-backed
+            _, resident, shared = (int(x) for x in f.read().split()[:3])
+            own = (resident - shared) * os.sysconf("SC_PAGE_SIZE")
         assert own > 300 << 20
         mine = rss_bytes(os.getpid())
         with open(f"/proc/{os.getpid()}/statm", "rb") as f:
@@ -224,3 +231,59 @@ def test_the_parts_folder_of_a_killed_job_is_removed_by_the_next_run(tmp_path):
     (left / "0" / "rec").mkdir(parents=True)
     assert clean_stale(tmp_path) == [f"removed {left.name} left by an interrupted run"]
     assert not left.exists()
+
+
+def test_the_second_process_dies_with_the_first(tmp_path, env):
+    """A worker killed (its memory limit, the OOM killer, a killed run) leaves no second
+    process capturing for nobody: it is killed with its parent (PR_SET_PDEATHSIG)."""
+    code = ("import os, sys; from pathlib import Path; sys.path[:0] = [sys.argv[1]]; "
+            "os.environ['AOTPIPE_TEST_PARENT'] = str(os.getpid()); "  # the second process sleeps 60 s
+            "from tests.test_meta_beside import _spec; from aotpipe.job import run_model; "
+            "run_model(_spec(), Path(sys.argv[2]), beside=True)")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent),
+                               str(tmp_path / "out")], env={**os.environ, "AOTPIPE_TEST_SLOW": "60"})
+    try:
+        deadline = time.monotonic() + 120
+        while len(_read_pids(env)) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.05)  # both processes have built the model: the second is capturing
+        (child,) = _read_pids(env) - {parent.pid}
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _read_pids(path: Path) -> set[int]:
+    return {int(p) for p in path.read_text().split()} if path.exists() else set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"  # a zombie has died (its parent is gone or has not reaped it)
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("theirs, mine, expected", [
+    (("verify", "inference graph: output 0 is wrong"), ("capture", "torch.export (training) failed"),
+     ("capture", "torch.export (training) failed")),  # one process would not have reached the checks
+    (("capture", "torch.export (inference) failed"), ("capture", "torch.export (training) failed"),
+     ("capture", "torch.export (inference) failed")),  # one process captures inference first
+    (("verify", "a"), ("verify", "b"), ("verify", "a; b")),  # both halves' problems
+    (None, ("write", "disk full"), ("write", "disk full")),
+])
+def test_a_failing_half_gives_the_failure_one_process_would(theirs, mine, expected):
+    from aotpipe.job import _failed_as_one
+
+    def half(failure):
+        if failure is None:
+            return ModelResult(name="rec", status="ok")
+        return ModelResult(name="rec", status="failed", stage=failure[0], error=failure[1])
+
+    result = ModelResult(name="rec", status="ok")
+    _failed_as_one(result, [half(theirs), half(mine)])
+    assert (result.status, result.stage, result.error) == ("failed", *expected)

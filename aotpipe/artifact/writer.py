@@ -319,6 +319,7 @@ _SHARED_FIELDS = ("format_version", "fingerprint", "versions", "model", "save_va
 
 
 def join_parts(parts: list[Path], out_dir: Path, name: str, *,
+               notes: Optional[Callable[[list[list[str]]], list[str]]] = None,
                sign: Optional[Callable[[Path], None]] = None) -> WrittenArtifact:
     """`<out_dir>/<name>/` from folders that each hold some of its graphs; returns what was written.
 
@@ -326,9 +327,11 @@ def join_parts(parts: list[Path], out_dir: Path, name: str, *,
     fingerprint, versions, environment and capture options) with some of its graph kinds,
     checked. Their graph folders and blobs are moved into one folder, which gets one
     manifest: the parts' graphs, verification entries and pass failures together, the
-    capture notes of each in turn (each note once), the check totals summed, the files
-    hashed again. The folder is signed (`sign`) and renamed into place as write_model does.
-    The parts are consumed. An ArtifactError if they disagree on anything but their graphs.
+    capture notes of each part in turn less those an earlier part has (or as `notes` joins
+    the parts' lists: what a capture mode knows of its own notes), the check totals summed,
+    the files hashed again. The folder is signed (`sign`) and renamed into place as
+    write_model does. The parts are consumed. An ArtifactError if they disagree on anything
+    but their graphs.
     """
     out_dir = Path(out_dir)
     manifests = [fmt.parse(fmt.Manifest, json.loads((p / MANIFEST).read_bytes()), p / MANIFEST) for p in parts]
@@ -346,7 +349,6 @@ def join_parts(parts: list[Path], out_dir: Path, name: str, *,
     graphs: dict[str, fmt.GraphEntry] = {}
     partition = None
     verification: dict[str, fmt.VerificationEntry] = {}
-    notes: list[str] = []
     trusted: dict[str, fmt.TrustedNamespace] = {}
     for p, m in zip(parts, manifests):
         for key, entry in m.graphs.items():
@@ -358,10 +360,10 @@ def join_parts(parts: list[Path], out_dir: Path, name: str, *,
                 raise ArtifactError(f"{p}: a second forward/backward partition")
             partition = m.partition
         verification.update(m.verification or {})
-        notes += [n for n in m.capture.notes if n not in notes]
         for ns, t in (m.capture.trusted_ops or {}).items():
             ops = sorted(set(t.ops) | set(trusted[ns].ops)) if ns in trusted else t.ops
             trusted[ns] = fmt.TrustedNamespace(module=t.module, ops=ops)
+    joined_notes = (notes or _notes_in_turn)([list(m.capture.notes) for m in manifests])
     totals = [m.checks for m in manifests if m.checks is not None]
     checks = None
     if totals:
@@ -383,7 +385,8 @@ def join_parts(parts: list[Path], out_dir: Path, name: str, *,
                     os.replace(blob, tmp / BLOB_DIR / blob.name)
         files = {q.relative_to(tmp).as_posix(): file_sha256(q)
                  for q in sorted(tmp.rglob("*")) if q.is_file() and q.name != MANIFEST}
-        capture = first.capture.model_copy(update={"notes": notes, **({"trusted_ops": trusted} if trusted else {})})
+        capture = first.capture.model_copy(update={"notes": joined_notes,
+                                                   **({"trusted_ops": trusted} if trusted else {})})
         sealed = _sealed(**{f: getattr(first, f) for f in _SHARED_FIELDS}, capture=capture, graphs=graphs,
                          partition=partition, pass_failures=[f for m in manifests for f in m.pass_failures],
                          verification=verification or None, files=files,
@@ -394,6 +397,10 @@ def join_parts(parts: list[Path], out_dir: Path, name: str, *,
             _fsync_dir(tmp / BLOB_DIR)
         for entry in graphs.values():
             _fsync_dir(tmp / entry.folder)
+        written = WrittenArtifact(path=final)  # counted before signing, as write_model counts
+        written.graphs = [WrittenGraph(key, e.folder, e.nodes, e.inputs, e.outputs) for key, e in graphs.items()]
+        written.bytes = sum(q.stat().st_size for q in tmp.rglob("*") if q.is_file())
+        written.files = sum(1 for q in tmp.rglob("*") if q.is_file())
         if sign is not None:
             sign(tmp)
         _into_place(tmp, final)
@@ -403,11 +410,16 @@ def join_parts(parts: list[Path], out_dir: Path, name: str, *,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    written = WrittenArtifact(path=final)
-    written.graphs = [WrittenGraph(key, e.folder, e.nodes, e.inputs, e.outputs) for key, e in graphs.items()]
-    written.bytes = sum(q.stat().st_size for q in final.rglob("*") if q.is_file())
-    written.files = sum(1 for q in final.rglob("*") if q.is_file())
     return written
+
+
+def _notes_in_turn(parts: list[list[str]]) -> list[str]:
+    """Each part's notes in turn, less those an earlier part has (one capture says a note once)."""
+    out: list[str] = []
+    for part in parts:
+        earlier = set(out)
+        out += [n for n in part if n not in earlier]
+    return out
 
 
 def _into_place(tmp: Path, final: Path) -> None:

@@ -247,6 +247,30 @@ def _check_no_values(captured: CapturedGraphs) -> None:
                     raise CaptureError(f"the {kind} graph keeps a tensor constant ({node.target}) whose value a "
                                        "meta capture cannot know; use mode export")
     if captured.constants:
-        names = ", ".join(sorted(captured.constants)[:4])
-        captured.notes.append(f"tensor constants without values (replays draw them at random): {names}")
+        captured.notes.append(_constants_note(captured.constants))
+
+
+_CONSTANTS_NOTE = "tensor constants without values (replays draw them at random): "
+_NOTED_CONSTANTS = 4  # the first names, sorted, that the note gives
+
+
+def _constants_note(names: Any) -> str:
+    return _CONSTANTS_NOTE + ", ".join(sorted(names)[:_NOTED_CONSTANTS])
+
+
+def join_notes(parts: list[list[str]]) -> list[str]:
+    """The notes one capture of a model's graph kinds gives, from the notes of captures of
+    some of them each (aotpipe.job's second process, writer.join_parts): each part's notes in
+    turn, less those an earlier part has, and the constants note last, once, naming the
+    first constants of all the parts (the first names of each part's include them)."""
+    out: list[str] = []
+    constants: set[str] = set()
+    for part in parts:
+        earlier = set(out)
+        for n in part:
+            if n.startswith(_CONSTANTS_NOTE):
+                constants.update(n[len(_CONSTANTS_NOTE):].split(", "))
+            elif n not in earlier:
+                out.append(n)
+    return out + ([_constants_note(constants)] if constants else [])
 

@@ -54,26 +54,33 @@ START_ATTEMPTS = 3  # workers that die before they are ready, in a row, before g
 TAIL_LINES = 20
 
 
-def rss_bytes(pid: int) -> Optional[int]:
+def rss_bytes(pid: int, *, own: bool = False) -> Optional[int]:
     """Resident memory of a process and of the processes it started (Linux /proc: a job may
-    start one, job.beside_kinds), None where the process's own cannot be read."""
+    start one, job.beside_kinds), None where the process's own cannot be read. A started
+    process counts its own pages only (`own`): resident less file-backed, so the libraries
+    it maps as its parent does (torch's) are not counted twice."""
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
-            total = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            fields = f.read().split()
+        total = (int(fields[1]) - (int(fields[2]) if own else 0)) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
-    return total + sum(rss_bytes(child) or 0 for child in _children(pid))
+    return total + sum(rss_bytes(child, own=True) or 0 for child in _children(pid))
 
 
 def _children(pid: int) -> list[int]:
-    """The processes `pid` started, by /proc/<pid>/task/*/children ([] where it cannot be read)."""
+    """The processes `pid` started, by /proc/<pid>/task/*/children (those it can read)."""
     out: list[int] = []
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
             with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
                 out += [int(c) for c in f.read().split()]
-    except (OSError, ValueError):
-        pass
+        except (OSError, ValueError):
+            continue  # a thread that ended while listing
     return out
 
 
