@@ -274,10 +274,10 @@ def _failed(job: _Job, e: Exception) -> None:
 
 # Mode meta computes nothing, so a job given two or more cores (its intra-op threads: the
 # process executor gives each worker its share) has a core its capture leaves idle. It
-# captures the inference graph there, in a spawned process, while it captures the training
+# captures the inference graph there, in a second interpreter, while it captures the training
 # graphs; each writes and checks its graphs as a whole artefact would be, and the two
 # folders are joined into one (writer.join_parts), the same files as one process writes.
-# A Llama-3-70B-size config: 80.3 s in one process, see docs/capture-speed.md.
+# A Llama-3-70B-size config takes about 70% of one process's time (docs/capture-speed.md).
 BESIDE_KINDS = ("inference",)
 
 
