@@ -207,7 +207,7 @@ def _check_values(job: _Job, folder: Path) -> Any:
 # progress bar shows and, if the stage fails, the result's `stage` (results.STAGES); the
 # checks run inside write, before the folder is renamed into place, as stage verify.
 STAGES: tuple[tuple[str, Callable[[_Job], None], Callable[[_Job], bool]], ...] = (
-    ("source", _source, lambda job: True),
+    ("source", _source, lambda job: job.model is None),  # built already where the job decided on its size
     ("capture", _capture, lambda job: True),
     ("passes", _passes, lambda job: bool(job.spec.passes)),
     ("write", _write, lambda job: True),
@@ -243,7 +243,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
         if kinds is None:
             _attempt(job)
         else:
-            _attempt(job, functools.partial(_run_beside, kinds=kinds))
+            _attempt(job, functools.partial(_run_beside_if_worth_it, kinds=kinds, always=beside is True))
     result.total_seconds = time.perf_counter() - start
     return result
 
@@ -280,11 +280,19 @@ def _failed(job: _Job, e: Exception) -> None:
 # A Llama-3-70B-size config takes about 70% of one process's time (docs/capture-speed.md).
 BESIDE_KINDS = ("inference",)
 
+# Starting the second interpreter (torch and the model's library imported again) costs a few
+# seconds, repaid only where the inference capture takes longer: by the model's module count,
+# a proxy for its graphs' size. Llama configs 64 wide, one process against two, wall: 2 layers
+# (33 modules) 2.7 s against 5.9; 4 (59) 4.3 against 6.2; 8 (111) 8.0 against 7.5; 16 (215)
+# 14.9 against 10.6; 32 (423) 29.7 against 20.1.
+BESIDE_MIN_MODULES = 100
+
 
 def beside_kinds(spec: ModelSpec, beside: Optional[bool] = None) -> Optional[tuple[list[str], list[str]]]:
-    """(the kinds a second process captures, the kinds this one does) when the job splits
+    """(the kinds a second process captures, the kinds this one does) when the job may split
     so, else None: mode meta, no pass chain, both an inference and a training graph asked
-    for, and `beside` true, or None and the job has two cores or more."""
+    for, and `beside` true, or None and the job has two cores or more (it then splits if the
+    model has :data:`BESIDE_MIN_MODULES` modules or more)."""
     first = [k for k in spec.graphs if k in BESIDE_KINDS]
     rest = [k for k in spec.graphs if k not in BESIDE_KINDS]
     if beside is False or spec.mode != "meta" or spec.passes or not first or not rest:
@@ -295,6 +303,17 @@ def beside_kinds(spec: ModelSpec, beside: Optional[bool] = None) -> Optional[tup
         if torch.get_num_threads() < 2:
             return None
     return first, rest
+
+
+def _run_beside_if_worth_it(job: _Job, kinds: tuple[list[str], list[str]], always: bool = False) -> None:
+    """The model built; then the job in two processes if it has :data:`BESIDE_MIN_MODULES`
+    modules or more (or `always`), else in this one."""
+    job.at("source")
+    _source(job)
+    if always or sum(1 for _ in job.model.modules()) >= BESIDE_MIN_MODULES:
+        _run_beside(job, kinds)
+    else:
+        _run(job)
 
 
 def _run_beside(job: _Job, kinds: tuple[list[str], list[str]]) -> None:
@@ -314,7 +333,7 @@ def _run_beside(job: _Job, kinds: tuple[list[str], list[str]]) -> None:
         child, send, receive = _start_half()
         send.send((spec, parts / "0", job.base_dir, kinds[0], job.fingerprint, torch.get_num_threads()))
         mine = _Job(spec, job.mode, parts / "1", job.base_dir, None, ModelResult(name=spec.name, status="failed"),
-                    fingerprint=job.fingerprint, kinds=kinds[1])
+                    fingerprint=job.fingerprint, model=job.model, args=job.args, kwargs=job.kwargs, kinds=kinds[1])
         _attempt(mine)
         try:
             theirs = receive.recv()

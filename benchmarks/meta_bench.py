@@ -135,7 +135,7 @@ def child_job(layers: int, tokens: int) -> dict[str, Any]:
     2 intra-op threads, the inference graph is captured beside the training graphs in a
     second process (job.beside_kinds). Peak memory: this process's and the second's, added
     (an upper bound of the two together)."""
-    from aotpipe.job import beside_kinds, run_model
+    from aotpipe.job import run_model
 
     spec = _spec(layers, tokens)
     out = Path(tempfile.mkdtemp(prefix="meta_bench-"))
@@ -149,7 +149,7 @@ def child_job(layers: int, tokens: int) -> dict[str, Any]:
         shutil.rmtree(out, ignore_errors=True)
     if r.status != "ok":
         raise RuntimeError(f"the job failed at {r.stage}: {r.error}")
-    return {"wall_s": wall, "cpu_s": cpu, "processes": 2 if beside_kinds(spec) else 1,
+    return {"wall_s": wall, "cpu_s": cpu, "processes": 2 if kids.ru_maxrss else 1,  # a second process ran
             "peak_rss_gb": _peak_gb() + kids.ru_maxrss / 2**20, "peak_rss_self_gb": _peak_gb(),
             "peak_rss_second_gb": kids.ru_maxrss / 2**20, "bytes": r.bytes,
             "stages": {k: getattr(r, k) for k in ("capture_seconds", "write_seconds", "checks_seconds")}}

@@ -26,6 +26,7 @@ from aotpipe.artifact.writer import join_parts
 from aotpipe.errors import ArtifactError
 from aotpipe.executors.process import rss_bytes
 from aotpipe.incremental import model_fingerprint
+from aotpipe import job as job_module
 from aotpipe.job import _attempt, _Job, beside_kinds, run_model
 from aotpipe.modes import capture_mode
 from aotpipe.results import ModelResult
@@ -35,9 +36,10 @@ KINDS = ["inference", "forward", "backward", "joint"]
 TIMINGS = {"total_seconds", "capture_seconds", "passes_seconds", "write_seconds", "checks_seconds", "traceback"}
 
 
-def _spec(mode: str = "meta", graphs: list[str] = KINDS) -> ModelSpec:
+def _spec(mode: str = "meta", graphs: list[str] = KINDS, blocks: int = 0) -> ModelSpec:
     return ModelSpec.model_validate(dict(
-        name="rec", source="tests.helpers.beside_models:recorder", args={}, config=None, mode=mode, graphs=graphs, passes=[],
+        name="rec", source="tests.helpers.beside_models:recorder", args={"blocks": blocks} if blocks else {},
+        config=None, mode=mode, graphs=graphs, passes=[],
         inputs=[{"name": "ids", "shape": [2, 6], "dtype": "int64", "high": 50}], save_inputs=False, verify=False,
         loss="sum", seed=0))
 
@@ -135,6 +137,22 @@ def test_when_a_job_captures_beside(case, expected):
         torch.set_num_threads(was)
 
 
+BIG = job_module.BESIDE_MIN_MODULES  # as blocks: a model with more modules than the threshold
+
+
+def test_by_default_a_small_model_stays_in_one_process_and_a_large_one_splits(tmp_path, env):
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        # Recorder is 6 modules (itself, 4 layers, the block list) and its blocks
+        small = run_model(_spec(blocks=BIG - 7), tmp_path / "small")  # one module short of the threshold
+        assert small.status == "ok" and _pids(env) == {os.getpid()}
+        large = run_model(_spec(blocks=BIG - 6), tmp_path / "large")  # at it
+        assert large.status == "ok" and len(_pids(env)) == 2
+    finally:
+        torch.set_num_threads(was)
+
+
 @pytest.fixture
 def parts(tmp_path, env):
     """Two parts of one artefact: rec with the inference graph, and with the training graphs."""
@@ -210,7 +228,7 @@ def test_a_worker_of_the_process_executor_captures_beside_and_its_limit_covers_b
     from tests.executors import tasks
 
     done = {}
-    tasks_ = [Task("rec", functools.partial(run_model, _spec(), tmp_path / "out"), Resources()),
+    tasks_ = [Task("rec", functools.partial(run_model, _spec(blocks=BIG), tmp_path / "out"), Resources()),
               Task("hog", tasks.child_hogs_memory, Resources(memory_gb=0.5))]
     ProcessExecutor(workers=1, threads=2).run(tasks_, on_start=lambda i: None,
                                               on_done=lambda i, o: done.__setitem__(i, o))

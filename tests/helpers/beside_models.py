@@ -17,7 +17,7 @@ from torch import nn
 
 
 class Recorder(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, blocks: int = 0) -> None:
         super().__init__()
         path = os.environ.get("AOTPIPE_TEST_PIDS")
         if path:
@@ -37,13 +37,16 @@ class Recorder(nn.Module):
         # capture notes its own
         self.register_buffer("eval_scale", torch.full((16,), 0.5), persistent=False)
         self.register_buffer("train_scale", torch.full((16,), 2.0), persistent=False)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(blocks))  # a model of that many more modules
 
     def forward(self, ids):
         if not self.training and os.environ.get("AOTPIPE_TEST_EVAL_FAILS"):
             raise ValueError("this model refuses eval mode, on purpose")
         x = self.norm(self.lin(self.emb(ids))).relu()
+        for block in self.blocks:
+            x = block(x)
         return self.head(x * (self.train_scale if self.training else self.eval_scale))
 
 
-def recorder() -> Recorder:
-    return Recorder()
+def recorder(blocks: int = 0) -> Recorder:
+    return Recorder(blocks)
