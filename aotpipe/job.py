@@ -460,6 +460,7 @@ def _run(job: _Job) -> None:
         why = _LOST_BACKWARD.format(names=", ".join(lost))
         job.mode = capture_mode("dynamo")
         job.inputs, job.pass_problems, job.diagnose, job.eager, job.checks = None, [], {}, None, None
+        job.model = None  # built afresh, as dynamo's mode builds it
         result.status, result.stage, result.error = "failed", None, None
         try:
             _run_stages(job, fallback=why)

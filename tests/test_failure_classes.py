@@ -423,8 +423,12 @@ class CustomBackward(torch.nn.Module):
         return self.fn.apply(self.fc(x)).sum(1)
 
 
+BUILT: list[CustomBackward] = []  # every model custom_backward built, in order
+
+
 def custom_backward(exact: bool = False):
-    return CustomBackward(exact)
+    BUILT.append(CustomBackward(exact))
+    return BUILT[-1]
 
 
 _CUSTOM = "tests.test_failure_classes:custom_backward"
@@ -450,6 +454,15 @@ def test_a_custom_backward_export_drops_fails_export_naming_the_function_and_aut
     assert "aten.cos" not in backward and "aten.mul" in backward  # the Function's own 2 * x
     # A Function whose backward is its forward's derivative: export's graphs pass, export is kept.
     assert exact.status == "ok" and load(tmp_path / "out" / "classes" / "exact").manifest.capture.mode == "export"
+
+
+def test_auto_captures_with_dynamo_a_model_built_afresh(tmp_path):
+    # export's checks ran the model (eager runs in train mode change what a model holds):
+    # dynamo's capture starts from a model as the source builds it, not the one export used.
+    BUILT.clear()
+    models, _ = _run(tmp_path, f"  - {{name: auto, source: '{_CUSTOM}', mode: auto, inputs: [{{shape: [4, 8]}}]}}\n")
+    assert models["auto"].status == "ok", models["auto"].error
+    assert len(BUILT) == 2 and BUILT[0] is not BUILT[1]
 
 
 def test_without_the_custom_backward_finding_auto_keeps_export_and_fails(tmp_path, monkeypatch):
