@@ -7,12 +7,13 @@ files fsynced, then renamed into place, so a folder under its final name is comp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 import torch.fx
@@ -273,18 +274,8 @@ def write_model(
     and the manifest. `sign`, if given, is called on the finished folder before it is
     renamed into place (signature.json goes in with the rest, atomically).
     """
-    out_dir = Path(out_dir)
-    name = captured.model
-    final = out_dir / name
-    tmp = out_dir / f"{TMP_PREFIX}{name}-{os.getpid()}"
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    except OSError as e:
-        raise OutputError(describe_os_error(e, e.filename or tmp)) from None
-    try:
+    final = Path(out_dir) / captured.model
+    with _staged(final) as tmp:
         header = dict(
             format_version=FORMAT_VERSION,
             fingerprint=fingerprint,
@@ -303,6 +294,24 @@ def write_model(
         _finish(tmp, captured, written, graphs_record, records, outcome, header, pass_failures or [])
         if sign is not None:
             sign(tmp)
+    written.path = final
+    return written
+
+
+@contextlib.contextmanager
+def _staged(final: Path) -> Iterator[Path]:
+    """A temporary folder beside `final` to write it in, renamed into place (replacing what
+    is there) when the block ends, removed if it raises. OSErrors are OutputErrors."""
+    tmp = final.parent / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as e:
+        raise OutputError(describe_os_error(e, e.filename or tmp)) from None
+    try:
+        yield tmp
         _into_place(tmp, final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -310,8 +319,6 @@ def write_model(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    written.path = final
-    return written
 
 
 # What every part of one artefact must agree on to be joined (the rest is each part's graphs).
@@ -370,46 +377,24 @@ def join_parts(parts: list[Path], out_dir: Path, name: str, *,
         checks = fmt.CheckTotals(**{
             f: None if all(getattr(t, f) is None for t in totals) else sum(getattr(t, f) or 0 for t in totals)
             for f in fmt.CheckTotals.model_fields})
-    final = out_dir / name
-    tmp = out_dir / f"{TMP_PREFIX}{name}-{os.getpid()}"
-    try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+    written = WrittenArtifact(path=out_dir / name)
+    with _staged(out_dir / name) as tmp:
         for p, m in zip(parts, manifests):
             for entry in m.graphs.values():
                 os.rename(p / entry.folder, tmp / entry.folder)
+                _fsync_dir(tmp / entry.folder)
             if (p / BLOB_DIR).is_dir():
                 (tmp / BLOB_DIR).mkdir(exist_ok=True)
                 for blob in (p / BLOB_DIR).iterdir():  # content-addressed: a name in both parts is one blob
                     os.replace(blob, tmp / BLOB_DIR / blob.name)
-        files = {q.relative_to(tmp).as_posix(): file_sha256(q)
-                 for q in sorted(tmp.rglob("*")) if q.is_file() and q.name != MANIFEST}
         capture = first.capture.model_copy(update={"notes": joined_notes,
                                                    **({"trusted_ops": trusted} if trusted else {})})
-        sealed = _sealed(**{f: getattr(first, f) for f in _SHARED_FIELDS}, capture=capture, graphs=graphs,
-                         partition=partition, pass_failures=[f for m in manifests for f in m.pass_failures],
-                         verification=verification or None, files=files,
-                         **({"checks": checks} if checks is not None else {}))
-        fmt.parse(fmt.Manifest, json.loads(sealed), tmp / MANIFEST)  # what readers will check
-        _write(tmp / MANIFEST, sealed)
-        if (tmp / BLOB_DIR).exists():
-            _fsync_dir(tmp / BLOB_DIR)
-        for entry in graphs.values():
-            _fsync_dir(tmp / entry.folder)
-        written = WrittenArtifact(path=final)  # counted before signing, as write_model counts
+        _seal(tmp, written, **{f: getattr(first, f) for f in _SHARED_FIELDS}, capture=capture, graphs=graphs,
+              partition=partition, pass_failures=[f for m in manifests for f in m.pass_failures],
+              verification=verification or None, **({"checks": checks} if checks is not None else {}))
         written.graphs = [WrittenGraph(key, e.folder, e.nodes, e.inputs, e.outputs) for key, e in graphs.items()]
-        written.bytes = sum(q.stat().st_size for q in tmp.rglob("*") if q.is_file())
-        written.files = sum(1 for q in tmp.rglob("*") if q.is_file())
-        if sign is not None:
+        if sign is not None:  # after counting, as write_model counts
             sign(tmp)
-        _into_place(tmp, final)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise OutputError(describe_os_error(e, e.filename or final)) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return written
 
 
@@ -586,19 +571,16 @@ def _finish(
         _fsync_dir(d)
     verification.update(outcome.verification)
     _remove_unused_blobs(root, records)
-    files = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            files[p.relative_to(root).as_posix()] = file_sha256(p)
-    sealed = _sealed(
-        **header,
-        graphs=graphs_record,
-        partition=captured.contract,
-        pass_failures=pass_failures,
-        verification=verification or None,
-        files=files,
-        **({"checks": outcome.checks} if outcome.checks is not None else {}),
-    )
+    _seal(root, written, **header, graphs=graphs_record, partition=captured.contract, pass_failures=pass_failures,
+          verification=verification or None, **({"checks": outcome.checks} if outcome.checks is not None else {}))
+
+
+def _seal(root: Path, written: WrittenArtifact, **fields: Any) -> None:
+    """The final manifest.json of the folder `root`: `fields` and every other file's sha256,
+    sealed, checked as readers will check it; `written` gets the folder's size."""
+    files = {p.relative_to(root).as_posix(): file_sha256(p)
+             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    sealed = _sealed(**fields, files=files)
     fmt.parse(fmt.Manifest, json.loads(sealed), root / MANIFEST)  # what readers will check
     _write(root / MANIFEST, sealed)
     if (root / BLOB_DIR).exists():
