@@ -179,3 +179,173 @@ def test_quickstart_in_shards_through_the_cli_merges_to_the_quickstart_run(quick
     r = CliRunner().invoke(main, ["merge", *map(str, outs), "-o", str(tmp_path / "all")])
     assert r.exit_code == 0, r.output
     assert structure(tmp_path / "all" / "quickstart" / "run.json") == structure(whole / "run.json")
+
+
+# ---------------------------------------------------------------------------------------
+# Hostile shards: names that are paths, links out of the shard. Each plants the attack, then
+# checks the one-line refusal names the field or path, that a victim folder beside -o is
+# byte for byte as it was, and that what -o held before is still there.
+
+
+def _snapshot(root):
+    """Every path under `root` (links not followed) with its kind and bytes."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = ("link", str(p.readlink()))
+        elif p.is_dir():
+            out[rel] = ("dir", None)
+        else:
+            out[rel] = ("file", p.read_bytes())
+    return out
+
+
+@pytest.fixture
+def hostile(small_runs, tmp_path):
+    """Copies of the two shards (tmp/a/s1/small, tmp/a/s2/small), an output folder tmp/a/out that
+    already holds an earlier merge's file, and a victim folder tmp/victim laid out like a merged
+    tree (folders named like the models, run.json, report.md, report.html)."""
+    _, _, shards = small_runs
+    copies = [tmp_path / "a" / f"s{i}" / "small" for i in (1, 2)]
+    for src, dst in zip(shards[2], copies):
+        shutil.copytree(src, dst)
+    out = tmp_path / "a" / "out"
+    (out / "small").mkdir(parents=True)
+    (out / "small" / "kept.txt").write_text("an earlier merge's file")
+    victim = tmp_path / "victim"
+    for name in ("a", "b", "c", "d"):
+        (victim / name).mkdir(parents=True)
+        (victim / name / "secret.txt").write_text(f"{name}'s secret")
+    for name in ("run.json", "report.md", "report.html"):
+        (victim / name).write_text(f"the victim's {name}")
+    before = (_snapshot(victim), _snapshot(out))
+
+    class Planted:
+        pass
+
+    h = Planted()
+    h.copies, h.out, h.victim, h.victim_before = copies, out, victim, before[0]
+
+    def edit_run_json(i, change):
+        path = copies[i] / "run.json"
+        rec = json.loads(path.read_text())
+        change(rec)
+        path.write_text(json.dumps(rec))
+
+    def merge(*extra):
+        return CliRunner().invoke(main, ["merge", *(str(c.parent) for c in copies), "-o", str(out), *extra])
+
+    def unharmed():
+        assert (_snapshot(victim), _snapshot(out)) == before
+
+    def model_in(i):
+        """A model shard i ran whose folder is there (ok)."""
+        rec = json.loads((copies[i] / "run.json").read_text())
+        return next(m["name"] for m in rec["models"] if (copies[i] / m["name"]).is_dir())
+
+    h.edit_run_json, h.merge, h.unharmed, h.model_in = edit_run_json, merge, unharmed, model_in
+    return h
+
+
+def _one_line_error(r):
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    assert r.output.startswith("error: ")
+    return r.output
+
+
+def test_a_pipeline_name_that_climbs_out_of_the_output_folder_is_refused(hostile):
+    for i in (0, 1):
+        hostile.edit_run_json(i, lambda rec: rec.update(pipeline="../../victim"))
+    out = _one_line_error(hostile.merge())
+    assert "pipeline: '../../victim' is not a name" in out, out
+    hostile.unharmed()
+    # Checking alone (no -o) refuses it too: it is not a run aotpipe wrote.
+    r = CliRunner().invoke(main, ["merge", *(str(c.parent) for c in hostile.copies)])
+    assert "pipeline: '../../victim' is not a name" in _one_line_error(r)
+
+
+@pytest.mark.parametrize("bad", ["../../victim/a", "x/a", "..", "", "a\x00b", "a\x1b[31m", "a\n"],
+                         ids=["climbs", "separator", "dotdot", "empty", "nul", "escape", "newline"])
+def test_a_model_name_that_is_not_a_name_is_refused(hostile, bad):
+    def rename(rec):
+        rec["models"][0]["name"] = bad
+
+    hostile.edit_run_json(0, rename)
+    out = _one_line_error(hostile.merge())
+    assert "models[0].name: " in out and "is not a name" in out, out
+    hostile.unharmed()
+
+
+def test_a_symlinked_model_folder_is_refused(hostile):
+    name = hostile.model_in(0)
+    folder = hostile.copies[0] / name
+    shutil.rmtree(folder)
+    folder.symlink_to(hostile.victim / name, target_is_directory=True)
+    out = _one_line_error(hostile.merge())
+    assert f"{folder}: a symbolic link" in out, out
+    hostile.unharmed()
+
+
+def test_a_symlinked_file_inside_a_model_folder_is_refused(hostile):
+    name = hostile.model_in(1)
+    planted = hostile.copies[1] / name / "manifest.json"
+    planted.unlink()
+    planted.symlink_to(hostile.victim / name / "secret.txt")
+    out = _one_line_error(hostile.merge())
+    assert f"{planted}: a symbolic link" in out, out
+    hostile.unharmed()
+
+
+def test_a_symlink_to_a_folder_outside_inside_a_model_folder_is_refused(hostile):
+    name = hostile.model_in(0)
+    planted = hostile.copies[0] / name / "outside"
+    planted.symlink_to(hostile.victim, target_is_directory=True)
+    out = _one_line_error(hostile.merge())
+    assert f"{planted}: a symbolic link" in out, out
+    hostile.unharmed()
+
+
+def test_a_symlinked_run_json_is_refused(hostile):
+    planted = hostile.copies[1] / "run.json"
+    (hostile.victim / "run.json").write_text(planted.read_text())
+    planted.unlink()
+    planted.symlink_to(hostile.victim / "run.json")
+    out = _one_line_error(hostile.merge())
+    assert f"{planted}: a symbolic link" in out, out
+    assert (hostile.victim / "run.json").read_text().startswith("{")
+
+
+def test_a_fifo_in_a_model_folder_is_refused_not_read(hostile):
+    import os
+
+    name = hostile.model_in(0)
+    planted = hostile.copies[0] / name / "pipe"
+    os.mkfifo(planted)
+    out = _one_line_error(hostile.merge())
+    assert f"{planted}: not a regular file or folder" in out, out
+    hostile.unharmed()
+
+
+def test_a_model_folder_in_the_output_that_is_a_link_out_is_not_followed(hostile):
+    """-o holding a link where a model's folder goes (a shard's own folder used as -o): the merge
+    refuses rather than remove or write through it."""
+    name = hostile.model_in(1)
+    planted = hostile.out / "small" / name
+    planted.symlink_to(hostile.victim / name, target_is_directory=True)
+    before = _snapshot(hostile.victim)
+    out = _one_line_error(hostile.merge())
+    assert f"{planted}: a symbolic link" in out, out
+    assert _snapshot(hostile.victim) == before and planted.is_symlink()
+
+
+def test_an_honest_merge_into_an_output_folder_keeps_what_was_there(hostile):
+    r = hostile.merge()
+    assert r.exit_code == 1, r.output  # broken failed, as in the whole run
+    merged = hostile.out / "small"
+    assert sorted(p.name for p in merged.iterdir() if p.is_dir()) == ["a", "b", "c", "d"]
+    assert (merged / "kept.txt").read_text() == "an earlier merge's file"
+    assert _snapshot(hostile.victim) == hostile.victim_before
