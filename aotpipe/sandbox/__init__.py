@@ -4,21 +4,22 @@ A graph.json names ATen ops and their arguments; many kernels trust their argume
 hostile graph can crash or corrupt the process that runs it. Such graphs therefore run in
 a worker that aotpipe starts under bubblewrap (``bwrap``, Debian package ``bubblewrap``):
 
-- the whole filesystem read-only, but for a fresh scratch folder (also ``TMPDIR`` and
-  ``HOME``); a new /dev and /proc; no network (its own network namespace, loopback only);
-  its own pid, IPC and UTS namespaces; every capability dropped, no new privileges; killed
-  when the caller dies;
-- resource limits set by the worker before it imports torch or reads a byte of the
-  artefact: memory (``RLIMIT_DATA`` and ``RLIMIT_AS``, from the byte limit ``--max-bytes``),
-  CPU time (``RLIMIT_CPU``), file size (``RLIMIT_FSIZE``), no core dumps; and a wall-clock
-  limit kept by the caller;
-- results come back as JSON in the scratch folder (never a pickle), parsed as untrusted data.
+- an empty root: only the system's libraries (/usr), the interpreter and its packages, and
+  the artefact are bound, read-only; a fresh scratch folder (also ``TMPDIR`` and ``HOME``)
+  is the one writable place; a new /dev and /proc, the kernel settings under /proc read-only;
+  no network, its own pid, IPC, UTS and cgroup namespaces; killed when the caller dies;
+- an unprivileged uid (65534) with no capabilities and no new privileges, even for a root
+  caller; an environment built from nothing (no variable of the caller's);
+- a seccomp filter (``pyseccomp`` over libseccomp): one process and its threads, no new
+  namespaces, mounts, tracing, kernel loading, ``io_uring`` or non-Unix sockets;
+- a cgroup where one can be made (memory and tasks for the whole sandbox), and resource
+  limits set by the worker before it imports torch or reads a byte of the artefact: memory
+  (``RLIMIT_DATA``, ``RLIMIT_AS``, from ``--max-bytes``), CPU time, file size, no core dumps;
+  a wall-clock limit kept by the caller;
+- results come back as JSON in the scratch folder (never a pickle), bounded in bytes and in
+  values before they are parsed, and read as untrusted data.
 
-Why bubblewrap alone (no Landlock, no seccomp): it is a packaged, maintained tool with no
-Python dependency, works as root and (with user namespaces) as any user, and its mount and
-network namespaces already give the read-only filesystem and the missing network; Landlock
-would repeat the filesystem rule through a young binding, and a seccomp filter needs
-libseccomp's bindings (not on PyPI) for a layer the namespaces already give.
+docs/security.md says why each of these is there and what holds where one is missing.
 
 A crash is reported as one line naming the node that was running (the worker writes the
 node it is about to run into a small memory-mapped file in its scratch folder), and the

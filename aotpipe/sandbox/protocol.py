@@ -28,7 +28,7 @@ class SandboxRequest:
     protocol: Literal[1]
     task: str
     args: Any  # the task's own JSON arguments
-    limits: dict[str, Union[int, float]]  # launch.SandboxLimits' fields: rlimits set before torch loads
+    limits: dict[str, Union[int, float, None]]  # launch.SandboxLimits' fields: rlimits set before torch loads
     byte_limits: dict[str, Any] = field(default_factory=dict)  # format.limits.Limits' fields in force
 
 

@@ -46,6 +46,8 @@ def set_limits(limits: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5 if hard == resource.RLIM_INFINITY else min(cpu + 5, hard)))
     cap(resource.RLIMIT_FSIZE, limits["file_bytes"])
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if limits.get("nproc"):
+        cap(resource.RLIMIT_NPROC, limits["tasks"])
 
 
 class Worker:

@@ -30,7 +30,7 @@ def escape(args: dict[str, Any], worker: Any) -> dict[str, Any]:
             s.sendall(b"escaped")
         out["connect"] = "connected"
     except OSError as e:
-        out["connect"] = type(e).__name__
+        out["connect"] = errno.errorcode.get(e.errno, type(e).__name__) if e.errno else type(e).__name__
     import torch
 
     try:
@@ -78,3 +78,58 @@ def exhaust_memory(args: dict[str, Any], worker: Any) -> str:
     """Ask Python for more memory than the sandbox allows."""
     worker.mark("while allocating too much")
     return str(len(bytearray(args["bytes"])))
+
+
+def _errno(action: Any) -> str:
+    try:
+        action()
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__
+    return "done"
+
+
+def taken_over(args: dict[str, Any], worker: Any) -> dict[str, Any]:
+    """What a graph that has taken its worker over could reach: kernel settings, the caller's
+    secrets (files, variables, sockets), new processes and namespaces, its own privileges.
+    Writes nothing it could reach: a setting is probed by opening it for appending, never written."""
+    import subprocess
+
+    out: dict[str, Any] = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups()}
+    status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+    for k in ("CapEff", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
+        out[k] = status.get(k, "").strip()
+    for setting in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/panic", "/proc/sys/vm/drop_caches",
+                    "/proc/sysrq-trigger"):
+        out[setting] = _errno(lambda: open(setting, "a").close())
+    for secret in args["secrets"]:
+        out[secret] = _errno(lambda: open(secret, "rb").close())
+    out["environ"] = sorted(os.environ)
+    for i, path in enumerate(args["sockets"]):
+        def connect(path: str = path) -> None:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(path)
+        out[f"socket_{i}"] = _errno(connect)
+    out["fork"] = _errno(lambda: os._exit(0) if os.fork() == 0 else None)
+    out["subprocess"] = _errno(lambda: subprocess.run(["/bin/true"], check=False))
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def unshare_user() -> None:
+        if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
+            raise OSError(ctypes.get_errno(), "unshare")
+    out["unshare"] = _errno(unshare_user)
+    out["root_entries"] = sorted(os.listdir("/"))
+    return out
+
+
+def big_answer(args: dict[str, Any], worker: Any) -> list[int]:
+    """An answer of many small JSON values (what would cost the caller far more to parse)."""
+    return [0] * args["values"]
+
+
+def touch_memory(args: dict[str, Any], worker: Any) -> str:
+    """Write one byte in every page of `bytes` bytes (resident, unlike a zeroed allocation)."""
+    worker.mark("while touching memory")
+    block = bytearray(args["bytes"])
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    return "touched"

@@ -110,7 +110,7 @@ def test_the_worker_cannot_write_outside_its_scratch_folder(escape_attempt):
 
 def test_the_worker_has_no_network(escape_attempt):
     out, _, _ = escape_attempt
-    assert out["connect"] == "ConnectionRefusedError", out
+    assert out["connect"] in ("EAFNOSUPPORT", "ECONNREFUSED"), out  # no such socket (seccomp), or no route
 
 
 def test_the_memory_limit_is_set_before_torch_and_enforced(escape_attempt):

@@ -1,0 +1,178 @@
+"""A sandbox that assumes the worker is taken over (issue 36, round three): one worker runs
+tests.sandbox.probes:taken_over, which tries what a hostile graph in control of the worker
+would, and each test checks that one door is shut. Nothing on the host is changed: kernel
+settings are probed by opening them for appending, secrets and sockets are fakes made here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from aotpipe.errors import SandboxError
+from aotpipe.sandbox import launch
+from aotpipe.sandbox.launch import NOBODY, SandboxLimits, run_task
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                 reason="bubblewrap is not installed (.ci/run installs it)")
+
+SECRET_VARIABLES = {"AOTPIPE_SIGNING_KEY": "planted-signing-key", "GITHUB_TOKEN": "planted-token",
+                    "AWS_SECRET_ACCESS_KEY": "planted-aws"}
+
+
+@pytest.fixture(scope="module")
+def taken_over(tmp_path_factory):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (.ci/run installs it)")
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ssh").mkdir()
+    key = home / ".ssh" / "id_ed25519"
+    key.write_text("planted private key")
+    key.chmod(0o600)
+    world = home / "world-readable-secret.txt"  # even a file anyone may read is not there
+    world.write_text("planted")
+    world.chmod(0o644)
+    path_socket = str(home / "agent.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path_socket)
+    listener.listen(1)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind("\0aotpipe-test-abstract-socket")
+    abstract.listen(1)
+    saved = {k: os.environ.get(k) for k in SECRET_VARIABLES}
+    os.environ.update(SECRET_VARIABLES)
+    try:
+        out = run_task("tests.sandbox.probes:taken_over",
+                       {"secrets": [str(key), str(world), "/etc/shadow", "/etc/passwd", "/root/.bash_history"],
+                        "sockets": [path_socket, "\0aotpipe-test-abstract-socket"]})
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        listener.close()
+        abstract.close()
+    return out, key, world, path_socket
+
+
+def test_kernel_settings_are_not_writable_from_the_sandbox(taken_over):
+    out, *_ = taken_over
+    for setting in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/panic", "/proc/sys/vm/drop_caches",
+                    "/proc/sysrq-trigger"):
+        assert out[setting] in ("EACCES", "EROFS", "ENOENT", "EPERM"), (setting, out[setting])
+
+
+def test_the_worker_runs_unprivileged_with_no_capabilities(taken_over):
+    out, *_ = taken_over
+    assert (out["uid"], out["euid"], out["gid"]) == (NOBODY, NOBODY, NOBODY), out
+    assert out["CapEff"] == out["CapPrm"] == out["CapAmb"] == "0000000000000000", out
+    assert out["NoNewPrivs"] == "1"
+
+
+def test_no_secret_file_of_the_host_is_there(taken_over):
+    out, key, world, _ = taken_over
+    for secret in (str(key), str(world), "/etc/shadow", "/etc/passwd", "/root/.bash_history"):
+        assert out[secret] == "ENOENT", (secret, out[secret])
+    # an empty root: the system's libraries and what the interpreter needs, nothing else
+    assert set(out["root_entries"]) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev",
+                                        "proc", "tmp", "root", "home", "opt", "work", "srv", "var"}, out["root_entries"]
+
+
+def test_no_variable_of_the_callers_environment_crosses(taken_over):
+    out, *_ = taken_over
+    assert not set(SECRET_VARIABLES) & set(out["environ"]), out["environ"]
+    allowed = {"PATH", "HOME", "TMPDIR", "USER", "LOGNAME", "LANG", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
+               "PYTHONNOUSERSITE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "LC_CTYPE", "PWD",
+               *launch.PASSED_VARIABLES}
+    assert set(out["environ"]) <= allowed, set(out["environ"]) - allowed
+
+
+def test_no_socket_of_the_host_is_reachable(taken_over):
+    out, *_ = taken_over
+    assert out["socket_0"] == "ENOENT", out  # a path-bound socket: its folder is not there
+    assert out["socket_1"] == "ECONNREFUSED", out  # an abstract one: another network namespace
+
+
+def test_the_worker_cannot_start_processes_or_namespaces(taken_over):
+    out, *_ = taken_over
+    if out["Seccomp"] != "2":
+        pytest.skip(f"no seccomp filter here ({launch.confinement()[2]})")
+    assert out["fork"] == "EPERM" and out["subprocess"] == "EPERM", out
+    assert out["unshare"] == "EPERM", out
+
+
+@needs_bwrap
+def test_an_oversized_answer_is_refused_before_it_is_parsed(monkeypatch):
+    # just inside the bound: an answer of that many values is read
+    monkeypatch.setattr(launch, "MAX_RESULT_VALUES", 20_000)
+    assert run_task("tests.sandbox.probes:big_answer", {"values": 10_000}) == [0] * 10_000
+    # just outside: no result, whatever the worker said
+    with pytest.raises(SandboxError) as e:
+        run_task("tests.sandbox.probes:big_answer", {"values": 20_001})
+    assert str(e.value).startswith("the sandboxed worker stopped without a result"), e.value
+
+
+def test_the_value_count_is_checked_before_json_parses(tmp_path, monkeypatch):
+    called = []
+    monkeypatch.setattr(launch.json, "loads", lambda data: called.append(1))
+    (tmp_path / "result.json").write_bytes(b"[" + b"0," * (launch.MAX_RESULT_VALUES + 1) + b"0]")
+    assert launch._read_result(tmp_path) is None and not called
+
+
+def test_a_read_path_nobody_may_read_is_bound_as_a_readable_copy(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the worker drops to uid 65534 only for a root caller")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "graph.json").write_text("{}")
+    (private / "graph.json").chmod(0o600)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    plan = launch.plan_sandbox(tmp_path / "scratch", [private], "replay", stage)
+    copy = plan.copies[private.resolve()]
+    assert copy.parent == stage and (copy / "graph.json").read_text() == "{}"
+    assert launch._readable_by_others(copy)
+    argv = launch.sandbox_argv("bwrap", plan)
+    assert argv[argv.index(str(copy)) + 1] == str(private.resolve())
+    # a readable one is bound as it is
+    public = tmp_path / "public"
+    public.mkdir(mode=0o755)
+    assert public.resolve() not in launch.plan_sandbox(tmp_path / "scratch", [public], "replay", stage).copies
+
+
+def test_the_command_line_builds_an_empty_root_and_drops_root(tmp_path):
+    plan = launch.plan_sandbox(tmp_path, [], "replay", None)
+    argv = launch.sandbox_argv("bwrap", plan)
+    assert argv[1:3] == ["--tmpfs", "/"]
+    assert ["--ro-bind", "/", "/"] not in [argv[i:i + 3] for i in range(len(argv))]
+    assert "--ro-bind-try" in argv and "/proc/sys" in argv
+    if os.geteuid() == 0:
+        assert "--unshare-user" not in argv and f"--reuid={NOBODY}" in argv and "--bounding-set=-all" in argv
+    else:
+        assert "--unshare-user" in argv and "--disable-userns" in argv
+
+
+@needs_bwrap
+def test_the_sandbox_is_bounded_as_a_whole_where_a_cgroup_can_be_made():
+    from aotpipe.sandbox.confine import make_cgroup
+
+    cg = make_cgroup(1 << 30, 64)
+    try:
+        if not cg.procs:
+            pytest.skip("no cgroup can be made here")
+        assert cg.described.startswith("a cgroup")
+    finally:
+        cg.remove()
+    assert all(not f.exists() for f in cg.folders)
+    # The worker lives in it: a task that touches more memory than the cgroup allows (its
+    # rlimits far above) is killed by the kernel, and that is reported as memory.
+    limits = SandboxLimits(memory_bytes=16 << 30, address_space_bytes=32 << 30, cgroup_bytes=1536 << 20)
+    assert run_task("tests.sandbox.probes:touch_memory", {"bytes": 512 << 20}, limits=limits) == "touched"
+    with pytest.raises(SandboxError) as e:
+        run_task("tests.sandbox.probes:touch_memory", {"bytes": 3 << 30}, limits=limits)
+    assert e.value.kind == "memory" and "ran out of the sandbox's memory (1.6 GB in all" in str(e.value), e.value
