@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from aotpipe.errors import AotpipeError
+from aotpipe.errors import AotpipeError, printable
 from aotpipe.tree import ModelView, iter_tree, model_folders, node_signature
 from aotpipe.graph_keys import parse_graph_key
 
@@ -328,12 +328,16 @@ def to_json(t: OpsTable) -> dict[str, Any]:
 
 
 def to_csv(t: OpsTable) -> str:
+    """The op table as CSV for a terminal or a file: every cell escaped as the text table's lines
+    are (printable, names=True), so an op or model name from a graph.json holding an escape
+    sequence or a newline cannot rewrite the terminal or add a row."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["op", "count", "models", "graph_kinds", "signatures", "supported", "how"])
     for r in t.ops:
-        w.writerow([r.op, r.count, " ".join(sorted(r.models)), " ".join(sorted(r.kinds)), _sigs(r),
-                    "" if r.supported is None else ("yes" if r.supported else "no"), r.how or ""])
+        w.writerow([printable(str(cell), names=True) for cell in
+                    (r.op, r.count, " ".join(sorted(r.models)), " ".join(sorted(r.kinds)), _sigs(r),
+                     "" if r.supported is None else ("yes" if r.supported else "no"), r.how or "")])
     return buf.getvalue()
 
 

@@ -116,6 +116,17 @@ def test_a_hostile_tree_is_listed_without_running_anything(tree, tmp_path):
     assert not marker.exists()
 
 
+def test_csv_escapes_an_op_name_s_terminal_escape_and_newline_as_the_text_table_does(tree):
+    _plant(tree, graph="backward", target="aten.\x1b[31mred\nline.default")
+    # color=True: click strips escape sequences itself only when stdout is not a terminal
+    r = CliRunner().invoke(main, ["ops", str(tree), "--csv"], color=True)
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "\r" not in r.output
+    rows = list(csv.DictReader(io.StringIO(r.output)))
+    assert "aten.\\x1b[31mred\\nline.default" in {row["op"] for row in rows}
+    assert len(r.output.splitlines()) == len(rows) + 1  # the newline did not add a line either
+
+
 def test_an_unreadable_graph_is_named_and_the_rest_still_listed(tree):
     (tree / "small_cnn" / "small_cnn_joint_0" / "graph.json").write_text("{not json")
     r = cli("ops", tree)
