@@ -255,6 +255,38 @@ def _batch_norm_stats(*names: str) -> Callable[[dict[str, Any]], Optional[str]]:
     return check
 
 
+def _flash_attention_cpu(a: dict[str, Any]) -> Optional[str]:
+    """_scaled_dot_product_flash_attention_for_cpu: its kernel checks only ranks, head sizes
+    and the mask, then walks key and value with query's batch and heads (a key head per group
+    of query heads) and value's positions, and reads each head's vector as dense, trusting what
+    SDPA's CPU dispatch (use_flash_attention_cpp) checked before it chose this kernel: one
+    batch size, key and value heads that group query's, key and value positions alike and none
+    empty (it divides by them), last dimensions of stride 1. Its fake kernel checks none of it.
+    (The mask it views and expands to the attention's shape itself, walking it by strides.)"""
+    q, k, v = a["query"], a["key"], a["value"]
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+        return "query, key and value are not 4-d tensors [batch, heads, positions, head size]"
+    if not q.dtype == k.dtype == v.dtype:
+        return f"query, key and value have dtypes {q.dtype}, {k.dtype} and {v.dtype} where the kernel needs one"
+    if not q.shape[0] == k.shape[0] == v.shape[0]:
+        return (f"query, key and value have batch sizes {q.shape[0]}, {k.shape[0]}, {v.shape[0]} where the kernel "
+                "needs one")
+    if k.shape[1] != v.shape[1] or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        return (f"key and value have {k.shape[1]} and {v.shape[1]} heads for query's {q.shape[1]} (the kernel needs "
+                "one number, dividing query's)")
+    if k.shape[2] != v.shape[2] or 0 in (q.shape[2], k.shape[2]):
+        return (f"query, key and value have {q.shape[2]}, {k.shape[2]} and {v.shape[2]} positions (the kernel needs "
+                "at least one, and as many in key as in value)")
+    if not q.shape[3] == k.shape[3] == v.shape[3]:
+        return (f"query, key and value have head sizes {q.shape[3]}, {k.shape[3]} and {v.shape[3]} where the kernel "
+                "needs one")
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.shape[3] > 1 and t.stride(3) != 1:
+            return (f"{name}'s last dimension ({t.shape[3]} elements) has stride {t.stride(3)} where the kernel "
+                    "reads it densely (stride 1)")
+    return None
+
+
 def _group_norm_geometry(a: dict[str, Any]) -> Optional[str]:
     x, n, c, hxw, group = a["input"], a["N"], a["C"], a["HxW"], a["group"]
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
@@ -449,6 +481,10 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
         _batch_norm_stats("weight", "bias", "running_mean", "running_var"),
     aten._native_batch_norm_legit_no_training.default:
         _batch_norm_stats("weight", "bias", "running_mean", "running_var"),
+    aten._batch_norm_with_update_functional.default:
+        _batch_norm_stats("weight", "bias", "running_mean", "running_var"),
+    aten._batch_norm_no_update.default: _batch_norm_stats("weight", "bias", "running_mean", "running_var"),
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
     aten.native_batch_norm_backward.default:
         _batch_norm_stats("weight", "running_mean", "running_var", "save_mean", "save_invstd"),
     aten.batch_norm_backward.default:

@@ -108,6 +108,43 @@ HOSTILE = {
     "batch norm forward, short running stats": (
         aten._native_batch_norm_legit_functional.default, (_r(2, 3, 4), _r(3), _r(3), _r(1), _r(3), True, 0.1, 1e-5),
         "running_mean has 1 elements where the input needs 3"),
+    # the red team's: export's batch norms, whose CPU kernels read (and the first writes) as many
+    # statistics as the input has channels
+    "batch norm with update, short running stats": (
+        aten._batch_norm_with_update_functional.default, (_r(2, 3, 4), _r(3), _r(3), _r(1), _r(1), 0.1, 1e-5),
+        "running_mean has 1 elements where the input needs 3"),
+    "batch norm without update, short running var": (
+        aten._batch_norm_no_update.default, (_r(2, 3, 4), _r(3), _r(3), _r(3), _r(1), 0.1, 1e-5),
+        "running_var has 1 elements where the input needs 3"),
+    "batch norm without update, short weight": (
+        aten._batch_norm_no_update.default, (_r(2, 3, 4), _r(1), None, _r(3), _r(3), 0.1, 1e-5),
+        "weight has 1 elements where the input needs 3"),
+    # the CPU flash attention kernel walks key and value with query's batch and heads and
+    # value's positions, and reads each head's vector as dense
+    "flash attention, key expanded from one element": (
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        (_r(1, 1, 8, 4), torch.ones(1).expand(1, 1, 8, 4), _r(1, 1, 8, 4)),
+        "key's last dimension (4 elements) has stride 0 where the kernel reads it densely (stride 1)"),
+    "flash attention, value's head vectors strided": (
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        (_r(1, 1, 8, 4), _r(1, 1, 8, 4), _r(1, 1, 8, 8)[..., ::2]),
+        "value's last dimension (4 elements) has stride 2 where the kernel reads it densely (stride 1)"),
+    "flash attention, key with one batch for query's two": (
+        aten._scaled_dot_product_flash_attention_for_cpu.default, (_r(2, 1, 8, 4), _r(1, 1, 8, 4), _r(2, 1, 8, 4)),
+        "query, key and value have batch sizes 2, 1, 2 where the kernel needs one"),
+    "flash attention, heads that do not group": (
+        aten._scaled_dot_product_flash_attention_for_cpu.default, (_r(1, 4, 8, 4), _r(1, 3, 8, 4), _r(1, 3, 8, 4)),
+        "key and value have 3 and 3 heads for query's 4 (the kernel needs one number, dividing query's)"),
+    "flash attention, more key heads than query heads": (
+        aten._scaled_dot_product_flash_attention_for_cpu.default, (_r(1, 2, 8, 4), _r(1, 4, 8, 4), _r(1, 4, 8, 4)),
+        "key and value have 4 and 4 heads for query's 2 (the kernel needs one number, dividing query's)"),
+    "flash attention, key shorter than value": (
+        aten._scaled_dot_product_flash_attention_for_cpu.default, (_r(1, 1, 8, 4), _r(1, 1, 2, 4), _r(1, 1, 8, 4)),
+        "query, key and value have 8, 2 and 8 positions (the kernel needs at least one, and as many in key as in "
+        "value)"),
+    "flash attention, no positions": (  # the kernel divides by its block of positions
+        aten._scaled_dot_product_flash_attention_for_cpu.default, (_r(1, 1, 0, 4), _r(1, 1, 8, 4), _r(1, 1, 8, 4)),
+        "query, key and value have 0, 8 and 8 positions"),
     "group norm backward, short statistics": (
         aten.native_group_norm_backward.default,
         (_r(2, 4, 3), _r(2, 4, 3), _r(1), _r(1), _r(4), 2, 4, 3, 2, [T, T, T]),
@@ -212,6 +249,12 @@ GOOD = {
         lambda ids, off, psw: (torch.ones(2, 4), ids, off, *aten._embedding_bag.default(
             _r(10, 4), ids, off, False, 0, False, psw)[1:], 10, False, 0, False, psw, -1))(
         _i(1, 2, 3, 4, 5, 6), _i(0, 3), _r(6)),
+    aten._batch_norm_with_update_functional.default: lambda: (_r(2, 3, 4), _r(3), _r(3), _r(3), _r(3).abs(), 0.1,
+                                                              1e-5),
+    aten._batch_norm_no_update.default: lambda: (_r(2, 3, 4), _r(3), None, _r(3), _r(3).abs(), 0.1, 1e-5),
+    # grouped heads (4 query heads over 2), key and value transposed from [batch, positions, heads, size]
+    aten._scaled_dot_product_flash_attention_for_cpu.default: lambda: (
+        _r(2, 4, 8, 16), _r(2, 5, 2, 16).transpose(1, 2), _r(2, 5, 2, 16).transpose(1, 2), 0.0, True),
     aten._fft_c2c.default: lambda: (_r(3, 4, 8).to(torch.cfloat), [1, 2], 2, False),
     aten._fft_r2c.default: lambda: (_r(4, 8), [1], 1, True),
     aten._fft_c2r.default: lambda: (_r(4, 5).to(torch.cfloat), [1], 2, 8),
@@ -261,3 +304,86 @@ def test_a_graph_with_a_hostile_pool_backward_ends_as_one_line_from_replay(mlp_c
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert ("mlp_inference_0/graph.json: node 'pool_bw' (aten.max_pool2d_with_indices_backward.default): "
             "indices holds 1000000000, outside [0, 64); the kernel was not run") in r.stderr, r.stderr
+
+
+# --- the red team's three, planted in a loaded graph: x, the mlp's input (float32[8, 32]), is
+# 8 rows of 32 channels to the batch norms and 2 heads of 8 positions of 16 to attention
+
+
+def _n(name):
+    return {"node": name}
+
+
+def _full(name, shape, value):
+    return (name, "aten.full.default", [shape, value], {"dtype": {"dtype": "float32"}})
+
+
+def _batch_norm(target, stats):
+    """x batch-normed by `target` with running statistics of `stats` elements (32: honest)."""
+    return [_full("w", [32], 1.5), _full("b", [32], 0.25), _full("rm", [stats], 0.5), _full("rv", [stats], 2.0),
+            ("bn", target, [_n("x"), _n("w"), _n("b"), _n("rm"), _n("rv"), 0.1, 1e-5], {}),
+            ("y", "operator.getitem", [_n("bn"), 0], {})]
+
+
+def _attention(hostile):
+    """Flash attention over x's heads, the key (hostile: one element expanded) its own."""
+    key = [_full("one", [1], 1.0), ("k", "aten.expand.default", [_n("one"), [1, 2, 8, 16]], {})] if hostile else \
+        [("k", "aten.mul.Scalar", [_n("q"), 0.5], {})]
+    return [("q", "aten.view.default", [_n("x"), [1, 2, 8, 16]], {}), *key,
+            ("attn", "aten._scaled_dot_product_flash_attention_for_cpu.default", [_n("q"), _n("k"), _n("q")], {}),
+            ("y", "operator.getitem", [_n("attn"), 0], {})]
+
+
+def _eager_batch_norm(op):
+    def run(x):
+        c = torch.ones(32)
+        return op(x, 1.5 * c, 0.25 * c, 0.5 * c, 2.0 * c, 0.1, 1e-5)[0]
+    return run
+
+
+def _eager_attention(x):
+    q = x.view(1, 2, 8, 16)
+    return aten._scaled_dot_product_flash_attention_for_cpu.default(q, q * 0.5, q)[0]
+
+
+PLANTED = {  # the op: (its nodes, honest or hostile; eager on x; the hostile call's refusal)
+    "batch norm with update": (
+        lambda hostile: _batch_norm("aten._batch_norm_with_update_functional.default", 1 if hostile else 32),
+        _eager_batch_norm(aten._batch_norm_with_update_functional.default),
+        "node 'bn' (aten._batch_norm_with_update_functional.default): running_mean has 1 elements where the input "
+        "needs 32; the kernel was not run"),
+    "batch norm without update": (
+        lambda hostile: _batch_norm("aten._batch_norm_no_update.default", 1 if hostile else 32),
+        _eager_batch_norm(aten._batch_norm_no_update.default),
+        "node 'bn' (aten._batch_norm_no_update.default): running_mean has 1 elements where the input needs 32; "
+        "the kernel was not run"),
+    "flash attention for cpu": (
+        _attention, _eager_attention,
+        "node 'attn' (aten._scaled_dot_product_flash_attention_for_cpu.default): key's last dimension (16 elements) "
+        "has stride 0 where the kernel reads it densely (stride 1); the kernel was not run"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_the_red_teams_out_of_bounds_call_in_a_graph_ends_as_one_line_from_replay(mlp_copy, case):
+    from tests.artifact.test_precheck import add_nodes
+
+    nodes, _, refusal = PLANTED[case]
+    add_nodes(mlp_copy, nodes(True), outputs=["y"])
+    r = subprocess.run([sys.executable, "-m", "aotpipe.cli", "replay", str(mlp_copy), "--graph", "inference"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": ""})
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"mlp_inference_0/graph.json: {refusal}" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_the_honest_call_in_a_graph_runs_checked_and_gives_what_eager_gives(mlp_copy, case):
+    from tests.artifact.test_precheck import _run_inference, add_nodes
+
+    nodes, eager, _ = PLANTED[case]
+    add_nodes(mlp_copy, nodes(False), outputs=["y"])
+    ga, (out,) = _run_inference(mlp_copy)
+    assert torch.equal(out, eager(ga.saved_inputs()[-1]))
+    twin = checked.checked_twin(ga.module, "graph.json")
+    assert [type(n.target) for n in twin.graph.nodes if n.name in ("bn", "attn")] == [checked.CheckedOp]
