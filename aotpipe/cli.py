@@ -140,11 +140,14 @@ def main(verbose: bool) -> None:
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", default=None, envvar="AOTPIPE_SIGNING_KEY",
               help="Sign every artefact written with this key (an Ed25519 private key, or an HMAC secret); "
-                   "an artefact on disk is then kept only if its signature checks. Default: $AOTPIPE_SIGNING_KEY.")
+                   "an artefact on disk is then kept only if its signature checks. Default: $AOTPIPE_SIGNING_KEY, "
+                   "else your own key (made on first use in your config folder: aotpipe trust key).")
+@click.option("--no-sign", is_flag=True,
+              help="Write unsigned artefacts: replay, bench and export then treat them as made elsewhere.")
 @_user_errors
 def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str | None, workers: int | None,
         force: bool, shard: str | None, shard_times: str | None, as_json: bool, no_progress: bool,
-        key: str | None) -> None:
+        key: str | None, no_sign: bool) -> None:
     """Capture every model of PIPELINE into graph artefacts.
 
     \b
@@ -166,7 +169,7 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force,
                               key=key or None, executor=executor, workers=workers, shard=which,
-                              shard_times=shard_times)
+                              shard_times=shard_times, sign=not no_sign)
     if as_json:
         click.echo((result.output / RUN_JSON).read_text())
     else:
@@ -321,10 +324,10 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     opts = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
                 threads=threads, trust_code=trust_code, trust_ops=trust_ops)
     in_process = no_sandbox
-    if key is not None and not in_process:
+    if not in_process:
         untrusted = trust_problems(p, key)
         in_process = not untrusted
-        if untrusted:
+        if untrusted and key is not None:  # without --key, the sandbox is simply the default
             _say(f"note: not signed by {key}, so replayed in the sandbox: {untrusted[0]}", err=True)
     try:
         if in_process:
@@ -455,26 +458,31 @@ def _failed_at_capture(folder: Any) -> str | None:
 
 @main.command(short_help='Sign every artefact under a folder.')
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", required=True,
+@click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", default=None,
               help="An Ed25519 private key (PEM, DER or OpenSSH), or an HMAC-SHA256 secret of at least 32 bytes "
-                   "(never a public key, never exactly 32 bytes).")
+                   "(never a public key, never exactly 32 bytes). Default: your own key (aotpipe trust key), "
+                   "so that you trust what you signed.")
 @_user_errors
-def sign(directory: str, key: str) -> None:
+def sign(directory: str, key: str | None) -> None:
     """Sign every artefact under DIRECTORY (signature.json beside each manifest.json).
 
     Each must verify first. Check with: aotpipe verify DIRECTORY --key KEY (the public key
-    for Ed25519, the same secret for HMAC).
+    for Ed25519, the same secret for HMAC). Without --key, signing with your own key says
+    you trust these artefacts: replay, bench and export then run them in your process.
 
     \b
     Examples:
       aotpipe sign artifacts/quickstart --key signing.pem
+      aotpipe sign reviewed/colleague-corpus
     """
     from pathlib import Path
 
+    from aotpipe.artifact.keyring import own_key  # cryptography: only when used
     from aotpipe.artifact.signing import load_key  # cryptography: only when used
     from aotpipe.artifact.verify import sign_artifact  # cryptography: only when used
     from aotpipe.artifact.verify import find_artifacts  # cryptography: only when used
 
+    key = key or str(own_key())
     k = load_key(key, for_signing=True)
     models, unfinished = find_artifacts(Path(directory))
     failed, breach = 0, False
@@ -494,6 +502,76 @@ def sign(directory: str, key: str) -> None:
     if not models and not unfinished:
         _say(f"no artefacts under {directory}", err=True)
     sys.exit(2 if breach else 1 if failed else 0)
+
+
+@main.group(short_help="The keys whose artefacts run in your process (your own and those you add).")
+def trust() -> None:
+    """The keys you trust. `aotpipe run` signs with your own key (made on first use); an
+    artefact signed by it or by a key added here, and unchanged since, replays, benches and
+    exports in your process. Anything else replays in the sandbox and is not benched or
+    exported without --no-sandbox.
+
+    \b
+    Examples:
+      aotpipe trust key -o me.pub            # your public key, for colleagues to add
+      aotpipe trust add alice.pub --name alice
+      aotpipe trust list
+      aotpipe trust remove alice
+    """
+
+
+@trust.command(name="key", short_help="Print (or write) your own public key.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write it to this file.")
+@_user_errors
+def trust_key(output: str | None) -> None:
+    """Your own public key (PEM), made on first use: what a colleague passes to `trust add`."""
+    from pathlib import Path
+
+    from aotpipe.artifact.keyring import key_id, own_key, public_pem  # cryptography: only when used
+
+    path = own_key()
+    pem = public_pem(path)
+    if output:
+        Path(output).write_bytes(pem)
+        _say(f"wrote {output}: the public key of {path} (key id {key_id(path)})")
+    else:
+        click.echo(pem.decode("ascii"), nl=False)
+
+
+@trust.command(name="add", short_help="Trust the artefacts an Ed25519 key signs.")
+@click.argument("key")
+@click.option("--name", default=None, help="What to call it (default: its key id).")
+@_user_errors
+def trust_add(key: str, name: str | None) -> None:
+    """Trust KEY (an Ed25519 public key, or private key whose public half is kept): artefacts
+    it signs then run in your process."""
+    from aotpipe.artifact.keyring import add_trusted, key_id  # cryptography: only when used
+
+    path = add_trusted(key, name)
+    _say(f"trusted {path.stem} (key id {key_id(path)}): {path}")
+
+
+@trust.command(name="list", short_help="List the keys you trust.")
+@_user_errors
+def trust_list() -> None:
+    """Your own key, then the keys you added, with their key ids (signature.json names one)."""
+    from aotpipe.artifact.keyring import key_id, own_key, trusted_keys  # cryptography: only when used
+
+    own = own_key(create=False)
+    for path in trusted_keys():
+        label = "(your own)" if path == own else path.stem
+        click.echo(f"{key_id(path)}  {printable(label)}  {printable(str(path))}")
+    if own is None:
+        _say("note: you have no key of your own yet; aotpipe run (or aotpipe trust key) makes one", err=True)
+
+
+@trust.command(name="remove", short_help="Stop trusting a key you added.")
+@click.argument("name")
+@_user_errors
+def trust_remove(name: str) -> None:
+    from aotpipe.artifact.keyring import remove_trusted  # cryptography: only when used
+
+    _say(f"removed {remove_trusted(name)}")
 
 
 @main.command(short_help="Run a compiler backend over every graph of some artefacts.")
@@ -772,12 +850,11 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
     p = Path(artifact)
     _artefact_folder(p)
     if not trusted:
-        if key is None:
-            raise AotpipeError(f"{artifact}: export-pt2 runs the graph in this process; pass --key KEY for an artefact "
-                               "signed with it, or --no-sandbox if you made it or otherwise trust it")
         untrusted = trust_problems(p, key)
         if untrusted:
-            raise AotpipeError(f"{artifact}: not signed by {key}, so not exported: {untrusted[0]}")
+            who = key if key is not None else "a key you trust"
+            raise AotpipeError(f"{artifact}: not signed by {who}, so not exported (exporting runs the graph in this "
+                               f"process): {untrusted[0]}; or --no-sandbox if you otherwise trust it")
     r = export(p, Path(output), graph)
     verdict = "identical" if r.identical else f"max abs difference {r.max_abs_difference:.3g}"
     _say(f"wrote {r.path}: {r.graph} graph, {r.user_inputs} inputs, {r.outputs} outputs, {r.parameters} parameters, "

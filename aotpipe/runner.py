@@ -58,18 +58,24 @@ def run_pipeline(
     workers: Optional[int] = None,
     shard: Optional[Shard] = None,
     shard_times: str | Path | None = None,
+    sign: bool = True,
 ) -> RunResult:
     """Run every selected model of `pipeline`; write run.json and report.md beside them.
 
     Models whose artefacts are up to date (same fingerprint, files intact, checks passed,
-    and with a signing `key`, a good signature) are kept, unless `force`. With `key`, every
-    artefact written is signed (see artifact/signing.py). `executor` and `workers` override
+    and a good signature) are kept, unless `force`. Every artefact written is signed: with
+    `key`, or else with the user's own key (artifact/keyring.py: made on first use), unless
+    not `sign`. `executor` and `workers` override
     the pipeline's executor settings. With `shard` (i of n), only that shard's share of the
     selected models runs (aotpipe/shards.py: the same partition on every machine, balanced by
     `shard_times`, a run.json all shards read, else by a stable estimate); run.json names the
     shard and every model of the selection, so that `aotpipe merge` can name the missing ones.
     """
     start = time.perf_counter()
+    if key is None and sign:  # the user's own key, made on first use: what they make, they trust
+        from aotpipe.artifact.keyring import own_key  # cryptography: only when used
+
+        key = own_key()
     if key is not None:
         from aotpipe.artifact.signing import absolute_key_spec, load_key  # cryptography: only when used
 

@@ -1,7 +1,13 @@
+import os
+import tempfile
 import warnings
 from pathlib import Path
 
 import pytest
+
+# aotpipe run signs with the user's own key, made on first use in their config folder: the
+# suite's runs get a key of their own, never the developer's (subprocesses inherit it).
+os.environ["AOTPIPE_CONFIG_DIR"] = tempfile.mkdtemp(prefix="aotpipe-test-config-")
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINES = REPO / "pipelines"

@@ -58,6 +58,7 @@ class SigningKey:
     sign: Optional[Callable[[bytes], bytes]]  # None for a public key
     verify: Callable[[bytes, bytes], bool]
     path: Path
+    public: Any = None  # Ed25519: the public key object (what `aotpipe trust add` stores)
 
 
 ALGORITHMS = {"ed25519": "ed25519", "hmac": "hmac-sha256"}  # a key spec's prefix -> algorithm
@@ -201,7 +202,7 @@ def _ed25519_key(p: Path, data: bytes, for_signing: bool, raw_ok: bool) -> Signi
             return False
         return True
 
-    return SigningKey("ed25519", key_id, private.sign if private is not None else None, verify, p)
+    return SigningKey("ed25519", key_id, private.sign if private is not None else None, verify, p, public)
 
 
 def _parse_key(data: bytes, raw_ok: bool) -> tuple[Any, Any]:

@@ -6,8 +6,9 @@ segfaults costs only its graph (status crashed), one that hangs is killed at the
 time limit (status timeout), and a fresh worker takes the next graph.
 
 Trust: a bench runs the graphs in worker processes of this user, not in the replay sandbox.
-It runs only artefacts signed by the key given (and unchanged since), or any when the user
-says they are trusted (``--no-sandbox``, ``AOTPIPE_NO_SANDBOX=1``): the rule of
+It runs only artefacts signed by a key the user trusts (their own, which ``aotpipe run`` signs
+with, or one added with ``aotpipe trust add``) or by the key given, and unchanged since; or any
+when the user says they are trusted (``--no-sandbox``, ``AOTPIPE_NO_SANDBOX=1``): the rule of
 ``aotpipe replay`` without its sandbox fallback.
 """
 
@@ -92,13 +93,11 @@ def find_models(paths: Sequence[Path]) -> list[tuple[Path, str]]:
 
 
 def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted: bool) -> None:
-    """Refuse (a user error) artefacts that are neither trusted by the user nor signed by `key`."""
+    """Refuse (a user error) artefacts that are neither trusted by the user (signed by their
+    own key or one they added) nor signed by `key`: a bench runs graphs in worker processes,
+    not the sandbox."""
     if trusted:
         return
-    if key is None:
-        raise AotpipeError("a bench runs graphs in worker processes, not the sandbox: pass --key KEY to run "
-                           "artefacts signed with it, or --no-sandbox (AOTPIPE_NO_SANDBOX=1) for artefacts you made")
-
     bad = []
     for m, label in models:
         problems = trust_problems(m, key)
@@ -106,8 +105,10 @@ def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted:
             bad.append(f"{label}: {problems[0]}")
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise AotpipeError(f"not signed by {key}, so not benched: {bad[0]}{more}; sign them (aotpipe sign) or "
-                           "pass --no-sandbox if you made them")
+        who = key if key is not None else "a key you trust"
+        raise AotpipeError(f"not signed by {who}, so not benched (a bench runs graphs in worker processes, not the "
+                           f"sandbox): {bad[0]}{more}; aotpipe trust add its maker's key, or pass --no-sandbox "
+                           "if you otherwise trust them")
 
 
 def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[str]], inputs: str, seed: int,

@@ -157,16 +157,20 @@ def model_folder(path: str | Path) -> Path:
     return p.parent if (p / "graph.json").exists() and not (p / "manifest.json").exists() else p
 
 
-def trust_problems(path: str | Path, key: str) -> list[str]:
-    """Why the artefact at `path` is not one to run in this process under `key`; [] if it
-    is signed by that key and every file is still the one its signed manifest lists.
+def trust_problems(path: str | Path, key: Optional[str] = None) -> list[str]:
+    """Why the artefact at `path` is not one to run in this process; [] if it is signed by
+    `key` (or, without one, by a key the user trusts: their own or one they added, see
+    :mod:`aotpipe.artifact.keyring`) and every file is still the one its signed manifest lists.
 
     Reads and hashes only: no graph is built. A bad key file is the user's error, raised."""
+    from aotpipe.artifact.keyring import provenance_problems  # cryptography: only when used
     from aotpipe.artifact.signing import check_signature, load_key  # cryptography: only when used
     from aotpipe.artifact.verify import verify_artifact  # cryptography: only when used
 
-    load_key(key)
     folder = model_folder(path)
+    if key is None:
+        return provenance_problems(folder)
+    load_key(key)
     problems = check_signature(folder, key)
     if problems:
         return problems

@@ -43,11 +43,15 @@ def taken_over(tmp_path_factory):
     abstract = socket.socket(socket.AF_UNIX)
     abstract.bind("\0aotpipe-test-abstract-socket")
     abstract.listen(1)
+    from aotpipe.artifact.keyring import own_key
+
+    signing_key = str(own_key())  # the user's own key: never in a sandbox
     saved = {k: os.environ.get(k) for k in SECRET_VARIABLES}
     os.environ.update(SECRET_VARIABLES)
     try:
         out = run_task("tests.sandbox.probes:taken_over",
-                       {"secrets": [str(key), str(world), "/etc/shadow", "/etc/passwd", "/root/.bash_history"],
+                       {"secrets": [str(key), str(world), signing_key, "/etc/shadow", "/etc/passwd",
+                                    "/root/.bash_history"],
                         "sockets": [path_socket, "\0aotpipe-test-abstract-socket"]})
     finally:
         for k, v in saved.items():
@@ -57,7 +61,7 @@ def taken_over(tmp_path_factory):
                 os.environ[k] = v
         listener.close()
         abstract.close()
-    return out, key, world, path_socket
+    return out, key, world, signing_key
 
 
 def test_kernel_settings_are_not_writable_from_the_sandbox(taken_over):
@@ -75,8 +79,8 @@ def test_the_worker_runs_unprivileged_with_no_capabilities(taken_over):
 
 
 def test_no_secret_file_of_the_host_is_there(taken_over):
-    out, key, world, _ = taken_over
-    for secret in (str(key), str(world), "/etc/shadow", "/etc/passwd", "/root/.bash_history"):
+    out, key, world, signing_key = taken_over
+    for secret in (str(key), str(world), signing_key, "/etc/shadow", "/etc/passwd", "/root/.bash_history"):
         assert out[secret] == "ENOENT", (secret, out[secret])
     # an empty root: the system's libraries and what the interpreter needs, nothing else
     assert set(out["root_entries"]) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev",
