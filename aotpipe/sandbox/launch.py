@@ -26,7 +26,7 @@ from typing import Any, Iterable, Optional
 from aotpipe.errors import AotpipeError, SandboxError, SandboxUnavailable
 from aotpipe.format.limits import current
 from aotpipe.sandbox.confine import JOIN_AND_EXEC, Cgroup, make_cgroup, seccomp_filter
-from aotpipe.sandbox.progress import read
+from aotpipe.sandbox.progress import read, read_regular
 from aotpipe.sandbox.protocol import PROGRESS, PROTOCOL, REQUEST, RESULT, SandboxRequest, SandboxResult
 
 LOG = "worker.log"
@@ -333,13 +333,8 @@ def _result_adapter() -> Any:
 
 def _read_result(scratch: Path) -> Optional[SandboxResult]:
     """The worker's answer, or None where there is none that fits the protocol."""
-    path = scratch / RESULT
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_RESULT_BYTES + 1)
-    except OSError:
-        return None
-    if len(data) > MAX_RESULT_BYTES:
+    data = read_regular(scratch / RESULT, MAX_RESULT_BYTES + 1)
+    if data is None or len(data) > MAX_RESULT_BYTES:
         return None
     if data.count(b",") + data.count(b"[") + data.count(b"{") + data.count(b":") > MAX_RESULT_VALUES:
         return None  # more values than any answer has (counted before parsing, strings included)
@@ -359,13 +354,8 @@ def read_progress(scratch: Path) -> str:
 
 
 def _last_log_line(scratch: Path) -> str:
-    try:
-        with open(scratch / LOG, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 4096))
-            lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
+    data = read_regular(scratch / LOG, 4096, tail=True)
+    lines = [ln for ln in (data or b"").decode("utf-8", "replace").splitlines() if ln.strip()]
     return one_line(lines[-1], limit=300) if lines else ""
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 SIZE = 4096
 _HEADER = 4  # little-endian length of the UTF-8 text that follows
@@ -46,14 +47,34 @@ class Progress:
         return _decode(bytes(self._map))
 
 
+def read_regular(path: Path, limit: int, tail: bool = False) -> Optional[bytes]:
+    """Up to `limit` bytes of the regular file at `path` (its last ones if `tail`), or None.
+
+    For the caller reading what a worker left in its scratch folder: the worker owns that
+    folder, so a name there may be a symlink to a file of the caller's (a key, say), a FIFO
+    that would block, or a device: none of those is followed or opened for reading."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if tail and info.st_size > limit:
+            os.lseek(fd, info.st_size - limit, os.SEEK_SET)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read(path: Path) -> str:
     """The last text written to the progress file at `path`, or "" (none, or unreadable)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(SIZE)
-    except OSError:
-        return ""
-    return _decode(data)
+    data = read_regular(path, SIZE)
+    return "" if data is None else _decode(data)
 
 
 def _decode(data: bytes) -> str:

@@ -180,3 +180,25 @@ def test_the_sandbox_is_bounded_as_a_whole_where_a_cgroup_can_be_made():
     with pytest.raises(SandboxError) as e:
         run_task("tests.sandbox.probes:touch_memory", {"bytes": 3 << 30}, limits=limits)
     assert e.value.kind == "memory" and "ran out of the sandbox's memory (1.6 GB in all" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("name", ["result.json", "progress", "worker.log"])
+def test_the_caller_follows_no_link_the_worker_leaves_in_its_scratch_folder(tmp_path, name):
+    """The worker owns its scratch folder: a file there replaced by a symlink to one of the
+    caller's (its signing key, say) must not be read into a result or an error line."""
+    from aotpipe.sandbox.launch import _verdict
+
+    secret = tmp_path / "signing-key.pem"
+    secret.write_text('{"protocol": 1, "status": "user_error", "lines": ["PLANTED-SECRET"], "canaries": "intact"}\n'
+                      "PLANTED-SECRET\n")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / name).symlink_to(secret)
+    with pytest.raises(Exception) as e:
+        _verdict(scratch, 128 + 11, False, SandboxLimits.for_bytes(1 << 30))
+    assert "PLANTED-SECRET" not in str(e.value), e.value
+    fifo = tmp_path / "fifo-scratch"
+    fifo.mkdir()
+    os.mkfifo(fifo / name)  # would block an open for reading
+    with pytest.raises(SandboxError):
+        _verdict(fifo, 128 + 11, False, SandboxLimits.for_bytes(1 << 30))
