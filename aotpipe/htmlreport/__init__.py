@@ -3,15 +3,21 @@ each model's manifest, graph.json and inputs.json, and bench.json where a bench 
 CSS, script and plots (SVG) are inline: the page opens from disk with no network.
 
 Every string an artefact or run.json supplies is escaped (Jinja2 autoescape): a model or op
-named ``<script>`` shows as text. Nothing is run; a hostile tree is read like any other.
+named ``<script>`` shows as text. Every link is a relative path into the page's own folder,
+checked to be one (:func:`relative_link`): a folder named ``javascript:...`` is a path, not
+a scheme. The page's Content-Security-Policy lets no script run but its own (by its sha256).
+Nothing is run; a hostile tree is read like any other.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -129,6 +135,37 @@ def _anchor(i: int) -> str:
     return f"m{i}"  # never the model's name: names may hold anything
 
 
+def relative_link(root: Path, target: Path) -> Optional[str]:
+    """The link from a page in `root` to the file `target`: "./" then target's path under `root`,
+    each segment percent-encoded (so no name reads as a scheme, query or fragment); None where
+    `target` is not a file inside `root` once links are resolved, or its path climbs ("..")."""
+    try:
+        parts = Path(target).relative_to(root).parts
+    except ValueError:
+        return None
+    if not parts or any(p in ("", ".", "..") for p in parts):
+        return None
+    try:
+        real = Path(target).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    if not real.is_file() or not real.is_relative_to(Path(root).resolve()):
+        return None
+    link = "./" + "/".join(quote(p, safe="") for p in parts)
+    u = urlsplit(link)
+    if u.scheme or u.netloc or u.query or u.fragment or u.path != link:  # quote leaves no ":?#"; checked all the same
+        return None
+    return link
+
+
+def _csp_hash(script: str) -> Any:
+    """A script's CSP source, 'sha256-<base64>', of its exact text."""
+    from markupsafe import Markup
+
+    digest = base64.b64encode(hashlib.sha256(str(script).encode("utf-8")).digest()).decode("ascii")
+    return Markup(f"'sha256-{digest}'")
+
+
 def _finite(x: Optional[float]) -> Optional[float]:
     return x if x is not None and math.isfinite(x) else None
 
@@ -180,15 +217,13 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
         counts = g.ops()
         top = counts.most_common(TOP_OPS)
         biggest = top[0][1] if top else 1
-        link = Path("views") / f"{g.key}.model-explorer.json"
         verified = (m.verification or {}).get(g.key)
         row.graphs.append(GraphRow(
             key=g.key, folder=g.folder, nodes=entry.nodes,
             ops=[(op, n, n / biggest) for op, n in top], more_ops=sum(counts.values()) - sum(n for _, n in top),
             distinct_ops=len(counts), verified=verified.status if verified is not None else None,
             problem=g.problem,
-            view=f"{view.folder.relative_to(root).as_posix()}/{link.as_posix()}" if (view.folder / link).is_file()
-            else None))
+            view=relative_link(root, view.folder / "views" / f"{g.key}.model-explorer.json")))
         for step in entry.passes or []:
             row.passes.append({"graph": g.key, "name": step.name, "before": step.nodes_before,
                                "after": step.nodes_after, "modified": step.modified,
@@ -316,6 +351,7 @@ def render(report: Report) -> str:
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = lambda x, fmt=".2f": "-" if x is None else format(x, fmt)
     env.filters["g"] = lambda x: "-" if x is None else format(x, ".3g")
+    env.filters["csp_hash"] = _csp_hash
     # The plots are matplotlib's own SVG (every text escaped by it, labels drawn as paths).
     plots = [(pid, cap, Markup(svg)) for pid, cap, svg in report.plots]
     return env.get_template("report.html.j2").render(r=report, plots=plots, kinds=BASE_KINDS)

@@ -40,7 +40,7 @@ def test_run_writes_a_self_contained_report_html_with_a_row_per_model_and_its_pl
         assert re.search(rf'<figure id="{plot}"><svg class="plot"', html), plot
     assert 'id="plot-bench"' not in html  # no bench has run
     # Nothing fetched: no external script, style sheet, image or font; the CSP forbids any.
-    assert not re.search(r"<link\b|\bsrc=|url\((?!#)|@import|href=\"(?!#|mlp/)", html)  # url(#clip): the SVG's own
+    assert not re.search(r"<link\b|\bsrc=|url\((?!#)|@import|href=\"(?!#|\./mlp/)", html)  # url(#clip): the SVG's own
     assert "default-src 'none'" in html
     # Per model: op histogram per graph, what each pass changed, errors against the bound.
     details = html.split('id="details"', 1)[1]
@@ -132,7 +132,7 @@ def test_a_graph_links_its_model_explorer_view_only_where_the_file_exists(tree):
     (views / "joint.model-explorer.json").write_text("{}")
     assert cli("report", tree).exit_code == 0
     html = (tree / "report.html").read_text()
-    assert re.findall(r'<a class="view" href="([^"]+)"', html) == ["mlp/views/joint.model-explorer.json"]
+    assert re.findall(r'<a class="view" href="([^"]+)"', html) == ["./mlp/views/joint.model-explorer.json"]
 
 
 def test_a_tree_without_run_json_reports_from_its_manifests():
@@ -178,3 +178,82 @@ def test_the_page_reads_op_counts_and_keeps_no_graph_nodes(tree, monkeypatch):
     assert read and all(g.nodes is None and g.op_counts for v in read for g in v.graphs)
     assert [[g.ops() for g in v.graphs] for v in read] == [[g.ops() for g in v.graphs] for v in kept]
     assert [r.graphs for r in page.rows] and all(gr.ops for r in page.rows for gr in r.graphs)
+
+
+# ---------------------------------------------------------------------------------------
+# Links and the Content-Security-Policy: a name is never a URL, and no script runs but the page's own.
+
+
+def _hrefs(html):
+    return re.findall(r'\bhref="([^"]*)"', html)
+
+
+def _with_view(tree, folder):
+    """The quickstart's mlp folder renamed `folder`, with a model-explorer view of its joint graph."""
+    (tree / "mlp").rename(tree / folder)
+    (tree / folder / "views").mkdir()
+    (tree / folder / "views" / "joint.model-explorer.json").write_text("{}")
+
+
+@pytest.mark.parametrize("folder", ["javascript:alert(1)", "JaVaScRiPt:alert(1)", "data:text,x", "%2e%2e",
+                                    '"><script>alert(1)<', "x#y?z"])
+def test_a_model_folder_named_like_a_url_links_as_a_relative_path_to_itself(tree, folder):
+    from urllib.parse import quote, unquote, urljoin, urlsplit
+
+    _with_view(tree, folder)
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    views = re.findall(r'<a class="view" href="([^"]+)"', html)
+    assert views == [f"./{quote(folder, safe='')}/views/joint.model-explorer.json"], views
+    page = (tree / "report.html").as_uri()
+    for href in _hrefs(html):
+        if href.startswith("#"):
+            continue
+        assert href.startswith("./") and not urlsplit(href).scheme, href
+        # resolved against the page, it names the view's file in the tree
+        target = urlsplit(urljoin(page, href))
+        assert (target.scheme, target.query, target.fragment) == ("file", "", "")
+        assert unquote(target.path) == str(tree / folder / "views" / "joint.model-explorer.json")
+    assert "<script>alert" not in html
+
+
+def test_a_link_that_is_not_a_path_inside_the_report_folder_is_dropped(tree, tmp_path):
+    from aotpipe.htmlreport import relative_link
+
+    (tree / "mlp" / "views").mkdir()
+    inside = tree / "mlp" / "views" / "joint.model-explorer.json"
+    inside.write_text("{}")
+    assert relative_link(tree, inside) == "./mlp/views/joint.model-explorer.json"
+    assert relative_link(tree, tree / "mlp" / "views" / "absent.json") is None  # no file, no link
+    outside = tmp_path / "secret.json"
+    outside.write_text("{}")
+    assert relative_link(tree, outside) is None
+    assert relative_link(tree, tree / "mlp" / ".." / ".." / "secret.json") is None
+    (tree / "small_cnn" / "views").symlink_to(tmp_path, target_is_directory=True)  # a link out of the tree
+    assert relative_link(tree, tree / "small_cnn" / "views" / "secret.json") is None
+
+
+def test_a_views_folder_linked_out_of_the_tree_gets_no_link_on_the_page(tree, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "joint.model-explorer.json").write_text("{}")
+    (tree / "mlp" / "views").symlink_to(elsewhere, target_is_directory=True)
+    assert cli("report", tree).exit_code == 0
+    assert re.findall(r'<a class="view" href="([^"]+)"', (tree / "report.html").read_text()) == []
+
+
+def test_the_csp_allows_by_hash_only_the_page_s_own_script(tree):
+    import base64
+    import hashlib
+
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', html).group(1)
+    rules = dict((d.split()[0], d.split()[1:]) for d in (d.strip() for d in policy.split(";")) if d)
+    assert rules["default-src"] == ["'none'"]
+    assert "'unsafe-inline'" not in rules["script-src"] and "'unsafe-eval'" not in rules["script-src"]
+    assert rules["base-uri"] == ["'none'"] and rules["form-action"] == ["'none'"]
+    scripts = re.findall(r"<script>(.*?)</script>", html, re.S)
+    assert len(scripts) == 1
+    digest = base64.b64encode(hashlib.sha256(scripts[0].encode("utf-8")).digest()).decode()
+    assert rules["script-src"] == [f"'sha256-{digest}'"]

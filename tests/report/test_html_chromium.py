@@ -79,3 +79,49 @@ def test_a_hostile_model_name_runs_no_script_in_the_browser(quickstart_run, tmp_
     body = re.search(r"<body[^>]*>", dom).group(0)
     assert "data-pwned" not in body, body
     assert "&lt;img src=x" in dom
+
+
+def test_a_script_the_page_does_not_own_is_refused_by_its_csp_and_its_own_still_runs(quickstart_run, tmp_path):
+    """An escaping slip that let a name's `<script>` into the page: the CSP allows only the
+    page's own script (by its hash), so the planted one does not run and the table still sorts."""
+    root, _ = quickstart_run
+    tree = tmp_path / "quickstart"
+    shutil.copytree(root, tree)
+    from aotpipe.htmlreport import write_html
+
+    page = write_html(tree)
+    planted = "<script>document.body.setAttribute('data-pwned','1')</script>"
+    html = page.read_text()
+    page.write_text(html.replace('<td><a href="#m0">mlp</a>', f'<td><a href="#m0">mlp</a>{planted}', 1))
+    assert planted in page.read_text()
+    dom = _dom(tmp_path, page, "#sort=model")
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert "data-pwned" not in body, body
+    assert 'data-shown="4"' in body  # the page's own script ran
+    assert _shown_rows(dom) == ["mlp", "running_norm", "small_cnn", "tiny_transformer"]
+
+
+def test_a_model_folder_named_javascript_links_to_its_own_file_and_runs_nothing(quickstart_run, tmp_path):
+    from urllib.parse import unquote, urljoin, urlsplit
+
+    root, _ = quickstart_run
+    tree = tmp_path / "quickstart"
+    shutil.copytree(root, tree)
+    folder = tree / "javascript:document.title='pwned'"
+    (tree / "mlp").rename(folder)
+    (folder / "views").mkdir()
+    (folder / "views" / "joint.model-explorer.json").write_text("{}")
+    run = json.loads((tree / "run.json").read_text())
+    run["models"][1]["name"] = "\"><script>document.title='pwned'</script>"
+    (tree / "run.json").write_text(json.dumps(run))
+    from aotpipe.htmlreport import write_html
+
+    page = write_html(tree)
+    dom = _dom(tmp_path, page)
+    assert "<title>aotpipe run: quickstart</title>" in dom and "pwned'</title>" not in dom
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert re.search(r'data-shown="\d+"', body), body  # the page's own script ran
+    views = re.findall(r'<a class="view" href="([^"]+)"', dom)
+    assert len(views) == 1
+    target = urlsplit(urljoin(page.as_uri(), views[0].replace("&amp;", "&")))
+    assert target.scheme == "file" and unquote(target.path) == str(folder / "views" / "joint.model-explorer.json")
