@@ -22,6 +22,8 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from aotpipe.artifact.signing import check_signature, load_key
+from aotpipe.artifact.verify import verify_artifact
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format import limits, records
 from aotpipe.format.records import SIGNATURE
@@ -73,8 +75,6 @@ def own_key(create: bool = True) -> Optional[Path]:
 
 def public_pem(spec: str | Path) -> bytes:
     """The public key of the Ed25519 key `spec` names, as PEM."""
-    from aotpipe.artifact.signing import load_key
-
     key = load_key(spec if ":" in str(spec) else f"ed25519:{spec}")
     from cryptography.hazmat.primitives import serialization
 
@@ -95,8 +95,6 @@ def trusted_keys() -> list[Path]:
 
 def add_trusted(spec: str | Path, name: Optional[str] = None) -> Path:
     """Trust the Ed25519 key `spec` names (its public half is stored); returns the file written."""
-    from aotpipe.artifact.signing import load_key
-
     algorithm, _, rest = str(spec).partition(":")
     if algorithm == "hmac":
         raise AotpipeError(f"{spec}: an HMAC secret cannot be trusted this way (whoever verifies with it can also "
@@ -126,8 +124,6 @@ def remove_trusted(name: str) -> Path:
 
 
 def key_id(path: Path) -> str:
-    from aotpipe.artifact.signing import load_key
-
     return load_key(f"ed25519:{path}").key_id
 
 
@@ -145,8 +141,6 @@ def signed_key_id(folder: Path) -> Optional[str]:
 def provenance_problems(folder: Path) -> list[str]:
     """Why the artefact in model folder `folder` is not one the user trusts; [] if it is signed
     by a key they trust and every file is still the one its signed manifest lists."""
-    from aotpipe.artifact.signing import check_signature
-    from aotpipe.artifact.verify import verify_artifact
 
     signed_by = signed_key_id(folder)
     if signed_by is None:
