@@ -25,13 +25,16 @@ def _replay_in_process(monkeypatch):
 
 @pytest.fixture(scope="session")
 def quickstart_run(tmp_path_factory):
-    """The quickstart pipeline, run once per test session through the real CLI."""
+    """The quickstart pipeline, run once per test session through the real CLI; unsigned
+    (--no-sign), as an artefact from elsewhere is: tests that sign, verify or attack it say
+    which key. tests/test_provenance.py runs it signed, as a user does."""
     from click.testing import CliRunner
 
     from aotpipe.cli import main
 
     out = tmp_path_factory.mktemp("qs")
-    result = CliRunner().invoke(main, ["run", str(PIPELINES / "quickstart.yaml"), "--output", str(out), "--no-progress"])
+    result = CliRunner().invoke(main, ["run", str(PIPELINES / "quickstart.yaml"), "--output", str(out), "--no-progress",
+                                       "--no-sign"])
     assert result.exit_code == 0, result.output
     return out / "quickstart", result
 

@@ -72,9 +72,8 @@ def _compare_values(diff: Diff, sa, sb, aligned: dict[str, dict[str, str]], in_p
     if not in_process:
         untrusted = trust_problems(sa.path, key) or trust_problems(sb.path, key)
         in_process = not untrusted
-        if untrusted:
-            who = key if key is not None else "a key you trust"
-            diff.notes.append(f"not both signed by {who}, so their graphs ran in the sandbox: {untrusted[0]}")
+        if untrusted and key is not None:  # without --key, the sandbox is simply the default
+            diff.notes.append(f"not both signed by {key}, so their graphs ran in the sandbox: {untrusted[0]}")
     try:
         if in_process:
             result = values.compare_values(str(sa.path), str(sb.path), aligned, trust_ops=tuple(trust_ops))

@@ -4,7 +4,8 @@
   allows every system call but the ones a replay never needs and an attacker would: new
   processes (``fork``, ``vfork``, a ``clone`` that is not a thread), namespaces and mounts,
   tracing other processes, loading kernel code or BPF, keyrings, ``userfaultfd``,
-  ``io_uring``, injecting terminal input, and sockets of any family but ``AF_UNIX``. One
+  ``io_uring``, injecting terminal input, memory no rlimit counts (``memfd_create``, System V
+  and POSIX shared memory), and sockets of any family but ``AF_UNIX``. One
   process per sandbox is what makes its per-process rlimits a bound for the whole sandbox.
 - :class:`Cgroup`: where the machine lets this process make one (cgroup v2, or v1's
   ``memory`` and ``pids`` hierarchies), one memory and task bound for everything the
@@ -38,6 +39,9 @@ DENIED = (
     "ioperm", "nfsservctl", "sethostname", "setdomainname", "fanotify_init", "personality",
     "keyctl", "add_key", "request_key",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
+    # memory no rlimit counts (a memfd's pages, System V and POSIX shared memory), and rarely
+    # used kernel surface
+    "memfd_create", "memfd_secret", "shmget", "shmat", "mq_open", "modify_ldt",
 )
 CLONE_THREAD = 0x00010000
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # push bytes into a terminal's input; console tricks
@@ -52,6 +56,9 @@ def seccomp_filter() -> tuple[Optional[int], str]:
     except (ImportError, OSError) as e:  # OSError: pyseccomp found no libseccomp.so.2
         return None, f"no seccomp filter ({type(e).__name__}: libseccomp and pyseccomp are needed)"
     f = sc.SyscallFilter(sc.ALLOW)
+    # A call through another architecture's entry (x32, i386's int 0x80) kills the whole
+    # worker, not one thread (the others would keep it alive until the wall-clock limit).
+    f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
     eperm = sc.ERRNO(1)
     for name in DENIED:
         try:
@@ -60,8 +67,8 @@ def seccomp_filter() -> tuple[Optional[int], str]:
             continue
     f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
     f.add_rule(sc.ERRNO(38), "clone3")  # ENOSYS: the C library then uses clone, filtered above
-    for request in (TIOCSTI, TIOCLINUX):
-        f.add_rule(eperm, "ioctl", sc.Arg(1, sc.EQ, request))
+    for request in (TIOCSTI, TIOCLINUX):  # the kernel reads the request's low 32 bits only
+        f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
     f.add_rule(sc.ERRNO(97), "socket", sc.Arg(0, sc.NE, AF_UNIX))  # EAFNOSUPPORT
     fd, path = tempfile.mkstemp(prefix="aotpipe-seccomp-")
     os.unlink(path)

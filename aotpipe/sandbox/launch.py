@@ -30,6 +30,8 @@ from aotpipe.sandbox.progress import read, read_regular
 from aotpipe.sandbox.protocol import PROGRESS, PROTOCOL, REQUEST, RESULT, SandboxRequest, SandboxResult
 
 LOG = "worker.log"
+# The files a worker writes in its scratch folder, made by the caller before it starts.
+WORKER_FILES = (RESULT, PROGRESS, "python.log")
 # The worker's answer is read by this (unsandboxed) process: bounded in bytes and in JSON
 # values before it is parsed (a parsed value costs tens of bytes; 16 MiB of "[0,0,..." would
 # be 8M of them).
@@ -51,7 +53,8 @@ class SandboxLimits:
     address_space_bytes: int  # RLIMIT_AS: a second bound that counts reservations too
     cpu_seconds: int = 3600  # RLIMIT_CPU (all threads together); SIGXCPU past it
     wall_seconds: float = 900.0  # kept by the caller, which kills the worker past it
-    file_bytes: int = 1 * _GIB  # RLIMIT_FSIZE: the largest file the worker may write (in scratch)
+    file_bytes: int = 256 << 20  # RLIMIT_FSIZE: the largest file the worker may write (scratch, tmpfs)
+    tmp_bytes: int = 1 * _GIB  # the size of the worker's TMPDIR, a tmpfs (torch's caches)
     tasks: int = 256  # threads in all (the cgroup's pids.max; RLIMIT_NPROC where there is none)
     cgroup_bytes: Optional[int] = None  # the cgroup's memory bound; default memory_bytes + 1 GiB
 
@@ -107,6 +110,7 @@ class SandboxPlan:
     drop_to_nobody: bool  # root caller: bwrap builds the mounts as root, the worker runs as 65534
     seccomp_fd: Optional[int] = None  # bwrap --seccomp: the compiled filter, open for reading
     copies: dict[Path, Path] = field(default_factory=dict)  # path -> a readable copy bound there instead
+    tmpfs_bytes: int = 1 << 30  # the worker's TMPDIR (scratch/tmp): a tmpfs of this size, gone after
 
 
 def _python_paths(task: str) -> list[Path]:
@@ -119,7 +123,7 @@ def _python_paths(task: str) -> list[Path]:
     paths += [Path(p) for p in site.getsitepackages()]
     if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
         paths.append(Path(site.getusersitepackages()))
-    paths += [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths += [Path(p) for p in code_paths()]
     module, sep, _ = task.partition(":")
     if sep:  # a "module:function" the caller named: its top-level package (or module) too
         spec = importlib.util.find_spec(module.split(".")[0])
@@ -128,6 +132,22 @@ def _python_paths(task: str) -> list[Path]:
             if spec.origin and spec.origin not in ("built-in", "frozen") and not spec.submodule_search_locations:
                 paths.append(Path(spec.origin))
     return paths
+
+
+def code_paths() -> list[str]:
+    """$PYTHONPATH's entries the worker may have: absolute folders of code, never "/", the
+    home folder or one above it (a relative entry such as "." would bind the caller's working
+    folder: a checkout's .git/config may hold a token)."""
+    home = Path.home().resolve()
+    kept = []
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if not entry or not os.path.isabs(entry):
+            continue
+        p = Path(os.path.realpath(entry))
+        if p == Path("/") or p == home or p in home.parents:
+            continue
+        kept.append(entry)
+    return kept
 
 
 def _system_paths() -> tuple[list[Path], list[tuple[str, str]]]:
@@ -241,7 +261,13 @@ def sandbox_argv(bwrap: str, plan: SandboxPlan) -> list[str]:
         argv += ["--ro-bind", str(plan.copies.get(p, p)), str(p)]
         made.add(p)
     parents(plan.scratch)
-    argv += ["--bind", str(plan.scratch), str(plan.scratch)]
+    # The scratch folder read-only but for the files the worker writes (each bound on its
+    # own: it can neither make nor replace one), and a size-capped tmpfs for its TMPDIR: all
+    # it can put on the host's disk is those files, each under RLIMIT_FSIZE.
+    argv += ["--ro-bind", str(plan.scratch), str(plan.scratch)]
+    for name in WORKER_FILES:
+        argv += ["--bind", str(plan.scratch / name), str(plan.scratch / name)]
+    argv += ["--perms", "01777", "--size", str(plan.tmpfs_bytes), "--tmpfs", str(plan.scratch / "tmp")]
     argv += ["--dev", "/dev", "--proc", "/proc"]
     for sub in _PROC_READ_ONLY:
         argv += ["--ro-bind-try", f"/proc/{sub}", f"/proc/{sub}"]
@@ -288,7 +314,7 @@ def _worker_env(scratch: Path, task: str) -> dict[str, str]:
         if spec is not None and spec.origin and spec.origin not in ("built-in", "frozen"):
             top = Path(spec.origin).parent
             paths.append(str(top.parent if spec.submodule_search_locations else top))
-    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths += code_paths()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(tmp), "USER": "nobody",
            "LOGNAME": "nobody", "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
@@ -381,15 +407,20 @@ def run_task(task: str, args: dict[str, Any], *, limits: Optional[SandboxLimits]
     """
     bwrap = find_bwrap()
     limits = limits or SandboxLimits.for_bytes()
-    with tempfile.TemporaryDirectory(prefix="aotpipe-sandbox-") as tmp, \
-            tempfile.TemporaryDirectory(prefix="aotpipe-sandbox-copies-") as stage:
-        scratch = Path(tmp).resolve()
-        plan = plan_sandbox(scratch, read_paths, task, Path(stage))
+    # The scratch folder sits in a folder only the caller may enter: a file the worker makes
+    # setuid (its own uid, 65534) is out of every other local user's reach.
+    base = Path(tempfile.mkdtemp(prefix="aotpipe-sandbox-")).resolve()
+    try:
+        scratch, stage = base / "scratch", base / "copies"
+        scratch.mkdir()
+        stage.mkdir()
+        plan = plan_sandbox(scratch, read_paths, task, stage)
+        plan.tmpfs_bytes = limits.tmp_bytes
         env = _worker_env(scratch, task)
-        if plan.drop_to_nobody:  # the worker (uid 65534) writes its scratch folder and nothing else
-            for p in (scratch, scratch / "tmp"):
-                os.chown(p, NOBODY, NOBODY)
-            os.chmod(scratch, 0o711)  # bwrap, root without capabilities, changes into it first
+        for name in WORKER_FILES:  # the only files the worker writes outside its capped tmpfs
+            (scratch / name).touch(mode=0o644)
+            if plan.drop_to_nobody:
+                os.chown(scratch / name, NOBODY, NOBODY)
         plan.seccomp_fd, _ = seccomp_filter()
         cgroup = make_cgroup(limits.total_bytes, limits.tasks)
         # Without a cgroup, RLIMIT_NPROC bounds the tasks of uid 65534 on the host (a caller's
@@ -423,10 +454,23 @@ def run_task(task: str, args: dict[str, Any], *, limits: Optional[SandboxLimits]
             if plan.seccomp_fd is not None:
                 os.close(plan.seccomp_fd)
             cgroup.remove()
-        if proc.returncode == 97 and cgroup.procs and not (scratch / PROGRESS).exists():
+        if proc.returncode == 97 and cgroup.procs and not read_progress(scratch):
             raise SandboxUnavailable(f"the sandbox could not join its cgroup ({_last_log_line(scratch)}); "
                                      f"{TRUSTED_ALTERNATIVE}")
         return _verdict(scratch, proc.returncode, timed_out, limits, out_of_memory=out_of_memory)
+    finally:
+        remove_tree(base)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove `path` and everything under it, whatever a worker left there; never raises."""
+    try:
+        shutil.rmtree(path)
+        return
+    except BaseException:  # RecursionError on a deep tree, say: the C tool has no such bound
+        pass
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def confinement() -> list[str]:

@@ -88,9 +88,9 @@ def _resolve(task: str) -> Callable[[dict[str, Any], Worker], Any]:
 
 
 def _write_result(scratch: Path, result: SandboxResult) -> None:
-    tmp = scratch / (RESULT + ".tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(result), allow_nan=True))
-    os.replace(tmp, scratch / RESULT)
+    # In place: the caller made result.json and bound it alone writable (the folder is not);
+    # it reads it only once this process has ended.
+    (scratch / RESULT).write_text(json.dumps(dataclasses.asdict(result), allow_nan=True))
 
 
 def main(scratch: Path) -> None:

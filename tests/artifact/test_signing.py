@@ -205,7 +205,7 @@ def signed_run(tmp_path, keys):
     out = tmp_path / "out"
 
     def go(key=None, env=None):
-        args = ["run", str(p), "-o", str(out), "--no-progress"] + (["--key", str(key)] if key else [])
+        args = ["run", str(p), "-o", str(out), "--no-progress"] + (["--key", str(key)] if key else ["--no-sign"])
         r = CliRunner().invoke(main, args, env=env or {})
         return r, out / "s" / "mlp"
 

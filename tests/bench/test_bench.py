@@ -194,11 +194,13 @@ def test_unsigned_artefacts_are_not_benched_without_a_key_or_no_sandbox(quicksta
     monkeypatch.delenv("AOTPIPE_NO_SANDBOX")
     r = bench(str(root / "mlp"), "--backend", "eager")
     assert r.exit_code == 2
-    assert "pass --key KEY to run artefacts signed with it, or --no-sandbox" in r.output
+    assert "not signed by a key you trust, so not benched" in r.output and "aotpipe trust add" in r.output
+    assert "pass --no-sandbox if you otherwise trust them" in r.output, r.output
     key = tmp_path / "k.key"
     key.write_bytes(bytes(range(64)))
     r = bench(str(root / "mlp"), "--backend", "eager", "--key", f"hmac:{key}")
-    assert r.exit_code == 2 and "not signed by" in r.output and "so not benched: mlp:" in r.output, r.output
+    assert r.exit_code == 2 and f"not signed by hmac:{key}, so not benched" in r.output, r.output
+    assert "not the sandbox): mlp: " in r.output, r.output
 
 
 def test_graphs_names_only_known_kinds(quickstart_run):

@@ -133,3 +133,24 @@ def touch_memory(args: dict[str, Any], worker: Any) -> str:
     for i in range(0, len(block), 4096):
         block[i] = 1
     return "touched"
+
+
+def fill_disk(args: dict[str, Any], worker: Any) -> dict[str, Any]:
+    """Where a worker could put bytes on the host: new files and folders in its scratch
+    folder, and more than its TMPDIR holds; and memory no rlimit counts."""
+    scratch = os.getcwd()
+    out: dict[str, Any] = {"scratch": scratch}
+    out["new_file"] = _errno(lambda: open(os.path.join(scratch, "filler"), "wb").close())
+    out["new_folder"] = _errno(lambda: os.mkdir(os.path.join(scratch, "d")))
+    out["replace_result"] = _errno(lambda: os.rename(os.path.join(scratch, "result.json"),
+                                                     os.path.join(scratch, "moved")))
+    chunk = b"x" * (1 << 20)
+
+    def fill_tmp() -> None:
+        for i in range(args["tmp_files"]):
+            with open(os.path.join(os.environ["TMPDIR"], f"f{i}"), "wb") as f:
+                for _ in range(args["mib_per_file"]):
+                    f.write(chunk)
+    out["fill_tmp"] = _errno(fill_tmp)
+    out["memfd"] = _errno(lambda: os.close(os.memfd_create("x")))
+    return out

@@ -202,3 +202,50 @@ def test_the_caller_follows_no_link_the_worker_leaves_in_its_scratch_folder(tmp_
     os.mkfifo(fifo / name)  # would block an open for reading
     with pytest.raises(SandboxError):
         _verdict(fifo, 128 + 11, False, SandboxLimits.for_bytes(1 << 30))
+
+
+@needs_bwrap
+def test_the_worker_puts_nothing_on_the_hosts_disk_but_its_own_files():
+    limits = SandboxLimits(memory_bytes=4 << 30, address_space_bytes=12 << 30, tmp_bytes=16 << 20,
+                           file_bytes=64 << 20)
+    out = run_task("tests.sandbox.probes:fill_disk", {"tmp_files": 3, "mib_per_file": 8}, limits=limits)
+    assert out["new_file"] == out["new_folder"] == "EROFS", out  # the scratch folder is read-only to it
+    assert out["replace_result"] in ("EBUSY", "EROFS"), out  # its files are mount points
+    assert out["fill_tmp"] == "ENOSPC", out  # TMPDIR is a tmpfs of tmp_bytes, gone after the run
+    if launch.confinement()[2].startswith("a seccomp filter"):
+        assert out["memfd"] == "EPERM", out  # memory no rlimit counts
+
+
+def test_the_scratch_folder_lies_in_a_folder_only_the_caller_may_enter(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(launch, "remove_tree", lambda p: seen.append((p, os.stat(p).st_mode)))
+    monkeypatch.setattr(launch, "find_bwrap", lambda: "/bin/true")  # nothing runs: the layout is the point
+    try:
+        with pytest.raises(Exception):
+            run_task("replay", {})
+        (base, mode), = seen
+        assert mode & 0o777 == 0o700 and (base / "scratch").is_dir()
+    finally:
+        for base, _ in seen:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_tree_too_deep_for_rmtree_is_removed_all_the_same(tmp_path):
+    base = tmp_path / "deep"
+    fd = os.open(tmp_path, os.O_RDONLY)
+    os.mkdir("deep", dir_fd=fd)
+    for _ in range(1200):  # deeper than Python's recursion limit
+        nxt = os.open("deep" if _ == 0 else "d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+        os.mkdir("d", dir_fd=fd)
+    os.close(fd)
+    launch.remove_tree(base)
+    assert not base.exists()
+
+
+def test_pythonpath_entries_that_would_bind_the_callers_files_are_left_out(monkeypatch, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([".", "relative/dir", "/", str(Path.home()), str(code)]))
+    assert launch.code_paths() == [str(code)]
