@@ -504,7 +504,7 @@ def sign(directory: str, key: str | None) -> None:
     sys.exit(2 if breach else 1 if failed else 0)
 
 
-@main.group(short_help="The keys whose artefacts run in your process (your own and those you add).")
+@main.group(short_help="The keys whose artefacts run in your process.")
 def trust() -> None:
     """The keys you trust. `aotpipe run` signs with your own key (made on first use); an
     artefact signed by it or by a key added here, and unchanged since, replays, benches and
