@@ -106,7 +106,7 @@ class SandboxPlan:
 
     read_only: list[Path]  # bound read-only at the same path, nothing else of the host
     symlinks: list[tuple[str, str]]  # (target, link): /lib -> usr/lib on a merged-usr system
-    scratch: Path  # the one writable folder
+    scratch: Path  # the worker's folder: read-only to it but for WORKER_FILES, and its tmpfs TMPDIR
     drop_to_nobody: bool  # root caller: bwrap builds the mounts as root, the worker runs as 65534
     seccomp_fd: Optional[int] = None  # bwrap --seccomp: the compiled filter, open for reading
     copies: dict[Path, Path] = field(default_factory=dict)  # path -> a readable copy bound there instead
@@ -124,14 +124,25 @@ def _python_paths(task: str) -> list[Path]:
     if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
         paths.append(Path(site.getusersitepackages()))
     paths += [Path(p) for p in code_paths()]
-    module, sep, _ = task.partition(":")
-    if sep:  # a "module:function" the caller named: its top-level package (or module) too
-        spec = importlib.util.find_spec(module.split(".")[0])
-        if spec is not None:
-            paths += [Path(p) for p in (spec.submodule_search_locations or [])]
-            if spec.origin and spec.origin not in ("built-in", "frozen") and not spec.submodule_search_locations:
-                paths.append(Path(spec.origin))
+    found = _task_code(task)
+    if found is not None:  # a "module:function" the caller named: its top-level package (or module) too
+        paths.append(found[0])
     return paths
+
+
+def _task_code(task: str) -> Optional[tuple[Path, Path]]:
+    """(what to bind, the folder to put on the worker's path) for the top-level package or
+    module of a ``module:function`` task; None for a task of the worker's table."""
+    module, sep, _ = task.partition(":")
+    if not sep:
+        return None
+    spec = importlib.util.find_spec(module.split(".")[0])
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return None
+    origin = Path(spec.origin)
+    if spec.submodule_search_locations:  # a package: its folder
+        return origin.parent, origin.parent.parent
+    return origin, origin.parent
 
 
 def code_paths() -> list[str]:
@@ -242,7 +253,7 @@ def plan_sandbox(scratch: Path, read_paths: Iterable[str | Path] = (), task: str
 
 def sandbox_argv(bwrap: str, plan: SandboxPlan) -> list[str]:
     """bwrap's command line, up to the worker's own: an empty root with only `plan`'s paths
-    bound read-only and its scratch folder writable; new namespaces (mount, pid, network,
+    bound read-only and its own files in the scratch folder writable; new namespaces (mount, pid, network,
     IPC, UTS, cgroup); a fresh /proc whose kernel settings are read-only and a minimal /dev;
     no capabilities, no new privileges, an unprivileged uid; the seccomp filter if any."""
     argv = [bwrap, "--tmpfs", "/"]
@@ -308,12 +319,9 @@ def _worker_env(scratch: Path, task: str) -> dict[str, str]:
     tmp = scratch / "tmp"
     tmp.mkdir(exist_ok=True)
     paths = [_package_root()]
-    module, sep, _ = task.partition(":")
-    if sep:
-        spec = importlib.util.find_spec(module.split(".")[0])
-        if spec is not None and spec.origin and spec.origin not in ("built-in", "frozen"):
-            top = Path(spec.origin).parent
-            paths.append(str(top.parent if spec.submodule_search_locations else top))
+    found = _task_code(task)
+    if found is not None:
+        paths.append(str(found[1]))
     paths += code_paths()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(tmp), "USER": "nobody",
            "LOGNAME": "nobody", "LANG": "C.UTF-8", "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
@@ -474,7 +482,8 @@ def remove_tree(path: Path) -> None:
 
 
 def confinement() -> list[str]:
-    """What bounds a worker started here, one line each (``aotpipe sandbox-info``, docs)."""
+    """What bounds a worker started here, one line each (docs/security.md; the tests skip
+    what a missing layer cannot show)."""
     fd, seccomp = seccomp_filter()
     if fd is not None:
         os.close(fd)
