@@ -103,6 +103,18 @@ def _numel(t: Any, n: int, what: str) -> Optional[str]:
     return None
 
 
+def _dense(t: Any, what: str, *formats: torch.memory_format) -> Optional[str]:
+    """`t` laid out densely (in one of `formats`; default: contiguous), as kernels that walk
+    its data pointer by its sizes alone read it: a stride 0 (an expand of one element) or a
+    gap would have them read past its storage."""
+    if t is None or not isinstance(t, torch.Tensor):
+        return None
+    if any(t.is_contiguous(memory_format=f) for f in formats or (torch.contiguous_format,)):
+        return None
+    return (f"{what} is not dense (sizes {list(t.shape)[:8]}, strides {list(t.stride())[:8]}) where the kernel "
+            "reads it so")
+
+
 def _same_shape(a: Any, b: Any, what_a: str, what_b: str) -> Optional[str]:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return f"{what_a} or {what_b} is not a tensor"
@@ -123,8 +135,44 @@ def _pool_backward(spatial: int) -> Callable[[dict[str, Any]], Optional[str]]:
         plane = math.prod(x.shape[-spatial:])
         if g.shape[:-spatial] != x.shape[:-spatial]:
             return f"grad_output has shape {list(g.shape)} for an input of shape {list(x.shape)}"
-        return _first(_same_shape(idx, g, "indices", "grad_output"), _range(idx, 0, plane, "indices"))
+        layout = torch.channels_last if spatial == 2 else torch.channels_last_3d
+        return _first(_same_shape(idx, g, "indices", "grad_output"),
+                      _dense(idx, "indices", torch.contiguous_format, layout), _range(idx, 0, plane, "indices"))
     return check
+
+
+def _batch_dims(grad: Any, x: Any, spatial: int, grad_name: str = "grad_output") -> Optional[str]:
+    """A pooling's or padding's backward: grad has the input's dimensions but the last
+    `spatial` (the kernels take the planes to walk from one and read the other with them)."""
+    if not isinstance(grad, torch.Tensor) or not isinstance(x, torch.Tensor) or x.dim() <= spatial:
+        return f"{grad_name} or self is not a tensor of more than {spatial} dimensions"
+    if grad.dim() != x.dim() or grad.shape[:-spatial] != x.shape[:-spatial]:
+        return f"{grad_name} has shape {list(grad.shape)} for an input of shape {list(x.shape)}"
+    return None
+
+
+def _pool_planes(spatial: int) -> Callable[[dict[str, Any]], Optional[str]]:
+    def check(a: dict[str, Any]) -> Optional[str]:
+        return _batch_dims(a["grad_output"], a["self"], spatial)
+    return check
+
+
+def _pad_backward(spatial: int) -> Callable[[dict[str, Any]], Optional[str]]:
+    """reflection_pad*d_backward, replication_pad*d_backward: grad_output is self padded."""
+    def check(a: dict[str, Any]) -> Optional[str]:
+        g, x, pad = a["grad_output"], a["self"], a["padding"]
+        problem = _batch_dims(g, x, spatial)
+        if problem:
+            return problem
+        want = list(x.shape[:-spatial]) + [x.shape[-1 - d] + pad[2 * d] + pad[2 * d + 1]
+                                           for d in reversed(range(spatial))]
+        return None if list(g.shape) == want else \
+            f"grad_output has shape {list(g.shape)} where self {list(x.shape)} padded by {list(pad)} gives {want}"
+    return check
+
+
+def _softmax_backward(a: dict[str, Any]) -> Optional[str]:
+    return _same_shape(a["grad_output"], a["output"], "grad_output", "output")
 
 
 def _embedding_dense_backward(a: dict[str, Any]) -> Optional[str]:
@@ -202,7 +250,8 @@ def _embedding_bag(a: dict[str, Any]) -> Optional[str]:
     w, idx = a["weight"], a["indices"]
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         return "weight is not a [num_weights, dim] tensor"
-    return _first(_range(idx, 0, w.shape[0], f"indices (num_weights {w.shape[0]})"),
+    return _first(_dense(idx, "indices"), _dense(a["offsets"], "offsets"),
+                  _range(idx, 0, w.shape[0], f"indices (num_weights {w.shape[0]})"),
                   _offsets(a["offsets"], idx) if idx.dim() == 1 else None,
                   _numel(a.get("per_sample_weights"), idx.numel(), "per_sample_weights"))
 
@@ -287,6 +336,50 @@ def _flash_attention_cpu(a: dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _rnn(gates: int) -> Callable[[dict[str, Any]], Optional[str]]:
+    """lstm.input (4 gates), gru.input (3), rnn_tanh.input and rnn_relu.input (1): the CPU
+    path (oneDNN's RNN among its kernels) reads each layer's weights and the hidden state by
+    the sizes the input and hidden state give, unchecked; each must have the shape torch.nn's
+    RNNs give it (weights per layer and direction: w_ih, w_hh, then b_ih, b_hh, then an
+    LSTM's w_hr projection)."""
+    def check(a: dict[str, Any]) -> Optional[str]:
+        x, params, dirs, layers = a["input"], a["params"], 2 if a["bidirectional"] else 1, a["num_layers"]
+        hs = list(a["hx"]) if isinstance(a["hx"], (list, tuple)) else [a["hx"]]
+        if not (isinstance(x, torch.Tensor) and x.dim() == 3 and len(hs) == (2 if gates == 4 else 1)
+                and all(isinstance(h, torch.Tensor) and h.dim() == 3 for h in hs)
+                and isinstance(params, (list, tuple)) and isinstance(layers, int) and layers > 0):
+            return "input and hx are not 3-d tensors (hx: two for an LSTM) or params is not a list"
+        batch, out = x.shape[0] if a["batch_first"] else x.shape[1], hs[0].shape[2]
+        hidden = hs[1].shape[2] if gates == 4 else out
+        proj = out != hidden  # an LSTM's projection: its output is out wide, its cell hidden
+        for name, h, width in zip(("hx[0]", "hx[1]"), hs, (out, hidden)):
+            if list(h.shape) != [layers * dirs, batch, width]:
+                return f"{name} has shape {list(h.shape)} where the input and {layers} layers need " \
+                       f"{[layers * dirs, batch, width]}"
+        per = (4 if a["has_biases"] else 2) + (1 if proj else 0)
+        if len(params) != per * layers * dirs:
+            return (f"params holds {len(params)} tensors where {layers * dirs} layers and directions need "
+                    f"{per * layers * dirs}")
+        for i, w in enumerate(params):
+            k, layer = i % per, i // per // dirs
+            rows = gates * hidden
+            shapes = [[rows, x.shape[2] if layer == 0 else out * dirs], [rows, out]] + \
+                ([[rows], [rows]] if a["has_biases"] else []) + ([[out, hidden]] if proj else [])
+            if not isinstance(w, torch.Tensor) or list(w.shape) != shapes[k]:
+                return f"params[{i}] has shape {list(getattr(w, 'shape', []))} where its layer needs {shapes[k]}"
+        return None
+    return check
+
+
+def _mkldnn_convolution(a: dict[str, Any]) -> Optional[str]:
+    """mkldnn._convolution_pointwise (and .binary): oneDNN reads the bias as W's output
+    channels, densely (its other tensors it takes by their strides)."""
+    w = a["W"]
+    if not isinstance(w, torch.Tensor) or w.dim() < 3:
+        return "W is not a convolution's weight"
+    return _first(_numel(a["B"], w.shape[0], "B"), _dense(a["B"], "B"))
+
+
 def _group_norm_geometry(a: dict[str, Any]) -> Optional[str]:
     x, n, c, hxw, group = a["input"], a["N"], a["C"], a["HxW"], a["group"]
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
@@ -299,7 +392,8 @@ def _group_norm_geometry(a: dict[str, Any]) -> Optional[str]:
 
 
 def _group_norm(a: dict[str, Any]) -> Optional[str]:
-    return _first(_group_norm_geometry(a), _numel(a["weight"], a["C"], "weight"), _numel(a["bias"], a["C"], "bias"))
+    return _first(_group_norm_geometry(a), _numel(a["weight"], a["C"], "weight"), _numel(a["bias"], a["C"], "bias"),
+                  _dense(a["weight"], "weight"), _dense(a["bias"], "bias"))
 
 
 def _group_norm_backward(a: dict[str, Any]) -> Optional[str]:
@@ -307,15 +401,23 @@ def _group_norm_backward(a: dict[str, Any]) -> Optional[str]:
     if problem:
         return problem
     stats = a["N"] * a["group"]
+    x = a["input"]
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim(), torch.contiguous_format)
+    if x.is_contiguous() or not x.is_contiguous(memory_format=layout):  # the kernel's suggest_memory_format
+        layout = torch.contiguous_format
     return _first(_same_shape(a["grad_out"], a["input"], "grad_out", "input"),
                   _numel(a["mean"], stats, "mean"), _numel(a["rstd"], stats, "rstd"),
-                  _numel(a["weight"], a["C"], "weight"))
+                  _numel(a["weight"], a["C"], "weight"),
+                  _dense(a["input"], "input", layout), _dense(a["grad_out"], "grad_out", layout),
+                  *(_dense(a[name], name) for name in ("mean", "rstd", "weight")))
 
 
 def _pdist_backward(a: dict[str, Any]) -> Optional[str]:
     x = a["self"]
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         return "self is not a 2-d tensor"
+    if x.shape[0] == 0:
+        return "self has no rows"
     pairs = x.shape[0] * (x.shape[0] - 1) // 2
     return _first(_numel(a["pdist"], pairs, "pdist"), _numel(a["grad"], pairs, "grad"))
 
@@ -339,13 +441,14 @@ def _norm_dim(v: Any, dim: Any) -> tuple[Optional[str], int]:
 
 def _weight_norm(a: dict[str, Any]) -> Optional[str]:
     why, n = _norm_dim(a["v"], a["dim"])
-    return why or _numel(a["g"], n, "g")
+    return _first(why, _numel(a["g"], n, "g"), _dense(a["v"], "v"), _dense(a["g"], "g"))
 
 
 def _weight_norm_backward(a: dict[str, Any]) -> Optional[str]:
     why, n = _norm_dim(a["saved_v"], a["dim"])
     return _first(why, _same_shape(a["grad_w"], a["saved_v"], "grad_w", "saved_v"),
-                  _numel(a["saved_g"], n, "saved_g"), _numel(a["saved_norms"], n, "saved_norms"))
+                  _numel(a["saved_g"], n, "saved_g"), _numel(a["saved_norms"], n, "saved_norms"),
+                  *(_dense(a[name], name) for name in ("grad_w", "saved_v", "saved_g", "saved_norms")))
 
 
 def _lengths(lengths: Any, offsets: Any, axis_size: int) -> Optional[str]:
@@ -455,6 +558,12 @@ def _grid_sampler(a: dict[str, Any]) -> Optional[str]:
         return f"interpolation_mode {a['interpolation_mode']!r} is not 0, 1 or 2 (bilinear, nearest, bicubic)"
     if a["padding_mode"] not in (0, 1, 2):
         return f"padding_mode {a['padding_mode']!r} is not 0, 1 or 2 (zeros, border, reflection)"
+    g, x, grid = a.get("grad_output"), a["input"], a["grid"]
+    if g is not None and isinstance(x, torch.Tensor) and isinstance(grid, torch.Tensor) and x.dim() == 4 \
+            and grid.dim() == 4:
+        want = [x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]]
+        if not isinstance(g, torch.Tensor) or list(g.shape) != want:
+            return f"grad_output has shape {list(getattr(g, 'shape', []))} where input and grid give {want}"
     return None
 
 
@@ -489,6 +598,20 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
         _batch_norm_stats("weight", "running_mean", "running_var", "save_mean", "save_invstd"),
     aten.batch_norm_backward.default:
         _batch_norm_stats("weight", "running_mean", "running_var", "save_mean", "save_var"),
+    aten._softmax_backward_data.default: _softmax_backward,
+    aten._log_softmax_backward_data.default: _softmax_backward,
+    aten._adaptive_avg_pool2d_backward.default: _pool_planes(2),
+    aten.avg_pool2d_backward.default: _pool_planes(2),
+    aten.reflection_pad1d_backward.default: _pad_backward(1),
+    aten.reflection_pad2d_backward.default: _pad_backward(2),
+    aten.reflection_pad3d_backward.default: _pad_backward(3),
+    aten.replication_pad1d_backward.default: _pad_backward(1),
+    aten.replication_pad2d_backward.default: _pad_backward(2),
+    aten.replication_pad3d_backward.default: _pad_backward(3),
+    aten.lstm.input: _rnn(4),
+    aten.gru.input: _rnn(3),
+    aten.rnn_tanh.input: _rnn(1),
+    aten.rnn_relu.input: _rnn(1),
     aten.native_group_norm.default: _group_norm,
     aten.native_group_norm_backward.default: _group_norm_backward,
     aten._pdist_backward.default: _pdist_backward,
@@ -505,6 +628,11 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
     aten.grid_sampler_2d.default: _grid_sampler,
     aten.grid_sampler_2d_backward.default: _grid_sampler,
 }
+
+# oneDNN's fused convolutions, where this torch has them (ops.MKLDNN allows them by name)
+if hasattr(torch.ops.mkldnn, "_convolution_pointwise"):
+    CHECKS[torch.ops.mkldnn._convolution_pointwise.default] = _mkldnn_convolution
+    CHECKS[torch.ops.mkldnn._convolution_pointwise.binary] = _mkldnn_convolution
 
 # Ops whose output size comes from values, bounded at run time by their check above to
 # the per-tensor limit (elements of 8 bytes): the precheck takes that bound.

@@ -66,6 +66,14 @@ from torch.multiprocessing.reductions import StorageWeakRef
 _MARK = "aotpipe_precheck"  # gm.meta key: the loader built this module from an artefact
 
 
+# Allowed composites whose C++ reads a tensor argument's values while it decomposes (a packed
+# sequence's batch sizes, through its data pointer): on a fake tensor torch raises ("data is
+# not allocated yet"), but for an empty one it reads through a null pointer and the process
+# dies. Not propagated: they fail as torch's check fails for every other input.
+_READS_VALUES = {torch.ops.aten.lstm.data: "batch_sizes", torch.ops.aten.gru.data: "batch_sizes",
+                 torch.ops.aten.rnn_tanh.data: "batch_sizes", torch.ops.aten.rnn_relu.data: "batch_sizes"}
+
+
 class GraphWillNotRun(RuntimeError):
     """A node's arguments fail torch's own checks on fake tensors: the graph does not run."""
 
@@ -230,6 +238,10 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                 env[node] = fake(obj)
             elif node.op == "call_function":
                 target = getattr(node.target, "checked_op", node.target)
+                if target in _READS_VALUES:
+                    raise GraphWillNotRun(f"{where}: node {node.name!r} ({_op_label(node)}) does not run on these "
+                                          f"inputs: it reads the values of {_READS_VALUES[target]} as it "
+                                          "decomposes, which fake tensors do not have")
                 args = torch.fx.node.map_arg(node.args, lambda n: env[n])
                 kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
                 try:

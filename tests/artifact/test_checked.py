@@ -195,6 +195,53 @@ HOSTILE = {
     "grid sampler backward, unknown padding": (
         aten.grid_sampler_2d_backward.default, (_r(1, 1, 4, 4), _r(1, 1, 4, 4), _r(1, 4, 4, 2), 0, -1, False,
                                                 [True, True]), "padding_mode -1 is not 0, 1 or 2"),
+    # found by the sweep (tests/artifact/test_hostile_ops.py): kernels that read an argument
+    # densely by sizes they take from another
+    "group norm, weight expanded from one element": (
+        aten.native_group_norm.default, (_r(2, 4, 3), torch.ones(1).expand(4), None, 2, 4, 3, 2, 1e-5),
+        "weight is not dense (sizes [4], strides [0]) where the kernel reads it so"),
+    "group norm backward, grad_out expanded": (
+        aten.native_group_norm_backward.default,
+        (torch.ones(1).expand(2, 4, 3), _r(2, 4, 3), _r(2, 2), _r(2, 2), _r(4), 2, 4, 3, 2, [T, T, T]),
+        "grad_out is not dense (sizes [2, 4, 3], strides [0, 0, 0])"),
+    "weight norm, g expanded": (
+        aten._weight_norm_interface.default, (_r(4, 3), torch.ones(1).expand(4, 1), 0),
+        "g is not dense (sizes [4, 1], strides [0, 1])"),
+    "weight norm backward, grad_w expanded": (
+        aten._weight_norm_interface_backward.default,
+        (torch.ones(1).expand(4, 3), _r(4, 3), _r(4, 1), _r(4, 1), 0), "grad_w is not dense"),
+    "embedding_bag, offsets expanded": (
+        aten._embedding_bag.default, (_r(10, 4), _i(0, 1, 2), torch.zeros(1, dtype=torch.int64).expand(2)),
+        "offsets is not dense (sizes [2], strides [0])"),
+    "adaptive max pool3d backward, indices expanded": (
+        aten.adaptive_max_pool3d_backward.default,
+        (_r(1, 1, 2, 2, 2), _r(1, 1, 4, 4, 4), torch.zeros(1, dtype=torch.int64).expand(1, 1, 2, 2, 2)),
+        "indices is not dense"),
+    "log softmax backward, output of one element": (
+        aten._log_softmax_backward_data.default, (_r(2, 3), _r(1, 1), 1, torch.float32),
+        "grad_output has shape [2, 3], output [1, 1]"),
+    "adaptive avg pool2d backward, grad of one plane": (
+        aten._adaptive_avg_pool2d_backward.default, (_r(1, 1, 2, 2), _r(2, 3, 4, 4)),
+        "grad_output has shape [1, 1, 2, 2] for an input of shape [2, 3, 4, 4]"),
+    "avg pool2d backward, input emptied": (
+        aten.avg_pool2d_backward.default, (_r(2, 3, 2, 2), _r(0, 3, 4, 4), [2, 2], [2, 2], [0, 0], False, True, None),
+        "grad_output has shape [2, 3, 2, 2] for an input of shape [0, 3, 4, 4]"),
+    "replication pad backward, grad emptied": (
+        aten.replication_pad2d_backward.default, (_r(0, 2, 5, 6), _r(1, 2, 3, 4), [1, 1, 1, 1]),
+        "grad_output has shape [0, 2, 5, 6] for an input of shape [1, 2, 3, 4]"),
+    "reflection pad backward, grad the wrong size": (
+        aten.reflection_pad1d_backward.default, (_r(1, 2, 5), _r(1, 2, 4), [1, 1]),
+        "grad_output has shape [1, 2, 5] where self [1, 2, 4] padded by [1, 1] gives [1, 2, 6]"),
+    "grid sampler backward, grad of one element": (
+        aten.grid_sampler_2d_backward.default, (_r(1, 1, 1, 1), _r(2, 3, 5, 5), _r(2, 5, 5, 2), 0, 0, False,
+                                                [True, True]),
+        "grad_output has shape [1, 1, 1, 1] where input and grid give [2, 3, 5, 5]"),
+    "pdist backward, no rows": (
+        aten._pdist_backward.default, (_r(0), _r(0, 1), 2.0, _r(0)), "self has no rows"),
+    "lstm, a weight of one element": (
+        aten.lstm.input, (_r(5, 2, 3), [_r(1, 2, 4), _r(1, 2, 4)], [_r(1, 1), _r(16, 4), _r(16), _r(16)], True, 1,
+                          0.0, False, False, False),
+        "params[0] has shape [1, 1] where its layer needs [16, 3]"),
     "inverse real FFT, huge last size": (
         aten._fft_c2r.default, (_r(4, 5).to(torch.cfloat), [1], 0, 10**12), "last_dim_size makes 4,000,000,000,000"),
 }

@@ -410,3 +410,29 @@ def test_a_graph_is_checked_once_per_input_layout(mlp_copy, monkeypatch):
     assert len(calls) == 1
     run_graph(ga.module, [t.clone() for t in inputs[:-1]] + [inputs[-1][:4]])  # another layout
     assert len(calls) == 2
+
+
+def test_an_rnn_over_an_empty_packed_sequence_is_refused_without_reading_through_a_null_pointer():
+    # lstm.data's C++ reads batch_sizes through its data pointer while it decomposes: a fake
+    # tensor has none, and an empty one made the precheck itself die (SIGSEGV). In a process
+    # of its own, so that a regression fails this test rather than the run.
+    import subprocess
+    import sys
+
+    script = """
+import torch, torch.fx
+from aotpipe.artifact import precheck
+g = torch.fx.Graph()
+xs = [g.placeholder(f"x{i}") for i in range(8)]
+g.output(g.call_function(torch.ops.aten.lstm.data, (xs[0], xs[1], [xs[2], xs[3]], xs[4:], True, 1, 0.0, False, False)))
+r = lambda *s: torch.randn(*s)
+inputs = [r(6, 3), torch.zeros(0, dtype=torch.int64), r(1, 3, 4), r(1, 3, 4), r(16, 3), r(16, 4), r(16), r(16)]
+try:
+    precheck.check_graph(torch.fx.GraphModule(torch.nn.Module(), g), inputs, "g/graph.json")
+except precheck.GraphWillNotRun as e:
+    print(e)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.strip() == ("g/graph.json: node 'lstm_data' (aten.lstm.data) does not run on these inputs: it "
+                                "reads the values of batch_sizes as it decomposes, which fake tensors do not have")
