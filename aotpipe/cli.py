@@ -853,8 +853,8 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
         untrusted = trust_problems(p, key)
         if untrusted:
             who = key if key is not None else "a key you trust"
-            raise AotpipeError(f"{artifact}: not signed by {who}, so not exported (exporting runs the graph in this "
-                               f"process): {untrusted[0]}; or --no-sandbox if you otherwise trust it")
+            raise AotpipeError(f"not exported (export-pt2 runs the graph in this process, and the artefact is not "
+                               f"signed by {who}): {untrusted[0]}; or --no-sandbox if you otherwise trust it")
     r = export(p, Path(output), graph)
     verdict = "identical" if r.identical else f"max abs difference {r.max_abs_difference:.3g}"
     _say(f"wrote {r.path}: {r.graph} graph, {r.user_inputs} inputs, {r.outputs} outputs, {r.parameters} parameters, "

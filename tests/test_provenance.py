@@ -163,7 +163,7 @@ def test_export_pt2_runs_on_ones_own_artefact_and_refuses_a_colleagues(quickstar
     assert r.exit_code == 0 and (tmp_path / "mlp.pt2").exists(), r.output
     copy = _colleague_copy(root / "mlp", tmp_path / "copy")
     r = _invoke("export-pt2", str(copy), "-o", str(tmp_path / "copy.pt2"))
-    assert r.exit_code == 2 and "not signed by a key you trust, so not exported" in r.output, r.output
+    assert r.exit_code == 2 and "and the artefact is not signed by a key you trust" in r.output, r.output
     assert not (tmp_path / "copy.pt2").exists()
 
 

@@ -77,8 +77,10 @@ def test_export_pt2_refuses_an_unsigned_artefact_without_trust(quickstart_run, t
     monkeypatch.delenv("AOTPIPE_NO_SANDBOX")
     r = cli("export-pt2", root / "mlp", "-o", tmp_path / "m.pt2")
     assert r.exit_code == 2 and not (tmp_path / "m.pt2").exists()
-    assert r.output == (f"error: {root / 'mlp'}: export-pt2 runs the graph in this process; pass --key KEY for an "
-                        "artefact signed with it, or --no-sandbox if you made it or otherwise trust it\n")
+    assert r.output == ("error: not exported (export-pt2 runs the graph in this process, and the artefact is not "
+                        f"signed by a key you trust): {root / 'mlp'}: not signed (made elsewhere, or before aotpipe "
+                        "signed what it writes); aotpipe trust add its maker's public key, or aotpipe sign it "
+                        "yourself; or --no-sandbox if you otherwise trust it\n")
 
 
 def test_export_pt2_exports_a_signed_artefact_and_refuses_a_tampered_one(mlp_copy, tmp_path, monkeypatch):

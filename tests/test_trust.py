@@ -41,11 +41,22 @@ def _run(args, **kw):
 def test_two_runs_in_two_processes_are_byte_identical(quickstart_run, tmp_path):
     root, _ = quickstart_run
     other = tmp_path / "other"
+    # like with like: the session's run is unsigned (conftest); signed runs differ only in
+    # signature.json, deterministic for one key (Ed25519), below
     r = subprocess.run([sys.executable, "-m", "aotpipe.cli", "run", str(PIPELINES / "quickstart.yaml"), "-o", str(other),
-                        "--no-progress"], cwd=tmp_path, capture_output=True, text=True)
+                        "--no-progress", "--no-sign"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     a, b = _hashes(root), _hashes(other / "quickstart")
     assert len(a) > 60 and a == b
+    from aotpipe.artifact.verify import sign_artifact
+    from aotpipe.artifact.keyring import own_key
+
+    for tree in (root, other / "quickstart"):
+        shutil.copytree(tree / "mlp", tmp_path / "signed" / str(len(list((tmp_path).glob("signed/*")))))
+    first, second = sorted((tmp_path / "signed").iterdir())
+    for folder in (first, second):
+        sign_artifact(folder, str(own_key()))
+    assert (first / "signature.json").read_bytes() == (second / "signature.json").read_bytes()
 
 
 def test_artefacts_hold_no_absolute_paths_hostnames_or_times(quickstart_run):
