@@ -146,6 +146,9 @@ def _as_32(data: bytes) -> Optional[tuple[str, bytes]]:
     URL-safe, padded or not); else None. The size of a raw Ed25519 public key."""
     if len(data) == 32:
         return "32 raw bytes", data
+    for end in (b"\n", b"\r\n"):  # as an editor or `echo` saves it: the newline is not part of it
+        if len(data) == 32 + len(end) and data.endswith(end):
+            return "32 raw bytes and a line end", data[:32]
     text = data.strip()
     if len(text) == 64 and set(text) <= _HEX:
         return "hex of 32 bytes", bytes.fromhex(text.decode("ascii"))

@@ -35,11 +35,15 @@ PUBLIC_ENCODINGS = {
     "openssh": (PUBLIC.public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH) + b" release@host\n",
                 "an OpenSSH key"),
     "raw 32 bytes": (RAW, "32 raw bytes, the size of a raw Ed25519 public key"),
+    # the audit's bug: one byte more than a raw key, and it passed for a 33-byte HMAC secret
+    "raw 32 bytes and a newline": (RAW + b"\n", "32 raw bytes and a line end, the size of a raw Ed25519 public key"),
+    "raw 32 bytes and CRLF": (RAW + b"\r\n", "32 raw bytes and a line end"),
     "base64 of raw": (base64.b64encode(RAW) + b"\n", "base64 of 32 bytes, the size of a raw Ed25519 public key"),
     "base64url of raw, unpadded": (base64.urlsafe_b64encode(RAW).rstrip(b"="), "base64 of 32 bytes"),
     "hex of raw": (RAW.hex().encode() + b"\n", "hex of 32 bytes"),
 }
-RAW_FORMS = {"raw 32 bytes", "base64 of raw", "base64url of raw, unpadded", "hex of raw"}
+RAW_FORMS = {"raw 32 bytes", "raw 32 bytes and a newline", "raw 32 bytes and CRLF", "base64 of raw",
+             "base64url of raw, unpadded", "hex of raw"}
 
 
 def cli(*args):
@@ -163,3 +167,11 @@ def test_run_signs_with_a_prefixed_key(tmp_path):
     r = cli("run", p, "-o", tmp_path / "out", "--no-progress", "--executor", "local", "--key", f"hmac:{secret}")
     assert r.exit_code == 0, r.output
     assert check_signature(tmp_path / "out" / "s" / "mlp", f"hmac:{secret}") == []
+
+
+def test_a_33_byte_secret_is_a_secret_unless_its_last_byte_is_a_line_end(tmp_path):
+    inside = _write(tmp_path / "inside.key", bytes(range(1, 34)))  # 33 bytes, the last no line end
+    assert load_key(f"hmac:{inside}").algorithm == "hmac-sha256"
+    outside = _write(tmp_path / "outside.key", bytes(range(1, 33)) + b"\n")  # 32 bytes and a newline
+    with pytest.raises(AotpipeError, match="32 raw bytes and a line end"):
+        load_key(f"hmac:{outside}")
