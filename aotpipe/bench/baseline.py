@@ -12,7 +12,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from aotpipe.bench.graph import STATUSES, GraphResult
 from aotpipe.errors import AotpipeError
@@ -66,13 +66,21 @@ class Comparison:
     changed: list[str] = field(default_factory=list)  # one failure to another
     new: list[str] = field(default_factory=list)  # benched, not in the baseline
     missing: list[str] = field(default_factory=list)  # in the baseline, not benched
+    # passed in the baseline, no longer benched: a regression (deleting a failing artefact
+    # must not pass the gate) unless the user says they were removed on purpose
+    vanished: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.regressions
+        return not self.regressions and not self.vanished
 
 
-def compare(results: Sequence[GraphResult], baseline: dict[tuple[str, str], str]) -> Comparison:
+def compare(results: Sequence[GraphResult], baseline: dict[tuple[str, str], str], *,
+            benched_kinds: Optional[Callable[[str], bool]] = None, allow_missing: bool = False) -> Comparison:
+    """How `results` differ from `baseline`. `benched_kinds(graph)`: whether this bench would
+    have benched a graph of that key at all (--graphs, an inference-only backend): one it
+    left out on purpose is neither missing nor a regression. With `allow_missing`, graphs
+    that passed and are gone are listed, not counted."""
     c = Comparison()
     seen = set()
     for r in sorted(results, key=lambda r: (r.artifact, r.graph)):
@@ -88,5 +96,10 @@ def compare(results: Sequence[GraphResult], baseline: dict[tuple[str, str], str]
             c.improvements.append(f"{name}: {was} -> pass")
         elif was != r.status:
             c.changed.append(f"{name}: {was} -> {r.status}")
-    c.missing = [f"{a} {g}: {s}" for (a, g), s in sorted(baseline.items()) if (a, g) not in seen]
+    for (a, g), was in sorted(baseline.items()):
+        if (a, g) in seen or (benched_kinds is not None and not benched_kinds(g)):
+            continue
+        c.missing.append(f"{a} {g}: {was}")
+        if was == "pass" and not allow_missing:
+            c.vanished.append(f"{a} {g}: pass -> not benched (gone; --allow-missing if removed on purpose)")
     return c

@@ -9,7 +9,9 @@ from typing import Callable, Optional
 
 from aotpipe.bench import baseline as baselines
 from aotpipe.bench.output import table, write_csv
+from aotpipe.bench.backends import parse_backend
 from aotpipe.bench.run import bench, parse_kinds
+from aotpipe.graph_keys import parse_graph_key
 from aotpipe.bench.locate import locate_failures
 
 
@@ -34,6 +36,7 @@ class BenchOptions:
     locate_dir: Optional[str] = None
     threads: Optional[int] = None
     clock: str = "wall"
+    allow_missing: bool = False  # --allow-missing: baseline graphs no longer benched were removed on purpose
 
 
 def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., None]) -> int:
@@ -67,7 +70,17 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
     if o.locate:
         located = locate_failures(result, Path(o.locate_dir or "bench-repros"), timeout_s=o.timeout_s,
                                   trust_ops=o.trust_ops, threads=o.threads)
-    comparison = baselines.compare(result.results, expected) if expected is not None else None
+    comparison = None
+    if expected is not None:
+        inference_only = parse_backend(o.backend).inference_only
+
+        def benched(graph: str) -> bool:  # a graph of this key is one this bench would have run
+            parsed = parse_graph_key(graph)
+            kind = parsed.kind if parsed is not None else graph
+            return (kinds is None or kind in kinds) and (not inference_only or kind == "inference")
+
+        comparison = baselines.compare(result.results, expected, benched_kinds=benched,
+                                       allow_missing=o.allow_missing)
     if o.csv:
         write_csv(Path(o.csv), result)
     if o.write_baseline:
@@ -88,6 +101,7 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
                 say(line)
         if comparison is not None:
             for title, items in (("regressions (passed in the baseline, fail now)", comparison.regressions),
+                                 ("regressions (passed in the baseline, gone now)", comparison.vanished),
                                  ("improvements", comparison.improvements),
                                  ("changed failures", comparison.changed),
                                  ("not in the baseline", comparison.new),

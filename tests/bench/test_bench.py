@@ -282,3 +282,44 @@ def test_dynamo_subgraphs_are_benched_each_under_its_own_key(tmp_path, monkeypat
     keys = {g["graph"]: g["status"] for g in data["graphs"]}
     assert {"inference", "inference_1", "forward", "forward_1", "backward", "backward_1"} <= set(keys), keys
     assert set(keys.values()) == {"pass"}
+
+
+def _result(artifact, graph, status):
+    from aotpipe.bench.graph import GraphResult
+
+    return GraphResult(artifact=artifact, graph=graph, kind=graph.split(".")[0], status=status, reason="")
+
+
+def test_a_graph_that_passed_and_is_gone_is_a_regression_unless_removed_on_purpose():
+    from aotpipe.bench.baseline import compare
+
+    baseline = {("kept", "inference"): "pass", ("gone", "inference"): "pass", ("broken", "inference"): "compile_error",
+                ("kept", "forward"): "pass"}
+    results = [_result("kept", "inference", "pass")]
+    # the failing artefact deleted: the one that failed before is only missing; the passing one is a regression
+    c = compare(results, baseline)
+    assert not c.ok and c.regressions == []
+    assert [v.split(":")[0] for v in c.vanished] == ["gone inference", "kept forward"]
+    assert c.missing == ["broken inference: compile_error", "gone inference: pass", "kept forward: pass"]
+    # just inside: the user says they were removed on purpose
+    c = compare(results, baseline, allow_missing=True)
+    assert c.ok and c.vanished == [] and len(c.missing) == 3
+    # graphs this bench would not have run at all (--graphs inference) are neither
+    c = compare(results, baseline, benched_kinds=lambda g: g.split(".")[0] == "inference")
+    assert [v.split(":")[0] for v in c.vanished] == ["gone inference"]
+    assert "kept forward: pass" not in c.missing
+
+
+def test_the_gate_fails_from_the_command_line_when_a_passing_graph_is_gone(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    base = tmp_path / "expected.csv"
+    args = (str(root / "mlp"), "--backend", f"{PLANTED}:fails_to_compile", "--graphs", "inference")
+    assert bench(*args, "--write-baseline", str(base)).exit_code == 0
+    base.write_text(base.read_text() + "deleted_model,inference,pass\ndeleted_model,forward,pass\n")
+    r = bench(*args, "--baseline", str(base))
+    assert r.exit_code == 1, r.output
+    assert "regressions (passed in the baseline, gone now): 1" in r.output
+    assert "deleted_model inference: pass -> not benched" in r.output
+    assert "deleted_model forward: pass -> not benched" not in r.output  # --graphs inference: not this bench's
+    r = bench(*args, "--baseline", str(base), "--allow-missing")
+    assert r.exit_code == 0 and "no regressions" in r.output, r.output
