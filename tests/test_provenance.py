@@ -175,3 +175,15 @@ def test_bench_runs_ones_own_artefacts_and_refuses_a_colleagues(quickstart_run, 
     copy = _colleague_copy(root / "mlp", tmp_path / "copy")
     r = _invoke("bench", str(copy), "--backend", "eager", "--no-progress")
     assert r.exit_code == 2 and "not signed by a key you trust, so not benched" in r.output, r.output
+
+
+def test_a_key_folder_others_may_write_is_refused_before_a_key_goes_there(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv("AOTPIPE_CONFIG_DIR", str(shared))
+    r = _invoke("trust", "key")
+    assert r.exit_code == 2 and "writable by others or not yours (mode 777); chmod go-w" in r.output, r.output
+    assert not (shared / "signing-key.pem").exists()
+    shared.chmod(0o755)  # just inside: others may read the folder, not write it
+    assert _invoke("trust", "key").exit_code == 0 and (shared / "signing-key.pem").exists()

@@ -43,8 +43,15 @@ def config_dir() -> Path:
 
 
 def _private_folder(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
+    """`path` made owner-only, or, if it is there already, checked to be no one else's to write."""
+    if not path.exists():
+        path.mkdir(parents=True, mode=0o700)
+        os.chmod(path, 0o700)  # whatever the umask
+        return
+    info = path.stat()
+    if info.st_mode & 0o022 or info.st_uid != os.geteuid():
+        raise AotpipeError(f"{path}: the folder for your signing key is writable by others or not yours (mode "
+                           f"{info.st_mode & 0o777:o}); chmod go-w {path}, or point AOTPIPE_CONFIG_DIR elsewhere")
 
 
 def own_key(create: bool = True) -> Optional[Path]:
