@@ -184,8 +184,9 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
             row.errors.append(f"{run.stage or 'run'}: {run.error}")
     if view is None:
         return row
-    if view.problem:
+    if view.problem:  # the manifest cannot be read now, whatever run.json said then (verify fails it too)
         row.errors.append(view.problem)
+        row.status = "unreadable"
     m = view.manifest
     if m is None:
         return row
@@ -239,6 +240,8 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
         if verified is not None and verified.error:
             row.errors.append(f"{g.key}: {verified.status}: {verified.error}")
     row.errors += [f"pass chain failed: {p}" for p in m.pass_failures]
+    if any(g.problem for g in view.graphs):  # a graph's records cannot be read now
+        row.status = "unreadable"
     row.worst_ratio = max(ratios) if ratios else None
     return row
 

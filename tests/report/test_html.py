@@ -257,3 +257,17 @@ def test_the_csp_allows_by_hash_only_the_page_s_own_script(tree):
     assert len(scripts) == 1
     digest = base64.b64encode(hashlib.sha256(scripts[0].encode("utf-8")).digest()).decode()
     assert rules["script-src"] == [f"'sha256-{digest}'"]
+
+
+@pytest.mark.parametrize("damage", ["manifest", "graph"])
+def test_a_model_whose_records_cannot_be_read_now_is_not_shown_ok(tree, damage):
+    """run.json says ok (it was, when it ran); the files say otherwise now, as verify does."""
+    target = tree / "mlp" / ("manifest.json" if damage == "manifest" else "mlp_forward_0/graph.json")
+    target.write_text("{ not json")
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    assert ("failed", "mlp") in _rows(html), _rows(html)  # filtered with the failures
+    assert re.search(r'<a href="#m0">mlp</a></td>\s*<td[^>]*>unreadable<', html), "the row says why"
+    assert [s for s, _ in _rows(html)].count("ok") == 3  # the others as they were
+    assert re.search(r'id="sum-failed" class="failed">1<', html)
+    assert cli("verify", tree / "mlp").exit_code != 0
