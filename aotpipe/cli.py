@@ -423,8 +423,7 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
     parse_trust(trust_ops)  # a malformed --trust-ops is the user's error, once
     results = verify_tree(Path(directory), key or None, trust_ops=trust_ops)
     if not results:  # a mistyped path must not pass a CI step
-        raise AotpipeError(f"{directory}: no artefacts found (looked for manifest.json in it and every folder below); "
-                           "nothing was checked: pass a pipeline's output folder or a model folder")
+        raise _no_artefacts(directory, "checked")
     bad = {str(k): v for k, v in results.items() if v}
     if as_json:
         click.echo(json.dumps({"checked": len(results), "problems": bad}, indent=2, sort_keys=True))
@@ -442,6 +441,12 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
                    "module.py; `aotpipe show` says how each checked when captured)")
     breaches = any(isinstance(p, Breach) for problems in results.values() for p in problems)
     sys.exit(2 if breaches else 1 if bad else 0)
+
+
+def _no_artefacts(directory: str, done: str) -> AotpipeError:
+    """The one error of ls, verify and sign for a folder with no artefact under it (exit 2)."""
+    return AotpipeError(f"{directory}: no artefacts found (looked for manifest.json in it and every folder below); "
+                        f"nothing was {done}: pass a pipeline's output folder or a model folder")
 
 
 def _failed_at_capture(folder: Any) -> str | None:
@@ -500,7 +505,7 @@ def sign(directory: str, key: str | None) -> None:
         _say(f"FAILED  {u}")
         _say(f"    {u / 'manifest.json'}: missing (an incomplete artefact)")
     if not models and not unfinished:
-        _say(f"no artefacts under {directory}", err=True)
+        raise _no_artefacts(directory, "signed")
     sys.exit(2 if breach else 1 if failed else 0)
 
 
@@ -639,8 +644,7 @@ def ls_cmd(directory: str) -> None:
 
     rows = list_artifacts(Path(directory))
     if not rows:
-        _say(f"no artefacts under {directory}")
-        return
+        raise _no_artefacts(directory, "listed")
     rows = [dataclasses.replace(r, path=printable(r.path, names=True), status=printable(r.status, names=True),
                                 graphs=printable(r.graphs, names=True), size=printable(r.size, names=True),
                                 error=None if r.error is None else printable(r.error))
@@ -852,6 +856,9 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
 
     p = Path(artifact)
     _artefact_folder(p)
+    folder = Path(output).parent
+    if not folder.is_dir():  # before any work: torch.export.save would fail after it, with a traceback
+        raise AotpipeError(f"-o {output}: the folder {folder} does not exist; make it first (mkdir -p {folder})")
     if not trusted:
         untrusted = trust_problems(p, key)
         if untrusted:

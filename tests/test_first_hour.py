@@ -285,3 +285,31 @@ def test_validate_ignores_an_embedding_subclass_that_reads_only_its_inputs_shape
         """))
     r = _cli("validate", str(path))
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("command", ["ls", "verify", "sign"])
+def test_ls_verify_and_sign_agree_a_folder_without_artefacts_is_exit_2(tmp_path, command):
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    r = CliRunner().invoke(main, [command, str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [
+        f"error: {tmp_path}: no artefacts found (looked for manifest.json in it and every folder below); nothing "
+        f"was {dict(ls='listed', verify='checked', sign='signed')[command]}: pass a pipeline's output folder or a "
+        "model folder"]
+
+
+def test_export_pt2_into_a_folder_that_is_not_there_is_one_line_before_any_work(quickstart_run, tmp_path):
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    root, _ = quickstart_run
+    out = tmp_path / "missing" / "dir" / "m.pt2"
+    r = CliRunner().invoke(main, ["export-pt2", str(root / "mlp"), "-o", str(out), "--no-sandbox"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [
+        f"error: -o {out}: the folder {out.parent} does not exist; make it first (mkdir -p {out.parent})"]
+    assert not (tmp_path / "missing").exists()
