@@ -26,7 +26,13 @@ from aotpipe.pt2 import pt2_problem
 
 SCHEMA_VERSION = 1
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+
+
+def is_name(value: str) -> bool:
+    """Whether `value` may name a model or pipeline folder: the whole string (a `$` in a
+    pattern would admit a trailing newline), so no separator, no `..`, nothing hidden."""
+    return _NAME_RE.fullmatch(value) is not None
 
 
 class Defaults(Strict):
@@ -75,7 +81,7 @@ class ModelEntry(Strict):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not is_name(v):
             raise ValueError(
                 f"model name {v!r} is not a safe folder name; use letters, digits, '_', '.', '-'"
             )
@@ -128,7 +134,7 @@ class PipelineFile(Strict):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not is_name(v):
             raise ValueError(f"pipeline name {v!r} is not a safe folder name; use letters, digits, '_', '.', '-'")
         return v
 

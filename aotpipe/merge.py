@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from aotpipe.format.records import DuplicatedModel, MergedShard, MergeRecord, ModelRun, RunRecord
-from aotpipe.config import _NAME_RE
+from aotpipe.config import is_name
 from aotpipe.errors import AotpipeError
 from aotpipe.results import ModelResult, RunResult
 from aotpipe.shards import read_run_json
@@ -77,8 +77,8 @@ def _refuse_link(path: Path) -> None:
 def _name_problem(value: str, *, model: bool) -> Optional[str]:
     """Why `value`, a pipeline or model name read from a shard's run.json, cannot name a folder
     inside -o, or None. The rule is the pipeline file's (config), so every name aotpipe run
-    wrote passes; fullmatch, since the pattern's `$` would admit a trailing newline."""
-    if not _NAME_RE.fullmatch(value):
+    wrote passes."""
+    if not is_name(value):
         return f"{value[:80]!r} is not a name (letters, digits, '_', '.', '-', not starting with '.')"
     if model and value in _REPORT_FILES:
         return f"{value!r} is the name of a file merge writes, not a model's"

@@ -502,6 +502,12 @@ def test_unsafe_model_name(name):
     assert "not a safe folder name" in p.message
 
 
+def test_a_name_ending_in_a_newline_is_no_name_but_the_name_alone_is():
+    p = only_problem(GOOD.replace("name: m", 'name: "m\\n"'))  # YAML's escape: a trailing newline
+    assert (p.field, "not a safe folder name" in p.message) == ("models[0].name", True)
+    assert parse_pipeline(GOOD.replace("name: m", 'name: "m"')).models[0].name == "m"
+
+
 def test_bad_graph_kind_lists_valid_kinds():
     p = only_problem(GOOD + "    graphs: [inference, forwards]\n")
     assert (p.line, p.field) == (7, "models[0].graphs[1]")
