@@ -184,8 +184,29 @@ def _check_shapes(job: _Job, folder: Path) -> Any:
     """A mode without values (meta): each graph run on fake tensors, for shapes only."""
     from aotpipe.checks.meta import check_meta_written  # torch
 
-    job.checks = check_meta_written(folder, codes=_codes(job), trust_ops=job.spec.trusted_ops)
+    job.checks = check_meta_written(folder, codes=_codes(job), trust_ops=job.spec.trusted_ops, own_capture=True)
+    _note_ops_refused_elsewhere(job)
     return job.checks.outcome
+
+
+def _note_ops_refused_elsewhere(job: _Job) -> None:
+    """Our own capture is never refused for its ops (checked with ops.OWN_CAPTURE); an op the
+    list for artefacts from elsewhere lacks is said in the manifest's notes, since another
+    loader refuses it until the list's rule covers it (tools/allowed_ops.py)."""
+    from aotpipe.artifact.ops import refused_elsewhere  # torch
+    from aotpipe.artifact.writer import graph_entries  # torch
+    from aotpipe.artifact.graph_json import target_name  # torch
+
+    names = {target_name(n.target) for _, _, _, g, _ in graph_entries(job.captured)
+             for n in g.gm.graph.nodes if n.op == "call_function"}
+    trusted = {ns for ns in job.spec.trusted_ops}
+    outside = [n for n in refused_elsewhere(names) if n.partition(".")[0] not in trusted]
+    if outside:
+        note = (f"holds {len(outside)} op(s) the loader refuses in artefacts from elsewhere ({', '.join(outside[:5])}"
+                f"{', ...' if len(outside) > 5 else ''}): checked here, where aotpipe captured it; "
+                "another machine loads it once tools/allowed_ops.py's rule covers them")
+        if note not in job.captured.notes:
+            job.captured.notes.append(note)
 
 
 def _check_values(job: _Job, folder: Path) -> Any:
@@ -196,7 +217,8 @@ def _check_values(job: _Job, folder: Path) -> Any:
     mc = job.checks = check_written(folder, memory_inputs=job.inputs, codes=_codes(job), eager=job.eager,
                                     verify=spec.verify,
                                     diagnose=lambda key, lines: diagnose[key]() if key in diagnose else "",
-                                    trust_ops=spec.trusted_ops)
+                                    trust_ops=spec.trusted_ops, own_capture=True)
+    _note_ops_refused_elsewhere(job)
     job.pass_problems.extend(mc.pass_failures)
     # Where eager took the traced branch (eager.traced_branches): into the manifest's notes.
     captured.notes.extend(n for n in getattr(job.eager, "notes", []) if n not in captured.notes)

@@ -184,13 +184,6 @@ def _embedding_dense_backward(a: dict[str, Any]) -> Optional[str]:
     return _range(idx, 0, n, f"indices (num_weights {n})")
 
 
-def _embedding_backward(a: dict[str, Any]) -> Optional[str]:
-    if a.get("sparse"):
-        return "sparse=True builds a sparse tensor"
-    return _embedding_dense_backward({"grad_output": a["grad"], "indices": a["indices"],
-                                      "num_weights": a["num_weights"]})
-
-
 def _bags(indices: Any, offset2bag: Any, num_bags: int, num_weights: int) -> Optional[str]:
     return _first(_range(indices, 0, num_weights, f"indices (num_weights {num_weights})"),
                   _numel(offset2bag, indices.numel(), "offset2bag") if isinstance(indices, torch.Tensor) else None,
@@ -575,7 +568,6 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
     aten.adaptive_max_pool2d_backward.default: _pool_backward(2),
     aten.adaptive_max_pool3d_backward.default: _pool_backward(3),
     aten.embedding_dense_backward.default: _embedding_dense_backward,
-    aten.embedding_backward.default: _embedding_backward,
     aten._embedding_bag.default: _embedding_bag,
     aten._embedding_bag_forward_only.default: _embedding_bag,
     aten._embedding_bag_backward.default: _embedding_bag_backward,

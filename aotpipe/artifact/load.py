@@ -24,6 +24,7 @@ from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.codegen import code_mismatch, graph_constants
 from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
 from aotpipe.format.limits import NodeBudget, check_graphs, check_record_bytes, check_regular_file, check_tensor_bytes
+from aotpipe.artifact.ops import OWN_CAPTURE
 from aotpipe.artifact.prepack import PACKABLE_TARGETS, prepack
 from aotpipe.format.records import (  # noqa: F401 (check_version: the loader's callers)
     GRAPH_JSON,
@@ -547,7 +548,7 @@ def grant_trust(manifest: Manifest, where: Path, trust_ops: TrustOps) -> frozens
     return frozenset(out)
 
 
-def load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = ()) -> Artifact:
+def load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = (), own_capture: bool = False) -> Artifact:
     """Load a model artefact folder (the one holding manifest.json), without running its code.
 
     Any malformed or hostile content is an ArtifactError naming the file. A graph whose
@@ -559,24 +560,27 @@ def load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = ()
 
     `trust_ops` names the library op namespaces (``["transformers"]``, or
     ``{"mylib": "my_project.ops"}`` naming the module to import) whose ops the graphs may
-    call, if the artefact's pipeline trusted them too (:func:`grant_trust`).
+    call, if the artefact's pipeline trusted them too (:func:`grant_trust`). `own_capture`:
+    the folder is one this process's capture just wrote (the checks after writing), whose
+    graphs are never refused for their ops (ops.OWN_CAPTURE).
     """
     try:
-        return _load(path, trust_code=trust_code, trust_ops=trust_ops)
+        return _load(path, trust_code=trust_code, trust_ops=trust_ops, own_capture=own_capture)
     except ArtifactError:
         raise
     except (TypeError, KeyError, ValueError, AttributeError, IndexError, RuntimeError, RecursionError) as e:
         raise ArtifactError(f"{path}: malformed artefact ({exception_line(e)})") from None
 
 
-def _load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = ()) -> Artifact:
+def _load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = (), own_capture: bool = False
+          ) -> Artifact:
     p = Path(path)
     if (p / GRAPH_JSON).exists() and not (p / MANIFEST).exists():
         p = p.parent  # a graph folder: load its model
     if not p.is_dir():
         raise ArtifactError(f"{path}: no such artefact folder")
     _, manifest = records.read(Manifest, p / MANIFEST, p)
-    trusted = grant_trust(manifest, p, trust_ops)
+    trusted = grant_trust(manifest, p, trust_ops) | ({OWN_CAPTURE} if own_capture else set())
     blobs = BlobStore(p)
     art = Artifact(p, manifest)
     graphs = manifest.graphs

@@ -138,23 +138,36 @@ STRING_ARG_VALUES: dict[str, dict[str, frozenset]] = {
 # Categories refused whatever the rules above admit (core ATen includes resize_, for one),
 # matched against the op's name without its namespace and overload.
 DENIED: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"sparse|nested|mkldnn|padded_tensor|_coo|csr|csc|bsr|bsc"),
-     "it builds sparse, nested or mkldnn tensors"),
+    (re.compile(r"sparse|nested|mkldnn|padded_tensor|_coo|csr|csc|bsr|bsc|coalesce|^(_to_)?dense|^to_dense"
+                r"|^(indices|values)(_copy)?$|^hspmm$|^smm$|^sspaddmm$|^_spsolve$|^_spdiags$"),
+     "it builds or reads sparse, nested or mkldnn tensors"),
     (re.compile(r"resize"), "it resizes a tensor in place"),
     (re.compile(r"^(from_file|set_?|set_data|is_set_to|_print|save|load)$|storage|version_counter|^_version$"),
      "it touches storages, files or the console"),
     (re.compile(r"seed|grad_enabled|_set_|^_cudnn_init|^_cufft|^_sobol|^requires_grad_$|^retain_grad$"
-                r"|record_stream|_token|^_propagate"),
-     "it changes process-wide state"),
+                r"|record_stream|_token|^_propagate|^_backward$|^get_gradients$"),
+     "it changes process-wide state (autograd's included)"),
+    # Forward-mode AD and vmap internals: they take an interpreter level, not a tensor's values.
+    (re.compile(r"^_make_dual|^_fw_primal|^_unpack_dual$|^_add_batch_dim$|^_remove_batch_dim$"
+                r"|^_new_zeros_with_same_feature_meta$|^_has_compatible_shallow_copy_type$"),
+     "it is an internal of forward-mode AD or vmap (levels, not values)"),
+    # A schema that does not say what it writes: _copy_from(self, dst) writes dst.
+    (re.compile(r"^_copy_from(_and_resize)?$"), "it writes a tensor its schema does not mark as written"),
     # Capture never emits these families, and their kernels take packed or backend-specific
     # layouts that the argument checks cannot vouch for.
-    (re.compile(r"quantiz|fbgemm|cudnn|miopen|mps|vulkan|nnpack|^_test_|^_cslt|^_dyn_quant|^_amp_|^_fused_ada"
+    (re.compile(r"quantiz|fbgemm|cudnn|miopen|mps|vulkan|nnpack|^_test_|^_foobar$|^_cslt|^_dyn_quant|^_amp_"
+                r"|^_fused_ada|int4pack|int8pack|^_int_mm$|^_scaled_mm|^_scaled_grouped_mm|prepack|^int_repr$|^q_"
+                r"|^qscheme$|qparams|^_saturate_weight_to_fp16$|^_rowwise_prune$"
                 r"|^_foreach_|pin_memory|is_pinned|jagged|^_indices|^_values|^_nnz$|^_dim[IV]$"
                 r"|^(c?col|crow|row)_indices|^_lazy_clone$"),
      "it is specific to a backend, to quantized or sparse tensors, to optimisers or to tests"),
     # Ops that exist to skip checks: their kernels trust sizes, strides and buffers as given.
     (re.compile(r"^_reshape_alias|^_fused_sgd|^_fused_moving_avg|fake_quant|observer|^_choose_qparams"),
      "it is unsafe by contract (it trusts its sizes and buffers unchecked)"),
+    # Variable-length attention kernels (GPU) that read sequence offsets (cu_seqlens) from a
+    # tensor's values unchecked; the padded forms capture emits (_scaled_dot_product_*) stay.
+    (re.compile(r"^_flash_attention_(forward|backward)$|^_efficient_attention_(forward|backward)$"),
+     "it reads sequence offsets from values unchecked (variable-length attention)"),
 )
 
 # Boolean arguments that switch a kernel's own checks off: refused when a graph sets them.
@@ -168,7 +181,9 @@ ENUM_STRING_ARGS = frozenset({"rounding_mode", "approximate", "reduce", "side", 
                               "assert_msg"})
 
 
-def _denied(op_name: str) -> Optional[str]:
+def _denied(op_name: str, overload: str = "") -> Optional[str]:
+    if "quantiz" in overload:
+        return "it is specific to quantized tensors"
     for pattern, why in DENIED:
         if pattern.search(op_name):
             return why
@@ -253,7 +268,7 @@ def _resolve(name: str) -> Callable[..., Any]:
     ns, op, overload = parts
     if not all(p.isidentifier() and not p.startswith("__") for p in parts):
         raise ArtifactError(f"graph.json names {name!r}, which is not a valid op name")
-    why = _denied(op)
+    why = _denied(op, overload)
     if why:
         raise ArtifactError(f"graph.json names {name!r}, which is not allowed: {why}")
     target = _lookup(ns, op, overload)
@@ -268,15 +283,40 @@ def _resolve(name: str) -> Callable[..., Any]:
     return target
 
 
+# A grant, not a namespace: in `trusted`, it says the graph is one aotpipe's own capture just
+# wrote, in this process (the check after writing). Trust by provenance: such a graph is never
+# refused for the ops in it; any op of the allowed namespaces this torch registers resolves.
+# The list above guards graphs from elsewhere; a test holds it against what capture emits over
+# torch's own test databases, and the run notes any op of its own capture the list lacks.
+OWN_CAPTURE = "aotpipe:own-capture"
+
+
 def resolve_op(name: Any, trusted: frozenset[str] = frozenset()) -> Callable[..., Any]:
     """The op or callable a saved target name stands for; ArtifactError if it is not allowed.
-    Ops of the library namespaces in `trusted` resolve to whatever that library registered."""
+    Ops of the library namespaces in `trusted` resolve to whatever that library registered;
+    with :data:`OWN_CAPTURE` in `trusted`, every registered op of the allowed namespaces does."""
     if not isinstance(name, str):
         raise ArtifactError(f"graph.json: op target must be a string, got {type(name).__name__}")
     ns = name.partition(".")[0]
     if ns in trusted and library_namespace_problem(ns) is None:
         return _resolve_trusted(name)
+    if OWN_CAPTURE in trusted and ns in ALLOWED_NAMESPACES:
+        try:
+            return _resolve(name)
+        except ArtifactError:
+            return _resolve_trusted(name)  # registered, or one line saying it is not
     return _resolve(name)
+
+
+def refused_elsewhere(names: Any) -> list[str]:
+    """Of the op names `names`, those a loader of an artefact from elsewhere refuses (sorted)."""
+    out = set()
+    for name in names:
+        try:
+            _resolve(name)
+        except ArtifactError:
+            out.add(name)
+    return sorted(out)
 
 
 def op_name(target: Any) -> Optional[str]:

@@ -23,7 +23,7 @@ from aotpipe.replay.run import expand_outputs
 
 
 def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = None,
-                       trust_ops: Sequence[str] = ()) -> Any:
+                       trust_ops: Sequence[str] = (), own_capture: bool = False) -> Any:
     """The post-write check of a meta artefact (write_model's `check`): a ModelChecks.
 
     Each graph is loaded back through the safe loader, must rebuild the captured graph
@@ -40,7 +40,7 @@ def check_meta_written(folder: Path, *, codes: Optional[dict[str, list[str]]] = 
     # Modules built lazily and run node by node: each graph runs once, and making and
     # compiling the Python code of a 70B-size joint graph costs more than interpreting it.
     with limits.unbounded_bytes(), _use_lazy_graph_module(True):
-        art = load(folder, trust_ops=trust_ops).build_all()
+        art = load(folder, trust_ops=trust_ops, own_capture=own_capture).build_all()
     result = ModelChecks(CheckOutcome())
     mode = FakeTensorMode(allow_non_fake_inputs=False)  # one for all graphs: making one costs ~1 s
     for key, ga in art.graphs.items():

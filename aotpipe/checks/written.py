@@ -273,6 +273,7 @@ def check_written(
     verify: bool = True,
     diagnose: Optional[Callable[[str, list[str]], str]] = None,
     trust_ops: Sequence[str] = (),
+    own_capture: bool = False,
 ) -> ModelChecks:
     """Run every graph of the written `folder` once; its reference records and check results.
 
@@ -283,22 +284,24 @@ def check_written(
     each subgraph's own dynamo graph). `diagnose(key, problems)`, for a derived graph that
     fails, names the pass at fault. Derived graphs that fail are dropped from the artefact.
     Each subgraph's forward, backward and joint are checked as a chain. `trust_ops`: the
-    pipeline's trusted library op namespaces (their ops are loaded back too).
+    pipeline's trusted library op namespaces (their ops are loaded back too). `own_capture`:
+    this process's capture wrote the folder, so no graph is refused for its ops (ops.OWN_CAPTURE).
     """
     # The byte limits guard a loader against hostile artefacts. This one was just written
     # from the model, which ran with these tensors already. A replay of it later may need
     # --max-bytes.
     with limits.unbounded_bytes():
         return _check_written(folder, memory_inputs=memory_inputs, codes=codes, eager=eager, verify=verify,
-                              diagnose=diagnose, trust_ops=trust_ops)
+                              diagnose=diagnose, trust_ops=trust_ops, own_capture=own_capture)
 
 
 def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: dict[str, list[str]],
                    eager: Optional[Reference] | dict[int, Reference], verify: bool,
-                   diagnose: Optional[Callable[[str, list[str]], str]], trust_ops: Sequence[str]) -> ModelChecks:
+                   diagnose: Optional[Callable[[str, list[str]], str]], trust_ops: Sequence[str],
+                   own_capture: bool) -> ModelChecks:
     start = time.perf_counter()
     # recompute=True: a graph whose constants cannot be recomputed fails here, not later
-    art = load(folder, trust_ops=trust_ops).build_all(recompute=True)
+    art = load(folder, trust_ops=trust_ops, own_capture=own_capture).build_all(recompute=True)
     result = ModelChecks(CheckOutcome())
     # Export's training graphs output the loss they differentiate (`loss:` sum or mean);
     # dynamo's have none (a tangent per output; their options say so).

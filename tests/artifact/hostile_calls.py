@@ -113,7 +113,6 @@ def _hand_calls() -> list[Call]:
         ("aten._embedding_bag_forward_only.default", (_r(10, 4), bag_ids, bag_offsets), {}),
         ("aten._embedding_bag_dense_backward.default",
          (_r(2, 4), bag_ids, _i(0, 0, 0, 0, 1, 1, 1, 1), _i(4, 4), _i(), 10, False, 0, None, -1), {}),
-        ("aten.embedding_backward.default", (_r(3, 4), _i(0, 1, 9), 10, -1, False, False), {}),
         ("aten._euclidean_dist.default", (_r(3, 4), _r(5, 4)), {}),
         ("aten.lerp.Tensor", (_r(3, 4), _r(3, 4, seed=1), _r(4, seed=2)), {}),
         ("aten.prelu.default", (x, c(1)), {}),

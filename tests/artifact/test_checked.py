@@ -61,9 +61,6 @@ HOSTILE = {
     "embedding dense backward, grad shorter than indices": (
         aten.embedding_dense_backward.default, (_r(2, 4), _i(0, 1, 2), 10, -1, False),
         "grad_output has shape [2, 4] for indices of shape [3]"),
-    "embedding backward": (
-        aten.embedding_backward.default, (_r(3, 4), _i(0, 1, -3), 10, -1, False, False),
-        "indices (num_weights 10) holds -3, outside [0, 10)"),
     "embedding_bag backward": (
         aten._embedding_bag_backward.default,
         (_r(2, 4), _i(0, 1, 10**6), _i(0, 2), _i(0, 0, 1), _i(2, 1), _i(0, 0), 10, False, 0, False, None, -1),

@@ -70,9 +70,17 @@ EXCLUDED = {
     "aten._reshape_alias_copy.default": [X, [10**6], [1]],
     "aten._fused_sgd.default": [[X], [X], [X], 0.0, 0.1, 0.0, False, False, False],
     "aten._fused_moving_avg_obs_fq_helper_functional.default": [X] * 8 + [0.1, 0, 255, 0],
-    # not on the reviewed list: functional, but nothing aotpipe captures emits it
-    "aten.detach_copy.default": [X],
-    "aten._thnn_fused_lstm_cell_backward_impl.default": [X, X, X, X, X, True],
+    # functional by schema, refused by category (the derived list's rule, tools/allowed_ops.py)
+    "aten._copy_from.default": [X, X],  # writes dst, which its schema does not mark
+    "aten._backward.default": [X, [X]],  # runs autograd
+    "aten._make_dual.default": [X, X, 0],  # forward-AD internals
+    "aten.coalesce.default": [X],  # sparse
+    "aten._weight_int4pack_mm.default": [X, X, 32, X],  # packed quantized weights
+    "aten._flash_attention_forward.default": [X, X, X, X, X, 4, 4, 0.0, False, False],  # reads offsets
+    "aten._scaled_dot_product_flash_attention.quantized": [X, X, X],  # a quantized overload
+    "aten._foobar.default": [X],  # a test op
+    # not an op of this torch at all
+    "aten.no_such_op.default": [X],
 }
 
 
@@ -192,5 +200,36 @@ def test_every_op_the_passes_and_capture_emit_is_on_the_list():
     emitted = {name for name in tool.source_ops() if tool.rules_admit(name)}
     assert "aten.max_pool2d.default" in emitted and "aten.linear.default" in emitted
     assert emitted <= listed(), sorted(emitted - listed())
-    # and the list is what the tool makes from torch and aotpipe alone, plus the zoos' ops
-    assert set(tool.generate([])) <= listed()
+    # and the list is exactly what the tool derives from this torch's registry by its rule
+    assert tool.generate() == sorted(listed())
+
+
+def test_our_own_capture_is_never_refused_for_its_ops_and_says_what_others_refuse(tmp_path, monkeypatch):
+    # Planted: the list for artefacts from elsewhere loses relu, an op the capture emits.
+    from aotpipe.artifact import ops
+    from aotpipe.config import parse_pipeline
+    from aotpipe.runner import run_pipeline
+
+    shrunk = ops.listed() - {"aten.relu.default"}
+    monkeypatch.setattr(ops, "listed", lambda: shrunk)
+    ops._resolve.cache_clear()
+    try:
+        text = ("version: 1\nname: own\nexecutor: {kind: local}\n"
+                "defaults: {mode: export, graphs: [inference, forward], passes: []}\nmodels:\n"
+                "  - {name: mlp, source: 'aotpipe.zoo:mlp', inputs: [{shape: [2, 32]}]}\n")
+        run = run_pipeline(parse_pipeline(text, str(tmp_path / "p.yaml")), output=tmp_path / "out", progress=False)
+        (m,) = run.models
+        assert m.status == "ok", m.error  # checked after writing, where it was captured: not refused
+        note = next(n for n in m.notes if "the loader refuses in artefacts from elsewhere" in n)
+        assert "aten.relu.default" in note
+        with pytest.raises(ArtifactError, match="aten.relu.default"):  # another loader refuses it
+            aotpipe.load(tmp_path / "out" / "own" / "mlp")
+    finally:
+        ops._resolve.cache_clear()
+
+
+def test_a_capture_whose_ops_are_all_listed_has_no_such_note(quickstart_run):
+    root, _ = quickstart_run
+    for manifest in root.rglob("manifest.json"):
+        notes = json.loads(manifest.read_text())["capture"].get("notes", [])
+        assert not [n for n in notes if "refuses in artefacts from elsewhere" in n], manifest
