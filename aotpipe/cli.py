@@ -72,6 +72,24 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _warn_partial(paths: Any, what: str) -> None:
+    """One line on stderr per partial artefact under `paths` (part of its model ran outside its
+    graphs): `what` says what that means for the command. Reads manifests only; a path that is
+    not a tree of artefacts is left to the command to name."""
+    from pathlib import Path
+
+    for p in paths:
+        try:
+            rows = list_artifacts(Path(p))
+        except (AotpipeError, OSError):
+            continue
+        for r in rows:
+            if r.status == "PARTIAL":
+                where = str(Path(p) / r.path) if r.path != "." else str(p)
+                first = r.outside[0] if r.outside else "see its manifest"
+                _say(f"warning: {where} is a partial capture ({first}): {what}", err=True)
+
+
 def _byte_limit(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add --max-bytes: the byte limit (per replay, per tensor) for this command."""
 
@@ -637,6 +655,8 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
     # torch: kept off the torch-free path (every command imports cli)
     from aotpipe.bench.command import BenchOptions, run_bench
 
+    _warn_partial(paths, "its graphs are benched, but they are not the whole model")
+
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
                                     inputs, seed, timeout_s, rounds, key, no_sandbox, trust_ops, not no_progress,
                                     locate_dir, threads, clock, allow_missing), _say, click.echo))
@@ -824,6 +844,7 @@ def ops(directory: str, supported: str | None, backend: str | None, as_json: boo
         check, by = opcov.supported_from_file(Path(supported)), supported
     elif backend:
         check, by = opcov.supported_by_backend(backend), f"backend {backend}"
+    _warn_partial([directory], "the ops that ran outside its graphs are in no graph, so not in this table")
     table = opcov.op_table(Path(directory), check, by)
     if as_json:
         click.echo(json.dumps(opcov.to_json(table), indent=2, sort_keys=True))
