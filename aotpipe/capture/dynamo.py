@@ -32,6 +32,11 @@ mode uses, so the graphs are described alike:
 Subgraph 0's graphs are keyed "inference", "forward", ...; subgraph i's "forward_<i>"
 (aotpipe.graph_keys), folders ``<model>_<kind>_<i>``, indices per model.
 
+What the model computes outside its subgraphs (ops no subgraph ran, tensors no subgraph made:
+:func:`outside_graphs`) makes the capture partial (CapturedGraphs.outside_graphs, the
+manifest's capture.outside_graphs); a whole one is checked by running its subgraphs alone,
+fed as recorded (:func:`_composed`), against the eager model.
+
 The reference a subgraph's graphs are checked against is its own dynamo graph run eagerly
 (float32, and float64 on demand): the whole model's outputs and gradients are not any one
 subgraph's. :func:`subgraph_references` gives them to the checks.
