@@ -72,6 +72,24 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _warn_partial(paths: Any, what: str) -> None:
+    """One line on stderr per partial artefact under `paths` (part of its model ran outside its
+    graphs): `what` says what that means for the command. Reads manifests only; a path that is
+    not a tree of artefacts is left to the command to name."""
+    from pathlib import Path
+
+    for p in paths:
+        try:
+            rows = list_artifacts(Path(p))
+        except (AotpipeError, OSError):
+            continue
+        for r in rows:
+            if r.status == "PARTIAL":
+                where = str(Path(p) / r.path) if r.path != "." else str(p)
+                first = r.outside[0] if r.outside else "see its manifest"
+                _say(f"warning: {where} is a partial capture ({first}): {what}", err=True)
+
+
 def _byte_limit(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add --max-bytes: the byte limit (per replay, per tensor) for this command."""
 
@@ -144,10 +162,13 @@ def main(verbose: bool) -> None:
                    "else your own key (made on first use in your config folder: aotpipe trust key).")
 @click.option("--no-sign", is_flag=True,
               help="Write unsigned artefacts: replay, bench and export then treat them as made elsewhere.")
+@click.option("--allow-partial", is_flag=True,
+              help="Exit 0 although some model is partial (part of it ran outside its graphs: dynamo's graph "
+                   "breaks); without it such a model makes the run exit 1, as a failed one does.")
 @_user_errors
 def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str | None, workers: int | None,
         force: bool, shard: str | None, shard_times: str | None, as_json: bool, no_progress: bool,
-        key: str | None, no_sign: bool) -> None:
+        key: str | None, no_sign: bool, allow_partial: bool) -> None:
     """Capture every model of PIPELINE into graph artefacts.
 
     \b
@@ -169,7 +190,7 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force,
                               key=key or None, executor=executor, workers=workers, shard=which,
-                              shard_times=shard_times, sign=not no_sign)
+                              shard_times=shard_times, sign=not no_sign, allow_partial=allow_partial)
     if as_json:
         click.echo((result.output / RUN_JSON).read_text())
     else:
@@ -184,13 +205,20 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
                     click.echo(f"kept    {m.name:<24} up to date  {checks}  {kinds}")
                 else:
                     click.echo(f"ok      {m.name:<24} {m.total_seconds:6.2f}s  {checks}  {kinds}")
+            elif m.status == "partial":
+                when = "up to date" if m.skipped else f"{m.total_seconds:6.2f}s"
+                click.echo(f"PARTIAL {m.name:<24} {when}  part of the model ran outside its graphs: "
+                           + "; ".join(m.outside_graphs or ["see its manifest's capture.outside_graphs"]))
             else:
                 click.echo(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
                 if click.get_current_context().find_root().params.get("verbose") and m.traceback:
                     click.echo(m.traceback, err=True)
         n_ok = sum(m.status == "ok" for m in result.models)
+        n_partial = sum(m.status == "partial" for m in result.models)
         of = f" (shard {which} of {len(result.shard.selection)} models)" if which and result.shard else ""
-        click.echo(f"{n_ok}/{len(result.models)} models ok{of} in {result.seconds:.1f}s -> {result.output}/ "
+        partial = "" if not n_partial else f", {n_partial} partial" + (
+            " (allowed)" if allow_partial else " (exit 1; --allow-partial accepts them)")
+        click.echo(f"{n_ok}/{len(result.models)} models ok{partial}{of} in {result.seconds:.1f}s -> {result.output}/ "
                    f"(see {REPORT_MD}, {REPORT_HTML})")
     sys.exit(0 if result.ok else 1)
 
@@ -225,7 +253,9 @@ def merge(folders: tuple[str, ...], output: str | None, as_json: bool) -> None:
         for s in info.shards:
             _say(f"shard {s.shard or '-':<7} {s.models:4d} model(s)  {s.folder}")
         for m in result.models:
-            if m.status != "ok":
+            if m.status == "partial":
+                _say(f"PARTIAL {m.name:<24} " + "; ".join(m.outside_graphs or ["part of it ran outside its graphs"]))
+            elif m.status != "ok":
                 _say(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
         if info.missing:
             _say(f"MISSING {len(info.missing)} model(s) in no shard: {', '.join(info.missing)}")
@@ -625,6 +655,8 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
     # torch: kept off the torch-free path (every command imports cli)
     from aotpipe.bench.command import BenchOptions, run_bench
 
+    _warn_partial(paths, "its graphs are benched, but they are not the whole model")
+
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
                                     inputs, seed, timeout_s, rounds, key, no_sandbox, trust_ops, not no_progress,
                                     locate_dir, threads, clock, allow_missing), _say, click.echo))
@@ -647,11 +679,14 @@ def ls_cmd(directory: str) -> None:
         raise _no_artefacts(directory, "listed")
     rows = [dataclasses.replace(r, path=printable(r.path, names=True), status=printable(r.status, names=True),
                                 graphs=printable(r.graphs, names=True), size=printable(r.size, names=True),
-                                error=None if r.error is None else printable(r.error))
+                                error=None if r.error is None else printable(r.error),
+                                outside=tuple(printable(o) for o in r.outside))
             for r in rows]
     width = max(len(r.path) for r in rows)
     for r in rows:
         click.echo(f"{r.path:<{width}}  {r.status:<10} {r.graphs:<36} {r.size}")
+        for line in r.outside:  # a partial capture: what its graphs leave out
+            click.echo(f"{'':<{width}}  outside the graphs, {line}")
     refused = [r.error for r in rows if r.error]
     for line in refused:
         click.echo(f"error: {line}", err=True)
@@ -809,6 +844,7 @@ def ops(directory: str, supported: str | None, backend: str | None, as_json: boo
         check, by = opcov.supported_from_file(Path(supported)), supported
     elif backend:
         check, by = opcov.supported_by_backend(backend), f"backend {backend}"
+    _warn_partial([directory], "the ops that ran outside its graphs are in no graph, so not in this table")
     table = opcov.op_table(Path(directory), check, by)
     if as_json:
         click.echo(json.dumps(opcov.to_json(table), indent=2, sort_keys=True))

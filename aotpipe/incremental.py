@@ -22,8 +22,8 @@ from aotpipe.artifact.manifest import file_sha256, fingerprint
 from aotpipe.format.records import FORMAT_VERSION, Manifest
 from aotpipe.errors import AotpipeError
 from aotpipe.modes import capture_options
-from aotpipe.results import ModelResult, checks_summary, eager_cells, failed_last_time, graph_results, \
-    verification_summary, written_manifest
+from aotpipe.results import ModelResult, checks_summary, eager_cells, failed_last_time, graph_results, is_partial, \
+    outside_graphs_lines, verification_summary, written_manifest
 from aotpipe.spec import ModelSpec
 from aotpipe.pt2 import pt2_path
 
@@ -112,6 +112,8 @@ def skipped_result(spec: ModelSpec, folder: Path, manifest: Manifest, start: flo
     r.notes = list(manifest.capture.notes)
     if manifest.verification:
         r.verification = verification_summary(manifest)
+    if is_partial(manifest):
+        r.status, r.outside_graphs = "partial", outside_graphs_lines(manifest)
     r.total_seconds = time.perf_counter() - start
     return r
 

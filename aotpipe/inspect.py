@@ -17,17 +17,20 @@ from aotpipe.format.records import MANIFEST, Manifest
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.graph_keys import key_order, parse_graph_key
 from aotpipe.report import human_size as _size
-from aotpipe.results import failed_last_time, why_failed
+from aotpipe.results import failed_last_time, is_partial, outside_graphs_lines, why_failed
 
 
 def artifact_status(manifest: Manifest) -> str:
-    """verified, shapes only, unverified, or FAILED (a graph did not run as recorded, or a check failed)."""
+    """verified, shapes only, unverified, FAILED (a graph did not run as recorded, or a check
+    failed), or PARTIAL (part of the model ran outside its graphs: capture.outside_graphs)."""
 
     rec = manifest.verification
     if not rec:
         return "unverified"
     if failed_last_time(manifest):
         return "FAILED"
+    if is_partial(manifest):
+        return "PARTIAL"
     if any(r.status == "shapes only" for r in rec.values()):
         return "shapes only"
     skipped = manifest.checks.skipped if manifest.checks is not None else 0
@@ -43,6 +46,7 @@ class ArtifactRow:
     graphs: str  # "<key>(<nodes>), ..."
     size: str
     error: Optional[str] = None  # why the manifest was refused
+    outside: tuple[str, ...] = ()  # PARTIAL: what ran outside the graphs (results.outside_graphs_lines)
 
 
 def list_artifacts(root: Path) -> list[ArtifactRow]:
@@ -69,17 +73,18 @@ def list_artifacts(root: Path) -> list[ArtifactRow]:
     rows = []
     for manifest_path in sorted(manifests):
         folder = manifest_path.parent
-        error = None
+        error, outside = None, ()
         try:
             raw, manifest = records.read(Manifest, manifest_path)  # no FIFO, no /dev/zero, within the limits
             status = artifact_status(manifest) if seal_ok(raw) else "corrupt (checksum)"
+            outside = tuple(outside_graphs_lines(manifest))
             graphs = ", ".join(f"{k}({manifest.graphs[k].nodes})" for k in sorted(manifest.graphs, key=key_order))
         except ArtifactError as e:
             status, graphs, error = "refused", "-", str(e)
         except OSError:
             status, graphs = "unreadable", "-"
         rows.append(ArtifactRow(str(folder.relative_to(root)) or ".", status, graphs, _size(sizes.get(folder, 0)),
-                                error))
+                                error, outside))
     return rows
 
 
@@ -117,6 +122,8 @@ def _describe(path: Path, trust_ops: Sequence[str]) -> list[str]:
                          + (f": {b.code}" if b.code else ""))
     if c.fallback is not None:
         lines.append(f"capture: export failed, dynamo used: {c.fallback}")
+    for line in outside_graphs_lines(m):
+        lines.append(f"PARTIAL: {line}")
     failed = why_failed(m)
     if failed:
         lines.append(f"FAILED when captured: {failed}; fix the model or pipeline and run it again")

@@ -29,7 +29,8 @@ from aotpipe.format.source_files import name_files_in
 from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
 from aotpipe.modes import CaptureMode, capture_mode
 from aotpipe.results import STAGES as RESULT_STAGES
-from aotpipe.results import GraphSummary, ModelResult, checks_summary, eager_cells, verification_summary, written_manifest
+from aotpipe.results import GraphSummary, ModelResult, checks_summary, eager_cells, is_partial, \
+    outside_graphs_lines, verification_summary, written_manifest
 from aotpipe.spec import ModelSpec
 
 
@@ -157,6 +158,8 @@ def _written_result(job: _Job, written: Any) -> None:
     result.bytes = written.bytes
     result.files = written.files
     result.status = "ok"
+    if is_partial(manifest):  # written and checked, but part of the model is in no graph
+        result.status, result.outside_graphs = "partial", outside_graphs_lines(manifest)
     result.verification = verification_summary(manifest)
     result.checks = checks_summary(manifest)
     if job.mode.values:

@@ -156,7 +156,7 @@ def merge_runs(folders: list[Path], output: Optional[Path] = None) -> RunResult:
     run = RunResult(pipelines[0], out_root, models, max(r.seconds for _, r in runs),
                     executor=kinds[0] if len(kinds) == 1 else "mixed",
                     workers=sum(r.executor.workers for _, r in runs),
-                    recycled=recycled, merge=merge)
+                    recycled=recycled, merge=merge, allow_partial=all(bool(r.allow_partial) for _, r in runs))
     if output is not None:
         _link_models(out_root, kept)
         write_reports(run, NamedPipeline(pipelines[0]))  # type: ignore[arg-type]

@@ -146,6 +146,11 @@ def export_pt2(artifact: Path, out: Path, graph: Optional[str] = None) -> Export
     if (art.manifest.capture.subgraphs or 1) > 1:
         raise AotpipeError(f"{artifact}: captured in {art.manifest.capture.subgraphs} subgraphs (graph breaks); "
                            "export-pt2 writes one whole-model graph: capture with mode: export")
+    partial = [o for o in art.manifest.capture.outside_graphs or [] if o.compile == "inference"]
+    if partial:  # its graph's outputs are not the model's (CTCLoss: the log-probabilities, not the loss)
+        raise AotpipeError(f"{artifact}: partial capture: part of the model ran outside its inference graph "
+                           f"({partial[0].text(3)}), so a .pt2 of that graph would not compute the model; not "
+                           "exported: make the model capture whole (docs/capture-modes.md#partial-captures)")
     ga = art.graphs[key]
     values = ga.saved_inputs()
     program = _GraphProgram(ga.module, ga.record, values).eval()

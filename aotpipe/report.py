@@ -34,11 +34,13 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> RunRecord:
         **({"shard": run.shard} if run.shard is not None else {}),
         **({"merge": run.merge} if run.merge is not None else {}),
         ok=run.ok,
+        **({"allow_partial": True} if run.allow_partial else {}),
         summary=RunSummary(
             models=len(models),
             ok=sum(m.status == "ok" for m in models),
             up_to_date=sum(m.skipped for m in models),
-            failed=sum(m.status != "ok" for m in models),
+            failed=sum(m.status == "failed" for m in models),
+            partial=sum(m.status == "partial" for m in models),
             graphs=sum(len(m.graphs) for m in models),
             bytes=sum(m.bytes for m in models),
             checks=settled_totals(models),  # how the checks were settled, over every model
@@ -112,10 +114,12 @@ def _worst_ratio(m: ModelRun) -> str:
 
 
 def status_text(m: ModelRun) -> str:
-    """ok, up to date, or failed; says so when some checks were skipped."""
-    if m.status != "ok":
+    """ok, partial, up to date, or failed; says so when some checks were skipped."""
+    if m.status == "failed":
         return f"**{m.status}** ({m.stage})"
     text = "up to date" if m.skipped else "ok"
+    if m.status == "partial":
+        text = "**partial**" + (" (up to date)" if m.skipped else "")
     skipped = m.checks.skipped if m.checks is not None else 0
     return f"{text}, {skipped} checks skipped" if skipped else text
 
@@ -127,7 +131,7 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
     lines = [
         f"# aotpipe run: {pipeline.name}",
         "",
-        f"{s.ok} of {s.models} models ok, {s.graphs} graphs, {human_size(s.bytes)} on disk, "
+        f"{s.ok} of {s.models} models ok" + (f", {s.partial} partial" if s.partial else "") + f", {s.graphs} graphs, {human_size(s.bytes)} on disk, "
         f"{run.seconds:.1f} s (torch {v.torch}, python {v.python}, aotpipe {v.aotpipe})"
         + (f"; {s.up_to_date} up to date and kept." if s.up_to_date else "."),
         "",
@@ -142,11 +146,21 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
             f"| {m.capture_seconds:.2f} | {m.passes_seconds:.2f} | {m.checks_seconds:.2f} | {m.write_seconds:.2f} "
             f"| {human_size(m.bytes)} |"
         )
-    failed = [m for m in rec.models if m.status != "ok"]
+    failed = [m for m in rec.models if m.status == "failed"]
     if failed:
         lines += ["", "## Failures", ""]
         for m in failed:
             lines.append(f"- **{m.name}** ({m.stage}): {m.error}")
+    partial = [m for m in rec.models if m.status == "partial"]
+    if partial:
+        lines += ["", "## Partial captures", "",
+                  "Part of these models ran outside their graphs (dynamo's graph breaks): the graphs are written and "
+                  "checked one by one, but together they do not compute the model"
+                  + (" (`run --allow-partial`: they do not fail the run)." if run.allow_partial
+                     else "; the run exits 1 (`run --allow-partial` accepts them)."), ""]
+        for m in partial:
+            for line in m.outside_graphs or ["(what ran outside is not recorded)"]:
+                lines.append(f"- **{m.name}**: {line}")
     skipped = [(m.name, r) for m in rec.models for r in (m.checks.skipped_reasons if m.checks is not None else [])]
     if skipped:
         lines += ["", "## Skipped checks", ""] + [f"- {name}: {r}" for name, r in skipped]

@@ -28,7 +28,8 @@ GraphResult = GraphSummary
 
 
 class ModelResult(ModelRun):
-    """What happened to one model; `status` is ok or failed. run.json's record of it
+    """What happened to one model; `status` is ok, partial (written and checked, part of the
+    model outside its graphs) or failed. run.json's record of it
     (records.ModelRun), plus the traceback of a failure, kept for -v and never written."""
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
@@ -52,11 +53,14 @@ class RunResult:
     shard: Optional[ShardRecord] = None  # with --shard
     recycled: list[RecycledWorker] = field(default_factory=list)  # workers the process executor replaced
     merge: Optional[MergeRecord] = None  # written by `aotpipe merge`
+    allow_partial: bool = False  # `run --allow-partial`: a partial model does not make the run fail
 
     @property
     def ok(self) -> bool:
+        """Every model ok (or partial, where allowed), and, merged, none missing or run twice."""
         gaps = self.merge is not None and bool(self.merge.missing or self.merge.duplicated)
-        return all(m.status == "ok" for m in self.models) and not gaps
+        good = ("ok", "partial") if self.allow_partial else ("ok",)
+        return all(m.status in good for m in self.models) and not gaps
 
 
 def eager_cell(checks: Optional[GraphChecks]) -> Optional[EagerCell]:
@@ -126,6 +130,29 @@ def why_failed(manifest: Manifest) -> Optional[str]:
     if manifest.pass_failures:
         return f"pass chain failed: {str(manifest.pass_failures[0])[:300]}"
     return None
+
+
+def outside_graphs_lines(manifest: Manifest) -> list[str]:
+    """What a partial capture ran outside its graphs, one line per compile (inference,
+    training): the graph break that ended the graphs (dynamo's reason, file:line, the code)
+    and the ops and values no graph holds. Empty: the graphs hold the whole model (or the
+    artefact was written before aotpipe told)."""
+    c = manifest.capture
+    lines = []
+    for o in c.outside_graphs or []:
+        breaks = c.graph_breaks or []
+        where = ""
+        if breaks:
+            b = breaks[0]
+            where = f" after graph break {b.reason!r}" + (f" at {b.where}" if b.where else "") + (
+                f" (`{b.code}`)" if b.code else "") + (f" and {len(breaks) - 1} more" if len(breaks) > 1 else "")
+        lines.append(f"{o.compile}{where}: outside the graphs ran {o.text()}")
+    return lines
+
+
+def is_partial(manifest: Manifest) -> bool:
+    """Whether the artefact's graphs leave part of the model out (capture.outside_graphs)."""
+    return bool(manifest.capture.outside_graphs)
 
 
 def graph_results(manifest: Manifest) -> list[GraphResult]:

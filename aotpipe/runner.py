@@ -59,6 +59,7 @@ def run_pipeline(
     shard: Optional[Shard] = None,
     shard_times: str | Path | None = None,
     sign: bool = True,
+    allow_partial: bool = False,
 ) -> RunResult:
     """Run every selected model of `pipeline`; write run.json and report.md beside them.
 
@@ -70,6 +71,7 @@ def run_pipeline(
     selected models runs (aotpipe/shards.py: the same partition on every machine, balanced by
     `shard_times`, a run.json all shards read, else by a stable estimate); run.json names the
     shard and every model of the selection, so that `aotpipe merge` can name the missing ones.
+    `allow_partial`: a partial model (part of it outside its graphs) leaves the run ok.
     """
     start = time.perf_counter()
     if key is None and sign:  # the user's own key, made on first use: what they make, they trust
@@ -106,7 +108,8 @@ def run_pipeline(
     results = _run_models(specs, out_root, base_dir, kind=kind, workers=n_workers, pipeline=pipeline,
                           progress=progress, force=force, key=key, recycled=recycled)
     run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start, cleaned, kind,
-                    n_workers if kind == "process" else 1, shard=shard_record, recycled=recycled)
+                    n_workers if kind == "process" else 1, shard=shard_record, recycled=recycled,
+                    allow_partial=allow_partial)
     write_reports(run, pipeline)
     write_html(out_root)  # from what is now on disk, as `aotpipe report` rebuilds it
     return run
@@ -132,7 +135,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
             r.fresh_worker = True
         results[i] = r
         bar.set_postfix_str(f"{r.name}: {'up to date' if r.skipped else r.status}")
-        if r.status != "ok" and progress:
+        if r.status == "failed" and progress:
             bar.write(f"FAILED {r.name} ({r.stage}): {r.error}")
         bar.update(1)
 

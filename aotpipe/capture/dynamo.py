@@ -32,6 +32,11 @@ mode uses, so the graphs are described alike:
 Subgraph 0's graphs are keyed "inference", "forward", ...; subgraph i's "forward_<i>"
 (aotpipe.graph_keys), folders ``<model>_<kind>_<i>``, indices per model.
 
+What the model computes outside its subgraphs (ops no subgraph ran, tensors no subgraph made:
+:func:`outside_graphs`) makes the capture partial (CapturedGraphs.outside_graphs, the
+manifest's capture.outside_graphs); a whole one is checked by running its subgraphs alone,
+fed as recorded (:func:`_composed`), against the eager model.
+
 The reference a subgraph's graphs are checked against is its own dynamo graph run eagerly
 (float32, and float64 on demand): the whole model's outputs and gradients are not any one
 subgraph's. :func:`subgraph_references` gives them to the checks.
@@ -39,6 +44,7 @@ subgraph's. :func:`subgraph_references` gives them to the checks.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import linecache
@@ -51,13 +57,14 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.fx
+import torch.utils._python_dispatch
 import torch.utils._pytree as pytree
 
 from aotpipe.capture import export as _export
 from aotpipe.capture.custom_ops import replace_calls
 from aotpipe.capture.hints import chain_text, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
-from aotpipe.format.records import GraphBreakRecord, Partition
+from aotpipe.format.records import GraphBreakRecord, OutsideGraphs, Partition
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, Subgraph
 from aotpipe.format.source_files import relative_file
 from aotpipe.determinism import run_reproducibly
@@ -73,8 +80,18 @@ OPTIONS = DYNAMO_OPTIONS
 
 TRAINING_KINDS = ("forward", "backward", "joint")
 
-# The note a capture gets once _check_together passed.
-_TOGETHER = "checked: the {n} subgraph(s) run in sequence reproduce the eager model's outputs ({mode})"
+# The note a whole capture gets once _check_together passed: the stored subgraphs alone, no eager code between them.
+_TOGETHER = ("checked: the {n} subgraph(s) alone, each fed the outputs of those before it as recorded (no code "
+             "between them), reproduce the eager model's outputs ({mode})")
+# The note of a partial one: no claim that the subgraphs reproduce the model.
+_PARTIAL = ("partial ({mode}): part of the model ran outside the graphs{where}: {what}; the graphs alone do not "
+            "compute the model, so they were not checked against it as a whole")
+# ATen ops the eager run makes that a dynamo graph does not, without computing anything:
+# autograd's bookkeeping.
+_BOOKKEEPING = frozenset({"aten.detach.default"})
+# Ops that read a tensor's value into Python (a branch's condition, a size, a constant): not
+# tensor computation outside the graphs, but the graphs are those of the example's path.
+_VALUE_READS = frozenset({"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default"})
 
 
 class _Outputs(torch.nn.Module):
@@ -158,11 +175,26 @@ def _capture(
     def subgraph(i: int) -> Subgraph:
         return subgraphs.setdefault(i, Subgraph(i, {}))
 
+    outside: list[OutsideGraphs] = []
+
+    def compiled(grad: bool) -> list[_Traced]:
+        c = _compile(model, args, kwargs, input_name_of, grad=grad)
+        mode = "training" if grad else "inference"
+        found = _breaks(c.traced)
+        if c.outside is not None:
+            outside.append(c.outside)
+            notes.append(_PARTIAL.format(mode=mode, where=_break_text(found), what=c.outside.text()))
+        else:
+            notes.append(_TOGETHER.format(n=len(c.traced), mode=mode))
+        if c.value_reads:
+            notes.append(f"{mode}: value(s) read outside the graphs ({', '.join(c.value_reads)}): a branch or a "
+                         "constant decided on the example's values; the graphs are those of its path")
+        return c.traced
+
     if "inference" in graphs:
         model.eval()
-        traced = _compile(model, args, kwargs, input_name_of, grad=False)
+        traced = compiled(False)
         counts["inference"] = len(traced)
-        notes.append(_TOGETHER.format(n=len(traced), mode="inference"))
         breaks = _breaks(traced)
         for i, t in enumerate(traced):
             lifted = _lift(t, i)
@@ -175,9 +207,8 @@ def _capture(
 
     if set(TRAINING_KINDS) & set(graphs):
         model.train()
-        traced = _compile(model, args, kwargs, input_name_of, grad=True)
+        traced = compiled(True)
         counts["training"] = len(traced)
-        notes.append(_TOGETHER.format(n=len(traced), mode="training"))
         breaks = _breaks(traced)
         for i, t in enumerate(traced):
             lifted = _lift(t, i)
@@ -243,6 +274,7 @@ def _capture(
         subgraphs=sgs,
         graph_breaks=breaks,
         inputs=inputs,
+        outside_graphs=outside,
     )
 
 
@@ -276,9 +308,40 @@ def _state_kept(model: torch.nn.Module, inputs: list[Any]) -> Iterator[None]:
                 t.copy_(before)
 
 
+@dataclass
+class _Call:
+    """One call of a subgraph while the model ran: where each of its values came from (see
+    _provenance) and what it returned (kept alive, so that identities stay unique)."""
+
+    traced: int  # index into the compile's subgraphs
+    sources: list[tuple[Any, ...]]
+    state: list[Any]  # per placeholder: the parameter or buffer as this call read it, else None
+    outputs: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class _Compiled:
+    traced: list[_Traced]
+    outside: Optional[OutsideGraphs]  # None: every tensor the model computed came from a graph
+    value_reads: list[str]  # value-reading ops run outside the graphs ("aten._local_scalar_dense.default x1")
+
+
+class _OpCount(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ATen ops that run under it, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: dict[int, str], *,
-             grad: bool) -> list[_Traced]:
-    """Every subgraph dynamo compiles while the model runs once, in order of first call.
+             grad: bool) -> _Compiled:
+    """Every subgraph dynamo compiles while the model runs once, in order of first call, and
+    what the model computed outside them (see outside_graphs).
 
     `input_name_of` names the model's own inputs by identity: a subgraph that takes one
     calls it by its pipeline name."""
@@ -286,6 +349,10 @@ def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: d
     for n, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
         names.setdefault(id(t), n)  # a tied tensor: the name named_parameters gives first
     traced: list[_Traced] = []
+    calls: list[_Call] = []
+    made: dict[int, tuple[int, int]] = {}  # id of a tensor a call returned -> (call, output index)
+    inputs_at = {id(t): i for i, t in enumerate(pytree.tree_leaves((args, kwargs))) if isinstance(t, torch.Tensor)}
+    in_graphs = _OpCount()
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         replace_calls(gm)  # libraries' custom ops, as ATen (capture/custom_ops.py)
@@ -293,6 +360,7 @@ def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: d
                         [names.get(id(x)) if isinstance(x, torch.Tensor) else None for x in example_inputs],
                         # now: dynamo drops the placeholders' grapharg once the backend returns
                         [_source_name(n) for n in gm.graph.nodes if n.op == "placeholder"])
+        index = len(traced)
         traced.append(entry)
 
         def run(*values: Any) -> Any:
@@ -302,7 +370,18 @@ def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: d
                 entry.values = [v if isinstance(v, torch.nn.Parameter) else _snapshot(v) for v in values]
                 entry.model_inputs = [input_name_of.get(id(v)) if isinstance(v, torch.Tensor) else None
                                       for v in values]
-            return gm.forward(*values)
+            call = _Call(index, [_provenance(v, state is not None, made, inputs_at) for v, state
+                                 in zip(values, entry.state_names)],
+                         [None if state is None else (v if isinstance(v, torch.nn.Parameter) else _snapshot(v))
+                          for v, state in zip(values, entry.state_names)])
+            with in_graphs:
+                out = gm.forward(*values)
+            call.outputs = pytree.tree_leaves(out)
+            for j, o in enumerate(call.outputs):
+                if isinstance(o, torch.Tensor):
+                    made.setdefault(id(o), (len(calls), j))
+            calls.append(call)
+            return out
 
         return run
 
@@ -315,27 +394,126 @@ def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: d
         raise
     except Exception as e:
         raise CaptureError(f"torch.compile ({'training' if grad else 'inference'}) failed: {_cause_line(e)}") from None
-    if traced:
-        _check_together(model, args, kwargs, together, len(traced), grad)
     if not traced:
         raise CaptureError("torch.compile captured no graph: the model runs no tensor operation dynamo can trace")
     for i, t in enumerate(traced):
         if t.values is None:  # compiled, never called: cannot happen in one run, but say so if it does
             raise CaptureError(f"torch.compile: subgraph {i} was compiled but never ran")
-    return traced
+    results = [_provenance(v, False, made, inputs_at) for v in pytree.tree_leaves(together)]
+    expected, eager_ops = _eager_run(model, args, kwargs, grad)
+    outside = outside_graphs(eager_ops, in_graphs.ops, calls, results, "training" if grad else "inference")
+    reads = sorted(op for op in (eager_ops - in_graphs.ops) if op in _VALUE_READS)
+    if outside is None:
+        _check_together(expected, _composed(traced, calls, results, args, kwargs, grad), len(traced), grad)
+    return _Compiled(traced, outside, [f"{op} x{(eager_ops - in_graphs.ops)[op]}" for op in reads])
 
 
-def _check_together(model: torch.nn.Module, args: tuple, kwargs: dict, together: Any, count: int, grad: bool) -> None:
-    """That the compiled model (its subgraphs run in sequence, eager code between them)
-    gives the eager model's outputs: each subgraph's graphs are checked against their own
-    subgraph, so this closes the chain from the graphs to the model. Raises CaptureError
-    naming the first output that differs."""
+def _provenance(value: Any, state: bool, made: dict[int, tuple[int, int]], inputs_at: dict[int, int]
+                ) -> tuple[Any, ...]:
+    """Where a value a subgraph took (or the model returned) came from: ("state",) a parameter
+    or buffer, ("input", i) the model's i-th input, ("output", call, j) the j-th output of an
+    earlier call, ("value", v) a number or None (as recorded), ("glue",) a tensor no graph made."""
+    if state:
+        return ("state",)
+    if not isinstance(value, torch.Tensor):
+        return ("value", value)
+    if id(value) in made:
+        return ("output", *made[id(value)])
+    if id(value) in inputs_at:
+        return ("input", inputs_at[id(value)])
+    return ("glue",)
+
+
+def outside_graphs(eager_ops: "collections.Counter[str]", graph_ops: "collections.Counter[str]", calls: list[_Call],
+                   results: list[tuple[Any, ...]], compile: str) -> Optional[OutsideGraphs]:
+    """What the model computed outside its subgraphs (None: nothing), from one run of each:
+
+    - ops: the ATen ops the eager model ran, less those the subgraphs ran (counted by op),
+      less autograd's bookkeeping (detach) and reads of a value into Python (a branch's
+      condition: the graphs are those of the example's path, not less of the model);
+    - values: each tensor a subgraph took, or the model returned, that is neither a model
+      input, a parameter or buffer, nor an output of a subgraph run before.
+
+    Either makes the capture partial: its outputs depend on code no stored graph holds."""
+    ops = {op: n for op, n in sorted((eager_ops - graph_ops).items())
+           if op not in _BOOKKEEPING and op not in _VALUE_READS}
+    values = [f"subgraph {c.traced} input {k}" for c in calls for k, src in enumerate(c.sources) if src == ("glue",)]
+    values += [f"model output {k}" for k, src in enumerate(results) if src == ("glue",)]
+    if not ops and not values:
+        return None
+    return OutsideGraphs(compile=compile, ops=ops, values=values)
+
+
+def _break_text(breaks: list[GraphBreakRecord]) -> str:
+    if not breaks:
+        return ""
+    b = breaks[0]
+    more = f" (and {len(breaks) - 1} more break(s))" if len(breaks) > 1 else ""
+    return f" after subgraph {b.subgraph}'s graph break ({b.reason}" + (f" at {b.where}" if b.where else "") + ")" + more
+
+
+def _eager_run(model: torch.nn.Module, args: tuple, kwargs: dict, grad: bool) -> tuple[Any, "collections.Counter[str]"]:
+    """The eager model's outputs, and the ATen ops it ran (by name), from one run."""
+    count = _OpCount()
     with _state_kept(model, pytree.tree_leaves((args, kwargs))), torch.set_grad_enabled(grad):
-        expected = run_reproducibly(lambda: model(*args, **kwargs))
-    got_leaves, expected_leaves = pytree.tree_leaves(together), pytree.tree_leaves(expected)
+        def run() -> Any:
+            with count:
+                return model(*args, **kwargs)
+        out = run_reproducibly(run)
+    return out, count.ops
+
+
+def _composed(traced: list[_Traced], calls: list[_Call], results: list[tuple[Any, ...]], args: tuple, kwargs: dict,
+              grad: bool) -> list[Any]:
+    """The model's outputs (pytree leaves) from its subgraphs alone: each call run again in
+    order on the model's inputs, the parameters and buffers as that call read them, and the
+    outputs of the calls before it, as the run recorded where each value came from. No code
+    between them runs (so a model whose outputs need such code is partial: outside_graphs)."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    outs: list[list[Any]] = []
+
+    def value(src: tuple[Any, ...], state: Any) -> Any:
+        kind = src[0]
+        if kind == "state":
+            return state.detach().clone() if not isinstance(state, torch.nn.Parameter) else state
+        if kind == "input":
+            return leaves[src[1]]
+        if kind == "output":
+            return outs[src[1]][src[2]]
+        if kind == "value":
+            return src[1]
+        raise CaptureError("a subgraph's input was made by no graph: the capture is partial")  # outside_graphs said so
+
+    def run() -> list[Any]:
+        for c in calls:
+            vals = [value(src, st) for src, st in zip(c.sources, c.state)]
+            outs.append(pytree.tree_leaves(traced[c.traced].gm.forward(*vals)))
+        return [value(src, None) for src in results]
+
+    with _state_kept_inputs(leaves), torch.set_grad_enabled(grad):
+        return run_reproducibly(run)
+
+
+@contextlib.contextmanager
+def _state_kept_inputs(inputs: list[Any]) -> Iterator[None]:
+    saved = [(t, t.detach().clone()) for t in inputs if isinstance(t, torch.Tensor)]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, before in saved:
+                t.copy_(before)
+
+
+def _check_together(expected: Any, composed: Any, count: int, grad: bool) -> None:
+    """That the subgraphs alone, composed as recorded (_composed, no eager code between them),
+    give the eager model's outputs `expected`: each subgraph's graphs are checked against their
+    own subgraph, so this closes the chain from the graphs to the model. Raises CaptureError
+    naming the first output that differs."""
+    got_leaves, expected_leaves = pytree.tree_leaves(composed), pytree.tree_leaves(expected)
     mode = "training" if grad else "inference"
     if len(got_leaves) != len(expected_leaves):
-        raise CaptureError(f"dynamo's {count} subgraph(s) run in sequence ({mode}) return {len(got_leaves)} values, "
+        raise CaptureError(f"dynamo's {count} subgraph(s) composed ({mode}) return {len(got_leaves)} values, "
                            f"the eager model {len(expected_leaves)}: the subgraphs do not reproduce the model")
     for i, (got, want) in enumerate(zip(got_leaves, expected_leaves)):
         if isinstance(want, torch.Tensor):
@@ -343,7 +521,7 @@ def _check_together(model: torch.nn.Module, args: tuple, kwargs: dict, together:
                 torch.testing.assert_close(got, want, equal_nan=True)
             except AssertionError as e:
                 detail = next((ln.strip() for ln in str(e).splitlines() if "difference" in ln), exception_line(e))
-                raise CaptureError(f"dynamo's {count} subgraph(s) run in sequence ({mode}) do not reproduce the "
+                raise CaptureError(f"dynamo's {count} subgraph(s) composed ({mode}) do not reproduce the "
                                    f"model: output {i} differs from eager ({detail})") from None
 
 

@@ -39,6 +39,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.capture import custom_ops, unbacked
+from aotpipe.capture.cumulative_bn import cumulative_factors_specialised
 from aotpipe.capture.layouts import pin_batch_norm_layouts, pin_group_norm_layouts
 from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.format.ir import (
@@ -214,8 +215,9 @@ def _capture(
 
     if {"forward", "backward", "joint"} & set(graphs):
         model.train()
-        ep_train = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "training", notes), notes,
-                                                           training=True))
+        with cumulative_factors_specialised(model, notes):  # BatchNorm(momentum=None): capture/cumulative_bn.py
+            exported = _export(model, args, kwargs, "training", notes)
+        ep_train = _views_to_reshapes(_library_ops_to_aten(exported, notes, training=True))
         joint, fw, bw, contract, no_grad = _training_graphs(
             ep_train, args, kwargs, user_names, int_ranges, state, constants, loss, notes)
         tied = _tied_names(model)

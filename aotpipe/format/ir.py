@@ -12,7 +12,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from aotpipe.format.records import CaptureRecord, GraphBreakRecord, Layout, Partition, PassRecord, TrustedNamespace
+from aotpipe.format.records import CaptureRecord, GraphBreakRecord, Layout, OutsideGraphs, Partition, PassRecord, TrustedNamespace
 from aotpipe.format.source_files import name_files_in
 from aotpipe.graph_keys import parse_graph_key
 
@@ -153,6 +153,13 @@ class CapturedGraphs:
     inputs: dict[str, list[Any]] = field(default_factory=dict)
     # Library op namespaces the graphs call, trusted by the pipeline (custom_ops.trust):
     trusted_ops: dict[str, TrustedNamespace] = field(default_factory=dict)
+    # Dynamo: what each compile ran outside its graphs; non-empty: the capture is partial.
+    outside_graphs: list[OutsideGraphs] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """Whether part of the model's computation is in no graph (capture/dynamo.outside_graphs)."""
+        return bool(self.outside_graphs)
 
     def contract_of(self, key: str) -> Optional[Partition]:
         """The partition contract of the subgraph graph `key` belongs to."""
@@ -176,4 +183,6 @@ class CapturedGraphs:
             more.update(fallback=name_files_in(self.fallback))
         if self.trusted_ops:
             more.update(trusted_ops=self.trusted_ops)
+        if self.outside_graphs:
+            more.update(outside_graphs=self.outside_graphs)
         return CaptureRecord(mode=self.mode, options=self.options, notes=[name_files_in(n) for n in self.notes], **more)

@@ -574,6 +574,28 @@ class TrustedNamespace(Record):
     ops: Annotated[list[LibraryOp], Field(max_length=10_000)]
 
 
+class OutsideGraphs(Record):
+    """What one compile of a dynamo capture (inference or training) ran outside its graphs,
+    which makes the capture partial: its outputs depend on code no stored graph holds
+    (capture/dynamo.py: outside_graphs; docs/capture-modes.md#partial-captures)."""
+
+    compile: Literal["inference", "training"]
+    # ATen ops the eager model ran that no subgraph ran ("aten._ctc_loss.Tensor": 1)
+    ops: dict[str, Count]
+    # Tensors no graph made that a subgraph took or the model returned ("model output 0")
+    values: list[str] = []
+
+    def text(self, most: int = 6) -> str:
+        """What ran outside the graphs, in one line: the ops (most run first), the values no graph made."""
+        ops = sorted(self.ops.items(), key=lambda kv: (-kv[1], kv[0]))
+        text = ", ".join(f"{op} x{n}" for op, n in ops[:most]) + (
+            f" (and {len(ops) - most} more)" if len(ops) > most else "")
+        if self.values:
+            made = f"{', '.join(self.values[:4])}{' ...' if len(self.values) > 4 else ''} made by no graph"
+            text = f"{text}; {made}" if text else made
+        return text or "nothing"
+
+
 class CaptureRecord(Record):
     mode: str
     options: dict[str, JsonValue]
@@ -585,6 +607,9 @@ class CaptureRecord(Record):
     fallback: Optional[str] = None  # mode auto: why export failed (the graphs are dynamo's)
     # Library namespaces whose ops the graphs call (the pipeline's trusted_ops).
     trusted_ops: Optional[dict[Identifier, TrustedNamespace]] = None
+    # A partial capture: what ran outside the graphs, per compile (absent: the graphs hold
+    # the whole model, or the artefact was written before aotpipe told)
+    outside_graphs: Optional[list[OutsideGraphs]] = None
 
 
 class ModelRecord(BaseModel):
@@ -687,7 +712,8 @@ class ModelRun(Record):
     """run.json's record of one model: what happened, where it stopped, what it wrote."""
 
     name: str
-    status: Literal["ok", "failed"]
+    # partial (version 2): written and checked, but part of the model ran outside its graphs
+    status: Literal["ok", "partial", "failed"]
     stage: Optional[str] = None  # where it failed: results.STAGES
     error: Optional[str] = None
     # The exception's class when the failure was not an aotpipe error (the model's code, torch).
@@ -709,6 +735,9 @@ class ModelRun(Record):
     # true: it ran out of memory in this folder's runs before, and starts in a fresh worker
     # (process executor); kept from run to run (runner.ran_out_of_memory_last_run)
     fresh_worker: Optional[bool] = None
+    # status partial: one line per graph break past which the model computed outside its
+    # graphs (the break's reason and source line, the ops that ran outside)
+    outside_graphs: Optional[list[str]] = None
 
 
 class RecycledWorker(Record):
@@ -776,12 +805,13 @@ class RunSummary(Record):
     graphs: Count
     bytes: Count
     checks: Optional[SettledTotals] = None
+    partial: Optional[Count] = None  # version 2: models whose status is partial (not counted as ok)
 
 
 class RunRecord(Record):
     """run.json: one pipeline run, for machines (report.md says the same for people)."""
 
-    format_version: Literal[1]  # RUN_FORMAT_VERSION
+    format_version: Literal[1, 2]  # RUN_FORMAT_VERSION (2: a model's status may be partial)
     pipeline: str
     versions: Versions
     seconds: float
@@ -791,6 +821,7 @@ class RunRecord(Record):
     ok: bool
     summary: RunSummary
     models: list[ModelRun]
+    allow_partial: Optional[bool] = None  # version 2: `run --allow-partial`: partial models did not make ok false
 
 
 def load_run(path: Any) -> "RunRecord":
@@ -883,7 +914,8 @@ RECORDS: dict[str, type[Record]] = {
 
 # Each record file's version as written now, and the versions of it this aotpipe reads
 # (tools/format_schema.py holds field changes to them: docs/format/README.md).
-RUN_FORMAT_VERSION = 1
+# run.json version 2: a model's status may be "partial" (version 1 said ok or failed).
+RUN_FORMAT_VERSION = 2
 SIGNATURE_FORMAT_VERSION = 1
 RECORD_VERSIONS: dict[str, tuple[int, tuple[int, ...]]] = {
     MANIFEST: (FORMAT_VERSION, READABLE_VERSIONS),
@@ -891,7 +923,7 @@ RECORD_VERSIONS: dict[str, tuple[int, tuple[int, ...]]] = {
     TRACE: (FORMAT_VERSION, READABLE_VERSIONS),
     GRAPH_JSON: (GRAPH_FORMAT_VERSION, (1, GRAPH_FORMAT_VERSION)),
     SIGNATURE: (SIGNATURE_FORMAT_VERSION, (SIGNATURE_FORMAT_VERSION,)),
-    RUN_JSON: (RUN_FORMAT_VERSION, (RUN_FORMAT_VERSION,)),
+    RUN_JSON: (RUN_FORMAT_VERSION, (1, RUN_FORMAT_VERSION)),
 }
 
 

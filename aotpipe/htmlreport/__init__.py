@@ -30,7 +30,7 @@ from aotpipe.format.records import MANIFEST
 from aotpipe.htmlreport import plots
 from aotpipe.report import human_size
 from aotpipe.format.records import describe
-from aotpipe.results import why_failed
+from aotpipe.results import is_partial, outside_graphs_lines, why_failed
 
 REPORT_HTML = "report.html"
 BENCH_JSON = "bench.json"
@@ -108,7 +108,7 @@ class GraphRow:
 class ModelRow:
     name: str
     anchor: str
-    status: str  # ok, failed, up to date, unreadable
+    status: str  # ok, partial, failed, up to date, unreadable
     stage: Optional[str] = None
     mode: Optional[str] = None
     graph_breaks: Optional[int] = None
@@ -129,6 +129,7 @@ class ModelRow:
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     breaks: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)  # a partial capture: what ran outside its graphs
 
 
 def _anchor(i: int) -> str:
@@ -202,6 +203,9 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
                   for b in m.capture.graph_breaks or []]
     if m.capture.fallback:
         row.notes.append(f"export failed, dynamo used: {m.capture.fallback}")
+    row.outside = outside_graphs_lines(m)
+    if is_partial(m) and row.status in ("ok", "up to date"):  # the manifest says so, whatever run.json said
+        row.status = "partial"
     if m.checks is not None:
         c = m.checks
         row.checks_run, row.checks_passed, row.checks_failed, row.checks_skipped = c.run, c.passed, c.failed, c.skipped
@@ -303,7 +307,8 @@ def gather(root: Path) -> Report:
     summary = {
         "models": len(rows),
         "ok": sum(r.status in ("ok", "up to date") for r in rows),
-        "failed": sum(r.status not in ("ok", "up to date") for r in rows),
+        "partial": sum(r.status == "partial" for r in rows),
+        "failed": sum(r.status not in ("ok", "up to date", "partial") for r in rows),
         "up_to_date": sum(r.status == "up to date" for r in rows),
         "graphs": sum(len(r.graphs) for r in rows),
         "bytes": on_disk,

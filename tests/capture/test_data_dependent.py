@@ -119,7 +119,9 @@ def test_hints_say_what_to_try_for_each_kind_of_failure():
 def test_dynamo_capture_notes_that_its_subgraphs_reproduce_the_model():
     cap = dynamo_capture.capture_dynamo(zoo.sign_branch(), (torch.ones(2, 16),), {}, name="m",
                                         graphs=["inference"], input_names=["x"])
-    assert "checked: the 2 subgraph(s) run in sequence reproduce the eager model's outputs (inference)" in cap.notes
+    assert not cap.partial  # the branch's condition is a value read: no tensor computation outside the graphs
+    assert ("checked: the 2 subgraph(s) alone, each fed the outputs of those before it as recorded (no code "
+            "between them), reproduce the eager model's outputs (inference)") in cap.notes
 
 
 def test_subgraphs_that_do_not_reproduce_the_model_fail_the_capture():
@@ -127,6 +129,8 @@ def test_subgraphs_that_do_not_reproduce_the_model_fail_the_capture():
     x = torch.randn(2, 32)
     with torch.no_grad():
         wrong = model(x) + 1  # what a broken chain of subgraphs would return
-    with pytest.raises(CaptureError, match=r"dynamo's 1 subgraph\(s\) run in sequence \(inference\) do not "
+    with torch.no_grad():
+        right = model(x)
+    with pytest.raises(CaptureError, match=r"dynamo's 1 subgraph\(s\) composed \(inference\) do not "
                                            r"reproduce the model: output 0 differs from eager"):
-        dynamo_capture._check_together(model, (x,), {}, wrong, 1, False)
+        dynamo_capture._check_together(right, wrong, 1, False)
