@@ -19,6 +19,7 @@ import functools
 import io
 import logging
 import operator
+import os
 import sys
 import time
 import warnings
@@ -52,6 +53,7 @@ from aotpipe.format.ir import (
 from aotpipe.determinism import op_draws_random
 from aotpipe.eager import NoLossError, model_loss
 from aotpipe.errors import CaptureError
+from aotpipe.format.source_files import relative_file
 from aotpipe.modes import DEFAULT_LOSS, EXPORT_OPTIONS
 from aotpipe.sources import derived_seed
 from aotpipe.tensors import ones
@@ -295,6 +297,36 @@ def _capture(
             if r is not None:
                 int_ranges[n] = r
     notes: list[str] = []
+    with model_reseeds() as reseeds:
+        captured, contract, constants = _capture_graphs(model, args, kwargs, graphs, user_names, user_values,
+                                                        int_ranges, notes, loss)
+    _refuse_reseeded_draws(reseeds, captured)
+    _share_embedding_ranges(captured)
+    checks = set(effectful_checks())
+    kept = sorted({target_name_of(n.target) for g in captured.values() for n in g.gm.graph.nodes
+                   if n.op == "call_function" and n.target in checks})
+    if kept:
+        notes.append(f"{', '.join(kept)} (an ordered effect in torch: a check with no output) captured as a plain "
+                     "node, without effect tokens; it raises on invalid input as eager does")
+    ordered = {k: captured[k] for k in ("inference", "forward", "backward", "joint") if k in captured}
+    return CapturedGraphs(
+        model=name,
+        mode="export",
+        graphs=ordered,
+        contract=contract if {"forward", "backward"} & set(ordered) else None,
+        seconds=time.perf_counter() - start,
+        options={**OPTIONS, "loss": loss},
+        notes=notes,
+        constants=constants,
+        user_inputs=user_names,
+    )
+
+
+def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: list[str], user_names: list[str],
+                    user_values: list[Any], int_ranges: dict[str, tuple[int, int]], notes: list[str],
+                    loss: str) -> tuple[dict[str, CapturedGraph], Optional[Partition], dict[str, torch.Tensor]]:
+    """The graphs `_capture` asks for, the partition contract (None without training graphs)
+    and the constants the graphs lift."""
     materialised = materialise_lazy_modules(model, args, kwargs)
     if materialised:
         notes.append(materialised)
@@ -329,26 +361,7 @@ def _capture(
             if kind in graphs:
                 captured[kind] = g
         model.eval()
-
-    _share_embedding_ranges(captured)
-    checks = set(effectful_checks())
-    kept = sorted({target_name_of(n.target) for g in captured.values() for n in g.gm.graph.nodes
-                   if n.op == "call_function" and n.target in checks})
-    if kept:
-        notes.append(f"{', '.join(kept)} (an ordered effect in torch: a check with no output) captured as a plain "
-                     "node, without effect tokens; it raises on invalid input as eager does")
-    ordered = {k: captured[k] for k in ("inference", "forward", "backward", "joint") if k in captured}
-    return CapturedGraphs(
-        model=name,
-        mode="export",
-        graphs=ordered,
-        contract=contract if {"forward", "backward"} & set(ordered) else None,
-        seconds=time.perf_counter() - start,
-        options={**OPTIONS, "loss": loss},
-        notes=notes,
-        constants=constants,
-        user_inputs=user_names,
-    )
+    return captured, contract, constants
 
 
 def _share_embedding_ranges(captured: dict[str, CapturedGraph]) -> None:
@@ -378,6 +391,58 @@ def _tied_names(model: torch.nn.Module) -> dict[str, set[str]]:
     for n, p in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(p), set()).add(n)
     return {n: names - {n} for names in by_id.values() for n in names if len(names) > 1}
+
+
+# What a model may call in forward to re-seed or reset the global generator.
+_RESEEDING = ("manual_seed", "seed", "set_rng_state")
+
+
+@contextlib.contextmanager
+def model_reseeds() -> Iterator[list[str]]:
+    """While active, each call the model's own code makes to torch.manual_seed, torch.seed or
+    torch.set_rng_state (or their torch.random names) is listed, as "torch.manual_seed at
+    file.py:LINE". Calls from torch and from aotpipe itself are not the model's."""
+    calls: list[str] = []
+    originals = {(owner, n): getattr(owner, n) for owner in (torch, torch.random) for n in _RESEEDING}
+
+    def recording(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*a: Any, **k: Any) -> Any:
+            frame = sys._getframe(1)
+            file = frame.f_code.co_filename
+            if not file.startswith((_TORCH_DIR, _AOTPIPE_DIR)):
+                where = f"torch.{name} at {relative_file(file)}:{frame.f_lineno}"
+                if where not in calls:
+                    calls.append(where)
+            return fn(*a, **k)
+        return call
+
+    for (owner, n), fn in originals.items():
+        setattr(owner, n, recording(n, fn))
+    try:
+        yield calls
+    finally:
+        for (owner, n), fn in originals.items():
+            setattr(owner, n, fn)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_AOTPIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _refuse_reseeded_draws(reseeds: list[str], captured: dict[str, CapturedGraph]) -> None:
+    """One line for a model that re-seeds the generator inside forward and whose graphs draw
+    random numbers: the seeding runs once, while tracing, and is not in the graph, so the
+    graph's draws (dropout masks) continue the caller's generator where eager's restart."""
+    if not reseeds:
+        return
+    for kind, g in captured.items():
+        draw = next((n for n in g.gm.graph.nodes if n.op == "call_function" and op_draws_random(n.target)), None)
+        if draw is not None:
+            raise CaptureError(
+                f"the model re-seeds the random generator inside forward ({', '.join(reseeds[:2])}) and its {kind} "
+                f"graph draws random numbers ({target_name_of(draw.target)}): a graph cannot re-seed, so its draws "
+                "would differ from eager's; seed once before calling the model, or capture graphs: [inference] only")
 
 
 RANDOM_BRANCH = "the model branches on a random number it draws"  # capture/hints.py reads this
