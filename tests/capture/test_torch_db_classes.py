@@ -223,3 +223,173 @@ def test_user_inputs_updated_in_place_are_mutations_checked_against_eager(tmp_pa
     assert art.graphs["forward"].record.partition.mutated_inputs == list(STATS)
     joint = art.graphs["joint"].record
     assert [o.target for o in joint.outputs if o.role == "mutation"] == list(STATS)
+
+
+# 4. A sparse intermediate: the format holds dense, strided tensors only.
+
+class SparseRoundTrip(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).to_sparse().to_dense() * 2
+
+
+def sparse_round_trip():
+    return SparseRoundTrip()
+
+
+@pytest.mark.parametrize("mode", ["auto", "export"])  # dynamo breaks the graph around to_sparse: captured
+def test_a_sparse_intermediate_is_refused_in_one_line_naming_the_node(tmp_path, mode):
+    m = _run(tmp_path, f"  - {{name: sparse, source: '{HERE}:sparse_round_trip', inputs: [{{shape: [2, 4]}}]}}\n",
+             mode=mode)["sparse"]
+    assert m.status == "failed" and m.stage == "write"
+    assert "\n" not in m.error and "NotImplementedError" not in m.error
+    assert re.search(r"the inference graph's node '\w*to_sparse\w*' \(aten\._?to_sparse[\w.]*\) at "
+                     r"tests/capture/test_torch_db_classes\.py:\d+ is a torch\.sparse_coo tensor: sparse tensors are "
+                     r"outside aotpipe's format", m.error), m.error
+    assert not (tmp_path / "out" / "classes" / "sparse").exists()
+
+
+# 5. An op that re-seeds the generator inside forward: the seeding runs once while tracing and
+# is not in the graph, whose dropout then draws other masks than eager's.
+
+class ReseedThenDropout(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        torch.manual_seed(123)
+        return F.dropout(self.lin(x), 0.5, self.training)
+
+
+def reseed_then_dropout():
+    return ReseedThenDropout()
+
+
+RESEED_YAML = f"  - {{name: reseed, source: '{HERE}:reseed_then_dropout', inputs: [{{shape: [2, 4]}}]}}\n"
+
+
+def test_reseeding_inside_forward_is_named_as_the_cause_in_mode_export(tmp_path):
+    m = _run(tmp_path, RESEED_YAML, mode="export")["reseed"]
+    assert m.status == "failed" and m.stage == "capture"
+    assert "\n" not in m.error
+    assert re.search(r"the model re-seeds the random generator inside forward \(torch\.manual_seed at "
+                     r"tests/capture/test_torch_db_classes\.py:\d+\) and its \w+ graph draws random numbers "
+                     r"\(aten\.native_dropout\.default\)", m.error), m.error
+
+
+def test_reseeding_inside_forward_falls_back_to_dynamo_with_the_cause_in_mode_auto(tmp_path):
+    m = _run(tmp_path, RESEED_YAML)["reseed"]
+    assert m.status == "ok", (m.stage, m.error)
+    assert m.checks.failed == 0
+    assert "re-seeds the random generator inside forward" in _manifest(tmp_path, "reseed")["capture"]["fallback"]
+
+
+def test_reseeding_without_random_draws_is_captured(tmp_path):
+    m = _run(tmp_path, RESEED_YAML, mode="export", graphs="[inference]")["reseed"]
+    assert m.status == "ok", (m.stage, m.error)
+
+
+def test_the_seed_aotpipe_itself_sets_is_not_the_model_s():
+    from aotpipe.capture.export import model_reseeds
+
+    from aotpipe.capture.export import materialise_lazy_modules
+
+    before = (torch.manual_seed, torch.random.manual_seed, torch.set_rng_state, torch.seed)
+    with model_reseeds() as calls:
+        # materialise_lazy_modules seeds the generator, in aotpipe's code
+        assert materialise_lazy_modules(LazyNet(), (torch.ones(2, 3, 6, 6),), {}) is not None
+        torch.manual_seed(5)  # this file's: a model's code would be here
+    assert calls == [f"torch.manual_seed at tests/capture/test_torch_db_classes.py:{_line_of('torch.manual_seed(5)')}"]
+    assert (torch.manual_seed, torch.random.manual_seed, torch.set_rng_state, torch.seed) == before  # put back
+
+
+def _line_of(text):
+    lines = open(__file__, encoding="utf-8").read().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
+
+
+# 6. Complex outputs (an fft, torch.polar, casts to complex64 and complex32): checked through
+# their real view, and differentiated through their real part, not skipped.
+
+class ComplexOutputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.fft.fft(y), torch.polar(y.abs(), y), y.to(torch.cfloat) * (1 + 2j), y.to(torch.chalf)
+
+
+def complex_outputs():
+    return ComplexOutputs()
+
+
+@pytest.mark.parametrize("mode", ["auto", "dynamo"])
+def test_complex_outputs_and_their_gradients_are_checked_not_skipped(tmp_path, mode):
+    m = _run(tmp_path, f"  - {{name: cplx, source: '{HERE}:complex_outputs', inputs: [{{shape: [2, 8]}}]}}\n",
+             mode=mode)["cplx"]
+    assert m.status == "ok", (m.stage, m.error)
+    assert m.checks.skipped == 0 and m.checks.failed == 0
+    man = _manifest(tmp_path, "cplx")
+    assert man["capture"].get("fallback") is None  # export differentiates them too
+    assert set(_checked(man, "inference")) == {f"output {i}" for i in range(4)}
+    assert {"gradient of lin.weight", "gradient of lin.bias"} <= set(_checked(man, "backward"))
+
+
+def test_the_loss_takes_a_complex_output_by_its_real_part():
+    from aotpipe.eager import model_loss, output_weights
+
+    z = torch.randn(3, 4, dtype=torch.cfloat)
+    assert model_loss(z).dtype == torch.float32
+    torch.testing.assert_close(model_loss(z), (z.real * output_weights(z.real)).sum())
+    torch.testing.assert_close(model_loss((z, z.real), "sum"), 2 * z.real.sum())
+
+
+class ComplexWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, dtype=torch.cfloat))
+
+    def forward(self, x):
+        return x * self.w
+
+
+def test_the_float64_reference_of_a_complex_output_is_complex128():
+    from aotpipe.eager import EagerReference
+
+    ref = EagerReference(ComplexWeight(), (torch.randn(4, dtype=torch.cfloat),), {}, user_names=["x"])
+    assert ref.run("inference").outputs[0].dtype == torch.complex64
+    assert ref.run("inference", fp64=True).outputs[0].dtype == torch.complex128
+    assert ref.run("training", fp64=True).grads["w"].dtype == torch.complex128
+
+
+def _noisy(scale, dtype, n=10_000):
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(n, dtype=torch.complex128, generator=g)
+    noise = torch.randn(n, dtype=torch.complex128, generator=g)
+    return ref, lambda k: (ref + k * scale * noise).to(dtype)
+
+
+def test_a_complex_value_is_judged_by_the_float64_rule_on_its_real_view():
+    from aotpipe.accuracy import compare
+
+    ref, off = _noisy(1e-4, torch.cfloat)
+    assert compare(off(1.5), off(1), lambda: ref).passed
+    c = compare(off(3), off(1), lambda: ref, what="output 0")
+    assert not c.passed and c.method == "fp64" and "float64" in c.line()
+    # the error is an RMS over the (real, imaginary) pairs
+    assert c.error == pytest.approx(3e-4 / 2 ** 0.5, rel=0.05)
+
+
+def test_complex32_is_judged_by_the_half_precision_rule():
+    from aotpipe.accuracy import compare
+
+    ref, off = _noisy(1e-2, torch.chalf)
+    c = compare(off(2.5), off(1), lambda: ref)  # within 3x (half's multiplier), beyond float32's 2x
+    assert c.passed and c.method == "fp64", c.line()
+    assert not compare(off(4), off(1), lambda: ref).passed
