@@ -44,17 +44,25 @@ def output_weights(t: torch.Tensor) -> torch.Tensor:
 
 
 def model_loss(out: Any, kind: str = DEFAULT_LOSS) -> torch.Tensor:
-    """The training loss capture differentiates, over every floating-point output: the sum
+    """The training loss capture differentiates, over every floating-point output (and the
+    real part of every complex one): the sum
     of its elements weighted by :func:`output_weights` ("weighted", the default), their sum
     ("sum"), or their mean ("mean": the seed of each gradient is 1/numel, as a mean-reduced
     training loss has, and a big vocabulary's logits stay small)."""
     if kind not in LOSSES:
         raise ValueError(f"unknown loss {kind!r}; one of {', '.join(LOSSES)}")
-    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and (t.is_floating_point()
+                                                                                      or t.is_complex())]
     if not leaves:
-        raise NoLossError("the model has no floating-point output to build a loss from")
+        raise NoLossError("the model has no floating-point output to build a loss from (nor a complex one)")
 
     def reduce(t: torch.Tensor) -> torch.Tensor:
+        if t.is_complex():
+            # its real part (view_as_real's first component): the loss is real, and its gradient
+            # with respect to the output is then the real weights, the tangent a dynamo joint
+            # takes for it (tensors.tangent); the imaginary part gets its gradient where it
+            # mixes into the real part (an fft, a product of complex numbers)
+            t = torch.view_as_real(t)[..., 0]
         if kind == "weighted":
             return (t * output_weights(t)).sum()
         return t.sum() if kind == "sum" else t.mean()
@@ -113,10 +121,23 @@ def custom_backwards(loss: torch.Tensor) -> list[str]:
 
 
 def _to64(x: Any) -> Any:
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
+    """`x` in float64, or complex128 for a complex tensor; anything else as it is."""
+    if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
         # still a leaf that requires grad where `x` was one, so its gradient is kept
-        return x.detach().double().requires_grad_(x.requires_grad)
+        wide = torch.complex128 if x.is_complex() else torch.float64
+        return x.detach().to(wide).requires_grad_(x.requires_grad)
     return x
+
+
+def _model_to64(model: torch.nn.Module) -> torch.nn.Module:
+    """``model.double()``, and its complex parameters and buffers in complex128 (which
+    ``double()`` leaves in complex64): the reference of a complex output is complex128."""
+    model = model.double()
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_complex() and t.dtype != torch.complex128:
+                t.data = t.data.to(torch.complex128)
+    return model
 
 
 def _nudged(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -260,7 +281,7 @@ class EagerReference:
         args, kwargs = copy.deepcopy((self.args, self.kwargs))  # a model may mutate its inputs
         constants = dict(self.constants)
         if fp64:
-            model = model.double()
+            model = _model_to64(model)
             args, kwargs = pytree.tree_map(_to64, (args, kwargs))
             constants = {k: _to64(v) for k, v in constants.items()}
         elif nudged:

@@ -200,6 +200,24 @@ def _refuse_subgraphs(gm: torch.fx.GraphModule) -> None:
                                 "without it (torch.cond: a torch.where of both branches, where both can run)")
 
 
+def _refuse_sparse(gm: torch.fx.GraphModule, key: str) -> None:
+    """One line for a graph with a tensor that is not strided (sparse COO, CSR, ...: a
+    ``x.to_sparse()`` in forward, a sparse parameter), naming the first such node, its op and
+    the model's line: the format stores dense tensors (sizes, strides, one storage) only."""
+    for node in gm.graph.nodes:
+        vals = node.meta.get("val")
+        layout = next((v.layout for v in (vals if isinstance(vals, (tuple, list)) else [vals])
+                       if isinstance(v, torch.Tensor) and v.layout != torch.strided), None)
+        if layout is None:
+            continue
+        what = f"input {node.name!r}" if node.op == "placeholder" else \
+            f"node {node.name!r} ({graph_json.target_name(node.target) if node.op == 'call_function' else node.op})"
+        where = node.meta.get(provenance.SOURCE_KEY)
+        raise ArtifactError(f"the {key} graph's {what}{f' at {where}' if where else ''} is a {layout} tensor: sparse "
+                            "tensors are outside aotpipe's format (dense, strided tensors only); keep that tensor "
+                            "dense in the model (drop the to_sparse / to_dense round trip)")
+
+
 def _strip_paths(gm: torch.fx.GraphModule) -> None:
     """Drop node metadata that holds file paths (stack traces) so artefacts carry none,
     keeping each node's source line relative to its package (graph.json's origin).
@@ -447,6 +465,7 @@ def _write_graphs(
         d.mkdir()
         _strip_paths(g.gm)
         _refuse_subgraphs(g.gm)
+        _refuse_sparse(g.gm, key)
         constants = {}
         layouts = {}
         computed: dict[str, tuple[str, torch.Tensor]] = {}

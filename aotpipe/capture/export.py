@@ -19,6 +19,7 @@ import functools
 import io
 import logging
 import operator
+import os
 import sys
 import time
 import warnings
@@ -53,7 +54,9 @@ from aotpipe.format.ir import (
 from aotpipe.determinism import op_draws_random
 from aotpipe.eager import NoLossError, model_loss
 from aotpipe.errors import CaptureError
+from aotpipe.format.source_files import relative_file
 from aotpipe.modes import DEFAULT_LOSS, EXPORT_OPTIONS
+from aotpipe.sources import derived_seed
 from aotpipe.tensors import ones
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
@@ -153,8 +156,101 @@ def capture_export(*args: Any, **kwargs: Any) -> CapturedGraphs:
     with warnings.catch_warnings():
         # torch-internal deprecation noise from deep-copying pytree specs; not the user's concern
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        with recurrent_decompositions(), unrendered_tracing():  # LSTM/GRU/RNN as plain ATen (capture/rnn.py)
-            return _capture(*args, **kwargs)
+        with recurrent_decompositions(), unrendered_tracing(), checks_without_effect_tokens():
+            return _capture(*args, **kwargs)  # LSTM/GRU/RNN as plain ATen (capture/rnn.py)
+
+
+def effectful_checks() -> list[torch._ops.OpOverload]:
+    """ATen ops torch registers as ordered effects that return nothing and write nothing:
+    checks that only raise (``aten._linalg_check_errors``, which linalg.inv, solve, cholesky,
+    lu_factor, tensorinv and tensorsolve call on their ``info`` output) and ``aten._print``."""
+    from torch._library.simple_registry import singleton
+
+    found = list(_MADE_PLAIN)  # those checks_without_effect_tokens deregistered, while it does
+    for qualname, entry in list(singleton._data.items()):
+        if entry.effect.effect is None or not qualname.startswith("aten::"):
+            continue
+        packet = getattr(torch.ops.aten, qualname.split("::", 1)[1].split(".")[0], None)
+        for overload in (packet.overloads() if packet is not None else []):
+            op = getattr(packet, overload)
+            if not op._schema.returns and not op._schema.is_mutable and op not in found:
+                found.append(op)
+    return found
+
+
+_MADE_PLAIN: list[torch._ops.OpOverload] = []
+
+
+@contextlib.contextmanager
+def checks_without_effect_tokens() -> Iterator[None]:
+    """While capturing, the :func:`effectful_checks` are plain graph nodes that dead-code
+    elimination keeps, not ordered effects.
+
+    As effects, functionalisation threads an effect token through the graph
+    (``with_effects(token, aten._linalg_check_errors, info, ...)``): an extra input and output
+    of every graph that aotpipe's format has no role for, so every linalg model failed. A
+    check has no output and changes nothing, so its order against other ops does not matter
+    (only that it runs): kept as a node, it raises on a singular or non-positive-definite
+    input as eager does.
+    """
+    from torch._higher_order_ops.effects import _get_effect, _register_effectful_op
+
+    ops = effectful_checks()
+    saved = [(op, _get_effect(op)) for op in ops]
+    impure = torch.fx.node._side_effectful_functions
+    added = [op for op in ops if op not in impure]
+    for op in ops:
+        _register_effectful_op(op, None)
+    impure.update(added)
+    made_plain = [op for op in ops if op not in _MADE_PLAIN]
+    _MADE_PLAIN.extend(made_plain)
+    try:
+        yield
+    finally:
+        del _MADE_PLAIN[len(_MADE_PLAIN) - len(made_plain):]
+        impure.difference_update(added)
+        for op, effect in saved:
+            _register_effectful_op(op, effect)
+
+
+def materialise_lazy_modules(model: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[str]:
+    """Give `model`'s lazy modules (nn.LazyLinear, LazyConv*, LazyBatchNorm*, ...) their
+    parameters by one eager call on the example inputs, as every user of them does before
+    anything else; a note naming them, or None where there were none.
+
+    Until then their parameters are ``UninitializedParameter``s, which no trace can read.
+    The call runs in eval mode without gradients, on copies of the inputs (a model may update
+    them in place), and leaves the model's other buffers and the global generator as they
+    were. The new parameters are drawn from a generator seeded from the model's weight seed
+    (the one :func:`aotpipe.sources.build_model` set), so the same seed gives the same weights.
+    """
+    lazy = [(n, type(m).__name__) for n, m in model.named_modules()
+            if isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()]
+    if not lazy:
+        return None
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()
+             if not isinstance(b, torch.nn.parameter.UninitializedBuffer)}
+    training = model.training
+    seed = derived_seed(torch.initial_seed(), "lazy modules")
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            model.eval()
+            call_args, call_kwargs = copy.deepcopy((args, kwargs))
+            model(*call_args, **call_kwargs)
+    except Exception as e:
+        raise CaptureError(f"materialising the lazy module(s) {', '.join(n or 'model' for n, _ in lazy[:4])} by one "
+                           f"eager call failed: {e.__class__.__name__}: {_first_line(e)}") from e
+    finally:
+        model.train(training)
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved:
+                    b.copy_(saved[n])
+    kinds = sorted({k for _, k in lazy})
+    names = ", ".join(n or "model" for n, _ in lazy[:6]) + (" ..." if len(lazy) > 6 else "")
+    return (f"lazy module(s) materialised by one eager call on the example inputs before capture "
+            f"({', '.join(kinds)}: {names}); their parameters drawn from a generator seeded from the model's seed")
 
 
 @contextlib.contextmanager
@@ -201,8 +297,41 @@ def _capture(
             r = _observed_range(v)
             if r is not None:
                 int_ranges[n] = r
-    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     notes: list[str] = []
+    with model_reseeds() as reseeds:
+        captured, contract, constants = _capture_graphs(model, args, kwargs, graphs, user_names, user_values,
+                                                        int_ranges, notes, loss)
+    _refuse_reseeded_draws(reseeds, captured)
+    _share_embedding_ranges(captured)
+    checks = set(effectful_checks())
+    kept = sorted({target_name_of(n.target) for g in captured.values() for n in g.gm.graph.nodes
+                   if n.op == "call_function" and n.target in checks})
+    if kept:
+        notes.append(f"{', '.join(kept)} (an ordered effect in torch: a check with no output) captured as a plain "
+                     "node, without effect tokens; it raises on invalid input as eager does")
+    ordered = {k: captured[k] for k in ("inference", "forward", "backward", "joint") if k in captured}
+    return CapturedGraphs(
+        model=name,
+        mode="export",
+        graphs=ordered,
+        contract=contract if {"forward", "backward"} & set(ordered) else None,
+        seconds=time.perf_counter() - start,
+        options={**OPTIONS, "loss": loss},
+        notes=notes,
+        constants=constants,
+        user_inputs=user_names,
+    )
+
+
+def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: list[str], user_names: list[str],
+                    user_values: list[Any], int_ranges: dict[str, tuple[int, int]], notes: list[str],
+                    loss: str) -> tuple[dict[str, CapturedGraph], Optional[Partition], dict[str, torch.Tensor]]:
+    """The graphs `_capture` asks for, the partition contract (None without training graphs)
+    and the constants the graphs lift."""
+    materialised = materialise_lazy_modules(model, args, kwargs)
+    if materialised:
+        notes.append(materialised)
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     constants: dict[str, torch.Tensor] = {}
     captured: dict[str, CapturedGraph] = {}
     contract = None
@@ -234,20 +363,7 @@ def _capture(
             if kind in graphs:
                 captured[kind] = g
         model.eval()
-
-    _share_embedding_ranges(captured)
-    ordered = {k: captured[k] for k in ("inference", "forward", "backward", "joint") if k in captured}
-    return CapturedGraphs(
-        model=name,
-        mode="export",
-        graphs=ordered,
-        contract=contract if {"forward", "backward"} & set(ordered) else None,
-        seconds=time.perf_counter() - start,
-        options={**OPTIONS, "loss": loss},
-        notes=notes,
-        constants=constants,
-        user_inputs=user_names,
-    )
+    return captured, contract, constants
 
 
 def _share_embedding_ranges(captured: dict[str, CapturedGraph]) -> None:
@@ -277,6 +393,58 @@ def _tied_names(model: torch.nn.Module) -> dict[str, set[str]]:
     for n, p in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(p), set()).add(n)
     return {n: names - {n} for names in by_id.values() for n in names if len(names) > 1}
+
+
+# What a model may call in forward to re-seed or reset the global generator.
+_RESEEDING = ("manual_seed", "seed", "set_rng_state")
+
+
+@contextlib.contextmanager
+def model_reseeds() -> Iterator[list[str]]:
+    """While active, each call the model's own code makes to torch.manual_seed, torch.seed or
+    torch.set_rng_state (or their torch.random names) is listed, as "torch.manual_seed at
+    file.py:LINE". Calls from torch and from aotpipe itself are not the model's."""
+    calls: list[str] = []
+    originals = {(owner, n): getattr(owner, n) for owner in (torch, torch.random) for n in _RESEEDING}
+
+    def recording(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*a: Any, **k: Any) -> Any:
+            frame = sys._getframe(1)
+            file = frame.f_code.co_filename
+            if not file.startswith((_TORCH_DIR, _AOTPIPE_DIR)):
+                where = f"torch.{name} at {relative_file(file)}:{frame.f_lineno}"
+                if where not in calls:
+                    calls.append(where)
+            return fn(*a, **k)
+        return call
+
+    for (owner, n), fn in originals.items():
+        setattr(owner, n, recording(n, fn))
+    try:
+        yield calls
+    finally:
+        for (owner, n), fn in originals.items():
+            setattr(owner, n, fn)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_AOTPIPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _refuse_reseeded_draws(reseeds: list[str], captured: dict[str, CapturedGraph]) -> None:
+    """One line for a model that re-seeds the generator inside forward and whose graphs draw
+    random numbers: the seeding runs once, while tracing, and is not in the graph, so the
+    graph's draws (dropout masks) continue the caller's generator where eager's restart."""
+    if not reseeds:
+        return
+    for kind, g in captured.items():
+        draw = next((n for n in g.gm.graph.nodes if n.op == "call_function" and op_draws_random(n.target)), None)
+        if draw is not None:
+            raise CaptureError(
+                f"the model re-seeds the random generator inside forward ({', '.join(reseeds[:2])}) and its {kind} "
+                f"graph draws random numbers ({target_name_of(draw.target)}): a graph cannot re-seed, so its draws "
+                "would differ from eager's; seed once before calling the model, or capture graphs: [inference] only")
 
 
 RANDOM_BRANCH = "the model branches on a random number it draws"  # capture/hints.py reads this
@@ -460,6 +628,11 @@ def _written_through(node: torch.fx.Node, depth: int = 0) -> bool:
         elif user.op not in ("output",) and target is not operator.getitem:
             return True  # something we cannot see into
     return False
+
+
+def target_name_of(op: Any) -> str:
+    """`aten._linalg_check_errors.default` for an OpOverload; str() of anything else."""
+    return f"{op.namespace}.{op._opname}.{op._overloadname}" if isinstance(op, torch._ops.OpOverload) else str(op)
 
 
 def _first_line(e: BaseException) -> str:
@@ -839,6 +1012,7 @@ def training_graphs(
         notes.append(parts["restored"])
     fw_gm = _flat_graph(parts["fw"])
     bw_gm = _flat_graph(parts["bw"])
+    _drop_repeated_checks(fw_gm, bw_gm)
     for gm in (joint_gm, fw_gm, bw_gm):
         pin_group_norm_layouts(gm)
         pin_batch_norm_layouts(gm)
@@ -897,6 +1071,24 @@ def training_graphs(
     fw = CapturedGraph("forward", fw_gm, fw_inputs, fw_outputs)
     bw = CapturedGraph("backward", bw_gm, bw_inputs, bw_outputs)
     return joint, fw, bw, contract, no_grad
+
+
+def _drop_repeated_checks(fw_gm: torch.fx.GraphModule, bw_gm: torch.fx.GraphModule) -> None:
+    """Remove from the backward the checks (:func:`effectful_checks`) the forward makes already.
+
+    The partitioner copies a node it must keep (impure) into both graphs, with what it reads:
+    the backward would recompute ``linalg_inv_ex`` only to check its ``info`` again.
+    """
+    checks = set(effectful_checks())
+    fw_checks = {n.name for n in fw_gm.graph.nodes if n.op == "call_function" and n.target in checks}
+    repeated = [n for n in bw_gm.graph.nodes if n.op == "call_function" and n.target in checks and n.name in fw_checks]
+    if not repeated:
+        return
+    for node in repeated:
+        bw_gm.graph.erase_node(node)
+    bw_gm.graph.eliminate_dead_code()
+    bw_gm.graph.lint()
+    bw_gm.recompile()
 
 
 def _saved_in_forward_order(fw_gm: torch.fx.GraphModule, bw_gm: torch.fx.GraphModule, nfo: int) -> None:
@@ -962,10 +1154,18 @@ def _output_from_desc(i: int, arg: Any, desc: Any, user_names: list[str]) -> Gra
     if cls == "PlainAOTOutput":
         return GraphOutput(i, "user", f"output[{desc.idx}]", meta)
     if cls == "InputMutationAOTOutput":
-        return GraphOutput(i, "mutation", _strip(_desc_target(desc.mutated_input)[1]), meta)
+        # a user input updated in place (F.batch_norm's running stats passed as inputs): named
+        # like the input, as its placeholder's target is, so checks and replay find it
+        return GraphOutput(i, "mutation", _strip(_user_named(_desc_target(desc.mutated_input), user_names)), meta)
     if cls == "GradAOTOutput":
-        role, target = _desc_target(desc.grad_of)
-        if role == "user" and target is not None and target.isdigit() and int(target) < len(user_names):
-            target = user_names[int(target)]  # the gradient of a user input: named like the input
+        target = _user_named(_desc_target(desc.grad_of), user_names)  # a user input's gradient: named like it
         return GraphOutput(i, "grad" if arg is not None else "none", _strip(target), meta)
     return GraphOutput(i, "none" if arg is None else "other", None, meta)
+
+
+def _user_named(desc_target: tuple[str, Optional[str]], user_names: list[str]) -> Optional[str]:
+    """The target of a (role, target) descriptor pair, a user input's index replaced by its name."""
+    role, target = desc_target
+    if role == "user" and target is not None and target.isdigit() and int(target) < len(user_names):
+        return user_names[int(target)]
+    return target
