@@ -177,8 +177,9 @@ UNSAFE_FLAGS = frozenset({"unsafe"})
 ENUM_STRING_ARGS = frozenset({"rounding_mode", "approximate", "reduce", "side", "mode", "padding_mode", "norm",
                               "UPLO", "driver", "pad_mode", "interpolation", "indexing", "reduction",
                               # the message of a runtime assert export leaves in a graph (_assert_async.msg,
-                              # _assert_scalar): only ever the text of the error raised
-                              "assert_msg"})
+                              # _assert_scalar), and the function a linalg check names
+                              # (_linalg_check_errors.api_name): only ever text of the error raised
+                              "assert_msg", "api_name"})
 
 
 def _denied(op_name: str, overload: str = "") -> Optional[str]:

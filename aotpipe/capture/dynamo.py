@@ -134,7 +134,9 @@ def capture_dynamo(*args: Any, **kwargs: Any) -> CapturedGraphs:
         warnings.filterwarnings("ignore", category=FutureWarning)
         # allow_rnn: dynamo otherwise skips nn.LSTM/GRU/RNN modules (runs them eagerly, uncaptured);
         # traced, they decompose into plain ATen (capture/rnn.py).
-        with recurrent_decompositions(), torch._dynamo.config.patch(allow_rnn=True):
+        # linalg's checks as plain nodes, not effect tokens (export.checks_without_effect_tokens)
+        with recurrent_decompositions(), torch._dynamo.config.patch(allow_rnn=True), \
+                _export.checks_without_effect_tokens():
             return _capture(*args, **kwargs)
 
 
@@ -166,6 +168,9 @@ def _capture(
     # The model's own user inputs keep their names in every subgraph that takes them.
     input_name_of = {id(v): n for n, v in zip(model_names, model_values) if isinstance(v, torch.Tensor)}
     notes: list[str] = []
+    materialised = _export.materialise_lazy_modules(model, args, kwargs)  # Lazy* modules: one eager call
+    if materialised:
+        notes.append(materialised)
     captured: dict[str, CapturedGraph] = {}
     subgraphs: dict[int, Subgraph] = {}
     inputs: dict[str, list[Any]] = {}
