@@ -200,8 +200,8 @@ def test_a_tree_is_read_one_model_at_a_time(tree, monkeypatch):
 
     real_read = tree_mod.records.read
 
-    def records_read(cls, path, root):
-        what, rec = real_read(cls, path, root)
+    def records_read(cls, path, *root):
+        what, rec = real_read(cls, path, *root)
         if cls is tree_mod.GraphRecord:
             rec.nodes = Nodes(rec.nodes)
         return what, rec

@@ -142,7 +142,8 @@ DENIED: tuple[tuple[re.Pattern[str], str], ...] = (
                 r"|^(indices|values)(_copy)?$|^hspmm$|^smm$|^sspaddmm$|^_spsolve$|^_spdiags$"),
      "it builds or reads sparse, nested or mkldnn tensors"),
     (re.compile(r"resize"), "it resizes a tensor in place"),
-    (re.compile(r"^(from_file|set_?|set_data|is_set_to|_print|save|load)$|storage|version_counter|^_version$"),
+    (re.compile(r"^(from_file|set_?|set_data|is_set_to|_print|save|load)$|(?<!^sym_)storage|version_counter"
+                r"|^_version$"),
      "it touches storages, files or the console"),
     (re.compile(r"seed|grad_enabled|_set_|^_cudnn_init|^_cufft|^_sobol|^requires_grad_$|^retain_grad$"
                 r"|record_stream|_token|^_propagate|^_backward$|^get_gradients$"),

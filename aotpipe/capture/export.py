@@ -38,6 +38,8 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx._pytree import tree_flatten_spec
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch._higher_order_ops.effects import _get_effect, _register_effectful_op
+from torch._library.simple_registry import singleton
 
 from aotpipe.capture import custom_ops, unbacked
 from aotpipe.capture.cumulative_bn import cumulative_factors_specialised
@@ -164,8 +166,6 @@ def effectful_checks() -> list[torch._ops.OpOverload]:
     """ATen ops torch registers as ordered effects that return nothing and write nothing:
     checks that only raise (``aten._linalg_check_errors``, which linalg.inv, solve, cholesky,
     lu_factor, tensorinv and tensorsolve call on their ``info`` output) and ``aten._print``."""
-    from torch._library.simple_registry import singleton
-
     found = list(_MADE_PLAIN)  # those checks_without_effect_tokens deregistered, while it does
     for qualname, entry in list(singleton._data.items()):
         if entry.effect.effect is None or not qualname.startswith("aten::"):
@@ -193,8 +193,6 @@ def checks_without_effect_tokens() -> Iterator[None]:
     (only that it runs): kept as a node, it raises on a singular or non-positive-definite
     input as eager does.
     """
-    from torch._higher_order_ops.effects import _get_effect, _register_effectful_op
-
     ops = effectful_checks()
     saved = [(op, _get_effect(op)) for op in ops]
     impure = torch.fx.node._side_effectful_functions

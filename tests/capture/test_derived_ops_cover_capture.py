@@ -56,6 +56,20 @@ def test_the_check_would_see_an_op_outside_the_rule(monkeypatch):
 def test_every_op_db_capture_emits_only_ops_the_rule_covers():
     results = run_all()
     captured = {name: ops for name, ops in results.items() if isinstance(ops, list)}
-    outside = {name: refused_elsewhere(ops) for name, ops in captured.items() if refused_elsewhere(ops)}
-    assert len(captured) > 400, (len(captured), len(results))
-    assert not outside, outside
+    outside = {name: [op for op in refused_elsewhere(ops) if not _refused_by_design(op)]
+               for name, ops in captured.items()}
+    assert len(captured) > 600, (len(captured), len(results))
+    assert not {name: ops for name, ops in outside.items() if ops}, outside
+
+
+def _refused_by_design(name):
+    """An op the list refuses on purpose: one of a DENIED category (``resize_as_`` captures
+    ``aten.resize``), or of a library namespace, which capture itself refuses unless the
+    pipeline trusts it (custom_ops.trust): never in an artefact unnoticed."""
+    from aotpipe.artifact import ops
+
+    ns, _, rest = name.partition(".")
+    if ns not in ops.ALLOWED_NAMESPACES:
+        return True
+    op, _, overload = rest.partition(".")
+    return ops._denied(op, overload) is not None
