@@ -62,7 +62,7 @@ def model_loss(out: Any, kind: str = DEFAULT_LOSS) -> torch.Tensor:
             # with respect to the output is then the real weights, the tangent a dynamo joint
             # takes for it (tensors.tangent); the imaginary part gets its gradient where it
             # mixes into the real part (an fft, a product of complex numbers)
-            t = torch.view_as_real(t)[..., 0]
+            t = torch.view_as_real(t.resolve_conj())[..., 0]
         if kind == "weighted":
             return (t * output_weights(t)).sum()
         return t.sum() if kind == "sum" else t.mean()

@@ -397,3 +397,21 @@ def test_mode_dynamo_captures_lazy_and_linalg_models_too(tmp_path, which):
     assert m.checks.failed == 0 and m.checks.run > 0
     if which == "lazy":
         assert any("lazy module(s) materialised" in n for n in _manifest(tmp_path, "lazy")["capture"]["notes"])
+
+
+def test_a_complex_output_that_is_a_conjugate_view_is_differentiated_too():
+    # torch.fft.ifft of a real input returns a lazily conjugated view, which view_as_real refuses
+    from aotpipe.capture.export import capture_export
+    from aotpipe.eager import model_loss
+
+    z = torch.fft.ihfft(torch.randn(8))
+    assert z.is_conj()
+    torch.testing.assert_close(model_loss(z, "sum"), z.real.sum())
+    x = torch.randn(8, requires_grad=True)
+    cap = capture_export(IHfft(), (x,), {}, name="ihfft", graphs=["forward", "backward"], input_names=["x"])
+    assert {"forward", "backward"} <= set(cap.graphs)
+
+
+class IHfft(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.ihfft(x)
