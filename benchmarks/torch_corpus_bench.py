@@ -36,10 +36,11 @@ CORPORA = {"torch-ops": REPO / "pipelines" / "torch-ops.yaml",
 # names its class. Ordered from the specific to the general.
 CLASSES: list[tuple[str, str, str]] = [
     ("timeout or worker crash", r"worker|timeout|killed", r""),
-    ("op not on the allow-list", r"", r"allow-list|not on the .*list|unknown op|refus\w* op|op .* is not allowed"),
+    ("op not on the allow-list", r"", r"allow-list|not on the .*list|which is not allowed|unknown op"),
+    ("library op with no ATen decomposition", r"", r"library namespace|no ATen decomposition"),
     ("effect tokens", r"", r"[Ee]ffect|with_effects|token"),
     ("sparse tensors", r"", r"[Ss]parse"),
-    ("complex values", r"", r"[Cc]omplex"),
+    ("complex values", r"", r"[Cc]omplex|conjugat|view_as_real"),
     ("lazy module (uninitialized parameters)", r"", r"[Ll]azy|[Uu]ninitialized"),
     ("mutated user input", r"", r"mutat\w* (user )?input|input mutation|mutates? (its|an) input"),
     ("graph break / partial capture", r"", r"graph break|partial|subgraph"),

@@ -26,6 +26,10 @@ def test_failures_are_classed_by_stage_and_error():
     assert bench.classify("capture", "AOTAutograd found no gradient to compute (its outputs are views") == \
         "no gradient to compute"
     assert bench.classify("timeout", "killed after 300 s") == "timeout or worker crash"
+    assert bench.classify("verify", "graph.json names 'aten.sym_storage_offset.default', which is not allowed: it "
+                          "touches storages") == "op not on the allow-list"
+    assert bench.classify("verify", "RuntimeError: view_as_real doesn't work on unresolved conjugated tensors") == \
+        "complex values"
     assert bench.classify("capture", "ValueError: something new") == "capture failed (other)"
     assert bench.classify(None, None) == "other"
 
