@@ -20,7 +20,7 @@ from aotpipe.format.records import RawYaml, library_namespace_problem
 from aotpipe.errors import ConfigError, LimitError, Problem
 from aotpipe.modes import CAPTURE_MODES
 from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
-from aotpipe.spec import (GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, PassStep,
+from aotpipe.spec import (DTYPES, GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, PassStep,
                           Pipeline, ResourceSpec, Strict)
 from aotpipe.pt2 import pt2_problem
 
@@ -63,11 +63,15 @@ class ModelEntry(Strict):
     """One model as written in the YAML; unset fields inherit from `defaults`."""
 
     name: str = Field(description="unique name; becomes the artefact folder name")
-    source: str = Field(description="'module:callable', 'aotpipe.zoo:<name>', 'hf:<ClassName>' or 'pt2:<path>' "
-                                    "(a torch.export archive, relative to the pipeline file)")
+    source: str = Field(description="'module:callable', 'aotpipe.zoo:<name>', 'hf:<ClassName>', 'pt2:<path>' "
+                                    "(a torch.export archive, relative to the pipeline file), or 'torch-op:<name>' / "
+                                    "'torch-module:<name>' (an entry of torch's op_db / module_db: args {sample: K} "
+                                    "picks its sample, which supplies the inputs)")
     args: dict[str, Any] = Field({}, description="keyword arguments for a module:callable source")
     config: Optional[dict[str, Any]] = Field(None, description="transformers config fields for an hf: source")
-    inputs: list[InputSpec] = Field(description="example inputs")
+    inputs: Optional[list[InputSpec]] = Field(
+        None, description="example inputs (required, except for torch-op and torch-module sources, whose sample "
+        "supplies them)")
     mode: Optional[Mode] = None
     graphs: Optional[list[GraphKind]] = None
     passes: Optional[Union[str, list[Union[str, dict[str, Any]]]]] = None
@@ -95,6 +99,11 @@ class ModelEntry(Strict):
         if v.startswith("hf:"):
             if not v[3:].isidentifier():
                 raise ValueError(f"source {v!r}: after 'hf:' put a transformers class name, e.g. hf:BertModel")
+            return v
+        if v.startswith(("torch-op:", "torch-module:")):
+            if not v.partition(":")[2]:
+                raise ValueError(f"source {v!r}: after {v.partition(':')[0]}: put an entry name of torch's database, "
+                                 "e.g. torch-op:add or torch-module:nn.Linear")
             return v
         if v.startswith("pt2:"):
             if not v[4:]:
@@ -421,6 +430,7 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
     """What importing and building each model shows: `args` its callable does not take, and
     integer input ranges that do not fit the embedding tables they index."""
     from aotpipe.sources import args_problem, embedding_range_problems  # torch: kept off the torch-free path
+    from aotpipe.torch_corpus import eager_problem, is_corpus_source  # torch
 
     problems = []
     for i, spec in enumerate(pipeline.models):
@@ -432,6 +442,13 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
                                     or lines.get(("models", i, "source")),
                                     f"models[{i}].args" + (f".{name}" if name else ""), msg))
             continue  # the model cannot be built with these args
+        if is_corpus_source(spec.source):
+            msg = eager_problem(spec)
+            if msg is not None:
+                problems.append(Problem(path, lines.get(("models", i, "args", "sample")) or lines.get(("models", i, "source")),
+                                        f"models[{i}].args.sample" if "sample" in spec.args else f"models[{i}].source",
+                                        msg))
+            continue
         for j, msg in embedding_range_problems(spec, base_dir):
             problems.append(Problem(path, lines.get(("models", i, "inputs", j, "high"))
                                     or lines.get(("models", i, "inputs", j)),
@@ -456,6 +473,24 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: RawYaml)
         if not isinstance(m, dict) or not isinstance(m.get("source"), str):
             continue
         is_hf = m["source"].startswith("hf:")
+        corpus = m["source"].startswith(("torch-op:", "torch-module:"))
+        if corpus and m.get("inputs") is not None:
+            problems.append(
+                Problem(path, lines.get(("models", i, "inputs")), f"models[{i}].inputs",
+                        "a torch-op or torch-module source takes its inputs from its sample (args: {sample: K}); "
+                        "remove inputs")
+            )
+        elif not corpus and "inputs" not in m:
+            problems.append(
+                Problem(path, lines.get(("models", i)), f"models[{i}].inputs", "missing required field 'inputs'; add it")
+            )
+        if corpus and m.get("mode", defaults.get("mode")) == "meta":
+            where = ("models", i, "mode") if "mode" in m else ("defaults", "mode")
+            problems.append(
+                Problem(path, _line_for(lines, where), f"models[{i}].mode",
+                        "mode meta builds no values, but a torch-op or torch-module source is its sample's values; "
+                        "use mode auto, export or dynamo")
+            )
         if m.get("config") is not None and not is_hf:
             problems.append(
                 Problem(path, lines.get(("models", i, "config")), f"models[{i}].config",
@@ -479,6 +514,15 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: RawYaml)
         inputs = m.get("inputs") if isinstance(m.get("inputs"), list) else []
         named = False
         for j, inp in enumerate(inputs):
+            dtype = inp.get("dtype", "float32") if isinstance(inp, dict) else None
+            if isinstance(inp, dict) and inp.get("requires_grad") is True and isinstance(dtype, str) \
+                    and DTYPES.get(dtype, "float32") in ("int64", "int32", "int16", "int8", "uint8", "bool"):
+                problems.append(
+                    Problem(path, lines.get(("models", i, "inputs", j, "requires_grad")),
+                            f"models[{i}].inputs[{j}].requires_grad",
+                            f"a {dtype} input has no gradient; set requires_grad: false, or make it a floating-point "
+                            "input")
+                )
             if isinstance(inp, dict) and inp.get("name") is not None:
                 named = True
             elif named:
@@ -569,6 +613,8 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
                            "LlamaForCausalLM")
         elif s.source.startswith("pt2:"):
             msg = pt2_problem(s.source, base_dir)
+        elif s.source.startswith(("torch-op:", "torch-module:")):
+            continue  # torch's test databases are imported by the job (seconds); it reports an unknown name
         else:
             module = s.source.partition(":")[0]
             sys_path = [str(base_dir)] if base_dir is not None else []
@@ -599,7 +645,7 @@ def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
                 source=m.source,
                 args=m.args,
                 config=m.config,
-                inputs=m.inputs,
+                inputs=m.inputs or [],
                 mode=pick("mode"),
                 graphs=pick("graphs"),
                 passes=chains.get(("models", i, "passes") if m.passes is not None else ("defaults", "passes"), []),

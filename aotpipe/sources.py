@@ -1,13 +1,16 @@
 """Model sources: build the nn.Module and its example inputs from a ModelSpec.
 
-Four forms of `source:`
+Five forms of `source:`
 - ``module:callable``: import `module`, call `callable(**args)`, which returns an nn.Module;
 - ``aotpipe.zoo:<name>``: a builtin model, looked up by name in :data:`aotpipe.zoo.ZOO`
   (never resolved as an attribute path);
 - ``hf:<ClassName>``: a transformers class built from ``config:`` with random weights
   (no hub access);
 - ``pt2:<path>``: the module of a torch.export archive (torch.export.load; the path is
-  relative to the pipeline file), with the weights it holds.
+  relative to the pipeline file), with the weights it holds;
+- ``torch-op:<name>`` and ``torch-module:<name>``: an entry of torch's own op or module test
+  database and one of its samples, which also supplies the example inputs
+  (:mod:`aotpipe.torch_corpus`).
 
 A pipeline file is the user's own, so its sources are built as written. A source named in
 an artefact's manifest is another matter: rebuilding it (for eager comparisons) runs code
@@ -33,6 +36,7 @@ from aotpipe.global_state import preserved
 from aotpipe.format.records import ModelRecord
 from aotpipe.spec import InputSpec, ModelSpec
 from aotpipe.zoo import ZOO
+from aotpipe import torch_corpus
 from aotpipe.pt2 import pt2_problem
 from aotpipe.pt2_source import load_pt2_module
 
@@ -61,7 +65,10 @@ def _resolve_builtin(source: str) -> Any:
 
 
 def is_builtin(source: Any) -> bool:
-    """Whether `source` names a model of the builtin zoo table."""
+    """Whether `source` names a model of a fixed table: the builtin zoo's, or torch's own op
+    and module test databases (an entry's name is looked up, never resolved as a path)."""
+    if torch_corpus.is_corpus_source(source):
+        return True
     return isinstance(source, str) and source.startswith(ZOO_PREFIX) and source[len(ZOO_PREFIX):] in ZOO
 
 
@@ -111,6 +118,8 @@ def check_source(source: str, base_dir: Path | None = None) -> str | None:
     try:
         if source.startswith("hf:"):
             _resolve_hf(source)
+        elif torch_corpus.is_corpus_source(source):
+            return torch_corpus.source_problem(source)
         elif source.startswith("pt2:"):
             return pt2_problem(source, base_dir)
         else:
@@ -131,6 +140,8 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
     torch.manual_seed(derived_seed(spec.seed, spec.name, "weights"))
     if spec.source.startswith("pt2:"):
         model = load_pt2_module(spec.source, base_dir)
+    elif torch_corpus.is_corpus_source(spec.source):
+        model = torch_corpus.build_model(spec)
     elif spec.source.startswith("hf:"):
         cls = _resolve_hf(spec.source)
         try:
@@ -164,12 +175,17 @@ def make_input(spec: InputSpec, generator: torch.Generator) -> torch.Tensor:
     if spec.low is not None or spec.high is not None:
         low = float(spec.low if spec.low is not None else 0.0)
         high = float(spec.high if spec.high is not None else 1.0)
-        return (torch.rand(shape, generator=generator, dtype=torch.float32) * (high - low) + low).to(dtype)
-    return torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype)
+        t = (torch.rand(shape, generator=generator, dtype=torch.float32) * (high - low) + low).to(dtype)
+    else:
+        t = torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype)
+    return t.requires_grad_(spec.requires_grad)
 
 
 def make_example_inputs(spec: ModelSpec) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
-    """Positional and keyword example inputs, the same for the same seed on any machine."""
+    """Positional and keyword example inputs, the same for the same seed on any machine: made
+    from `inputs:`, or a torch-op/torch-module source's own sample."""
+    if torch_corpus.is_corpus_source(spec.source):
+        return torch_corpus.example_inputs(spec)
     g = torch.Generator().manual_seed(derived_seed(spec.seed, spec.name, "inputs"))
     args, kwargs = [], {}
     for inp in spec.inputs:
@@ -271,6 +287,8 @@ def args_problem(spec: ModelSpec, base_dir: Path | None = None) -> tuple[str, st
     take, or leaves out one it needs; None when they fit (or the callable hides its signature)."""
     if spec.source.startswith(("hf:", "pt2:")):
         return None
+    if torch_corpus.is_corpus_source(spec.source):
+        return torch_corpus.args_problem(spec.args)
     try:
         fn = _resolve_callable(spec.source, base_dir)
         sig = inspect.signature(fn)

@@ -56,6 +56,9 @@ class InputSpec(Strict):
     high: Optional[Union[int, float]] = Field(
         None, description="highest value (exclusive); integers default to 2"
     )
+    requires_grad: bool = Field(
+        False, description="a floating-point input that needs its gradient: the backward and joint graphs then "
+        "give it, and the checks compare it against eager's")
 
     @field_validator("dtype")
     @classmethod
@@ -151,8 +154,12 @@ class ModelSpec(Strict):
     def to_json(self) -> dict[str, Any]:
         """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact.
         No trusted_ops entry when there are none (as before the field existed)."""
-        return json.loads(self.model_dump_json(exclude={"resources"} if self.trusted_ops else
+        data = json.loads(self.model_dump_json(exclude={"resources"} if self.trusted_ops else
                                                {"resources", "trusted_ops"}))
+        for inp in data["inputs"]:  # as before the field existed, unless set: fingerprints stay
+            if not inp.get("requires_grad"):
+                inp.pop("requires_grad", None)
+        return data
 
 
 class Pipeline(Strict):

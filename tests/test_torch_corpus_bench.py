@@ -1,0 +1,47 @@
+"""benchmarks/torch_corpus_bench.py: which corpus models it runs, and how it names a failure."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("torch_corpus_bench", REPO / "benchmarks" / "torch_corpus_bench.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_a_subset_is_evenly_spaced_and_keeps_the_pipeline_header(tmp_path):
+    path, total = bench.subset(bench.CORPORA["torch-ops"], 10, tmp_path)
+    text = path.read_text()
+    picked = [ln for ln in text.splitlines() if ln.startswith("- {")]
+    assert len(picked) == 10 and total > 600
+    assert "name: torch-ops" in text and "executor:" in text
+    assert picked[0].startswith("- {name: H.s0,")  # the first, then every total/10-th
+
+
+def test_failures_are_classed_by_stage_and_error():
+    assert bench.classify("capture", "op aten.foo.default is not on the allow-list") == "op not on the allow-list"
+    assert bench.classify("capture", "AOTAutograd found no gradient to compute (its outputs are views") == \
+        "no gradient to compute"
+    assert bench.classify("timeout", "killed after 300 s") == "timeout or worker crash"
+    assert bench.classify("verify", "graph.json names 'aten.sym_storage_offset.default', which is not allowed: it "
+                          "touches storages") == "op not on the allow-list"
+    assert bench.classify("verify", "RuntimeError: view_as_real doesn't work on unresolved conjugated tensors") == \
+        "complex values"
+    assert bench.classify("capture", "ValueError: something new") == "capture failed (other)"
+    assert bench.classify(None, None) == "other"
+
+
+def test_the_report_counts_passes_and_groups_failures(tmp_path):
+    run = {"models": [
+        {"name": "a.s0", "status": "ok", "stage": None, "error": None, "checks": {"failed": 0, "skipped": 0}},
+        {"name": "b.s0", "status": "ok", "stage": None, "error": None, "checks": {"failed": 0, "skipped": 2}},
+        {"name": "c.s0", "status": "failed", "stage": "capture", "error": "Sparse tensors are not supported"},
+    ], "seconds": 3.0}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    body = bench.report({"torch-ops": {**bench.summarise(tmp_path / "run.json"), "total": 672, "wall": 9.0}})
+    assert "| torch-ops | 3 | 672 | 2 (67%) | 1 (33%) | 1 | 9 |" in body
+    assert "### sparse tensors (1)" in body and "- `c.s0` (capture): Sparse tensors" in body
+    assert "ok with skipped checks: `b.s0`" in body
