@@ -53,10 +53,23 @@ def op_entry_name(op: Any) -> str:
 
 @functools.lru_cache(maxsize=None)
 def op_table() -> dict[str, Any]:
-    """op_db by entry name (imports torch's test database: seconds, once per process)."""
-    from torch.testing._internal.common_methods_invocations import op_db
+    """op_db by entry name (imports torch's test database: seconds, once per process).
 
-    return {op_entry_name(op): op for op in op_db}
+    op_db's random operators (normal, uniform, randn, rrelu, dropout...) call the op through
+    ``wrapper_set_seed``, which seeds the global generator with a fixed seed before each call so
+    that torch's tests can compare two eager calls. A re-seed inside forward is not part of an
+    operator's graph: capture keeps the op and drops the re-seed, and the graph then draws other
+    numbers than the eager model it is checked against. Here the op is called as it is, with the
+    run's own seeding (aotpipe.determinism), so eager and graph draw the same numbers."""
+    from torch.testing._internal import common_methods_invocations as cmi
+
+    cmi.wrapper_set_seed = _without_reseed  # looked up when an op_db lambda is called
+    return {op_entry_name(op): op for op in cmi.op_db}
+
+
+def _without_reseed(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """op_db's ``wrapper_set_seed(op, ...)`` less its re-seed: ``op(...)``."""
+    return op(*args, **kwargs)
 
 
 @functools.lru_cache(maxsize=None)

@@ -268,6 +268,29 @@ def test_an_op_sample_runs_checks_and_replays_from_its_saved_inputs(tmp_path):
     assert r.output.count("match") == 4, r.output
 
 
+def test_a_random_op_draws_what_eager_draws_without_op_db_s_reseed(tmp_path):
+    # op_db calls normal through wrapper_set_seed, which re-seeds before each call: the graph
+    # (which has no re-seed) then drew other numbers than the eager model, and the check failed
+    from torch.testing._internal import common_methods_invocations as cmi
+
+    from aotpipe.torch_corpus import op_table
+
+    op_table()
+    assert cmi.wrapper_set_seed.__name__ == "_without_reseed"
+    result, out = run_yaml(tmp_path, textwrap.dedent("""\
+        version: 1
+        name: t
+        executor: {kind: local}
+        models:
+          - {name: normal, source: "torch-op:normal", args: {sample: 0}}
+          - {name: uniform, source: "torch-op:uniform", args: {sample: 0}, graphs: [inference]}
+    """))
+    assert result.exit_code == 0, result.output
+    for name in ("normal", "uniform"):
+        manifest = json.loads((out / "t" / name / "manifest.json").read_text())
+        assert manifest["checks"]["failed"] == 0 and manifest["checks"]["run"] > 0
+
+
 # ---------------------------------------------------------------------------------------
 # the generated corpora
 
