@@ -81,14 +81,14 @@ def digest(t: torch.Tensor) -> str:
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
     d = t.detach().to("cpu")
-    return torch.view_as_real(d).double() if d.is_complex() else d.double()
+    return torch.view_as_real(d.resolve_conj()).double() if d.is_complex() else d.double()
 
 
 def _norm(t: torch.Tensor) -> float:
     """RMS of `t`, accumulated in float64 without a float64 copy of a finite tensor."""
     d = t.detach().to("cpu")
     if d.is_complex():
-        d = torch.view_as_real(d)
+        d = torch.view_as_real(d.resolve_conj())
     if not d.numel():
         return 0.0
     if bool(torch.isfinite(d).all()):

@@ -47,7 +47,7 @@ TAIL = 4.0
 
 def _real(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
-    return torch.view_as_real(t) if t.is_complex() else t
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
 
 
 def sample_indices(numel: int, count: Optional[int] = None) -> torch.Tensor:

@@ -415,3 +415,25 @@ def test_a_complex_output_that_is_a_conjugate_view_is_differentiated_too():
 class IHfft(torch.nn.Module):
     def forward(self, x):
         return torch.fft.ihfft(x)
+
+
+class IHfftOfLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.fft.ihfft(self.lin(x))
+
+
+def ihfft_of_linear():
+    return IHfftOfLinear()
+
+
+def test_a_conjugate_view_output_is_checked_and_replayed(tmp_path):
+    # the checks' float64 rule and the evidence read a complex output through view_as_real,
+    # which refused the lazily conjugated view ihfft returns
+    m = _run(tmp_path, f"  - {{name: ihfft, source: '{HERE}:ihfft_of_linear', inputs: [{{shape: [2, 8]}}]}}\n",
+             mode="export")["ihfft"]
+    assert m.status == "ok", (m.stage, m.error)
+    assert m.checks.failed == 0 and m.checks.skipped == 0 and m.checks.run > 0
