@@ -253,7 +253,12 @@ def _per_sample_weights_backward(a: dict[str, Any]) -> Optional[str]:
     grad, w = a["grad"], a["weight"]
     if not isinstance(grad, torch.Tensor) or not isinstance(w, torch.Tensor) or grad.dim() != 2 or w.dim() != 2:
         return "grad or weight is not a 2-d tensor"
-    return _first(_bags(a["indices"], a["offset2bag"], grad.shape[0], w.shape[0]),
+    # An empty offset2bag (the forward's, where its mode made none) is rebuilt by the kernel
+    # from offsets, which are checked
+    o2b = a["offset2bag"]
+    empty = isinstance(o2b, torch.Tensor) and o2b.numel() == 0
+    return _first(_range(a["indices"], 0, w.shape[0], f"indices (num_weights {w.shape[0]})") if empty
+                  else _bags(a["indices"], o2b, grad.shape[0], w.shape[0]),
                   _offsets(a["offsets"], a["indices"]))
 
 

@@ -378,7 +378,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
             gm = graph_from_json(graph, constants(recomputed), where=where, trusted=trusted)
             # aotpipe's run functions propagate it on fake tensors before any kernel runs, and
             # run its value-indexing ops in checked forms (artifact/precheck.py, checked.py).
-            precheck.mark(gm, where)
+            precheck.mark(gm, where, own_capture=OWN_CAPTURE in trusted)
             return _packed_for_this_cpu(gm)
 
         # Recomputing constants runs the pass chain on the base graph: only when the graph

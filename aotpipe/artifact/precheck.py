@@ -78,9 +78,16 @@ class GraphWillNotRun(RuntimeError):
     """A node's arguments fail torch's own checks on fake tensors: the graph does not run."""
 
 
-def mark(gm: torch.fx.GraphModule, where: str) -> None:
-    """Have :func:`runnable` propagate `gm` (built from the artefact at `where`) before it runs."""
+_OWN = "aotpipe_precheck_own_capture"  # gm.meta key: built by the check after writing, where it was captured
+
+
+def mark(gm: torch.fx.GraphModule, where: str, own_capture: bool = False) -> None:
+    """Have :func:`runnable` propagate `gm` (built from the artefact at `where`) before it runs.
+    `own_capture`: this process's capture wrote it (ops.OWN_CAPTURE), so an op with no
+    fake-tensor kernel is given the outputs graph.json records for it rather than refused."""
     gm.meta[_MARK] = where
+    if own_capture:
+        gm.meta[_OWN] = True
     gm.meta[RUN_GUARD] = runnable  # aotpipe.execution runs every graph through it
 
 
@@ -256,8 +263,10 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                                                 f"({exception_line(e, 120)}), which cannot be checked before it runs")
                     assumed[node.name] = expected_outputs(value)
                 except UnsupportedOperatorException:
-                    raise refuse.node(node, "has no fake-tensor kernel in this torch, so its arguments "
-                                            "cannot be checked without running it")
+                    value = _recorded_outputs(node) if gm.meta.get(_OWN) else None
+                    if value is None:
+                        raise refuse.node(node, "has no fake-tensor kernel in this torch, so its arguments "
+                                                "cannot be checked without running it")
                 except Exception as e:
                     # (a fake kernel that wants plain ints: "SymIntArrayRef expected to contain
                     # only concrete integers", given a size read from values)
@@ -464,6 +473,27 @@ def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int,
                                         f"{limits.human(limit)} (raise it with AOTPIPE_MAX_BYTES or --max-bytes)",
                                   LimitError)
             _constrain_range_for_size(s, min=0, max=most)
+
+
+def _recorded_outputs(node: torch.fx.Node) -> Any:
+    """Fresh values laid out as graph.json records the node's outputs (one, or a list), or None
+    where the record does not say: for a graph of our own capture only (its record is what the
+    capture's own fake tensors found), at an op with no fake-tensor kernel."""
+    rec: RawJson = node.meta.get("saved_val")
+
+    def one(r: Any) -> Optional[torch.Tensor]:
+        if not isinstance(r, dict):
+            return None
+        shape, stride, dtype = r.get("shape"), r.get("stride"), getattr(torch, str(r.get("dtype")), None)
+        if not (isinstance(shape, list) and isinstance(stride, list) and isinstance(dtype, torch.dtype)
+                and all(isinstance(v, int) for v in shape + stride)):
+            return None
+        return torch.empty_strided(shape, stride, dtype=dtype, device=str(r.get("device", "cpu")))
+
+    if isinstance(rec, list):
+        values = [one(r) for r in rec]
+        return None if any(v is None for v in values) else tuple(values)
+    return one(rec)
 
 
 def _as_recorded(node: torch.fx.Node, value: torch.Tensor) -> torch.Tensor:

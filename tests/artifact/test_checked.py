@@ -82,6 +82,10 @@ HOSTILE = {
         aten._embedding_bag_per_sample_weights_backward.default,
         (_r(2, 4), _r(10, 4), _i(0, 1, 99), _i(0, 2), _i(0, 0, 1), 0, -1),
         "indices (num_weights 10) holds 99, outside [0, 10)"),
+    "embedding_bag per-sample-weights backward, offset2bag empty (rebuilt from offsets)": (
+        aten._embedding_bag_per_sample_weights_backward.default,
+        (_r(2, 4), _r(10, 4), _i(0, 1, 99), _i(0, 2), _i(), 0, -1),
+        "indices (num_weights 10) holds 99, outside [0, 10)"),
     "embedding_bag, offsets past the indices": (
         aten._embedding_bag.default, (_r(10, 4), _i(0, 1, 2), _i(0, 9)),
         "offsets holds 9, outside [0, 4)"),
@@ -293,6 +297,9 @@ GOOD = {
         lambda ids, off, psw: (torch.ones(2, 4), ids, off, *aten._embedding_bag.default(
             _r(10, 4), ids, off, False, 0, False, psw)[1:], 10, False, 0, False, psw, -1))(
         _i(1, 2, 3, 4, 5, 6), _i(0, 3), _r(6)),
+    # the forward's offset2bag is empty (mode sum): the kernel rebuilds it from the offsets
+    aten._embedding_bag_per_sample_weights_backward.default: lambda: (
+        _r(2, 4), _r(10, 4), _i(1, 2, 3, 4, 5, 6), _i(0, 3), _i(), 0, -1),
     aten._batch_norm_with_update_functional.default: lambda: (_r(2, 3, 4), _r(3), _r(3), _r(3), _r(3).abs(), 0.1,
                                                               1e-5),
     aten._batch_norm_no_update.default: lambda: (_r(2, 3, 4), _r(3), None, _r(3), _r(3).abs(), 0.1, 1e-5),

@@ -233,3 +233,19 @@ def test_a_capture_whose_ops_are_all_listed_has_no_such_note(quickstart_run):
     for manifest in root.rglob("manifest.json"):
         notes = json.loads(manifest.read_text())["capture"].get("notes", [])
         assert not [n for n in notes if "refuses in artefacts from elsewhere" in n], manifest
+
+
+def test_an_op_without_a_fake_kernel_is_checked_where_captured_and_refused_elsewhere(tmp_path):
+    # aten.geqrf has no fake-tensor kernel: the precheck cannot bound it. Our own capture takes
+    # the outputs graph.json records for it (trust by provenance); a loader elsewhere refuses it.
+    from aotpipe.config import parse_pipeline
+    from aotpipe.runner import run_pipeline
+
+    text = ("version: 1\nname: nf\nexecutor: {kind: local}\ndefaults: {passes: []}\nmodels:\n"
+            "  - {name: geqrf, source: 'torch-op:geqrf', args: {sample: 0}, graphs: [inference]}\n")
+    run = run_pipeline(parse_pipeline(text, str(tmp_path / "p.yaml")), output=tmp_path / "out", progress=False)
+    (m,) = run.models
+    assert m.status == "ok", m.error
+    assert m.checks.run > 0 and m.checks.failed == 0
+    r = CliRunner().invoke(main, ["replay", str(tmp_path / "out" / "nf" / "geqrf"), "--no-sandbox"])
+    assert r.exit_code != 0 and "has no fake-tensor kernel" in r.output, r.output
