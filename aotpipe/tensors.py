@@ -113,3 +113,18 @@ def tangent(shape: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
     graph fed these gives the gradients of the weighted loss of the outputs it differentiates
     (a dynamo subgraph's, one tangent each; export's scalar loss, 1)."""
     return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype).copy_(loss_weights(tuple(shape), dtype))
+
+
+def value_range(t: torch.Tensor) -> Optional[tuple[int, int]]:
+    """[min, max + 1) of an integer tensor's values; None for floats, complex, bools, empty
+    tensors and tensors without values (meta, fake). The wide unsigned dtypes (uint16, uint32,
+    uint64: ``aten.hash_tensor``'s output), which torch's min and max do not take, are read
+    through numpy."""
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.numel() == 0:
+        return None
+    if t.is_meta or isinstance(t, torch._subclasses.fake_tensor.FakeTensor):
+        return None
+    if t.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        a = t.detach().cpu().numpy()
+        return int(a.min()), int(a.max()) + 1
+    return int(t.min()), int(t.max()) + 1

@@ -809,3 +809,22 @@ def test_a_check_on_a_tensors_values_is_captured_loaded_and_replayed(tmp_path):
     calls = {str(n.target) for g in art.build_all().graphs.values() for n in g.module.graph.nodes
              if n.op == "call_function"}
     assert "aten._is_all_true.default" in calls, sorted(calls)
+
+
+def test_the_value_range_of_a_wide_unsigned_tensor_is_read():
+    # torch's min and max do not take uint16/32/64 (aten.hash_tensor returns uint64): the checks
+    # recording an integer output's range failed with "min_all not implemented for 'UInt64'"
+    from aotpipe.tensors import value_range
+
+    big = torch.tensor([3, 2 ** 63 + 5], dtype=torch.uint64)
+    assert value_range(big) == (3, 2 ** 63 + 6)
+    assert value_range(torch.tensor([7, 9], dtype=torch.uint32)) == (7, 10)
+    assert value_range(torch.tensor([-2, 4])) == (-2, 5)
+    assert value_range(torch.ones(2)) is None and value_range(torch.empty(0, dtype=torch.int64)) is None
+
+
+def test_a_model_with_a_uint64_output_is_checked(tmp_path):
+    models, _ = _run(tmp_path, "  - {name: h, source: 'torch-op:hash_tensor', args: {sample: 0}, "
+                               "graphs: [inference]}\n")
+    assert models["h"].status == "ok", models["h"].error
+    assert models["h"].checks.failed == 0 and models["h"].checks.run > 0

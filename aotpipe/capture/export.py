@@ -59,7 +59,7 @@ from aotpipe.errors import CaptureError
 from aotpipe.format.source_files import relative_file
 from aotpipe.modes import DEFAULT_LOSS, EXPORT_OPTIONS
 from aotpipe.sources import derived_seed
-from aotpipe.tensors import ones
+from aotpipe.tensors import ones, value_range
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
 OPTIONS = EXPORT_OPTIONS
@@ -123,11 +123,7 @@ def _flat_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _observed_range(t: torch.Tensor) -> Optional[tuple[int, int]]:
     """[min, max + 1) of an integer tensor, None for other dtypes, empty tensors, and tensors
     without values (meta or fake: mode meta)."""
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.numel() == 0:
-        return None
-    if t.is_meta or isinstance(t, torch._subclasses.fake_tensor.FakeTensor):
-        return None
-    return int(t.min()), int(t.max()) + 1
+    return value_range(t)
 
 
 def _embedding_ranges(gm: torch.fx.GraphModule) -> dict[str, tuple[int, int]]:

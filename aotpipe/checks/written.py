@@ -49,6 +49,7 @@ from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.graph_keys import graph_key, key_order, parse_graph_key
 from aotpipe.modes import LOSSES
 from aotpipe.replay.run import chain_key, chain_problems, expand_outputs
+from aotpipe.tensors import value_range
 
 TRAINING = ("forward", "backward", "joint")
 # What graphs are checked against: the eager model, or a dynamo subgraph's own graph run
@@ -232,9 +233,8 @@ def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[lis
 
 def _int_range(t: torch.Tensor) -> Optional[list[int]]:
     """[low, high) of an integer tensor's values (None for floats, bools, empty tensors)."""
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or not t.numel():
-        return None
-    return [int(t.min()), int(t.max()) + 1]
+    r = value_range(t)
+    return None if r is None else list(r)
 
 
 def _scalar(o: Any) -> bool:
