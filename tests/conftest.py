@@ -1,4 +1,5 @@
 import os
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -8,6 +9,14 @@ import pytest
 # aotpipe run signs with the user's own key, made on first use in their config folder: the
 # suite's runs get a key of their own, never the developer's (subprocesses inherit it).
 os.environ["AOTPIPE_CONFIG_DIR"] = tempfile.mkdtemp(prefix="aotpipe-test-config-")
+
+
+def pytest_unconfigure(config):
+    """The suite's key folder goes with the suite (it was left behind, one per run)."""
+    folder = os.environ.get("AOTPIPE_CONFIG_DIR", "")
+    if "aotpipe-test-config-" in folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINES = REPO / "pipelines"
@@ -54,7 +63,6 @@ def zoo_run(tmp_path_factory):
 @pytest.fixture()
 def mlp_copy(quickstart_run, tmp_path):
     """A copy of the quickstart's mlp artefact, in a folder of its own, to edit or attack."""
-    import shutil
 
     root, _ = quickstart_run
     dst = tmp_path / "lib" / "mlp"
