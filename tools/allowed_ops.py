@@ -24,7 +24,9 @@ length, a size read from a tensor's elements). Those ops are reviewed, not liste
 each runs in a checked form (aotpipe/artifact/checked.py), and the hostile-argument sweep
 (tests/artifact/test_hostile_ops.py, slow) calls every admitted op of two or more tensor
 arguments with out-of-range values, shapes and strides in guarded memory, so a kernel that
-reads past its storage is a failing test, not a silent admission.
+reads past its storage is a failing test, not a silent admission. (Those with no kernel a CPU
+call reaches, CUDA's own, it skips by a rule on the dispatcher's table; a CPU kernel that
+only raises, by name with its reason.)
 
 Review the diff of the file on a torch upgrade (new ops appear there), then commit it. A
 test holds the file equal to what this tool makes.

@@ -334,6 +334,31 @@ def _flash_attention_cpu(a: dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _flash_attention_cpu_backward(a: dict[str, Any]) -> Optional[str]:
+    """_scaled_dot_product_flash_attention_for_cpu_backward: the kernel takes its sizes from
+    query and key (as the forward does: :func:`_flash_attention_cpu`) and walks grad_out, out
+    and logsumexp by their strides with them, reading each head's vector of grad_out and out
+    as dense; autograd hands it the forward's out and logsumexp, and a grad_out of out's shape."""
+    problem = _flash_attention_cpu(a)
+    if problem:
+        return problem
+    q, v, out, g, lse = a["query"], a["value"], a["out"], a["grad_out"], a["logsumexp"]
+    want = [q.shape[0], q.shape[1], q.shape[2], v.shape[3]]
+    for name, t in (("out", out), ("grad_out", g)):
+        if not isinstance(t, torch.Tensor) or list(t.shape) != want or t.dtype != q.dtype:
+            return (f"{name} is {_described(t)} where query and value give {q.dtype} {want} (the forward's "
+                    "output)")
+        if t.shape[3] > 1 and t.stride(3) != 1:
+            return f"{name}'s last dimension has stride {t.stride(3)} where the kernel reads it densely (stride 1)"
+    if not isinstance(lse, torch.Tensor) or list(lse.shape) != want[:3]:
+        return f"logsumexp is {_described(lse)} where query gives [batch, heads, positions] {want[:3]}"
+    return None
+
+
+def _described(t: Any) -> str:
+    return f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def _rnn(gates: int) -> Callable[[dict[str, Any]], Optional[str]]:
     """lstm.input (4 gates), gru.input (3), rnn_tanh.input and rnn_relu.input (1): the CPU
     path (oneDNN's RNN among its kernels) reads each layer's weights and the hidden state by
@@ -408,6 +433,54 @@ def _group_norm_backward(a: dict[str, Any]) -> Optional[str]:
                   _numel(a["weight"], a["C"], "weight"),
                   _dense(a["input"], "input", layout), _dense(a["grad_out"], "grad_out", layout),
                   *(_dense(a[name], name) for name in ("mean", "rstd", "weight")))
+
+
+def _cholesky_solve_helper(a: dict[str, Any]) -> Optional[str]:
+    """_cholesky_solve_helper (cholesky_solve's kernel): LAPACK's potrs solves each of A's
+    matrices against self's by A's size alone; cholesky_solve hands it self and A with their
+    batch dimensions broadcast, A square and self of A's rows."""
+    b, m = a["self"], a["A"]
+    if not isinstance(b, torch.Tensor) or not isinstance(m, torch.Tensor) or b.dim() < 2 or m.dim() < 2:
+        return "self or A is not a batch of matrices"
+    if m.shape[-1] != m.shape[-2] or b.shape[-2] != m.shape[-1] or b.shape[:-2] != m.shape[:-2]:
+        return (f"self has shape {list(b.shape)} for A of shape {list(m.shape)} (A square, self of its rows, "
+                "batch dimensions broadcast)")
+    return None
+
+
+def _ldl_solve(a: dict[str, Any]) -> Optional[str]:
+    """linalg_ldl_solve: torch checks that each pivot's magnitude is a row of LD, but LAPACK's
+    sytrs reads a negative pivot as the first of a 2x2 block and takes the row after it too,
+    past the last row when the block begins there. Pivots as linalg_ldl_factor gives them
+    (LAPACK's lower form): a positive one alone, negative ones in equal pairs."""
+    pivots = a["pivots"]
+    if not isinstance(pivots, torch.Tensor) or pivots.dim() < 1 or pivots.is_floating_point():
+        return "pivots is not an integer tensor"
+    rows = pivots.reshape(-1, pivots.shape[-1]).tolist() if pivots.numel() else []
+    for row in rows:
+        k = 0
+        while k < len(row):
+            if row[k] > 0:
+                k += 1
+            elif k + 1 < len(row) and row[k] < 0 and row[k + 1] == row[k]:
+                k += 2
+            else:
+                return (f"pivots {row[:8]} has a 2x2 block (negative pivots, in equal pairs) cut at row {k}, as "
+                        "linalg_ldl_factor never gives")
+    return None
+
+
+def _lu_unpack(a: dict[str, Any]) -> Optional[str]:
+    """lu_unpack: torch checks the pivots' values against LU's rows, not how many there are;
+    with none the CPU kernel reads pivots past its storage. linalg_lu_factor gives one per
+    row or column, whichever are fewer, for each of LU's matrices."""
+    lu, pivots = a["LU_data"], a["LU_pivots"]
+    if not isinstance(lu, torch.Tensor) or not isinstance(pivots, torch.Tensor) or lu.dim() < 2:
+        return "LU_data is not a batch of matrices or LU_pivots is not a tensor"
+    want = [*lu.shape[:-2], min(lu.shape[-2:])]
+    if list(pivots.shape) != want:
+        return f"LU_pivots has shape {list(pivots.shape)} where LU_data {list(lu.shape)} needs {want}"
+    return None
 
 
 def _pdist_backward(a: dict[str, Any]) -> Optional[str]:
@@ -550,16 +623,18 @@ def _fft(a: dict[str, Any]) -> Optional[str]:
 
 
 def _grid_sampler(a: dict[str, Any]) -> Optional[str]:
-    """grid_sampler_2d and its backward: the CPU kernels switch on `interpolation_mode` and
-    `padding_mode` (ints in the graph) without checking them (7 runs as if it were a mode)."""
+    """grid_sampler_2d, grid_sampler_3d (and _grid_sampler_2d_cpu_fallback) and their
+    backwards: the CPU kernels switch on `interpolation_mode` and `padding_mode` (ints in the
+    graph) without checking them (7 runs as if it were a mode); the backwards walk grad_output
+    by the sizes input and grid give."""
     if a["interpolation_mode"] not in (0, 1, 2):
         return f"interpolation_mode {a['interpolation_mode']!r} is not 0, 1 or 2 (bilinear, nearest, bicubic)"
     if a["padding_mode"] not in (0, 1, 2):
         return f"padding_mode {a['padding_mode']!r} is not 0, 1 or 2 (zeros, border, reflection)"
     g, x, grid = a.get("grad_output"), a["input"], a["grid"]
-    if g is not None and isinstance(x, torch.Tensor) and isinstance(grid, torch.Tensor) and x.dim() == 4 \
-            and grid.dim() == 4:
-        want = [x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]]
+    if g is not None and isinstance(x, torch.Tensor) and isinstance(grid, torch.Tensor) and x.dim() == grid.dim() \
+            and x.dim() in (4, 5):
+        want = [x.shape[0], x.shape[1], *grid.shape[1:-1]]
         if not isinstance(g, torch.Tensor) or list(g.shape) != want:
             return f"grad_output has shape {list(getattr(g, 'shape', []))} where input and grid give {want}"
     return None
@@ -599,6 +674,10 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
     aten._log_softmax_backward_data.default: _softmax_backward,
     aten._adaptive_avg_pool2d_backward.default: _pool_planes(2),
     aten.avg_pool2d_backward.default: _pool_planes(2),
+    aten._adaptive_avg_pool3d_backward.default: _pool_planes(3),
+    aten.avg_pool3d_backward.default: _pool_planes(3),
+    aten.fractional_max_pool2d_backward.default: _pool_backward(2),
+    aten.fractional_max_pool3d_backward.default: _pool_backward(3),
     aten.reflection_pad1d_backward.default: _pad_backward(1),
     aten.reflection_pad2d_backward.default: _pad_backward(2),
     aten.reflection_pad3d_backward.default: _pad_backward(3),
@@ -624,6 +703,14 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
     aten._fft_c2c.default: _fft,
     aten.grid_sampler_2d.default: _grid_sampler,
     aten.grid_sampler_2d_backward.default: _grid_sampler,
+    aten.grid_sampler_3d.default: _grid_sampler,
+    aten.grid_sampler_3d_backward.default: _grid_sampler,
+    aten._grid_sampler_2d_cpu_fallback.default: _grid_sampler,
+    aten._grid_sampler_2d_cpu_fallback_backward.default: _grid_sampler,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
+    aten._cholesky_solve_helper.default: _cholesky_solve_helper,
+    aten.linalg_ldl_solve.default: _ldl_solve,
+    aten.lu_unpack.default: _lu_unpack,
 }
 
 # oneDNN's fused convolutions, where this torch has them (ops.MKLDNN allows them by name)

@@ -245,6 +245,62 @@ HOSTILE = {
         "params[0] has shape [1, 1] where its layer needs [16, 3]"),
     "inverse real FFT, huge last size": (
         aten._fft_c2r.default, (_r(4, 5).to(torch.cfloat), [1], 0, 10**12), "last_dim_size makes 4,000,000,000,000"),
+    # found by the sweep over the derived list (tests/artifact/test_hostile_ops.py)
+    "CPU flash attention backward, grad_out of one element": (
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+        (_r(1, 1, 1, 1), _r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8), 0.0, False),
+        "grad_out is torch.float32 [1, 1, 1, 1] where query and value give torch.float32 [2, 4, 8, 16]"),
+    "CPU flash attention backward, short logsumexp": (
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+        (_r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(1, 4, 8), 0.0, False),
+        "logsumexp is torch.float32 [1, 4, 8] where query gives [batch, heads, positions] [2, 4, 8]"),
+    "CPU flash attention backward, key expanded along its head size": (
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+        (_r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 1).expand(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 16),
+         _r(2, 4, 8), 0.0, False),
+        "key's last dimension (16 elements) has stride 0"),
+    "CPU flash attention backward, out's head size strided": (
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+        (_r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 16), _r(2, 4, 8, 32)[..., ::2],
+         _r(2, 4, 8), 0.0, False),
+        "out's last dimension has stride 2"),
+    "cholesky_solve's helper, self of one row": (
+        aten._cholesky_solve_helper.default, (_r(1, 1), torch.eye(3), False),
+        "self has shape [1, 1] for A of shape [3, 3]"),
+    "cholesky_solve's helper, batch dimensions not broadcast": (
+        aten._cholesky_solve_helper.default, (_r(2, 3, 1), torch.eye(3).expand(4, 3, 3), False),
+        "self has shape [2, 3, 1] for A of shape [4, 3, 3]"),
+    "ldl_solve, a 2x2 block begun at the last row": (
+        aten.linalg_ldl_solve.default, (_r(3, 3), torch.tensor([-1, -1, -1], dtype=torch.int32), _r(3, 2)),
+        "pivots [-1, -1, -1] has a 2x2 block (negative pivots, in equal pairs) cut at row 2"),
+    "ldl_solve, a 2x2 block of unequal pivots": (
+        aten.linalg_ldl_solve.default, (_r(3, 3), torch.tensor([-2, -3, 3], dtype=torch.int32), _r(3, 2)),
+        "cut at row 0"),
+    "adaptive avg pool3d backward, input of one element": (
+        aten._adaptive_avg_pool3d_backward.default, (_r(1, 2, 2, 2, 2), _r(1, 1, 1, 1, 1)),
+        "grad_output has shape [1, 2, 2, 2, 2] for an input of shape [1, 1, 1, 1, 1]"),
+    "avg pool3d backward, grad emptied": (
+        aten.avg_pool3d_backward.default,
+        (_r(0, 2, 1, 1, 1), _r(1, 2, 2, 2, 2), [2, 2, 2], [2, 2, 2], [0, 0, 0], False, True, None),
+        "grad_output has shape [0, 2, 1, 1, 1] for an input of shape [1, 2, 2, 2, 2]"),
+    "fractional max pool2d backward, indices expanded": (
+        aten.fractional_max_pool2d_backward.default,
+        (_r(1, 1, 2, 2), _r(1, 1, 4, 4), [2, 2], [2, 2], torch.zeros(1, dtype=torch.int64).expand(1, 1, 2, 2)),
+        "indices is not dense"),
+    "fractional max pool3d backward, index past the input": (
+        aten.fractional_max_pool3d_backward.default,
+        (_r(1, 1, 1, 1, 1), _r(1, 1, 2, 2, 2), [2, 2, 2], [1, 1, 1], torch.full((1, 1, 1, 1, 1), 8, dtype=torch.int64)),
+        "indices holds 8, outside [0, 8)"),
+    "grid sampler 3d backward, grad emptied": (
+        aten.grid_sampler_3d_backward.default,
+        (_r(0, 3, 2, 2, 2), _r(2, 3, 4, 4, 4), _r(2, 2, 2, 2, 3), 0, 0, False, [True, True]),
+        "grad_output has shape [0, 3, 2, 2, 2] where input and grid give [2, 3, 2, 2, 2]"),
+    "lu_unpack, no pivots": (
+        aten.lu_unpack.default, (_r(4, 4), torch.zeros(0, dtype=torch.int32)),
+        "LU_pivots has shape [0] where LU_data [4, 4] needs [4]"),
+    "grid sampler's CPU fallback, an unknown mode": (
+        aten._grid_sampler_2d_cpu_fallback.default, (_r(1, 2, 4, 4), _r(1, 3, 3, 2), 7, 0, False),
+        "interpolation_mode 7 is not 0, 1 or 2"),
 }
 KWARGS = {
     "segment_reduce, unsafe": {"lengths": _i(2, 2), "unsafe": True},
@@ -312,6 +368,22 @@ GOOD = {
     aten.grid_sampler_2d.default: lambda: (_r(1, 2, 4, 4), _r(1, 3, 3, 2), 2, 2, True),
     aten.grid_sampler_2d_backward.default: lambda: (_r(1, 2, 3, 3), _r(1, 2, 4, 4), _r(1, 3, 3, 2), 0, 1, False,
                                                     [True, True]),
+    # grouped heads, as autograd calls it for scaled_dot_product_attention(..., enable_gqa=True)
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: lambda: (
+        lambda q, kv: (torch.ones(2, 4, 8, 16), q, kv, kv,
+                       *aten._scaled_dot_product_flash_attention_for_cpu.default(q, kv, kv), 0.0, False))(
+        _r(2, 4, 8, 16), _r(2, 5, 2, 16).transpose(1, 2).contiguous()),
+    aten.lu_unpack.default: lambda: tuple(torch.linalg.lu_factor(_r(2, 4, 3))),
+    aten.fractional_max_pool2d_backward.default: lambda: (
+        lambda x: (torch.ones(1, 2, 3, 3), x, [2, 2], [3, 3],
+                   aten.fractional_max_pool2d.default(x, [2, 2], [3, 3], torch.rand(1, 2, 2))[1]))(_r(1, 2, 6, 6)),
+    aten.grid_sampler_3d_backward.default: lambda: (_r(1, 2, 3, 3, 3), _r(1, 2, 4, 4, 4), _r(1, 3, 3, 3, 3).tanh(),
+                                                    0, 0, False, [True, True]),
+    aten._cholesky_solve_helper.default: lambda: (
+        lambda m: (_r(2, 3, 2), torch.linalg.cholesky(m @ m.mT + 3 * torch.eye(3)), False))(_r(2, 3, 3)),
+    aten.linalg_ldl_solve.default: lambda: (
+        lambda s: (*aten.linalg_ldl_factor_ex.default(s)[:2], _r(4, 2)))(
+        (lambda m: m + m.T)(torch.tensor([[0.0, 1, 2, 3], [1, 0, 4, 5], [2, 4, 0, 6], [3, 5, 6, 0]]))),
 }
 
 
