@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import platform
 import re
 import warnings
@@ -236,3 +237,9 @@ def environment_differences(recorded: Optional[Environment], now: Environment) -
                 return (yes if v else no) if isinstance(v, bool) else str(v)
             out.append(f"{what} {shown(getattr(now, key))}, recorded {shown(getattr(recorded, key))}")
     return out
+
+
+def derived_seed(seed: int, *parts: str) -> int:
+    """A 63-bit seed from the pipeline seed and names: stable across processes and machines."""
+    digest = hashlib.sha256(":".join([str(seed), *parts]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

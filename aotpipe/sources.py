@@ -21,7 +21,6 @@ caller trusts the artefact.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import inspect
 import sys
@@ -30,6 +29,7 @@ from typing import Any, Iterator
 
 import torch
 
+from aotpipe.determinism import derived_seed  # noqa: F401 (re-exported: the seed of a model's weights and inputs)
 from aotpipe.format.limits import bounded_build, check_rebuild_args, check_total_bytes, numel
 from aotpipe.errors import AotpipeError, LimitError, SourceError, exception_line
 from aotpipe.global_state import preserved
@@ -128,11 +128,6 @@ def check_source(source: str, base_dir: Path | None = None) -> str | None:
         return str(e)
     return None
 
-
-def derived_seed(seed: int, *parts: str) -> int:
-    """A 63-bit seed from the pipeline seed and names: stable across processes and machines."""
-    digest = hashlib.sha256(":".join([str(seed), *parts]).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Module:

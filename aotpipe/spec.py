@@ -154,12 +154,12 @@ class ModelSpec(Strict):
     def to_json(self) -> dict[str, Any]:
         """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact.
         No trusted_ops entry when there are none (as before the field existed)."""
-        data = json.loads(self.model_dump_json(exclude={"resources"} if self.trusted_ops else
-                                               {"resources", "trusted_ops"}))
-        for inp in data["inputs"]:  # as before the field existed, unless set: fingerprints stay
-            if not inp.get("requires_grad"):
-                inp.pop("requires_grad", None)
-        return data
+        exclude: dict[str, Any] = {"resources": True} if self.trusted_ops else {"resources": True, "trusted_ops": True}
+        # requires_grad as before the field existed, unless set: fingerprints stay
+        unset = {i: {"requires_grad"} for i, inp in enumerate(self.inputs) if not inp.requires_grad}
+        if unset:
+            exclude["inputs"] = unset
+        return json.loads(self.model_dump_json(exclude=exclude))
 
 
 class Pipeline(Strict):

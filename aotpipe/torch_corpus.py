@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.utils._pytree as pytree
 
+from aotpipe.determinism import derived_seed
 from aotpipe.errors import SourceError, exception_line
 
 OP_PREFIX = "torch-op:"
@@ -61,7 +62,7 @@ def op_table() -> dict[str, Any]:
     operator's graph: capture keeps the op and drops the re-seed, and the graph then draws other
     numbers than the eager model it is checked against. Here the op is called as it is, with the
     run's own seeding (aotpipe.determinism), so eager and graph draw the same numbers."""
-    from torch.testing._internal import common_methods_invocations as cmi
+    from torch.testing._internal import common_methods_invocations as cmi  # seconds to import: on use only
 
     cmi.wrapper_set_seed = _without_reseed  # looked up when an op_db lambda is called
     return {op_entry_name(op): op for op in cmi.op_db}
@@ -75,7 +76,7 @@ def _without_reseed(op: Any, *args: Any, **kwargs: Any) -> Any:
 @functools.lru_cache(maxsize=None)
 def module_table() -> dict[str, Any]:
     """module_db by ModuleInfo name (imports torch's test database: seconds, once per process)."""
-    from torch.testing._internal.common_modules import module_db
+    from torch.testing._internal.common_modules import module_db  # seconds to import: on use only
 
     return {m.name: m for m in module_db}
 
@@ -176,7 +177,6 @@ def _cpu_dtypes(kind: str, info: Any) -> set:
 def inputs_seed(spec: Any) -> int:
     """The seed a spec's samples are drawn with: the pipeline seed and the source, so every
     model naming one entry shares its draw (one sample list per entry, K-th of the same list)."""
-    from aotpipe.sources import derived_seed
 
     return derived_seed(spec.seed, spec.source, "inputs")
 

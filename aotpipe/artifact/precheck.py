@@ -481,7 +481,7 @@ def _recorded_outputs(node: torch.fx.Node) -> Any:
     capture's own fake tensors found), at an op with no fake-tensor kernel."""
     rec: RawJson = node.meta.get("saved_val")
 
-    def one(r: Any) -> Optional[torch.Tensor]:
+    def one(r: RawJson) -> Optional[torch.Tensor]:
         if not isinstance(r, dict):
             return None
         shape, stride, dtype = r.get("shape"), r.get("stride"), getattr(torch, str(r.get("dtype")), None)

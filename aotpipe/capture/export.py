@@ -58,7 +58,7 @@ from aotpipe.eager import NoLossError, model_loss
 from aotpipe.errors import CaptureError
 from aotpipe.format.source_files import relative_file
 from aotpipe.modes import DEFAULT_LOSS, EXPORT_OPTIONS
-from aotpipe.sources import derived_seed
+from aotpipe.determinism import derived_seed
 from aotpipe.tensors import ones, value_range
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
