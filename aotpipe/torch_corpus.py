@@ -90,7 +90,11 @@ def entry(source: str) -> tuple[str, Any]:
     """('op' | 'module', the OpInfo or ModuleInfo) a source names; a SourceError naming close
     matches when the database has no such entry."""
     kind, name = _split(source)
-    table = op_table() if kind == "op" else module_table()
+    try:
+        table = op_table() if kind == "op" else module_table()
+    except ImportError as e:  # torch's test databases import expecttest, which plain torch does not install
+        raise SourceError(f"{source!r}: torch's test databases need {e.name or 'a module'} ({exception_line(e)}); "
+                          "install the extra: pip install 'aotpipe[corpus]' -c constraints.txt") from None
     info = table.get(name)
     if info is None:
         close = difflib.get_close_matches(name, list(table), n=5, cutoff=0.6)

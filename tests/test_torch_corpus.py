@@ -320,3 +320,18 @@ def test_the_checked_in_corpora_are_the_tools_output_for_this_torch(tmp_path):
     for name in ("torch-ops.yaml", "torch-modules.yaml"):
         assert (tmp_path / name).read_text() == (REPO / "pipelines" / name).read_text(), \
             f"pipelines/{name} is stale: run .venv/bin/python tools/torch_corpus.py"
+
+
+def test_without_expecttest_a_corpus_source_says_which_extra_to_install(monkeypatch):
+    # torch's test databases import expecttest, which plain torch does not install (the import,
+    # as it fails in an environment without it)
+    from aotpipe import torch_corpus
+    from aotpipe.errors import SourceError
+
+    def without_expecttest():
+        raise ModuleNotFoundError("No module named 'expecttest'", name="expecttest")
+
+    monkeypatch.setattr(torch_corpus, "op_table", without_expecttest)
+    with pytest.raises(SourceError, match=r"pip install 'aotpipe\[corpus\]' -c constraints.txt") as e:
+        torch_corpus.entry("torch-op:cat")
+    assert "\n" not in str(e.value) and "expecttest" in str(e.value)
