@@ -115,7 +115,13 @@ def test_llama_with_the_flash_sdpa_gradients_fails_its_checks(tmp_path, monkeypa
                                   "--no-progress", "--json"])
     assert r.exit_code == 1, r.output
     (m,) = json.loads(r.output)["models"]
-    assert m["stage"] == "verify" and "gradient of" in m["error"] and "float64" in m["error"], m["error"]
+    # The backward reads the forward's rewritten second output (the attention weights,
+    # [batch, heads, L, S]) as logsumexp: the kernel's checked form refuses that layout before it
+    # runs (the hostile sweep found the kernel reads past such buffers); else the fp64 rule
+    # catches the gradients. Either way the model fails at verify, naming why.
+    err = m["error"]
+    assert m["stage"] == "verify", err
+    assert ("gradient of" in err and "float64" in err) or "logsumexp is torch.float32 [2, 4, 16, 16]" in err, err
 
 
 @pytest.mark.slow

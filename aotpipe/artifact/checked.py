@@ -255,11 +255,16 @@ def _per_sample_weights_backward(a: dict[str, Any]) -> Optional[str]:
         return "grad or weight is not a 2-d tensor"
     # An empty offset2bag (the forward's, where its mode made none) is rebuilt by the kernel
     # from offsets, which are checked
-    o2b = a["offset2bag"]
-    empty = isinstance(o2b, torch.Tensor) and o2b.numel() == 0
-    return _first(_range(a["indices"], 0, w.shape[0], f"indices (num_weights {w.shape[0]})") if empty
-                  else _bags(a["indices"], o2b, grad.shape[0], w.shape[0]),
-                  _offsets(a["offsets"], a["indices"]))
+    o2b, idx, offsets = a["offset2bag"], a["indices"], a["offsets"]
+    if not (isinstance(o2b, torch.Tensor) and o2b.numel() == 0):
+        return _first(_bags(idx, o2b, grad.shape[0], w.shape[0]), _offsets(offsets, idx))
+    why = _first(_range(idx, 0, w.shape[0], f"indices (num_weights {w.shape[0]})"), _offsets(offsets, idx))
+    if why is None and idx.numel():
+        # the bag of each index, as the kernel rebuilds it: one per offset before the last index
+        bags = int((offsets < idx.numel()).sum())
+        if grad.shape[0] < bags:
+            why = f"grad has {grad.shape[0]} rows for the {bags} bags offsets make"
+    return why
 
 
 def _layer_norm_rows(x: Any, normalized_shape: Any) -> tuple[Optional[str], int, int]:

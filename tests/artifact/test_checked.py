@@ -86,6 +86,10 @@ HOSTILE = {
         aten._embedding_bag_per_sample_weights_backward.default,
         (_r(2, 4), _r(10, 4), _i(0, 1, 99), _i(0, 2), _i(), 0, -1),
         "indices (num_weights 10) holds 99, outside [0, 10)"),
+    "embedding_bag per-sample-weights backward, offset2bag empty, grad short of the bags": (
+        aten._embedding_bag_per_sample_weights_backward.default,
+        (_r(0, 4), _r(10, 4), _i(0, 1, 2), _i(0, 2), _i(), 0, -1),
+        "grad has 0 rows for the 2 bags offsets make"),
     "embedding_bag, offsets past the indices": (
         aten._embedding_bag.default, (_r(10, 4), _i(0, 1, 2), _i(0, 9)),
         "offsets holds 9, outside [0, 4)"),
