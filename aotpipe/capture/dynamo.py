@@ -299,12 +299,12 @@ def _fresh_dynamo() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _state_kept(model: torch.nn.Module, inputs: list[Any]) -> Iterator[None]:
-    """The model's parameters and buffers, and its example inputs, as they were after a run
-    that may change them (batch norm's running statistics): capture leaves them as it found them."""
-    saved = [(t, t.detach().clone()) for _, t in model.named_parameters(remove_duplicate=True)]
-    saved += [(t, t.detach().clone()) for _, t in model.named_buffers(remove_duplicate=True)]
-    saved += [(t, t.detach().clone()) for t in inputs if isinstance(t, torch.Tensor)]
+def _state_kept(model: Optional[torch.nn.Module], inputs: list[Any]) -> Iterator[None]:
+    """The model's parameters and buffers (if a model is given), and the example inputs, as they
+    were after a run that may change them (batch norm's running statistics): capture leaves them
+    as it found them."""
+    state = [] if model is None else [*model.parameters(), *model.buffers()]
+    saved = [(t, t.detach().clone()) for t in [*state, *inputs] if isinstance(t, torch.Tensor)]
     try:
         yield
     finally:
@@ -495,19 +495,8 @@ def _composed(traced: list[_Traced], calls: list[_Call], results: list[tuple[Any
             outs.append(pytree.tree_leaves(traced[c.traced].gm.forward(*vals)))
         return [value(src, None) for src in results]
 
-    with _state_kept_inputs(leaves), torch.set_grad_enabled(grad):
+    with _state_kept(None, leaves), torch.set_grad_enabled(grad):
         return run_reproducibly(run)
-
-
-@contextlib.contextmanager
-def _state_kept_inputs(inputs: list[Any]) -> Iterator[None]:
-    saved = [(t, t.detach().clone()) for t in inputs if isinstance(t, torch.Tensor)]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for t, before in saved:
-                t.copy_(before)
 
 
 def _check_together(expected: Any, composed: Any, count: int, grad: bool) -> None:

@@ -237,10 +237,7 @@ def materialise_lazy_modules(model: torch.nn.Module, args: tuple, kwargs: dict) 
                            f"eager call failed: {e.__class__.__name__}: {_first_line(e)}") from e
     finally:
         model.train(training)
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                if n in saved:
-                    b.copy_(saved[n])
+        _restore_buffers(model, saved)
     kinds = sorted({k for _, k in lazy})
     names = ", ".join(n or "model" for n, _ in lazy[:6]) + (" ..." if len(lazy) > 6 else "")
     return (f"lazy module(s) materialised by one eager call on the example inputs before capture "
@@ -546,6 +543,14 @@ def _at_most_decided_guards(limit: int) -> Iterator[None]:
         shape_env._log_real_tensor_propagation = log_decided
 
 
+def _restore_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Put back the buffer values `saved` (by name) that a real run of the model changed."""
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n in saved:
+                b.copy_(saved[n])
+
+
 def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict,
                             max_guards: int = MAX_DECIDED_GUARDS) -> Optional[torch.export.ExportedProgram]:
     """torch.export with real-tensor propagation (what ``torch.export.draft_export`` uses, at a
@@ -566,10 +571,7 @@ def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict,
         return None
     finally:
         logger.setLevel(level)
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                if n in saved:
-                    b.copy_(saved[n])
+        _restore_buffers(model, saved)
 
 
 def _library_ops_to_aten(ep: torch.export.ExportedProgram, notes: list[str], *, training: bool = False
