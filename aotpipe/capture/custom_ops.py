@@ -36,9 +36,85 @@ def _grouped_mm_dense(input: torch.Tensor, weight: torch.Tensor, offs: torch.Ten
     return every[torch.arange(input.shape[0], device=input.device), expert]
 
 
+def _lce_logits(input: torch.Tensor, linear_weight: torch.Tensor, linear_bias: torch.Tensor | None,
+                acc_dtype: torch.dtype) -> torch.Tensor:
+    """The [N, C] logits of torch_nn's linear-cross-entropy ops, in `acc_dtype` (the op's
+    accumulation dtype: float32 for half inputs, else the input's own)."""
+    bias = None if linear_bias is None else linear_bias.to(acc_dtype)
+    return torch.nn.functional.linear(input.to(acc_dtype), linear_weight.to(acc_dtype), bias)
+
+
+def _lce_loss(input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
+              linear_bias: torch.Tensor | None, weight: torch.Tensor | None, reduction: str,
+              ignore_index: int, acc_dtype: torch.dtype) -> torch.Tensor:
+    """cross_entropy(linear(input), target), which is what the chunked loop computes chunk by
+    chunk; in the input's dtype, as the op returns it."""
+    logits = _lce_logits(input, linear_weight, linear_bias, acc_dtype)
+    w = None if weight is None else weight.to(acc_dtype)
+    loss = torch.nn.functional.cross_entropy(logits, target, weight=w, reduction=reduction,
+                                             ignore_index=ignore_index)
+    return loss.to(input.dtype)
+
+
+def _linear_cross_entropy_reduced(
+    input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
+    linear_bias: torch.Tensor | None, weight: torch.Tensor | None, reduction: str,
+    ignore_index: int, label_smoothing: float, batch_chunk_size: int, acc_policy: str,
+    acc_dtype: torch.dtype, allow_retain_graph: bool, compute_input_grad: bool,
+    compute_linear_weight_grad: bool, compute_linear_bias_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch_nn::_linear_cross_entropy_batch_chunked (reduction mean or sum) -> (loss,
+    grad_input, grad_linear_weight, grad_linear_bias).
+
+    The loss is linear then cross_entropy on the whole batch (batch_chunk_size and acc_policy
+    only say how the op's loop splits the work and where it keeps fp32); autograd
+    differentiates it, so the training graphs get ordinary ATen backward ops. The op also
+    returns the loss's gradients, precomputed, for its own backward to scale; here they are
+    written out (d loss / d logits = row weight * (softmax - one-hot)), detached as the op's
+    backward ignores them, and empty where the op leaves them empty (its compute_* flags).
+    """
+    if label_smoothing != 0.0:  # the op refuses it too; F.linear_cross_entropy never passes it
+        raise NotImplementedError("torch_nn::_linear_cross_entropy_batch_chunked does not support label smoothing")
+    if reduction not in ("mean", "sum"):
+        raise NotImplementedError(f"torch_nn::_linear_cross_entropy_batch_chunked does not support {reduction=}")
+    loss = _lce_loss(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, acc_dtype)
+
+    x, lw = input.detach(), linear_weight.detach()
+    logits = _lce_logits(x, lw, None if linear_bias is None else linear_bias.detach(), acc_dtype)
+    kept = target != ignore_index
+    safe_target = torch.where(kept, target, 0)  # an ignore_index outside [0, C) must not index
+    row_weight = kept.to(acc_dtype) if weight is None else \
+        torch.where(kept, weight.detach().to(acc_dtype).index_select(0, safe_target), 0)
+    if reduction == "mean":
+        row_weight = row_weight / row_weight.sum()  # all ignored: 0/0, nan, as the op gives
+    classes = torch.arange(logits.shape[1], device=logits.device)
+    one_hot = (safe_target.unsqueeze(1) == classes).to(acc_dtype)
+    grad_logits = (torch.softmax(logits, dim=1) - one_hot) * row_weight.unsqueeze(1)
+    dtype, device = input.dtype, input.device
+    grad_input = (grad_logits @ lw.to(acc_dtype)).to(dtype) if compute_input_grad else \
+        torch.empty((0, 0), dtype=dtype, device=device)
+    grad_weight = (grad_logits.T @ x.to(acc_dtype)).to(dtype) if compute_linear_weight_grad else \
+        torch.empty((0, 0), dtype=dtype, device=linear_weight.device)
+    grad_bias = grad_logits.sum(0).to(dtype) if compute_linear_bias_grad else \
+        torch.empty((0,), dtype=dtype, device=device)
+    return loss, grad_input, grad_weight, grad_bias
+
+
+def _linear_cross_entropy_unreduced(
+    input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
+    linear_bias: torch.Tensor | None, weight: torch.Tensor | None, ignore_index: int,
+    batch_chunk_size: int, acc_policy: str, acc_dtype: torch.dtype,
+) -> torch.Tensor:
+    """torch_nn::_linear_cross_entropy_batch_chunked_no_reduction -> the [N] per-row loss
+    (0 where the target is ignore_index): linear then cross_entropy, reduction none."""
+    return _lce_loss(input, linear_weight, target, linear_bias, weight, "none", ignore_index, acc_dtype)
+
+
 # Library op (namespace::name) -> an ATen implementation with the same signature.
 DECOMPOSITIONS: dict[str, Callable[..., Any]] = {
     "transformers::grouped_mm_fallback": _grouped_mm_dense,
+    "torch_nn::_linear_cross_entropy_batch_chunked": _linear_cross_entropy_reduced,
+    "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction": _linear_cross_entropy_unreduced,
 }
 
 _CORE_NAMESPACES = frozenset({"aten", "prims", "_operator", "builtins", "math"})
