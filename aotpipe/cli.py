@@ -772,8 +772,9 @@ def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer:
                 raise AotpipeError("--graph goes with --model-explorer FILE; --model-explorer-all writes every graph")
             written = views.write_tree_views(Path(artifact))
             count = sum(len(v) for v in written.values())
-            _say(f"wrote {count} graph views of {len(written)} models under "
-                 f"{next(iter(next(iter(written.values())).values())).parent.parent}")
+            tree = views.views_tree(Path(artifact))
+            _say(f"wrote {count} graph views of {len(written)} models under {tree / views.VIEWS_DIR}")
+            _say(f"run `aotpipe report {tree}` to link them from report.html")
         return
     if graph is not None:
         raise AotpipeError("--graph goes with --model-explorer FILE (plain show describes every graph)")

@@ -15,6 +15,9 @@ from click.testing import CliRunner
 from aotpipe.artifact.provenance import module_path, source_line
 from aotpipe.format.source_files import name_files_in, relative_file
 from aotpipe.cli import main
+from aotpipe.format.records import GraphRecord
+from aotpipe.views import explorer_graph, explorer_json, view_candidates
+from tests.helpers.model_explorer_web import CHROMIUM, load_collection, web_load
 
 graph_builder = pytest.importorskip("model_explorer.graph_builder", reason="model-explorer (ai-edge-model-explorer) "
                                     "is not installed")
@@ -23,29 +26,12 @@ from model_explorer import node_data_builder  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load(cls, data):
-    """`data` as model-explorer's dataclass `cls`, strictly: an unknown key is a TypeError
-    (the dataclass constructor's), nested items are built as the classes they are."""
-    nested = {
-        graph_builder.Graph: {"nodes": graph_builder.GraphNode},
-        graph_builder.GraphNode: {"incomingEdges": graph_builder.IncomingEdge, "attrs": graph_builder.KeyValue,
-                                  "outputsMetadata": graph_builder.MetadataItem,
-                                  "inputsMetadata": graph_builder.MetadataItem},
-        graph_builder.MetadataItem: {"attrs": graph_builder.KeyValue},
-    }.get(cls, {})
-    kwargs = {}
-    for k, v in data.items():
-        kwargs[k] = [_load(nested[k], x) for x in v] if k in nested else v
-    return cls(**kwargs)
-
-
-def load_graphs(path: Path) -> dict[str, "graph_builder.Graph"]:
-    data = json.loads(path.read_text())
-    assert set(data) == {"graphs"}
-    graphs = {g["id"]: _load(graph_builder.Graph, g) for g in data["graphs"]}
-    for g, raw in zip(graphs.values(), data["graphs"]):
-        assert dataclasses.asdict(g) == raw  # nothing lost or added in the round trip
-    return graphs
+def load_graphs(path: Path, label: str | None = None) -> dict[str, "graph_builder.Graph"]:
+    """The view file's graphs, by id, as model-explorer's own GraphCollection builds them."""
+    collection = load_collection(path)
+    if label is not None:
+        assert collection.label == label
+    return {g.id: g for g in collection.graphs}
 
 
 def show(*args):
@@ -58,7 +44,7 @@ def test_model_explorer_loads_every_graph_kind_with_modules_and_shapes(quickstar
     out = tmp_path / f"{kind}.json"
     r = show(str(root / "small_cnn"), "--graph", kind, "--model-explorer", str(out))
     assert r.exit_code == 0, r.output
-    (g,) = load_graphs(out).values()
+    (g,) = load_graphs(out, label="small_cnn").values()
     assert g.id == kind
     nodes = {n.id: n for n in g.nodes}
     graph = json.loads((root / "small_cnn" / f"small_cnn_{kind}_0" / "graph.json").read_text())
@@ -121,7 +107,64 @@ def test_views_of_a_tree_go_beside_it_and_leave_artefacts_verifying(quickstart_r
     assert r.exit_code == 0, r.output
     views = sorted(p.relative_to(tree).as_posix() for p in (tree / "views").rglob("*.model-explorer.json"))
     assert "views/mlp/joint.model-explorer.json" in views and len(views) == 20
+    for model in ("mlp", "small_cnn", "tiny_transformer", "running_norm"):
+        keys = json.loads((tree / model / "manifest.json").read_text())["graphs"]
+        for key in keys:  # one collection per graph, labelled with its model
+            assert list(load_graphs(tree / "views" / model / f"{key}.model-explorer.json", label=model)) == [key]
+    assert r.output.splitlines()[-1] == f"run `aotpipe report {tree}` to link them from report.html"
     assert CliRunner().invoke(main, ["verify", str(tree)]).exit_code == 0
+
+
+def test_a_view_is_the_graph_collection_model_explorer_s_json_loader_requires(quickstart_run, tmp_path):
+    """model-explorer 0.1.34's web app takes a JSON object only with both `label` and `graphs`
+    (else "Unsupported JSON format"): the file is one GraphCollection, nothing else at the top."""
+    root, _ = quickstart_run
+    collection, _ = explorer_json(root / "mlp")
+    assert set(collection) == {"label", "graphs", "graphSorting"} and collection["label"] == "mlp"
+    out = tmp_path / "mlp.json"
+    assert show(str(root / "mlp"), "--model-explorer", str(out)).exit_code == 0
+    assert json.loads(out.read_text()) == collection
+    assert list(load_graphs(out, label="mlp")) == list(json.loads((root / "mlp" / "manifest.json").read_text())["graphs"])
+    # the form written before (graphs alone) is what the loader refused: the check here refuses it too
+    (tmp_path / "old.json").write_text(json.dumps({"graphs": collection["graphs"]}))
+    with pytest.raises(AssertionError, match="not a GraphCollection"):
+        load_collection(tmp_path / "old.json")
+
+
+def _odd_graph() -> GraphRecord:
+    """A graph whose module paths hold what model-explorer's namespaces must escape."""
+    def node(name, module=None, args=None, op="call_function"):
+        return {"name": name, "op": op, "target": "aten.relu.default" if op == "call_function" else None,
+                "args": args, **({"origin": {"module": module}} if module is not None else {})}
+    return GraphRecord.model_validate({"format_version": 2, "nodes": [
+        node("x", op="placeholder"),
+        node("r0", "stages.0.blocks.a/b.inner", [{"node": "x"}]),
+        node("r1", "odd\\.tail", [{"node": "r0"}]),
+        node("r2", "", [{"node": "r1"}]),
+        node("r3", None, [{"node": "r2"}]),
+        {"name": "output", "op": "output", "args": [{"node": "r3"}]}]})
+
+
+def test_module_names_with_a_slash_stay_one_model_explorer_layer():
+    g = explorer_graph(_odd_graph(), None, [], "forward")
+    spaces = {n.id: n.namespace for n in g.nodes}
+    # "/" separates layers in a namespace; "\\/" is model-explorer's escape for one inside a name
+    assert spaces == {"x": "inputs", "r0": "stages/0/blocks/a\\/b/inner", "r1": "odd\u2216/tail", "r2": "", "r3": "",
+                      "output": ""}
+    module = {n.id: {kv.key: kv.value for kv in n.attrs}.get("module") for n in g.nodes}
+    assert module["r1"] == "odd\\.tail"  # the exact path stays in the node's attributes
+
+
+def test_a_views_folder_that_is_a_model_folder_is_refused_in_one_line(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "views").mkdir(parents=True)
+    (tree / "views" / "manifest.json").write_text("{}")
+    r = show(str(tree), "--model-explorer-all")
+    assert r.exit_code == 2, r.output
+    assert r.output.splitlines() == [
+        f"error: {tree / 'views'}: the views folder would be inside the model folder {tree / 'views'} (a model named "
+        "'views'), whose files its manifest lists; write each view with --model-explorer FILE instead"]
+    assert sorted(p.name for p in (tree / "views").iterdir()) == ["manifest.json"]
 
 
 def test_show_refuses_an_unknown_graph_in_one_line(quickstart_run, tmp_path):
