@@ -139,20 +139,22 @@ def _odd_graph() -> GraphRecord:
     return GraphRecord.model_validate({"format_version": 2, "nodes": [
         node("x", op="placeholder"),
         node("r0", "stages.0.blocks.a/b.inner", [{"node": "x"}]),
-        node("r1", "odd\\.tail", [{"node": "r0"}]),
-        node("r2", "", [{"node": "r1"}]),
-        node("r3", None, [{"node": "r2"}]),
-        {"name": "output", "op": "output", "args": [{"node": "r3"}]}]})
+        node("r1", "stages.0.blocks.a/b.inner", [{"node": "r0"}]),  # two ops a layer: one alone is drawn as no layer
+        node("r2", "odd\\.tail", [{"node": "r1"}]),
+        node("r3", "odd\\.tail", [{"node": "r2"}]),
+        node("r4", "", [{"node": "r3"}]),
+        node("r5", None, [{"node": "r4"}]),
+        {"name": "output", "op": "output", "args": [{"node": "r5"}]}]})
 
 
 def test_module_names_with_a_slash_stay_one_model_explorer_layer():
     g = explorer_graph(_odd_graph(), None, [], "forward")
     spaces = {n.id: n.namespace for n in g.nodes}
     # "/" separates layers in a namespace; "\\/" is model-explorer's escape for one inside a name
-    assert spaces == {"x": "inputs", "r0": "stages/0/blocks/a\\/b/inner", "r1": "odd\u2216/tail", "r2": "", "r3": "",
-                      "output": ""}
+    assert spaces == {"x": "inputs", "r0": "stages/0/blocks/a\\/b/inner", "r1": "stages/0/blocks/a\\/b/inner",
+                      "r2": "odd\u2216/tail", "r3": "odd\u2216/tail", "r4": "", "r5": "", "output": ""}
     module = {n.id: {kv.key: kv.value for kv in n.attrs}.get("module") for n in g.nodes}
-    assert module["r1"] == "odd\\.tail"  # the exact path stays in the node's attributes
+    assert module["r2"] == "odd\\.tail"  # the exact path stays in the node's attributes
 
 
 def test_a_views_folder_that_is_a_model_folder_is_refused_in_one_line(tmp_path):
@@ -270,3 +272,91 @@ def test_older_graph_files_without_origin_still_view(tmp_path):
     assert r.exit_code == 0, r.output
     (g,) = load_graphs(out).values()
     assert g.nodes and {n.namespace for n in g.nodes} <= {"", "inputs"}
+
+
+# ---------------------------------------------------------------------------------------
+# model-explorer's web app loads every view (its JSON loader and its graph worker, in Chromium)
+
+
+@pytest.fixture(scope="module")
+def web_loaded(quickstart_run, tmp_path_factory):
+    """Every view of the quickstart tree, of a model nested five deep under odd module names
+    (captured through the real CLI), of a hand-made graph with names to escape, and one file
+    in the form written before the fix, as model-explorer's web app loads them."""
+    import shutil
+
+    from aotpipe.views import write_explorer, write_tree_views
+    from tests.helpers.pipelines import run_yaml
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    root, _ = quickstart_run
+    tmp = tmp_path_factory.mktemp("web")
+    tree = tmp / "quickstart"
+    shutil.copytree(root, tree)
+    files = {f"{m}/{k}": p for m, keys in write_tree_views(tree).items() for k, p in keys.items()}
+    r, out = run_yaml(tmp, """
+version: 1
+name: nest
+defaults: {passes: []}
+models:
+  - name: nested
+    source: tests.helpers.view_models:nested_odd_names
+    inputs: [{shape: [2, 8], dtype: float32}]
+""", "--no-sign")
+    assert r.exit_code == 0, r.output
+    files |= {f"nested/{k}": p for k, p in write_tree_views(out / "nest")["nested"].items()}
+    odd = tmp / "odd.json"
+    odd.write_text(json.dumps({"label": "odd", "graphs": [dataclasses.asdict(explorer_graph(_odd_graph(), None, [],
+                                                                                            "forward"))]}))
+    files["odd/forward"] = odd
+    before = tmp / "before.json"
+    before.write_text(json.dumps({"graphs": json.loads(files["mlp/joint"].read_text())["graphs"]}))
+    files["before"] = before
+    return files, web_load(tmp, files), tree
+
+
+@pytest.mark.slow
+def test_model_explorer_s_web_app_loads_every_view_of_every_graph_kind(web_loaded):
+    files, loaded, tree = web_loaded
+    seen = set()
+    for name, path in files.items():
+        if name in ("before", "odd/forward"):
+            continue
+        model, key = name.split("/", 1)
+        (collection,) = loaded[name]["collections"]
+        assert collection["label"] == model and list(collection["graphs"]) == [key], name
+        g = collection["graphs"][key]
+        assert g["errors"] == [], (name, g["errors"])
+        view = json.loads(path.read_text())["graphs"][0]
+        # every node became an op node of the laid-out graph, every edge kept
+        assert g["ops"] == [n["id"] for n in view["nodes"]], name
+        assert g["edges"] == sum(len(n["incomingEdges"]) for n in view["nodes"]) > 0, name
+        seen.add(key.split(".")[0])
+    assert seen == {"inference", "forward", "backward", "joint"}
+    assert len(files) == 20 + 4 + 2
+
+
+@pytest.mark.slow
+def test_nested_modules_become_nested_layers_and_an_escaped_slash_stays_one(web_loaded):
+    _, loaded, _ = web_loaded
+    for kind in ("inference", "forward", "backward", "joint"):
+        g = loaded[f"nested/{kind}"]["collections"][0]["graphs"][kind]
+        layers = {tuple(x) for x in g["layers"]}
+        assert {("", "stages"), ("stages", "0"), ("stages/0", "blocks"), ("stages/0/blocks", "<x y>"),
+                ("stages/0/blocks/<x y>", "inner"), ("stages/0/blocks/<x y>/inner", "a/b"),
+                ("stages/0/blocks/<x y>/inner", "c-d"), ("", "head"), ("", "inputs")} <= layers, layers
+        # "a/b" is one layer inside "inner": model-explorer made no layer "a" (nor "b")
+        assert not {label for _, label in layers} & {"a", "b"}, layers
+    odd = loaded["odd/forward"]["collections"][0]["graphs"]["forward"]
+    assert odd["errors"] == []
+    assert {tuple(x) for x in odd["layers"]} == {
+        ("", "stages"), ("stages", "0"), ("stages/0", "blocks"), ("stages/0/blocks", "a/b"),
+        ("stages/0/blocks/a\\/b", "inner"), ("", "odd\u2216"), ("odd\u2216", "tail")}, odd["layers"]
+
+
+@pytest.mark.slow
+def test_the_form_written_before_is_the_one_model_explorer_refused(web_loaded):
+    """The planted fault: graphs without the collection's label, as the issue saw it ("Error")."""
+    _, loaded, _ = web_loaded
+    assert loaded["before"] == {"error": "Unsupported JSON format"}

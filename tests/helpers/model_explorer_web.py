@@ -112,7 +112,7 @@ for (const [name, text] of Object.entries(VIEWS)) {
         const ops = mg.nodes.filter(n => n.nodeType === 0);
         rec.ops = ops.map(n => n.id);
         rec.opNamespaces = Object.fromEntries(ops.map(n => [n.id, n.namespace]));
-        rec.layers = mg.nodes.filter(n => n.nodeType === 1).map(n => n.namespace ? n.namespace + '/' + n.label : n.label).sort();
+        rec.layers = mg.nodes.filter(n => n.nodeType === 1).map(n => [n.namespace, n.label]).sort();
         rec.edges = ops.reduce((k, n) => k + (n.incomingEdges || []).length, 0);
       }
     }
@@ -125,7 +125,8 @@ document.getElementById('out').textContent = JSON.stringify(out);
 def web_load(tmp_path: Path, files: dict[str, Path]) -> dict[str, Any]:
     """What model-explorer's web app makes of each file ({name: path}), as {name: {"error": ...}}
     where its loader refuses the file, else {name: {"collections": [{"label", "graphs": {id:
-    {"errors", "ops" (op node ids), "opNamespaces", "layers" (its layer paths), "edges"}}}]}}."""
+    {"errors", "ops" (op node ids), "opNamespaces", "layers" ([namespace, label] of each layer it
+    draws), "edges"}}}]}}."""
     assert CHROMIUM is not None
     loader, worker = _bundle()
     views = {name: Path(p).read_text() for name, p in files.items()}
