@@ -293,7 +293,8 @@ def view_candidates(tree: Path, model_folder: Path, key: str) -> list[Path]:
 
 def views_tree(root: Path) -> Path:
     """The tree whose views/ folder gets the views of `root` (a tree, or one artefact: its parent)."""
-    return root.parent if (Path(root) / records.MANIFEST).exists() else Path(root)
+    root = Path(root)
+    return root.parent if (root / records.MANIFEST).exists() else root
 
 
 def write_tree_views(root: Path) -> dict[str, dict[str, Path]]:

@@ -313,7 +313,10 @@ models:
     before = tmp / "before.json"
     before.write_text(json.dumps({"graphs": json.loads(files["mlp/joint"].read_text())["graphs"]}))
     files["before"] = before
-    return files, web_load(tmp, files), tree
+    node_data = {f"node-data {name}": (p.with_name(p.name.removesuffix(".json") + ".node-data.json"),
+                                        [name.split("/", 1)[1]]) for name, p in files.items() if "/" in name}
+    node_data = {name: v for name, v in node_data.items() if v[0].exists()}
+    return files, web_load(tmp, files, node_data), tree
 
 
 @pytest.mark.slow
@@ -353,6 +356,17 @@ def test_nested_modules_become_nested_layers_and_an_escaped_slash_stays_one(web_
     assert {tuple(x) for x in odd["layers"]} == {
         ("", "stages"), ("stages", "0"), ("stages/0", "blocks"), ("stages/0/blocks", "a/b"),
         ("stages/0/blocks/a\\/b", "inner"), ("", "odd\u2216"), ("odd\u2216", "tail")}, odd["layers"]
+
+
+@pytest.mark.slow
+def test_model_explorer_s_web_app_reads_each_node_data_file_for_its_graph(web_loaded):
+    files, loaded, _ = web_loaded
+    read = {name.removeprefix("node-data "): v for name, v in loaded.items() if name.startswith("node-data ")}
+    assert len(read) >= 12, sorted(read)  # every graph with a checked output
+    for name, by_graph in read.items():
+        (key, nodes), = by_graph.items()
+        view = json.loads(files[name].read_text())["graphs"][0]
+        assert nodes and set(nodes) <= {n["id"] for n in view["nodes"]}, (name, nodes)
 
 
 @pytest.mark.slow

@@ -78,6 +78,11 @@ def _bundle() -> tuple[str, str]:
     parts = [_function(main, entry), body]
     parts += [_function(main, f) for f in sorted(set(re.findall(r"graphCollections:(\w+)\(", body)))]
     parts.append(f"function {tfjs}(){{throw new Error('a tfjs model')}}")
+    # the node-data reader, a method of its node-data service: getNodeDataProviderData(text, graph)
+    m = re.search(r"getNodeDataProviderData\((\w+),(\w+)\)\{", main)
+    assert m, "model-explorer's bundle: its node-data reader was not found (a new release? update this helper)"
+    method = _function("function " + main[m.start():], "getNodeDataProviderData")
+    parts.append(method.replace("function getNodeDataProviderData(", "function nodeDataOf(", 1))
     assert "</script" not in worker.lower()
     return "\n".join(parts) + f"\nconst loadJson = {entry};\n", worker
 
@@ -89,6 +94,11 @@ const fakeSelf = {listeners: [], addEventListener(type, f) { if (type === 'messa
 (function (self, postMessage) {
 %(worker)s
 })(fakeSelf, m => inbox.push(m));
+for (const [name, [text, graphIds]] of Object.entries(NODE_DATA)) {
+  // as the app reads a node-data file for each graph shown: {graph id: GraphNodeData}
+  out[name] = {};
+  for (const id of graphIds) { const d = nodeDataOf(text, {id})[id]; out[name][id] = d ? Object.keys(d.results) : null; }
+}
 for (const [name, text] of Object.entries(VIEWS)) {
   let r;
   try { r = loadJson(name, JSON.parse(text)); } catch (e) { out[name] = {error: String(e)}; continue; }
@@ -122,15 +132,19 @@ document.getElementById('out').textContent = JSON.stringify(out);
 """
 
 
-def web_load(tmp_path: Path, files: dict[str, Path]) -> dict[str, Any]:
+def web_load(tmp_path: Path, files: dict[str, Path], node_data: dict[str, tuple[Path, list[str]]] | None = None
+             ) -> dict[str, Any]:
     """What model-explorer's web app makes of each file ({name: path}), as {name: {"error": ...}}
     where its loader refuses the file, else {name: {"collections": [{"label", "graphs": {id:
     {"errors", "ops" (op node ids), "opNamespaces", "layers" ([namespace, label] of each layer it
-    draws), "edges"}}}]}}."""
+    draws), "edges"}}}]}}; and of each node-data file ({name: (path, graph ids)}), as {name:
+    {graph id: the node keys it has results for, or None}}."""
     assert CHROMIUM is not None
     loader, worker = _bundle()
     views = {name: Path(p).read_text() for name, p in files.items()}
-    script = loader + "const VIEWS = " + json.dumps(views).replace("</", "<\\/") + ";\n" + _PAGE % {"worker": worker}
+    data = {name: [Path(p).read_text(), ids] for name, (p, ids) in (node_data or {}).items()}
+    script = (loader + "const VIEWS = " + json.dumps(views).replace("</", "<\\/") + ";\nconst NODE_DATA = "
+              + json.dumps(data).replace("</", "<\\/") + ";\n" + _PAGE % {"worker": worker})
     page = tmp_path / "model-explorer-load.html"
     page.write_text('<!doctype html><html><body><pre id="out"></pre><script>' + script + "</script></body></html>")
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
