@@ -741,11 +741,13 @@ def diff(a: str, b: str, as_json: bool, threshold: float, values: bool, key: str
               help="With --model-explorer: only this graph (inference, forward, backward, joint, forward_1, "
                    "inference.freeze+...); default: every graph of the artefact.")
 @click.option("--model-explorer", "explorer", default=None, metavar="FILE", type=click.Path(dir_okay=False),
-              help="Write the graph(s) as model-explorer's graph JSON to FILE (and the per-node errors against "
-                   "the float64 bound beside it, as FILE's .node-data.json); nothing is run.")
+              help="Write the graph(s) to FILE as one model-explorer graph collection (open it with "
+                   "`model-explorer FILE`), and the per-node errors against the float64 bound beside it, in FILE "
+                   "with .json replaced by .node-data.json; nothing is run.")
 @click.option("--model-explorer-all", "explorer_all", is_flag=True,
               help="Write a model-explorer view of every graph of every artefact under ARTIFACT (a model or an "
-                   "output tree) to <tree>/views/<model>/<graph>.model-explorer.json.")
+                   "output tree) to <tree>/views/<model>/<graph>.model-explorer.json; `aotpipe report <tree>` "
+                   "then links them from report.html.")
 @_user_errors
 @_byte_limit
 def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer: str | None,
@@ -772,8 +774,9 @@ def show(artifact: str, trust_ops: tuple[str, ...], graph: str | None, explorer:
                 raise AotpipeError("--graph goes with --model-explorer FILE; --model-explorer-all writes every graph")
             written = views.write_tree_views(Path(artifact))
             count = sum(len(v) for v in written.values())
-            _say(f"wrote {count} graph views of {len(written)} models under "
-                 f"{next(iter(next(iter(written.values())).values())).parent.parent}")
+            tree = views.views_tree(Path(artifact))
+            _say(f"wrote {count} graph views of {len(written)} models under {tree / views.VIEWS_DIR}")
+            _say(f"run `aotpipe report {tree}` to link them from report.html")
         return
     if graph is not None:
         raise AotpipeError("--graph goes with --model-explorer FILE (plain show describes every graph)")

@@ -1,12 +1,15 @@
 """Graph views: an artefact's graphs as model-explorer's graph JSON (any graph kind).
 
 model-explorer's own PyTorch adapter reads only inference programs from .pt2 files; this
-writes the JSON its frontend loads (``{"graphs": [Graph, ...]}``, built with its
-``model_explorer.graph_builder`` classes) for every graph kind an artefact holds, forward,
-backward and joint included. Built from the records alone: nothing is run.
+writes the JSON its web app loads for every graph kind an artefact holds, forward, backward
+and joint included: one ``GraphCollection`` (``{"label": <model>, "graphs": [Graph, ...]}``,
+built with its ``model_explorer.graph_builder`` classes). Its JSON loader (0.1.34) takes an
+object only when it has both ``label`` and ``graphs``; anything else is "Unsupported JSON
+format". Built from the records alone: nothing is run.
 
 - nodes are grouped by the module path each came from (graph.json's origin: ``layers.0.attn``
-  becomes the namespace ``layers/0/attn``); inputs in ``inputs``;
+  becomes the namespace ``layers/0/attn``; a ``/`` inside a module's name is written ``\\/``,
+  model-explorer's escape, so it stays one layer); inputs in ``inputs``;
 - every edge carries its value's dtype[shape] (the source node's ``tensor_shape``, which
   model-explorer draws on the edge);
 - a node whose value was checked against eager carries the check as node attributes, and
@@ -14,7 +17,10 @@ backward and joint included. Built from the records alone: nothing is run.
   (:func:`node_data`, model-explorer's node-data JSON).
 
 Views of a whole output tree go to ``<tree>/views/<model>/<graph key>.model-explorer.json``
-(:func:`view_path`), outside the model folders, whose files the manifest lists.
+(:func:`view_path`), outside the model folders: a model folder holds only the files its
+manifest lists (verify refuses any other). report.html links them there, and also finds a
+view a user wrote inside the model folder, ``<model>/views/<graph key>.model-explorer.json``,
+where older docs said to put one (:func:`view_candidates`).
 """
 
 from __future__ import annotations
@@ -75,12 +81,20 @@ def _label(n: NodeRecord) -> str:
     return {"placeholder": "input", "get_attr": "constant", "output": "output"}.get(n.op, n.op)
 
 
+def _layer(name: str) -> str:
+    """One module name as one model-explorer layer name: its namespace splits on ``/`` except
+    where escaped as ``\\/``. A trailing backslash would escape the separator after it, so it
+    is shown as U+2216, set minus (the ``module`` attribute keeps the exact path)."""
+    name = name.replace("/", "\\/")
+    return name[:-1] + "\u2216" if name.endswith("\\") else name
+
+
 def _namespace(n: NodeRecord) -> str:
     if n.op == "placeholder":
         return "inputs"
     if n.origin is None or not n.origin.module:
         return ""
-    return n.origin.module.replace(".", "/")
+    return "/".join(_layer(part) for part in n.origin.module.split("."))
 
 
 def checked_nodes(graph: GraphRecord, inputs: Optional[InputsRecord], checks: list[CheckItem]) -> dict[str, CheckItem]:
@@ -211,12 +225,12 @@ def explorer_json(model: Path, graph: Optional[str] = None) -> tuple[dict[str, A
         found = node_data(g, ins, checks)
         if found is not None:
             data[key] = found
+    collection = dataclasses.asdict(_builder().GraphCollection(label=manifest.model.name, graphs=graphs))
     if not data:
-        return {"graphs": [dataclasses.asdict(g) for g in graphs]}, {}
+        return collection, {}
     from model_explorer.node_data_builder import ModelNodeData
 
-    node_json = json.loads(ModelNodeData(graphsData=data).to_json_string())
-    return {"graphs": [dataclasses.asdict(g) for g in graphs]}, node_json
+    return collection, json.loads(ModelNodeData(graphsData=data).to_json_string())
 
 
 def node_data(graph: GraphRecord, inputs: Optional[InputsRecord], checks: list[CheckItem]) -> Any:
@@ -260,8 +274,27 @@ def _write(path: Path, data: Any) -> None:
 
 
 def view_path(tree: Path, model: str, key: str) -> Path:
-    """Where a tree's view of one graph goes (and where the report links to)."""
+    """Where a tree's view of one graph goes (and where the report links to); `model` is the
+    model folder's path under the tree."""
     return Path(tree) / VIEWS_DIR / model / f"{key}{SUFFIX}"
+
+
+def view_candidates(tree: Path, model_folder: Path, key: str) -> list[Path]:
+    """Where a view of one graph of the model in `model_folder` may be, in the order the
+    report looks: <tree>/views/<model>/ (what `show --model-explorer-all` writes), then
+    <model>/views/ (where docs before it said to write one with `show --model-explorer`)."""
+    legacy = Path(model_folder) / VIEWS_DIR / f"{key}{SUFFIX}"
+    try:
+        model = Path(model_folder).relative_to(tree).as_posix()
+    except ValueError:
+        return [legacy]
+    return [view_path(tree, model, key), legacy] if model != "." else [legacy]
+
+
+def views_tree(root: Path) -> Path:
+    """The tree whose views/ folder gets the views of `root` (a tree, or one artefact: its parent)."""
+    root = Path(root)
+    return root.parent if (root / records.MANIFEST).exists() else root
 
 
 def write_tree_views(root: Path) -> dict[str, dict[str, Path]]:
@@ -274,7 +307,13 @@ def write_tree_views(root: Path) -> dict[str, dict[str, Path]]:
     models, _ = find_artifacts(root)
     if not models:
         raise AotpipeError(f"{root}: no artefacts found (looked for manifest.json in it and every folder below)")
-    tree = root.parent if (root / records.MANIFEST).exists() else root
+    tree = views_tree(root)
+    views = tree / VIEWS_DIR
+    inside = next((m for m in models if views == m or views.is_relative_to(m)), None)
+    if inside is not None:
+        raise AotpipeError(f"{views}: the views folder would be inside the model folder {inside} (a model named "
+                           f"{VIEWS_DIR!r}), whose files its manifest lists; write each view with "
+                           "--model-explorer FILE instead")
     out: dict[str, dict[str, Path]] = {}
     for model in models:
         manifest = _read(model)

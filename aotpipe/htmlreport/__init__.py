@@ -31,6 +31,7 @@ from aotpipe.htmlreport import plots
 from aotpipe.report import human_size
 from aotpipe.format.records import describe
 from aotpipe.results import is_partial, outside_graphs_lines, why_failed
+from aotpipe.views import view_candidates
 
 REPORT_HTML = "report.html"
 BENCH_JSON = "bench.json"
@@ -159,6 +160,16 @@ def relative_link(root: Path, target: Path) -> Optional[str]:
     return link
 
 
+def _view_link(root: Path, folder: Path, key: str) -> Optional[str]:
+    """The link to a graph's model-explorer view where one is written (views.view_candidates'
+    order: the tree's views/ folder, then the model folder's own); None where there is none."""
+    for path in view_candidates(root, folder, key):
+        link = relative_link(root, path)
+        if link is not None:
+            return link
+    return None
+
+
 def _csp_hash(script: str) -> Any:
     """A script's CSP source, 'sha256-<base64>', of its exact text."""
     from markupsafe import Markup
@@ -228,7 +239,7 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
             ops=[(op, n, n / biggest) for op, n in top], more_ops=sum(counts.values()) - sum(n for _, n in top),
             distinct_ops=len(counts), verified=verified.status if verified is not None else None,
             problem=g.problem,
-            view=relative_link(root, view.folder / "views" / f"{g.key}.model-explorer.json")))
+            view=_view_link(root, view.folder, g.key)))
         for step in entry.passes or []:
             row.passes.append({"graph": g.key, "name": step.name, "before": step.nodes_before,
                                "after": step.nodes_after, "modified": step.modified,
