@@ -10,9 +10,7 @@ import sys
 
 import pytest
 
-from aotpipe.bench import graph as bg
 from aotpipe.bench.graph import BAND, median_interval, resolve_clock, time_interleaved, verdict
-from tests.bench.test_bench import by_graph
 
 
 def test_the_median_interval_is_the_order_statistics_the_binomial_tails_allow():
@@ -112,17 +110,11 @@ def _bench_defaults(*args):
     return r, (json.loads(r.output[r.output.index("{"):]) if "{" in r.output else None)
 
 
-def test_by_default_a_bench_times_one_thread_by_cpu_time_and_prints_the_interval(quickstart_run, tmp_path):
-    root, _ = quickstart_run
-    r, data = _bench_defaults(str(root / "running_norm"), "--backend", "eager", "--graphs", "inference",
-                              "--csv", str(tmp_path / "t.csv"))
-    assert r.exit_code == 0, r.output
-    g = by_graph(data)["inference"]
-    assert (g["clock"], g["threads"]) == ("cpu", 1)
-    assert g["speedup_low"] < g["speedup"] < g["speedup_high"] and g["verdict"]
-    header, row = (tmp_path / "t.csv").read_text().splitlines()[:2]
-    cols = dict(zip(header.split(","), row.split(",")))
-    assert float(cols["speedup_low"]) == pytest.approx(g["speedup_low"], rel=1e-2) and cols["verdict"] == g["verdict"]
+def test_the_cli_benches_one_thread_with_the_auto_clock_unless_told():
+    from aotpipe.cli import bench
+
+    defaults = {p.name: p.default for p in bench.params}
+    assert defaults["threads"] == 1 and defaults["clock"] == "auto"
 
 
 @pytest.mark.slow
@@ -147,3 +139,4 @@ def test_eager_against_itself_under_a_background_load_stays_within_the_band(quic
     gm = math.exp(sum(math.log(g["speedup"]) for g in graphs) / len(graphs))
     assert 1 / (1 + BAND) <= gm <= 1 + BAND, gm
     assert data["scores"]["all"]["verdicts"] == {"faster": 0, "within noise": 10, "slower": 0}
+    assert {(g["clock"], g["threads"]) for g in graphs} == {("cpu", 1)}  # the defaults, as the worker ran them

@@ -4,7 +4,6 @@ rounding against the absolute floor; a real fault on them still fails."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
