@@ -629,10 +629,10 @@ def trust_remove(name: str) -> None:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0,
               show_default=True, help="Per-graph time limit in seconds (compile, check and timing).")
 @click.option("--rounds", type=click.IntRange(min=2), default=10, show_default=True, help="Timed rounds per graph.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Intra-op threads of the bench's worker (default: torch's; 1 on a loaded machine).")
-@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
-              help="Time samples by wall time, or by the process's CPU time (with --threads 1 on a loaded machine).")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Intra-op threads of the bench's worker (one: timings that a busy machine does not skew).")
+@click.option("--clock", type=click.Choice(["auto", "wall", "cpu"]), default="auto", show_default=True,
+              help="Time samples by wall time or by the worker's CPU time; auto: CPU time with one thread, else wall.")
 @click.option("--key", "key", default=None, metavar="KEY", help="Bench artefacts signed with this key.")
 @click.option("--no-sandbox", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
               help="Bench artefacts without a signature check: only ones you made or otherwise trust.")
@@ -650,7 +650,13 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
     Examples:
       aotpipe bench artifacts/quickstart --backend inductor
       aotpipe bench artifacts/quickstart --backend inductor --baseline benchmarks/baselines/quickstart-inductor.csv
-      aotpipe bench artifacts/quickstart --backend mybackends:broken --locate
+      aotpipe bench artifacts/quickstart --backend tests.bench.backends:gelu_as_relu --locate
+
+    \b
+    Run from a clone's root after `aotpipe run pipelines/quickstart.yaml` (which signs
+    artifacts/ with your own key); the last, a planted faulty backend, exits 1 naming the node.
+    One intra-op thread, timed by CPU time: a speedup is the median of interleaved rounds'
+    ratios with its interval, or "within noise" where that interval holds 1.0x.
     """
     # torch: kept off the torch-free path (every command imports cli)
     from aotpipe.bench.command import BenchOptions, run_bench

@@ -140,7 +140,7 @@ def _model_to64(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _nudged(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def nudge(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """`t` with each float32/float64 element moved one ulp up or down (by `gen`); others as they are."""
     if t.dtype not in (torch.float32, torch.float64) or not t.numel():
         return t
@@ -289,7 +289,7 @@ class EagerReference:
             with torch.no_grad():
                 for t in [*model.parameters(), *model.buffers(), *pytree.tree_leaves((args, kwargs))]:
                     if isinstance(t, torch.Tensor):
-                        t.data.copy_(_nudged(t.data, gen))
+                        t.data.copy_(nudge(t.data, gen))
         before = {n: b.detach().clone() for n, b in model.named_buffers(remove_duplicate=False)}
         users = {n: t for n, t in zip(self.user_names, pytree.tree_leaves((args, kwargs))) if isinstance(t, torch.Tensor)}
         before.update({n: t.detach().clone() for n, t in users.items() if n not in before})

@@ -156,14 +156,14 @@ def test_a_small_but_real_value_is_still_checked():
 
 
 def _scale_gradient(seed, dtype, decomposed=False, nudge=0):
-    from aotpipe.eager import _nudged
+    from aotpipe.eager import nudge as nudge_one_ulp
 
     g = torch.Generator().manual_seed(seed)
     x, w, t = torch.randn(4, 8, 12, 12, generator=g), torch.randn(8, 1, 3, 3, generator=g), \
         torch.randn(4, 8, 12, 12, generator=g)
     if nudge:
         n = torch.Generator().manual_seed(nudge)
-        x, w, t = (_nudged(v, n) for v in (x, w, t))
+        x, w, t = (nudge_one_ulp(v, n) for v in (x, w, t))
     x, w, t = (v.to(dtype) for v in (x, w, t))
     s = torch.tensor(1.0, dtype=dtype, requires_grad=True)
     y = s * torch.nn.functional.conv2d(x, w, padding=1, groups=8)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -57,7 +59,8 @@ def import_backend(name: str) -> Callable[..., Any]:
     """The callable `module:callable` names; a user error if it cannot be imported or called."""
     module, _, attr = name.partition(":")
     try:
-        mod = importlib.import_module(module)
+        with _current_folder_importable():
+            mod = importlib.import_module(module)
     except Exception as e:
         raise AotpipeError(f"--backend {name!r}: cannot import {module!r} ({type(e).__name__}: {e}); "
                            "is it on PYTHONPATH?") from None
@@ -70,6 +73,21 @@ def import_backend(name: str) -> Callable[..., Any]:
         raise AotpipeError(f"--backend {name!r}: {attr!r} is a {type(fn).__name__}, not a callable "
                            "(GraphModule, example_inputs) -> callable")
     return fn
+
+
+@contextlib.contextmanager
+def _current_folder_importable() -> Iterator[None]:
+    """The current folder on sys.path while a user backend is imported, as it is in the bench's
+    workers (started from it): the ``aotpipe`` script's own sys.path starts at its bin folder."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
 
 
 class _Frozen(torch.nn.Module):

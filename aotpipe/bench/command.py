@@ -34,8 +34,8 @@ class BenchOptions:
     trust_ops: tuple[str, ...] = ()
     progress: bool = True
     locate_dir: Optional[str] = None
-    threads: Optional[int] = None
-    clock: str = "wall"
+    threads: Optional[int] = 1
+    clock: str = "auto"
     allow_missing: bool = False  # --allow-missing: baseline graphs no longer benched were removed on purpose
 
 

@@ -21,7 +21,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.fx
@@ -31,6 +31,7 @@ from aotpipe.artifact.load import load
 from aotpipe.bench.backends import Backend, compile_graph, is_compile_error
 from aotpipe.bench.noise import sequential_run
 from aotpipe.determinism import RNG_SEED, draws_random
+from aotpipe.eager import Float32Draws, nudge
 from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph
 from aotpipe.global_state import preserved
@@ -45,13 +46,24 @@ WARMUP = 3  # warm-up calls of the compiled graph before it is timed
 # call warms it; that call's time also sets how many calls a sample makes.
 EAGER_WARMUP = 1
 ROUNDS = 10
-NOISY = 0.2  # IQR / median over which a timing is repeated, then marked noisy
+NOISY = 0.2  # IQR / median of the per-round ratios over which a timing is repeated, then marked noisy
 SAMPLE_S = 2e-3  # a timed sample lasts at least this long (calls per sample chosen to fit)
 MAX_CALLS = 200
 # How a timed sample is measured: wall time, or the process's CPU time (all its threads), which
 # a loaded machine's preemptions do not inflate; with one intra-op thread it is the wall time
-# the sample would take on an idle machine.
+# the sample would take on an idle machine. "auto": cpu with one intra-op thread, else wall
+# (with several, CPU time counts the threads' spinning at each parallel region's barrier).
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCK_CHOICES = ("auto", "wall", "cpu")
+# The speedup's interval: a distribution-free CONFIDENCE interval of the median per-round ratio
+# (eager sample / backend sample, timed side by side in one round), widened by BAND either way:
+# the error that round-to-round spread does not show (which side runs in a warmer cache, the
+# worker's memory layout). Measured with eager against itself (the truth is 1.0x) on a 2-core
+# machine under load (docs/bench.md, tests/bench/test_timing.py): every graph's interval held
+# 1.0, its median ratio within 1/(1 + BAND) .. 1 + BAND. A speedup whose interval holds 1.0 is
+# reported "within noise", not as a number.
+CONFIDENCE = 0.95
+BAND = 0.10
 # GraphNet's tolerance levels t (graph_net_bench: range(-10, 3 error kinds + 2)).
 GRAPHNET_T = tuple(range(-10, 5))
 
@@ -69,8 +81,15 @@ class GraphResult:
     backend_s: Optional[float] = None  # median per call, the compiled graph
     eager_iqr: Optional[float] = None
     backend_iqr: Optional[float] = None
-    speedup: Optional[float] = None
+    speedup: Optional[float] = None  # the median per-round ratio eager / backend
+    # The speedup's interval (CONFIDENCE, widened by BAND) and what it supports: "faster" (the
+    # interval above 1.0), "slower" (below), or "within noise" (it holds 1.0).
+    speedup_low: Optional[float] = None
+    speedup_high: Optional[float] = None
+    verdict: str = ""
     noisy: bool = False
+    clock: str = ""  # how samples were timed: wall | cpu
+    threads: Optional[int] = None  # the worker's intra-op threads when it timed them
     failed_outputs: list[str] = field(default_factory=list)
     worst_ratio: Optional[float] = None  # the worst output's error as a share of its bound
     # Outputs that pass only with the second sample (float32 summed sequentially) as the scale.
@@ -101,7 +120,8 @@ class GraphTask:
     seed: int = 0
     rounds: int = ROUNDS
     trust_ops: tuple[str, ...] = ()
-    clock: str = "wall"  # wall | cpu (the process's CPU time: see CLOCKS)
+    clock: str = "auto"  # auto | wall | cpu (the process's CPU time: see CLOCKS)
+    threads: Optional[int] = None  # the worker's intra-op threads (None: torch's default)
 
     def __call__(self) -> GraphResult:
         return bench_graph(self)
@@ -122,11 +142,18 @@ def as_list(out: Any) -> list[Any]:
 
 
 def to_float64(gm: torch.nn.Module, inputs: list[Any]) -> tuple[torch.nn.Module, list[Any]]:
-    """A float64 copy of a graph and its inputs: floating tensors (parameters, buffers,
-    constants, inputs) widened; ops that name a dtype keep it."""
+    """A float64 copy of a graph and its inputs: float32 tensors (parameters, buffers,
+    constants, inputs) widened, and float32 where an op names it (a factory's dtype, a cast:
+    an upsampling's backward makes its zeros so); ops that name another dtype keep it."""
     g = copy.deepcopy(gm)
     g.double()
     if isinstance(g, torch.fx.GraphModule):
+        wide = lambda a: torch.float64 if a is torch.float32 else a  # noqa: E731
+        for n in g.graph.nodes:
+            if n.op == "call_function":
+                n.args = torch.fx.node.map_aggregate(n.args, wide)
+                n.kwargs = torch.fx.node.map_aggregate(n.kwargs, wide)
+        g.recompile()
         for n in g.graph.nodes:
             if n.op == "get_attr":
                 owner, _, name = n.target.rpartition(".")
@@ -143,7 +170,8 @@ def reference64(gm: torch.nn.Module, inputs: list[Any]) -> Optional[list[Any]]:
     falls back to the float-noise floor alone)."""
     try:
         g, wide = to_float64(gm, inputs)
-        return run_graph(g, wide)
+        with Float32Draws():  # a graph that draws (dropout) draws the float32 run's numbers
+            return run_graph(g, wide)
     except Exception:
         return None
 
@@ -168,8 +196,29 @@ def _item(values: Callable[[], Optional[list[Any]]], i: int) -> Callable[[], Any
     return get
 
 
+# The inputs a further noise sample nudges: those the model's own run takes (EagerReference.run
+# nudges the model's inputs, parameters and buffers), and a backward's tangents. Not a backward's
+# saved activations: they are functions of the forward's inputs, and moving one alone computes
+# another function (a conv's bias gradient before a batch norm, zero in exact arithmetic for
+# consistent activations, is no longer zero: the sample would be no float32 noise of this graph).
+NUDGED_ROLES = ("user", "param", "buffer", "constant", "tangent")
+
+
+def nudged_run(gm: Any, inputs: list[Any], k: int, roles: Sequence[str]) -> Optional[list[Any]]:
+    """A further sample of the loaded graph's float32 noise, as the capture's checks take one of
+    the eager model's (EagerReference.run's `nudged`): the graph run with its inputs of
+    NUDGED_ROLES (`roles`: each input's) each moved one ulp up or down, seeded by `k`; None
+    where it does not run so."""
+    gen = torch.Generator().manual_seed(k)
+    try:
+        return run_graph(gm, [nudge(x, gen) if isinstance(x, torch.Tensor) and role in NUDGED_ROLES else x
+                              for x, role in zip(copy_inputs(inputs), roles)])
+    except Exception:
+        return None
+
+
 def judge(actual: Any, expected: Any, ref: accuracy.Reference, seq: Optional[Callable[[], Any]],
-          what: str) -> tuple[accuracy.Check, bool]:
+          what: str, samples: Sequence[Callable[[], Any]] = ()) -> tuple[accuracy.Check, bool]:
     """(the check, whether it passed only by the second sample) of one output.
 
     The project's rule first (accuracy.compare: the scale is eager float32's own error against
@@ -177,8 +226,11 @@ def judge(actual: Any, expected: Any, ref: accuracy.Reference, seq: Optional[Cal
     loaded graph run in float32 with its sums accumulated sequentially, standing for eager
     float32: the backend's error against float64 within the multiplier of that run's error
     plus the floor (or within the floor of that run). Either sample is a valid float32
-    evaluation of the graph; an output passes if it is as accurate as one of them allows."""
-    c = accuracy.compare(actual, expected, ref, what=what)
+    evaluation of the graph; an output passes if it is as accurate as one of them allows.
+    `samples`: further float32 runs of the same value (nudged_run), taken by the project's rule
+    only while it fails (accuracy.compare), as the capture's checks take them: a value zero in
+    exact arithmetic has no correct digit, and one draw of eager's noise can be small by chance."""
+    c = accuracy.compare(actual, expected, ref, what=what, samples=samples)
     if c.passed or c.method != "fp64" or seq is None:
         return c, False
     s = seq()
@@ -202,16 +254,18 @@ def judge(actual: Any, expected: Any, ref: accuracy.Reference, seq: Optional[Cal
 
 
 def check_outputs(actual: list[Any], expected: list[Any], ref: Optional[Callable[[], Optional[list[Any]]]],
-                  labels: list[str], seq: Optional[Callable[[], Optional[list[Any]]]] = None
+                  labels: list[str], seq: Optional[Callable[[], Optional[list[Any]]]] = None,
+                  samples: Sequence[Callable[[], Optional[list[Any]]]] = ()
                   ) -> tuple[list[accuracy.Check], list[str]]:
     """(each output of the backend judged against the loaded graph's, the labels of those that
     passed only by the second sample). `ref` and `seq` give every output's float64 reference
-    and second sample, each computed on first use (None: there is none)."""
+    and second sample, `samples` further float32 runs (nudged_run), each computed on first use
+    (None: there is none)."""
     checks, rescaled = [], []
     for i, (a, e) in enumerate(zip(actual, expected)):
         r = None if ref is None else _item(ref, i)
         c, by_seq = judge(a.detach() if isinstance(a, torch.Tensor) else a, e, r,
-                          None if seq is None else _item(seq, i), labels[i])
+                          None if seq is None else _item(seq, i), labels[i], [_item(s, i) for s in samples])
         checks.append(c)
         if by_seq:
             rescaled.append(labels[i])
@@ -250,16 +304,52 @@ def _median_iqr(xs: list[float]) -> tuple[float, float]:
     return q[1], q[2] - q[0]
 
 
-def time_interleaved(eager: Callable[[], Any], backend: Callable[[], Any], rounds: int,
-                     clock: Callable[[], float] = time.perf_counter) -> tuple[tuple[float, float], tuple[float, float],
-                                                                            bool, float]:
-    """((median, IQR) per call of eager, the same of the backend, noisy, seconds in the backend).
+def median_interval(xs: list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free `confidence` interval of the median of `xs`: the order statistics
+    x(k) and x(n+1-k) with the largest k whose two tails, each P(Binomial(n, 1/2) < k), stay
+    within (1 - confidence) / 2; (min, max) where n is too small for any k."""
+    s = sorted(xs)
+    n = len(s)
+    tail, k, below = (1 - confidence) / 2, 0, 0.0
+    while k < n // 2:
+        below += math.comb(n, k) / 2 ** n  # P(Binomial(n, 1/2) <= k)
+        if below > tail:
+            break
+        k += 1
+    k = max(k, 1)
+    return s[k - 1], s[n - k]
 
-    Both are warmed up (the backend WARMUP calls, eager EAGER_WARMUP: the caller has run it
-    once already), then timed in `rounds` rounds, each timing one sample of each in
-    turn (which goes first alternates), a sample being enough calls to last SAMPLE_S. A
-    timing whose IQR/median is over NOISY is taken again with twice the rounds; if it is
-    still over, it is marked noisy."""
+
+def verdict(low: float, high: float) -> str:
+    """What a speedup interval supports: faster, slower, or within noise (it holds 1.0)."""
+    return "faster" if low > 1.0 else "slower" if high < 1.0 else "within noise"
+
+
+@dataclass
+class Timing:
+    """Eager against the backend, timed in interleaved rounds."""
+    eager: tuple[float, float]  # (median, IQR) per call
+    backend: tuple[float, float]
+    speedup: float  # the median of the per-round ratios eager / backend
+    low: float  # its CONFIDENCE interval, widened by BAND
+    high: float
+    noisy: bool  # the ratios' IQR / median stayed over NOISY after a second, longer try
+    in_backend_s: float  # seconds spent in the backend
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.low, self.high)
+
+
+def time_interleaved(eager: Callable[[], Any], backend: Callable[[], Any], rounds: int,
+                     clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Eager against the backend, each warmed up (the backend WARMUP calls, eager EAGER_WARMUP:
+    the caller has run it once already), then timed in `rounds` rounds, each timing one sample
+    of each side by side (which goes first alternates), a sample being enough calls to last
+    SAMPLE_S. The speedup is the median of the rounds' ratios, so that what slows a whole
+    round (another process, a frequency change) cancels out of it; its interval is the
+    median's CONFIDENCE interval widened by BAND. If the ratios' IQR / median is over NOISY,
+    the timing is taken again with twice the rounds; if it is still over, it is noisy."""
     in_backend = 0.0
     one = 0.0
     for k in range(max(WARMUP, EAGER_WARMUP)):
@@ -280,7 +370,7 @@ def time_interleaved(eager: Callable[[], Any], backend: Callable[[], Any], round
             fn()
         return (clock() - t0) / calls
 
-    result: Any = None
+    result: Optional[Timing] = None
     for attempt in (1, 2):
         es, bs = [], []
         for r in range(rounds * attempt):
@@ -292,12 +382,24 @@ def time_interleaved(eager: Callable[[], Any], backend: Callable[[], Any], round
                 b = sample(backend)
             bs.append(b)
             in_backend += b * calls
-        e, b = _median_iqr(es), _median_iqr(bs)
-        noisy = e[1] > NOISY * e[0] or b[1] > NOISY * b[0]
-        result = (e, b, noisy)
-        if not noisy:
+        # A sample too short for the clock to tick (0 s) is left out of the ratios.
+        ratios = [e / b for e, b in zip(es, bs) if e > 0 and b > 0] or [1.0]
+        mid, iqr = _median_iqr(ratios)
+        lo, hi = median_interval(ratios)
+        result = Timing(_median_iqr(es), _median_iqr(bs), mid, lo / (1 + BAND), hi * (1 + BAND),
+                        iqr > NOISY * mid, 0.0)
+        if not result.noisy:
             break
-    return result[0], result[1], result[2], in_backend
+    assert result is not None
+    result.in_backend_s = in_backend
+    return result
+
+
+def resolve_clock(clock: str, threads: Optional[int]) -> str:
+    """The clock "auto" stands for: cpu with one intra-op thread, wall otherwise."""
+    if clock != "auto":
+        return clock
+    return "cpu" if (threads if threads is not None else torch.get_num_threads()) == 1 else "wall"
 
 
 def _labels(record: Any) -> list[str]:
@@ -361,7 +463,14 @@ def bench_graph(task: GraphTask) -> GraphResult:
         out = sequential_run(module, copy_inputs(saved))
         return None if out is None else expand_outputs(ga.record, out)
 
+    def nudged_sample(k: int) -> Callable[[], Optional[list[Any]]]:
+        def run() -> Optional[list[Any]]:
+            out = nudged_run(module, saved, k, [r.role for r in ga.record.inputs])
+            return None if out is None else expand_outputs(ga.record, out)
+        return run
+
     ref, seq = Lazy(widened), Lazy(sequential)
+    samples = [Lazy(nudged_sample(k)) for k in range(1, accuracy.NOISE_SAMPLES)]
     roles = [r.role for r in ga.record.inputs]
     args = copy_inputs(saved)
     t0 = time.perf_counter()
@@ -393,7 +502,7 @@ def bench_graph(task: GraphTask) -> GraphResult:
         res.status, res.reason = "fail_accuracy", f"{len(actual)} outputs, the loaded graph gives {len(expected)}"
         res.wall_s = time.perf_counter() - start
         return res
-    checks, res.rescaled = check_outputs(actual, expected, ref, _labels(ga.record), seq)
+    checks, res.rescaled = check_outputs(actual, expected, ref, _labels(ga.record), seq, samples)
     failed = [c for c in checks if not c.passed]
     ratios = [c.error / c.bound for c in checks if c.error is not None and c.bound]
     res.worst_ratio = max(ratios, default=None)
@@ -409,7 +518,7 @@ def bench_graph(task: GraphTask) -> GraphResult:
             first_rescaled = next(c for c in checks if c.what == res.rescaled[0])
             res.reason += (f"; {len(res.rescaled)} of them only with float32 summed sequentially as the scale, "
                            f"{first_rescaled.what}: {first_rescaled.detail}")
-    del ref, seq, actual, expected, first
+    del ref, seq, samples, actual, expected, first
     eager_args = copy_inputs(saved)
     backend_args = [args[i] for i in free]
     fwd = module.forward if isinstance(module, torch.fx.GraphModule) else module
@@ -422,10 +531,12 @@ def bench_graph(task: GraphTask) -> GraphResult:
         return fn(backend_args)
 
     try:
-        (res.eager_s, res.eager_iqr), (res.backend_s, res.backend_iqr), res.noisy, spent = time_interleaved(
-            run_eager, run_backend, task.rounds, clock=CLOCKS[task.clock])
-        res.in_backend_s += spent
-        res.speedup = res.eager_s / res.backend_s if res.backend_s > 0 else math.inf
+        res.clock, res.threads = resolve_clock(task.clock, task.threads), torch.get_num_threads()
+        t = time_interleaved(run_eager, run_backend, task.rounds, clock=CLOCKS[res.clock])
+        (res.eager_s, res.eager_iqr), (res.backend_s, res.backend_iqr) = t.eager, t.backend
+        res.speedup, res.speedup_low, res.speedup_high, res.verdict = t.speedup, t.low, t.high, t.verdict
+        res.noisy = t.noisy
+        res.in_backend_s += t.in_backend_s
     except Exception as e:
         res.status, res.reason = "runtime_error", f"a later call failed: {failure_line(e)}"
     res.wall_s = time.perf_counter() - start

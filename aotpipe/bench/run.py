@@ -31,6 +31,11 @@ from aotpipe.sandbox.replay import trust_problems
 
 KINDS = ("inference", "forward", "backward", "joint")
 DEFAULT_TIMEOUT_S = 600.0
+# The worker's intra-op threads unless told: one, so that a timing does not depend on how
+# busy the machine's other cores are (with several, every parallel region waits for its
+# slowest thread, and a descheduled one stalls it); with one thread the CPU-time clock
+# (graph.CLOCKS) times it as an idle machine would run it.
+DEFAULT_THREADS = 1
 
 
 @dataclass
@@ -112,7 +117,8 @@ def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted:
 
 
 def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[str]], inputs: str, seed: int,
-         rounds: int, trust_ops: tuple[str, ...], clock: str = "wall") -> tuple[list[GraphTask], list[str], list[str]]:
+         rounds: int, trust_ops: tuple[str, ...], clock: str = "auto", threads: Optional[int] = 1
+         ) -> tuple[list[GraphTask], list[str], list[str]]:
     """(one task per graph, each graph's kind, notes about graphs left out)."""
     b = parse_backend(backend)
     tasks, task_kinds, notes = [], [], []
@@ -129,7 +135,8 @@ def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[s
                 skipped_kinds[ga.kind] = skipped_kinds.get(ga.kind, 0) + 1
                 continue
             mode = inputs if ga.has_saved_values else "random"
-            tasks.append(GraphTask(str(folder), label, key, backend, mode, seed, rounds, trust_ops, clock))
+            tasks.append(GraphTask(str(folder), label, key, backend, mode, seed, rounds, trust_ops, clock,
+                                   threads))
             task_kinds.append(ga.kind)
     if skipped_kinds:
         notes.append(f"{backend} takes inference graphs only; left out: " +
@@ -139,15 +146,18 @@ def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[s
 
 def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = None, inputs: str = "saved",
           seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, rounds: int = 10, key: Optional[str] = None,
-          trusted: bool = False, trust_ops: tuple[str, ...] = (), threads: Optional[int] = None, clock: str = "wall",
+          trusted: bool = False, trust_ops: tuple[str, ...] = (), threads: Optional[int] = DEFAULT_THREADS, clock: str = "auto",
           on_result: Optional[Callable[[GraphResult], None]] = None,
           on_plan: Optional[Callable[[int], None]] = None) -> Bench:
-    """Bench `backend` over every graph (of `kinds`) of every artefact under `paths`."""
+    """Bench `backend` over every graph (of `kinds`) of every artefact under `paths`.
+
+    `threads`: the worker's intra-op threads (None: torch's default); `clock`: graph.CLOCKS,
+    or "auto" (cpu with one thread, wall with more)."""
     b = parse_backend(backend)
     b.resolve()  # a user backend that does not import is the user's error, now, once
     models = find_models(paths)
     check_trust(models, key, trusted)
-    tasks, task_kinds, notes = plan(models, backend, kinds, inputs, seed, rounds, trust_ops, clock)
+    tasks, task_kinds, notes = plan(models, backend, kinds, inputs, seed, rounds, trust_ops, clock, threads)
     if on_plan is not None:
         on_plan(len(tasks))
     results: list[Optional[GraphResult]] = [None] * len(tasks)

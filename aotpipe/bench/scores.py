@@ -2,7 +2,8 @@
 
 - pass rate: graphs that pass over graphs benched (skipped ones, whose loaded graph does not
   run, are not counted);
-- geometric-mean speedup of the graphs that pass;
+- geometric-mean speedup of the graphs that pass (their median ratios), and how many of them
+  are faster, within noise or slower by their speedup's interval (graph.time_interleaved);
 - total compile seconds;
 - GraphNet's S(t) and ES(t) (graph_net_bench/analysis_util.py, ``calculate_scores``, with its
   defaults p = 0, b = 0.1, t from -10 to 4 under its default tolerance interpretation):
@@ -81,6 +82,8 @@ class Score:
     pass_rate: Optional[float]
     geomean_speedup: Optional[float]
     compile_s: float
+    # Of the passing graphs: faster, within noise, slower (by their speedup's interval).
+    verdicts: dict[str, int] = field(default_factory=dict)
     s_t: dict[int, Optional[float]] = field(default_factory=dict)
     es_t: dict[int, Optional[float]] = field(default_factory=dict)
 
@@ -100,7 +103,8 @@ def score(results: Sequence[GraphResult]) -> Score:
     s, es = graphnet_scores(results)
     return Score(len(counted), len(passed), by_status, len(passed) / len(counted) if counted else None,
                  geomean([r.speedup for r in passed if r.speedup is not None]),
-                 sum(r.compile_s or 0.0 for r in results), s, es)
+                 sum(r.compile_s or 0.0 for r in results),
+                 {v: sum(r.verdict == v for r in passed) for v in ("faster", "within noise", "slower")}, s, es)
 
 
 def scores(results: Sequence[GraphResult]) -> dict[str, Score]:

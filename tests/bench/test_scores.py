@@ -75,17 +75,19 @@ def test_interleaved_timing_gives_the_ratio_and_marks_a_noisy_backend():
     def steady():
         clock.now += 1e-3
 
-    (e, e_iqr), (b, b_iqr), noisy, spent = time_interleaved(eager, steady, 8, clock=clock)
-    assert e == pytest.approx(4e-3) and b == pytest.approx(1e-3) and not noisy
-    assert e_iqr == pytest.approx(0) and spent > 0
+    t = time_interleaved(eager, steady, 8, clock=clock)
+    (e, e_iqr), (b, b_iqr) = t.eager, t.backend
+    assert e == pytest.approx(4e-3) and b == pytest.approx(1e-3) and not t.noisy
+    assert t.speedup == pytest.approx(4.0) and e_iqr == pytest.approx(0) and t.in_backend_s > 0
     calls = [0]
 
     def jumpy():
         calls[0] += 1
         clock.now += 1e-3 if (calls[0] // 7) % 2 else 5e-3
 
-    _, (b, b_iqr), noisy, _ = time_interleaved(eager, jumpy, 8, clock=clock)
-    assert noisy and b_iqr > 0.2 * b
+    t = time_interleaved(eager, jumpy, 8, clock=clock)
+    (b, b_iqr) = t.backend
+    assert t.noisy and b_iqr > 0.2 * b and t.high / t.low > 2
     assert calls[0] > 3 + 8 * 2  # retried with twice the rounds before it was marked
 
 
