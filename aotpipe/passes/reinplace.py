@@ -6,13 +6,21 @@ Uses torch.fx.passes.reinplace: an op ``b = add(a, c)`` becomes ``a.add_(c)`` wh
 (and every alias of it) is not used after it and is not a graph input (nor a view of
 one); ``{view}_scatter`` ops whose base can be written in place become in-place copies
 into the view. The graph's results are unchanged; it allocates less.
+
+An op whose first argument is a Tensor in its schema but a Python number, or a SymInt's
+node, in the graph (``aten.sub.Tensor(1, x)``, which capture makes of ``1 - x``; ATen wraps
+the number) has nothing to write into: it stays functional, as does a call that gives no
+tensor (``sym_size.int``). torch's reinplace reads the first argument and the result of every
+call as tensors and fails on these, so they are hidden from it while it runs.
 """
 
 from __future__ import annotations
 
+import operator
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch.fx.passes.reinplace import reinplace as fx_reinplace
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -50,9 +58,13 @@ def reinplace(g: GraphUnderPass, options: ReinplaceOptions) -> PassResult:
         c.replace_all_uses_with(ph)
         as_inputs.append((ph, c.target, constant_value(gm, c)))
         gm.graph.erase_node(c)
+    hidden = _hide_untensored_self(gm)
     gm.recompile()
     already = {n.name for n in gm.graph.nodes if n.op == "call_function" and _is_inplace(n)}
     gm = fx_reinplace(gm, *g.values, *[v for _, _, v in as_inputs])
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is _call_hidden:
+            node.target, node.args = node.args[0], tuple(node.args[1:])
     reverted = _revert_overlapping(gm, already)
     first = next(n for n in gm.graph.nodes if n.op != "placeholder")
     for ph, target, _ in as_inputs:
@@ -66,7 +78,48 @@ def reinplace(g: GraphUnderPass, options: ReinplaceOptions) -> PassResult:
     g.gm = gm
     return PassResult(g, modified=after != before or bool(asserts),
                       stats={"ops_reinplaced": after - before, "metadata_asserts_dropped": len(asserts),
-                             "unsafe_reverted": reverted})
+                             "unsafe_reverted": reverted, "scalar_self_kept": hidden})
+
+
+def _call_hidden(op: torch._ops.OpOverload, *args: object, **kwargs: object) -> object:
+    """`op` called: the stand-in target of a call torch's reinplace must not look into."""
+    return op(*args, **kwargs)
+
+
+def _gives_tensors(node: torch.fx.Node) -> bool:
+    """Whether `node` gives a tensor or tensors only: its recorded value says, else its
+    op's schema does."""
+    val = node.meta.get("val")
+    if val is not None:
+        leaves = pytree.tree_leaves(val)
+        return bool(leaves) and all(isinstance(v, torch.Tensor) for v in leaves)
+    if node.op in ("placeholder", "get_attr"):
+        return True  # inputs and constants without a recorded value: tensors in a captured graph
+    t = node.target
+    if t is operator.getitem:
+        src = node.args[0]
+        return isinstance(src, torch.fx.Node) and src.op == "call_function" and _gives_tensors(src)
+    return isinstance(t, torch._ops.OpOverload) and bool(t._schema.returns) and all(
+        isinstance(r.type, torch.TensorType) for r in t._schema.returns)
+
+
+def _hide_untensored_self(gm: torch.fx.GraphModule) -> int:
+    """Calls whose schema's first argument is a Tensor but whose graph argument is a number,
+    None or a non-tensor node, and calls that give something other than tensors (a SymInt:
+    ``sym_size.int``), re-targeted at :func:`_call_hidden` (reinplace passes over calls of
+    anything but an OpOverload); how many."""
+    hidden = 0
+    for node in gm.graph.nodes:
+        t = node.target
+        if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or not t._schema.arguments \
+                or type(t._schema.arguments[0].type) is not torch.TensorType or not node.args:
+            continue
+        first = node.args[0]
+        if isinstance(first, torch.fx.Node) and _gives_tensors(first) and _gives_tensors(node):
+            continue
+        node.target, node.args = _call_hidden, (t, *node.args)
+        hidden += 1
+    return hidden
 
 
 def _storage(node: object) -> object:
