@@ -76,12 +76,15 @@ def test_an_optional_pass_that_fails_is_left_out_and_the_model_completes(monkeyp
 
 
 @pytest.mark.slow
-def test_without_verbose_the_left_out_pass_has_no_traceback(monkeypatch, tmp_path):
+def test_without_verbose_the_left_out_pass_has_no_traceback_and_a_rerun_keeps_saying_it(monkeypatch, tmp_path):
     _planted(monkeypatch, "reinplace")
     r, folder = _run(tmp_path, "[freeze, reinplace]")
     assert r.exit_code == 0, r.output
-    assert "failed: RuntimeError: planted in reinplace; left out: the inference graph got inference.freeze" in r.stdout
+    said = "failed: RuntimeError: planted in reinplace; left out: the inference graph got inference.freeze"
+    assert said in r.stdout
     assert "Traceback" not in r.stdout + r.stderr
+    again, _ = _run(tmp_path, "[freeze, reinplace]")  # up to date: kept, and still says what it got without
+    assert again.exit_code == 0 and again.stdout.startswith("kept    cnn ") and said in again.stdout, again.output
 
 
 @pytest.mark.slow
