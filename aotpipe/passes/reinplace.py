@@ -127,12 +127,20 @@ def _storage(node: object) -> object:
     return StorageWeakRef(val.untyped_storage()) if isinstance(val, torch.Tensor) else None
 
 
+def _shape(node: object) -> object:
+    val = node.meta.get("fake_result") if isinstance(node, torch.fx.Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
 def _revert_overlapping(gm: torch.fx.GraphModule, already: set[str]) -> int:
-    """Undo in-place rewrites whose other arguments read the memory being written.
+    """Undo in-place rewrites that change the results: whose other arguments read the memory
+    being written, or whose result does not have the shape of what it is written into.
 
     torch's reinplace turns ``sub(slice(x, 1:), slice(x, :-1))`` into an in-place
     ``sub_`` on the first slice while the second, an overlapping view of the same
-    storage, is still being read: the result changes. Such ops go back to their
+    storage, is still being read: the result changes. It also compares only element
+    counts, so ``add(a, b)`` with a 0-d ``a`` and a ``[1, 1, 1]`` ``b`` becomes ``a.add_(b)``,
+    which cannot hold the broadcast result and raises. Such ops go back to their
     functional form, and later uses of the argument go back to the op's result.
     """
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -146,7 +154,10 @@ def _revert_overlapping(gm: torch.fx.GraphModule, already: set[str]) -> int:
         self_arg = node.args[0]
         mine = _storage(self_arg)
         others = [a for a in node.all_input_nodes if a is not self_arg]
-        if mine is None or not any(_storage(o) == mine for o in others):
+        overlaps = mine is not None and any(_storage(o) == mine for o in others)
+        # the node's fake_result is the functional op's (taken before the rewrite)
+        reshaped = _shape(self_arg) is not None and _shape(node) is not None and _shape(self_arg) != _shape(node)
+        if not (overlaps or reshaped):
             continue
         packet = getattr(torch.ops.aten, name[:-1], None)
         functional = getattr(packet, node.target._overloadname, None) if packet is not None else None
