@@ -205,6 +205,12 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
                     click.echo(f"kept    {m.name:<24} up to date  {checks}  {kinds}")
                 else:
                     click.echo(f"ok      {m.name:<24} {m.total_seconds:6.2f}s  {checks}  {kinds}")
+                for sp in m.skipped_passes:  # optional passes that failed: the chain went on without them
+                    also = f" (and {', '.join(sp.left_out)}, which need it)" if sp.left_out else ""
+                    click.echo(f"        {m.name:<24} {sp.error}; left out{also}: the {sp.graph} graph got "
+                               + (f"{sp.graph}.{sp.chain}" if sp.chain else "no pass"))
+                if m.traceback and click.get_current_context().find_root().params.get("verbose"):
+                    click.echo(m.traceback, err=True)
             elif m.status == "partial":
                 when = "up to date" if m.skipped else f"{m.total_seconds:6.2f}s"
                 click.echo(f"PARTIAL {m.name:<24} {when}  part of the model ran outside its graphs: "

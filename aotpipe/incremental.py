@@ -110,6 +110,7 @@ def skipped_result(spec: ModelSpec, folder: Path, manifest: Manifest, start: flo
     files = [p for p in folder.rglob("*") if p.is_file()]
     r.bytes, r.files = sum(p.stat().st_size for p in files), len(files)
     r.notes = list(manifest.capture.notes)
+    r.skipped_passes = list(manifest.skipped_passes)  # a kept model still says which passes it got without
     if manifest.verification:
         r.verification = verification_summary(manifest)
     if is_partial(manifest):

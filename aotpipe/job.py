@@ -52,6 +52,8 @@ class _Job:
     captured: Any = None  # CapturedGraphs
     inputs: Optional[dict[str, list[Any]]] = None  # each graph's real inputs (None: a mode without values)
     pass_problems: list[str] = field(default_factory=list)
+    skipped_passes: list[Any] = field(default_factory=list)  # optional passes left out (records.SkippedPass)
+    pass_tracebacks: list[str] = field(default_factory=list)  # of the passes that failed, for -v
     diagnose: dict[str, Callable[[], str]] = field(default_factory=dict)  # by derived key: the pass at fault
     eager: Any = None  # what the checks compare against: the eager model, or dynamo's subgraphs
     checks: Any = None  # the check stage's ModelChecks
@@ -105,7 +107,10 @@ def _passes(job: _Job) -> None:
     from aotpipe.passes.manager import apply_passes  # torch
 
     t0 = time.perf_counter()
-    job.pass_problems, job.result.passes, job.diagnose = apply_passes(job.spec, job.captured, job.inputs)
+    applied = apply_passes(job.spec, job.captured, job.inputs)
+    job.pass_problems, job.result.passes, job.diagnose = applied.problems, applied.runs, applied.diagnose
+    job.skipped_passes = applied.skipped
+    job.pass_tracebacks = applied.tracebacks + [lo.traceback for lo in applied.left_out]
     job.result.passes_seconds = time.perf_counter() - t0
 
 
@@ -131,6 +136,7 @@ def _write(job: _Job) -> None:
         save_values=spec.save_values,
         check=functools.partial(_check, job),
         pass_failures=job.pass_problems,
+        skipped_passes=job.skipped_passes,
         sign=signer(job.key) if job.key is not None else None,
     )
     mc = job.checks
@@ -146,6 +152,8 @@ def _write(job: _Job) -> None:
         # The raw graphs were written and checked; the failing chain's graph was not kept.
         result.status, result.stage = "failed", "passes"
         result.error = "; ".join(job.pass_problems[:3])
+    if job.pass_tracebacks:  # shown under -v, whether the model failed for them or not
+        result.traceback = "\n".join(job.pass_tracebacks)
 
 
 def _written_result(job: _Job, written: Any) -> None:
@@ -162,6 +170,7 @@ def _written_result(job: _Job, written: Any) -> None:
         result.status, result.outside_graphs = "partial", outside_graphs_lines(manifest)
     result.verification = verification_summary(manifest)
     result.checks = checks_summary(manifest)
+    result.skipped_passes = list(manifest.skipped_passes)
     if job.mode.values:
         result.eager = eager_cells(manifest)
 
@@ -485,6 +494,7 @@ def _run(job: _Job) -> None:
         why = _LOST_BACKWARD.format(names=", ".join(lost))
         job.mode = capture_mode("dynamo")
         job.inputs, job.pass_problems, job.diagnose, job.eager, job.checks = None, [], {}, None, None
+        job.skipped_passes, job.pass_tracebacks = [], []
         job.model = None  # built afresh, as dynamo's mode builds it
         result.status, result.stage, result.error = "failed", None, None
         try:

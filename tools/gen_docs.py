@@ -73,9 +73,11 @@ def passes_page() -> str:
              "Every registered pass, in registry order. *accepts*: the graph kinds it may be applied to "
              "(`graphs:` option, which every pass takes). *needs*: passes that must come before it in a chain. "
              "*makes constants*: the loader reruns it to recompute the constants it makes "
-             "(`save_values: minimal`). See [passes.md](../passes.md) for what each does in detail.", "",
-             "| pass | accepts | needs | makes constants | options (default) | what it does |",
-             "|---|---|---|---|---|---|"]
+             "(`save_values: minimal`). *if it fails*: an optional pass is left out of the run's chain (with the "
+             "passes that need it) and the model completes; a required one fails the model. See "
+             "[passes.md](../passes.md) for what each does in detail.", "",
+             "| pass | accepts | needs | makes constants | if it fails | options (default) | what it does |",
+             "|---|---|---|---|---|---|---|"]
     for info in PASSES.values():
         notes = _field_comments(info.options)
         options = "; ".join(
@@ -84,7 +86,8 @@ def passes_page() -> str:
             for f in dataclasses.fields(info.options))
         kinds = ", ".join(k for k in ("inference", "forward", "backward", "joint") if k in info.kinds)
         lines.append(f"| `{info.name}` | {kinds} | {', '.join(info.needs) or '-'} | "
-                     f"{'yes' if info.makes_constants else 'no'} | {_cell(options)} | {_cell(info.summary)} |")
+                     f"{'yes' if info.makes_constants else 'no'} | "
+                     f"{'left out' if info.optional else 'fails the model'} | {_cell(options)} | {_cell(info.summary)} |")
     lines += ["", "Named chains (`passes: NAME` in the YAML; the manifest records the chain expanded):", ""]
     for name, chain in CHAINS.items():
         steps = ", ".join(e if isinstance(e, str) else json.dumps(e, separators=(", ", ": ")) for e in chain)

@@ -281,6 +281,7 @@ def write_model(
     save_values: str = "minimal",
     check: Optional[Callable[[Path], CheckOutcome]] = None,
     pass_failures: Optional[list[str]] = None,
+    skipped_passes: Optional[list[fmt.SkippedPass]] = None,
     sign: Optional[Callable[[Path], None]] = None,
 ) -> WrittenArtifact:
     """Write `<out_dir>/<model>/` from captured graphs; returns what was written.
@@ -305,6 +306,8 @@ def write_model(
             save_values=save_values if inputs is not None else "none",
             # The reference outputs are recorded by `check`, in this process, at this thread count.
             environment=(env := environment()),
+            # optional passes that failed and were left out (none: the field is not written)
+            **({"skipped_passes": list(skipped_passes)} if skipped_passes else {}),
         )
         written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
         with intra_op_threads(env.threads):

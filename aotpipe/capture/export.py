@@ -44,7 +44,7 @@ from torch._library.simple_registry import singleton
 from aotpipe.capture import custom_ops, unbacked
 from aotpipe.capture.cumulative_bn import cumulative_factors_specialised
 from aotpipe.capture.layouts import pin_batch_norm_layouts, pin_group_norm_layouts
-from aotpipe.capture.rnn import recurrent_decompositions
+from aotpipe.capture.rnn import kept_whole, recurrent_decompositions
 from aotpipe.format.ir import (
     CapturedGraph,
     CapturedGraphs,
@@ -646,7 +646,7 @@ def _inference_graph(
     """The inference graph, decomposed to core ATen; `user_values` (the example inputs) give
     data-dependent sizes their example sizes (capture/unbacked.py)."""
     try:
-        ep = ep.run_decompositions(core_aten_decompositions())
+        ep = ep.run_decompositions(kept_whole(core_aten_decompositions()))  # one call per RNN (capture/rnn.py)
     except Exception as e:
         raise CaptureError(f"decomposing the inference graph failed: {e.__class__.__name__}: {_first_line(e)}") from e
     gm = _flat_graph(ep.graph_module)

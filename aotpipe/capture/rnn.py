@@ -1,22 +1,35 @@
-"""Recurrent layers (nn.LSTM, nn.GRU, nn.RNN) as plain ATen ops, for capture.
+"""Recurrent layers (nn.LSTM, nn.GRU, nn.RNN) in captured graphs: one ATen call in inference
+graphs, plain ATen unrolled over the time steps in training graphs.
 
-torch's own route for them does not give a graph aotpipe can store, or gives another
-function than the model's:
+Inference graphs keep ``aten.lstm.input``, ``aten.gru.input``, ``aten.rnn_tanh.input`` and
+``aten.rnn_relu.input`` as one call each (:func:`kept_whole`: export's pre-dispatch graph has
+them whole; the core-ATen table would decompose them). That call is the eager model's own
+kernel, so the graph computes exactly what eager does, on any device; the loader runs it in a
+checked form (aotpipe/artifact/checked.py: the weights' and state's shapes), and the op is on
+the derived allow-list (aotpipe/artifact/allowed_ops.txt, tools/allowed_ops.py: an op
+aotpipe's capture names).
 
-- on CPU, ``aten.lstm`` decomposes to ``aten.mkldnn_rnn_layer`` (an mkldnn op, which the
-  artefact allow-list refuses) whenever the input does not require grad, which is every
-  inference and training capture;
+Training graphs (forward, backward, joint) cannot keep the call. The four ops are
+CompositeImplicitAutograd: they have no derivative formula of their own, and autograd (so
+AOTAutograd) differentiates the ops they are made of, so a training trace must decompose
+them; nothing in torch 2.13 gives a differentiable RNN op over the whole sequence that the
+artefact allow-list can take (the CPU path goes to ``aten.mkldnn_rnn_layer``, an mkldnn op
+the list refuses). And torch's own decompositions do not give the model's function:
+
+- on CPU, ``aten.lstm`` decomposes to ``aten.mkldnn_rnn_layer`` whenever the input does
+  not require grad, which is every inference and training capture;
 - torch's decomposition of every recurrent op (``_rnn_helper`` in torch/_decomp) never
   applies the dropout between layers in training mode (its condition can never hold), so
   a 2-layer LSTM, GRU or RNN with ``dropout > 0`` captures a graph that is not the model.
 
 :func:`recurrent_decompositions` installs, for the duration of a capture, the
-decompositions below as the Python kernels of ``aten.lstm.input``, ``aten.gru.input``,
-``aten.rnn_tanh.input`` and ``aten.rnn_relu.input`` (where torch's tracing looks for them:
-``CompositeImplicitAutograd`` and ``Autograd``), and puts torch's back afterwards. They are
-written from the recurrences (the equations of nn.LSTM's, nn.GRU's and nn.RNN's docs),
-unrolled over the time steps, and apply inter-layer dropout as the eager kernel does: to
-every layer's output but the last, after both directions, with ``aten.dropout``.
+decompositions below as the Python kernels of the four ops (where torch's tracing looks for
+them: ``CompositeImplicitAutograd`` and ``Autograd``), and puts torch's back afterwards.
+They are written from the recurrences (the equations of nn.LSTM's, nn.GRU's and nn.RNN's
+docs), unrolled over the time steps (each step's cell is a handful of ops: the graph grows
+with the sequence length, as torch's own decomposition's does), and apply inter-layer
+dropout as the eager kernel does: to every layer's output but the last, after both
+directions, with ``aten.dropout``.
 
 Packed sequences (``aten.lstm.data`` and the other ``.data`` overloads) keep torch's
 decompositions.
@@ -169,6 +182,14 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., tuple]] = {
 }
 
 _KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
+
+
+def kept_whole(table: dict) -> dict:
+    """`table` (a decomposition table for an inference graph) less the recurrent ops: the
+    graph keeps each as one call, the eager kernel (see the module's docstring)."""
+    for op in DECOMPOSITIONS:
+        table.pop(op, None)
+    return table
 
 
 @contextlib.contextmanager

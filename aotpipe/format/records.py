@@ -445,6 +445,18 @@ class PassRecord(Record):
     stats: dict[str, Union[int, float]]
 
 
+class SkippedPass(Record):
+    """A pass that failed and was left out of its chain (an optional pass: the chain went on
+    without it, and the model is not failed for it)."""
+
+    graph: str  # the key of the graph the chain ran on ("inference")
+    name: str  # the pass
+    error: str  # one line: why it failed
+    left_out: list[str] = []  # later passes of the chain that need it, left out with it
+    # The passes that ran, joined by '+' (the graph they made is "<graph>.<chain>"); None: none ran
+    chain: Optional[str] = None
+
+
 class CheckItem(Record):
     """One comparison of a graph against eager (accuracy.py's rule)."""
 
@@ -640,6 +652,7 @@ class Manifest(Record):
     # graphs[key].passes, by key. Read only through pass_chains, for a graph entry without one.
     passes: dict[str, list[PassRecord]] = {}
     pass_failures: list[str] = []
+    skipped_passes: list[SkippedPass] = []  # optional passes that failed and were left out
     verification: Optional[Annotated[dict[str, VerificationEntry], FailFast]] = None
     checks: Optional[CheckTotals] = None  # version 2
     environment: Optional[Environment] = None  # version 3
@@ -727,6 +740,7 @@ class ModelRun(Record):
     checks: Optional[CheckSummary] = None
     eager: dict[str, EagerCell] = {}  # per graph key
     passes: dict[str, PassChainRun] = {}  # per graph made by passes
+    skipped_passes: list[SkippedPass] = []  # optional passes that failed and were left out (the manifest's)
     total_seconds: float = 0.0
     bytes: Count = 0
     files: Count = 0

@@ -44,6 +44,9 @@ class PassInfo:
     summary: str
     makes_constants: bool = False  # creates or changes constants (the loader reruns such passes)
     needs: tuple[str, ...] = ()  # passes that must come before it in a chain (it does nothing without them)
+    # An optimisation: if it fails, a run leaves it out (and the passes that need it) and
+    # goes on; a required pass's failure fails the model.
+    optional: bool = True
 
     @property
     def function(self) -> Callable[..., Any]:
@@ -75,7 +78,9 @@ PASSES: dict[str, PassInfo] = by_name([
     PassInfo("remove_noops", "aotpipe.passes.layout:remove_noops", RemoveNoopsOptions, ALL_KINDS, "drop alias, detach and identity views"),
     PassInfo("reinplace", "aotpipe.passes.reinplace:reinplace", ReinplaceOptions, ALL_KINDS,
              "functional ops to in-place where the input is dead and not a graph input"),
-    PassInfo("to_device", "aotpipe.passes.to_device:to_device", ToDeviceOptions, ALL_KINDS, "rewrite for another device", makes_constants=True),
+    # Required: a graph left on the capture's device is not what the chain was for.
+    PassInfo("to_device", "aotpipe.passes.to_device:to_device", ToDeviceOptions, ALL_KINDS, "rewrite for another device",
+             makes_constants=True, optional=False),
 ], "pass")
 
 

@@ -9,17 +9,26 @@ results) the first node whose value departs.
 A run of aotpipe applies the chain without running it (``check_each=False``) and checks
 the final graph against the eager model with the others; only when that fails is the
 chain replayed pass by pass to name the pass at fault (:func:`diagnose_chain`).
+
+There (:func:`apply_passes`), an optional pass (``PassInfo.optional``: every optimisation)
+that raises or leaves an invalid graph is left out, with the passes after it that need it:
+the chain goes on from the graph before it, the graph it makes is named by the passes that
+ran, and the failure is recorded (``SkippedPass``, with its traceback for ``-v``) instead
+of failing the model. A required pass's failure still fails the model; the captured graphs
+are written either way.
 """
 
 from __future__ import annotations
 
 import time
+import traceback
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
 
-from aotpipe.format.records import PassChainRun, PassRecord, Summary, TimedPassRecord
+from aotpipe.format.records import PassChainRun, PassRecord, SkippedPass, Summary, TimedPassRecord
 from aotpipe import accuracy
 from aotpipe.errors import exception_line
 from aotpipe.execution import run_graph, run_with_summaries
@@ -91,23 +100,12 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
     current = graph
     reference = run_graph(current.gm, current.values) if check_each else None
     for i, step in enumerate(steps):
-        info = PASSES[step.name]
-        ran = ", ".join(s.name for s in steps[:i]) or "none"
-        where = f"pass {step.name!r} (passes before it: {ran})"
-        if current.kind not in info.kinds:
-            raise PassError(f"{where} cannot take a {current.kind} graph; it accepts {', '.join(sorted(info.kinds))}")
+        where = _where(step, steps[:i])
         before = current
         work = current.copy() if check_each else current  # the graph before it is kept only to compare
         nodes_before = len(work.gm.graph.nodes)
         t0 = time.perf_counter()
-        try:
-            result = info.function(work, step.options)
-            result.graph.gm.graph.lint()
-            result.graph.gm.recompile()
-        except PassError:
-            raise
-        except Exception as e:
-            raise PassError(f"{where} failed: {exception_line(e)}") from e
+        result = _apply(work, step, where)
         seconds = time.perf_counter() - t0
         after = result.graph
         if not check_each:
@@ -130,6 +128,80 @@ def run_chain(graph: GraphUnderPass, steps: list[PassStep], *,
     return current, records
 
 
+def _where(step: PassStep, ran: list[PassStep]) -> str:
+    return f"pass {step.name!r} (passes before it: {', '.join(s.name for s in ran) or 'none'})"
+
+
+def _apply(work: GraphUnderPass, step: PassStep, where: str) -> Any:
+    """`step` applied to `work`, linted and recompiled: its PassResult; a PassError naming it
+    (`where`) if it cannot take the graph, raises, or leaves an invalid graph."""
+    info = PASSES[step.name]
+    if work.kind not in info.kinds:
+        raise PassError(f"{where} cannot take a {work.kind} graph; it accepts {', '.join(sorted(info.kinds))}")
+    try:
+        result = info.function(work, step.options)
+        result.graph.gm.graph.lint()
+        result.graph.gm.recompile()
+    except PassError:
+        raise
+    except Exception as e:
+        raise PassError(f"{where} failed: {exception_line(e)}") from e
+    return result
+
+
+@dataclass
+class LeftOut:
+    """An optional pass that failed in :func:`run_chain_leaving_out`: its record, its traceback."""
+
+    record: SkippedPass
+    traceback: str
+
+
+def run_chain_leaving_out(graph: GraphUnderPass, steps: list[PassStep], key: str
+                          ) -> tuple[GraphUnderPass, list[TimedPassRecord], list[PassStep], list[LeftOut]]:
+    """Apply `steps` in order, unchecked (as a run does), leaving out each optional pass that
+    fails, and the later passes that need it: (final graph, records of the passes that ran,
+    those passes, what was left out). A required pass's failure raises its PassError.
+
+    Each pass works on a copy, so one that fails half-way leaves nothing of its work behind.
+    `key` names the graph in the records of what was left out.
+    """
+    order = chain_order_problems([s.name for s in steps])
+    if order:
+        raise PassError(order[0][1])
+    records: list[TimedPassRecord] = []
+    ran: list[PassStep] = []
+    left: list[tuple[SkippedPass, str]] = []
+    dropped: dict[str, list[str]] = {}  # a failed pass -> the later passes left out with it
+    current = graph
+    for step in steps:
+        info = PASSES[step.name]
+        cause = next((c for c in dropped if c in info.needs), None)
+        if cause is not None:  # it needs a pass that failed: left out with it
+            dropped[cause].append(step.name)
+            dropped[step.name] = dropped[cause]
+            continue
+        work = current.copy()
+        nodes_before = len(work.gm.graph.nodes)
+        t0 = time.perf_counter()
+        try:
+            result = _apply(work, step, _where(step, ran))
+        except PassError as e:
+            if not info.optional:
+                raise
+            dropped[step.name] = []
+            left.append((SkippedPass(graph=key, name=step.name, error=str(e)),
+                         "".join(traceback.format_exception(e.__cause__ or e))))
+            continue
+        records.append(_step(step, nodes_before, len(result.graph.gm.graph.nodes), result.modified,
+                             time.perf_counter() - t0, None, result.stats))
+        ran.append(step)
+        current = result.graph
+    chain = chain_name(ran) or None
+    out = [LeftOut(r.model_copy(update={"left_out": list(dropped[r.name]), "chain": chain}), tb) for r, tb in left]
+    return current, records, ran, out
+
+
 def chain_name(steps: list[PassStep]) -> str:
     """The folder suffix of a transformed graph: its passes joined by '+'."""
     return "+".join(s.name for s in steps)
@@ -145,21 +217,34 @@ def diagnose_chain(graph: GraphUnderPass, steps: list[PassStep]) -> str:
     return "every pass is within float noise of the graph before it: the passes' errors add up"
 
 
-def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tuple[list[str], dict[str, PassChainRun],
-                                                                                 dict[str, Callable[[], str]]]:
+@dataclass
+class AppliedPasses:
+    """What :func:`apply_passes` did to a model's graphs."""
+
+    problems: list[str] = field(default_factory=list)  # required passes that failed (the model fails)
+    runs: dict[str, PassChainRun] = field(default_factory=dict)  # what each chain did, by derived key
+    diagnose: dict[str, Callable[[], str]] = field(default_factory=dict)  # by derived key: the pass at fault
+    left_out: list[LeftOut] = field(default_factory=list)  # optional passes that failed, left out
+    tracebacks: list[str] = field(default_factory=list)  # of the required passes that failed
+
+    @property
+    def skipped(self) -> list[SkippedPass]:
+        return [lo.record for lo in self.left_out]
+
+
+def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> AppliedPasses:
     """Apply the model's pass chain to each graph kind it selects; add the results to `captured`.
 
     `inputs` holds each graph's real inputs (freeze takes parameter values from them); the
-    derived graphs' inputs are added to it. Returns the problems (a chain that raised adds
-    no graph), what each chain did by derived key, and per derived key a function that
-    names the pass at fault when the derived graph later fails its checks.
+    derived graphs' inputs are added to it. A required pass that fails adds a problem and
+    no graph; an optional one is left out (:func:`run_chain_leaving_out`), and the graph is
+    named by the passes that ran (none ran: no graph). Per derived key, a function names the
+    pass at fault when the derived graph later fails its checks.
     """
     import copy
 
     steps = list(spec.passes)
-    problems: list[str] = []
-    done: dict[str, PassChainRun] = {}
-    diagnose: dict[str, Callable[[], str]] = {}
+    out = AppliedPasses()
     for key, g in list(captured.graphs.items()):
         kind = g.kind  # a dynamo capture's later subgraphs: key "inference_1", kind "inference"
         kind_steps = [s for s in steps if s is not None and kind in s.graphs]
@@ -168,10 +253,14 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
         start = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[key]))
         t0 = time.perf_counter()
         try:
-            final, records = run_chain(start, kind_steps, check_each=False)
+            final, records, ran, left = run_chain_leaving_out(start, kind_steps, key)
         except PassError as e:
-            problems.append(f"{key} graph: {e}")
+            out.problems.append(f"{key} graph: {e}")
+            out.tracebacks.append("".join(traceback.format_exception(e)))
             continue
+        out.left_out += left
+        if not ran:
+            continue  # every pass left out: the captured graph is all there is
         outputs = []
         out_node = next(n for n in final.gm.graph.nodes if n.op == "output")
         out_args = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
@@ -179,11 +268,11 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> tupl
             val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
             meta = TensorMeta.of(val) if isinstance(val, torch.Tensor) and val.device.type != "meta" else go.meta
             outputs.append(GraphOutput(go.index, go.role, go.target, meta))
-        derived = DerivedGraph(key, chain_name(kind_steps), CapturedGraph(kind, final.gm, final.inputs, outputs),
+        derived = DerivedGraph(key, chain_name(ran), CapturedGraph(kind, final.gm, final.inputs, outputs),
                                [untimed(r) for r in records])
         captured.derived[derived.key] = derived
         inputs[derived.key] = final.values
-        done[derived.key] = PassChainRun(seconds=round(time.perf_counter() - t0, 4), steps=records)
+        out.runs[derived.key] = PassChainRun(seconds=round(time.perf_counter() - t0, 4), steps=records)
         fresh = GraphUnderPass(copy.deepcopy(g.gm), kind, list(g.inputs), list(g.outputs), list(inputs[key]))
-        diagnose[derived.key] = lambda fresh=fresh, kind_steps=kind_steps: diagnose_chain(fresh, kind_steps)
-    return problems, done, diagnose
+        out.diagnose[derived.key] = lambda fresh=fresh, ran=ran: diagnose_chain(fresh, ran)
+    return out

@@ -15,4 +15,4 @@ from aotpipe.passes.options import ToDeviceOptions
 def to_device(g: GraphUnderPass, options: ToDeviceOptions) -> PassResult:
     g.gm = rewrite(g.gm, options.device)
     g.values = move_inputs(g.values, options.device)
-    return PassResult(g, modified=True, stats={"device": options.device})
+    return PassResult(g, modified=True)  # stats are counts; the device is in the options

@@ -72,6 +72,9 @@ def test_lstm_captures_without_mkldnn_ops_and_its_training_graph_applies_the_dro
     x = torch.randn(5, 3, 8)
     cap = capture_export(model, (x,), {}, name="m", graphs=KINDS, input_names=["x"])
     assert not [op for op in _graph_ops(cap) if "mkldnn" in op]
+    # One call in the inference graph; unrolled (no RNN op) in the training graphs.
+    assert _calls(cap.graphs["inference"], aten.lstm.input) == 1
+    assert all(_calls(cap.graphs[k], aten.lstm.input) == 0 for k in ("forward", "backward", "joint"))
     joint = cap.graphs["joint"]
     # The joint keeps the inter-layer dropout: it draws random numbers (torch's own
     # decomposition drops it, and its graph draws none).
@@ -83,3 +86,25 @@ def test_lstm_captures_without_mkldnn_ops_and_its_training_graph_applies_the_dro
     vals = [state[gi.target].detach() if gi.role in ("param", "buffer") else x for gi in g.inputs]
     model.eval()
     torch.testing.assert_close([o for o, go in zip(g.gm(*vals), g.outputs) if go.role == "user"][0], model(x))
+
+
+def _calls(g, op):
+    return sum(1 for n in g.gm.graph.nodes if n.op == "call_function" and n.target is op)
+
+
+@pytest.mark.parametrize("build,op", [
+    (lambda: zoo.gru(num_layers=2, bidirectional=True, batch_first=True), aten.gru.input),
+    (lambda: zoo.rnn(nonlinearity="relu"), aten.rnn_relu.input),
+    (lambda: zoo.lstm(proj_size=4), aten.lstm.input)], ids=["gru", "rnn_relu", "lstm_proj"])
+def test_an_inference_graph_keeps_the_recurrent_layer_as_one_call_computing_what_eager_does(build, op):
+    torch.manual_seed(0)
+    model = build().eval()
+    x = torch.randn(3, 5, 8)
+    cap = capture_export(model, (x,), {}, name="m", graphs=["inference"], input_names=["x"])
+    g = cap.graphs["inference"]
+    assert _calls(g, op) == 1
+    assert not {"aten.sigmoid.default", "aten.tanh.default", "aten.relu.default"} & _graph_ops(cap)  # not unrolled
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    vals = [state[gi.target].detach() if gi.role in ("param", "buffer") else x for gi in g.inputs]
+    (out,) = [o for o, go in zip(g.gm(*vals), g.outputs) if go.role == "user"]
+    torch.testing.assert_close(out, model(x))

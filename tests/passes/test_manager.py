@@ -15,6 +15,7 @@ from aotpipe import zoo
 from aotpipe.cli import main
 from aotpipe.passes import parse_pass_entry
 from aotpipe.passes.base import PassError, PassResult, constant_value
+from aotpipe.execution import run_graph
 from aotpipe.passes.manager import run_chain
 from aotpipe.spec import PassStep
 from tests.passes.helpers import graph_of
@@ -148,3 +149,62 @@ def test_folded_constants_are_stored_once(quickstart_run):
     blobs = {p.stem for p in (model / "blobs").iterdir()}
     assert set(refs) == blobs
     assert len(refs) > len(blobs)  # weights shared by the raw graphs' inputs and the frozen graph's constants
+
+
+@pytest.fixture(scope="module")
+def cnn_graph():
+    return graph_of(zoo.small_cnn(channels=4), torch.randn(1, 3, 8, 8))
+
+
+def _chain_leaving_out(cnn_graph, monkeypatch, failing, names):
+    """run_chain_leaving_out over `names`, the passes in `failing` made to raise; the graph it
+    started from (each pass works on a copy: the fixture is never changed)."""
+    from aotpipe.passes.manager import run_chain_leaving_out
+
+    for name in failing:
+        monkeypatch.setitem(passes.PASSES, name, dataclasses.replace(passes.PASSES[name], fn=_raises))
+    return cnn_graph, run_chain_leaving_out(cnn_graph, _steps(*names), "inference")
+
+
+def test_a_run_leaves_out_an_optional_pass_that_raises_and_goes_on_from_the_graph_before_it(cnn_graph, monkeypatch):
+    g, (final, records, ran, left) = _chain_leaving_out(cnn_graph, monkeypatch, ["channels_last"],
+                                                        ["freeze", "fold_conv_bn", "channels_last", "reinplace"])
+    assert [r.name for r in records] == [s.name for s in ran] == ["freeze", "fold_conv_bn", "reinplace"]
+    (lo,) = left
+    assert lo.record.model_dump() == {
+        "graph": "inference", "name": "channels_last", "left_out": [], "chain": "freeze+fold_conv_bn+reinplace",
+        "error": "pass 'channels_last' (passes before it: freeze, fold_conv_bn) failed: RuntimeError: boom"}
+    assert 'raise RuntimeError("boom")' in lo.traceback  # the pass's own frame, for -v
+    assert not [n for n in final.gm.graph.nodes if "batch_norm" in str(n.target)]  # the passes after it ran
+    torch.testing.assert_close(run_graph(final.gm, final.values), run_graph(g.gm, g.values))
+
+
+def test_a_run_leaves_out_the_passes_that_need_a_failed_one(cnn_graph, monkeypatch):
+    _, (final, records, ran, left) = _chain_leaving_out(cnn_graph, monkeypatch, ["freeze"],
+                                                        ["freeze", "fold_conv_bn", "channels_last", "reinplace"])
+    assert [s.name for s in ran] == ["reinplace"]
+    assert [(lo.record.name, lo.record.left_out, lo.record.chain) for lo in left] == [
+        ("freeze", ["fold_conv_bn", "channels_last"], "reinplace")]
+
+
+def test_a_run_leaves_out_nothing_when_no_pass_fails(cnn_graph, monkeypatch):
+    _, (final, records, ran, left) = _chain_leaving_out(cnn_graph, monkeypatch, [], ["freeze", "reinplace"])
+    assert [s.name for s in ran] == ["freeze", "reinplace"] and left == []
+
+
+def test_a_pass_that_half_changed_the_graph_before_failing_leaves_nothing_behind(cnn_graph, monkeypatch):
+    def half_then_raise(g, options):
+        g.gm.graph.erase_node(next(n for n in reversed(g.gm.graph.nodes) if n.op == "output"))
+        raise RuntimeError("half-way")
+
+    monkeypatch.setitem(passes.PASSES, "reinplace", dataclasses.replace(passes.PASSES["reinplace"], fn=half_then_raise))
+    g, (final, records, ran, left) = _chain_leaving_out(cnn_graph, monkeypatch, [], ["freeze", "reinplace"])
+    assert [s.name for s in ran] == ["freeze"] and left[0].record.name == "reinplace"
+    final.gm.graph.lint()
+    torch.testing.assert_close(run_graph(final.gm, final.values), run_graph(g.gm, g.values))
+
+
+def test_a_required_pass_that_raises_still_raises_in_a_run(cnn_graph, monkeypatch):
+    assert not passes.PASSES["to_device"].optional
+    with pytest.raises(PassError, match=r"pass 'to_device' \(passes before it: freeze\) failed: RuntimeError: boom"):
+        _chain_leaving_out(cnn_graph, monkeypatch, ["to_device"], ["freeze", "to_device"])

@@ -88,3 +88,17 @@ def test_forward_and_backward_graphs_reinplace():
         g = graph_of(zoo.mlp(in_features=4, hidden=8), torch.randn(2, 4), kind=kind)
         r = apply("reinplace", g, graphs=[kind])
         assert_same_results(g, r.graph)
+
+
+def test_an_op_whose_result_broadcasts_past_its_first_argument_is_not_reinplaced():
+    # torch's reinplace compares element counts only: a 0-d `a` plus a [1, 1, 1] `b` has one
+    # element either way, but a.add_(b) cannot hold the [1, 1, 1] result.
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            a = x.sum()  # 0-d, an intermediate (reinplace never writes into an input)
+            return a + y
+
+    g = graph_of(M(), torch.randn(3), torch.randn(1, 1, 1))
+    after = apply("reinplace", g).graph
+    assert not [n for n in after.gm.graph.nodes if n.op == "call_function" and str(n.target) == "aten.add_.Tensor"]
+    assert_same_results(g, after)
