@@ -13,7 +13,10 @@ import torch.nn.functional as F
 from torch._dispatch.python import enable_python_dispatcher
 
 from aotpipe.capture import capture_dynamo, ctc
+from aotpipe.format.records import load_run
+from aotpipe.results import written_manifest
 from tests.capture import partial_models
+from tests.helpers.pipelines import run_yaml
 
 KINDS = ["inference", "forward", "backward", "joint"]
 T, N, C = 12, 3, 6
@@ -165,6 +168,29 @@ def _corpus_samples():
         for k in range(torch_corpus.sample_count(source, torch_corpus.inputs_seed(spec))):
             spec = types.SimpleNamespace(source=source, seed=0, args={"sample": k}, graphs=KINDS)
             yield f"{source}:{k}", torch_corpus.build_model(spec), torch_corpus.example_inputs(spec)[0]
+
+
+CORPUS_PIPELINE = """\
+version: 1
+name: ctc
+models:
+  - {name: lists_2d, source: 'torch-module:nn.CTCLoss', args: {sample: 0}}
+  - {name: tensors_1d, source: 'torch-module:nn.CTCLoss', args: {sample: 3}}
+  - {name: op, source: 'torch-op:nn.functional.ctc_loss', args: {sample: 0}}
+"""
+
+
+@pytest.mark.slow
+def test_corpus_samples_capture_whole_with_every_check_passing(tmp_path):
+    # pipelines/torch-modules.yaml's 40 CTCLoss samples and torch-ops.yaml's ctc_loss sample were
+    # all failed or partial before capture/ctc.py; here one of each argument form
+    pytest.importorskip("expecttest")
+    result, out = run_yaml(tmp_path, CORPUS_PIPELINE, "--no-sign")
+    assert result.exit_code == 0, result.output
+    run = load_run(out / "ctc")
+    for m in run.models:
+        assert m.status == "ok" and m.checks.run == 3 and m.checks.skipped == 0 and not m.outside_graphs, m.name
+        assert ctc.NOTE in written_manifest(out / "ctc" / m.name).capture.notes
 
 
 @pytest.mark.slow
