@@ -61,6 +61,7 @@ import torch.utils._python_dispatch
 import torch.utils._pytree as pytree
 
 from aotpipe.capture import export as _export
+from aotpipe.capture.ctc import ctc_loss_formulated
 from aotpipe.capture.custom_ops import replace_calls
 from aotpipe.capture.hints import chain_text, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
@@ -135,9 +136,13 @@ def capture_dynamo(*args: Any, **kwargs: Any) -> CapturedGraphs:
         # allow_rnn: dynamo otherwise skips nn.LSTM/GRU/RNN modules (runs them eagerly, uncaptured);
         # traced, they decompose into plain ATen (capture/rnn.py).
         # linalg's checks as plain nodes, not effect tokens (export.checks_without_effect_tokens)
+        # the CTC loss as static-shape ATen (capture/ctc.py)
+        ctc_notes: list[str] = []
         with recurrent_decompositions(), torch._dynamo.config.patch(allow_rnn=True), \
-                _export.checks_without_effect_tokens():
-            return _capture(*args, **kwargs)
+                _export.checks_without_effect_tokens(), ctc_loss_formulated(ctc_notes):
+            captured = _capture(*args, **kwargs)
+        captured.notes.extend(ctc_notes)
+        return captured
 
 
 def _capture(

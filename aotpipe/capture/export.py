@@ -43,6 +43,7 @@ from torch._library.simple_registry import singleton
 
 from aotpipe.capture import custom_ops, unbacked
 from aotpipe.capture.cumulative_bn import cumulative_factors_specialised
+from aotpipe.capture.ctc import ctc_loss_formulated
 from aotpipe.capture.layouts import pin_batch_norm_layouts, pin_group_norm_layouts
 from aotpipe.capture.rnn import kept_whole, recurrent_decompositions
 from aotpipe.format.ir import (
@@ -154,8 +155,12 @@ def capture_export(*args: Any, **kwargs: Any) -> CapturedGraphs:
     with warnings.catch_warnings():
         # torch-internal deprecation noise from deep-copying pytree specs; not the user's concern
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        with recurrent_decompositions(), unrendered_tracing(), checks_without_effect_tokens():
-            return _capture(*args, **kwargs)  # LSTM/GRU/RNN as plain ATen (capture/rnn.py)
+        ctc_notes: list[str] = []  # the CTC loss as static-shape ATen (capture/ctc.py)
+        with recurrent_decompositions(), unrendered_tracing(), checks_without_effect_tokens(), \
+                ctc_loss_formulated(ctc_notes):
+            captured = _capture(*args, **kwargs)  # LSTM/GRU/RNN as plain ATen (capture/rnn.py)
+        captured.notes.extend(ctc_notes)
+        return captured
 
 
 def effectful_checks() -> list[torch._ops.OpOverload]:

@@ -8,8 +8,9 @@ from torch import nn
 
 
 class CTCHead(nn.Module):
-    """A Linear then nn.CTCLoss: dynamo breaks before `_ctc_loss` (its output size depends on
-    the lengths' values) and runs the loss as eager code after its one graph."""
+    """A Linear then nn.CTCLoss: torch's `_ctc_loss` has an output size read from the lengths'
+    values (export fails, dynamo breaks before it and ran the loss as eager code after its one
+    graph); capture/ctc.py's formulation captures it whole."""
 
     def __init__(self, features: int = 8, classes: int = 5):
         super().__init__()
@@ -23,6 +24,34 @@ class CTCHead(nn.Module):
 
 def ctc_head() -> nn.Module:
     return CTCHead()
+
+
+def ctc_inputs() -> tuple[torch.Tensor, ...]:
+    """Example inputs for ctc_head(): 12 frames, 2 sequences, targets of 4 and 3 labels."""
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(12, 2, 8, generator=g), torch.randint(1, 5, (2, 4), generator=g),
+            torch.full((2,), 12, dtype=torch.long), torch.tensor([4, 3]))
+
+
+@torch.compiler.disable
+def _eager_loss(h: torch.Tensor) -> torch.Tensor:
+    return (h * h).mean()
+
+
+class DisabledLossHead(nn.Module):
+    """A Linear then a loss in a function marked `torch.compiler.disable`: dynamo runs the loss
+    outside its graph, as its user asked (torch.export traces through it: use mode dynamo)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _eager_loss(self.lin(x))
+
+
+def disabled_loss_head() -> nn.Module:
+    return DisabledLossHead()
 
 
 class ConvBNConv(nn.Module):
