@@ -920,6 +920,9 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
     _artefact_folder(p)
     folder = Path(output).parent
     if not folder.is_dir():  # before any work: torch.export.save would fail after it, with a traceback
+        above = next((q for q in (folder, *folder.parents) if q.exists()), None)
+        if above is not None and not above.is_dir():
+            raise AotpipeError(f"-o {output}: {above} is a file, not a folder; choose another path")
         raise AotpipeError(f"-o {output}: the folder {folder} does not exist; make it first (mkdir -p {folder})")
     if not trusted:
         untrusted = trust_problems(p, key)

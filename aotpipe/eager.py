@@ -534,11 +534,20 @@ def _try_run(model: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[tupl
     try:
         with preserved(), torch.no_grad():
             model.eval()
-            with recorder:
-                model(*args, **kwargs)
-        return None
-    except Exception as e:
-        return exception_line(e), recorder.failed, entered[-1] if entered else None
+            try:
+                with recorder:
+                    model(*args, **kwargs)
+                return None
+            except Exception as e:
+                failed = exception_line(e), recorder.failed, entered[-1] if entered else None
+            for h in hooks:
+                h.remove()
+            # again without the recorder: a torch function mode changes what some code does
+            # (torch.cond runs eagerly through torch.compile, which refuses an active mode)
+            model(*args, **kwargs)
+            return None
+    except Exception:
+        return failed
     finally:
         for h in hooks:
             h.remove()

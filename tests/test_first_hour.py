@@ -339,3 +339,17 @@ def test_export_pt2_into_a_folder_that_is_not_there_is_one_line_before_any_work(
     assert r.output.strip().splitlines() == [
         f"error: -o {out}: the folder {out.parent} does not exist; make it first (mkdir -p {out.parent})"]
     assert not (tmp_path / "missing").exists()
+
+
+def test_export_pt2_into_a_path_under_a_file_says_it_is_a_file(quickstart_run, tmp_path):
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    root, _ = quickstart_run
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "m.pt2"
+    r = CliRunner().invoke(main, ["export-pt2", str(root / "mlp"), "-o", str(out), "--no-sandbox"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [f"error: -o {out}: {tmp_path / 'afile'} is a file, not a folder; "
+                                             "choose another path"]
