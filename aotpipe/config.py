@@ -451,7 +451,7 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
     take, a build that fails (heads that do not divide the hidden size), and integer input
     ranges that do not fit the embedding tables they index. Models are built on the meta
     device: nothing is allocated, nothing is computed."""
-    from aotpipe.sources import args_problem, build_problem, config_key_problems, embedding_range_problems  # torch
+    from aotpipe.sources import args_problem, config_key_problems, embedding_range_problems, meta_build  # torch
     from aotpipe.torch_corpus import eager_problem, is_corpus_source  # torch
 
     problems = []
@@ -477,12 +477,13 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
                                         f"models[{i}].args.sample" if "sample" in spec.args else f"models[{i}].source",
                                         msg))
             continue
-        msg = build_problem(spec, base_dir)
+        model, msg = meta_build(spec, base_dir) if spec.source.startswith("hf:") or any(
+            inp.is_integer and inp.high is not None for inp in spec.inputs) else (None, None)
         if msg is not None:
-            where = ("models", i, "config") if spec.config else ("models", i, "args") if spec.args else ("models", i, "source")
+            where = ("models", i, "config") if spec.config else ("models", i, "source")
             problems.append(Problem(path, lines.get(where) or lines.get(("models", i, "source")), _field_path(where), msg))
             continue
-        for j, msg in embedding_range_problems(spec, base_dir):
+        for j, msg in embedding_range_problems(spec, base_dir, model):
             problems.append(Problem(path, lines.get(("models", i, "inputs", j, "high"))
                                     or lines.get(("models", i, "inputs", j)),
                                     f"models[{i}].inputs[{j}].high", msg))

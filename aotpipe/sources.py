@@ -388,35 +388,32 @@ def _arg_type_problem(spec: ModelSpec, fn: Any) -> tuple[str, str] | None:
     return None
 
 
-def build_problem(spec: ModelSpec, base_dir: Path | None = None) -> str | None:
-    """Why an hf: model cannot be built from its `config:` (heads that do not divide the hidden
-    size: transformers checks it as it builds the attention layers), found by building it on
-    the meta device (nothing allocated); None when it builds, or fails only for want of real
-    values (a constructor that reads a tensor's data, an op with no meta kernel): capture
-    builds it for real and says so there."""
-    if not spec.source.startswith("hf:"):
-        # a module:callable may import optional packages as it builds (a pipeline's models need
-        # not all be installable here), or need real tensors: capture builds it and says why
-        return None
+def meta_build(spec: ModelSpec, base_dir: Path | None = None) -> tuple[Optional[torch.nn.Module], Optional[str]]:
+    """The model built on the meta device (nothing allocated), and for an hf: source why it
+    cannot be built from its `config:` (heads that do not divide the hidden size: transformers
+    checks it as it builds the attention layers). (None, None) where the build fails only for
+    want of real values (a constructor that reads a tensor's data, an op with no meta kernel),
+    or for a module:callable, which may import optional packages as it builds (a pipeline's
+    models need not all be installable here): capture builds it for real and says why."""
     with preserved():
         try:
             with torch.device("meta"):
-                build_model(spec, base_dir)
-        except NotImplementedError:
-            return None
+                return build_model(spec, base_dir), None
         except Exception as e:
+            if not spec.source.startswith("hf:") or isinstance(e, NotImplementedError):
+                return None, None
             line = str(e) if isinstance(e, SourceError) else exception_line(e)
             if "meta" in line.lower():
-                return None
-            return line if isinstance(e, SourceError) else f"building {spec.source} failed: {line}; fix config"
-    return None
+                return None, None
+            return None, line if isinstance(e, SourceError) else f"building {spec.source} failed: {line}; fix config"
 
 
-def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None) -> list[tuple[int, str]]:
+def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None,
+                             model: Optional[torch.nn.Module] = None) -> list[tuple[int, str]]:
     """(input index, message) for each integer input whose range does not fit an embedding
     table it indexes: its `high` (exclusive) above the table's row count.
 
-    The model is built on the meta device (no memory) and run on meta inputs with a hook on
+    The model (`model`, or else built here) is built on the meta device (no memory) and run on meta inputs with a hook on
     each nn.Embedding that sees which example input (or a view of it) it is given. A model
     that cannot be built or run so is not checked here (capture reports its own failure).
     """
@@ -426,8 +423,9 @@ def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None) -> l
     seen: dict[int, tuple[str, int]] = {}  # input index -> (embedding, rows) of the smallest table
     with preserved():
         try:
-            with torch.device("meta"):
-                model = build_model(spec, base_dir)
+            if model is None:
+                with torch.device("meta"):
+                    model = build_model(spec, base_dir)
             tensors = [torch.empty(inp.shape, dtype=getattr(torch, inp.dtype), device="meta") for inp in spec.inputs]
         except Exception:
             return []
