@@ -23,7 +23,7 @@ from aotpipe.job import collections_paced
 from aotpipe.merge import NamedPipeline, merge_runs
 from aotpipe.report import REPORT_MD, RUN_JSON, dump_run, run_record, settled_text
 from aotpipe.results import why_failed
-from aotpipe.runner import run_pipeline
+from aotpipe.runner import RunInterrupted, run_pipeline
 from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed, trust_problems
 from aotpipe.shards import parse_shard
 from aotpipe import views
@@ -57,6 +57,9 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             for line in e.lines():
                 click.echo(f"error: {line}", err=True)
             ctx.exit(e.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C (run says what finished itself): the shell's code for SIGINT
+            click.echo("interrupted", err=True)
+            sys.exit(130)
         except RecursionError:
             # Walking a tree of folders nested past Python's recursion limit (pathlib's rglob
             # recurses): the user's input, not a bug.
@@ -187,38 +190,17 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
                    "reuses its workers as it sees fit); max_models_per_worker is (Ray's max_calls)", err=True)
     # With --json, stdout is run.json alone: whatever a model or a library prints meanwhile
     # (Ray's worker-death notices, say) goes to stderr.
-    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force,
-                              key=key or None, executor=executor, workers=workers, shard=which,
-                              shard_times=shard_times, sign=not no_sign, allow_partial=allow_partial)
+    try:
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+            result = run_pipeline(p, output=output, only=only, progress=not no_progress and not as_json, force=force,
+                                  key=key or None, executor=executor, workers=workers, shard=which,
+                                  shard_times=shard_times, sign=not no_sign, allow_partial=allow_partial)
+    except RunInterrupted as e:
+        _interrupted(e, as_json)
     if as_json:
         click.echo((result.output / RUN_JSON).read_text())
     else:
-        for m in result.models:
-            if m.status == "ok":
-                kinds = ", ".join(f"{g.kind}({g.nodes})" for g in m.graphs)
-                c = m.checks
-                checks = f"{c.passed if c else 0}/{c.run if c else 0} checks" + (
-                    f" ({settled_text(c)})" if settled_text(c) else "") + (
-                    f", {c.skipped} SKIPPED" if c is not None and c.skipped else "")
-                if m.skipped:
-                    click.echo(f"kept    {m.name:<24} up to date  {checks}  {kinds}")
-                else:
-                    click.echo(f"ok      {m.name:<24} {m.total_seconds:6.2f}s  {checks}  {kinds}")
-                for sp in m.skipped_passes:  # optional passes that failed: the chain went on without them
-                    also = f" (and {', '.join(sp.left_out)}, which need it)" if sp.left_out else ""
-                    click.echo(f"        {m.name:<24} {sp.error}; left out{also}: the {sp.graph} graph got "
-                               + (f"{sp.graph}.{sp.chain}" if sp.chain else "no pass"))
-                if m.traceback and click.get_current_context().find_root().params.get("verbose"):
-                    click.echo(m.traceback, err=True)
-            elif m.status == "partial":
-                when = "up to date" if m.skipped else f"{m.total_seconds:6.2f}s"
-                click.echo(f"PARTIAL {m.name:<24} {when}  part of the model ran outside its graphs: "
-                           + "; ".join(m.outside_graphs or ["see its manifest's capture.outside_graphs"]))
-            else:
-                click.echo(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
-                if click.get_current_context().find_root().params.get("verbose") and m.traceback:
-                    click.echo(m.traceback, err=True)
+        _model_lines(result.models)
         n_ok = sum(m.status == "ok" for m in result.models)
         n_partial = sum(m.status == "partial" for m in result.models)
         of = f" (shard {which} of {len(result.shard.selection)} models)" if which and result.shard else ""
@@ -227,6 +209,50 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
         click.echo(f"{n_ok}/{len(result.models)} models ok{partial}{of} in {result.seconds:.1f}s -> {result.output}/ "
                    f"(see {REPORT_MD}, {REPORT_HTML})")
     sys.exit(0 if result.ok else 1)
+
+
+def _interrupted(e: RunInterrupted, as_json: bool) -> None:
+    """Ctrl-C in `run`: what finished and what did not, on stderr with --json; exit 130."""
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        _model_lines(e.done)
+        counts = ", ".join(f"{n} {what}" for what, n in (
+            ("ok", sum(m.status == "ok" for m in e.done)), ("partial", sum(m.status == "partial" for m in e.done)),
+            ("failed", sum(m.status == "failed" for m in e.done))) if n)
+        left = "".join(f"; {what}: {', '.join(names)}" for what, names in (
+            ("stopped part way", e.stopped), ("not run", e.not_run)) if names)
+        _say(f"interrupted: {len(e.done)}/{len(e.done) + len(e.stopped) + len(e.not_run)} models finished"
+             f"{f' ({counts})' if counts else ''}{left}. What finished is kept (run.json and the reports are not "
+             "rewritten); run the same command again to finish: finished models are up to date and kept")
+    sys.exit(130)
+
+
+def _model_lines(models: list[Any]) -> None:
+    """One line per model result of a run: ok, kept, PARTIAL or FAILED."""
+    for m in models:
+        if m.status == "ok":
+            kinds = ", ".join(f"{g.kind}({g.nodes})" for g in m.graphs)
+            c = m.checks
+            checks = f"{c.passed if c else 0}/{c.run if c else 0} checks" + (
+                f" ({settled_text(c)})" if settled_text(c) else "") + (
+                f", {c.skipped} SKIPPED" if c is not None and c.skipped else "")
+            if m.skipped:
+                click.echo(f"kept    {m.name:<24} up to date  {checks}  {kinds}")
+            else:
+                click.echo(f"ok      {m.name:<24} {m.total_seconds:6.2f}s  {checks}  {kinds}")
+            for sp in m.skipped_passes:  # optional passes that failed: the chain went on without them
+                also = f" (and {', '.join(sp.left_out)}, which need it)" if sp.left_out else ""
+                click.echo(f"        {m.name:<24} {sp.error}; left out{also}: the {sp.graph} graph got "
+                           + (f"{sp.graph}.{sp.chain}" if sp.chain else "no pass"))
+            if m.traceback and click.get_current_context().find_root().params.get("verbose"):
+                click.echo(m.traceback, err=True)
+        elif m.status == "partial":
+            when = "up to date" if m.skipped else f"{m.total_seconds:6.2f}s"
+            click.echo(f"PARTIAL {m.name:<24} {when}  part of the model ran outside its graphs: "
+                       + "; ".join(m.outside_graphs or ["see its manifest's capture.outside_graphs"]))
+        else:
+            click.echo(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
+            if click.get_current_context().find_root().params.get("verbose") and m.traceback:
+                click.echo(m.traceback, err=True)
 
 
 @main.command(short_help="Merge shard output trees into one run.json and report.")
@@ -909,6 +935,9 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
     _artefact_folder(p)
     folder = Path(output).parent
     if not folder.is_dir():  # before any work: torch.export.save would fail after it, with a traceback
+        above = next((q for q in (folder, *folder.parents) if q.exists()), None)
+        if above is not None and not above.is_dir():
+            raise AotpipeError(f"-o {output}: {above} is a file, not a folder; choose another path")
         raise AotpipeError(f"-o {output}: the folder {folder} does not exist; make it first (mkdir -p {folder})")
     if not trusted:
         untrusted = trust_problems(p, key)

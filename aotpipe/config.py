@@ -418,6 +418,7 @@ def parse_pipeline(
         resolved = _resolve(parsed, path, chains, {m.get("name"): (i, lines.get(("models", i, "source"))) for i, m in
                                            enumerate(data.get("models") or []) if isinstance(m, dict)})
         if check_sources:
+            problems.extend(_output_problems(path, lines, resolved))
             problems.extend(_model_problems(path, lines, resolved, base_dir))
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.field))
@@ -426,14 +427,41 @@ def parse_pipeline(
     return resolved
 
 
+def output_problem(output: str | Path) -> str | None:
+    """Why `output` cannot hold the artefacts (it, or a folder above it, is a file); None if it can."""
+    p = Path(output)
+    for q in (p, *p.parents):
+        if q.exists():
+            if q.is_dir():
+                return None
+            what = "is a file" if q == p else f"lies under {q}, which is a file"
+            return f"{str(output)!r} {what}, not a folder; choose another output folder"
+    return None
+
+
+def _output_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline") -> list[Problem]:
+    """`output:` (relative to the working directory, as run reads it) naming a file."""
+    msg = output_problem(pipeline.output) or output_problem(Path(pipeline.output) / pipeline.name)
+    return [Problem(path, lines.get(("output",)), "output", msg)] if msg else []
+
+
 def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
-    """What importing and building each model shows: `args` its callable does not take, and
-    integer input ranges that do not fit the embedding tables they index."""
-    from aotpipe.sources import args_problem, embedding_range_problems  # torch: kept off the torch-free path
+    """What importing and building each model shows: `args` its callable does not take (or of
+    another type than it annotates), `config:` keys its transformers config class does not
+    take, a build that fails (heads that do not divide the hidden size), and integer input
+    ranges that do not fit the embedding tables they index. Models are built on the meta
+    device: nothing is allocated, nothing is computed."""
+    from aotpipe.sources import args_problem, config_key_problems, embedding_range_problems, meta_build  # torch
     from aotpipe.torch_corpus import eager_problem, is_corpus_source  # torch
 
     problems = []
     for i, spec in enumerate(pipeline.models):
+        wrong_keys = config_key_problems(spec.source, spec.config)
+        for key, msg in wrong_keys:
+            problems.append(Problem(path, lines.get(("models", i, "config", key)) or lines.get(("models", i, "config")),
+                                    f"models[{i}].config.{key}", msg))
+        if wrong_keys:
+            continue  # the model would be built from another config than the one meant
         bad_args = args_problem(spec, base_dir)
         if bad_args is not None:
             name, msg = bad_args
@@ -449,7 +477,13 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
                                         f"models[{i}].args.sample" if "sample" in spec.args else f"models[{i}].source",
                                         msg))
             continue
-        for j, msg in embedding_range_problems(spec, base_dir):
+        model, msg = meta_build(spec, base_dir) if spec.source.startswith("hf:") or any(
+            inp.is_integer and inp.high is not None for inp in spec.inputs) else (None, None)
+        if msg is not None:
+            where = ("models", i, "config") if spec.config else ("models", i, "source")
+            problems.append(Problem(path, lines.get(where) or lines.get(("models", i, "source")), _field_path(where), msg))
+            continue
+        for j, msg in embedding_range_problems(spec, base_dir, model):
             problems.append(Problem(path, lines.get(("models", i, "inputs", j, "high"))
                                     or lines.get(("models", i, "inputs", j)),
                                     f"models[{i}].inputs[{j}].high", msg))

@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -368,3 +369,193 @@ class SubgraphReference:
             out.update(ref.errors)
         return out
 
+
+
+# ---------------------------------------------------------------------------------------
+# the example inputs, tried eagerly before capture
+
+
+class _FailingCall(torch.overrides.TorchFunctionMode):
+    """Records the torch function (F.linear, torch.cat, Tensor.view, ...) whose call raised,
+    with its arguments: the innermost call to raise, as torch functions see it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: Optional[tuple[Any, tuple, dict]] = None
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        try:
+            return func(*args, **kwargs)
+        except Exception:
+            if self.failed is None:
+                self.failed = (func, args, kwargs)
+            raise
+
+
+def _func_name(func: Any) -> str:
+    """`func` as a user knows it: F.linear, torch.cat, Tensor.view."""
+    try:
+        name = torch.overrides.resolve_name(func) or getattr(func, "__name__", str(func))
+    except Exception:
+        name = getattr(func, "__name__", str(func))
+    return name.replace("torch.nn.functional.", "F.").replace("torch.Tensor.", "Tensor.")
+
+
+def _compute_dtype(model: torch.nn.Module) -> Optional[torch.dtype]:
+    """The floating dtype of the model's parameters (or buffers), if it has one."""
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.is_floating_point():
+            return t.dtype
+    return None
+
+
+def _shape_fix(func: Any, args: tuple, kwargs: dict, x: torch.Tensor) -> str:
+    """What shape `func` wants of its input `x`, where a known op says it by its weight."""
+    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    name = getattr(func, "__name__", "")
+    if isinstance(weight, torch.Tensor) and name == "linear" and weight.dim() == 2:
+        return f"its last size must be {weight.shape[1]} (the layer's in_features)"
+    if isinstance(weight, torch.Tensor) and name.startswith("conv") and weight.dim() >= 3:
+        spatial = weight.dim() - 2
+        groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
+        channels = weight.shape[1] * (groups if isinstance(groups, int) else 1)
+        if name.startswith("conv_transpose"):
+            channels = weight.shape[0]
+        return (f"it must be [N, {channels}, {', '.join('*' * spatial)}] (or unbatched [{channels}, "
+                f"{', '.join('*' * spatial)}]) for this {spatial}-d convolution")
+    if name == "embedding" and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        rows = weight.shape[0]
+        if x.is_floating_point():
+            return f"it must be an integer tensor of indices (dtype: int64, high: {rows})"
+        return f"its values must lie in [0, {rows}), the table's rows: set high: {rows} or less"
+    return "give it the shape and dtype the model expects"
+
+
+def input_problem(model: torch.nn.Module, args: tuple, kwargs: dict, names: list[str]) -> Optional[str]:
+    """None when the model runs (eval mode, no grad) on its example inputs; else one line that
+    names the input at fault where one is, with what would fix it.
+
+    Capture traces the model on these inputs, so a wrong dtype or shape otherwise shows up as
+    a torch tracing error, or, where tracing lets it through, as a written graph that does not
+    run. An input is at fault for its dtype when the same run with it cast to the model's own
+    floating dtype works; for its shape when the torch call that raised was given it. The
+    model's state, its inputs and the RNG are as before.
+
+    `names` are the example inputs' names, in (args, kwargs) leaf order.
+    """
+    if any(torch.nn.parameter.is_lazy(p) for p in model.parameters()):
+        return None  # capture materialises lazy modules itself, and says so
+    # clones: a model may change its inputs in place, and capture needs them as they are
+    originals, spec = pytree.tree_flatten((args, kwargs))
+    leaves = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in originals]
+    args, kwargs = pytree.tree_unflatten(leaves, spec)
+    named = {i: n for i, n in enumerate(names)}
+    first = _try_run(model, args, kwargs)
+    if first is None:
+        return None
+    error, failing, module = first
+    said = f"{_func_name(failing[0])}: {error}" if failing is not None else error
+    if module is not None:
+        said = f"in {module[0]} ({type(module[1]).__name__}), {said}"
+    at_fault = [i for i, t in enumerate(leaves) if failing is not None and isinstance(t, torch.Tensor)
+                and _reaches(failing[1:], leaves, i)]
+    if not at_fault and module is not None:  # a module's own check (BatchNorm's rank) on an example input
+        at_fault = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and _reaches((module[2], {}), leaves, i)]
+    compute = _compute_dtype(model)
+    if compute is not None:
+        candidates = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.dtype != compute
+                      and t.dtype != torch.bool and (t.is_floating_point() or i in at_fault)]
+        for i in candidates[:4]:
+            cast = [t.detach().to(compute) if j == i else t.detach().clone() if isinstance(t, torch.Tensor) else t
+                    for j, t in enumerate(originals)]
+            a, k = pytree.tree_unflatten(cast, spec)
+            if _try_run(model, a, k) is None:
+                was = str(leaves[i].dtype).removeprefix("torch.")
+                want = str(compute).removeprefix("torch.")
+                return (f"input {named.get(i, i)!r} is {was}, but the model computes in {want} ({said}); "
+                        f"set its dtype: {want}")
+    if at_fault:
+        i = at_fault[0]
+        t = leaves[i]
+        fix = _shape_fix(failing[0], failing[1], failing[2], t) if failing is not None else \
+            "give it the shape and dtype the model expects"
+        return (f"input {named.get(i, i)!r} (shape {list(t.shape)}, {str(t.dtype).removeprefix('torch.')}) does "
+                f"not fit the model: {said}; {fix}")
+    rank = re.search(r"expected (\d+)D input \(got (\d+)D input\)", error)  # torch's words for a rank check
+    if rank is not None:
+        want, got = int(rank.group(1)), int(rank.group(2))
+        same = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.dim() == got]
+        if len(same) == 1:
+            i, shape = same[0], list(leaves[same[0]].shape)
+            fix = f"add the batch dimension: shape {[1] + shape}" if want == got + 1 else f"give it {want} dimensions"
+            return f"input {named.get(i, i)!r} has {got} dimensions (shape {shape}), where {want} are wanted ({said}); {fix}"
+    return (f"the model does not run on its example inputs ({said}); check the inputs' shapes and dtypes against "
+            "what its forward expects")
+
+
+def _reaches(call_args: tuple[tuple, dict], leaves: list[Any], i: int) -> bool:
+    """Whether example input `i` (or a view of it) is among the (args, kwargs) of a call."""
+    target = leaves[i]
+    for a in pytree.tree_leaves(call_args):
+        while isinstance(a, torch.Tensor):
+            if a is target:
+                return True
+            a = a._base
+    return False
+
+
+def _try_run(model: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[tuple[str, Optional[tuple], Optional[tuple]]]:
+    """None if the model runs on (args, kwargs) in eval mode without grad; else (the error in one
+    line, the failing torch call if one was seen, the innermost module running when it raised
+    as (name, module, its positional args)). The model is left as it was: each module's
+    train/eval mode, its buffers (changed in place or replaced), the RNG."""
+    from aotpipe.global_state import preserved
+
+    modes = [(m, m.training) for m in model.modules()]
+    buffers = {}
+    for name, b in model.named_buffers(remove_duplicate=False):
+        owner, _, leaf = name.rpartition(".")
+        buffers[name] = (model.get_submodule(owner), leaf, b, b._version, None if b.is_meta else b.detach().clone())
+    recorder = _FailingCall()
+    entered: list[tuple[str, torch.nn.Module, tuple]] = []  # modules whose forward has not returned
+
+    def enter(name: str) -> Callable[..., None]:
+        def pre(m: torch.nn.Module, a: tuple) -> None:
+            entered.append((name, m, a))
+        return pre
+
+    def leave(m: torch.nn.Module, a: tuple, out: Any) -> None:
+        if entered and entered[-1][1] is m:
+            entered.pop()
+
+    hooks = [h for name, m in model.named_modules() if name
+             for h in (m.register_forward_pre_hook(enter(name)), m.register_forward_hook(leave))]
+    try:
+        with preserved(), torch.no_grad():
+            model.eval()
+            try:
+                with recorder:
+                    model(*args, **kwargs)
+                return None
+            except Exception as e:
+                failed = exception_line(e), recorder.failed, entered[-1] if entered else None
+            for h in hooks:
+                h.remove()
+            # again without the recorder: a torch function mode changes what some code does
+            # (torch.cond runs eagerly through torch.compile, which refuses an active mode)
+            model(*args, **kwargs)
+            return None
+    except Exception:
+        return failed
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, training in modes:
+            m.training = training
+        with torch.no_grad():
+            for owner, leaf, b, version, saved in buffers.values():
+                if owner._buffers.get(leaf) is not b:
+                    owner._buffers[leaf] = b
+                if b._version != version and saved is not None:
+                    b.copy_(saved)

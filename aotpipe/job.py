@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from aotpipe.artifact.fsio import TMP_PREFIX
-from aotpipe.errors import AotpipeError, CaptureError, exception_line
+from aotpipe.errors import AotpipeError, CaptureError, SourceError, exception_line
 from aotpipe.format.records import MANIFEST
 from aotpipe.format.source_files import name_files_in
 from aotpipe.incremental import model_fingerprint, skipped_result, up_to_date
@@ -68,6 +68,13 @@ def _source(job: _Job) -> None:
     """The model and its example inputs, built as the capture mode builds them."""
     job.model = job.mode.function("build")(job.spec, job.base_dir)
     job.args, job.kwargs = job.mode.function("example_inputs")(job.spec)
+    if job.mode.values:  # an input mistake named as one, before capture blames it on tracing
+        from aotpipe.eager import input_problem  # torch
+
+        names = [inp.name or f"inputs[{i}]" for i, inp in enumerate(job.spec.inputs)]
+        problem = input_problem(job.model, job.args, job.kwargs, names)
+        if problem is not None:
+            raise SourceError(problem)
 
 
 def _capture(job: _Job) -> None:

@@ -34,6 +34,16 @@ from aotpipe.config import check_sources
 from aotpipe.shards import shard_models
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: the results of the models that finished (their artefacts are on disk,
+    each complete), the names of those it stopped part way (nothing of theirs looks finished)
+    and of those it had not started."""
+
+    def __init__(self, done: list[ModelResult], stopped: list[str], not_run: list[str]):
+        super().__init__()
+        self.done, self.stopped, self.not_run = done, stopped, not_run
+
+
 def select_models(pipeline: Pipeline, only: tuple[str, ...] | list[str] | None) -> list[ModelSpec]:
     """The models to run: all, or those named by --only (an unknown name is a user error)."""
     if not only:
@@ -187,6 +197,11 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
                     recycled.extend(RecycledWorker(pid=r.pid, after=r.after, models=r.tasks, reason=r.reason,
                                                    **({"out_of_memory": True} if r.out_of_memory else {}))
                                     for r in getattr(executor, "recycled", []))
+    except KeyboardInterrupt:
+        clean_stale(out_root)  # the folder of a model stopped part way
+        left = [s.name for s, r in zip(specs, results) if r is None]
+        raise RunInterrupted([r for r in results if r is not None], [n for n in left if n in running],
+                             [n for n in left if n not in running]) from None
     finally:
         bar.close()
     return [r for r in results if r is not None]

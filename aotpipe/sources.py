@@ -21,11 +21,13 @@ caller trusts the artefact.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import inspect
 import sys
+import typing
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -113,6 +115,47 @@ def _resolve_hf(source: str) -> Any:
     return cls
 
 
+def config_fields(config_class: Any) -> Optional[set[str]]:
+    """The keys a transformers config class takes: its __init__'s named parameters, the
+    attributes a default instance holds, its attribute_map's aliases and its settable
+    properties (``_attn_implementation`` as ``attn_implementation``, ``num_labels``); None
+    when they cannot be told (a class with no default instance that takes **kwargs). A
+    config class keeps any other keyword as a plain attribute, which its model never reads."""
+    try:
+        params = inspect.signature(config_class.__init__).parameters
+    except (TypeError, ValueError):
+        return None
+    known = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+    try:
+        known |= set(vars(config_class()))
+    except Exception:  # a config class that needs arguments: its signature alone
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return None
+    known |= set(getattr(config_class, "attribute_map", None) or {})
+    known |= {n for c in config_class.__mro__ for n, v in vars(c).items() if isinstance(v, property) and v.fset}
+    return {n.lstrip("_").removesuffix("_internal") for n in known} | known
+
+
+def config_key_problems(source: str, config: Optional[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(key, message) for each key of an hf: source's `config:` that its config class does not
+    take, naming the nearest one it does (transformers would keep a typo as an attribute the
+    model never reads, and build the default-size model)."""
+    if not config or not source.startswith("hf:"):
+        return []
+    cls = _resolve_hf(source)
+    known = config_fields(cls.config_class)
+    if known is None:
+        return []
+    out = []
+    for key in config:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), sorted(k for k in known if not k.startswith("_")), n=1)
+            fix = f"did you mean {near[0]}?" if near else "see the class's documentation for its fields"
+            out.append((str(key), f"{cls.config_class.__name__} (the config of {source[3:]}) has no field {key!r}; "
+                                  f"{fix}"))
+    return out
+
+
 def check_source(source: str, base_dir: Path | None = None) -> str | None:
     """None if the source resolves, else a message saying what is wrong and how to fix it."""
     try:
@@ -139,13 +182,16 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
         model = torch_corpus.build_model(spec)
     elif spec.source.startswith("hf:"):
         cls = _resolve_hf(spec.source)
+        wrong = config_key_problems(spec.source, spec.config)
+        if wrong:
+            raise SourceError(f"config: {wrong[0][1]}")
         try:
             config = cls.config_class(**(spec.config or {}))
             model = cls(config)
         except LimitError:  # a rebuild over the limits (format/limits.py: bounded_build)
             raise
         except Exception as e:
-            raise SourceError(f"building {spec.source} from its config failed: {exception_line(e)}") from e
+            raise SourceError(f"building {spec.source} from its config failed: {exception_line(e)}; fix config") from e
     else:
         fn = _resolve_callable(spec.source, base_dir)
         try:
@@ -300,14 +346,74 @@ def args_problem(spec: ModelSpec, base_dir: Path | None = None) -> tuple[str, st
                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in spec.args]
     if missing:
         return "", f"{spec.source} needs argument(s) {', '.join(missing)}; add them under args"
+    return _arg_type_problem(spec, fn)
+
+
+def _arg_type_problem(spec: ModelSpec, fn: Any) -> tuple[str, str] | None:
+    """(argument name, message) for the first of `args:` whose value does not fit the type the
+    callable annotates it with (a quoted "64" for an int): checked by pydantic, lax as Python
+    calls are (a YAML list for a tuple, an int for a float), except that a string or a
+    fractional float is never taken for a number. Unannotated arguments, and annotations
+    pydantic cannot check (a class of the model's own), are not checked."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        hints = typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else fn)
+    except Exception:  # an annotation that does not resolve: nothing to check against
+        return None
+    for name, value in spec.args.items():
+        ann = hints.get(name)
+        if ann is None or ann is Any:
+            continue
+        try:
+            adapter = TypeAdapter(ann)
+        except Exception:  # pydantic has no schema for it
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            pass  # fits not even as Python would pass it
+        else:
+            try:
+                adapter.validate_python(value, strict=True)
+                continue
+            except ValidationError as e:
+                if not any(isinstance(x["input"], str) or isinstance(x["input"], float) and x["type"] == "int_type"
+                           for x in e.errors()):
+                    continue  # a list for a tuple: the callable gets what Python code would pass
+        shown = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+        hint = " (write it without quotes)" if isinstance(value, str) else ""
+        return name, (f"{value!r} is a {type(value).__name__}, but {spec.source} takes {shown} for {name}; "
+                      f"give a value of that type{hint}")
     return None
 
 
-def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None) -> list[tuple[int, str]]:
+def meta_build(spec: ModelSpec, base_dir: Path | None = None) -> tuple[Optional[torch.nn.Module], Optional[str]]:
+    """The model built on the meta device (nothing allocated), and for an hf: source why it
+    cannot be built from its `config:` (heads that do not divide the hidden size: transformers
+    checks it as it builds the attention layers). (None, None) where the build fails only for
+    want of real values (a constructor that reads a tensor's data, an op with no meta kernel),
+    or for a module:callable, which may import optional packages as it builds (a pipeline's
+    models need not all be installable here): capture builds it for real and says why."""
+    with preserved():
+        try:
+            with torch.device("meta"):
+                return build_model(spec, base_dir), None
+        except Exception as e:
+            if not spec.source.startswith("hf:") or isinstance(e, NotImplementedError):
+                return None, None
+            line = str(e) if isinstance(e, SourceError) else exception_line(e)
+            if "meta" in line.lower():
+                return None, None
+            return None, line if isinstance(e, SourceError) else f"building {spec.source} failed: {line}; fix config"
+
+
+def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None,
+                             model: Optional[torch.nn.Module] = None) -> list[tuple[int, str]]:
     """(input index, message) for each integer input whose range does not fit an embedding
     table it indexes: its `high` (exclusive) above the table's row count.
 
-    The model is built on the meta device (no memory) and run on meta inputs with a hook on
+    The model (`model`, or else built here) is built on the meta device (no memory) and run on meta inputs with a hook on
     each nn.Embedding that sees which example input (or a view of it) it is given. A model
     that cannot be built or run so is not checked here (capture reports its own failure).
     """
@@ -317,8 +423,9 @@ def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None) -> l
     seen: dict[int, tuple[str, int]] = {}  # input index -> (embedding, rows) of the smallest table
     with preserved():
         try:
-            with torch.device("meta"):
-                model = build_model(spec, base_dir)
+            if model is None:
+                with torch.device("meta"):
+                    model = build_model(spec, base_dir)
             tensors = [torch.empty(inp.shape, dtype=getattr(torch, inp.dtype), device="meta") for inp in spec.inputs]
         except Exception:
             return []

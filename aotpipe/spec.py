@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 GraphKind = Literal["inference", "forward", "backward", "joint"]
@@ -73,6 +73,22 @@ class InputSpec(Strict):
         if any(d < 0 for d in v):
             raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
         return v
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> "InputSpec":
+        if self.dtype == "bool" or (self.low is None and self.high is None):
+            return self
+        integer = self.is_integer
+        low = self.low if self.low is not None else 0
+        high = self.high if self.high is not None else (2 if integer else 1.0)
+        said = lambda name, v, given: f"{name} {v!r}" if given else f"{name} {v!r} (the default)"  # noqa: E731
+        lo, hi = said("low", low, self.low is not None), said("high", high, self.high is not None)
+        if integer and not low < high:
+            raise ValueError(f"{lo} is not below {hi}: an integer input draws from [low, high), high exclusive; "
+                             "set low below high")
+        if not integer and low > high:
+            raise ValueError(f"{lo} is above {hi}: a {self.dtype} input draws from [low, high); set low at most high")
+        return self
 
     @property
     def is_integer(self) -> bool:

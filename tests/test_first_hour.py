@@ -30,19 +30,48 @@ def _cli(*args):
     return CliRunner().invoke(main, list(args))
 
 
+CUSTOM_BACKWARD_MODEL = textwrap.dedent("""\
+    import torch
+
+    class _ApproxSin(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.sin(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * 2 * x  # not sin's derivative: export traces the forward and differentiates that
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return _ApproxSin.apply(self.fc(x))
+
+    def build():
+        return Model()
+    """)
+
+
 @pytest.fixture(scope="module")
 def failed_artefact(tmp_path_factory):
-    """A model folder whose capture FAILED: inputs out of its embedding's range (run does not validate sources)."""
+    """A model folder whose capture FAILED its checks: mode export differentiates a custom
+    autograd.Function's forward, not its own backward. (Inputs out of an embedding's range, the
+    mistake this once was, now fail before capture: an input mistake leaves no artefact.)"""
     tmp = tmp_path_factory.mktemp("failed")
-    (tmp / "embmodel.py").write_text(EMBEDDING_MODEL)
+    (tmp / "cbmodel.py").write_text(CUSTOM_BACKWARD_MODEL)
     result, out = run_yaml(tmp, textwrap.dedent("""\
         version: 1
         name: p
-        defaults: {graphs: [inference]}
+        defaults: {graphs: [forward, backward], mode: export}
         models:
-          - {name: bag, source: "embmodel:build", inputs: [{shape: [2, 3], dtype: int64, high: 1000}]}
+          - {name: bag, source: "cbmodel:build", inputs: [{shape: [2, 4]}]}
         """))
-    assert "FAILED  bag" in result.output, result.output
+    assert "FAILED  bag                      verify: backward graph differs" in result.output, result.output
     return out / "p" / "bag"
 
 
@@ -56,23 +85,20 @@ def test_verify_on_a_path_with_no_artefacts_exits_2_and_says_nothing_was_checked
 def test_verify_says_a_failed_artefact_is_intact_but_failed_when_captured(failed_artefact):
     r = _cli("verify", str(failed_artefact))
     assert r.exit_code == 0, r.output
-    assert (f"ok      {failed_artefact}  (files intact; the artefact itself FAILED when captured: inference replay "
-            "error: IndexError: index out of range in self)") in r.output
+    assert (f"ok      {failed_artefact}  (files intact; the artefact itself FAILED when captured: 2 check(s) "
+            "failed)") in r.output
     assert "artefacts ok (integrity: hashes, format, safe loading, module.py" in r.output
 
 
 def test_replay_of_a_failed_artefact_says_it_failed_when_captured_and_why(failed_artefact):
     r = _cli("replay", str(failed_artefact))
-    assert r.exit_code == 1, r.output
-    assert r.output.startswith("note: this artefact FAILED when captured: inference replay error: IndexError: "
-                               "index out of range in self\n")
+    assert "note: this artefact FAILED when captured: 2 check(s) failed\n" in r.output, r.output
 
 
 def test_show_of_a_failed_artefact_says_why_and_prints_no_none(failed_artefact):
     r = _cli("show", str(failed_artefact))
     assert r.exit_code == 0, r.output
-    assert "FAILED when captured: inference replay error: IndexError: index out of range in self" in r.output
-    assert "  verified: error: IndexError: index out of range in self" in r.output
+    assert "FAILED when captured: 2 check(s) failed; fix the model or pipeline and run it again" in r.output
     assert "None" not in r.output
 
 
@@ -313,3 +339,17 @@ def test_export_pt2_into_a_folder_that_is_not_there_is_one_line_before_any_work(
     assert r.output.strip().splitlines() == [
         f"error: -o {out}: the folder {out.parent} does not exist; make it first (mkdir -p {out.parent})"]
     assert not (tmp_path / "missing").exists()
+
+
+def test_export_pt2_into_a_path_under_a_file_says_it_is_a_file(quickstart_run, tmp_path):
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    root, _ = quickstart_run
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "m.pt2"
+    r = CliRunner().invoke(main, ["export-pt2", str(root / "mlp"), "-o", str(out), "--no-sandbox"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [f"error: -o {out}: {tmp_path / 'afile'} is a file, not a folder; "
+                                             "choose another path"]

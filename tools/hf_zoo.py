@@ -427,7 +427,12 @@ def shrunk_config(config_cls: type, model_type: str, mrope_default: Optional[lis
     _apply(out, extra)
     if "use_cache" in _public(default):
         out["use_cache"] = False
-    return out
+    # Only fields the config class takes: it would keep any other as an attribute its model
+    # never reads, and `aotpipe validate` refuses such a key as a typo.
+    from aotpipe.sources import config_fields  # torch: as the eager check imports it
+
+    known = config_fields(config_cls)
+    return out if known is None else {k: v for k, v in out.items() if k in known}
 
 
 # ---------------------------------------------------------------------------------------

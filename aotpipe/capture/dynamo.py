@@ -63,7 +63,7 @@ import torch.utils._pytree as pytree
 from aotpipe.capture import export as _export
 from aotpipe.capture.ctc import ctc_loss_formulated
 from aotpipe.capture.custom_ops import replace_calls
-from aotpipe.capture.hints import chain_text, where_in_model
+from aotpipe.capture.hints import chain_text, config_hint, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.format.records import GraphBreakRecord, OutsideGraphs, Partition
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, Subgraph
@@ -913,8 +913,9 @@ def capture_auto(
     loss: str = DEFAULT_LOSS,
     export: Optional[Callable[..., CapturedGraphs]] = None,
 ) -> CapturedGraphs:
-    """capture_export (differentiating `loss`), or where it fails, capture_dynamo (which has
-    no loss: a tangent per output); the capture says why it fell back (CapturedGraphs.fallback,
+    """capture_export (differentiating `loss`), or where its tracing fails, capture_dynamo (which
+    has no loss: a tangent per output); where the model itself raises on its inputs, or a config
+    hint applies (capture/hints.py), export's error alone; the capture says why it fell back (CapturedGraphs.fallback,
     a note, the manifest's capture.fallback). `export`: the export capture to try first (the
     one the caller uses for mode export; capture_export by default)."""
     export = export or _export.capture_export
@@ -922,11 +923,15 @@ def capture_auto(
         with _torch_logs_quiet():  # export's failure is expected here: its own logs are noise
             return export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
                                           int_ranges=int_ranges, loss=loss)
-    except Exception as e:  # export's failure, whatever raised it: dynamo may still capture the model
+    except Exception as e:  # export's failure: dynamo may still capture the model, if tracing failed
         why = str(e) if isinstance(e, CaptureError) else exception_line(e)
         where = where_in_model(chain_text(e))
         if where and where not in why:
             why += f" at {where}"
+        if not _export.is_tracing_failure(e) or config_hint(chain_text(e)):
+            # the model raises on its inputs, or a setting of its config is what to change:
+            # dynamo would fail again, and its error would only bury export's
+            raise CaptureError(f"export failed: {why}") from e
     try:
         cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
                              int_ranges=int_ranges)

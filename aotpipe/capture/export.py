@@ -20,6 +20,7 @@ import io
 import logging
 import operator
 import os
+import re
 import sys
 import time
 import warnings
@@ -514,6 +515,29 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
         raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
     sys.stderr.write(printed.getvalue())
     return ep
+
+
+# What auto falls back to dynamo for. torch.export's tracing machinery raises these (or a
+# subclass); a model's own error on its inputs comes out as a plain builtin one, which dynamo
+# would raise again, after tracing the model once more, and which eager raises too.
+_PLAIN_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError, AssertionError)
+_TRACING_WORDS = re.compile(r"fake|symbolic|sym(int|bool|float)|data.dependent|guard|proxy|export|pytree|unbacked|"
+                            r"meta|functionali|trac(e|ing)|dynamo|graph", re.IGNORECASE)
+
+
+def is_tracing_failure(e: BaseException) -> bool:
+    """Whether export's capture failed for a reason of tracing (dynamo may capture the model),
+    rather than because the model itself raises on its inputs (a plain shape or dtype error:
+    dynamo would fail the same way). Decided from the exception torch.export raised: a plain
+    builtin type (exactly RuntimeError, ValueError, ...) whose message names none of tracing's
+    machinery is the model's own; anything else, and any failure after torch.export returned
+    (decomposition, AOTAutograd, checks of the captured graphs), is tracing's."""
+    if not (isinstance(e, CaptureError) and str(e).startswith("torch.export (")):
+        return True  # a later stage of export's capture failed: the model itself traced
+    raised = e.__cause__
+    if raised is None or type(raised) not in _PLAIN_ERRORS or raised.__cause__ is not None:
+        return True
+    return _TRACING_WORDS.search(str(raised)) is not None
 
 
 # Guards the deciding export may decide before it gives up. Sizes computed from a model's own

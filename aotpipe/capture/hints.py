@@ -40,6 +40,24 @@ def chain_text(e: BaseException) -> str:
     return "\n".join(parts)
 
 
+# Model configs known to make capture fail, and the setting that fixes each: (what torch's
+# error says, the hint). transformers' GPT-2, Llama and kin return their key/value cache (a
+# DynamicCache, a Cache subclass) unless use_cache is off, and pytree cannot flatten it.
+_CONFIG_HINTS = (
+    (re.compile(r"Found <class '[\w.]*(Cache|cache_utils\.\w+)'> in output"),
+     "the model returns a transformers cache object (its config's use_cache is on), which capture cannot "
+     "flatten: set use_cache: false under config"),
+)
+
+
+def config_hint(text: str) -> Optional[str]:
+    """The model-config setting that fixes the capture failure `text` says, if one is known."""
+    for pattern, hint in _CONFIG_HINTS:
+        if pattern.search(text):
+            return hint
+    return None
+
+
 def capture_hint(mode: str, error: str, detail: str = "") -> str:
     """What to try next after a capture in `mode` failed with `error` (its one line);
     `detail` is the full text of torch's exception, where the model's own line is found."""
@@ -47,6 +65,8 @@ def capture_hint(mode: str, error: str, detail: str = "") -> str:
     at = f" at {where}" if where else ""
     text = error + "\n" + detail
     via_export = mode in CAPTURE_MODES and CAPTURE_MODES[mode].via_export
+    if config_hint(text):
+        return config_hint(text)  # type: ignore[return-value]
     if _RANDOM_BRANCH in text:
         return (f"in training the model takes a branch by a random draw{at} (a layer drop): no one graph holds "
                 "every draw's branch; turn the random skip off in its config (layerdrop: 0.0, or the model's own "
