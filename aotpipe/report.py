@@ -117,15 +117,16 @@ def _worst_ratio(m: ModelRun) -> str:
     return f"{max(ratios):.2g}" if ratios else "-"
 
 
-def status_text(m: ModelRun, kept: Optional[bool] = None) -> str:
-    """ok, partial, or failed, "kept" where the entry is from an earlier run (`kept`; None:
-    where the model was found up to date); says so when some checks were skipped."""
-    kept = m.skipped if kept is None else kept
+def status_text(m: ModelRun, kept: bool = False) -> str:
+    """ok, partial, up to date, or failed, with ", kept" where the entry is from an earlier run
+    (`kept`) not found up to date by the run that wrote it (--only left it as it was); says so
+    when some checks were skipped."""
+    also = ", kept" if kept and not m.skipped else ""
     if m.status == "failed":
-        return f"**{m.status}** ({m.stage})" + (", kept" if kept else "")
-    text = "ok, kept" if kept else "ok"
+        return f"**{m.status}** ({m.stage}){also}"
+    text = "up to date" if m.skipped else f"ok{also}"
     if m.status == "partial":
-        text = "**partial**" + (", kept" if kept else "")
+        text = "**partial**" + (" (up to date)" if m.skipped else also)
     skipped = m.checks.skipped if m.checks is not None else 0
     return f"{text}, {skipped} checks skipped" if skipped else text
 

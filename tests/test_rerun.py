@@ -106,7 +106,7 @@ def test_a_no_op_rerun_keeps_every_entry_and_its_timings_marked_kept(first, copy
         assert after[name]["measured_in"] == run1.model_dump() and before[name]["total_seconds"] > 0
     assert record.summary.kept == 2 and all(record.kept(m) for m in record.models)
     row = report_row(tree, "a")
-    assert row[1] == "ok, kept" and row[6] == f"{before['a']['capture_seconds']:.2f}"
+    assert row[1] == "up to date" and row[6] == f"{before['a']['capture_seconds']:.2f}"
     md = (tree / "report.md").read_text()
     assert f"- run {run1.id} (started {run1.started}): a, b" in md
     assert f"kept from run {run1.id} (started {run1.started})" in (tree / "report.html").read_text()

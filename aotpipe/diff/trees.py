@@ -68,8 +68,6 @@ def compare_times(diff: Diff, name: str, x: records.ModelRun, y: records.ModelRu
     ta, tb = _seconds(x), _seconds(y)
     if ta is None or tb is None:
         return f"{name} {_time_text(ta)} -> {_time_text(tb)}" if ta is not None or tb is not None else None
-    if x.measured_in is not None and y.measured_in is not None and x.measured_in.id == y.measured_in.id:
-        return None  # one measurement, kept on both sides
     if _beyond(ta, tb, threshold, MIN_SECONDS):
         change = f" ({(tb - ta) / ta:+.0%})" if ta > 0 else ""
         diff.add("time", name, f"{ta:.2f} s -> {tb:.2f} s{change}", model=name, a=ta, b=tb)
