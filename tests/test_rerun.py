@@ -179,6 +179,7 @@ def test_a_failed_model_keeps_its_failure_and_never_lends_it_to_an_artefact(copy
 
 def test_after_an_interrupted_run_the_kept_artefact_has_no_measurement_and_diff_says_dash(copy, monkeypatch):
     tree = copy / "out" / "tiny"
+    big(tree)
     original = copy.parent / "original"
     shutil.copytree(tree, original)
     # killed after writing a's new artefact, before run.json: the run.json before times the old one
@@ -196,12 +197,22 @@ def test_after_an_interrupted_run_the_kept_artefact_has_no_measurement_and_diff_
     out = CliRunner().invoke(main, ["diff", str(original), str(tree), "--json"])
     data = json.loads(out.output)
     assert not [d for d in data["differences"] if d["section"] == "time"]
-    assert any(n.startswith("time not compared for 1 model(s)") and "a " in n and "-> -" in n
+    assert any(n.startswith("time not compared for 1 model(s)") and "a 50.00 s -> -" in n
                for n in data["notes"]), data["notes"]
+
+
+def big(tree: Path) -> None:
+    """Tree's run.json as if its models were big: 50 s each (a tiny model's few tenths of a
+    second hide any change below diff's 1 s floor)."""
+    data = json.loads((tree / "run.json").read_text())
+    for m in data["models"]:
+        m["total_seconds"] = 50.0
+    (tree / "run.json").write_text(json.dumps(data))
 
 
 def test_diff_compares_kept_entries_by_their_original_measurement(copy):
     tree = copy / "out" / "tiny"
+    big(tree)
     fresh = copy.parent / "fresh"
     shutil.copytree(tree, fresh)
     result, _ = run(copy, pipeline())  # a no-op re-run: every entry kept
@@ -295,3 +306,4 @@ def test_a_carried_entry_whose_artefact_is_gone_is_dropped_with_a_note(copy):
     record = load_run(tree)
     assert [m.name for m in record.models] == ["a"]
     assert [(d.name, d.reason) for d in record.dropped] == [("b", "its artefact (b/) is gone; run it to make it")]
+
