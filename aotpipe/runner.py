@@ -125,7 +125,7 @@ def run_pipeline(
     return run
 
 
-def previous_run(out_root: Path) -> tuple[Optional["RunRecord"], Optional[str]]:
+def previous_run(out_root: Path) -> tuple[Optional[RunRecord], Optional[str]]:
     """(the run.json in `out_root` before this run, or None; why it could not be read, where
     it is there but is not one: an older aotpipe's cut short, or a newer aotpipe's)."""
     if not (out_root / RUN_JSON).exists():
@@ -159,7 +159,7 @@ def kept_result(checked: ModelResult, last: Optional[ModelRun], folder: Path) ->
     return checked
 
 
-def keep_entries(names: list[str], results: list[ModelResult], last: Optional["RunRecord"],
+def keep_entries(names: list[str], results: list[ModelResult], last: Optional[RunRecord],
                  out_root: Path) -> tuple[list[ModelRun], list[DroppedModel]]:
     """run.json's entries, in the pipeline's order (`names`): this run's results, and for the
     models it did not select, their entries in the run.json before (`last`), as they were; and
@@ -197,7 +197,7 @@ def keep_entries(names: list[str], results: list[ModelResult], last: Optional["R
 def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path], *, kind: str, workers: int,
                 pipeline: Pipeline, progress: bool, force: bool, key: Optional[Path],
                 recycled: Optional[list[RecycledWorker]] = None, stamp: Optional[RunStamp] = None,
-                last: Optional["RunRecord"] = None) -> list[ModelResult]:
+                last: Optional[RunRecord] = None) -> list[ModelResult]:
     """Keep what is up to date (with the entry `last`, the run.json before, holds for it);
     run the rest on the executor, their results stamped with `stamp`; one result per spec, in
     order. Workers the executor replaced (recycled) are appended to `recycled`."""

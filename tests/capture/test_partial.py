@@ -124,7 +124,7 @@ def test_no_model_is_ok_while_part_of_it_is_outside_its_graphs(partial_run):
     assert lines["bn"].startswith("ok ") and lines["brk"].startswith("ok ")
     assert "2/3 models ok, 1 partial (exit 1; --allow-partial accepts them)" in result.output
     run = load_run(root)
-    assert run.format_version == 2 and not run.ok and run.summary.partial == 1 and run.summary.ok == 2
+    assert run.format_version == 3 and not run.ok and run.summary.partial == 1 and run.summary.ok == 2
     status = {m.name: m for m in run.models}
     assert status["ctc"].status == "partial" and "aten._ctc_loss.Tensor" in status["ctc"].outside_graphs[0]
     for m in run.models:  # the pin: ok means every op the eager model ran is in a graph
