@@ -145,7 +145,8 @@ def merge_runs(folders: list[Path], output: Optional[Path] = None) -> RunResult:
     recycled = [x.model_copy(update={"shard": str(f)}) for f, r in runs for x in r.executor.recycled or []]
     merge = MergeRecord(
         shards=[MergedShard(folder=str(f), shard=f"{r.shard.index}/{r.shard.count}" if r.shard else None,
-                            models=len(r.models), seconds=r.seconds) for f, r in runs],
+                            models=len(r.models), seconds=r.seconds, **({"run": r.run} if r.run else {}))
+                for f, r in runs],
         missing=missing,
         duplicated=duplicated,
     )

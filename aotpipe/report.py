@@ -21,9 +21,9 @@ REPORT_MD = "report.md"
 
 
 def run_record(run: "RunResult", pipeline: "Pipeline") -> RunRecord:
-    """run.json's record of a run."""
-    models = [m.to_record() for m in run.models]
-    return RunRecord(
+    """run.json's record of a run: every entry it lists (those kept from earlier runs too)."""
+    models = run.entries()
+    record = RunRecord(
         format_version=RUN_FORMAT_VERSION,
         pipeline=pipeline.name,
         versions=versions(),
@@ -33,8 +33,10 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> RunRecord:
         # A shard's and a merged run's records: absent (not null) from a plain run's run.json.
         **({"shard": run.shard} if run.shard is not None else {}),
         **({"merge": run.merge} if run.merge is not None else {}),
-        ok=run.ok,
+        ok=run.tree_ok,
         **({"allow_partial": True} if run.allow_partial else {}),
+        run=run.stamp,
+        **({"dropped": list(run.dropped)} if run.dropped else {}),
         summary=RunSummary(
             models=len(models),
             ok=sum(m.status == "ok" for m in models),
@@ -47,6 +49,8 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> RunRecord:
         ),
         models=models,
     )
+    record.summary.kept = sum(record.kept(m) for m in models)
+    return record
 
 
 def human_size(n: float) -> str:
@@ -113,15 +117,44 @@ def _worst_ratio(m: ModelRun) -> str:
     return f"{max(ratios):.2g}" if ratios else "-"
 
 
-def status_text(m: ModelRun) -> str:
-    """ok, partial, up to date, or failed; says so when some checks were skipped."""
+def status_text(m: ModelRun, kept: bool = False) -> str:
+    """ok, partial, up to date, or failed, with ", kept" where the entry is from an earlier run
+    (`kept`) not found up to date by the run that wrote it (--only left it as it was); says so
+    when some checks were skipped."""
+    also = ", kept" if kept and not m.skipped else ""
     if m.status == "failed":
-        return f"**{m.status}** ({m.stage})"
-    text = "up to date" if m.skipped else "ok"
+        return f"**{m.status}** ({m.stage}){also}"
+    text = "up to date" if m.skipped else f"ok{also}"
     if m.status == "partial":
-        text = "**partial**" + (" (up to date)" if m.skipped else "")
+        text = "**partial**" + (" (up to date)" if m.skipped else also)
     skipped = m.checks.skipped if m.checks is not None else 0
     return f"{text}, {skipped} checks skipped" if skipped else text
+
+
+def seconds_cell(m: ModelRun, seconds: float) -> str:
+    """A time of `m`, or "-" where the entry holds no measurement (an artefact kept as up to
+    date that no finished run had timed, in any run.json version)."""
+    return f"{seconds:.2f}" if m.has_measurement() else "-"
+
+
+def kept_lines(rec: RunRecord) -> list[str]:
+    """One line per earlier run whose entries `rec` kept, naming them, and one for entries
+    kept with no measurement."""
+    runs: dict[str, tuple[str, list[str]]] = {}
+    untimed = []
+    for m in rec.models:
+        if not rec.kept(m):
+            continue
+        if m.measured_in is None:
+            untimed.append(m.name)
+        else:
+            runs.setdefault(m.measured_in.id, (m.measured_in.started, []))[1].append(m.name)
+    lines = [f"- run {rid} (started {started}): {', '.join(names)}" for rid, (started, names) in
+             sorted(runs.items(), key=lambda kv: kv[1][0])]
+    if untimed:
+        lines.append(f"- no measurement (kept as up to date; the run that wrote the artefact did not finish, or "
+                     f"timed another artefact): {', '.join(untimed)}; `--force` measures them again")
+    return lines
 
 
 def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
@@ -133,7 +166,7 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
         "",
         f"{s.ok} of {s.models} models ok" + (f", {s.partial} partial" if s.partial else "") + f", {s.graphs} graphs, {human_size(s.bytes)} on disk, "
         f"{run.seconds:.1f} s (torch {v.torch}, python {v.python}, aotpipe {v.aotpipe})"
-        + (f"; {s.up_to_date} up to date and kept." if s.up_to_date else "."),
+        + (f"; {s.kept} kept from earlier runs (below)." if s.kept else "."),
         "",
         "| model | status | graphs (nodes) | replay | checks vs eager | worst error / eager's | capture s "
         "| passes s | checks s | write s | size |",
@@ -141,11 +174,20 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
     ]
     for m in rec.models:
         graphs = ", ".join(f"{g.kind} ({g.nodes})" for g in m.graphs) or "-"
+        times = " | ".join(seconds_cell(m, t) for t in (m.capture_seconds, m.passes_seconds, m.checks_seconds,
+                                                         m.write_seconds))
         lines.append(
-            f"| {m.name} | {status_text(m)} | {graphs} | {_replay_cell(m)} | {_checks_cell(m)} | {_worst_ratio(m)} "
-            f"| {m.capture_seconds:.2f} | {m.passes_seconds:.2f} | {m.checks_seconds:.2f} | {m.write_seconds:.2f} "
-            f"| {human_size(m.bytes)} |"
+            f"| {m.name} | {status_text(m, rec.kept(m))} | {graphs} | {_replay_cell(m)} | {_checks_cell(m)} "
+            f"| {_worst_ratio(m)} | {times} | {human_size(m.bytes)} |"
         )
+    kept = kept_lines(rec)
+    if kept:
+        lines += ["", "## Kept from earlier runs", "",
+                  "Not redone by this run (up to date, or not selected by `--only`): their entries, times "
+                  "included, are those of the run that measured them.", ""] + kept
+    if rec.dropped or run.previous:
+        lines += ["", "## No longer listed", ""] + [f"- {d.name}: {d.reason}" for d in rec.dropped or []] + (
+            [f"- {run.previous}"] if run.previous else [])
     failed = [m for m in rec.models if m.status == "failed"]
     if failed:
         lines += ["", "## Failures", ""]
@@ -232,4 +274,5 @@ def write_reports(run: "RunResult", pipeline: "Pipeline") -> None:
             raise OutputError(describe_os_error(e, run.output / name)) from None
 
 
-__all__ = ["RUN_JSON", "REPORT_MD", "dump_run", "load_run", "run_record", "report_markdown", "write_reports", "settled_text"]
+__all__ = ["RUN_JSON", "REPORT_MD", "dump_run", "kept_lines", "load_run", "run_record", "report_markdown", "write_reports",
+           "seconds_cell", "settled_text", "status_text"]

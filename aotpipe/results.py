@@ -7,14 +7,17 @@ and data flows one way: runner -> executors -> job -> results.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
 from pydantic import ConfigDict, Field
 
-from aotpipe.format.records import (CheckSummary, EagerCell, GraphChecks, GraphSummary, Manifest, MergeRecord,
-                                     ModelRun, RecycledWorker, ShardRecord, VerificationSummary)
+from aotpipe.format.records import (CheckSummary, DroppedModel, EagerCell, GraphChecks, GraphSummary, Manifest,
+                                     MergeRecord, ModelRun, RecycledWorker, RunStamp, ShardRecord,
+                                     VerificationSummary)
 from aotpipe.format import records
 from aotpipe.graph_keys import key_order, parse_graph_key
 
@@ -41,8 +44,19 @@ class ModelResult(ModelRun):
         return ModelRun.model_validate(self.model_dump())
 
 
+def new_stamp() -> RunStamp:
+    """A stamp for a run starting now: an id no other run shares (the time and a random
+    suffix), and the time, UTC."""
+    now = datetime.now(timezone.utc)
+    return RunStamp(id=f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}", started=f"{now:%Y-%m-%dT%H:%M:%SZ}")
+
+
 @dataclass
 class RunResult:
+    """A run: `models` are those this command selected (run, or kept as up to date), and
+    decide its exit code; run.json lists `listed` (those, and the entries of the run.json
+    before that this run left as they were), or `models` alone where it is None."""
+
     pipeline: str
     output: Path
     models: list[ModelResult]
@@ -54,13 +68,30 @@ class RunResult:
     recycled: list[RecycledWorker] = field(default_factory=list)  # workers the process executor replaced
     merge: Optional[MergeRecord] = None  # written by `aotpipe merge`
     allow_partial: bool = False  # `run --allow-partial`: a partial model does not make the run fail
+    stamp: RunStamp = field(default_factory=new_stamp)  # this run (run.json's "run")
+    listed: Optional[list[ModelRun]] = None  # every entry run.json lists, in pipeline order
+    dropped: list[DroppedModel] = field(default_factory=list)  # entries of the run.json before, not listed now
+    previous: Optional[str] = None  # why the run.json before could not be read (nothing was kept from it)
+
+    def _ok(self, models: list[ModelRun] | list[ModelResult]) -> bool:
+        gaps = self.merge is not None and bool(self.merge.missing or self.merge.duplicated)
+        good = ("ok", "partial") if self.allow_partial else ("ok",)
+        return all(m.status in good for m in models) and not gaps
 
     @property
     def ok(self) -> bool:
-        """Every model ok (or partial, where allowed), and, merged, none missing or run twice."""
-        gaps = self.merge is not None and bool(self.merge.missing or self.merge.duplicated)
-        good = ("ok", "partial") if self.allow_partial else ("ok",)
-        return all(m.status in good for m in self.models) and not gaps
+        """Every model this command selected ok (or partial, where allowed), and, merged, none
+        missing or run twice: the exit code."""
+        return self._ok(self.models)
+
+    def entries(self) -> list[ModelRun]:
+        """run.json's entries: this run's models, and those kept from the run.json before."""
+        return list(self.listed) if self.listed is not None else [m.to_record() for m in self.models]
+
+    @property
+    def tree_ok(self) -> bool:
+        """run.json's "ok": every entry it lists ok (those kept from earlier runs too)."""
+        return self._ok(self.entries())
 
 
 def eager_cell(checks: Optional[GraphChecks]) -> Optional[EagerCell]:

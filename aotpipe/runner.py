@@ -3,6 +3,11 @@
 Data flows one way: the runner decides what is up to date (aotpipe/incremental.py, in
 this process, without importing torch), hands the rest to an executor as tasks that call
 :func:`aotpipe.job.run_model`, and writes run.json and report.md from the results.
+
+run.json describes the output tree, not only what this command did (:func:`keep_entries`):
+a model found up to date keeps the entry the run that made its artefact wrote (its times,
+status and checks, and which run measured them), and the models --only did not select keep
+their entries as they were.
 """
 
 from __future__ import annotations
@@ -17,16 +22,17 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from aotpipe.format.records import RecycledWorker, ShardRecord
+from aotpipe.format.records import MANIFEST, DroppedModel, ModelRun, RecycledWorker, RunStamp, ShardRecord
 from aotpipe.spec import ModelSpec, Pipeline
-from aotpipe.results import ModelResult, RunResult
+from aotpipe.results import ModelResult, RunResult, new_stamp
 from aotpipe.shards import Shard
 from aotpipe import incremental
 from aotpipe.artifact.fsio import OutputError, clean_stale, describe_os_error
+from aotpipe.artifact.manifest import file_sha256
 from aotpipe.errors import AotpipeError, AotpipeError as _E
 from aotpipe.executors import Failure, Outcome, Resources, Task, make_executor
 from aotpipe.executors.process import ran_out_of_memory, retried_out_of_memory
-from aotpipe.format.records import RunRecord, load_run
+from aotpipe.format.records import RUN_JSON, RunRecord, load_run
 from aotpipe.htmlreport import write_html
 from aotpipe.job import PROGRESS_DIR_ENV, run_model
 from aotpipe.report import write_reports
@@ -84,6 +90,7 @@ def run_pipeline(
     `allow_partial`: a partial model (part of it outside its graphs) leaves the run ok.
     """
     start = time.perf_counter()
+    stamp = new_stamp()
     if key is None and sign:  # the user's own key, made on first use: what they make, they trust
         from aotpipe.artifact.keyring import own_key  # cryptography: only when used
 
@@ -110,26 +117,100 @@ def run_pipeline(
         err.exit_code = 2  # the output folder given cannot be used: nothing ran
         raise err from None
     cleaned = clean_stale(out_root)
+    last, previous = previous_run(out_root)
     base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
     ex = pipeline.executor
     kind = executor or ex.kind
     n_workers = workers or ex.workers
     recycled: list[RecycledWorker] = []
     results = _run_models(specs, out_root, base_dir, kind=kind, workers=n_workers, pipeline=pipeline,
-                          progress=progress, force=force, key=key, recycled=recycled)
+                          progress=progress, force=force, key=key, recycled=recycled, stamp=stamp, last=last)
     run = RunResult(pipeline.name, out_root, results, time.perf_counter() - start, cleaned, kind,
                     n_workers if kind == "process" else 1, shard=shard_record, recycled=recycled,
-                    allow_partial=allow_partial)
+                    allow_partial=allow_partial, stamp=stamp, previous=previous)
+    if shard is None:  # a shard's run.json lists its own share: merge reads each shard's
+        run.listed, run.dropped = keep_entries([m.name for m in pipeline.models], results, last, out_root)
     write_reports(run, pipeline)
     write_html(out_root)  # from what is now on disk, as `aotpipe report` rebuilds it
     return run
 
 
+def previous_run(out_root: Path) -> tuple[Optional[RunRecord], Optional[str]]:
+    """(the run.json in `out_root` before this run, or None; why it could not be read, where
+    it is there but is not one: an older aotpipe's cut short, or a newer aotpipe's)."""
+    if not (out_root / RUN_JSON).exists():
+        return None, None
+    try:
+        return load_run(out_root), None
+    except (OSError, AotpipeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:300]
+        return None, f"the run.json before this run could not be read, so no entry was kept from it: {why}"
+
+
+def manifest_sha256(folder: Path) -> Optional[str]:
+    """The sha256 of `folder`'s manifest.json; None where there is none (or it cannot be read)."""
+    try:
+        return file_sha256(folder / MANIFEST)
+    except OSError:
+        return None
+
+
+def kept_result(checked: ModelResult, last: Optional[ModelRun], folder: Path) -> ModelResult:
+    """The result of a model found up to date (`checked`, built from its manifest): the entry
+    the run.json before holds for this very artefact (same manifest sha256), kept whole and
+    marked skipped; else `checked` with no measurement (the run that wrote the artefact did
+    not finish, or timed another artefact of the model)."""
+    sha = manifest_sha256(folder)
+    if last is not None and sha is not None and last.manifest_sha256 == sha and last.status in ("ok", "partial"):
+        return ModelResult.model_validate(last.model_dump(exclude_unset=True) | {"skipped": True})
+    for name in ("capture_seconds", "passes_seconds", "checks_seconds", "write_seconds", "total_seconds"):
+        setattr(checked, name, 0.0)  # the time the check took is no measurement of the model
+    checked.measured_in, checked.manifest_sha256 = None, sha
+    return checked
+
+
+def keep_entries(names: list[str], results: list[ModelResult], last: Optional[RunRecord],
+                 out_root: Path) -> tuple[list[ModelRun], list[DroppedModel]]:
+    """run.json's entries, in the pipeline's order (`names`): this run's results, and for the
+    models it did not select, their entries in the run.json before (`last`), as they were; and
+    the entries of `last` not carried over, and why: a model no longer in the pipeline, or one
+    whose artefact the entry describes is gone or was replaced since."""
+    ran = {r.name: r for r in results}
+    before = {m.name: m for m in last.models} if last is not None else {}
+    listed: list[ModelRun] = []
+    dropped: list[DroppedModel] = []
+    for name in names:
+        if name in ran:
+            listed.append(ran[name].to_record())
+            continue
+        entry = before.get(name)
+        if entry is None:
+            continue
+        if entry.status in ("ok", "partial"):
+            sha = manifest_sha256(out_root / name)
+            if sha is None:
+                dropped.append(DroppedModel(name=name, reason=f"its artefact ({name}/) is gone; run it to make it"))
+                continue
+            if entry.manifest_sha256 is not None and sha != entry.manifest_sha256:
+                dropped.append(DroppedModel(name=name, reason=f"its artefact ({name}/) was replaced since the run "
+                                                              "that measured it; run it to measure it again"))
+                continue
+        listed.append(entry)
+    for name in before:
+        if name not in names:
+            left = f" (its folder {name}/ is left on disk: delete it to drop it from report.html)" \
+                if (out_root / name).is_dir() else ""
+            dropped.append(DroppedModel(name=name, reason=f"no longer in the pipeline{left}"))
+    return listed, dropped
+
+
 def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path], *, kind: str, workers: int,
                 pipeline: Pipeline, progress: bool, force: bool, key: Optional[Path],
-                recycled: Optional[list[RecycledWorker]] = None) -> list[ModelResult]:
-    """Keep what is up to date; run the rest on the executor; one result per spec, in order.
-    Workers the executor replaced (recycled) are appended to `recycled`."""
+                recycled: Optional[list[RecycledWorker]] = None, stamp: Optional[RunStamp] = None,
+                last: Optional[RunRecord] = None) -> list[ModelResult]:
+    """Keep what is up to date (with the entry `last`, the run.json before, holds for it);
+    run the rest on the executor, their results stamped with `stamp`; one result per spec, in
+    order. Workers the executor replaced (recycled) are appended to `recycled`."""
     from tqdm import tqdm
 
     results: list[Optional[ModelResult]] = [None] * len(specs)
@@ -139,6 +220,14 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
     stages = _StageWatch(bar, running) if not bar.disable else None
 
     fresh = ran_out_of_memory_last_run(out_root)
+    before = {m.name: m for m in last.models} if last is not None else {}
+    stamp = stamp or new_stamp()
+
+    def measured(r: ModelResult) -> ModelResult:
+        r.measured_in = stamp
+        if r.status in ("ok", "partial"):  # a failed model's folder, if any, is an earlier artefact
+            r.manifest_sha256 = manifest_sha256(out_root / r.name)
+        return r
 
     def finished(i: int, r: ModelResult) -> None:
         if r.name in fresh:  # the mark stays: a model that passes afresh would run out again in a used worker
@@ -154,7 +243,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
         for i, spec in enumerate(specs):
             kept = None if force else incremental.check(spec, out_root, base_dir, key)
             if kept is not None:
-                finished(i, kept)
+                finished(i, kept_result(kept, before.get(spec.name), out_root / spec.name))
             else:
                 todo.append(i)
         if not todo:
@@ -184,6 +273,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
                                 traceback=outcome.detail)
             else:
                 r = outcome
+            r = measured(r)
             # A dead worker's half-written folder: this model's, or an earlier attempt's (a model
             # out of memory in a used worker runs again in a fresh one).
             clean_stale(out_root)
@@ -261,7 +351,7 @@ def longest_first(todo: list[int], names: list[str], out_root: Path) -> list[int
     in pipeline order, then the rest, longest first. With N workers the batch then ends with
     short models running beside each other, not with one long model running alone."""
     last = _last_run(out_root)
-    took = {m.name: m.total_seconds for m in last.models if not m.skipped and m.total_seconds} if last else {}
+    took = {m.name: m.total_seconds for m in last.models if m.has_measurement() and m.total_seconds} if last else {}
     unknown = [i for i in todo if names[i] not in took]
     known = sorted((i for i in todo if names[i] in took), key=lambda i: -took[names[i]])
     return unknown + known

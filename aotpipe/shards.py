@@ -68,7 +68,7 @@ def previous_times(path: Path) -> dict[str, float]:
         last = read_run_json(path)
     except (OSError, AotpipeError):
         return {}
-    return {m.name: m.total_seconds for m in last.models if not m.skipped and m.total_seconds}
+    return {m.name: m.total_seconds for m in last.models if m.has_measurement() and m.total_seconds}
 
 
 _DEPTH_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "layers", "depth", "encoder_layers", "decoder_layers")

@@ -65,7 +65,7 @@ def test_a_required_new_field_is_refused(monkeypatch, committed):
     monkeypatch.setitem(records.RECORDS, records.RUN_JSON, grown)
     problems = tool.write(committed)
     assert len(problems) == 1 and problems[0].startswith("run.json: host was added as a required field, "
-                                                         "but the run.json files this aotpipe reads (versions 1, 2) may hold it")
+                                                         "but the run.json files this aotpipe reads (versions 1, 2, 3) may hold it")
     assert "a new field must be Optional" in problems[0]
     assert tool.stale(committed)[0] == problems[0]  # the check says the same
     assert (committed / "run.schema.json").read_text() == (ROOT / "docs" / "format" / "run.schema.json").read_text()
@@ -77,9 +77,9 @@ def test_a_retyped_field_is_refused_unless_the_version_is_bumped(monkeypatch, co
     (problem,) = tool.write(committed)
     assert problem.startswith('run.json: seconds changed type from {"type":"number"} to {"type":"string"}')
     assert "bump run.json's version in aotpipe/format/records.py and keep reading the old one" in problem
-    monkeypatch.setitem(records.RECORD_VERSIONS, records.RUN_JSON, (3, (1, 2, 3)))
+    monkeypatch.setitem(records.RECORD_VERSIONS, records.RUN_JSON, (4, (1, 2, 3, 4)))
     assert tool.write(committed) == []
-    assert _lock(committed)["run.json"]["version"] == 3 and _lock(committed)["run.json"]["revision"] == 0
+    assert _lock(committed)["run.json"]["version"] == 4 and _lock(committed)["run.json"]["revision"] == 0
 
 
 def test_a_removed_field_is_refused_naming_the_versions_still_read(committed):

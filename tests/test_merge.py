@@ -30,8 +30,8 @@ def broken_model():
 
 
 def _untimed(value):
-    if isinstance(value, dict):
-        return {k: _untimed(v) for k, v in value.items() if not k.endswith("seconds")}
+    if isinstance(value, dict):  # and not which run measured it
+        return {k: _untimed(v) for k, v in value.items() if not k.endswith("seconds") and k != "measured_in"}
     if isinstance(value, list):
         return [_untimed(v) for v in value]
     return value
@@ -84,6 +84,9 @@ def test_shards_merged_give_the_models_and_statuses_of_one_run(small_runs, n):
     rec = json.loads((merged / "run.json").read_text())
     assert rec["merge"]["missing"] == [] and rec["merge"]["duplicated"] == []
     assert rec["summary"]["ok"] == 4 and rec["summary"]["failed"] == 1
+    # Each entry was measured by its shard's run, which counts as the merged run's own: none kept.
+    assert rec["summary"]["kept"] == 0 and {s["run"]["id"] for s in rec["merge"]["shards"]} == {
+        m["measured_in"]["id"] for m in rec["models"]}
     # The merged tree holds each model's folder: `aotpipe ls` and `verify` read it like a run's.
     assert sorted(p.name for p in merged.iterdir() if p.is_dir()) == ["a", "b", "c", "d"]
     v = CliRunner().invoke(main, ["verify", str(merged)])

@@ -1,7 +1,12 @@
 """Two output trees (a pipeline's output folder: run.json and one artefact per model)
 compared model by model: models new or missing, status changes (ok to failed, failed to ok),
 graph-break and check counts, time and bytes beyond a threshold, and for each model both
-trees hold, what :mod:`aotpipe.diff.artifacts` finds between its two artefacts."""
+trees hold, what :mod:`aotpipe.diff.artifacts` finds between its two artefacts.
+
+Times compare only where both sides hold a measurement (ModelRun.has_measurement): an entry
+kept from an earlier run compares by that run's measurement; one with none (an artefact kept
+as up to date that no finished run timed, or before run.json version 3, any model kept as up
+to date) is "-" in a note, never a percentage."""
 
 from __future__ import annotations
 
@@ -48,9 +53,31 @@ def _beyond(a: Any, b: Any, threshold: float, floor: float = 0.0) -> bool:
     return abs(b - a) >= floor and max(a / b, b / a) > 1 + threshold
 
 
+def _seconds(m: records.ModelRun) -> Optional[float]:
+    return m.total_seconds if m.has_measurement() else None
+
+
+def _time_text(t: Optional[float]) -> str:
+    return "-" if t is None else f"{t:.2f} s"
+
+
+def compare_times(diff: Diff, name: str, x: records.ModelRun, y: records.ModelRun, threshold: float) -> Optional[str]:
+    """Add a time finding for model `name` (A's entry `x`, B's `y`) where both hold a
+    measurement and it moved past `threshold`; the line for a note where only one side
+    holds one ("- -> 3.20 s"), else None."""
+    ta, tb = _seconds(x), _seconds(y)
+    if ta is None or tb is None:
+        return f"{name} {_time_text(ta)} -> {_time_text(tb)}" if ta is not None or tb is not None else None
+    if _beyond(ta, tb, threshold, MIN_SECONDS):
+        change = f" ({(tb - ta) / ta:+.0%})" if ta > 0 else ""
+        diff.add("time", name, f"{ta:.2f} s -> {tb:.2f} s{change}", model=name, a=ta, b=tb)
+    return None
+
+
 def compare_trees(a: Path, b: Path, diff: Diff, threshold: float) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
     """Add the differences between trees `a` and `b` to `diff`."""
     ra, rb = read_run(a), read_run(b)
+    untimed: list[str] = []
     compare_fields(diff, "environment", "", ra.versions.model_dump(), rb.versions.model_dump(), "versions")
     ma, mb = {m.name: m for m in ra.models}, {m.name: m for m in rb.models}
     for name in ma:
@@ -73,9 +100,9 @@ def compare_trees(a: Path, b: Path, diff: Diff, threshold: float) -> list[tuple[
         ba, bb = _breaks(a, name), _breaks(b, name)
         if ba != bb and ba is not None and bb is not None:
             diff.add("breaks", name, f"graph breaks {ba} -> {bb}", model=name, a=ba, b=bb)
-        ta, tb = x.total_seconds, y.total_seconds
-        if _beyond(ta, tb, threshold, MIN_SECONDS):
-            diff.add("time", name, f"{ta:.2f} s -> {tb:.2f} s ({(tb - ta) / ta:+.0%})", model=name, a=ta, b=tb)
+        one_sided = compare_times(diff, name, x, y, threshold)
+        if one_sided is not None:
+            untimed.append(one_sided)
         za, zb = x.bytes, y.bytes
         if _beyond(za, zb, threshold):
             diff.add("bytes", name, f"{za} -> {zb} ({(zb - za) / za:+.0%})", model=name, a=za, b=zb)
@@ -83,6 +110,10 @@ def compare_trees(a: Path, b: Path, diff: Diff, threshold: float) -> list[tuple[
             inner = Diff("artifact", str(a / name), str(b / name))
             compare_artifacts(read_side(a / name), read_side(b / name), inner, model=name)
             per_model.append(inner)
+    if untimed:
+        diff.notes.append(f"time not compared for {len(untimed)} model(s) measured on one side only (\"-\": kept "
+                          f"as up to date without a measurement): {'; '.join(untimed[:5])}"
+                          + (f"; and {len(untimed) - 5} more" if len(untimed) > 5 else ""))
     _merge(diff, per_model)
     return []
 

@@ -721,8 +721,18 @@ class VerificationSummary(Record):
     problems: list[str]
 
 
+class RunStamp(Record):
+    """Which run: its id (unique to it) and when it started (UTC, ISO 8601, to the second)."""
+
+    id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    started: Annotated[str, StringConstraints(max_length=64)]
+
+
 class ModelRun(Record):
-    """run.json's record of one model: what happened, where it stopped, what it wrote."""
+    """run.json's record of one model: what happened, where it stopped, what it wrote.
+
+    Version 3: an entry a run did not redo is kept as it was (its figures are from the run
+    that made them: `measured_in`); see RunRecord.kept and has_measurement."""
 
     name: str
     # partial (version 2): written and checked, but part of the model ran outside its graphs
@@ -752,6 +762,18 @@ class ModelRun(Record):
     # status partial: one line per graph break past which the model computed outside its
     # graphs (the break's reason and source line, the ops that ran outside)
     outside_graphs: Optional[list[str]] = None
+    # version 3: the run that measured this entry's figures (times, status, checks); absent
+    # where none did (an artefact kept as up to date that no finished run had timed)
+    measured_in: Optional[RunStamp] = None
+    # version 3, ok and partial entries: the sha256 of the manifest.json the figures belong to
+    # (a later run keeps them for that artefact only)
+    manifest_sha256: Optional[Sha256] = None
+
+    def has_measurement(self) -> bool:
+        """Whether the times are a measurement of this model (by the run named in measured_in,
+        or, in a file without it, by this entry's run); false for an artefact kept as up to
+        date without one (its times are then zero and mean nothing: reports show "-")."""
+        return self.measured_in is not None or not self.skipped
 
 
 class RecycledWorker(Record):
@@ -785,6 +807,7 @@ class MergedShard(Record):
     shard: Optional[str]  # "I/N", None for an unsharded run
     models: Count
     seconds: Optional[float] = None
+    run: Optional[RunStamp] = None  # version 3: the shard's run (its entries count as the merged run's own)
 
 
 class DuplicatedModel(Record):
@@ -820,12 +843,24 @@ class RunSummary(Record):
     bytes: Count
     checks: Optional[SettledTotals] = None
     partial: Optional[Count] = None  # version 2: models whose status is partial (not counted as ok)
+    kept: Optional[Count] = None  # version 3: entries kept from earlier runs (RunRecord.kept)
+
+
+class DroppedModel(Record):
+    """An entry of the run.json before that this one no longer lists, and why."""
+
+    name: str
+    reason: str  # one line
 
 
 class RunRecord(Record):
-    """run.json: one pipeline run, for machines (report.md says the same for people)."""
+    """run.json: one pipeline run, for machines (report.md says the same for people).
 
-    format_version: Literal[1, 2]  # RUN_FORMAT_VERSION (2: a model's status may be partial)
+    Version 3: run.json describes the output tree, not only what the last command did. An
+    entry the run did not redo (a model up to date, or not selected by --only) is kept from
+    the run.json before, its figures as the run that measured them recorded them."""
+
+    format_version: Literal[1, 2, 3]  # RUN_FORMAT_VERSION (2: status partial; 3: kept entries)
     pipeline: str
     versions: Versions
     seconds: float
@@ -836,6 +871,21 @@ class RunRecord(Record):
     summary: RunSummary
     models: list[ModelRun]
     allow_partial: Optional[bool] = None  # version 2: `run --allow-partial`: partial models did not make ok false
+    run: Optional[RunStamp] = None  # version 3: this run
+    dropped: Optional[list[DroppedModel]] = None  # version 3: entries of the run.json before, not carried over
+
+    def own_runs(self) -> set[str]:
+        """The ids of the runs whose entries count as this record's own: its run's, and in a
+        merged run, the shards' runs'."""
+        ids = {self.run.id} if self.run is not None else set()
+        return ids | {s.run.id for s in (self.merge.shards if self.merge is not None else []) if s.run is not None}
+
+    def kept(self, m: ModelRun) -> bool:
+        """Whether entry `m` was kept from an earlier run rather than measured by this one (in a
+        file before version 3: whether its model was found up to date)."""
+        if self.run is None:
+            return m.skipped
+        return m.measured_in is None or m.measured_in.id not in self.own_runs()
 
 
 def load_run(path: Any) -> "RunRecord":
@@ -929,7 +979,8 @@ RECORDS: dict[str, type[Record]] = {
 # Each record file's version as written now, and the versions of it this aotpipe reads
 # (tools/format_schema.py holds field changes to them: docs/format/README.md).
 # run.json version 2: a model's status may be "partial" (version 1 said ok or failed).
-RUN_FORMAT_VERSION = 2
+# Version 3: entries kept from earlier runs (ModelRun.measured_in, RunRecord.run).
+RUN_FORMAT_VERSION = 3
 SIGNATURE_FORMAT_VERSION = 1
 RECORD_VERSIONS: dict[str, tuple[int, tuple[int, ...]]] = {
     MANIFEST: (FORMAT_VERSION, READABLE_VERSIONS),
@@ -937,7 +988,7 @@ RECORD_VERSIONS: dict[str, tuple[int, tuple[int, ...]]] = {
     TRACE: (FORMAT_VERSION, READABLE_VERSIONS),
     GRAPH_JSON: (GRAPH_FORMAT_VERSION, (1, GRAPH_FORMAT_VERSION)),
     SIGNATURE: (SIGNATURE_FORMAT_VERSION, (SIGNATURE_FORMAT_VERSION,)),
-    RUN_JSON: (RUN_FORMAT_VERSION, (1, RUN_FORMAT_VERSION)),
+    RUN_JSON: (RUN_FORMAT_VERSION, (1, 2, RUN_FORMAT_VERSION)),
 }
 
 

@@ -109,8 +109,9 @@ class GraphRow:
 class ModelRow:
     name: str
     anchor: str
-    status: str  # ok, partial, failed, up to date, unreadable
+    status: str  # ok, partial, failed, unreadable
     stage: Optional[str] = None
+    kept: Optional[str] = None  # the entry is from an earlier run: which (run.json version 3), or why none timed it
     mode: Optional[str] = None
     graph_breaks: Optional[int] = None
     seconds: dict[str, Optional[float]] = field(default_factory=dict)
@@ -182,14 +183,26 @@ def _finite(x: Optional[float]) -> Optional[float]:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root: Path) -> ModelRow:
+def kept_text(record: RunRecord, m: ModelRun) -> Optional[str]:
+    """What the page says of an entry kept from an earlier run (None: this run measured it)."""
+    if not record.kept(m):
+        return None
+    if m.measured_in is not None:
+        return f"kept from run {m.measured_in.id} (started {m.measured_in.started})"
+    return "kept, up to date; no measurement" if not m.has_measurement() else "kept from an earlier run"
+
+
+def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root: Path,
+               record: Optional[RunRecord] = None) -> ModelRow:
     name = run.name if run is not None else view.name  # type: ignore[union-attr]
     row = ModelRow(name=name, anchor=_anchor(i), status="unreadable")
     if run is not None:
-        row.status = ("up to date" if run.skipped else "ok") if run.status == "ok" else run.status
+        row.status = run.status
+        row.kept = kept_text(record, run) if record is not None else None
         row.stage = run.stage
-        row.seconds = {"capture": run.capture_seconds, "passes": run.passes_seconds, "checks": run.checks_seconds,
-                       "write": run.write_seconds, "total": run.total_seconds}
+        if run.has_measurement():  # else no times: "-", and no point in the plots
+            row.seconds = {"capture": run.capture_seconds, "passes": run.passes_seconds,
+                           "checks": run.checks_seconds, "write": run.write_seconds, "total": run.total_seconds}
         row.bytes = run.bytes
         row.notes = list(run.notes)
         if run.error:
@@ -215,7 +228,7 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
     if m.capture.fallback:
         row.notes.append(f"export failed, dynamo used: {m.capture.fallback}")
     row.outside = outside_graphs_lines(m)
-    if is_partial(m) and row.status in ("ok", "up to date"):  # the manifest says so, whatever run.json said
+    if is_partial(m) and row.status == "ok":  # the manifest says so, whatever run.json said
         row.status = "partial"
     if m.checks is not None:
         c = m.checks
@@ -294,10 +307,14 @@ def gather(root: Path) -> Report:
         v = by_name.get(rm.name)
         if v is not None:
             seen.add(id(v))
-        rows.append(_model_row(i, rm, v, root))
+        rows.append(_model_row(i, rm, v, root, run))
     for v in views:
         if id(v) not in seen:
-            rows.append(_model_row(len(rows), None, v, root))
+            row = _model_row(len(rows), None, v, root)
+            if run is not None:
+                row.notes.append("not in run.json: not part of the pipeline's last run (removed from the pipeline, "
+                                 "or copied here); delete its folder to drop it from this page")
+            rows.append(row)
     bench = None
     try:
         bench = read_bench(root)
@@ -317,10 +334,10 @@ def gather(root: Path) -> Report:
     on_disk = sum(r.bytes or 0 for r in rows)
     summary = {
         "models": len(rows),
-        "ok": sum(r.status in ("ok", "up to date") for r in rows),
+        "ok": sum(r.status == "ok" for r in rows),
         "partial": sum(r.status == "partial" for r in rows),
-        "failed": sum(r.status not in ("ok", "up to date", "partial") for r in rows),
-        "up_to_date": sum(r.status == "up to date" for r in rows),
+        "failed": sum(r.status not in ("ok", "partial") for r in rows),
+        "kept": sum(r.kept is not None for r in rows),
         "graphs": sum(len(r.graphs) for r in rows),
         "bytes": on_disk,
         "seconds": run.seconds if run is not None else None,

@@ -122,7 +122,7 @@ def test_no_model_is_ok_while_part_of_it_is_outside_its_graphs(partial_run):
     assert lines["bn"].startswith("ok ") and lines["brk"].startswith("ok ") and lines["ctc"].startswith("ok ")
     assert "3/4 models ok, 1 partial (exit 1; --allow-partial accepts them)" in result.output
     run = load_run(root)
-    assert run.format_version == 2 and not run.ok and run.summary.partial == 1 and run.summary.ok == 3
+    assert run.format_version == 3 and not run.ok and run.summary.partial == 1 and run.summary.ok == 3
     status = {m.name: m for m in run.models}
     assert status["tail"].status == "partial" and "aten.mean.default" in status["tail"].outside_graphs[0]
     for m in run.models:  # the pin: ok means every op the eager model ran is in a graph
