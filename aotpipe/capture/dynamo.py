@@ -64,6 +64,7 @@ from aotpipe.capture import export as _export
 from aotpipe.capture.custom_ops import replace_calls
 from aotpipe.capture.hints import chain_text, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
+from aotpipe.capture.torch_branches import static_library_branches
 from aotpipe.format.records import GraphBreakRecord, OutsideGraphs, Partition
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, Subgraph
 from aotpipe.format.source_files import relative_file
@@ -183,7 +184,8 @@ def _capture(
     outside: list[OutsideGraphs] = []
 
     def compiled(grad: bool) -> list[_Traced]:
-        c = _compile(model, args, kwargs, input_name_of, grad=grad)
+        with static_library_branches(notes):  # torch's own branches on tensor values (capture/torch_branches.py)
+            c = _compile(model, args, kwargs, input_name_of, grad=grad)
         mode = "training" if grad else "inference"
         found = _breaks(c.traced)
         if c.outside is not None:

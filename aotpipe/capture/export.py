@@ -45,6 +45,7 @@ from aotpipe.capture import custom_ops, unbacked
 from aotpipe.capture.cumulative_bn import cumulative_factors_specialised
 from aotpipe.capture.layouts import pin_batch_norm_layouts, pin_group_norm_layouts
 from aotpipe.capture.rnn import recurrent_decompositions
+from aotpipe.capture.torch_branches import static_library_branches
 from aotpipe.format.ir import (
     CapturedGraph,
     CapturedGraphs,
@@ -289,7 +290,8 @@ def _capture(
             if r is not None:
                 int_ranges[n] = r
     notes: list[str] = []
-    with model_reseeds() as reseeds:
+    # static_library_branches: torch's own branches on tensor values, static (capture/torch_branches.py)
+    with model_reseeds() as reseeds, static_library_branches(notes):
         captured, contract, constants = _capture_graphs(model, args, kwargs, graphs, user_names, user_values,
                                                         int_ranges, notes, loss)
     _refuse_reseeded_draws(reseeds, captured)
