@@ -4,14 +4,16 @@ a hint takes the route right for every value, a validation becomes a node of the
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 import torch.nn.modules.transformer as transformer
+from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from aotpipe.capture.torch_branches import NEGATIVE_VAR, REPLACEMENTS, static_library_branches
+from aotpipe.capture.torch_branches import KERNELS, NEGATIVE_VAR, REPLACEMENTS, static_library_branches
 
 CAUSAL_NOTE = next(r.note for r in REPLACEMENTS if r.name == "_detect_is_causal_mask")
 GAUSSIAN_NOTE = next(r.note for r in REPLACEMENTS if r.name == "gaussian_nll_loss")
@@ -174,6 +176,90 @@ def test_the_graph_refuses_a_negative_variance_as_eager_does(gaussian_graph, neg
         F.gaussian_nll_loss(x, y, var)
     with pytest.raises(RuntimeError, match=re.escape(NEGATIVE_VAR)):
         graph(x, y, var)
+
+
+# --- aten.cov's C++ composition (validations and a select) ------------------------------------------
+
+COV_NOTE = next(iter(KERNELS.values()))[0]
+G = torch.Generator().manual_seed(3)
+OBS = torch.randn(3, 5, generator=G, dtype=torch.float64)
+FW = torch.randint(0, 4, (5,), generator=G)
+AW = torch.rand(5, generator=G, dtype=torch.float64)
+
+
+def _cov_cases():
+    one = OBS[:, :1]
+    return [(OBS, {}), (OBS, {"correction": 0}), (OBS, {"correction": 5}), (OBS[0], {}), (OBS, {"fweights": FW}),
+            (OBS, {"aweights": AW}), (OBS, {"fweights": FW, "aweights": AW}),
+            (OBS, {"fweights": FW, "aweights": AW, "correction": 2}), (OBS, {"fweights": FW, "correction": 40}),
+            (one, {"aweights": AW[:1]}), (one, {"fweights": FW[:1] + 1}), (OBS.to(torch.complex128), {}),
+            (torch.randint(0, 9, (2, 4), generator=G), {})]
+
+
+def test_the_cov_kernel_gives_torchs_values_in_every_branch():
+    # includes each of torch's special cases: no degrees of freedom left, one observation with one
+    # kind of weights, complex input, integer input
+    for x, kw in _cov_cases():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's "degrees of freedom is <= 0", for the cases without any
+            ref = torch.cov(x, **kw)
+        notes: list[str] = []
+        with static_library_branches(notes), enable_python_dispatcher():  # as tracing consults py_kernels
+            got = torch.ops.aten.cov.default(x, **kw)
+        torch.testing.assert_close(got, ref, equal_nan=True, msg=lambda m: f"{x.shape} {kw}: {m}")
+        assert notes == [COV_NOTE]
+    assert torch.ops.aten.cov.default.py_kernels == {}  # torch's kernel is back
+
+
+class Cov(torch.nn.Module):
+    def forward(self, x, fw, aw):
+        return torch.corrcoef(x) + torch.cov(x, fweights=fw, aweights=aw)
+
+
+@pytest.fixture(scope="module")
+def cov_graph():
+    x = OBS.float()
+    notes: list[str] = []
+    with pytest.raises(Exception, match="aten.equal"):
+        _export(Cov(), (x, FW, AW.float()))
+    with static_library_branches(notes):
+        ep = _export(Cov(), (x, FW, AW.float()))
+    return ep.module(), notes
+
+
+def test_cov_and_corrcoef_export_only_with_the_kernel_and_match_eager(cov_graph):
+    graph, notes = cov_graph
+    assert notes == [COV_NOTE]
+    x, aw = torch.randn(3, 5, generator=G), torch.rand(5, generator=G)  # other values than the example's
+    torch.testing.assert_close(graph(x, FW, aw), Cov()(x, FW, aw))
+
+
+@pytest.mark.parametrize("what,bad", [("fweights", -1), ("aweights", -1e-30), ("sum", 0)])
+def test_the_cov_graph_refuses_negative_weights_and_a_zero_sum_as_eager_does(cov_graph, what, bad):
+    graph, _ = cov_graph
+    fw, aw = FW.clone(), AW.float().clone()
+    if what == "fweights":
+        fw[2] = bad
+        message = "cov(): fweights cannot be negative"
+    elif what == "aweights":
+        aw[2] = bad
+        message = "cov(): aweights cannot be negative"
+    else:
+        fw.zero_()
+        message = "cov(): weights sum to zero, can't be normalized"
+    x = OBS.float()
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.cov(x, fweights=fw, aweights=aw)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        graph(x, fw, aw)
+
+
+def test_the_cov_graph_accepts_zero_weights_that_do_not_sum_to_zero(cov_graph):
+    graph, _ = cov_graph
+    fw, aw = FW.clone(), AW.float().clone()
+    fw[0], aw[1] = 0, 0.0  # just inside: zero is not negative
+    x = OBS.float()
+    torch.testing.assert_close(graph(x, fw, aw), Cov()(x, fw, aw))
 
 
 # --- installing and restoring ---------------------------------------------------------------------
