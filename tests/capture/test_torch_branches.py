@@ -320,20 +320,24 @@ def test_both_branches_are_captured_whole_and_checked_in_either_mode(tmp_path, m
     assert CAUSAL_NOTE in m.notes and GAUSSIAN_NOTE in m.notes
 
 
-# Every torch-modules sample that failed on these branches before (GuardOnDataDependentSymNode
-# in _detect_is_causal_mask or gaussian_nll_loss): nn.Transformer s32-s63 (a float src_mask and a
-# bool tgt_mask, no hint), nn.TransformerEncoder s19-s34 (a mask, no hint), nn.GaussianNLLLoss.
-AFFECTED = ([f"nn.Transformer.s{k}" for k in range(32, 64)] + [f"nn.TransformerEncoder.s{k}" for k in range(19, 35)]
-            + [f"nn.GaussianNLLLoss.s{k}" for k in range(5)])
+# Every torch-modules sample and torch-ops operator that failed on these branches before
+# (GuardOnDataDependentSymNode in _detect_is_causal_mask or gaussian_nll_loss, aten.equal in cov):
+# nn.Transformer s32-s63 (a float src_mask and a bool tgt_mask, no hint), nn.TransformerEncoder
+# s19-s34 (a mask, no hint), nn.GaussianNLLLoss, and the ops gaussian_nll_loss, cov, corrcoef.
+AFFECTED = ([("module", f"nn.Transformer.s{k}") for k in range(32, 64)]
+            + [("module", f"nn.TransformerEncoder.s{k}") for k in range(19, 35)]
+            + [("module", f"nn.GaussianNLLLoss.s{k}") for k in range(5)]
+            + [("op", f"{n}.s0") for n in ("nn.functional.gaussian_nll_loss", "cov", "corrcoef")])
 
 
 @pytest.mark.slow
-def test_every_affected_torch_module_sample_is_ok_with_every_check_run(tmp_path):
-    lines = "".join(f"  - {{name: {n}, source: 'torch-module:{n.rsplit('.s', 1)[0]}', "
-                    f"args: {{sample: {n.rsplit('.s', 1)[1]}}}}}\n" for n in AFFECTED)
+def test_every_affected_torch_corpus_sample_is_ok_with_every_check_run(tmp_path):
+    lines = "".join(f"  - {{name: {n}, source: 'torch-{kind}:{n.rsplit('.s', 1)[0]}', "
+                    f"args: {{sample: {n.rsplit('.s', 1)[1]}}}}}\n" for kind, n in AFFECTED)
     models = _run(tmp_path, lines, mode="auto")
     bad = {n: (m.status, m.stage, m.error) for n, m in models.items()
            if m.status != "ok" or m.checks.failed or m.checks.skipped or not m.checks.run}
     assert not bad, bad
     for n, m in models.items():
-        assert (GAUSSIAN_NOTE if "Gaussian" in n else CAUSAL_NOTE) in m.notes, (n, m.notes)
+        note = GAUSSIAN_NOTE if "aussian" in n else COV_NOTE if n.startswith("co") else CAUSAL_NOTE
+        assert note in m.notes, (n, m.notes)
