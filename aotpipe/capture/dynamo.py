@@ -136,9 +136,14 @@ def capture_dynamo(*args: Any, **kwargs: Any) -> CapturedGraphs:
         # allow_rnn: dynamo otherwise skips nn.LSTM/GRU/RNN modules (runs them eagerly, uncaptured);
         # traced, they decompose into plain ATen (capture/rnn.py).
         # linalg's checks as plain nodes, not effect tokens (export.checks_without_effect_tokens)
+        # torch's own branches on tensor values, static (capture/torch_branches.py): while dynamo
+        # compiles and while each subgraph is traced to ATen (aten.cov's kernel is needed then)
+        branch_notes: list[str] = []
         with recurrent_decompositions(), torch._dynamo.config.patch(allow_rnn=True), \
-                _export.checks_without_effect_tokens():
-            return _capture(*args, **kwargs)
+                _export.checks_without_effect_tokens(), static_library_branches(branch_notes):
+            captured = _capture(*args, **kwargs)
+        captured.notes.extend(n for n in branch_notes if n not in captured.notes)
+        return captured
 
 
 def _capture(
@@ -184,8 +189,7 @@ def _capture(
     outside: list[OutsideGraphs] = []
 
     def compiled(grad: bool) -> list[_Traced]:
-        with static_library_branches(notes):  # torch's own branches on tensor values (capture/torch_branches.py)
-            c = _compile(model, args, kwargs, input_name_of, grad=grad)
+        c = _compile(model, args, kwargs, input_name_of, grad=grad)
         mode = "training" if grad else "inference"
         found = _breaks(c.traced)
         if c.outside is not None:

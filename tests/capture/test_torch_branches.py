@@ -280,7 +280,8 @@ HERE = "tests.capture.test_torch_branches"
 
 
 class MaskedLoss(torch.nn.Module):
-    """An encoder probed for causality and a Gaussian NLL loss: both of torch's value branches."""
+    """An encoder probed for causality, a Gaussian NLL loss and a covariance: each of torch's value
+    branches made static."""
 
     def __init__(self):
         super().__init__()
@@ -290,7 +291,7 @@ class MaskedLoss(torch.nn.Module):
 
     def forward(self, x, var):
         h = self.enc(x, mask=self.mask)
-        return self.loss(h, x, var)
+        return self.loss(h, x, var) + torch.cov(h.flatten(0, 1).t()).mean()
 
 
 def masked_loss():
@@ -317,7 +318,7 @@ def test_both_branches_are_captured_whole_and_checked_in_either_mode(tmp_path, m
     assert m.status == "ok", (m.stage, m.error)
     assert m.outside_graphs is None
     assert m.checks.failed == 0 and m.checks.run >= 4 and not m.checks.skipped
-    assert CAUSAL_NOTE in m.notes and GAUSSIAN_NOTE in m.notes
+    assert CAUSAL_NOTE in m.notes and GAUSSIAN_NOTE in m.notes and COV_NOTE in m.notes
 
 
 # Every torch-modules sample and torch-ops operator that failed on these branches before
