@@ -65,6 +65,7 @@ from aotpipe.capture.ctc import ctc_loss_formulated
 from aotpipe.capture.custom_ops import replace_calls
 from aotpipe.capture.hints import chain_text, config_hint, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
+from aotpipe.capture.torch_branches import static_library_branches
 from aotpipe.format.records import GraphBreakRecord, OutsideGraphs, Partition
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, Subgraph
 from aotpipe.format.source_files import relative_file
@@ -137,11 +138,13 @@ def capture_dynamo(*args: Any, **kwargs: Any) -> CapturedGraphs:
         # traced, they decompose into plain ATen (capture/rnn.py).
         # linalg's checks as plain nodes, not effect tokens (export.checks_without_effect_tokens)
         # the CTC loss as static-shape ATen (capture/ctc.py)
-        ctc_notes: list[str] = []
+        # torch's own branches on tensor values, static (capture/torch_branches.py): while dynamo
+        # compiles and while each subgraph is traced to ATen (aten.cov's kernel is needed then)
+        notes: list[str] = []
         with recurrent_decompositions(), torch._dynamo.config.patch(allow_rnn=True), \
-                _export.checks_without_effect_tokens(), ctc_loss_formulated(ctc_notes):
+                _export.checks_without_effect_tokens(), ctc_loss_formulated(notes), static_library_branches(notes):
             captured = _capture(*args, **kwargs)
-        captured.notes.extend(ctc_notes)
+        captured.notes.extend(n for n in notes if n not in captured.notes)
         return captured
 
 

@@ -47,6 +47,7 @@ from aotpipe.capture.cumulative_bn import cumulative_factors_specialised
 from aotpipe.capture.ctc import ctc_loss_formulated
 from aotpipe.capture.layouts import pin_batch_norm_layouts, pin_group_norm_layouts
 from aotpipe.capture.rnn import kept_whole, recurrent_decompositions
+from aotpipe.capture.torch_branches import static_library_branches
 from aotpipe.format.ir import (
     CapturedGraph,
     CapturedGraphs,
@@ -295,7 +296,8 @@ def _capture(
             if r is not None:
                 int_ranges[n] = r
     notes: list[str] = []
-    with model_reseeds() as reseeds:
+    # static_library_branches: torch's own branches on tensor values, static (capture/torch_branches.py)
+    with model_reseeds() as reseeds, static_library_branches(notes):
         captured, contract, constants = _capture_graphs(model, args, kwargs, graphs, user_names, user_values,
                                                         int_ranges, notes, loss)
     _refuse_reseeded_draws(reseeds, captured)
