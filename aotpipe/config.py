@@ -72,6 +72,9 @@ class ModelEntry(Strict):
     inputs: Optional[list[InputSpec]] = Field(
         None, description="example inputs (required, except for torch-op and torch-module sources, whose sample "
         "supplies them)")
+    forward_args: Optional[dict[str, Any]] = Field(
+        None, description="keyword arguments of forward that are not tensors (flags, numbers, strings, lists of "
+        "them), by name or path (batch.train): constants of the captured graphs")
     mode: Optional[Mode] = None
     graphs: Optional[list[GraphKind]] = None
     passes: Optional[Union[str, list[Union[str, dict[str, Any]]]]] = None
@@ -419,6 +422,7 @@ def parse_pipeline(
                                            enumerate(data.get("models") or []) if isinstance(m, dict)})
         if check_sources:
             problems.extend(_model_problems(path, lines, resolved, base_dir))
+            problems.extend(_input_problems(path, lines, resolved, base_dir))
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise ConfigError(problems)
@@ -453,6 +457,36 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
             problems.append(Problem(path, lines.get(("models", i, "inputs", j, "high"))
                                     or lines.get(("models", i, "inputs", j)),
                                     f"models[{i}].inputs[{j}].high", msg))
+    return problems
+
+
+def _input_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
+    """Inputs beyond random tensors (aotpipe/inputs_data.py): input paths that clash, `key`
+    without `data`, and data that cannot be read or is not the declared tensor."""
+    from aotpipe.errors import SourceError
+    from aotpipe.inputs_data import call_template, is_structured, load_input_tensor  # torch
+
+    problems = []
+    for i, spec in enumerate(pipeline.models):
+        if is_structured(spec):
+            try:
+                call_template(spec)
+            except SourceError as e:
+                problems.append(Problem(path, lines.get(("models", i, "inputs")), f"models[{i}].inputs",
+                                        str(e).removeprefix(f"model {spec.name!r}: ")))
+        for j, inp in enumerate(spec.inputs):
+            field = f"models[{i}].inputs[{j}]"
+            line = lines.get(("models", i, "inputs", j, "data")) or lines.get(("models", i, "inputs", j))
+            if inp.key is not None and inp.data is None:
+                problems.append(Problem(path, lines.get(("models", i, "inputs", j, "key")), f"{field}.key",
+                                        "key picks a tensor from data; add data, or remove key"))
+            elif inp.data is not None:
+                try:
+                    load_input_tensor(inp, base_dir, field)
+                except SourceError as e:
+                    msg = str(e)
+                    sub = msg.split(":", 1)[0]
+                    problems.append(Problem(path, line, sub, msg[len(sub) + 2:]))
     return problems
 
 
@@ -656,6 +690,7 @@ def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
                 seed=f.seed,
                 trusted_ops=f.trusted_ops,
                 resources=m.resources,
+                forward_args=m.forward_args or {},
             )
         )
     return Pipeline(name=f.name, path=path, output=f.output, seed=f.seed, executor=f.executor, models=models,
