@@ -214,7 +214,7 @@ def load_input_tensor(inp: Any, base_dir: Optional[Path], where: str) -> torch.T
         loaded = loaded[inp.key]
     elif isinstance(loaded, dict):
         raise SourceError(f"{where}.key: {inp.data!r} holds {len(loaded)} tensors "
-                          f"({', '.join(map(str, list(loaded)[:10]))}); pick one with key")
+                          f"({', '.join(sorted(map(str, loaded))[:10])}); pick one with key")
     if not isinstance(loaded, torch.Tensor):
         raise SourceError(f"{where}.data: {inp.data!r} gives a {type(loaded).__name__}, not a tensor; "
                           "give a tensor (or tensors by name, with key)")
