@@ -24,10 +24,9 @@ from typing import Any, Optional, Union
 import torch
 
 from aotpipe.errors import SourceError
-from aotpipe.spec import parse_path, path_problem
+from aotpipe.spec import DATA_SUFFIXES, is_callable_data, parse_path, path_problem
 
 PathPart = Union[str, int]
-DATA_SUFFIXES = (".pt", ".safetensors", ".npy")
 
 
 def is_structured(spec: Any) -> bool:
@@ -141,12 +140,42 @@ class StructuredCall(torch.nn.Module):
 
 
 # ---------------------------------------------------------------------------------------
+# device
+
+
+def device_unavailable(device: Optional[str]) -> Optional[str]:
+    """Why capture cannot run on `device` here (no CUDA, or no such GPU); None when it can."""
+    if device is None or device == "cpu":
+        return None
+    if not torch.cuda.is_available():
+        return (f"device {device!r}, but torch sees no CUDA GPU here (torch.cuda.is_available() is False); "
+                "remove device to capture on the CPU, or run on a machine with a GPU")
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        return (f"device {device!r}, but this machine has {torch.cuda.device_count()} CUDA GPU(s) "
+                f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}); pick one of those")
+    return None
+
+
+def on_device(spec: Any, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[torch.nn.Module, tuple, dict]:
+    """The model and its example inputs moved to the spec's `device:` (a SourceError when it is absent)."""
+    if spec.device is None or spec.device == "cpu":
+        return model, args, kwargs
+    missing = device_unavailable(spec.device)
+    if missing is not None:
+        raise SourceError(f"model {spec.name!r}: {missing}")
+    dev = torch.device(spec.device)
+
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        return t.detach().to(dev).requires_grad_(t.requires_grad)
+
+    return model.to(dev), tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
+
+
+# ---------------------------------------------------------------------------------------
 # real data
-
-
-def is_callable_data(data: str) -> bool:
-    """Whether `data:` names a ``module:function`` (code) rather than a file."""
-    return ":" in data and not data.lower().endswith(DATA_SUFFIXES) and not re.match(r"^[A-Za-z]:[\\/]", data)
 
 
 def data_code_refusal(record: dict[str, Any], trust_code: bool) -> Optional[str]:

@@ -66,6 +66,10 @@ def _source(job: _Job) -> None:
     """The model and its example inputs, built as the capture mode builds them."""
     job.model = job.mode.function("build")(job.spec, job.base_dir)
     job.args, job.kwargs = job.mode.function("example_inputs")(job.spec, job.base_dir)
+    if job.spec.device is not None and job.mode.values:  # device: cuda (a meta capture has no values to move)
+        from aotpipe.inputs_data import on_device  # torch
+
+        job.model, job.args, job.kwargs = on_device(job.spec, job.model, job.args, job.kwargs)
 
 
 def _capture(job: _Job) -> None:

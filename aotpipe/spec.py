@@ -56,6 +56,24 @@ def parse_path(name: str) -> list[Union[str, int]]:
     return [key if key else int(index) for key, index in _PATH_PART.findall(name)]
 
 
+DATA_SUFFIXES = (".pt", ".safetensors", ".npy")  # the files an input's data: may name
+
+
+def is_callable_data(data: str) -> bool:
+    """Whether an input's `data:` names a ``module:function`` (code) rather than a file."""
+    return ":" in data and not data.lower().endswith(DATA_SUFFIXES) and not re.match(r"^[A-Za-z]:[\\/]", data)
+
+
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
+def device_problem(device: str) -> Optional[str]:
+    """Why `device:` is not one aotpipe captures on (cpu, cuda, cuda:N); None when it is."""
+    if _DEVICE.fullmatch(device):
+        return None
+    return f"device {device!r} is not one capture runs on; use cpu, cuda or cuda:N"
+
+
 class Strict(BaseModel):
     """Strict, frozen, no unknown fields: every spec type and the YAML's own shape."""
 
@@ -182,6 +200,7 @@ class ModelSpec(Strict):
     trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
     # Non-tensor keyword arguments of forward, by name or path (baked into the graphs).
     forward_args: dict[str, Any] = {}
+    device: Optional[str] = None  # where capture runs: cuda or cuda:N; None: the CPU
     # Where and with what it runs; not part of what it produces (nor of its fingerprint).
     resources: Optional[ResourceSpec] = None
 
@@ -195,6 +214,8 @@ class ModelSpec(Strict):
         unset = {i: fields for i, fields in unset.items() if fields}
         if not self.forward_args:
             exclude["forward_args"] = True
+        if self.device is None:
+            exclude["device"] = True
         if unset:
             exclude["inputs"] = unset
         return json.loads(self.model_dump_json(exclude=exclude))

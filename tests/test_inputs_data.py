@@ -232,3 +232,25 @@ def test_a_model_fed_from_safetensors_captures_and_replays_that_batch(folder):
     for kind in ("inference", "forward", "backward", "joint"):
         rr = CliRunner().invoke(main, ["replay", str(art), "--graph", kind])
         assert rr.exit_code == 0 and "match" in rr.output and "saved inputs" in rr.output, rr.output
+
+
+def test_changing_a_data_file_changes_the_fingerprint(folder):
+    from aotpipe.incremental import model_fingerprint
+
+    spec = _spec(folder, "{name: x, shape: [2, 4], data: x.npy}")
+    before = model_fingerprint(spec, folder)
+    assert model_fingerprint(spec, folder) == before
+    np.save(folder / "x.npy", np.full((2, 4), 4.5, dtype=np.float32))
+    assert model_fingerprint(spec, folder) != before
+
+
+def test_a_model_without_data_fingerprints_its_code_alone(folder):
+    from aotpipe.artifact.manifest import fingerprint
+    from aotpipe.incremental import model_fingerprint, source_file
+    from aotpipe.modes import capture_options
+    from aotpipe.artifact.manifest import file_sha256
+
+    text = _text("{name: x, shape: [2, 4]}", "{name: ids, shape: [2], dtype: int64}")
+    spec = parse_pipeline(text, "p.yaml", base_dir=folder).models[0]
+    code = file_sha256(source_file(spec, folder))
+    assert model_fingerprint(spec, folder) == fingerprint(spec.to_json(), code, capture_options(spec.mode, spec.loss))
