@@ -116,6 +116,21 @@ def _fill(node: Any, tensors: tuple) -> Any:
     return node
 
 
+def call_from_record(record: dict[str, Any], tensors: Any) -> tuple[tuple, dict[str, Any]]:
+    """The (args, kwargs) the source model takes, rebuilt from a manifest's model record (its
+    inputs' names and forward_args) and the user inputs in the order of its `inputs:` (a
+    graph's user inputs, saved or from get_inputs): what calls the user's own model again."""
+    from types import SimpleNamespace
+
+    spec = SimpleNamespace(name=record.get("name"), forward_args=record.get("forward_args") or {},
+                           inputs=[SimpleNamespace(name=i.get("name")) for i in record.get("inputs") or []])
+    tensors = tuple(tensors)
+    if len(tensors) != len(spec.inputs):
+        raise SourceError(f"model {spec.name!r}: {len(tensors)} tensors given for its {len(spec.inputs)} inputs")
+    positional, template = call_template(spec)
+    return tensors[:positional], _fill(template, tensors)
+
+
 def structure_note(spec: Any) -> str:
     """The capture note of a structured model: what its graphs take, and what they hold fixed."""
     named = [inp.name for inp in spec.inputs if inp.name is not None]

@@ -193,3 +193,18 @@ def test_dict_and_flag_model_captures_every_graph_and_replays(tmp_path):
     for kind in ("inference", "forward", "backward", "joint"):
         rr = CliRunner().invoke(main, ["replay", str(art), "--graph", kind])
         assert rr.exit_code == 0 and "match" in rr.output, rr.output
+
+
+def test_the_original_call_is_rebuilt_from_a_manifest_record(tmp_path):
+    from aotpipe.inputs_data import call_from_record
+
+    spec = _spec(tmp_path)
+    record = json.loads(json.dumps(spec.to_json()))  # as the manifest holds it
+    tensors = [torch.full((1,), float(i)) for i in range(4)]
+    args, kwargs = call_from_record(record, tensors)
+    assert args == ()
+    assert kwargs["batch"]["x"] is tensors[0] and kwargs["batch"]["mask"] is tensors[1]
+    assert kwargs["past"][0] is tensors[2] and kwargs["past"][1] is tensors[3]
+    assert kwargs["use_mask"] is True and kwargs["scale"] == 0.5
+    with pytest.raises(SourceError, match="3 tensors given for its 4 inputs"):
+        call_from_record(record, tensors[:3])
