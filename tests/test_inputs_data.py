@@ -254,3 +254,11 @@ def test_a_model_without_data_fingerprints_its_code_alone(folder):
     spec = parse_pipeline(text, "p.yaml", base_dir=folder).models[0]
     code = file_sha256(source_file(spec, folder))
     assert model_fingerprint(spec, folder) == fingerprint(spec.to_json(), code, capture_options(spec.mode, spec.loss))
+
+
+def test_an_npy_file_of_pickled_objects_is_refused_unrun(folder):
+    marker = folder / "ran_npy"
+    np.save(folder / "objects.npy", np.array([_Payload(marker)], dtype=object), allow_pickle=True)
+    msg = _problems(folder, "{name: x, shape: [2, 4], data: objects.npy}")
+    assert "models[0].inputs[0].data: cannot read" in msg and "objects.npy" in msg
+    assert not marker.exists(), "numpy unpickled the file"
