@@ -477,6 +477,7 @@ def _input_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
     without `data`, and data that cannot be read or is not the declared tensor."""
     from aotpipe.errors import SourceError
     from aotpipe.inputs_data import call_template, device_unavailable, is_structured, load_input_tensor  # torch
+    from aotpipe.sources import resolve_callable  # torch
 
     problems = []
     for i, spec in enumerate(pipeline.models):
@@ -497,7 +498,7 @@ def _input_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
                                         "key picks a tensor from data; add data, or remove key"))
             elif inp.data is not None:
                 try:
-                    load_input_tensor(inp, base_dir, field)
+                    load_input_tensor(inp, base_dir, field, resolve_callable)
                 except SourceError as e:
                     msg = str(e)
                     sub = msg.split(":", 1)[0]

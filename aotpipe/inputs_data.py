@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -206,12 +206,10 @@ def data_code_refusal(record: dict[str, Any], trust_code: bool) -> Optional[str]
     return None
 
 
-def _loaded(data: str, base_dir: Optional[Path], where: str) -> Any:
+def _loaded(data: str, base_dir: Optional[Path], where: str, resolve: Callable[[str, Optional[Path]], Any]) -> Any:
     if is_callable_data(data):
-        from aotpipe.sources import _resolve_callable  # a module:function beside the pipeline file
-
         try:
-            fn = _resolve_callable(data, base_dir)
+            fn = resolve(data, base_dir)  # sources' resolver: a module:function beside the pipeline file
         except SourceError as e:
             raise SourceError(f"{where}.data: {e}") from None
         try:
@@ -244,10 +242,12 @@ def _loaded(data: str, base_dir: Optional[Path], where: str) -> Any:
                           "save tensors with torch.save, safetensors or numpy.save") from None
 
 
-def load_input_tensor(inp: Any, base_dir: Optional[Path], where: str) -> torch.Tensor:
+def load_input_tensor(inp: Any, base_dir: Optional[Path], where: str,
+                      resolve: Callable[[str, Optional[Path]], Any]) -> torch.Tensor:
     """The tensor an input's ``data:`` (and ``key:``) gives, checked against its declared
-    shape and dtype; a one-line SourceError naming the field and the file otherwise."""
-    loaded = _loaded(inp.data, base_dir, where)
+    shape and dtype; a one-line SourceError naming the field and the file otherwise.
+    `resolve` imports a ``module:function`` (sources.resolve_callable)."""
+    loaded = _loaded(inp.data, base_dir, where, resolve)
     if inp.key is not None:
         if not isinstance(loaded, dict):
             raise SourceError(f"{where}.key: {inp.data!r} holds a {type(loaded).__name__}, not tensors by name; "

@@ -98,6 +98,9 @@ def _resolve_callable(source: str, base_dir: Path | None) -> Any:
     return obj
 
 
+resolve_callable = _resolve_callable  # what an input's data: function is imported by (inputs_data)
+
+
 def _resolve_hf(source: str) -> Any:
     cls_name = source[3:]
     try:
@@ -189,12 +192,14 @@ def make_example_inputs(spec: ModelSpec, base_dir: Path | None = None
         return torch_corpus.example_inputs(spec)
     g = torch.Generator().manual_seed(derived_seed(spec.seed, spec.name, "inputs"))
     if inputs_data.is_structured(spec):
-        return tuple(inputs_data.load_input_tensor(inp, base_dir, f"model {spec.name!r} input {inp.name or j}")
+        return tuple(inputs_data.load_input_tensor(inp, base_dir, f"model {spec.name!r} input {inp.name or j}",
+                                          _resolve_callable)
                      if inp.data is not None else make_input(inp, g) for j, inp in enumerate(spec.inputs)), {}
     args, kwargs = [], {}
     for j, inp in enumerate(spec.inputs):
         t = make_input(inp, g) if inp.data is None else \
-            inputs_data.load_input_tensor(inp, base_dir, f"model {spec.name!r} input {inp.name or j}")
+            inputs_data.load_input_tensor(inp, base_dir, f"model {spec.name!r} input {inp.name or j}",
+                                          _resolve_callable)
         if inp.name is None:
             if kwargs:
                 raise SourceError(f"model {spec.name!r}: positional inputs must come before named ones")
