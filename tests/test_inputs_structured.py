@@ -208,3 +208,39 @@ def test_the_original_call_is_rebuilt_from_a_manifest_record(tmp_path):
     assert kwargs["use_mask"] is True and kwargs["scale"] == 0.5
     with pytest.raises(SourceError, match="3 tensors given for its 4 inputs"):
         call_from_record(record, tensors[:3])
+
+
+def test_meta_capture_gets_the_structured_inputs_flat(tmp_path):
+    from aotpipe.capture.meta import meta_example_inputs
+
+    args, kwargs = meta_example_inputs(_spec(tmp_path))
+    assert kwargs == {} and [list(t.shape) for t in args] == [[2, 4], [2], [2, 3], [2, 3]]
+    assert all(t.device.type == "meta" for t in args)
+
+
+EMBED = textwrap.dedent('''
+    import torch
+
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4)
+
+        def forward(self, batch, flag=False):
+            return self.emb(batch["ids"])
+
+    def embed():
+        return Embed()
+''')
+
+
+@pytest.mark.parametrize("high, ok", [(10, True), (11, False)])
+def test_embedding_ranges_are_checked_through_the_structure(tmp_path, high, ok):
+    (tmp_path / "embedmods.py").write_text(EMBED)
+    text = ("version: 1\nname: e\nmodels:\n  - name: m\n    source: embedmods:embed\n    inputs:\n"
+            f"      - {{name: batch.ids, shape: [2, 3], dtype: int64, high: {high}}}\n    forward_args: {{flag: true}}\n")
+    if ok:
+        parse_pipeline(text, "p.yaml", base_dir=tmp_path)
+        return
+    with pytest.raises(ConfigError, match=r"models\[0\].inputs\[0\].high: high: 11 does not fit embedding 'model.emb'"):
+        parse_pipeline(text, "p.yaml", base_dir=tmp_path)
