@@ -22,6 +22,7 @@ from aotpipe.modes import CAPTURE_MODES
 from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
 from aotpipe.spec import (DTYPES, GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, PassStep,
                           Pipeline, ResourceSpec, Strict)
+from aotpipe.spec import device_problem, path_problem  # noqa: F401 (inputs_data's checks, beside)
 from aotpipe.pt2 import pt2_problem
 
 SCHEMA_VERSION = 1
@@ -72,6 +73,20 @@ class ModelEntry(Strict):
     inputs: Optional[list[InputSpec]] = Field(
         None, description="example inputs (required, except for torch-op and torch-module sources, whose sample "
         "supplies them)")
+    forward_args: Optional[dict[str, Any]] = Field(
+        None, description="keyword arguments of forward that are not tensors (flags, numbers, strings, lists of "
+        "them), by name or path (batch.train): constants of the captured graphs")
+    device: Optional[str] = Field(
+        None, description="where the model and its inputs are captured: cpu (the default), cuda or cuda:N (a GPU "
+        "this machine has)")
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, v: Optional[str]) -> Optional[str]:
+        problem = device_problem(v) if v is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return v
     mode: Optional[Mode] = None
     graphs: Optional[list[GraphKind]] = None
     passes: Optional[Union[str, list[Union[str, dict[str, Any]]]]] = None
@@ -420,6 +435,7 @@ def parse_pipeline(
         if check_sources:
             problems.extend(_output_problems(path, lines, resolved))
             problems.extend(_model_problems(path, lines, resolved, base_dir))
+            problems.extend(_input_problems(path, lines, resolved, base_dir))
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.field))
         raise ConfigError(problems)
@@ -487,6 +503,40 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
             problems.append(Problem(path, lines.get(("models", i, "inputs", j, "high"))
                                     or lines.get(("models", i, "inputs", j)),
                                     f"models[{i}].inputs[{j}].high", msg))
+    return problems
+
+
+def _input_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
+    """Inputs beyond random tensors (aotpipe/inputs_data.py): input paths that clash, `key`
+    without `data`, and data that cannot be read or is not the declared tensor."""
+    from aotpipe.errors import SourceError
+    from aotpipe.inputs_data import call_template, device_unavailable, is_structured, load_input_tensor  # torch
+    from aotpipe.sources import resolve_callable  # torch
+
+    problems = []
+    for i, spec in enumerate(pipeline.models):
+        missing = device_unavailable(spec.device)
+        if missing is not None:
+            problems.append(Problem(path, lines.get(("models", i, "device")), f"models[{i}].device", missing))
+        if is_structured(spec):
+            try:
+                call_template(spec)
+            except SourceError as e:
+                problems.append(Problem(path, lines.get(("models", i, "inputs")), f"models[{i}].inputs",
+                                        str(e).removeprefix(f"model {spec.name!r}: ")))
+        for j, inp in enumerate(spec.inputs):
+            field = f"models[{i}].inputs[{j}]"
+            line = lines.get(("models", i, "inputs", j, "data")) or lines.get(("models", i, "inputs", j))
+            if inp.key is not None and inp.data is None:
+                problems.append(Problem(path, lines.get(("models", i, "inputs", j, "key")), f"{field}.key",
+                                        "key picks a tensor from data; add data, or remove key"))
+            elif inp.data is not None:
+                try:
+                    load_input_tensor(inp, base_dir, field, resolve_callable)
+                except SourceError as e:
+                    msg = str(e)
+                    sub = msg.split(":", 1)[0]
+                    problems.append(Problem(path, line, sub, msg[len(sub) + 2:]))
     return problems
 
 
@@ -690,6 +740,8 @@ def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
                 seed=f.seed,
                 trusted_ops=f.trusted_ops,
                 resources=m.resources,
+                forward_args=m.forward_args or {},
+                device=m.device if m.device != "cpu" else None,
             )
         )
     return Pipeline(name=f.name, path=path, output=f.output, seed=f.seed, executor=f.executor, models=models,

@@ -24,7 +24,7 @@ from aotpipe.errors import AotpipeError
 from aotpipe.modes import capture_options
 from aotpipe.results import ModelResult, checks_summary, eager_cells, failed_last_time, graph_results, is_partial, \
     outside_graphs_lines, verification_summary, written_manifest
-from aotpipe.spec import ModelSpec
+from aotpipe.spec import ModelSpec, is_callable_data
 from aotpipe.pt2 import pt2_path
 
 ZOO = "aotpipe.zoo:"
@@ -37,7 +37,21 @@ def model_fingerprint(spec: ModelSpec, base_dir: Path | None = None) -> str:
     else:
         src = source_file(spec, base_dir)
         code = file_sha256(src) if src is not None and src.is_file() else None
+    data = _data_files_sha256(spec, base_dir)
+    if data:  # an input's data file is part of what the artefact holds (none: fingerprints as before)
+        code = f"{code};data:{','.join(data)}"
     return fingerprint(spec.to_json(), code, capture_options(spec.mode, spec.loss))
+
+
+def _data_files_sha256(spec: ModelSpec, base_dir: Path | None) -> list[str]:
+    """The sha256 of each data file the spec's inputs load ("missing" where there is none)."""
+    out = []
+    for inp in spec.inputs:
+        if inp.data is None or is_callable_data(inp.data):
+            continue
+        path = Path(inp.data) if Path(inp.data).is_absolute() or base_dir is None else base_dir / inp.data
+        out.append(file_sha256(path) if path.is_file() else "missing")
+    return out
 
 
 @functools.lru_cache(maxsize=None)  # read from its metadata once: 448 hf models asked 1.5 s

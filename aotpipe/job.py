@@ -67,7 +67,11 @@ class _Job:
 def _source(job: _Job) -> None:
     """The model and its example inputs, built as the capture mode builds them."""
     job.model = job.mode.function("build")(job.spec, job.base_dir)
-    job.args, job.kwargs = job.mode.function("example_inputs")(job.spec)
+    job.args, job.kwargs = job.mode.function("example_inputs")(job.spec, job.base_dir)
+    if job.spec.device is not None and job.mode.values:  # device: cuda (a meta capture has no values to move)
+        from aotpipe.inputs_data import on_device  # torch
+
+        job.model, job.args, job.kwargs = on_device(job.spec, job.model, job.args, job.kwargs)
     if job.mode.values:  # an input mistake named as one, before capture blames it on tracing
         from aotpipe.eager import input_problem  # torch
 
@@ -81,6 +85,7 @@ def _capture(job: _Job) -> None:
     """The graphs, by the capture mode; then (for a mode with values) each graph's real inputs."""
     import torch.utils._pytree as pytree  # torch: only in the process that runs the job
 
+    from aotpipe import inputs_data  # torch
     from aotpipe.capture import custom_ops  # torch
     from aotpipe.capture.binding import graph_inputs  # torch
     from aotpipe.eager import model_state  # torch
@@ -100,6 +105,8 @@ def _capture(job: _Job) -> None:
         int_ranges=ranges, **extra,
     )
     job.result.capture_seconds = captured.seconds
+    if inputs_data.is_structured(spec):  # the manifest says what the graphs hold fixed
+        captured.notes.append(inputs_data.structure_note(spec))
     job.result.notes = [name_files_in(n) for n in captured.notes]  # torch quotes files by absolute path
     # Library ops left after decomposition: refused unless the pipeline trusts their namespace.
     captured.trusted_ops = custom_ops.trust([g.gm for g in captured.graphs.values()], spec.trusted_ops)

@@ -36,6 +36,7 @@ from aotpipe.format.limits import bounded_build, check_rebuild_args, check_total
 from aotpipe.errors import AotpipeError, LimitError, SourceError, exception_line
 from aotpipe.global_state import preserved
 from aotpipe.format.records import ModelRecord
+from aotpipe import inputs_data
 from aotpipe.spec import InputSpec, ModelSpec
 from aotpipe.zoo import ZOO
 from aotpipe import torch_corpus
@@ -97,6 +98,9 @@ def _resolve_callable(source: str, base_dir: Path | None) -> Any:
     if not callable(obj):
         raise SourceError(f"{source!r} is not callable; point at a function or class returning an nn.Module")
     return obj
+
+
+resolve_callable = _resolve_callable  # what an input's data: function is imported by (inputs_data)
 
 
 def _resolve_hf(source: str) -> Any:
@@ -200,6 +204,8 @@ def build_model(spec: ModelSpec, base_dir: Path | None = None) -> torch.nn.Modul
             raise SourceError(f"calling {spec.source}(**args) failed: {e}; check args") from e
     if not isinstance(model, torch.nn.Module):
         raise SourceError(f"{spec.source} returned {type(model).__name__}, not a torch.nn.Module")
+    if inputs_data.is_structured(spec):  # nested inputs or forward_args: the graphs take flat tensors
+        model = inputs_data.StructuredCall(model, spec)
     return model
 
 
@@ -222,15 +228,24 @@ def make_input(spec: InputSpec, generator: torch.Generator) -> torch.Tensor:
     return t.requires_grad_(spec.requires_grad)
 
 
-def make_example_inputs(spec: ModelSpec) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+def make_example_inputs(spec: ModelSpec, base_dir: Path | None = None
+                        ) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
     """Positional and keyword example inputs, the same for the same seed on any machine: made
-    from `inputs:`, or a torch-op/torch-module source's own sample."""
+    from `inputs:` (loaded where an input names its `data:`, relative to `base_dir`), or a
+    torch-op/torch-module source's own sample. A structured spec's (inputs_data.is_structured)
+    are all positional, in the order of `inputs:`."""
     if torch_corpus.is_corpus_source(spec.source):
         return torch_corpus.example_inputs(spec)
     g = torch.Generator().manual_seed(derived_seed(spec.seed, spec.name, "inputs"))
+    if inputs_data.is_structured(spec):
+        return tuple(inputs_data.load_input_tensor(inp, base_dir, f"model {spec.name!r} input {inp.name or j}",
+                                          _resolve_callable)
+                     if inp.data is not None else make_input(inp, g) for j, inp in enumerate(spec.inputs)), {}
     args, kwargs = [], {}
-    for inp in spec.inputs:
-        t = make_input(inp, g)
+    for j, inp in enumerate(spec.inputs):
+        t = make_input(inp, g) if inp.data is None else \
+            inputs_data.load_input_tensor(inp, base_dir, f"model {spec.name!r} input {inp.name or j}",
+                                          _resolve_callable)
         if inp.name is None:
             if kwargs:
                 raise SourceError(f"model {spec.name!r}: positional inputs must come before named ones")
@@ -299,7 +314,8 @@ def rebuild_from_manifest(model_record: ModelRecord, *, trust_code: bool, where:
     """(model, args, kwargs) rebuilt from a manifest's model record, or None when it may not
     be rebuilt (see rebuild_refusal) or cannot be; a LimitError when it would need more
     memory than the limits allow."""
-    if rebuild_refusal(model_record.source, trust_code) is not None:
+    if rebuild_refusal(model_record.source, trust_code) is not None \
+            or inputs_data.data_code_refusal(model_record.model_dump(), trust_code) is not None:
         return None
     try:
         # The pass chain plays no part in building the model; a manifest written before each
@@ -452,6 +468,8 @@ def embedding_range_problems(spec: ModelSpec, base_dir: Path | None = None,
             return []
         args = [t for t, inp in zip(tensors, spec.inputs) if inp.name is None]
         kwargs = {inp.name: t for t, inp in zip(tensors, spec.inputs) if inp.name is not None}
+        if inputs_data.is_structured(spec):  # the model built is a StructuredCall: all positional
+            args, kwargs = tensors, {}
         try:
             with torch.no_grad():
                 model.eval()(*args, **kwargs)

@@ -7,6 +7,7 @@ the runner and the fingerprint read them.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union, get_args
 
@@ -38,6 +39,41 @@ DTYPES: dict[str, str] = {
 }
 
 
+_INPUT_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*((\.[A-Za-z_][A-Za-z0-9_]*)|(\[[0-9]+\]))*")
+_PATH_PART = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]")
+
+
+def path_problem(name: str) -> Optional[str]:
+    """Why `name` is not an input path (``x``, ``batch.ids``, ``past[0][1]``); None when it is."""
+    if _INPUT_PATH.fullmatch(name):
+        return None
+    return (f"name {name!r} is not an argument name or a path into one; write e.g. x, batch.input_ids or "
+            "past[0][1]")
+
+
+def parse_path(name: str) -> list[Union[str, int]]:
+    """The parts of an input path: keys as str, tuple positions as int."""
+    return [key if key else int(index) for key, index in _PATH_PART.findall(name)]
+
+
+DATA_SUFFIXES = (".pt", ".safetensors", ".npy")  # the files an input's data: may name
+
+
+def is_callable_data(data: str) -> bool:
+    """Whether an input's `data:` names a ``module:function`` (code) rather than a file."""
+    return ":" in data and not data.lower().endswith(DATA_SUFFIXES) and not re.match(r"^[A-Za-z]:[\\/]", data)
+
+
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
+def device_problem(device: str) -> Optional[str]:
+    """Why `device:` is not one aotpipe captures on (cpu, cuda, cuda:N); None when it is."""
+    if _DEVICE.fullmatch(device):
+        return None
+    return f"device {device!r} is not one capture runs on; use cpu, cuda or cuda:N"
+
+
 class Strict(BaseModel):
     """Strict, frozen, no unknown fields: every spec type and the YAML's own shape."""
 
@@ -59,6 +95,20 @@ class InputSpec(Strict):
     requires_grad: bool = Field(
         False, description="a floating-point input that needs its gradient: the backward and joint graphs then "
         "give it, and the checks compare it against eager's")
+    data: Optional[str] = Field(
+        None, description="load the tensor instead of drawing it: a .pt, .safetensors or .npy file (relative to the "
+        "pipeline file; a .pt is read with weights_only) or a module:function returning it; its shape and dtype "
+        "must be the ones declared here")
+    key: Optional[str] = Field(None, description="with data: the name of the tensor in a file or returned mapping "
+                               "that holds several")
+
+    @field_validator("name")
+    @classmethod
+    def _input_path(cls, v: Optional[str]) -> Optional[str]:
+        problem = path_problem(v) if v is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("dtype")
     @classmethod
@@ -164,6 +214,9 @@ class ModelSpec(Strict):
     loss: Loss
     seed: int
     trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
+    # Non-tensor keyword arguments of forward, by name or path (baked into the graphs).
+    forward_args: dict[str, Any] = {}
+    device: Optional[str] = None  # where capture runs: cuda or cuda:N; None: the CPU
     # Where and with what it runs; not part of what it produces (nor of its fingerprint).
     resources: Optional[ResourceSpec] = None
 
@@ -172,7 +225,13 @@ class ModelSpec(Strict):
         No trusted_ops entry when there are none (as before the field existed)."""
         exclude: dict[str, Any] = {"resources": True} if self.trusted_ops else {"resources": True, "trusted_ops": True}
         # requires_grad as before the field existed, unless set: fingerprints stay
-        unset = {i: {"requires_grad"} for i, inp in enumerate(self.inputs) if not inp.requires_grad}
+        unset = {i: {f for f in ("requires_grad", "data", "key") if not getattr(inp, f)}
+                 for i, inp in enumerate(self.inputs)}
+        unset = {i: fields for i, fields in unset.items() if fields}
+        if not self.forward_args:
+            exclude["forward_args"] = True
+        if self.device is None:
+            exclude["device"] = True
         if unset:
             exclude["inputs"] = unset
         return json.loads(self.model_dump_json(exclude=exclude))

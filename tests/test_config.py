@@ -21,9 +21,9 @@ from aotpipe.errors import ConfigError, Problem
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
-MODEL_KEYS = "name, source, args, config, inputs, mode, graphs, passes, save_inputs, save_values, verify, loss, resources"
+MODEL_KEYS = "name, source, args, config, inputs, forward_args, device, mode, graphs, passes, save_inputs, save_values, verify, loss, resources"
 TOP_KEYS = "version, name, output, seed, executor, trusted_ops, defaults, models"
-INPUT_KEYS = "name, shape, dtype, low, high, requires_grad"
+INPUT_KEYS = "name, shape, dtype, low, high, requires_grad, data, key"
 
 # A valid pipeline; tests build broken ones from it. Line numbers: version 1, name 2,
 # models 3, "- name: m" 4, source 5, inputs 6.

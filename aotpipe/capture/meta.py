@@ -77,8 +77,14 @@ def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
 
 
-def meta_example_inputs(spec: Any) -> tuple[tuple, dict]:
-    """The example inputs of a ModelSpec as meta tensors (shapes and dtypes only)."""
+def meta_example_inputs(spec: Any, base_dir: Any = None) -> tuple[tuple, dict]:
+    """The example inputs of a ModelSpec as meta tensors (shapes and dtypes only; an input's
+    data is not read); all positional for a structured spec (inputs_data.is_structured)."""
+    from aotpipe.inputs_data import is_structured
+
+    if is_structured(spec):
+        return tuple(torch.empty(tuple(inp.shape), dtype=getattr(torch, inp.dtype), device="meta")
+                     for inp in spec.inputs), {}
     args, kwargs = [], {}
     for inp in spec.inputs:
         t = torch.empty(tuple(inp.shape), dtype=getattr(torch, inp.dtype), device="meta")
