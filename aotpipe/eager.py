@@ -432,6 +432,30 @@ def _shape_fix(func: Any, args: tuple, kwargs: dict, x: torch.Tensor) -> str:
     return "give it the shape and dtype the model expects"
 
 
+def layout_problem(model: torch.nn.Module, args: tuple, kwargs: dict, names: list[str]) -> Optional[str]:
+    """One line when an example input, parameter or buffer is not a strided (dense) tensor, else None.
+
+    aotpipe captures, writes and checks strided tensors only. A sparse input is refused here,
+    before capture: in torch 2.13 `ExportedProgram.run_decompositions` on a program with a
+    sparse CSR input aborts the whole process (a C++ terminate in functionalization, "layout_impl
+    is only implemented for TensorImpl subclasses"), which no Python handler can turn into an
+    error.
+    """
+    leaves = pytree.tree_leaves((args, kwargs))
+    for i, t in enumerate(leaves):
+        if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+            name = names[i] if i < len(names) else f"input {i}"
+            return (f"input '{name}' is a {str(t.layout).removeprefix('torch.')} tensor: aotpipe captures dense "
+                    "(strided) tensors only (torch.export aborts the process on sparse inputs); pass it as "
+                    ".to_dense(), or leave this model out")
+    for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, t in named:
+            if t.layout != torch.strided:
+                return (f"{kind} '{name}' is a {str(t.layout).removeprefix('torch.')} tensor: aotpipe captures "
+                        "dense (strided) tensors only; make it dense (.to_dense()), or leave this model out")
+    return None
+
+
 def input_problem(model: torch.nn.Module, args: tuple, kwargs: dict, names: list[str]) -> Optional[str]:
     """None when the model runs (eval mode, no grad) on its example inputs; else one line that
     names the input at fault where one is, with what would fix it.

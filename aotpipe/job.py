@@ -73,10 +73,11 @@ def _source(job: _Job) -> None:
 
         job.model, job.args, job.kwargs = on_device(job.spec, job.model, job.args, job.kwargs)
     if job.mode.values:  # an input mistake named as one, before capture blames it on tracing
-        from aotpipe.eager import input_problem  # torch
+        from aotpipe.eager import input_problem, layout_problem  # torch
 
         names = [inp.name or f"inputs[{i}]" for i, inp in enumerate(job.spec.inputs)]
-        problem = input_problem(job.model, job.args, job.kwargs, names)
+        problem = layout_problem(job.model, job.args, job.kwargs, names) or \
+            input_problem(job.model, job.args, job.kwargs, names)
         if problem is not None:
             raise SourceError(problem)
 
