@@ -437,17 +437,17 @@ def layout_problem(model: torch.nn.Module, args: tuple, kwargs: dict, names: lis
 
     aotpipe captures, writes and checks strided tensors only. A sparse input is refused here,
     before capture: in torch 2.13 `ExportedProgram.run_decompositions` on a program with a
-    sparse CSR input aborts the whole process (a C++ terminate in functionalization, "layout_impl
-    is only implemented for TensorImpl subclasses"), which no Python handler can turn into an
-    error.
+    sparse CSR input that needs grad aborts the whole process (a C++ terminate in
+    functionalization, "layout_impl is only implemented for TensorImpl subclasses"), which no
+    Python handler can turn into an error (benchmarks/torch_repros/).
     """
     leaves = pytree.tree_leaves((args, kwargs))
     for i, t in enumerate(leaves):
         if isinstance(t, torch.Tensor) and t.layout != torch.strided:
             name = names[i] if i < len(names) else f"input {i}"
             return (f"input '{name}' is a {str(t.layout).removeprefix('torch.')} tensor: aotpipe captures dense "
-                    "(strided) tensors only (torch.export aborts the process on sparse inputs); pass it as "
-                    ".to_dense(), or leave this model out")
+                    "(strided) tensors only (torch.export's decompositions abort the process on a sparse input "
+                    "that needs grad); pass it as .to_dense(), or leave this model out")
     for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, t in named:
             if t.layout != torch.strided:

@@ -54,6 +54,29 @@ CLASSES: list[tuple[str, str, str]] = [
 ]
 
 
+# Failures whose cause is torch's, by model name: (name regex, the smallest reproduction under
+# benchmarks/torch_repros/, what it shows). tests/test_torch_repros.py runs each: it fails once
+# torch no longer behaves so, and the entry (and maybe a refusal in aotpipe) can go.
+TORCH_CAUSES: list[tuple[str, str, str]] = [
+    (r"^nn\.MultiLabelMarginLoss\.", "multilabel_margin_loss_decomposition_shape.py",
+     "torch's decomposition of multilabel_margin_loss_forward returns shape [1] where eager returns []"),
+    (r"^nn\.Transformer\.", "transformer_fastpath_padding.py",
+     "eager's nested-tensor fast path zeroes padded encoder positions; the exported program does not"),
+    (r"^sparse\.(mm\.reduce|sampled_addmm)\.", "sparse_csr_run_decompositions_abort.py",
+     "run_decompositions aborts the process on a sparse CSR input that needs grad (aotpipe refuses it first)"),
+    (r"^linalg\.lstsq\.", "lstsq_dynamic_output_shape.py",
+     "linalg_lstsq's output sizes depend on values on CPU (DynamicOutputShapeException)"),
+]
+
+
+def torch_cause(name: str) -> Optional[tuple[str, str]]:
+    """(repro file, what it shows) where a failed model's cause is a known torch behaviour."""
+    for pattern, repro, what in TORCH_CAUSES:
+        if re.search(pattern, name):
+            return repro, what
+    return None
+
+
 def classify(stage: Optional[str], error: Optional[str]) -> str:
     """The failure class of a failed model from its run.json stage and error."""
     stage, error = stage or "", error or ""
@@ -124,6 +147,10 @@ def report(results: dict[str, dict[str, Any]]) -> str:
             for m in ms:
                 err = (m["error"] or "").replace("|", "\\|").replace("\n", " ")
                 lines.append(f"- `{m['name']}` ({m['stage']}): {err[:240]}")
+                cause = torch_cause(m["name"])
+                if cause is not None:
+                    lines.append(f"  - torch's cause: {cause[1]}; smallest reproduction: "
+                                 f"[{cause[0]}](../../benchmarks/torch_repros/{cause[0]})")
             lines.append("")
         skipped = [m for m in r["models"] if m["status"] == "ok" and m["skipped_checks"]]
         if skipped:

@@ -45,3 +45,16 @@ def test_the_report_counts_passes_and_groups_failures(tmp_path):
     assert "| torch-ops | 3 | 672 | 2 (67%) | 1 (33%) | 1 | 9 |" in body
     assert "### sparse tensors (1)" in body and "- `c.s0` (capture): Sparse tensors" in body
     assert "ok with skipped checks: `b.s0`" in body
+
+
+def test_a_failure_whose_cause_is_torchs_links_its_reproduction_and_others_do_not(tmp_path):
+    run = {"models": [
+        {"name": "linalg.lstsq.s0", "status": "failed", "stage": "capture", "error": "DynamicOutputShapeException"},
+        {"name": "lstsq_like.s0", "status": "failed", "stage": "capture", "error": "DynamicOutputShapeException"},
+    ], "seconds": 1.0}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    body = bench.report({"torch-ops": {**bench.summarise(tmp_path / "run.json"), "total": 2, "wall": None}})
+    linked = "[lstsq_dynamic_output_shape.py](../../benchmarks/torch_repros/lstsq_dynamic_output_shape.py)"
+    assert body.count(linked) == 1 and body.index("`linalg.lstsq.s0`") < body.index(linked) < body.index("`lstsq_like")
+    for _, repro, _ in bench.TORCH_CAUSES:  # every named reproduction is there to run
+        assert (REPO / "benchmarks" / "torch_repros" / repro).is_file(), repro
