@@ -17,7 +17,7 @@ from pydantic_core import ErrorDetails
 
 from aotpipe.format.limits import current, read_bounded
 from aotpipe.format.records import RawYaml, library_namespace_problem
-from aotpipe.errors import ConfigError, LimitError, Problem
+from aotpipe.errors import ConfigError, LimitError, Problem, SourceError
 from aotpipe.modes import CAPTURE_MODES
 from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
 from aotpipe.spec import (DTYPES, GRAPH_KINDS, ExecutorSpec, GraphKind, InputSpec, Loss, Mode, ModelSpec, PassStep,
@@ -509,7 +509,6 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
 def _input_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
     """Inputs beyond random tensors (aotpipe/inputs_data.py): input paths that clash, `key`
     without `data`, and data that cannot be read or is not the declared tensor."""
-    from aotpipe.errors import SourceError
     from aotpipe.inputs_data import call_template, device_unavailable, is_structured, load_input_tensor  # torch
     from aotpipe.sources import resolve_callable  # torch
 

@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from aotpipe.determinism import RunLog, run_reproducibly
 from aotpipe.errors import exception_line
 from aotpipe.format.limits import OpKwargs
+from aotpipe.global_state import preserved
 from aotpipe.modes import DEFAULT_LOSS, LOSSES
 from aotpipe.tensors import loss_weights
 
@@ -410,7 +411,7 @@ def _compute_dtype(model: torch.nn.Module) -> Optional[torch.dtype]:
     return None
 
 
-def _shape_fix(func: Any, args: tuple, kwargs: dict, x: torch.Tensor) -> str:
+def _shape_fix(func: Any, args: tuple, kwargs: OpKwargs, x: torch.Tensor) -> str:
     """What shape `func` wants of its input `x`, where a known op says it by its weight."""
     weight = args[1] if len(args) > 1 else kwargs.get("weight")
     name = getattr(func, "__name__", "")
@@ -534,8 +535,6 @@ def _try_run(model: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[tupl
     line, the failing torch call if one was seen, the innermost module running when it raised
     as (name, module, its positional args)). The model is left as it was: each module's
     train/eval mode, its buffers (changed in place or replaced), the RNG."""
-    from aotpipe.global_state import preserved
-
     modes = [(m, m.training) for m in model.modules()]
     buffers = {}
     for name, b in model.named_buffers(remove_duplicate=False):

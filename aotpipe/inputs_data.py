@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from aotpipe.errors import SourceError
+from aotpipe.format.records import RawJson  # a manifest's model record as JSON: it keeps fields no record class declares (forward_args)
 from aotpipe.spec import DATA_SUFFIXES, is_callable_data, parse_path, path_problem
 
 PathPart = Union[str, int]
@@ -116,7 +117,7 @@ def _fill(node: Any, tensors: tuple) -> Any:
     return node
 
 
-def call_from_record(record: dict[str, Any], tensors: Any) -> tuple[tuple, dict[str, Any]]:
+def call_from_record(record: RawJson, tensors: Any) -> tuple[tuple, dict[str, Any]]:
     """The (args, kwargs) the source model takes, rebuilt from a manifest's model record (its
     inputs' names and forward_args) and the user inputs in the order of its `inputs:` (a
     graph's user inputs, saved or from get_inputs): what calls the user's own model again."""
@@ -193,7 +194,7 @@ def on_device(spec: Any, model: torch.nn.Module, args: tuple, kwargs: dict) -> t
 # real data
 
 
-def data_code_refusal(record: dict[str, Any], trust_code: bool) -> Optional[str]:
+def data_code_refusal(record: RawJson, trust_code: bool) -> Optional[str]:
     """Why a manifest's model record may not be rebuilt: an input's data is a function it
     would import and call (code, like a non-builtin source); None otherwise."""
     if trust_code:

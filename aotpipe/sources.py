@@ -36,6 +36,7 @@ from aotpipe.format.limits import bounded_build, check_rebuild_args, check_total
 from aotpipe.errors import AotpipeError, LimitError, SourceError, exception_line
 from aotpipe.global_state import preserved
 from aotpipe.format.records import ModelRecord
+from pydantic_core import ErrorDetails
 from aotpipe import inputs_data
 from aotpipe.spec import InputSpec, ModelSpec
 from aotpipe.zoo import ZOO
@@ -394,8 +395,9 @@ def _arg_type_problem(spec: ModelSpec, fn: Any) -> tuple[str, str] | None:
                 adapter.validate_python(value, strict=True)
                 continue
             except ValidationError as e:
+                errors: list[ErrorDetails] = e.errors()
                 if not any(isinstance(x["input"], str) or isinstance(x["input"], float) and x["type"] == "int_type"
-                           for x in e.errors()):
+                           for x in errors):
                     continue  # a list for a tuple: the callable gets what Python code would pass
         shown = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
         hint = " (write it without quotes)" if isinstance(value, str) else ""

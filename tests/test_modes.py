@@ -78,7 +78,9 @@ def test_dynamo_and_auto_capture_what_export_refuses(tmp_path):
     # A re-run keeps them; changing a model's mode redoes it.
     r2 = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "out"), "--no-progress",
                                    "--json", "--only", "dyn", "--only", "auto"])
-    assert r2.exit_code == 0 and all(m["skipped"] for m in json.loads(r2.stdout)["models"]), r2.output
+    again = {m["name"]: m for m in json.loads(r2.stdout)["models"]}
+    assert r2.exit_code == 0 and again["dyn"]["skipped"] and again["auto"]["skipped"], r2.output
+    assert again["exp"]["status"] == "failed" and not again["exp"]["skipped"]  # --only left its entry as it was
 
 
 def test_each_mode_has_its_own_fingerprint():

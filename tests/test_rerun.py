@@ -166,7 +166,7 @@ def test_a_failed_model_keeps_its_failure_and_never_lends_it_to_an_artefact(copy
     assert result.exit_code == 0, result.output  # what --only selected passed
     record = load_run(tree)
     assert entries(tree)["b"] == failed and not record.ok  # run.json: the tree, b still failed
-    assert report_row(tree, "b")[1] == "**failed** (capture), kept"
+    assert report_row(tree, "b")[1] == "**failed** (source), kept"  # the input mistake, named before capture
     # b's config back: its earlier artefact (left in place by the failure) is up to date; the
     # failed entry's figures are not its own, so it is kept with no measurement
     result, _ = run(copy, pipeline())

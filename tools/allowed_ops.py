@@ -66,7 +66,15 @@ def source_ops() -> set[str]:
         for p in sorted((root / folder).rglob("*.py")):
             for op, overload in re.findall(r"aten\.([a-z_0-9]+)(?:\.([A-Za-z_0-9]+))?", p.read_text()):
                 found.add(f"aten.{op}.{overload or 'default'}")
-    return found
+    return found - replaced_ops()
+
+
+def replaced_ops() -> set[str]:
+    """Ops capture replaces with a kernel of its own while tracing (capture/ctc.py,
+    capture/torch_branches.py): named in its source, never in its graphs."""
+    from aotpipe.capture import ctc, torch_branches
+
+    return {str(op) for op in (*ctc.FORMULATED, *torch_branches.KERNELS)}  # str: aten.cov.default
 
 
 # CompositeImplicitAutograd ops export leaves in a graph: its symbolic sizes, and the reshape

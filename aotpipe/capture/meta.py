@@ -34,6 +34,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from aotpipe.capture import export as _export_mod
+from aotpipe.inputs_data import is_structured
 from aotpipe.format.ir import CapturedGraphs
 from aotpipe.errors import CaptureError, SourceError, exception_line
 from aotpipe.global_state import preserved
@@ -80,8 +81,6 @@ def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 def meta_example_inputs(spec: Any, base_dir: Any = None) -> tuple[tuple, dict]:
     """The example inputs of a ModelSpec as meta tensors (shapes and dtypes only; an input's
     data is not read); all positional for a structured spec (inputs_data.is_structured)."""
-    from aotpipe.inputs_data import is_structured
-
     if is_structured(spec):
         return tuple(torch.empty(tuple(inp.shape), dtype=getattr(torch, inp.dtype), device="meta")
                      for inp in spec.inputs), {}

@@ -100,4 +100,10 @@ def test_the_early_chain_reads_the_same_as_one_written_now(tmp_path):
     new = out / "early" / "mlp"
     raw = json.loads((new / MANIFEST).read_text())
     assert "passes" not in raw and "passes" not in raw["model"]
-    assert chain_as_read(aotpipe.load(new).manifest) == chain_as_read(aotpipe.load(EARLY / "mlp").manifest)
+    now, early = chain_as_read(aotpipe.load(new).manifest), chain_as_read(aotpipe.load(EARLY / "mlp").manifest)
+    # a pass may count more since (reinplace's scalar_self_kept): the early stats are a subset, equal
+    for steps_now, steps_early in zip(now.values(), early.values()):
+        for s_now, s_early in zip(steps_now, steps_early):
+            stats_now, stats_early = s_now.pop("stats") or {}, s_early.pop("stats") or {}
+            assert {k: stats_now.get(k) for k in stats_early} == stats_early, (s_now["name"], stats_now)
+    assert now == early
