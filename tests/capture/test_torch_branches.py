@@ -325,8 +325,10 @@ def test_both_branches_are_captured_whole_and_checked_in_either_mode(tmp_path, m
 # (GuardOnDataDependentSymNode in _detect_is_causal_mask or gaussian_nll_loss, aten.equal in cov):
 # nn.Transformer s32-s63 (a float src_mask and a bool tgt_mask, no hint), nn.TransformerEncoder
 # s19-s34 (a mask, no hint), nn.GaussianNLLLoss, and the ops gaussian_nll_loss, cov, corrcoef.
-AFFECTED = ([("module", f"nn.Transformer.s{k}") for k in range(32, 64)]
-            + [("module", f"nn.TransformerEncoder.s{k}") for k in range(19, 35)]
+# Every fourth Transformer sample (all 56 took ~13 minutes on 2 loaded cores; the corpus
+# benchmark, benchmarks/torch_corpus_bench.py, runs every one).
+AFFECTED = ([("module", f"nn.Transformer.s{k}") for k in range(32, 64, 4)]
+            + [("module", f"nn.TransformerEncoder.s{k}") for k in range(19, 35, 4)]
             + [("module", f"nn.GaussianNLLLoss.s{k}") for k in range(5)]
             + [("op", f"{n}.s0") for n in ("nn.functional.gaussian_nll_loss", "cov", "corrcoef")])
 
