@@ -43,6 +43,8 @@ CLASSES: list[tuple[str, str, str]] = [
     ("complex values", r"", r"[Cc]omplex|conjugat|view_as_real"),
     ("lazy module (uninitialized parameters)", r"", r"[Ll]azy|[Uu]ninitialized"),
     ("mutated user input", r"", r"mutat\w* (user )?input|input mutation|mutates? (its|an) input"),
+    ("a Python bool decided by values (no graph returns one)", r"",
+     r"DataDependentOutputException: aten\.(allclose|equal)\.default"),
     ("graph break / partial capture", r"", r"graph break|partial|subgraph"),
     ("data-dependent sizes", r"", r"[Dd]ata.dependent|GuardOnDataDependent|unbacked|nonzero"),
     ("no gradient to compute", r"", r"no gradient to compute|NothingToDifferentiate|does not require grad"),
@@ -118,7 +120,8 @@ def summarise(run_json: Path) -> dict[str, Any]:
         out.append({"name": m["name"], "status": m["status"], "stage": m.get("stage"), "error": m.get("error"),
                     "skipped_checks": checks.get("skipped", 0), "clean": clean,
                     "class": None if m["status"] == "ok" else classify(m.get("stage"), m.get("error"))})
-    return {"models": out, "seconds": run.get("seconds")}
+    started = (run.get("run") or {}).get("started")  # run.json v3 names its run
+    return {"models": out, "seconds": run.get("seconds"), "started": started}
 
 
 def report(results: dict[str, dict[str, Any]]) -> str:
@@ -128,12 +131,16 @@ def report(results: dict[str, dict[str, Any]]) -> str:
         ms = r["models"]
         ok = sum(m["status"] == "ok" for m in ms)
         clean = sum(m["clean"] for m in ms)
-        wall = f"{r['wall']:.0f}" if r.get("wall") is not None else "-"
-        lines.append(f"| {corpus} | {len(ms)} | {r['total']} | {ok} ({100 * ok / max(1, len(ms)):.0f}%) | "
-                     f"{clean} ({100 * clean / max(1, len(ms)):.0f}%) | {len(ms) - ok} | {wall} |")
+        wall = r["wall"] if r.get("wall") is not None else r.get("seconds")  # a run's own figure, --from-run
+        wall = f"{wall:.0f}" if wall is not None else "-"
+        lines.append(f"| {corpus} | {len(ms)} | {r['total']} | {ok} ({100 * ok / max(1, len(ms)):.1f}%) | "
+                     f"{clean} ({100 * clean / max(1, len(ms)):.1f}%) | {len(ms) - ok} | {wall} |")
     lines.append("")
     lines.append("ok: every graph asked for captured, written and checked with no failure; \"every check run\": "
                  "none of its checks skipped either.")
+    started = [f"{corpus} at {r['started']}" for corpus, r in results.items() if r.get("started")]
+    if started:
+        lines.append(f"Runs started: {', '.join(started)}.")
     for corpus, r in results.items():
         failed = [m for m in r["models"] if m["status"] != "ok"]
         by_class: dict[str, list[dict[str, Any]]] = defaultdict(list)

@@ -42,7 +42,7 @@ def test_the_report_counts_passes_and_groups_failures(tmp_path):
     ], "seconds": 3.0}
     (tmp_path / "run.json").write_text(json.dumps(run))
     body = bench.report({"torch-ops": {**bench.summarise(tmp_path / "run.json"), "total": 672, "wall": 9.0}})
-    assert "| torch-ops | 3 | 672 | 2 (67%) | 1 (33%) | 1 | 9 |" in body
+    assert "| torch-ops | 3 | 672 | 2 (66.7%) | 1 (33.3%) | 1 | 9 |" in body
     assert "### sparse tensors (1)" in body and "- `c.s0` (capture): Sparse tensors" in body
     assert "ok with skipped checks: `b.s0`" in body
 
@@ -58,3 +58,18 @@ def test_a_failure_whose_cause_is_torchs_links_its_reproduction_and_others_do_no
     assert body.count(linked) == 1 and body.index("`linalg.lstsq.s0`") < body.index(linked) < body.index("`lstsq_like")
     for _, repro, _ in bench.TORCH_CAUSES:  # every named reproduction is there to run
         assert (REPO / "benchmarks" / "torch_repros" / repro).is_file(), repro
+
+
+def test_an_earlier_runs_page_takes_its_wall_time_and_start_from_its_run_json(tmp_path):
+    run = {"run": {"id": "x", "started": "2026-11-27T22:22:16Z"}, "seconds": 1420.8,
+           "models": [{"name": "a.s0", "status": "ok", "stage": None, "error": None, "checks": {}}]}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    body = bench.report({"torch-modules": {**bench.summarise(tmp_path / "run.json"), "total": 1, "wall": None}})
+    assert "| torch-modules | 1 | 1 | 1 (100.0%) | 1 (100.0%) | 0 | 1421 |" in body
+    assert "Runs started: torch-modules at 2026-11-27T22:22:16Z." in body
+
+
+def test_a_bool_decided_by_values_is_its_own_class_and_a_break_stays_a_break():
+    error = "export failed: DataDependentOutputException: aten.equal.default; dynamo failed: ... (a graph break)"
+    assert bench.classify("capture", error) == "a Python bool decided by values (no graph returns one)"
+    assert bench.classify("capture", error.replace("aten.equal", "aten.cov")) == "graph break / partial capture"
