@@ -38,7 +38,8 @@ from typing import Iterator, Sequence, Union
 
 import torch
 from torch import Tensor
-from torch._C import DispatchKey
+
+from aotpipe.capture.python_kernels import python_kernels
 
 aten = torch.ops.aten
 
@@ -162,8 +163,6 @@ def ctc_loss(log_probs: Tensor, targets: Tensor, input_lengths: Lengths, target_
 
 FORMULATED = (aten.ctc_loss.IntList, aten.ctc_loss.Tensor)
 
-_KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
-
 NOTE = ("CTC loss captured as a static-shape ATen formulation (capture/ctc.py: the log-space alpha recursion, "
         "targets padded to their static width): torch's aten._ctc_loss has a value-dependent output size")
 
@@ -178,19 +177,9 @@ def ctc_loss_formulated(notes: list[str]) -> Iterator[None]:
         used.append(True)
         return ctc_loss(*args, **kwargs)
 
-    saved = {(op, key): op.py_kernels.get(key) for op in FORMULATED for key in _KEYS}
     try:
-        for op in FORMULATED:
-            for key in _KEYS:
-                op.py_kernels[key] = kernel
-            op._dispatch_cache.clear()
-        yield
+        with python_kernels({op: kernel for op in FORMULATED}):
+            yield
     finally:
-        for (op, key), fn in saved.items():
-            if fn is None:
-                op.py_kernels.pop(key, None)
-            else:
-                op.py_kernels[key] = fn
-            op._dispatch_cache.clear()
         if used and NOTE not in notes:
             notes.append(NOTE)

@@ -43,7 +43,8 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
-from torch._C import DispatchKey
+
+from aotpipe.capture.python_kernels import python_kernels
 
 aten = torch.ops.aten
 
@@ -181,8 +182,6 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable[..., tuple]] = {
     aten.rnn_relu.input: rnn_relu_input,
 }
 
-_KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
-
 
 def kept_whole(table: dict) -> dict:
     """`table` (a decomposition table for an inference graph) less the recurrent ops: the
@@ -196,27 +195,9 @@ def kept_whole(table: dict) -> dict:
 def recurrent_decompositions() -> Iterator[None]:
     """For the duration, tracing decomposes the recurrent ops with this module's functions;
     torch's kernels are back afterwards, also on error."""
-    saved = {(op, key): op.py_kernels.get(key) for op in DECOMPOSITIONS for key in _KEYS}
     with warnings.catch_warnings():
         # nn.RNNBase refreshes its _flat_weights list in forward; export warns of "tensor
         # attributes assigned during export" for each: they are the module's own parameters.
         warnings.filterwarnings("ignore", message=r".*_flat_weights.*assigned during export")
-        with _installed(saved):
+        with python_kernels(DECOMPOSITIONS):
             yield
-
-
-@contextlib.contextmanager
-def _installed(saved: dict) -> Iterator[None]:
-    try:
-        for op, fn in DECOMPOSITIONS.items():
-            for key in _KEYS:
-                op.py_kernels[key] = fn
-            op._dispatch_cache.clear()
-        yield
-    finally:
-        for (op, key), fn in saved.items():
-            if fn is None:
-                op.py_kernels.pop(key, None)
-            else:
-                op.py_kernels[key] = fn
-            op._dispatch_cache.clear()

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
-from torch._C import DispatchKey
+
+from aotpipe.capture.python_kernels import python_kernels
 
 aten = torch.ops.aten
 
@@ -179,8 +180,6 @@ KERNELS: dict[torch._ops.OpOverload, tuple[str, Callable[[Callable[[], None]], C
         _cov_without_value_reads),
 }
 
-_KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
-
 
 @contextlib.contextmanager
 def static_library_branches(notes: list[str], replacements: tuple[Replacement, ...] = REPLACEMENTS,
@@ -191,28 +190,17 @@ def static_library_branches(notes: list[str], replacements: tuple[Replacement, .
     kernels = KERNELS if kernels is None else kernels
     used: list[Any] = []  # a qualname or op per changed call (a plain list append: dynamo traces through it)
     installed: list[tuple[Any, str, Any]] = []
-    saved = {(op, key): op.py_kernels.get(key) for op in kernels for key in _KEYS}
     try:
         for r in replacements:
             owner = importlib.import_module(r.module)
             original = getattr(owner, r.name)
             installed.append((owner, r.name, original))
             setattr(owner, r.name, r.build(original, functools.partial(used.append, r.qualname)))
-        for op, (_, build) in kernels.items():
-            kernel = build(functools.partial(used.append, op))
-            for key in _KEYS:
-                op.py_kernels[key] = kernel
-            op._dispatch_cache.clear()
-        yield
+        with python_kernels({op: build(functools.partial(used.append, op)) for op, (_, build) in kernels.items()}):
+            yield
     finally:
         for owner, name, original in reversed(installed):
             setattr(owner, name, original)
-        for (op, key), kernel in saved.items():
-            if kernel is None:
-                op.py_kernels.pop(key, None)
-            else:
-                op.py_kernels[key] = kernel
-            op._dispatch_cache.clear()
         changed = [r.note for r in replacements if r.qualname in used]
         changed += [note for op, (note, _) in kernels.items() if op in used]
         notes.extend(n for n in changed if n not in notes)
