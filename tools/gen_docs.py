@@ -13,7 +13,9 @@ Each page is made from the code or data it describes, never typed by hand:
 - limits.md: every limit on what a file may make aotpipe read or allocate, its default and
   environment variable (aotpipe/format/limits.py);
 - hf-zoo.md: the transformers zoo table, rendered by tools/zoo_table.py from the rows of
-  a zoo run kept in docs/data/hf-zoo.json.
+  a zoo run kept in docs/data/hf-zoo.json;
+- mutation.md: the mutation score of the modules users trust, from the runs of
+  tools/mutation.py kept in docs/mutation/*.json.
 
 tests/test_docs.py regenerates them into a temporary folder and fails when a committed one
 differs. Measured tables (docs/benchmarks/) are written by the benchmark scripts
@@ -207,6 +209,15 @@ def hf_zoo_page() -> str:
         zoo_table.render(data)])
 
 
+def mutation_page() -> str:
+    """The mutation score of the listed modules, from docs/mutation/*.json (tools/mutation.py)."""
+    spec = importlib.util.spec_from_file_location("mutation_tool", REPO / "tools" / "mutation.py")
+    mutation_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutation_tool)
+    return _header("docs/mutation/*.json (written by `python tools/mutation.py run`) and "
+                   "tools/mutation_groups/*.toml") + mutation_tool.page()
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "passes.md": passes_page,
     "code-map.md": code_map_page,
@@ -214,6 +225,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "cli.md": cli_page,
     "hf-zoo.md": hf_zoo_page,
     "limits.md": limits_page,
+    "mutation.md": mutation_page,
 }
 
 

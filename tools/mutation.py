@@ -4,6 +4,11 @@
     python tools/mutation.py run accuracy            # one group (or several, or none: all)
     python tools/mutation.py run accuracy --only 'aotpipe.accuracy.x_rmse*'
     python tools/mutation.py survivors accuracy      # each survivor's diff, from the last run
+    python tools/mutation.py check                   # CI's ratchet: rerun, fail on a lower score
+    python tools/mutation.py planted                 # each group's planted regressions are caught
+
+The page docs/generated/mutation.md is rendered from docs/mutation/*.json by
+`python tools/gen_docs.py` (tests/test_docs.py fails while it is stale).
 
 Why mutmut (3.x) and not cosmic-ray: mutmut imports the code and the tests once and forks a
 child per mutant, running only the tests that executed the mutated function (it records that
@@ -31,9 +36,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUPS = ROOT / "tools" / "mutation_groups"
@@ -52,15 +59,36 @@ _LINKED = ("pipelines", "docs", "tools", "benchmarks", "README.md", "constraints
            "artifacts")
 
 
-def load_group(name: str) -> dict[str, Any]:
-    path = GROUPS / f"{name}.toml"
+# The floor CI holds every listed file to, and the most a file's score may fall below the
+# recorded one before CI fails (a changed function can shift a mutant or two either way).
+FLOOR = 0.90
+SLACK = 0.01
+
+
+def load_group(name: str, groups: Path = GROUPS) -> dict[str, Any]:
+    path = groups / f"{name}.toml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in GROUPS.glob("*.toml")))
+        known = ", ".join(sorted(p.stem for p in groups.glob("*.toml")))
         raise SystemExit(f"{path}: no such mutation group; the groups are: {known}")
-    data = tomllib.loads(path.read_text())
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise SystemExit(f"{path}: not valid TOML ({e}); fix the file") from None
     for field in ("sources", "tests"):
         if not data.get(field):
             raise SystemExit(f"{path}: `{field}` is missing or empty; list the {field} of the group")
+    for i, entry in enumerate(data.get("equivalent", []), 1):
+        missing = [k for k in ("mutant", "reason") if not entry.get(k)]
+        if missing:
+            raise SystemExit(f"{path}: equivalent entry {i} lacks {', '.join(missing)}; each names the "
+                             f"mutant's stable key and why no test can tell it from the original")
+        if not entry["reason"].startswith(("equivalent:", "wording:")):
+            raise SystemExit(f"{path}: equivalent entry {i}: the reason must start with 'equivalent:' or "
+                             f"'wording:' (got {entry['reason'][:40]!r})")
+    for i, entry in enumerate(data.get("planted", []), 1):
+        missing = [k for k in ("file", "old", "new", "why") if not entry.get(k)]
+        if missing:
+            raise SystemExit(f"{path}: planted entry {i} lacks {', '.join(missing)}")
     data["name"] = name
     return data
 
@@ -107,6 +135,7 @@ def _mutmut() -> str:
 
 
 def run_group(group: dict[str, Any], *, only: list[str], max_children: int) -> Path:
+    """mutmut over the group in a fresh scratch copy; returns the copy."""
     where = prepare(group)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
     env.pop("PYTHONPATH", None)  # the scratch copy's aotpipe/, not the caller's
@@ -144,13 +173,25 @@ def collect(group: dict[str, Any], where: Path) -> list[dict[str, Any]]:
     if proc.returncode != 0:
         raise SystemExit(f"reading mutmut's results in {where} failed:\n{proc.stderr[-3000:]}")
     mutants = json.loads(proc.stdout)
-    seen: dict[str, int] = {}
     for m in mutants:
         m["status"] = _STATUS.get(m.pop("exit_code"), "suspicious")
+    return keyed(mutants)
+
+
+def keyed(mutants: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give each mutant its stable key; the same change twice in one function is told apart
+    by order (` #2`), mutmut's numbering being in source order."""
+    seen: dict[str, int] = {}
+    for m in sorted(mutants, key=lambda m: _mutant_number(m["name"])):
         key = stable_key(m["name"], m["diff"])
         seen[key] = seen.get(key, 0) + 1
         m["key"] = key if seen[key] == 1 else f"{key} #{seen[key]}"
     return mutants
+
+
+def _mutant_number(name: str) -> tuple[str, int]:
+    function, _, number = name.rpartition("__mutmut_")
+    return (function, int(number) if number.isdigit() else 0)
 
 
 def stable_key(name: str, diff: str) -> str:
@@ -162,6 +203,12 @@ def stable_key(name: str, diff: str) -> str:
     return f"{function}: {' / '.join(removed)} => {' / '.join(added)}"
 
 
+def score(counts: dict[str, int]) -> float:
+    """Caught over the mutants that are not explained away (equivalent or wording only)."""
+    scored = counts["total"] - counts["equivalent"] - counts["wording"]
+    return round(counts["caught"] / scored, 4) if scored else 1.0
+
+
 def equivalents(group: dict[str, Any]) -> dict[str, str]:
     return {e["mutant"]: e["reason"] for e in group.get("equivalent", [])}
 
@@ -171,22 +218,26 @@ def summarise(group: dict[str, Any], mutants: list[dict[str, Any]]) -> dict[str,
     per_file: dict[str, dict[str, int]] = {}
     for m in mutants:
         m["equivalent"] = eq.get(m["key"])
-        counts = per_file.setdefault(m["file"], {"total": 0, "caught": 0, "equivalent": 0, "survived": 0})
+        counts = per_file.setdefault(m["file"], {"total": 0, "caught": 0, "equivalent": 0, "wording": 0,
+                                                 "survived": 0, "not_checked": 0})
+        if m["status"] == "not checked":
+            counts["not_checked"] += 1
+            continue
         counts["total"] += 1
         if m["status"] in CAUGHT:
             counts["caught"] += 1
         elif m["equivalent"]:
-            counts["equivalent"] += 1
+            counts["wording" if m["equivalent"].startswith("wording:") else "equivalent"] += 1
         else:
             counts["survived"] += 1
     for counts in per_file.values():
-        scored = counts["total"] - counts["equivalent"]
-        counts["score"] = round(counts["caught"] / scored, 4) if scored else 1.0
+        counts["score"] = score(counts)
     stale = sorted(set(eq) - {m["key"] for m in mutants})
     return {"group": group["name"], "files": per_file, "stale_equivalents": stale}
 
 
-def write_results(group: dict[str, Any], mutants: list[dict[str, Any]], only: list[str]) -> Path:
+def write_results(group: dict[str, Any], mutants: list[dict[str, Any]], only: list[str],
+                  run: Optional[dict[str, Any]] = None) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{group['name']}.json"
     if only and out.is_file():
@@ -201,6 +252,7 @@ def write_results(group: dict[str, Any], mutants: list[dict[str, Any]], only: li
         "sources": group["sources"],
         "tests": group["tests"],
         "partial": any(m["status"] == "not checked" for m in mutants),
+        "run": run or {},
         "sources_sha256": {s: hashlib.sha256((ROOT / s).read_bytes()).hexdigest() for s in group["sources"]},
         "summary": summary,
         "mutants": sorted(({k: m[k] for k in ("key", "name", "file", "status", "equivalent", "diff")}
@@ -212,8 +264,9 @@ def write_results(group: dict[str, Any], mutants: list[dict[str, Any]], only: li
 
 def print_summary(summary: dict[str, Any]) -> None:
     for path, c in sorted(summary["files"].items()):
-        print(f"  {path}: {c['caught']}/{c['total'] - c['equivalent']} caught ({100 * c['score']:.1f}%), "
-              f"{c['equivalent']} equivalent, {c['survived']} surviving")
+        print(f"  {path}: {c['caught']}/{c['total'] - c['equivalent'] - c['wording']} caught "
+              f"({100 * c['score']:.1f}%), {c['equivalent']} equivalent, {c['wording']} wording, "
+              f"{c['survived']} surviving")
     for key in summary["stale_equivalents"]:
         print(f"  stale equivalent (no such mutant now): {key}")
 
@@ -223,12 +276,186 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name in names:
         group = load_group(name)
         print(f"{name}: mutating {', '.join(group['sources'])}", flush=True)
+        start = time.monotonic()
         where = run_group(group, only=args.only, max_children=args.max_children)
         mutants = collect(group, where)
-        out = write_results(group, mutants, args.only)
+        out = write_results(group, mutants, args.only, run_facts(start, mutants, args.max_children))
         print_summary(json.loads(out.read_text())["summary"])
         print(f"  results: {out.relative_to(ROOT)}")
     return 0
+
+
+def _git_head() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
+
+
+def run_facts(start: float, mutants: list[dict[str, Any]], max_children: int) -> dict[str, Any]:
+    wall = time.monotonic() - start
+    ran = sum(1 for m in mutants if m["status"] != "not checked")
+    return {"commit": _git_head(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "wall_s": round(wall, 1), "mutants_run": ran, "max_children": max_children,
+            "cores": os.cpu_count()}
+
+
+def load_results(name: str, results: Path = RESULTS) -> Optional[dict[str, Any]]:
+    path = results / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def compare(recorded: dict[str, Any], now: list[dict[str, Any]], summary: dict[str, Any],
+            full: bool = True) -> list[str]:
+    """What CI fails on: a mutant the recorded run caught that now survives (a test lost its
+    teeth), and, after a full run, a file whose score fell more than SLACK below the recorded
+    one or under FLOOR."""
+    problems: list[str] = []
+    was = {m["key"]: m["status"] for m in recorded["mutants"]}
+    for m in now:
+        if was.get(m["key"]) in CAUGHT and m["status"] not in CAUGHT and not m.get("equivalent"):
+            problems.append(f"{m['file']}: {m['key']}\n    was caught in the recorded run, now {m['status']}: "
+                            f"a test that caught it was removed or weakened")
+    rec_files = recorded["summary"]["files"]
+    for path, counts in sorted(summary["files"].items()):
+        if counts["total"] == 0 or not full:
+            continue
+        before = rec_files.get(path, {}).get("score")
+        if counts["score"] < FLOOR:
+            problems.append(f"{path}: score {100 * counts['score']:.1f}% is under the {100 * FLOOR:.0f}% floor")
+        elif before is not None and counts["score"] < before - SLACK:
+            problems.append(f"{path}: score {100 * counts['score']:.1f}% fell from the recorded "
+                            f"{100 * before:.1f}%")
+    return problems
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    failed = False
+    for name in args.groups or group_names():
+        group = load_group(name)
+        recorded = load_results(name)
+        if recorded is None:
+            print(f"{name}: FAIL: no recorded results (docs/mutation/{name}.json); "
+                  f"run: python tools/mutation.py run {name}")
+            failed = True
+            continue
+        start = time.monotonic()
+        where = run_group(group, only=args.only, max_children=args.max_children)
+        mutants = [m for m in collect(group, where) if m["status"] != "not checked"]
+        summary = summarise(group, mutants)
+        problems = compare(recorded, mutants, summary, full=not args.only)
+        wall = time.monotonic() - start
+        print(f"{name}: {len(mutants)} mutants in {wall:.0f} s")
+        print_summary(summary)
+        for p in problems:
+            print(f"  FAIL: {p}")
+        if problems:
+            failed = True
+            print(f"  fix: kill the survivors with a test (python tools/mutation.py survivors {name} after a run), "
+                  f"or record a true equivalent in tools/mutation_groups/{name}.toml; then record the new "
+                  f"score: python tools/mutation.py run {name}")
+    return 1 if failed else 0
+
+
+def apply_planted(where: Path, entry: dict[str, str]) -> None:
+    """Write one planted regression into the scratch copy; refuse one whose snippet is gone."""
+    path = where / entry["file"]
+    text = path.read_text()
+    count = text.count(entry["old"])
+    if count != 1:
+        raise ValueError(f"{entry['file']}: the planted snippet {entry['old']!r} occurs {count} times "
+                         f"(it must occur once): update the [[planted]] entry")
+    path.write_text(text.replace(entry["old"], entry["new"]))
+
+
+def cmd_planted(args: argparse.Namespace) -> int:
+    """Each group's planted regressions, one at a time in a scratch copy: the group's tests must fail."""
+    missed: list[str] = []
+    for name in args.groups or group_names():
+        group = load_group(name)
+        for entry in group.get("planted", []):
+            where = prepare(group)
+            try:
+                apply_planted(where, entry)
+            except ValueError as e:
+                missed.append(f"{name}: {e}")
+                continue
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            env.pop("PYTHONPATH", None)
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                   *group["tests"]], cwd=where, env=env, capture_output=True, text=True)
+            caught = proc.returncode == 1
+            print(f"{name}: {'caught' if caught else 'MISSED'}: {entry['file']}: {entry['why']}", flush=True)
+            if not caught:
+                missed.append(f"{name}: {entry['file']}: {entry['why']} (pytest exit {proc.returncode})")
+    for m in missed:
+        print(f"FAIL: {m}")
+    return 1 if missed else 0
+
+
+def _md(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|").replace("`", "'")
+
+
+def page(groups: Path = GROUPS, results: Path = RESULTS) -> str:
+    """docs/generated/mutation.md: the score of every listed file, each survivor, each equivalent
+    and why, from the recorded results (written by `run`) and the groups' files."""
+    names = sorted(p.stem for p in groups.glob("*.toml"))
+    lines = [
+        "# Mutation score of the modules users trust (generated)", "",
+        "Each listed file is mutated by [mutmut](https://github.com/boxed/mutmut) (a changed comparison, "
+        "operator, constant, argument, return value or string) and the group's tests run against each "
+        "mutant. **Caught**: a test failed, timed out or crashed. **Equivalent**: no test can tell it "
+        "from the original, for the reason given. **Wording**: it only changes the text of a message no "
+        "code reads. **Score** = caught / (mutants - equivalent - wording); the target is "
+        f"{100 * FLOOR:.0f}% in every file, and CI (`python tools/mutation.py check`) fails when a file "
+        f"falls under it, falls more than {100 * SLACK:.0f} point below its recorded score, or a mutant "
+        "recorded as caught survives.", "",
+        "Rerun a group with `python tools/mutation.py run GROUP` (or every group without a name), then "
+        "`python tools/gen_docs.py`. Groups are defined in `tools/mutation_groups/*.toml`.", "",
+        "| group | file | mutants | caught | equivalent | wording | surviving | score | run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    details: list[str] = []
+    total_wall = 0.0
+    for name in names:
+        group = load_group(name, groups)
+        data = load_results(name, results)
+        if data is None:
+            lines.append(f"| {name} | {', '.join(group['sources'])} | not run yet | | | | | | |")
+            continue
+        run = data.get("run", {})
+        total_wall += run.get("wall_s", 0.0)
+        when = f"{run.get('date', '?')}, {run.get('commit', '?')}, {run.get('wall_s', '?')} s"
+        summary = summarise(group, [dict(m) for m in data["mutants"]])
+        for path in group["sources"]:
+            c = summary["files"].get(path)
+            if c is None:
+                lines.append(f"| {name} | `{path}` | no mutants recorded | | | | | | {when} |")
+                continue
+            partial = " (partial run)" if c["not_checked"] else ""
+            lines.append(f"| {name} | `{path}` | {c['total']} | {c['caught']} | {c['equivalent']} | "
+                         f"{c['wording']} | {c['survived']} | {100 * c['score']:.1f}%{partial} | {when} |")
+        survivors = [m for m in data["mutants"]
+                     if m["status"] not in CAUGHT | {"not checked"} and not equivalents(group).get(m["key"])]
+        explained = [(k, r) for k, r in equivalents(group).items()]
+        details += ["", f"## {name}", "", f"Tests: {', '.join(f'`{t}`' for t in group['tests'])}.", ""]
+        if survivors:
+            details += ["Surviving (neither caught nor explained):", ""]
+            details += [f"- `{_md(m['key'])}` ({m['status']})" for m in survivors]
+            details.append("")
+        if explained:
+            details += ["Explained:", "", "| mutant | reason |", "|---|---|"]
+            details += [f"| `{_md(k)}` | {_md(r)} |" for k, r in sorted(explained)]
+            details.append("")
+        if summary["stale_equivalents"]:
+            details += ["Explained mutants that no longer exist (remove them from the group file):", ""]
+            details += [f"- `{_md(k)}`" for k in summary["stale_equivalents"]]
+            details.append("")
+        planted = group.get("planted", [])
+        if planted:
+            details += ["Planted regressions the tests catch (`python tools/mutation.py planted`):", ""]
+            details += [f"- `{e['file']}`: {_md(e['why'])}" for e in planted]
+    lines += ["", f"Wall time of the recorded runs, all groups: {total_wall / 60:.1f} min."]
+    return "\n".join(lines + details).rstrip() + "\n"
 
 
 def cmd_survivors(args: argparse.Namespace) -> int:
@@ -262,6 +489,15 @@ def main(argv: list[str] | None = None) -> int:
     surv = sub.add_parser("survivors", help="each surviving mutant's diff, from the last run")
     surv.add_argument("groups", nargs="*")
     surv.set_defaults(func=cmd_survivors)
+    chk = sub.add_parser("check", help="rerun the groups; fail where a score fell or a caught mutant survives")
+    chk.add_argument("groups", nargs="*")
+    chk.add_argument("--only", action="append", default=[],
+                     help="mutmut name pattern (fnmatch); only the caught-now-survives rule then applies")
+    chk.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    chk.set_defaults(func=cmd_check)
+    pl = sub.add_parser("planted", help="apply each planted regression in a scratch copy; its tests must fail")
+    pl.add_argument("groups", nargs="*")
+    pl.set_defaults(func=cmd_planted)
     lst = sub.add_parser("list", help="the groups")
     lst.set_defaults(func=cmd_list)
     args = parser.parse_args(argv)
