@@ -240,3 +240,23 @@ def test_check_fails_on_a_copy_whose_accuracy_tests_lost_their_teeth(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "was caught in the recorded run, now survived" in proc.stdout
+
+
+def test_functions_are_named_as_mutmut_names_them(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    def inner():\n        pass\n\nclass C:\n    def m(self):\n        pass\n"
+                   "    x = 1\n\nasync def g():\n    pass\n")
+    assert mutation.functions(src, "pkg.m") == ["pkg.m.x_f__mutmut_*", "pkg.m.xǁCǁm__mutmut_*",
+                                                "pkg.m.x_g__mutmut_*"]
+
+
+def test_the_sample_is_fixed_and_tries_every_file(tmp_path):
+    (tmp_path / "aotpipe").mkdir()
+    (tmp_path / "aotpipe" / "a.py").write_text("".join(f"def f{i}():\n    pass\n" for i in range(40)))
+    (tmp_path / "aotpipe" / "b.py").write_text("def only():\n    pass\n")
+    group = {"sources": ["aotpipe/a.py", "aotpipe/b.py"]}
+    picked = mutation.sample(group, 4, tmp_path)
+    assert picked == mutation.sample(group, 4, tmp_path)
+    from_a = [p for p in picked if p.startswith("aotpipe.a.")]
+    assert 0 < len(from_a) < 40 and "aotpipe.b.x_only__mutmut_*" in picked
+    assert len(mutation.sample(group, 1, tmp_path)) == 41
