@@ -179,7 +179,7 @@ class Check:
     def item(self) -> CheckItem:
         """The manifest's record of this check, its figures to 4 significant digits."""
         def num(x: Optional[float]) -> Optional[float]:
-            return None if x is None else (x if math.isinf(x) else float(f"{x:.4g}"))
+            return None if x is None else float(f"{x:.4g}")  # inf and nan print and read back as themselves
 
         return CheckItem(what=self.what, passed=self.passed, method=self.method, error=num(self.error),
                          eager_error=num(self.eager_error), ratio=num(self.ratio), bound=num(self.bound),
