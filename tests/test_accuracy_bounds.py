@@ -165,6 +165,28 @@ def test_rel_floor_sets_the_floor_of_the_float64_bound_too():
     assert accuracy.fp64_bound(eager, ref, e, rel_floor=1e-3)[0] == pytest.approx(loose, rel=1e-12)
 
 
+def test_rel_floor_sets_the_floor_where_there_is_no_reference():
+    # 100 float32 elements 1 + 1/4096 against 1: RMS error 2.44e-4, under 1e-3 * 1 + 1e-7, over 1e-5 + 1e-7
+    eager, graph = full(100, 1.0, F32), full(100, 1 + 2.0 ** -12, F32)
+    assert compare(graph, eager, None, rel_floor=1e-3) == Check("value", True, "floor", error=2.0 ** -12,
+                                                                bound=1e-3 + ABS)
+    c = compare(graph, eager, None)
+    assert (c.passed, c.method, c.bound) == (False, "floor", REL[F32] + ABS)
+
+
+def test_rel_floor_sets_the_bound_after_a_further_sample_too():
+    # eager 1 + 1/4096, the graph 1 + 7/4096, a sample 1 + 2/4096, rel_floor 1e-3: with eager's
+    # first error the bound is 2/4096 + 1.0e-3 (under 7/4096), with the sample's 4/4096 + 1.0e-3
+    # (over it); float32's own floor would give 4/4096 + 1.0e-5: under it still.
+    u = 2.0 ** -12
+    ref, eager, graph, sample = full(1000, 1.0), full(1000, 1 + u, F32), full(1000, 1 + 7 * u, F32), \
+        full(1000, 1 + 2 * u, F32)
+    fl = 1e-3 * (1 + u) + ABS
+    assert 7 * u - u > fl and 7 * u > 2 * u + fl and 7 * u <= 4 * u + fl and 7 * u > 4 * u + REL[F32] * (1 + u) + ABS
+    c = compare(graph, eager, ref, rel_floor=1e-3, samples=[sample])
+    assert (c.passed, c.eager_error) == (True, 2 * u) and c.bound == pytest.approx(4 * u + fl, rel=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [F64, F32, torch.float16, torch.bfloat16])
 def test_the_floor_is_the_dtypes_relative_floor_of_the_rms_plus_1e_7(dtype):
     t = torch.tensor([3.0, -4.0], dtype=dtype)  # rms sqrt(12.5)
@@ -300,9 +322,10 @@ def test_integer_and_bool_values_must_be_equal_everywhere(dtype):
     assert compare(eager.clone(), eager, _never, what="mask") == Check("mask", True, "exact")
     other = eager.clone()
     other[1] = 1
-    other[3] = 0
     assert compare(other, eager, _never, what="mask") == Check("mask", False, "exact",
-                                                               detail="2 of 4 elements differ")
+                                                               detail="1 of 4 elements differ")
+    other[3] = 0
+    assert compare(other, eager, _never, what="mask").detail == "2 of 4 elements differ"
 
 
 @pytest.mark.parametrize("dtype", [F32, F64, torch.complex64, torch.int64])

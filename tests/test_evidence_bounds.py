@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aotpipe import evidence
+from aotpipe import accuracy, evidence
 from aotpipe.evidence import Judgement, SampleStats
 
 INF, NAN = math.inf, math.nan
@@ -112,6 +112,15 @@ def test_the_rms_and_floor_of_an_output_with_infinities_are_of_its_finite_elemen
     assert b == pytest.approx(4 * 2 * (2 * fl + fl), rel=1e-12)
     b, source, rms = evidence.bound(torch.tensor([INF, NAN]), None)
     assert rms == 0.0 and b == pytest.approx(4 * 2 * (10 * ABS + ABS), rel=1e-12)
+
+
+def test_a_large_strided_outputs_rms_and_bound_are_those_the_accuracy_rule_computes_of_it():
+    # 262144 elements in a transposed layout, where the order of a float64 sum of squares
+    # (memory order, or row-major in a copy) shows in the last bits: the record's RMS is the
+    # rule's own (accuracy._rms of the output as it is) and the bound is made from it
+    t = torch.randn(64, 64, 64, generator=torch.Generator().manual_seed(0)).transpose(0, 2) * 3.7
+    fl, m = accuracy.floor(t), accuracy.multiplier(t.dtype, t.numel())
+    assert evidence.bound(t, None) == (evidence.TAIL * 2 * (m * fl + fl), "floor", accuracy._rms(t))
 
 
 def test_an_empty_output_has_a_zero_bound_and_integers_none():
