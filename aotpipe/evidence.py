@@ -80,7 +80,7 @@ class SampleStats:
 
 def stats(s: torch.Tensor) -> SampleStats:
     """sum, abs_sum, max_abs (float64, over the finite elements) and how many are not finite."""
-    v = s.double() if s.dtype != torch.bool else s.to(torch.float64)
+    v = s.double()  # bool too: True is 1.0
     finite = torch.isfinite(v)
     nonfinite = int(v.numel() - int(finite.sum()))
     v = v[finite]
