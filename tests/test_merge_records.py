@@ -301,3 +301,77 @@ def test_an_output_folder_that_cannot_be_written_is_one_line_naming_it(tmp_path)
     assert r.exit_code == 1, r.output  # the environment's fault, not the shards'
     assert r.output == f"error: cannot write {tmp_path / 'out' / 'p'}: File exists\n"
     assert len(r.output.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# a shard's links and special files, and links where merge writes: refused before writing
+
+
+def snapshot(root: Path) -> dict[str, object]:
+    return {str(p.relative_to(root)): (p.is_symlink(), p.is_dir() or p.read_bytes() if not p.is_symlink() else None)
+            for p in sorted(root.rglob("*"))}
+
+
+def test_a_link_inside_a_kept_models_folder_is_refused_and_nothing_is_written(tmp_path):
+    s1 = write_run(tmp_path / "s1", ["a", "b"])
+    (tmp_path / "secret").write_text("not the shard's")
+    (s1 / "b" / "deep").mkdir()
+    (s1 / "b" / "deep" / "link").symlink_to(tmp_path / "secret")
+    r = CliRunner().invoke(main, ["merge", str(s1), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2 and f"{s1 / 'b' / 'deep' / 'link'}: a symbolic link in a shard" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fifo_in_a_model_folder_is_refused_not_read(tmp_path):
+    s1 = write_run(tmp_path / "s1", ["a"])
+    os.mkfifo(s1 / "a" / "pipe")
+    with pytest.raises(AotpipeError, match=r"a/pipe: not a regular file or folder \(a FIFO, socket or device\)"):
+        merge_runs([s1], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_whose_folder_is_a_link_is_refused_checking_alone_too(tmp_path):
+    s1 = write_run(tmp_path / "s1", ["a"])
+    (tmp_path / "elsewhere").mkdir()
+    (s1 / "a" / "manifest.json").unlink()
+    (s1 / "a").rmdir()
+    (s1 / "a").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(AotpipeError, match=r"s1/a: a symbolic link in a shard"):
+        merge_runs([s1], tmp_path / "out")
+
+
+def test_a_link_where_merge_writes_is_refused_and_what_it_points_to_is_left(tmp_path):
+    s1 = write_run(tmp_path / "s1", ["a"])
+    victim = tmp_path / "victim"
+    (victim / "a").mkdir(parents=True)
+    (victim / "a" / "own").write_text("the victim's")
+    before = snapshot(victim)
+    out = tmp_path / "out"
+    (out / "p").mkdir(parents=True)
+    (out / "p" / "a").symlink_to(victim / "a", target_is_directory=True)
+    with pytest.raises(AotpipeError, match=r"out/p/a: a symbolic link where merge would write; merge writes and "
+                                           r"removes only inside -o"):
+        merge_runs([s1], out)
+    (out / "p" / "a").unlink()
+    (out / "p").rmdir()
+    (out / "p").symlink_to(victim, target_is_directory=True)
+    with pytest.raises(AotpipeError, match=r"out/p: a symbolic link where merge would write"):
+        merge_runs([s1], out)
+    assert snapshot(victim) == before
+
+
+def test_a_run_json_that_is_a_link_is_refused(tmp_path):
+    s1 = write_run(tmp_path / "elsewhere", ["a"])
+    (tmp_path / "s1").mkdir()
+    (tmp_path / "s1" / "run.json").symlink_to(s1 / "run.json")
+    with pytest.raises(AotpipeError, match=r"s1/run.json: a symbolic link in a shard"):
+        merge_runs([tmp_path / "s1"])
+
+
+def test_a_run_json_that_is_not_one_is_one_line_naming_why(tmp_path):
+    (tmp_path / "s1").mkdir()
+    (tmp_path / "s1" / "run.json").write_text('{"pipeline": "p"}\n')
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([tmp_path / "s1"])
+    assert str(e.value).startswith(f"{tmp_path / 's1' / 'run.json'}: not a run.json aotpipe can merge (")
+    assert str(e.value).endswith("); rerun that shard") and "\n" not in str(e.value)
