@@ -443,3 +443,27 @@ def test_force_redoes_an_up_to_date_artefact(stale):
     stale.plant()
     r = cli_run(stale.path, stale.out, "--force")
     assert r.exit_code == 1 and "rebuilt, not kept" in r.output, r.output
+
+
+def test_a_module_in_the_working_folder_is_fingerprinted_as_it_is_built(tmp_path, monkeypatch):
+    """Building imports a source from beside the pipeline or from the working folder
+    (sources._import_path): the fingerprint finds the same file, so editing it redoes the model
+    (it was None there: the stale artefact was kept, whatever the file said)."""
+    name, path = module_file(tmp_path / "work")
+    spec, _ = spec_in(tmp_path / "pipe", f"{name}:build")
+    monkeypatch.chdir(tmp_path / "work")
+    path_before = list(sys.path)
+    assert source_file(spec, tmp_path / "pipe") == path
+    assert sys.path == path_before
+    before = model_fingerprint(spec, tmp_path / "pipe")
+    one_byte_changed(path)
+    assert model_fingerprint(spec, tmp_path / "pipe") != before
+
+
+def test_a_module_beside_the_pipeline_comes_before_one_in_the_working_folder(tmp_path, monkeypatch):
+    name, beside = module_file(tmp_path / "pipe")
+    module_file(tmp_path / "work", name=name)
+    spec, _ = spec_in(tmp_path / "pipe", f"{name}:build")
+    monkeypatch.chdir(tmp_path / "work")
+    assert source_file(spec, tmp_path / "pipe") == beside
+
