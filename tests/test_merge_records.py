@@ -375,3 +375,176 @@ def test_a_run_json_that_is_not_one_is_one_line_naming_why(tmp_path):
         merge_runs([tmp_path / "s1"])
     assert str(e.value).startswith(f"{tmp_path / 's1' / 'run.json'}: not a run.json aotpipe can merge (")
     assert str(e.value).endswith("); rerun that shard") and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------
+# each refusal, word for word (they name the file or field and the fix)
+
+
+def test_without_an_output_the_run_stays_in_the_first_folder(tmp_path):
+    s1 = write_run(tmp_path / "s1" / "p", ["a"])
+    s2 = write_run(tmp_path / "s2", ["b"])
+    assert merge_runs([tmp_path / "s1", s2]).output == s1
+    assert merge_runs([s2, s1], tmp_path / "out").output == tmp_path / "out" / "p"
+
+
+def test_a_shard_of_version_1_or_2_is_merged_without_a_run_of_its_own(tmp_path):
+    old = write_run(tmp_path / "old", ["a"], version=2)
+    new = write_run(tmp_path / "new", ["b"], version=3, stamp="r2")
+    merge_runs([old, new], tmp_path / "out")
+    shards = json.loads((tmp_path / "out" / "p" / "run.json").read_text())["merge"]["shards"]
+    assert "run" not in shards[0] and shards[1]["run"]["id"] == "r2"
+
+
+def test_the_refusals_of_folders_that_do_not_fit_together_say_what_to_do(tmp_path):
+    s1 = write_run(tmp_path / "s1", ["a"], shard=(1, 2), selection=["a", "b"])
+    s2 = write_run(tmp_path / "s2", ["b"], shard=(2, 2), selection=["a", "c"])
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([s1, s2])
+    assert str(e.value) == (f"{s2}: its shard shares out other models than {s1}'s (another pipeline version or "
+                            "--only); rerun the shards from one pipeline file")
+    s3 = write_run(tmp_path / "s3", ["b"], shard=(2, 3), selection=["a", "b"])
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([s1, s3])
+    assert str(e.value) == ("the shards were cut into different counts (2, 3): a model can be in two shards or none; "
+                            "rerun them all with one --shard I/N count")
+    q = write_run(tmp_path / "q", ["b"], pipeline="q")
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([s1, q])
+    assert str(e.value) == ("the folders hold runs of different pipelines ('p', 'q'); merge the shards of one "
+                            "pipeline at a time")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AotpipeError) as e:
+        run_folder(tmp_path / "empty")
+    assert str(e.value) == (f"{tmp_path / 'empty'}: no run.json here or in a pipeline folder inside; give the folder "
+                            "`aotpipe run --shard I/N -o DIR` wrote (DIR or DIR/<pipeline>)")
+
+
+@pytest.mark.parametrize("field", ["pipeline", "model", "selection"])
+def test_a_name_that_is_not_one_is_refused_naming_its_field_whatever_else_is_there(tmp_path, field):
+    bad = "../" + "x" * 100
+    one = write_run(tmp_path / "one", ["a", "b"], pipeline=bad if field == "pipeline" else "p", shard=(1, 1),
+                    selection=["a", "b", bad] if field == "selection" else ["a", "b"], folders=False)
+    if field == "model":
+        data = json.loads((one / "run.json").read_text())
+        data["models"][1]["name"] = bad
+        (one / "run.json").write_text(json.dumps(data))
+    where = {"pipeline": "pipeline", "model": "models[1].name", "selection": "shard.selection[2]"}[field]
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([one])
+    assert str(e.value) == (f"{one / 'run.json'}: {where}: {bad[:80]!r} is not a name (letters, digits, '_', '.', "
+                            "'-', not starting with '.'); aotpipe run writes no such run.json, so merge will not use it "
+                            "as a folder name: rerun that shard")
+
+
+def test_a_selection_entry_named_like_a_report_file_is_refused(tmp_path):
+    one = write_run(tmp_path / "one", ["a"], shard=(1, 1), selection=["a", "report.html"])
+    with pytest.raises(AotpipeError, match=r"shard.selection\[1\]: 'report.html' is the name of a file merge writes"):
+        merge_runs([one])
+
+
+def test_a_run_json_that_cannot_be_read_names_why_in_its_first_line(tmp_path, monkeypatch):
+    import aotpipe.merge as merge
+
+    one = write_run(tmp_path / "one", ["a"])
+
+    def unreadable(path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(merge, "read_run_json", unreadable)
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([one])
+    assert str(e.value) == f"{one / 'run.json'}: not a run.json aotpipe can merge (Input/output error); rerun that shard"
+
+    def long_error(path):
+        raise AotpipeError("first " + "y" * 300 + "\nsecond line")
+
+    monkeypatch.setattr(merge, "read_run_json", long_error)
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([one])
+    assert str(e.value) == (f"{one / 'run.json'}: not a run.json aotpipe can merge ({('first ' + 'y' * 300)[:200]}); "
+                            "rerun that shard")
+
+    def no_strerror(path):
+        raise OSError("no reason given")
+
+    monkeypatch.setattr(merge, "read_run_json", no_strerror)
+    with pytest.raises(AotpipeError, match=r"can merge \(no reason given\); rerun that shard$"):
+        merge_runs([one])
+
+
+def test_the_link_and_special_file_refusals_say_what_to_do(tmp_path):
+    s1 = write_run(tmp_path / "s1", ["a"])
+    (s1 / "a" / "link").symlink_to(s1 / "a" / "manifest.json")
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([s1], tmp_path / "out")
+    assert str(e.value) == (f"{s1 / 'a' / 'link'}: a symbolic link in a shard; merge reads only regular files and "
+                            "folders, never where a link points (a shard's link can point anywhere): rerun that shard, "
+                            "or replace the link by what it points to")
+    (s1 / "a" / "link").unlink()
+    os.mkfifo(s1 / "a" / "pipe")
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([s1], tmp_path / "out")
+    assert str(e.value) == (f"{s1 / 'a' / 'pipe'}: not a regular file or folder (a FIFO, socket or device) in a "
+                            "shard's model folder; merge will not read it: rerun that shard")
+    (s1 / "a" / "pipe").unlink()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "p").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([s1], tmp_path / "out")
+    assert str(e.value) == (f"{tmp_path / 'out' / 'p'}: a symbolic link where merge would write; merge writes and "
+                            "removes only inside -o, never through a link: remove the link or choose another -o")
+
+
+def test_a_shard_folder_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
+    s1 = write_run(tmp_path / "s1", ["a"])
+    real = os.listdir
+
+    def denied(path):
+        if Path(path) == s1 / "a":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", denied)
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([s1], tmp_path / "out")
+    assert str(e.value) == f"{s1 / 'a'}: cannot read it (Permission denied); rerun that shard or choose another -o"
+    monkeypatch.setattr(os, "listdir", lambda path: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    with pytest.raises(AotpipeError) as e:
+        merge_runs([s1], tmp_path / "out")
+    assert str(e.value) == f"{tmp_path / 'out' / 'p'}: cannot read it (Input/output error); rerun that shard or " \
+                           "choose another -o"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_without_a_folder_does_not_stop_the_next_ones_from_being_linked(tmp_path):
+    s1 = write_run(tmp_path / "s1", ["a", "b", "c"], failed=("a",))
+    merge_runs([s1], tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out" / "p").iterdir() if p.is_dir()) == ["b", "c"]
+
+
+def test_a_half_made_folder_of_an_interrupted_merge_is_replaced(tmp_path):
+    s1 = write_run(tmp_path / "s1", ["a"])
+    left = tmp_path / "out" / "p" / f".merge-a-{os.getpid()}"
+    (left / "junk").mkdir(parents=True)
+    merge_runs([s1], tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out" / "p" / "a").iterdir()) == ["manifest.json"]
+    assert not left.exists()
+
+
+def test_a_copy_that_fails_leaves_no_half_made_folder_and_names_the_file(tmp_path, monkeypatch):
+    import shutil as sh
+
+    s1 = write_run(tmp_path / "s1", ["a"])
+
+    def fails(src, dst, **kwargs):
+        raise OSError(28, "No space left on device", str(dst))
+
+    monkeypatch.setattr(os, "link", fails)
+    monkeypatch.setattr(sh, "copy2", fails)
+    r = CliRunner().invoke(main, ["merge", str(s1), "-o", str(tmp_path / "out")])
+    tmp = tmp_path / "out" / "p" / f".merge-a-{os.getpid()}"
+    assert r.exit_code == 1, r.output
+    assert r.output == (f"error: no space left on the device writing {tmp / 'manifest.json'}; free some space and "
+                        "run again\n")
+    assert not tmp.exists() and not (tmp_path / "out" / "p" / "a").exists()

@@ -101,6 +101,9 @@ def one_byte_changed(path: Path) -> None:
 
 
 FP = "ab" * 32
+# tests/test_rerun_decisions.py::test_the_fingerprints_recipe_is_kept_so_earlier_artefacts_stay_up_to_date
+GOLDEN = {"data": "9701b6cb7c333bf104c3272a9cc81d15aa81eb8e698837260461e4f88ae49072",
+          "plain": "386f87f098f8a85d4ffb795631194cf246faaf5a475ef6f920be414d754fe52c"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -467,3 +470,61 @@ def test_a_module_beside_the_pipeline_comes_before_one_in_the_working_folder(tmp
     monkeypatch.chdir(tmp_path / "work")
     assert source_file(spec, tmp_path / "pipe") == beside
 
+
+
+# ---------------------------------------------------------------------------------------
+# more boundaries: no graph loaded, a signing key passed on, the fingerprint's recipe kept
+
+
+def test_deciding_up_to_date_loads_no_graph(tmp_path, monkeypatch):
+    """The warm rerun reads manifests and digests only (torch-free): a graph that would fail to
+    load is not looked at, and the artefact is kept."""
+    import aotpipe.artifact.load as loader
+
+    def no_loading(*args, **kwargs):
+        raise RuntimeError("a graph was loaded")
+
+    monkeypatch.setattr(loader, "load", no_loading)
+    assert up_to_date(plant(tmp_path / "m", FP), FP) is not None
+
+
+def test_check_passes_the_signing_key_on(tmp_path):
+    spec, path = spec_in(tmp_path / "pipe", "aotpipe.zoo:mlp")
+    key = tmp_path / "secret.key"
+    key.write_bytes(bytes(range(32)) * 2)
+    plant(tmp_path / "out" / "m", model_fingerprint(spec, path.parent))
+    assert check(spec, tmp_path / "out", path.parent) is not None
+    assert check(spec, tmp_path / "out", path.parent, key) is None  # unsigned: redone (and signed)
+    signer(key)(tmp_path / "out" / "m")
+    kept = check(spec, tmp_path / "out", path.parent, key)
+    assert kept is not None and 0 < kept.total_seconds < 60
+
+
+def test_an_hf_source_never_names_a_local_module_called_hf(tmp_path):
+    module_file(tmp_path, name="hf")
+    spec, _ = spec_in(tmp_path, "hf:BertModel")
+    assert source_file(spec, tmp_path) is None
+
+
+@pytest.mark.parametrize("module", ["_frozen_importlib", "zipimport", "sys"])
+def test_a_frozen_or_built_in_module_names_no_file(tmp_path, module):
+    spec, _ = spec_in(tmp_path, f"{module}:build")
+    assert source_file(spec, tmp_path) is None
+
+
+def test_the_fingerprints_recipe_is_kept_so_earlier_artefacts_stay_up_to_date(tmp_path, monkeypatch):
+    """With aotpipe's and torch's versions fixed, a spec, its module file, an input's data file
+    (and one missing) fingerprint as they did when this test was written: a change to the recipe
+    would redo every artefact of every user."""
+    import aotpipe.artifact.manifest as manifest_module
+
+    fixed = manifest_module.versions().model_copy(update={"aotpipe": "0.0.0", "torch": "0.0.0"})
+    monkeypatch.setattr(manifest_module, "versions", lambda: fixed)
+    (tmp_path / "golden_model.py").write_bytes(b"def build():\n    pass\n")
+    (tmp_path / "x.npy").write_bytes(b"values")
+    spec, _ = spec_in(tmp_path, "golden_model:build",
+                      "[{shape: [2, 8], data: x.npy}, {name: y, shape: [2], data: gone.npy}]")
+    got = {"data": model_fingerprint(spec, tmp_path)}
+    spec, _ = spec_in(tmp_path, "golden_model:build")
+    got["plain"] = model_fingerprint(spec, tmp_path)
+    assert got == GOLDEN
