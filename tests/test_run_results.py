@@ -235,3 +235,20 @@ def test_graphs_come_captured_first_then_those_passes_made(manifest):
     g = manifest.graphs["inference"]
     assert (results[0].folder, results[0].nodes, results[0].inputs, results[0].outputs) == (
         g.folder, g.nodes, g.inputs, g.outputs)
+
+
+def test_a_stamp_is_utc_whatever_the_machines_time_zone(monkeypatch):
+    import time
+    from datetime import datetime, timezone
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # UTC+05:30: no hour of it reads as UTC's
+    time.tzset()
+    try:
+        before = datetime.now(timezone.utc).replace(microsecond=0)
+        stamp = new_stamp()
+        after = datetime.now(timezone.utc)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    started = datetime.strptime(stamp.started, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    assert before <= started <= after

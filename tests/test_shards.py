@@ -237,3 +237,36 @@ def test_a_times_file_changes_the_partition_it_balances(tmp_path):
     _write_times(f, {models[0].name: 100.0, models[1].name: 1.0, models[2].name: 1.0, models[3].name: 1.0})
     with_times = [[m.name for m in shard_models(models, Shard(i, 2), f)] for i in (1, 2)]
     assert with_times == [[models[0].name], [m.name for m in models[1:]]] and with_times != without
+
+
+def test_a_model_whose_estimate_is_below_one_still_scales_the_others():
+    models = [spec_with({"num_layers": 0.001}), spec_with(), spec_with({"num_layers": 4})]
+    models = [m.model_copy(update={"name": n}) for m, n in zip(models, ("tiny", "plain", "deep"))]
+    g = [estimate(m) for m in models]
+    assert g[0] < 1 < g[1]
+    c = costs(models, {"tiny": g[0] * 3, "plain": g[1] * 3})
+    assert c[2] == pytest.approx(g[2] * 3)
+    c = costs(models, {"tiny": g[0] * 5})
+    assert c[1:] == [pytest.approx(g[1] * 5), pytest.approx(g[2] * 5)]
+
+
+def test_a_times_file_that_cannot_be_read_is_named_with_what_to_do(tmp_path):
+    with pytest.raises(AotpipeError) as e:
+        shard_models(specs(), Shard(1, 2), tmp_path / "absent.json")
+    assert str(e.value) == (f"--shard-times {tmp_path / 'absent.json'}: cannot read it as a run.json "
+                            f"({tmp_path / 'absent.json'}: missing); give the run.json of an earlier run, or leave "
+                            "the option out")
+
+
+def test_a_times_file_the_disk_cannot_read_says_the_systems_reason(tmp_path, monkeypatch):
+    import aotpipe.shards as shards
+
+    def unreadable(path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(shards, "read_run_json", unreadable)
+    with pytest.raises(AotpipeError, match=r"cannot read it as a run\.json \(Input/output error\); give the run"):
+        shard_models(specs(), Shard(1, 2), tmp_path / "run.json")
+    monkeypatch.setattr(shards, "read_run_json", lambda path: (_ for _ in ()).throw(OSError("no reason\nmore")))
+    with pytest.raises(AotpipeError, match=r"cannot read it as a run\.json \(no reason\); give the run"):
+        shard_models(specs(), Shard(1, 2), tmp_path / "run.json")
