@@ -528,3 +528,9 @@ def test_the_fingerprints_recipe_is_kept_so_earlier_artefacts_stay_up_to_date(tm
     spec, _ = spec_in(tmp_path, "golden_model:build")
     got["plain"] = model_fingerprint(spec, tmp_path)
     assert got == GOLDEN
+
+
+def test_the_module_is_what_comes_before_the_first_colon_as_building_reads_it(tmp_path):
+    name, path = module_file(tmp_path)
+    spec, _ = spec_in(tmp_path, f"{name}:build:extra")
+    assert source_file(spec, tmp_path) == path
