@@ -548,3 +548,11 @@ def test_a_copy_that_fails_leaves_no_half_made_folder_and_names_the_file(tmp_pat
     assert r.output == (f"error: no space left on the device writing {tmp / 'manifest.json'}; free some space and "
                         "run again\n")
     assert not tmp.exists() and not (tmp_path / "out" / "p" / "a").exists()
+
+    def fails_unnamed(src, dst, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "link", fails_unnamed)
+    monkeypatch.setattr(sh, "copy2", fails_unnamed)
+    r = CliRunner().invoke(main, ["merge", str(s1), "-o", str(tmp_path / "out")])
+    assert r.output == f"error: no space left on the device writing {tmp_path / 'out' / 'p'}; free some space and run again\n"

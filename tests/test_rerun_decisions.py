@@ -103,7 +103,8 @@ def one_byte_changed(path: Path) -> None:
 FP = "ab" * 32
 # tests/test_rerun_decisions.py::test_the_fingerprints_recipe_is_kept_so_earlier_artefacts_stay_up_to_date
 GOLDEN = {"data": "9701b6cb7c333bf104c3272a9cc81d15aa81eb8e698837260461e4f88ae49072",
-          "plain": "386f87f098f8a85d4ffb795631194cf246faaf5a475ef6f920be414d754fe52c"}
+          "plain": "386f87f098f8a85d4ffb795631194cf246faaf5a475ef6f920be414d754fe52c",
+          "sum": "184ecb0fa6d7048568e419c562264398d001b13f33a1bd2d7a4c99121af4b618"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -527,6 +528,7 @@ def test_the_fingerprints_recipe_is_kept_so_earlier_artefacts_stay_up_to_date(tm
     got = {"data": model_fingerprint(spec, tmp_path)}
     spec, _ = spec_in(tmp_path, "golden_model:build")
     got["plain"] = model_fingerprint(spec, tmp_path)
+    got["sum"] = model_fingerprint(spec.model_copy(update={"loss": "sum"}), tmp_path)
     assert got == GOLDEN
 
 
