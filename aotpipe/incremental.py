@@ -64,15 +64,17 @@ def _transformers_code() -> Optional[str]:
 
 @contextlib.contextmanager
 def _on_path(base_dir: Path | None) -> Iterator[None]:
-    if base_dir is None:
-        yield
-        return
-    sys.path.insert(0, str(base_dir))
+    """The path building the model imports its source on (sources._import_path): the pipeline's
+    folder, then the working folder. Finding the module anywhere else would fingerprint
+    another file, or none: a stale artefact kept however its module changed."""
+    extra = [str(p) for p in (base_dir, Path.cwd()) if p is not None and str(p) not in sys.path]
+    sys.path[:0] = extra
     try:
         yield
     finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(base_dir))
+        for p in extra:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(p)
 
 
 def source_file(spec: ModelSpec, base_dir: Path | None = None) -> Optional[Path]:
