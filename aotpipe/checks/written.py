@@ -317,9 +317,11 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         ga = art.graphs[key]
         parsed = parse_graph_key(key)
         sub = parsed.subgraph if parsed is not None else 0
+        rebuilt_differently = None
         if key in codes and isinstance(ga.module, torch.fx.GraphModule) and graph_structure(ga.module) != codes[key]:
-            result.problems.append(f"{key} graph: graph.json does not rebuild the captured graph exactly "
+            rebuilt_differently = (f"graph.json does not rebuild the captured graph exactly "
                                    f"({_first_difference(codes[key], graph_structure(ga.module))})")
+            result.problems.append(f"{key} graph: {rebuilt_differently}")
         saved = ga.has_saved_values
         try:
             if key == graph_key("backward", sub):
@@ -355,7 +357,10 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         result.outcome.graphs[key] = GraphOutcome(
             _outcome_outputs(outs, ga.record, spread, saved, errors), outs if saved else None,
             trace_nodes(trace) if saved else None, gc.record(), list(log.nondeterministic),
-            VerificationEntry(status=status, inputs="saved" if saved else "in memory (save_inputs: false)"))
+            # a graph rebuilt differently is an error in the manifest too: the next run redoes
+            # the model rather than keep it as up to date
+            VerificationEntry(status="error" if rebuilt_differently else status, error=rebuilt_differently,
+                              inputs="saved" if saved else "in memory (save_inputs: false)"))
         if failed and (parsed is None or parsed.chain is not None):
             lines = [c.line() for c in failed]
             why = diagnose(key, lines) if diagnose else ""

@@ -8,6 +8,7 @@ import torch
 from click.testing import CliRunner
 
 import aotpipe.capture
+import aotpipe.job
 from aotpipe.checks.written import _Checker
 from aotpipe.cli import main
 from aotpipe.eager import EagerRun
@@ -284,3 +285,31 @@ def test_a_written_graph_that_does_not_run_fails_its_model_naming_the_graph(tmp_
     [m] = run["models"]
     assert m["status"] == "failed"
     assert "inference graph: the written graph does not run: RuntimeError: planted: the kernel refused" in m["error"]
+
+
+def test_a_graph_json_that_rebuilds_differently_is_redone_by_the_next_run(tmp_path, monkeypatch):
+    """The manifest records the rebuild difference as an error: a rerun does not keep the model."""
+    real = aotpipe.job._codes
+
+    def expects_another_graph(job):
+        return {key: code + ["an extra node the written graph lacks"] for key, code in real(job).items()}
+
+    monkeypatch.setattr(aotpipe.job, "_codes", expects_another_graph)
+    p = _pipeline(tmp_path, """
+        - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 8}, inputs: [{shape: [4, 8]}]}
+    """)
+    r, run = _run(tmp_path, p)
+    assert r.exit_code == 1, r.output
+    (m,) = run["models"]
+    assert m["status"] == "failed" and "does not rebuild the captured graph exactly" in m["error"]
+    verification = _manifest(tmp_path, "mlp")["verification"]
+    assert verification["inference"]["status"] == "error"
+    assert "does not rebuild the captured graph exactly" in verification["inference"]["error"]
+    r, run = _run(tmp_path, p)  # still wrong: redone, fails again, never "kept"
+    assert r.exit_code == 1, r.output
+    (m,) = run["models"]
+    assert m["status"] == "failed" and "does not rebuild" in m["error"]
+    monkeypatch.setattr(aotpipe.job, "_codes", real)
+    r, run = _run(tmp_path, p)  # fixed: redone and ok
+    assert r.exit_code == 0, r.output
+    assert run["models"][0]["status"] == "ok"
