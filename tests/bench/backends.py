@@ -154,3 +154,8 @@ def fewer_outputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         out.args = (type(values)(values[:-1]),)
         gm.recompile()
     return gm.forward
+
+
+def first_relu_doubled(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Doubles the result of the graph's first relu."""
+    return _first_scaled(gm, aten.relu.default, 2.0)
