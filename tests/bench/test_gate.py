@@ -165,3 +165,23 @@ def test_check_removed_takes_a_model_or_a_model_and_graph_as_the_columns_give_th
     for bad in ("mlp", "lib/mlp/inference", "lib", "inference.freeze"):
         with pytest.raises(AotpipeError, match=f"--removed {bad}: no graph of the baseline b.csv"):
             baseline.check_removed(rows, [bad], "b.csv")
+
+
+def test_a_baseline_file_is_read_as_people_and_the_csv_writer_write_it(tmp_path):
+    p = tmp_path / "b.csv"
+    p.write_text("artifact, graph , status,kind,reason\n\nm,b, pass ,inference,x\nm,a,timeout\n")
+    assert baseline.read_baseline(p) == {("m", "b"): "pass", ("m", "a"): "timeout"}
+    for text in ("", "\n"):
+        p.write_text(text)
+        with pytest.raises(AotpipeError, match="b.csv:1: a baseline's first line is the header artifact,graph,status"):
+            baseline.read_baseline(p)
+    with pytest.raises(AotpipeError, match=r"--baseline .*nope.csv: cannot read it \(No such file or directory\)"):
+        baseline.read_baseline(tmp_path / "nope.csv")
+
+
+def test_a_written_baseline_is_sorted_one_row_a_graph(tmp_path):
+    p = tmp_path / "b.csv"
+    baseline.write_baseline(p, [result("m", "b", "pass"), result("k", "z", "crashed"), result("m", "a", "skipped")])
+    assert p.read_bytes() == b"artifact,graph,status\nk,z,crashed\nm,a,skipped\nm,b,pass\n"
+    with pytest.raises(AotpipeError, match=r"--write-baseline .*: cannot write it \(Is a directory\)"):
+        baseline.write_baseline(tmp_path, [])

@@ -10,7 +10,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from aotpipe.bench.graph import GraphResult, _median_iqr, graphnet_tolerance, judge, median_interval
-from aotpipe.bench.noise import sequential_run, sequential_sum, sequential_twin
+from aotpipe.bench.noise import REORDERED, sequential_run, sequential_sum, sequential_twin
 from aotpipe.bench.scores import geomean, graphnet_scores, score, scores
 
 
@@ -108,7 +108,8 @@ def test_sequential_sum_falls_back_to_aten_where_it_has_no_order_to_change():
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
     for args, kw in (((torch.arange(6).reshape(2, 3), [1]), {}), ((torch.tensor(2.5), None), {}),
                      ((torch.zeros(0, 3), [0]), {}), ((x, [1]), {"keepdim": True, "dtype": torch.float64}),
-                     ((x.to(torch.int32), [0]), {"dtype": torch.int64})):
+                     ((x.to(torch.int32), [0]), {"dtype": torch.int64}),
+                     ((torch.tensor(2.5), None), {"dtype": torch.float64}), ((torch.zeros(0, 3), [0]), {"keepdim": True})):
         got = sequential_sum(*args, **kw)
         want = torch.sum(args[0], dim=args[1] if args[1] else list(range(args[0].dim())), **kw)
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), (args, kw)
@@ -157,3 +158,23 @@ def test_the_second_chance_is_taken_only_by_an_fp64_failure_and_says_which_floor
     bad = torch.tensor([1.0, float("nan")])
     c, by_seq = judge(bad, torch.tensor([1.0, 2.0]), lambda: exact[:2], lambda: bad, "o")
     assert not c.passed and not by_seq and c.method == "exact"
+
+
+def test_the_reordered_ops_take_atens_arguments_and_give_atens_shapes_and_dtypes():
+    aten = torch.ops.aten
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(1))
+    cases = [
+        (aten.sum.dim_IntList, (x, [1], True), {"dtype": torch.float64}, sequential_sum(x, [1], True, torch.float64)),
+        (aten.sum.dim_IntList, (x, [1]), {}, sequential_sum(x, [1])),
+        (aten.sum.default, (x,), {"dtype": torch.float64}, sequential_sum(x, None, False, torch.float64)),
+        (aten.sum.default, (x,), {}, sequential_sum(x, None)),
+        (aten.mean.dim, (x, [2], True), {"dtype": torch.float64}, sequential_sum(x, [2], True, torch.float64, mean=True)),
+        (aten.mean.dim, (x, [2]), {}, sequential_sum(x, [2], mean=True)),
+        (aten.mean.default, (x,), {"dtype": torch.float64}, sequential_sum(x, None, False, torch.float64, mean=True)),
+        (aten.mean.default, (x,), {}, sequential_sum(x, None, mean=True)),
+    ]
+    for op, args, kw, want in cases:
+        got = REORDERED[op](*args, **kw)
+        ref = op(*args, **kw)
+        assert torch.equal(got, want), op
+        assert got.dtype == ref.dtype and got.shape == ref.shape and torch.allclose(got, ref, rtol=1e-5), op
