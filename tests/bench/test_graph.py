@@ -8,8 +8,10 @@ from pathlib import Path
 import torch
 
 from aotpipe.bench import graph as graph_mod
-from aotpipe.bench.graph import GraphTask, bench_graph, failure_line, result_from_failure
+from aotpipe.bench.graph import (GraphTask, _in_compile, artefact_label, bench_graph, failure_line,
+                                 result_from_failure)
 from aotpipe.bench.locate import LocateTask, locate_graph
+from aotpipe.executors.base import Failure
 
 MLP = str(Path(__file__).resolve().parent.parent / "data" / "format_v2" / "mlp")
 PLANTED = "tests.bench.backends"
@@ -126,3 +128,59 @@ def test_locate_names_the_first_wrong_node_of_an_artefact_and_writes_its_prefix(
 def test_locate_of_a_graph_that_passes_finds_nothing(tmp_path):
     loc = locate_graph(LocateTask(MLP, "mlp", "inference", "eager", "saved", 0, str(tmp_path)))
     assert not loc.found and loc.repro is None and list(tmp_path.iterdir()) == []
+
+
+class InlineExecutor:
+    """The process executor's interface, running each task here: what the parent side decides."""
+    made: list[dict] = []
+
+    def __init__(self, **kwargs):
+        InlineExecutor.made.append(kwargs)
+
+    def run(self, tasks, *, on_start, on_done):
+        for i, t in enumerate(tasks):
+            on_start(i)
+            on_done(i, t.fn() if t.name.endswith("inference") else Failure("timed out after 5 s"))
+
+
+def test_locate_failures_locates_each_graph_that_failed_accuracy_and_no_other(monkeypatch, tmp_path):
+    from aotpipe.bench import locate as locate_mod
+    from aotpipe.bench.run import Bench
+
+    monkeypatch.setattr(locate_mod, "ProcessExecutor", InlineExecutor)
+    InlineExecutor.made.clear()
+    backend = f"{PLANTED}:first_relu_doubled"
+    rs = [graph_mod.GraphResult("mlp", g, g, status, path=MLP) for g, status in
+          (("inference", "fail_accuracy"), ("forward", "fail_accuracy"), ("backward", "compile_error"),
+           ("joint", "pass"))]
+    found = locate_mod.locate_failures(Bench(backend, rs, {}, 1.0), tmp_path / "r", timeout_s=5, threads=1)
+    assert [(x.graph, x.found, x.node) for x in found] == [("inference", True, "relu"), ("forward", False, None)]
+    assert found[1].reason == "timed out after 5 s" and found[1].artifact == "mlp"
+    assert found[0].repro == str(tmp_path / "r" / "mlp-inference-relu")
+    assert InlineExecutor.made == [{"workers": 1, "timeout_s": 5, "threads": 1, "cwd": Path.cwd()}]
+    assert found[0].to_json()["node"] == "relu" and found[0].to_json()["position"] == "3 of 8"
+
+
+def test_a_compile_error_is_told_from_the_compiled_codes_failure_by_where_it_was_raised():
+    def raised_in(filename: str) -> BaseException:
+        try:
+            exec(compile("raise RuntimeError('x')", filename, "exec"))
+        except RuntimeError as e:
+            return e
+        raise AssertionError
+
+    assert _in_compile(raised_in("/site-packages/torch/_dynamo/convert_frame.py"))
+    assert _in_compile(raised_in("/site-packages/torch/_dynamo/output_graph.py"))
+    assert not _in_compile(raised_in("/site-packages/torch/_inductor/kernel.py"))
+    assert not _in_compile(RuntimeError("never raised"))
+
+
+def test_tasks_run_as_their_functions_and_artefacts_are_named_by_their_folder(tmp_path):
+    r = GraphTask(MLP, "mlp", "inference", "eager", rounds=2)()
+    assert r.status == "pass" and r.graph == "inference"
+    assert artefact_label(tmp_path / "p" / "mlp", tmp_path) == "p/mlp"
+    assert artefact_label(tmp_path, tmp_path) == tmp_path.name
+    assert artefact_label(Path("/elsewhere/mlp"), tmp_path) == "mlp"
+    task = GraphTask(MLP, "mlp", "inference", "eager", inputs="random", seed=7)
+    t = result_from_failure(task, "inference", "timed out after 60 s", None)
+    assert (t.inputs, t.seed) == ("random", 7)
