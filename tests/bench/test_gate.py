@@ -173,7 +173,8 @@ def test_a_baseline_file_is_read_as_people_and_the_csv_writer_write_it(tmp_path)
     assert baseline.read_baseline(p) == {("m", "b"): "pass", ("m", "a"): "timeout"}
     for text in ("", "\n"):
         p.write_text(text)
-        with pytest.raises(AotpipeError, match="b.csv:1: a baseline's first line is the header artifact,graph,status"):
+        with pytest.raises(AotpipeError, match=r"b.csv:1: a baseline's first line is the header artifact,graph,status; "
+                                               r"write one with aotpipe bench \.\.\. --write-baseline FILE$"):
             baseline.read_baseline(p)
     with pytest.raises(AotpipeError, match=r"--baseline .*nope.csv: cannot read it \(No such file or directory\)"):
         baseline.read_baseline(tmp_path / "nope.csv")

@@ -98,10 +98,10 @@ def test_score_counts_skipped_graphs_nowhere_but_by_status():
 def test_scores_are_per_kind_in_pipeline_order_then_all():
     rs = [res("pass", 2.0, -6, kind="joint"), res("fail_accuracy", kind="inference"), res("pass", 1.0, -6,
                                                                                           kind="backward"),
-          res("pass", 1.0, -6, kind="other")]
+          res("pass", 1.0, -6, kind="other"), res("pass", 1.0, -6, kind="forward")]
     out = scores(rs)
-    assert list(out) == ["inference", "backward", "joint", "other", "all"]
-    assert out["all"].graphs == 4 and out["inference"].passed == 0 and out["joint"].geomean_speedup == 2.0
+    assert list(out) == ["inference", "forward", "backward", "joint", "other", "all"]
+    assert out["all"].graphs == 5 and out["inference"].passed == 0 and out["joint"].geomean_speedup == 2.0
 
 
 def test_sequential_sum_falls_back_to_aten_where_it_has_no_order_to_change():
