@@ -648,9 +648,9 @@ def trust_remove(name: str) -> None:
 @click.option("--graphs", metavar="KINDS", default=None, help="Only these kinds, comma-separated (default: all).")
 @click.option("--baseline", metavar="FILE", default=None, help="Expected statuses (CSV): exit 1 on any new failure.")
 @click.option("--write-baseline", metavar="FILE", default=None, help="Write this bench's statuses as a baseline.")
-@click.option("--allow-missing", is_flag=True,
-              help="With --baseline: graphs that passed there and are no longer benched were removed on purpose "
-                   "(without it, each is a regression: deleting a failing artefact must not pass the gate).")
+@click.option("--removed", "removed", multiple=True, metavar="MODEL[/GRAPH]",
+              help="With --baseline: this model (or graph), no longer benched, was removed on purpose; repeatable "
+                   "(without it, a graph that passed there and is gone is a regression).")
 @click.option("--locate", is_flag=True, help="Bisect each failing graph to its first faulty node; write a repro.")
 @click.option("--locate-dir", metavar="DIR", default=None, help="Where --locate writes repros (default bench-repros).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results and scores as JSON.")
@@ -675,7 +675,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
           write_baseline: str | None, locate: bool, locate_dir: str | None, as_json: bool, csv_path: str | None,
           inputs: str, seed: int, timeout_s: float, rounds: int, key: str | None, no_sandbox: bool,
           trust_ops: tuple[str, ...], no_progress: bool, threads: int | None,
-          clock: str, allow_missing: bool) -> None:
+          clock: str, removed: tuple[str, ...]) -> None:
     """Run BACKEND over every graph of every artefact under PATHS: status, speedup, scores.
 
     \b
@@ -697,7 +697,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
 
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
                                     inputs, seed, timeout_s, rounds, key, no_sandbox, trust_ops, not no_progress,
-                                    locate_dir, threads, clock, allow_missing), _say, click.echo))
+                                    locate_dir, threads, clock, removed), _say, click.echo))
 
 
 @main.command(name="ls", short_help='List artefacts and their status.')

@@ -3,7 +3,11 @@
 One row per graph: ``artifact,graph,status`` (a header row first; columns after these three
 are ignored, so a ``--csv`` file serves as a baseline too). Against a baseline, a graph that
 passed and now does not is a regression (the bench exits 1); one that failed and now passes
-is an improvement; a change from one failure to another is listed.
+is an improvement; a change from one failure to another is listed. A graph that passed and is
+no longer benched is a regression too (deleting a failing artefact must not pass the gate),
+unless the user names it removed on purpose (``--removed MODEL`` or ``--removed MODEL/GRAPH``,
+as the baseline's artifact and graph columns give them); each such name must name a graph of
+the baseline that is gone, so that a stale or misspelt one is not left to excuse a later loss.
 """
 
 from __future__ import annotations
@@ -65,22 +69,37 @@ class Comparison:
     improvements: list[str] = field(default_factory=list)  # failed, now pass
     changed: list[str] = field(default_factory=list)  # one failure to another
     new: list[str] = field(default_factory=list)  # benched, not in the baseline
-    missing: list[str] = field(default_factory=list)  # in the baseline, not benched
+    missing: list[str] = field(default_factory=list)  # in the baseline, not benched (nor removed)
     # passed in the baseline, no longer benched: a regression (deleting a failing artefact
     # must not pass the gate) unless the user says they were removed on purpose
     vanished: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # in the baseline, gone, named by --removed
 
     @property
     def ok(self) -> bool:
         return not self.regressions and not self.vanished
 
 
+def _names(removal: str, key: tuple[str, str]) -> bool:
+    """Whether a --removed MODEL or MODEL/GRAPH names the baseline row `key` (artifact, graph)."""
+    return removal in (key[0], f"{key[0]}/{key[1]}")
+
+
+def check_removed(baseline: dict[tuple[str, str], str], removed: Sequence[str], path: object) -> None:
+    """Refuse (a user error) a --removed that names no row of the baseline at `path`."""
+    for x in removed:
+        if not any(_names(x, key) for key in baseline):
+            raise AotpipeError(f"--removed {x}: no graph of the baseline {path} has that name; name one as "
+                               "MODEL or MODEL/GRAPH, as its artifact and graph columns give them")
+
+
 def compare(results: Sequence[GraphResult], baseline: dict[tuple[str, str], str], *,
-            benched_kinds: Optional[Callable[[str], bool]] = None, allow_missing: bool = False) -> Comparison:
+            benched_kinds: Optional[Callable[[str], bool]] = None, removed: Sequence[str] = ()) -> Comparison:
     """How `results` differ from `baseline`. `benched_kinds(graph)`: whether this bench would
     have benched a graph of that key at all (--graphs, an inference-only backend): one it
-    left out on purpose is neither missing nor a regression. With `allow_missing`, graphs
-    that passed and are gone are listed, not counted."""
+    left out on purpose is neither missing nor a regression. `removed`: --removed's names
+    (MODEL or MODEL/GRAPH) of graphs gone on purpose, listed, not counted; one that names
+    only graphs still benched is the user's error."""
     c = Comparison()
     seen = set()
     for r in sorted(results, key=lambda r: (r.artifact, r.graph)):
@@ -96,10 +115,20 @@ def compare(results: Sequence[GraphResult], baseline: dict[tuple[str, str], str]
             c.improvements.append(f"{name}: {was} -> pass")
         elif was != r.status:
             c.changed.append(f"{name}: {was} -> {r.status}")
+    used = set()
     for (a, g), was in sorted(baseline.items()):
         if (a, g) in seen or (benched_kinds is not None and not benched_kinds(g)):
             continue
+        why = [x for x in removed if _names(x, (a, g))]
+        if why:
+            used.update(why)
+            c.removed.append(f"{a} {g}: {was} -> removed (--removed {why[0]})")
+            continue
         c.missing.append(f"{a} {g}: {was}")
-        if was == "pass" and not allow_missing:
-            c.vanished.append(f"{a} {g}: pass -> not benched (gone; --allow-missing if removed on purpose)")
+        if was == "pass":
+            c.vanished.append(f"{a} {g}: pass -> not benched (gone; --removed {a}/{g} if removed on purpose)")
+    for x in removed:
+        if x not in used:
+            raise AotpipeError(f"--removed {x}: every graph of the baseline it names is still benched; "
+                               "drop it (or bench without the graphs it names)")
     return c

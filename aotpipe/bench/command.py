@@ -10,6 +10,7 @@ from typing import Callable, Optional
 from aotpipe.bench import baseline as baselines
 from aotpipe.bench.output import table, write_csv
 from aotpipe.bench.backends import parse_backend
+from aotpipe.errors import AotpipeError
 from aotpipe.bench.run import bench, parse_kinds
 from aotpipe.graph_keys import parse_graph_key
 from aotpipe.bench.locate import locate_failures
@@ -36,7 +37,7 @@ class BenchOptions:
     locate_dir: Optional[str] = None
     threads: Optional[int] = 1
     clock: str = "auto"
-    allow_missing: bool = False  # --allow-missing: baseline graphs no longer benched were removed on purpose
+    removed: tuple[str, ...] = ()  # --removed MODEL[/GRAPH]: baseline graphs no longer benched on purpose
 
 
 def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., None]) -> int:
@@ -51,6 +52,10 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
 
     kinds = parse_kinds(o.graphs)
     expected = baselines.read_baseline(Path(o.baseline)) if o.baseline else None  # a bad file fails first
+    if o.removed and expected is None:
+        raise AotpipeError(f"--removed {o.removed[0]}: names a graph of a baseline; give the baseline with --baseline")
+    if expected is not None:
+        baselines.check_removed(expected, o.removed, o.baseline)
     bar: list[tqdm] = []
 
     def on_plan(n: int) -> None:
@@ -80,7 +85,7 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
             return (kinds is None or kind in kinds) and (not inference_only or kind == "inference")
 
         comparison = baselines.compare(result.results, expected, benched_kinds=benched,
-                                       allow_missing=o.allow_missing)
+                                       removed=o.removed)
     if o.csv:
         write_csv(Path(o.csv), result)
     if o.write_baseline:
@@ -103,6 +108,7 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
             for title, items in (("regressions (passed in the baseline, fail now)", comparison.regressions),
                                  ("regressions (passed in the baseline, gone now)", comparison.vanished),
                                  ("improvements", comparison.improvements),
+                                 ("removed on purpose (--removed)", comparison.removed),
                                  ("changed failures", comparison.changed),
                                  ("not in the baseline", comparison.new),
                                  ("in the baseline, not benched", comparison.missing)):

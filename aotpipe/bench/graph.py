@@ -189,7 +189,7 @@ class Lazy:
         return self._value
 
 
-def _item(values: Callable[[], Optional[list[Any]]], i: int) -> Callable[[], Any]:
+def nth(values: Callable[[], Optional[list[Any]]], i: int) -> Callable[[], Any]:
     def get() -> Any:
         v = values()
         return None if v is None or i >= len(v) else v[i]
@@ -263,9 +263,9 @@ def check_outputs(actual: list[Any], expected: list[Any], ref: Optional[Callable
     (None: there is none)."""
     checks, rescaled = [], []
     for i, (a, e) in enumerate(zip(actual, expected)):
-        r = None if ref is None else _item(ref, i)
+        r = None if ref is None else nth(ref, i)
         c, by_seq = judge(a.detach() if isinstance(a, torch.Tensor) else a, e, r,
-                          None if seq is None else _item(seq, i), labels[i], [_item(s, i) for s in samples])
+                          None if seq is None else nth(seq, i), labels[i], [nth(s, i) for s in samples])
         checks.append(c)
         if by_seq:
             rescaled.append(labels[i])

@@ -2,8 +2,12 @@
 
 A prefix of the graph is its nodes up to one node, returning every value that leaves the
 prefix (used by a later node, or an output of the graph) and that node's own. Each prefix is
-compiled with the backend and checked like a whole graph (aotpipe.accuracy's rule against
-the prefix run in float64, within the multiplier of its float32 run's error, plus the floor).
+compiled with the backend and each of its values checked by the whole graph's rule
+(aotpipe.accuracy's against the prefix run in float64, within the multiplier of its float32
+run's error, plus the floor) at the value's own scale (:func:`node_check`): the floor's
+absolute part (accuracy.ABS_FLOOR) would pass any error on a value much smaller than it (a
+gradient of 1e-8 off by 100%), and the bisection would then name a later node, where that
+error grew past it.
 A node whose value is wrong makes every prefix that returns it, or a value computed from it,
 fail; bisection over the tensor-valued nodes, in graph order, finds the first prefix that
 fails: its last node is the culprit. That prefix (its unused inputs dropped) is written as an
@@ -13,6 +17,8 @@ replay` and `aotpipe bench` take like any other.
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,11 +27,12 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
+from aotpipe import accuracy
 from aotpipe.artifact.ops import op_name as qualified
 from aotpipe.artifact.provenance import node_origin
 from aotpipe.artifact.writer import write_model
 from aotpipe.bench.backends import Backend, compile_graph
-from aotpipe.bench.graph import (Lazy, as_list, check_outputs, copy_inputs, graph_inputs, loaded, reference64,
+from aotpipe.bench.graph import (Lazy, as_list, copy_inputs, graph_inputs, judge, loaded, nth, reference64,
                                  seeded_call, to_float64)
 from aotpipe.bench.noise import sequential_run, sequential_twin
 from aotpipe.checks.written import check_written
@@ -240,17 +247,67 @@ class References:
         return kept if kept is not None else sequential_run(pm, copy_inputs(self.inputs))
 
 
+# The most a value is scaled up by to be judged at its own scale: 2**100 keeps the largest
+# float32 value it can scale (one whose RMS is below 1) finite.
+MAX_SCALE_EXP = 100
+
+
+def own_scale(t: Any) -> int:
+    """k such that 2**k times `t` has an RMS (over its finite elements) in [1, 2): 0 for a value
+    whose RMS is 1 or more, or 0, or that is no float32 / float64 tensor (a half type's small
+    values are subnormal already), at most MAX_SCALE_EXP."""
+    if not (isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64, torch.complex64,
+                                                          torch.complex128)):
+        return 0
+    v = t.detach().cpu()
+    v = (torch.view_as_real(v.resolve_conj()) if v.is_complex() else v).double()
+    v = v[torch.isfinite(v)]
+    rms = float(v.pow(2).mean().sqrt()) if v.numel() else 0.0
+    if not 0.0 < rms < 1.0:
+        return 0
+    return min(MAX_SCALE_EXP, -math.floor(math.log2(rms)))
+
+
+def node_check(actual: Any, expected: Any, ref: Callable[[], Any], seq: Optional[Callable[[], Any]],
+               what: str) -> accuracy.Check:
+    """One value of a prefix judged by the whole graph's rule (aotpipe.bench.graph.judge) at the
+    value's own scale: the values (the backend's, eager float32's, the float64 reference and
+    the second sample) times 2**k (:func:`own_scale` of eager's), so that the rule's absolute
+    floor counts relative to the value; exact in floating point, so every other part of the
+    rule (the multiplier of eager's error, the relative floor, within noise) is unchanged. The
+    check's figures are given back at the value's scale; a failing one's line says so."""
+    k = own_scale(expected)
+    if k == 0:
+        return judge(actual, expected, ref, seq, what)[0]
+    s = 2.0 ** k
+
+    def up(v: Any) -> Any:
+        return v * s if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()) else v
+
+    c, _ = judge(up(actual), up(expected), lambda: up(ref()), None if seq is None else (lambda: up(seq())), what)
+    c.error, c.eager_error, c.bound = (None if x is None else x / s for x in (c.error, c.eager_error, c.bound))
+    if not c.passed and c.error is not None and c.bound is not None:
+        against = "the float64 eager model" if c.method == "fp64" else "eager float32"
+        c.detail = (f"RMS error {c.error:.3g} against {against}, over {c.bound:.3g}: the whole graph's rule at the "
+                    f"value's own scale (times 2**{k}, its RMS then 1 to 2)"
+                    + (f"; eager float32's own error {c.eager_error:.3g}" if c.eager_error is not None else ""))
+    return c
+
+
 def _check_prefix(pm: torch.fx.GraphModule, refs: References, backend: Any, user: Any,
                   roles: list[str]) -> tuple[bool, str]:
-    """(the prefix passes, the first failing output's line or why it could not be judged), by
-    the whole graph's rule (aotpipe.bench.graph.judge)."""
+    """(the prefix passes, the last failing value's line), each value judged by
+    :func:`node_check`."""
     names = [a.name for a in pm.graph.output_node().args[0]]
     expected = refs.expected(pm, names)
     args = copy_inputs(refs.inputs)
     fn, free = compile_graph(backend, pm, args, roles, user)
     actual = as_list(seeded_call(lambda: fn([args[i] for i in free])))
-    checks, _ = check_outputs(actual, expected, Lazy(lambda: refs.reference(pm, names)),
-                              [f"node {n}" for n in names], Lazy(lambda: refs.sequential(pm, names)))
+    ref = Lazy(lambda: refs.reference(pm, names))
+    seq = Lazy(lambda: refs.sequential(pm, names))
+    checks = [node_check(a.detach() if isinstance(a, torch.Tensor) else a, e, nth(ref, i), nth(seq, i),
+                         f"node {names[i]}")
+              for i, (a, e) in enumerate(zip(actual, expected))]
     failed = [c for c in checks if not c.passed]
     return (not failed), (failed[-1].line() if failed else "")
 
@@ -285,15 +342,30 @@ def locate_graph(task: LocateTask) -> Located:
         res.reason = "the graph is not an FX graph"
         return res
     backend = Backend(task.backend)
-    user = backend.resolve()
     inputs = graph_inputs(ga, task.inputs, task.seed)
-    roles = [r.role for r in ga.record.inputs]
+    found = first_faulty_node(res, gm, inputs, [r.role for r in ga.record.inputs], backend, backend.resolve())
+    if found is None:
+        return res
+    culprit, tensors = found
+    try:
+        res.repro = str(write_repro(gm, culprit, tensors, ga, inputs, task))
+    except Exception as e:
+        res.reason += f" (the repro could not be written: {exception_line(e)})"
+    return res
+
+
+def first_faulty_node(res: Located, gm: torch.fx.GraphModule, inputs: list[Any], roles: list[str], backend: Backend,
+                      user: Any) -> Optional[tuple[torch.fx.Node, set[str]]]:
+    """Bisect `gm` (run on `inputs`, whose roles are `roles`) compiled with `backend` to the
+    first tensor-valued node whose prefix fails, filling in `res` (found, node, op, shapes,
+    module, the failing check, prefixes tried; or why none was found); (that node, the names
+    of the tensor-valued nodes) or None."""
     values = _values(gm, copy_inputs(inputs))
     tensors = {k for k, (is_tensor, _) in values.items() if is_tensor}
     candidates = [n for n in gm.graph.nodes if n.op == "call_function" and n.name in tensors]
     if not candidates:
         res.reason = "the graph computes no tensor"
-        return res
+        return None
     refs = References(gm, inputs, tensors)
     tried = 0
     memo: dict[int, tuple[bool, str]] = {}
@@ -313,7 +385,7 @@ def locate_graph(task: LocateTask) -> Located:
     if not fails(last)[0]:
         res.reason = "the graph's prefixes all pass: the fault needs the whole graph (its outputs as one)"
         res.prefixes_tried = tried
-        return res
+        return None
     lo, hi = 0, last  # fails(hi) holds
     while lo < hi:
         mid = (lo + hi) // 2
@@ -330,11 +402,7 @@ def locate_graph(task: LocateTask) -> Located:
                         for a in culprit.args if isinstance(a, (torch.fx.Node, int, float, bool))]
     res.output_shape = values[culprit.name][1]
     res.module_path = module_path(culprit)
-    try:
-        res.repro = str(write_repro(gm, culprit, tensors, ga, inputs, task))
-    except Exception as e:
-        res.reason += f" (the repro could not be written: {exception_line(e)})"
-    return res
+    return culprit, tensors
 
 
 def _safe(name: str) -> str:
@@ -371,8 +439,6 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
 
     def check(folder: Path) -> Any:
         return check_written(folder, memory_inputs=memory, codes={}, eager=None, verify=False).outcome
-
-    import hashlib
 
     fingerprint = hashlib.sha256(pm.code.encode()).hexdigest()
     written = write_model(Path(task.out_dir), captured,

@@ -117,3 +117,45 @@ def conv_bias_grad_plus_1e_2(gm: torch.fx.GraphModule, example_inputs: list[Any]
     out.args = (type(out.args[0])(values),)
     gm.recompile()
     return gm.forward
+
+
+def _first_scaled(gm: torch.fx.GraphModule, target: Any, factor: float) -> Any:
+    """Multiplies the result of the graph's first `target` node by `factor`."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is target:
+            with gm.graph.inserting_after(n):
+                off = gm.graph.call_function(aten.mul.Tensor, (n, factor))
+            n.replace_all_uses_with(off, delete_user_cb=lambda u: u is not off)
+            break
+    gm.recompile()
+    return gm.forward
+
+
+def first_mul_doubled(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Doubles the result of the graph's first aten.mul.Tensor (100% off, whatever its scale)."""
+    return _first_scaled(gm, aten.mul.Tensor, 2.0)
+
+
+def first_mul_off_2e_5(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """An extra 2e-5 relative error on the graph's first aten.mul.Tensor: twice the float32 floor."""
+    return _first_scaled(gm, aten.mul.Tensor, 1.0 + 2e-5)
+
+
+def first_mul_off_5e_6(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """An extra 5e-6 relative error on the graph's first aten.mul.Tensor: half the float32 floor."""
+    return _first_scaled(gm, aten.mul.Tensor, 1.0 + 5e-6)
+
+
+def fewer_outputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Returns the graph's outputs but the last (a backend that drops an output)."""
+    out = gm.graph.output_node()
+    values = out.args[0]
+    if isinstance(values, (tuple, list)) and len(values) > 1:
+        out.args = (type(values)(values[:-1]),)
+        gm.recompile()
+    return gm.forward
+
+
+def first_relu_doubled(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Doubles the result of the graph's first relu."""
+    return _first_scaled(gm, aten.relu.default, 2.0)

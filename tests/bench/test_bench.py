@@ -310,8 +310,8 @@ def test_a_graph_that_passed_and_is_gone_is_a_regression_unless_removed_on_purpo
     assert [v.split(":")[0] for v in c.vanished] == ["gone inference", "kept forward"]
     assert c.missing == ["broken inference: compile_error", "gone inference: pass", "kept forward: pass"]
     # just inside: the user says they were removed on purpose
-    c = compare(results, baseline, allow_missing=True)
-    assert c.ok and c.vanished == [] and len(c.missing) == 3
+    c = compare(results, baseline, removed=["gone", "kept/forward", "broken"])
+    assert c.ok and c.vanished == [] and c.missing == [] and len(c.removed) == 3
     # graphs this bench would not have run at all (--graphs inference) are neither
     c = compare(results, baseline, benched_kinds=lambda g: g.split(".")[0] == "inference")
     assert [v.split(":")[0] for v in c.vanished] == ["gone inference"]
@@ -329,5 +329,6 @@ def test_the_gate_fails_from_the_command_line_when_a_passing_graph_is_gone(quick
     assert "regressions (passed in the baseline, gone now): 1" in r.output
     assert "deleted_model inference: pass -> not benched" in r.output
     assert "deleted_model forward: pass -> not benched" not in r.output  # --graphs inference: not this bench's
-    r = bench(*args, "--baseline", str(base), "--allow-missing")
+    r = bench(*args, "--baseline", str(base), "--removed", "deleted_model")
     assert r.exit_code == 0 and "no regressions" in r.output, r.output
+    assert "deleted_model inference: pass -> removed (--removed deleted_model)" in r.output
