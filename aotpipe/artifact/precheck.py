@@ -180,7 +180,9 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     refuse = _Refusal(where)
     lim = limits.current()
     tensor_limit, total_limit = lim.tensor_bytes, lim.max_bytes
-    tensor_name = "max_tensor_bytes" if lim.max_tensor_bytes is not None else "max_bytes"
+    # --max-bytes raises the per-tensor limit only where no max_tensor_bytes is set apart
+    raise_tensor_limit = (limits.ENV["max_tensor_bytes"] if lim.max_tensor_bytes is not None
+                          else f"{limits.ENV['max_bytes']} or --max-bytes")
     shape_env = ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=False, static_shapes=True)
 
@@ -303,7 +305,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                         if nbytes > tensor_limit:
                             raise refuse.node(node, f"makes {_describe(t)}, which needs {limits.human(nbytes)}, "
                                                     f"over the limit of {limits.human(tensor_limit)} (raise it "
-                                                    f"with {limits.ENV[tensor_name]} or --max-bytes)", LimitError)
+                                                    f"with {raise_tensor_limit})", LimitError)
                         refs[key] = 0
                         live += nbytes
                     if storage_bytes[key] is None:  # a view of a tensor only the run sizes

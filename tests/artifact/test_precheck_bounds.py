@@ -1,0 +1,233 @@
+"""The precheck's bounds, each pinned at the value just inside and just outside it: a view's
+reach (storage offset included) against its storage, a tensor against the per-tensor limit,
+the peak of live bytes (inputs, constants, intermediates, outputs) against max_bytes, and the
+share a tensor sized by values gets of the room left. Small graphs built in-process, checked
+on their inputs directly (no artefact, no capture): fast enough to run against every mutant."""
+
+import pytest
+import torch
+import torch.fx
+
+from aotpipe.artifact import precheck
+from aotpipe.errors import ArtifactError, LimitError
+from aotpipe.format import limits
+
+aten = torch.ops.aten
+WHERE = "m/g/graph.json"
+REFUSED = "; refused before running the graph"
+
+
+class Graph:
+    """A graph of named nodes over placeholders `inputs` and the constants `consts`."""
+
+    def __init__(self, *inputs, **consts):
+        self.g = torch.fx.Graph()
+        self.root = torch.nn.Module()
+        self.inputs = [self.g.placeholder(n) for n in inputs]
+        for name, value in consts.items():
+            self.root.register_buffer(name, value)
+
+    def const(self, name):
+        return self.g.get_attr(name)
+
+    def op(self, name, target, *args, **kwargs):
+        return self.g.create_node("call_function", target, args, kwargs, name=name)
+
+    def module(self, *outputs):
+        self.g.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
+        return torch.fx.GraphModule(self.root, self.g)
+
+
+def check(gm, inputs, max_bytes=1 << 30, max_tensor_bytes=None):
+    with limits.override(max_bytes=max_bytes, max_tensor_bytes=max_tensor_bytes):
+        precheck.check_graph(gm, inputs, WHERE)
+    return gm
+
+
+def refusal(gm, inputs, error=ArtifactError, **lim):
+    with pytest.raises(error) as e:
+        check(gm, inputs, **lim)
+    assert type(e.value) is error, repr(e.value)
+    return str(e.value)
+
+
+# ---------------------------------------------------------------------------------------
+# the peak of live bytes
+
+
+def _add_const():
+    g = Graph("x", w=torch.zeros(16))
+    return g.module(g.op("s", aten.add.Tensor, g.inputs[0], g.const("w")))
+
+
+def test_the_peak_counts_the_input_the_weight_and_the_output_exactly_at_the_limit():
+    # x (64 bytes) + w (64) + s (64)
+    check(_add_const(), [torch.zeros(16)], max_bytes=192)
+
+
+def test_a_peak_one_byte_over_the_limit_is_refused_naming_the_node_and_the_fix():
+    msg = refusal(_add_const(), [torch.zeros(16)], LimitError, max_bytes=191)
+    assert msg == (f"{WHERE}: node 's' (aten.add.Tensor) would hold 192 bytes of tensors alive at once (inputs, "
+                   "constants, values still to be used and outputs), over the limit of 191 bytes (raise it with "
+                   f"AOTPIPE_MAX_BYTES or --max-bytes){REFUSED}")
+
+
+def test_the_weights_count_in_the_peak_as_much_as_the_inputs():
+    # a weight four times as large as the input: without it the peak would be 128 bytes
+    g = Graph("x", w=torch.zeros(4, 16))
+    gm = g.module(g.op("s", aten.add.Tensor, g.inputs[0], g.const("w")))  # 4x16 output, broadcast
+    check(gm, [torch.zeros(16)], max_bytes=64 + 256 + 256)
+    assert "would hold 576 bytes" in refusal(gm, [torch.zeros(16)], LimitError, max_bytes=575)
+
+
+def test_a_nested_constant_is_read_from_its_submodule():
+    g = Graph("x")
+    g.root.sub = torch.nn.Module()
+    g.root.sub.register_buffer("w", torch.zeros(32))
+    gm = g.module(g.op("s", aten.add.Tensor, g.inputs[0], g.const("sub.w")))
+    check(gm, [torch.zeros(32)], max_bytes=3 * 128)
+    assert "would hold 384 bytes" in refusal(gm, [torch.zeros(32)], LimitError, max_bytes=383)
+
+
+def test_an_input_counts_its_whole_storage_not_only_the_view_it_is():
+    g = Graph("x")
+    gm = g.module(g.op("s", aten.neg.default, g.inputs[0]))
+    x = torch.zeros(100)[:16]  # 64 bytes seen, 400 held
+    check(gm, [x], max_bytes=400 + 64)
+    assert "would hold 464 bytes" in refusal(gm, [x], LimitError, max_bytes=463)
+
+
+def test_inputs_sharing_one_storage_are_counted_once():
+    g = Graph("a", "b")
+    gm = g.module(g.op("s", aten.add.Tensor, *g.inputs))
+    base = torch.zeros(8)
+    check(gm, [base, base], max_bytes=32 + 32)  # one storage of 32 bytes, and s
+    assert "would hold 96 bytes" in refusal(gm, [base, base.clone()], LimitError, max_bytes=95)
+
+
+def _chain():
+    # x -> a -> b -> c, each 64 bytes: a is dead once b is made
+    g = Graph("x")
+    a = g.op("a", aten.relu.default, g.inputs[0])
+    b = g.op("b", aten.neg.default, a)
+    return g.module(g.op("c", aten.neg.default, b))
+
+
+def test_an_intermediate_is_freed_after_its_last_use():
+    check(_chain(), [torch.zeros(16)], max_bytes=192)  # x and two of a, b, c at any time
+
+
+def test_the_peak_of_a_chain_is_refused_at_the_first_node_that_passes_it():
+    msg = refusal(_chain(), [torch.zeros(16)], LimitError, max_bytes=191)
+    assert msg.startswith(f"{WHERE}: node 'b' (aten.neg.default) would hold 192 bytes"), msg
+
+
+def test_a_view_keeps_its_base_alive_after_the_base_node_is_dead():
+    g = Graph("x")
+    a = g.op("a", aten.relu.default, g.inputs[0])
+    v = g.op("v", aten.view.default, a, [4, 4])  # a's last use; v still holds a's storage
+    b = g.op("b", aten.neg.default, g.inputs[0])
+    gm = g.module(g.op("c", aten.add.Tensor, b, v))
+    x = torch.zeros(4, 4)
+    check(gm, [x], max_bytes=256)  # x, a's storage (through v), b and c: a view adds no bytes
+    assert refusal(gm, [x], LimitError, max_bytes=255).startswith(f"{WHERE}: node 'c' (aten.add.Tensor) would "
+                                                                   "hold 256 bytes")
+
+
+def test_outputs_stay_alive_to_the_end():
+    g = Graph("x")
+    a = g.op("a", aten.relu.default, g.inputs[0])  # an output: alive to the end
+    b = g.op("b", aten.neg.default, g.inputs[0])
+    c = g.op("c", aten.neg.default, b)
+    gm = g.module(a, g.op("d", aten.neg.default, c))
+    check(gm, [torch.zeros(16)], max_bytes=256)  # at d: x, a, c and d (b died at c)
+    assert "node 'c' (aten.neg.default) would hold 256 bytes" in refusal(gm, [torch.zeros(16)], LimitError,
+                                                                          max_bytes=255)
+
+
+# ---------------------------------------------------------------------------------------
+# one tensor against the per-tensor limit
+
+
+def _zeros(n):
+    g = Graph("x")
+    return g.module(g.op("z", aten.zeros.default, [n], dtype=torch.float32))
+
+
+def test_a_tensor_of_exactly_the_per_tensor_limit_is_allowed():
+    check(_zeros(100), [torch.zeros(1)], max_tensor_bytes=400)
+
+
+def test_a_tensor_one_element_over_the_per_tensor_limit_is_refused_naming_its_variable():
+    msg = refusal(_zeros(101), [torch.zeros(1)], LimitError, max_tensor_bytes=400)
+    assert msg == (f"{WHERE}: node 'z' (aten.zeros.default) makes a float32[101] tensor, which needs 404 bytes, "
+                   f"over the limit of 400 bytes (raise it with AOTPIPE_MAX_TENSOR_BYTES){REFUSED}")
+
+
+def test_without_a_per_tensor_limit_max_bytes_bounds_one_tensor_and_says_so():
+    check(_zeros(100), [torch.zeros(1)], max_bytes=404)  # z (400) and x (4)
+    msg = refusal(_zeros(101), [torch.zeros(1)], LimitError, max_bytes=403)
+    assert msg == (f"{WHERE}: node 'z' (aten.zeros.default) makes a float32[101] tensor, which needs 404 bytes, "
+                   f"over the limit of 403 bytes (raise it with AOTPIPE_MAX_BYTES or --max-bytes){REFUSED}")
+
+
+def test_a_tensor_of_many_dimensions_is_described_by_its_first_eight():
+    g = Graph("x")
+    gm = g.module(g.op("z", aten.zeros.default, [1] * 8 + [200], dtype=torch.float32))
+    msg = refusal(gm, [torch.zeros(1)], LimitError, max_tensor_bytes=400)
+    assert "makes a float32[1, 1, 1, 1, 1, 1, 1, 1]... tensor, which needs 800 bytes" in msg, msg
+
+
+# ---------------------------------------------------------------------------------------
+# a view's reach, storage offset included
+
+
+def _as_strided(size, stride, offset=None):
+    g = Graph("x")
+    args = (g.inputs[0], size, stride) + (() if offset is None else (offset,))
+    return g.module(g.op("v", aten.as_strided.default, *args))
+
+
+def test_an_inputs_own_storage_offset_that_ends_the_view_at_its_storages_end_is_allowed():
+    check(_as_strided([8], [1]), [torch.zeros(16)[8:]])  # as_strided keeps x's offset: elements 8..15 of 16
+
+
+def test_an_inputs_own_storage_offset_one_element_further_is_refused():
+    msg = refusal(_as_strided([8], [1]), [torch.zeros(16)[9:]])  # elements 9..16 of 16
+    assert msg == (f"{WHERE}: node 'v' (aten.as_strided.default) gives a view (sizes [8], strides [1], storage "
+                   f"offset 9) that reaches byte 68 of a storage of 64 bytes{REFUSED}")
+
+
+def test_a_storage_offset_given_to_the_view_is_held_to_the_storage_just_inside_and_just_outside():
+    check(_as_strided([4], [1], 12), [torch.zeros(16)])
+    msg = refusal(_as_strided([4], [1], 13), [torch.zeros(16)])
+    assert "(sizes [4], strides [1], storage offset 13) that reaches byte 68 of a storage of 64 bytes" in msg
+
+
+def test_strides_count_in_the_reach():
+    check(_as_strided([4, 4], [4, 1], 0), [torch.zeros(16)])
+    msg = refusal(_as_strided([4, 4], [5, 1], 0), [torch.zeros(16)])
+    assert "(sizes [4, 4], strides [5, 1], storage offset 0) that reaches byte 76 of a storage of 64 bytes" in msg
+
+
+def test_an_empty_view_reaches_nothing_whatever_its_offset():
+    check(_as_strided([0, 4], [4, 1], 1000), [torch.zeros(16)])
+
+
+def test_a_view_of_a_constant_counts_the_constants_storage_offset():
+    def gm():
+        g = Graph("x", w=torch.zeros(31)[15:])  # 16 elements from offset 15 of 31
+        return g.module(g.op("v", aten.as_strided.default, g.const("w"), [16], [1]))
+    check(gm(), [torch.zeros(1)])
+    g = Graph("x", w=torch.zeros(31)[15:])
+    big = g.module(g.op("v", aten.as_strided.default, g.const("w"), [17], [1]))
+    assert "storage offset 15) that reaches byte 128 of a storage of 124 bytes" in refusal(big, [torch.zeros(1)])
+
+
+def test_a_view_of_an_intermediate_is_held_to_the_storage_the_node_made():
+    def gm(n):
+        g = Graph("x")
+        a = g.op("a", aten.relu.default, g.inputs[0])
+        return g.module(g.op("v", aten.as_strided.default, a, [n], [1], 0))
+    check(gm(16), [torch.zeros(16)])
+    assert "that reaches byte 68 of a storage of 64 bytes" in refusal(gm(17), [torch.zeros(16)])
