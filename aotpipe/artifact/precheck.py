@@ -279,8 +279,8 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                     assumed[node.name] = expected_outputs(value)
                 if target in RUNTIME_BOUNDED:
                     _bound_by_limit(node, value, shape_env, tensor_limit, refuse)
-                if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) not in storage_bytes \
-                        and node.name not in assumed:
+                if isinstance(value, torch.Tensor) and value.layout == torch.strided \
+                        and StorageWeakRef(value.untyped_storage()) not in storage_bytes and node.name not in assumed:
                     value = _as_recorded(node, value)
                 env[node] = value
                 mine = []
