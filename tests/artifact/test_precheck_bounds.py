@@ -231,3 +231,195 @@ def test_a_view_of_an_intermediate_is_held_to_the_storage_the_node_made():
         return g.module(g.op("v", aten.as_strided.default, a, [n], [1], 0))
     check(gm(16), [torch.zeros(16)])
     assert "that reaches byte 68 of a storage of 64 bytes" in refusal(gm(17), [torch.zeros(16)])
+
+
+# ---------------------------------------------------------------------------------------
+# a tensor sized by values read while the graph runs: a share of the room left
+
+
+def _sized_by_value(n_tensors=1, dtype=torch.float32):
+    g = Graph("n")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    outs = [g.op(f"r{i}", aten.arange.start_step, 0, u, 1, dtype=dtype) for i in range(n_tensors)]
+    return g.module(*outs)
+
+
+def test_a_tensor_sized_by_values_gets_the_room_the_peak_leaves():
+    gm = check(_sized_by_value(), [torch.tensor(5)], max_bytes=1000)  # n: 8 bytes
+    assert gm.meta[precheck.RUN_CHECKED_ALLOCS] == {"r0": 992}
+    assert gm.meta[precheck.RUN_CHECKED_VIEWS] == set()
+    assert precheck.data_dependent_outputs(gm) == {0: [0]}
+
+
+def test_tensors_sized_by_values_share_the_room_left_equally():
+    gm = check(_sized_by_value(3), [torch.tensor(5)], max_bytes=1000)
+    assert gm.meta[precheck.RUN_CHECKED_ALLOCS] == {"r0": 330, "r1": 330, "r2": 330}  # 992 // 3
+
+
+def test_a_share_is_no_more_than_the_per_tensor_limit():
+    gm = check(_sized_by_value(2), [torch.tensor(5)], max_bytes=1000, max_tensor_bytes=100)
+    assert gm.meta[precheck.RUN_CHECKED_ALLOCS] == {"r0": 100, "r1": 100}
+
+
+def test_one_byte_of_room_is_a_share_of_one_byte():
+    gm = check(_sized_by_value(), [torch.tensor(5)], max_bytes=9)
+    assert gm.meta[precheck.RUN_CHECKED_ALLOCS] == {"r0": 1}
+
+
+def test_no_room_left_for_a_tensor_sized_by_values_is_refused_before_the_graph_runs():
+    msg = refusal(_sized_by_value(2), [torch.tensor(5)], LimitError, max_bytes=8)
+    assert msg == (f"{WHERE}: node 'r0' (aten.arange.start_step) makes a tensor whose size depends on values read "
+                   "from tensors while the graph runs, and the graph leaves it no room under the limit of 8 bytes "
+                   f"(raise it with AOTPIPE_MAX_BYTES or --max-bytes){REFUSED}")
+
+
+def test_each_node_keeps_the_smallest_share_any_input_layout_gave():
+    gm = _sized_by_value()
+    check(gm, [torch.tensor(5)], max_bytes=1000)
+    check(gm, [torch.zeros(10, dtype=torch.int64)[3]], max_bytes=1000)  # its storage: 80 bytes
+    assert gm.meta[precheck.RUN_CHECKED_ALLOCS] == {"r0": 920}
+    check(gm, [torch.tensor(5)], max_bytes=1000)
+    assert gm.meta[precheck.RUN_CHECKED_ALLOCS] == {"r0": 920}
+
+
+def test_a_view_of_a_tensor_sized_by_values_is_checked_when_it_runs():
+    g = Graph("n")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    r = g.op("r", aten.arange.start_step, 0, u, 1, dtype=torch.float32)
+    gm = check(g.module(g.op("s", aten.slice.Tensor, r, 0, 0, 2)), [torch.tensor(5)])
+    assert gm.meta[precheck.RUN_CHECKED_VIEWS] == {"s"}
+    assert set(gm.meta[precheck.RUN_CHECKED_ALLOCS]) == {"r"}  # the view allocates nothing
+
+
+def test_a_view_sized_by_values_over_a_known_storage_is_checked_when_it_runs():
+    g = Graph("x", "n")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[1])
+    gm = check(g.module(g.op("v", aten.as_strided.default, g.inputs[0], [u], [1])), [torch.zeros(16), torch.tensor(4)])
+    assert gm.meta[precheck.RUN_CHECKED_VIEWS] == {"v"}
+    assert precheck.data_dependent_outputs(gm) == {0: [0]}
+
+
+def test_a_size_read_from_values_is_a_data_dependent_output():
+    g = Graph("n")
+    gm = check(g.module(g.op("u", aten._local_scalar_dense.default, g.inputs[0]), g.inputs[0]), [torch.tensor(5)])
+    assert precheck.data_dependent_outputs(gm) == {0: []}  # an int computed from values; n itself is not
+    assert precheck.data_dependent_outputs(torch.nn.Linear(1, 1)) == {}
+
+
+def _bincount(minlength):
+    g = Graph("x")
+    return g.module(g.op("b", aten.bincount.default, g.inputs[0], None, minlength))
+
+
+def test_a_literal_minlength_at_the_per_tensor_limit_is_allowed():
+    check(_bincount(125), [torch.tensor([1, 2])], max_tensor_bytes=1000)  # 125 int64s: 1000 bytes
+
+
+def test_a_literal_minlength_one_element_over_the_per_tensor_limit_is_refused():
+    msg = refusal(_bincount(125), [torch.tensor([1, 2])], LimitError, max_tensor_bytes=999)
+    assert msg == (f"{WHERE}: node 'b' (aten.bincount.default) makes at least 125 elements of int64, over the limit "
+                   f"of 999 bytes (raise it with AOTPIPE_MAX_BYTES or --max-bytes){REFUSED}")
+
+
+def test_a_size_bounded_by_the_limit_its_checked_form_enforces_is_counted_at_that_bound():
+    # bincount's size comes from values; its checked form holds it to the per-tensor limit
+    # (1000 bytes: 125 int64s), which the peak then counts: x (16) and b (1000)
+    check(_bincount(0), [torch.tensor([1, 2])], max_bytes=1016, max_tensor_bytes=1000)
+    assert "would hold 1.02 kB" in refusal(_bincount(0), [torch.tensor([1, 2])], LimitError, max_bytes=1015,
+                                            max_tensor_bytes=1000)
+
+
+# ---------------------------------------------------------------------------------------
+# graphs that do not run, or cannot be checked
+
+
+def test_a_graph_given_the_wrong_number_of_inputs_does_not_run():
+    with pytest.raises(precheck.GraphWillNotRun) as e:
+        check(_chain(), [torch.zeros(1), torch.zeros(1)])
+    assert str(e.value) == f"{WHERE}: the graph takes 1 inputs, given 2"
+
+
+def test_arguments_torch_rejects_make_a_graph_that_does_not_run():
+    g = Graph("a", "b")
+    gm = g.module(g.op("mm", aten.mm.default, *g.inputs))
+    with pytest.raises(precheck.GraphWillNotRun) as e:
+        check(gm, [torch.zeros(2, 3), torch.zeros(4, 5)])
+    assert str(e.value).startswith(f"{WHERE}: node 'mm' (aten.mm.default) does not run on these inputs: "
+                                   "RuntimeError: a and b must have same reduction dim"), str(e.value)
+
+
+def test_a_packed_rnn_is_refused_before_its_decomposition_reads_values():
+    g = Graph(*[f"x{i}" for i in range(8)])
+    xs = g.inputs
+    gm = g.module(g.op("lstm", aten.lstm.data, xs[0], xs[1], [xs[2], xs[3]], xs[4:], True, 1, 0.0, False, False))
+    r = lambda *s: torch.zeros(*s)  # noqa: E731
+    inputs = [r(6, 3), torch.tensor([3, 3]), r(1, 3, 4), r(1, 3, 4), r(16, 3), r(16, 4), r(16), r(16)]
+    with pytest.raises(precheck.GraphWillNotRun) as e:
+        check(gm, inputs)
+    assert str(e.value) == (f"{WHERE}: node 'lstm' (aten.lstm.data) does not run on these inputs: it reads the "
+                            "values of batch_sizes as it decomposes, which fake tensors do not have")
+
+
+def test_a_sparse_input_cannot_be_checked():
+    gm = _chain()
+    with pytest.raises(ArtifactError) as e:
+        check(gm, [torch.zeros(16).to_sparse()])
+    assert str(e.value) == f"{WHERE}: an input or constant is not a dense tensor (torch.sparse_coo); it cannot be checked"
+
+
+def test_a_node_that_makes_a_sparse_tensor_is_refused():
+    g = Graph("i", "v")
+    gm = g.module(g.op("sp", aten._sparse_coo_tensor_with_dims_and_tensors.default, 2, 0, [4, 4], *g.inputs,
+                       layout=torch.sparse_coo))
+    msg = refusal(gm, [torch.zeros(2, 3, dtype=torch.int64), torch.zeros(3)])
+    assert msg == f"{WHERE}: node 'sp' (aten._sparse_coo_tensor_with_dims_and_tensors.default) makes a " \
+                  f"torch.sparse_coo tensor{REFUSED}"
+
+
+def test_a_method_call_node_cannot_be_checked():
+    g = Graph("x")
+    gm = g.module(g.g.call_method("neg", (g.inputs[0],)))
+    assert refusal(gm, [torch.zeros(4)]) == f"{WHERE}: node 'neg' is a call_method node, which cannot be checked"
+
+
+def _geqrf(record=None):
+    g = Graph("x")
+    q = g.op("q", aten.geqrf.default, g.inputs[0])
+    if record is not None:
+        q.meta["saved_val"] = record
+    return g.module(q)
+
+
+def test_an_op_without_a_fake_kernel_is_refused_in_a_graph_from_elsewhere():
+    msg = refusal(_geqrf(), [torch.zeros(3, 3)])
+    assert msg == (f"{WHERE}: node 'q' (aten.geqrf.default) has no fake-tensor kernel in this torch, so its arguments "
+                   f"cannot be checked without running it{REFUSED}")
+
+
+GEQRF_RECORD = [{"shape": [3, 3], "stride": [1, 3], "dtype": "float32"}, {"shape": [3], "stride": [1],
+                                                                           "dtype": "float32"}]
+
+
+def test_an_op_without_a_fake_kernel_in_our_own_capture_takes_the_outputs_it_recorded():
+    gm = _geqrf(GEQRF_RECORD)
+    precheck.mark(gm, WHERE, own_capture=True)
+    check(gm, [torch.zeros(3, 3)], max_bytes=36 + 36 + 12)
+    assert "would hold 84 bytes" in refusal(gm, [torch.zeros(3, 3)], LimitError, max_bytes=83)
+
+
+@pytest.mark.parametrize("record", [None, GEQRF_RECORD[:1] + [{"shape": [3], "stride": [1], "dtype": "nonsense"}],
+                                    {"shape": [3], "stride": ["1"], "dtype": "float32"}, "float32"])
+def test_our_own_capture_with_no_usable_record_is_refused_all_the_same(record):
+    gm = _geqrf(record)
+    precheck.mark(gm, WHERE, own_capture=True)
+    assert "has no fake-tensor kernel in this torch" in refusal(gm, [torch.zeros(3, 3)])
+
+
+def test_a_recorded_output_is_laid_out_as_recorded():
+    gm = _geqrf(GEQRF_RECORD)
+    node = next(n for n in gm.graph.nodes if n.name == "q")
+    a, tau = precheck._recorded_outputs(node)
+    assert (a.shape, a.stride(), a.dtype, tau.shape) == ((3, 3), (1, 3), torch.float32, (3,))
+    node.meta["saved_val"] = {"shape": [2], "stride": [1], "dtype": "int64", "device": "meta"}
+    one = precheck._recorded_outputs(node)
+    assert (one.shape, one.dtype, one.device.type) == ((2,), torch.int64, "meta")
