@@ -47,6 +47,7 @@ import logging
 import weakref
 from typing import Any, Optional
 
+import sympy
 import torch
 import torch.fx
 
@@ -431,7 +432,8 @@ def _assumed_outputs(target: Any, args: tuple, kwargs: dict, shape_env: Any) -> 
 
     outs = []
     for probe in _PROBES:
-        values = {s: probe(i) for i, s in enumerate(symbols)}
+        # sympy's integers: a size that is one symbol alone (a pad by u0) becomes one, not a Python int
+        values = {s: sympy.Integer(probe(i)) for i, s in enumerate(symbols)}
         try:
             a, k = torch.utils._pytree.tree_unflatten([concrete(x, values) for x in leaves], spec)
             outs.append(torch.utils._pytree.tree_flatten(target(*a, **k)))
