@@ -151,7 +151,7 @@ def test_outputs_stay_alive_to_the_end():
 
 def _zeros(n):
     g = Graph("x")
-    return g.module(g.op("z", aten.zeros.default, [n], dtype=torch.float32))
+    return g.module(g.op("z", aten.zeros.default, [n // 2], dtype=torch.float64))  # n float32s' bytes
 
 
 def test_a_tensor_of_exactly_the_per_tensor_limit_is_allowed():
@@ -159,15 +159,15 @@ def test_a_tensor_of_exactly_the_per_tensor_limit_is_allowed():
 
 
 def test_a_tensor_one_element_over_the_per_tensor_limit_is_refused_naming_its_variable():
-    msg = refusal(_zeros(101), [torch.zeros(1)], LimitError, max_tensor_bytes=400)
-    assert msg == (f"{WHERE}: node 'z' (aten.zeros.default) makes a float32[101] tensor, which needs 404 bytes, "
+    msg = refusal(_zeros(102), [torch.zeros(1)], LimitError, max_tensor_bytes=400)
+    assert msg == (f"{WHERE}: node 'z' (aten.zeros.default) makes a float64[51] tensor, which needs 408 bytes, "
                    f"over the limit of 400 bytes (raise it with AOTPIPE_MAX_TENSOR_BYTES){REFUSED}")
 
 
 def test_without_a_per_tensor_limit_max_bytes_bounds_one_tensor_and_says_so():
     check(_zeros(100), [torch.zeros(1)], max_bytes=404)  # z (400) and x (4)
-    msg = refusal(_zeros(101), [torch.zeros(1)], LimitError, max_bytes=403)
-    assert msg == (f"{WHERE}: node 'z' (aten.zeros.default) makes a float32[101] tensor, which needs 404 bytes, "
+    msg = refusal(_zeros(102), [torch.zeros(1)], LimitError, max_bytes=403)
+    assert msg == (f"{WHERE}: node 'z' (aten.zeros.default) makes a float64[51] tensor, which needs 408 bytes, "
                    f"over the limit of 403 bytes (raise it with AOTPIPE_MAX_BYTES or --max-bytes){REFUSED}")
 
 
@@ -423,3 +423,291 @@ def test_a_recorded_output_is_laid_out_as_recorded():
     node.meta["saved_val"] = {"shape": [2], "stride": [1], "dtype": "int64", "device": "meta"}
     one = precheck._recorded_outputs(node)
     assert (one.shape, one.dtype, one.device.type) == ((2,), torch.int64, "meta")
+
+
+def test_a_run_sized_tensor_whose_bound_is_exactly_the_per_tensor_limit_is_counted_not_deferred():
+    # nonzero of 16 elements: at most [16, 1] int64s, 128 bytes, a bound counted in the peak
+    def gm():
+        g = Graph("x")
+        return g.module(g.op("nz", aten.nonzero.default, g.inputs[0]))
+    at = check(gm(), [torch.zeros(16)], max_tensor_bytes=128)
+    assert "nz" not in at.meta.get(precheck.RUN_CHECKED_ALLOCS, {})
+    assert "would hold 192 bytes" in refusal(gm(), [torch.zeros(16)], LimitError, max_bytes=191, max_tensor_bytes=128)
+    over = check(gm(), [torch.zeros(16)], max_tensor_bytes=127)  # its bound past the limit: the run's size decides
+    assert over.meta[precheck.RUN_CHECKED_ALLOCS] == {"nz": 127}
+
+
+def _view_by_count(offset):
+    # a view of x (16 elements) as long as x's count of nonzeros: at most 16, known only when it runs
+    g = Graph("x")
+    nz = g.op("nz", aten.nonzero.default, g.inputs[0])
+    n = g.op("n", aten.sym_size.int, nz, 0)
+    return g.module(g.op("v", aten.as_strided.default, g.inputs[0], [n], [1], offset))
+
+
+def test_a_view_sized_by_values_whose_bound_fits_its_storage_needs_no_check_at_run():
+    assert check(_view_by_count(0), [torch.zeros(16)]).meta[precheck.RUN_CHECKED_VIEWS] == set()
+
+
+def test_a_view_sized_by_values_whose_bound_passes_its_storage_by_one_element_is_checked_at_run():
+    assert check(_view_by_count(1), [torch.zeros(16)]).meta[precheck.RUN_CHECKED_VIEWS] == {"v"}
+
+
+def test_a_view_of_many_dimensions_past_its_storage_shows_its_first_eight():
+    g = Graph("x")
+    gm = g.module(g.op("v", aten.as_strided.default, g.inputs[0], [1] * 8 + [17], [1] * 9, 0))
+    assert "gives a view (sizes [1, 1, 1, 1, 1, 1, 1, 1], strides [1, 1, 1, 1, 1, 1, 1, 1], storage offset 0) that " \
+           "reaches byte 68 of a storage of 64 bytes" in refusal(gm, [torch.zeros(16)])
+
+
+def test_inputs_keep_their_dtype_and_device_on_the_fake_side():
+    g = Graph("a", "b")
+    gm = g.module(g.op("s", aten.add.Tensor, *g.inputs))
+    check(gm, [torch.zeros(4, device="meta"), torch.zeros(4, device="meta")])
+    with pytest.raises(precheck.GraphWillNotRun, match="node 's' \\(aten.add.Tensor\\) does not run on these inputs"):
+        check(gm, [torch.zeros(4, device="meta"), torch.zeros(4)])  # as the real kernel: two devices
+
+
+def test_the_kernels_keyword_arguments_are_propagated():
+    g = Graph("x")
+    gm = g.module(g.op("z", aten.zeros_like.default, g.inputs[0], dtype=torch.float64))  # 8 bytes, not x's 4
+    check(gm, [torch.zeros(4)], max_bytes=48)
+    assert "would hold 48 bytes" in refusal(gm, [torch.zeros(4)], LimitError, max_bytes=47)
+
+
+def test_a_node_in_its_checked_form_is_checked_as_its_op():
+    from aotpipe.artifact import checked
+
+    g = Graph("x")
+    form = checked.CheckedOp(aten.bincount.default, checked.CHECKS[aten.bincount.default], "w")
+    gm = g.module(g.op("b", form, g.inputs[0], None, 126))
+    msg = refusal(gm, [torch.tensor([1, 2])], LimitError, max_tensor_bytes=1000)
+    assert msg.startswith(f"{WHERE}: node 'b' (aten.bincount.default) makes at least 126 elements of int64"), msg
+
+
+def test_a_python_callable_is_named_by_its_name_in_a_refusal():
+    g = Graph("a", "b")
+    gm = g.module(g.op("m", torch.mm, *g.inputs))
+    with pytest.raises(precheck.GraphWillNotRun) as e:
+        check(gm, [torch.zeros(2, 3), torch.zeros(4, 5)])
+    assert str(e.value).startswith(f"{WHERE}: node 'm' (mm) does not run on these inputs: "), str(e.value)
+
+
+def test_torchs_tracebacks_for_a_failing_fake_kernel_are_kept_quiet_and_the_log_level_restored(caplog):
+    import logging
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    before = log.level
+    g = Graph("a", "b")
+    gm = g.module(g.op("mm", aten.mm.default, *g.inputs))
+    with caplog.at_level(logging.DEBUG, logger="torch._subclasses.fake_tensor"), \
+            pytest.raises(precheck.GraphWillNotRun):
+        check(gm, [torch.zeros(2, 3), torch.zeros(4, 5)])
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses.fake_tensor")
+                and (r.levelno >= logging.WARNING or r.exc_info)]
+    assert log.level == before
+
+
+def test_data_dependent_outputs_name_each_outputs_dimensions_read_from_values():
+    g = Graph("n", "x")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    r = g.op("r", aten.arange.start_step, 0, u, 1, dtype=torch.float32)
+    e = g.op("e", aten.expand.default, r, [3, u])
+    gm = check(g.module(g.inputs[1], e, u, r), [torch.tensor(5), torch.zeros(2)])
+    assert precheck.data_dependent_outputs(gm) == {1: [1], 2: [], 3: [0]}
+    g = Graph("n")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    single = check(g.module(g.op("r", aten.arange.start_step, 0, u, 1, dtype=torch.float32)), [torch.tensor(5)])
+    assert precheck.data_dependent_outputs(single) == {0: [0]}
+    assert precheck.data_dependent_outputs(_chain()) == {}  # not checked
+
+
+# ---------------------------------------------------------------------------------------
+# a run: checked once per input layout, each layout afresh
+
+
+def _runnable(gm, inputs, **lim):
+    with limits.override(**lim):
+        return precheck.runnable(gm, inputs)
+
+
+def test_a_module_not_built_from_an_artefact_runs_as_is():
+    gm = _chain()
+    assert not precheck.needs_check(gm) and not precheck.needs_check(torch.nn.Linear(1, 1))
+    assert precheck.runnable(gm, [torch.zeros(16)]) is gm
+
+
+def test_a_marked_graph_is_checked_once_per_layout_and_runs_through_the_execution_guard(monkeypatch):
+    from aotpipe.execution import RUN_GUARD
+
+    gm = _chain()
+    precheck.mark(gm, WHERE)
+    assert precheck.needs_check(gm) and gm.meta[RUN_GUARD] is precheck.runnable and precheck._OWN not in gm.meta
+    calls = []
+    real = precheck.check_graph
+    monkeypatch.setattr(precheck, "check_graph", lambda *a: calls.append(a[2]) or real(*a))
+    x = torch.zeros(16)
+    assert _runnable(gm, [x]) is gm  # no op to check at run: the module itself
+    _runnable(gm, [torch.zeros(16)])
+    assert calls == [WHERE]
+    _runnable(gm, [torch.zeros(8)])
+    assert calls == [WHERE, WHERE]
+
+
+def _refused_at_run(gm, inputs, **lim):
+    with pytest.raises(ArtifactError) as e:
+        _runnable(gm, inputs, **lim)
+    return str(e.value)
+
+
+def test_a_layout_that_differs_only_by_its_storage_offset_is_checked_afresh():
+    gm = _as_strided([9], [1])
+    precheck.mark(gm, WHERE)
+    base = torch.zeros(17)
+    _runnable(gm, [base[8:16]])  # elements 8..16 of 17
+    assert "storage offset 9) that reaches byte 72 of a storage of 68 bytes" in _refused_at_run(gm, [base[9:17]])
+
+
+def test_a_layout_that_differs_only_by_its_storage_size_is_checked_afresh():
+    gm = _as_strided([12], [1], 0)
+    precheck.mark(gm, WHERE)
+    _runnable(gm, [torch.zeros(16)[:8]])
+    assert "reaches byte 48 of a storage of 32 bytes" in _refused_at_run(gm, [torch.zeros(8)])
+
+
+def test_inputs_that_stop_sharing_a_storage_are_checked_afresh():
+    g = Graph("a", "b")
+    gm = g.module(g.op("s", aten.add.Tensor, *g.inputs))
+    precheck.mark(gm, WHERE)
+    base = torch.zeros(8)
+    _runnable(gm, [base, base], max_bytes=64)
+    assert "would hold 96 bytes" in _refused_at_run(gm, [base, base.clone()], max_bytes=64)
+
+
+def test_inputs_of_another_dtype_are_checked_afresh():
+    gm = _chain()
+    precheck.mark(gm, WHERE)
+    _runnable(gm, [torch.zeros(16)], max_bytes=192)
+    assert "node 'a' (aten.relu.default) would hold 256 bytes" in _refused_at_run(
+        gm, [torch.zeros(16, dtype=torch.float64)], max_bytes=192)
+
+
+def test_another_int_input_is_checked_afresh():
+    g = Graph("n")
+    gm = g.module(g.op("r", aten.arange.start_step, 0, g.inputs[0], 1, dtype=torch.float32))
+    precheck.mark(gm, WHERE)
+    _runnable(gm, [100], max_tensor_bytes=400)
+    assert "makes a float32[101] tensor" in _refused_at_run(gm, [101], max_tensor_bytes=400)
+
+
+def test_a_marked_graph_runs_its_checked_forms():
+    from aotpipe.artifact import checked
+
+    g = Graph("x")
+    gm = g.module(g.op("b", aten.bincount.default, g.inputs[0]))
+    precheck.mark(gm, WHERE)
+    twin = _runnable(gm, [torch.tensor([1, 2])], max_tensor_bytes=1000)
+    (b,) = [n for n in twin.graph.nodes if n.name == "b"]
+    assert isinstance(b.target, checked.CheckedOp) and b.target.where == f"{WHERE}: node 'b'"
+    assert torch.equal(twin(torch.tensor([1, 2])), torch.tensor([0, 1, 1]))
+
+
+# ---------------------------------------------------------------------------------------
+# ops whose fake kernel needs a plain int where the graph gives a size read from values
+
+
+def _pad_by_value():
+    g = Graph("n", "x")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    return g.module(g.op("p", aten.constant_pad_nd.default, g.inputs[1], [0, u]))
+
+
+def _pad_of_run_sized():
+    g = Graph("n")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    r = g.op("r", aten.arange.start_step, 0, u, 1, dtype=torch.float32)
+    return g.module(g.op("p", aten.constant_pad_nd.default, r, [2, 1]))
+
+
+def test_an_op_whose_fake_kernel_wants_a_plain_pad_runs_with_the_outputs_the_probes_agree_on():
+    gm = check(_pad_by_value(), [torch.tensor(3), torch.zeros(2, 8)])
+    assert gm.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float32", (2, None)),)}  # 2 rows kept, width the run's
+    assert set(gm.meta[precheck.RUN_CHECKED_ALLOCS]) == {"p"}
+
+
+def test_an_op_whose_fake_kernel_wants_a_plain_input_size_runs_with_the_outputs_the_probes_agree_on():
+    gm = check(_pad_of_run_sized(), [torch.tensor(3)])
+    assert gm.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float32", (None,)),)}
+    assert set(gm.meta[precheck.RUN_CHECKED_ALLOCS]) == {"r", "p"}
+
+
+def test_with_fewer_than_two_probes_that_run_the_op_is_refused(monkeypatch):
+    monkeypatch.setattr(precheck, "_PROBES", ((lambda i: 7),))
+    with pytest.raises(precheck.GraphWillNotRun) as e:
+        check(_pad_by_value(), [torch.tensor(3), torch.zeros(2, 8)])
+    assert str(e.value).startswith(f"{WHERE}: node 'p' (aten.constant_pad_nd.default) does not run on these inputs: "
+                                   "RuntimeError: "), str(e.value)
+    msg = refusal(_pad_of_run_sized(), [torch.tensor(3)])
+    assert msg.startswith(f"{WHERE}: node 'p' (aten.constant_pad_nd.default) has a size that depends on the values "
+                          "of tensors (GuardOnDataDependentSymNode: "), msg
+    assert msg.endswith(f"), which cannot be checked before it runs{REFUSED}")
+
+
+def test_a_probe_the_op_refuses_is_passed_over(monkeypatch):
+    # a pad of -9 columns from 8: torch refuses it; the other two probes agree on 2 rows
+    monkeypatch.setattr(precheck, "_PROBES", ((lambda i: -9), (lambda i: 1), (lambda i: 2)))
+    gm = check(_pad_by_value(), [torch.tensor(3), torch.zeros(2, 8)])
+    assert gm.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float32", (2, None)),)}
+    monkeypatch.setattr(precheck, "_PROBES", ((lambda i: -9), (lambda i: 1), (lambda i: -10)))
+    with pytest.raises(precheck.GraphWillNotRun):
+        check(_pad_by_value(), [torch.tensor(3), torch.zeros(2, 8)])
+
+
+def test_probes_that_agree_on_a_size_keep_it():
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        monkeypatch.setattr(precheck, "_PROBES", ((lambda i: 4), (lambda i: 4)))
+        gm = check(_pad_by_value(), [torch.tensor(3), torch.zeros(2, 8)])
+    finally:
+        monkeypatch.undo()
+    assert gm.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float32", (2, 12)),)}
+
+
+# ---------------------------------------------------------------------------------------
+# a node's outputs laid out as graph.json records them, where that is a dense layout
+
+
+def _recorded(shape, stride):
+    g = torch.fx.Graph()
+    node = g.placeholder("n")
+    node.meta["saved_val"] = {"shape": shape, "stride": stride}
+    return node
+
+
+def test_a_dense_layout_recorded_for_a_node_is_taken():
+    value = torch.empty(2, 3, 4, 5)
+    out = precheck._as_recorded(_recorded([2, 3, 4, 5], [60, 1, 15, 3]), value)  # channels last
+    assert out.shape == value.shape and out.stride() == (60, 1, 15, 3) and out.dtype == value.dtype
+    out = precheck._as_recorded(_recorded([2, 1, 4], [4, 99, 1]), torch.empty(2, 1, 4))  # a size-1 dim's stride
+    assert out.stride() == (4, 99, 1)
+
+
+@pytest.mark.parametrize("shape,stride", [
+    ([2, 3, 4, 5], [60, 20, 5, 1]),  # the value's own layout: the value itself
+    ([2, 3, 4, 5], [120, 1, 30, 6]),  # gaps: not dense
+    ([2, 3, 4, 5], [60, 1, 15, 2]),  # overlapping
+    ([2, 3, 4, 6], [72, 1, 18, 3]),  # another shape
+    ([2, 3, 4, 5], [60, 1, 15]),  # a stride missing
+    ([2, 3, 4, 5], [60, 1, 15, -3]),
+    ([2, 3, 4, 5], [60, 1, 15, "3"]),
+    ("[2, 3]", [60, 1, 15, 3]),
+])
+def test_a_recorded_layout_that_is_not_a_dense_one_of_the_same_shape_is_ignored(shape, stride):
+    value = torch.empty(2, 3, 4, 5)
+    assert precheck._as_recorded(_recorded(shape, stride), value) is value
+
+
+def test_no_record_leaves_the_value():
+    value = torch.empty(2)
+    g = torch.fx.Graph()
+    assert precheck._as_recorded(g.placeholder("n"), value) is value
