@@ -188,13 +188,12 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     mode = FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=False, static_shapes=True)
 
     storage_bytes: dict[Any, int] = {}  # every storage seen, at the size it was made with
-    held: set[Any] = set()  # storages of inputs and constants: live throughout
     refs: dict[Any, int] = {}  # intermediate storage -> live node values referencing it
     node_storages: dict[torch.fx.Node, list[Any]] = {}
     live = 0
 
     bases: dict[Any, torch.Tensor] = {}  # (real storage, dtype) -> a fake tensor over all of it
-    held_bytes = 0
+    held_bytes = 0  # inputs and constants (their whole storages): live throughout
 
     def fake(t: Any) -> Any:
         """A fake view like `t` over a fake storage as large as t's (made directly: torch's
@@ -211,7 +210,6 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
             bases[real] = torch.empty(nbytes // t.dtype.itemsize, dtype=t.dtype, device=t.device)
             key = StorageWeakRef(bases[real].untyped_storage())
             storage_bytes[key] = nbytes
-            held.add(key)
             held_bytes += nbytes
         return torch.ops.aten.as_strided.default(bases[real], t.shape, t.stride(), t.storage_offset())
 
