@@ -54,7 +54,8 @@ import torch.fx
 from aotpipe.format import limits
 from aotpipe.format.records import RawJson
 from aotpipe.artifact.checked import (RUN_CHECKED_ALLOCS, RUN_CHECKED_OUTPUTS, RUN_CHECKED_VIEWS, RUNTIME_BOUNDED,
-                                     aliases_inputs, checked_twin, expected_outputs)
+                                     aliases_inputs, checked_twin, expected_outputs,
+                                     how_to_raise_tensor_limit)
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph
 from aotpipe.errors import ArtifactError, LimitError, exception_line
@@ -181,9 +182,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     refuse = _Refusal(where)
     lim = limits.current()
     tensor_limit, total_limit = lim.tensor_bytes, lim.max_bytes
-    # --max-bytes raises the per-tensor limit only where no max_tensor_bytes is set apart
-    raise_tensor_limit = (limits.ENV["max_tensor_bytes"] if lim.max_tensor_bytes is not None
-                          else f"{limits.ENV['max_bytes']} or --max-bytes")
+    raise_tensor_limit = how_to_raise_tensor_limit(lim)
     shape_env = ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=False, static_shapes=True)
 
@@ -277,7 +276,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                                               f"these inputs: {exception_line(e)}") from None
                     assumed[node.name] = expected_outputs(value)
                 if target in RUNTIME_BOUNDED:
-                    _bound_by_limit(node, value, shape_env, tensor_limit, refuse)
+                    _bound_by_limit(node, value, shape_env, tensor_limit, refuse, raise_tensor_limit)
                 if isinstance(value, torch.Tensor) and value.layout == torch.strided \
                         and StorageWeakRef(value.untyped_storage()) not in storage_bytes and node.name not in assumed:
                     value = _as_recorded(node, value)
@@ -459,7 +458,8 @@ def _assumed_outputs(target: Any, args: tuple, kwargs: dict, shape_env: Any) -> 
     return torch.utils._pytree.tree_unflatten(made, first_spec)
 
 
-def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int, refuse: _Refusal) -> None:
+def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int, refuse: _Refusal,
+                    how_to_raise: str) -> None:
     """An op whose output size comes from values (bincount): its checked form refuses, when
     it runs, a size over the per-tensor limit, so that limit bounds it here; a lower bound
     already over it (a literal minlength) is refused now."""
@@ -472,8 +472,7 @@ def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int,
             if low.is_finite and int(low) > most:
                 raise refuse.node(node, f"makes at least {int(low):,} elements of "
                                         f"{str(t.dtype).removeprefix('torch.')}, over the limit of "
-                                        f"{limits.human(limit)} (raise it with AOTPIPE_MAX_BYTES or --max-bytes)",
-                                  LimitError)
+                                        f"{limits.human(limit)} (raise it with {how_to_raise})", LimitError)
             _constrain_range_for_size(s, min=0, max=most)
 
 

@@ -318,7 +318,13 @@ def test_a_literal_minlength_at_the_per_tensor_limit_is_allowed():
 def test_a_literal_minlength_one_element_over_the_per_tensor_limit_is_refused():
     msg = refusal(_bincount(125), [torch.tensor([1, 2])], LimitError, max_tensor_bytes=999)
     assert msg == (f"{WHERE}: node 'b' (aten.bincount.default) makes at least 125 elements of int64, over the limit "
-                   f"of 999 bytes (raise it with AOTPIPE_MAX_BYTES or --max-bytes){REFUSED}")
+                   f"of 999 bytes (raise it with AOTPIPE_MAX_TENSOR_BYTES){REFUSED}")
+
+
+def test_a_literal_minlength_over_max_bytes_alone_says_max_bytes_raises_it():
+    msg = refusal(_bincount(125), [torch.tensor([1, 2])], LimitError, max_bytes=999)
+    assert msg.endswith("makes at least 125 elements of int64, over the limit of 999 bytes (raise it with "
+                        f"AOTPIPE_MAX_BYTES or --max-bytes){REFUSED}"), msg
 
 
 def test_a_size_bounded_by_the_limit_its_checked_form_enforces_is_counted_at_that_bound():
