@@ -717,3 +717,67 @@ def test_no_record_leaves_the_value():
     value = torch.empty(2)
     g = torch.fx.Graph()
     assert precheck._as_recorded(g.placeholder("n"), value) is value
+
+
+def test_a_tensor_of_exactly_eight_dimensions_is_described_whole():
+    g = Graph("x")
+    gm = g.module(g.op("z", aten.zeros.default, [1] * 7 + [200], dtype=torch.float32))
+    msg = refusal(gm, [torch.zeros(1)], LimitError, max_tensor_bytes=400)
+    assert "makes a float32[1, 1, 1, 1, 1, 1, 1, 200] tensor, which needs 800 bytes" in msg, msg
+
+
+def test_inputs_viewing_one_storage_through_two_tensors_count_it_once_and_a_copy_is_checked_afresh():
+    g = Graph("a", "b")
+    gm = g.module(g.op("s", aten.add.Tensor, *g.inputs))
+    precheck.mark(gm, WHERE)
+    base = torch.zeros(8)
+    _runnable(gm, [base, base[:]], max_bytes=64)
+    assert "would hold 96 bytes" in _refused_at_run(gm, [base, base.clone()], max_bytes=64)
+
+
+def test_a_layout_that_differs_only_by_its_strides_is_checked_afresh():
+    g = Graph("x")
+    gm = g.module(g.op("v", aten.view.default, g.inputs[0], [16]))
+    precheck.mark(gm, WHERE)
+    _runnable(gm, [torch.zeros(4, 4)])
+    with pytest.raises(precheck.GraphWillNotRun, match="node 'v' \\(aten.view.default\\) does not run"):
+        _runnable(gm, [torch.zeros(4, 4).t()])
+
+
+def test_a_sparse_input_to_a_marked_graph_is_refused_in_one_line():
+    gm = _chain()
+    precheck.mark(gm, WHERE)
+    with pytest.raises(ArtifactError, match="an input or constant is not a dense tensor"):
+        _runnable(gm, [torch.zeros(16).to_sparse()])
+
+
+def test_the_outputs_assumed_keep_the_ops_dtype_and_device():
+    g = Graph("n", "x")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    p = g.op("p", aten.constant_pad_nd.default, g.inputs[1], pad=[0, u])  # the pad given by keyword
+    gm = check(g.module(g.op("s", aten.add.Tensor, p, 1.0)), [torch.tensor(3), torch.zeros(2, 8, dtype=torch.float64)])
+    assert gm.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float64", (2, None)),)}
+    g = Graph("n", "x")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    p = g.op("p", aten.constant_pad_nd.default, g.inputs[1], [0, u])
+    meta = g.module(g.op("s", aten.add.Tensor, p, g.op("y", aten.sum.default, g.inputs[1])))
+    check(meta, [torch.tensor(3), torch.zeros(2, 8, device="meta")])  # p on meta, as the pad of a meta tensor
+
+
+def test_the_outputs_assumed_of_a_run_sized_input_keep_its_dtype_device_and_strides():
+    g = Graph("n", "x")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    z = g.op("z", aten.zeros.default, [2, u], dtype=torch.float64, device=torch.device("meta"))
+    p = g.op("p", aten.constant_pad_nd.default, z, [1, 1])
+    gm = check(g.module(g.op("s", aten.add.Tensor, p, g.op("y", aten.sum.default, g.inputs[1]))),
+               [torch.tensor(3), torch.zeros(2, device="meta")])
+    assert gm.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float64", (2, None)),)}
+
+
+def test_sizes_of_two_symbols_read_from_values_are_probed_together():
+    g = Graph("n", "m", "x")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    v = g.op("v", aten._local_scalar_dense.default, g.inputs[1])
+    gm = check(g.module(g.op("p", aten.constant_pad_nd.default, g.inputs[2], [u, v])),
+               [torch.tensor(3), torch.tensor(4), torch.zeros(2, 8)])
+    assert gm.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float32", (2, None)),)}
