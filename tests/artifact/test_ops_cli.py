@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from aotpipe.artifact import ops
 from aotpipe.cli import main
 from tests.helpers.forge import reseal
 
@@ -16,6 +17,16 @@ TINY = Path(__file__).resolve().parent.parent / "data" / "precheck_tiny" / "mlp"
 X = {"node": "x"}
 NOT_LISTED = "which is not allowed: it is not on the reviewed list of what aotpipe's capture and passes emit " \
              "(aotpipe/artifact/allowed_ops.txt)"
+
+
+@pytest.fixture(autouse=True)
+def _decided_afresh():
+    """Each test sees the allow-list decide, not a cache an earlier caller filled."""
+    for cached in (ops._resolve, ops._resolve_trusted, ops.listed):
+        cached.cache_clear()
+    yield
+    for cached in (ops._resolve, ops._resolve_trusted, ops.listed):
+        cached.cache_clear()
 
 
 @pytest.fixture()
