@@ -781,3 +781,12 @@ def test_sizes_of_two_symbols_read_from_values_are_probed_together():
     gm = check(g.module(g.op("p", aten.constant_pad_nd.default, g.inputs[2], [u, v])),
                [torch.tensor(3), torch.tensor(4), torch.zeros(2, 8)])
     assert gm.meta[precheck.RUN_CHECKED_OUTPUTS] == {"p": (("float32", (2, None)),)}
+
+
+def test_a_float_input_equal_to_an_int_input_is_another_layout():
+    # arange to 100.0 makes 100 float32s (400 bytes), to 100 makes 100 int64s (800)
+    g = Graph("n")
+    gm = g.module(g.op("r", aten.arange.start_step, 0, g.inputs[0], 1))
+    precheck.mark(gm, WHERE)
+    _runnable(gm, [100.0], max_tensor_bytes=400)
+    assert "makes a int64[100] tensor, which needs 800 bytes" in _refused_at_run(gm, [100], max_tensor_bytes=400)
