@@ -189,7 +189,8 @@ def test_an_out_argument_free_string_or_storage_makes_an_op_unsafe():
     ("operator.or_", (True, False), True), ("torch.sym_not", (True,), False), ("torch.sym_ite", (True, 4, 5), 4),
 ])
 def test_size_arithmetic_computes_what_python_computes(name, args, want):
-    fn = resolve_op(name)
+    assert resolve_op(name) is ops.PYTHON_CALLABLES[name]
+    fn = ops.checked_size_arithmetic(name)  # made afresh: PYTHON_CALLABLES' were made at import
     got = fn(*args)
     assert got == want and type(got) is type(want)
     assert fn.__name__ == f"checked_{name.replace('.', '_')}" and op_name(fn) == name
@@ -207,19 +208,19 @@ def test_size_arithmetic_computes_what_python_computes(name, args, want):
 def test_size_arithmetic_on_anything_but_sizes_and_conditions_is_refused_uncomputed(name, args, got):
     kinds = ", ".join(ops.SIZE_ARITHMETIC[name][1])
     with pytest.raises(ArtifactError) as e:
-        resolve_op(name)(*args)
+        ops.checked_size_arithmetic(name)(*args)
     assert str(e.value) == f"{name} takes ({kinds}) (sizes and conditions), got ({got}); not computed"
 
 
 def test_size_arithmetic_up_to_the_int64_bound_is_allowed_and_past_it_refused():
-    add, sub = resolve_op("operator.add"), resolve_op("operator.sub")
+    add, sub = ops.checked_size_arithmetic("operator.add"), ops.checked_size_arithmetic("operator.sub")
     assert add(2 ** 63 - 2, 1) == 2 ** 63 - 1
     assert sub(-(2 ** 63 - 2), 1) == -(2 ** 63 - 1)
     with pytest.raises(ArtifactError) as e:
         add(2 ** 63 - 1, 1)
     assert str(e.value) == "operator.add of sizes gave 9223372036854775808..., beyond an int64"
     with pytest.raises(ArtifactError, match=r"^operator.mul of sizes gave 212676479325586539664609129644\.\.\., "):
-        resolve_op("operator.mul")(2 ** 62, 2 ** 62)
+        ops.checked_size_arithmetic("operator.mul")(2 ** 62, 2 ** 62)
     with pytest.raises(ArtifactError, match="beyond an int64"):
         sub(-(2 ** 63 - 1), 2)
 
