@@ -274,7 +274,8 @@ def test_string_arguments_of_other_ops_are_not_held_here():
 
 
 @pytest.mark.parametrize("args,kwargs", [([None, "sum", None, None, None, 0, True], {}),
-                                         ([None, "sum"], {"unsafe": True})])
+                                         ([None, "sum"], {"unsafe": True}),
+                                         ([None, "sum", None, None, None, 0], {"unsafe": True})])
 def test_an_argument_that_switches_a_kernels_checks_off_is_refused(args, kwargs):
     with pytest.raises(ArtifactError) as e:
         ops.check_unsafe_flags(aten.segment_reduce.default, args, kwargs, "node 's'")
