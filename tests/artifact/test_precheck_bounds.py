@@ -696,6 +696,8 @@ def test_a_dense_layout_recorded_for_a_node_is_taken():
     assert out.shape == value.shape and out.stride() == (60, 1, 15, 3) and out.dtype == value.dtype
     out = precheck._as_recorded(_recorded([2, 1, 4], [4, 99, 1]), torch.empty(2, 1, 4))  # a size-1 dim's stride
     assert out.stride() == (4, 99, 1)
+    out = precheck._as_recorded(_recorded([2, 1, 4], [4, 0, 1]), torch.empty(2, 1, 4))  # a stride of 0 there too
+    assert out.stride() == (4, 0, 1)
 
 
 @pytest.mark.parametrize("shape,stride", [
