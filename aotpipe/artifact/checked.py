@@ -577,11 +577,19 @@ def _segment_reduce_backward(a: dict[str, Any]) -> Optional[str]:
     return None
 
 
+def how_to_raise_tensor_limit(lim: limits.Limits) -> str:
+    """What raises the per-tensor limit: --max-bytes only where no max_tensor_bytes is set apart."""
+    if lim.max_tensor_bytes is not None:
+        return limits.ENV["max_tensor_bytes"]
+    return f"{limits.ENV['max_bytes']} or --max-bytes"
+
+
 def _bounded_size(n: int, itemsize: int, what: str) -> Optional[str]:
-    limit = limits.current().tensor_bytes
+    lim = limits.current()
+    limit = lim.tensor_bytes
     if n * itemsize > limit:
         return (f"{what} makes {n:,} elements ({limits.human(n * itemsize)}), over the limit of "
-                f"{limits.human(limit)} (raise it with AOTPIPE_MAX_BYTES or --max-bytes)")
+                f"{limits.human(limit)} (raise it with {how_to_raise_tensor_limit(lim)})")
     return None
 
 

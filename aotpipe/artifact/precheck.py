@@ -47,13 +47,15 @@ import logging
 import weakref
 from typing import Any, Optional
 
+import sympy
 import torch
 import torch.fx
 
 from aotpipe.format import limits
 from aotpipe.format.records import RawJson
 from aotpipe.artifact.checked import (RUN_CHECKED_ALLOCS, RUN_CHECKED_OUTPUTS, RUN_CHECKED_VIEWS, RUNTIME_BOUNDED,
-                                     aliases_inputs, checked_twin, expected_outputs)
+                                     aliases_inputs, checked_twin, expected_outputs,
+                                     how_to_raise_tensor_limit)
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph
 from aotpipe.errors import ArtifactError, LimitError, exception_line
@@ -180,18 +182,17 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
     refuse = _Refusal(where)
     lim = limits.current()
     tensor_limit, total_limit = lim.tensor_bytes, lim.max_bytes
-    tensor_name = "max_tensor_bytes" if lim.max_tensor_bytes is not None else "max_bytes"
+    raise_tensor_limit = how_to_raise_tensor_limit(lim)
     shape_env = ShapeEnv()
     mode = FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=False, static_shapes=True)
 
     storage_bytes: dict[Any, int] = {}  # every storage seen, at the size it was made with
-    held: set[Any] = set()  # storages of inputs and constants: live throughout
     refs: dict[Any, int] = {}  # intermediate storage -> live node values referencing it
     node_storages: dict[torch.fx.Node, list[Any]] = {}
     live = 0
 
     bases: dict[Any, torch.Tensor] = {}  # (real storage, dtype) -> a fake tensor over all of it
-    held_bytes = 0
+    held_bytes = 0  # inputs and constants (their whole storages): live throughout
 
     def fake(t: Any) -> Any:
         """A fake view like `t` over a fake storage as large as t's (made directly: torch's
@@ -208,7 +209,6 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
             bases[real] = torch.empty(nbytes // t.dtype.itemsize, dtype=t.dtype, device=t.device)
             key = StorageWeakRef(bases[real].untyped_storage())
             storage_bytes[key] = nbytes
-            held.add(key)
             held_bytes += nbytes
         return torch.ops.aten.as_strided.default(bases[real], t.shape, t.stride(), t.storage_offset())
 
@@ -276,9 +276,9 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                                               f"these inputs: {exception_line(e)}") from None
                     assumed[node.name] = expected_outputs(value)
                 if target in RUNTIME_BOUNDED:
-                    _bound_by_limit(node, value, shape_env, tensor_limit, refuse)
-                if isinstance(value, torch.Tensor) and StorageWeakRef(value.untyped_storage()) not in storage_bytes \
-                        and node.name not in assumed:
+                    _bound_by_limit(node, value, shape_env, tensor_limit, refuse, raise_tensor_limit)
+                if isinstance(value, torch.Tensor) and value.layout == torch.strided \
+                        and StorageWeakRef(value.untyped_storage()) not in storage_bytes and node.name not in assumed:
                     value = _as_recorded(node, value)
                 env[node] = value
                 mine = []
@@ -303,7 +303,7 @@ def check_graph(gm: torch.fx.GraphModule, inputs: list[Any], where: str = "graph
                         if nbytes > tensor_limit:
                             raise refuse.node(node, f"makes {_describe(t)}, which needs {limits.human(nbytes)}, "
                                                     f"over the limit of {limits.human(tensor_limit)} (raise it "
-                                                    f"with {limits.ENV[tensor_name]} or --max-bytes)", LimitError)
+                                                    f"with {raise_tensor_limit})", LimitError)
                         refs[key] = 0
                         live += nbytes
                     if storage_bytes[key] is None:  # a view of a tensor only the run sizes
@@ -429,7 +429,8 @@ def _assumed_outputs(target: Any, args: tuple, kwargs: dict, shape_env: Any) -> 
 
     outs = []
     for probe in _PROBES:
-        values = {s: probe(i) for i, s in enumerate(symbols)}
+        # sympy's integers: a size that is one symbol alone (a pad by u0) becomes one, not a Python int
+        values = {s: sympy.Integer(probe(i)) for i, s in enumerate(symbols)}
         try:
             a, k = torch.utils._pytree.tree_unflatten([concrete(x, values) for x in leaves], spec)
             outs.append(torch.utils._pytree.tree_flatten(target(*a, **k)))
@@ -457,7 +458,8 @@ def _assumed_outputs(target: Any, args: tuple, kwargs: dict, shape_env: Any) -> 
     return torch.utils._pytree.tree_unflatten(made, first_spec)
 
 
-def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int, refuse: _Refusal) -> None:
+def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int, refuse: _Refusal,
+                    how_to_raise: str) -> None:
     """An op whose output size comes from values (bincount): its checked form refuses, when
     it runs, a size over the per-tensor limit, so that limit bounds it here; a lower bound
     already over it (a literal minlength) is refused now."""
@@ -470,8 +472,7 @@ def _bound_by_limit(node: torch.fx.Node, value: Any, shape_env: Any, limit: int,
             if low.is_finite and int(low) > most:
                 raise refuse.node(node, f"makes at least {int(low):,} elements of "
                                         f"{str(t.dtype).removeprefix('torch.')}, over the limit of "
-                                        f"{limits.human(limit)} (raise it with AOTPIPE_MAX_BYTES or --max-bytes)",
-                                  LimitError)
+                                        f"{limits.human(limit)} (raise it with {how_to_raise})", LimitError)
             _constrain_range_for_size(s, min=0, max=most)
 
 
