@@ -37,11 +37,17 @@ from aotpipe.replay.run import (
     SAME_RTOL,
     GraphReplay,
     OutputError,
+    _label,
+    _numel,
+    _same_shape,
     _subgraph,
     chain_key,
     chain_problems,
     compare_recorded,
+    copy_mutations_back,
+    expand_outputs,
     first_divergence,
+    recorded_threads,
 )
 from tests.helpers.forge import reseal
 
@@ -56,17 +62,38 @@ def _rewrite(folder: Path, rel: str, edit) -> None:
     p.write_text(json.dumps(data))
 
 
-@pytest.fixture()
-def tiny(tmp_path) -> Path:
-    """A copy of the tiny artefact that says it was made here (this machine's environment at
-    one thread, the count it records): its bits must match."""
+def made_here(tmp_path: Path, kinds=("inference", "forward", "backward", "joint")) -> Path:
+    """A copy of the tiny artefact with only the graphs `kinds`, that says it was made here
+    (this machine's environment at one thread, the count it records): its bits must match."""
     dst = tmp_path / "tiny"
     shutil.copytree(TINY, dst)
     with intra_op_threads(1):
         env = environment().model_dump(mode="json")
-    _rewrite(dst, "manifest.json", lambda m: m.update(environment=env))
+
+    def edit(m):
+        m["environment"] = env
+        for k in [k for k in m["graphs"] if k not in kinds]:
+            shutil.rmtree(dst / m["graphs"].pop(k)["folder"])
+            m["verification"].pop(k, None)
+        if "forward" not in kinds:
+            m["partition"] = None
+            m["verification"].pop("chain", None)
+        m["files"] = {f: h for f, h in m["files"].items() if (dst / f).exists()}
+    _rewrite(dst, "manifest.json", edit)
     assert reseal(dst)
     return dst
+
+
+@pytest.fixture()
+def tiny(tmp_path) -> Path:
+    """The tiny artefact's inference graph alone (loads in a third of the time), made here."""
+    return made_here(tmp_path, ("inference",))
+
+
+@pytest.fixture()
+def tiny_all(tmp_path) -> Path:
+    """The tiny artefact with its four graphs, made here."""
+    return made_here(tmp_path)
 
 
 class Gives(torch.nn.Module):
@@ -108,8 +135,8 @@ def with_first(y: torch.Tensor, value: float) -> torch.Tensor:
 # --- the tiny artefact as it is -------------------------------------------------------------
 
 
-def test_where_it_was_made_every_graph_matches_bit_for_bit(tiny):
-    results = replay(tiny)
+def test_where_it_was_made_every_graph_matches_bit_for_bit(tiny_all):
+    results = replay(tiny_all)
     assert [(r.kind, r.status, r.bit_identical, r.environment) for r in results] == \
         [(k, "match", True, []) for k in ("inference", "forward", "backward", "joint")]
     assert all(r.ok and r.max_abs_error == 0.0 and r.mismatches == [] and r.errors == [] for r in results)
@@ -542,8 +569,9 @@ def test_a_graph_that_raises_is_an_error_with_its_reason(tiny):
     ga, _ = inference(tiny)
     for e in (RuntimeError("boom\nmore"), ValueError("bad value")):
         ga.built = Raises(e)
-        r = replay_graph(ga)
-        assert (r.status, r.error, r.ok) == ("error", f"{type(e).__name__}: {str(e).splitlines()[0]}", False)
+        for device in (None, "cpu"):
+            r = replay_graph(ga, device=device)
+            assert (r.status, r.error, r.ok) == ("error", f"{type(e).__name__}: {str(e).splitlines()[0]}", False)
     ga.built = Raises(ArtifactError("the artefact's own problem"))
     with pytest.raises(ArtifactError, match="the artefact's own problem"):
         replay_graph(ga)
@@ -732,23 +760,23 @@ def test_json_says_inf_for_an_infinite_error_or_bound():
 # --- replay: the artefact's graphs, at its recorded thread count ---------------------------------
 
 
-def test_an_unknown_graph_or_thread_count_is_a_user_error_naming_what_there_is(tiny):
+def test_an_unknown_graph_or_thread_count_is_a_user_error_naming_what_there_is(tiny_all):
     with pytest.raises(ArtifactError, match=r": no bogus, other graph; it has inference, forward, backward, joint$"):
-        replay(tiny, graphs=["inference", "bogus", "other"])
+        replay(tiny_all, graphs=["inference", "bogus", "other"])
     with pytest.raises(ArtifactError, match=r"^--threads must be at least 1, got 0$"):
-        replay(tiny, threads=0)
+        replay(tiny_all, threads=0)
     with pytest.raises(ArtifactError, match=r"^--device: 'nowhere' is not a device"):
-        replay(tiny, device="nowhere")
-    (r,) = replay(tiny, graphs=["inference"], threads=1)
+        replay(tiny_all, device="nowhere")
+    (r,) = replay(tiny_all, graphs=["inference"], threads=1)
     assert r.status == "match"
 
 
-def test_graphs_captured_without_saved_values_replay_on_random_inputs(tiny):
-    _rewrite(tiny, "tiny_inference_0/inputs.json", lambda rec: rec.update(values="none"))
-    assert reseal(tiny)
-    assert [(r.kind, r.inputs, r.status) for r in replay(tiny, graphs=["inference", "forward"])] == \
+def test_graphs_captured_without_saved_values_replay_on_random_inputs(tiny_all):
+    _rewrite(tiny_all, "tiny_inference_0/inputs.json", lambda rec: rec.update(values="none"))
+    assert reseal(tiny_all)
+    assert [(r.kind, r.inputs, r.status) for r in replay(tiny_all, graphs=["inference", "forward"])] == \
         [("inference", "random", "ran"), ("forward", "random", "ran")]
-    (r,) = replay(tiny, graphs=["forward"])
+    (r,) = replay(tiny_all, graphs=["forward"])
     assert (r.inputs, r.status) == ("saved", "match")
 
 
@@ -782,8 +810,8 @@ def cli(*args):
     return r.exit_code, json.loads(r.output) if r.output.startswith("{") else r.output
 
 
-def test_cli_match_exits_0_with_each_graphs_verdict(tiny):
-    code, out = cli(tiny, "--graph", "inference", "--graph", "joint")
+def test_cli_match_exits_0_with_each_graphs_verdict(tiny_all):
+    code, out = cli(tiny_all, "--graph", "inference", "--graph", "joint")
     assert code == 0 and out["ok"] is True
     assert [(g["kind"], g["status"], g["bit_identical"], g["environment"]) for g in out["graphs"]] == \
         [("inference", "match", True, []), ("joint", "match", True, [])]
@@ -835,27 +863,27 @@ def test_cli_prints_the_verdict_and_the_worst_output(tiny):
 # --- the chain: forward then backward, against the joint graph and the eager model -----------------
 
 
-def test_the_chain_matches_the_joint_graph_and_counts_what_it_compared(tiny):
-    c = replay_chain(load(tiny), rebuild_source=False)
+def test_the_chain_matches_the_joint_graph_and_counts_what_it_compared(tiny_all):
+    c = replay_chain(load(tiny_all), rebuild_source=False)
     assert (c.status, c.compared, c.max_abs_error_vs_joint, c.problems) == ("match", 2, 0.0, [])
     assert (c.max_abs_error_vs_eager, c.eager_within_tolerance) == (None, None)
     assert c.to_json() == {"status": "match", "compared": 2, "max_abs_error_vs_joint": 0.0,
                            "max_abs_error_vs_eager": None, "eager_within_tolerance": None, "problems": []}
 
 
-def test_the_chain_checks_the_gradients_against_the_eager_model_when_it_can_be_rebuilt(tiny, monkeypatch):
+def test_the_chain_checks_the_gradients_against_the_eager_model_when_it_can_be_rebuilt(tiny_all, monkeypatch):
     monkeypatch.syspath_prepend(str(TINY.parent))
-    c = replay_chain(tiny, trust_code=True)
+    c = replay_chain(tiny_all, trust_code=True)
     assert (c.status, c.eager_within_tolerance, c.problems) == ("match", True, [])
     assert c.max_abs_error_vs_eager is not None and c.max_abs_error_vs_eager <= 1e-6
     # without trusting the artefact's code, its source is not rebuilt
-    c = replay_chain(tiny)
+    c = replay_chain(tiny_all)
     assert (c.status, c.max_abs_error_vs_eager, c.eager_within_tolerance) == ("match", None, None)
 
 
-def test_a_gradient_off_the_joint_graphs_and_the_eager_models_is_a_mismatch_naming_it(tiny, monkeypatch):
+def test_a_gradient_off_the_joint_graphs_and_the_eager_models_is_a_mismatch_naming_it(tiny_all, monkeypatch):
     monkeypatch.syspath_prepend(str(TINY.parent))
-    art = load(tiny)
+    art = load(tiny_all)
     bw = art.graphs["backward"]
     fw_out = run_graph(art.graphs["forward"].module, art.graphs["forward"].saved_inputs())
     grad = run_graph(bw.module, bw.saved_inputs(forward_outputs=fw_out))[0]
@@ -868,8 +896,8 @@ def test_a_gradient_off_the_joint_graphs_and_the_eager_models_is_a_mismatch_nami
     assert c.max_abs_error_vs_eager == pytest.approx(0.5, abs=1e-6)
 
 
-def test_a_forward_output_off_the_joint_graphs_is_a_mismatch(tiny):
-    art = load(tiny)
+def test_a_forward_output_off_the_joint_graphs_is_a_mismatch(tiny_all):
+    art = load(tiny_all)
     fw = art.graphs["forward"]
     outs = run_graph(fw.module, fw.saved_inputs())
     fw.built = Gives(outs[0] + 0.25, *outs[1:])
@@ -895,42 +923,42 @@ def test_chain_problems_count_and_name_missing_forward_outputs():
     assert (worst, compared) == (4.0, 4)
 
 
-def test_graphs_that_do_not_run_give_a_chain_error(tiny):
+def test_graphs_that_do_not_run_give_a_chain_error(tiny_all):
     class Raises(torch.nn.Module):
         def forward(self, *inputs):
             raise RuntimeError("cannot run")
 
-    art = load(tiny)
+    art = load(tiny_all)
     art.graphs["joint"].built = Raises()
     c = replay_chain(art, rebuild_source=False)
     assert (c.status, c.compared, c.max_abs_error_vs_joint, c.problems) == \
         ("error", 0, math.inf, ["the graphs do not run: RuntimeError: cannot run"])
 
 
-def test_a_chain_without_a_joint_graph_or_partition_contract_is_a_user_error(tiny):
-    art = load(tiny)
+def test_a_chain_without_a_joint_graph_or_partition_contract_is_a_user_error(tiny_all):
+    art = load(tiny_all)
     del art.graphs["joint"]
     with pytest.raises(ArtifactError, match="the chain needs forward, backward and joint graphs; joint is missing$"):
         replay_chain(art)
-    art = load(tiny)
+    art = load(tiny_all)
     art.graphs["forward"].record.partition = None
     with pytest.raises(ArtifactError, match=r"tiny_forward_0/inputs.json: no partition contract$"):
         replay_chain(art)
 
 
-def test_an_eager_comparison_that_fails_is_a_mismatch_saying_why(tiny, monkeypatch):
+def test_an_eager_comparison_that_fails_is_a_mismatch_saying_why(tiny_all, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the model does not take these inputs")
 
     monkeypatch.setattr(replay_run, "rebuild_model", broken)
-    c = replay_chain(load(tiny))
+    c = replay_chain(load(tiny_all))
     assert (c.status, c.eager_within_tolerance) == ("mismatch", False)
     assert c.problems == ["the eager comparison failed: RuntimeError: the model does not take these inputs"]
 
 
-def test_the_chain_runs_at_the_recorded_thread_count_or_the_one_asked(tiny):
+def test_the_chain_runs_at_the_recorded_thread_count_or_the_one_asked(tiny_all):
     seen = []
-    art = load(tiny)
+    art = load(tiny_all)
     fw = art.graphs["forward"]
 
     class Counts(torch.nn.Module):
@@ -972,8 +1000,8 @@ def test_random_inputs_have_the_recorded_layout_and_follow_the_seed(tiny):
     assert not torch.equal(other[0], scale)
 
 
-def test_the_joint_graphs_inputs_come_nested_as_primals_and_tangents(tiny):
-    primals, tangents = get_inputs(tiny / "tiny_joint_0")
+def test_the_joint_graphs_inputs_come_nested_as_primals_and_tangents():
+    primals, tangents = get_inputs(TINY / "tiny_joint_0")
     assert [t.shape for t in primals] == [(4,), (1, 4)] and [t.shape for t in tangents] == [()]
 
 
@@ -1065,3 +1093,128 @@ def test_flat_and_nested_metadata():
     assert _flatten_meta([(int,), (float,)]) == ([(int,), (float,)], None)
     assert _flatten_meta([[(int,)], [(float,), (bool,)]]) == ([(int,), (float,), (bool,)], [1, 2])
     assert _flatten_meta([[(int,)], (float,)]) == ([[(int,)], (float,)], None)
+
+
+# --- mutated inputs copied back, repeated outputs re-expanded, shapes with free dimensions ---------
+
+
+def io_record(inputs, outputs, kind="forward"):
+    return records.parse(InputsRecord, {
+        "format_version": 3, "kind": kind, "storages": [],
+        "inputs": [{"index": i, "type": "tensor", **r} for i, r in enumerate(inputs)],
+        "outputs": [{"index": i, **r} for i, r in enumerate(outputs)]}, "inputs.json")
+
+
+def test_mutation_outputs_are_copied_into_the_inputs_they_name():
+    rec = io_record([{"name": "x", "role": "user"}, {"name": "b_running", "role": "buffer", "target": "running"}],
+                    [{"role": "mutation", "target": "running"}, {"role": "mutation", "target": "x"},
+                     {"role": "user"}, {"role": "mutation", "target": "elsewhere"}, {"role": "mutation", "target": "x"}])
+    x, running = torch.zeros(2), torch.zeros(3)
+    new_running, new_x, user = torch.full((3,), 2.0), torch.full((2,), 5.0), torch.ones(2)
+    done = copy_mutations_back(rec, [x, running], [new_running, new_x, user, torch.ones(1), 7])
+    assert done == ["running", "x"]
+    assert running.tolist() == [2.0] * 3 and x.tolist() == [5.0] * 2
+
+
+def test_a_mutation_output_that_does_not_fit_its_input_is_a_user_error():
+    rec = io_record([{"name": "x", "role": "user"}], [{"role": "mutation", "target": "x"}])
+    for inputs in ([torch.zeros(3)], [4]):
+        with pytest.raises(ArtifactError, match=r"^inputs.json: mutation output of 'x' does not fit the input it "
+                                                r"names$"):
+            copy_mutations_back(rec, inputs, [torch.zeros(2)])
+
+
+def test_repeated_outputs_are_filled_from_the_output_they_repeat():
+    rec = io_record([], [{"role": "user"}, {"role": "user", "same_as": 0}, {"role": "user", "same_as": 0},
+                         {"role": "user", "same_as": 9}])
+    a, b = torch.ones(1), torch.zeros(1)
+    assert expand_outputs(rec, [a, None, b, None]) == [a, a, b, None]
+    assert expand_outputs(rec, [a, None]) == [a, a]
+
+
+@pytest.mark.parametrize("recorded, free, same", [
+    ([2, 3], [], True), ([2, 4], [], False), ([2, 4], [1], True), ([5, 3], [1], False), ([2, 3, 1], [], False),
+    (None, [], False), ([2], [0], False),
+])
+def test_a_shape_is_the_recorded_one_but_for_its_data_dependent_dimensions(recorded, free, same):
+    assert _same_shape(torch.zeros(2, 3), recorded, free) is same
+
+
+def test_the_element_count_of_an_output_is_its_recorded_shapes():
+    rec = io_record([], [{"role": "user", "shape": [2, 5]}, {"role": "user"}]).outputs
+    assert _numel(rec[0], torch.zeros(3)) == 10
+    assert _numel(rec[1], torch.zeros(3)) == 3
+    assert _numel(rec[1], 7) == 1
+
+
+def test_outputs_are_labelled_with_their_role_and_target():
+    rec = io_record([], [{"role": "user"}, {"role": "grad", "target": "fc.weight"}]).outputs
+    assert (_label(0, rec[0]), _label(1, rec[1])) == ("output 0 (user)", "output 1 (grad fc.weight)")
+
+
+def test_the_recorded_thread_count_is_the_manifests(tiny):
+    assert recorded_threads(load(tiny)) == 1
+    art = load(tiny)
+    art.manifest = art.manifest.model_copy(update={"environment": None})
+    assert recorded_threads(art) is None
+
+
+# --- a backward's saved indices and sizes, from what the forward recorded ---------------------------
+
+
+def backward_folder(tmp_path) -> tuple[Path, InputsRecord]:
+    """A backward graph's folder (inputs.json and .input) whose saved inputs come from the forward,
+    and the forward's record: its outputs' recorded ranges and values."""
+    ints = [("idx", 0, [6], [1], None), ("own", 0, [6], [1], [100, 101]), ("far", 9, [6], [1], None),
+            ("expanded", 0, [6], [0], None), ("no_range", 3, [6], [1], None), ("empty", 4, [6], [1], None)]
+    inputs, storages, meta = [], [], []
+    for name, k, shape, stride, rng in ints:
+        inputs.append({"index": len(inputs), "name": name, "role": "saved", "source": "forward", "forward_output": k,
+                       "type": "tensor", "shape": shape, "stride": stride, "dtype": "int64", "device": "cpu",
+                       "storage_offset": 0, "storage": len(storages), "range": rng})
+        storages.append({"dtype": "int64", "device": "cpu", "numel": 1 if stride == [0] else 6, "range": rng})
+        meta.append((torch.Tensor, torch.Size(shape), tuple(stride), torch.int64, CPU))
+    for name, dtype in (("flags", "bool"), ("floats", "float32")):
+        inputs.append({"index": len(inputs), "name": name, "role": "saved", "source": "forward", "forward_output": 0,
+                       "type": "tensor", "shape": [6], "stride": [1], "dtype": dtype, "device": "cpu",
+                       "storage_offset": 0, "storage": len(storages)})
+        storages.append({"dtype": dtype, "device": "cpu", "numel": 6})
+        meta.append((torch.Tensor, torch.Size([6]), (1,), getattr(torch, dtype), CPU))
+    inputs.append({"index": len(inputs), "name": "size", "role": "saved", "source": "forward", "forward_output": 2,
+                   "type": "int"})
+    meta.append((int,))
+    inputs.append({"index": len(inputs), "name": "tangent", "role": "tangent", "source": "ones", "type": "tensor",
+                   "shape": [6], "stride": [1], "dtype": "int64", "device": "cpu", "storage_offset": 0,
+                   "storage": len(storages)})
+    storages.append({"dtype": "int64", "device": "cpu", "numel": 6})
+    meta.append((torch.Tensor, torch.Size([6]), (1,), torch.int64, CPU))
+    folder = tmp_path / "m_backward_0"
+    folder.mkdir()
+    (folder / "inputs.json").write_text(json.dumps({"format_version": 3, "kind": "backward", "values": "none",
+                                                    "storages": storages, "inputs": inputs, "outputs": []}))
+    (folder / "m_backward_0.input").write_bytes(input_meta.dumps(meta))
+    forward = records.parse(InputsRecord, {"format_version": 3, "kind": "forward", "storages": [], "inputs": [],
+                                           "outputs": [{"index": 0, "role": "saved", "range": [10, 14]},
+                                                       {"index": 1, "role": "saved"},
+                                                       {"index": 2, "role": "saved", "value": 6},
+                                                       {"index": 3, "role": "saved"},
+                                                       {"index": 4, "role": "saved", "range": [5, 5]}]}, "forward")
+    return folder, forward
+
+
+def test_a_backwards_saved_indices_are_drawn_in_the_range_the_forwards_output_had(tmp_path):
+    folder, forward = backward_folder(tmp_path)
+    idx, own, far, expanded, no_range, empty, flags, floats, size, tangent = get_inputs(folder, seed=1, forward=forward)
+    assert set(idx.tolist()) <= {10, 11, 12, 13} and len(set(idx.tolist())) > 1
+    assert own.tolist() == [100] * 6  # its own recorded range
+    for t in (far, expanded, no_range, empty, tangent):  # nothing the forward recorded: [0, 2)
+        assert set(t.tolist()) <= {0, 1}, t
+    assert flags.dtype == torch.bool and floats.dtype == torch.float32
+    assert not torch.equal(floats, floats.round())  # N(0, 1), not indices
+    assert size == 6 and type(size) is int
+
+
+def test_without_the_forwards_record_a_backwards_saved_size_cannot_be_drawn(tmp_path):
+    folder, _ = backward_folder(tmp_path)
+    with pytest.raises(ArtifactError, match=r"^input 'size' \(int\) is a value the forward graph computes"):
+        get_inputs(folder)
