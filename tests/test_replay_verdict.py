@@ -25,9 +25,9 @@ from aotpipe.artifact.blobs import encode
 from aotpipe.artifact.load import Expected, load
 from aotpipe.cli import main
 from aotpipe.determinism import environment, intra_op_threads
-from aotpipe.errors import ArtifactError
+from aotpipe.errors import ArtifactError, LimitError
 from aotpipe.execution import run_graph
-from aotpipe.format import records
+from aotpipe.format import limits, records
 from aotpipe.format.records import InputsRecord
 from aotpipe.replay import get_inputs, replay, replay_chain, replay_graph
 from aotpipe.replay.inputs import _entry_record, _flatten_meta
@@ -37,6 +37,8 @@ from aotpipe.replay.run import (
     SAME_RTOL,
     GraphReplay,
     OutputError,
+    _departs,
+    _grad64,
     _label,
     _numel,
     _same_shape,
@@ -527,6 +529,16 @@ def test_v2_sums_further_apart_than_the_sample_times_the_bound_are_a_mismatch(ke
         assert problems[0].endswith(f"over 4 times the element-wise bound {bound:.3g}")
 
 
+def test_v2_sums_exactly_the_sample_times_the_bound_apart_are_still_float_noise():
+    t = torch.tensor([[1.0, -1.0], [2.0, -2.0]])  # sum 0: the recorded sum is the slack itself, exactly
+    slack = 4 * evidence.bound(t, None)[0]
+    s = accuracy.sampled_summary(t)
+    unjudged: list[str] = []
+    assert v2(t, s.model_copy(update={"sum": slack}), unjudged)[0] == [] and len(unjudged) == 1
+    nudged = math.nextafter(slack, math.inf)
+    assert len(v2(t, s.model_copy(update={"sum": nudged}), [])[0]) == 1
+
+
 def test_v2_a_changed_layout_or_an_integer_output_is_a_mismatch():
     s = accuracy.sampled_summary(T)
     problems, _, _ = v2(T.t(), s, [])
@@ -720,6 +732,15 @@ def test_a_node_departs_when_its_sums_are_more_than_rtol_of_their_absolute_sum_a
     scale, x = ga.saved_inputs()
     x.mul_(1 + 1e-5)
     assert (first_divergence(ga, [scale, x], rtol) is not None) is named
+
+
+def test_a_node_whose_absolute_sum_departs_says_so_in_words():
+    def summary(sum_, abs_sum):
+        return records.Summary(shape=[4], stride=[1], dtype="float32", sum=sum_, abs_sum=abs_sum, nonfinite=0)
+    assert _departs(summary(1.0, 3.0), summary(1.0, 5.0), SAME_RTOL) == \
+        "absolute sum of its sampled elements 3, recorded 5"
+    assert _departs(summary(2.0, 5.0), summary(1.0, 5.0), SAME_RTOL) == "sum of its sampled elements 2, recorded 1"
+    assert _departs(summary(1.0, 5.0), summary(1.0, 5.0), SAME_RTOL) is None
 
 
 def test_no_trace_or_no_graph_module_names_no_node(tiny):
@@ -1019,6 +1040,18 @@ def test_the_chain_runs_at_the_recorded_thread_count_or_the_one_asked(tiny_all):
     assert seen == [1, 2]
 
 
+def test_the_float64_reference_of_a_gradient_is_the_float64_training_runs():
+    g = torch.ones(2, dtype=torch.float64)
+
+    class Reference:
+        def run(self, mode, fp64=False):
+            return SimpleNamespace(grads={"w": g}) if (mode, fp64) == ("training", True) else None
+
+    assert _grad64(Reference(), "w") is g
+    assert _grad64(Reference(), "b") is None
+    assert _grad64(SimpleNamespace(run=lambda mode, fp64=False: None), "w") is None
+
+
 def test_chain_keys_and_problem_prefixes_name_the_subgraph():
     assert [chain_key(i) for i in (0, 1, 2)] == ["chain", "chain_1", "chain_2"]
     assert _subgraph(0, {0: {}}) == ""
@@ -1040,11 +1073,34 @@ def test_random_inputs_have_the_recorded_layout_and_follow_the_seed(tiny):
     assert torch.equal(scale, torch.randn(4, generator=g)) and torch.equal(x.reshape(-1), torch.randn(4, generator=g))
     other = get_inputs(folder, seed=6)
     assert not torch.equal(other[0], scale)
+    assert all(torch.equal(a, b) for a, b in zip(get_inputs(folder), get_inputs(folder, seed=0)))
 
 
 def test_the_joint_graphs_inputs_come_nested_as_primals_and_tangents():
     primals, tangents = get_inputs(TINY / "tiny_joint_0")
     assert [t.shape for t in primals] == [(4,), (1, 4)] and [t.shape for t in tangents] == [()]
+
+
+def test_inputs_over_the_byte_limit_are_refused_naming_the_record_they_come_from(tmp_path):
+    with limits.override(max_bytes=16):
+        with pytest.raises(LimitError, match=r"tiny_inference_0/inputs.json: its inputs need 32 bytes in all"):
+            get_inputs(TINY / "tiny_inference_0")
+        bare = dumper_file(tmp_path, [(torch.Tensor, torch.Size([8]), (1,), torch.float32, CPU)])
+        with pytest.raises(LimitError, match=rf"^{bare}: its inputs: storage 0: float32\[8\] needs 32 bytes"):
+            get_inputs(bare)
+
+
+def test_a_joint_graph_comes_nested_by_its_record_or_else_by_its_input_file(tmp_path):
+    for drop in ("record", "file"):
+        folder = tmp_path / drop / "tiny_joint_0"
+        shutil.copytree(TINY / "tiny_joint_0", folder)
+        if drop == "record":
+            _rewrite(folder, "inputs.json", lambda rec: rec.update(groups=None))
+        else:
+            p = folder / "tiny_joint_0.input"
+            p.write_bytes(input_meta.dumps(_flatten_meta(input_meta.read(p))[0]))
+        primals, tangents = get_inputs(folder)
+        assert len(primals) == 2 and len(tangents) == 1, drop
 
 
 def test_random_inputs_on_another_device(tiny):
@@ -1121,6 +1177,24 @@ def test_an_input_entry_of_another_form_is_refused_naming_it(entry, message):
     with pytest.raises(ArtifactError) as e:
         _entry_record(0, entry, "g.input")
     assert str(e.value) == f"g.input: {message}"
+
+
+def test_a_long_input_entry_is_shown_cut_short():
+    with pytest.raises(ArtifactError) as e:
+        _entry_record(0, [7] * 40, "g.input")
+    assert str(e.value) == f"g.input: bad input entry {str([7] * 40)[:60]}"
+    with pytest.raises(ArtifactError) as e:
+        _entry_record(0, ("s" * 100,), "g.input")
+    assert str(e.value) == f"g.input: bad scalar entry ('{'s' * 58}"
+    with pytest.raises(ArtifactError) as e:
+        _entry_record(0, (torch.Tensor, (2,), (1,), "d" * 100, CPU), "g.input")
+    assert str(e.value) == f"g.input: bad dtype {'d' * 40}"
+
+
+def test_an_input_file_naming_a_device_the_format_does_not_know_is_refused_naming_the_entry(tmp_path):
+    p = dumper_file(tmp_path, [(int,), (torch.Tensor, torch.Size([2]), (1,), torch.float32, torch.device("vulkan"))])
+    with pytest.raises(ArtifactError, match=rf"^{p}: entry 1: field device: "):
+        get_inputs(p)
 
 
 def test_an_input_entry_becomes_the_record_inputs_json_would_hold():
@@ -1211,7 +1285,8 @@ def backward_folder(tmp_path) -> tuple[Path, InputsRecord]:
     """A backward graph's folder (inputs.json and .input) whose saved inputs come from the forward,
     and the forward's record: its outputs' recorded ranges and values."""
     ints = [("idx", 0, [N], [1], None), ("own", 0, [N], [1], [100, 101]), ("far", 9, [N], [1], None),
-            ("expanded", 0, [N], [0], None), ("no_range", 3, [N], [1], None), ("empty", 4, [N], [1], None)]
+            ("expanded", 0, [N], [0], None), ("no_range", 3, [N], [1], None), ("empty", 4, [N], [1], None),
+            ("just_past", 5, [N], [1], None)]
     inputs, storages, meta = [], [], []
     for name, k, shape, stride, rng in ints:
         inputs.append({"index": len(inputs), "name": name, "role": "saved", "source": "forward", "forward_output": k,
@@ -1228,6 +1303,11 @@ def backward_folder(tmp_path) -> tuple[Path, InputsRecord]:
     inputs.append({"index": len(inputs), "name": "size", "role": "saved", "source": "forward", "forward_output": 2,
                    "type": "int"})
     meta.append((int,))
+    inputs.append({"index": len(inputs), "name": "idx_last", "role": "saved", "source": "forward", "forward_output": 0,
+                   "type": "tensor", "shape": [N], "stride": [1], "dtype": "int32", "device": "cpu",
+                   "storage_offset": 0, "storage": len(storages)})
+    storages.append({"dtype": "int32", "device": "cpu", "numel": N})
+    meta.append((torch.Tensor, torch.Size([N]), (1,), torch.int32, CPU))
     inputs.append({"index": len(inputs), "name": "tangent", "role": "tangent", "source": "ones", "type": "tensor",
                    "shape": [N], "stride": [1], "dtype": "int64", "device": "cpu", "storage_offset": 0,
                    "storage": len(storages)})
@@ -1249,14 +1329,21 @@ def backward_folder(tmp_path) -> tuple[Path, InputsRecord]:
 
 def test_a_backwards_saved_indices_are_drawn_in_the_range_the_forwards_output_had(tmp_path):
     folder, forward = backward_folder(tmp_path)
-    idx, own, far, expanded, no_range, empty, flags, floats, size, tangent = get_inputs(folder, seed=1, forward=forward)
-    assert set(idx.tolist()) <= {10, 11, 12, 13} and len(set(idx.tolist())) > 1
+    values = get_inputs(folder, seed=1, forward=forward)
+    idx, own, far, expanded, no_range, empty, just_past, flags, floats, size, idx_last, tangent = values
+    for t in (idx, idx_last):
+        assert set(t.tolist()) <= {10, 11, 12, 13} and len(set(t.tolist())) > 1
+    assert idx_last.dtype == torch.int32
     assert own.tolist() == [100] * N  # its own recorded range
-    for t in (far, expanded, no_range, empty, tangent):  # nothing the forward recorded: [0, 2)
+    for t in (far, expanded, no_range, empty, just_past, tangent):  # nothing the forward recorded: [0, 2)
         assert set(t.tolist()) <= {0, 1}, t
     assert flags.dtype == torch.bool and floats.dtype == torch.float32
     assert not torch.equal(floats, floats.round())  # N(0, 1), not indices
     assert size == 6 and type(size) is int
+    # drawn from the seed's generator: the same seed, the same indices; another seed, others
+    again = get_inputs(folder, seed=1, forward=forward)
+    assert torch.equal(again[0], idx) and torch.equal(again[10], idx_last)
+    assert not torch.equal(get_inputs(folder, seed=2, forward=forward)[0], idx)
 
 
 def test_without_the_forwards_record_a_backwards_saved_size_cannot_be_drawn(tmp_path):
