@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import operator
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +27,7 @@ from aotpipe.artifact.load import Expected, load
 from aotpipe.cli import main
 from aotpipe.determinism import environment, intra_op_threads
 from aotpipe.errors import ArtifactError, LimitError
-from aotpipe.execution import run_graph
+from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.format import limits, records
 from aotpipe.format.records import InputsRecord
 from aotpipe.replay import get_inputs, replay, replay_chain, replay_graph
@@ -1350,3 +1351,62 @@ def test_without_the_forwards_record_a_backwards_saved_size_cannot_be_drawn(tmp_
     folder, _ = backward_folder(tmp_path)
     with pytest.raises(ArtifactError, match=r"^input 'size' \(int\) is a value the forward graph computes"):
         get_inputs(folder)
+
+
+# --- first_divergence over tuples, missing nodes and samples ------------------------------------
+
+
+def _max_then_relu(x):
+    m = torch.ops.aten.max.dim(x, 1)
+    return (operator.getitem(m, 0).relu() * 2,)
+
+
+def traced(sampled: bool, x: torch.Tensor):
+    """A graph with a tuple-valued node (max.dim), a call_method node (relu), and the trace of its
+    run on `x` (sums over samples of each node, or over all its elements)."""
+    gm = torch.fx.symbolic_trace(_max_then_relu)
+    _, got = run_with_summaries(gm, [x], accuracy.sampled_summary if sampled else accuracy.summary)
+    nodes = {k: records.TupleSummary(items=list(v)) if isinstance(v, tuple) else v for k, v in got.items()}
+    return SimpleNamespace(module=gm, trace=records.TraceRecord(format_version=3, sampled=sampled, nodes=nodes))
+
+
+X = torch.arange(64 * 128, dtype=torch.float32).reshape(64, 128).sin()  # more elements than a sample
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_trace_is_compared_over_the_elements_it_summed(sampled):
+    ga = traced(sampled, X)
+    assert first_divergence(ga, [X.clone()]) is None
+
+
+def _with(ga, name, value):
+    ga.trace.nodes[name] = value
+    return ga
+
+
+def test_a_tuple_nodes_elements_are_compared_with_the_recorded_ones_skipping_those_recorded_as_none():
+    ga = traced(True, X)
+    values, indices = ga.trace.nodes["max_dim"].items
+    off = values.model_copy(update={"sum": values.sum + 1.0})
+    assert first_divergence(_with(ga, "max_dim", records.TupleSummary(items=[off, indices])), [X]) == \
+        f"max_dim (max.dim): sum of its sampled elements {values.sum:.9g}, recorded {values.sum + 1:.9g}"
+    off_indices = indices.model_copy(update={"sum": indices.sum + 1.0})
+    assert first_divergence(_with(ga, "max_dim", records.TupleSummary(items=[None, off_indices])), [X]) \
+        .startswith("max_dim (max.dim): sum of its sampled elements ")
+
+
+def test_a_node_no_longer_a_tuple_or_now_one_pairs_with_nothing():
+    ga = traced(True, X)
+    tensor_summary = ga.trace.nodes["relu"]
+    tuple_summary = ga.trace.nodes["max_dim"]
+    _with(ga, "relu", records.TupleSummary(items=[tensor_summary]))
+    _with(ga, "max_dim", tensor_summary)
+    assert first_divergence(ga, [X]) is None
+
+
+def test_nodes_the_trace_does_not_have_are_skipped_and_later_ones_compared():
+    ga = traced(True, X)
+    del ga.trace.nodes["x"], ga.trace.nodes["max_dim"], ga.trace.nodes["getitem"]
+    relu = ga.trace.nodes["relu"]
+    _with(ga, "relu", relu.model_copy(update={"abs_sum": relu.abs_sum * 2}))
+    assert first_divergence(ga, [X]).startswith("relu (relu): absolute sum of its sampled elements ")
