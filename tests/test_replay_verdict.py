@@ -1410,3 +1410,21 @@ def test_nodes_the_trace_does_not_have_are_skipped_and_later_ones_compared():
     relu = ga.trace.nodes["relu"]
     _with(ga, "relu", relu.model_copy(update={"abs_sum": relu.abs_sum * 2}))
     assert first_divergence(ga, [X]).startswith("relu (relu): absolute sum of its sampled elements ")
+
+
+def test_every_gradient_is_compared_past_a_primal_without_one_and_a_short_forward_is_named():
+    contract = records.Partition(num_user_outputs=2, num_mutated_inputs=0, num_saved_tensors=0, num_saved_symints=0,
+                                 num_tangents=1, mutated_inputs=[], grad_of=[None, "w", "v"])
+    joint = records.parse(InputsRecord, {"format_version": 3, "kind": "joint", "storages": [], "inputs": [],
+                                         "outputs": [{"index": 0, "role": "grad", "target": "w"},
+                                                     {"index": 1, "role": "grad", "target": "v"}]}, "joint")
+    g = torch.tensor([1.0, 2.0])
+    problems, worst, compared = chain_problems(contract, [g], [None, g, g + 2], joint, [g, g, g])
+    assert problems == ["gradient of v: differs from the joint graph's (max abs error 2)",
+                        "forward output 1: missing (the partition contract names 2 forward outputs)"]
+    assert (worst, compared) == (2.0, 4)
+
+
+def test_replay_by_default_compares_saved_inputs_and_times_nothing(tiny):
+    (r,) = replay(tiny)
+    assert (r.inputs, r.status, r.bench_seconds) == ("saved", "match", None)
