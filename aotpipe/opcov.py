@@ -200,10 +200,11 @@ def supported_from_file(path: Path) -> Callable[[str], Optional[str]]:
         if not name:
             continue
         parts = name.split(".")
-        if not all(p.isidentifier() for p in parts if p != "*") or len(parts) > 3 or len(parts) < 2:
+        namespace = len(parts) == 2 and parts[1] == "*"  # `*` only as ns.* (aten.*.default once read as aten.*)
+        if not (namespace or all(p.isidentifier() for p in parts)) or len(parts) > 3 or len(parts) < 2:
             raise AotpipeError(f"{path}:{lineno}: {name[:80]!r} is not an op name; write ns.op.overload "
                                "(aten.addmm.default), ns.op (every overload) or ns.* (a namespace)")
-        if parts[1] == "*":
+        if namespace:
             namespaces.add(parts[0])
         elif len(parts) == 2:
             packets.add(name)
