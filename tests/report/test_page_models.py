@@ -4,35 +4,19 @@ files on disk now: fast tests over a small tree (tests/report/tiny.py), plots st
 import json
 import re
 import shutil
-from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 import aotpipe.htmlreport as page
 from aotpipe.cli import main
-from tests.report.tiny import copy_tree, entry, write_run
+from tests.report.tiny import copy_tree, drawn, entry, write_run  # noqa: F401 (drawn: a fixture)
+
+pytestmark = pytest.mark.usefixtures("drawn")
 
 
 def cli(*args):
     return CliRunner().invoke(main, list(map(str, args)))
-
-
-@pytest.fixture(autouse=True)
-def drawn(monkeypatch):
-    """The plots stubbed (matplotlib's drawing is most of a page's time): what each was given."""
-    calls = {}
-
-    def recorder(name):
-        def draw(data):
-            calls[name] = data
-            return f"<svg>{name}</svg>"
-        return draw
-
-    monkeypatch.setattr(page, "plots", SimpleNamespace(
-        STAGES=page.plots.STAGES, capture_vs_parameters=recorder("capture"), seconds_per_stage=recorder("stages"),
-        ratio_histogram=recorder("ratios"), bench_speedups=recorder("bench")))
-    return calls
 
 
 @pytest.fixture()

@@ -2,9 +2,14 @@
 running_norm, tests/data/format_v2) copied to a temporary folder, and a run.json written by
 report.run_record as a run writes it, from entries a test chooses. No model is captured."""
 
+import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
+
+import aotpipe.htmlreport as page
 
 from aotpipe.format.records import ModelRun, RunStamp
 from aotpipe.report import RUN_JSON, dump_run, run_record
@@ -44,3 +49,28 @@ def write_run(root: Path, entries: list[ModelRun], **fields) -> Path:
     path = root / RUN_JSON
     path.write_text(dump_run(run_record(run_result(root, entries, **fields), PIPELINE)))
     return path
+
+
+def edit_json(path: Path, change) -> None:
+    """Rewrite the JSON file `path` with `change(data)` applied to it."""
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.fixture()
+def drawn(monkeypatch):
+    """The plots stubbed (matplotlib's drawing is most of a page's time): what each was given,
+    by plot; each draws a stand-in SVG naming itself."""
+    calls = {}
+
+    def recorder(name):
+        def draw(data):
+            calls[name] = data
+            return f"<svg>{name}</svg>"
+        return draw
+
+    monkeypatch.setattr(page, "plots", SimpleNamespace(
+        STAGES=page.plots.STAGES, capture_vs_parameters=recorder("capture"), seconds_per_stage=recorder("stages"),
+        ratio_histogram=recorder("ratios"), bench_speedups=recorder("bench")))
+    return calls
