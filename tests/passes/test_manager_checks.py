@@ -317,3 +317,30 @@ def test_apply_passes_skips_a_graph_without_inputs_or_not_selected(capture, monk
     assert cap.derived == {} and out.runs == {}
     out = apply_passes(type("Spec", (), {"passes": [training, PassStep("idle", FreezeOptions())]})(), cap, inputs)
     assert list(cap.derived) == ["inference.idle"]  # the chain for inference: the steps that select it
+
+
+def addmm_alpha(alpha):
+    """A pass that scales the first addmm's product by `alpha` (the node `addmm` itself diverges)."""
+    def run(g, options):
+        n = next(n for n in g.gm.graph.nodes if n.target is aten.addmm.default)
+        n.kwargs = {**n.kwargs, "alpha": alpha}
+        return PassResult(g, modified=True)
+    return run
+
+
+def test_a_node_one_percent_off_is_named_as_where_the_results_depart(mlp, monkeypatch):
+    with pytest.raises(PassError, match=r"changed the results: .*; first diverging node: addmm \(addmm.default\): "):
+        run_chain(mlp.copy(), [register(monkeypatch, "alpha", addmm_alpha(1.01))])
+
+
+def test_outputs_on_the_meta_device_are_compared_by_shape_and_dtype():
+    from aotpipe.passes.manager import _compare
+
+    real = torch.ones(2, 3)
+    assert _compare([real], [torch.empty(2, 3, device="meta")]) == (0.0, [])
+    assert _compare([real], [torch.empty(2, 4, device="meta")]) == (
+        0.0, ["output 0: torch.float32[2, 4], was torch.float32[2, 3]"])
+    assert _compare([real], [torch.empty(2, 3, dtype=torch.float64, device="meta")])[1] == [
+        "output 0: torch.float64[2, 3], was torch.float32[2, 3]"]
+    worst, problems = _compare([real, real], [real + 0.5, real])
+    assert worst == 0.5 and len(problems) == 1 and problems[0].startswith("output 0")

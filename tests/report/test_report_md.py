@@ -2,7 +2,11 @@
 each cell and section as a person reads it, every count as a machine reads it. No model is
 captured (tests/report/tiny.py)."""
 
+import difflib
 import json
+import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -269,3 +273,51 @@ def test_write_reports_writes_run_json_and_report_md_and_names_a_folder_it_canno
     assert (tmp_path / REPORT_MD).read_text() == report_markdown(run, PIPELINE)
     with pytest.raises(OutputError, match=str(tmp_path / "gone" / RUN_JSON)):
         write_reports(run_result(tmp_path / "gone", [entry("a")]), PIPELINE)
+
+
+# ---------------------------------------------------------------------------------------
+# The whole page, against a reviewed copy
+
+
+GOLDEN = Path(__file__).parent / "data" / "report.golden.md"
+
+
+def every_section(tmp_path):
+    """A run whose report.md has every section: each status, kept and untimed entries, passes,
+    skipped checks, notes, dropped entries, a cleaned folder, a shard, a merge, a recycled worker."""
+    step = TimedPassRecord(name="freeze", options={}, nodes_before=16, nodes_after=12, modified=True,
+                           max_abs_error=1.5e-07, stats={"frozen": 6, "folded": 2, "cse_merged": 0}, seconds=0.0123)
+    entries = [
+        entry("a", graphs=[graph("inference", 16), graph("inference.freeze", 12)], bytes=4096, capture_seconds=1.5,
+              checks=settled(run=5, passed=5, exact=1, floor=3, fp64=1, within_noise=1, indirect=2),
+              verification=VerificationSummary(ok=True, graphs={"inference": "recorded", "chain": "match"}, problems=[]),
+              eager={"inference": EagerCell(run=1, passed=1, failed=0, skipped=0, worst_ratio=0.5)},
+              passes={"inference.freeze": PassChainRun(seconds=0.02, steps=[step])}, notes=["export failed, dynamo used"]),
+        entry("b", "partial", outside_graphs=["after subgraph 0: print (m.py:3)"], measured_in=EARLIER, bytes=10),
+        entry("c", "failed", stage="checks", error="1 check(s) failed",
+              checks=settled(run=4, passed=3, failed=1, skipped=1, reasons=["forward: no float64 reference"])),
+        entry("d", skipped=True, measured_in=None),
+    ]
+    merge = MergeRecord(shards=[MergedShard(folder="s1", shard="1/2", models=2), MergedShard(folder="s2", shard=None,
+                                                                                             models=2)],
+                        missing=["x"], duplicated=[DuplicatedModel(name="a", folders=["s1", "s2"])])
+    return md(entries, tmp_path, seconds=7.25, dropped=[DroppedModel(name="z", reason="no longer in the pipeline")],
+              previous="run.json before: not a run record", cleaned=["removed a stale folder"],
+              shard=ShardRecord(index=1, count=2, selection=["a", "b", "c", "d", "e"]), merge=merge,
+              recycled=[RecycledWorker(pid=42, after="a", models=3, reason="memory above 2 GB")])
+
+
+def test_report_md_with_every_section_reads_as_reviewed(tmp_path):
+    """report.md is read by people: a change to any of its words or its layout is deliberate
+    (rewrite the copy with AOTPIPE_UPDATE_GOLDEN=1 and review the diff)."""
+    text = re.sub(r"\(torch [^,]+, python [^,]+, aotpipe [^)]+\)", "(torch T, python P, aotpipe A)",
+                  every_section(tmp_path))
+    if os.environ.get("AOTPIPE_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "".join(difflib.unified_diff(
+        GOLDEN.read_text().splitlines(True), text.splitlines(True), "golden", "now"))
+
+
+def test_dropped_entries_alone_are_listed_without_a_previous_line(tmp_path):
+    text = md([entry("a")], tmp_path, dropped=[DroppedModel(name="z", reason="gone")])
+    assert lines_after(text, "## No longer listed") == ["- z: gone"]
