@@ -344,3 +344,139 @@ def test_outputs_on_the_meta_device_are_compared_by_shape_and_dtype():
         "output 0: torch.float64[2, 3], was torch.float32[2, 3]"]
     worst, problems = _compare([real, real], [real + 0.5, real])
     assert worst == 0.5 and len(problems) == 1 and problems[0].startswith("output 0")
+
+
+class TwoOutputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y.relu(), y.sum()
+
+
+@pytest.fixture(scope="module")
+def two_graphs():
+    """A capture of two inference graphs: "inference" (two outputs, a relu) and "inference_1"
+    (a linear alone, as a dynamo capture's later subgraph), with their inputs."""
+    torch.manual_seed(0)
+    graphs, inputs = {}, {}
+    for key, model in (("inference", TwoOutputs()), ("inference_1", torch.nn.Linear(4, 2))):
+        model.eval()
+        x = torch.randn(2, 4)
+        cap = capture_export(model, (x,), {}, name="m", graphs=["inference"], input_names=["x"])
+        graphs[key] = cap.graphs["inference"]
+        inputs[key] = graph_inputs(cap, model_state(model, cap.constants), {cap.user_inputs[0]: x})["inference"]
+    cap.graphs = graphs
+    return cap, inputs
+
+
+def break_relu(g, options):
+    """Leaves an invalid graph where there is a relu; does nothing where there is none."""
+    if any(n.target is aten.relu.default for n in g.gm.graph.nodes):
+        return no_output(g, options)
+    return nothing(g, options)
+
+
+def spec(*steps):
+    return type("Spec", (), {"passes": list(steps)})()
+
+
+@pytest.mark.parametrize("first", ["has no inputs", "fails a required pass", "leaves every pass out"])
+def test_apply_passes_goes_on_to_the_next_graph_whatever_became_of_the_first(two_graphs, monkeypatch, first):
+    cap, inputs = _fresh(two_graphs)
+    if first == "has no inputs":
+        del inputs["inference"]
+    step = register(monkeypatch, "br", break_relu, optional=first != "fails a required pass")
+    out = apply_passes(spec(step), cap, inputs)
+    assert list(cap.derived) == ["inference_1.br"]
+    assert len(out.problems) == (first == "fails a required pass") == len(out.tracebacks)
+    assert [(s.graph, s.name) for s in out.skipped] == ([("inference", "br")] if first == "leaves every pass out" else [])
+
+
+def test_apply_passes_collects_what_each_graph_left_out(two_graphs, monkeypatch):
+    cap, inputs = _fresh(two_graphs)
+    out = apply_passes(spec(register(monkeypatch, "bad", no_output_anywhere), register(monkeypatch, "idle", nothing)),
+                       cap, inputs)
+    assert [(s.graph, s.name, s.chain) for s in out.skipped] == [("inference", "bad", "idle"),
+                                                                 ("inference_1", "bad", "idle")]
+    assert list(cap.derived) == ["inference.idle", "inference_1.idle"]
+
+
+def no_output_anywhere(g, options):
+    out = _output(g)
+    first = next(n for n in g.gm.graph.nodes if n.op == "call_function")
+    first.args = (out.args[0][0],) + tuple(first.args[1:])  # used before it is made
+    return PassResult(g, modified=True)
+
+
+def test_a_required_pass_s_traceback_is_kept_for_v(two_graphs, monkeypatch):
+    cap, inputs = _fresh(two_graphs)
+    out = apply_passes(spec(register(monkeypatch, "must", break_relu, optional=False)), cap, inputs)
+    (tb,) = out.tracebacks
+    assert tb.startswith("Traceback (most recent call last):\n  File ") and "PassError: pass 'must'" in tb
+
+
+def test_the_derived_graph_runs_and_keeps_each_output_s_index_role_and_target(two_graphs, monkeypatch):
+    cap, inputs = _fresh(two_graphs)
+    apply_passes(spec(register(monkeypatch, "idle", nothing)), cap, inputs)
+    d, base = cap.derived["inference.idle"], cap.graphs["inference"]
+    assert [(o.index, o.role, o.target) for o in d.graph.outputs] == [(o.index, o.role, o.target) for o in base.outputs]
+    assert len(d.graph.outputs) == 2 and d.graph.inputs == base.inputs
+    assert [o.meta for o in d.graph.outputs] == [o.meta for o in base.outputs]  # from the nodes' values, the same
+    torch.testing.assert_close(run_graph(d.graph.gm, inputs["inference.idle"]), run_graph(base.gm, inputs["inference"]))
+    assert inputs["inference.idle"] == inputs["inference"]
+
+
+def _retype_first_output(val):
+    """A pass that puts `val` as the recorded value of the graph's first output."""
+    def run(g, options):
+        first = _output(g).args[0][0]
+        first.meta["val"] = val
+        return PassResult(g, modified=True)
+    return run
+
+
+def test_a_derived_output_s_layout_is_its_node_s_value_unless_that_is_on_meta(two_graphs, monkeypatch):
+    cap, inputs = _fresh(two_graphs)
+    apply_passes(spec(register(monkeypatch, "f64", _retype_first_output(torch.zeros(2, 3, dtype=torch.float64)))),
+                 cap, inputs)
+    metas = [o.meta for o in cap.derived["inference.f64"].graph.outputs]
+    assert (metas[0].dtype, metas[0].shape) == (torch.float64, (2, 3))
+    assert metas[1] == cap.graphs["inference"].outputs[1].meta
+    cap, inputs = _fresh(two_graphs)
+    apply_passes(spec(register(monkeypatch, "m", _retype_first_output(torch.zeros(5, dtype=torch.float64,
+                                                                                   device="meta")))), cap, inputs)
+    assert cap.derived["inference.m"].graph.outputs[0].meta == cap.graphs["inference"].outputs[0].meta
+
+
+def bare_output(g, options):
+    """A pass that leaves the graph's one output as a bare node (not a tuple)."""
+    out = _output(g)
+    out.args = (out.args[0][0],)
+    return PassResult(g, modified=True)
+
+
+def test_a_derived_graph_whose_output_is_a_bare_node_is_read(two_graphs, monkeypatch):
+    cap, inputs = _fresh(two_graphs)
+    del inputs["inference"]
+    apply_passes(spec(register(monkeypatch, "bare", bare_output)), cap, inputs)
+    (o,) = cap.derived["inference_1.bare"].graph.outputs
+    assert (o.meta.shape, o.meta.dtype) == ((2, 2), torch.float32)
+
+
+def test_times_are_rounded_to_a_tenth_of_a_millisecond(two_graphs, monkeypatch):
+    import itertools
+    from types import SimpleNamespace
+
+    import aotpipe.passes.manager as manager
+
+    ticks = itertools.count()
+    monkeypatch.setattr(manager, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 0.123456))
+    cap, inputs = _fresh(two_graphs)
+    del inputs["inference_1"]
+    out = apply_passes(spec(register(monkeypatch, "idle", nothing)), cap, inputs)
+    run = out.runs["inference.idle"]
+    assert run.steps[0].seconds == 0.1235  # the pass: one tick
+    assert run.seconds == 0.3704  # the chain: three ticks (start, the pass's two)

@@ -111,3 +111,12 @@ def test_ops_names_a_model_folder_without_its_manifest_and_exits_2(tree):
     assert data["problems"] == [f"{tree / 'mlp' / 'manifest.json'}: missing (an incomplete artefact: run the pipeline "
                                 "again)"]
     assert data["models"] == 1 and all(o["models"] == ["running_norm"] for o in data["ops"])
+
+
+def test_a_model_folder_left_empty_is_named_by_its_missing_manifest(tree):
+    shutil.rmtree(tree / "mlp")
+    (tree / "mlp").mkdir()  # no manifest and no graph folder: not an artefact at all, but run.json lists it ok
+    r = cli("report", tree)
+    assert r.output.splitlines()[1:] == [
+        "1 of 2 models not ok:",
+        f"  mlp: unreadable: {tree / 'mlp' / 'manifest.json'}: missing (an incomplete artefact: run the pipeline again)"]
