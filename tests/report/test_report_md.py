@@ -321,3 +321,24 @@ def test_report_md_with_every_section_reads_as_reviewed(tmp_path):
 def test_dropped_entries_alone_are_listed_without_a_previous_line(tmp_path):
     text = md([entry("a")], tmp_path, dropped=[DroppedModel(name="z", reason="gone")])
     assert lines_after(text, "## No longer listed") == ["- z: gone"]
+
+
+def test_replay_cell_leaves_out_matching_graphs_when_another_did_not_match():
+    v = VerificationSummary(ok=False, graphs={"forward": "mismatch", "chain": "match", "backward": "recorded"},
+                            problems=[])
+    assert _replay_cell(entry("m", verification=v)) == "forward mismatch"
+
+
+def test_status_text_without_kept_is_a_run_s_own_entry():
+    assert status_text(entry("m")) == "ok"
+
+
+def test_kept_runs_are_listed_by_when_they_started_not_by_id():
+    early = STAMP.model_copy(update={"id": "zzz", "started": "2025-01-01T00:00:00Z"})
+    late = STAMP.model_copy(update={"id": "aaa", "started": "2025-06-01T00:00:00Z"})
+    rec = run_record(run_result(None, [entry("new"), entry("b", measured_in=late), entry("a", measured_in=early),
+                                       entry("u", skipped=True, measured_in=None),
+                                       entry("v", skipped=True, measured_in=None)]), PIPELINE)
+    lines = kept_lines(rec)
+    assert [l.split()[2] for l in lines[:2]] == ["zzz", "aaa"]
+    assert ": u, v; `--force` measures them again" in lines[2]
