@@ -4,12 +4,15 @@ where reinplace turned relu into relu_ and add into add_). core ATen lists relu 
 not their in-place forms: so every count below is known. Fast (no model is captured)."""
 
 import csv
+import difflib
 import io
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from aotpipe import opcov
@@ -317,3 +320,89 @@ def test_csv_says_yes_no_or_nothing_for_supported(tiny):
     assert judged["aten.addmm.default"]["count"] == "8" and judged["aten.addmm.default"]["models"] == "mlp running_norm"
     assert judged["aten.addmm.default"]["graph_kinds"] == "inference"
     assert table()["aten.relu.default"]["supported"] == ""
+
+
+# ---------------------------------------------------------------------------------------
+# The output as a person and a spreadsheet read it, against reviewed copies
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "ops.golden.txt"
+HOSTILE_OP = "aten.x\x1b[31m\nred.default"
+
+
+def test_the_text_table_and_csv_read_as_reviewed(tmp_path):
+    """`aotpipe ops` output is read by people and by spreadsheets: a change to its layout is
+    deliberate (rewrite the copy with AOTPIPE_UPDATE_GOLDEN=1 and review the diff). The tree:
+    a model with a name past the column, an op called from three kinds, a hostile op name, a
+    supported set whose `how` is past its column."""
+    root = _tiny(tmp_path / "g", ("mlp",))
+    shutil.copytree(FIXTURE / "running_norm", root / "running_norm", ignore=shutil.ignore_patterns("blobs", "*.input"))
+    path = root / "running_norm" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["model"]["name"] = "running_norm_with_a_long_name"
+    path.write_text(json.dumps(data))
+    plant(root, "mlp", "mlp_inference_0", "relu_1", HOSTILE_OP)
+    supported = supported_file(tmp_path, "aten.addmm  # every overload", "aten.permute.default", "aten.mean.dim",
+                               "prims.*")
+    r = cli("ops", root, "--supported", supported)
+    csv_out = cli("ops", root, "--supported", supported, "--csv").stdout
+    plain = cli("ops", root).output
+    text = "\n".join(["== text, --supported", r.output, "== csv", csv_out, "== text", plain]).replace(str(supported), "S")
+    if os.environ.get("AOTPIPE_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert r.exit_code == 1
+    assert text == GOLDEN.read_text(), "".join(difflib.unified_diff(
+        GOLDEN.read_text().splitlines(True), text.splitlines(True), "golden", "now"))
+
+
+def test_an_empty_table_keeps_its_columns(tmp_path):
+    root = _tiny(tmp_path / "e", ("mlp",))
+    for g in root.glob("mlp/*/graph.json"):
+        data = json.loads(g.read_text())
+        data["nodes"] = [n for n in data["nodes"] if n["op"] != "call_function"]
+        g.write_text(json.dumps(data))
+    lines = opcov.text_lines(opcov.op_table(root))
+    assert lines[:3] == ["0 ops, 0 calls, in 2 graphs of 1 models", "",
+                         "op".ljust(10) + " " + "calls".rjust(6) + " " + "models".rjust(6) + "  " + "graph kinds".ljust(33)
+                         + " input signatures (dtype[rank])"]
+
+
+def test_the_op_column_is_as_wide_as_the_first_500_ops_names(tmp_path):
+    root = _tiny(tmp_path / "w", ("mlp",))
+    path = root / "mlp" / "mlp_inference_0" / "graph.json"
+    data = json.loads(path.read_text())
+    call = next(n for n in data["nodes"] if n["op"] == "call_function")
+    calls = [dict(call, name=f"c{i}", target=f"aten.op{i:03d}.default") for i in range(500)]
+    calls.append(dict(call, name="c500", target="aten.zz_the_501st_op_by_name_and_the_longest.default"))
+    data["nodes"] = [n for n in data["nodes"] if n["op"] != "call_function"][:-1] + calls + data["nodes"][-1:]
+    path.write_text(json.dumps(data))
+    lines = opcov.text_lines(opcov.op_table(root))
+    longest_listed = max(len(r.op) for r in opcov.op_table(root).ops[:500])
+    assert lines[2].index("calls") == longest_listed + 1 + len(" calls") - len("calls")
+
+
+def test_a_comment_may_hold_another_hash_and_a_long_bad_name_is_cut_to_80(tmp_path):
+    path = supported_file(tmp_path, "aten.add  # see #123 # and more")
+    assert opcov.supported_from_file(path)("aten.add.Tensor") == "listed (every overload)"
+    bad = "aten." + "x" * 100 + "-"
+    with pytest.raises(AotpipeError) as e:
+        opcov.supported_from_file(supported_file(tmp_path, bad))
+    assert f": {bad[:80]!r} is not an op name;" in str(e.value)
+
+
+def test_an_unknown_backend_s_name_is_cut_to_60_and_the_message_offers_a_file():
+    with pytest.raises(AotpipeError) as e:
+        opcov.supported_by_backend("b" * 100)
+    assert str(e.value) == f"--backend {'b' * 60!r} is not known; use one of: inductor, core_aten (or --supported FILE)"
+
+
+def test_a_library_namespace_op_is_not_covered_even_where_a_table_lists_it(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    quantized = torch.ops.quantized.linear.default
+    monkeypatch.setitem(sys.modules, "torch._inductor", SimpleNamespace(
+        lowering=SimpleNamespace(lowerings={quantized: 1}),  # a torch without `fallbacks`
+        decomposition=SimpleNamespace(decompositions={torch.ops.aten.mul.Tensor: 1})))
+    inductor = opcov.supported_by_backend("inductor")
+    assert opcov._resolve("quantized.linear.default") is None
+    assert inductor("quantized.linear.default") is None and inductor("aten.mul.Tensor") == "decomposed"
