@@ -406,3 +406,15 @@ def test_a_library_namespace_op_is_not_covered_even_where_a_table_lists_it(monke
     inductor = opcov.supported_by_backend("inductor")
     assert opcov._resolve("quantized.linear.default") is None
     assert inductor("quantized.linear.default") is None and inductor("aten.mul.Tensor") == "decomposed"
+
+
+def test_a_graph_key_no_parser_knows_is_its_own_kind_cut_to_its_column(mlp):
+    key = "a_graph_key_that_no_parser_knows_of_yet"  # 39 characters: past the 33 of the column
+    path = mlp / "mlp" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["graphs"] = {key: data["graphs"]["inference"]}
+    path.write_text(json.dumps(data))
+    table = opcov.op_table(mlp)
+    assert {k for r in table.ops for k in r.kinds} == {key}
+    line = next(l for l in opcov.text_lines(table) if l.startswith("aten.relu.default "))
+    assert f"  {key[:33]} (float32[2])" in line and key[:34] not in line
