@@ -480,3 +480,19 @@ def test_times_are_rounded_to_a_tenth_of_a_millisecond(two_graphs, monkeypatch):
     run = out.runs["inference.idle"]
     assert run.steps[0].seconds == 0.1235  # the pass: one tick
     assert run.seconds == 0.3704  # the chain: three ticks (start, the pass's two)
+
+
+def _relu_strided(x):
+    """relu with the same values in another layout (transposed, made contiguous, transposed back)."""
+    return torch.relu(x).t().contiguous().t()
+
+
+def test_a_node_whose_layout_alone_changed_is_not_named_as_diverging(mlp, monkeypatch):
+    def restride_then_scale(g, options):
+        next(n for n in g.gm.graph.nodes if n.target is aten.relu.default).target = _relu_strided
+        return scale_output(1.01)(g, options)
+
+    with pytest.raises(PassError) as e:
+        run_chain(mlp.copy(), [register(monkeypatch, "restride", restride_then_scale)])
+    assert "changed the results" in str(e.value) and "first diverging node" not in str(e.value)
+
