@@ -17,7 +17,7 @@ from aotpipe.config import json_schema, load_pipeline
 from aotpipe.diff import diff_paths
 from aotpipe.format import records
 from aotpipe.format.limits import Breach, override, parse_bytes
-from aotpipe.htmlreport import REPORT_HTML, build_html, write_html
+from aotpipe.htmlreport import REPORT_HTML, not_ok_lines, write_page
 from aotpipe.inspect import describe_lines, list_artifacts
 from aotpipe.job import collections_paced
 from aotpipe.merge import NamedPipeline, merge_runs
@@ -839,15 +839,10 @@ def report(directory: str, output: str | None) -> None:
     """
     from pathlib import Path
 
-    if output is None:
-        path = write_html(Path(directory))
-    else:
-        path = Path(output)
-        try:
-            write_atomic(path, build_html(Path(directory)).encode("utf-8"))
-        except OSError as e:
-            raise OutputError(describe_os_error(e, path)) from None
+    path, page = write_page(Path(directory), Path(output) if output is not None else None)
     _say(f"wrote {path}")
+    for line in not_ok_lines(page):  # exit 0 all the same: the page is written; `aotpipe verify` judges
+        _say(line)
 
 
 @main.command(short_help="List the ops of a tree's graphs, and their coverage.")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from aotpipe.errors import AotpipeError, printable
-from aotpipe.tree import ModelView, iter_tree, model_folders, node_signature
+from aotpipe.tree import ModelView, all_model_folders, iter_tree, missing_manifest, node_signature
 from aotpipe.graph_keys import parse_graph_key
 
 MAX_SIGNATURES = 8  # distinct input signatures kept per op
@@ -121,13 +121,14 @@ def op_table(root: Path, supported: Optional[Callable[[str], Optional[str]]] = N
     root = Path(root)
     if not root.is_dir():
         raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder or a model folder")
-    folders = model_folders(root)
-    if not folders:
+    folders, incomplete = all_model_folders(root)
+    if not folders and not incomplete:
         raise AotpipeError(f"{root}: no artefacts found (looked for manifest.json in it and every folder below); "
                            "pass a pipeline's output folder, e.g. artifacts/quickstart")
     rows: dict[str, OpRow] = {}
     graphs: list[GraphCoverage] = []
-    problems: list[str] = []
+    # a model folder without its manifest: named (ops exits 2), as verify fails it; its graphs are not listed
+    problems: list[str] = [missing_manifest(f) for f in incomplete]
     verdicts: dict[str, Optional[str]] = {}
 
     def how(op: str) -> Optional[str]:
@@ -199,10 +200,11 @@ def supported_from_file(path: Path) -> Callable[[str], Optional[str]]:
         if not name:
             continue
         parts = name.split(".")
-        if not all(p.isidentifier() for p in parts if p != "*") or len(parts) > 3 or len(parts) < 2:
+        namespace = len(parts) == 2 and parts[1] == "*"  # `*` only as ns.* (aten.*.default once read as aten.*)
+        if not (namespace or all(p.isidentifier() for p in parts)) or len(parts) > 3 or len(parts) < 2:
             raise AotpipeError(f"{path}:{lineno}: {name[:80]!r} is not an op name; write ns.op.overload "
                                "(aten.addmm.default), ns.op (every overload) or ns.* (a namespace)")
-        if parts[1] == "*":
+        if namespace:
             namespaces.add(parts[0])
         elif len(parts) == 2:
             packets.add(name)

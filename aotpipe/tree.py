@@ -116,18 +116,34 @@ def read_model(folder: Path, root: Path, keep_nodes: bool = True) -> ModelView:
     return view
 
 
-def read_tree(root: Path, keep_nodes: bool = True) -> list[ModelView]:
+def read_tree(root: Path, keep_nodes: bool = True, folders: Optional[list[Path]] = None) -> list[ModelView]:
     """Every model folder under `root` (or `root` itself if it is one), read as ModelViews
-    (without `keep_nodes`: op counts instead of nodes, see read_model)."""
-    return list(iter_tree(root, keep_nodes))
+    (without `keep_nodes`: op counts instead of nodes, see read_model; `folders`: as iter_tree)."""
+    return list(iter_tree(root, keep_nodes, folders))
 
 
 def model_folders(root: Path) -> list[Path]:
     """The model folders under `root` (or `root` itself if it is one), in tree order."""
+    return all_model_folders(root)[0]
+
+
+def all_model_folders(root: Path) -> tuple[list[Path], list[Path]]:
+    """(the model folders under `root`, in tree order; the folders that hold a model's graph
+    folders but no manifest.json: an artefact cut short or damaged, which verify fails)."""
     # cryptography (signatures): kept off the torch-free path of ls, report and diff
     from aotpipe.artifact.verify import find_artifacts
 
-    return find_artifacts(Path(root))[0]
+    return find_artifacts(Path(root))
+
+
+def missing_manifest(folder: Path) -> str:
+    """The problem of a model folder without its manifest.json, in verify's words."""
+    return f"{folder / records.MANIFEST}: missing (an incomplete artefact: run the pipeline again)"
+
+
+def incomplete_model(folder: Path) -> ModelView:
+    """The view of a model folder without its manifest.json (all_model_folders' second list)."""
+    return ModelView(name=folder.name, folder=folder, problem=missing_manifest(folder))
 
 
 def iter_tree(root: Path, keep_nodes: bool = True, folders: Optional[list[Path]] = None) -> Iterator[ModelView]:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format.records import ModelRun, RunRecord
-from aotpipe.tree import ModelView, read_run, read_tree
+from aotpipe.tree import ModelView, all_model_folders, incomplete_model, missing_manifest, read_run, read_tree
 from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 from aotpipe.format.limits import read_json
 from aotpipe.format.records import MANIFEST
@@ -274,6 +274,18 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
     return row
 
 
+def missing_model(root: Path, m: ModelRun) -> ModelView:
+    """The view of a model run.json lists as written (ok or partial) that no model folder under
+    `root` holds: its problem names the folder or manifest that is not there."""
+    folder = root / m.name
+    if folder.is_dir():
+        why = missing_manifest(folder)
+    else:
+        why = f"{folder}: missing; run.json lists {m.name} as {m.status}, but its artefact is not there (run the " \
+              "pipeline again)"
+    return ModelView(name=m.name, folder=folder, problem=why)
+
+
 @dataclass
 class Report:
     title: str
@@ -291,7 +303,9 @@ def gather(root: Path) -> Report:
     if not root.is_dir():
         raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder (it holds run.json)")
     run: Optional[RunRecord] = read_run(root)
-    views = read_tree(root, keep_nodes=False)  # the page shows op counts, never nodes
+    folders, incomplete = all_model_folders(root)
+    views = read_tree(root, keep_nodes=False, folders=folders)  # the page shows op counts, never nodes
+    views += [incomplete_model(f) for f in incomplete]  # no manifest.json: shown unreadable, as verify fails them
     if run is None and not views:
         raise AotpipeError(f"{root}: no run.json and no artefacts (manifest.json) found in it or below; "
                            "pass a pipeline's output folder, e.g. artifacts/quickstart")
@@ -307,6 +321,8 @@ def gather(root: Path) -> Report:
         v = by_name.get(rm.name)
         if v is not None:
             seen.add(id(v))
+        elif rm.status != "failed":  # run.json lists an artefact (a failed model may have none): it is gone
+            v = missing_model(root, rm)
         rows.append(_model_row(i, rm, v, root, run))
     for v in views:
         if id(v) not in seen:
@@ -397,16 +413,34 @@ def build_html(root: Path) -> str:
     return render(gather(root))
 
 
-def write_html(root: Path) -> Path:
-    """Write report.html into the output folder `root` (replaced atomically); its path."""
+def not_ok_lines(report: Report) -> list[str]:
+    """The terminal's account of the models the page shows not ok (failed, unreadable): a count,
+    then one line each with its first error (the file and what is wrong with it); none when
+    every model is ok or partial."""
+    bad = [r for r in report.rows if r.status not in ("ok", "partial")]
+    if not bad:
+        return []
+    return [f"{len(bad)} of {len(report.rows)} models not ok:"] + [
+        f"  {r.name}: {r.status}" + (f" ({r.stage})" if r.stage else "") + (f": {r.errors[0]}" if r.errors else "")
+        for r in bad]
+
+
+def write_page(root: Path, output: Optional[Path] = None) -> tuple[Path, Report]:
+    """Write the page of the output folder `root` to `output`, or to root/report.html (never
+    into a model folder); its path and what it shows. Replaced atomically."""
     root = Path(root)
-    if (root / MANIFEST).exists():  # a file there would be one the manifest does not list
+    if output is None and (root / MANIFEST).exists():  # a file there would be one the manifest does not list
         raise AotpipeError(f"{root} is a model folder; write its page elsewhere (aotpipe report {root} -o FILE) or "
                            "pass the output folder above it")
-    html = build_html(root)
-    path = root / REPORT_HTML
+    report = gather(root)
+    path = Path(output) if output is not None else root / REPORT_HTML
     try:
-        write_atomic(path, html.encode("utf-8"))
+        write_atomic(path, render(report).encode("utf-8"))
     except OSError as e:
         raise OutputError(describe_os_error(e, path)) from None
-    return path
+    return path, report
+
+
+def write_html(root: Path) -> Path:
+    """Write report.html into the output folder `root` (replaced atomically); its path."""
+    return write_page(root)[0]
