@@ -6,74 +6,35 @@ actually ran, whatever decides it."""
 
 from __future__ import annotations
 
-import atexit
 import json
-import os
 import shutil
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 import aotpipe.artifact.load as artifact_load
-import aotpipe.diff.values as values
-import aotpipe.sandbox.launch as launch
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.keyring import own_key
 from aotpipe.artifact.verify import sign_artifact
 from aotpipe.cli import main
-from aotpipe.diff import artifacts, trees
+from aotpipe.diff import artifacts, trees, values
 from aotpipe.diff.model import Diff, Finding, ValuesComparison
-from aotpipe.diff.paths import diff_paths
-from aotpipe.errors import AotpipeError, SandboxError, SandboxUnavailable
+from aotpipe.errors import SandboxError, SandboxUnavailable
 from aotpipe.format.records import GraphRecord, Summary
+from aotpipe.sandbox import launch
+from tests.helpers.diff_trees import tiny_tree
 from tests.helpers.forge import reseal
-from tests.helpers.pipelines import run_yaml
-
-TINY = """
-version: 1
-name: tiny
-seed: 0
-defaults:
-  mode: export
-  graphs: [inference, forward, backward]
-  passes: [freeze]
-  verify: false
-models:
-  - name: mlp
-    source: aotpipe.zoo:mlp
-    args: {in_features: 4, hidden: 8, depth: 1}
-    inputs: [{shape: [2, 4], dtype: float32}]
-  - name: norm
-    source: aotpipe.zoo:running_norm
-    args: {features: 4}
-    inputs: [{shape: [2, 4]}]
-"""
 
 GRAPHS = {"inference", "forward", "backward", "inference.freeze"}
-
-# The tiny tree, built once per process: mutation testing forks a child per mutant from a
-# process that already ran these tests, and a child reusing the parent's build costs a copy,
-# not a capture (a fixture of any pytest scope would capture again in every child).
-_BUILT: dict[str, Path] = {}
-
-
-def _tiny_tree() -> Path:
-    if "tree" not in _BUILT:
-        where = Path(tempfile.mkdtemp(prefix="aotpipe-diff-tiny-"))
-        owner = os.getpid()
-        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(where, ignore_errors=True))
-        result, out = run_yaml(where, TINY, "--no-sign")
-        assert result.exit_code == 0, result.output
-        _BUILT["tree"] = out / "tiny"
-    return _BUILT["tree"]
 
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    return _tiny_tree()
+    return tiny_tree()
 
 
 @pytest.fixture()
@@ -217,7 +178,7 @@ def test_a_node_whose_value_layout_changed_says_what_it_gives(pair):
     a, b = pair
     edit_model(b / "mlp", "mlp_inference_0/graph.json",
                lambda g: node(g, "relu")["val"].update(dtype="float64"))
-    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    _code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     relu, reader = found(data, "nodes")  # and its reader's argument, replaced with it
     assert relu["text"] == f"A {RELU} is B {RELU}: gives float32[2, 8] -> float64[2, 8]"
     assert reader["a"] == "addmm_1" and '"%float32[2, 8]"' in reader["text"] and '"%float64[2, 8]"' in reader["text"]
@@ -301,7 +262,7 @@ def test_a_weight_under_another_name_is_only_in_a_and_only_in_b(pair):
     for p in (b / "mlp").rglob("inputs.json"):
         edit_json(p, rename)
     reseal(b / "mlp")
-    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    _code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     blob = _blob_of(a / "mlp", "head.bias")
     only = [(w["text"], w.get("a"), w.get("b")) for w in found(data, "weights")]
     assert only == [(f"param head.bias: only in A ({blob[:12]})", blob, None),
@@ -318,7 +279,7 @@ def test_a_weight_whose_storage_is_not_stored_says_so(pair):
     for rel in ("mlp_inference_0/inputs.json", "mlp_forward_0/inputs.json"):
         edit_json(b / "mlp" / rel, unstored)
     reseal(b / "mlp")
-    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    _code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     blob = _blob_of(a / "mlp", "head.bias")
     assert texts(data, "weights") == [f"param head.bias: {blob[:12]} -> (not stored)"]
 
@@ -348,7 +309,7 @@ def test_an_input_renamed_is_named_whole_on_both_sides(pair):
     a, b = pair
     edit_model(b / "mlp", "mlp_inference_0/inputs.json",
                lambda rec: next(i for i in rec["inputs"] if i["role"] == "user").update(target="arg9"))
-    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    _code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     assert texts(data, "signature") == ["input 4 user arg0: float32[2, 4] -> input 4 user arg9: float32[2, 4]"]
 
 
@@ -361,8 +322,8 @@ def test_an_extra_output_is_only_in_b(pair):
     edit_json(b / "mlp" / "mlp_inference_0" / "inputs.json", more)
     reseal(b / "mlp")
     code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
-    assert texts(data, "signature") == ["only in B: output 1 user: float32[2, 10]"]
-    code, back = cli_json(str(b / "mlp"), str(a / "mlp"), "--no-values")
+    assert code == 1 and texts(data, "signature") == ["only in B: output 1 user: float32[2, 10]"]
+    _code, back = cli_json(str(b / "mlp"), str(a / "mlp"), "--no-values")
     assert texts(back, "signature") == ["only in A: output 1 user: float32[2, 10]"]
 
 
@@ -370,8 +331,8 @@ def test_inputs_json_on_one_side_only(pair):
     a, b = pair
     (b / "mlp" / "mlp_inference_0" / "inputs.json").unlink()
     code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
-    assert texts(data, "signature", "inference") == ["inputs.json only in A"]
-    code, back = cli_json(str(b / "mlp"), str(a / "mlp"), "--no-values")
+    assert code == 1 and texts(data, "signature", "inference") == ["inputs.json only in A"]
+    _code, back = cli_json(str(b / "mlp"), str(a / "mlp"), "--no-values")
     assert texts(back, "signature", "inference") == ["inputs.json only in B"]
 
 
@@ -381,7 +342,7 @@ def test_a_graph_json_missing_on_both_sides_leaves_its_nodes_uncompared(pair):
     (b / "mlp" / "mlp_inference_0" / "graph.json").unlink()
     edit_model(b / "mlp", "mlp_inference_0/inputs.json",
                lambda rec: next(i for i in rec["inputs"] if i["role"] == "user").update(shape=[3, 4]))
-    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    _code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     assert texts(data, "signature") == ["input 4 user arg0: float32[2, 4] -> float32[3, 4]"]
     assert not found(data, "nodes") and not found(data, "ops")
 
@@ -423,7 +384,7 @@ def test_another_pass_chain_is_named_as_the_chain(pair):
     a, b = pair
     edit_model(b / "mlp", "manifest.json",
                lambda m: m["graphs"]["inference.freeze"]["passes"][0].update(name="reinplace"))
-    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    _code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     assert [(d["where"], d["text"], d["a"], d["b"]) for d in found(data, "passes")] == [
         ("inference.freeze", "chain freeze -> reinplace", "freeze", "reinplace")]
 
@@ -433,10 +394,11 @@ def test_an_environment_only_one_side_recorded_is_named_field_by_field(pair):
     env = json.loads((a / "mlp" / "manifest.json").read_text())["environment"]
     edit_model(b / "mlp", "manifest.json", lambda m: m.pop("environment"))
     code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    assert code == 1
     lines = [t for t in texts(data, "environment") if t.startswith("environment.")]
     assert len(lines) == len(env) and all(line.endswith(" -> (absent)") for line in lines)
     assert f"environment.device {env['device']} -> (absent)" in lines
-    code, back = cli_json(str(b / "mlp"), str(a / "mlp"), "--no-values")
+    _code, back = cli_json(str(b / "mlp"), str(a / "mlp"), "--no-values")
     assert f"environment.device (absent) -> {env['device']}" in texts(back, "environment")
 
 
@@ -541,9 +503,9 @@ def test_where_the_sandbox_cannot_start_the_values_are_not_compared_and_a_note_s
     ran = Ran(monkeypatch, fails=SandboxUnavailable("bwrap not found"))
     code, data = cli_json(str(a), str(b))
     assert code == 0 and ran.in_process == [] and data["first_divergence"] == {}
-    assert data["notes"] == ["values not compared: running the graphs needs the sandbox, which cannot start "
+    assert data["notes"] == [("values not compared: running the graphs needs the sandbox, which cannot start "
                              "here (bwrap not found); for artefacts you made or trust, pass --no-sandbox or "
-                             "--key KEY"]
+                             "--key KEY")]
 
 
 def test_a_worker_that_crashed_leaves_the_record_diff_standing_with_a_note(pair, sandboxed, monkeypatch):
@@ -776,8 +738,6 @@ def test_departs_just_inside_and_just_outside_rtol_of_a_s_absolute_sum():
 
 
 def test_same_layout_means_same_shape_and_dtype_or_the_same_type():
-    import torch  # noqa: PLC0415 (torch: the values comparison's own; the records' tests run without it)
-
     same = values._same_layout
     assert same(torch.zeros(2, 3), torch.ones(2, 3))
     assert not same(torch.zeros(2, 3), torch.zeros(3, 2))
@@ -840,7 +800,7 @@ def test_check_counts_and_graph_breaks_that_changed_are_named(pair):
     edit_json(b / "run.json", fewer)
     edit_model(b / "mlp", "manifest.json", lambda m: m["capture"].update(
         graph_breaks=[{"subgraph": 0, "reason": "planted"}, {"subgraph": 1, "reason": "planted"}]))
-    code, data = cli_json(str(a), str(b))
+    _code, data = cli_json(str(a), str(b))
     checks = [(d["where"], d["text"]) for d in found(data, "checks")]
     assert checks == [("mlp", "skipped 13 -> 3"), ("norm", "run 0 -> None"), ("norm", "passed 0 -> None"),
                       ("norm", "failed 0 -> None"), ("norm", "skipped 16 -> None")]
@@ -858,7 +818,7 @@ def test_graph_breaks_are_not_compared_where_a_manifest_is_missing_or_unreadable
     (b / "norm" / "manifest.json").unlink()
     edit_model(a / "norm", "manifest.json", lambda m: m["capture"].update(graph_breaks=[{"subgraph": 0,
                                                                                          "reason": "x"}]))
-    code, data = cli_json(str(a), str(b))
+    _code, data = cli_json(str(a), str(b))
     assert not found(data, "breaks")
 
 
@@ -901,12 +861,12 @@ def test_a_time_measured_on_one_side_only_is_a_note_not_a_difference(pair):
     edit_json(a / "run.json", lambda r: model_entry(r, "norm").update(skipped=True, measured_in=None))
     code, data = cli_json(str(a), str(b))
     assert code == 0 and not found(data, "time")
-    assert data["notes"] == ['time not compared for 2 model(s) measured on one side only ("-": kept as up to date '
-                             'without a measurement): mlp 5.00 s -> -; norm - -> 70.00 s']
+    assert data["notes"] == [('time not compared for 2 model(s) measured on one side only ("-": kept as up to date '
+                             'without a measurement): mlp 5.00 s -> -; norm - -> 70.00 s')]
     edit_json(a / "run.json", lambda r: model_entry(r, "mlp").update(skipped=True, measured_in=None))
     code, data = cli_json(str(a), str(b))
-    assert data["notes"] == ['time not compared for 1 model(s) measured on one side only ("-": kept as up to date '
-                             'without a measurement): norm - -> 70.00 s']
+    assert data["notes"] == [('time not compared for 1 model(s) measured on one side only ("-": kept as up to date '
+                             'without a measurement): norm - -> 70.00 s')]
 
 
 def test_more_than_five_untimed_models_are_counted(pair):
@@ -919,7 +879,7 @@ def test_more_than_five_untimed_models_are_counted(pair):
 
     edit_json(a / "run.json", lambda r: many(r, False))
     edit_json(b / "run.json", lambda r: many(r, True))
-    code, data = cli_json(str(a), str(b))
+    _code, data = cli_json(str(a), str(b))
     (note,) = data["notes"]
     assert note.startswith("time not compared for 7 model(s) measured on one side only")
     assert "m4 1.00 s -> -; and 2 more" in note and "m5" not in note
@@ -958,7 +918,7 @@ def test_the_same_change_in_two_models_is_one_line_naming_both(pair):
     a, b = pair
     for model in ("mlp", "norm"):
         edit_model(b / model, "manifest.json", lambda m: m["versions"].update(python="3.0.0"))
-    code, data = cli_json(str(a), str(b))
+    _code, data = cli_json(str(a), str(b))
     (env,) = found(data, "environment")
     assert env["where"] == "mlp, norm" and env["models"] == ["mlp", "norm"]
     assert env["text"].startswith("versions.python ") and env["text"].endswith(" -> 3.0.0")
