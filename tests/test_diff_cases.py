@@ -10,6 +10,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -43,6 +44,16 @@ def pair(tiny, tmp_path) -> tuple[Path, Path]:
     a, b = tmp_path / "a" / "tiny", tmp_path / "b" / "tiny"
     shutil.copytree(tiny, a)
     shutil.copytree(tiny, b)
+    return a, b
+
+
+@pytest.fixture()
+def runs(tiny, tmp_path) -> tuple[Path, Path]:
+    """Two trees holding only the tiny tree's run.json (A and B), for what run.json alone decides."""
+    a, b = tmp_path / "a" / "tiny", tmp_path / "b" / "tiny"
+    for tree in (a, b):
+        tree.mkdir(parents=True)
+        shutil.copy(tiny / "run.json", tree / "run.json")
     return a, b
 
 
@@ -94,12 +105,10 @@ def test_identical_artefacts_are_the_same_exit_0_and_every_graph_ran_alike(pair)
     assert code == 0
     assert data == {"kind": "artifact", "a": str(a / "mlp"), "b": str(b / "mlp"), "same": True,
                     "differences": [], "first_divergence": dict.fromkeys(GRAPHS), "notes": []}
-    r = cli(str(a / "mlp"), str(b / "mlp"))
+    r = cli(str(a / "mlp"), str(b / "mlp"), "--no-values")
     assert r.exit_code == 0
-    assert r.output.splitlines() == [
-        f"A: {a / 'mlp'}", f"B: {b / 'mlp'}",
-        "values: 4 graphs run on the same inputs, node by node: no aligned node diverged",
-        "same artefacts"]
+    assert r.output.splitlines() == [f"A: {a / 'mlp'}", f"B: {b / 'mlp'}", "note: values not compared (--no-values)",
+                                     "same artefacts"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,12 +134,9 @@ def test_a_renamed_op_is_named_at_its_node_counted_in_ops_and_is_where_values_di
     assert line["text"].startswith(f"first diverging node: A {RELU}, B relu: ")
     assert "sum of its sampled elements" in line["why"] and line["compared"] == 3
     assert {d["section"] for d in data["differences"]} == {"nodes", "ops", "values"}
-    out = cli(str(a / "mlp"), str(b / "mlp")).output
-    assert "values: 4 graphs run on the same inputs, node by node: 1 diverged (inference)" in out
-    assert out.splitlines()[-1] == "4 differences"
 
 
-def _add_relu(g: dict[str, Any]) -> None:
+def _add_clone(g: dict[str, Any]) -> None:
     """A copy of relu's value between it and its reader (the values stay the same)."""
     nodes = g["nodes"]
     first = node(g, "relu")
@@ -141,22 +147,20 @@ def _add_relu(g: dict[str, Any]) -> None:
 
 def test_an_added_op_is_named_with_where_it_was_added(pair):
     a, b = pair
-    edit_model(b / "mlp", "mlp_inference_0/graph.json", _add_relu)
-    code, data = cli_json(str(a / "mlp"), str(b / "mlp"))
+    edit_model(b / "mlp", "mlp_inference_0/graph.json", _add_clone)
+    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     assert code == 1
     extra = CLONE
     assert found(data, "nodes") == [{"section": "nodes", "where": "inference",
                                      "text": f"B has 1 node from {extra} (after A relu, B relu)",
                                      "a": [], "b": ["clone"]}]
     assert texts(data, "ops") == ["aten.clone.default 0 -> 1 (+1)"]
-    # a copy changes no value: the aligned nodes agree
-    assert data["first_divergence"] == dict.fromkeys(GRAPHS) and not found(data, "values")
 
 
 def test_a_removed_op_is_named_on_the_side_that_has_it(pair):
     a, b = pair
-    edit_model(a / "mlp", "mlp_inference_0/graph.json", _add_relu)
-    code, data = cli_json(str(a / "mlp"), str(b / "mlp"))
+    edit_model(a / "mlp", "mlp_inference_0/graph.json", _add_clone)
+    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     assert code == 1
     assert texts(data, "nodes") == [f"A has 1 node from {CLONE} (after A relu, B relu)"]
     assert found(data, "nodes")[0]["a"] == ["clone"] and found(data, "nodes")[0]["b"] == []
@@ -211,7 +215,7 @@ def test_a_graph_present_on_one_side_only_is_named_once_with_its_pass_log(pair):
     # its constants are not weights that differ: the graph is the difference
     assert {d["section"] for d in data["differences"]} == {"graphs", "passes"}
     assert set(data["first_divergence"]) == GRAPHS - {"inference.freeze"}
-    code, back = cli_json(str(b / "mlp"), str(a / "mlp"))
+    code, back = cli_json(str(b / "mlp"), str(a / "mlp"), "--no-values")
     assert [(d["where"], d["text"], d["side"]) for d in found(back, "graphs")] == [
         ("inference.freeze", "only in B", "b")]
     assert texts(back, "passes") == ["pass log only in B: freeze"]
@@ -407,19 +411,18 @@ def test_an_environment_only_one_side_recorded_is_named_field_by_field(pair):
 
 
 class Ran:
-    """What ran a diff's graphs: the artefacts loaded in this process, and the sandboxed tasks
-    started (with the paths they were given), the sandbox answering `answer`."""
+    """What ran a diff's graphs: the artefacts loaded to run in this process (each answered as
+    an artefact without graphs: nothing is built), and the sandboxed tasks started (with the
+    paths they were given), the sandbox answering `answer`."""
 
     def __init__(self, monkeypatch, answer: Any = None, fails: Exception | None = None):
         self.in_process: list[str] = []
         self.sandboxed: list[list[str]] = []
         self.answer = answer if answer is not None else {}
         self.fails = fails
-        real_load = artifact_load.load
-
         def load(path, *args, **kwargs):
             self.in_process.append(str(path))
-            return real_load(path, *args, **kwargs)
+            return SimpleNamespace(graphs={})
 
         def run_task(task, args, *, limits=None, read_paths=()):
             self.sandboxed.append(sorted(str(p) for p in read_paths))
@@ -472,8 +475,8 @@ def test_the_graphs_run_in_process_only_when_both_sides_are_trusted(pair, sandbo
     code, data = cli_json(str(a), str(b), *(("--key", keys[key]) if key else ()))
     assert code == 0
     if where == "process":
-        assert ran.sandboxed == [] and sorted(set(ran.in_process)) == sorted([str(a), str(b)])
-        assert data["notes"] == [] and data["first_divergence"] == dict.fromkeys(GRAPHS)
+        assert ran.sandboxed == [] and sorted(ran.in_process) == sorted([str(a), str(b)])
+        assert data["notes"] == [] and data["first_divergence"] == {}
     else:
         assert ran.in_process == [], "an untrusted side's graphs ran in this process"
         assert ran.sandboxed == [sorted([str(a.resolve()), str(b.resolve())])]
@@ -493,7 +496,7 @@ def test_no_sandbox_runs_both_in_process_signed_or_not(pair, sandboxed, monkeypa
     sign_artifact(a, keys["K"])
     ran = Ran(monkeypatch)
     code, data = cli_json(str(a), str(b), "--no-sandbox", *(("--key", keys[key]) if key else ()))
-    assert code == 0 and ran.sandboxed == [] and sorted(set(ran.in_process)) == sorted([str(a), str(b)])
+    assert code == 0 and ran.sandboxed == [] and sorted(ran.in_process) == sorted([str(a), str(b)])
     assert data["notes"] == []
 
 
@@ -694,6 +697,27 @@ def test_graphs_without_saved_inputs_are_skipped(pair, monkeypatch):
     assert {r.status for r in result.values()} == {"skipped"}
 
 
+def test_values_task_passes_its_trusted_ops_to_the_loader(monkeypatch):
+    seen = []
+
+    def load(path, *, trust_ops=()):
+        seen.append((path, trust_ops))
+        return SimpleNamespace(graphs={})
+
+    monkeypatch.setattr(values, "load", load)
+    out = values.values_task({"a": "/x/a", "b": "/x/b", "aligned": {}, "rtol": 0.1, "trust_ops": ["aptestops"]}, None)
+    assert out == {} and seen == [("/x/a", ("aptestops",)), ("/x/b", ("aptestops",))]
+
+
+def test_a_copy_added_in_b_leaves_every_aligned_node_the_same(pair):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    edit_model(b, "mlp_inference_0/graph.json", _add_clone)
+    aligned = _aligned(a, b)
+    assert aligned["inference"]["addmm_1"] == "addmm_1" and "clone" not in aligned["inference"].values()
+    assert values.compare_values(str(a), str(b), {"inference": aligned["inference"]}) == {
+        "inference": ValuesComparison(status="same", compared=5)}
+
+
 def test_values_task_answers_in_json(pair):
     a, b = pair[0] / "mlp", pair[1] / "mlp"
     aligned = _aligned(a, b)
@@ -761,14 +785,13 @@ def test_identical_trees_are_the_same_exit_0(pair):
     assert cli(str(a), str(b)).output.splitlines()[-1] == "same trees"
 
 
-def test_a_model_on_one_side_only_is_missing_or_new(pair):
-    a, b = pair
+def test_a_model_on_one_side_only_is_missing_or_new(runs):
+    a, b = runs
     edit_json(b / "run.json", lambda r: r.update(models=[m for m in r["models"] if m["name"] != "norm"]))
     code, data = cli_json(str(a), str(b))
     assert code == 1
     assert found(data, "models") == [{"section": "models", "where": "norm", "text": "missing in B (was ok in A)",
                                       "model": "norm", "change": "missing"}]
-    assert {d["section"] for d in data["differences"]} == {"models"}  # its artefact is not compared
     code, back = cli_json(str(b), str(a))
     assert [(d["where"], d["text"], d["change"]) for d in found(back, "models")] == [
         ("norm", "new in B (ok)", "new")]
@@ -778,10 +801,11 @@ def test_a_model_on_one_side_only_is_missing_or_new(pair):
     ("ok", "failed", "capture: planted\nsecond line", "ok -> failed: capture: planted"),
     ("ok", "failed", "  \n", "ok -> failed"),
     ("failed", "ok", None, "failed -> ok"),
+    ("ok", "failed", None, "ok -> failed"),
     ("ok", "partial", "x" * 200, "ok -> partial: " + "x" * 160),
 ])
-def test_a_status_change_names_b_s_error_in_one_line(pair, a_status, b_status, error, text):
-    a, b = pair
+def test_a_status_change_names_b_s_error_in_one_line(runs, a_status, b_status, error, text):
+    a, b = runs
     edit_json(a / "run.json", lambda r: model_entry(r, "norm").update(status=a_status, error="A's error"))
     edit_json(b / "run.json", lambda r: model_entry(r, "norm").update(status=b_status, error=error))
     code, data = cli_json(str(a), str(b))
@@ -839,8 +863,8 @@ def _times(tree: Path, **seconds: float) -> None:
     (0.0, 1.0, None, True),       # from nothing: no ratio, a second's move counts
     (0.0, 0.5, None, False),
 ])
-def test_time_counts_only_beyond_the_threshold_and_a_second(pair, ta, tb, threshold, changed):
-    a, b = pair
+def test_time_counts_only_beyond_the_threshold_and_a_second(runs, ta, tb, threshold, changed):
+    a, b = runs
     _times(a, mlp=ta)
     _times(b, mlp=tb)
     code, data = cli_json(str(a), str(b), *(("--threshold", threshold) if threshold else ()))
@@ -853,8 +877,8 @@ def test_time_counts_only_beyond_the_threshold_and_a_second(pair, ta, tb, thresh
                                     "model": "mlp", "a": ta, "b": tb}]
 
 
-def test_a_time_measured_on_one_side_only_is_a_note_not_a_difference(pair):
-    a, b = pair
+def test_a_time_measured_on_one_side_only_is_a_note_not_a_difference(runs):
+    a, b = runs
     _times(a, mlp=5.0, norm=7.0)
     _times(b, mlp=50.0, norm=70.0)
     edit_json(b / "run.json", lambda r: model_entry(r, "mlp").update(skipped=True, measured_in=None))
@@ -869,8 +893,8 @@ def test_a_time_measured_on_one_side_only_is_a_note_not_a_difference(pair):
                              'without a measurement): norm - -> 70.00 s')]
 
 
-def test_more_than_five_untimed_models_are_counted(pair):
-    a, b = pair
+def test_more_than_five_untimed_models_are_counted(runs):
+    a, b = runs
 
     def many(run, skipped):
         base = model_entry(run, "mlp")
@@ -889,8 +913,8 @@ def test_more_than_five_untimed_models_are_counted(pair):
     (1000, 1500, False), (1000, 1501, True), (1501, 1000, True), (1500, 1000, False), (1000, 1000, False),
     (0, 1000, True),  # a model that wrote nothing in A (it failed there) and something in B
 ])
-def test_bytes_count_only_beyond_the_threshold(pair, za, zb, changed):
-    a, b = pair
+def test_bytes_count_only_beyond_the_threshold(runs, za, zb, changed):
+    a, b = runs
     edit_json(a / "run.json", lambda r: model_entry(r, "norm").update(bytes=za))
     edit_json(b / "run.json", lambda r: model_entry(r, "norm").update(bytes=zb))
     code, data = cli_json(str(a), str(b))
@@ -1011,7 +1035,7 @@ def test_more_than_max_hunks_changed_stretches_are_counted_not_listed():
         assert lines[listed:] == ([] if hunks == listed else [f"and {hunks - listed} more changed stretches"])
 
 
-def _chain_graph(targets: list[str], consts: list[int] | None = None) -> GraphRecord:
+def _chain_graph(targets: list[str], consts: list[Any] | None = None) -> GraphRecord:
     """x, then a chain of nodes op_i(previous, const_i) (the constants keep them apart), then output."""
     val = {"dtype": "float32", "shape": [2]}
     nodes = [{"name": "x", "op": "placeholder", "target": "x", "val": val}]
@@ -1035,6 +1059,17 @@ def test_more_than_max_hunks_changed_stretches_of_nodes_are_counted():
         assert (lines[-1] == f"and {hunks - listed} more changed stretches of nodes") == (hunks > listed)
         # every node aligns: the unchanged ones, and the listed ones changed in place
         assert len(aligned) == 41 - (hunks - listed) and aligned["n1"] == "n1"
+
+
+def test_a_node_s_changed_arguments_are_shown_in_sixty_characters_a_side():
+    d = Diff("artifact", "A", "B")
+    long_a, long_b = list(range(30)), list(range(1, 31))
+    artifacts._compare_nodes(d, "g", _chain_graph(["aten.add.Scalar"], [long_a]),
+                             _chain_graph(["aten.add.Scalar"], [long_b]))
+    side = lambda xs: artifacts.shown(["%float32[2]", xs], 60)
+    assert [f.text for f in d.findings] == [(f"A n0 (aten.add.Scalar) is B n0 (aten.add.Scalar): arguments "
+                                            f"{side(long_a)} -> {side(long_b)}")]
+    assert len(side(long_a)) == 60 and side(long_a).endswith("...")
 
 
 def test_a_node_added_at_the_start_says_so():
