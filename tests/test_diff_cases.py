@@ -24,6 +24,7 @@ from aotpipe.artifact.verify import sign_artifact
 from aotpipe.cli import main
 from aotpipe.diff import artifacts, trees, values
 from aotpipe.diff.model import Diff, Finding, ValuesComparison
+from aotpipe.diff.paths import diff_paths
 from aotpipe.errors import SandboxError, SandboxUnavailable
 from aotpipe.format.records import GraphRecord, Summary
 from aotpipe.sandbox import launch
@@ -50,7 +51,7 @@ def pair(tiny, tmp_path) -> tuple[Path, Path]:
 @pytest.fixture()
 def runs(tiny, tmp_path) -> tuple[Path, Path]:
     """Two trees holding only the tiny tree's run.json (A and B), for what run.json alone decides."""
-    a, b = tmp_path / "a" / "tiny", tmp_path / "b" / "tiny"
+    a, b = tmp_path / "runs-a" / "tiny", tmp_path / "runs-b" / "tiny"
     for tree in (a, b):
         tree.mkdir(parents=True)
         shutil.copy(tiny / "run.json", tree / "run.json")
@@ -386,11 +387,15 @@ def test_options_environment_passes_and_checks_are_named_by_field(pair):
 
 def test_another_pass_chain_is_named_as_the_chain(pair):
     a, b = pair
-    edit_model(b / "mlp", "manifest.json",
-               lambda m: m["graphs"]["inference.freeze"]["passes"][0].update(name="reinplace"))
-    _code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    def other(m):
+        m["graphs"]["inference.freeze"]["passes"][0].update(name="reinplace")
+        m["model"]["passes"] = ["reinplace"]  # the copy older writers kept in the spec: not compared twice
+
+    edit_model(b / "mlp", "manifest.json", other)
+    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     assert [(d["where"], d["text"], d["a"], d["b"]) for d in found(data, "passes")] == [
         ("inference.freeze", "chain freeze -> reinplace", "freeze", "reinplace")]
+    assert code == 1 and {d["section"] for d in data["differences"]} == {"passes"}
 
 
 def test_an_environment_only_one_side_recorded_is_named_field_by_field(pair):
@@ -420,12 +425,16 @@ class Ran:
         self.sandboxed: list[list[str]] = []
         self.answer = answer if answer is not None else {}
         self.fails = fails
-        def load(path, *args, **kwargs):
+        self.trust_ops: list[Any] = []  # as each run was given them
+
+        def load(path, *args, trust_ops=(), **kwargs):
             self.in_process.append(str(path))
+            self.trust_ops.append(tuple(trust_ops))
             return SimpleNamespace(graphs={})
 
         def run_task(task, args, *, limits=None, read_paths=()):
             self.sandboxed.append(sorted(str(p) for p in read_paths))
+            self.trust_ops.append(tuple(args["trust_ops"]))
             if self.fails is not None:
                 raise self.fails
             return self.answer
@@ -500,6 +509,40 @@ def test_no_sandbox_runs_both_in_process_signed_or_not(pair, sandboxed, monkeypa
     assert data["notes"] == []
 
 
+@pytest.mark.parametrize("where", ["sandbox", "process"])
+def test_trusted_op_namespaces_reach_whatever_runs_the_graphs(pair, sandboxed, monkeypatch, where):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    ran = Ran(monkeypatch)
+    code, _ = cli_json(str(a), str(b), "--trust-ops", "aptestops", "--trust-ops", "other",
+                       *(("--no-sandbox",) if where == "process" else ()))
+    assert code == 0 and set(ran.trust_ops) == {("aptestops", "other")}
+    assert len(ran.sandboxed if where == "sandbox" else ran.in_process) == (1 if where == "sandbox" else 2)
+
+
+def test_diff_paths_defaults_to_the_sandbox_comparing_values_and_a_threshold_of_half(pair, runs, sandboxed,
+                                                                                       monkeypatch):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    ran = Ran(monkeypatch, answer={"inference": {"status": "same", "compared": 1}})
+    d = diff_paths(a, b)
+    assert ran.sandboxed and not ran.in_process and ran.trust_ops == [()]
+    assert d.first_divergence == {"inference": None} and d.notes == []
+    ta, tb = runs
+    _times(ta, mlp=10.0)
+    _times(tb, mlp=15.0)
+    assert diff_paths(ta, tb).same
+    _times(tb, mlp=15.1)
+    assert [f.text for f in diff_paths(ta, tb).findings] == ["10.00 s -> 15.10 s (+51%)"]
+
+
+def test_a_divergence_in_a_graph_whose_record_a_lacks_is_named_by_the_node_name(pair, sandboxed, monkeypatch):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    (a / "mlp_inference_0" / "graph.json").unlink()
+    Ran(monkeypatch, answer={"inference": {"status": "diverged", "compared": 1, "a_node": "relu", "b_node": "relu",
+                                           "why": "w"}})
+    _, data = cli_json(str(a), str(b))
+    assert texts(data, "values") == ["first diverging node: A relu, B relu: w"]
+
+
 def test_where_the_sandbox_cannot_start_the_values_are_not_compared_and_a_note_says_how_to_trust(
         pair, sandboxed, monkeypatch):
     a, b = pair[0] / "mlp", pair[1] / "mlp"
@@ -545,9 +588,9 @@ def test_each_graph_s_values_result_is_said_skipped_same_or_diverged(pair, sandb
 def test_a_malformed_worker_result_is_a_sandbox_error(pair, sandboxed, monkeypatch):
     a, b = pair[0] / "mlp", pair[1] / "mlp"
     Ran(monkeypatch, answer={"inference": {"status": "exploded"}})
-    with pytest.raises(SandboxError, match="malformed diff result") as e:
+    with pytest.raises(SandboxError) as e:
         values.compare_values_sandboxed(str(a), str(b), {})
-    assert e.value.kind == "malformed"
+    assert str(e.value) == "the sandboxed worker sent back a malformed diff result" and e.value.kind == "malformed"
 
 
 def test_the_sandboxed_task_gets_absolute_paths_and_its_arguments(pair, monkeypatch, tmp_path):
@@ -694,7 +737,7 @@ def test_graphs_without_saved_inputs_are_skipped(pair, monkeypatch):
     result = values.compare_values(str(a), str(b), _aligned(a, b))
     assert result["inference"] == ValuesComparison(
         status="skipped", reason="no saved inputs (the model ran with save_inputs: false)")
-    assert {r.status for r in result.values()} == {"skipped"}
+    assert set(result) == GRAPHS and {r.status for r in result.values()} == {"skipped"}
 
 
 def test_values_task_passes_its_trusted_ops_to_the_loader(monkeypatch):
@@ -716,6 +759,27 @@ def test_a_copy_added_in_b_leaves_every_aligned_node_the_same(pair):
     assert aligned["inference"]["addmm_1"] == "addmm_1" and "clone" not in aligned["inference"].values()
     assert values.compare_values(str(a), str(b), {"inference": aligned["inference"]}) == {
         "inference": ValuesComparison(status="same", compared=5)}
+
+
+def test_a_graph_b_lacks_is_not_run_even_when_asked(pair):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    aligned = _aligned(a, b)
+    _drop_graph(b, "inference.freeze")
+    assert set(values.compare_values(str(a), str(b), aligned)) == GRAPHS - {"inference.freeze"}
+
+
+def test_graphs_given_another_number_of_inputs_are_skipped(pair, monkeypatch):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    real = artifact_load.GraphArtifact.saved_inputs
+    b_side = str(b)
+
+    def saved_inputs(self, *args, **kwargs):
+        got = real(self, *args, **kwargs)
+        return got[:-1] if str(self.folder).startswith(b_side) else got
+
+    monkeypatch.setattr(artifact_load.GraphArtifact, "saved_inputs", saved_inputs)
+    result = values.compare_values(str(a), str(b), {"inference": _aligned(a, b)["inference"]})
+    assert result == {"inference": ValuesComparison(status="skipped", reason="5 inputs in A, 4 in B")}
 
 
 def test_values_task_answers_in_json(pair):
@@ -756,6 +820,8 @@ def test_departs_just_inside_and_just_outside_rtol_of_a_s_absolute_sum():
     # B's absolute sum is not the scale: A is the reference
     assert d(S(sum=0.0, abs_sum=1000.0), S(sum=0.0101, abs_sum=1000.005), 1e-5) is not None
     assert d(S(sum=0.0, abs_sum=1000.005), S(sum=0.0099, abs_sum=1000.0), 1e-5) is None
+    # the default: 1e-5
+    assert d(S(sum=0.0), S(sum=0.0099), values.RTOL) is None and d(S(sum=0.0), S(sum=0.0101), values.RTOL)
     # below an absolute sum of 1, the scale is 1
     assert d(S(sum=0.0, abs_sum=0.5), S(sum=0.9e-5, abs_sum=0.5), 1e-5) is None
     assert d(S(sum=0.0, abs_sum=0.5), S(sum=1.1e-5, abs_sum=0.5), 1e-5) is not None
@@ -1015,6 +1081,9 @@ def test_the_text_groups_findings_by_section_in_order_and_counts_them():
 def test_the_values_line_names_the_graphs_that_diverged_sorted():
     d = Diff("artifact", "A", "B", first_divergence={"forward": "relu", "backward": "mm", "inference": None})
     assert d.lines()[2] == "values: 3 graphs run on the same inputs, node by node: 2 diverged (backward, forward)"
+    same = Diff("artifact", "A", "B", first_divergence={"forward": None})
+    assert same.lines() == ["A: A", "B: B", ("values: 1 graphs run on the same inputs, node by node: no aligned node "
+                            "diverged"), "same artefacts"]
     assert d.to_json() == {"kind": "artifact", "a": "A", "b": "B", "same": True, "differences": [],
                            "first_divergence": {"forward": "relu", "backward": "mm", "inference": None}, "notes": []}
 
