@@ -26,7 +26,7 @@ from aotpipe.diff import artifacts, trees, values
 from aotpipe.diff.model import Diff, Finding, ValuesComparison
 from aotpipe.diff.paths import diff_paths
 from aotpipe.errors import SandboxError, SandboxUnavailable
-from aotpipe.format.records import GraphRecord, Summary
+from aotpipe.format.records import GraphRecord, NodeRecord, Summary
 from aotpipe.sandbox import launch
 from tests.helpers.diff_trees import tiny_tree
 from tests.helpers.forge import reseal
@@ -685,7 +685,9 @@ def test_b_runs_on_a_s_user_inputs_but_its_own_weights(pair):
     new = store.put(store.get(old) + 3.0)
     _swap_blob(b, old, new)
     result = values.compare_values(str(a), str(b), _aligned(a, b))
-    assert result["inference"].status == "same"  # B's own saved input is not what it ran on
+    # B's own saved input is not what it ran on; nor its backward's activations, which come
+    # from B's forward run on A's input
+    assert {k: r.status for k, r in result.items()} == dict.fromkeys(GRAPHS, "same")
     w = _blob_of(b, "head.bias")
     _swap_blob(b, w, store.put(store.get(w) + 3.0))
     result = values.compare_values(str(a), str(b), _aligned(a, b))
@@ -711,6 +713,7 @@ def test_a_backward_whose_forward_did_not_run_is_skipped(pair):
     del aligned["forward"]
     result = values.compare_values(str(a), str(b), aligned)
     assert result["backward"] == ValuesComparison(status="skipped", reason="its forward (forward) did not run in both")
+    assert set(result) == GRAPHS - {"forward"}  # and the graphs after it still compared
 
 
 def test_a_graph_that_fails_to_run_is_skipped_and_the_others_compared(pair, monkeypatch):
@@ -1182,3 +1185,118 @@ def test_a_node_value_in_brief():
     assert v({"dtype": "float32", "shape": [2]}) == "float32[2]"
     assert v([{"dtype": "int64", "shape": []}, None]) == "(int64[], none)"
     assert v({"symbolic": "s0"}) == "sym" and v(3) == "?" and v(None) == "none" and v({"dtype": "f"}) == "?"
+
+
+# ---------------------------------------------------------------------------------------
+# more bounds: buffers, constants, run.json versions, untimed counts, merged checks
+
+
+def test_a_changed_buffer_is_named_as_a_buffer(pair):
+    a, b = pair
+    rec = json.loads((b / "norm" / "norm_forward_0" / "inputs.json").read_text())
+    entry = next(i for i in rec["inputs"] if i.get("target") == "running_mean")
+    old = rec["storages"][entry["storage"]]["blob"]
+    store = BlobStore(b / "norm")
+    new = store.put(store.get(old) + 1.0)
+    _swap_blob(b / "norm", old, new)
+    code, data = cli_json(str(a / "norm"), str(b / "norm"), "--no-values")
+    assert code == 1 and f"buffer running_mean: {old[:12]} -> {new[:12]}" in texts(data, "weights")
+
+
+def test_a_constant_renamed_is_a_weight_name_not_a_node_change(pair):
+    a, b = pair
+    edit_model(b / "mlp", "mlp_inference_0.freeze/graph.json",
+               lambda g: node(g, "_const_head_bias").update(target="_const_head_offset"))
+    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    assert code == 1 and not found(data, "nodes")
+    blob = _blob_of(a / "mlp", "head.bias")
+    assert texts(data, "weights") == [f"inference.freeze constant _const_head_bias: only in A ({blob[:12]})",
+                                      f"inference.freeze constant _const_head_offset: only in B ({blob[:12]})"]
+
+
+def test_a_constant_of_another_layout_is_a_node_change(pair):
+    a, b = pair
+    edit_model(b / "mlp", "mlp_inference_0.freeze/graph.json",
+               lambda g: node(g, "_const_head_bias").update(stride=[2]))
+    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    assert code == 1 and [d["a"] for d in found(data, "nodes", "inference.freeze")] == ["_const_head_bias"]
+
+
+def test_a_tree_s_own_versions_are_compared(runs):
+    a, b = runs
+    before = json.loads((a / "run.json").read_text())["versions"]["torch"]
+    edit_json(b / "run.json", lambda r: r["versions"].update(torch="9.9.9"))
+    code, data = cli_json(str(a), str(b))
+    assert code == 1 and found(data, "environment") == [{
+        "section": "environment", "where": "", "text": f"versions.torch {before} -> 9.9.9", "field": "versions.torch",
+        "a": before, "b": "9.9.9"}]
+
+
+@pytest.mark.parametrize("untimed, more", [(5, ""), (6, "; and 1 more")])
+def test_five_untimed_models_are_named_and_a_sixth_counted(runs, untimed, more):
+    a, b = runs
+
+    def many(run, skipped):
+        base = model_entry(run, "mlp")
+        run["models"] = [{**base, "name": f"m{i}", "total_seconds": 1.0, "skipped": skipped, "measured_in": None}
+                         for i in range(untimed)]
+
+    edit_json(a / "run.json", lambda r: many(r, False))
+    edit_json(b / "run.json", lambda r: many(r, True))
+    _, data = cli_json(str(a), str(b))
+    (note,) = data["notes"]
+    assert note.endswith("m4 1.00 s -> -" + more)
+
+
+def test_a_model_s_manifest_checks_are_counted_from_run_json_only(pair):
+    a, b = pair
+    edit_model(b / "mlp", "manifest.json", lambda m: m["checks"].update(skipped=99))
+    code, data = cli_json(str(a), str(b))
+    assert code == 0 and data["differences"] == []
+    code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    assert texts(data, "checks") == ["checks.skipped 13 -> 99"]
+
+
+def test_an_unequal_replacement_is_listed_as_only_in_a_and_only_in_b():
+    d = Diff("artifact", "A", "B")
+    artifacts._list_diff(d, "signature", "g", ["keep", "x: 1", "y: 2", "end"], ["keep", "z: 3", "end"])
+    assert [f.text for f in d.findings] == ["only in A: x: 1", "only in A: y: 2", "only in B: z: 3"]
+
+
+def test_node_references_are_replaced_by_the_layout_they_name():
+    g = GraphRecord.model_validate({"format_version": 2, "nodes": [
+        {"name": "x", "op": "placeholder", "target": "x", "val": {"dtype": "float32", "shape": [2]}},
+        {"name": "y", "op": "call_function", "target": "aten.add.Tensor",
+         "args": [{"tuple": [{"node": "x"}, {"node": "gone"}]}, {"dtype": "float32"}],
+         "kwargs": {"b": 1, "a": {"node": "x"}}},
+        {"name": "output", "op": "output", "args": [{"node": "y"}]}]})
+    y = g.nodes[1]
+    layouts = {"x": "float32[2]"}
+    assert artifacts._normalise(y.args, layouts) == [{"tuple": ["%float32[2]", "%?"]}, {"dtype": "float32"}]
+    normalised = artifacts._normalise(y.kwargs, layouts)
+    assert normalised == {"a": "%float32[2]", "b": 1} and list(normalised) == ["a", "b"]
+
+
+@pytest.mark.parametrize("origin, text", [
+    (None, "n (aten.relu.default)"),
+    ({"module": "", "module_class": "pkg.M", "source": "m.py:3"}, "n (aten.relu.default) [module (the model) M, m.py:3]"),
+    ({"module": "layers.1", "module_class": None, "source": None}, "n (aten.relu.default) [module layers.1]"),
+    ({"module": None, "module_class": "pkg.M", "source": "m.py:3"}, "n (aten.relu.default) [m.py:3]"),
+    ({"module": None, "module_class": None, "source": None}, "n (aten.relu.default)"),
+])
+def test_a_node_is_described_by_name_op_module_and_source(origin, text):
+    n = NodeRecord.model_validate({"name": "n", "op": "call_function", "target": "aten.relu.default", "args": [],
+                                   "origin": origin})
+    assert artifacts.describe_node(n) == text
+    out = NodeRecord.model_validate({"name": "output", "op": "output", "args": []})
+    assert artifacts.describe_node(out) == "output (output)"
+
+
+def test_stretches_of_several_nodes_are_counted_and_joined():
+    d = Diff("artifact", "A", "B")
+    artifacts._compare_nodes(d, "g", _chain_graph(["aten.add.Scalar"] * 3, [1, 2, 3]),
+                             _chain_graph(["aten.add.Scalar", "aten.mul.Scalar", "aten.mul.Scalar",
+                                           "aten.add.Scalar"], [1, 8, 9, 3]))
+    assert [f.text for f in d.findings] == [
+        "A has 1 node from n1 (aten.add.Scalar) where B has 2 nodes from n1 (aten.mul.Scalar) (after A n0, B n0)"]
+    assert d.findings[0].data == {"a": ["n1"], "b": ["n1", "n2"]}
