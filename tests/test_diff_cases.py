@@ -862,14 +862,15 @@ def test_a_model_on_one_side_only_is_missing_or_new(runs):
     assert found(data, "models") == [{"section": "models", "where": "norm", "text": "missing in B (was ok in A)",
                                       "model": "norm", "change": "missing"}]
     code, back = cli_json(str(b), str(a))
-    assert [(d["where"], d["text"], d["change"]) for d in found(back, "models")] == [
-        ("norm", "new in B (ok)", "new")]
+    assert found(back, "models") == [{"section": "models", "where": "norm", "text": "new in B (ok)",
+                                      "model": "norm", "change": "new"}]
 
 
 @pytest.mark.parametrize("a_status, b_status, error, text", [
     ("ok", "failed", "capture: planted\nsecond line", "ok -> failed: capture: planted"),
     ("ok", "failed", "  \n", "ok -> failed"),
     ("failed", "ok", None, "failed -> ok"),
+    ("failed", "ok", "an error kept from before", "failed -> ok"),  # B's error is said only where B failed
     ("ok", "failed", None, "ok -> failed"),
     ("ok", "partial", "x" * 200, "ok -> partial: " + "x" * 160),
 ])
@@ -897,8 +898,10 @@ def test_check_counts_and_graph_breaks_that_changed_are_named(pair):
     checks = [(d["where"], d["text"]) for d in found(data, "checks")]
     assert checks == [("mlp", "skipped 13 -> 3"), ("norm", "run 0 -> None"), ("norm", "passed 0 -> None"),
                       ("norm", "failed 0 -> None"), ("norm", "skipped 16 -> None")]
-    assert [(d["where"], d["text"], d["a"], d["b"]) for d in found(data, "breaks")] == [
-        ("mlp", "graph breaks 0 -> 2", 0, 2)]
+    assert found(data, "checks", "mlp") == [{"section": "checks", "where": "mlp", "text": "skipped 13 -> 3",
+                                             "model": "mlp", "field": "skipped", "a": 13, "b": 3}]
+    assert found(data, "breaks") == [{"section": "breaks", "where": "mlp", "text": "graph breaks 0 -> 2",
+                                      "model": "mlp", "a": 0, "b": 2}]
     # the model's manifest checks are not named again from its artefact
     assert all(d["where"] in ("mlp", "norm") for d in found(data, "checks"))
 
@@ -981,6 +984,7 @@ def test_more_than_five_untimed_models_are_counted(runs):
 @pytest.mark.parametrize("za, zb, changed", [
     (1000, 1500, False), (1000, 1501, True), (1501, 1000, True), (1500, 1000, False), (1000, 1000, False),
     (0, 1000, True),  # a model that wrote nothing in A (it failed there) and something in B
+    (1, 3, True),
 ])
 def test_bytes_count_only_beyond_the_threshold(runs, za, zb, changed):
     a, b = runs
@@ -993,6 +997,7 @@ def test_bytes_count_only_beyond_the_threshold(runs, za, zb, changed):
     else:
         change = f" ({(zb - za) / za:+.0%})" if za else ""
         assert code == 1 and found_bytes == [("norm", f"{za} -> {zb}{change}", za, zb)]
+        assert found(data, "bytes")[0]["model"] == "norm"
 
 
 def test_a_model_s_artefact_differences_are_named_under_the_model(pair):
