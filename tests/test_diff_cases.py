@@ -1039,6 +1039,7 @@ def test_merge_counts_a_model_s_weights_past_three_and_groups_what_models_share(
     assert [(f.where, f.text) for f in out.findings if f.where == "three"] == [
         ("three", f"param w{i}: x -> y") for i in range(3)]
     (four,) = [f for f in out.findings if f.where == "four"]
+    assert four.section == "weights"
     assert four.text == ("4 weights and constants differ (param w0, param w1, ...; diff the model's artefacts for "
                          "each digest)") and four.data == {"names": [f"param w{i}" for i in range(4)],
                                                              "model": "four"}
@@ -1064,6 +1065,9 @@ def test_beyond_is_symmetric_and_needs_both_numbers():
     assert beyond(0, 1, 0.5) and not beyond(0, 0, 0.5) and beyond(-1, 1, 0.5) and beyond(1, 0, 0.5)
     assert not beyond(0, 0.5, 0.5, floor=1.0) and beyond(0, 1.0, 0.5, floor=1.0)
     assert not beyond(None, 1, 0.5) and not beyond(1, None, 0.5) and not beyond("1", 2, 0.5)
+    assert beyond(0.2, 0.9, 0.5)  # no floor by default
+    assert not beyond(1, 1.2, 0.5) and not beyond(1.2, 1, 0.5)  # 1 is a size like any other: the ratio decides
+    assert beyond(-1, 0.5, 0.5, floor=1.0)  # the move, not the sum
 
 
 # ---------------------------------------------------------------------------------------
@@ -1258,6 +1262,9 @@ def test_a_model_s_manifest_checks_are_counted_from_run_json_only(pair):
     edit_model(b / "mlp", "manifest.json", lambda m: m["checks"].update(skipped=99))
     code, data = cli_json(str(a), str(b))
     assert code == 0 and data["differences"] == []
+    edit_model(b / "mlp", "mlp_inference_0/graph.json", lambda g: node(g, "relu").update(target="aten.sigmoid.default"))
+    code, data = cli_json(str(a), str(b))  # what follows a model's checks is still named
+    assert code == 1 and [d["where"] for d in found(data, "nodes")] == ["mlp/inference"] and not found(data, "checks")
     code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
     assert texts(data, "checks") == ["checks.skipped 13 -> 99"]
 
@@ -1286,6 +1293,7 @@ def test_node_references_are_replaced_by_the_layout_they_name():
     (None, "n (aten.relu.default)"),
     ({"module": "", "module_class": "pkg.M", "source": "m.py:3"}, "n (aten.relu.default) [module (the model) M, m.py:3]"),
     ({"module": "layers.1", "module_class": None, "source": None}, "n (aten.relu.default) [module layers.1]"),
+    ({"module": "a", "module_class": "M", "source": None}, "n (aten.relu.default) [module a M]"),
     ({"module": None, "module_class": "pkg.M", "source": "m.py:3"}, "n (aten.relu.default) [m.py:3]"),
     ({"module": None, "module_class": None, "source": None}, "n (aten.relu.default)"),
 ])
