@@ -105,7 +105,8 @@ def compare_trees(a: Path, b: Path, diff: Diff, threshold: float) -> list[tuple[
             untimed.append(one_sided)
         za, zb = x.bytes, y.bytes
         if _beyond(za, zb, threshold):
-            diff.add("bytes", name, f"{za} -> {zb} ({(zb - za) / za:+.0%})", model=name, a=za, b=zb)
+            change = f" ({(zb - za) / za:+.0%})" if za > 0 else ""  # a model that wrote nothing in A: no ratio
+            diff.add("bytes", name, f"{za} -> {zb}{change}", model=name, a=za, b=zb)
         if (a / name / records.MANIFEST).exists() and (b / name / records.MANIFEST).exists():
             inner = Diff("artifact", str(a / name), str(b / name))
             compare_artifacts(read_side(a / name), read_side(b / name), inner, model=name)

@@ -8,7 +8,10 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
+from aotpipe.artifact.verify import sign_artifact
 from aotpipe.cli import main
+from aotpipe.diff import values
+from tests.helpers.diff_trees import tiny_tree
 from tests.sandbox.test_sandbox import _hostile, needs_bwrap
 
 
@@ -20,7 +23,7 @@ def sandboxed(monkeypatch):
 @needs_bwrap
 def test_values_of_untrusted_artefacts_are_compared_in_the_sandbox(quickstart_run, tmp_path, monkeypatch):
     root, _ = quickstart_run
-    import aotpipe.diff.values as values
+    from aotpipe.diff import values
 
     monkeypatch.setattr(values, "compare_values", lambda *a, **k: pytest.fail("ran in this process"))
     b = tmp_path / "mlp"
@@ -43,3 +46,24 @@ def test_a_graph_the_sandbox_refuses_or_crashes_on_leaves_the_record_diff_standi
     assert [(d["where"], d["a"], d["b_target"]) for d in nodes] == [("inference", "permute",
                                                                      "aten._reshape_alias.default")]
     assert any(n.startswith("values not compared: ") for n in data["notes"]), data["notes"]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("signed", ["a", "b"])
+def test_with_key_and_one_side_signed_both_sides_run_in_the_sandbox(tmp_path, monkeypatch, signed):
+    """The audit's case: --key KEY with only one side signed by KEY ran the other's graphs in
+    this process. Both run in the sandbox, and a note says why."""
+    monkeypatch.setattr(values, "compare_values", lambda *a, **k: pytest.fail("ran in this process"))
+    a, b = tmp_path / "a" / "mlp", tmp_path / "b" / "mlp"
+    shutil.copytree(tiny_tree() / "mlp", a)
+    shutil.copytree(tiny_tree() / "mlp", b)
+    key = tmp_path / "k.key"
+    key.write_bytes(b"\x01" * 64)
+    sign_artifact(a if signed == "a" else b, f"hmac:{key}")
+    r = CliRunner().invoke(main, ["diff", str(a), str(b), "--key", f"hmac:{key}", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert set(data["first_divergence"]) == {"inference", "forward", "backward", "inference.freeze"}
+    (note,) = data["notes"]
+    assert note.startswith(f"not both signed by hmac:{key}, so their graphs ran in the sandbox: ")
+    assert str(b if signed == "a" else a) in note
