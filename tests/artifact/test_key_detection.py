@@ -68,6 +68,9 @@ LABELLED_FORMS = {  # refused as what they are, not merely for their size
                                     "a DER public key (base64)"),
 }
 ALL_FORMS = {**RAW_WITH_BLANKS, **TEXT_FORMS, **{k: v for k, (v, _) in LABELLED_FORMS.items()}}
+# From the command line, one of each kind (the function-level tests above cover every form)
+CLI_FORMS = ["raw and a newline", "raw and two newlines", "hex as xxd -p wraps it", "a JSON Web Key",
+             "DER wrapped as base64 lines"]
 
 
 def cli(*args):
@@ -143,7 +146,7 @@ def test_a_raw_key_whose_last_byte_is_a_newline_keeps_it_before_the_newline_afte
         load_key(pub)
 
 
-@pytest.mark.parametrize("case", sorted(ALL_FORMS))
+@pytest.mark.parametrize("case", CLI_FORMS)
 def test_sign_with_a_public_key_file_is_refused_from_the_command_line(artefact, tmp_path, case):
     pub = _write(tmp_path / "pub.key", ALL_FORMS[case])
     r = cli("sign", artefact, "--key", pub)
@@ -152,7 +155,7 @@ def test_sign_with_a_public_key_file_is_refused_from_the_command_line(artefact, 
     assert not (artefact / "signature.json").exists()
 
 
-@pytest.mark.parametrize("case", sorted(ALL_FORMS))
+@pytest.mark.parametrize("case", CLI_FORMS)
 def test_a_forgery_made_with_the_public_key_file_as_secret_never_verifies_or_replays_in_process(
         artefact, tmp_path, monkeypatch, case):
     data = ALL_FORMS[case]
