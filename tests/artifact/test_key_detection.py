@@ -222,3 +222,61 @@ def test_a_secret_needs_more_than_32_bytes_besides_whitespace_at_its_ends(tmp_pa
         assert (f"an HMAC secret must be at least 33 bytes, not counting whitespace at its ends (it has {inner})"
                 in str(e.value)), e.value
         assert "head -c 64 /dev/urandom > secret.key" in str(e.value)
+
+
+# A second key, seed 4: its hex holds all 16 digits, its base64url both '-' and '_', its
+# first byte is no whitespace (so blanks before it are cut cleanly)
+RAW4 = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([4]) * 32).public_key().public_bytes(
+    ser.Encoding.Raw, ser.PublicFormat.Raw)
+ID4 = hashlib.sha256(RAW4).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("data,how", [
+    ("".join(c.upper() if i % 2 else c for i, c in enumerate(RAW4.hex())).encode(), "hex of 32 bytes"),
+    (base64.urlsafe_b64encode(RAW4) + b"\n", "base64 of 32 bytes"),
+    (base64.urlsafe_b64encode(RAW4).rstrip(b"="), "base64 of 32 bytes"),
+    (base64.b64encode(RAW4) + b"=\n", "base64 of 32 bytes"),  # one '=' too many
+    (RAW4, "32 raw bytes, the size"),
+    (b"\n" + RAW4, "32 raw bytes and whitespace, the size"),
+    (b"\0" + RAW4 + b" ", "32 raw bytes and whitespace, the size"),
+])
+def test_each_form_of_32_bytes_is_named_and_read_with_ed25519_prefix(tmp_path, data, how):
+    f = _write(tmp_path / "pub.key", data)
+    with pytest.raises(AotpipeError, match="the size of a raw Ed25519 public key, so not taken as an HMAC secret") as e:
+        load_key(f)
+    assert f"{f}: {how}" in str(e.value) and f"say ed25519:{f};" in str(e.value), e.value
+    assert load_key(f"ed25519:{f}").key_id == ID4
+
+
+def test_a_json_secret_without_kty_is_a_secret_and_a_list_naming_kty_is_no_jwk(tmp_path):
+    f = _write(tmp_path / "s.key", json.dumps({"secret": base64.b64encode(bytes(range(48))).decode()}).encode())
+    assert load_key(f).algorithm == "hmac-sha256"
+    f = _write(tmp_path / "l.key", json.dumps(["kty", base64.b64encode(bytes(range(48))).decode()]).encode())
+    assert load_key(f).algorithm == "hmac-sha256"
+
+
+def test_a_passphrase_with_punctuation_is_a_secret_not_base64(tmp_path):
+    # 43 letters of the base64 alphabet among punctuation: 32 bytes only if the punctuation were dropped
+    phrase = b"correct, horse! battery; staple? tr0ub4dor & three. xkcd"
+    assert sum(chr(c).isalnum() for c in phrase) == 43
+    f = _write(tmp_path / "s.key", phrase)
+    assert load_key(f).algorithm == "hmac-sha256"
+
+
+def test_no_prefix_on_an_encoding_aotpipe_names_but_cannot_read_lists_no_raw_form(tmp_path):
+    data, _ = LABELLED_FORMS["a JSON Web Key"]
+    f = _write(tmp_path / "jwk.json", data)
+    with pytest.raises(AotpipeError) as e:
+        load_key(f)
+    assert "not an Ed25519 key in any encoding aotpipe reads (PEM, DER, OpenSSH); make one with: openssl genpkey" \
+        in str(e.value), e.value
+
+
+def test_without_the_cryptography_package_an_ed25519_key_is_one_line(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cryptography.exceptions", None)  # as if it were not installed
+    f = _write(tmp_path / "pub.key", RAW4)
+    with pytest.raises(AotpipeError, match=r"pub\.key: an Ed25519 key needs the cryptography package: pip install "
+                                           r"cryptography -c constraints\.txt$"):
+        load_key(f"ed25519:{f}")

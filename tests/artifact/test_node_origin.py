@@ -39,6 +39,7 @@ def _frame(file: str, line: int, fn: str = "forward") -> str:
     ("L['self'].fc['w']", "fc.w"),
     ("selfish.fc", "selfish.fc"),
     (".fc.", "fc"),
+    ("L['self'].X", "X"),
 ])
 def test_module_path_is_the_torch_export_spelling_of_every_captures(raw, path):
     assert prov.module_path(raw) == path

@@ -550,3 +550,193 @@ def test_a_hmac_signature_with_the_same_key_id_is_not_trusted_by_provenance(art,
     _put_sig(art, rec)
     (problem,) = keyring.provenance_problems(art)
     assert "signed with hmac-sha256, but" in problem
+
+
+# ---------------------------------------------------------------------------------------
+# More boundaries: what only loading the graphs finds, every problem at once, the keyring's modes
+
+def _reseal(art: Path) -> None:
+    m = json.loads((art / "manifest.json").read_text())
+    m["files"] = {p.relative_to(art).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                  for p in sorted(art.rglob("*")) if p.is_file() and p.name not in ("manifest.json", "signature.json")}
+    (art / "manifest.json").write_bytes(seal(m))
+
+
+def test_sign_artifact_signs_an_artefact_that_verifies(art, keys):
+    assert sign_artifact(art, keys["private"]) == art / "signature.json"
+    assert check_signature(art, keys["public"]) == []
+    with pytest.raises(AotpipeError, match="a public key verifies but cannot sign"):
+        sign_artifact(art, keys["other_public"])
+    assert check_signature(art, keys["public"]) == []
+
+
+def test_a_module_py_that_is_not_graph_json_s_is_found_only_by_loading(art):
+    module = art / "mlp_inference_0" / "module.py"
+    module.write_text(module.read_text().replace("aten.relu.default(addmm)", "aten.neg.default(addmm)"))
+    _reseal(art)  # a forger's edit: every hash fits
+    assert verify_artifact(art, load_graphs=False) == []
+    (problem,) = verify_artifact(art)
+    assert str(module) in problem and "neg" in problem, problem
+
+
+def test_a_graph_json_that_does_not_load_is_one_problem(art):
+    graph = art / "mlp_inference_0" / "graph.json"
+    g = json.loads(graph.read_text())
+    node = next(n for n in g["nodes"] if n["op"] == "call_function")
+    node["target"] = "os.system"
+    graph.write_text(json.dumps(g))
+    _reseal(art)
+    assert verify_artifact(art, load_graphs=False) == []
+    (problem,) = verify_artifact(art)
+    assert "graph.json" in problem and "os.system" in problem, problem
+
+
+def test_the_trust_decision_builds_no_graph(art, keys, config, monkeypatch):
+    _sign(art, keys["private"])
+    keyring.add_trusted(keys["public"], "alice")
+
+    def no(*args, **kwargs):
+        raise AssertionError("a graph was loaded to decide trust")
+
+    monkeypatch.setattr("aotpipe.artifact.load.load", no)
+    assert keyring.provenance_problems(art) == []
+    from aotpipe.sandbox.decide import trust_problems
+
+    assert trust_problems(art, str(keys["public"])) == []
+
+
+def test_every_problem_of_each_kind_is_reported_not_only_the_first(art, tmp_path):
+    m = json.loads((art / "manifest.json").read_text())
+    for name in ("../a", "../b"):
+        m["files"][name] = "0" * 64
+    for name in ("gone1", "gone2"):
+        m["files"][name] = "0" * 64
+    for name in ("link1", "link2"):
+        (art / name).symlink_to(tmp_path)
+        m["files"][name] = "0" * 64
+    for name in ("a" * 300, "b" * 300):  # longer than a file name may be: lstat fails
+        m["files"][name] = "0" * 64
+    for name in ("changed1", "changed2"):
+        (art / name).write_text("x")
+        m["files"][name] = "0" * 64
+    (art / "manifest.json").write_bytes(seal(m))
+    for name in ("stray1", "stray2"):
+        (art / name).write_text("x")
+    problems = verify_artifact(art, load_graphs=False)
+    for needle in ("bad file name '../a'", "bad file name '../b'", "gone1: missing", "gone2: missing",
+                   "link1: not a regular file", "link2: not a regular file", "a" * 300 + ": cannot read (File name too long)",
+                   "b" * 300 + ": cannot read (File name too long)", "changed1: sha256 differs", "changed2: sha256 differs",
+                   "stray1: not listed", "stray2: not listed"):
+        assert sum(needle in p for p in problems) == 1, (needle, problems)
+    assert all(isinstance(p, str) and p.startswith(str(art)) for p in problems), problems
+
+
+def test_two_files_over_the_size_bound_are_both_breaches(art):
+    a = _list_file(art, "blobs/a.bin", (1 << 20) + 2)
+    b = _list_file(art, "blobs/b.bin", (1 << 20) + 2)
+    with limits.override(max_record_bytes=1 << 15, max_tensor_bytes=1):
+        problems = verify_artifact(art, load_graphs=False)
+    assert sorted(p.split(": ")[0] for p in problems) == [str(a), str(b)]
+    assert all(isinstance(p, Breach) and "2 MB on disk" in p or "1.05 MB on disk" in p for p in problems), problems
+
+
+def test_without_max_tensor_bytes_the_bound_names_max_bytes(art):
+    big = _list_file(art, "blobs/big.bin", (1 << 20) + 2)
+    with limits.override(max_record_bytes=1 << 15, max_bytes=1):
+        (problem,) = verify_artifact(art, load_graphs=False)
+    assert problem.startswith(f"{big}: 1.05 MB on disk, over the limit of") and "AOTPIPE_MAX_BYTES" in problem, problem
+
+
+def test_a_manifest_over_the_record_limit_is_a_breach_and_bad_json_is_not(art, tmp_path):
+    with limits.override(max_record_bytes=100):
+        (problem,) = verify_artifact(art, load_graphs=False)
+    assert isinstance(problem, Breach) and "AOTPIPE_MAX_RECORD_BYTES" in problem, problem
+    (art / "manifest.json").write_text("{")
+    (problem,) = verify_artifact(art, load_graphs=False)
+    assert not isinstance(problem, Breach) and str(art / "manifest.json") in problem
+
+
+def test_a_manifest_missing_a_field_is_named_after_its_checksum(art):
+    m = json.loads((art / "manifest.json").read_text())
+    del m["fingerprint"]
+    (art / "manifest.json").write_bytes(seal(m))
+    (problem,) = verify_artifact(art, load_graphs=False)
+    assert str(art / "manifest.json") in problem and "fingerprint" in problem, problem
+    m["model"]["name"] = "x"
+    (art / "manifest.json").write_text(json.dumps(m))  # not resealed either: both said, checksum first
+    checksum, field = verify_artifact(art, load_graphs=False)
+    assert "its checksum does not match" in checksum and "fingerprint" in field
+
+
+def test_unfinished_folders_are_named_once_by_graph_or_inputs(tmp_path):
+    for d, f in (("a/a_0", "inputs.json"), ("b/x_0", "graph.json"), ("b/y_0", "graph.json"), ("c/c_0", "other")):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / f).write_text("{}")
+    assert find_artifacts(tmp_path) == ([], [tmp_path / "a", tmp_path / "b"])
+
+
+def test_the_own_key_folder_is_made_with_its_parents(tmp_path, monkeypatch):
+    monkeypatch.setenv("AOTPIPE_CONFIG_DIR", str(tmp_path / "deep" / "er" / "config"))
+    assert keyring.own_key() == tmp_path / "deep" / "er" / "config" / "signing-key.pem"
+
+
+def test_keys_added_under_a_group_writable_umask_are_still_trusted(config, keys):
+    old = os.umask(0o002)
+    try:
+        keyring.own_key()
+        keyring.add_trusted(keys["public"], "alice")
+    finally:
+        os.umask(old)
+    assert len(keyring.trusted_keys()) == 2
+    assert stat.S_IMODE((config / "trusted").stat().st_mode) & 0o077 == 0
+
+
+@pytest.mark.parametrize("which,what", [("config", "the folder of the keys you trust"),
+                                        ("trusted", "the folder of the keys you trust"),
+                                        ("key", "a key you trust"), ("own key", "a key you trust")])
+def test_the_keyring_names_what_others_may_write(config, keys, which, what):
+    keyring.own_key()
+    path = keyring.add_trusted(keys["public"], "bob")
+    target = {"config": config, "trusted": path.parent, "key": path, "own key": config / "signing-key.pem"}[which]
+    target.chmod(stat.S_IMODE(target.stat().st_mode) | 0o002)
+    with pytest.raises(AotpipeError, match=f"{target}: {what} is writable by others or not yours"):
+        keyring.trusted_keys()
+
+
+def test_folders_others_may_enter_and_read_are_fine(config, keys):
+    keyring.own_key()
+    path = keyring.add_trusted(keys["public"], "bob")
+    for folder in (config, path.parent):
+        folder.chmod(0o755)
+    assert len(keyring.trusted_keys()) == 2
+    r = cli("trust", "key")
+    assert r.exit_code == 0, r.output
+
+
+def test_the_signing_key_folder_names_itself_when_others_may_write_it(config, monkeypatch):
+    config.mkdir(mode=0o700)
+    config.chmod(0o770)
+    with pytest.raises(AotpipeError, match=f"{config}: the folder for your signing key is writable by others"):
+        keyring.own_key()
+
+
+def test_remove_names_every_key_still_trusted(config, keys):
+    keyring.own_key()
+    keyring.add_trusted(keys["public"], "alice")
+    keyring.add_trusted(keys["other_public"], "bob")
+    with pytest.raises(AotpipeError, match=r"no trusted key named 'carol' \(trusted: alice, bob; aotpipe trust list\)"):
+        keyring.remove_trusted("carol")
+
+
+def test_an_hmac_spec_names_the_fix_when_trusted(keys, config):
+    with pytest.raises(AotpipeError, match=r"an HMAC secret cannot be trusted this way \(whoever verifies with it can "
+                                           r"also sign\); trust a colleague's Ed25519 public key, or pass --key "
+                                           r"hmac:FILE each time$"):
+        keyring.add_trusted(f"hmac:{keys['hmac']}")
+
+
+def test_a_manifest_over_the_record_limit_is_a_signature_problem_naming_the_limit(art, keys):
+    _sign(art, keys["hmac"])
+    with limits.override(max_record_bytes=2000):  # signature.json fits, manifest.json does not
+        (problem,) = check_signature(art, keys["hmac"])
+    assert problem.startswith(f"{art / 'manifest.json'}: ") and "AOTPIPE_MAX_RECORD_BYTES" in problem, problem
