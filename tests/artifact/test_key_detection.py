@@ -280,3 +280,20 @@ def test_without_the_cryptography_package_an_ed25519_key_is_one_line(tmp_path, m
     with pytest.raises(AotpipeError, match=r"pub\.key: an Ed25519 key needs the cryptography package: pip install "
                                            r"cryptography -c constraints\.txt$"):
         load_key(f"ed25519:{f}")
+
+
+def test_each_key_format_is_named_when_refused_as_a_secret(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    ecdsa = ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(ser.Encoding.OpenSSH,
+                                                                              ser.PublicFormat.OpenSSH)
+    pem = PUBLIC.public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
+    for data, what in ((pem, "a PEM block"), (OPENSSH + b" me@host\n", "an OpenSSH key"),
+                       (ecdsa + b"\n", "an OpenSSH key")):
+        f = _write(tmp_path / "k", data)
+        with pytest.raises(AotpipeError) as e:
+            load_key(f"hmac:{f}")
+        assert f"{f}: holds {what}, not an HMAC secret (a public key is no secret" in str(e.value), e.value
+    with pytest.raises(AotpipeError, match=r"k: a \w+ key; aotpipe signs with Ed25519 keys "
+                                           r"\(openssl genpkey -algorithm ed25519 -out key\.pem\)$"):
+        load_key(f)
