@@ -24,7 +24,8 @@ from aotpipe.merge import NamedPipeline, merge_runs
 from aotpipe.report import REPORT_MD, RUN_JSON, dump_run, run_record, settled_text
 from aotpipe.results import why_failed
 from aotpipe.runner import RunInterrupted, run_pipeline
-from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed, trust_problems
+from aotpipe.sandbox.decide import decide_sandbox
+from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed
 from aotpipe.shards import parse_shard
 from aotpipe import views
 from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
@@ -385,12 +386,10 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     failed = _failed_at_capture(p if (p / "manifest.json").exists() else p.parent)
     opts = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
                 threads=threads, trust_code=trust_code, trust_ops=trust_ops)
-    in_process = no_sandbox
-    if not in_process:
-        untrusted = trust_problems(p, key)
-        in_process = not untrusted
-        if untrusted and key is not None:  # without --key, the sandbox is simply the default
-            _say(f"note: not signed by {key}, so replayed in the sandbox: {untrusted[0]}", err=True)
+    decision = decide_sandbox([p], key=key, no_sandbox=no_sandbox)
+    in_process = decision.in_process
+    if decision.why and key is not None:  # without --key, the sandbox is simply the default
+        _say(f"note: not signed by {key}, so replayed in the sandbox: {decision.why}", err=True)
     try:
         if in_process:
             if device is not None:
@@ -934,12 +933,11 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
         if above is not None and not above.is_dir():
             raise AotpipeError(f"-o {output}: {above} is a file, not a folder; choose another path")
         raise AotpipeError(f"-o {output}: the folder {folder} does not exist; make it first (mkdir -p {folder})")
-    if not trusted:
-        untrusted = trust_problems(p, key)
-        if untrusted:
-            who = key if key is not None else "a key you trust"
-            raise AotpipeError(f"not exported (export-pt2 runs the graph in this process, and the artefact is not "
-                               f"signed by {who}): {untrusted[0]}; or --no-sandbox if you otherwise trust it")
+    decision = decide_sandbox([p], key=key, no_sandbox=trusted)
+    if not decision.in_process:
+        who = key if key is not None else "a key you trust"
+        raise AotpipeError(f"not exported (export-pt2 runs the graph in this process, and the artefact is not "
+                           f"signed by {who}): {decision.why}; or --no-sandbox if you otherwise trust it")
     r = export(p, Path(output), graph)
     verdict = "identical" if r.identical else f"max abs difference {r.max_abs_difference:.3g}"
     _say(f"wrote {r.path}: {r.graph} graph, {r.user_inputs} inputs, {r.outputs} outputs, {r.parameters} parameters, "

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from aotpipe.artifact.signing import check_signature, load_key
+from aotpipe.artifact.signing import SigningKey, check_signature, load_key, split_key_spec
 from aotpipe.artifact.verify import verify_artifact
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format import limits, records
@@ -48,10 +48,16 @@ def _private_folder(path: Path) -> None:
         path.mkdir(parents=True, mode=0o700)
         os.chmod(path, 0o700)  # whatever the umask
         return
+    _yours_alone(path, "the folder for your signing key")
+
+
+def _yours_alone(path: Path, what: str) -> None:
+    """An AotpipeError unless `path`, which trust rests on, is the user's and no one else may write it:
+    whoever could would make their key trusted."""
     info = path.stat()
     if info.st_mode & 0o022 or info.st_uid != os.geteuid():
-        raise AotpipeError(f"{path}: the folder for your signing key is writable by others or not yours (mode "
-                           f"{info.st_mode & 0o777:o}); chmod go-w {path}, or point AOTPIPE_CONFIG_DIR elsewhere")
+        raise AotpipeError(f"{path}: {what} is writable by others or not yours (mode {info.st_mode & 0o777:o}); "
+                           f"chmod go-w {path}, or point AOTPIPE_CONFIG_DIR elsewhere")
 
 
 def own_key(create: bool = True) -> Optional[Path]:
@@ -82,31 +88,42 @@ def own_key(create: bool = True) -> Optional[Path]:
 
 def public_pem(spec: str | Path) -> bytes:
     """The public key of the Ed25519 key `spec` names, as PEM."""
-    key = load_key(spec if ":" in str(spec) else f"ed25519:{spec}")
+    key = _ed25519(spec)
     from cryptography.hazmat.primitives import serialization
 
     return key.public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def _ed25519(spec: str | Path) -> SigningKey:
+    """The Ed25519 key `spec` names (``FILE`` is read as ``ed25519:FILE``); an HMAC secret is refused."""
+    algorithm, path = split_key_spec(spec)
+    if algorithm == "hmac-sha256":
+        raise AotpipeError(f"{spec}: an HMAC secret cannot be trusted this way (whoever verifies with it can also "
+                           "sign); trust a colleague's Ed25519 public key, or pass --key hmac:FILE each time")
+    return load_key(f"ed25519:{path}")
+
+
 def trusted_keys() -> list[Path]:
-    """Every key file the user trusts: their own, then those added with `aotpipe trust add`."""
+    """Every key file the user trusts: their own, then those added with `aotpipe trust add`.
+    An AotpipeError if others may write the config folder, the trusted folder or a key in them."""
     keys = []
+    if config_dir().exists():
+        _yours_alone(config_dir(), "the folder of the keys you trust")
     own = own_key(create=False)
     if own is not None:
         keys.append(own)
     folder = config_dir() / TRUSTED
     if folder.is_dir():
+        _yours_alone(folder, "the folder of the keys you trust")
         keys += sorted(p for p in folder.iterdir() if p.suffix == ".pem" and p.is_file())
+    for key in keys:
+        _yours_alone(key, "a key you trust")
     return keys
 
 
 def add_trusted(spec: str | Path, name: Optional[str] = None) -> Path:
     """Trust the Ed25519 key `spec` names (its public half is stored); returns the file written."""
-    algorithm, _, rest = str(spec).partition(":")
-    if algorithm == "hmac":
-        raise AotpipeError(f"{spec}: an HMAC secret cannot be trusted this way (whoever verifies with it can also "
-                           "sign); trust a colleague's Ed25519 public key, or pass --key hmac:FILE each time")
-    key = load_key(spec if algorithm == "ed25519" else f"ed25519:{spec}")
+    key = _ed25519(spec)
     name = name or key.key_id
     if not _NAME.fullmatch(name):
         raise AotpipeError(f"--name {name!r}: a name is letters, digits, '.', '_' or '-' (at most 64), e.g. alice")
@@ -118,6 +135,7 @@ def add_trusted(spec: str | Path, name: Optional[str] = None) -> Path:
         raise AotpipeError(f"{path}: a key named {name} is trusted already; remove it first (aotpipe trust remove "
                            f"{name}) or give another --name")
     path.write_bytes(public_pem(spec))
+    os.chmod(path, 0o644)  # whatever the umask: a key others may write would not be trusted
     return path
 
 

@@ -12,10 +12,13 @@ A key is given as ``ed25519:FILE``, ``hmac:FILE`` or ``FILE``; each file is pars
   block sits in the file: after comments, after a "Bag Attributes" block), DER
   (SubjectPublicKeyInfo or PKCS#8), OpenSSH (``ssh-ed25519 AAAA...`` or an OpenSSH private
   key); with ``ed25519:`` also a raw 32-byte public key, in binary, base64 or hex.
-- HMAC-SHA256 (the standard library): a shared secret of at least 32 bytes; the same file
-  signs and verifies. A file that holds a PEM block anywhere, or parses as any key
-  encoding above, or is exactly 32 bytes (raw, base64 or hex: the size of a raw Ed25519
-  public key) is never taken as a secret: whoever has a public key could forge with it.
+- HMAC-SHA256 (the standard library): a shared secret of more than 32 bytes, whitespace at
+  its ends not counted; the same file signs and verifies. A file that holds a PEM block
+  anywhere, or parses as any key encoding above (also as hex or base64 text, wrapped or
+  not, whole or one line of it), a JSON Web Key, a minisign or signify public key, or
+  exactly 32 bytes (raw with whitespace around them, hex or base64: the size of a raw
+  Ed25519 public key) is never taken as a secret: whoever has a public key could forge
+  with it.
 signature.json names the algorithm, and a signature is only checked with a key of that
 algorithm.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +49,7 @@ SIGNATURE_VERSION = 1
 # What is signed: this context, then manifest.json's bytes (a signature made for another
 # purpose with the same key cannot pass for one of these).
 _CONTEXT = b"aotpipe artefact signature v1\n"
-_MIN_SECRET = 32
+_MIN_SECRET = 33  # more than a raw Ed25519 public key's 32 bytes
 _MAX_KEY_FILE = 64 << 10
 
 
@@ -101,13 +105,16 @@ def load_key(spec: str | Path, *, for_signing: bool = False) -> SigningKey:
     if raw is not None:
         raise AotpipeError(f"{p}: {raw[0]}, the size of a raw Ed25519 public key, so not taken as an HMAC secret; "
                            f"for that public key say ed25519:{p}; for a secret: {_MAKE_SECRET}")
-    if len(data) < _MIN_SECRET:
-        raise AotpipeError(f"{p}: an HMAC secret must be at least {_MIN_SECRET} bytes (it has {len(data)}); "
-                           f"make one with: {_MAKE_SECRET}")
+    inner = len(data.strip(_BLANK))
+    if inner < _MIN_SECRET:
+        raise AotpipeError(f"{p}: an HMAC secret must be at least {_MIN_SECRET} bytes, not counting whitespace at "
+                           f"its ends (it has {inner}); make one with: {_MAKE_SECRET}")
     return _hmac_key(p, data)
 
 
 _MAKE_SECRET = "head -c 64 /dev/urandom > secret.key"
+# What an editor, `echo` or a copy and paste leaves around a key: never part of a secret.
+_BLANK = b" \t\r\n\v\f\0"
 
 
 def _public_key_encoding(data: bytes) -> Optional[str]:
@@ -117,51 +124,76 @@ def _public_key_encoding(data: bytes) -> Optional[str]:
         return "a PEM block"
     if b"ssh-" in data or b"ecdsa-sha2-" in data or b"sk-ssh-" in data:
         return "an OpenSSH key"
+    if _is_jwk(data):
+        return "a JSON Web Key"
     from cryptography.hazmat.primitives import serialization
 
-    candidates = [data]
-    stripped = data.strip()
-    try:
-        candidates.append(base64.b64decode(stripped, validate=True))
-    except ValueError:
-        pass
-    for blob in candidates:
+    for how, blob in [("", data)] + _decodings(data):
+        suffix = f" ({how})" if how else ""
+        if b"ssh-" in blob:  # an OpenSSH key's base64 blob without its "ssh-ed25519 " label
+            return "an OpenSSH key" + suffix
+        if len(blob) == 42 and blob.startswith(b"Ed"):  # algorithm, key number, the 32-byte key
+            return "a minisign or signify public key" + suffix
         for what, parse in (("a DER public key", lambda b: serialization.load_der_public_key(b)),
                             ("a DER private key", lambda b: serialization.load_der_private_key(b, password=None))):
             try:
                 parse(blob)
             except (ValueError, TypeError, UnsupportedAlgorithm):
                 continue
-            return what + (" (base64)" if blob is not data else "")
+            return what + suffix
     return None
 
 
-_B64 = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
-_B64URL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=")
-_HEX = frozenset(b"0123456789abcdefABCDEF")
+def _is_jwk(data: bytes) -> bool:
+    """Whether `data` is a JSON object with a JSON Web Key's "kty" (an OKP key's "x" is the raw public key)."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and "kty" in value
+
+
+def _decodings(data: bytes) -> list[tuple[str, bytes]]:
+    """Every reading of `data` as text that encodes bytes, as (how, the bytes): hex (any case, with
+    ':' between bytes or not) and base64 (standard or URL-safe, padded or not), of the whole text
+    with every whitespace removed (wrapped lines, as `xxd -p` or `base64` write them) and of each
+    line alone (a key under a comment line). Binary data has none."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        return []
+    pieces = ["".join(text.split())] + [line.strip() for line in text.splitlines()]
+    out = []
+    for piece in dict.fromkeys(p for p in pieces if p):
+        digits = piece.replace(":", "")
+        if len(digits) % 2 == 0 and set(digits) <= _HEX:
+            out.append(("hex", bytes.fromhex(digits)))
+        unpadded = piece.rstrip("=")
+        for alt in (None, b"-_"):
+            try:
+                out.append(("base64", base64.b64decode(unpadded + "=" * (-len(unpadded) % 4), altchars=alt,
+                                                       validate=True)))
+            except ValueError:
+                continue
+    return out
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 def _as_32(data: bytes) -> Optional[tuple[str, bytes]]:
-    """(how, the 32 bytes) if `data` holds exactly 32 bytes: raw, hex, or base64 (standard or
-    URL-safe, padded or not); else None. The size of a raw Ed25519 public key."""
+    """(how, the 32 bytes) if `data` holds exactly 32 bytes: raw (whitespace around them aside:
+    the newline an editor or `echo` adds is not part of them), or written as hex or base64 (see
+    :func:`_decodings`); else None. The size of a raw Ed25519 public key."""
     if len(data) == 32:
         return "32 raw bytes", data
-    for end in (b"\n", b"\r\n"):  # as an editor or `echo` saves it: the newline is not part of it
-        if len(data) == 32 + len(end) and data.endswith(end):
-            return "32 raw bytes and a line end", data[:32]
-    text = data.strip()
-    if len(text) == 64 and set(text) <= _HEX:
-        return "hex of 32 bytes", bytes.fromhex(text.decode("ascii"))
-    if 43 <= len(text) <= 44:
-        for alphabet, alt in ((_B64, None), (_B64URL, b"-_")):
-            if set(text) <= alphabet:
-                try:
-                    raw = base64.b64decode(text.rstrip(b"=") + b"=" * (-len(text.rstrip(b"=")) % 4),
-                                           altchars=alt, validate=True)
-                except ValueError:
-                    continue
-                if len(raw) == 32:
-                    return "base64 of 32 bytes", raw
+    if len(data) > 32 and not data[32:].strip(_BLANK):  # the key's own last bytes may be whitespace: only what follows is cut
+        return "32 raw bytes and whitespace", data[:32]
+    if len(data.strip(_BLANK)) == 32:
+        return "32 raw bytes and whitespace", data.strip(_BLANK)
+    for how, blob in _decodings(data):
+        if len(blob) == 32:
+            return f"{how} of 32 bytes", blob
     return None
 
 

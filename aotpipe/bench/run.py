@@ -27,7 +27,7 @@ from aotpipe.artifact.load import load
 from aotpipe.artifact.verify import find_artifacts
 from aotpipe.executors.base import Failure, Resources, Task
 from aotpipe.executors.process import ProcessExecutor
-from aotpipe.sandbox.replay import trust_problems
+from aotpipe.sandbox.decide import decide_sandbox
 
 KINDS = ("inference", "forward", "backward", "joint")
 DEFAULT_TIMEOUT_S = 600.0
@@ -101,14 +101,10 @@ def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted:
     """Refuse (a user error) artefacts that are neither trusted by the user (signed by their
     own key or one they added) nor signed by `key`: a bench runs graphs in worker processes,
     not the sandbox."""
-    if trusted:
-        return
-    bad = []
-    for m, label in models:
-        problems = trust_problems(m, key)
-        if problems:
-            bad.append(f"{label}: {problems[0]}")
-    if bad:
+    decision = decide_sandbox([m for m, _ in models], key=key, no_sandbox=trusted)
+    if not decision.in_process:
+        labels = dict(models)
+        bad = [f"{labels[m]}: {why}" for m, why in decision.untrusted]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         who = key if key is not None else "a key you trust"
         raise AotpipeError(f"not signed by {who}, so not benched (a bench runs graphs in worker processes, not the "

@@ -10,7 +10,7 @@ from aotpipe.diff.artifacts import compare_artifacts, describe_node, read_side
 from aotpipe.diff.model import Diff
 from aotpipe.diff.trees import RUN_JSON, compare_trees
 from aotpipe.errors import AotpipeError, SandboxUnavailable
-from aotpipe.sandbox.replay import trust_problems
+from aotpipe.sandbox.decide import decide_sandbox
 
 _WHAT = ("pass two artefact folders (each holding manifest.json) or two output trees "
          "(each holding run.json, as `aotpipe run` writes them)")
@@ -69,11 +69,10 @@ def _compare_values(diff: Diff, sa, sb, aligned: dict[str, dict[str, str]], in_p
     # torch (diff.values runs graphs): kept off the torch-free path of a records-only diff
     from aotpipe.diff import values
 
-    if not in_process:
-        untrusted = trust_problems(sa.path, key) or trust_problems(sb.path, key)
-        in_process = not untrusted
-        if untrusted and key is not None:  # without --key, the sandbox is simply the default
-            diff.notes.append(f"not both signed by {key}, so their graphs ran in the sandbox: {untrusted[0]}")
+    decision = decide_sandbox([sa.path, sb.path], key=key, no_sandbox=in_process)  # both sides, or the sandbox
+    in_process = decision.in_process
+    if decision.why and key is not None:  # without --key, the sandbox is simply the default
+        diff.notes.append(f"not both signed by {key}, so their graphs ran in the sandbox: {decision.why}")
     try:
         if in_process:
             result = values.compare_values(str(sa.path), str(sb.path), aligned, trust_ops=tuple(trust_ops))

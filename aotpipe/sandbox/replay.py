@@ -6,7 +6,7 @@
 - :func:`replay_sandboxed` does the same in a sandboxed worker (:mod:`aotpipe.sandbox`)
   and rebuilds the results from the JSON it sends back; a crash or corruption there is a
   :class:`~aotpipe.errors.SandboxError`.
-- :func:`trust_problems` says whether an artefact is signed by a key (and unchanged since).
+- Which of the two runs an artefact's graphs: :mod:`aotpipe.sandbox.decide`.
 """
 
 from __future__ import annotations
@@ -149,29 +149,3 @@ def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: st
     finally:
         importing.join()
     return ReplayOutcome.from_json(value, sandboxed=True)
-
-
-def model_folder(path: str | Path) -> Path:
-    """The model folder (the one with manifest.json) of `path`, a model or a graph folder."""
-    p = Path(path)
-    return p.parent if (p / "graph.json").exists() and not (p / "manifest.json").exists() else p
-
-
-def trust_problems(path: str | Path, key: Optional[str] = None) -> list[str]:
-    """Why the artefact at `path` is not one to run in this process; [] if it is signed by
-    `key` (or, without one, by a key the user trusts: their own or one they added, see
-    :mod:`aotpipe.artifact.keyring`) and every file is still the one its signed manifest lists.
-
-    Reads and hashes only: no graph is built. A bad key file is the user's error, raised."""
-    from aotpipe.artifact.keyring import provenance_problems  # cryptography: only when used
-    from aotpipe.artifact.signing import check_signature, load_key  # cryptography: only when used
-    from aotpipe.artifact.verify import verify_artifact  # cryptography: only when used
-
-    folder = model_folder(path)
-    if key is None:
-        return provenance_problems(folder)
-    load_key(key)
-    problems = check_signature(folder, key)
-    if problems:
-        return problems
-    return verify_artifact(folder, load_graphs=False)

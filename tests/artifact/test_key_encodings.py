@@ -36,8 +36,8 @@ PUBLIC_ENCODINGS = {
                 "an OpenSSH key"),
     "raw 32 bytes": (RAW, "32 raw bytes, the size of a raw Ed25519 public key"),
     # the audit's bug: one byte more than a raw key, and it passed for a 33-byte HMAC secret
-    "raw 32 bytes and a newline": (RAW + b"\n", "32 raw bytes and a line end, the size of a raw Ed25519 public key"),
-    "raw 32 bytes and CRLF": (RAW + b"\r\n", "32 raw bytes and a line end"),
+    "raw 32 bytes and a newline": (RAW + b"\n", "32 raw bytes and whitespace, the size of a raw Ed25519 public key"),
+    "raw 32 bytes and CRLF": (RAW + b"\r\n", "32 raw bytes and whitespace"),
     "base64 of raw": (base64.b64encode(RAW) + b"\n", "base64 of 32 bytes, the size of a raw Ed25519 public key"),
     "base64url of raw, unpadded": (base64.urlsafe_b64encode(RAW).rstrip(b"="), "base64 of 32 bytes"),
     "hex of raw": (RAW.hex().encode() + b"\n", "hex of 32 bytes"),
@@ -144,7 +144,7 @@ def test_hmac_round_trip_with_and_without_the_prefix(mlp_copy, tmp_path):
 def test_unusable_keys_are_one_line_exit_2(mlp_copy, tmp_path, case):
     if case == "short secret":
         args, needle = ["verify", mlp_copy, "--key", f"hmac:{_write(tmp_path / 's', b'password' * 3)}"], \
-            "an HMAC secret must be at least 32 bytes (it has 24)"
+            "an HMAC secret must be at least 33 bytes, not counting whitespace at its ends (it has 24)"
     elif case == "raw public key signs":
         args, needle = ["sign", mlp_copy, "--key", f"ed25519:{_write(tmp_path / 'raw', RAW)}"], \
             "a public key verifies but cannot sign"
@@ -173,5 +173,5 @@ def test_a_33_byte_secret_is_a_secret_unless_its_last_byte_is_a_line_end(tmp_pat
     inside = _write(tmp_path / "inside.key", bytes(range(1, 34)))  # 33 bytes, the last no line end
     assert load_key(f"hmac:{inside}").algorithm == "hmac-sha256"
     outside = _write(tmp_path / "outside.key", bytes(range(1, 33)) + b"\n")  # 32 bytes and a newline
-    with pytest.raises(AotpipeError, match="32 raw bytes and a line end"):
+    with pytest.raises(AotpipeError, match="32 raw bytes and whitespace"):
         load_key(f"hmac:{outside}")

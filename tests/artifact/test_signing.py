@@ -168,7 +168,7 @@ def test_unusable_key_files_are_one_line_exit_2(mlp_copy, keys, tmp_path, case):
     elif case == "short secret":
         (tmp_path / "short").write_bytes(b"password")
         args = ["verify", mlp_copy, "--key", tmp_path / "short"]
-        needle = "an HMAC secret must be at least 32 bytes"
+        needle = "an HMAC secret must be at least 33 bytes"
     else:
         from cryptography.hazmat.primitives.asymmetric import rsa
 
