@@ -525,8 +525,8 @@ def _failed_at_capture(folder: Any) -> str | None:
 @main.command(short_help='Sign every artefact under a folder.')
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", default=None,
-              help="An Ed25519 private key (PEM, DER or OpenSSH), or an HMAC-SHA256 secret of at least 32 bytes "
-                   "(never a public key, never exactly 32 bytes). Default: your own key (aotpipe trust key), "
+              help="An Ed25519 private key (PEM, DER or OpenSSH), or an HMAC-SHA256 secret of more than 32 bytes, "
+                   "whitespace at its ends not counted (never a public key). Default: your own key (aotpipe trust key), "
                    "so that you trust what you signed.")
 @_user_errors
 def sign(directory: str, key: str | None) -> None:
