@@ -196,16 +196,20 @@ def test_the_page_shows_each_files_score_each_survivor_and_each_reason(tmp_path)
     _write_group(groups, "g", 'sources = ["aotpipe/accuracy.py"]\ntests = ["tests/t.py"]\n'
                  f'[[equivalent]]\nmutant = "{key}"\nreason = "equivalent: the two agree here"\n')
     _write_group(groups, "h", 'sources = ["aotpipe/evidence.py"]\ntests = ["tests/t.py"]\n')
+    _write_group(groups, "i", 'sources = ["aotpipe/opcov.py"]\ntests = ["tests/t.py"]\n')
     survivor = _mutant("aotpipe.accuracy.x_floor__mutmut_2", "survived", DIFF.replace("<= 10", "<= 500"))
     ms = mutation.keyed([_mutant("aotpipe.accuracy.x_multiplier__mutmut_1", "survived"), survivor,
                          _mutant("aotpipe.accuracy.x_floor__mutmut_1", "killed", DIFF.replace("<", ">")),
                          _mutant("aotpipe.accuracy.x_floor__mutmut_9", "not checked", DIFF.replace("<", "!="))])
     results.mkdir()
     (results / "g.json").write_text(json.dumps({"mutants": ms, "run": {"wall_s": 60.0, "date": "d", "commit": "c"}}))
+    unrun = mutation.keyed([_mutant("aotpipe.opcov.x_f__mutmut_1", "not checked", file="aotpipe/opcov.py")])
+    (results / "i.json").write_text(json.dumps({"mutants": unrun}))
     text = mutation.page(groups, results)
     assert ("| g | `aotpipe/accuracy.py` | 4 | 1 | 1 | 0 | 1 | 1 | 50.0% (of those run) **under target** "
-            "| d, c, 60.0 s |") in text
+            "| d, c, 60 s |") in text
     assert "| h | aotpipe/evidence.py | not run yet |" in text
+    assert "| i | `aotpipe/opcov.py` | 1 | 0 | 0 | 0 | 0 | 1 | none run | not recorded" in text
     assert "- `aotpipe.accuracy.floor: if numel <= 500: => if numel < 10:` (survived)" in text
     assert f"| `{key}` | equivalent: the two agree here |" in text
     assert "all groups: 1.0 min" in text
@@ -265,3 +269,13 @@ def test_the_sample_is_fixed_and_tries_every_file(tmp_path):
     from_a = [p for p in picked if p.startswith("aotpipe.a.")]
     assert 0 < len(from_a) < 40 and "aotpipe.b.x_only__mutmut_*" in picked
     assert len(mutation.sample(group, 1, tmp_path)) == 41
+
+
+def test_resume_names_the_functions_a_recorded_run_did_not_reach(tmp_path, monkeypatch):
+    ms = mutation.keyed([_mutant("a.x_f__mutmut_1", "killed"), _mutant("a.x_g__mutmut_1", "not checked"),
+                         _mutant("a.x_g__mutmut_2", "not checked", DIFF.replace("<", ">"))])
+    (tmp_path / "g.json").write_text(json.dumps({"mutants": ms}))
+    monkeypatch.setattr(mutation, "RESULTS", tmp_path)
+    assert mutation.resume_patterns("g") == ["a.x_g__mutmut_*"]
+    with pytest.raises(SystemExit, match="no recorded run to resume"):
+        mutation.resume_patterns("other")

@@ -282,12 +282,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         group = load_group(name)
         print(f"{name}: mutating {', '.join(group['sources'])}", flush=True)
         start = time.monotonic()
-        where = run_group(group, only=args.only, max_children=args.max_children)
+        only = list(args.only)
+        if args.resume:
+            only += resume_patterns(name)
+            if not only:
+                print(f"  every mutant of {name} was run: nothing to resume")
+                continue
+        where = run_group(group, only=only, max_children=args.max_children)
         mutants = collect(group, where)
-        out = write_results(group, mutants, args.only, run_facts(start, mutants, args.max_children))
+        out = write_results(group, mutants, only, run_facts(start, mutants, args.max_children))
         print_summary(json.loads(out.read_text())["summary"])
         print(f"  results: {out.relative_to(ROOT)}")
     return 0
+
+
+def resume_patterns(name: str) -> list[str]:
+    """mutmut patterns for the functions with a mutant the recorded run did not reach."""
+    data = load_results(name)
+    if data is None:
+        raise SystemExit(f"{name}: no recorded run to resume; run: python tools/mutation.py run {name}")
+    return sorted({m["name"].rsplit("__mutmut_", 1)[0] + "__mutmut_*" for m in data["mutants"]
+                   if m["status"] == "not checked"})
 
 
 def _git_head() -> str:
@@ -454,7 +469,8 @@ def page(groups: Path = GROUPS, results: Path = RESULTS) -> str:
             continue
         run = data.get("run", {})
         total_wall += run.get("wall_s", 0.0)
-        when = f"{run.get('date', '?')}, {run.get('commit', '?')}, {run.get('wall_s', '?')} s"
+        when = (f"{run['date']}, {run['commit']}, {run['wall_s']:.0f} s" if run else
+                "not recorded (an earlier version of this tool)")
         summary = summarise(group, [dict(m) for m in data["mutants"]])
         for path in group["sources"]:
             c = summary["files"].get(path)
@@ -464,9 +480,10 @@ def page(groups: Path = GROUPS, results: Path = RESULTS) -> str:
             # a score over part of the file's mutants is marked; so is one under the target
             mark = " (of those run)" if c["not_checked"] else ""
             mark += " **under target**" if c["score"] < FLOOR else ""
+            shown = f"{100 * c['score']:.1f}%{mark}" if c["total"] else "none run"
             lines.append(f"| {name} | `{path}` | {c['total'] + c['not_checked']} | {c['caught']} | "
                          f"{c['equivalent']} | {c['wording']} | {c['survived']} | {c['not_checked']} | "
-                         f"{100 * c['score']:.1f}%{mark} | {when} |")
+                         f"{shown} | {when} |")
         survivors = [m for m in data["mutants"]
                      if m["status"] not in CAUGHT | {"not checked"} and not equivalents(group).get(m["key"])]
         explained = [(k, r) for k, r in equivalents(group).items()]
@@ -517,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="mutate the groups' sources and run their tests against each mutant")
     run.add_argument("groups", nargs="*")
     run.add_argument("--only", action="append", default=[], help="mutmut name pattern (fnmatch); repeatable")
+    run.add_argument("--resume", action="store_true",
+                     help="only the functions with mutants the recorded run did not reach")
     run.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     run.set_defaults(func=cmd_run)
     surv = sub.add_parser("survivors", help="each surviving mutant's diff, from the last run")
