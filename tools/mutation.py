@@ -318,8 +318,8 @@ def run_facts(start: float, mutants: list[dict[str, Any]], max_children: int) ->
             "cores": os.cpu_count()}
 
 
-def load_results(name: str, results: Path = RESULTS) -> Optional[dict[str, Any]]:
-    path = results / f"{name}.json"
+def load_results(name: str, results: Optional[Path] = None) -> Optional[dict[str, Any]]:
+    path = (results or RESULTS) / f"{name}.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
