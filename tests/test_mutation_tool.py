@@ -279,3 +279,20 @@ def test_resume_names_the_functions_a_recorded_run_did_not_reach(tmp_path, monke
     assert mutation.resume_patterns("g") == ["a.x_g__mutmut_*"]
     with pytest.raises(SystemExit, match="no recorded run to resume"):
         mutation.resume_patterns("other")
+
+
+def test_a_group_is_unchanged_until_a_source_or_a_test_file_changes(tmp_path):
+    (tmp_path / "aotpipe").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "aotpipe" / "m.py").write_text("x = 1\n")
+    (tmp_path / "tests" / "test_m.py").write_text("def test(): pass\n")
+    group = {"sources": ["aotpipe/m.py"], "tests": ["tests/test_m.py::test"]}
+    recorded = {"files_sha256": mutation.fingerprint(group, tmp_path)}
+    assert sorted(recorded["files_sha256"]) == ["aotpipe/m.py", "tests/test_m.py"]
+    assert mutation.unchanged(group, recorded, tmp_path)
+    (tmp_path / "tests" / "test_m.py").write_text("def test(): assert True\n")
+    assert not mutation.unchanged(group, recorded, tmp_path)
+    recorded = {"files_sha256": mutation.fingerprint(group, tmp_path)}
+    (tmp_path / "aotpipe" / "m.py").write_text("x = 2\n")
+    assert not mutation.unchanged(group, recorded, tmp_path)
+    assert not mutation.unchanged(group, {}, tmp_path)  # a record without hashes: run it

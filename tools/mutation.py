@@ -4,7 +4,8 @@
     python tools/mutation.py run accuracy            # one group (or several, or none: all)
     python tools/mutation.py run accuracy --only 'aotpipe.accuracy.x_rmse*'
     python tools/mutation.py survivors accuracy      # each survivor's diff, from the last run
-    python tools/mutation.py check                   # CI's ratchet: rerun, fail on a lower score
+    python tools/mutation.py check                   # the ratchet: rerun, fail on a lower score
+    python tools/mutation.py check --changed --sample 4   # CI's: groups whose files changed
     python tools/mutation.py planted                 # each group's planted regressions are caught
 
 The page docs/generated/mutation.md is rendered from docs/mutation/*.json by
@@ -259,6 +260,7 @@ def write_results(group: dict[str, Any], mutants: list[dict[str, Any]], only: li
         "partial": any(m["status"] == "not checked" for m in mutants),
         "run": run or {},
         "sources_sha256": {s: hashlib.sha256((ROOT / s).read_bytes()).hexdigest() for s in group["sources"]},
+        "files_sha256": fingerprint(group),
         "summary": summary,
         "mutants": sorted(({k: m[k] for k in ("key", "name", "file", "status", "equivalent", "diff")}
                            for m in mutants), key=lambda m: m["name"]),
@@ -294,6 +296,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         print_summary(json.loads(out.read_text())["summary"])
         print(f"  results: {out.relative_to(ROOT)}")
     return 0
+
+
+def fingerprint(group: dict[str, Any], root: Path = ROOT) -> dict[str, str]:
+    """sha256 of each file a group's results depend on most: its sources and its test files."""
+    files = list(group["sources"]) + [t.split("::")[0] for t in group["tests"]]
+    return {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in dict.fromkeys(files)
+            if (root / f).is_file()}
+
+
+def unchanged(group: dict[str, Any], recorded: dict[str, Any], root: Path = ROOT) -> bool:
+    """Whether neither the group's sources nor its tests changed since its recorded run (whose
+    results then still hold: the same code under the same tests)."""
+    return recorded.get("files_sha256") == fingerprint(group, root)
 
 
 def resume_patterns(name: str) -> list[str]:
@@ -380,6 +395,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{name}: FAIL: no recorded results (docs/mutation/{name}.json); "
                   f"run: python tools/mutation.py run {name}")
             failed = True
+            continue
+        if args.changed and unchanged(group, recorded):
+            print(f"{name}: its sources and tests are as in its recorded run: its score holds")
             continue
         start = time.monotonic()
         only = list(args.only) + (sample(group, args.sample) if args.sample > 1 else [])
@@ -545,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     chk.add_argument("groups", nargs="*")
     chk.add_argument("--only", action="append", default=[],
                      help="mutmut name pattern (fnmatch); only the caught-now-survives rule then applies")
+    chk.add_argument("--changed", action="store_true",
+                     help="only the groups whose sources or test files changed since their recorded run")
     chk.add_argument("--sample", type=int, default=1, metavar="N",
                      help="only a fixed 1/N of each group's functions (and one per file); CI uses it")
     chk.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
