@@ -432,8 +432,24 @@ def apply_planted(where: Path, entry: dict[str, str]) -> None:
 def cmd_planted(args: argparse.Namespace) -> int:
     """Each group's planted regressions, one at a time in a scratch copy: the group's tests must fail."""
     missed: list[str] = []
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("PYTHONPATH", None)
+
+    def pytest(where: Path, tests: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                              cwd=where, env=env, capture_output=True, text=True)
+
     for name in args.groups or group_names():
         group = load_group(name)
+        if not group.get("planted"):
+            continue
+        # the control: in a clean scratch copy the group's first test file passes, so a
+        # failure below is the planted regression's doing, not the copy's
+        control = pytest(prepare(group), [group["tests"][0].split("::")[0]])
+        if control.returncode != 0:
+            missed.append(f"{name}: {group['tests'][0]} fails in a clean scratch copy (pytest exit "
+                          f"{control.returncode}): no planted regression can be judged\n{control.stdout[-1500:]}")
+            continue
         for entry in group.get("planted", []):
             where = prepare(group)
             try:
@@ -441,10 +457,7 @@ def cmd_planted(args: argparse.Namespace) -> int:
             except ValueError as e:
                 missed.append(f"{name}: {e}")
                 continue
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            env.pop("PYTHONPATH", None)
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                   *group["tests"]], cwd=where, env=env, capture_output=True, text=True)
+            proc = pytest(where, group["tests"])
             caught = proc.returncode == 1
             print(f"{name}: {'caught' if caught else 'MISSED'}: {entry['file']}: {entry['why']}", flush=True)
             if not caught:
