@@ -1094,7 +1094,7 @@ def test_the_values_line_names_the_graphs_that_diverged_sorted():
     d = Diff("artifact", "A", "B", first_divergence={"forward": "relu", "backward": "mm", "inference": None})
     assert d.lines()[2] == "values: 3 graphs run on the same inputs, node by node: 2 diverged (backward, forward)"
     same = Diff("artifact", "A", "B", first_divergence={"forward": None})
-    assert same.lines() == ["A: A", "B: B", ("values: 1 graphs run on the same inputs, node by node: no aligned node "
+    assert same.lines() == ["A: A", "B: B", ("values: 1 graph run on the same inputs, node by node: no aligned node "
                             "diverged"), "same artefacts"]
     assert d.to_json() == {"kind": "artifact", "a": "A", "b": "B", "same": True, "differences": [],
                            "first_divergence": {"forward": "relu", "backward": "mm", "inference": None}, "notes": []}

@@ -78,7 +78,8 @@ class Diff:
                 out.append(f"  {f.where + ': ' if f.where else ''}{f.text}")
         if self.first_divergence:
             diverged = sorted(k for k, v in self.first_divergence.items() if v)
-            out.append(f"values: {len(self.first_divergence)} graphs run on the same inputs, node by node: "
+            n = len(self.first_divergence)
+            out.append(f"values: {n} graph{'' if n == 1 else 's'} run on the same inputs, node by node: "
                        + (f"{len(diverged)} diverged ({', '.join(diverged)})" if diverged
                           else "no aligned node diverged"))
         for note in self.notes:
