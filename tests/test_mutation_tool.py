@@ -296,3 +296,18 @@ def test_a_group_is_unchanged_until_a_source_or_a_test_file_changes(tmp_path):
     (tmp_path / "aotpipe" / "m.py").write_text("x = 2\n")
     assert not mutation.unchanged(group, recorded, tmp_path)
     assert not mutation.unchanged(group, {}, tmp_path)  # a record without hashes: run it
+
+
+def test_the_results_file_keeps_a_diff_only_for_a_survivor_and_reads_back_whole():
+    ms = mutation.keyed([_mutant("a.x_f__mutmut_1", "killed"), _mutant("a.x_f__mutmut_2", "survived",
+                                                                       DIFF.replace("<", ">")),
+                         _mutant("a.x_f__mutmut_3", "not checked", DIFF.replace("<", "!="))])
+    for m in ms:
+        m["equivalent"] = None
+    kept = [mutation.recorded(m) for m in ms]
+    assert ["diff" in m for m in kept] == [False, True, False]
+    data = {"group": "g", "summary": {"files": {}}, "mutants": kept}
+    text = mutation.dump(data)
+    assert json.loads(text) == data
+    lines = text.splitlines()
+    assert [json.loads(line.strip().rstrip(",")) for line in lines[-2 - len(kept):-2]] == kept  # one per line

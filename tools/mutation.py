@@ -262,11 +262,27 @@ def write_results(group: dict[str, Any], mutants: list[dict[str, Any]], only: li
         "sources_sha256": {s: hashlib.sha256((ROOT / s).read_bytes()).hexdigest() for s in group["sources"]},
         "files_sha256": fingerprint(group),
         "summary": summary,
-        "mutants": sorted(({k: m[k] for k in ("key", "name", "file", "status", "equivalent", "diff")}
-                           for m in mutants), key=lambda m: m["name"]),
+        "mutants": sorted((recorded(m) for m in mutants), key=lambda m: m["name"]),
     }
-    out.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    out.write_text(dump(data))
     return out
+
+
+def dump(data: dict[str, Any]) -> str:
+    """The results file: its header indented, then one mutant per line (small, and a rerun's
+    git diff shows the mutants whose status changed)."""
+    head = json.dumps({k: v for k, v in data.items() if k != "mutants"}, indent=1, ensure_ascii=False)
+    rows = ",\n".join(" " + json.dumps(m, ensure_ascii=False) for m in data["mutants"])
+    return head[:-2] + ',\n "mutants": [\n' + rows + "\n ]\n}\n"
+
+
+def recorded(m: dict[str, Any]) -> dict[str, Any]:
+    """A mutant as the results file keeps it: its diff only where someone must read it (a
+    survivor); a caught or not yet run mutant's key says what it is, in a tenth of the bytes."""
+    kept = {k: m[k] for k in ("key", "name", "file", "status", "equivalent")}
+    if m["status"] not in CAUGHT | {"not checked"}:
+        kept["diff"] = m["diff"]
+    return kept
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -547,7 +563,7 @@ def cmd_survivors(args: argparse.Namespace) -> int:
             continue
         data = json.loads(path.read_text())
         for m in data["mutants"]:
-            if m["status"] not in CAUGHT and not m["equivalent"]:
+            if m["status"] not in CAUGHT | {"not checked"} and not m["equivalent"]:
                 print(f"## {m['name']} ({m['status']})\n   key: {m['key']}\n{m['diff']}\n")
     return 0
 
