@@ -140,11 +140,18 @@ def _mutmut() -> str:
     return str(exe)
 
 
+def scratch_env() -> dict[str, str]:
+    """The environment of a process in a scratch copy: its own aotpipe/ (no PYTHONPATH of the
+    caller's), one torch thread (mutants run side by side), fixed hashing."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
+    env.pop("PYTHONPATH", None)
+    return env
+
+
 def run_group(group: dict[str, Any], *, only: list[str], max_children: int) -> Path:
     """mutmut over the group in a fresh scratch copy; returns the copy."""
     where = prepare(group)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
-    env.pop("PYTHONPATH", None)  # the scratch copy's aotpipe/, not the caller's
+    env = scratch_env()
     cmd = [_mutmut(), "run", "--max-children", str(max_children), *only]
     log = where / "mutmut.log"
     with open(log, "w") as out:
@@ -172,8 +179,7 @@ def collect(group: dict[str, Any], where: Path) -> list[dict[str, Any]]:
         "                    'diff': get_diff_for_mutant(name, path=Path(src))})\n"
         "print(json.dumps(out))\n"
     )
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
+    env = scratch_env()
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(group["sources"])], cwd=where, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -448,8 +454,7 @@ def apply_planted(where: Path, entry: dict[str, str]) -> None:
 def cmd_planted(args: argparse.Namespace) -> int:
     """Each group's planted regressions, one at a time in a scratch copy: the group's tests must fail."""
     missed: list[str] = []
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
+    env = scratch_env()
 
     def pytest(where: Path, tests: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],

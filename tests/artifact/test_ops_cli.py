@@ -9,24 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aotpipe.artifact import ops
 from aotpipe.cli import main
 from tests.helpers.forge import reseal
+from tests.helpers.ops_cache import NOT_LISTED, decided_afresh  # noqa: F401  # decided_afresh: autouse
 
 TINY = Path(__file__).resolve().parent.parent / "data" / "precheck_tiny" / "mlp"
 X = {"node": "x"}
-NOT_LISTED = "which is not allowed: it is not on the reviewed list of what aotpipe's capture and passes emit " \
-             "(aotpipe/artifact/allowed_ops.txt)"
-
-
-@pytest.fixture(autouse=True)
-def _decided_afresh():
-    """Each test sees the allow-list decide, not a cache an earlier caller filled."""
-    for cached in (ops._resolve, ops._resolve_trusted, ops.listed):
-        cached.cache_clear()
-    yield
-    for cached in (ops._resolve, ops._resolve_trusted, ops.listed):
-        cached.cache_clear()
 
 
 @pytest.fixture()

@@ -11,20 +11,9 @@ import tests.data.aptestops  # noqa: F401  # registers aptestops::scaled_tanh, a
 from aotpipe.artifact import ops
 from aotpipe.artifact.ops import OWN_CAPTURE, op_name, refused_elsewhere, resolve_op
 from aotpipe.errors import ArtifactError
+from tests.helpers.ops_cache import NOT_LISTED, decided_afresh  # noqa: F401  # decided_afresh: autouse
 
 aten = torch.ops.aten
-NOT_LISTED = "which is not allowed: it is not on the reviewed list of what aotpipe's capture and passes emit " \
-             "(aotpipe/artifact/allowed_ops.txt)"
-
-
-@pytest.fixture(autouse=True)
-def _decided_afresh():
-    """Each test sees the allow-list decide, not a cache an earlier caller filled."""
-    for cached in (ops._resolve, ops._resolve_trusted, ops.listed):
-        cached.cache_clear()
-    yield
-    for cached in (ops._resolve, ops._resolve_trusted, ops.listed):
-        cached.cache_clear()
 
 
 def refused(name, trusted=frozenset()):
