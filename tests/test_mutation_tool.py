@@ -281,6 +281,23 @@ def test_resume_names_the_functions_a_recorded_run_did_not_reach(tmp_path, monke
         mutation.resume_patterns("other")
 
 
+def test_survivors_names_the_functions_with_an_unexplained_survivor_only(tmp_path, monkeypatch):
+    ms = mutation.keyed([_mutant("a.x_f__mutmut_1", "killed"), _mutant("a.x_g__mutmut_1", "survived"),
+                         _mutant("a.x_h__mutmut_1", "not checked"), _mutant("a.x_k__mutmut_1", "no tests"),
+                         _mutant("a.x_e__mutmut_1", "survived")])
+    ms[-1]["equivalent"] = "equivalent: the same either way"
+    (tmp_path / "g.json").write_text(json.dumps({"mutants": ms}))
+    monkeypatch.setattr(mutation, "RESULTS", tmp_path)
+    assert mutation.resume_patterns("g", survivors=True) == ["a.x_g__mutmut_*", "a.x_k__mutmut_*"]
+    assert mutation.resume_patterns("g") == ["a.x_h__mutmut_*"]
+    # an equivalent written into the group's file after the run explains its survivor too
+    monkeypatch.setattr(mutation, "GROUPS", tmp_path)
+    (tmp_path / "g.toml").write_text(f'sources = ["aotpipe/a.py"]\ntests = ["tests/t.py"]\n'
+                                     f'[[equivalent]]\nmutant = {json.dumps(ms[1]["key"])}\n'
+                                     f'reason = "equivalent: x"\n')
+    assert mutation.resume_patterns("g", survivors=True) == ["a.x_k__mutmut_*"]
+
+
 def test_a_group_is_unchanged_until_a_source_or_a_test_file_changes(tmp_path):
     (tmp_path / "aotpipe").mkdir()
     (tmp_path / "tests").mkdir()

@@ -4,6 +4,7 @@
     python tools/mutation.py run accuracy            # one group (or several, or none: all)
     python tools/mutation.py run accuracy --only 'aotpipe.accuracy.x_rmse*'
     python tools/mutation.py survivors accuracy      # each survivor's diff, from the last run
+    python tools/mutation.py run accuracy --survivors    # again, only the functions with survivors
     python tools/mutation.py check                   # the ratchet: rerun, fail on a lower score
     python tools/mutation.py check --changed --sample 4   # CI's: groups whose files changed
     python tools/mutation.py planted                 # each group's planted regressions are caught
@@ -307,11 +308,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{name}: mutating {', '.join(group['sources'])}", flush=True)
         start = time.monotonic()
         only = list(args.only)
-        if args.resume:
-            only += resume_patterns(name)
-            if not only:
-                print(f"  every mutant of {name} was run: nothing to resume")
+        if args.resume or args.survivors:
+            picked = (resume_patterns(name) if args.resume else []) + \
+                (resume_patterns(name, survivors=True) if args.survivors else [])
+            if not picked:
+                print(f"  {name}: no function has a mutant to run again")
                 continue
+            only += sorted(set(picked))
         where = run_group(group, only=only, max_children=args.max_children)
         mutants = collect(group, where)
         out = write_results(group, mutants, only, run_facts(start, mutants, args.max_children))
@@ -333,13 +336,21 @@ def unchanged(group: dict[str, Any], recorded: dict[str, Any], root: Path = ROOT
     return recorded.get("files_sha256") == fingerprint(group, root)
 
 
-def resume_patterns(name: str) -> list[str]:
-    """mutmut patterns for the functions with a mutant the recorded run did not reach."""
+def resume_patterns(name: str, *, survivors: bool = False) -> list[str]:
+    """mutmut patterns for the functions with a mutant the recorded run did not reach, or
+    (survivors) with one it reached and did not catch and no equivalent explains (to run
+    them again after new tests)."""
     data = load_results(name)
     if data is None:
         raise SystemExit(f"{name}: no recorded run to resume; run: python tools/mutation.py run {name}")
-    return sorted({m["name"].rsplit("__mutmut_", 1)[0] + "__mutmut_*" for m in data["mutants"]
-                   if m["status"] == "not checked"})
+    if survivors:
+        # explained by the recorded run, or by an entry added to the group's file since
+        known = equivalents(load_group(name, GROUPS)) if (GROUPS / f"{name}.toml").is_file() else {}
+        picked = [m for m in data["mutants"] if m["status"] not in CAUGHT | {"not checked"}
+                  and not m.get("equivalent") and m["key"] not in known]
+    else:
+        picked = [m for m in data["mutants"] if m["status"] == "not checked"]
+    return sorted({m["name"].rsplit("__mutmut_", 1)[0] + "__mutmut_*" for m in picked})
 
 
 def _git_head() -> str:
@@ -588,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--only", action="append", default=[], help="mutmut name pattern (fnmatch); repeatable")
     run.add_argument("--resume", action="store_true",
                      help="only the functions with mutants the recorded run did not reach")
+    run.add_argument("--survivors", action="store_true",
+                     help="only the functions with a surviving mutant no equivalent explains")
     run.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     run.set_defaults(func=cmd_run)
     surv = sub.add_parser("survivors", help="each surviving mutant's diff, from the last run")
