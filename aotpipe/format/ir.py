@@ -7,12 +7,21 @@ turns them into files.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, cast
 
 import torch
 import torch.fx
 
-from aotpipe.format.records import CaptureRecord, GraphBreakRecord, Layout, OutsideGraphs, Partition, PassRecord, TrustedNamespace
+from aotpipe.format.records import (
+    CaptureRecord,
+    DType,
+    GraphBreakRecord,
+    Layout,
+    OutsideGraphs,
+    Partition,
+    PassRecord,
+    TrustedNamespace,
+)
 from aotpipe.format.source_files import name_files_in
 from aotpipe.graph_keys import parse_graph_key
 
@@ -30,7 +39,7 @@ class TensorMeta:
     requires_grad: bool = False
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "TensorMeta":
+    def of(cls, t: torch.Tensor) -> TensorMeta:
         return cls(
             shape=tuple(int(s) for s in t.shape),
             stride=tuple(int(s) for s in t.stride()),
@@ -42,7 +51,9 @@ class TensorMeta:
 
     def layout(self) -> Layout:
         """The record of this layout (inputs.json's and the manifest's)."""
-        return Layout(shape=list(self.shape), stride=list(self.stride), dtype=str(self.dtype).removeprefix("torch."),
+        # torch's name of the dtype; Layout refuses one outside records.DTYPES as it validates
+        dtype = cast(DType, str(self.dtype).removeprefix("torch."))
+        return Layout(shape=list(self.shape), stride=list(self.stride), dtype=dtype,
                       device=str(self.device), storage_offset=self.storage_offset, requires_grad=self.requires_grad)
 
 
@@ -57,10 +68,10 @@ class GraphInput:
 
     name: str
     role: str  # param | buffer | constant | user | tangent | saved | symint
-    target: Optional[str]
-    meta: Optional[TensorMeta]  # None for int/float scalars
-    scalar_type: Optional[type] = None  # int or float, for scalar inputs
-    int_range: Optional[tuple[int, int]] = None  # [low, high) for integer tensors
+    target: str | None
+    meta: TensorMeta | None  # None for int/float scalars
+    scalar_type: type | None = None  # int or float, for scalar inputs
+    int_range: tuple[int, int] | None = None  # [low, high) for integer tensors
 
 
 @dataclass(frozen=True)
@@ -69,8 +80,8 @@ class GraphOutput:
 
     index: int
     role: str  # user | mutation | saved | grad | none
-    target: Optional[str]
-    meta: Optional[TensorMeta]
+    target: str | None
+    meta: TensorMeta | None
 
 
 @dataclass
@@ -82,7 +93,7 @@ class CapturedGraph:
     inputs: list[GraphInput]
     outputs: list[GraphOutput]
     # The joint graph takes [primals, tangents]: the sizes of those groups. None: one flat list.
-    input_groups: Optional[tuple[int, ...]] = None
+    input_groups: tuple[int, ...] | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -115,7 +126,7 @@ class Subgraph:
 
     index: int
     keys: dict[str, str]  # kind -> key in CapturedGraphs.graphs
-    contract: Optional[Partition] = None
+    contract: Partition | None = None
     reference: dict[str, tuple[torch.nn.Module, list[Any]]] = field(default_factory=dict)
 
 
@@ -132,7 +143,7 @@ class CapturedGraphs:
     model: str
     mode: str
     graphs: dict[str, CapturedGraph]
-    contract: Optional[Partition]
+    contract: Partition | None
     seconds: float
     options: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -146,7 +157,7 @@ class CapturedGraphs:
     subgraphs: list[Subgraph] = field(default_factory=list)
     graph_breaks: list[GraphBreakRecord] = field(default_factory=list)
     # Mode auto: why export failed, when it fell back to dynamo.
-    fallback: Optional[str] = None
+    fallback: str | None = None
     # Each graph's real inputs by key, where capture saw them (dynamo: a later subgraph's
     # user inputs are values the model computed); backward graphs left out. Empty:
     # bind them from the model's state and its example inputs (capture.binding).
@@ -161,7 +172,7 @@ class CapturedGraphs:
         """Whether part of the model's computation is in no graph (capture/dynamo.outside_graphs)."""
         return bool(self.outside_graphs)
 
-    def contract_of(self, key: str) -> Optional[Partition]:
+    def contract_of(self, key: str) -> Partition | None:
         """The partition contract of the subgraph graph `key` belongs to."""
         parsed = parse_graph_key(key)
         index = parsed.subgraph if parsed is not None else 0

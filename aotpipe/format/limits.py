@@ -21,9 +21,11 @@ import json
 import os
 import re
 import stat
+import types
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
 
 from aotpipe.errors import AotpipeError, ArtifactError, LimitError
 
@@ -33,7 +35,7 @@ class Limits:
     """The limits in force; ``None`` for max_tensor_bytes means max_bytes."""
 
     max_bytes: int = 2 << 30  # a replay's inputs (sum of storages), a rebuilt model, one tensor
-    max_tensor_bytes: Optional[int] = None  # one tensor (a constant, a blob, a factory op's output)
+    max_tensor_bytes: int | None = None  # one tensor (a constant, a blob, a factory op's output)
     max_nodes: int = 200_000  # nodes in one graph.json (real graphs: hundreds to tens of thousands)
     max_record_bytes: int = 256 << 20  # one JSON record, .input pickle, module.py or key file
     max_json_depth: int = 64  # nesting of a JSON record (aotpipe writes fewer than 10 levels)
@@ -74,7 +76,9 @@ ENV = {
     "max_modules": "AOTPIPE_MAX_MODULES",
 }
 _BYTE_LIMITS = {"max_bytes", "max_tensor_bytes", "max_record_bytes", "max_yaml_bytes"}
-_overrides: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("aotpipe_limits", default={})
+# Read-only: override() sets a new mapping, never changes the one there (a shared default).
+_overrides: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
+    "aotpipe_limits", default=types.MappingProxyType({}))
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -90,7 +94,7 @@ def parse_bytes(text: str, what: str) -> int:
     return value
 
 
-def _from_env(name: str) -> Optional[int]:
+def _from_env(name: str) -> int | None:
     var = ENV[name]
     raw = os.environ.get(var)
     if raw is None or raw == "":
@@ -118,7 +122,7 @@ def current() -> Limits:
 
 
 @contextlib.contextmanager
-def override(**limits: Optional[int]) -> Iterator[None]:
+def override(**limits: int | None) -> Iterator[None]:
     """Within the block, these limits replace the defaults and the environment (None: unchanged)."""
     known = {f.name for f in dataclasses.fields(Limits)}
     unknown = set(limits) - known
@@ -165,7 +169,7 @@ class Breach(str):
 # files
 
 
-def check_regular_file(path: Path, root: Optional[Path] = None) -> None:
+def check_regular_file(path: Path, root: Path | None = None) -> None:
     """Refuse links, devices, FIFOs and paths that leave `root`: a hostile folder could point
     a record at /dev/zero, at a pipe nobody writes to, or at a file elsewhere."""
     path = Path(path)
@@ -181,7 +185,7 @@ def check_regular_file(path: Path, root: Optional[Path] = None) -> None:
         raise ArtifactError(f"{path}: outside the artefact folder")
 
 
-def read_bytes(path: Path, *, limit: int, limit_name: str, root: Optional[Path] = None) -> bytes:
+def read_bytes(path: Path, *, limit: int, limit_name: str, root: Path | None = None) -> bytes:
     """The bytes of a regular file no larger than `limit`; checked before reading.
 
     The file is opened without following a final link and without blocking (a FIFO would
@@ -320,7 +324,7 @@ def json_values_at_most(data: bytes) -> int:
     return data.count(b",") + data.count(b"[") + data.count(b"{") + 1
 
 
-def count_json_values(data: bytes, stop: Optional[int] = None) -> int:
+def count_json_values(data: bytes, stop: int | None = None) -> int:
     """The values of a JSON text (an object's key and value counted once), without parsing it
     and in constant memory; counting ends once past `stop`."""
     n = 1
@@ -377,7 +381,7 @@ def parse_json(data: bytes, where: Any) -> Any:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def read_json(path: Path, root: Optional[Path] = None) -> Any:
+def read_json(path: Path, root: Path | None = None) -> Any:
     """A JSON record of an artefact: a regular file, within the size and depth limits."""
     lim = current()
     return parse_json(read_bytes(path, limit=lim.max_record_bytes, limit_name="max_record_bytes", root=root), path)

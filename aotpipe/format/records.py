@@ -28,25 +28,37 @@ marked "version 1" below.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Optional, TypeAlias, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar, get_args
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    StringConstraints,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 from typing_extensions import TypeAliasType
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, JsonValue, StringConstraints, Tag, ValidationError,
-                      model_validator)
-from pydantic_core import ErrorDetails
-
 from aotpipe.errors import ArtifactError
-from aotpipe.graph_keys import BASE_KEY_PATTERN, GRAPH_KINDS
-from aotpipe.format.limits import read_json
-from aotpipe.format.limits import check_graphs
+from aotpipe.format.limits import check_graphs, read_json
+from aotpipe.graph_keys import BASE_KEY_PATTERN
+from aotpipe.graph_keys import GRAPH_KINDS as GRAPH_KINDS  # re-exported: aotpipe/artifact/load.py reads it here
 
 # ---------------------------------------------------------------------------------------
 # Constants
+#
+# Each set of values a field may take is a Literal, and its tuple is read from it: a type
+# checker reads the Literal, pydantic validates by it, and the code tests membership in the tuple.
 
 FORMAT_VERSION = 3
 # Version 3 records the capture's environment and the evidence replay judges other machines by.
-READABLE_VERSIONS = (1, 2, 3)
+ReadableVersion = Literal[1, 2, 3]
+READABLE_VERSIONS: tuple[int, ...] = get_args(ReadableVersion)
 # graph.json's own version: 2 lets a get_attr be "recompute" (its blob is not stored).
 GRAPH_FORMAT_VERSION = 2
 
@@ -60,13 +72,17 @@ MODULE_PY = "module.py"
 BLOB_DIR = "blobs"
 INPUT_SUFFIX = ".input"
 
-INPUT_ROLES = ("param", "buffer", "constant", "user", "tangent", "saved", "symint")
-OUTPUT_ROLES = ("user", "mutation", "saved", "grad", "none")
+InputRole = Literal["param", "buffer", "constant", "user", "tangent", "saved", "symint"]
+INPUT_ROLES: tuple[str, ...] = get_args(InputRole)
+OutputRole = Literal["user", "mutation", "saved", "grad", "none"]
+OUTPUT_ROLES: tuple[str, ...] = get_args(OutputRole)
 # Where a replay takes an input's value from: a stored blob, ones (a tangent), the loss
 # weights of its shape (a tangent, tensors.loss_weights; version 3), or the forward graph's
 # outputs (a backward's saved activations).
-INPUT_SOURCES = ("blob", "ones", "weights", "forward")
-VALUES_MODES = ("full", "minimal", "none")
+InputSource = Literal["blob", "ones", "weights", "forward"]
+INPUT_SOURCES: tuple[str, ...] = get_args(InputSource)
+ValuesMode = Literal["full", "minimal", "none"]
+VALUES_MODES: tuple[str, ...] = get_args(ValuesMode)
 
 MAX_DIMS = 64  # torch's own limit on tensor dimensions
 
@@ -74,28 +90,29 @@ MAX_DIMS = 64  # torch's own limit on tensor dimensions
 # The dtypes a record may name: torch's dense numeric ones (not quantized, not bit-packed or
 # sub-byte shells). Written out, not read from torch: reading a manifest needs no torch import
 # (a warm re-run that only checks what is up to date must not pay for one).
-DTYPES = (
+DType = Literal[
     "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
     "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
     "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-)
+]
+DTYPES: tuple[str, ...] = get_args(DType)
 
 # ---------------------------------------------------------------------------------------
 # Field types
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-DType = Literal[DTYPES]  # type: ignore[valid-type]
 Device = Annotated[str, StringConstraints(pattern=r"^(cpu|cuda|meta|mps|xpu|hpu)(:[0-9]{1,4})?$")]
 Count = Annotated[int, Field(ge=0)]
 Shape = Annotated[list[Count], Field(max_length=MAX_DIMS)]
 Stride = Annotated[list[Count], Field(max_length=MAX_DIMS)]
 Range = Annotated[list[int], Field(min_length=2, max_length=2)]
-GraphKind = Literal[GRAPH_KINDS]  # type: ignore[valid-type]
+# graph_keys.GRAPH_KINDS, spelled out for the type checker (tests/artifact/test_records.py checks they agree).
+GraphKind = Literal["inference", "forward", "backward", "joint"]
 # A captured graph's key: its kind, then "_<i>" for subgraph i > 0 of a dynamo capture.
 BaseGraphKey = Annotated[str, StringConstraints(pattern=BASE_KEY_PATTERN)]
 # A graph folder's name: no path separator, not hidden.
 FolderName = Annotated[str, StringConstraints(pattern=r"^[^/\\.][^/\\]*$", max_length=255)]
-Number = Optional[float]  # a float, or null where no number applies
+Number = float | None  # a float, or null where no number applies
 
 
 # Data as parsed from a JSON file or the pipeline YAML, before a record (or the pipeline
@@ -136,7 +153,7 @@ class Summary(Record):
 class TupleSummary(Record):
     """A node whose value is a tuple: one summary per element (null for non-tensors)."""
 
-    items: Annotated[list[Optional[Summary]], FailFast]
+    items: Annotated[list[Summary | None], FailFast]
 
 
 class Partition(Record):
@@ -151,7 +168,7 @@ class Partition(Record):
     num_saved_symints: Count
     num_tangents: Count
     mutated_inputs: list[str]  # forward input names, in output order
-    grad_of: list[Optional[str]]  # per backward output: the forward input it is the grad of
+    grad_of: list[str | None]  # per backward output: the forward input it is the grad of
 
     @property
     def num_forward_outputs(self) -> int:
@@ -169,22 +186,22 @@ class StorageRecord(Record):
     dtype: DType
     device: Device
     numel: Count
-    range: Optional[Range] = None  # [low, high) of integer values, to regenerate valid ones
-    blob: Optional[Sha256] = None
+    range: Range | None = None  # [low, high) of integer values, to regenerate valid ones
+    blob: Sha256 | None = None
 
 
 class Layout(Record):
     """A tensor's layout as recorded at capture (absent for scalars and None outputs)."""
 
-    shape: Optional[Shape] = None
-    stride: Optional[Stride] = None
-    storage_offset: Optional[Count] = None
-    dtype: Optional[DType] = None
-    device: Optional[Device] = None
-    requires_grad: Optional[bool] = None
+    shape: Shape | None = None
+    stride: Stride | None = None
+    storage_offset: Count | None = None
+    dtype: DType | None = None
+    device: Device | None = None
+    requires_grad: bool | None = None
 
     @model_validator(mode="after")
-    def _stride_per_dimension(self) -> "Layout":
+    def _stride_per_dimension(self) -> Layout:
         if self.shape is not None and self.stride is not None and len(self.shape) != len(self.stride):
             raise ValueError(f"shape {self.shape} and stride {self.stride} differ in length")
         return self
@@ -195,14 +212,14 @@ class InputRecord(Layout):
 
     index: Count
     name: str
-    role: Literal[INPUT_ROLES]  # type: ignore[valid-type]
-    target: Optional[str] = None
-    source: Literal[INPUT_SOURCES] = "blob"  # type: ignore[valid-type]  # version 1: always blob
+    role: InputRole
+    target: str | None = None
+    source: InputSource = "blob"  # version 1: always blob
     type: Literal["tensor", "int", "float", "bool"]
-    value: Optional[Union[bool, int, float]] = None  # scalars
-    range: Optional[Range] = None
-    storage: Optional[Count] = None  # index into storages
-    forward_output: Optional[Count] = None  # source "forward": which forward output it is
+    value: bool | int | float | None = None  # scalars
+    range: Range | None = None
+    storage: Count | None = None  # index into storages
+    forward_output: Count | None = None  # source "forward": which forward output it is
 
 
 class Evidence(Record):
@@ -220,49 +237,49 @@ class Evidence(Record):
     abs_sum: float
     max_abs: float
     nonfinite: Count
-    bound: Optional[float] = Field(default=None, ge=0)
+    bound: float | None = Field(default=None, ge=0)
     # How the bound was derived: "fp64" from eager float32's measured error against float64
     # (eager_error, an RMS), "floor" from the float-noise floor of the tensor's RMS (rms).
-    bound_from: Optional[Literal["fp64", "floor"]] = None
-    eager_error: Optional[float] = Field(default=None, ge=0)
-    rms: Optional[float] = Field(default=None, ge=0)  # RMS of the whole output's finite elements
+    bound_from: Literal["fp64", "floor"] | None = None
+    eager_error: float | None = Field(default=None, ge=0)
+    rms: float | None = Field(default=None, ge=0)  # RMS of the whole output's finite elements
 
 
 class OutputRecord(Layout):
     """One graph output and its reference: a digest and summary, or a stored value."""
 
     index: Count
-    role: Literal[OUTPUT_ROLES]  # type: ignore[valid-type]
-    target: Optional[str] = None
-    same_as: Optional[Count] = None  # a de-duplicated output: the earlier output it is
-    same_as_input: Optional[Count] = None  # the output is this input, returned as is
-    blob: Optional[Sha256] = None
-    digest: Optional[Sha256] = None  # sha256 of dtype, shape and bytes (version 2)
-    summary: Optional[Summary] = None
-    spread: Optional[float] = Field(default=None, ge=0)  # run-to-run spread of a nondeterministic op
-    evidence: Optional[Evidence] = None  # version 3
+    role: OutputRole
+    target: str | None = None
+    same_as: Count | None = None  # a de-duplicated output: the earlier output it is
+    same_as_input: Count | None = None  # the output is this input, returned as is
+    blob: Sha256 | None = None
+    digest: Sha256 | None = None  # sha256 of dtype, shape and bytes (version 2)
+    summary: Summary | None = None
+    spread: float | None = Field(default=None, ge=0)  # run-to-run spread of a nondeterministic op
+    evidence: Evidence | None = None  # version 3
     # version 3: a Python int, float or bool output's value (a size the graph computed from
     # tensor values, e.g. how many tokens a router sent to an expert), compared exactly.
-    value: Optional[Union[bool, int, float]] = None
+    value: bool | int | float | None = None
     # version 3: an integer tensor output's values lie in [low, high) (indices a forward saves
     # for its backward: random inputs for the backward are drawn there).
-    range: Optional[Range] = None
+    range: Range | None = None
 
 
 class InputsRecord(Record):
     """inputs.json: what a graph takes and gives, and where replay gets the values."""
 
-    format_version: Literal[READABLE_VERSIONS]  # type: ignore[valid-type]
+    format_version: ReadableVersion
     kind: GraphKind
-    groups: Optional[list[Count]] = None  # input group sizes (params, buffers, user inputs...)
-    rng_seed: Optional[int] = None  # the seed random ops draw from (version 2)
-    values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # what is stored (version 2)
-    saved_values: Optional[bool] = None  # version 1: every value stored
+    groups: list[Count] | None = None  # input group sizes (params, buffers, user inputs...)
+    rng_seed: int | None = None  # the seed random ops draw from (version 2)
+    values: ValuesMode | None = None  # what is stored (version 2)
+    saved_values: bool | None = None  # version 1: every value stored
     storages: Annotated[list[StorageRecord], FailFast]
     inputs: Annotated[list[InputRecord], FailFast]
     outputs: Annotated[list[OutputRecord], FailFast]
-    partition: Optional[Partition] = None
-    passes: Optional[list[str]] = None  # a graph made by passes: the chain, in order
+    partition: Partition | None = None
+    passes: list[str] | None = None  # a graph made by passes: the chain, in order
 
     @property
     def values_mode(self) -> str:
@@ -279,9 +296,9 @@ class InputsRecord(Record):
 class TraceRecord(Record):
     """trace.json: per node name, a summary of its value when the graph ran at write time."""
 
-    format_version: Literal[READABLE_VERSIONS]  # type: ignore[valid-type]
+    format_version: ReadableVersion
     sampled: bool = False  # summaries over strided samples (version 2)
-    nodes: Annotated[dict[str, Union[Summary, TupleSummary, None]], FailFast]
+    nodes: Annotated[dict[str, Summary | TupleSummary | None], FailFast]
 
 
 # ---------------------------------------------------------------------------------------
@@ -295,10 +312,10 @@ class NodeOrigin(Record):
     (``aotpipe/zoo.py:94``; never an absolute path). `of_forward`: a backward node's module
     is that of the forward node it computes the gradient of."""
 
-    module: Optional[Annotated[str, StringConstraints(max_length=1024)]] = None
-    module_class: Optional[Annotated[str, StringConstraints(max_length=512)]] = None
-    source: Optional[Annotated[str, StringConstraints(max_length=1024)]] = None
-    of_forward: Optional[bool] = None
+    module: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    module_class: Annotated[str, StringConstraints(max_length=512)] | None = None
+    source: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    of_forward: bool | None = None
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)  # shared by the nodes of one origin
 
@@ -314,7 +331,7 @@ class NodeRef(Record):
 
 
 class TupleArg(Record):
-    tuple: list["NodeArg"]
+    tuple: list[NodeArg]
 
 
 class DTypeArg(Record):
@@ -334,11 +351,11 @@ class MemoryFormatArg(Record):
 
 
 class SliceArg(Record):
-    slice: Annotated[list["NodeArg"], Field(min_length=3, max_length=3)]  # start, stop, step
+    slice: Annotated[list[NodeArg], Field(min_length=3, max_length=3)]  # start, stop, step
 
 
 class ComplexArg(Record):
-    complex: Annotated[list["NodeArg"], Field(min_length=2, max_length=2)]  # real, imaginary
+    complex: Annotated[list[NodeArg], Field(min_length=2, max_length=2)]  # real, imaginary
 
 
 class FloatArg(Record):
@@ -351,7 +368,7 @@ ARG_TAGS: dict[str, type[Record]] = {
 }
 
 
-def _arg_tag(v: Any) -> Optional[str]:
+def _arg_tag(v: Any) -> str | None:
     """Which member of NodeArg `v` is: the JSON type, or a tagged object's one key."""
     if v is None:
         return "null"
@@ -373,28 +390,35 @@ def _arg_tag(v: Any) -> Optional[str]:
     return None
 
 
-NodeArg = TypeAliasType("NodeArg", Annotated[
-    Union[
-        Annotated[None, Tag("null")],
-        Annotated[bool, Tag("bool")],
-        Annotated[int, Tag("int")],
-        Annotated[float, Tag("number")],
-        Annotated[str, Tag("str")],
-        Annotated[list["NodeArg"], Tag("list")],
-        Annotated[NodeRef, Tag("node")],
-        Annotated[TupleArg, Tag("tuple")],
-        Annotated[DTypeArg, Tag("dtype")],
-        Annotated[DeviceArg, Tag("device")],
-        Annotated[LayoutArg, Tag("layout")],
-        Annotated[MemoryFormatArg, Tag("memory_format")],
-        Annotated[SliceArg, Tag("slice")],
-        Annotated[ComplexArg, Tag("complex")],
-        Annotated[FloatArg, Tag("float")],
-    ],
-    Discriminator(_arg_tag, custom_error_type="node_argument",
-                  custom_error_message="not a node argument: a JSON value, a list, or an object with one of the "
-                                       "keys " + ", ".join(ARG_TAGS)),
-])
+_NodeArgMembers: TypeAlias = (
+    Annotated[None, Tag("null")]
+    | Annotated[bool, Tag("bool")]
+    | Annotated[int, Tag("int")]
+    | Annotated[float, Tag("number")]
+    | Annotated[str, Tag("str")]
+    | Annotated[list["NodeArg"], Tag("list")]
+    | Annotated[NodeRef, Tag("node")]
+    | Annotated[TupleArg, Tag("tuple")]
+    | Annotated[DTypeArg, Tag("dtype")]
+    | Annotated[DeviceArg, Tag("device")]
+    | Annotated[LayoutArg, Tag("layout")]
+    | Annotated[MemoryFormatArg, Tag("memory_format")]
+    | Annotated[SliceArg, Tag("slice")]
+    | Annotated[ComplexArg, Tag("complex")]
+    | Annotated[FloatArg, Tag("float")]
+)
+if TYPE_CHECKING:
+    # mypy cannot follow a recursive TypeAliasType ("possible cyclic definition") but follows
+    # a recursive plain alias: it reads the same union, without pydantic's discriminator.
+    NodeArg: TypeAlias = _NodeArgMembers
+else:
+    # pydantic needs the named alias to validate (and print the schema of) a recursive type.
+    NodeArg = TypeAliasType("NodeArg", Annotated[
+        _NodeArgMembers,
+        Discriminator(_arg_tag, custom_error_type="node_argument",
+                      custom_error_message="not a node argument: a JSON value, a list, or an object with one of "
+                                           "the keys " + ", ".join(ARG_TAGS)),
+    ])
 for _cls in (TupleArg, SliceArg, ComplexArg):
     _cls.model_rebuild()
 
@@ -409,23 +433,23 @@ class NodeRecord(Record):
 
     name: str
     op: Literal["placeholder", "get_attr", "call_function", "output"]
-    target: Optional[str] = None
-    args: Optional[list[NodeArg]] = None
-    kwargs: Optional[dict[str, NodeArg]] = None
+    target: str | None = None
+    args: list[NodeArg] | None = None
+    kwargs: dict[str, NodeArg] | None = None
     val: JsonValue = None  # the value's layout at capture (informational)
-    blob: Optional[Sha256] = None  # get_attr: the constant's blob
-    shape: Optional[Shape] = None  # get_attr: the constant's layout (blobs are contiguous)
-    stride: Optional[Stride] = None
-    recompute: Optional[bool] = None  # get_attr: not stored; the loader reruns the pass chain
-    origin: Optional[NodeOrigin] = None  # module path, class and source line (provenance)
+    blob: Sha256 | None = None  # get_attr: the constant's blob
+    shape: Shape | None = None  # get_attr: the constant's layout (blobs are contiguous)
+    stride: Stride | None = None
+    recompute: bool | None = None  # get_attr: not stored; the loader reruns the pass chain
+    origin: NodeOrigin | None = None  # module path, class and source line (provenance)
 
 
 class GraphRecord(Record):
     """graph.json: an FX graph as data."""
 
     format_version: Literal[1, 2]
-    kind: Optional[GraphKind] = None
-    input_groups: Optional[list[Count]] = None
+    kind: GraphKind | None = None
+    input_groups: list[Count] | None = None
     nodes: Annotated[list[NodeRecord], FailFast]
 
 
@@ -442,7 +466,7 @@ class PassRecord(Record):
     nodes_after: Count
     modified: bool
     max_abs_error: Number = None  # version 1: the per-pass check's largest difference
-    stats: dict[str, Union[int, float]]
+    stats: dict[str, int | float]
 
 
 class SkippedPass(Record):
@@ -454,7 +478,7 @@ class SkippedPass(Record):
     error: str  # one line: why it failed
     left_out: list[str] = []  # later passes of the chain that need it, left out with it
     # The passes that ran, joined by '+' (the graph they made is "<graph>.<chain>"); None: none ran
-    chain: Optional[str] = None
+    chain: str | None = None
 
 
 class CheckItem(Record):
@@ -467,7 +491,7 @@ class CheckItem(Record):
     eager_error: Number = None
     ratio: Number = None
     bound: Number = None
-    detail: Optional[str] = None
+    detail: str | None = None
 
 
 class CheckTotals(Record):
@@ -480,10 +504,10 @@ class CheckTotals(Record):
     # `run`): compared exactly (integers, shapes, None), within the float-noise floor of
     # eager float32, or by the float64 rule; and of those, how many where eager float32 has
     # no correct digit (the value is zero in exact arithmetic), held to eager's own noise.
-    exact: Optional[Count] = None
-    floor: Optional[Count] = None
-    fp64: Optional[Count] = None
-    within_noise: Optional[Count] = None
+    exact: Count | None = None
+    floor: Count | None = None
+    fp64: Count | None = None
+    within_noise: Count | None = None
 
 
 class GraphChecks(CheckTotals):
@@ -498,26 +522,26 @@ class GraphEntry(Record):
     nodes: Count
     inputs: Count
     outputs: Count
-    ops: Optional[Count] = None
-    base: Optional[BaseGraphKey] = None  # a graph made by passes: the key of the graph they ran on
+    ops: Count | None = None
+    base: BaseGraphKey | None = None  # a graph made by passes: the key of the graph they ran on
     # A graph made by passes: the chain that made it, as it ran. The one copy of the chain
     # (Manifest.pass_chains reads it, and the copies older manifests kept).
-    passes: Optional[list[PassRecord]] = None
-    checks: Optional[GraphChecks] = None
+    passes: list[PassRecord] | None = None
+    checks: GraphChecks | None = None
     nondeterministic: list[str] = []  # ops without a deterministic kernel (values stored)
-    eager: Optional[dict[str, JsonValue]] = None  # version 1's eager comparison
+    eager: dict[str, JsonValue] | None = None  # version 1's eager comparison
 
 
 class VerificationEntry(Record):
     """How a graph (or the forward-backward-joint chain, key "chain") checked at write time."""
 
     status: str
-    inputs: Optional[str] = None
-    error: Optional[str] = None
+    inputs: str | None = None
+    error: str | None = None
     first_divergence: JsonValue = None
-    mismatches: Optional[list[JsonValue]] = None
-    compared: Optional[Count] = None
-    problems: Optional[list[JsonValue]] = None
+    mismatches: list[JsonValue] | None = None
+    compared: Count | None = None
+    problems: list[JsonValue] | None = None
 
 
 class Environment(Record):
@@ -539,7 +563,7 @@ class Environment(Record):
     # flags ("GenuineIntel 6/207/2 | avx avx2 ..."); a replay compares the model and the flags
     # MKL and oneDNN pick kernels by, which cpu_capability does not tell apart (two AVX512 CPUs
     # can give other bits). Absent in artefacts written before it was recorded.
-    cpu: Optional[str] = None
+    cpu: str | None = None
 
 
 class Versions(Record):
@@ -553,8 +577,8 @@ class GraphBreakRecord(Record):
 
     subgraph: Count
     reason: str
-    where: Optional[str] = None
-    code: Optional[str] = None
+    where: str | None = None
+    code: str | None = None
 
 
 Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
@@ -563,7 +587,7 @@ Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0
 CHECKED_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn", "mkl", "onednn", "_operator", "builtins", "math")
 
 
-def library_namespace_problem(ns: Any) -> Optional[str]:
+def library_namespace_problem(ns: Any) -> str | None:
     """Why `ns` cannot be trusted as a library's op namespace (trusted_ops, --trust-ops), or None."""
     if not isinstance(ns, str) or not ns.isidentifier() or ns.startswith("__") or len(ns) > 128:
         return f"{str(ns)[:60]!r} is not an op namespace (a Python identifier such as transformers)"
@@ -582,7 +606,7 @@ class TrustedNamespace(Record):
     if capture could not tell) and the ops the graphs call. A loader imports the module only
     with its user's trust, and only from the package of that name unless the user names it."""
 
-    module: Optional[ModulePath] = None
+    module: ModulePath | None = None
     ops: Annotated[list[LibraryOp], Field(max_length=10_000)]
 
 
@@ -614,14 +638,14 @@ class CaptureRecord(Record):
     notes: list[str]
     # A dynamo capture: how many subgraphs (their graphs are keyed "<kind>_<i>" for i > 0),
     # and the graph breaks between them.
-    subgraphs: Optional[Annotated[int, Field(ge=1)]] = None
-    graph_breaks: Optional[list[GraphBreakRecord]] = None
-    fallback: Optional[str] = None  # mode auto: why export failed (the graphs are dynamo's)
+    subgraphs: Annotated[int, Field(ge=1)] | None = None
+    graph_breaks: list[GraphBreakRecord] | None = None
+    fallback: str | None = None  # mode auto: why export failed (the graphs are dynamo's)
     # Library namespaces whose ops the graphs call (the pipeline's trusted_ops).
-    trusted_ops: Optional[dict[Identifier, TrustedNamespace]] = None
+    trusted_ops: dict[Identifier, TrustedNamespace] | None = None
     # A partial capture: what ran outside the graphs, per compile (absent: the graphs hold
     # the whole model, or the artefact was written before aotpipe told)
-    outside_graphs: Optional[list[OutsideGraphs]] = None
+    outside_graphs: list[OutsideGraphs] | None = None
 
 
 class ModelRecord(BaseModel):
@@ -639,23 +663,23 @@ class ModelRecord(BaseModel):
 class Manifest(Record):
     """manifest.json: what a model folder holds, how it was made, and every file's sha256."""
 
-    format_version: Literal[READABLE_VERSIONS]  # type: ignore[valid-type]
+    format_version: ReadableVersion
     fingerprint: Sha256
     checksum: Sha256  # sha256 of the rest (catches corruption, not forgery)
     versions: Versions
     model: ModelRecord
     capture: CaptureRecord
-    save_values: Optional[Literal[VALUES_MODES]] = None  # type: ignore[valid-type]  # version 2
+    save_values: ValuesMode | None = None  # version 2
     graphs: Annotated[dict[str, GraphEntry], FailFast]
-    partition: Optional[Partition] = None
+    partition: Partition | None = None
     # Written before each chain was stored once (in its graph entry): a copy of every
     # graphs[key].passes, by key. Read only through pass_chains, for a graph entry without one.
     passes: dict[str, list[PassRecord]] = {}
     pass_failures: list[str] = []
     skipped_passes: list[SkippedPass] = []  # optional passes that failed and were left out
-    verification: Optional[Annotated[dict[str, VerificationEntry], FailFast]] = None
-    checks: Optional[CheckTotals] = None  # version 2
-    environment: Optional[Environment] = None  # version 3
+    verification: Annotated[dict[str, VerificationEntry], FailFast] | None = None
+    checks: CheckTotals | None = None  # version 2
+    environment: Environment | None = None  # version 3
     files: Annotated[dict[str, Sha256], FailFast]
 
     def pass_chains(self) -> dict[str, list[PassRecord]]:
@@ -737,17 +761,17 @@ class ModelRun(Record):
     name: str
     # partial (version 2): written and checked, but part of the model ran outside its graphs
     status: Literal["ok", "partial", "failed"]
-    stage: Optional[str] = None  # where it failed: results.STAGES
-    error: Optional[str] = None
+    stage: str | None = None  # where it failed: results.STAGES
+    error: str | None = None
     # The exception's class when the failure was not an aotpipe error (the model's code, torch).
-    exception: Optional[str] = None
+    exception: str | None = None
     graphs: list[GraphSummary] = []
     capture_seconds: float = 0.0
     passes_seconds: float = 0.0
     checks_seconds: float = 0.0
     write_seconds: float = 0.0
-    verification: Optional[VerificationSummary] = None
-    checks: Optional[CheckSummary] = None
+    verification: VerificationSummary | None = None
+    checks: CheckSummary | None = None
     eager: dict[str, EagerCell] = {}  # per graph key
     passes: dict[str, PassChainRun] = {}  # per graph made by passes
     skipped_passes: list[SkippedPass] = []  # optional passes that failed and were left out (the manifest's)
@@ -758,16 +782,16 @@ class ModelRun(Record):
     skipped: bool = False  # up to date: the artefact on disk was kept
     # true: it ran out of memory in this folder's runs before, and starts in a fresh worker
     # (process executor); kept from run to run (runner.ran_out_of_memory_last_run)
-    fresh_worker: Optional[bool] = None
+    fresh_worker: bool | None = None
     # status partial: one line per graph break past which the model computed outside its
     # graphs (the break's reason and source line, the ops that ran outside)
-    outside_graphs: Optional[list[str]] = None
+    outside_graphs: list[str] | None = None
     # version 3: the run that measured this entry's figures (times, status, checks); absent
     # where none did (an artefact kept as up to date that no finished run had timed)
-    measured_in: Optional[RunStamp] = None
+    measured_in: RunStamp | None = None
     # version 3, ok and partial entries: the sha256 of the manifest.json the figures belong to
     # (a later run keeps them for that artefact only)
-    manifest_sha256: Optional[Sha256] = None
+    manifest_sha256: Sha256 | None = None
 
     def has_measurement(self) -> bool:
         """Whether the times are a measurement of this model (by the run named in measured_in,
@@ -784,14 +808,14 @@ class RecycledWorker(Record):
     after: str  # the last model it ran
     models: Count  # how many it ran
     reason: str  # one line
-    shard: Optional[str] = None  # in a merged run: the shard folder whose run replaced it
-    out_of_memory: Optional[bool] = None  # true: `after` ran out of memory in it (and ran again afresh)
+    shard: str | None = None  # in a merged run: the shard folder whose run replaced it
+    out_of_memory: bool | None = None  # true: `after` ran out of memory in it (and ran again afresh)
 
 
 class ExecutorRecord(Record):
     kind: str
     workers: Annotated[int, Field(ge=1)]
-    recycled: Optional[list[RecycledWorker]] = None  # absent when no worker was replaced
+    recycled: list[RecycledWorker] | None = None  # absent when no worker was replaced
 
 
 class ShardRecord(Record):
@@ -804,10 +828,10 @@ class ShardRecord(Record):
 
 class MergedShard(Record):
     folder: str
-    shard: Optional[str]  # "I/N", None for an unsharded run
+    shard: str | None  # "I/N", None for an unsharded run
     models: Count
-    seconds: Optional[float] = None
-    run: Optional[RunStamp] = None  # version 3: the shard's run (its entries count as the merged run's own)
+    seconds: float | None = None
+    run: RunStamp | None = None  # version 3: the shard's run (its entries count as the merged run's own)
 
 
 class DuplicatedModel(Record):
@@ -841,9 +865,9 @@ class RunSummary(Record):
     failed: Count
     graphs: Count
     bytes: Count
-    checks: Optional[SettledTotals] = None
-    partial: Optional[Count] = None  # version 2: models whose status is partial (not counted as ok)
-    kept: Optional[Count] = None  # version 3: entries kept from earlier runs (RunRecord.kept)
+    checks: SettledTotals | None = None
+    partial: Count | None = None  # version 2: models whose status is partial (not counted as ok)
+    kept: Count | None = None  # version 3: entries kept from earlier runs (RunRecord.kept)
 
 
 class DroppedModel(Record):
@@ -865,14 +889,14 @@ class RunRecord(Record):
     versions: Versions
     seconds: float
     executor: ExecutorRecord
-    shard: Optional[ShardRecord] = None  # a shard's run
-    merge: Optional[MergeRecord] = None  # a merged run
+    shard: ShardRecord | None = None  # a shard's run
+    merge: MergeRecord | None = None  # a merged run
     ok: bool
     summary: RunSummary
     models: list[ModelRun]
-    allow_partial: Optional[bool] = None  # version 2: `run --allow-partial`: partial models did not make ok false
-    run: Optional[RunStamp] = None  # version 3: this run
-    dropped: Optional[list[DroppedModel]] = None  # version 3: entries of the run.json before, not carried over
+    allow_partial: bool | None = None  # version 2: `run --allow-partial`: partial models did not make ok false
+    run: RunStamp | None = None  # version 3: this run
+    dropped: list[DroppedModel] | None = None  # version 3: entries of the run.json before, not carried over
 
     def own_runs(self) -> set[str]:
         """The ids of the runs whose entries count as this record's own: its run's, and in a
@@ -888,7 +912,7 @@ class RunRecord(Record):
         return m.measured_in is None or m.measured_in.id not in self.own_runs()
 
 
-def load_run(path: Any) -> "RunRecord":
+def load_run(path: Any) -> RunRecord:
     """A run.json (its path, or the run's output folder) as a RunRecord, read within the
     limits and validated; an ArtifactError naming the file and the first bad field otherwise."""
     from pathlib import Path
@@ -925,7 +949,10 @@ def check_version(data: RawJson, where: Any) -> None:
         )
 
 
-def parse(cls: type[Record], data: RawJson, where: Any) -> Any:
+_R = TypeVar("_R", bound=Record)
+
+
+def parse(cls: type[_R], data: RawJson, where: Any) -> _R:
     """`data` (parsed JSON) as a `cls` record; an ArtifactError naming `where` and the first
     bad field otherwise (for a record of the artefact format, its version first)."""
     if cls in VERSIONED:
@@ -938,7 +965,7 @@ def parse(cls: type[Record], data: RawJson, where: Any) -> Any:
         raise ArtifactError(f"{where}: {describe(e)}") from None
 
 
-def read(cls: type[Record], path: Any, root: Any = None) -> tuple[Any, Any]:
+def read(cls: type[_R], path: Any, root: Any = None) -> tuple[RawJson, _R]:
     """(the raw data, the record) of a record file, read within the limits (regular files
     only: no FIFO, no link to a device) and validated. The raw data is what a checksum covers."""
     raw = read_json(path, root)

@@ -264,3 +264,12 @@ def test_every_dtype_the_format_names_is_a_torch_dtype_and_reading_a_manifest_ne
     assert all(isinstance(getattr(torch, name, None), torch.dtype) for name in DTYPES)
     code = "import sys, aotpipe.format.records, aotpipe.incremental; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_the_graph_kinds_a_record_may_name_are_graph_keys_kinds():
+    from typing import get_args
+
+    from aotpipe.format.records import GraphKind
+    from aotpipe.graph_keys import GRAPH_KINDS
+
+    assert get_args(GraphKind) == GRAPH_KINDS
