@@ -179,6 +179,29 @@ def test_an_unreadable_graph_is_a_problem_and_not_a_covered_graph(tiny):
     assert cli("ops", tiny).output.splitlines()[-1] == f"problem: {data['problems'][0]}"
 
 
+def test_past_an_unreadable_graph_the_model_s_other_graphs_are_counted(mlp):
+    (mlp / "mlp" / "mlp_inference_0" / "graph.json").write_text("[")  # the first graph, in key order
+    table = opcov.op_table(mlp)
+    assert [(g.graph, g.ops, g.problem is not None) for g in table.graphs] == [("inference", 0, True), (DERIVED, 8, False)]
+    assert {r.op: r.count for r in table.ops} == {"aten.addmm.default": 3, "aten.permute.default": 3,
+                                                  "aten.relu_.default": 2}
+
+
+def test_a_call_without_a_target_is_counted_as_the_op_question_mark(mlp):
+    plant(mlp, "mlp", "mlp_inference_0", "relu_1", None)
+    table = opcov.op_table(mlp)
+    assert next(r for r in table.ops if r.op == "?").count == 1
+
+
+def test_the_tree_is_walked_once(tiny, monkeypatch):
+    import aotpipe.artifact.verify as verify
+
+    walks = []
+    find = verify.find_artifacts
+    monkeypatch.setattr(verify, "find_artifacts", lambda r: walks.append(r) or find(r))
+    assert opcov.op_table(tiny).models == 2 and walks == [tiny]
+
+
 def test_an_unreadable_manifest_is_a_problem(tiny):
     (tiny / "mlp" / "manifest.json").write_text("[]")
     code, data = ops_json(tiny)
@@ -194,8 +217,10 @@ def test_a_tree_of_only_incomplete_folders_is_listed_with_its_problem(tiny):
 
 
 def test_a_folder_with_no_artefact_or_not_a_folder_is_a_user_error(tmp_path):
-    with pytest.raises(AotpipeError, match="no artefacts found"):
+    with pytest.raises(AotpipeError) as e:
         opcov.op_table(tmp_path)
+    assert str(e.value) == (f"{tmp_path}: no artefacts found (looked for manifest.json in it and every folder below); "
+                            "pass a pipeline's output folder, e.g. artifacts/quickstart")
     with pytest.raises(AotpipeError, match="not a folder"):
         opcov.op_table(tmp_path / "absent")
 
@@ -237,6 +262,21 @@ def test_a_supported_file_that_cannot_be_read_is_named(tmp_path):
         opcov.supported_from_file(bad)
 
 
+def test_a_supported_set_is_read_as_utf_8_whatever_the_locale_says(tmp_path):
+    import locale
+    import sys
+
+    if sys.flags.utf8_mode:
+        pytest.skip("Python's UTF-8 mode: every locale reads as UTF-8")
+    path = supported_file(tmp_path, "aten.add  # caf\u00e9's own list")
+    was = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")  # ASCII: a file read in the locale's encoding fails on the "\u00e9"
+    try:
+        assert opcov.supported_from_file(path)("aten.add.Tensor") == "listed (every overload)"
+    finally:
+        locale.setlocale(locale.LC_CTYPE, was)
+
+
 def test_an_unknown_backend_lists_the_known_ones():
     with pytest.raises(AotpipeError, match=r"--backend 'tvm' is not known; use one of: inductor, core_aten"):
         opcov.supported_by_backend("tvm")
@@ -254,6 +294,14 @@ def test_core_aten_takes_prims_and_python_ops_and_resolves_built_in_ones():
     assert opcov._resolve("aten.relu.default") is not None
     assert (core("prims.convert_element_type.default"), core("operator.getitem"), core("aten.relu.default"),
             core("aten.relu_.default")) == ("prims", "python", "core", None)
+    assert torch.Tag.core not in torch.ops.rngprims.philox_rand.default.tags
+    assert core("rngprims.philox_rand.default") == "prims"  # the random prims too, core-tagged or not
+
+
+def test_every_target_in_python_s_operator_namespace_is_python_s_however_many_parts():
+    for op in ("operator.getitem", "operator.a.b"):
+        assert opcov._python_op(op) and opcov.supported_by_backend("core_aten")(op) == "python"
+    assert not opcov._python_op("torch.operator.x") and not opcov._python_op("operatorx.getitem")
 
 
 @pytest.fixture()
@@ -322,6 +370,21 @@ def test_csv_says_yes_no_or_nothing_for_supported(tiny):
     assert table()["aten.relu.default"]["supported"] == ""
 
 
+def test_csv_escapes_every_non_ascii_character_of_a_name_and_ends_each_row_with_a_newline():
+    row = OpRow("aten.relu.default", 2, models={"mod\u00e8le", "\u0430lexnet"}, kinds={"inference"})
+    text = opcov.to_csv(opcov.OpsTable([row], [], 2, []))
+    assert text == ("op,count,models,graph_kinds,signatures,supported,how\n"  # "\n" ends a row, as a terminal takes it
+                    "aten.relu.default,2,mod\\xe8le \\u0430lexnet,inference,,,\n")
+
+
+def test_json_lists_each_op_with_its_kinds_and_signatures():
+    row = OpRow("aten.relu.default", 3, models={"b", "a"}, kinds={"forward", "inference"}, signatures=["float32[2]"],
+                more_signatures=2)
+    assert opcov.to_json(opcov.OpsTable([row], [], 2, []))["ops"] == [
+        {"op": "aten.relu.default", "count": 3, "models": ["a", "b"], "graph_kinds": ["forward", "inference"],
+         "signatures": ["float32[2]"], "more_signatures": 2, "supported": None, "how": None}]
+
+
 # ---------------------------------------------------------------------------------------
 # The output as a person and a spreadsheet read it, against reviewed copies
 
@@ -366,18 +429,13 @@ def test_an_empty_table_keeps_its_columns(tmp_path):
                          + " input signatures (dtype[rank])"]
 
 
-def test_the_op_column_is_as_wide_as_the_first_500_ops_names(tmp_path):
-    root = _tiny(tmp_path / "w", ("mlp",))
-    path = root / "mlp" / "mlp_inference_0" / "graph.json"
-    data = json.loads(path.read_text())
-    call = next(n for n in data["nodes"] if n["op"] == "call_function")
-    calls = [dict(call, name=f"c{i}", target=f"aten.op{i:03d}.default") for i in range(500)]
-    calls.append(dict(call, name="c500", target="aten.zz_the_501st_op_by_name_and_the_longest.default"))
-    data["nodes"] = [n for n in data["nodes"] if n["op"] != "call_function"][:-1] + calls + data["nodes"][-1:]
-    path.write_text(json.dumps(data))
-    lines = opcov.text_lines(opcov.op_table(root))
-    longest_listed = max(len(r.op) for r in opcov.op_table(root).ops[:500])
-    assert lines[2].index("calls") == longest_listed + 1 + len(" calls") - len("calls")
+def test_the_op_column_is_as_wide_as_the_first_500_ops_names():
+    ops = [OpRow(f"aten.op{i:03d}.default", 1) for i in range(500)]
+    longest = "aten.zz_the_501st_op_and_the_longest.default"
+    lines = opcov.text_lines(opcov.OpsTable(ops + [OpRow(longest, 1)], [], 1, []))
+    width = len("aten.op000.default")
+    assert lines[2].index("calls") == width + 2  # "op" padded to the width, a space, "calls" right in 6
+    assert lines[-1].startswith(longest + " ") and lines[3].startswith("aten.op000.default      1")
 
 
 def test_a_comment_may_hold_another_hash_and_a_long_bad_name_is_cut_to_80(tmp_path):

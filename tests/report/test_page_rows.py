@@ -62,7 +62,10 @@ def test_an_entry_kept_from_an_earlier_run_says_which_run_or_that_none_timed_it(
 def test_a_model_not_in_run_json_is_shown_from_its_manifest_with_a_note(root):
     write_run(root, [entry("mlp")])
     extra = rows(root)["running_norm"]
-    assert extra.status == "ok" and extra.notes[-1].startswith("not in run.json: not part of the pipeline's last run")
+    assert extra.status == "ok" and extra.notes[-1] == (
+        "not in run.json: not part of the pipeline's last run (removed from the pipeline, or copied here); delete "
+        "its folder to drop it from this page")
+    assert extra.anchor == "m1"  # after run.json's one row
     assert not any(n.startswith("not in run.json") for n in rows(root)["mlp"].notes)
 
 
@@ -71,6 +74,14 @@ def test_a_model_folder_named_other_than_its_model_is_matched_by_the_manifest_s_
     write_run(root, [entry("mlp"), entry("running_norm")])
     page_ = page.gather(root)
     assert [(r.name, r.status) for r in page_.rows] == [("mlp", "ok"), ("running_norm", "ok")]
+
+
+def test_a_model_folder_is_matched_by_its_folder_s_name_where_the_manifest_names_the_model_otherwise(root):
+    edit_json(manifest(root), lambda m: m["model"].update(name="mlp_renamed"))
+    write_run(root, [entry("mlp"), entry("running_norm")])
+    page_ = page.gather(root)
+    assert [(r.name, r.status, r.errors) for r in page_.rows] == [("mlp", "ok", []), ("running_norm", "ok", [])]
+    assert len(page_.rows[0].graphs) == 5  # the folder's graphs, not a missing model's none
 
 
 # ---------------------------------------------------------------------------------------
@@ -147,6 +158,31 @@ def test_each_pass_step_says_what_it_did(root):
     assert {s["graph"] for s in steps} == {DERIVED}
 
 
+def test_what_a_pass_did_joins_every_nonzero_count(root):
+    edit_json(manifest(root), lambda m: m["graphs"][DERIVED]["passes"][0]["stats"].update(cse_merged=2))
+    (freeze,) = [s for s in rows(root)["mlp"].passes if s["name"] == "freeze"]
+    assert freeze["did"] == "cse_merged 2, frozen 6"
+
+
+def test_a_graph_that_calls_no_op_lists_none_and_one_never_replayed_has_no_verdict(root):
+    def no_calls(g):
+        g["nodes"] = [n for n in g["nodes"] if n["op"] != "call_function"]
+    edit_json(root / "mlp" / "mlp_forward_0" / "graph.json", no_calls)
+    edit_json(manifest(root), lambda m: m["verification"].pop("joint"))
+    graphs = {g.key: g for g in rows(root)["mlp"].graphs}
+    assert (graphs["forward"].ops, graphs["forward"].distinct_ops, graphs["forward"].more_ops) == ([], 0, 0)
+    assert graphs["joint"].verified is None and graphs["backward"].verified == "recorded"
+
+
+def test_a_row_made_without_a_run_record_says_nothing_of_kept_and_a_view_without_a_manifest_is_unreadable(root):
+    from aotpipe.tree import ModelView
+
+    row = page._model_row(0, entry("mlp", measured_in=EARLIER), None, root)
+    assert (row.status, row.kept) == ("ok", None)  # which run is "this" one is run.json's to say
+    row = page._model_row(3, None, ModelView(name="x", folder=root / "x"), root)
+    assert (row.name, row.anchor, row.status, row.errors) == ("x", "m3", "unreadable", [])
+
+
 def _checks(m, items, **counts):
     c = m["graphs"]["inference"]["checks"]
     c["items"] = items
@@ -162,10 +198,11 @@ def test_each_check_s_error_as_a_share_of_its_bound_and_the_worst(root):
              {"what": "output 5", "passed": False, "method": "fp64", "error": 1.0, "bound": float("nan")}]
     edit_json(manifest(root), lambda m: _checks(m, items, skipped_reasons=["output 6: no float64 reference"]))
     mlp = rows(root)["mlp"]
-    got = [(c.what, c.passed, c.error, c.bound, c.ratio, c.detail) for c in mlp.checks if c.graph == "inference"]
-    assert got == [("output 0", True, 1.0, 4.0, 0.25, None), ("output 1", False, 3.0, 2.0, 1.5, "far"),
-                   ("output 2", True, 0.0, 0.0, None, None), ("output 3", True, None, 1.0, None, None),
-                   ("output 4", False, None, 1.0, None, None), ("output 5", False, 1.0, None, None, None)]
+    got = [(c.what, c.method, c.passed, c.error, c.bound, c.ratio, c.detail) for c in mlp.checks
+           if c.graph == "inference"]
+    assert got == [("output 0", "fp64", True, 1.0, 4.0, 0.25, None), ("output 1", "fp64", False, 3.0, 2.0, 1.5, "far"),
+                   ("output 2", "exact", True, 0.0, 0.0, None, None), ("output 3", "floor", True, None, 1.0, None, None),
+                   ("output 4", "fp64", False, None, 1.0, None, None), ("output 5", "fp64", False, 1.0, None, None, None)]
     assert mlp.worst_ratio == 1.5
     assert "inference: check skipped: output 6: no float64 reference" in mlp.errors
     edit_json(manifest(root), lambda m: [g.pop("checks", None) for g in m["graphs"].values()])
@@ -180,6 +217,8 @@ def test_the_model_s_check_counts_and_how_they_were_settled(root):
     r = rows(root)["mlp"]
     assert (r.checks_run, r.checks_passed, r.checks_failed, r.checks_skipped, r.settled) == (7, 5, 1, 1,
                                                                                           "2 exact, 0 floor, 3 fp64")
+    edit_json(manifest(root), lambda m: m["checks"].update(exact=None, floor=None, fp64=0))
+    assert rows(root)["mlp"].settled == "0 exact, 0 floor, 0 fp64"  # counted (fp64 present), none by any rule
     edit_json(manifest(root), lambda m: m.pop("checks"))
     r = rows(root)["mlp"]
     assert (r.checks_run, r.checks_passed, r.checks_failed, r.checks_skipped) == (None, None, None, None)
@@ -210,30 +249,55 @@ def test_a_graph_whose_records_cannot_be_read_makes_the_model_unreadable(root):
 # The summary, the plots, bench.json
 
 
-def test_the_summary_counts_models_by_status_graphs_bytes_checks_and_kept(root, tmp_path):
+def test_the_summary_counts_models_by_status_graphs_bytes_checks_and_kept(tmp_path):
+    root = copy_tree(tmp_path, "out")  # named other than its pipeline ("p")
+    edit_json(manifest(root), lambda m: m["checks"].update(exact=4, floor=0, fp64=5, within_noise=2))
     edit_json(manifest(root, "running_norm"), lambda m: m["checks"].update(exact=1, floor=2, fp64=3, within_noise=1))
-    write_run(root, [entry("mlp", "failed", stage="checks", bytes=100), entry("running_norm", "partial", bytes=28,
-                                                                           measured_in=EARLIER)], seconds=9.5)
+    # three rows, no two counts alike: a failed model with no folder (and nothing written) is the third
+    write_run(root, [entry("mlp", "failed", stage="checks", bytes=100),
+                     entry("running_norm", "partial", bytes=28, measured_in=EARLIER),
+                     entry("gone", "failed", stage="capture")], seconds=9.5)
     s = page.gather(root).summary
-    assert s == {"models": 2, "ok": 0, "partial": 1, "failed": 1, "kept": 1, "graphs": 10, "bytes": 128, "seconds": 9.5,
+    assert s == {"models": 3, "ok": 0, "partial": 1, "failed": 2, "kept": 1, "graphs": 10, "bytes": 128, "seconds": 9.5,
                  "checks": {"run": 20, "passed": 20, "failed": 0, "skipped": 0},
-                 "settled": {"exact": 1, "floor": 2, "fp64": 3, "within_noise": 1}, "size": "128 B"}
+                 "settled": {"exact": 5, "floor": 2, "fp64": 8, "within_noise": 3}, "size": "128 B"}
     report = page.gather(root)
     assert report.title == "p" and re.fullmatch(r"torch \S+, python \S+, aotpipe \S+", report.versions)
     bare = page.gather(copy_tree(tmp_path, "bare"))
     assert (bare.title, bare.versions, bare.summary["seconds"], bare.summary["ok"]) == ("bare", "", None, 2)
 
 
+def test_the_page_walks_the_tree_once_and_holds_op_counts_not_nodes(root, monkeypatch):
+    """A zoo's nodes held at once took 7 GB: the page keeps each graph's op counts only."""
+    import aotpipe.artifact.verify as verify
+
+    walks, views = [], []
+    find = verify.find_artifacts
+    read_tree = page.read_tree
+    monkeypatch.setattr(verify, "find_artifacts", lambda r: walks.append(r) or find(r))
+    monkeypatch.setattr(page, "read_tree", lambda *a, **k: views.extend(read_tree(*a, **k)) or views)
+    report = page.gather(root)
+    assert walks == [root] and [r.name for r in report.rows] == ["mlp", "running_norm"]
+    graphs = [g for v in views for g in v.graphs]
+    assert len(graphs) == 10 and all(g.nodes is None and g.op_counts for g in graphs)
+
+
 def test_the_plots_are_given_each_timed_model_and_each_check_with_a_ratio(root, drawn):
     edit_json(manifest(root), lambda m: _checks(m, [
         {"what": "o", "passed": True, "method": "fp64", "error": 1.0, "bound": 2.0},
         {"what": "p", "passed": True, "method": "fp64", "error": None, "bound": 2.0}]))
-    write_run(root, [entry("mlp", **TIMES), entry("running_norm", skipped=True, measured_in=None)])
+    # "gone": timed (all zero: it failed at once) but no folder, so no parameter count
+    write_run(root, [entry("mlp", **TIMES), entry("running_norm", skipped=True, measured_in=None),
+                     entry("gone", "failed", stage="capture")])
     report = page.gather(root)
-    assert drawn["capture"] == [("mlp", 586, 1.5)]
-    assert drawn["stages"] == [("mlp", [1.5, 0.25, 2.0, 0.5])]
+    assert drawn["capture"] == [("mlp", 586, 1.5), ("gone", 0, 0.0)]
+    assert drawn["stages"] == [("mlp", [1.5, 0.25, 2.0, 0.5]), ("gone", [0.0, 0.0, 0.0, 0.0])]
     assert max(drawn["ratios"]) == 0.5 and None not in drawn["ratios"]  # the rest: the fixture's errors of 0
-    assert [pid for pid, _, _ in report.plots] == ["plot-capture", "plot-stages", "plot-ratios"]
+    assert [(pid, caption) for pid, caption, _ in report.plots] == [
+        ("plot-capture", "Capture seconds against parameter count (parameters: elements of the graphs' param inputs)."),
+        ("plot-stages", "Seconds per stage: capture, passes, checks (every written graph run once against the eager "
+                        "model), write."),
+        ("plot-ratios", "Each check's error against its bound (the float64 rule or the noise floor); above 1 fails.")]
     assert "bench" not in drawn
 
 
@@ -254,6 +318,8 @@ def test_bench_json_is_plotted_and_a_bare_list_is_its_results(root, drawn):
                                      ' {"model": "mlp", "graph": "forward", "status": "fail_accuracy"}]')
     report = page.gather(root)
     assert drawn["bench"] == [("mlp/inference", "ok", 1.8), ("mlp/forward", "fail_accuracy", None)]
+    assert [(b.model, b.graph, b.speedup) for b in report.bench.results] == [("mlp", "inference", 1.8),
+                                                                            ("mlp", "forward", None)]
     assert report.plots[-1][:2] == ("plot-bench", "Bench (backend): speedup over eager per graph; red: not ok "
                                                   "(speedup 0 where none was measured).")
     (root / "bench.json").write_text('{"backend": "inductor", "results": []}')
@@ -269,8 +335,10 @@ def test_bench_json_is_plotted_and_a_bare_list_is_its_results(root, drawn):
 def test_a_folder_that_is_not_one_or_holds_nothing_is_a_user_error(tmp_path):
     with pytest.raises(AotpipeError, match=r"absent: not a folder; pass a pipeline's output folder"):
         page.gather(tmp_path / "absent")
-    with pytest.raises(AotpipeError, match=r"no run.json and no artefacts"):
+    with pytest.raises(AotpipeError) as e:
         page.gather(tmp_path)
+    assert str(e.value) == (f"{tmp_path}: no run.json and no artefacts (manifest.json) found in it or below; pass a "
+                            "pipeline's output folder, e.g. artifacts/quickstart")
     write_run(tmp_path, [])
     assert page.gather(tmp_path).rows == []  # a run.json alone is a page
 
@@ -309,8 +377,10 @@ def test_not_ok_lines_list_failed_and_unreadable_models_not_partial_ones(root):
 def test_write_page_writes_where_told_and_never_into_a_model_folder(root, tmp_path):
     path, report = page.write_page(root)
     assert path == root / "report.html" and path.read_text() == page.render(report)
-    with pytest.raises(AotpipeError, match=r"is a model folder; write its page elsewhere"):
+    with pytest.raises(AotpipeError) as e:
         page.write_page(root / "mlp")
+    assert str(e.value) == (f"{root / 'mlp'} is a model folder; write its page elsewhere (aotpipe report "
+                            f"{root / 'mlp'} -o FILE) or pass the output folder above it")
     path, report = page.write_page(root / "mlp", tmp_path / "mlp.html")
     assert path == tmp_path / "mlp.html" and [r.name for r in report.rows] == ["mlp"]
     assert page.write_html(root) == root / "report.html"
@@ -355,6 +425,18 @@ def test_a_graph_links_the_tree_s_view_before_the_model_folder_s_own(root):
     assert {g.key: g.view for g in rows(root)["mlp"].graphs}["joint"] == "./views/mlp/joint.model-explorer.json"
 
 
+@pytest.mark.parametrize("name", ["XXXX", "XX.XX", "...", ".hidden", "-"])
+def test_a_file_of_any_name_but_dot_and_dot_dot_is_linked(tmp_path, name):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / name).write_text("{}")
+    assert page.relative_link(tmp_path, tmp_path / name / name) == f"./{name}/{name}"
+
+
+def test_a_name_too_long_for_the_file_system_is_not_linked(tmp_path):
+    """A graph key makes a view's file name: one past the system's limit is no file, not an error."""
+    assert page.relative_link(tmp_path, tmp_path / ("k" * 300 + ".model-explorer.json")) is None
+
+
 def test_the_csp_hash_is_the_sha256_of_the_script_s_exact_text():
     import base64
     import hashlib
@@ -365,8 +447,35 @@ def test_the_csp_hash_is_the_sha256_of_the_script_s_exact_text():
 
 def test_numbers_on_the_page_format_and_none_is_a_dash(root):
     edit_json(manifest(root), lambda m: _checks(m, [
-        {"what": "o", "passed": True, "method": "fp64", "error": 0.000123456, "bound": 0.5}]))
-    write_run(root, [entry("mlp", **TIMES), entry("running_norm")])
+        {"what": "o", "passed": True, "method": "fp64", "error": 0.000123456, "bound": 0.5},
+        {"what": "p", "passed": True, "method": "floor", "error": 0.0000123456, "bound": None}]))
+    path = write_run(root, [entry("mlp", **TIMES), entry("running_norm", **TIMES)])
+    edit_json(path, lambda r: r["models"][1].update(capture_seconds=float("inf")))  # "Infinity": Python's JSON reads it
     html = page.build_html(root)
     assert '<td class="n" data-v="1.5">1.50</td>' in html
     assert ">0.000123<" in html and ">0.5<" in html
+    assert '<td>floor</td><td class="n">1.23e-05</td><td class="n">-</td><td class="n">-</td>' in html
+    assert '<td class="n" data-v="inf">inf</td>' in html  # as Python writes it (run.json may say Infinity)
+
+
+def test_the_page_shows_names_as_text_and_each_plot_s_svg_as_drawn(root):
+    edit_json(manifest(root), lambda m: m["model"].update(name="<i>mlp</i>"))
+    html = page.build_html(root)
+    assert "&lt;i&gt;mlp&lt;/i&gt;" in html and "<i>mlp</i>" not in html
+    assert '<figure id="plot-capture"><svg>capture</svg><figcaption>Capture seconds against' in html  # the stub's
+
+
+def test_the_page_s_source_starts_with_its_doctype_and_keeps_no_indent_of_the_template_s_tags(root):
+    html = page.build_html(root)
+    assert html.startswith("<!DOCTYPE html>\n")
+    assert '\n<th class="n" data-type="num">inference nodes</th>' in html
+    assert "\n<script>(function () {\n" in html
+
+
+def test_a_value_the_template_needs_and_the_report_lacks_fails_the_page_rather_than_showing_blank(root):
+    import jinja2
+
+    report = page.gather(root)
+    del report.summary["graphs"]
+    with pytest.raises(jinja2.UndefinedError, match="graphs"):
+        page.render(report)
