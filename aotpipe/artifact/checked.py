@@ -157,17 +157,27 @@ def _pool_planes(spatial: int) -> Callable[[dict[str, Any]], Optional[str]]:
     return check
 
 
-def _pad_backward(spatial: int) -> Callable[[dict[str, Any]], Optional[str]]:
-    """reflection_pad*d_backward, replication_pad*d_backward: grad_output is self padded."""
+def _pad_backward(spatial: int, reflects: bool) -> Callable[[dict[str, Any]], Optional[str]]:
+    """reflection_pad*d_backward, replication_pad*d_backward: grad_output is self padded. A
+    reflection's pads are each less than self's size along their dimension, as its forward
+    checks: the 2-d and 3-d backward kernels do not, and reflect a pad of the size or more to
+    an index outside grad_input, where they write."""
     def check(a: dict[str, Any]) -> Optional[str]:
         g, x, pad = a["grad_output"], a["self"], a["padding"]
         problem = _batch_dims(g, x, spatial)
         if problem:
             return problem
+        if not isinstance(pad, (list, tuple)) or len(pad) != 2 * spatial or not all(isinstance(p, int) for p in pad):
+            return f"padding {pad!r} is not a list of {2 * spatial} ints"
         want = list(x.shape[:-spatial]) + [x.shape[-1 - d] + pad[2 * d] + pad[2 * d + 1]
                                            for d in reversed(range(spatial))]
-        return None if list(g.shape) == want else \
-            f"grad_output has shape {list(g.shape)} where self {list(x.shape)} padded by {list(pad)} gives {want}"
+        if list(g.shape) != want:
+            return f"grad_output has shape {list(g.shape)} where self {list(x.shape)} padded by {list(pad)} gives {want}"
+        for d in range(spatial) if reflects else ():
+            if max(pad[2 * d], pad[2 * d + 1]) >= x.shape[-1 - d]:
+                return (f"padding {list(pad)} reflects a pad of {max(pad[2 * d], pad[2 * d + 1])} in dimension "
+                        f"{x.dim() - 1 - d} of self {list(x.shape)}, where a pad must be less than the size")
+        return None
     return check
 
 
@@ -691,12 +701,12 @@ CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
     aten.avg_pool3d_backward.default: _pool_planes(3),
     aten.fractional_max_pool2d_backward.default: _pool_backward(2),
     aten.fractional_max_pool3d_backward.default: _pool_backward(3),
-    aten.reflection_pad1d_backward.default: _pad_backward(1),
-    aten.reflection_pad2d_backward.default: _pad_backward(2),
-    aten.reflection_pad3d_backward.default: _pad_backward(3),
-    aten.replication_pad1d_backward.default: _pad_backward(1),
-    aten.replication_pad2d_backward.default: _pad_backward(2),
-    aten.replication_pad3d_backward.default: _pad_backward(3),
+    aten.reflection_pad1d_backward.default: _pad_backward(1, reflects=True),
+    aten.reflection_pad2d_backward.default: _pad_backward(2, reflects=True),
+    aten.reflection_pad3d_backward.default: _pad_backward(3, reflects=True),
+    aten.replication_pad1d_backward.default: _pad_backward(1, reflects=False),
+    aten.replication_pad2d_backward.default: _pad_backward(2, reflects=False),
+    aten.replication_pad3d_backward.default: _pad_backward(3, reflects=False),
     aten.lstm.input: _rnn(4),
     aten.gru.input: _rnn(3),
     aten.rnn_tanh.input: _rnn(1),
