@@ -499,13 +499,18 @@ def _lu_unpack(a: dict[str, Any]) -> Optional[str]:
 
 
 def _pdist_backward(a: dict[str, Any]) -> Optional[str]:
-    x = a["self"]
+    """_pdist_backward: the CPU kernel steps through grad by its first stride, once per pair
+    of self's rows, so grad is one dimension of that many (a [1, pairs] grad has it read
+    pairs times pairs elements)."""
+    x, g = a["self"], a["grad"]
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         return "self is not a 2-d tensor"
     if x.shape[0] == 0:
         return "self has no rows"
     pairs = x.shape[0] * (x.shape[0] - 1) // 2
-    return _first(_numel(a["pdist"], pairs, "pdist"), _numel(a["grad"], pairs, "grad"))
+    return _first(_numel(a["pdist"], pairs, "pdist"), _numel(g, pairs, "grad"),
+                  f"grad has shape {list(g.shape)} where the kernel reads [{pairs}]"
+                  if isinstance(g, torch.Tensor) and g.dim() != 1 else None)
 
 
 def _cdist_backward(a: dict[str, Any]) -> Optional[str]:
