@@ -172,7 +172,8 @@ def _pad_backward(spatial: int, reflects: bool) -> Callable[[dict[str, Any]], Op
         want = list(x.shape[:-spatial]) + [x.shape[-1 - d] + pad[2 * d] + pad[2 * d + 1]
                                            for d in reversed(range(spatial))]
         if list(g.shape) != want:
-            return f"grad_output has shape {list(g.shape)} where self {list(x.shape)} padded by {list(pad)} gives {want}"
+            return (f"grad_output has shape {list(g.shape)} where self {list(x.shape)} padded by {list(pad)} "
+                    f"gives {want}")
         for d in range(spatial) if reflects else ():
             if max(pad[2 * d], pad[2 * d + 1]) >= x.shape[-1 - d]:
                 return (f"padding {list(pad)} reflects a pad of {max(pad[2 * d], pad[2 * d + 1])} in dimension "
