@@ -42,7 +42,7 @@ def runs(op, *args, check=None, kernel_refuses=False, **kwargs):
         return None
     want = op(*args, **kwargs)
     got = form(*args, **kwargs)
-    for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+    for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want], strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
     return got
 
@@ -148,7 +148,8 @@ def test_pool_backward_grad_output_of_other_batch_dimensions_than_self_is_refuse
 
 @pytest.mark.parametrize("which", ["grad_output", "self", "indices"])
 def test_pool_backward_arguments_that_are_not_tensors_are_refused(which):
-    args = dict(zip(["grad_output", "self", "indices"], [_r(1, 2, 2, 2), _r(1, 2, 4, 4), _corners([1, 2, 2, 2], 16)]))
+    args = dict(zip(["grad_output", "self", "indices"], [_r(1, 2, 2, 2), _r(1, 2, 4, 4), _corners([1, 2, 2, 2], 16)],
+                    strict=True))
     args[which] = None
     assert refused(ADAPTIVE2, args["grad_output"], args["self"], args["indices"],
                    check=checked._pool_backward(2)) == "its tensors do not have the dimensions of a pooling"
