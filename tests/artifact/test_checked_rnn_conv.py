@@ -91,6 +91,7 @@ RNN_CASES = {
     "lstm, projected, 2 layers, bidirectional, batch first": (
         aten.lstm.input, {"proj": 2, "layers": 2, "bidirectional": True, "batch_first": True}),
     "lstm, 3 layers, no biases": (aten.lstm.input, {"layers": 3, "bias": False}),
+    "lstm, projected, no biases": (aten.lstm.input, {"proj": 2, "bias": False}),
     "gru, 2 layers, no biases": (aten.gru.input, {"layers": 2, "bias": False}),
     "gru, bidirectional, batch first": (aten.gru.input, {"bidirectional": True, "batch_first": True}),
     "rnn_tanh": (aten.rnn_tanh.input, {}),
