@@ -307,6 +307,8 @@ def test_per_sample_weights_backward_of_bags_within_grad_runs_as_the_kernel(grad
     (_r(2, 4), _i(0, 1, 9), _i(1, 2), _i(), "offsets [1, 2] do not begin at 0, which puts the indices before them in "
                                             "bag -1"),
     (_r(2, 4), _i(0, 1, 9), _i(), _i(), "offsets [] do not begin at 0, which puts the indices before them in bag -1"),
+    (_r(9, 4), _i(*range(10)), _i(*range(1, 10)), _i(), "offsets [1, 2, 3, 4, 5, 6, 7, 8] do not begin at 0, which "
+                                                        "puts the indices before them in bag -1"),  # the first 8 shown
 ])
 def test_per_sample_weights_backward_bags_just_past_grads_rows_are_refused(grad, indices, offsets, o2b, why):
     assert refused(PSW, grad, _r(10, 4, seed=1), indices, offsets, o2b, 0, -1) == why
