@@ -196,9 +196,11 @@ def _embedding_dense_backward(a: dict[str, Any]) -> Optional[str]:
 
 
 def _bags(indices: Any, offset2bag: Any, num_bags: int, num_weights: int) -> Optional[str]:
+    # offset2bag names each index's bag, the row of grad the kernels read for it: with no
+    # bags (a grad of no rows) there is no row to name
     return _first(_range(indices, 0, num_weights, f"indices (num_weights {num_weights})"),
                   _numel(offset2bag, indices.numel(), "offset2bag") if isinstance(indices, torch.Tensor) else None,
-                  _range(offset2bag, 0, max(num_bags, 1), f"offset2bag ({num_bags} bags)")
+                  _range(offset2bag, 0, num_bags, f"offset2bag ({num_bags} bags)")
                   if offset2bag is not None and offset2bag.numel() else None)
 
 
@@ -251,13 +253,23 @@ def _offsets(offsets: Any, indices: Any) -> Optional[str]:
 
 
 def _embedding_bag(a: dict[str, Any]) -> Optional[str]:
-    w, idx = a["weight"], a["indices"]
+    w, idx, offsets = a["weight"], a["indices"], a["offsets"]
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         return "weight is not a [num_weights, dim] tensor"
-    return _first(_dense(idx, "indices"), _dense(a["offsets"], "offsets"),
-                  _range(idx, 0, w.shape[0], f"indices (num_weights {w.shape[0]})"),
-                  _offsets(a["offsets"], idx) if idx.dim() == 1 else None,
-                  _numel(a.get("per_sample_weights"), idx.numel(), "per_sample_weights"))
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 1:
+        # The kernel takes 2-d indices too, but sizes offset2bag by their rows and reads it
+        # for each element (max mode: past its end); embedding_bag flattens them before.
+        return "indices is not a 1-d tensor"
+    problem = _first(_dense(idx, "indices"), _dense(offsets, "offsets"),
+                     _range(idx, 0, w.shape[0], f"indices (num_weights {w.shape[0]})"),
+                     _offsets(offsets, idx), _numel(a.get("per_sample_weights"), idx.numel(), "per_sample_weights"))
+    last = bool(a["include_last_offset"])
+    if problem is None and idx.numel() and offsets.numel() - last < 1:
+        # the kernel counts each index's bag from the offsets (the last one left out where it
+        # is included): with none, every index lands in bag -1, a row before its output
+        return (f"offsets has {offsets.numel()} elements (include_last_offset={last}), no bag for the {idx.numel()} "
+                "indices")
+    return problem
 
 
 def _per_sample_weights_backward(a: dict[str, Any]) -> Optional[str]:
@@ -271,7 +283,10 @@ def _per_sample_weights_backward(a: dict[str, Any]) -> Optional[str]:
         return _first(_bags(idx, o2b, grad.shape[0], w.shape[0]), _offsets(offsets, idx))
     why = _first(_range(idx, 0, w.shape[0], f"indices (num_weights {w.shape[0]})"), _offsets(offsets, idx))
     if why is None and idx.numel():
-        # the bag of each index, as the kernel rebuilds it: one per offset before the last index
+        # the bag of each index, as the kernel rebuilds it: the offsets at or before it, less
+        # one (so the indices before the first offset land in bag -1, a row before grad's)
+        if not offsets.numel() or int(offsets.min()) != 0:
+            return f"offsets {offsets.tolist()[:8]} do not begin at 0, which puts the indices before them in bag -1"
         bags = int((offsets < idx.numel()).sum())
         if grad.shape[0] < bags:
             why = f"grad has {grad.shape[0]} rows for the {bags} bags offsets make"
@@ -284,8 +299,8 @@ def _layer_norm_rows(x: Any, normalized_shape: Any) -> tuple[Optional[str], int,
     k = len(normalized_shape)
     if k == 0 or k > x.dim() or list(x.shape[x.dim() - k:]) != [int(s) for s in normalized_shape]:
         return f"normalized_shape {list(normalized_shape)} does not end input's shape {list(x.shape)}", 0, 0
-    n = math.prod(x.shape[x.dim() - k:])
-    return None, x.numel() // n if n else 0, n
+    # the kernel's M (rows: the dimensions before normalized_shape's) and N
+    return None, math.prod(x.shape[:x.dim() - k]), math.prod(x.shape[x.dim() - k:])
 
 
 def _layer_norm(a: dict[str, Any]) -> Optional[str]:
@@ -294,10 +309,13 @@ def _layer_norm(a: dict[str, Any]) -> Optional[str]:
 
 
 def _layer_norm_backward(a: dict[str, Any]) -> Optional[str]:
+    # The kernel reads mean and rstd by their data pointer, a row's statistic at a time
+    # (one expanded from an element: past its storage); grad_out it makes contiguous.
     why, rows, n = _layer_norm_rows(a["input"], a["normalized_shape"])
     return _first(why, _same_shape(a["grad_out"], a["input"], "grad_out", "input"),
                   _numel(a["mean"], rows, "mean"), _numel(a["rstd"], rows, "rstd"),
-                  _numel(a["weight"], n, "weight"), _numel(a["bias"], n, "bias"))
+                  _numel(a["weight"], n, "weight"), _numel(a["bias"], n, "bias"),
+                  _dense(a["mean"], "mean"), _dense(a["rstd"], "rstd"))
 
 
 def _channels(x: Any) -> tuple[Optional[str], int]:
