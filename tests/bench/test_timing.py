@@ -234,11 +234,9 @@ def test_each_side_is_warmed_up_by_its_own_count(monkeypatch):
 
 
 def test_auto_clock_without_a_thread_count_reads_torchs():
-    import torch
-
     from aotpipe.determinism import intra_op_threads
 
     with intra_op_threads(1):
         assert resolve_clock("auto", None) == "cpu"
-    if torch.get_num_threads() > 1:
+    with intra_op_threads(2):
         assert resolve_clock("auto", None) == "wall"
