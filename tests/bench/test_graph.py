@@ -99,7 +99,7 @@ def test_a_worker_that_did_not_return_is_timeout_or_crashed():
     task = GraphTask(MLP, "mlp", "inference", "eager")
     t = result_from_failure(task, "inference", "timed out after 60 s", None)
     c = result_from_failure(task, "inference", "the worker died (SIGSEGV)", "last lines")
-    assert (t.status, t.reason) == ("timeout", "timed out after 60 s")
+    assert (t.status, t.reason, t.graph) == ("timeout", "timed out after 60 s", "inference")
     assert (c.status, c.detail, c.path, c.artifact, c.kind) == ("crashed", "last lines", MLP, "mlp", "inference")
 
 
@@ -184,3 +184,146 @@ def test_tasks_run_as_their_functions_and_artefacts_are_named_by_their_folder(tm
     task = GraphTask(MLP, "mlp", "inference", "eager", inputs="random", seed=7)
     t = result_from_failure(task, "inference", "timed out after 60 s", None)
     assert (t.inputs, t.seed) == ("random", 7)
+
+
+def test_the_result_names_the_task_its_label_graph_inputs_and_seed(monkeypatch):
+    drawn = []
+    real = graph_mod.get_inputs
+
+    def get_inputs(*a, **k):
+        drawn.append(k.get("seed"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(graph_mod, "get_inputs", get_inputs)
+    r = bench_graph(GraphTask(MLP, "models/mlp", "forward", "eager", rounds=2, threads=1))
+    assert (r.status, r.artifact, r.graph, r.inputs, r.seed) == ("pass", "models/mlp", "forward", "saved", 0)
+    assert drawn == []  # saved inputs: the artefact's own, none drawn
+    r = bench_graph(GraphTask(MLP, "models/mlp", "forward", "eager", inputs="random", seed=3, rounds=2, threads=1))
+    assert (r.status, r.artifact, r.graph, r.inputs, r.seed) == ("pass", "models/mlp", "forward", "random", 3)
+    assert drawn == [3]
+
+
+def _scaled(outputs, j, by=1.001):
+    return None if outputs is None else [o * by if i == j else o for i, o in enumerate(outputs)]
+
+
+def test_an_output_as_far_off_as_the_sequential_sample_passes_by_it_and_is_listed(monkeypatch):
+    # The second sample (the graph with its sums in sequential order) planted 0.1% off on output
+    # 0, as the backend is: over eager's bound, within the second sample's.
+    real = graph_mod.sequential_run
+    monkeypatch.setattr(graph_mod, "sequential_run", lambda gm, inputs: _scaled(real(gm, inputs), 0))
+    _patched_compile(monkeypatch, lambda fn: (lambda args: _scaled(list(fn(args)), 0)))
+    r = benched("forward")
+    assert (r.status, r.rescaled) == ("pass", ["output 0 (user output[0])"]), r.reason
+    assert r.reason.startswith("8 outputs within the bound; 1 of them only with float32 summed sequentially as the "
+                               "scale, output 0 (user output[0]): within the float-noise floor "), r.reason
+    # without the planted second sample, the same backend fails on output 0
+    monkeypatch.setattr(graph_mod, "sequential_run", real)
+    r = benched("forward")
+    assert r.status == "fail_accuracy" and r.failed_outputs[0].startswith("output 0 (user output[0]): RMS error")
+
+
+def test_an_output_as_far_off_as_a_nudged_sample_passes_by_the_further_samples_seeded_from_one(monkeypatch):
+    seeds = []
+    real = graph_mod.nudged_run
+
+    def nudged_run(gm, inputs, k, roles):
+        seeds.append(k)
+        return _scaled(real(gm, inputs, k, roles), 0)
+
+    monkeypatch.setattr(graph_mod, "nudged_run", nudged_run)
+    _patched_compile(monkeypatch, lambda fn: (lambda args: _scaled(list(fn(args)), 0)))
+    r = benched("forward")
+    assert (r.status, r.rescaled, seeds) == ("pass", [], [1]), r.reason
+    # a further sample that does not run is left out: the output fails on eager's own
+    monkeypatch.setattr(graph_mod, "nudged_run", lambda *a: None)
+    r = benched("forward")
+    assert r.status == "fail_accuracy" and r.failed_outputs[0].startswith("output 0 (user output[0]): RMS error")
+
+
+def test_without_a_float64_run_an_output_is_judged_by_the_floor_alone(monkeypatch):
+    monkeypatch.setattr(graph_mod, "reference64", lambda gm, inputs: None)
+    assert benched("forward").status == "pass"  # eager: within the floor of itself
+    _patched_compile(monkeypatch, lambda fn: (lambda args: _scaled(list(fn(args)), 0)))
+    r = benched("forward")
+    assert r.status == "fail_accuracy"
+    assert r.failed_outputs[0].startswith("output 0 (user output[0]): RMS error"), r.failed_outputs
+    assert "against eager float32, over the float-noise floor" in r.failed_outputs[0], r.failed_outputs
+
+
+def test_a_skipped_graph_still_reports_the_time_it_took(monkeypatch):
+    import time
+
+    def run_graph(*a, **k):
+        raise ValueError("needs a GPU")
+    monkeypatch.setattr(graph_mod, "run_graph", run_graph)
+    t0 = time.perf_counter()
+    r = benched("inference")
+    took = time.perf_counter() - t0
+    assert r.status == "skipped" and 0 < r.wall_s <= took
+
+
+def test_check_outputs_takes_further_samples_then_the_second_sample_per_output():
+    from aotpipe.bench.graph import check_outputs
+
+    exact = torch.full((4096,), 0.5, dtype=torch.float64)
+    eager = (exact + 1e-7).float()  # eager float32: error 1.19e-7, its bound 5.3e-6
+    off = (exact + 4e-6).float()  # a float32 run with error 3.99e-6: the bound 1.31e-5
+    backend = (exact + 1e-5).float()
+    actual, expected = [3, backend, backend], [3, eager, eager]
+    labels = ["output 0", "output 1", "output 2"]
+    # output 1 passes by the second sample; output 2 by a further sample of eager's noise
+    checks, rescaled = check_outputs(actual, expected, lambda: [None, exact, exact], labels,
+                                     seq=lambda: [None, off, None], samples=[lambda: [None, None, off]])
+    assert [c.passed for c in checks] == [True, True, True] and rescaled == ["output 1"]
+    assert checks[0].method == "exact" and "summed sequentially" in checks[1].detail
+    # no second sample, no further ones: both fail on eager's own error
+    checks, rescaled = check_outputs(actual, expected, lambda: [None, exact, exact], labels)
+    assert [c.passed for c in checks] == [True, False, False] and rescaled == []
+    # no float64 run: the floor alone decides
+    checks, _ = check_outputs(actual, expected, None, labels)
+    assert [(c.passed, c.method) for c in checks] == [(True, "exact"), (False, "floor"), (False, "floor")]
+
+
+def test_graphnet_tolerance_is_the_least_t_whose_rtol_and_atol_allow_every_output():
+    from aotpipe.bench.graph import graphnet_tolerance
+
+    # float32 at t: rtol 10**(t * 5.886 / 5), atol 10**t. Around 1e6 the rtol decides: 1.0 off
+    # is within 1e6 * 10**(-5 * 1.1772) = 1.31 at t = -5, not 1e6 * 10**(-6 * 1.1772) = 0.087.
+    big = torch.full((4,), 1e6)
+    assert graphnet_tolerance([big + 1.0], [big]) == -5
+    # Around 0 the atol decides: 1e-3 off is within 10**-3, not 10**-4.
+    assert graphnet_tolerance([torch.full((4,), 1e-3)], [torch.zeros(4)]) == -3
+    assert graphnet_tolerance([big.double() + 1.0], [big.double()]) == -4  # float64: 10**(t * 7 / 5) both
+    assert graphnet_tolerance([big, 3], [big, 3]) == -10
+    assert graphnet_tolerance([big, big.double()], [big, big]) is None  # another dtype: never
+    assert graphnet_tolerance([torch.tensor([1, 2])], [torch.tensor([1, 3])]) is None  # integers: equal or never
+
+
+def test_labels_name_each_output_by_its_role_and_target():
+    from types import SimpleNamespace
+
+    from aotpipe.bench.graph import _labels
+
+    rec = SimpleNamespace(outputs=[SimpleNamespace(role="grad", target="fc.weight"),
+                                   SimpleNamespace(role="user", target="")])
+    assert _labels(rec) == ["output 0 (grad fc.weight)", "output 1 (user)"]
+
+
+def test_a_graph_that_draws_random_numbers_is_checked_on_a_seeded_call():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from aotpipe.bench.graph import _seeded
+
+    assert _seeded(make_fx(lambda x: torch.nn.functional.dropout(x, 0.5, True))(torch.ones(4)))
+    assert not _seeded(make_fx(lambda x: x * 2)(torch.ones(4)))
+
+
+def test_a_nudged_sample_is_the_same_for_the_same_seed_and_another_for_another():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from aotpipe.bench.graph import nudged_run
+
+    gm = make_fx(lambda x: x * 1.0)(torch.ones(64))
+    one, again, two = (nudged_run(gm, [torch.ones(64)], k, ["user"])[0] for k in (1, 1, 2))
+    assert torch.equal(one, again) and not torch.equal(one, two)

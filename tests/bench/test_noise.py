@@ -153,3 +153,75 @@ def test_bound_figures_of_the_switched_off_rule_are_the_projects():
     c, by_seq = judge(backend, eager, exact, None, "x")
     ref = accuracy.compare(backend, eager, exact, what="x")
     assert (c.passed, c.bound, c.error, by_seq) == (ref.passed, ref.bound, ref.error, False)
+
+
+def test_a_running_sum_of_one_dimension_stays_at_two_to_the_24_where_atens_grows():
+    # 2**24 and then ones: left to right in float32, each 2**24 + 1 rounds back to 2**24 (ties
+    # to even); ATen's cascade sum adds the ones among themselves first.
+    x = torch.cat([torch.tensor([2.0 ** 24]), torch.ones(1000)])
+    assert float(sequential_sum(x, None)) == 2.0 ** 24
+    assert float(sequential_sum(x, [0], mean=True)) == float(torch.tensor(2.0 ** 24) / 1001)
+    assert float(x.sum()) > 2.0 ** 24  # so the two orders differ here
+
+
+def test_sums_it_does_not_reorder_are_atens_own_with_their_dims_keepdim_dtype_and_mean():
+    # An integer tensor summed into a float dtype: ATen's sum (the running sum would give 2**24).
+    xi = torch.cat([torch.tensor([1 << 24]), torch.ones(1000, dtype=torch.long)])
+    for args, kwargs in (((None,), {"dtype": torch.float32}), (([0],), {"dtype": torch.float32, "mean": True}),
+                         (([0],), {"keepdim": True, "dtype": torch.float64})):
+        got = sequential_sum(xi, *args, **kwargs)
+        want = (torch.mean if kwargs.get("mean") else torch.sum)(
+            xi, dim=[0], keepdim=kwargs.get("keepdim", False), dtype=kwargs["dtype"])
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), (args, kwargs)
+    assert float(sequential_sum(xi, None, dtype=torch.float32)) != 2.0 ** 24
+    # A float tensor summed into a dtype with no sequential accumulation (complex): ATen's.
+    x = torch.cat([torch.tensor([2.0 ** 24]), torch.ones(1000)])
+    got = sequential_sum(x, None, dtype=torch.complex64)
+    assert got.dtype == torch.complex64 and torch.equal(got, torch.sum(x, dtype=torch.complex64))
+    # An empty reduction: ATen's zeros, in the dtype asked for.
+    empty = sequential_sum(torch.empty(0, 3), [0], dtype=torch.float64)
+    assert empty.dtype == torch.float64 and torch.equal(empty, torch.zeros(3, dtype=torch.float64))
+    # A 0-dimensional tensor: itself.
+    assert torch.equal(sequential_sum(torch.tensor(2.5), None), torch.tensor(2.5))
+
+
+def _reductions(a, b):
+    return (a.sum(), a.mean(), a.sum([1]), a.sum([1], keepdim=True), a.sum(1, dtype=torch.float64), a.mean([0]),
+            a.mean([0], keepdim=True, dtype=torch.float64), a.sum(dtype=torch.float64), a.mean(dtype=torch.float64),
+            b.sum(), b.sum([1], keepdim=True), b.sum(dtype=torch.float32), b.mean(dtype=torch.float32),
+            b.mean([1], keepdim=True, dtype=torch.float32))
+
+
+def test_the_twin_runs_each_sum_and_mean_form_with_its_dims_keepdim_and_dtype():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    a, b = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), torch.arange(12).reshape(3, 4)
+    gm = make_fx(_reductions)(a, b)
+    twin = sequential_twin(gm)
+    assert twin is not None
+    got, want = twin(a, b), gm(a, b)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g.dtype, g.shape) == (w.dtype, w.shape), i
+        # float sums in another order: a few ulps apart; integer inputs' sums are ATen's own.
+        assert torch.equal(g, w) if i >= 9 else torch.allclose(g, w, rtol=1e-6, atol=1e-6), i
+    # Each form goes to the sequential sum (2**24 then ones: the running sum stays at 2**24).
+    x = torch.cat([torch.tensor([2.0 ** 24]), torch.ones(1000)]).reshape(1, 1001)
+    ones = torch.ones(1, 1, dtype=torch.long)
+    out = twin(x, ones)
+    assert [float(out[k].flatten()[0]) for k in (0, 2, 3)] == [2.0 ** 24] * 3
+    assert float(out[1]) == float(torch.tensor(2.0 ** 24) / 1001)
+
+
+def test_the_second_sample_of_a_loaded_graph_runs_it_through_its_run_guard():
+    from tests.bench.test_graph import MLP
+    from aotpipe.bench.graph import copy_inputs, graph_inputs, loaded
+    from aotpipe.bench.noise import sequential_run
+    from aotpipe.execution import run_graph
+
+    ga = loaded(MLP, ()).graphs["backward"]
+    saved = graph_inputs(ga, "saved", 0)
+    seq = sequential_run(ga.module, copy_inputs(saved))
+    eager = run_graph(ga.module, copy_inputs(saved))
+    assert seq is not None and len(seq) == len(eager)
+    for s, e in zip(seq, eager):
+        assert (s is None and e is None) or torch.allclose(s, e, rtol=1e-5, atol=1e-6)

@@ -140,3 +140,103 @@ def test_eager_against_itself_under_a_background_load_stays_within_the_band(quic
     assert 1 / (1 + BAND) <= gm <= 1 + BAND, gm
     assert data["scores"]["all"]["verdicts"] == {"faster": 0, "within noise": 10, "slower": 0}
     assert {(g["clock"], g["threads"]) for g in graphs} == {("cpu", 1)}  # the defaults, as the worker ran them
+
+
+class Scripted:
+    """Eager and the backend on an exact clock (dyadic costs, an offset start like
+    perf_counter's): each call costs the next of its side's costs, and the sides' calls are
+    logged in order."""
+
+    def __init__(self, eager_costs, backend_costs, start=1024.0):
+        self.t, self.log = start, []
+        self.costs = {"e": list(eager_costs), "b": list(backend_costs)}
+
+    def clock(self) -> float:
+        return self.t
+
+    def side(self, name):
+        def fn():
+            n = sum(1 for x in self.log if x == name)
+            costs = self.costs[name]
+            self.t += costs[n] if n < len(costs) else costs[-1]
+            self.log.append(name)
+        return fn
+
+    def timed(self, rounds):
+        return time_interleaved(self.side("e"), self.side("b"), rounds, clock=self.clock)
+
+
+U = 2.0 ** -10  # about 1 ms: SAMPLE_S (2 ms) fits 2 calls of it
+
+
+def _per_call(per_sample, calls=2):
+    return [c for c in per_sample for _ in range(calls)]
+
+
+def test_rounds_time_samples_of_calls_sized_by_eagers_warm_up_alternating_which_side_goes_first():
+    from aotpipe.bench.graph import WARMUP
+
+    # eager: 1 warm-up call of U (so 2 calls a sample), then rounds whose ratios are 1.25, 1.0,
+    # 1.5, 1.125, 1.375: quartiles 1.125, 1.25, 1.375, an IQR of exactly 0.2 of the median (the
+    # bound for noisy is "over"). The backend: 3 warm-up calls of 16 U, then U a call.
+    ratios = [1.25, 1.0, 1.5, 1.125, 1.375]
+    s = Scripted([U] + _per_call([r * U for r in ratios]), [16 * U] * WARMUP + [U])
+    t = s.timed(5)
+    assert (t.speedup, t.noisy) == (1.25, False)
+    assert t.low == pytest.approx(1.0 / (1 + BAND)) and t.high == pytest.approx(1.5 * (1 + BAND))
+    assert t.eager == (1.25 * U, 0.25 * U) and t.backend == (U, 0.0)
+    assert t.in_backend_s == 3 * 16 * U + 5 * 2 * U  # the warm-up and every timed call
+    rounds = ["eebb", "bbee", "eebb", "bbee", "eebb"]
+    assert "".join(s.log) == "ebbb" + "".join(rounds)
+
+
+def test_a_noisy_timing_is_taken_once_more_with_twice_the_rounds():
+    # ratios 1.0, 1.5, 1.25, 2.0, 0.5: IQR 0.5 over 0.2 of the median 1.25, on both tries
+    ratios = [1.0, 1.5, 1.25, 2.0, 0.5]
+    s = Scripted([U] + _per_call([r * U for r in ratios * 3]), [U])
+    t = s.timed(5)
+    assert t.noisy and t.speedup == 1.25
+    assert s.log.count("e") == 1 + (5 + 10) * 2 and s.log.count("b") == 3 + (5 + 10) * 2
+
+
+def test_a_sample_as_long_as_sample_s_is_one_call():
+    s = Scripted([4 * U, 2 * U], [U])  # a warm-up eager call over SAMPLE_S
+    t = s.timed(3)
+    assert t.speedup == 2.0 and "".join(s.log) == "ebbb" + "eb" + "be" + "eb"
+
+
+def test_samples_too_short_for_the_clock_to_tick_are_left_out_of_the_ratios():
+    # rounds 1 (eager 0 s) and 3 (the backend 0 s) left out: the ratios are 1, 1.125 and 1.25
+    e = [1, 0, 1.125, 1, 1.25]
+    b = [1, 1, 1, 0, 1]
+    s = Scripted([U] + _per_call([x * U for x in e]), [U] * 3 + _per_call([x * U for x in b]))
+    t = s.timed(5)
+    assert (t.speedup, t.noisy) == (1.125, False) and len(s.log) == 1 + 3 + 5 * 4
+    assert t.low == pytest.approx(1.0 / (1 + BAND)) and t.high == pytest.approx(1.25 * (1 + BAND))
+    # a clock that never ticks: no ratio at all, the speedup 1.0 and within noise
+    t = Scripted([0.0], [0.0]).timed(3)
+    assert t.speedup == 1.0 and t.verdict == "within noise"
+
+
+def test_each_side_is_warmed_up_by_its_own_count(monkeypatch):
+    from aotpipe.bench import graph as graph_mod
+
+    monkeypatch.setattr(graph_mod, "EAGER_WARMUP", 4)
+    monkeypatch.setattr(graph_mod, "WARMUP", 2)
+    s = Scripted([U], [U])
+    s.timed(1)
+    assert "".join(s.log) == "ebebee" + "eebb"
+    # no eager warm-up call to size the samples by: the most calls a sample makes
+    monkeypatch.setattr(graph_mod, "EAGER_WARMUP", 0)
+    s = Scripted([U], [U])
+    s.timed(1)
+    assert s.log.count("e") == graph_mod.MAX_CALLS
+
+
+def test_auto_clock_without_a_thread_count_reads_torchs():
+    from aotpipe.determinism import intra_op_threads
+
+    with intra_op_threads(1):
+        assert resolve_clock("auto", None) == "cpu"
+    with intra_op_threads(2):
+        assert resolve_clock("auto", None) == "wall"
