@@ -11,7 +11,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from aotpipe.bench.backends import Backend
 from aotpipe.bench.graph import judge
-from aotpipe.bench.locate import Located, first_faulty_node, node_check, own_scale, prefix
+from aotpipe.bench import locate as locate_mod
+from aotpipe.bench.locate import (Located, References, _describe, _kept_values, _values, first_faulty_node, module_path,
+                                  node_check, op_name, own_scale, prefix)
 
 PLANTED = "tests.bench.backends"
 
@@ -147,3 +149,243 @@ def test_the_lines_of_a_found_node_name_it_its_shapes_module_and_repro():
     res.repro, res.module_path, res.input_shapes = "out/r", "layers.0 (Linear)", []
     assert res.lines()[1] == "    inputs none -> float32[4]; module layers.0 (Linear)"
     assert res.lines()[3] == "    repro: out/r"
+
+
+# ---- what the bisection names: each value's description, the op, the module -------------------------------------
+
+def test_a_value_is_described_by_its_dtype_and_shape_a_number_by_itself_anything_else_by_its_type():
+    assert _describe(torch.zeros(2, 3, dtype=torch.float64)) == "float64[2, 3]"
+    assert _describe(torch.zeros((), dtype=torch.int64)) == "int64[]"
+    assert [_describe(v) for v in (3, 1e-08, True)] == ["3", "1e-08", "True"]
+    assert [_describe(v) for v in (None, torch.float32, [1])] == ["NoneType", "dtype", "list"]
+
+
+class _Named:
+    """A call target torch names by a method (as an OpOverloadPacket-like object does)."""
+    def __init__(self, name: str):
+        self._name = name
+
+    def name(self) -> str:
+        return self._name
+
+    def __call__(self, *args):
+        return None
+
+    def __repr__(self) -> str:
+        return f"<target {self._name}>"
+
+
+class _Unnamed:
+    name = "an attribute, not a method"
+
+    def __call__(self, *args):
+        return None
+
+    def __repr__(self) -> str:
+        return "<unnamed target>"
+
+
+def _node(target, meta=None) -> torch.fx.Node:
+    g = torch.fx.Graph()
+    n = g.create_node("call_function", target, (), name="n")
+    n.meta.update(meta or {})
+    return n
+
+
+def test_an_op_is_named_by_its_qualified_name_else_its_own_name_under_aten_else_its_python_name():
+    assert op_name(_node(torch.ops.aten.mul.Tensor)) == "aten.mul.Tensor"
+    assert op_name(_node(_Named("my_op"))) == "aten.my_op"
+    assert op_name(_node(_Named("aten::add"))) == "aten::add"  # already qualified: kept
+    assert op_name(_node(_Named("prims.sum"))) == "prims.sum"
+    assert op_name(_node(math.sqrt)) == "sqrt"
+    assert op_name(_node(_Unnamed())) == "<unnamed target>"
+
+
+def test_a_nodes_module_is_its_recorded_origin_else_the_innermost_of_its_module_stack():
+    from aotpipe.artifact.provenance import ORIGIN_KEY
+    from aotpipe.format.records import NodeOrigin
+    mul = torch.ops.aten.mul.Tensor
+
+    def origin(**kw):
+        return _node(mul, {ORIGIN_KEY: NodeOrigin(**kw)})
+
+    assert module_path(origin(module="layers.0", module_class="torch.nn.Linear", source="m.py:3")) == \
+        "layers.0 (torch.nn.Linear), m.py:3"
+    assert module_path(origin(module="", module_class="M")) == "the model itself (M)"
+    assert module_path(origin(module="head")) == "head"
+    # no module in the origin: the graph's own stack, its innermost (last) module's path
+    stack = {"a": ("outer", "A"), "b": ("middle", "B"), "c": ("inner", "C")}
+    n = _node(mul, {ORIGIN_KEY: NodeOrigin(source="m.py:3"), "nn_module_stack": stack})
+    assert module_path(n) == "inner"
+    assert module_path(_node(mul, {ORIGIN_KEY: NodeOrigin(), "nn_module_stack": {"a": ["inner", "C"]}})) is None
+    assert module_path(_node(mul, {ORIGIN_KEY: NodeOrigin(), "nn_module_stack": {}})) is None
+    assert module_path(_node(mul)) is None  # nothing recorded
+    assert module_path(_node(mul, {"nn_module_stack": {"a": ("blocks.1", "torch.nn.ReLU")}})) == \
+        "blocks.1 (torch.nn.ReLU)"  # torch's own stack, through node_origin
+
+
+def test_one_eager_run_tells_each_node_a_tensor_or_not_with_its_description():
+    def f(x):
+        m = torch.ops.aten.max.dim(x, 0)  # a tuple, then its two tensors
+        return m[0] * 2, m[1]
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    gm = make_fx(f)(x)
+    assert _values(gm, [x]) == {"x_1": (True, "float32[3, 4]"), "max_1": (False, "tuple"),
+                                "getitem": (True, "float32[4]"), "getitem_1": (True, "int64[4]"),
+                                "mul": (True, "float32[4]"), "output": (False, "tuple")}
+
+
+# ---- prefixes ------------------------------------------------------------------------------------------------------
+
+def test_a_prefix_returns_no_input_or_constant_and_up_to_the_output_node_is_the_whole_graph():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("c", torch.ones(4))
+
+        def forward(self, x):
+            a = x + self.c
+            b = a * 2
+            return b - x - self.c  # x and c used again after b
+
+    gm = torch.fx.symbolic_trace(M())
+    names = {n.name: n for n in gm.graph.nodes}
+    assert names["c"].op == "get_attr"
+    tensors = set(names) - {"output"}
+    pm = prefix(gm, names["mul"], tensors)
+    assert [a.name for a in pm.graph.output_node().args[0]] == ["mul"]  # x and c leave it, but are no values of it
+    assert [n.name for n in pm.graph.nodes] == ["x", "c", "add", "mul", "output"]
+    pm = prefix(gm, names["add"], tensors)
+    assert [n.name for n in pm.graph.nodes] == ["x", "c", "add", "output"]
+    whole = prefix(gm, names["output"], tensors)
+    assert [n.name for n in whole.graph.nodes] == [n.name for n in gm.graph.nodes]
+    assert [a.name for a in whole.graph.output_node().args[0]] == ["sub_1"]
+    x = torch.randn(4)
+    assert torch.equal(whole(x)[0], gm(x))
+
+
+# ---- the values kept from one run of the whole graph ---------------------------------------------------------------
+
+def chain_sum(x):
+    a = x + 1  # node add: 16 bytes for float32[4], 32 in float64
+    s = a.sum()  # node sum_1: 4 bytes, 8 in float64
+    return a * s  # node mul: 16 bytes, 32 in float64
+
+
+X4 = torch.tensor([0.5, -1.0, 2.0, 0.25])
+
+
+def test_kept_values_are_copies_of_the_named_tensors_up_to_the_budget_in_graph_order():
+    gm = make_fx(chain_sum)(X4)
+    every = {"x_1", "add", "sum_1", "mul"}
+    got = _kept_values(gm, [X4.clone()], every - {"x_1"}, 1 << 20)
+    assert set(got) == {"add", "sum_1", "mul"}
+    assert torch.equal(got["add"], X4 + 1) and torch.equal(got["mul"], (X4 + 1) * (X4 + 1).sum())
+    # the budget: each value kept while the bytes so far (with it) are at most the budget
+    assert set(_kept_values(gm, [X4.clone()], every, 16)) == {"x_1"}
+    assert set(_kept_values(gm, [X4.clone()], every, 32)) == {"x_1", "add"}
+    assert set(_kept_values(gm, [X4.clone()], every, 31)) == {"x_1", "sum_1"}  # add past it, sum_1 within
+    assert set(_kept_values(gm, [X4.clone()], every, 36)) == {"x_1", "add", "sum_1"}
+    assert set(_kept_values(gm, [X4.clone()], {"add", "sum_1", "mul"}, 35)) == {"add", "sum_1"}
+    assert set(_kept_values(gm, [X4.clone()], {"add", "sum_1", "mul"}, 36)) == {"add", "sum_1", "mul"}
+    assert _kept_values(gm, [X4.clone()], set(), 1 << 20) == {}
+
+
+def test_a_kept_value_is_a_copy_a_later_in_place_op_does_not_change():
+    def f(x):
+        y = x + 1
+        y.mul_(2)
+        return y
+    gm = torch.fx.symbolic_trace(f)
+    got = _kept_values(gm, [X4.clone()], {"add"}, 1 << 20)
+    assert torch.equal(got["add"], X4 + 1)
+
+
+def test_kept_values_run_the_graph_its_run_guard_makes_and_none_from_a_guard_that_makes_no_fx_graph():
+    from aotpipe.execution import RUN_GUARD
+    gm = make_fx(chain_sum)(X4)
+    doubled = make_fx(lambda x: chain_sum(x * 2))(X4)
+    seen = []
+
+    def guard(module, inputs):
+        seen.append(inputs)
+        return doubled if module is gm else module
+
+    gm.meta[RUN_GUARD] = guard
+    got = _kept_values(gm, [X4.clone()], {"add"}, 1 << 20)
+    assert len(seen) == 1 and torch.equal(seen[0][0], X4) and torch.equal(got["add"], X4 * 2 + 1)
+    gm.meta[RUN_GUARD] = lambda module, inputs: module.forward
+    assert _kept_values(gm, [X4.clone()], {"add"}, 1 << 20) == {}
+
+
+def _only_float32(x):
+    if x.dtype != torch.float32:
+        raise TypeError("float32 only")
+    return x
+
+
+torch.fx.wrap("_only_float32")
+
+
+def test_references_are_each_one_run_of_the_whole_graph_made_when_first_needed(monkeypatch):
+    monkeypatch.setattr(locate_mod, "KEEP_BYTES", 24)  # float32: add and sum_1 (20 bytes), float64 up to 48: the same
+    gm = make_fx(chain_sum)(X4)
+    every = {"x_1", "add", "sum_1", "mul"}
+    refs = References(gm, [X4.clone()], every - {"x_1"})
+    assert refs.runs == {"f32": 0, "f64": 0, "seq": 0}
+    assert set(refs.f32()) == {"add", "sum_1"} and refs.f32()["add"].dtype == torch.float32
+    assert set(refs.f64()) == {"add", "sum_1"} and refs.f64()["add"].dtype == torch.float64
+    assert set(refs.seq()) == {"add", "sum_1"}
+    assert refs.runs == {"f32": 1, "f64": 1, "seq": 1}
+    names = {n.name: n for n in gm.graph.nodes}
+    kept = prefix(gm, names["sum_1"], every)
+    assert [a.name for a in kept.graph.output_node().args[0]] == ["add", "sum_1"]
+    # a prefix whose values were kept is checked against them ...
+    assert all(a is b for a, b in zip(refs.expected(kept, ["add", "sum_1"]), [refs.f32()["add"], refs.f32()["sum_1"]]))
+    assert all(a is b for a, b in zip(refs.reference(kept, ["add", "sum_1"]), [refs.f64()["add"], refs.f64()["sum_1"]]))
+    assert all(a is b for a, b in zip(refs.sequential(kept, ["add", "sum_1"]), [refs.seq()["add"], refs.seq()["sum_1"]]))
+    # ... one with a value not kept runs by itself, on the graph's inputs
+    whole = prefix(gm, names["mul"], every)
+    expected = (X4 + 1) * (X4 + 1).sum()
+    [e] = refs.expected(whole, ["mul"])
+    [r] = refs.reference(whole, ["mul"])
+    [s] = refs.sequential(whole, ["mul"])
+    assert torch.equal(e, expected) and r.dtype == torch.float64 and torch.allclose(r, expected.double())
+    assert torch.allclose(s, expected)
+    assert refs.runs == {"f32": 1, "f64": 1, "seq": 1}  # the whole graph ran once for each
+
+
+def test_float64_references_keep_twice_the_bytes_of_float32(monkeypatch):
+    monkeypatch.setattr(locate_mod, "KEEP_BYTES", 36)  # float32: all three (36 bytes); float64: 72 of 72
+    refs = References(make_fx(chain_sum)(X4), [X4.clone()], {"add", "sum_1", "mul"})
+    assert set(refs.f32()) == set(refs.f64()) == {"add", "sum_1", "mul"}
+    monkeypatch.setattr(locate_mod, "KEEP_BYTES", 35)  # float32 and float64 both leave mul out
+    refs = References(make_fx(chain_sum)(X4), [X4.clone()], {"add", "sum_1", "mul"})
+    assert set(refs.f32()) == set(refs.f64()) == {"add", "sum_1"}
+
+
+def test_references_of_a_graph_that_does_not_run_in_float64_or_has_no_sum_are_none():
+    def f(x):
+        return _only_float32(x) * 2
+    gm = torch.fx.symbolic_trace(f)
+    refs = References(gm, [X4.clone()], {"x", "_only_float32", "mul"})
+    pm = prefix(gm, [n for n in gm.graph.nodes if n.name == "mul"][0], {"_only_float32", "mul"})
+    assert refs.reference(pm, ["mul"]) is None and refs.f64() is None  # the floor alone decides
+    assert refs.sequential(pm, ["mul"]) is None and refs.seq() is None  # no sum: no second sample
+    assert torch.equal(refs.expected(pm, ["mul"])[0], X4 * 2)
+    assert refs.runs == {"f32": 1, "f64": 1, "seq": 1}
+
+
+def test_the_second_sample_runs_the_graph_its_run_guard_makes_on_its_inputs():
+    from aotpipe.execution import RUN_GUARD
+    gm = make_fx(chain_sum)(X4)
+    seen = []
+
+    def guard(module, inputs):
+        seen.append(inputs)
+        return module
+
+    gm.meta[RUN_GUARD] = guard
+    refs = References(gm, [X4.clone()], {"add", "sum_1", "mul"})
+    assert set(refs.seq()) == {"add", "sum_1", "mul"}
+    assert seen and all(isinstance(i, list) and torch.equal(i[0], X4) for i in seen)
