@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from aotpipe.bench.backends import Backend
 from aotpipe.bench.graph import judge
 from aotpipe.bench import locate as locate_mod
-from aotpipe.bench.locate import (Located, References, _describe, _kept_values, _values, first_faulty_node, module_path,
+from aotpipe.bench.locate import (Located, References, _check_prefix, _describe, _kept_values, _values, first_faulty_node, module_path,
                                   node_check, op_name, own_scale, prefix)
 
 PLANTED = "tests.bench.backends"
@@ -389,3 +389,243 @@ def test_the_second_sample_runs_the_graph_its_run_guard_makes_on_its_inputs():
     refs = References(gm, [X4.clone()], {"add", "sum_1", "mul"})
     assert set(refs.seq()) == {"add", "sum_1", "mul"}
     assert seen and all(isinstance(i, list) and torch.equal(i[0], X4) for i in seen)
+
+
+# ---- one value judged at its own scale -----------------------------------------------------------------------------
+
+def test_own_scale_brings_the_rms_of_the_finite_elements_into_1_to_2_of_float_and_complex_values():
+    for rms, k in ((0.75, 1), (0.5, 1), (0.49, 2), (1e-3, 10), (2.0 ** -10, 10), (0.999, 1)):
+        t = torch.full((8,), rms, dtype=torch.float64)
+        assert own_scale(t) == k and 1 <= rms * 2 ** k < 2, (rms, own_scale(t))
+    assert own_scale(torch.full((8,), 1.0)) == 0 and own_scale(torch.full((8,), 3.0)) == 0
+    assert own_scale(torch.tensor([1e-3, float("inf"), float("nan"), -1e-3])) == 10  # the finite ones
+    assert own_scale(torch.tensor([float("inf"), float("nan")])) == 0
+    assert own_scale(torch.full((4,), 1e-3 + 1e-3j, dtype=torch.complex64)) == 10  # over real and imaginary parts
+    assert own_scale(torch.full((4,), 1e-3 + 1e-3j, dtype=torch.complex128).conj()) == 10
+    assert own_scale(torch.full((4,), 1e-3, dtype=torch.bfloat16)) == 0
+
+
+def _rule_at(a, e, r, s, k):
+    """The whole graph's rule on the values times 2**k, its figures divided by 2**k."""
+    up = 2.0 ** k
+    c, _ = judge(a * up, e * up, r * up, None if s is None else (lambda: s * up), "node v")
+    return c, [None if x is None else x / up for x in (c.error, c.eager_error, c.bound)]
+
+
+def test_node_check_is_the_rule_on_the_values_times_exactly_2_to_the_k_and_says_so_when_it_fails():
+    r = X.double() * 1e-8
+    e = r.float()
+    a = e * (1 + 3e-5)  # just outside the float32 floor of 1e-5 of the value
+    k = own_scale(e)
+    c, figures = _rule_at(a, e, r, None, k)
+    n = node_check(a, e, lambda: r, None, "node v")
+    assert not n.passed and n.method == c.method == "fp64" and n.what == "node v"
+    assert [n.error, n.eager_error, n.bound] == figures
+    assert n.detail == (f"RMS error {n.error:.3g} against the float64 eager model, over {n.bound:.3g}: the whole "
+                        f"graph's rule at the value's own scale (times 2**{k}, its RMS then 1 to 2); eager float32's "
+                        f"own error {n.eager_error:.3g}")
+    assert n.line() == f"node v: {n.detail}"
+    # without a float64 reference: the floor, against eager float32, with no eager error to name
+    n = node_check(a, e, lambda: None, None, "node v")
+    c, figures = _rule_at(a, e, r, None, k)
+    assert not n.passed and n.method == "floor" and n.eager_error is None
+    assert n.detail == (f"RMS error {n.error:.3g} against eager float32, over {n.bound:.3g}: the whole graph's rule "
+                        f"at the value's own scale (times 2**{k}, its RMS then 1 to 2)")
+    # a passing value keeps the rule's own (no) detail, its figures at its scale
+    ok = node_check(e * (1 + 5e-6), e, lambda: r, None, "node v")
+    c, figures = _rule_at(e * (1 + 5e-6), e, r, None, k)
+    assert ok.passed and ok.detail is c.detail is None and [ok.error, ok.eager_error, ok.bound] == figures
+
+
+@pytest.mark.parametrize("scale", [4.0, 1e-8])
+def test_node_check_passes_a_value_at_the_second_samples_noise_at_any_scale(scale):
+    r = X.double() * scale
+    e = r.float()
+    seq = (r * (1 + 1e-4)).float()  # float32 summed sequentially: 1e-4 off
+    a = (r * (1 + 5e-4)).float()
+    on = node_check(a, e, lambda: r, lambda: seq, "node v")
+    off = node_check(a, e, lambda: r, None, "node v")
+    assert on.passed and not off.passed and off.what == "node v", (on, off)
+    assert "float32 summed sequentially as the scale" in on.detail
+
+
+def test_node_check_at_rms_1_or_more_is_the_rule_itself_with_every_argument():
+    r = X.double() * 4
+    e = r.float()
+    for a in (e * (1 + 3e-5), e.clone(), None, e[:3]):
+        c, _ = judge(a, e, lambda: r, None, "node v")
+        n = node_check(a, e, lambda: r, None, "node v")
+        assert (n.passed, n.method, n.error, n.eager_error, n.bound, n.detail, n.what) == \
+            (c.passed, c.method, c.error, c.eager_error, c.bound, c.detail, c.what)
+    assert node_check(e * (1 + 3e-5), e, lambda: r, None, "node v").method == "fp64"
+
+
+def test_a_small_value_compared_with_none_or_another_shape_fails_with_the_rules_own_line():
+    e = X * 1e-8
+    for a in (None, e[:3], torch.ones(64, dtype=torch.int64)):
+        c, _ = judge(a, e, lambda: e.double(), None, "node v")
+        n = node_check(a, e, lambda: e.double(), None, "node v")
+        assert not n.passed and n.detail == c.detail and n.error is None, n
+
+
+# ---- one prefix compiled and checked -------------------------------------------------------------------------------
+
+def _backend_of(fn):
+    """A planted backend given as the callable itself (first_faulty_node's `user`)."""
+    return Backend("tests.bench.test_locate:inline"), fn
+
+
+def _doubling_first_mul(gm, example_inputs):
+    from tests.bench.backends import first_mul_doubled
+    return first_mul_doubled(gm, example_inputs)
+
+
+def three_wrong(x):
+    m = x * 3.0  # node mul, doubled by the backend
+    a = m.neg()  # node neg
+    b = a.neg()  # node neg_1
+    return m + a + b  # m and a used again here
+
+
+def test_a_prefix_fails_on_its_last_failing_value_compiled_with_the_graphs_roles(monkeypatch):
+    gm = make_fx(three_wrong)(X)
+    names = {n.name: n for n in gm.graph.nodes}
+    tensors = set(names) - {"output"}
+    refs = References(gm, [X.clone()], tensors)
+    calls = []
+    real = locate_mod.compile_graph
+
+    def spy(backend, pm, args, roles, user):
+        calls.append((backend, pm, args, roles, user))
+        return real(backend, pm, args, roles, user)
+
+    monkeypatch.setattr(locate_mod, "compile_graph", spy)
+    backend, user = _backend_of(_doubling_first_mul)
+    pm = prefix(gm, names["neg_1"], tensors)
+    assert [a.name for a in pm.graph.output_node().args[0]] == ["mul", "neg", "neg_1"]  # all three wrong
+    ok, line = _check_prefix(pm, refs, backend, user, ["param"])
+    assert not ok and line.startswith("node neg_1: RMS error ") and "against the float64 eager model" in line, line
+    [(b, p, args, roles, u)] = calls
+    assert b is backend and p is pm and roles == ["param"] and u is user
+    assert len(args) == 1 and torch.equal(args[0], X) and args[0] is not refs.inputs[0]
+    ok, line = _check_prefix(pm, refs, Backend("eager"), None, ["user"])
+    assert ok and line == ""
+
+
+def test_a_prefix_passes_by_the_second_sample_where_the_backend_sums_as_float32_sequentially():
+    from tests.bench.backends import sums_sequential
+    g = torch.Generator().manual_seed(0)
+    x = (1.0 + 0.1 * torch.rand(1, 1 << 16, 1, 1, generator=g)).transpose(0, 1).contiguous()
+    gm = make_fx(lambda x: x.sum([0, 2, 3]) * 2)(x)
+    names = {n.name: n for n in gm.graph.nodes}
+    tensors = set(names) - {"output"}
+    backend, user = _backend_of(sums_sequential)
+    pm = prefix(gm, names["sum_1"], tensors)
+    ok, line = _check_prefix(pm, References(gm, [x], tensors), backend, user, ["user"])
+    assert ok and line == ""
+    refs = References(gm, [x], tensors)
+    refs.seq = lambda: None  # no second sample: eager's own error is the scale, and the sum is over it
+    ok, line = _check_prefix(pm, refs, backend, user, ["user"])
+    assert not ok and line.startswith("node sum_1: RMS error ")
+
+
+def _returns_none(gm, example_inputs):
+    n = len(gm.graph.output_node().args[0])
+    return lambda *args: (None,) * n
+
+
+def test_a_backend_that_returns_no_tensor_fails_the_prefix():
+    gm = make_fx(tiny_output)(X)
+    names = {n.name: n for n in gm.graph.nodes}
+    tensors = set(names) - {"output"}
+    backend, user = _backend_of(_returns_none)
+    ok, line = _check_prefix(prefix(gm, names["mul"], tensors), References(gm, [X.clone()], tensors), backend, user,
+                             ["user"])
+    assert not ok and line == "node mul: the graph gives None, eager gives a value"
+
+
+# ---- the bisection -------------------------------------------------------------------------------------------------
+
+def locate_with(f, fn, *inputs, roles=None):
+    gm = make_fx(f)(*inputs)
+    backend, user = _backend_of(fn)
+    res = Located("m", "inference", False, "")
+    found = first_faulty_node(res, gm, list(inputs), roles or ["user"] * len(inputs), backend, user)
+    return res, found, gm
+
+
+def test_a_graph_that_computes_no_tensor_has_no_faulty_node():
+    res, found, _ = locate_with(lambda x: x, _doubling_first_mul, X)
+    assert found is None and res.found is False and res.reason == "the graph computes no tensor"
+    assert res.prefixes_tried == 0 and res.node is None
+
+
+def _fails_to_compile(gm, example_inputs):
+    raise NotImplementedError("no lowering")
+
+
+def test_prefixes_that_do_not_compile_pass_the_bisection_by():
+    res, found, _ = locate_with(chain(1, 1), _fails_to_compile, X)
+    assert found is None and res.found is False and res.prefixes_tried == 1
+    assert res.reason == "the graph's prefixes all pass: the fault needs the whole graph (its outputs as one)"
+
+
+def _compiles_only_with_a_sub(gm, example_inputs):
+    if torch.ops.aten.sub.Tensor not in {n.target for n in gm.graph.nodes}:
+        raise NotImplementedError("no lowering without a sub")
+    return _doubling_first_mul(gm, example_inputs)
+
+
+def test_the_culprit_is_the_first_prefix_that_fails_not_one_that_does_not_compile():
+    def f(x):
+        y = x * 3.0  # doubled, but its prefixes do not compile
+        for _ in range(3):
+            y = torch.neg(y)
+        return y - 1
+    res, found, gm = locate_with(f, _compiles_only_with_a_sub, X)
+    assert res.found is True and res.node == "sub" and res.position == "5 of 5", res.lines()
+    assert res.reason.startswith("node sub: RMS error ") and res.op == "aten.sub.Tensor"
+    assert found[0] is [n for n in gm.graph.nodes if n.name == "sub"][0]
+    assert found[1] == {"x_1", "mul", "neg", "neg_1", "neg_2", "sub", "output"}  # the output node's value is sub's
+
+
+@pytest.mark.parametrize("before, after", [(0, 1), (1, 0), (0, 6), (6, 0), (5, 2), (1, 7)])
+def test_bisection_tries_each_prefix_once_the_last_first(before, after, monkeypatch):
+    tried = []
+    real = locate_mod._check_prefix
+
+    def spy(pm, *args):
+        tried.append(list(pm.graph.nodes)[-2].name)
+        return real(pm, *args)
+
+    monkeypatch.setattr(locate_mod, "_check_prefix", spy)
+    res, found, gm = locate_with(chain(before, after), _doubling_first_mul, X)
+    n = before + after + 1
+    cands = [x.name for x in gm.graph.nodes if x.op == "call_function"]
+    assert res.node == "mul" and res.position == f"{before + 1} of {n}" and res.prefixes_tried == len(tried)
+    assert len(set(tried)) == len(tried) and tried[0] == cands[-1]
+    # what a plain bisection over [0, n - 1] probes
+    lo, hi, probes = 0, n - 1, [n - 1]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        probes.append(mid)
+        lo, hi = (lo, mid) if mid >= before else (mid + 1, hi)
+    assert tried == [cands[i] for i in dict.fromkeys(probes)]
+
+
+def test_the_culprit_is_named_with_its_inputs_shapes_and_module():
+    from aotpipe.artifact.provenance import ORIGIN_KEY
+    from aotpipe.format.records import NodeOrigin
+
+    def f(x, w):
+        return torch.relu(x * w)
+    w = torch.randn(64, generator=torch.Generator().manual_seed(3)).double()
+    gm = make_fx(f)(X, w)
+    mul = [n for n in gm.graph.nodes if n.name == "mul"][0]
+    mul.meta[ORIGIN_KEY] = NodeOrigin(module="layers.0", module_class="torch.nn.Linear")
+    backend, user = _backend_of(_doubling_first_mul)
+    res = Located("m", "inference", False, "")
+    found = first_faulty_node(res, gm, [X, w], ["user", "param"], backend, user)
+    assert found is not None and res.found is True and res.node == "mul" and res.position == "1 of 2"
+    assert res.input_shapes == ["float32[64]", "float64[64]"] and res.output_shape == "float64[64]"
+    assert res.module_path == "layers.0 (torch.nn.Linear)" and res.prefixes_tried == 2
