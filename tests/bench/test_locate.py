@@ -3,7 +3,11 @@ the planted backends (tests/bench/backends.py): no artefact, no worker."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from aotpipe.bench.backends import Backend
 from aotpipe.bench.graph import judge
 from aotpipe.bench import locate as locate_mod
-from aotpipe.bench.locate import (Located, References, _check_prefix, _describe, _kept_values, _values, first_faulty_node, module_path,
+from aotpipe.bench.locate import (Located, References, _check_prefix, _describe, _fresh, _safe, _kept_values, _values, first_faulty_node, module_path,
                                   node_check, op_name, own_scale, prefix)
 
 PLANTED = "tests.bench.backends"
@@ -629,3 +633,188 @@ def test_the_culprit_is_named_with_its_inputs_shapes_and_module():
     assert found is not None and res.found is True and res.node == "mul" and res.position == "1 of 2"
     assert res.input_shapes == ["float32[64]", "float64[64]"] and res.output_shape == "float64[64]"
     assert res.module_path == "layers.0 (torch.nn.Linear)" and res.prefixes_tried == 2
+
+
+# ---- the repro written for the culprit -----------------------------------------------------------------------------
+
+def test_names_are_made_safe_for_a_folder():
+    assert _safe("Xmodel/Graph v1.") == "Xmodel_Graph_v1"
+    assert _safe("._a  b_.") == "a_b"
+    assert _safe(" a ") == "a"
+    assert _safe("//") == "graph" and _safe("") == "graph"
+
+
+def test_fresh_copies_a_tensor_and_passes_anything_else():
+    t = torch.ones(3)
+    c = _fresh(t)
+    assert c is not t and torch.equal(c, t) and c.data_ptr() != t.data_ptr()
+    assert _fresh(2.5) == 2.5 and _fresh(None) is None
+
+
+def _record(role, target):
+    return types.SimpleNamespace(role=role, target=target)
+
+
+def test_the_repro_is_the_culprits_prefix_with_its_inputs_roles_and_reference_outputs(tmp_path):
+    from aotpipe.bench.graph import loaded
+
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    w, b, c, x, t, unused, s = (g.placeholder(n) for n in ("w", "b", "c", "x", "t", "unused", "s"))
+    y = g.call_function(aten.mul.Tensor, (x, w))
+    y = g.call_function(aten.add.Tensor, (y, b))
+    y = g.call_function(aten.mul.Tensor, (y, c))
+    y = g.call_function(aten.add.Tensor, (y, t))
+    g.output(g.call_function(aten.mul.Scalar, (y, s)))  # ((x * w + b) * c + t) * s
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    g = torch.Generator().manual_seed(2)
+    inputs = [torch.randn(4, generator=g) for _ in range(6)] + [0.5]
+    records = [_record("param", "l.w"), _record("buffer", "l.b"), _record("constant", "c0"), _record("user", "x"),
+               _record("tangent", "out0"), _record("user", "unused"), _record("user", "s")]
+    ga = types.SimpleNamespace(record=types.SimpleNamespace(inputs=records))
+    names = {n.name: n for n in gm.graph.nodes}
+    tensors = set(names) - {"s", "output"}
+    task = locate_mod.LocateTask("a", "m/1", "forward", "tests.bench.backends:x", "saved", 0, str(tmp_path))
+    [last] = [n for n in gm.graph.nodes if n.target is aten.mul.Scalar]
+    path = locate_mod.write_repro(gm, last, tensors, ga, inputs, task)
+    assert path == tmp_path / "m_1-forward-mul_scalar"
+    art = loaded(str(path), ())
+    [key] = art.graphs
+    rg = art.graphs[key]
+    got = [(i.name, i.role, i.target) for i in rg.record.inputs]
+    assert got == [("w", "param", "l.w"), ("b", "buffer", "l.b"), ("c", "constant", "c0"), ("x", "user", "x"),
+                   ("t", "user", "t"), ("s", "user", "s")]  # the unused input left out; a tangent is a user input
+    assert [i.dtype for i in rg.record.inputs[:5]] == ["float32"] * 5 and [i.shape for i in rg.record.inputs[:5]] == [[4]] * 5
+    assert rg.record.inputs[5].type == "float"
+    saved = rg.saved_inputs()
+    for a, b in zip(saved, inputs[:5] + [inputs[6]]):
+        assert torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b
+    [out] = rg.record.outputs
+    expected = ((inputs[3] * inputs[0] + inputs[1]) * inputs[2] + inputs[4]) * 0.5
+    assert (out.role, out.dtype, out.shape) == ("user", "float32", [4])
+    assert torch.equal(rg.module(*saved)[0], expected)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["capture"]["mode"] == "export" and manifest["save_values"] == "full"
+    assert manifest["capture"]["notes"] == [
+        "aotpipe bench --locate: the prefix of m/1 forward up to node mul_scalar (aten.mul.Scalar), which "
+        "tests.bench.backends:x computes outside the bound"]
+    assert manifest["model"] == {"name": "m_1-forward-mul_scalar", "source": "bench-repro:m/1:forward"}
+    # its reference outputs recorded by running it (not verified: there is no eager model to verify against)
+    assert manifest["verification"][key]["status"] == "recorded"
+    assert manifest["graphs"][key]["checks"]["skipped_reasons"] == ["verify: false"]
+
+
+# ---- one failing graph of an artefact located (as a worker does) ---------------------------------------------------
+
+MLP = str(Path(__file__).resolve().parent.parent / "data" / "format_v2" / "mlp")
+
+
+def test_locate_graph_bisects_the_artefacts_graph_on_its_inputs_with_its_roles_and_seed(monkeypatch, tmp_path):
+    from aotpipe.bench.graph import loaded
+    seen = {}
+    real_inputs, real_compile = locate_mod.graph_inputs, locate_mod.compile_graph
+
+    def inputs_spy(ga, inputs, seed):
+        seen["inputs"] = (inputs, seed)
+        return real_inputs(ga, inputs, seed)
+
+    def compile_spy(backend, pm, args, roles, user):
+        seen["roles"] = roles
+        return real_compile(backend, pm, args, roles, user)
+
+    monkeypatch.setattr(locate_mod, "graph_inputs", inputs_spy)
+    monkeypatch.setattr(locate_mod, "compile_graph", compile_spy)
+    task = locate_mod.LocateTask(MLP, "mlp", "inference", f"{PLANTED}:first_relu_doubled", "random", 7,
+                                 str(tmp_path))
+    loc = locate_mod.locate_graph(task)
+    assert (loc.artifact, loc.graph, loc.found, loc.node) == ("mlp", "inference", True, "relu"), loc.lines()
+    assert seen["inputs"] == ("random", 7)
+    ga = loaded(MLP, ()).graphs["inference"]
+    assert seen["roles"] == [r.role for r in ga.record.inputs] and "param" in seen["roles"]
+
+
+def test_locate_graph_of_a_passing_graph_is_not_found_and_writes_nothing(tmp_path):
+    loc = locate_mod.locate_graph(locate_mod.LocateTask(MLP, "mlp", "inference", "eager", "saved", 0, str(tmp_path)))
+    assert (loc.artifact, loc.graph, loc.found, loc.repro) == ("mlp", "inference", False, None)
+    assert loc.reason == "the graph's prefixes all pass: the fault needs the whole graph (its outputs as one)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_locate_graph_says_why_a_repro_was_not_written(monkeypatch, tmp_path):
+    def refuse(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(locate_mod, "write_repro", refuse)
+    loc = locate_mod.locate_graph(locate_mod.LocateTask(MLP, "mlp", "inference", f"{PLANTED}:first_relu_doubled",
+                                                        "saved", 0, str(tmp_path)))
+    assert loc.found is True and loc.repro is None and loc.lines()[3] == "    repro: not written"
+    check, _, why = loc.reason.partition(" (the repro could not be written: ")
+    assert re.fullmatch(r"node relu: RMS error .* its RMS then 1 to 2\); eager float32's own error [0-9.e+-]+", check), \
+        loc.reason
+    assert why == "OSError: disk full)"
+
+
+def test_locate_graph_of_a_graph_that_is_no_fx_graph_says_so(monkeypatch, tmp_path):
+    ga = types.SimpleNamespace(module=torch.nn.ReLU())
+    monkeypatch.setattr(locate_mod, "loaded", lambda folder, trust: types.SimpleNamespace(graphs={"inference": ga}))
+    loc = locate_mod.locate_graph(locate_mod.LocateTask("x", "x", "inference", "eager", "saved", 0, str(tmp_path)))
+    assert (loc.artifact, loc.graph, loc.found, loc.reason) == ("x", "inference", False, "the graph is not an FX graph")
+
+
+def test_a_locate_task_runs_locate_graph_on_itself(monkeypatch):
+    task = locate_mod.LocateTask("p", "a", "g", "eager", "saved", 0, "out")
+    monkeypatch.setattr(locate_mod, "locate_graph", lambda t: ("located", t))
+    assert task() == ("located", task)
+
+
+def test_a_locate_result_is_its_fields_as_json():
+    res = Located("m", "forward", True, "why", node="mul", op="aten.mul.Tensor", input_shapes=["float32[4]"],
+                  output_shape="float32[4]", module_path="l", position="1 of 2", prefixes_tried=2, repro="r")
+    assert res.to_json() == {"artifact": "m", "graph": "forward", "found": True, "reason": "why", "node": "mul",
+                             "op": "aten.mul.Tensor", "input_shapes": ["float32[4]"], "output_shape": "float32[4]",
+                             "module_path": "l", "position": "1 of 2", "prefixes_tried": 2, "repro": "r"}
+
+
+class _Executor:
+    """The process executor's interface, its tasks run here (a task named in `fail` gives the
+    worker's Failure instead): what the parent side decides."""
+    made: list = []
+    ran: list = []
+    fail: set = set()
+
+    def __init__(self, **kwargs):
+        _Executor.made.append(kwargs)
+
+    def run(self, tasks, *, on_start, on_done):
+        from aotpipe.executors.base import Failure
+        for i, t in enumerate(tasks):
+            on_start(i)
+            _Executor.ran.append(t)
+            on_done(i, Failure("timed out after 5 s") if t.name in _Executor.fail else t.fn.label + " located")
+
+
+def test_locate_failures_makes_one_task_per_graph_that_failed_accuracy_each_in_a_worker(monkeypatch, tmp_path):
+    from aotpipe.bench.graph import GraphResult
+    from aotpipe.bench.run import Bench
+    monkeypatch.setattr(locate_mod, "ProcessExecutor", _Executor)
+    _Executor.made, _Executor.ran, _Executor.fail = [], [], {"locate b forward"}
+    rs = [GraphResult("a", "inference", "inference", "fail_accuracy", path="/p/a", inputs="random", seed=3),
+          GraphResult("a", "forward", "forward", "pass", path="/p/a"),
+          GraphResult("b", "forward", "forward", "fail_accuracy", path="/p/b"),
+          GraphResult("c", "joint", "joint", "compile_error", path="/p/c")]
+    monkeypatch.chdir(tmp_path)
+    out = locate_mod.locate_failures(Bench("mod:fn", rs, {}, 1.0), Path("r"), timeout_s=5, trust_ops=["mylib"],
+                                     threads=2)
+    assert _Executor.made == [{"workers": 1, "timeout_s": 5, "threads": 2, "cwd": tmp_path}]
+    assert [t.name for t in _Executor.ran] == ["locate a inference", "locate b forward"]
+    assert [t.resources.timeout_s for t in _Executor.ran] == [5, 5]
+    LT = locate_mod.LocateTask
+    assert [t.fn for t in _Executor.ran] == [LT("/p/a", "a", "inference", "mod:fn", "random", 3, str(tmp_path / "r"),
+                                                ("mylib",)),
+                                             LT("/p/b", "b", "forward", "mod:fn", "saved", 0, str(tmp_path / "r"),
+                                                ("mylib",))]
+    assert out == ["a located", Located("b", "forward", False, "timed out after 5 s")]
+    assert out[1].found is False
+    _Executor.ran = []
+    assert locate_mod.locate_failures(Bench("eager", rs[1:2], {}, 1.0), Path("r"), timeout_s=5) == []
+    assert _Executor.ran == []
