@@ -266,6 +266,8 @@ def test_a_prefix_returns_no_input_or_constant_and_up_to_the_output_node_is_the_
     assert [a.name for a in whole.graph.output_node().args[0]] == ["sub_1"]
     x = torch.randn(4)
     assert torch.equal(whole(x)[0], gm(x))
+    with_output = prefix(gm, names["output"], tensors | {"output"})  # the output node's value is sub_1's
+    assert [a.name for a in with_output.graph.output_node().args[0]] == ["sub_1"]
 
 
 # ---- the values kept from one run of the whole graph ---------------------------------------------------------------
@@ -491,7 +493,9 @@ def three_wrong(x):
     return m + a + b  # m and a used again here
 
 
-def test_a_prefix_fails_on_its_last_failing_value_compiled_with_the_graphs_roles(monkeypatch):
+@pytest.mark.parametrize("keep_bytes", [locate_mod.KEEP_BYTES, 0])  # its values kept from the whole graph's runs, or not
+def test_a_prefix_fails_on_its_last_failing_value_compiled_with_the_graphs_roles(monkeypatch, keep_bytes):
+    monkeypatch.setattr(locate_mod, "KEEP_BYTES", keep_bytes)
     gm = make_fx(three_wrong)(X)
     names = {n.name: n for n in gm.graph.nodes}
     tensors = set(names) - {"output"}
@@ -516,7 +520,9 @@ def test_a_prefix_fails_on_its_last_failing_value_compiled_with_the_graphs_roles
     assert ok and line == ""
 
 
-def test_a_prefix_passes_by_the_second_sample_where_the_backend_sums_as_float32_sequentially():
+@pytest.mark.parametrize("keep_bytes", [locate_mod.KEEP_BYTES, 0])
+def test_a_prefix_passes_by_the_second_sample_where_the_backend_sums_as_float32_sequentially(monkeypatch, keep_bytes):
+    monkeypatch.setattr(locate_mod, "KEEP_BYTES", keep_bytes)
     from tests.bench.backends import sums_sequential
     g = torch.Generator().manual_seed(0)
     x = (1.0 + 0.1 * torch.rand(1, 1 << 16, 1, 1, generator=g)).transpose(0, 1).contiguous()
@@ -684,6 +690,7 @@ def test_the_repro_is_the_culprits_prefix_with_its_inputs_roles_and_reference_ou
     got = [(i.name, i.role, i.target) for i in rg.record.inputs]
     assert got == [("w", "param", "l.w"), ("b", "buffer", "l.b"), ("c", "constant", "c0"), ("x", "user", "x"),
                    ("t", "user", "t"), ("s", "user", "s")]  # the unused input left out; a tangent is a user input
+    assert [i.type for i in rg.record.inputs] == ["tensor"] * 5 + ["float"]
     assert [i.dtype for i in rg.record.inputs[:5]] == ["float32"] * 5 and [i.shape for i in rg.record.inputs[:5]] == [[4]] * 5
     assert rg.record.inputs[5].type == "float"
     saved = rg.saved_inputs()
