@@ -242,17 +242,13 @@ def test_one_eager_run_tells_each_node_a_tensor_or_not_with_its_description():
 # ---- prefixes ------------------------------------------------------------------------------------------------------
 
 def test_a_prefix_returns_no_input_or_constant_and_up_to_the_output_node_is_the_whole_graph():
-    class M(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("c", torch.ones(4))
-
-        def forward(self, x):
-            a = x + self.c
-            b = a * 2
-            return b - x - self.c  # x and c used again after b
-
-    gm = torch.fx.symbolic_trace(M())
+    root = torch.nn.Module()
+    root.register_buffer("c", torch.ones(4))
+    g = torch.fx.Graph()
+    x, c = g.placeholder("x"), g.get_attr("c")
+    b = g.call_function(torch.mul, (g.call_function(torch.add, (x, c)), 2))
+    g.output(g.call_function(torch.sub, (g.call_function(torch.sub, (b, x)), c)))  # x and c used again after b
+    gm = torch.fx.GraphModule(root, g)
     names = {n.name: n for n in gm.graph.nodes}
     assert names["c"].op == "get_attr"
     tensors = set(names) - {"output"}
