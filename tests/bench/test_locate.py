@@ -1,5 +1,6 @@
 """bench --locate's bisection to the first faulty node, on small inline graphs compiled with
-the planted backends (tests/bench/backends.py): no artefact, no worker."""
+the planted backends (tests/bench/backends.py); each of locate.py's decisions at its bounds, and
+locate_graph on the small committed mlp artefact. All in-process: no worker."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ import math
 import re
 import types
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from aotpipe.bench import locate as locate_mod
 from aotpipe.bench.backends import Backend
 from aotpipe.bench.graph import judge
-from aotpipe.bench import locate as locate_mod
-from aotpipe.bench.locate import (Located, References, _check_prefix, _describe, _fresh, _safe, _kept_values, _values, first_faulty_node, module_path,
-                                  node_check, op_name, own_scale, prefix)
+from aotpipe.bench.locate import (Located, References, _check_prefix, _describe, _fresh, _kept_values, _safe, _values,
+                                  first_faulty_node, module_path, node_check, op_name, own_scale, prefix)
 
 PLANTED = "tests.bench.backends"
 
@@ -371,7 +373,7 @@ def test_references_of_a_graph_that_does_not_run_in_float64_or_has_no_sum_are_no
         return _only_float32(x) * 2
     gm = torch.fx.symbolic_trace(f)
     refs = References(gm, [X4.clone()], {"x", "_only_float32", "mul"})
-    pm = prefix(gm, [n for n in gm.graph.nodes if n.name == "mul"][0], {"_only_float32", "mul"})
+    pm = prefix(gm, next(n for n in gm.graph.nodes if n.name == "mul"), {"_only_float32", "mul"})
     assert refs.reference(pm, ["mul"]) is None and refs.f64() is None  # the floor alone decides
     assert refs.sequential(pm, ["mul"]) is None and refs.seq() is None  # no sum: no second sample
     assert torch.equal(refs.expected(pm, ["mul"])[0], X4 * 2)
@@ -592,7 +594,7 @@ def test_the_culprit_is_the_first_prefix_that_fails_not_one_that_does_not_compil
     res, found, gm = locate_with(f, _compiles_only_with_a_sub, X)
     assert res.found is True and res.node == "sub" and res.position == "5 of 5", res.lines()
     assert res.reason.startswith("node sub: RMS error ") and res.op == "aten.sub.Tensor"
-    assert found[0] is [n for n in gm.graph.nodes if n.name == "sub"][0]
+    assert found[0] is next(n for n in gm.graph.nodes if n.name == "sub")
     assert found[1] == {"x_1", "mul", "neg", "neg_1", "neg_2", "sub", "output"}  # the output node's value is sub's
 
 
@@ -606,7 +608,7 @@ def test_bisection_tries_each_prefix_once_the_last_first(before, after, monkeypa
         return real(pm, *args)
 
     monkeypatch.setattr(locate_mod, "_check_prefix", spy)
-    res, found, gm = locate_with(chain(before, after), _doubling_first_mul, X)
+    res, _, gm = locate_with(chain(before, after), _doubling_first_mul, X)
     n = before + after + 1
     cands = [x.name for x in gm.graph.nodes if x.op == "call_function"]
     assert res.node == "mul" and res.position == f"{before + 1} of {n}" and res.prefixes_tried == len(tried)
@@ -628,7 +630,7 @@ def test_the_culprit_is_named_with_its_inputs_shapes_and_module():
         return torch.relu(x * w)
     w = torch.randn(64, generator=torch.Generator().manual_seed(3)).double()
     gm = make_fx(f)(X, w)
-    mul = [n for n in gm.graph.nodes if n.name == "mul"][0]
+    mul = next(n for n in gm.graph.nodes if n.name == "mul")
     mul.meta[ORIGIN_KEY] = NodeOrigin(module="layers.0", module_class="torch.nn.Linear")
     backend, user = _backend_of(_doubling_first_mul)
     res = Located("m", "inference", False, "")
@@ -663,7 +665,7 @@ def test_the_repro_is_the_culprits_prefix_with_its_inputs_roles_and_reference_ou
 
     aten = torch.ops.aten
     g = torch.fx.Graph()
-    w, b, c, x, t, unused, s = (g.placeholder(n) for n in ("w", "b", "c", "x", "t", "unused", "s"))
+    w, b, c, x, t, _, s = (g.placeholder(n) for n in ("w", "b", "c", "x", "t", "unused", "s"))
     y = g.call_function(aten.mul.Tensor, (x, w))
     y = g.call_function(aten.add.Tensor, (y, b))
     y = g.call_function(aten.mul.Tensor, (y, c))
@@ -700,8 +702,8 @@ def test_the_repro_is_the_culprits_prefix_with_its_inputs_roles_and_reference_ou
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["capture"]["mode"] == "export" and manifest["save_values"] == "full"
     assert manifest["capture"]["notes"] == [
-        "aotpipe bench --locate: the prefix of m/1 forward up to node mul_scalar (aten.mul.Scalar), which "
-        "tests.bench.backends:x computes outside the bound"]
+        ("aotpipe bench --locate: the prefix of m/1 forward up to node mul_scalar (aten.mul.Scalar), which "
+         "tests.bench.backends:x computes outside the bound")]
     assert manifest["model"] == {"name": "m_1-forward-mul_scalar", "source": "bench-repro:m/1:forward"}
     # its reference outputs recorded by running it (not verified: there is no eager model to verify against)
     assert manifest["verification"][key]["status"] == "recorded"
@@ -782,9 +784,9 @@ def test_a_locate_result_is_its_fields_as_json():
 class _Executor:
     """The process executor's interface, its tasks run here (a task named in `fail` gives the
     worker's Failure instead): what the parent side decides."""
-    made: list = []
-    ran: list = []
-    fail: set = set()
+    made: ClassVar[list] = []
+    ran: ClassVar[list] = []
+    fail: ClassVar[set] = set()
 
     def __init__(self, **kwargs):
         _Executor.made.append(kwargs)
