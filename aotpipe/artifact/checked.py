@@ -536,10 +536,15 @@ def _cdist_backward(a: dict[str, Any]) -> Optional[str]:
     x1, x2, d, g = a["x1"], a["x2"], a["cdist"], a["grad"]
     if not all(isinstance(t, torch.Tensor) for t in (x1, x2, d, g)) or min(x1.dim(), x2.dim(), d.dim()) < 2:
         return "its tensors are not batches of matrices"
-    if x1.shape[-1] != x2.shape[-1] or list(d.shape[-2:]) != [x1.shape[-2], x2.shape[-2]] \
-            or x1.shape[:-2] != d.shape[:-2] or x2.shape[:-2] != d.shape[:-2]:
+    # The kernel expands x1's and x2's batch dimensions to their broadcast (as cdist's forward
+    # does) but reads cdist and grad as if they had it: theirs must be exactly that.
+    try:
+        batch = list(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
+    except RuntimeError:
+        batch = None
+    if x1.shape[-1] != x2.shape[-1] or batch is None or list(d.shape) != [*batch, x1.shape[-2], x2.shape[-2]]:
         return (f"cdist has shape {list(d.shape)} for x1 {list(x1.shape)} and x2 {list(x2.shape)} "
-                "(batch dimensions expanded)")
+                "(not their batch dimensions broadcast, then [rows of x1, rows of x2])")
     return _same_shape(g, d, "grad", "cdist")
 
 

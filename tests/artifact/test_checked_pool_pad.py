@@ -369,15 +369,32 @@ def test_cdist_backward_of_its_forwards_shapes_runs():
     runs(CDIST, _r(*d.shape), x1, x2, 2.0, d)
 
 
+@pytest.mark.parametrize("b1,b2", [((1,), (3,)), ((3,), (1,)), ((), (3,)), ((2, 1), (1, 3)), ((4, 1, 2), (3, 1))],
+                         ids=str)
+def test_cdist_backward_of_batches_its_forward_broadcast_runs_as_autograd_does(b1, b2):
+    # an honest graph: cdist broadcasts x1's and x2's batch dimensions, and autograd sums the
+    # kernel's gradient (of the broadcast shape) back to x1's
+    x1, x2, d = _cdist(b1=b1, b2=b2)
+    assert list(d.shape[:-2]) == list(torch.broadcast_shapes(b1, b2))
+    g = _r(*d.shape)
+    runs(CDIST, g, x1, x2, 2.0, d)
+    leaf = x1.clone().requires_grad_()
+    (torch.cdist(leaf, x2) * g).sum().backward()
+    summed = CDIST(g, x1, x2, 2.0, d).sum_to_size(x1.shape)
+    torch.testing.assert_close(summed, leaf.grad)
+
+
 @pytest.mark.parametrize("x1,x2,d", [
     ([2, 3, 5], [2, 5, 4], [2, 3, 5]),  # columns differ
     ([2, 3, 4], [2, 5, 4], [2, 4, 5]), ([2, 3, 4], [2, 5, 4], [2, 3, 6]),  # cdist not [rows of x1, rows of x2]
-    ([3, 3, 4], [2, 5, 4], [2, 3, 5]), ([2, 3, 4], [3, 5, 4], [2, 3, 5]),  # one batch differs
-    ([2, 3, 4], [2, 5, 4], [1, 2, 3, 5]),
+    ([3, 3, 4], [2, 5, 4], [2, 3, 5]), ([2, 3, 4], [3, 5, 4], [2, 3, 5]),  # batches that do not broadcast
+    ([2, 3, 4], [2, 5, 4], [1, 2, 3, 5]),  # cdist with a batch dimension more
+    ([1, 3, 4], [3, 5, 4], [2, 3, 5]),  # broadcast to [3], cdist has [2]: the kernel would read past it
+    ([1, 3, 4], [3, 5, 4], [1, 3, 5]),  # cdist with x1's batch, not the broadcast one
 ], ids=str)
 def test_cdist_backward_shapes_its_forward_does_not_give_are_refused(x1, x2, d):
     assert refused(CDIST, _r(*d), _r(*x1), _r(*x2), 2.0, _r(*d)) == \
-        f"cdist has shape {d} for x1 {x1} and x2 {x2} (batch dimensions expanded)"
+        f"cdist has shape {d} for x1 {x1} and x2 {x2} (not their batch dimensions broadcast, then [rows of x1, rows of x2])"
 
 
 def test_cdist_backward_grad_of_another_shape_than_cdist_is_refused():
