@@ -4,15 +4,18 @@ every output within its evidence's bound), "mismatch", "unverified", "ran", "err
 Fast and in-process: one tiny committed artefact (tests/data/replay_tiny: element-wise ops only,
 so its outputs have the same bits on every CPU), its recorded environment set to this machine's,
 and graphs standing in for its own (a module that gives chosen outputs), so that each verdict is
-decided by one value just inside or just outside a bound."""
+decided by one value just inside or just outside a bound. Another device is a stand-in too (there is
+no accelerator here): inputs "moved" to it stay on the CPU, and the graph it runs is the test's."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import math
 import operator
 import shutil
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1018,6 +1021,7 @@ def test_an_eager_comparison_that_fails_is_a_mismatch_saying_why(tiny_all, monke
     c = replay_chain(load(tiny_all))
     assert (c.status, c.eager_within_tolerance) == ("mismatch", False)
     assert c.problems == ["the eager comparison failed: RuntimeError: the model does not take these inputs"]
+    assert (c.compared, c.max_abs_error_vs_joint) == (2, 0.0)  # what the joint graph's comparison found
 
 
 def test_the_chain_runs_at_the_recorded_thread_count_or_the_one_asked(tiny_all):
@@ -1428,3 +1432,438 @@ def test_every_gradient_is_compared_past_a_primal_without_one_and_a_short_forwar
 def test_replay_by_default_compares_saved_inputs_and_times_nothing(tiny):
     (r,) = replay(tiny)
     assert (r.inputs, r.status, r.bench_seconds) == ("saved", "match", None)
+
+
+# --- on another device: a stand-in for one, as there is no accelerator here ----------------------------
+
+ON_DEVICE = ["device cuda, recorded cpu"]  # what replay() says of a replay on "cuda"
+
+
+class Shifted(torch.nn.Module):
+    """A graph as another device runs it: the CPU's outputs, each tensor plus `shift` (the rounding
+    of other kernels), or `give` in place of the tensors where it is set."""
+
+    def __init__(self, gm, shift=0.0, give=None):
+        super().__init__()
+        self.gm, self.shift, self.give = gm, shift, give
+
+    def forward(self, *inputs):
+        return tuple((o + self.shift if self.give is None else self.give) if isinstance(o, torch.Tensor) else o
+                     for o in run_graph(self.gm, list(inputs)))
+
+
+@pytest.fixture()
+def accelerator(monkeypatch):
+    """Replay on "cuda" with no such device here: the inputs are moved as copies that stay on the
+    CPU, and the device runs the graph `dev.graph(gm)` makes of the CPU's (by default the same one).
+    `dev.moved` lists the devices inputs were moved to."""
+    dev = SimpleNamespace(graph=lambda gm: gm, moved=[])
+
+    def move_inputs(values, device):
+        dev.moved.append(str(device))
+        return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+    monkeypatch.setattr(replay_run, "move_inputs", move_inputs)
+    monkeypatch.setattr(replay_run, "to_device", lambda gm, device: dev.graph(gm))
+    return dev
+
+
+def without_evidence(ga):
+    """`ga` as format version 2 records its outputs: digests and sums, no element-wise evidence."""
+    for rec in ga.record.outputs:
+        rec.evidence = None
+    return ga
+
+
+def test_on_another_device_outputs_with_evidence_are_judged_by_it_as_on_the_cpu(tiny, accelerator):
+    ga, _ = inference(tiny)
+    r = replay_graph(ga, device="cuda", environment=ON_DEVICE)
+    assert (r.status, r.bit_identical, r.max_abs_error, r.errors, r.mismatches) == ("close", True, 0.0, [], [])
+    assert accelerator.moved == ["cuda"]
+    bound = ga.record.outputs[0].evidence.bound
+    accelerator.graph = lambda gm: Shifted(gm, 4 * bound)
+    r = replay_graph(ga, device="cuda", environment=ON_DEVICE)
+    assert (r.status, r.bit_identical) == ("mismatch", False)
+    assert [(e.output, e.elements, e.bound) for e in r.errors] == [("output 0 (user)", 4, bound),
+                                                                    ("output 1 (user)", 4, bound)]
+
+
+@pytest.mark.parametrize("share, ok", [(0.9, True), (1.1, False)])
+def test_on_another_device_outputs_without_evidence_are_compared_with_the_cpus_within_float_noise(
+        tiny, accelerator, share, ok):
+    ga, y = inference(tiny)
+    without_evidence(ga)
+    floor = accuracy.floor(y, 1e-4)  # a relative floor of 1e-4: float noise of other kernels
+    now = y + share * floor
+    accelerator.graph = lambda gm: Shifted(gm, share * floor)
+    r = replay_graph(ga, device="cuda", environment=ON_DEVICE)
+    err, rmse = accuracy.max_abs_error(now, y), accuracy.rmse(now, y)
+    assert err > 0 and (rmse <= floor) is ok
+    assert [(e.output, e.max_abs_error, e.elements, e.numel, e.bound) for e in r.errors] == \
+        [(f"output {i} (user)", err, 4, 4, None) for i in (0, 1)]
+    assert (r.max_abs_error, r.bit_identical, r.environment) == (err, None, ON_DEVICE)
+    if ok:
+        assert (r.status, r.mismatches, r.ok) == ("close", [], True)
+    else:
+        assert (r.status, r.ok) == ("mismatch", False)
+        assert r.mismatches == [f"output {i} (user): RMS error {rmse:.3g} against eager float32, over the "
+                                f"float-noise floor {floor:.3g} (max abs error {err:.3g})" for i in (0, 1)]
+
+
+def test_on_another_device_an_output_that_is_no_longer_a_tensor_is_a_mismatch_with_no_error_figure(
+        tiny, accelerator):
+    ga, y = inference(tiny)
+    without_evidence(ga)
+    accelerator.graph = lambda gm: Shifted(gm, give=7)
+    r = replay_graph(ga, device="cuda", environment=ON_DEVICE)
+    assert (r.status, r.errors, r.max_abs_error) == ("mismatch", [], 0.0)
+    assert r.mismatches == [f"output {i} (user): 7 != eager's {y!r}" for i in (0, 1)]
+
+
+def test_on_another_device_outputs_that_are_numbers_give_no_error_figure(tiny, accelerator):
+    ga, _ = inference(tiny)
+    without_evidence(ga).built = Gives(3, 3)
+    r = replay_graph(ga, device="cuda", environment=ON_DEVICE)
+    assert (r.errors, r.max_abs_error, r.mismatches) == ([], 0.0, [])
+
+
+def test_on_another_device_a_stored_output_value_is_compared_with_it_not_with_the_cpus(tiny, accelerator):
+    ga, y = inference(tiny)
+    stored = Expected(digest=accuracy.digest(y), value=y, has_value=True)  # as versions 1 and 2 store values
+    ga.expected_outputs = lambda: [stored, stored]
+    r = replay_graph(ga, device="cuda", environment=ON_DEVICE)
+    assert (r.status, r.bit_identical, r.max_abs_error) == ("close", True, 0.0)
+
+def test_on_the_cpu_device_outputs_without_evidence_must_still_match_their_digests(tiny):
+    ga, y = inference(tiny)
+    off = with_first(y, float(y.view(-1)[0]) + 2 ** -20)
+    without_evidence(ga).built = Gives(off, off)
+    r = replay_graph(ga, device="cpu")
+    assert (r.status, r.bit_identical) == ("mismatch", False)
+    assert r.mismatches[0].startswith("output 0 (user): not bit-identical to the recorded output")
+
+
+def test_replay_on_another_device_moves_the_graphs_there_and_says_so(tiny, accelerator):
+    (r,) = replay(tiny, device="cuda")
+    assert (r.status, r.environment, r.bit_identical) == ("close", ON_DEVICE, True)
+    assert accelerator.moved == ["cuda"]
+
+
+def test_an_output_on_another_device_is_brought_to_the_cpu_and_one_there_is_kept():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        elsewhere = torch.empty(2, device="cuda")
+        assert elsewhere.device.type == "cuda" and replay_run._cpu(elsewhere).device.type == "cpu"
+    here = torch.ones(2)
+    assert replay_run._cpu(here) is here and replay_run._cpu(3) == 3
+
+
+# --- compare_recorded goes on past each output, whatever it found ------------------------------------
+
+
+def test_every_output_is_compared_past_ones_that_match_or_differ():
+    ga = recorded(*[{}] * 6)
+    e = Expected(digest=accuracy.digest(T))
+    problems, errors, identical = compare_recorded(ga, [3, 3, T.clone(), None, T.clone(), T + 1], [
+        Expected(value=3, has_value=True), Expected(value=4, has_value=True), Expected(value=T, has_value=True),
+        Expected(value=T, has_value=True), e, e])
+    assert problems == ["output 1 (user): 3, recorded 4; int outputs must be equal, here and elsewhere",
+                        f"output 3 (user): None, recorded {T!r}",
+                        "output 5 (user): not bit-identical to the recorded output"]
+    assert errors == [] and identical is False
+
+
+def test_in_version_2_an_unrecorded_number_is_skipped_and_the_next_output_compared():
+    ga = recorded({}, {}, version=2)
+    problems, _, identical = compare_recorded(ga, [3, T + 1], [Expected(has_value=True),
+                                                               Expected(digest=accuracy.digest(T))])
+    assert problems == ["output 1 (user): not bit-identical to the recorded output"] and identical is False
+
+
+def test_elsewhere_a_zero_evidence_bound_lets_no_error_pass():
+    ga = recorded({})
+    now = T.clone()
+    now[0, 0] = float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)))
+    err = float(now[0, 0]) - 1.0
+    e = Expected(value=T, has_value=True, evidence=evidence_of(ga, T, bound=0.0))
+    problems, errors, _ = compare_recorded(ga, [now], [e], True)
+    assert [(x.output, x.max_abs_error, x.elements, x.numel, x.bound) for x in errors] == \
+        [("output 0 (user)", err, 4, 4, 0.0)]
+    assert problems == [f"output 0 (user): max abs error {err:.3g} over all 4 elements, over the bound 0"]
+
+
+def test_an_error_within_the_measured_spread_names_its_output_and_counts_all_its_elements():
+    ga = recorded({}, {})
+    now = T.clone()
+    now[1, 1] += 0.25
+    e = Expected(value=T, has_value=True, spread=0.125)
+    for elsewhere in (False, True):
+        _, errors, _ = compare_recorded(ga, [T.clone(), now], [e, e], elsewhere)
+        assert [(x.output, x.max_abs_error, x.elements, x.numel, x.bound) for x in errors] == \
+            [("output 1 (user)", 0.25, 4, 4, 0.25)]
+
+
+def test_where_it_was_made_the_sampled_error_is_over_the_outputs_own_count_without_a_recorded_shape():
+    ga = recorded({})
+    e = Expected(digest=accuracy.digest(T), evidence=evidence_of(ga, T))
+    problems, errors, _ = compare_recorded(ga, [T + 0.5], [e])
+    assert problems == ["output 0 (user): not bit-identical to the recorded output; max abs error 0.5 over 4 "
+                        "sampled elements of 4"]
+    assert [(x.elements, x.numel) for x in errors] == [(4, 4)]
+
+
+def test_a_repeat_of_an_output_past_the_end_is_left_empty():
+    rec = io_record([], [{"role": "user", "same_as": 1}, {"role": "user"}])
+    assert expand_outputs(rec, [None]) == [None]
+
+
+
+# --- replay_graph: what it runs, copies back and times ---------------------------------------------
+
+
+class Keeps(torch.nn.Module):
+    """A graph that keeps a copy of the inputs of each run and gives `outs` (by default its last
+    input twice, as the tiny inference graph gives y twice)."""
+
+    def __init__(self, outs=None):
+        super().__init__()
+        self.seen, self.outs = [], outs
+
+    def forward(self, *inputs):
+        self.seen.append([t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+        return (inputs[-1], inputs[-1]) if self.outs is None else tuple(o.clone() for o in self.outs)
+
+
+def test_random_inputs_are_drawn_with_seed_0_unless_told_another(tiny):
+    art = load(tiny)
+    ga = art.graphs["inference"]
+    ga.built = keeps = Keeps()
+    replay_graph(ga, inputs="random")
+    replay_graph(ga, inputs="random", seed=0)
+    replay(art, inputs="random")
+    replay(art, inputs="random", seed=5)
+    replay_graph(ga, inputs="random", seed=5)
+    default, zero, replayed, five, five_again = keeps.seen
+    assert all(torch.equal(a, b) for a, b in zip(default, zero))
+    assert all(torch.equal(a, b) for a, b in zip(default, replayed))
+    assert all(torch.equal(a, b) for a, b in zip(five, five_again))
+    assert not torch.equal(default[1], five[1])
+
+
+def test_a_backwards_random_inputs_take_the_sizes_its_forward_recorded(tmp_path):
+    folder, forward = backward_folder(tmp_path)
+    rec = records.parse(InputsRecord, json.loads((folder / "inputs.json").read_text()), "backward")
+    keeps = Keeps(outs=())
+    ga = SimpleNamespace(name="backward", input_file=folder / f"{folder.name}.input", record=rec, module=keeps,
+                         upstream=SimpleNamespace(record=forward))
+    r = replay_graph(ga, inputs="random", seed=1)
+    assert (r.status, r.error) == ("ran", None)
+    (inputs,) = keeps.seen
+    assert inputs[9] == 6 and set(inputs[0].tolist()) <= {10, 11, 12, 13}  # the forward's size and range
+    ga.upstream = None
+    with pytest.raises(ArtifactError, match=r"^input 'size' \(int\) is a value the forward graph computes"):
+        replay_graph(ga, inputs="random")
+
+
+def test_the_seconds_are_the_graphs_run_alone(tiny):
+    ga = load(tiny).graphs["inference"]
+    t0 = time.perf_counter()
+    r = replay_graph(ga)
+    assert 0 < r.seconds <= time.perf_counter() - t0
+
+
+def test_mutated_inputs_are_copied_back_and_named(tiny):
+    ga, y = inference(tiny)
+    ga.built = keeps = Keeps((y, y + 1))
+    ga.record.outputs[1] = ga.record.outputs[1].model_copy(update={"role": "mutation", "target": "arg0",
+                                                                   "same_as": None})
+    r = replay_graph(ga, inputs="random", bench=1)
+    assert r.mutated == ["arg0"]
+    assert torch.equal(keeps.seen[1][1], y + 1)  # the bench's run saw x as the first run left it
+
+
+def test_bench_reruns_the_graph_itself(tiny):
+    ga, y = inference(tiny)
+    ga.built = keeps = Keeps((y, y))
+    replay_graph(ga, bench=3)
+    assert len(keeps.seen) == 4
+    (r,) = replay(load(tiny), bench=2)
+    assert r.bench_seconds is not None and r.bench_seconds > 0
+
+
+def test_a_number_where_a_tensor_was_recorded_has_no_error_figure(tiny):
+    ga, _ = inference(tiny)
+    ga.built = Gives(7, 7)
+    r = replay_graph(ga)
+    assert (r.status, r.bit_identical, r.errors, r.max_abs_error) == ("mismatch", False, [], None)
+
+
+def _sized_by_values(gm):
+    """A graph of the tiny inference graph's inputs whose two outputs are [1, n] float32, n read from
+    the values (how many elements of x are over 100), checked as the loader checks a graph it builds."""
+    from aotpipe.artifact import precheck
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    _, x = g.placeholder("p_scale"), g.placeholder("x")
+    n = g.call_function(aten._local_scalar_dense.default,
+                        (g.call_function(aten.sum.default, (g.call_function(aten.gt.Scalar, (x, 100.0)),)),))
+    z = g.call_function(aten.zeros.default, ([1, n],), {"dtype": torch.float32})
+    g.output((z, z))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    precheck.check_graph(gm, [torch.ones(4), torch.full((1, 4), 200.0)], "test/graph.json")
+    return gm
+
+
+def test_random_inputs_may_give_other_sizes_where_the_graph_reads_them_from_values(tiny):
+    ga = load(tiny).graphs["inference"]
+    ga.built = _sized_by_values(ga)
+    r = replay_graph(ga, inputs="random")
+    assert (r.status, r.mismatches) == ("ran", [])
+    out = run_graph(ga.module, get_inputs(ga.input_file))[0]
+    assert list(out.shape) == [1, 0]  # N(0, 1) draws: none over 100, though 4 were recorded
+
+
+# --- the chain of each subgraph, and the eager model's gradients -------------------------------------
+
+
+def test_the_chain_of_an_artefact_of_forward_backward_and_joint_alone_is_checked(tmp_path):
+    c = replay_chain(made_here(tmp_path, ("forward", "backward", "joint")), rebuild_source=False)
+    assert (c.status, c.compared, c.problems) == ("match", 2, [])
+
+
+def as_subgraphs(art, *indices):
+    """`art` with its chain's graphs as those of the subgraphs `indices`, as a dynamo artefact with
+    several holds them ("forward_1", ...); its inference graph left out."""
+    chain = {k: art.graphs.pop(k) for k in ("forward", "backward", "joint")}
+    art.graphs.clear()
+    for i in indices:
+        for kind, ga in chain.items():
+            art.graphs[kind if i == 0 else f"{kind}_{i}"] = copy.copy(ga)
+    return art
+
+
+def test_each_subgraphs_chain_is_checked_and_the_eager_model_only_with_one_subgraph(tiny_all, monkeypatch):
+    monkeypatch.syspath_prepend(str(TINY.parent))
+    c = replay_chain(as_subgraphs(load(tiny_all), 0, 1), trust_code=True)
+    assert (c.status, c.compared, c.max_abs_error_vs_joint, c.problems) == ("match", 4, 0.0, [])
+    assert (c.max_abs_error_vs_eager, c.eager_within_tolerance) == (None, None)
+    c = replay_chain(as_subgraphs(load(tiny_all), 1), trust_code=True)
+    assert (c.status, c.compared, c.max_abs_error_vs_eager) == ("match", 2, None)
+
+
+def test_problems_in_several_subgraphs_are_each_named_by_their_subgraph(tiny_all):
+    art = as_subgraphs(load(tiny_all), 0, 1)
+    fw, bw = art.graphs["forward"], art.graphs["backward_1"]
+    fw_out = run_graph(fw.module, fw.saved_inputs())
+    grad = run_graph(bw.module, bw.saved_inputs(forward_outputs=fw_out))[0]
+    fw.built = Gives(fw_out[0] + 0.25, *fw_out[1:])
+    bw.built = Gives(grad + 0.5, None)
+    c = replay_chain(art, rebuild_source=False)
+    assert (c.status, c.compared) == ("mismatch", 4)
+    assert c.max_abs_error_vs_joint == pytest.approx(0.5, abs=1e-6)
+    assert c.problems == ["subgraph 0: forward output 0: differs from the joint graph's (max abs error 0.25)",
+                          "subgraph 1: gradient of scale: differs from the joint graph's (max abs error 0.5)"]
+
+
+def test_a_subgraph_whose_graphs_do_not_run_is_named(tiny_all):
+    class Raises(torch.nn.Module):
+        def forward(self, *inputs):
+            raise RuntimeError("cannot run")
+
+    art = as_subgraphs(load(tiny_all), 0, 1)
+    art.graphs["joint_1"].built = Raises()
+    c = replay_chain(art, rebuild_source=False)
+    assert (c.status, c.problems) == ("error", ["subgraph 1: the graphs do not run: RuntimeError: cannot run"])
+
+
+def test_an_artefact_with_no_graphs_has_no_chain(tiny_all):
+    art = load(tiny_all)
+    art.graphs.clear()
+    with pytest.raises(ArtifactError, match="the chain needs forward, backward and joint graphs; forward is missing$"):
+        replay_chain(art)
+
+
+def test_without_rebuilding_the_source_the_eager_model_is_not_compared_even_when_trusted(tiny_all, monkeypatch):
+    monkeypatch.syspath_prepend(str(TINY.parent))
+    c = replay_chain(tiny_all, rebuild_source=False, trust_code=True)
+    assert (c.status, c.max_abs_error_vs_eager, c.eager_within_tolerance) == ("match", None, None)
+
+
+def test_the_eager_models_gradients_are_those_of_the_loss_the_artefact_records(tiny_all, monkeypatch):
+    monkeypatch.syspath_prepend(str(TINY.parent))
+    art = load(tiny_all, trust_code=True)
+    art.manifest.capture.options["loss"] = "sum"  # the graphs differentiate the weighted loss
+    c = replay_chain(art, trust_code=True)
+    assert (c.status, c.eager_within_tolerance) == ("mismatch", False)
+    assert c.problems[0].startswith("off the eager model: gradient of scale")
+
+
+def chain_with_gradients(art, grad_of, grads):
+    """`art`'s chain whose backward gives `grads` for the primals `grad_of` names."""
+    art.graphs["forward"].record.partition.grad_of = grad_of
+    art.graphs["backward"].built = Gives(*grads)
+    return art
+
+
+def backward_grad(art):
+    fw, bw = art.graphs["forward"], art.graphs["backward"]
+    return run_graph(bw.module, bw.saved_inputs(forward_outputs=run_graph(fw.module, fw.saved_inputs())))[0]
+
+
+def test_the_eager_model_is_compared_past_a_primal_without_a_gradient(tiny_all, monkeypatch):
+    monkeypatch.syspath_prepend(str(TINY.parent))
+    art = load(tiny_all)
+    c = replay_chain(chain_with_gradients(art, [None, "scale"], [None, backward_grad(art) + 0.5]), trust_code=True)
+    assert c.eager_within_tolerance is False and c.max_abs_error_vs_eager == pytest.approx(0.5, abs=1e-6)
+    assert c.problems[-1].startswith("off the eager model: gradient of scale")
+
+
+def test_a_gradient_the_eager_model_does_not_have_is_not_compared_with_it(tiny_all, monkeypatch):
+    monkeypatch.syspath_prepend(str(TINY.parent))
+    art = load(tiny_all)
+    c = replay_chain(chain_with_gradients(art, ["scale", "running_mean"], [backward_grad(art), None]),
+                     trust_code=True)
+    assert (c.status, c.eager_within_tolerance, c.problems) == ("match", True, [])
+
+
+def test_a_missing_gradient_is_off_the_eager_model_with_no_error_figure(tiny_all, monkeypatch):
+    monkeypatch.syspath_prepend(str(TINY.parent))
+    art = load(tiny_all)
+    c = replay_chain(chain_with_gradients(art, ["scale", None], [None, None]), trust_code=True)
+    assert (c.status, c.eager_within_tolerance, c.max_abs_error_vs_eager) == ("mismatch", False, 0.0)
+    assert c.problems[-1] == "off the eager model: gradient of scale: the graph gives None, eager gives a value"
+
+
+def test_a_gradient_beyond_eager_float32s_noise_floor_passes_as_near_float64_as_eager_is(tiny_all, monkeypatch):
+    """Eager float32's own gradient is 2d off float64's; the graph's is d off it the other way:
+    2d from eager's (beyond the floor), yet as near float64 as eager's own, so within tolerance."""
+    art = load(tiny_all)
+    g = backward_grad(art)
+    d = 1e-3
+
+    class Reference:
+        def __init__(self, model, args, kwargs, loss):
+            pass
+
+        def run(self, mode, fp64=False):
+            grad = (g.double() + d) if fp64 else (g + 2 * d)
+            return SimpleNamespace(grads={"scale": grad}) if mode == "training" else None
+
+    monkeypatch.setattr(replay_run, "rebuild_model", lambda art, trust_code: (None, (), {}))
+    monkeypatch.setattr(replay_run, "EagerReference", Reference)
+    assert not accuracy.compare(g, g + 2 * d).passed  # the floor alone would refuse it
+    c = replay_chain(art)
+    assert (c.status, c.eager_within_tolerance, c.problems) == ("match", True, [])
+    assert c.max_abs_error_vs_eager == pytest.approx(2 * d, rel=1e-3)
+
+
+def test_replay_imports_module_py_only_when_trusted_and_only_if_it_is_graph_jsons_code(tiny):
+    p = tiny / "tiny_inference_0" / "module.py"
+    text = p.read_text()
+    assert text.count("torch.ops.aten.add.Tensor(relu, 1.0)") == 1
+    p.write_text(text.replace("torch.ops.aten.add.Tensor(relu, 1.0)", "torch.ops.aten.add.Tensor(relu, 1.5)"))
+    assert reseal(tiny)
+    (r,) = replay(tiny)
+    assert r.status == "match"  # graph.json's graph: module.py is not read
+    with pytest.raises(ArtifactError, match="--trust-code imports only a module.py that matches graph.json$"):
+        replay(tiny, trust_code=True)
