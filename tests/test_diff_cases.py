@@ -1391,7 +1391,7 @@ def test_b_runs_its_backward_on_a_s_tangent_not_its_own(pair):
 
     edit_model(b, "mlp_backward_0/inputs.json", own_tangent)
     tangents = [x for x, r in zip(artifact_load.load(str(b)).graphs["backward"].saved_inputs(),
-                                  json.loads((b / "mlp_backward_0" / "inputs.json").read_text())["inputs"])
+                                  json.loads((b / "mlp_backward_0" / "inputs.json").read_text())["inputs"], strict=True)
                 if r["role"] == "tangent"]
     assert [t.item() for t in tangents] == [2.0]  # B's own, which it does not run on
     result = values.compare_values(str(a), str(b), _aligned(a, b))
