@@ -1313,3 +1313,172 @@ def test_stretches_of_several_nodes_are_counted_and_joined():
     assert [f.text for f in d.findings] == [
         "A has 1 node from n1 (aten.add.Scalar) where B has 2 nodes from n1 (aten.mul.Scalar) (after A n0, B n0)"]
     assert d.findings[0].data == {"a": ["n1"], "b": ["n1", "n2"]}
+
+
+# ---------------------------------------------------------------------------------------
+# where each finding is: the whole artefact (""), a graph key, or under a model in a tree
+
+
+def test_findings_on_the_whole_artefact_are_at_no_graph_and_under_a_model_at_the_model(pair):
+    a, b = pair
+
+    def change(m):
+        m["versions"]["torch"] = "9.9.9"
+        m.pop("environment")
+        m["capture"]["fallback"] = "export"
+        m["model"]["args"]["hidden"] = 16
+
+    edit_model(b / "mlp", "manifest.json", change)
+    edit_model(b / "mlp", "mlp_inference_0/graph.json",
+               lambda g: node(g, "relu").update(target="aten.sigmoid.default"))
+    _code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    fields = {d["field"].split(".")[0]: (d["section"], d["where"]) for d in data["differences"] if "field" in d}
+    assert fields == {"versions": ("environment", ""), "environment": ("environment", ""),
+                      "capture": ("options", ""), "model": ("options", "")}
+    assert {d["where"] for d in found(data, "nodes")} == {"inference"}
+    # called for a model of a tree, each is where that model is
+    d = Diff("artifact", "a", "b")
+    artifacts.compare_artifacts(artifacts.read_side(a / "mlp"), artifacts.read_side(b / "mlp"), d, model="mlp")
+    wheres = {(f.section, f.data["field"].split(".")[0] if "field" in f.data else "", f.where) for f in d.findings}
+    assert wheres == {("environment", "versions", "mlp"), ("environment", "environment", "mlp"),
+                      ("options", "capture", "mlp"), ("options", "model", "mlp"),
+                      ("nodes", "", "mlp/inference"), ("ops", "", "mlp/inference")}
+
+
+def test_a_graph_only_in_b_is_named_with_its_key(pair):
+    a, b = pair
+    _drop_graph(a / "mlp", "inference.freeze")
+    _code, data = cli_json(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    assert found(data, "graphs") == [{"section": "graphs", "where": "inference.freeze", "text": "only in B",
+                                      "graph": "inference.freeze", "side": "b"}]
+
+
+@pytest.mark.parametrize("kept", ["graph.json", "inputs.json"])
+def test_a_graph_folder_linked_out_of_its_artefact_is_refused(pair, tmp_path, kept):
+    a, b = pair
+    elsewhere = tmp_path / "elsewhere" / "mlp_inference_0"
+    shutil.move(b / "mlp" / "mlp_inference_0", elsewhere)
+    for rel in ("graph.json", "inputs.json"):
+        if rel != kept:
+            (elsewhere / rel).unlink()
+    (b / "mlp" / "mlp_inference_0").symlink_to(elsewhere, target_is_directory=True)
+    r = cli(str(a / "mlp"), str(b / "mlp"), "--no-values")
+    assert r.exit_code == 2, r.output
+    (line,) = r.output.strip().splitlines()
+    assert line == f"error: {b / 'mlp' / 'mlp_inference_0' / kept}: outside the artefact folder"
+
+
+def test_an_output_folder_holding_one_tree_beside_other_folders_is_that_tree(pair):
+    a, b = pair
+    (a.parent / "logs").mkdir()
+    (a.parent / "notes.txt").write_text("x")
+    code, data = cli_json(str(a.parent), str(b))
+    assert code == 0 and data["kind"] == "tree" and data["a"] == str(a)
+
+
+# ---------------------------------------------------------------------------------------
+# values: what one graph or one node leaves out does not stop the others
+
+
+def test_b_runs_its_backward_on_a_s_tangent_not_its_own(pair):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    two = BlobStore(b).put(torch.full((1,), 2.0))
+
+    def own_tangent(rec):
+        t = next(i for i in rec["inputs"] if i["role"] == "tangent")
+        t["source"] = "blob"
+        rec["storages"][t["storage"]]["blob"] = two
+
+    edit_model(b, "mlp_backward_0/inputs.json", own_tangent)
+    tangents = [x for x, r in zip(artifact_load.load(str(b)).graphs["backward"].saved_inputs(),
+                                  json.loads((b / "mlp_backward_0" / "inputs.json").read_text())["inputs"], strict=True)
+                if r["role"] == "tangent"]
+    assert [t.item() for t in tangents] == [2.0]  # B's own, which it does not run on
+    result = values.compare_values(str(a), str(b), _aligned(a, b))
+    assert result["backward"].status == "same" and result["backward"].compared
+
+
+def _first_graph(model: Path) -> str:
+    """The key of the first graph the artefact loads (the first compared)."""
+    return next(iter(artifact_load.load(str(model)).graphs))
+
+
+def test_a_graph_that_fails_to_run_first_leaves_the_later_ones_compared(pair, monkeypatch):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    real, calls = values.run_with_summaries, []
+
+    def run(module, inputs, summarise):
+        calls.append(module)
+        if len(calls) == 1:
+            raise RuntimeError("planted")
+        return real(module, inputs, summarise)
+
+    monkeypatch.setattr(values, "run_with_summaries", run)
+    result = values.compare_values(str(a), str(b), _aligned(a, b))
+    first = _first_graph(a)
+    assert result[first] == ValuesComparison(status="skipped", reason="running the graphs failed (RuntimeError: planted)")
+    assert {k: r.status for k, r in result.items() if k != first} == dict.fromkeys(GRAPHS - {first}, "same")
+
+
+def test_a_first_graph_given_another_number_of_inputs_leaves_the_later_ones_compared(pair, monkeypatch):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    real = artifact_load.GraphArtifact.saved_inputs
+    first = b / json.loads((b / "manifest.json").read_text())["graphs"][_first_graph(b)]["folder"]
+
+    def saved_inputs(self, *args, **kwargs):
+        got = real(self, *args, **kwargs)
+        return got[:-1] if Path(self.folder) == first else got
+
+    monkeypatch.setattr(artifact_load.GraphArtifact, "saved_inputs", saved_inputs)
+    result = values.compare_values(str(a), str(b), _aligned(a, b))
+    assert result[_first_graph(a)].status == "skipped" and result[_first_graph(a)].reason.endswith(" in B")
+    assert {k: r.status for k, r in result.items() if k != _first_graph(a)} == dict.fromkeys(
+        GRAPHS - {_first_graph(a)}, "same")
+
+
+def test_a_node_summarised_on_one_side_only_is_passed_over_and_later_nodes_compared(pair, monkeypatch):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    store = BlobStore(b)
+    w = _blob_of(b, "head.bias")
+    _swap_blob(b, w, store.put(store.get(w) + 3.0))  # addmm_1, the last node, diverges
+    real, calls = values.run_with_summaries, []
+
+    def run(module, inputs, summarise):
+        outs, sums = real(module, inputs, summarise)
+        calls.append(module)
+        if len(calls) % 2 == 0:  # B's run of each graph
+            sums.pop("permute", None)
+        return outs, sums
+
+    monkeypatch.setattr(values, "run_with_summaries", run)
+    result = values.compare_values(str(a), str(b), {"inference": _aligned(a, b)["inference"]})
+    assert result["inference"].model_dump() == {
+        "status": "diverged", "compared": 4, "a_node": "addmm_1", "b_node": "addmm_1", "reason": None,
+        "why": result["inference"].why}
+
+
+def test_a_node_only_a_has_is_passed_over(pair):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    edit_model(a, "mlp_inference_0/graph.json", _add_clone)
+    aligned = _aligned(a, b)
+    assert "clone" not in aligned["inference"]
+    assert values.compare_values(str(a), str(b), {"inference": aligned["inference"]}) == {
+        "inference": ValuesComparison(status="same", compared=5)}
+
+
+def test_no_aligned_node_compares_same_at_none(pair):
+    a, b = pair[0] / "mlp", pair[1] / "mlp"
+    assert values.compare_values(str(a), str(b), {"inference": {}}) == {
+        "inference": ValuesComparison(status="same", compared=0)}
+
+
+def test_merge_takes_the_model_before_the_first_slash_and_the_graph_before_the_first_colon():
+    # a graph key is any string in a manifest; a model's name is a folder name (no "/")
+    out = Diff("tree", "a", "b")
+    trees._merge(out, [_finding_diff("m1", ("signature", "m1/odd/key", "input 0 user x: f[2] -> f[3]", {}))])
+    (f,) = out.findings
+    assert (f.where, f.text, f.data) == ("m1/odd/key", "input 0 user x: f[2] -> f[3]", {"model": "m1"})
+    out = Diff("tree", "a", "b")
+    trees._merge(out, [_finding_diff(m, ("ops", f"{m}/odd/key", "x 1 -> 2", {})) for m in ("m1", "m2")])
+    (f,) = out.findings
+    assert (f.where, f.text, f.data["models"]) == ("m1, m2", "odd/key: x 1 -> 2", ["m1", "m2"])
