@@ -17,8 +17,14 @@ import pytest
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from aotpipe.artifact.signing import (SigningKey, check_signature, load_key, manifest_bytes, signature_record,
-                                      split_key_spec)
+from aotpipe.artifact.signing import (
+    SigningKey,
+    check_signature,
+    load_key,
+    manifest_bytes,
+    signature_record,
+    split_key_spec,
+)
 from aotpipe.artifact.verify import verify_artifact, verify_tree
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format import limits
