@@ -624,3 +624,11 @@ def test_a_derived_output_that_is_not_a_node_keeps_its_recorded_layout(two_graph
     apply_passes(spec(register(monkeypatch, "none", none_second_output)), cap, inputs)
     assert [o.meta for o in cap.derived["inference.none"].graph.outputs] == [
         o.meta for o in cap.graphs["inference"].outputs]
+
+
+def test_an_output_on_meta_before_the_pass_is_compared_by_shape_and_dtype_too():
+    from aotpipe.passes.manager import _compare
+
+    assert _compare([torch.empty(2, 3, device="meta")], [torch.ones(2, 3)]) == (0.0, [])
+    assert _compare([torch.empty(2, 4, device="meta")], [torch.ones(2, 3)]) == (
+        0.0, ["output 0: torch.float32[2, 3], was torch.float32[2, 4]"])
