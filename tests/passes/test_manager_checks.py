@@ -472,7 +472,7 @@ def test_times_are_rounded_to_a_tenth_of_a_millisecond(two_graphs, monkeypatch):
 
     import aotpipe.passes.manager as manager
 
-    ticks = itertools.count()
+    ticks = itertools.count(1)  # no tick is 0: a sum of two ticks is no difference of them
     monkeypatch.setattr(manager, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 0.123456))
     cap, inputs = _fresh(two_graphs)
     del inputs["inference_1"]
@@ -566,7 +566,7 @@ def test_a_chain_s_pass_times_are_their_own_durations(mlp, monkeypatch):
 
     import aotpipe.passes.manager as manager
 
-    ticks = itertools.count()
+    ticks = itertools.count(1)
     monkeypatch.setattr(manager, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 0.123456))
     for check_each in (True, False):
         _, (rec,) = run_chain(mlp.copy(), [register(monkeypatch, "idle", nothing)], check_each=check_each)
@@ -632,3 +632,34 @@ def test_an_output_on_meta_before_the_pass_is_compared_by_shape_and_dtype_too():
     assert _compare([torch.empty(2, 3, device="meta")], [torch.ones(2, 3)]) == (0.0, [])
     assert _compare([torch.empty(2, 4, device="meta")], [torch.ones(2, 3)]) == (
         0.0, ["output 0: torch.float32[2, 3], was torch.float32[2, 4]"])
+
+
+class CountsCalls(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x):
+        self.count.add_(1)
+        return x * 2
+
+
+def test_a_derived_graph_keeps_what_a_mutation_output_writes_to(monkeypatch):
+    model = CountsCalls().eval()
+    x = torch.randn(2, 4)
+    cap = capture_export(model, (x,), {}, name="m", graphs=["inference"], input_names=["x"])
+    inputs = graph_inputs(cap, model_state(model, cap.constants), {cap.user_inputs[0]: x})
+    apply_passes(spec(register(monkeypatch, "idle", nothing)), cap, inputs)
+    outputs = cap.derived["inference.idle"].graph.outputs
+    assert [(o.index, o.role, o.target) for o in outputs] == [(0, "mutation", "count"), (1, "user", None)]
+
+
+def test_a_left_out_pass_s_traceback_is_of_the_error_it_raised(mlp, monkeypatch):
+    def raises(g, options):
+        raise RuntimeError("boom")
+
+    _, _, _, left = run_chain_leaving_out(mlp.copy(), [register(monkeypatch, "r", raises),
+                                                       register(monkeypatch, "own", raises_pass_error)], "inference")
+    for lo, last in zip(left, ["RuntimeError: boom", "aotpipe.passes.base.PassError: planted: the pass's own words"]):
+        assert lo.traceback.startswith("Traceback (most recent call last):\n  File ")
+        assert lo.traceback.splitlines()[-1] == last and "direct cause" not in lo.traceback
