@@ -660,6 +660,7 @@ def test_a_left_out_pass_s_traceback_is_of_the_error_it_raised(mlp, monkeypatch)
 
     _, _, _, left = run_chain_leaving_out(mlp.copy(), [register(monkeypatch, "r", raises),
                                                        register(monkeypatch, "own", raises_pass_error)], "inference")
-    for lo, last in zip(left, ["RuntimeError: boom", "aotpipe.passes.base.PassError: planted: the pass's own words"]):
+    for lo, last in zip(left, ["RuntimeError: boom", "aotpipe.passes.base.PassError: planted: the pass's own words"],
+                        strict=True):
         assert lo.traceback.startswith("Traceback (most recent call last):\n  File ")
         assert lo.traceback.splitlines()[-1] == last and "direct cause" not in lo.traceback
