@@ -472,7 +472,7 @@ def test_times_are_rounded_to_a_tenth_of_a_millisecond(two_graphs, monkeypatch):
 
     import aotpipe.passes.manager as manager
 
-    ticks = itertools.count()
+    ticks = itertools.count(1)  # no tick is 0: a sum of two ticks is no difference of them
     monkeypatch.setattr(manager, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 0.123456))
     cap, inputs = _fresh(two_graphs)
     del inputs["inference_1"]
@@ -496,3 +496,171 @@ def test_a_node_whose_layout_alone_changed_is_not_named_as_diverging(mlp, monkey
         run_chain(mlp.copy(), [register(monkeypatch, "restride", restride_then_scale)])
     assert "changed the results" in str(e.value) and "first diverging node" not in str(e.value)
 
+
+
+def test_an_output_on_meta_does_not_stop_the_outputs_after_it_being_compared():
+    from aotpipe.passes.manager import _compare
+
+    real = torch.ones(2, 3)
+    worst, problems = _compare([real, real], [torch.empty(2, 3, device="meta"), real + 0.5])
+    assert worst == 0.5 and len(problems) == 1 and problems[0].startswith("output 1")
+
+
+def test_outputs_that_are_not_tensors_are_compared_as_values():
+    from aotpipe.passes.manager import _compare
+
+    assert _compare([3, None], [3, None]) == (0.0, [])
+    assert _compare([3], [4]) == (0.0, ["output 0: 4 != eager's 3"])
+
+
+def test_the_worst_error_counts_only_tensors_of_the_same_shape_on_both_sides():
+    from aotpipe.passes.manager import _compare
+
+    worst, problems = _compare([torch.ones(2, 3)], [torch.ones(2, 4)])
+    assert worst == 0.0 and problems == ["output 0: float32[2, 4] != eager's float32[2, 3]"]
+    worst, problems = _compare([None], [torch.ones(2)])
+    assert worst == 0.0 and problems == ["output 0: the graph gives a value, eager gives None"]
+
+
+class FourOutputs(torch.nn.Module):
+    def forward(self, x):
+        return x + 1, x + 2, x + 3, x + 4
+
+
+def scale_every_output(factor):
+    def run(g, options):
+        graph = g.gm.graph
+        out = _output(g)
+        with graph.inserting_before(out):
+            out.args = (tuple(graph.call_function(aten.mul.Tensor, (o, factor)) for o in out.args[0]),)
+        return PassResult(g, modified=True)
+    return run
+
+
+def test_a_pass_that_changes_many_outputs_is_reported_with_the_first_three_joined_by_semicolons(monkeypatch):
+    g = graph_of(FourOutputs(), torch.ones(2, 3))
+    with pytest.raises(PassError) as e:
+        run_chain(g, [register(monkeypatch, "double", scale_every_output(2.0))])
+    head, listed = str(e.value).split(" changed the results: ")
+    assert head == "pass 'double' (passes before it: none)"
+    assert [p.split(":")[0] for p in listed.split("; ")] == ["output 0", "output 1", "output 2"]
+
+
+def test_without_checking_each_pass_every_pass_runs_on_the_graph_itself_and_nothing_is_run(mlp, monkeypatch):
+    import aotpipe.passes.manager as manager
+
+    def never(*args):
+        raise AssertionError("a graph was run")
+
+    monkeypatch.setattr(manager, "run_graph", never)
+    g = mlp.copy()
+    steps = [register(monkeypatch, "scale", scale_output(1.0)), register(monkeypatch, "idle", nothing)]
+    final, records = run_chain(g, steps, check_each=False)
+    assert [r.name for r in records] == ["scale", "idle"]
+    assert final.gm is g.gm  # no copy: the graph before each pass is not kept
+
+
+def test_a_chain_s_pass_times_are_their_own_durations(mlp, monkeypatch):
+    import itertools
+    from types import SimpleNamespace
+
+    import aotpipe.passes.manager as manager
+
+    ticks = itertools.count(1)
+    monkeypatch.setattr(manager, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 0.123456))
+    for check_each in (True, False):
+        _, (rec,) = run_chain(mlp.copy(), [register(monkeypatch, "idle", nothing)], check_each=check_each)
+        assert rec.seconds == 0.1235
+
+
+def _frozen_capture(two_graphs):
+    """A capture whose one inference graph holds its weights as constants (freeze run on it)."""
+    from aotpipe.format.ir import CapturedGraph
+    from aotpipe.passes import PASSES
+
+    cap, inputs = _fresh(two_graphs)
+    base = cap.graphs["inference_1"]
+    from aotpipe.passes.base import GraphUnderPass
+
+    g = GraphUnderPass(base.gm, "inference", list(base.inputs), list(base.outputs), list(inputs["inference_1"]))
+    frozen = PASSES["freeze"].function(g.copy(), FreezeOptions()).graph
+    cap.graphs = {"inference": CapturedGraph("inference", frozen.gm, frozen.inputs, frozen.outputs)}
+    return cap, {"inference": frozen.values}
+
+
+def _constants(gm):
+    return {n.target: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+
+
+def double_constants_in_place(g, options):
+    """A misbehaving pass: writes into the graph's constant tensors instead of replacing them."""
+    for t in _constants(g.gm).values():
+        t.mul_(2)
+    return PassResult(g, modified=True)
+
+
+def test_a_pass_that_writes_into_constants_leaves_the_captured_graph_as_it_was(two_graphs, monkeypatch):
+    cap, inputs = _frozen_capture(two_graphs)
+    gm = cap.graphs["inference"].gm
+    kept = {k: v.clone() for k, v in _constants(gm).items()}
+    assert kept
+    out = apply_passes(spec(register(monkeypatch, "inplace", double_constants_in_place)), cap, inputs)
+    for k, v in _constants(gm).items():
+        torch.testing.assert_close(v, kept[k], rtol=0, atol=0)
+    out.diagnose["inference.inplace"]()  # the replay works on its own copy too
+    for k, v in _constants(gm).items():
+        torch.testing.assert_close(v, kept[k], rtol=0, atol=0)
+
+
+def none_second_output(g, options):
+    out = _output(g)
+    out.args = ((out.args[0][0], None),)
+    return PassResult(g, modified=True)
+
+
+def test_a_derived_output_that_is_not_a_node_keeps_its_recorded_layout(two_graphs, monkeypatch):
+    cap, inputs = _fresh(two_graphs)
+    del inputs["inference_1"]
+    apply_passes(spec(register(monkeypatch, "none", none_second_output)), cap, inputs)
+    assert [o.meta for o in cap.derived["inference.none"].graph.outputs] == [
+        o.meta for o in cap.graphs["inference"].outputs]
+
+
+def test_an_output_on_meta_before_the_pass_is_compared_by_shape_and_dtype_too():
+    from aotpipe.passes.manager import _compare
+
+    assert _compare([torch.empty(2, 3, device="meta")], [torch.ones(2, 3)]) == (0.0, [])
+    assert _compare([torch.empty(2, 4, device="meta")], [torch.ones(2, 3)]) == (
+        0.0, ["output 0: torch.float32[2, 3], was torch.float32[2, 4]"])
+
+
+class CountsCalls(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x):
+        self.count.add_(1)
+        return x * 2
+
+
+def test_a_derived_graph_keeps_what_a_mutation_output_writes_to(monkeypatch):
+    model = CountsCalls().eval()
+    x = torch.randn(2, 4)
+    cap = capture_export(model, (x,), {}, name="m", graphs=["inference"], input_names=["x"])
+    inputs = graph_inputs(cap, model_state(model, cap.constants), {cap.user_inputs[0]: x})
+    apply_passes(spec(register(monkeypatch, "idle", nothing)), cap, inputs)
+    outputs = cap.derived["inference.idle"].graph.outputs
+    assert [(o.index, o.role, o.target) for o in outputs] == [(0, "mutation", "count"), (1, "user", None)]
+
+
+def test_a_left_out_pass_s_traceback_is_of_the_error_it_raised(mlp, monkeypatch):
+    def raises(g, options):
+        raise RuntimeError("boom")
+
+    _, _, _, left = run_chain_leaving_out(mlp.copy(), [register(monkeypatch, "r", raises),
+                                                       register(monkeypatch, "own", raises_pass_error)], "inference")
+    for lo, last in zip(left, ["RuntimeError: boom", "aotpipe.passes.base.PassError: planted: the pass's own words"],
+                        strict=True):
+        assert lo.traceback.startswith("Traceback (most recent call last):\n  File ")
+        assert lo.traceback.splitlines()[-1] == last and "direct cause" not in lo.traceback
