@@ -670,7 +670,7 @@ def test_random_inputs_follow_the_seed(tiny):
     ga.built = Keeps()
     for seed in (0, 0, 1):
         replay_graph(ga, inputs="random", seed=seed)
-    assert all(torch.equal(a, b) for a, b in zip(seen[0], seen[1]))
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], seen[1], strict=True))
     assert not torch.equal(seen[0][1], seen[2][1])
 
 
@@ -1005,7 +1005,7 @@ def test_graphs_that_do_not_run_give_a_chain_error(tiny_all):
 def test_a_chain_without_a_joint_graph_or_partition_contract_is_a_user_error(tiny_all):
     art = load(tiny_all)
     del art.graphs["joint"]
-    with pytest.raises(ArtifactError, match="the chain needs forward, backward and joint graphs; joint is missing$"):
+    with pytest.raises(ArtifactError, match=r"the chain needs forward, backward and joint graphs; joint is missing$"):
         replay_chain(art)
     art = load(tiny_all)
     art.graphs["forward"].record.partition = None
@@ -1073,12 +1073,12 @@ def test_random_inputs_have_the_recorded_layout_and_follow_the_seed(tiny):
     assert (scale.shape, scale.stride(), x.shape, x.stride()) == ((4,), (1,), (1, 4), (4, 1))
     assert scale.dtype == x.dtype == torch.float32 and scale.device.type == "cpu"
     again = get_inputs(folder / "tiny_inference_0.input", seed=5)
-    assert all(torch.equal(a, b) for a, b in zip((scale, x), again))
+    assert all(torch.equal(a, b) for a, b in zip((scale, x), again, strict=True))
     g = torch.Generator().manual_seed(5)
     assert torch.equal(scale, torch.randn(4, generator=g)) and torch.equal(x.reshape(-1), torch.randn(4, generator=g))
     other = get_inputs(folder, seed=6)
     assert not torch.equal(other[0], scale)
-    assert all(torch.equal(a, b) for a, b in zip(get_inputs(folder), get_inputs(folder, seed=0)))
+    assert all(torch.equal(a, b) for a, b in zip(get_inputs(folder), get_inputs(folder, seed=0), strict=True))
 
 
 def test_the_joint_graphs_inputs_come_nested_as_primals_and_tangents():
@@ -1644,9 +1644,9 @@ def test_random_inputs_are_drawn_with_seed_0_unless_told_another(tiny):
     replay(art, inputs="random", seed=5)
     replay_graph(ga, inputs="random", seed=5)
     default, zero, replayed, five, five_again = keeps.seen
-    assert all(torch.equal(a, b) for a, b in zip(default, zero))
-    assert all(torch.equal(a, b) for a, b in zip(default, replayed))
-    assert all(torch.equal(a, b) for a, b in zip(five, five_again))
+    assert all(torch.equal(a, b) for a, b in zip(default, zero, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(default, replayed, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(five, five_again, strict=True))
     assert not torch.equal(default[1], five[1])
 
 
@@ -1779,7 +1779,7 @@ def test_a_subgraph_whose_graphs_do_not_run_is_named(tiny_all):
 def test_an_artefact_with_no_graphs_has_no_chain(tiny_all):
     art = load(tiny_all)
     art.graphs.clear()
-    with pytest.raises(ArtifactError, match="the chain needs forward, backward and joint graphs; forward is missing$"):
+    with pytest.raises(ArtifactError, match=r"the chain needs forward, backward and joint graphs; forward is missing$"):
         replay_chain(art)
 
 
@@ -1865,5 +1865,5 @@ def test_replay_imports_module_py_only_when_trusted_and_only_if_it_is_graph_json
     assert reseal(tiny)
     (r,) = replay(tiny)
     assert r.status == "match"  # graph.json's graph: module.py is not read
-    with pytest.raises(ArtifactError, match="--trust-code imports only a module.py that matches graph.json$"):
+    with pytest.raises(ArtifactError, match=r"--trust-code imports only a module.py that matches graph.json$"):
         replay(tiny, trust_code=True)

@@ -33,7 +33,7 @@ def _form(op, check=None):
 
 def _same(got, want):
     if isinstance(want, (tuple, list)):
-        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
     if isinstance(want, torch.Tensor):
         return isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape and \
             bool(((got == want) | (got.isnan() & want.isnan())).all())  # (an empty row's rstd is nan)

@@ -32,7 +32,7 @@ def _same(got, want):
     """One result, or a tuple of them, equal to the other in dtype, shape and values."""
     got, want = (list(v) if isinstance(v, (tuple, list)) else [v] for v in (got, want))
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), (g, w)
 
 

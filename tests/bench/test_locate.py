@@ -18,8 +18,22 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from aotpipe.bench import locate as locate_mod
 from aotpipe.bench.backends import Backend
 from aotpipe.bench.graph import judge
-from aotpipe.bench.locate import (Located, References, _check_prefix, _describe, _fresh, _kept_values, _safe, _values,
-                                  first_faulty_node, module_path, node_check, op_name, own_scale, prefix)
+from aotpipe.bench.locate import (
+    Located,
+    References,
+    _check_prefix,
+    _describe,
+    _fresh,
+    _kept_values,
+    _safe,
+    _values,
+    first_faulty_node,
+    module_path,
+    node_check,
+    op_name,
+    own_scale,
+    prefix,
+)
 
 PLANTED = "tests.bench.backends"
 
@@ -345,9 +359,9 @@ def test_references_are_each_one_run_of_the_whole_graph_made_when_first_needed(m
     kept = prefix(gm, names["sum_1"], every)
     assert [a.name for a in kept.graph.output_node().args[0]] == ["add", "sum_1"]
     # a prefix whose values were kept is checked against them ...
-    assert all(a is b for a, b in zip(refs.expected(kept, ["add", "sum_1"]), [refs.f32()["add"], refs.f32()["sum_1"]]))
-    assert all(a is b for a, b in zip(refs.reference(kept, ["add", "sum_1"]), [refs.f64()["add"], refs.f64()["sum_1"]]))
-    assert all(a is b for a, b in zip(refs.sequential(kept, ["add", "sum_1"]), [refs.seq()["add"], refs.seq()["sum_1"]]))
+    assert all(a is b for a, b in zip(refs.expected(kept, ["add", "sum_1"]), [refs.f32()["add"], refs.f32()["sum_1"]], strict=True))
+    assert all(a is b for a, b in zip(refs.reference(kept, ["add", "sum_1"]), [refs.f64()["add"], refs.f64()["sum_1"]], strict=True))
+    assert all(a is b for a, b in zip(refs.sequential(kept, ["add", "sum_1"]), [refs.seq()["add"], refs.seq()["sum_1"]], strict=True))
     # ... one with a value not kept runs by itself, on the graph's inputs
     whole = prefix(gm, names["mul"], every)
     expected = (X4 + 1) * (X4 + 1).sum()
@@ -693,7 +707,7 @@ def test_the_repro_is_the_culprits_prefix_with_its_inputs_roles_and_reference_ou
     assert [i.dtype for i in rg.record.inputs[:5]] == ["float32"] * 5 and [i.shape for i in rg.record.inputs[:5]] == [[4]] * 5
     assert rg.record.inputs[5].type == "float"
     saved = rg.saved_inputs()
-    for a, b in zip(saved, inputs[:5] + [inputs[6]]):
+    for a, b in zip(saved, inputs[:5] + [inputs[6]], strict=True):
         assert torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b
     [out] = rg.record.outputs
     expected = ((inputs[3] * inputs[0] + inputs[1]) * inputs[2] + inputs[4]) * 0.5

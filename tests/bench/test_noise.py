@@ -200,7 +200,7 @@ def test_the_twin_runs_each_sum_and_mean_form_with_its_dims_keepdim_and_dtype():
     twin = sequential_twin(gm)
     assert twin is not None
     got, want = twin(a, b), gm(a, b)
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert (g.dtype, g.shape) == (w.dtype, w.shape), i
         # float sums in another order: a few ulps apart; integer inputs' sums are ATen's own.
         assert torch.equal(g, w) if i >= 9 else torch.allclose(g, w, rtol=1e-6, atol=1e-6), i
@@ -213,15 +213,15 @@ def test_the_twin_runs_each_sum_and_mean_form_with_its_dims_keepdim_and_dtype():
 
 
 def test_the_second_sample_of_a_loaded_graph_runs_it_through_its_run_guard():
-    from tests.bench.test_graph import MLP
     from aotpipe.bench.graph import copy_inputs, graph_inputs, loaded
     from aotpipe.bench.noise import sequential_run
     from aotpipe.execution import run_graph
+    from tests.bench.test_graph import MLP
 
     ga = loaded(MLP, ()).graphs["backward"]
     saved = graph_inputs(ga, "saved", 0)
     seq = sequential_run(ga.module, copy_inputs(saved))
     eager = run_graph(ga.module, copy_inputs(saved))
     assert seq is not None and len(seq) == len(eager)
-    for s, e in zip(seq, eager):
+    for s, e in zip(seq, eager, strict=True):
         assert (s is None and e is None) or torch.allclose(s, e, rtol=1e-5, atol=1e-6)
