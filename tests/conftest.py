@@ -18,6 +18,17 @@ def pytest_unconfigure(config):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def pytest_collection_finish(session):
+    """tools/mutation.py: a group's warm-up builders ("module:function"), called once collection
+    is done, in mutmut's fork server, so that each mutant's child inherits what they cached
+    (see WARMUP_ENV there). Unset in any other run."""
+    import importlib
+
+    for spec in filter(None, os.environ.get("AOTPIPE_MUTATION_WARMUP", "").split(",")):
+        module, _, function = spec.partition(":")
+        getattr(importlib.import_module(module), function)()
+
+
 REPO = Path(__file__).resolve().parent.parent
 PIPELINES = REPO / "pipelines"
 

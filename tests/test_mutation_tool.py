@@ -150,6 +150,9 @@ def _write_group(dir: Path, name: str, text: str) -> None:
      "must start with 'equivalent:' or 'wording:'"),
     ('sources = ["a.py"]\ntests = ["t"]\n[[planted]]\nfile = "a.py"\nold = "x"\n', "planted entry 1 lacks new, why"),
     ('sources = [', "not valid TOML"),
+    ('sources = ["a.py"]\ntests = ["t"]\nwarmup = "m:f"\n', "`warmup` must be a list"),
+    ('sources = ["a.py"]\ntests = ["t"]\nwarmup = ["m.f"]\n', "`warmup` must be a list"),
+    ('sources = ["a.py"]\ntests = ["t"]\nwarmup = ["m:"]\n', "`warmup` must be a list"),
 ])
 def test_a_bad_group_file_is_refused_naming_the_file_and_the_fix(tmp_path, text, message):
     _write_group(tmp_path, "g", text)
@@ -162,6 +165,46 @@ def test_a_planted_regression_may_delete_its_snippet(tmp_path):
     _write_group(tmp_path, "g", 'sources = ["a.py"]\ntests = ["t"]\n[[planted]]\nfile = "a.py"\nold = "x"\n'
                  'new = ""\nwhy = "the check is gone"\n')
     assert mutation.load_group("g", tmp_path)["planted"][0]["new"] == ""
+
+
+WARMED: list[str] = []
+
+
+def warm_one() -> None:
+    WARMED.append("one")
+
+
+def warm_two() -> None:
+    WARMED.append("two")
+
+
+def test_a_groups_warmup_reaches_the_scratch_env_and_conftest_calls_each_once_collected(tmp_path, monkeypatch):
+    _write_group(tmp_path, "g", 'sources = ["a.py"]\ntests = ["t"]\n'
+                 'warmup = ["tests.test_mutation_tool:warm_one", "tests.test_mutation_tool:warm_two"]\n')
+    group = mutation.load_group("g", tmp_path)
+    env = mutation.scratch_env(group)
+    assert env[mutation.WARMUP_ENV] == "tests.test_mutation_tool:warm_one,tests.test_mutation_tool:warm_two"
+    # a group without one clears a warm-up the caller's environment may hold
+    monkeypatch.setenv(mutation.WARMUP_ENV, "x:y")
+    assert mutation.WARMUP_ENV not in mutation.scratch_env({"name": "h"})
+    assert mutation.WARMUP_ENV not in mutation.scratch_env()
+
+    from tests import conftest
+
+    WARMED.clear()
+    monkeypatch.setenv(mutation.WARMUP_ENV, env[mutation.WARMUP_ENV])
+    conftest.pytest_collection_finish(None)
+    assert WARMED == ["one", "two"]
+    monkeypatch.delenv(mutation.WARMUP_ENV)
+    conftest.pytest_collection_finish(None)
+    assert WARMED == ["one", "two"]
+
+
+def test_the_diff_groups_warmup_is_the_tiny_tree_its_tests_copy():
+    group = mutation.load_group("diff")
+    assert group["warmup"] == ["tests.helpers.diff_trees:tiny_tree"]
+    source = (REPO / "tests" / "test_diff_cases.py").read_text()
+    assert "from tests.helpers.diff_trees import tiny_tree" in source
 
 
 def test_an_unknown_group_names_the_groups(tmp_path):

@@ -69,6 +69,13 @@ _LINKED = ("pipelines", "docs", "tools", "benchmarks", "README.md", "constraints
 FLOOR = 0.90
 SLACK = 0.01
 
+# mutmut forks each mutant's child from a server that has only collected the tests, so what a
+# test helper caches in its module (a small captured tree, say) would be rebuilt by every
+# child. A group's `warmup` ("module:function", each called with no argument) names those
+# builders: tests/conftest.py calls them in the server, after collection, where no mutant is
+# switched on, and every child inherits what they built.
+WARMUP_ENV = "AOTPIPE_MUTATION_WARMUP"
+
 
 def load_group(name: str, groups: Path = GROUPS) -> dict[str, Any]:
     path = groups / f"{name}.toml"
@@ -90,6 +97,11 @@ def load_group(name: str, groups: Path = GROUPS) -> dict[str, Any]:
         if not entry["reason"].startswith(("equivalent:", "wording:")):
             raise SystemExit(f"{path}: equivalent entry {i}: the reason must start with 'equivalent:' or "
                              f"'wording:' (got {entry['reason'][:40]!r})")
+    warmup = data.get("warmup", [])
+    if not isinstance(warmup, list) or not all(isinstance(w, str) and w.count(":") == 1 and all(w.split(":"))
+                                               for w in warmup):
+        raise SystemExit(f"{path}: `warmup` must be a list of \"module:function\" strings "
+                         f"(got {warmup!r})")
     for i, entry in enumerate(data.get("planted", []), 1):
         missing = [k for k in ("file", "old", "new", "why") if not entry.get(k) and not (k == "new" and k in entry)]
         if missing:
@@ -141,18 +153,22 @@ def _mutmut() -> str:
     return str(exe)
 
 
-def scratch_env() -> dict[str, str]:
+def scratch_env(group: dict[str, Any] | None = None) -> dict[str, str]:
     """The environment of a process in a scratch copy: its own aotpipe/ (no PYTHONPATH of the
-    caller's), one torch thread (mutants run side by side), fixed hashing."""
+    caller's), one torch thread (mutants run side by side), fixed hashing, and the group's
+    warm-up functions (tests/conftest.py calls them once collection is done)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
     env.pop("PYTHONPATH", None)
+    env.pop(WARMUP_ENV, None)
+    if group and group.get("warmup"):
+        env[WARMUP_ENV] = ",".join(group["warmup"])
     return env
 
 
 def run_group(group: dict[str, Any], *, only: list[str], max_children: int) -> Path:
     """mutmut over the group in a fresh scratch copy; returns the copy."""
     where = prepare(group)
-    env = scratch_env()
+    env = scratch_env(group)
     cmd = [_mutmut(), "run", "--max-children", str(max_children), *only]
     log = where / "mutmut.log"
     with open(log, "w") as out:
