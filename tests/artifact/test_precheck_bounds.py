@@ -792,3 +792,230 @@ def test_a_float_input_equal_to_an_int_input_is_another_layout():
     precheck.mark(gm, WHERE)
     _runnable(gm, [100.0], max_tensor_bytes=400)
     assert "makes a int64[100] tensor, which needs 800 bytes" in _refused_at_run(gm, [100], max_tensor_bytes=400)
+
+
+# ---------------------------------------------------------------------------------------
+# further boundaries: the default source name, freed bytes, records, probes, layouts
+
+
+def test_a_refusal_names_graph_json_when_no_other_source_is_given():
+    with limits.override(max_bytes=191):
+        with pytest.raises(LimitError) as e:
+            precheck.check_graph(_add_const(), [torch.zeros(16)])
+    assert str(e.value).startswith("graph.json: node 's' (aten.add.Tensor) would hold 192 bytes"), str(e.value)
+
+
+def test_a_freed_intermediate_takes_only_its_own_bytes_off_the_live_count():
+    # a (400 bytes) lives to the end; b (4) dies at c; d (400) then joins a, c and x: 808 bytes
+    g = Graph("x")
+    a = g.op("a", aten.zeros.default, [100])
+    b = g.op("b", aten.zeros.default, [1])
+    c = g.op("c", aten.neg.default, b)
+    gm = g.module(a, c, g.op("d", aten.zeros.default, [100]))
+    check(gm, [torch.zeros(1)], max_bytes=808)
+    msg = refusal(gm, [torch.zeros(1)], LimitError, max_bytes=807)
+    assert msg.startswith(f"{WHERE}: node 'd' (aten.zeros.default) would hold 808 bytes"), msg
+
+
+def test_an_empty_view_of_an_empty_storage_is_allowed():
+    check(_as_strided([0], [1], 0), [torch.zeros(0)])
+
+
+def test_every_tensor_a_node_makes_is_held_to_the_limit_after_one_sized_by_the_run():
+    # _unique2's values (at most 16 float64s: 128 bytes) are deferred to the run; its inverse
+    # indices (16 int64s, 128 bytes, sized by the input) are over the limit now
+    g = Graph("x")
+    gm = g.module(g.op("u", aten._unique2.default, g.inputs[0], True, True, True))
+    msg = refusal(gm, [torch.zeros(16, dtype=torch.float64)], LimitError, max_tensor_bytes=127)
+    assert msg == (f"{WHERE}: node 'u' (aten._unique2.default) makes a int64[16] tensor, which needs 128 bytes, "
+                   f"over the limit of 127 bytes (raise it with AOTPIPE_MAX_TENSOR_BYTES){REFUSED}")
+
+
+def test_a_graph_from_elsewhere_is_refused_at_an_op_without_a_fake_kernel_whatever_it_records():
+    msg = refusal(_geqrf(GEQRF_RECORD), [torch.zeros(3, 3)])
+    assert "has no fake-tensor kernel in this torch" in msg, msg
+
+
+def test_the_reason_a_size_read_from_values_cannot_be_checked_is_cut_to_120_characters(monkeypatch):
+    import operator
+
+    monkeypatch.setattr(precheck, "_PROBES", ((lambda i: 7),))
+    g = Graph("a", "b", "c")
+    u = [g.op(f"u{i}", aten._local_scalar_dense.default, x) for i, x in enumerate(g.inputs)]
+    n = g.op("n", operator.mul, g.op("m", operator.mul, u[0], u[1]), u[2])  # a longer expression: u0*u1*u2
+    r = g.op("r", aten.arange.start_step, 0, n, 1, dtype=torch.float32)
+    gm = g.module(g.op("p", aten.constant_pad_nd.default, r, [2, 1]))
+    msg = refusal(gm, [torch.tensor(3), torch.tensor(4), torch.tensor(5)])
+    head = f"{WHERE}: node 'p' (aten.constant_pad_nd.default) has a size that depends on the values of tensors ("
+    tail = f"), which cannot be checked before it runs{REFUSED}"
+    assert msg.startswith(head) and msg.endswith(tail), msg
+    reason = msg[len(head):-len(tail)]
+    assert reason.startswith("GuardOnDataDependentSymNode: ") and reason.endswith("..."), reason
+    assert len(reason) == len("GuardOnDataDependentSymNode: ") + 120 + len("..."), reason
+
+
+def test_a_critical_record_of_torchs_fake_tensors_is_kept_quiet_too(caplog):
+    import logging
+
+    def loud(x):
+        logging.getLogger("torch._subclasses.fake_tensor").critical("a fake kernel failed")
+        raise RuntimeError("refused")
+
+    g = Graph("x")
+    gm = g.module(g.op("l", loud, g.inputs[0]))
+    with caplog.at_level(logging.DEBUG, logger="torch._subclasses.fake_tensor"), \
+            pytest.raises(precheck.GraphWillNotRun):
+        check(gm, [torch.zeros(1)])
+    assert "a fake kernel failed" not in caplog.text
+
+
+def test_a_nodes_recorded_dense_layout_is_what_a_later_view_sees():
+    # clone keeps x's transposed strides on the fake side; graph.json records the contiguous
+    # layout the real kernel gave, which a view to one dimension needs
+    def gm(record):
+        g = Graph("x")
+        c = g.op("c", aten.clone.default, g.inputs[0])
+        if record:
+            c.meta["saved_val"] = {"shape": [4, 4], "stride": [4, 1]}
+        return g.module(g.op("v", aten.view.default, c, [16]))
+    check(gm(True), [torch.zeros(4, 4).t()])
+    with pytest.raises(precheck.GraphWillNotRun, match="node 'v' \\(aten.view.default\\) does not run"):
+        check(gm(False), [torch.zeros(4, 4).t()])
+
+
+def test_a_view_keeps_its_own_layout_whatever_graph_json_records_for_it():
+    # a record on a view is not taken: a fresh tensor would be a storage of its own, 64 more bytes
+    g = Graph("x")
+    t = g.op("t", aten.t.default, g.inputs[0])
+    t.meta["saved_val"] = {"shape": [4, 4], "stride": [4, 1]}
+    gm = check(g.module(t), [torch.zeros(4, 4)], max_bytes=64)
+    assert gm.meta[precheck.RUN_CHECKED_OUTPUTS] == {}
+
+
+def test_a_size_pinned_by_a_runtime_assert_is_not_a_data_dependent_output():
+    import operator
+
+    g = Graph("n")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    g.op("a", aten._assert_scalar.default, g.op("e", operator.eq, u, 5), "u is 5")
+    gm = check(g.module(g.op("r", aten.arange.start_step, 0, u, 1, dtype=torch.float32), u), [torch.tensor(5)])
+    assert precheck.data_dependent_outputs(gm) == {}
+
+
+def test_a_view_past_its_storage_by_a_size_pinned_by_a_runtime_assert_is_refused_now():
+    import operator
+
+    g = Graph("x", "n")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[1])
+    g.op("a", aten._assert_scalar.default, g.op("e", operator.eq, u, 5), "u is 5")
+    gm = g.module(g.op("v", aten.as_strided.default, g.inputs[0], [u], [1]))
+    msg = refusal(gm, [torch.zeros(4), torch.tensor(5)])
+    assert "(sizes [5], strides [1], storage offset 0) that reaches byte 20 of a storage of 16 bytes" in msg, msg
+
+
+def test_an_output_that_is_a_literal_is_no_data_dependent_output():
+    g = Graph("n")
+    u = g.op("u", aten._local_scalar_dense.default, g.inputs[0])
+    g.g.output((u, slice(0, 2)))  # a literal (unhashable in this Python), not a node
+    gm = check(torch.fx.GraphModule(g.root, g.g), [torch.tensor(5)])
+    assert precheck.data_dependent_outputs(gm) == {0: []}
+
+
+def test_a_dense_layout_recorded_keeps_the_values_dtype_and_device():
+    value = torch.empty(2, 3, 4, 5, dtype=torch.float64, device="meta")
+    out = precheck._as_recorded(_recorded([2, 3, 4, 5], [60, 1, 15, 3]), value)
+    assert (out.stride(), out.dtype, out.device.type) == ((60, 1, 15, 3), torch.float64, "meta")
+
+
+# ---------------------------------------------------------------------------------------
+# the inputs' signature: which inputs share a check
+
+
+def test_equal_scalar_inputs_made_apart_share_one_check(monkeypatch):
+    g = Graph("n")
+    gm = g.module(g.op("r", aten.arange.start_step, 0, g.inputs[0], 1, dtype=torch.float32))
+    precheck.mark(gm, WHERE)
+    calls = []
+    real = precheck.check_graph
+    monkeypatch.setattr(precheck, "check_graph", lambda *a: calls.append(a[1]) or real(*a))
+    _runnable(gm, [int("100000")])
+    _runnable(gm, [int("100000")])  # an equal int, another object
+    assert calls == [[100000]]
+
+
+def test_a_dtype_input_of_another_value_is_checked_afresh():
+    g = Graph("d")
+    gm = g.module(g.op("z", aten.zeros.default, [100], dtype=g.inputs[0]))
+    precheck.mark(gm, WHERE)
+    _runnable(gm, [torch.float32], max_tensor_bytes=400)
+    assert "makes a float64[100] tensor" in _refused_at_run(gm, [torch.float64], max_tensor_bytes=400)
+
+
+def test_a_list_input_is_checked_and_then_reused():
+    g = Graph("s")
+    gm = g.module(g.op("z", aten.zeros.default, g.inputs[0]))
+    precheck.mark(gm, WHERE)
+    size = [100]
+    _runnable(gm, [size], max_tensor_bytes=400)
+    _runnable(gm, [size], max_tensor_bytes=400)
+    assert "makes a float32[101] tensor" in _refused_at_run(gm, [[101]], max_tensor_bytes=400)
+
+
+# ---------------------------------------------------------------------------------------
+# outputs assumed from probes, called directly on fake tensors
+
+
+def _assumed(target, *args, symbol=None):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    shape_env = ShapeEnv()
+    with FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=False, static_shapes=True):
+        u = shape_env.create_unbacked_symint()
+        made = args[0](u) if callable(args[0]) else args
+        return precheck._assumed_outputs(target, made, {}, shape_env), shape_env
+
+
+def test_views_in_place_ops_and_data_sized_ops_are_not_assumed():
+    assert _assumed(aten.narrow.default, lambda u: (torch.empty(10000), 0, 0, u))[0] is None  # a view
+    assert _assumed(aten.nonzero.default, lambda u: (torch.empty(u),))[0] is None  # sized by the data
+    # mutable (it updates the running stats) though its outputs are fresh tensors
+    bn = _assumed(aten._native_batch_norm_legit.default,
+                  lambda u: (torch.empty(u, 3), None, None, torch.empty(3), torch.empty(3), True, 0.1, 1e-5))[0]
+    assert bn is None
+
+
+def test_a_flag_read_from_values_is_probed_as_a_bool():
+    out, _ = _assumed(aten.sum.dim_IntList, lambda u: (torch.empty(3, 4), [0], u > 0))  # keepdim: true in each probe
+    assert out.shape == (1, 4)
+
+
+def test_probes_that_disagree_on_the_number_of_dimensions_assume_nothing():
+    # keepdim true for the probes 1031 and 4099, false for 7: (1, 4) against (4,)
+    assert _assumed(aten.sum.dim_IntList, lambda u: (torch.empty(3, 4), [0], u > 1000))[0] is None
+
+
+def test_a_float_read_from_values_is_probed_as_a_float():
+    out, _ = _assumed(aten.full.default, lambda u: ([2], torch.sym_float(u)))
+    assert (out.shape, out.dtype) == ((2,), torch.float32)
+
+
+def test_a_size_the_probes_disagree_on_may_be_any_size_from_zero():
+    out, shape_env = _assumed(aten.constant_pad_nd.default, lambda u: (torch.empty(2, 8), [0, u]))
+    width = out.shape[1]
+    assert out.shape[0] == 2 and isinstance(width, torch.SymInt)
+    assert shape_env.bound_sympy(width.node.expr).lower == 0
+
+
+def test_a_size_bounded_by_the_per_tensor_limit_may_be_any_size_from_zero_to_it():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    shape_env = ShapeEnv()
+    node = next(n for n in _bincount(0).graph.nodes if n.name == "b")
+    with FakeTensorMode(shape_env=shape_env, allow_fallback_kernels=False, static_shapes=True):
+        u = shape_env.create_unbacked_symint()
+        value = torch.empty(u, dtype=torch.int64)
+        precheck._bound_by_limit(node, value, shape_env, 1000, precheck._Refusal(WHERE), "AOTPIPE_MAX_TENSOR_BYTES")
+    bound = shape_env.bound_sympy(u.node.expr)
+    assert (bound.lower, bound.upper) == (0, 125)
