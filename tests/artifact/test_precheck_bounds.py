@@ -1019,3 +1019,14 @@ def test_a_size_bounded_by_the_per_tensor_limit_may_be_any_size_from_zero_to_it(
         precheck._bound_by_limit(node, value, shape_env, 1000, precheck._Refusal(WHERE), "AOTPIPE_MAX_TENSOR_BYTES")
     bound = shape_env.bound_sympy(u.node.expr)
     assert (bound.lower, bound.upper) == (0, 125)
+
+
+def test_a_node_after_the_output_is_checked_as_every_other():
+    # torch.fx lints a graph with a node after its output (the code returns before it):
+    # the check does not skip it, so a graph.json holding one over the limit is refused
+    g = Graph("x")
+    g.g.output(g.inputs[0])
+    g.op("z", aten.zeros.default, [102])
+    gm = torch.fx.GraphModule(g.root, g.g)
+    msg = refusal(gm, [torch.zeros(1)], LimitError, max_tensor_bytes=400)
+    assert msg.startswith(f"{WHERE}: node 'z' (aten.zeros.default) makes a float32[102] tensor"), msg
