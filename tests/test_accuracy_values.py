@@ -83,9 +83,21 @@ def test_max_abs_error_of_other_values_is_zero_or_unbounded():
     (torch.tensor([0.5]), torch.tensor([0.25], dtype=torch.float64), 0.25),
     (torch.tensor([1 + 1j]), torch.tensor([0j]), 1.0),                # complex: its real view's RMS
     (torch.tensor([65504.0], dtype=torch.float16), torch.tensor([-65504.0], dtype=torch.float16), 131008.0),
+    # two dtypes: in float64 (float32 would round 2048 - 2**-20 to 2048)
+    (torch.tensor([2048.0], dtype=torch.float16), torch.tensor([2.0 ** -20]), 2048.0 - 2.0 ** -20),
 ])
 def test_rmse(a, b, err):
     assert accuracy.rmse(a, b) == pytest.approx(err, rel=1e-12)
+
+
+def test_rmse_of_finite_tensors_of_one_float_dtype_makes_no_float64_copy_of_either(monkeypatch):
+    def no_copy(t):
+        raise AssertionError("a float64 copy of an output")
+
+    monkeypatch.setattr(accuracy, "_f64", no_copy)
+    assert accuracy.rmse(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0])) == 1.0
+    with pytest.raises(AssertionError, match="a float64 copy"):  # a difference not finite: over the finite ones
+        accuracy.rmse(torch.tensor([1.0, INF]), torch.tensor([2.0, 5.0]))
 
 
 def test_rmse_of_complex_values_is_that_of_their_real_views():
