@@ -2,6 +2,7 @@
 each rule, and the one-line refusal of each; the checked size arithmetic at the int64 bound;
 the argument checks a node's call goes through. In-process and fast (no artefact)."""
 
+import functools
 import operator
 
 import pytest
@@ -163,6 +164,36 @@ def test_an_out_argument_free_string_or_storage_makes_an_op_unsafe():
     assert ops._argument_problem(aten.div.Tensor_mode) is None  # rounding_mode: one of a few values
     assert ops._argument_problem(torch.ops.mkldnn._convolution_pointwise.default) is None  # checked value by value
     assert ops._argument_problem(aten.add.Tensor) is None
+
+
+def test_an_argument_of_any_type_makes_an_op_unsafe():
+    assert ops._argument_problem(torch.ops.quantized.conv2d_unpack_sizes.default) == \
+        "its argument 'packed_weights' is a Any"
+
+
+class _Schema:
+    def __init__(self, mutable):
+        self.is_mutable = mutable
+
+
+class _Op:
+    """An op as _admitted sees one: its schema's mutability (a torch of another version may
+    register ops named like those below)."""
+
+    def __init__(self, mutable):
+        self._schema = _Schema(mutable)
+
+
+def test_only_a_name_ending_in_one_underscore_is_taken_for_an_in_place_form(monkeypatch):
+    # "foo_" is a listed functional op here: "foo__" (a dunder's shape) and "foo_x" are not
+    # its in-place forms, nor is a mutable "foo_" taken for one of "foo" unless "foo" is listed
+    listed = functools.lru_cache(maxsize=None)(lambda: frozenset({"aten.foo_.default", "aten.fo.default"}))
+    monkeypatch.setattr(ops, "listed", listed)  # cached as the real one (the fixture clears it)
+    monkeypatch.setattr(ops, "_lookup", lambda ns, op, overload: _Op(mutable=False))
+    assert ops._admitted("aten", "foo_", "default", _Op(mutable=False))
+    assert not ops._admitted("aten", "foo__", "default", _Op(mutable=True))
+    assert not ops._admitted("aten", "foo", "default", _Op(mutable=True))  # "fo" listed, but foo is no fo_
+    assert ops._admitted("aten", "fo_", "default", _Op(mutable=True))  # the in-place form of a listed op
 
 
 # ---------------------------------------------------------------------------------------
