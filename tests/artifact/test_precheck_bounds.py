@@ -879,7 +879,7 @@ def test_a_nodes_recorded_dense_layout_is_what_a_later_view_sees():
             c.meta["saved_val"] = {"shape": [4, 4], "stride": [4, 1]}
         return g.module(g.op("v", aten.view.default, c, [16]))
     check(gm(True), [torch.zeros(4, 4).t()])
-    with pytest.raises(precheck.GraphWillNotRun, match="node 'v' \\(aten.view.default\\) does not run"):
+    with pytest.raises(precheck.GraphWillNotRun, match=r"node 'v' \(aten\.view\.default\) does not run"):
         check(gm(False), [torch.zeros(4, 4).t()])
 
 
