@@ -4,6 +4,7 @@ samples and the check's record, each on small tensors whose answers are worked o
 import hashlib
 import math
 import struct
+from typing import ClassVar
 
 import pytest
 import torch
@@ -248,3 +249,24 @@ def test_a_checks_line():
 ])
 def test_within_noise_is_a_passing_fp64_check_whose_detail_says_so(check, noise):
     assert accuracy.within_noise(check) is noise
+
+
+class _DeviceSpy(torch.Tensor):
+    """A CPU tensor that records where each `.to` sends it: a stand-in for a GPU tensor, on a
+    machine that has none."""
+
+    moves: ClassVar[list[tuple]] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.to:
+            cls.moves.append(tuple(args[1:]) + tuple((kwargs or {}).values()))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("helper", [accuracy._f64, accuracy._norm], ids=["f64", "norm"])
+def test_the_float64_copy_and_the_rms_are_taken_on_the_cpu_whatever_the_tensors_device(helper):
+    # a GPU's float64 is slow or absent: the reference arithmetic moves the values to the CPU first
+    _DeviceSpy.moves.clear()
+    helper(torch.arange(4.0).as_subclass(_DeviceSpy))
+    assert _DeviceSpy.moves == [("cpu",)]
