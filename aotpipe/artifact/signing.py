@@ -15,8 +15,9 @@ A key is given as ``ed25519:FILE``, ``hmac:FILE`` or ``FILE``; each file is pars
 - HMAC-SHA256 (the standard library): a shared secret of more than 32 bytes, whitespace at
   its ends not counted; the same file signs and verifies. A file that holds a PEM block
   anywhere, or parses as any key encoding above (also as hex or base64 text, wrapped or
-  not, whole or one line of it), a JSON Web Key, a minisign or signify public key, or
-  exactly 32 bytes (raw with whitespace around them, hex or base64: the size of a raw
+  not, whole or one line of it), the fixed first bytes of an Ed25519 DER key anywhere in it
+  (raw, base64 or hex: a key damaged by a copy and paste), a JSON Web Key, a minisign or
+  signify public key, or exactly 32 bytes (raw with whitespace around them, hex or base64: the size of a raw
   Ed25519 public key) is never taken as a secret: whoever has a public key could forge
   with it.
 signature.json names the algorithm, and a signature is only checked with a key of that
@@ -141,6 +142,27 @@ def _public_key_encoding(data: bytes) -> Optional[str]:
             except (ValueError, TypeError, UnsupportedAlgorithm):
                 continue
             return what + suffix
+    return _ed25519_der_marker(data)
+
+
+# The fixed first bytes of an Ed25519 key in DER (SubjectPublicKeyInfo, PKCS#8), and how they
+# read in base64 and hex: found anywhere in a file, damaged or with text around it (a stray
+# character from a copy and paste, quotes, a comment on the same line), they say that the file
+# holds that key, though no parser reads it whole.
+_DER_PUBLIC = bytes.fromhex("302a300506032b6570032100")
+_DER_PRIVATE = bytes.fromhex("302e020100300506032b657004220420")
+_DER_MARKERS = [(what, marker) for what, der in (("a DER public key", _DER_PUBLIC), ("a DER private key", _DER_PRIVATE))
+                for marker in (der, base64.b64encode(der)[:len(der) * 4 // 3], der.hex().encode())]
+
+
+def _ed25519_der_marker(data: bytes) -> str | None:
+    """"a DER public key (its first bytes, ...)" when `data` holds an Ed25519 DER key's fixed
+    first bytes, raw, in base64 or in hex (any case, whitespace and ':' aside), else None."""
+    squeezed = b"".join(data.split())
+    hexed = squeezed.replace(b":", b"").lower()
+    for what, marker in _DER_MARKERS:
+        if marker in squeezed or marker in hexed:
+            return f"{what} (its first bytes, with other bytes around them)"
     return None
 
 

@@ -297,3 +297,44 @@ def test_each_key_format_is_named_when_refused_as_a_secret(tmp_path):
     with pytest.raises(AotpipeError, match=r"k: a \w+ key; aotpipe signs with Ed25519 keys "
                                            r"\(openssl genpkey -algorithm ed25519 -out key\.pem\)$"):
         load_key(f)
+
+
+DER_PUBLIC = PUBLIC.public_bytes(ser.Encoding.DER, ser.PublicFormat.SubjectPublicKeyInfo)
+DER_PRIVATE = PRIVATE.private_bytes(ser.Encoding.DER, ser.PrivateFormat.PKCS8, ser.NoEncryption())
+DAMAGED = {
+    "base64 DER and a stray dot": (base64.b64encode(DER_PUBLIC) + b".\n", "public"),
+    "base64 DER in quotes": (b'"' + base64.b64encode(DER_PUBLIC) + b'"\n', "public"),
+    "base64 DER after a label, a comment after it": (b"key = " + base64.b64encode(DER_PUBLIC) + b"  # mine\n",
+                                                     "public"),
+    "base64 DER with its last character lost": (base64.b64encode(DER_PUBLIC)[:-2] + b"\n", "public"),
+    "hex DER, upper case with colons, and a stray !": (b":".join(b"%02X" % b for b in DER_PUBLIC) + b"!\n", "public"),
+    "raw DER between other bytes": (b"x" + DER_PUBLIC + b"y" * 8, "public"),
+    "base64 PKCS#8 private DER and a stray dot": (base64.b64encode(DER_PRIVATE) + b".\n", "private"),
+    "hex PKCS#8 private DER with a byte lost": (DER_PRIVATE[:-1].hex().encode() + b"\n", "private"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_an_ed25519_der_key_no_parser_reads_whole_is_still_never_an_hmac_secret(tmp_path, case):
+    # a copy-and-paste that left a character behind must not turn a public key into a secret
+    # that whoever has the public key can forge with
+    data, kind = DAMAGED[case]
+    pub = _write(tmp_path / "pub.key", data)
+    for spec in (str(pub), f"hmac:{pub}"):
+        with pytest.raises(AotpipeError) as e:
+            load_key(spec)
+        assert str(pub) in str(e.value)
+    with pytest.raises(AotpipeError, match="not an HMAC secret") as e:
+        load_key(f"hmac:{pub}")
+    assert f"holds a DER {kind} key (its first bytes, with other bytes around them)," in str(e.value)
+
+
+@pytest.mark.parametrize("cut", [1, 4])
+def test_a_secret_holding_part_of_the_der_prefix_is_still_a_secret(tmp_path, cut):
+    # the fixed first bytes whole, not a part of them, mark a key: the bound of the rule
+    for der, n in ((DER_PUBLIC, 12), (DER_PRIVATE, 16)):
+        # base64: the characters that n bytes alone decide (16 of 12 bytes, 21 of 16), less `cut`
+        for text in (base64.b64encode(der[:n])[:n * 4 // 3 - cut], der[:n].hex().encode()[:-cut], der[:n][:-cut]):
+            secret = _write(tmp_path / "s.key", b"a shared secret of enough bytes: " + text + b" and more")
+            key = load_key(f"hmac:{secret}")
+            assert key.algorithm == "hmac-sha256"
