@@ -270,3 +270,33 @@ def test_a_worker_loads_an_artefact_again_only_when_its_folder_trusted_ops_or_ma
     c = loaded(str(two), ())
     os.utime(two / "manifest.json", ns=(2 * 10**18, 2 * 10**18))  # rewritten since: loaded again
     assert loaded(str(two), ()) is not c and len(loads) == 5
+
+
+def test_the_backend_is_compiled_with_each_inputs_role_as_inputs_json_records_it(monkeypatch):
+    seen = []
+    real = graph_mod.compile_graph
+
+    def compile_graph(backend, gm, args, roles, user):
+        seen.append(roles)
+        return real(backend, gm, args, roles, user)
+
+    monkeypatch.setattr(graph_mod, "compile_graph", compile_graph)
+    r = bench_graph(GraphTask(MLP, "mlp", "forward", "eager", rounds=2, threads=1))
+    roles = [x.role for x in graph_mod.loaded(MLP, ()).graphs["forward"].record.inputs]
+    assert r.status == "pass" and seen == [roles] and {"user", "param"} <= set(roles)
+
+
+def test_outputs_of_another_dtype_fail_with_no_worst_ratio_to_report(monkeypatch):
+    _patched_compile(monkeypatch, lambda fn: (lambda args: [o.to(torch.int64) for o in fn(args)]))
+    r = bench_graph(GraphTask(MLP, "mlp", "inference", "eager", rounds=2, threads=1))
+    assert (r.status, r.worst_ratio) == ("fail_accuracy", None)
+    assert r.reason.startswith("1 of 1 outputs outside the bound; output 0 (user): int64[4, "), r.reason
+
+
+def test_without_a_second_sample_an_output_over_eagers_bound_fails(monkeypatch):
+    monkeypatch.setattr(graph_mod, "sequential_run", lambda gm, inputs: None)
+    monkeypatch.setattr(graph_mod, "nudged_run", lambda *a: None)
+    _patched_compile(monkeypatch, lambda fn: (lambda args: _scaled(list(fn(args)), 0)))
+    r = bench_graph(GraphTask(MLP, "mlp", "forward", "eager", rounds=2, threads=1))
+    assert (r.status, r.rescaled) == ("fail_accuracy", [])
+    assert r.reason.startswith("1 of 8 outputs outside the bound; output 0 (user output[0]): RMS error "), r.reason
