@@ -300,3 +300,23 @@ def test_without_a_second_sample_an_output_over_eagers_bound_fails(monkeypatch):
     r = bench_graph(GraphTask(MLP, "mlp", "forward", "eager", rounds=2, threads=1))
     assert (r.status, r.rescaled) == ("fail_accuracy", [])
     assert r.reason.startswith("1 of 8 outputs outside the bound; output 0 (user output[0]): RMS error "), r.reason
+
+
+def test_small_helpers_nth_as_list_and_copy_inputs():
+    from aotpipe.bench.graph import Lazy, as_list, copy_inputs, nth
+
+    # nth: the i-th of the values, None past their end or where there are none
+    assert [nth(lambda: [1, 2], i)() for i in (0, 1, 2, 3)] == [1, 2, None, None] and nth(lambda: None, 0)() is None
+    # as_list: a graph's outputs as a list; one tensor is one output, not its rows
+    t = torch.ones(2, 3)
+    assert len(as_list(t)) == 1 and as_list(t)[0] is t and as_list((t, 1)) == [t, 1] and as_list([1]) == [1]
+    # copy_inputs: fresh tensors, views of one storage still views of one (new) storage
+    base = torch.zeros(4)
+    view = base[1:]
+    a, b, n = copy_inputs([base, view, 3])
+    a[1] = 5.0
+    assert base[1] == 0 and b[0] == 5.0 and n == 3
+    # Lazy: computed on first use only, None kept as the value
+    made = []
+    lazy = Lazy(lambda: made.append(1))
+    assert lazy() is None and lazy() is None and made == [1]
