@@ -214,7 +214,8 @@ def test_the_float64_copy_widens_float_constants_at_any_depth_and_leaves_the_gra
 
 
 def _same(a, b) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+    return len(a) == len(b) and all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+                                    for x, y in zip(a, b, strict=True))
 
 
 def test_random_inputs_are_drawn_with_the_tasks_seed_and_a_backwards_with_its_forwards_record(monkeypatch):
