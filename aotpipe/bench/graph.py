@@ -141,31 +141,30 @@ def as_list(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def to_float64(gm: torch.nn.Module, inputs: list[Any]) -> tuple[torch.nn.Module, list[Any]]:
+def to_float64(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[torch.fx.GraphModule, list[Any]]:
     """A float64 copy of a graph and its inputs: float32 tensors (parameters, buffers,
     constants, inputs) widened, and float32 where an op names it (a factory's dtype, a cast:
     an upsampling's backward makes its zeros so); ops that name another dtype keep it."""
     g = copy.deepcopy(gm)
     g.double()
-    if isinstance(g, torch.fx.GraphModule):
-        wide = lambda a: torch.float64 if a is torch.float32 else a  # noqa: E731
-        for n in g.graph.nodes:
-            if n.op == "call_function":
-                n.args = torch.fx.node.map_aggregate(n.args, wide)
-                n.kwargs = torch.fx.node.map_aggregate(n.kwargs, wide)
-        g.recompile()
-        for n in g.graph.nodes:
-            if n.op == "get_attr":
-                owner, _, name = n.target.rpartition(".")
-                mod = g.get_submodule(owner) if owner else g
-                v = getattr(mod, name, None)
-                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != torch.float64:
-                    setattr(mod, name, v.double())
-    wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-    return g, wide
+    wide = lambda a: torch.float64 if a is torch.float32 else a  # noqa: E731
+    for n in g.graph.nodes:
+        if n.op == "call_function":
+            n.args = torch.fx.node.map_aggregate(n.args, wide)
+            n.kwargs = torch.fx.node.map_aggregate(n.kwargs, wide)
+    g.recompile()
+    for n in g.graph.nodes:
+        if n.op == "get_attr":
+            owner, _, name = n.target.rpartition(".")
+            mod = g.get_submodule(owner) if owner else g
+            v = getattr(mod, name, None)
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != torch.float64:
+                setattr(mod, name, v.double())
+    widened = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+    return g, widened
 
 
-def reference64(gm: torch.nn.Module, inputs: list[Any]) -> Optional[list[Any]]:
+def reference64(gm: torch.fx.GraphModule, inputs: list[Any]) -> Optional[list[Any]]:
     """The graph's outputs in float64 (None where the graph does not run so: the rule then
     falls back to the float-noise floor alone)."""
     try:
@@ -447,7 +446,9 @@ def bench_graph(task: GraphTask) -> GraphResult:
         backend = Backend(task.backend)
         user = backend.resolve()
         module = ga.module
-        res.nodes = len(module.graph.nodes) if isinstance(module, torch.fx.GraphModule) else 0
+        # Loaded without trust_code: every graph is a GraphModule rebuilt from graph.json.
+        assert isinstance(module, torch.fx.GraphModule)
+        res.nodes = len(module.graph.nodes)
         saved = graph_inputs(ga, task.inputs, task.seed)  # read (a backward's: its forward run) once
         expected = expand_outputs(ga.record, run_graph(module, copy_inputs(saved)))
     except Exception as e:
@@ -487,7 +488,7 @@ def bench_graph(task: GraphTask) -> GraphResult:
         return res
     res.compile_s = time.perf_counter() - t0
     res.in_backend_s = res.compile_s
-    if _seeded(module):
+    if draws_random(module):
         # Checked on a run seeded as the loaded graph's runs are (execution.run_graph).
         try:
             t0 = time.perf_counter()
@@ -521,7 +522,7 @@ def bench_graph(task: GraphTask) -> GraphResult:
     del ref, seq, samples, actual, expected, first
     eager_args = copy_inputs(saved)
     backend_args = [args[i] for i in free]
-    fwd = module.forward if isinstance(module, torch.fx.GraphModule) else module
+    fwd = module.forward
 
     def run_eager() -> Any:
         with torch.no_grad():
@@ -541,10 +542,6 @@ def bench_graph(task: GraphTask) -> GraphResult:
         res.status, res.reason = "runtime_error", f"a later call failed: {failure_line(e)}"
     res.wall_s = time.perf_counter() - start
     return res
-
-
-def _seeded(module: Any) -> bool:
-    return not isinstance(module, torch.fx.GraphModule) or draws_random(module)
 
 
 def seeded_call(fn: Callable[[], Any]) -> Any:

@@ -310,15 +310,6 @@ def test_labels_name_each_output_by_its_role_and_target():
     assert _labels(rec) == ["output 0 (grad fc.weight)", "output 1 (user)"]
 
 
-def test_a_graph_that_draws_random_numbers_is_checked_on_a_seeded_call():
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from aotpipe.bench.graph import _seeded
-
-    assert _seeded(make_fx(lambda x: torch.nn.functional.dropout(x, 0.5, True))(torch.ones(4)))
-    assert not _seeded(make_fx(lambda x: x * 2)(torch.ones(4)))
-
-
 def test_a_nudged_sample_is_the_same_for_the_same_seed_and_another_for_another():
     from torch.fx.experimental.proxy_tensor import make_fx
 
