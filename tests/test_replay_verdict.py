@@ -14,6 +14,7 @@ import gc
 import json
 import math
 import operator
+import re
 import shutil
 import time
 from pathlib import Path
@@ -34,8 +35,8 @@ from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.format import limits, records
 from aotpipe.format.records import InputsRecord
 from aotpipe.replay import get_inputs, replay, replay_chain, replay_graph
-from aotpipe.replay.inputs import _entry_record, _flatten_meta
 from aotpipe.replay import run as replay_run
+from aotpipe.replay.inputs import _entry_record, _flatten_meta
 from aotpipe.replay.run import (
     ELSEWHERE_RTOL,
     SAME_RTOL,
@@ -1779,7 +1780,27 @@ def test_a_subgraph_whose_graphs_do_not_run_is_named(tiny_all):
 def test_an_artefact_with_no_graphs_has_no_chain(tiny_all):
     art = load(tiny_all)
     art.graphs.clear()
-    with pytest.raises(ArtifactError, match=r"the chain needs forward, backward and joint graphs; forward is missing$"):
+    with pytest.raises(ArtifactError, match=r"the chain needs forward, backward and joint graphs; "
+                                            r"forward, backward, joint are missing$"):
+        replay_chain(art)
+
+
+@pytest.mark.parametrize("left, said", [
+    (["joint_1"], "joint is missing (subgraph 1)"),
+    (["forward_1", "joint_1"], "forward, joint are missing (subgraph 1)"),
+])
+def test_a_chain_only_a_later_subgraph_holds_names_what_that_subgraph_lacks(tiny_all, left, said):
+    art = as_subgraphs(load(tiny_all), 1)
+    for key in left:
+        del art.graphs[key]
+    with pytest.raises(ArtifactError, match=f"the chain needs forward, backward and joint graphs; {re.escape(said)}$"):
+        replay_chain(art)
+
+
+def test_with_two_subgraphs_alike_the_first_is_named(tiny_all):
+    art = as_subgraphs(load(tiny_all), 0, 1)
+    del art.graphs["joint"], art.graphs["joint_1"]
+    with pytest.raises(ArtifactError, match=r"joint graphs; joint is missing$"):
         replay_chain(art)
 
 
@@ -1826,11 +1847,12 @@ def test_a_gradient_the_eager_model_does_not_have_is_not_compared_with_it(tiny_a
     assert (c.status, c.eager_within_tolerance, c.problems) == ("match", True, [])
 
 
-def test_a_missing_gradient_is_off_the_eager_model_with_no_error_figure(tiny_all, monkeypatch):
+def test_a_missing_gradient_is_off_the_eager_model_by_an_infinite_error(tiny_all, monkeypatch):
+    # as the joint comparison counts a missing output: no finite error figure holds it
     monkeypatch.syspath_prepend(str(TINY.parent))
     art = load(tiny_all)
     c = replay_chain(chain_with_gradients(art, ["scale", None], [None, None]), trust_code=True)
-    assert (c.status, c.eager_within_tolerance, c.max_abs_error_vs_eager) == ("mismatch", False, 0.0)
+    assert (c.status, c.eager_within_tolerance, c.max_abs_error_vs_eager) == ("mismatch", False, math.inf)
     assert c.problems[-1] == "off the eager model: gradient of scale: the graph gives None, eager gives a value"
 
 

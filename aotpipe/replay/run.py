@@ -551,9 +551,13 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, tr
 def _replay_chain(art: Artifact, rebuild_source: bool, trust_code: bool) -> ChainReplay:
     chains = {i: keys for i, keys in art.subgraph_keys().items() if {"forward", "backward", "joint"} <= set(keys)}
     if not chains:
-        have = art.subgraph_keys().get(0, {})
-        missing = next(k for k in ("forward", "backward", "joint") if k not in have)
-        raise ArtifactError(f"{art.path}: the chain needs forward, backward and joint graphs; {missing} is missing")
+        # name what the most complete subgraph lacks (subgraph 0 first among equals)
+        subgraphs = art.subgraph_keys() or {0: {}}
+        i, have = max(subgraphs.items(), key=lambda kv: (len({"forward", "backward", "joint"} & set(kv[1])), -kv[0]))
+        missing = ", ".join(k for k in ("forward", "backward", "joint") if k not in have)
+        where = f" (subgraph {i})" if i else ""
+        raise ArtifactError(f"{art.path}: the chain needs forward, backward and joint graphs; "
+                            f"{missing} {'is' if ',' not in missing else 'are'} missing{where}")
     problems: list[str] = []
     worst, compared = 0.0, 0
     grads0: list[Any] = []
@@ -610,6 +614,8 @@ def _chain_vs_eager(art: Artifact, contract: Partition, grads: list[Any], proble
                                      what=f"gradient of {target}")
                 if isinstance(g, torch.Tensor) and isinstance(run32.grads[target], torch.Tensor):
                     eager_err = max(eager_err, accuracy.max_abs_error(g, run32.grads[target]))
+                elif not c.passed:  # a gradient missing on one side: no error figure holds it
+                    eager_err = float("inf")
                 if not c.passed:
                     eager_ok = False
                     problems.append(f"off the eager model: {c.line()}")
