@@ -197,3 +197,12 @@ def test_a_pass_chain_is_named_step_by_step_joined_by_plus_and_an_empty_one_as_n
         ("passes", "g", "chain freeze+cse -> freeze", {"a": "freeze+cse", "b": "freeze"}),
         ("passes", "h", "chain (none) -> cse", {"a": "(none)", "b": "cse"}),
     ]
+
+
+def test_a_keyword_argument_is_keyed_by_the_layout_of_the_node_it_refers_to_not_its_name():
+    y = {"name": "y", "op": "placeholder", "val": {"dtype": "float32", "shape": [3]}}
+    a = graph(y, call("r", kwargs={"out": {"node": "y"}}))
+    renamed = graph({**y, "name": "z"}, call("r", kwargs={"out": {"node": "z"}}))
+    other = graph(y, call("r", kwargs={"out": {"node": "x"}}))  # float32[2], not y's float32[3]
+    assert artifacts.node_keys(a)[1] == artifacts.node_keys(renamed)[1]
+    assert artifacts.node_keys(a)[1] != artifacts.node_keys(other)[1]
