@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from aotpipe.format import records
-from aotpipe.format.records import GraphRecord, InputsRecord, Manifest, NodeRecord
+from aotpipe.format.records import GraphRecord, InputRecord, InputsRecord, Manifest, NodeRecord, OutputRecord
 from aotpipe.diff.model import Diff
 
 # At most this many node hunks (and list entries) are named per graph; the rest are counted.
@@ -138,10 +138,11 @@ def _model_options(m: Manifest) -> dict[str, Any]:
 # signatures
 
 
-def _layout(x: Any) -> str:
-    """dtype[shape] (and stride where it is not the contiguous one) of a record with a layout."""
-    if getattr(x, "dtype", None) is None or getattr(x, "shape", None) is None:
-        kind = getattr(x, "type", None)
+def _layout(x: InputRecord | OutputRecord) -> str:
+    """dtype[shape] (and stride where it is not the contiguous one) of an input or output;
+    an input scalar's type, else "none"."""
+    if x.dtype is None or x.shape is None:
+        kind = getattr(x, "type", None)  # an OutputRecord has none
         return kind if isinstance(kind, str) and kind != "tensor" else "none"
     text = f"{x.dtype}{list(x.shape)}"
     if x.stride is not None and list(x.stride) != _contiguous(list(x.shape)):
