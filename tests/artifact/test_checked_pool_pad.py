@@ -388,6 +388,7 @@ def test_cdist_backward_of_batches_its_forward_broadcast_runs_as_autograd_does(b
     ([2, 3, 5], [2, 5, 4], [2, 3, 5]),  # columns differ
     ([2, 3, 4], [2, 5, 4], [2, 4, 5]), ([2, 3, 4], [2, 5, 4], [2, 3, 6]),  # cdist not [rows of x1, rows of x2]
     ([3, 3, 4], [2, 5, 4], [2, 3, 5]), ([2, 3, 4], [3, 5, 4], [2, 3, 5]),  # batches that do not broadcast
+    ([3, 3, 4], [2, 5, 4], [3, 5]),  # ... and a cdist with no batch at all
     ([2, 3, 4], [2, 5, 4], [1, 2, 3, 5]),  # cdist with a batch dimension more
     ([1, 3, 4], [3, 5, 4], [2, 3, 5]),  # broadcast to [3], cdist has [2]: the kernel would read past it
     ([1, 3, 4], [3, 5, 4], [1, 3, 5]),  # cdist with x1's batch, not the broadcast one
