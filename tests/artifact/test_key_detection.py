@@ -309,6 +309,8 @@ DAMAGED = {
     "base64 DER with its last character lost": (base64.b64encode(DER_PUBLIC)[:-2] + b"\n", "public"),
     "hex DER, upper case with colons, and a stray !": (b":".join(b"%02X" % b for b in DER_PUBLIC) + b"!\n", "public"),
     "raw DER between other bytes": (b"x" + DER_PUBLIC + b"y" * 8, "public"),
+    "base64 DER wrapped at 8 characters, a stray dot": (
+        b"\n".join(base64.b64encode(DER_PUBLIC)[i:i + 8] for i in range(0, 60, 8)) + b".\n", "public"),
     "base64 PKCS#8 private DER and a stray dot": (base64.b64encode(DER_PRIVATE) + b".\n", "private"),
     "hex PKCS#8 private DER with a byte lost": (DER_PRIVATE[:-1].hex().encode() + b"\n", "private"),
 }
