@@ -535,6 +535,11 @@ def page(groups: Path = GROUPS, results: Path = RESULTS) -> str:
         "below its recorded one, or a mutant recorded as caught survives.", "",
         "Rerun a group with `python tools/mutation.py run GROUP` (or every group without a name), then "
         "`python tools/gen_docs.py`. Groups are defined in `tools/mutation_groups/*.toml`.", "",
+        "How a run stays short: mutmut imports the code and the tests once and forks a child per "
+        "mutant; each child runs only the tests that executed the mutated function (a traced first run "
+        "maps them), fastest first, and stops at the first failure; a group's `warmup` builds what its "
+        "tests share (a small captured tree) once, before the forks. The run column gives each group's "
+        "last run, whole or partial (`--only`, `--survivors`), and its wall time.", "",
         "| group | file | mutants | caught | equivalent | wording | surviving | not run | score | run |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -583,7 +588,8 @@ def page(groups: Path = GROUPS, results: Path = RESULTS) -> str:
         if planted:
             details += ["Planted regressions the tests catch (`python tools/mutation.py planted`):", ""]
             details += [f"- `{e['file']}`: {_md(e['why'])}" for e in planted]
-    lines += ["", f"Wall time of the recorded runs, all groups: {total_wall / 60:.1f} min."]
+    lines += ["", f"Wall time of the last recorded runs, all groups: {total_wall / 60:.1f} min "
+                  "(a partial run counts only its own time)."]
     return "\n".join(lines + details).rstrip() + "\n"
 
 
