@@ -8,18 +8,12 @@ import torch
 
 from aotpipe.artifact import checked
 from aotpipe.errors import ArtifactError
+from tests.helpers.checked_args import WHERE, _i, _r
 
 aten = torch.ops.aten
-WHERE = "g/graph.json: node 'n'"
 T, F = True, False
 
 
-def _i(*values):
-    return torch.tensor(values, dtype=torch.int64)
-
-
-def _r(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _expanded(n):

@@ -12,17 +12,11 @@ import torch
 from aotpipe.artifact import checked
 from aotpipe.errors import ArtifactError
 from aotpipe.format import limits
+from tests.helpers.checked_args import WHERE, _i, _r
 
 aten = torch.ops.aten
-WHERE = "g/graph.json: node 'n'"
 
 
-def _i(*values, dtype=torch.int64):
-    return torch.tensor(values, dtype=dtype)
-
-
-def _r(*shape):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
 
 
 def _check(op, check):

@@ -15,17 +15,11 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from aotpipe.artifact import checked
 from aotpipe.errors import ArtifactError
 from aotpipe.format import limits
+from tests.helpers.checked_args import WHERE, _i, _r
 
 aten = torch.ops.aten
-WHERE = "g/graph.json: node 'n'"
 
 
-def _i(*values):
-    return torch.tensor(values, dtype=torch.int64)
-
-
-def _r(*shape):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
 
 
 def _same(got, want):
