@@ -67,6 +67,13 @@ def replay_with_crashing_relu(args: dict[str, Any], worker: Any) -> Any:
     return replay_task(args, worker)
 
 
+def spin(args: dict[str, Any], worker: Any) -> str:
+    """Burn CPU until a limit stops the worker: a graph that never ends."""
+    n = 0
+    while True:
+        n += 1
+
+
 def noop(args: dict[str, Any], worker: Any) -> str:
     """Nothing: what a worker costs by itself (start, import torch, canaries, result)."""
     import torch  # noqa: F401 (what every real task imports)
