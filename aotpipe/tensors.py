@@ -8,12 +8,7 @@ from typing import Any, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-def extent(shape: tuple[int, ...] | torch.Size, stride: tuple[int, ...]) -> int:
-    """Number of storage elements a (shape, stride) view spans from its offset; 0 if empty."""
-    if any(s == 0 for s in shape):
-        return 0
-    return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
-
+from aotpipe.format.limits import extent
 
 @dataclass(frozen=True)
 class StorageGroup:

@@ -32,7 +32,7 @@ import torch.fx
 from aotpipe.format import limits
 from aotpipe.artifact.ops import op_name
 from aotpipe.errors import ArtifactError
-from aotpipe.tensors import extent
+from aotpipe.format.limits import extent
 
 aten = torch.ops.aten
 

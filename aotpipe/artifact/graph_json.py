@@ -27,7 +27,7 @@ from aotpipe.artifact.provenance import ORIGIN_KEY, node_origin
 from aotpipe.artifact.ops import check_kwargs, check_string_args, check_unsafe_flags, op_name, resolve_op
 from aotpipe.format.records import GRAPH_FORMAT_VERSION
 from aotpipe.errors import ArtifactError
-from aotpipe.tensors import extent
+from aotpipe.format.limits import extent
 
 
 # Only dense tensors: a sparse or mkldnn layout argument would build what the op allow-list

@@ -44,7 +44,8 @@ from aotpipe.devices import is_packed
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.execution import run_graph
 from aotpipe.graph_keys import graph_key, parse_graph_key
-from aotpipe.tensors import extent, ones, tangent, view_of
+from aotpipe.format.limits import extent
+from aotpipe.tensors import ones, tangent, view_of
 from torch._library.custom_ops import OPDEFS
 
 

@@ -22,7 +22,7 @@ import os
 import re
 import stat
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -446,12 +446,17 @@ def check_total_bytes(parts: list[tuple[str, int]], where: Any, what: str) -> No
         raise breach(where, f"{what} need {human(total)} in all (largest: {biggest})", "max_bytes", limit)
 
 
+def extent(shape: Sequence[int], stride: Sequence[int]) -> int:
+    """Number of storage elements a (shape, stride) view spans from its offset; 0 if empty."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=False))
+
+
 def record_parts(storages: Any, inputs: Any) -> list[tuple[str, int]]:
     """(label, bytes) of every tensor replay allocates for a graph's inputs, from validated
     records (format/records.py): each storage, and each input made afresh (a tangent)."""
     import torch  # torch: kept off the torch-free path (the format's limits are read without torch)
-
-    from aotpipe.tensors import extent  # torch: kept off the torch-free path
 
     parts = []
     for k, s in enumerate(storages):
@@ -550,8 +555,6 @@ def check_op_sizes(op: Any, args: Any, kwargs: OpKwargs, where: Any) -> None:
         stride = kwargs.get("stride") if "stride" in kwargs else (
             args[names.index("stride")] if "stride" in names and names.index("stride") < len(args) else None)
         if isinstance(stride, (list, tuple)) and len(stride) == len(size) and all(isinstance(s, int) for s in stride):
-            from aotpipe.tensors import extent  # torch: kept off the torch-free path
-
             n = extent(tuple(size), tuple(stride))
         else:
             n = numel(size)

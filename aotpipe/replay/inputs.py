@@ -14,7 +14,8 @@ from aotpipe.format.limits import check_record_bytes
 from aotpipe.artifact.load import build_inputs
 from aotpipe.format.records import InputRecord, InputsRecord, StorageRecord
 from aotpipe.errors import ArtifactError, exception_line
-from aotpipe.tensors import StorageGroup, extent, random_storage
+from aotpipe.format.limits import extent
+from aotpipe.tensors import StorageGroup, random_storage
 
 
 def _entry_record(i: int, entry: Any, where: str) -> dict[str, Any]:
