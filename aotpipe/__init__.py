@@ -7,8 +7,7 @@
     from aotpipe.replay import replay
     results = replay(art)              # compare with saved outputs, in this process: trusted artefacts only
 
-    from aotpipe.sandbox.replay import replay_sandboxed
-    outcome = replay_sandboxed("artifacts/quickstart/small_cnn")   # any artefact: in a sandboxed worker
+    outcome = aotpipe.replay_sandboxed("artifacts/quickstart/small_cnn")   # any artefact: in a sandboxed worker
 """
 
 import importlib
@@ -16,7 +15,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["get_inputs", "load", "__version__"]
+__all__ = ["get_inputs", "load", "replay_sandboxed", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +24,6 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module("aotpipe.artifact.load").load
     if name == "get_inputs":
         return importlib.import_module("aotpipe.replay").get_inputs
+    if name == "replay_sandboxed":
+        return importlib.import_module("aotpipe.trust.sandbox.replay").replay_sandboxed
     raise AttributeError(f"module 'aotpipe' has no attribute {name!r}")

@@ -11,25 +11,25 @@ from typing import Any, Callable
 
 import click
 
+from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
+from aotpipe.corpus import opcov
+from aotpipe.corpus.diff import diff_paths
+from aotpipe.corpus.inspect import describe_lines, list_artifacts
 from aotpipe.errors import AotpipeError, LimitError, printable
-from aotpipe import opcov
-from aotpipe.config import json_schema, load_pipeline
-from aotpipe.diff import diff_paths
 from aotpipe.format import records
 from aotpipe.format.limits import Breach, override, parse_bytes
-from aotpipe.htmlreport import REPORT_HTML, not_ok_lines, write_page
-from aotpipe.inspect import describe_lines, list_artifacts
-from aotpipe.job import collections_paced
-from aotpipe.merge import NamedPipeline, merge_runs
-from aotpipe.report import REPORT_MD, RUN_JSON, dump_run, run_record, settled_text
-from aotpipe.results import why_failed
-from aotpipe.runner import RunInterrupted, run_pipeline
-from aotpipe.sandbox.decide import decide_sandbox
-from aotpipe.sandbox.replay import replay_outcome, replay_sandboxed
-from aotpipe.shards import parse_shard
-from aotpipe import views
-from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 from aotpipe.format.records import json_schema as artifact_schema
+from aotpipe.pipeline import views
+from aotpipe.pipeline.config import json_schema, load_pipeline
+from aotpipe.pipeline.htmlreport import REPORT_HTML, not_ok_lines, write_page
+from aotpipe.pipeline.job import collections_paced
+from aotpipe.pipeline.merge import NamedPipeline, merge_runs
+from aotpipe.pipeline.report import REPORT_MD, RUN_JSON, dump_run, run_record, settled_text
+from aotpipe.pipeline.results import why_failed
+from aotpipe.pipeline.runner import RunInterrupted, run_pipeline
+from aotpipe.pipeline.shards import parse_shard
+from aotpipe.trust.sandbox.decide import decide_sandbox
+from aotpipe.trust.sandbox.replay import replay_outcome, replay_sandboxed
 
 
 def _say(line: object, err: bool = False) -> None:
@@ -444,7 +444,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
 
 def _artefact_folder(p: Any) -> None:
     """Refuse, in one line, a folder that holds artefacts rather than being one (a pipeline's output)."""
-    from aotpipe.artifact.verify import find_artifacts  # cryptography: only when used
+    from aotpipe.trust.verify import find_artifacts  # cryptography: only when used
 
     if not p.is_dir() or (p / "manifest.json").exists() or (p / "graph.json").exists():
         return
@@ -477,9 +477,8 @@ def verify(directory: str, as_json: bool, key: str | None, trust_ops: tuple[str,
     """
     from pathlib import Path
 
-    from aotpipe.artifact.verify import verify_tree  # cryptography: only when used
-
     from aotpipe.artifact.load import parse_trust  # torch: kept off the torch-free path
+    from aotpipe.trust.verify import verify_tree  # cryptography: only when used
 
     parse_trust(trust_ops)  # a malformed --trust-ops is the user's error, once
     results = verify_tree(Path(directory), key or None, trust_ops=trust_ops)
@@ -543,10 +542,9 @@ def sign(directory: str, key: str | None) -> None:
     """
     from pathlib import Path
 
-    from aotpipe.artifact.keyring import own_key  # cryptography: only when used
-    from aotpipe.artifact.signing import load_key  # cryptography: only when used
-    from aotpipe.artifact.verify import sign_artifact  # cryptography: only when used
-    from aotpipe.artifact.verify import find_artifacts  # cryptography: only when used
+    from aotpipe.trust.keyring import own_key  # cryptography: only when used
+    from aotpipe.trust.signing import load_key  # cryptography: only when used
+    from aotpipe.trust.verify import find_artifacts, sign_artifact  # cryptography: only when used
 
     key = key or str(own_key())
     k = load_key(key, for_signing=True)
@@ -593,7 +591,7 @@ def trust_key(output: str | None) -> None:
     """Your own public key (PEM), made on first use: what a colleague passes to `trust add`."""
     from pathlib import Path
 
-    from aotpipe.artifact.keyring import key_id, own_key, public_pem  # cryptography: only when used
+    from aotpipe.trust.keyring import key_id, own_key, public_pem  # cryptography: only when used
 
     path = own_key()
     pem = public_pem(path)
@@ -611,7 +609,7 @@ def trust_key(output: str | None) -> None:
 def trust_add(key: str, name: str | None) -> None:
     """Trust KEY (an Ed25519 public key, or private key whose public half is kept): artefacts
     it signs then run in your process."""
-    from aotpipe.artifact.keyring import add_trusted, key_id  # cryptography: only when used
+    from aotpipe.trust.keyring import add_trusted, key_id  # cryptography: only when used
 
     path = add_trusted(key, name)
     _say(f"trusted {path.stem} (key id {key_id(path)}): {path}")
@@ -621,7 +619,7 @@ def trust_add(key: str, name: str | None) -> None:
 @_user_errors
 def trust_list() -> None:
     """Your own key, then the keys you added, with their key ids (signature.json names one)."""
-    from aotpipe.artifact.keyring import key_id, own_key, trusted_keys  # cryptography: only when used
+    from aotpipe.trust.keyring import key_id, own_key, trusted_keys  # cryptography: only when used
 
     own = own_key(create=False)
     for path in trusted_keys():
@@ -635,7 +633,7 @@ def trust_list() -> None:
 @click.argument("name")
 @_user_errors
 def trust_remove(name: str) -> None:
-    from aotpipe.artifact.keyring import remove_trusted  # cryptography: only when used
+    from aotpipe.trust.keyring import remove_trusted  # cryptography: only when used
 
     _say(f"removed {remove_trusted(name)}")
 
@@ -690,7 +688,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
     ratios with its interval, or "within noise" where that interval holds 1.0x.
     """
     # torch: kept off the torch-free path (every command imports cli)
-    from aotpipe.bench.command import BenchOptions, run_bench
+    from aotpipe.corpus.bench.command import BenchOptions, run_bench
 
     _warn_partial(paths, "its graphs are benched, but they are not the whole model")
 
@@ -923,7 +921,7 @@ def export_pt2(artifact: str, output: str, graph: str | None, key: str | None, t
     """
     from pathlib import Path
 
-    from aotpipe.pt2_program import export_pt2 as export  # torch: kept off the torch-free path (cli)
+    from aotpipe.corpus.pt2_program import export_pt2 as export  # torch: kept off the torch-free path (cli)
 
     p = Path(artifact)
     _artefact_folder(p)

@@ -16,8 +16,8 @@ def run_on_artifacts(main: Callable[[list[Path]], None]) -> None:
     if len(sys.argv) > 1:
         main([Path(a) for a in sys.argv[1:]])
         return
-    from aotpipe.config import load_pipeline
-    from aotpipe.runner import run_pipeline
+    from aotpipe.pipeline.config import load_pipeline
+    from aotpipe.pipeline.runner import run_pipeline
 
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("quickstart", "zoo-hf"):

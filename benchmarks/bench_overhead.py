@@ -3,7 +3,7 @@
     python benchmarks/bench_overhead.py ARTEFACT BACKEND GRAPH[,GRAPH...]
 
 Benches the graphs of one artefact one after another in this process (as one worker does),
-with one intra-op thread and every clock of aotpipe.bench.graph made the process's CPU time,
+with one intra-op thread and every clock of aotpipe.corpus.bench.graph made the process's CPU time,
 and prints one JSON line: the share of the CPU time spent outside the backend's compile and
 run, the CPU seconds in all and outside, and each graph's (status, seconds, seconds in the
 backend). Run it with PYTHONPATH at two checkouts, alternately, to compare them side by side.
@@ -20,7 +20,7 @@ import types
 def main(argv: list[str]) -> int:
     import torch
 
-    import aotpipe.bench.graph as G
+    import aotpipe.corpus.bench.graph as G
 
     if len(argv) != 4:
         print(__doc__, file=sys.stderr)

@@ -1,6 +1,6 @@
 """What a replay's evidence costs on disk: its share of each artefact's bytes.
 
-Evidence (aotpipe/evidence.py) is, per recorded output, a blob of at most 1024 sampled values
+Evidence (aotpipe/runtime/evidence.py) is, per recorded output, a blob of at most 1024 sampled values
 plus a few numbers in inputs.json. This prints, per model folder: its bytes, the bytes of
 the blobs only evidence uses (a sample that is also a stored value costs nothing more),
 the bytes of the evidence records in inputs.json, and their share of the folder.

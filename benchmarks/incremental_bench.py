@@ -21,8 +21,8 @@ warnings.filterwarnings("ignore")
 
 from _markdown import take_markdown_option, tee_page  # noqa: E402
 
-from aotpipe.config import load_pipeline  # noqa: E402
-from aotpipe.runner import run_pipeline  # noqa: E402
+from aotpipe.pipeline.config import load_pipeline  # noqa: E402
+from aotpipe.pipeline.runner import run_pipeline  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

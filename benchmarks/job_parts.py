@@ -67,7 +67,7 @@ PARTS = [  # (module, attribute, label), in the order the table lists them
     ("aotpipe.capture.export", "_export", "torch.export, eval and train"),
     ("aotpipe.capture.export", "_inference_graph", "inference graph (run_decompositions)"),
     ("aotpipe.capture.export", "_training_graphs", "training graphs (AOTAutograd joint, partition)"),
-    ("aotpipe.eager.EagerReference", "_run", "checks: eager model runs (float32, float64, nudged)"),
+    ("aotpipe.models.eager.EagerReference", "_run", "checks: eager model runs (float32, float64, nudged)"),
     ("aotpipe.checks.written", "run_with_summaries", "checks: written graphs run (per-node summaries)"),
     ("aotpipe.artifact.precheck", "check_graph", "checks: fake-tensor precheck of written graphs"),
     ("aotpipe.artifact.graph_json", "_graph_from_json", "checks: graphs rebuilt from graph.json"),
@@ -91,9 +91,9 @@ def _install() -> None:
 
 
 def _zoo_jobs(pipeline: Path, names: list[str], warm: str) -> list[dict[str, Any]]:
-    from aotpipe.config import load_pipeline
-    from aotpipe.job import run_model
-    from aotpipe.sources import build_model
+    from aotpipe.models.sources import build_model
+    from aotpipe.pipeline.config import load_pipeline
+    from aotpipe.pipeline.job import run_model
 
     specs = {s.name: s for s in load_pipeline(pipeline, check_sources=False).models}
     rows = []

@@ -8,7 +8,7 @@ peak RSS on 2 cores.
 Each tool runs in a child process of its own, so its peak RSS (getrusage) is its own:
 
 - the job (the targets' figures): the model's job as `aotpipe run` runs it
-  (`aotpipe.job.run_model`, the spec built as below): with the child's 2 intra-op threads
+  (`aotpipe.pipeline.job.run_model`, the spec built as below): with the child's 2 intra-op threads
   it captures the inference graph in a second process beside the training graphs and joins
   the two folders (`job.beside_kinds`); peak RSS is the two processes' peaks added;
 - aotpipe meta in one process, phase by phase (as a job with one core runs): build on the meta device (`build_on_meta`), `capture_meta` (all four
@@ -88,7 +88,7 @@ class _Clock:
 
 
 def child_aotpipe(layers: int, tokens: int, keep: str | None) -> dict[str, Any]:
-    from aotpipe.job import collections_paced
+    from aotpipe.pipeline.job import collections_paced
 
     with collections_paced():  # as run_model runs a job
         return _child_aotpipe(layers, tokens, keep)
@@ -96,9 +96,9 @@ def child_aotpipe(layers: int, tokens: int, keep: str | None) -> dict[str, Any]:
 
 def _child_aotpipe(layers: int, tokens: int, keep: str | None) -> dict[str, Any]:
     from aotpipe.artifact.writer import graph_entries, write_model
-    from aotpipe.checks.written import graph_structure
     from aotpipe.capture.meta import build_on_meta, capture_meta, meta_example_inputs
     from aotpipe.checks.meta import check_meta_written
+    from aotpipe.checks.written import graph_structure
 
     spec = _spec(layers, tokens)
     clock = _Clock()
@@ -131,11 +131,11 @@ def _child_aotpipe(layers: int, tokens: int, keep: str | None) -> dict[str, Any]
 
 
 def child_job(layers: int, tokens: int) -> dict[str, Any]:
-    """The model's job as `aotpipe run` runs it (aotpipe.job.run_model): with this child's
+    """The model's job as `aotpipe run` runs it (aotpipe.pipeline.job.run_model): with this child's
     2 intra-op threads, the inference graph is captured beside the training graphs in a
     second process (job.beside_kinds). Peak memory: this process's and the second's, added
     (an upper bound of the two together)."""
-    from aotpipe.job import run_model
+    from aotpipe.pipeline.job import run_model
 
     spec = _spec(layers, tokens)
     out = Path(tempfile.mkdtemp(prefix="meta_bench-"))

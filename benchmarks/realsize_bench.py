@@ -62,7 +62,8 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 from _markdown import add_markdown_option, write_page  # noqa: E402
-from aotpipe.eager import sum_loss  # noqa: E402
+
+from aotpipe.models.eager import sum_loss  # noqa: E402
 
 DEFAULT_PIPELINES = [REPO / "pipelines" / "mid-size.yaml", REPO / "pipelines" / "real-size.yaml"]
 TOOLS = ("eager", "export", "dynamo", "aotpipe")
@@ -296,7 +297,7 @@ def bench_dynamo(model: torch.nn.Module, args: tuple, kwargs: dict, tmp: Path, n
 
 
 def bench_aotpipe(spec: Any, out_dir: Path, base_dir: Optional[Path]) -> dict:
-    from aotpipe.job import run_model
+    from aotpipe.pipeline.job import run_model
 
     r = run_model(spec, out_dir, base_dir, force=True)
     g = lambda name, default=None: getattr(r, name, default)  # noqa: E731
@@ -336,7 +337,7 @@ def bench_replay(folder: Path) -> dict:
 
 
 def bench_model(spec: Any, base_dir: Optional[Path], out_dir: Path, tools: set[str]) -> dict:
-    from aotpipe.sources import build_model, make_example_inputs
+    from aotpipe.models.sources import build_model, make_example_inputs
 
     row: dict[str, Any] = {"model": spec.name, "load_avg": [_load_avg()]}
     print(f"  {spec.name}: building", file=sys.stderr, flush=True)
@@ -393,7 +394,7 @@ def ratios(row: dict) -> dict[str, Optional[float]]:
 def bench_pipeline(path: Path, tools: set[str], only: list[str], output: Optional[Path],
                    on_model: Callable[[dict], None] = lambda result: None) -> dict:
     """Every selected model of one pipeline; `on_model` sees the partial result after each."""
-    from aotpipe.config import load_pipeline
+    from aotpipe.pipeline.config import load_pipeline
 
     pipeline = load_pipeline(path)
     specs = [m for m in pipeline.models if not only or m.name in only]
@@ -415,7 +416,7 @@ def bench_pipeline(path: Path, tools: set[str], only: list[str], output: Optiona
 
 def warm_up(tools: set[str]) -> None:
     """Pay one-off import and first-use costs of every tool on a tiny model, unmeasured."""
-    from aotpipe.config import parse_pipeline
+    from aotpipe.pipeline.config import parse_pipeline
 
     text = ("version: 1\nname: warmup\nmodels:\n  - name: mlp\n    source: aotpipe.zoo:mlp\n"
             "    args: {in_features: 8, hidden: 8, depth: 1}\n    inputs: [{shape: [2, 8]}]\n"

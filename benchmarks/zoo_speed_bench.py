@@ -71,19 +71,19 @@ WORKERS_TARGET = 1.7
 
 
 def _spec(pipeline: Path, name: str) -> Any:
-    from aotpipe.config import load_pipeline
+    from aotpipe.pipeline.config import load_pipeline
 
     return next(s for s in load_pipeline(pipeline, check_sources=False).models if s.name == name)
 
 
 def _aotpipe_job(pipeline: Path, name: str) -> dict[str, Any]:
-    from aotpipe.job import run_model
+    from aotpipe.pipeline.job import run_model
 
     spec = _spec(pipeline, name)
     out = Path(tempfile.mkdtemp(prefix="zoo_speed-"))
     try:
         # the model's transformers module imported before the clock starts (baseline does the same)
-        from aotpipe.sources import build_model
+        from aotpipe.models.sources import build_model
 
         build_model(spec, pipeline.parent)
         wall, cpu = time.perf_counter(), time.process_time()
@@ -105,7 +105,7 @@ def _baseline_job(pipeline: Path, name: str) -> dict[str, Any]:
     from torch._functorch.partitioners import default_partition
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from aotpipe.sources import build_model, make_example_inputs
+    from aotpipe.models.sources import build_model, make_example_inputs
 
     spec = _spec(pipeline, name)
     model = build_model(spec, pipeline.parent)
@@ -186,7 +186,7 @@ class _Child:
 
 def sample_names(pipeline: Path, n: Optional[int]) -> tuple[list[str], int]:
     """`n` model names evenly spaced over the pipeline (all of them if n is None), and its size."""
-    from aotpipe.config import load_pipeline
+    from aotpipe.pipeline.config import load_pipeline
 
     names = [s.name for s in load_pipeline(pipeline, check_sources=False).models]
     if n is None or n >= len(names):

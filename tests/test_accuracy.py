@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from aotpipe import accuracy
-from aotpipe.accuracy import compare
+from aotpipe.runtime import accuracy
+from aotpipe.runtime.accuracy import compare
 
 
 def _never():
@@ -156,7 +156,7 @@ def test_a_small_but_real_value_is_still_checked():
 
 
 def _scale_gradient(seed, dtype, decomposed=False, nudge=0):
-    from aotpipe.eager import nudge as nudge_one_ulp
+    from aotpipe.models.eager import nudge as nudge_one_ulp
 
     g = torch.Generator().manual_seed(seed)
     x, w, t = torch.randn(4, 8, 12, 12, generator=g), torch.randn(8, 1, 3, 3, generator=g), \
@@ -207,7 +207,7 @@ def test_further_noise_samples_are_only_taken_while_the_rule_fails():
 
 
 def test_a_nudged_eager_run_moves_every_float_input_parameter_and_buffer_by_one_ulp():
-    from aotpipe.eager import EagerReference
+    from aotpipe.models.eager import EagerReference
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))

@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from aotpipe import accuracy
-from aotpipe.accuracy import Check, compare
+from aotpipe.runtime import accuracy
+from aotpipe.runtime.accuracy import Check, compare
 
 F32, F64 = torch.float32, torch.float64
 ABS = 1e-7  # the absolute floor

@@ -9,9 +9,9 @@ from typing import ClassVar
 import pytest
 import torch
 
-from aotpipe import accuracy
-from aotpipe.accuracy import Check
 from aotpipe.format.records import CheckItem, Summary
+from aotpipe.runtime import accuracy
+from aotpipe.runtime.accuracy import Check
 
 INF, NAN = math.inf, math.nan
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from aotpipe.artifact.verify import find_artifacts, verify_artifact
+from aotpipe.trust.verify import find_artifacts, verify_artifact
 from tests.conftest import REPO
 
 PIPELINE = textwrap.dedent("""

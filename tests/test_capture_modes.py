@@ -9,12 +9,11 @@ from typing import get_args
 
 import pytest
 
-from aotpipe import modes
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import CaptureError, ConfigError, SourceError
-from aotpipe.job import STAGES, run_model
-from aotpipe.results import STAGES as RESULT_STAGES
-from aotpipe.spec import Mode
+from aotpipe.pipeline.config import parse_pipeline
+from aotpipe.pipeline.job import STAGES, run_model
+from aotpipe.pipeline.results import STAGES as RESULT_STAGES
+from aotpipe.spec import Mode, modes
 
 ONE_MODEL = textwrap.dedent("""
     version: 1
@@ -80,7 +79,7 @@ def test_the_job_captures_with_the_function_the_table_names(tmp_path, export_ent
 def test_a_job_runs_with_the_collector_paced_and_gives_the_callers_pacing_back(tmp_path, export_entry):
     import gc
 
-    from aotpipe import job
+    from aotpipe.pipeline import job
 
     export_entry(capture=f"{__name__}:capture_seeing_the_collector")
     (spec,) = parse_pipeline(ONE_MODEL, "p.yaml").models
@@ -136,8 +135,9 @@ def test_every_command_runs_with_the_collector_paced_and_gives_the_callers_pacin
 
     from click.testing import CliRunner
 
-    from aotpipe import cli, job
+    from aotpipe import cli
     from aotpipe.errors import AotpipeError
+    from aotpipe.pipeline import job
 
     seen = []
 

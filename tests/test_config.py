@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import load_pipeline, parse_pipeline
-from aotpipe.passes.options import FreezeOptions, ReinplaceOptions, RemoveNoopsOptions
-from aotpipe.spec import DTYPES, GRAPH_KINDS, ModelSpec, PassStep, Pipeline
 from aotpipe.errors import ConfigError, Problem
+from aotpipe.passes.options import FreezeOptions, ReinplaceOptions, RemoveNoopsOptions
+from aotpipe.pipeline.config import load_pipeline, parse_pipeline
+from aotpipe.spec import DTYPES, GRAPH_KINDS, ModelSpec, PassStep, Pipeline
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
@@ -334,7 +334,7 @@ def test_source_attribute_missing_lists_what_module_has():
 
 
 def test_source_not_callable():
-    p = only_problem(GOOD.replace("aotpipe.zoo:mlp", "aotpipe.config:SCHEMA_VERSION"))
+    p = only_problem(GOOD.replace("aotpipe.zoo:mlp", "aotpipe.pipeline.config:SCHEMA_VERSION"))
     assert (p.line, p.field) == (5, "models[0].source")
     assert "is not callable" in p.message and "nn.Module" in p.message
 
@@ -354,7 +354,7 @@ def test_hf_class_that_transformers_does_not_have():
     assert "BertModel" in p.message  # an example of what to write instead
 
 
-@pytest.mark.parametrize("source", ["aotpipe.zoo.mlp", "mlp", "':mlp'"])
+@pytest.mark.parametrize("source", ["aotpipe.models.zoo.mlp", "mlp", "':mlp'"])
 def test_bad_source_form(source):
     p = only_problem(GOOD.replace("aotpipe.zoo:mlp", source))
     assert p.line == 5

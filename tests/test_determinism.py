@@ -2,7 +2,7 @@
 
 import torch
 
-from aotpipe.determinism import draws_random, op_draws_random, reproducible
+from aotpipe.runtime.determinism import draws_random, op_draws_random, reproducible
 
 
 def test_random_ops_come_from_torchs_tag():

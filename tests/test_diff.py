@@ -75,7 +75,7 @@ def test_a_changed_op_is_named_at_its_node(two_mlps):
     assert len(nodes) == 1, nodes
     assert nodes[0]["a"] == "relu" and nodes[0]["a_target"] == "aten.relu.default"
     assert nodes[0]["b_target"] == "aten.sigmoid.default"
-    assert "module (the model) MLP, aotpipe/zoo.py:28" in nodes[0]["text"]  # where it came from
+    assert "module (the model) MLP, aotpipe/models/zoo.py:28" in nodes[0]["text"]  # where it came from
     ops = {d["op"]: (d["a"], d["b"]) for d in found(data, "ops", "forward")}
     assert ops == {"aten.relu.default": (2, 1), "aten.sigmoid.default": (0, 1)}
     # no other graph changed, and the values diverge first at that very node (the backward
@@ -117,7 +117,7 @@ def test_a_changed_weight_is_named_by_digest_and_where_values_first_diverge(two_
 
 def test_diff_without_values_runs_no_graph(two_mlps, monkeypatch):
     a, b = two_mlps
-    import aotpipe.diff.values as values
+    import aotpipe.corpus.diff.values as values
 
     monkeypatch.setattr(values, "compare_values", lambda *a, **k: pytest.fail("a graph ran"))
     code, data = diff_json(str(a), str(b), "--no-values")
@@ -229,7 +229,7 @@ def test_bad_input_exits_2_with_one_line(quickstart_run, tmp_path, case):
 def test_values_skip_with_a_reason_where_the_sandbox_cannot_start(two_mlps, monkeypatch):
     a, b = two_mlps
     monkeypatch.delenv("AOTPIPE_NO_SANDBOX")
-    import aotpipe.sandbox.launch as launch
+    import aotpipe.trust.sandbox.launch as launch
     from aotpipe.errors import SandboxUnavailable
 
     def unavailable(*args, **kwargs):

@@ -19,15 +19,15 @@ from click.testing import CliRunner
 
 import aotpipe.artifact.load as artifact_load
 from aotpipe.artifact.blobs import BlobStore
-from aotpipe.artifact.keyring import own_key
-from aotpipe.artifact.verify import sign_artifact
 from aotpipe.cli import main
-from aotpipe.diff import artifacts, trees, values
-from aotpipe.diff.model import Diff, Finding, ValuesComparison
-from aotpipe.diff.paths import diff_paths
+from aotpipe.corpus.diff import artifacts, trees, values
+from aotpipe.corpus.diff.model import Diff, Finding, ValuesComparison
+from aotpipe.corpus.diff.paths import diff_paths
 from aotpipe.errors import SandboxError, SandboxUnavailable
 from aotpipe.format.records import GraphRecord, NodeRecord, Summary
-from aotpipe.sandbox import launch
+from aotpipe.trust.keyring import own_key
+from aotpipe.trust.sandbox import launch
+from aotpipe.trust.verify import sign_artifact
 from tests.helpers.diff_trees import tiny_tree
 from tests.helpers.forge import reseal
 
@@ -92,8 +92,8 @@ def node(graph: dict[str, Any], name: str) -> dict[str, Any]:
     return next(n for n in graph["nodes"] if n["name"] == name)
 
 
-RELU = "relu (aten.relu.default) [module (the model) MLP, aotpipe/zoo.py:28]"
-CLONE = "clone (aten.clone.default) [module (the model) MLP, aotpipe/zoo.py:28]"
+RELU = "relu (aten.relu.default) [module (the model) MLP, aotpipe/models/zoo.py:28]"
+CLONE = "clone (aten.clone.default) [module (the model) MLP, aotpipe/models/zoo.py:28]"
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ def test_a_node_whose_arguments_changed_says_how(pair):
     assert code == 1
     (d,) = found(data, "nodes")
     assert d["text"].endswith(': arguments ["%float32[8, 4]", [1, 0]] -> ["%float32[8, 4]", [0, 1]]'), d["text"]
-    assert "module layers.0 Linear, aotpipe/zoo.py:28" in d["text"]
+    assert "module layers.0 Linear, aotpipe/models/zoo.py:28" in d["text"]
 
 
 def test_a_node_whose_value_layout_changed_says_what_it_gives(pair):
@@ -605,7 +605,7 @@ def test_the_sandboxed_task_gets_absolute_paths_and_its_arguments(pair, monkeypa
     values.compare_values_sandboxed("a/tiny/mlp", "b/tiny/mlp", {"inference": {"relu": "relu"}}, rtol=0.25,
                                     trust_ops=("aptestops",))
     a, b = str(tmp_path / "a/tiny/mlp"), str(tmp_path / "b/tiny/mlp")
-    assert seen == {"task": "aotpipe.diff.values:values_task",
+    assert seen == {"task": "aotpipe.corpus.diff.values:values_task",
                     "args": {"a": a, "b": b, "aligned": {"inference": {"relu": "relu"}}, "rtol": 0.25,
                              "trust_ops": ["aptestops"]},
                     "read_paths": [a, b]}

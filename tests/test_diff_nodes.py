@@ -7,8 +7,8 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
-from aotpipe.diff import artifacts
-from aotpipe.diff.model import Diff
+from aotpipe.corpus.diff import artifacts
+from aotpipe.corpus.diff.model import Diff
 from aotpipe.format.records import GraphRecord, InputsRecord, PassRecord
 
 F2 = {"dtype": "float32", "shape": [2]}

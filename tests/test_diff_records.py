@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from aotpipe.diff import artifacts
-from aotpipe.diff.artifacts import Side, read_side
-from aotpipe.diff.model import Diff, Finding
+from aotpipe.corpus.diff import artifacts
+from aotpipe.corpus.diff.artifacts import Side, read_side
+from aotpipe.corpus.diff.model import Diff, Finding
 from aotpipe.format.records import InputsRecord
 from tests.helpers.diff_trees import tiny_tree
 

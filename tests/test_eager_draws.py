@@ -1,4 +1,4 @@
-"""The float64 reference draws the float32 run's random numbers (aotpipe/eager.py: Float32Draws)."""
+"""The float64 reference draws the float32 run's random numbers (aotpipe/models/eager.py: Float32Draws)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from aotpipe import eager
-from aotpipe.eager import EagerReference, Float32Draws
+from aotpipe.models import eager
+from aotpipe.models.eager import EagerReference, Float32Draws
 
 DRAWS = {
     "rand": lambda dt: torch.rand(5, dtype=dt),

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from aotpipe import accuracy, evidence
+from aotpipe.runtime import accuracy, evidence
 
 
 def fields(t, eager_error=None):

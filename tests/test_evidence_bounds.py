@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aotpipe import accuracy, evidence
-from aotpipe.evidence import Judgement, SampleStats
+from aotpipe.runtime import accuracy, evidence
+from aotpipe.runtime.evidence import Judgement, SampleStats
 
 INF, NAN = math.inf, math.nan
 ABS = 1e-7

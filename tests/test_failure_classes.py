@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from aotpipe.accuracy import digest
 from aotpipe.artifact.load import load
-from aotpipe.config import parse_pipeline
-from aotpipe.runner import run_pipeline
+from aotpipe.pipeline.config import parse_pipeline
+from aotpipe.pipeline.runner import run_pipeline
+from aotpipe.runtime.accuracy import digest
 
 
 def _run(tmp_path, models_yaml, **defaults):
@@ -470,7 +470,7 @@ def test_auto_captures_with_dynamo_a_model_built_afresh(tmp_path):
 
 def test_without_the_custom_backward_finding_auto_keeps_export_and_fails(tmp_path, monkeypatch):
     # The fault planted: the eager run's list of custom backwards left empty.
-    from aotpipe import eager
+    from aotpipe.models import eager
 
     monkeypatch.setattr(eager, "custom_backwards", lambda loss: [])
     models, _ = _run(tmp_path, f"  - {{name: auto, source: '{_CUSTOM}', mode: auto, inputs: [{{shape: [4, 8]}}]}}\n")
@@ -478,7 +478,7 @@ def test_without_the_custom_backward_finding_auto_keeps_export_and_fails(tmp_pat
 
 
 def test_the_eager_run_names_each_custom_backward_once():
-    from aotpipe.eager import custom_backwards
+    from aotpipe.models.eager import custom_backwards
 
     x = torch.randn(3, requires_grad=True)
     loss = (_ApproxSin.apply(x) + _ApproxSin.apply(x * 2) + _ExactSin.apply(x)).sum()
@@ -531,8 +531,9 @@ def test_with_the_checks_left_on_export_stops_on_their_guard(tmp_path, monkeypat
     # The fault planted: the job leaves the process's setting alone, in a fresh worker.
     import contextlib
 
-    from aotpipe import job
     from torch.distributions import Distribution
+
+    from aotpipe.pipeline import job
 
     monkeypatch.setattr(job, "_distribution_checks_off", contextlib.nullcontext)
     was = Distribution._validate_args
@@ -815,7 +816,7 @@ def test_a_check_on_a_tensors_values_is_captured_loaded_and_replayed(tmp_path):
 def test_the_value_range_of_a_wide_unsigned_tensor_is_read():
     # torch's min and max do not take uint16/32/64 (aten.hash_tensor returns uint64): the checks
     # recording an integer output's range failed with "min_all not implemented for 'UInt64'"
-    from aotpipe.tensors import value_range
+    from aotpipe.runtime.tensors import value_range
 
     big = torch.tensor([3, 2 ** 63 + 5], dtype=torch.uint64)
     assert value_range(big) == (3, 2 ** 63 + 6)

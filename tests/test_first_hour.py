@@ -206,7 +206,7 @@ def test_replay_trust_code_says_why_there_is_no_eager_comparison(tmp_path, monke
 
 def test_replay_trust_code_replays_the_packed_graph_it_recorded_not_module_py(tmp_path):
     from aotpipe.artifact.load import load
-    from aotpipe.devices import is_packed
+    from aotpipe.runtime.devices import is_packed
 
     result, out = run_yaml(tmp_path, textwrap.dedent("""\
         version: 1

@@ -2,9 +2,9 @@
 
 import pytest
 
-from aotpipe.format import records
 from aotpipe.errors import ArtifactError
-from aotpipe.graph_keys import GraphKey, graph_folder_name, graph_key, key_order, parse_graph_key
+from aotpipe.format import records
+from aotpipe.format.graph_keys import GraphKey, graph_folder_name, graph_key, key_order, parse_graph_key
 
 
 def test_keys_and_folders():

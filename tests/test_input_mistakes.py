@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from aotpipe import zoo
-from aotpipe.eager import input_problem
+from aotpipe.models import zoo
+from aotpipe.models.eager import input_problem
 from tests.helpers.pipelines import run_yaml
 
 

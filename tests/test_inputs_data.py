@@ -11,11 +11,11 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import ConfigError, SourceError
 from aotpipe.format.records import ModelRecord
-from aotpipe.inputs_data import data_code_refusal, is_callable_data
-from aotpipe.sources import make_example_inputs, rebuild_from_manifest
+from aotpipe.models.inputs_data import data_code_refusal, is_callable_data
+from aotpipe.models.sources import make_example_inputs, rebuild_from_manifest
+from aotpipe.pipeline.config import parse_pipeline
 
 MODULE = textwrap.dedent('''
     import torch
@@ -235,7 +235,7 @@ def test_a_model_fed_from_safetensors_captures_and_replays_that_batch(folder):
 
 
 def test_changing_a_data_file_changes_the_fingerprint(folder):
-    from aotpipe.incremental import model_fingerprint
+    from aotpipe.pipeline.incremental import model_fingerprint
 
     spec = _spec(folder, "{name: x, shape: [2, 4], data: x.npy}")
     before = model_fingerprint(spec, folder)
@@ -245,10 +245,9 @@ def test_changing_a_data_file_changes_the_fingerprint(folder):
 
 
 def test_a_model_without_data_fingerprints_its_code_alone(folder):
-    from aotpipe.artifact.manifest import fingerprint
-    from aotpipe.incremental import model_fingerprint, source_file
-    from aotpipe.modes import capture_options
-    from aotpipe.artifact.manifest import file_sha256
+    from aotpipe.artifact.manifest import file_sha256, fingerprint
+    from aotpipe.pipeline.incremental import model_fingerprint, source_file
+    from aotpipe.spec.modes import capture_options
 
     text = _text("{name: x, shape: [2, 4]}", "{name: ids, shape: [2], dtype: int64}")
     spec = parse_pipeline(text, "p.yaml", base_dir=folder).models[0]

@@ -7,9 +7,9 @@ import torch
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import ConfigError, SourceError
-from aotpipe.inputs_data import device_unavailable, on_device
+from aotpipe.models.inputs_data import device_unavailable, on_device
+from aotpipe.pipeline.config import parse_pipeline
 
 NO_CUDA = not torch.cuda.is_available()
 

@@ -12,10 +12,10 @@ import torch
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import ConfigError, SourceError
-from aotpipe.inputs_data import StructuredCall, call_template, is_structured
-from aotpipe.sources import build_model, make_example_inputs
+from aotpipe.models.inputs_data import StructuredCall, call_template, is_structured
+from aotpipe.models.sources import build_model, make_example_inputs
+from aotpipe.pipeline.config import parse_pipeline
 from aotpipe.spec import parse_path, path_problem
 
 MODULE = textwrap.dedent('''
@@ -196,7 +196,7 @@ def test_dict_and_flag_model_captures_every_graph_and_replays(tmp_path):
 
 
 def test_the_original_call_is_rebuilt_from_a_manifest_record(tmp_path):
-    from aotpipe.inputs_data import call_from_record
+    from aotpipe.models.inputs_data import call_from_record
 
     spec = _spec(tmp_path)
     record = json.loads(json.dumps(spec.to_json()))  # as the manifest holds it

@@ -18,7 +18,7 @@ from tests.helpers.pipelines import run_yaml
 STOPPING = textwrap.dedent("""\
     import time
 
-    from aotpipe import zoo
+    from aotpipe.models import zoo
 
 
     def interrupted():

@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
-from aotpipe.runner import run_pipeline
-from aotpipe.shards import Shard
+from aotpipe.pipeline.config import parse_pipeline
+from aotpipe.pipeline.runner import run_pipeline
+from aotpipe.pipeline.shards import Shard
 
 PIPELINE = """
 version: 1

@@ -15,10 +15,18 @@ from click.testing import CliRunner
 from aotpipe.artifact.manifest import versions
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError
-from aotpipe.format.records import (ExecutorRecord, ModelRun, RecycledWorker, RunRecord, RunStamp, RunSummary,
-                                     ShardRecord, load_run)
-from aotpipe.merge import merge_runs, run_folder
-from aotpipe.report import dump_run
+from aotpipe.format.records import (
+    ExecutorRecord,
+    ModelRun,
+    RecycledWorker,
+    RunRecord,
+    RunStamp,
+    RunSummary,
+    ShardRecord,
+    load_run,
+)
+from aotpipe.pipeline.merge import merge_runs, run_folder
+from aotpipe.pipeline.report import dump_run
 
 
 def write_run(folder: Path, models: list[str], *, pipeline: str = "p", shard: Optional[tuple[int, int]] = None,
@@ -444,7 +452,7 @@ def test_a_selection_entry_named_like_a_report_file_is_refused(tmp_path):
 
 
 def test_a_run_json_that_cannot_be_read_names_why_in_its_first_line(tmp_path, monkeypatch):
-    import aotpipe.merge as merge
+    import aotpipe.pipeline.merge as merge
 
     one = write_run(tmp_path / "one", ["a"])
 

@@ -1,6 +1,6 @@
 """Mode meta's inference graph captured in a second process, beside the training graphs.
 
-The promise (aotpipe/job.py: beside_kinds, _run_beside; aotpipe/artifact/writer.py:
+The promise (aotpipe/pipeline/job.py: beside_kinds, _run_beside; aotpipe/artifact/writer.py:
 join_parts): the artefact is the same, file for file, as one process writes; the inference
 graph really is captured in another process; a half that fails or dies fails the model in
 one line and leaves nothing behind; parts that do not belong together are refused; and the
@@ -21,16 +21,16 @@ import pytest
 import torch
 
 from aotpipe.artifact.fsio import TMP_PREFIX
-from aotpipe.artifact.signing import check_signature
 from aotpipe.artifact.writer import join_parts
 from aotpipe.errors import ArtifactError
-from aotpipe.executors.process import rss_bytes
-from aotpipe.incremental import model_fingerprint
-from aotpipe import job as job_module
-from aotpipe.job import _attempt, _Job, beside_kinds, run_model
-from aotpipe.modes import capture_mode
-from aotpipe.results import ModelResult
+from aotpipe.pipeline import job as job_module
+from aotpipe.pipeline.executors.process import rss_bytes
+from aotpipe.pipeline.incremental import model_fingerprint
+from aotpipe.pipeline.job import _attempt, _Job, beside_kinds, run_model
+from aotpipe.pipeline.results import ModelResult
 from aotpipe.spec import ModelSpec
+from aotpipe.spec.modes import capture_mode
+from aotpipe.trust.signing import check_signature
 
 KINDS = ["inference", "forward", "backward", "joint"]
 TIMINGS = {"total_seconds", "capture_seconds", "passes_seconds", "write_seconds", "checks_seconds", "traceback"}
@@ -223,8 +223,8 @@ def test_the_process_executor_counts_a_workers_children_in_its_memory():
 def test_a_worker_of_the_process_executor_captures_beside_and_its_limit_covers_both_processes(tmp_path, env):
     import functools
 
-    from aotpipe.executors import Resources, Task
-    from aotpipe.executors.process import ProcessExecutor
+    from aotpipe.pipeline.executors import Resources, Task
+    from aotpipe.pipeline.executors.process import ProcessExecutor
     from tests.executors import tasks
 
     done = {}
@@ -256,7 +256,7 @@ def test_the_second_process_dies_with_the_first(tmp_path, env):
     process capturing for nobody: it is killed with its parent (PR_SET_PDEATHSIG)."""
     code = ("import os, sys; from pathlib import Path; sys.path[:0] = [sys.argv[1]]; "
             "os.environ['AOTPIPE_TEST_PARENT'] = str(os.getpid()); "  # the second process sleeps 60 s
-            "from tests.test_meta_beside import _spec; from aotpipe.job import run_model; "
+            "from tests.test_meta_beside import _spec; from aotpipe.pipeline.job import run_model; "
             "run_model(_spec(), Path(sys.argv[2]), beside=True)")
     parent = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent),
                                str(tmp_path / "out")], env={**os.environ, "AOTPIPE_TEST_SLOW": "60"})
@@ -295,7 +295,7 @@ def _alive(pid: int) -> bool:
     (None, ("write", "disk full"), ("write", "disk full")),
 ])
 def test_a_failing_half_gives_the_failure_one_process_would(theirs, mine, expected):
-    from aotpipe.job import _failed_as_one
+    from aotpipe.pipeline.job import _failed_as_one
 
     def half(failure):
         if failure is None:

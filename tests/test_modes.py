@@ -9,8 +9,8 @@ import textwrap
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
-from aotpipe.incremental import model_fingerprint
+from aotpipe.pipeline.config import parse_pipeline
+from aotpipe.pipeline.incremental import model_fingerprint
 
 MODELS = '''
 import torch

@@ -25,8 +25,8 @@ mutation = importlib.util.module_from_spec(_spec)
 sys.modules["mutation_tool"] = mutation
 _spec.loader.exec_module(mutation)
 
-DIFF = """--- aotpipe/accuracy.py
-+++ aotpipe/accuracy.py
+DIFF = """--- aotpipe/runtime/accuracy.py
++++ aotpipe/runtime/accuracy.py
 @@ -1,6 +1,6 @@
  def multiplier(dtype, numel):
 -    if numel <= 10:
@@ -34,19 +34,19 @@ DIFF = """--- aotpipe/accuracy.py
          return 10.0"""
 
 
-def _mutant(name: str, status: str, diff: str = DIFF, file: str = "aotpipe/accuracy.py") -> dict:
+def _mutant(name: str, status: str, diff: str = DIFF, file: str = "aotpipe/runtime/accuracy.py") -> dict:
     return {"name": name, "status": status, "diff": diff, "file": file}
 
 
 def test_stable_key_names_the_function_and_the_changed_lines_not_mutmuts_number():
-    key = mutation.stable_key("aotpipe.accuracy.x_multiplier__mutmut_9", DIFF)
-    assert key == "aotpipe.accuracy.multiplier: if numel <= 10: => if numel < 10:"
-    assert mutation.stable_key("aotpipe.accuracy.x_multiplier__mutmut_31", DIFF) == key
+    key = mutation.stable_key("aotpipe.runtime.accuracy.x_multiplier__mutmut_9", DIFF)
+    assert key == "aotpipe.runtime.accuracy.multiplier: if numel <= 10: => if numel < 10:"
+    assert mutation.stable_key("aotpipe.runtime.accuracy.x_multiplier__mutmut_31", DIFF) == key
 
 
 def test_a_methods_key_is_module_class_method():
-    name = "aotpipe.bench.graph.xǁTimingǁmedian__mutmut_2"
-    assert mutation.stable_key(name, DIFF).startswith("aotpipe.bench.graph.Timing.median: ")
+    name = "aotpipe.corpus.bench.graph.xǁTimingǁmedian__mutmut_2"
+    assert mutation.stable_key(name, DIFF).startswith("aotpipe.corpus.bench.graph.Timing.median: ")
 
 
 def test_the_same_change_twice_in_a_function_is_told_apart_in_source_order():
@@ -59,9 +59,9 @@ def test_the_same_change_twice_in_a_function_is_told_apart_in_source_order():
 @pytest.mark.parametrize("status, caught", [("killed", True), ("timeout", True), ("segfault", True),
                                             ("survived", False), ("no tests", False), ("suspicious", False)])
 def test_what_counts_as_caught(status, caught):
-    group = {"name": "g", "sources": ["aotpipe/accuracy.py"], "tests": ["t"]}
+    group = {"name": "g", "sources": ["aotpipe/runtime/accuracy.py"], "tests": ["t"]}
     summary = mutation.summarise(group, mutation.keyed([_mutant("a.x_f__mutmut_1", status)]))
-    counts = summary["files"]["aotpipe/accuracy.py"]
+    counts = summary["files"]["aotpipe/runtime/accuracy.py"]
     assert (counts["caught"], counts["survived"]) == ((1, 0) if caught else (0, 1))
 
 
@@ -72,11 +72,11 @@ def test_equivalent_and_wording_leave_the_score_and_not_checked_is_not_counted()
     eq_key, wording_key = ms[3]["key"], ms[4]["key"]
     group = {"name": "g", "sources": [], "tests": [],
              "equivalent": [{"mutant": eq_key, "reason": "equivalent: x"}]}
-    counts = mutation.summarise(group, ms)["files"]["aotpipe/accuracy.py"]
+    counts = mutation.summarise(group, ms)["files"]["aotpipe/runtime/accuracy.py"]
     assert counts == {"total": 5, "caught": 3, "equivalent": 1, "wording": 0, "survived": 1,
                       "not_checked": 1, "score": 0.75}
     group["equivalent"].append({"mutant": wording_key, "reason": "wording: a log line"})
-    counts = mutation.summarise(group, mutation.keyed([dict(m) for m in ms]))["files"]["aotpipe/accuracy.py"]
+    counts = mutation.summarise(group, mutation.keyed([dict(m) for m in ms]))["files"]["aotpipe/runtime/accuracy.py"]
     assert (counts["wording"], counts["survived"], counts["score"]) == (1, 0, 1.0)
 
 
@@ -235,25 +235,25 @@ def test_a_planted_regression_is_written_once_and_a_vanished_snippet_refused(tmp
 
 def test_the_page_shows_each_files_score_each_survivor_and_each_reason(tmp_path):
     groups, results = tmp_path / "groups", tmp_path / "results"
-    key = "aotpipe.accuracy.multiplier: if numel <= 10: => if numel < 10:"
-    _write_group(groups, "g", 'sources = ["aotpipe/accuracy.py"]\ntests = ["tests/t.py"]\n'
+    key = "aotpipe.runtime.accuracy.multiplier: if numel <= 10: => if numel < 10:"
+    _write_group(groups, "g", 'sources = ["aotpipe/runtime/accuracy.py"]\ntests = ["tests/t.py"]\n'
                  f'[[equivalent]]\nmutant = "{key}"\nreason = "equivalent: the two agree here"\n')
-    _write_group(groups, "h", 'sources = ["aotpipe/evidence.py"]\ntests = ["tests/t.py"]\n')
-    _write_group(groups, "i", 'sources = ["aotpipe/opcov.py"]\ntests = ["tests/t.py"]\n')
-    survivor = _mutant("aotpipe.accuracy.x_floor__mutmut_2", "survived", DIFF.replace("<= 10", "<= 500"))
-    ms = mutation.keyed([_mutant("aotpipe.accuracy.x_multiplier__mutmut_1", "survived"), survivor,
-                         _mutant("aotpipe.accuracy.x_floor__mutmut_1", "killed", DIFF.replace("<", ">")),
-                         _mutant("aotpipe.accuracy.x_floor__mutmut_9", "not checked", DIFF.replace("<", "!="))])
+    _write_group(groups, "h", 'sources = ["aotpipe/runtime/evidence.py"]\ntests = ["tests/t.py"]\n')
+    _write_group(groups, "i", 'sources = ["aotpipe/corpus/opcov.py"]\ntests = ["tests/t.py"]\n')
+    survivor = _mutant("aotpipe.runtime.accuracy.x_floor__mutmut_2", "survived", DIFF.replace("<= 10", "<= 500"))
+    ms = mutation.keyed([_mutant("aotpipe.runtime.accuracy.x_multiplier__mutmut_1", "survived"), survivor,
+                         _mutant("aotpipe.runtime.accuracy.x_floor__mutmut_1", "killed", DIFF.replace("<", ">")),
+                         _mutant("aotpipe.runtime.accuracy.x_floor__mutmut_9", "not checked", DIFF.replace("<", "!="))])
     results.mkdir()
     (results / "g.json").write_text(json.dumps({"mutants": ms, "run": {"wall_s": 60.0, "date": "d", "commit": "c"}}))
-    unrun = mutation.keyed([_mutant("aotpipe.opcov.x_f__mutmut_1", "not checked", file="aotpipe/opcov.py")])
+    unrun = mutation.keyed([_mutant("aotpipe.corpus.opcov.x_f__mutmut_1", "not checked", file="aotpipe/corpus/opcov.py")])
     (results / "i.json").write_text(json.dumps({"mutants": unrun}))
     text = mutation.page(groups, results)
-    assert ("| g | `aotpipe/accuracy.py` | 4 | 1 | 1 | 0 | 1 | 1 | 50.0% (of those run) **under target** "
+    assert ("| g | `aotpipe/runtime/accuracy.py` | 4 | 1 | 1 | 0 | 1 | 1 | 50.0% (of those run) **under target** "
             "| d, c, 60 s |") in text
-    assert "| h | aotpipe/evidence.py | not run yet |" in text
-    assert "| i | `aotpipe/opcov.py` | 1 | 0 | 0 | 0 | 0 | 1 | none run | not recorded" in text
-    assert "- `aotpipe.accuracy.floor: if numel <= 500: => if numel < 10:` (survived)" in text
+    assert "| h | aotpipe/runtime/evidence.py | not run yet |" in text
+    assert "| i | `aotpipe/corpus/opcov.py` | 1 | 0 | 0 | 0 | 0 | 1 | none run | not recorded" in text
+    assert "- `aotpipe.runtime.accuracy.floor: if numel <= 500: => if numel < 10:` (survived)" in text
     assert f"| `{key}` | equivalent: the two agree here |" in text
     assert "all groups: 1.0 min" in text
 
@@ -268,11 +268,11 @@ def test_check_fails_on_a_copy_whose_accuracy_tests_lost_their_teeth(tmp_path):
     (tmp_path / "docs").mkdir()
     shutil.copytree(REPO / "docs" / "mutation", tmp_path / "docs" / "mutation")
     group = mutation.load_group("accuracy")
-    only = "aotpipe.accuracy.x_multiplier*"
+    only = "aotpipe.runtime.accuracy.x_multiplier*"
     subprocess.run([sys.executable, str(tmp_path / "tools" / "mutation.py"), "run", "accuracy", "--only", only],
                    check=True, capture_output=True)
     recorded = json.loads((tmp_path / "docs" / "mutation" / "accuracy.json").read_text())
-    before = [m for m in recorded["mutants"] if m["name"].startswith("aotpipe.accuracy.x_multiplier")]
+    before = [m for m in recorded["mutants"] if m["name"].startswith("aotpipe.runtime.accuracy.x_multiplier")]
     assert before and all(m["status"] in mutation.CAUGHT or m["equivalent"] for m in before)
     # every test that pins the small-tensor multiplier's bounds loses its assertion
     weakened = 0

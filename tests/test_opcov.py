@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.opcov import MAX_SIGNATURES, OpRow
+from aotpipe.corpus.opcov import MAX_SIGNATURES, OpRow
 
 PLANTED = "aten.planted_op.default"
 
@@ -170,7 +170,7 @@ def test_inductor_backend_reads_its_lowering_and_decomposition_tables(tree):
 
 def test_size_arithmetic_counts_as_python_as_artifact_ops_names_it():
     from aotpipe.artifact.ops import SIZE_ARITHMETIC
-    from aotpipe.opcov import _python_op
+    from aotpipe.corpus.opcov import _python_op
 
     assert all(_python_op(name) for name in SIZE_ARITHMETIC)
     assert not _python_op("torch.ops.aten.add") and not _python_op("aten.add.Tensor")
@@ -182,7 +182,7 @@ def test_a_tree_is_read_one_model_at_a_time(tree, monkeypatch):
     import gc
     import weakref
 
-    import aotpipe.tree as tree_mod
+    import aotpipe.pipeline.tree as tree_mod
 
     real_read_model = tree_mod.read_model
     read: list[weakref.ref] = []

@@ -15,10 +15,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from aotpipe import opcov
 from aotpipe.cli import main
+from aotpipe.corpus import opcov
+from aotpipe.corpus.opcov import MAX_COUNTED, MAX_SIGNATURES, OpRow
 from aotpipe.errors import AotpipeError
-from aotpipe.opcov import MAX_COUNTED, MAX_SIGNATURES, OpRow
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "format_v2"
 DERIVED = "inference.freeze+fold_conv_bn+channels_last+reinplace"
@@ -194,7 +194,7 @@ def test_a_call_without_a_target_is_counted_as_the_op_question_mark(mlp):
 
 
 def test_the_tree_is_walked_once(tiny, monkeypatch):
-    import aotpipe.artifact.verify as verify
+    import aotpipe.trust.verify as verify
 
     walks = []
     find = verify.find_artifacts

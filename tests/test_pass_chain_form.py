@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import textwrap
 
-from aotpipe import config
-from aotpipe.incremental import model_fingerprint
 from aotpipe.passes.options import ChannelsLastOptions, FreezeOptions
+from aotpipe.pipeline import config
+from aotpipe.pipeline.incremental import model_fingerprint
 from aotpipe.spec import PassStep
 
 YAML = textwrap.dedent("""

@@ -5,11 +5,11 @@ import textwrap
 
 from tqdm import tqdm
 
-from aotpipe.config import parse_pipeline
-from aotpipe.job import _stage
 from aotpipe.format.records import ModelRun, VerificationSummary
-from aotpipe.report import _replay_cell
-from aotpipe.runner import _StageWatch
+from aotpipe.pipeline.config import parse_pipeline
+from aotpipe.pipeline.job import _stage
+from aotpipe.pipeline.report import _replay_cell
+from aotpipe.pipeline.runner import _StageWatch
 from tests.helpers.pipelines import run_yaml
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aotpipe.artifact import keyring
 from aotpipe.cli import main
+from aotpipe.trust import keyring
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +90,7 @@ def test_a_colleagues_unsigned_copy_goes_to_the_sandbox(quickstart_run, tmp_path
     copy = _colleague_copy(root / "mlp", tmp_path / "mlp")
     r = _invoke("replay", str(copy))
     assert r.exit_code == 2 and "bubblewrap (bwrap) is not installed" in r.stderr, r.output
-    from aotpipe.sandbox.decide import trust_problems
+    from aotpipe.trust.sandbox.decide import trust_problems
 
     assert trust_problems(copy) == [f"{copy}: not signed (made elsewhere, or before aotpipe signed what it "
                                     "writes); aotpipe trust add its maker's public key, or aotpipe sign it yourself"]
@@ -101,7 +101,7 @@ def test_an_artefact_edited_after_signing_goes_to_the_sandbox(mlp_copy, no_bwrap
     graph.write_text(graph.read_text() + " ")
     r = _invoke("replay", str(mlp_copy))
     assert r.exit_code == 2 and "bubblewrap (bwrap) is not installed" in r.stderr, r.output
-    from aotpipe.sandbox.decide import trust_problems
+    from aotpipe.trust.sandbox.decide import trust_problems
 
     assert any("graph.json: sha256 differs from the manifest" in p for p in trust_problems(mlp_copy))
 
@@ -120,7 +120,7 @@ def test_a_strangers_key_is_trusted_once_added_and_not_after_removal(quickstart_
     monkeypatch.setenv("AOTPIPE_CONFIG_DIR", mine)
     r = _invoke("replay", str(copy))
     assert r.exit_code == 2 and "bubblewrap (bwrap) is not installed" in r.stderr, r.output
-    from aotpipe.sandbox.decide import trust_problems
+    from aotpipe.trust.sandbox.decide import trust_problems
 
     assert "which you do not trust" in trust_problems(copy)[0]
     r = _invoke("trust", "add", str(pub), "--name", "colleague")

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import aotpipe
 from aotpipe.cli import main
-from aotpipe.execution import run_graph
+from aotpipe.runtime.execution import run_graph
 
 CHAIN = "inference.freeze+fold_conv_bn+channels_last+reinplace"
 
@@ -84,7 +84,7 @@ def test_export_pt2_refuses_an_unsigned_artefact_without_trust(quickstart_run, t
 
 
 def test_export_pt2_exports_a_signed_artefact_and_refuses_a_tampered_one(mlp_copy, tmp_path, monkeypatch):
-    from aotpipe.artifact.verify import sign_artifact
+    from aotpipe.trust.verify import sign_artifact
 
     monkeypatch.delenv("AOTPIPE_NO_SANDBOX")
     key = tmp_path / "secret.key"
@@ -130,8 +130,8 @@ PIPELINE = textwrap.dedent("""
 
 
 def test_a_pt2_source_is_validated_and_built_with_its_weights(mlp_pt2, quickstart_run, tmp_path):
-    from aotpipe.config import load_pipeline
-    from aotpipe.sources import build_model
+    from aotpipe.models.sources import build_model
+    from aotpipe.pipeline.config import load_pipeline
 
     (tmp_path / "p.yaml").write_text(PIPELINE)
     r = cli("validate", tmp_path / "p.yaml")

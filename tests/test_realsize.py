@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import load_pipeline
+from aotpipe.pipeline.config import load_pipeline
 from tests.conftest import PIPELINES
 
 pytest.importorskip("transformers")

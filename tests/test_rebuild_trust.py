@@ -14,11 +14,10 @@ from click.testing import CliRunner
 import aotpipe
 from aotpipe.artifact.manifest import seal
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import ConfigError, LimitError
+from aotpipe.models.sources import is_builtin, rebuild_refusal
+from aotpipe.pipeline.config import parse_pipeline
 from aotpipe.replay import eager_bench, rebuild_model, replay_chain
-from aotpipe.sources import is_builtin, rebuild_refusal
-
 
 
 def _set_model(folder, **fields):
@@ -79,7 +78,7 @@ def test_module_callable_and_hf_sources_are_rebuilt_only_with_trust(mlp_copy, tm
         import torch
         def net(in_features=32):
             open({str(calls)!r}, "a").write("called\\n")
-            from aotpipe.zoo import mlp
+            from aotpipe.models.zoo import mlp
             return mlp(in_features=in_features, hidden=64, depth=2)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -39,11 +39,11 @@ def test_no_new_lookup_on_a_record_field_in_aotpipe(fields):
 def test_a_lookup_planted_in_a_copy_of_aotpipe_is_counted_and_named(fields, tmp_path):
     shutil.copytree(ROOT / "aotpipe", tmp_path / "aotpipe", ignore=shutil.ignore_patterns("__pycache__"))
     before = on_records(tool.lookups(tmp_path, fields))
-    with open(tmp_path / "aotpipe" / "views.py", "a") as f:
+    with open(tmp_path / "aotpipe" / "pipeline" / "views.py", "a") as f:
         f.write("\n\ndef _planted(manifest):\n    return manifest.get('fingerprint')\n")
     after = on_records(tool.lookups(tmp_path, fields))
     assert len(after) == len(before) + 1
-    assert ("aotpipe/views.py", "manifest.get('fingerprint')") in {(rel, text) for rel, _, text, _ in after}
+    assert ("aotpipe/pipeline/views.py", "manifest.get('fingerprint')") in {(rel, text) for rel, _, text, _ in after}
 
 
 def test_a_lookup_on_a_record_is_counted_whatever_its_form(fields):

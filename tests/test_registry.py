@@ -4,9 +4,9 @@ from collections import namedtuple
 
 import pytest
 
-from aotpipe.modes import CAPTURE_MODES
 from aotpipe.passes import PASSES
-from aotpipe.registry import by_name, resolve
+from aotpipe.spec.modes import CAPTURE_MODES
+from aotpipe.spec.registry import by_name, resolve
 
 Entry = namedtuple("Entry", "name value")
 

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from aotpipe.artifact.load import load
 from aotpipe.cli import main
 from aotpipe.errors import ArtifactError
-from aotpipe.execution import run_graph
 from aotpipe.replay import get_inputs, replay, replay_chain
+from aotpipe.runtime.execution import run_graph
 from tests.helpers.pipelines import run_yaml
 from tests.test_replay_environment import reseal
 

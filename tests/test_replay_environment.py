@@ -13,16 +13,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from aotpipe import evidence
 from aotpipe.artifact.blobs import encode
 from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import file_sha256, seal
-from aotpipe.artifact.verify import verify_artifact
 from aotpipe.cli import main
-from aotpipe.determinism import cpu_from_cpuinfo, cpu_model, cpu_parts
-from aotpipe.executors.worker import intra_op_threads
-from aotpipe.execution import run_graph
+from aotpipe.pipeline.executors.worker import intra_op_threads
 from aotpipe.replay import replay
+from aotpipe.runtime import evidence
+from aotpipe.runtime.determinism import cpu_from_cpuinfo, cpu_model, cpu_parts
+from aotpipe.runtime.execution import run_graph
+from aotpipe.trust.verify import verify_artifact
 from tests.helpers.replays import assert_match_or_close_for_want_of_a_recorded_cpu
 
 
@@ -331,8 +331,8 @@ def test_bounds_come_from_eagers_measured_float64_error_joint_included(tmp_path,
     bound is derived from it, and the joint's outputs get their forward's and backward's."""
     import textwrap
 
-    from aotpipe import accuracy
     from aotpipe.checks import written as checks
+    from aotpipe.runtime import accuracy
 
     real = accuracy.compare
     measured = {}

@@ -24,14 +24,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from aotpipe import accuracy, evidence
 from aotpipe.artifact import input_meta
 from aotpipe.artifact.blobs import encode
 from aotpipe.artifact.load import Expected, load
 from aotpipe.cli import main
-from aotpipe.determinism import environment, intra_op_threads
 from aotpipe.errors import ArtifactError, LimitError
-from aotpipe.execution import run_graph, run_with_summaries
 from aotpipe.format import limits, records
 from aotpipe.format.records import InputsRecord
 from aotpipe.replay import get_inputs, replay, replay_chain, replay_graph
@@ -56,6 +53,9 @@ from aotpipe.replay.run import (
     first_divergence,
     recorded_threads,
 )
+from aotpipe.runtime import accuracy, evidence
+from aotpipe.runtime.determinism import environment, intra_op_threads
+from aotpipe.runtime.execution import run_graph, run_with_summaries
 from tests.helpers.forge import reseal
 
 TINY = Path(__file__).parent / "data" / "replay_tiny" / "tiny"

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from aotpipe import runner
 from aotpipe.cli import main
 from aotpipe.errors import ArtifactError
-from aotpipe.format.records import RUN_FORMAT_VERSION, RECORD_VERSIONS, load_run
-from aotpipe.htmlreport import build_html
+from aotpipe.format.records import RECORD_VERSIONS, RUN_FORMAT_VERSION, load_run
+from aotpipe.pipeline import runner
+from aotpipe.pipeline.htmlreport import build_html
 
 PIPELINE = """
 version: 1
@@ -49,7 +49,7 @@ def run(folder: Path, text: str, *extra: str):
 def no_plots(monkeypatch):
     """report.html without its plots (matplotlib's drawing is most of a no-op re-run's time;
     tests/report draws them)."""
-    import aotpipe.htmlreport as page
+    import aotpipe.pipeline.htmlreport as page
 
     blank = lambda *args, **kwargs: ""  # noqa: E731
     monkeypatch.setattr(page, "plots", SimpleNamespace(

@@ -19,15 +19,15 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-import aotpipe.zoo
-from aotpipe import incremental
+import aotpipe.models.zoo
 from aotpipe.artifact.manifest import seal
-from aotpipe.artifact.signing import signer
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
 from aotpipe.format.records import FORMAT_VERSION
-from aotpipe.incremental import check, model_fingerprint, source_file, up_to_date
-from aotpipe.results import VERIFIED
+from aotpipe.pipeline import incremental
+from aotpipe.pipeline.config import parse_pipeline
+from aotpipe.pipeline.incremental import check, model_fingerprint, source_file, up_to_date
+from aotpipe.pipeline.results import VERIFIED
+from aotpipe.trust.signing import signer
 
 ARTEFACT = Path(__file__).resolve().parent / "data" / "format_v3_early" / "mlp"
 _names = itertools.count()
@@ -51,7 +51,7 @@ def clean_modules():
 @pytest.fixture(autouse=True)
 def no_plots(monkeypatch):
     """report.html without its plots (matplotlib's drawing is most of a kept run's time)."""
-    import aotpipe.htmlreport as page
+    import aotpipe.pipeline.htmlreport as page
 
     blank = lambda *args, **kwargs: ""  # noqa: E731
     monkeypatch.setattr(page, "plots", SimpleNamespace(
@@ -157,7 +157,7 @@ def test_the_module_is_found_beside_the_pipeline_and_the_path_is_left_as_it_was(
 
 def test_a_builtin_zoo_models_fingerprint_is_the_zoos_file(tmp_path):
     spec, _ = spec_in(tmp_path, "aotpipe.zoo:mlp")
-    assert source_file(spec) == Path(aotpipe.zoo.__file__)
+    assert source_file(spec) == Path(aotpipe.models.zoo.__file__)
 
 
 @pytest.mark.parametrize("source", ["no_such_module_here:build", "os.path.no_such:build", ".relative:build"])

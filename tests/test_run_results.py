@@ -11,11 +11,31 @@ from pathlib import Path
 import pytest
 
 from aotpipe.errors import AotpipeError
-from aotpipe.format.records import (CheckItem, DuplicatedModel, GraphBreakRecord, GraphChecks, MergeRecord, ModelRun,
-                                     OutsideGraphs, VerificationEntry)
-from aotpipe.results import (ModelResult, RunResult, checks_summary, eager_cell, eager_cells, failed_last_time,
-                             graph_results, is_partial, new_stamp, outside_graphs_lines, verification_summary,
-                             why_failed, written_manifest)
+from aotpipe.format.records import (
+    CheckItem,
+    DuplicatedModel,
+    GraphBreakRecord,
+    GraphChecks,
+    MergeRecord,
+    ModelRun,
+    OutsideGraphs,
+    VerificationEntry,
+)
+from aotpipe.pipeline.results import (
+    ModelResult,
+    RunResult,
+    checks_summary,
+    eager_cell,
+    eager_cells,
+    failed_last_time,
+    graph_results,
+    is_partial,
+    new_stamp,
+    outside_graphs_lines,
+    verification_summary,
+    why_failed,
+    written_manifest,
+)
 
 ARTEFACT = Path(__file__).resolve().parent / "data" / "format_v3_early" / "mlp"
 

@@ -4,11 +4,11 @@
 import pytest
 
 from aotpipe.artifact.manifest import versions
-from aotpipe.format.records import ExecutorRecord, ModelRun, RunRecord, RunSummary
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import AotpipeError
-from aotpipe.report import dump_run
-from aotpipe.shards import Shard, costs, estimate, parse_shard, partition, previous_times, shard_models
+from aotpipe.format.records import ExecutorRecord, ModelRun, RunRecord, RunSummary
+from aotpipe.pipeline.config import parse_pipeline
+from aotpipe.pipeline.report import dump_run
+from aotpipe.pipeline.shards import Shard, costs, estimate, parse_shard, partition, previous_times, shard_models
 
 PIPELINE = """
 version: 1
@@ -259,7 +259,7 @@ def test_a_times_file_that_cannot_be_read_is_named_with_what_to_do(tmp_path):
 
 
 def test_a_times_file_the_disk_cannot_read_says_the_systems_reason(tmp_path, monkeypatch):
-    import aotpipe.shards as shards
+    import aotpipe.pipeline.shards as shards
 
     def unreadable(path):
         raise OSError(5, "Input/output error")

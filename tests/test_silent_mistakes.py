@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import ConfigError
+from aotpipe.pipeline.config import parse_pipeline
 
 TUPLE_MODEL = textwrap.dedent("""\
     from torch import nn
@@ -164,7 +164,7 @@ def test_config_keys_a_config_takes_otherwise_are_accepted(tmp_path):
 
 def test_a_config_alias_from_attribute_map_is_accepted():
     pytest.importorskip("transformers")
-    from aotpipe.sources import config_key_problems
+    from aotpipe.models.sources import config_key_problems
 
     # GPT2Config's attribute_map: num_hidden_layers -> n_layer
     assert config_key_problems("hf:GPT2Model", {"num_hidden_layers": 1, "n_embd": 32}) == []
@@ -176,7 +176,7 @@ def test_run_refuses_a_config_typo_too_rather_than_build_the_default_model():
     import torch
 
     from aotpipe.errors import SourceError
-    from aotpipe.sources import build_model
+    from aotpipe.models.sources import build_model
     from aotpipe.spec import InputSpec, ModelSpec
 
     spec = ModelSpec(name="b", source="hf:BertModel", args={}, config={"num_hidden_layer": 1},

@@ -6,9 +6,9 @@ import sys
 import pytest
 import torch
 
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import SourceError
-from aotpipe.sources import build_model, make_example_inputs
+from aotpipe.models.sources import build_model, make_example_inputs
+from aotpipe.pipeline.config import parse_pipeline
 
 YAML = """
 version: 1
@@ -54,7 +54,7 @@ def test_inputs_respect_dtype_and_range():
 def test_inputs_are_the_same_in_another_process():
     args, _ = make_example_inputs(_specs()["cnn"])
     code = (
-        "import sys, torch; from aotpipe.config import parse_pipeline; from aotpipe.sources import make_example_inputs;"
+        "import sys, torch; from aotpipe.pipeline.config import parse_pipeline; from aotpipe.models.sources import make_example_inputs;"
         "from tests.test_sources import YAML;"
         "a, _ = make_example_inputs([m for m in parse_pipeline(YAML).models if m.name == 'cnn'][0]);"
         "sys.stdout.write(repr(a[0].sum().item()) + ' ' + repr(a[0][0, 0, 0, :3].tolist()))"

@@ -13,9 +13,9 @@ import torch
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import ConfigError
-from aotpipe.sources import build_model, is_builtin, make_example_inputs
+from aotpipe.models.sources import build_model, is_builtin, make_example_inputs
+from aotpipe.pipeline.config import parse_pipeline
 from aotpipe.spec import ModelSpec
 from tests.helpers.pipelines import run_yaml
 
@@ -69,7 +69,7 @@ def test_samples_are_seeded_by_the_pipeline_seed_and_the_same_each_time():
 
 def test_inputs_are_the_same_in_another_process():
     a, _ = make_example_inputs(spec("torch-op:cat", 1))
-    code = ("import sys; from tests.test_torch_corpus import spec; from aotpipe.sources import make_example_inputs;"
+    code = ("import sys; from tests.test_torch_corpus import spec; from aotpipe.models.sources import make_example_inputs;"
             "a, _ = make_example_inputs(spec('torch-op:cat', 1)); sys.stdout.write(repr([t.sum().item() for t in a]))")
     out = __import__("subprocess").run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                                        check=True).stdout
@@ -88,7 +88,7 @@ def test_a_module_sample_gets_its_constructor_arguments():
 
 
 def test_a_variant_is_named_after_its_op():
-    from aotpipe.torch_corpus import op_table
+    from aotpipe.models.torch_corpus import op_table
 
     assert "max.reduction_with_dim" in op_table() and "nn.functional.conv2d" in op_table()
     assert isinstance(build_model(spec("torch-op:max.reduction_with_dim")), torch.nn.Module)
@@ -273,7 +273,7 @@ def test_a_random_op_draws_what_eager_draws_without_op_db_s_reseed(tmp_path):
     # (which has no re-seed) then drew other numbers than the eager model, and the check failed
     from torch.testing._internal import common_methods_invocations as cmi
 
-    from aotpipe.torch_corpus import op_table
+    from aotpipe.models.torch_corpus import op_table
 
     op_table()
     assert cmi.wrapper_set_seed.__name__ == "_without_reseed"
@@ -325,8 +325,8 @@ def test_the_checked_in_corpora_are_the_tools_output_for_this_torch(tmp_path):
 def test_without_expecttest_a_corpus_source_says_which_extra_to_install(monkeypatch):
     # torch's test databases import expecttest, which plain torch does not install (the import,
     # as it fails in an environment without it)
-    from aotpipe import torch_corpus
     from aotpipe.errors import SourceError
+    from aotpipe.models import torch_corpus
 
     def without_expecttest():
         raise ModuleNotFoundError("No module named 'expecttest'", name="expecttest")

@@ -48,8 +48,8 @@ def test_two_runs_in_two_processes_are_byte_identical(quickstart_run, tmp_path):
     assert r.returncode == 0, r.stderr
     a, b = _hashes(root), _hashes(other / "quickstart")
     assert len(a) > 60 and a == b
-    from aotpipe.artifact.verify import sign_artifact
-    from aotpipe.artifact.keyring import own_key
+    from aotpipe.trust.keyring import own_key
+    from aotpipe.trust.verify import sign_artifact
 
     for tree in (root, other / "quickstart"):
         shutil.copytree(tree / "mlp", tmp_path / "signed" / str(len(list((tmp_path).glob("signed/*")))))
@@ -86,8 +86,8 @@ def test_torch_messages_quoting_the_model_file_keep_no_absolute_path(tmp_path):
     assert _run([p, "-o", tmp_path / "out"]).exit_code == 0
     root = tmp_path / "out" / "branchy"
     manifest = json.loads((root / "sb" / "manifest.json").read_text())
-    assert "aotpipe/zoo.py:" in manifest["capture"]["fallback"], manifest["capture"]["fallback"]
-    assert any("aotpipe/zoo.py:" in n for n in manifest["capture"]["notes"])
+    assert "aotpipe/models/zoo.py:" in manifest["capture"]["fallback"], manifest["capture"]["fallback"]
+    assert any("aotpipe/models/zoo.py:" in n for n in manifest["capture"]["notes"])
     for f in (root / "sb" / "manifest.json", root / "run.json", root / "report.md"):
         text = f.read_text()
         assert str(REPO) not in text and str(tmp_path) not in text, f
@@ -97,8 +97,8 @@ def test_absolute_py_paths_in_messages_are_named_by_import_name():
     from aotpipe.format.source_files import name_files_in
 
     text = f"guard Eq(u0, 1) at {REPO}/aotpipe/zoo.py:199 (`if x.sum() > 0:`); see /nowhere/x/y/net.py, line 3"
-    assert name_files_in(text) == "guard Eq(u0, 1) at aotpipe/zoo.py:199 (`if x.sum() > 0:`); see net.py, line 3"
-    assert name_files_in("aotpipe/zoo.py:1 and a/b.pyc and u0/2") == "aotpipe/zoo.py:1 and a/b.pyc and u0/2"
+    assert name_files_in(text) == "guard Eq(u0, 1) at aotpipe/models/zoo.py:199 (`if x.sum() > 0:`); see net.py, line 3"
+    assert name_files_in("aotpipe/models/zoo.py:1 and a/b.pyc and u0/2") == "aotpipe/models/zoo.py:1 and a/b.pyc and u0/2"
 
 
 # --- incremental runs --------------------------------------------------------------------

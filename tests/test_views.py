@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from aotpipe.artifact.provenance import module_path, source_line
-from aotpipe.format.source_files import name_files_in, relative_file
 from aotpipe.cli import main
 from aotpipe.format.records import GraphRecord
-from aotpipe.views import explorer_graph, explorer_json, view_candidates
+from aotpipe.format.source_files import name_files_in, relative_file
+from aotpipe.pipeline.views import explorer_graph, explorer_json, view_candidates
 from tests.helpers.model_explorer_web import CHROMIUM, load_collection, web_load
 
 graph_builder = pytest.importorskip("model_explorer.graph_builder", reason="model-explorer (ai-edge-model-explorer) "
@@ -193,7 +193,7 @@ def test_every_graph_kind_keeps_module_paths_and_relative_sources(quickstart_run
         modules = {o.get("module") for o in origins}
         assert {"layers.0.qkv", "layers.1.ff1", "tok"} <= modules, (kind, modules)
         sources = [o["source"] for o in origins if "source" in o]
-        assert len(sources) > len(origins) / 2 and all(s.startswith("aotpipe/zoo.py:") for s in sources), kind
+        assert len(sources) > len(origins) / 2 and all(s.startswith("aotpipe/models/zoo.py:") for s in sources), kind
         if kind in ("backward", "joint"):
             assert any(o.get("of_forward") for o in origins)
 
@@ -219,17 +219,17 @@ def test_source_lines_are_relative_to_the_import_root():
     torch_dir = os.path.dirname(torch.__file__)
     trace = (f'File "{REPO}/aotpipe/zoo.py", line 94, in forward\n    x = self.tok(ids)\n'
              f'  File "{torch_dir}/nn/modules/sparse.py", line 189, in forward\n')
-    assert source_line(trace) == "aotpipe/zoo.py:94"
+    assert source_line(trace) == "aotpipe/models/zoo.py:94"
     assert relative_file("/nowhere/on/the/path/model.py") == "model.py"
     # code torch.fx generated is no file, and its process-wide counter would make captures differ
     generated = 'File "<eval_with_key>.256", line 12, in forward\n    add = torch.ops.aten.add(x, y)\n'
     assert source_line(generated) is None
-    assert source_line(trace.replace("  File", generated + "  File")) == "aotpipe/zoo.py:94"
+    assert source_line(trace.replace("  File", generated + "  File")) == "aotpipe/models/zoo.py:94"
 
 
 def test_a_source_file_is_named_by_its_import_name_from_any_folder(monkeypatch, tmp_path):
     """The CI failure this guards: a run from another working folder named aotpipe's own
-    files "zoo.py:28" instead of "aotpipe/zoo.py:28", so two runs differed byte for byte."""
+    files "zoo.py:28" instead of "aotpipe/models/zoo.py:28", so two runs differed byte for byte."""
     import importlib
 
     pkg = tmp_path / "src" / "probe_pkg_relfile"
@@ -250,7 +250,7 @@ def test_a_source_file_is_named_by_its_import_name_from_any_folder(monkeypatch, 
         named[cwd] = (relative_file(str(pkg / "vision" / "net.py")), relative_file(str(pkg / "vision" / "__init__.py")),
                       relative_file(str(loose / "probe_loose_relfile.py")), relative_file(str(REPO / "aotpipe" / "zoo.py")))
     assert set(named.values()) == {("probe_pkg_relfile/vision/net.py", "probe_pkg_relfile/vision/__init__.py", "probe_loose_relfile.py",
-                                    "aotpipe/zoo.py")}
+                                    "aotpipe/models/zoo.py")}
     # a file no module was imported from: named from its outermost package, or alone
     (pkg / "vision" / "never_imported.py").write_text("")
     assert relative_file(str(pkg / "vision" / "never_imported.py")) == "probe_pkg_relfile/vision/never_imported.py"
@@ -285,7 +285,7 @@ def web_loaded(quickstart_run, tmp_path_factory):
     in the form written before the fix, as model-explorer's web app loads them."""
     import shutil
 
-    from aotpipe.views import write_explorer, write_tree_views
+    from aotpipe.pipeline.views import write_explorer, write_tree_views
     from tests.helpers.pipelines import run_yaml
 
     if CHROMIUM is None:

@@ -11,9 +11,9 @@ For each architecture transformers lists (one model class per ``model_type``), t
    signature (``input_ids``, ``pixel_values``, ``input_features``, ``input_values``, ...);
 3. checks each candidate in eager, in a forked subprocess per architecture with a time
    and memory limit, exactly as aotpipe will build it: a one-model pipeline YAML is
-   written and read back with :func:`aotpipe.config.load_pipeline`, the model is built with
-   :func:`aotpipe.sources.build_model` and its inputs with
-   :func:`aotpipe.sources.make_example_inputs`; then an eval forward (no grad) and a
+   written and read back with :func:`aotpipe.pipeline.config.load_pipeline`, the model is built with
+   :func:`aotpipe.models.sources.build_model` and its inputs with
+   :func:`aotpipe.models.sources.make_example_inputs`; then an eval forward (no grad) and a
    training forward + ``sum_loss(out).backward()``;
 4. caches every result in ``tools/hf_zoo_eager.json`` (keyed by a digest of the plan and
    the transformers/torch versions, so a re-run only checks what changed), and writes a
@@ -429,7 +429,7 @@ def shrunk_config(config_cls: type, model_type: str, mrope_default: Optional[lis
         out["use_cache"] = False
     # Only fields the config class takes: it would keep any other as an attribute its model
     # never reads, and `aotpipe validate` refuses such a key as a typo.
-    from aotpipe.sources import config_fields  # torch: as the eager check imports it
+    from aotpipe.models.sources import config_fields  # torch: as the eager check imports it
 
     known = config_fields(config_cls)
     return out if known is None else {k: v for k, v in out.items() if k in known}
@@ -672,9 +672,9 @@ def _check_candidate(plan: Plan, inputs: list[dict[str, Any]], tmp: Path) -> tup
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from aotpipe.config import load_pipeline
-    from aotpipe.eager import sum_loss
-    from aotpipe.sources import build_model, make_example_inputs
+    from aotpipe.models.eager import sum_loss
+    from aotpipe.models.sources import build_model, make_example_inputs
+    from aotpipe.pipeline.config import load_pipeline
 
     path = tmp / f"{plan.name}.yaml"
     path.write_text(_pipeline_yaml("hf-zoo-check", [_entry(plan.name, plan.source, plan.config, inputs)]))

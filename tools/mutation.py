@@ -2,7 +2,7 @@
 
     python tools/mutation.py list                    # the groups and their files
     python tools/mutation.py run accuracy            # one group (or several, or none: all)
-    python tools/mutation.py run accuracy --only 'aotpipe.accuracy.x_rmse*'
+    python tools/mutation.py run accuracy --only 'aotpipe.runtime.accuracy.x_rmse*'
     python tools/mutation.py survivors accuracy      # each survivor's diff, from the last run
     python tools/mutation.py run accuracy --survivors    # again, only the functions with survivors
     python tools/mutation.py check                   # the ratchet: rerun, fail on a lower score
@@ -34,17 +34,18 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import zlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-import tomllib
+import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUPS = ROOT / "tools" / "mutation_groups"

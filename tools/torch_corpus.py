@@ -29,8 +29,8 @@ from typing import Optional
 
 import torch
 
-from aotpipe import torch_corpus
-from aotpipe.config import is_name
+from aotpipe.models import torch_corpus
+from aotpipe.pipeline.config import is_name
 from aotpipe.spec import GRAPH_KINDS, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent

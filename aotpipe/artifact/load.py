@@ -17,15 +17,25 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
 import torch.fx
+from torch._library.custom_ops import OPDEFS
 
 from aotpipe.artifact import input_meta, precheck, recompute
-from aotpipe.format import records
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.codegen import code_mismatch, graph_constants
 from aotpipe.artifact.graph_json import decode_dtype, graph_from_json, read_graph_json
-from aotpipe.format.limits import NodeBudget, check_graphs, check_record_bytes, check_regular_file, check_tensor_bytes
 from aotpipe.artifact.ops import OWN_CAPTURE
 from aotpipe.artifact.prepack import PACKABLE_TARGETS, prepack
+from aotpipe.errors import ArtifactError, exception_line
+from aotpipe.format import records
+from aotpipe.format.graph_keys import graph_key, parse_graph_key
+from aotpipe.format.limits import (
+    NodeBudget,
+    check_graphs,
+    check_record_bytes,
+    check_regular_file,
+    check_tensor_bytes,
+    extent,
+)
 from aotpipe.format.records import (  # noqa: F401 (check_version: the loader's callers)
     GRAPH_JSON,
     GRAPH_KINDS,
@@ -40,13 +50,9 @@ from aotpipe.format.records import (  # noqa: F401 (check_version: the loader's 
     TraceRecord,
     check_version,
 )
-from aotpipe.devices import is_packed
-from aotpipe.errors import ArtifactError, exception_line
-from aotpipe.execution import run_graph
-from aotpipe.graph_keys import graph_key, parse_graph_key
-from aotpipe.format.limits import extent
-from aotpipe.tensors import ones, tangent, view_of
-from torch._library.custom_ops import OPDEFS
+from aotpipe.runtime.devices import is_packed
+from aotpipe.runtime.execution import run_graph
+from aotpipe.runtime.tensors import ones, tangent, view_of
 
 
 @dataclass

@@ -50,20 +50,36 @@ from typing import Any, Optional
 import sympy
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.fx.experimental.symbolic_shapes import (
+    GuardOnDataDependentSymNode,
+    ShapeEnv,
+    _constrain_range_for_size,
+    free_unbacked_symbols,
+)
+from torch.multiprocessing.reductions import StorageWeakRef
 
-from aotpipe.format import limits
-from aotpipe.format.records import RawJson
-from aotpipe.artifact.checked import (RUN_CHECKED_ALLOCS, RUN_CHECKED_OUTPUTS, RUN_CHECKED_VIEWS, RUNTIME_BOUNDED,
-                                     aliases_inputs, checked_twin, expected_outputs,
-                                     how_to_raise_tensor_limit)
+from aotpipe.artifact.checked import (
+    RUN_CHECKED_ALLOCS,
+    RUN_CHECKED_OUTPUTS,
+    RUN_CHECKED_VIEWS,
+    RUNTIME_BOUNDED,
+    aliases_inputs,
+    checked_twin,
+    expected_outputs,
+    how_to_raise_tensor_limit,
+)
 from aotpipe.artifact.ops import op_name
 from aotpipe.artifact.prepack import stored_graph
 from aotpipe.errors import ArtifactError, LimitError, exception_line
-from aotpipe.execution import RUN_GUARD
-from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode, UnsupportedOperatorException)
-from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, ShapeEnv, _constrain_range_for_size,
-                                                    free_unbacked_symbols)
-from torch.multiprocessing.reductions import StorageWeakRef
+from aotpipe.format import limits
+from aotpipe.format.records import RawJson
+from aotpipe.runtime.execution import RUN_GUARD
 
 _MARK = "aotpipe_precheck"  # gm.meta key: the loader built this module from an artefact
 
@@ -90,7 +106,7 @@ def mark(gm: torch.fx.GraphModule, where: str, own_capture: bool = False) -> Non
     gm.meta[_MARK] = where
     if own_capture:
         gm.meta[_OWN] = True
-    gm.meta[RUN_GUARD] = runnable  # aotpipe.execution runs every graph through it
+    gm.meta[RUN_GUARD] = runnable  # aotpipe.runtime.execution runs every graph through it
 
 
 def needs_check(module: Any) -> bool:

@@ -34,8 +34,8 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from aotpipe.devices import DENSE_GRAPH, is_packed
 from aotpipe.format.records import RawJson
+from aotpipe.runtime.devices import DENSE_GRAPH, is_packed
 
 _mkldnn = torch.ops.mkldnn
 _CONVS = {_mkldnn._convolution_pointwise.default: 1, _mkldnn._convolution_pointwise.binary: 2}  # weight's index

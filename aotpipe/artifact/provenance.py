@@ -5,7 +5,7 @@ called inside, outermost first, each as (path, class)), ``stack_trace`` (the Pyt
 that called the op) and, on a backward node AOTAutograd made, ``fwd_nn_module_stack`` (the
 forward node's stack). graph.json keeps the innermost module and one source line per node
 (:class:`aotpipe.format.records.NodeOrigin`); a file is named by the module it was imported
-as (``aotpipe/zoo.py:94``), never by an absolute path or one relative to the working
+as (``aotpipe/models/zoo.py:94``), never by an absolute path or one relative to the working
 folder, so no home directory or checkout path reaches an artefact and two captures of the
 same model agree wherever they ran.
 """

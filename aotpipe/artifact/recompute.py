@@ -16,10 +16,10 @@ import torch.fx
 from aotpipe.artifact.blobs import encode
 from aotpipe.artifact.graph_json import decode_dtype
 from aotpipe.format.ir import GraphInput, GraphOutput, TensorMeta
-from aotpipe.execution import run_with_summaries
 from aotpipe.passes import PASSES, parse_pass_entry
 from aotpipe.passes.base import GraphUnderPass
 from aotpipe.passes.manager import run_chain
+from aotpipe.runtime.execution import run_with_summaries
 
 
 def recompute_constants(module: torch.fx.GraphModule, record: Any, values: list[Any],

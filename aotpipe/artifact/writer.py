@@ -18,20 +18,18 @@ from typing import Any, Callable, Iterator, Optional, Union
 import torch
 import torch.fx
 
-from aotpipe.errors import ArtifactError
+import aotpipe
 from aotpipe.artifact import codegen, graph_json, input_meta, provenance
 from aotpipe.artifact.blobs import BLOB_DIR, BlobStore, encode
 from aotpipe.artifact.fsio import OLD_PREFIX, TMP_PREFIX, OutputError, describe_os_error, fsync_dir, write_durable
-from aotpipe.format import records as fmt
 from aotpipe.artifact.manifest import dump_json, file_sha256, seal, versions
-from aotpipe.format.records import FORMAT_VERSION, GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MANIFEST, MODULE_PY, TRACE
+from aotpipe.errors import ArtifactError
+from aotpipe.format import records as fmt
+from aotpipe.format.graph_keys import graph_folder_name, parse_graph_key
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput
-from aotpipe.determinism import environment, intra_op_threads
-from aotpipe.graph_keys import graph_folder_name, parse_graph_key
-from aotpipe.tensors import storage_base, storage_groups
-import aotpipe
-from aotpipe.determinism import RNG_SEED
-
+from aotpipe.format.records import FORMAT_VERSION, GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MANIFEST, MODULE_PY, TRACE
+from aotpipe.runtime.determinism import RNG_SEED, environment, intra_op_threads
+from aotpipe.runtime.tensors import storage_base, storage_groups
 
 
 @dataclass
@@ -244,7 +242,7 @@ class OutputReference:
     spread: Optional[float] = None  # run-to-run spread of a nondeterministic op
     value: Optional[Union[bool, int, float]] = None  # a Python scalar output
     range: Optional[list[int]] = None  # an integer tensor's [low, high)
-    evidence: Optional[dict[str, Any]] = None  # records.Evidence's fields but its blob (aotpipe.evidence.record)
+    evidence: Optional[dict[str, Any]] = None  # records.Evidence's fields but its blob (aotpipe.runtime.evidence.record)
     evidence_values: Optional[torch.Tensor] = None  # the sampled values the evidence blob holds
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from aotpipe.format.graph_keys import graph_key, parse_graph_key
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs
-from aotpipe.execution import run_graph
-from aotpipe.graph_keys import graph_key, parse_graph_key
-from aotpipe.tensors import tangent
+from aotpipe.runtime.execution import run_graph
+from aotpipe.runtime.tensors import tangent
 
 
 def graph_inputs(captured: CapturedGraphs, state: dict[str, Any], user: dict[str, Any], *,

@@ -30,7 +30,7 @@ mode uses, so the graphs are described alike:
   the mode (a note says when their counts differ).
 
 Subgraph 0's graphs are keyed "inference", "forward", ...; subgraph i's "forward_<i>"
-(aotpipe.graph_keys), folders ``<model>_<kind>_<i>``, indices per model.
+(aotpipe.format.graph_keys), folders ``<model>_<kind>_<i>``, indices per model.
 
 What the model computes outside its subgraphs (ops no subgraph ran, tensors no subgraph made:
 :func:`outside_graphs`) makes the capture partial (CapturedGraphs.outside_graphs, the
@@ -66,15 +66,15 @@ from aotpipe.capture.custom_ops import replace_calls
 from aotpipe.capture.hints import chain_text, config_hint, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.capture.torch_branches import static_library_branches
-from aotpipe.format.records import GraphBreakRecord, OutsideGraphs, Partition
-from aotpipe.format.ir import CapturedGraph, CapturedGraphs, Subgraph
-from aotpipe.format.source_files import relative_file
-from aotpipe.determinism import run_reproducibly
-from aotpipe.eager import EagerReference, SubgraphReference
 from aotpipe.errors import CaptureError, exception_line
-from aotpipe.graph_keys import graph_key, key_order
-from aotpipe.modes import DEFAULT_LOSS, DYNAMO_OPTIONS
-from aotpipe.tensors import tangent
+from aotpipe.format.graph_keys import graph_key, key_order
+from aotpipe.format.ir import CapturedGraph, CapturedGraphs, Subgraph
+from aotpipe.format.records import GraphBreakRecord, OutsideGraphs, Partition
+from aotpipe.format.source_files import relative_file
+from aotpipe.models.eager import EagerReference, SubgraphReference
+from aotpipe.runtime.determinism import run_reproducibly
+from aotpipe.runtime.tensors import tangent
+from aotpipe.spec.modes import DEFAULT_LOSS, DYNAMO_OPTIONS
 
 MODE = "dynamo"
 # How this mode captures; recorded in the manifest and part of the fingerprint.

@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import copy
+import dataclasses
 import functools
 import io
 import logging
@@ -27,27 +27,28 @@ import warnings
 from typing import Any, Callable, Iterator, Optional
 
 import torch
-import torch.fx
 import torch._functorch._aot_autograd.graph_compile as graph_compile
+import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions
 from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors, aot_export_joint_with_descriptors
 from torch._functorch.partitioners import default_partition
+from torch._higher_order_ops.effects import _get_effect, _register_effectful_op
+from torch._library.simple_registry import singleton
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx._pytree import tree_flatten_spec
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch._higher_order_ops.effects import _get_effect, _register_effectful_op
-from torch._library.simple_registry import singleton
 
 from aotpipe.capture import custom_ops, unbacked
-from aotpipe.capture.cumulative_bn import cumulative_factors_specialised
 from aotpipe.capture.ctc import ctc_loss_formulated
+from aotpipe.capture.cumulative_bn import cumulative_factors_specialised
 from aotpipe.capture.layouts import pin_batch_norm_layouts, pin_group_norm_layouts
 from aotpipe.capture.rnn import kept_whole, recurrent_decompositions
 from aotpipe.capture.torch_branches import static_library_branches
+from aotpipe.errors import CaptureError
 from aotpipe.format.ir import (
     CapturedGraph,
     CapturedGraphs,
@@ -56,13 +57,11 @@ from aotpipe.format.ir import (
     Partition,
     TensorMeta,
 )
-from aotpipe.determinism import op_draws_random
-from aotpipe.eager import NoLossError, model_loss
-from aotpipe.errors import CaptureError
 from aotpipe.format.source_files import relative_file
-from aotpipe.modes import DEFAULT_LOSS, EXPORT_OPTIONS
-from aotpipe.determinism import derived_seed
-from aotpipe.tensors import ones, value_range
+from aotpipe.models.eager import NoLossError, model_loss
+from aotpipe.runtime.determinism import derived_seed, op_draws_random
+from aotpipe.runtime.tensors import ones, value_range
+from aotpipe.spec.modes import DEFAULT_LOSS, EXPORT_OPTIONS
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
 OPTIONS = EXPORT_OPTIONS
@@ -223,7 +222,7 @@ def materialise_lazy_modules(model: torch.nn.Module, args: tuple, kwargs: dict) 
     The call runs in eval mode without gradients, on copies of the inputs (a model may update
     them in place), and leaves the model's other buffers and the global generator as they
     were. The new parameters are drawn from a generator seeded from the model's weight seed
-    (the one :func:`aotpipe.sources.build_model` set), so the same seed gives the same weights.
+    (the one :func:`aotpipe.models.sources.build_model` set), so the same seed gives the same weights.
     """
     lazy = [(n, type(m).__name__) for n, m in model.named_modules()
             if isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()]

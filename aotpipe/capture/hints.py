@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from aotpipe.modes import CAPTURE_MODES
+from aotpipe.spec.modes import CAPTURE_MODES
 
 # The frame torch.export names as the model's: 'The following call raised this error:\n  File "x.py", line 3, in f\n    code'
 _USER_FRAME = re.compile(r'The following call raised this error:\s*\n\s*File "([^"]+)", line (\d+), in \S+\s*\n\s*(.+)')

@@ -30,18 +30,18 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import torch
+import torch._functorch._aot_autograd.graph_compile as graph_compile
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 
 from aotpipe.capture import export as _export_mod
-from aotpipe.inputs_data import is_structured
-from aotpipe.format.ir import CapturedGraphs
 from aotpipe.errors import CaptureError, SourceError, exception_line
-from aotpipe.global_state import preserved
-from aotpipe.modes import DEFAULT_LOSS, META_OPTIONS
-from aotpipe.sources import build_model
-import torch._functorch._aot_autograd.graph_compile as graph_compile
-from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
+from aotpipe.format.ir import CapturedGraphs
+from aotpipe.models.inputs_data import is_structured
+from aotpipe.models.sources import build_model
+from aotpipe.runtime.global_state import preserved
+from aotpipe.spec.modes import DEFAULT_LOSS, META_OPTIONS
 
 MODE = "meta"
 OPTIONS = META_OPTIONS
@@ -265,7 +265,7 @@ def _constants_note(names: Any) -> str:
 
 def join_notes(parts: list[list[str]]) -> list[str]:
     """The notes one capture of a model's graph kinds gives, from the notes of captures of
-    some of them each (aotpipe.job's second process, writer.join_parts): each part's notes in
+    some of them each (aotpipe.pipeline.job's second process, writer.join_parts): each part's notes in
     turn, less those an earlier part has, and the constants note last, once, naming the
     first constants of all the parts (the first names of each part's include them)."""
     out: list[str] = []

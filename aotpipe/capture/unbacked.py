@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from aotpipe.errors import CaptureError
-from aotpipe.determinism import op_draws_random
+from aotpipe.runtime.determinism import op_draws_random
 
 
 def _symbolic(v: Any) -> bool:

@@ -6,7 +6,7 @@ That one run gives the reference outputs later replays must reproduce bit for bi
 digests and summaries), a sampled per-node trace (to name the first diverging node of a
 later mismatch), and the values every check compares:
 
-- each output against the eager model under the fp64-reference rule of :mod:`aotpipe.accuracy`:
+- each output against the eager model under the fp64-reference rule of :mod:`aotpipe.runtime.accuracy`:
   user outputs, the loss, gradients (None against a gradient fails), mutated buffers, and
   buffers eager mutates that the graph does not return;
 - the backward is fed the forward's outputs, so the forward's saved activations are checked
@@ -33,23 +33,23 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.fx
 
-from aotpipe import accuracy, evidence
-from aotpipe.accuracy import Check
-from aotpipe.format import limits
 from aotpipe.artifact.graph_json import target_name
 from aotpipe.artifact.load import GraphArtifact, build_inputs, load
 from aotpipe.artifact.prepack import stored_graph
-from aotpipe.format.records import CheckTotals, GraphChecks, InputsRecord, Summary, TupleSummary, VerificationEntry
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
-from aotpipe.format.ir import TensorMeta
-from aotpipe.determinism import RunLog
-from aotpipe.eager import EagerReference, EagerRun, SubgraphReference
 from aotpipe.errors import ArtifactError, exception_line
-from aotpipe.execution import run_graph, run_with_summaries
-from aotpipe.graph_keys import graph_key, key_order, parse_graph_key
-from aotpipe.modes import LOSSES
+from aotpipe.format import limits
+from aotpipe.format.graph_keys import graph_key, key_order, parse_graph_key
+from aotpipe.format.ir import TensorMeta
+from aotpipe.format.records import CheckTotals, GraphChecks, InputsRecord, Summary, TupleSummary, VerificationEntry
+from aotpipe.models.eager import EagerReference, EagerRun, SubgraphReference
 from aotpipe.replay.run import chain_key, chain_problems, expand_outputs
-from aotpipe.tensors import value_range
+from aotpipe.runtime import accuracy, evidence
+from aotpipe.runtime.accuracy import Check
+from aotpipe.runtime.determinism import RunLog
+from aotpipe.runtime.execution import run_graph, run_with_summaries
+from aotpipe.runtime.tensors import value_range
+from aotpipe.spec.modes import LOSSES
 
 TRAINING = ("forward", "backward", "joint")
 # What graphs are checked against: the eager model, or a dynamo subgraph's own graph run
@@ -65,7 +65,7 @@ class CheckedGraph:
     skipped: list[str] = field(default_factory=list)  # one reason per skipped check
     indirect: int = 0  # outputs checked through another graph (saved activations, the joint's)
     # Per output index: eager float32's RMS error against float64 where a check measured it
-    # (the bound of the output's replay evidence; aotpipe.evidence).
+    # (the bound of the output's replay evidence; aotpipe.runtime.evidence).
     eager_errors: dict[int, float] = field(default_factory=dict)
 
     def record(self) -> GraphChecks:

@@ -12,6 +12,7 @@ from typing import Any, cast
 import torch
 import torch.fx
 
+from aotpipe.format.graph_keys import parse_graph_key
 from aotpipe.format.records import (
     CaptureRecord,
     DType,
@@ -23,7 +24,6 @@ from aotpipe.format.records import (
     TrustedNamespace,
 )
 from aotpipe.format.source_files import name_files_in
-from aotpipe.graph_keys import parse_graph_key
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ class Subgraph:
 class CapturedGraphs:
     """Everything one capture produced for one model.
 
-    `graphs` holds every captured graph by key (see aotpipe.graph_keys): "forward" for the
+    `graphs` holds every captured graph by key (see aotpipe.format.graph_keys): "forward" for the
     first (for export, the only) subgraph, "forward_<i>" for subgraph i. `contract` is the
     first subgraph's partition; `subgraphs` (dynamo) says which graphs belong together and
     holds each one's own.

@@ -45,9 +45,9 @@ from pydantic_core import ErrorDetails
 from typing_extensions import TypeAliasType
 
 from aotpipe.errors import ArtifactError
+from aotpipe.format.graph_keys import BASE_KEY_PATTERN
+from aotpipe.format.graph_keys import GRAPH_KINDS as GRAPH_KINDS  # re-exported: aotpipe/artifact/load.py reads it here
 from aotpipe.format.limits import check_graphs, read_json
-from aotpipe.graph_keys import BASE_KEY_PATTERN
-from aotpipe.graph_keys import GRAPH_KINDS as GRAPH_KINDS  # re-exported: aotpipe/artifact/load.py reads it here
 
 # ---------------------------------------------------------------------------------------
 # Constants
@@ -227,7 +227,7 @@ class Evidence(Record):
     judged by (version 3): a deterministic sample of the output's values, statistics of those
     same elements, and the element-wise bound a replay's values may depart from them by.
 
-    The sample is `count` elements (all of them, or :data:`aotpipe.evidence.SAMPLE`), element
+    The sample is `count` elements (all of them, or :data:`aotpipe.runtime.evidence.SAMPLE`), element
     j at row-major flat index ``j * numel // count``; `blob` holds them as a 1-D tensor of
     the output's dtype. `bound` is None for integer and bool outputs, which must be equal."""
 
@@ -309,7 +309,7 @@ class NodeOrigin(Record):
     """Where a node came from (absent in files written before aotpipe recorded it): the
     innermost module it was called in (its path from the model, "" for the model itself,
     and its class), and the source line that called the op, relative to its package
-    (``aotpipe/zoo.py:94``; never an absolute path). `of_forward`: a backward node's module
+    (``aotpipe/models/zoo.py:94``; never an absolute path). `of_forward`: a backward node's module
     is that of the forward node it computes the gradient of."""
 
     module: Annotated[str, StringConstraints(max_length=1024)] | None = None
@@ -546,7 +546,7 @@ class VerificationEntry(Record):
 
 class Environment(Record):
     """Where the graphs ran when their reference outputs were recorded, and what else decides
-    their bits (version 3; aotpipe.determinism.environment). A replay runs at `threads` unless
+    their bits (version 3; aotpipe.runtime.determinism.environment). A replay runs at `threads` unless
     told otherwise; where one of these differs, or `cpu` was not recorded, it judges outputs
     whose bits differ by their evidence."""
 

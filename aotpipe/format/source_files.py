@@ -17,7 +17,7 @@ __all__ = ["relative_file", "name_files_in"]
 
 
 def relative_file(path: str) -> str:
-    """`path` as the module it was imported as (``aotpipe/zoo.py`` for ``aotpipe.zoo``), else
+    """`path` as the module it was imported as (``aotpipe/models/zoo.py`` for ``aotpipe.models.zoo``), else
     relative to the outermost package folder it lies in, else its file name alone.
 
     Only the import name is used, never the working directory or sys.path (an editable

@@ -28,8 +28,8 @@ from aotpipe.passes.options import (
     ToDeviceOptions,
     ViewToReshapeOptions,
 )
-from aotpipe.registry import by_name, resolve
 from aotpipe.spec import PassStep
+from aotpipe.spec.registry import by_name, resolve
 
 ALL_KINDS = frozenset({"inference", "forward", "backward", "joint"})
 INFERENCE = frozenset({"inference"})

@@ -10,10 +10,10 @@ from typing import Any, Optional, Union
 import torch
 import torch.fx
 
-from aotpipe.format.ir import GraphInput, GraphOutput
-from aotpipe.determinism import op_draws_random
 from aotpipe.errors import AotpipeError
-from aotpipe.execution import layouts_of
+from aotpipe.format.ir import GraphInput, GraphOutput
+from aotpipe.runtime.determinism import op_draws_random
+from aotpipe.runtime.execution import layouts_of
 
 
 @dataclass

@@ -2,7 +2,7 @@
 checks each pass against the graph before it on the same inputs.
 
 A pass that raises, leaves an invalid graph, or changes the results beyond float noise
-(:func:`aotpipe.accuracy.compare` against the graph before it) stops the chain with a
+(:func:`aotpipe.runtime.accuracy.compare` against the graph before it) stops the chain with a
 :class:`PassError` naming the pass, the passes that ran before it, and (for changed
 results) the first node whose value departs.
 
@@ -28,14 +28,14 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from aotpipe.format.records import PassChainRun, PassRecord, SkippedPass, Summary, TimedPassRecord
-from aotpipe import accuracy
 from aotpipe.errors import exception_line
-from aotpipe.execution import run_graph, run_with_summaries
+from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
+from aotpipe.format.records import PassChainRun, PassRecord, SkippedPass, Summary, TimedPassRecord
 from aotpipe.passes import PASSES, chain_order_problems, options_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
+from aotpipe.runtime import accuracy
+from aotpipe.runtime.execution import run_graph, run_with_summaries
 from aotpipe.spec import PassStep
-from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
 
 
 def _step(step: PassStep, nodes_before: int, nodes_after: int, modified: bool, seconds: float,

@@ -6,10 +6,10 @@ Accepts: any graph kind. Factory ops' device arguments and the graph's constants
 
 from __future__ import annotations
 
-
-from aotpipe.devices import move_inputs, to_device as rewrite
 from aotpipe.passes.base import GraphUnderPass, PassResult
 from aotpipe.passes.options import ToDeviceOptions
+from aotpipe.runtime.devices import move_inputs
+from aotpipe.runtime.devices import to_device as rewrite
 
 
 def to_device(g: GraphUnderPass, options: ToDeviceOptions) -> PassResult:

@@ -5,8 +5,6 @@
 - :mod:`.eager`: the eager model rebuilt from the manifest (for --chain and --bench).
 """
 
-from aotpipe.devices import move_inputs, to_device
-from aotpipe.execution import run_graph
 from aotpipe.replay.eager import eager_bench, rebuild_model
 from aotpipe.replay.inputs import get_inputs
 from aotpipe.replay.run import (
@@ -19,6 +17,8 @@ from aotpipe.replay.run import (
     replay_chain,
     replay_graph,
 )
+from aotpipe.runtime.devices import move_inputs, to_device
+from aotpipe.runtime.execution import run_graph
 
 __all__ = ["ChainReplay", "GraphReplay", "copy_mutations_back", "eager_bench", "expand_outputs",
            "first_divergence", "get_inputs", "move_inputs", "rebuild_model", "replay", "replay_chain",

@@ -14,9 +14,9 @@ import torch
 
 from aotpipe.artifact.load import Artifact
 from aotpipe.format.records import MANIFEST
-from aotpipe.eager import model_loss
-from aotpipe.modes import LOSSES
-from aotpipe.sources import rebuild_from_manifest
+from aotpipe.models.eager import model_loss
+from aotpipe.models.sources import rebuild_from_manifest
+from aotpipe.spec.modes import LOSSES
 
 
 def median_seconds(fn: Any, n: int) -> float:

@@ -8,14 +8,13 @@ from typing import Any, Optional
 import torch
 
 from aotpipe.artifact import input_meta
-from aotpipe.format import records
 from aotpipe.artifact.graph_json import decode_dtype
-from aotpipe.format.limits import check_record_bytes
 from aotpipe.artifact.load import build_inputs
-from aotpipe.format.records import InputRecord, InputsRecord, StorageRecord
 from aotpipe.errors import ArtifactError, exception_line
-from aotpipe.format.limits import extent
-from aotpipe.tensors import StorageGroup, random_storage
+from aotpipe.format import records
+from aotpipe.format.limits import check_record_bytes, extent
+from aotpipe.format.records import InputRecord, InputsRecord, StorageRecord
+from aotpipe.runtime.tensors import StorageGroup, random_storage
 
 
 def _entry_record(i: int, entry: Any, where: str) -> dict[str, Any]:

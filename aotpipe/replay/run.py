@@ -7,7 +7,7 @@
   bit for bit (their digests, or their values where stored) in the recorded environment;
   where the CPU (model, features or capability), torch, thread count or device differ, or
   the artefact does not say which CPU it was made on, by each output's evidence
-  (aotpipe.evidence: "close" within its element-wise bound). Every error it reports is
+  (aotpipe.runtime.evidence: "close" within its element-wise bound). Every error it reports is
   element-wise. On a mismatch it interprets the graph node by node and names the first
   node that departs from the trace recorded at capture.
 - :func:`replay_chain` runs forward then backward and checks the gradients against the
@@ -25,18 +25,18 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from aotpipe import accuracy, evidence
 from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
 from aotpipe.artifact.precheck import data_dependent_outputs
-from aotpipe.format.records import InputsRecord, OutputRecord, Partition, Summary, TupleSummary
-from aotpipe.determinism import (environment as current_environment, environment_differences, intra_op_threads,
-                                 unrecorded_cpu)
-from aotpipe.devices import move_inputs, parse_device, to_device
-from aotpipe.eager import EagerReference
 from aotpipe.errors import ArtifactError, exception_line
-from aotpipe.execution import run_graph, run_with_summaries
+from aotpipe.format.records import InputsRecord, OutputRecord, Partition, Summary, TupleSummary
+from aotpipe.models.eager import EagerReference
 from aotpipe.replay.eager import artifact_loss, median_seconds, rebuild_model
 from aotpipe.replay.inputs import _flatten_meta, get_inputs
+from aotpipe.runtime import accuracy, evidence
+from aotpipe.runtime.determinism import environment as current_environment
+from aotpipe.runtime.determinism import environment_differences, intra_op_threads, unrecorded_cpu
+from aotpipe.runtime.devices import move_inputs, parse_device, to_device
+from aotpipe.runtime.execution import run_graph, run_with_summaries
 
 
 def copy_mutations_back(record: InputsRecord, inputs: list[Any], outputs: list[Any]) -> list[str]:
@@ -206,7 +206,7 @@ def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expect
     Where it was made (`elsewhere` false), bit for bit: a digest that differs is a problem,
     and its error is measured over the evidence's sampled elements (format version 3) or,
     where the value was stored, over all of them. Elsewhere, each output that differs is
-    judged by its evidence (aotpipe.evidence): within its element-wise bound it is close."""
+    judged by its evidence (aotpipe.runtime.evidence): within its element-wise bound it is close."""
     record = ga.record
     problems: list[str] = []
     errors: list[OutputError] = []
@@ -538,7 +538,7 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, tr
     at `threads` intra-op threads (default: the count recorded in the manifest).
 
     Gradients must equal the joint graph's bit for bit, and the rebuilt eager model's under
-    the fp64-reference rule of :mod:`aotpipe.accuracy`. Graphs that do not run give status
+    the fp64-reference rule of :mod:`aotpipe.runtime.accuracy`. Graphs that do not run give status
     "error" with the reason. A dynamo artefact's chain is checked in every subgraph that has
     forward, backward and joint graphs (problems name the subgraph); the eager model's
     gradients are those of the whole model, so they are compared only when it has one subgraph.

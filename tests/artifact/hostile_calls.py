@@ -48,11 +48,11 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from aotpipe import execution
 from aotpipe.artifact import checked, precheck
 from aotpipe.artifact.graph_json import graph_from_json, graph_to_json
 from aotpipe.artifact.ops import allowed_ops, op_name, resolve_op
 from aotpipe.errors import AotpipeError
+from aotpipe.runtime import execution
 from tests.artifact.guarded import place
 
 aten = torch.ops.aten

@@ -215,7 +215,7 @@ def test_a_tree_of_too_many_files_is_refused_by_ls_and_verify(worker, mlp_copy):
 
 
 def test_ls_sums_sizes_from_one_walk(quickstart_run, tmp_path):
-    from aotpipe.inspect import list_artifacts
+    from aotpipe.corpus.inspect import list_artifacts
 
     root, _ = quickstart_run
     shutil.copytree(root / "mlp", tmp_path / "a" / "mlp")
@@ -225,7 +225,7 @@ def test_ls_sums_sizes_from_one_walk(quickstart_run, tmp_path):
     rows = {r.path: r for r in list_artifacts(tmp_path / "a")}
     assert sorted(rows) == ["mlp", "mlp/nested/mlp"]
     one = sum(p.stat().st_size for p in (root / "mlp").rglob("*") if p.is_file())
-    from aotpipe.report import human_size
+    from aotpipe.pipeline.report import human_size
 
     assert rows["mlp/nested/mlp"].size == human_size(one) and rows["mlp"].size == human_size(2 * one)
 
@@ -256,8 +256,8 @@ def test_a_zoo_model_of_too_many_modules_stops_at_the_limit(worker, mlp_copy):
 def test_running_out_of_memory_while_parsing_json_is_one_line(monkeypatch):
     # Under a memory cap below what the limits allow (ulimit -v, a container), the parser's
     # MemoryError is a limit breach, not a traceback.
-    from aotpipe.format import limits
     from aotpipe.errors import LimitError
+    from aotpipe.format import limits
 
     def oom(*a, **k):
         raise MemoryError

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aotpipe
-from aotpipe.cli import main
 from aotpipe.artifact import recompute
+from aotpipe.cli import main
 
 CHAIN = "inference.freeze+fold_conv_bn+channels_last"
 
@@ -111,7 +111,7 @@ def test_checking_commands_never_run_a_graph(copy, spy, hmac_key, command):
         r = cli("verify", copy.parent)
         assert r.exit_code == 0 and "1/1 artefacts ok" in r.output, r.output
     elif command == "verify --key":
-        from aotpipe.artifact.verify import sign_artifact
+        from aotpipe.trust.verify import sign_artifact
 
         sign_artifact(copy, f"hmac:{hmac_key}")
         r = cli("verify", copy.parent, "--key", f"hmac:{hmac_key}")
@@ -158,13 +158,14 @@ def test_verify_with_a_key_stops_at_a_bad_signature_before_reading_any_graph(cop
     if case == "unsigned":  # as a copy from elsewhere comes (run signed it with the suite's own key)
         (copy / "signature.json").unlink(missing_ok=True)
     if case == "forged signature":
-        from aotpipe.artifact.verify import sign_artifact
+        from aotpipe.trust.verify import sign_artifact
 
         other = hmac_key.parent / "other.key"
         other.write_bytes(bytes(range(100, 164)))
         sign_artifact(copy, f"hmac:{other}")
     read = []
-    from aotpipe.artifact import graph_json, load, verify
+    from aotpipe.artifact import graph_json, load
+    from aotpipe.trust import verify
 
     def spy(name, real):
         def recording(*args, **kwargs):

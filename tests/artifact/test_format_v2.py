@@ -53,7 +53,7 @@ def test_sampled_sums_beyond_float_noise_are_a_mismatch_from_an_unknown_machine(
     equal) it is "unverified", not ok: sums can refute closeness, not prove it."""
     import json
 
-    from aotpipe import accuracy
+    from aotpipe.runtime import accuracy
     from tests.helpers.forge import reseal
 
     folder = v2 / "mlp" / "mlp_inference_0"
@@ -62,7 +62,7 @@ def test_sampled_sums_beyond_float_noise_are_a_mismatch_from_an_unknown_machine(
     out["digest"] = "0" * 64  # another machine's bits
     art = aotpipe.load(v2 / "mlp")
     ga = art.graphs["inference"]
-    from aotpipe.execution import run_graph
+    from aotpipe.runtime.execution import run_graph
 
     now = accuracy.sampled_summary(run_graph(ga.module, ga.saved_inputs())[0])
     out["summary"]["sum"] = now.sum + shift
@@ -87,8 +87,8 @@ def test_integer_outputs_must_be_equal_and_a_permutation_is_not_within_noise():
     "unverified" (not ok), never close."""
     import torch
 
-    from aotpipe import accuracy
     from aotpipe.replay.run import _sums_beyond_noise
+    from aotpipe.runtime import accuracy
 
     ints = torch.arange(12).reshape(3, 4)
     rec = accuracy.sampled_summary(ints)

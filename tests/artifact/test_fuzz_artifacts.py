@@ -114,7 +114,7 @@ def _signed(d: Path, root: Path, models: tuple[str, ...]) -> Bases:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    from aotpipe.artifact.verify import sign_artifact
+    from aotpipe.trust.verify import sign_artifact
 
     private = ed25519.Ed25519PrivateKey.generate()
     (d / "key.pem").write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

@@ -23,9 +23,9 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from aotpipe.artifact.signing import _hmac_key, check_signature, load_key, signature_record
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError
+from aotpipe.trust.signing import _hmac_key, check_signature, load_key, signature_record
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "format_v2" / "mlp"
 

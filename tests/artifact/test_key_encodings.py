@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from aotpipe.artifact.signing import _hmac_key, check_signature, load_key, signature_record
-from aotpipe.artifact.verify import sign_artifact
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError
+from aotpipe.trust.signing import _hmac_key, check_signature, load_key, signature_record
+from aotpipe.trust.verify import sign_artifact
 
 PRIVATE = ed25519.Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 PUBLIC = PRIVATE.public_key()

@@ -14,13 +14,12 @@ import torch
 from click.testing import CliRunner
 
 import aotpipe
-from aotpipe.format import limits
-from aotpipe.format.limits import Breach
-from aotpipe.artifact.verify import verify_artifact
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError, ArtifactError, LimitError
+from aotpipe.format import limits
+from aotpipe.format.limits import Breach
 from aotpipe.replay import get_inputs, replay
-
+from aotpipe.trust.verify import verify_artifact
 
 
 @pytest.fixture()

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 import aotpipe
-from aotpipe.artifact.verify import verify_artifact
 from aotpipe.cli import main
 from aotpipe.errors import ArtifactError
+from aotpipe.trust.verify import verify_artifact
 from tests.artifact.test_signing import _reseal
 
 MARK = "PAYLOAD_RAN"

@@ -53,13 +53,13 @@ def test_class_name_qualifies_a_class_and_keeps_a_name():
 
 def test_source_line_is_the_innermost_frame_outside_torch_named_by_import():
     trace = _frame(ZOO_FILE, 10) + _frame(ZOO_FILE, 94) + _frame(TORCH_FILE, 125)
-    assert prov.source_line(trace) == "aotpipe/zoo.py:94"
+    assert prov.source_line(trace) == "aotpipe/models/zoo.py:94"
 
 
 def test_source_line_falls_back_to_torch_frames_and_skips_generated_code():
     assert prov.source_line(_frame(TORCH_FILE, 7) + _frame(TORCH_FILE, 125)) == "torch/nn/modules/linear.py:125"
     assert prov.source_line(_frame("<eval_with_key>.256", 3)) is None
-    assert prov.source_line(_frame(ZOO_FILE, 5) + _frame("<eval_with_key>.9", 3)) == "aotpipe/zoo.py:5"
+    assert prov.source_line(_frame(ZOO_FILE, 5) + _frame("<eval_with_key>.9", 3)) == "aotpipe/models/zoo.py:5"
     assert prov.source_line(None) is None and prov.source_line(12) is None and prov.source_line("no frames") is None
 
 
@@ -88,7 +88,7 @@ def test_keep_source_replaces_stack_traces_by_relative_lines():
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     prov.keep_source(gm)
     nodes = {n.name: n for n in gm.graph.nodes}
-    assert nodes["relu"].meta[prov.SOURCE_KEY] == "aotpipe/zoo.py:42"
+    assert nodes["relu"].meta[prov.SOURCE_KEY] == "aotpipe/models/zoo.py:42"
     assert prov.SOURCE_KEY not in nodes["neg"].meta and prov.SOURCE_KEY not in nodes["x"].meta
 
 

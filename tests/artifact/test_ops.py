@@ -207,8 +207,8 @@ def test_every_op_the_passes_and_capture_emit_is_on_the_list():
 def test_our_own_capture_is_never_refused_for_its_ops_and_says_what_others_refuse(tmp_path, monkeypatch):
     # Planted: the list for artefacts from elsewhere loses relu, an op the capture emits.
     from aotpipe.artifact import ops
-    from aotpipe.config import parse_pipeline
-    from aotpipe.runner import run_pipeline
+    from aotpipe.pipeline.config import parse_pipeline
+    from aotpipe.pipeline.runner import run_pipeline
 
     shrunk = ops.listed() - {"aten.relu.default"}
     monkeypatch.setattr(ops, "listed", lambda: shrunk)
@@ -238,8 +238,8 @@ def test_a_capture_whose_ops_are_all_listed_has_no_such_note(quickstart_run):
 def test_an_op_without_a_fake_kernel_is_checked_where_captured_and_refused_elsewhere(tmp_path):
     # aten.geqrf has no fake-tensor kernel: the precheck cannot bound it. Our own capture takes
     # the outputs graph.json records for it (trust by provenance); a loader elsewhere refuses it.
-    from aotpipe.config import parse_pipeline
-    from aotpipe.runner import run_pipeline
+    from aotpipe.pipeline.config import parse_pipeline
+    from aotpipe.pipeline.runner import run_pipeline
 
     text = ("version: 1\nname: nf\nexecutor: {kind: local}\ndefaults: {passes: []}\nmodels:\n"
             "  - {name: geqrf, source: 'torch-op:geqrf', args: {sample: 0}, graphs: [inference]}\n")

@@ -544,7 +544,7 @@ def test_a_module_not_built_from_an_artefact_runs_as_is():
 
 
 def test_a_marked_graph_is_checked_once_per_layout_and_runs_through_the_execution_guard(monkeypatch):
-    from aotpipe.execution import RUN_GUARD
+    from aotpipe.runtime.execution import RUN_GUARD
 
     gm = _chain()
     precheck.mark(gm, WHERE)

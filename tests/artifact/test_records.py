@@ -13,7 +13,7 @@ from aotpipe.artifact.graph_json import graph_from_json, graph_to_json
 from aotpipe.artifact.load import load
 from aotpipe.artifact.manifest import dump_json, seal, seal_ok
 from aotpipe.errors import ArtifactError
-from aotpipe.tensors import storage_groups
+from aotpipe.runtime.tensors import storage_groups
 
 
 def test_manifest_round_trips_and_keeps_its_seal(quickstart_run):
@@ -71,8 +71,8 @@ def test_blob_round_trip(tmp_path):
 
 def test_trace_json_matches_a_rerun(quickstart_run):
     root, _ = quickstart_run
-    from aotpipe.accuracy import sampled_summary
-    from aotpipe.execution import run_with_summaries
+    from aotpipe.runtime.accuracy import sampled_summary
+    from aotpipe.runtime.execution import run_with_summaries
 
     for ga in load(root / "running_norm").graphs.values():
         assert ga.trace.sampled is True
@@ -90,7 +90,7 @@ def test_run_json_round_trips(quickstart_run):
 
 def test_run_json_is_a_run_record_that_round_trips(quickstart_run):
     from aotpipe.format.records import RunRecord, load_run
-    from aotpipe.report import dump_run
+    from aotpipe.pipeline.report import dump_run
 
     root, _ = quickstart_run
     raw = (root / "run.json").read_bytes()
@@ -123,7 +123,7 @@ def test_a_run_json_off_its_record_is_one_line_naming_the_field(quickstart_run, 
 
 
 def test_a_failed_model_keeps_its_traceback_out_of_run_json():
-    from aotpipe.results import ModelResult
+    from aotpipe.pipeline.results import ModelResult
 
     r = ModelResult(name="m", status="failed", stage="capture", error="boom", traceback="Traceback (most recent...")
     assert "traceback" not in r.to_record().model_dump() and r.traceback.startswith("Traceback")
@@ -246,7 +246,7 @@ def test_schema_artifact_prints_the_json_schema_of_every_record_file():
 
 
 def test_ls_says_when_a_manifest_was_changed(mlp_copy):
-    from aotpipe.inspect import list_artifacts
+    from aotpipe.corpus.inspect import list_artifacts
 
     assert list_artifacts(mlp_copy.parent)[0].status == "verified"
     m = json.loads((mlp_copy / "manifest.json").read_text())
@@ -262,14 +262,14 @@ def test_every_dtype_the_format_names_is_a_torch_dtype_and_reading_a_manifest_ne
     from aotpipe.format.records import DTYPES
 
     assert all(isinstance(getattr(torch, name, None), torch.dtype) for name in DTYPES)
-    code = "import sys, aotpipe.format.records, aotpipe.incremental; print('torch' in sys.modules)"
+    code = "import sys, aotpipe.format.records, aotpipe.pipeline.incremental; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_the_graph_kinds_a_record_may_name_are_graph_keys_kinds():
     from typing import get_args
 
+    from aotpipe.format.graph_keys import GRAPH_KINDS
     from aotpipe.format.records import GraphKind
-    from aotpipe.graph_keys import GRAPH_KINDS
 
     assert get_args(GraphKind) == GRAPH_KINDS

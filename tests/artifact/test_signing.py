@@ -17,16 +17,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 import aotpipe
-from aotpipe import accuracy
 from aotpipe.artifact.blobs import BlobStore
 from aotpipe.artifact.manifest import seal
-from aotpipe.artifact.signing import check_signature
-from aotpipe.artifact.verify import sign_artifact
-from aotpipe.artifact.verify import verify_artifact
 from aotpipe.cli import main
 from aotpipe.errors import ArtifactError
 from aotpipe.replay import replay, run_graph
-
+from aotpipe.runtime import accuracy
+from aotpipe.trust.signing import check_signature
+from aotpipe.trust.verify import sign_artifact, verify_artifact
 
 
 @pytest.fixture()

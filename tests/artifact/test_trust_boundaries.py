@@ -21,15 +21,22 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from aotpipe.artifact import keyring
 from aotpipe.artifact.manifest import seal
-from aotpipe.artifact.signing import (absolute_key_spec, check_signature, load_key, manifest_bytes,
-                                      signature_record, signer, split_key_spec)
-from aotpipe.artifact.verify import find_artifacts, read_manifest, sign_artifact, verify_artifact, verify_tree
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format import limits
 from aotpipe.format.limits import Breach
+from aotpipe.trust import keyring
+from aotpipe.trust.signing import (
+    absolute_key_spec,
+    check_signature,
+    load_key,
+    manifest_bytes,
+    signature_record,
+    signer,
+    split_key_spec,
+)
+from aotpipe.trust.verify import find_artifacts, read_manifest, sign_artifact, verify_artifact, verify_tree
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "format_v2" / "mlp"
 SECRET = bytes(range(64))
@@ -601,7 +608,7 @@ def test_the_trust_decision_builds_no_graph(art, keys, config, monkeypatch):
 
     monkeypatch.setattr("aotpipe.artifact.load.load", no)
     assert keyring.provenance_problems(art) == []
-    from aotpipe.sandbox.decide import trust_problems
+    from aotpipe.trust.sandbox.decide import trust_problems
 
     assert trust_problems(art, str(keys["public"])) == []
 

@@ -17,7 +17,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from aotpipe.artifact.signing import (
+from aotpipe.errors import AotpipeError, ArtifactError
+from aotpipe.format import limits
+from aotpipe.format.limits import Breach
+from aotpipe.trust.signing import (
     SigningKey,
     check_signature,
     load_key,
@@ -25,10 +28,7 @@ from aotpipe.artifact.signing import (
     signature_record,
     split_key_spec,
 )
-from aotpipe.artifact.verify import verify_artifact, verify_tree
-from aotpipe.errors import AotpipeError, ArtifactError
-from aotpipe.format import limits
-from aotpipe.format.limits import Breach
+from aotpipe.trust.verify import verify_artifact, verify_tree
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "format_v2" / "mlp"
 PRIVATE = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([3]) * 32)

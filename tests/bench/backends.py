@@ -63,7 +63,7 @@ def sums_sequential(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
     """Sums every sum and mean reduction left to right in float32, one accumulator per output
     element: what inductor's outer reductions do where its layout optimization made a
     training graph's convolutions channels-last (a valid order, less accurate than ATen's)."""
-    from aotpipe.bench.noise import REORDERED
+    from aotpipe.corpus.bench.noise import REORDERED
 
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in REORDERED:

@@ -5,9 +5,8 @@ status, reason or node the bench must report for it."""
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -104,7 +103,7 @@ def test_gelu_computed_as_relu_fails_accuracy_and_locate_names_the_gelu(quicksta
     assert loc["found"] and loc["op"] == "aten.gelu.default" and loc["node"] == "gelu"
     assert loc["output_shape"] == "float32[2, 16, 256]"
     # Where the node came from: graph.json's origin of the node (module path, class, source line).
-    assert loc["module_path"].startswith("layers.0 (aotpipe.zoo.EncoderLayer), aotpipe/zoo.py:")
+    assert loc["module_path"].startswith("layers.0 (aotpipe.models.zoo.EncoderLayer), aotpipe/models/zoo.py:")
     repro = Path(loc["repro"])
     assert repro.parent == repros
     # The repro is an artefact replay and bench take: it replays bit for bit, and still fails.
@@ -293,13 +292,13 @@ def test_dynamo_subgraphs_are_benched_each_under_its_own_key(tmp_path, monkeypat
 
 
 def _result(artifact, graph, status):
-    from aotpipe.bench.graph import GraphResult
+    from aotpipe.corpus.bench.graph import GraphResult
 
     return GraphResult(artifact=artifact, graph=graph, kind=graph.split(".")[0], status=status, reason="")
 
 
 def test_a_graph_that_passed_and_is_gone_is_a_regression_unless_removed_on_purpose():
-    from aotpipe.bench.baseline import compare
+    from aotpipe.corpus.bench.baseline import compare
 
     baseline = {("kept", "inference"): "pass", ("gone", "inference"): "pass", ("broken", "inference"): "compile_error",
                 ("kept", "forward"): "pass"}

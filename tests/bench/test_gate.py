@@ -9,11 +9,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from aotpipe.bench import baseline, command
-from aotpipe.bench.graph import GraphResult
-from aotpipe.bench.run import Bench
-from aotpipe.bench.scores import scores
 from aotpipe.cli import main
+from aotpipe.corpus.bench import baseline, command
+from aotpipe.corpus.bench.graph import GraphResult
+from aotpipe.corpus.bench.run import Bench
+from aotpipe.corpus.bench.scores import scores
 from aotpipe.errors import AotpipeError
 
 

@@ -7,11 +7,17 @@ from pathlib import Path
 
 import torch
 
-from aotpipe.bench import graph as graph_mod
-from aotpipe.bench.graph import (GraphTask, _in_compile, artefact_label, bench_graph, failure_line,
-                                 result_from_failure)
-from aotpipe.bench.locate import LocateTask, locate_graph
-from aotpipe.executors.base import Failure
+from aotpipe.corpus.bench import graph as graph_mod
+from aotpipe.corpus.bench.graph import (
+    GraphTask,
+    _in_compile,
+    artefact_label,
+    bench_graph,
+    failure_line,
+    result_from_failure,
+)
+from aotpipe.corpus.bench.locate import LocateTask, locate_graph
+from aotpipe.pipeline.executors.base import Failure
 
 MLP = str(Path(__file__).resolve().parent.parent / "data" / "format_v2" / "mlp")
 PLANTED = "tests.bench.backends"
@@ -144,8 +150,8 @@ class InlineExecutor:
 
 
 def test_locate_failures_locates_each_graph_that_failed_accuracy_and_no_other(monkeypatch, tmp_path):
-    from aotpipe.bench import locate as locate_mod
-    from aotpipe.bench.run import Bench
+    from aotpipe.corpus.bench import locate as locate_mod
+    from aotpipe.corpus.bench.run import Bench
 
     monkeypatch.setattr(locate_mod, "ProcessExecutor", InlineExecutor)
     InlineExecutor.made.clear()
@@ -264,7 +270,7 @@ def test_a_skipped_graph_still_reports_the_time_it_took(monkeypatch):
 
 
 def test_check_outputs_takes_further_samples_then_the_second_sample_per_output():
-    from aotpipe.bench.graph import check_outputs
+    from aotpipe.corpus.bench.graph import check_outputs
 
     exact = torch.full((4096,), 0.5, dtype=torch.float64)
     eager = (exact + 1e-7).float()  # eager float32: error 1.19e-7, its bound 5.3e-6
@@ -286,7 +292,7 @@ def test_check_outputs_takes_further_samples_then_the_second_sample_per_output()
 
 
 def test_graphnet_tolerance_is_the_least_t_whose_rtol_and_atol_allow_every_output():
-    from aotpipe.bench.graph import graphnet_tolerance
+    from aotpipe.corpus.bench.graph import graphnet_tolerance
 
     # float32 at t: rtol 10**(t * 5.886 / 5), atol 10**t. Around 1e6 the rtol decides: 1.0 off
     # is within 1e6 * 10**(-5 * 1.1772) = 1.31 at t = -5, not 1e6 * 10**(-6 * 1.1772) = 0.087.
@@ -303,7 +309,7 @@ def test_graphnet_tolerance_is_the_least_t_whose_rtol_and_atol_allow_every_outpu
 def test_labels_name_each_output_by_its_role_and_target():
     from types import SimpleNamespace
 
-    from aotpipe.bench.graph import _labels
+    from aotpipe.corpus.bench.graph import _labels
 
     rec = SimpleNamespace(outputs=[SimpleNamespace(role="grad", target="fc.weight"),
                                    SimpleNamespace(role="user", target="")])
@@ -313,7 +319,7 @@ def test_labels_name_each_output_by_its_role_and_target():
 def test_a_nudged_sample_is_the_same_for_the_same_seed_and_another_for_another():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from aotpipe.bench.graph import nudged_run
+    from aotpipe.corpus.bench.graph import nudged_run
 
     gm = make_fx(lambda x: x * 1.0)(torch.ones(64))
     one, again, two = (nudged_run(gm, [torch.ones(64)], k, ["user"])[0] for k in (1, 1, 2))

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aotpipe.bench import graph as graph_mod
-from aotpipe.bench.graph import GraphTask, Timing, bench_graph
-from aotpipe.determinism import RNG_SEED
+from aotpipe.corpus.bench import graph as graph_mod
+from aotpipe.corpus.bench.graph import GraphTask, Timing, bench_graph
+from aotpipe.runtime.determinism import RNG_SEED
 
 from .test_graph import MLP, PLANTED, _patched_compile, _scaled
 
@@ -198,7 +198,7 @@ def _graph_with_plain_constants() -> torch.fx.GraphModule:
 
 
 def test_the_float64_copy_widens_float_constants_at_any_depth_and_leaves_the_graph_and_others_alone():
-    from aotpipe.bench.graph import reference64, to_float64
+    from aotpipe.corpus.bench.graph import reference64, to_float64
 
     gm = _graph_with_plain_constants()
     x = torch.full((3,), 0.7)
@@ -219,7 +219,7 @@ def _same(a, b) -> bool:
 
 
 def test_random_inputs_are_drawn_with_the_tasks_seed_and_a_backwards_with_its_forwards_record(monkeypatch):
-    from aotpipe.bench.graph import graph_inputs, loaded
+    from aotpipe.corpus.bench.graph import graph_inputs, loaded
 
     drawn = []
     real = graph_mod.get_inputs
@@ -246,7 +246,7 @@ def test_a_worker_loads_an_artefact_again_only_when_its_folder_trusted_ops_or_ma
     import os
     import shutil
 
-    from aotpipe.bench.graph import loaded
+    from aotpipe.corpus.bench.graph import loaded
 
     loads = []
     real = graph_mod.load
@@ -304,7 +304,7 @@ def test_without_a_second_sample_an_output_over_eagers_bound_fails(monkeypatch):
 
 
 def test_small_helpers_nth_as_list_and_copy_inputs():
-    from aotpipe.bench.graph import Lazy, as_list, copy_inputs, nth
+    from aotpipe.corpus.bench.graph import Lazy, as_list, copy_inputs, nth
 
     # nth: the i-th of the values, None past their end or where there are none
     assert [nth(lambda: [1, 2], i)() for i in (0, 1, 2, 3)] == [1, 2, None, None] and nth(lambda: None, 0)() is None

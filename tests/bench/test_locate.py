@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from aotpipe.bench import locate as locate_mod
-from aotpipe.bench.backends import Backend
-from aotpipe.bench.graph import judge
-from aotpipe.bench.locate import (
+from aotpipe.corpus.bench import locate as locate_mod
+from aotpipe.corpus.bench.backends import Backend
+from aotpipe.corpus.bench.graph import judge
+from aotpipe.corpus.bench.locate import (
     Located,
     References,
     _check_prefix,
@@ -320,7 +320,7 @@ def test_a_kept_value_is_a_copy_a_later_in_place_op_does_not_change():
 
 
 def test_kept_values_run_the_graph_its_run_guard_makes_and_none_from_a_guard_that_makes_no_fx_graph():
-    from aotpipe.execution import RUN_GUARD
+    from aotpipe.runtime.execution import RUN_GUARD
     gm = make_fx(chain_sum)(X4)
     doubled = make_fx(lambda x: chain_sum(x * 2))(X4)
     seen = []
@@ -395,7 +395,7 @@ def test_references_of_a_graph_that_does_not_run_in_float64_or_has_no_sum_are_no
 
 
 def test_the_second_sample_runs_the_graph_its_run_guard_makes_on_its_inputs():
-    from aotpipe.execution import RUN_GUARD
+    from aotpipe.runtime.execution import RUN_GUARD
     gm = make_fx(chain_sum)(X4)
     seen = []
 
@@ -675,7 +675,7 @@ def _record(role, target):
 
 
 def test_the_repro_is_the_culprits_prefix_with_its_inputs_roles_and_reference_outputs(tmp_path):
-    from aotpipe.bench.graph import loaded
+    from aotpipe.corpus.bench.graph import loaded
 
     aten = torch.ops.aten
     g = torch.fx.Graph()
@@ -730,7 +730,7 @@ MLP = str(Path(__file__).resolve().parent.parent / "data" / "format_v2" / "mlp")
 
 
 def test_locate_graph_bisects_the_artefacts_graph_on_its_inputs_with_its_roles_and_seed(monkeypatch, tmp_path):
-    from aotpipe.bench.graph import loaded
+    from aotpipe.corpus.bench.graph import loaded
     seen = {}
     real_inputs, real_compile = locate_mod.graph_inputs, locate_mod.compile_graph
 
@@ -806,7 +806,7 @@ class _Executor:
         _Executor.made.append(kwargs)
 
     def run(self, tasks, *, on_start, on_done):
-        from aotpipe.executors.base import Failure
+        from aotpipe.pipeline.executors.base import Failure
         for i, t in enumerate(tasks):
             on_start(i)
             _Executor.ran.append(t)
@@ -814,8 +814,8 @@ class _Executor:
 
 
 def test_locate_failures_makes_one_task_per_graph_that_failed_accuracy_each_in_a_worker(monkeypatch, tmp_path):
-    from aotpipe.bench.graph import GraphResult
-    from aotpipe.bench.run import Bench
+    from aotpipe.corpus.bench.graph import GraphResult
+    from aotpipe.corpus.bench.run import Bench
     monkeypatch.setattr(locate_mod, "ProcessExecutor", _Executor)
     _Executor.made, _Executor.ran, _Executor.fail = [], [], {"locate b forward"}
     rs = [GraphResult("a", "inference", "inference", "fail_accuracy", path="/p/a", inputs="random", seed=3),

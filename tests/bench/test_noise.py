@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from aotpipe import accuracy
-from aotpipe.bench import graph as bench_graph_mod
-from aotpipe.bench.graph import GraphTask, bench_graph, judge
-from aotpipe.bench.noise import sequential_sum, sequential_twin
+from aotpipe.corpus.bench import graph as bench_graph_mod
+from aotpipe.corpus.bench.graph import GraphTask, bench_graph, judge
+from aotpipe.corpus.bench.noise import sequential_sum, sequential_twin
+from aotpipe.runtime import accuracy
 from tests.bench.test_bench import PLANTED, bench, bench_json, by_graph
 
 
@@ -131,8 +131,8 @@ def test_a_worker_loads_an_artefact_once_and_runs_float64_only_for_outputs_the_f
 
 @pytest.mark.slow
 def test_locate_widens_the_graph_once_for_all_its_prefixes(quickstart_run, monkeypatch, tmp_path):
-    import aotpipe.bench.locate as locate_mod
-    from aotpipe.bench.locate import LocateTask, locate_graph
+    import aotpipe.corpus.bench.locate as locate_mod
+    from aotpipe.corpus.bench.locate import LocateTask, locate_graph
 
     root, _ = quickstart_run
     art = root / "mlp"
@@ -213,9 +213,9 @@ def test_the_twin_runs_each_sum_and_mean_form_with_its_dims_keepdim_and_dtype():
 
 
 def test_the_second_sample_of_a_loaded_graph_runs_it_through_its_run_guard():
-    from aotpipe.bench.graph import copy_inputs, graph_inputs, loaded
-    from aotpipe.bench.noise import sequential_run
-    from aotpipe.execution import run_graph
+    from aotpipe.corpus.bench.graph import copy_inputs, graph_inputs, loaded
+    from aotpipe.corpus.bench.noise import sequential_run
+    from aotpipe.runtime.execution import run_graph
     from tests.bench.test_graph import MLP
 
     ga = loaded(MLP, ()).graphs["backward"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from aotpipe.bench.graph import GraphResult
-from aotpipe.bench.output import CSV_COLUMNS, row, table
-from aotpipe.bench.run import Bench
-from aotpipe.bench.scores import scores
+from aotpipe.corpus.bench.graph import GraphResult
+from aotpipe.corpus.bench.output import CSV_COLUMNS, row, table
+from aotpipe.corpus.bench.run import Bench
+from aotpipe.corpus.bench.scores import scores
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_backend", REPO / "benchmarks" / "bench_backend.py")

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from aotpipe.bench import baseline
-from aotpipe.bench.graph import GraphResult, graphnet_tolerance, time_interleaved
-from aotpipe.bench.scores import graphnet_scores, score
+from aotpipe.corpus.bench import baseline
+from aotpipe.corpus.bench.graph import GraphResult, graphnet_tolerance, time_interleaved
+from aotpipe.corpus.bench.scores import graphnet_scores, score
 from aotpipe.errors import AotpipeError
 
 
@@ -125,7 +125,7 @@ def test_a_malformed_baseline_names_its_line(tmp_path, text, message):
 def test_artefacts_of_the_same_name_under_two_paths_are_told_apart():
     from pathlib import Path
 
-    from aotpipe.bench.run import find_models
+    from aotpipe.corpus.bench.run import find_models
 
     data = Path(__file__).resolve().parent.parent / "data"
     both = [label for _, label in find_models([data / "format_v1", data / "format_v2"])]

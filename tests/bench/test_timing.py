@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from aotpipe.bench.graph import BAND, median_interval, resolve_clock, time_interleaved, verdict
+from aotpipe.corpus.bench.graph import BAND, median_interval, resolve_clock, time_interleaved, verdict
 
 
 def test_the_median_interval_is_the_order_statistics_the_binomial_tails_allow():
@@ -174,7 +174,7 @@ def _per_call(per_sample, calls=2):
 
 
 def test_rounds_time_samples_of_calls_sized_by_eagers_warm_up_alternating_which_side_goes_first():
-    from aotpipe.bench.graph import WARMUP
+    from aotpipe.corpus.bench.graph import WARMUP
 
     # eager: 1 warm-up call of U (so 2 calls a sample), then rounds whose ratios are 1.25, 1.0,
     # 1.5, 1.125, 1.375: quartiles 1.125, 1.25, 1.375, an IQR of exactly 0.2 of the median (the
@@ -219,7 +219,7 @@ def test_samples_too_short_for_the_clock_to_tick_are_left_out_of_the_ratios():
 
 
 def test_each_side_is_warmed_up_by_its_own_count(monkeypatch):
-    from aotpipe.bench import graph as graph_mod
+    from aotpipe.corpus.bench import graph as graph_mod
 
     monkeypatch.setattr(graph_mod, "EAGER_WARMUP", 4)
     monkeypatch.setattr(graph_mod, "WARMUP", 2)
@@ -234,7 +234,7 @@ def test_each_side_is_warmed_up_by_its_own_count(monkeypatch):
 
 
 def test_auto_clock_without_a_thread_count_reads_torchs():
-    from aotpipe.determinism import intra_op_threads
+    from aotpipe.runtime.determinism import intra_op_threads
 
     with intra_op_threads(1):
         assert resolve_clock("auto", None) == "cpu"

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from aotpipe.bench.graph import GraphResult, _median_iqr, graphnet_tolerance, judge, median_interval
-from aotpipe.bench.noise import REORDERED, sequential_run, sequential_sum, sequential_twin
-from aotpipe.bench.scores import geomean, graphnet_scores, score, scores
+from aotpipe.corpus.bench.graph import GraphResult, _median_iqr, graphnet_tolerance, judge, median_interval
+from aotpipe.corpus.bench.noise import REORDERED, sequential_run, sequential_sum, sequential_twin
+from aotpipe.corpus.bench.scores import geomean, graphnet_scores, score, scores
 
 
 def full(v: float, dtype=torch.float32) -> torch.Tensor:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from aotpipe.bench import command
-from aotpipe.bench.graph import BAND, NOISY, WARMUP, GraphResult, time_interleaved
-from aotpipe.bench.output import result_line, speedup_text, table, verdict_counts, write_csv
-from aotpipe.bench.run import Bench
-from aotpipe.bench.scores import score, scores
 from aotpipe.cli import main
+from aotpipe.corpus.bench import command
+from aotpipe.corpus.bench.graph import BAND, NOISY, WARMUP, GraphResult, time_interleaved
+from aotpipe.corpus.bench.output import result_line, speedup_text, table, verdict_counts, write_csv
+from aotpipe.corpus.bench.run import Bench
+from aotpipe.corpus.bench.scores import score, scores
 
 
 class Clock:

@@ -4,15 +4,14 @@ rounding against the absolute floor; a real fault on them still fails."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from aotpipe.bench.graph import judge, nudged_run, reference64
-from aotpipe.bench.noise import sequential_sum
+from aotpipe.corpus.bench.graph import judge, nudged_run, reference64
+from aotpipe.corpus.bench.noise import sequential_sum
 from tests.bench.test_bench import PLANTED, bench_json, by_graph
 
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from aotpipe import zoo
 from aotpipe.capture import capture_auto
 from aotpipe.capture import dynamo as capture_dynamo_module
 from aotpipe.capture.export import is_tracing_failure
 from aotpipe.capture.hints import capture_hint
 from aotpipe.errors import CaptureError
+from aotpipe.models import zoo
 
 CACHE_ERROR = ("Found <class 'transformers.cache_utils.DynamicCache'> in output, which is not a known type. If this "
                "type holds tensors, you need to register a pytree for it.")

@@ -14,7 +14,7 @@ from torch._dispatch.python import enable_python_dispatcher
 
 from aotpipe.capture import capture_dynamo, ctc
 from aotpipe.format.records import load_run
-from aotpipe.results import written_manifest
+from aotpipe.pipeline.results import written_manifest
 from tests.capture import partial_models
 from tests.helpers.pipelines import run_yaml
 
@@ -161,7 +161,7 @@ def test_dynamo_captures_a_linear_then_ctc_loss_whole():
 
 
 def _corpus_samples():
-    from aotpipe import torch_corpus
+    from aotpipe.models import torch_corpus
 
     for source in ("torch-module:nn.CTCLoss", "torch-op:nn.functional.ctc_loss"):
         spec = types.SimpleNamespace(source=source, seed=0, args={"sample": 0}, graphs=KINDS)

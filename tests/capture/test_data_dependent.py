@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from aotpipe import zoo
 from aotpipe.capture import capture_auto, capture_export
 from aotpipe.capture import dynamo as dynamo_capture
 from aotpipe.capture.hints import capture_hint, where_in_model
 from aotpipe.errors import CaptureError
+from aotpipe.models import zoo
 from tests.helpers.pipelines import run_yaml
 
 KINDS = ["inference", "forward", "backward", "joint"]
@@ -101,7 +101,7 @@ def test_export_failure_on_a_branch_names_the_line_and_suggests_auto(tmp_path):
 
 
 def test_default_mode_is_auto():
-    from aotpipe.config import Defaults
+    from aotpipe.pipeline.config import Defaults
 
     assert Defaults().mode == "auto"
 

@@ -1,22 +1,21 @@
 """Capture mode dynamo: one group of graphs per compiled subgraph, written, checked, replayed."""
 
 import json
-
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from aotpipe import zoo
 from aotpipe.artifact.load import load
 from aotpipe.artifact.writer import graph_entries, write_model
 from aotpipe.capture import capture_auto, capture_dynamo, capture_export, subgraph_references
 from aotpipe.capture.binding import graph_inputs
 from aotpipe.checks.written import check_written, graph_structure
 from aotpipe.errors import CaptureError
-from aotpipe.execution import run_graph
+from aotpipe.models import zoo
 from aotpipe.replay import replay, replay_chain
+from aotpipe.runtime.execution import run_graph
 
 KINDS = ["inference", "forward", "backward", "joint"]
 
@@ -429,7 +428,7 @@ class NormalisedBreak(nn.Module):
 def test_a_subgraph_of_normalised_outputs_gets_real_gradients_from_its_weighted_tangents(tmp_path):
     # A tangent of ones would make every gradient through the LayerNorm zero in exact
     # arithmetic; each output's loss weights (recorded as such, remade by replay) do not.
-    from aotpipe.tensors import loss_weights
+    from aotpipe.runtime.tensors import loss_weights
 
     torch.manual_seed(0)
     cap = _capture(NormalisedBreak(), torch.randn(4, 8))

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from aotpipe import zoo
 from aotpipe.capture import capture_export
-from aotpipe.eager import model_loss
+from aotpipe.models import zoo
+from aotpipe.models.eager import model_loss
 
 KINDS = ["inference", "forward", "backward", "joint"]
 

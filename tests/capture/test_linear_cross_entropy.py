@@ -10,14 +10,14 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.nn.modules.linear_cross_entropy  # noqa: F401  (registers the torch_nn ops)
 from click.testing import CliRunner
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import torch.nn.modules.linear_cross_entropy  # noqa: F401  (registers the torch_nn ops)
 from aotpipe.capture import capture_export
 from aotpipe.capture.custom_ops import DECOMPOSITIONS, library_ops
 from aotpipe.cli import main
-from aotpipe.eager import model_loss
+from aotpipe.models.eager import model_loss
 
 REDUCED = "torch_nn::_linear_cross_entropy_batch_chunked"
 UNREDUCED = "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction"
@@ -206,7 +206,7 @@ def _corpus_samples_calling_the_ops() -> tuple[list[str], set[str]]:
     variants; and which ops they call."""
     import warnings
 
-    from aotpipe import torch_corpus
+    from aotpipe.models import torch_corpus
     from aotpipe.spec import ModelSpec
 
     def spec(source, k):

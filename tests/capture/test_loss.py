@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from aotpipe.artifact.load import load
 from aotpipe.cli import main
-from aotpipe.eager import model_loss, output_weights
+from aotpipe.models.eager import model_loss, output_weights
 
 
 class TwoOutputs(torch.nn.Module):
@@ -166,8 +166,8 @@ def test_an_older_artefact_is_replayed_with_the_loss_it_recorded(version, monkey
 def test_the_yaml_offers_the_losses_capture_knows_and_defaults_to_weighted():
     from typing import get_args
 
-    from aotpipe.config import Defaults
+    from aotpipe.pipeline.config import Defaults
     from aotpipe.spec import Loss
-    from aotpipe.modes import DEFAULT_LOSS, LOSSES
+    from aotpipe.spec.modes import DEFAULT_LOSS, LOSSES
 
     assert get_args(Loss) == LOSSES and DEFAULT_LOSS == "weighted" == Defaults().loss

@@ -12,12 +12,12 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from aotpipe.capture import capture_export
-from aotpipe.checks.written import graph_structure
 from aotpipe.capture.meta import build_on_meta, capture_meta, meta_example_inputs
 from aotpipe.checks.meta import check_meta_written
-from aotpipe.spec import ModelSpec
+from aotpipe.checks.written import graph_structure
 from aotpipe.errors import CaptureError, SourceError
-from aotpipe.sources import build_model, make_example_inputs
+from aotpipe.models.sources import build_model, make_example_inputs
+from aotpipe.spec import ModelSpec
 
 KINDS = ["inference", "forward", "backward", "joint"]
 
@@ -164,7 +164,7 @@ def test_metadata_only_artefact_checks_and_replays_with_random_inputs(tmp_path):
     manifest = records.read(records.Manifest, written.path / records.MANIFEST, written.path)[1]
     assert manifest.capture.mode == "meta"
     assert {k: v.status for k, v in manifest.verification.items()} == {k: "shapes only" for k in KINDS}
-    from aotpipe.artifact.verify import verify_artifact
+    from aotpipe.trust.verify import verify_artifact
 
     assert verify_artifact(written.path) == []  # hashes, safe loading, module.py matches graph.json
     results = replay(written.path, inputs="random")

@@ -12,12 +12,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from aotpipe.capture import capture_auto, capture_dynamo
-from aotpipe.capture import cumulative_bn
+from aotpipe.capture import capture_auto, capture_dynamo, cumulative_bn
 from aotpipe.capture import dynamo as dynamo_capture
 from aotpipe.cli import main
 from aotpipe.format.records import load_run
-from aotpipe.results import written_manifest
+from aotpipe.pipeline.results import written_manifest
 from tests.capture import partial_models
 from tests.helpers.pipelines import run_yaml
 

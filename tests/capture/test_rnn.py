@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from aotpipe import zoo
 from aotpipe.capture import capture_export, rnn
 from aotpipe.capture.rnn import recurrent_decompositions
+from aotpipe.models import zoo
 
 KINDS = ["inference", "forward", "backward", "joint"]
 aten = torch.ops.aten

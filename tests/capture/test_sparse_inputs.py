@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.eager import layout_problem
+from aotpipe.models.eager import layout_problem
 
 
 class _MM(torch.nn.Module):

@@ -299,8 +299,8 @@ def masked_loss():
 
 
 def _run(tmp_path, models_yaml, **defaults):
-    from aotpipe.config import parse_pipeline
-    from aotpipe.runner import run_pipeline
+    from aotpipe.pipeline.config import parse_pipeline
+    from aotpipe.pipeline.runner import run_pipeline
 
     d = {"graphs": "[inference, forward, backward, joint]", "passes": "[]", **defaults}
     text = ("version: 1\nname: branches\nexecutor: {kind: local}\ndefaults: {"

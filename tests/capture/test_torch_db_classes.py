@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from aotpipe.artifact.load import load
-from aotpipe.config import parse_pipeline
-from aotpipe.runner import run_pipeline
+from aotpipe.pipeline.config import parse_pipeline
+from aotpipe.pipeline.runner import run_pipeline
 
 HERE = "tests.capture.test_torch_db_classes"
 
@@ -287,9 +287,7 @@ def test_reseeding_without_random_draws_is_captured(tmp_path):
 
 
 def test_the_seed_aotpipe_itself_sets_is_not_the_model_s():
-    from aotpipe.capture.export import model_reseeds
-
-    from aotpipe.capture.export import materialise_lazy_modules
+    from aotpipe.capture.export import materialise_lazy_modules, model_reseeds
 
     before = (torch.manual_seed, torch.random.manual_seed, torch.set_rng_state, torch.seed)
     with model_reseeds() as calls:
@@ -335,7 +333,7 @@ def test_complex_outputs_and_their_gradients_are_checked_not_skipped(tmp_path, m
 
 
 def test_the_loss_takes_a_complex_output_by_its_real_part():
-    from aotpipe.eager import model_loss, output_weights
+    from aotpipe.models.eager import model_loss, output_weights
 
     z = torch.randn(3, 4, dtype=torch.cfloat)
     assert model_loss(z).dtype == torch.float32
@@ -353,7 +351,7 @@ class ComplexWeight(torch.nn.Module):
 
 
 def test_the_float64_reference_of_a_complex_output_is_complex128():
-    from aotpipe.eager import EagerReference
+    from aotpipe.models.eager import EagerReference
 
     ref = EagerReference(ComplexWeight(), (torch.randn(4, dtype=torch.cfloat),), {}, user_names=["x"])
     assert ref.run("inference").outputs[0].dtype == torch.complex64
@@ -369,7 +367,7 @@ def _noisy(scale, dtype, n=10_000):
 
 
 def test_a_complex_value_is_judged_by_the_float64_rule_on_its_real_view():
-    from aotpipe.accuracy import compare
+    from aotpipe.runtime.accuracy import compare
 
     ref, off = _noisy(1e-4, torch.cfloat)
     assert compare(off(1.5), off(1), lambda: ref).passed
@@ -380,7 +378,7 @@ def test_a_complex_value_is_judged_by_the_float64_rule_on_its_real_view():
 
 
 def test_complex32_is_judged_by_the_half_precision_rule():
-    from aotpipe.accuracy import compare
+    from aotpipe.runtime.accuracy import compare
 
     ref, off = _noisy(1e-2, torch.chalf)
     c = compare(off(2.5), off(1), lambda: ref)  # within 3x (half's multiplier), beyond float32's 2x
@@ -402,7 +400,7 @@ def test_mode_dynamo_captures_lazy_and_linalg_models_too(tmp_path, which):
 def test_a_complex_output_that_is_a_conjugate_view_is_differentiated_too():
     # torch.fft.ifft of a real input returns a lazily conjugated view, which view_as_real refuses
     from aotpipe.capture.export import capture_export
-    from aotpipe.eager import model_loss
+    from aotpipe.models.eager import model_loss
 
     z = torch.fft.ihfft(torch.randn(8))
     assert z.is_conj()

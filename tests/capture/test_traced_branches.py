@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aotpipe.eager import CAUSAL_MASK_NOTE, EagerReference
+from aotpipe.models.eager import CAUSAL_MASK_NOTE, EagerReference
 
 transformers = pytest.importorskip("transformers")
 

@@ -21,8 +21,8 @@ from click.testing import CliRunner
 
 from aotpipe.artifact.manifest import seal
 from aotpipe.cli import main
-from aotpipe.config import parse_pipeline
 from aotpipe.errors import ConfigError
+from aotpipe.pipeline.config import parse_pipeline
 
 LIBRARY = Path(__file__).resolve().parent.parent / "data" / "aptestops"
 

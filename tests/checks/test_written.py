@@ -8,10 +8,10 @@ import torch
 from click.testing import CliRunner
 
 import aotpipe.capture
-import aotpipe.job
+import aotpipe.pipeline.job
 from aotpipe.checks.written import _Checker
 from aotpipe.cli import main
-from aotpipe.eager import EagerRun
+from aotpipe.models.eager import EagerRun
 from aotpipe.replay import replay
 
 
@@ -289,12 +289,12 @@ def test_a_written_graph_that_does_not_run_fails_its_model_naming_the_graph(tmp_
 
 def test_a_graph_json_that_rebuilds_differently_is_redone_by_the_next_run(tmp_path, monkeypatch):
     """The manifest records the rebuild difference as an error: a rerun does not keep the model."""
-    real = aotpipe.job._codes
+    real = aotpipe.pipeline.job._codes
 
     def expects_another_graph(job):
         return {key: code + ["an extra node the written graph lacks"] for key, code in real(job).items()}
 
-    monkeypatch.setattr(aotpipe.job, "_codes", expects_another_graph)
+    monkeypatch.setattr(aotpipe.pipeline.job, "_codes", expects_another_graph)
     p = _pipeline(tmp_path, """
         - {name: mlp, source: aotpipe.zoo:mlp, args: {in_features: 8}, inputs: [{shape: [4, 8]}]}
     """)
@@ -309,7 +309,7 @@ def test_a_graph_json_that_rebuilds_differently_is_redone_by_the_next_run(tmp_pa
     assert r.exit_code == 1, r.output
     (m,) = run["models"]
     assert m["status"] == "failed" and "does not rebuild" in m["error"]
-    monkeypatch.setattr(aotpipe.job, "_codes", real)
+    monkeypatch.setattr(aotpipe.pipeline.job, "_codes", real)
     r, run = _run(tmp_path, p)  # fixed: redone and ok
     assert r.exit_code == 0, r.output
     assert run["models"][0]["status"] == "ok"

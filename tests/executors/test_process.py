@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from aotpipe.executors import Failure, Resources, Task
-from aotpipe.executors.base import Recycled
-from aotpipe.executors.process import ProcessExecutor, _Worker, ran_out_of_memory, retried_out_of_memory
+from aotpipe.pipeline.executors import Failure, Resources, Task
+from aotpipe.pipeline.executors.base import Recycled
+from aotpipe.pipeline.executors.process import ProcessExecutor, _Worker, ran_out_of_memory, retried_out_of_memory
 from tests.executors import tasks
 
 
@@ -135,7 +135,7 @@ def test_a_retry_waits_for_a_fresh_worker_and_a_used_idle_one_makes_room():
     # Two workers, each left holding 500 MiB by its first task; the third task needs 700 MiB:
     # out of memory in either. Its retry is not given to the other (used) worker, which is
     # retired instead, and a fresh worker runs it.
-    from aotpipe.executors.process import _MAKE_ROOM
+    from aotpipe.pipeline.executors.process import _MAKE_ROOM
 
     (base,) = _run(ProcessExecutor(workers=1), [_task("probe", tasks.own_rss_mib)])
     ex = ProcessExecutor(workers=2, memory_gb=(base + 850) / 1024, recycle_memory_gb=100)

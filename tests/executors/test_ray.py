@@ -70,8 +70,8 @@ def test_each_task_gets_the_resources_its_model_asks_for_and_an_impossible_ask_f
     import functools
     import time
 
-    from aotpipe.executors import Failure, Resources, Task
-    from aotpipe.executors.ray import RayExecutor
+    from aotpipe.pipeline.executors import Failure, Resources, Task
+    from aotpipe.pipeline.executors.ray import RayExecutor
     from tests.executors import tasks
 
     todo = [Task("two_cpus", tasks.ray_assigned, Resources(num_cpus=2, memory_gb=0.25)),
@@ -96,8 +96,8 @@ def test_max_models_per_worker_retires_ray_workers_and_recycle_memory_is_said_no
     """executor.max_models_per_worker is Ray's max_calls: no Ray worker runs more models than
     that. Without it Ray runs task after task in the same workers. recycle_memory_gb, which Ray
     cannot apply, gets a note rather than silence."""
-    from aotpipe.executors import Resources, Task
-    from aotpipe.executors.ray import RayExecutor
+    from aotpipe.pipeline.executors import Resources, Task
+    from aotpipe.pipeline.executors.ray import RayExecutor
     from tests.executors import tasks
 
     def pids(**kw):

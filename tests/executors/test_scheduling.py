@@ -4,7 +4,7 @@ import json
 
 from aotpipe.artifact.manifest import dump_json, versions
 from aotpipe.format.records import ExecutorRecord, ModelRun, RunRecord, RunSummary
-from aotpipe.runner import longest_first
+from aotpipe.pipeline.runner import longest_first
 
 
 def _run_json(folder, models):
@@ -44,10 +44,10 @@ def test_models_that_ran_out_of_memory_last_time_start_in_a_fresh_worker(tmp_pat
     # used worker (its replacement says so, and it passed afresh), one out of memory in a fresh
     # one (its failure), one killed as the OOM killer kills; not a crash, a time limit, or a
     # worker replaced for another reason.
-    from aotpipe.config import parse_pipeline
-    from aotpipe.executors.process import OUT_OF_MEMORY
     from aotpipe.format.records import RecycledWorker
-    from aotpipe import runner
+    from aotpipe.pipeline import runner
+    from aotpipe.pipeline.config import parse_pipeline
+    from aotpipe.pipeline.executors.process import OUT_OF_MEMORY
 
     models = [ModelRun(name="used_oom", status="ok", total_seconds=3.0),
               ModelRun(name="fresh_oom", status="failed", stage="worker",

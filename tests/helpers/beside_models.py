@@ -1,4 +1,4 @@
-"""A model for the tests of mode meta's second process (aotpipe.job.beside_kinds).
+"""A model for the tests of mode meta's second process (aotpipe.pipeline.job.beside_kinds).
 
 Built in whatever process builds it, it says so through environment variables the tests set
 (a spawned process inherits them): it appends its process id to $AOTPIPE_TEST_PIDS; with

@@ -4,9 +4,9 @@ import torch.utils._pytree as pytree
 
 from aotpipe.artifact.writer import graph_entries, write_model
 from aotpipe.capture import capture_export
-from aotpipe.checks.written import check_written, graph_structure
-from aotpipe.eager import EagerReference, model_state
 from aotpipe.capture.binding import bind_inputs
+from aotpipe.checks.written import check_written, graph_structure
+from aotpipe.models.eager import EagerReference, model_state
 
 
 def capture_and_check(model, args, kwargs, out_dir, *, graphs=("inference", "forward", "backward", "joint"),

@@ -62,7 +62,7 @@ def hmac_forgery(model: Path, secret: bytes) -> None:
     """Sign `model` as a forger holding only a public key would: an HMAC-SHA256 signature
     keyed with the public key's bytes (in whatever encoding the verifier keeps it), written
     where and how aotpipe writes signatures. A verifier must never call it ok."""
-    from aotpipe.artifact.signing import _hmac_key, manifest_bytes, signature_record
+    from aotpipe.trust.signing import _hmac_key, manifest_bytes, signature_record
 
     model = Path(model)
     record = signature_record(manifest_bytes(model), _hmac_key(model / "public-key-as-secret", secret))

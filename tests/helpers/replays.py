@@ -11,7 +11,7 @@ sums of sampled elements, "unverified" with that reason, its sums within float n
 
 from __future__ import annotations
 
-from aotpipe.determinism import unrecorded_cpu
+from aotpipe.runtime.determinism import unrecorded_cpu
 
 
 def assert_match_or_close_for_want_of_a_recorded_cpu(results, recorded_environment) -> None:

@@ -3,11 +3,11 @@
 import torch
 
 from aotpipe.capture import capture_export
+from aotpipe.capture.binding import backward_inputs, bind_inputs
+from aotpipe.models.eager import model_state
 from aotpipe.passes import PASSES, parse_pass_entry
 from aotpipe.passes.base import GraphUnderPass
-from aotpipe.eager import model_state
-from aotpipe.execution import run_graph
-from aotpipe.capture.binding import backward_inputs, bind_inputs
+from aotpipe.runtime.execution import run_graph
 
 
 def graph_of(model, *args, kind="inference"):

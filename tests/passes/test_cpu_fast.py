@@ -8,13 +8,13 @@ import sys
 import pytest
 import torch
 
-from aotpipe import zoo
 from aotpipe.artifact.ops import STRING_ARG_VALUES, resolve_op
-from aotpipe.format.records import library_namespace_problem
-from aotpipe.config import load_pipeline
 from aotpipe.errors import ArtifactError, ConfigError
+from aotpipe.format.records import library_namespace_problem
+from aotpipe.models import zoo
 from aotpipe.passes import CHAINS
 from aotpipe.passes.base import tensor_facts
+from aotpipe.pipeline.config import load_pipeline
 from tests.helpers.pipelines import run_yaml
 from tests.passes.helpers import apply, assert_same_results, graph_of
 
@@ -212,7 +212,7 @@ def test_a_lone_convolution_on_the_input_is_left_alone():
 def test_a_cpu_fast_graph_is_refused_for_another_device():
     """replay --device cuda runs a graph through to_device: a graph of oneDNN ops has no CUDA
     kernels, so it is refused with one line naming what to run instead (no GPU needed)."""
-    from aotpipe.devices import to_device
+    from aotpipe.runtime.devices import to_device
 
     g = apply("mkldnn_fuse", apply("freeze", graph_of(zoo.small_cnn(channels=4), torch.randn(2, 3, 8, 8))).graph)
     with pytest.raises(ValueError, match="runs on CPU only .*run its base graph on cuda"):

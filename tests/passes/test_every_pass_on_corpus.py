@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from aotpipe.config import load_pipeline, parse_pipeline
-from aotpipe.job import _capture, _Job, _source
-from aotpipe.modes import capture_mode
 from aotpipe.passes import PASSES, parse_pass_entry
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe.passes.manager import run_chain
-from aotpipe.results import ModelResult
+from aotpipe.pipeline.config import load_pipeline, parse_pipeline
+from aotpipe.pipeline.job import _capture, _Job, _source
+from aotpipe.pipeline.results import ModelResult
+from aotpipe.spec.modes import capture_mode
 from tests.test_first_hour import EMBEDDING_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 import torch
 from torch import nn
 
-from aotpipe import zoo
+from aotpipe.models import zoo
 from tests.passes.helpers import apply, assert_same_results, count, graph_of
 
 BN = torch.ops.aten._native_batch_norm_legit_no_training.default

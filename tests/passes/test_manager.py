@@ -11,12 +11,12 @@ import torch
 from click.testing import CliRunner
 
 import aotpipe.passes as passes
-from aotpipe import zoo
 from aotpipe.cli import main
+from aotpipe.models import zoo
 from aotpipe.passes import parse_pass_entry
 from aotpipe.passes.base import PassError, PassResult, constant_value
-from aotpipe.execution import run_graph
 from aotpipe.passes.manager import run_chain
+from aotpipe.runtime.execution import run_graph
 from aotpipe.spec import PassStep
 from tests.passes.helpers import graph_of
 

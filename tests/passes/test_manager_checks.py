@@ -9,15 +9,14 @@ import pytest
 import torch
 
 import aotpipe.passes as passes
-from aotpipe import zoo
 from aotpipe.capture import capture_export
 from aotpipe.capture.binding import graph_inputs
-from aotpipe.eager import model_state
-from aotpipe.execution import run_graph
+from aotpipe.models import zoo
+from aotpipe.models.eager import model_state
 from aotpipe.passes import FreezeOptions, PassInfo
 from aotpipe.passes.base import PassError, PassResult
-from aotpipe.passes.manager import (apply_passes, chain_name, diagnose_chain, run_chain, run_chain_leaving_out,
-                                    untimed)
+from aotpipe.passes.manager import apply_passes, chain_name, diagnose_chain, run_chain, run_chain_leaving_out, untimed
+from aotpipe.runtime.execution import run_graph
 from aotpipe.spec import PassStep
 from tests.passes.helpers import graph_of
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from aotpipe import zoo
+from aotpipe.models import zoo
 from tests.passes.helpers import apply, assert_same_results, count, graph_of, ops
 
 CONV = torch.ops.aten.convolution.default

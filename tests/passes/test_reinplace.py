@@ -1,7 +1,7 @@
 import torch
 from torch import nn
 
-from aotpipe import zoo
+from aotpipe.models import zoo
 from tests.passes.helpers import apply, assert_same_results, graph_of
 
 

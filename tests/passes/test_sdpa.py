@@ -1,10 +1,10 @@
 import math
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
-from aotpipe import zoo
+from aotpipe.models import zoo
 from tests.passes.helpers import apply, assert_same_results, count, graph_of
 
 SDPA = torch.ops.aten.scaled_dot_product_attention.default

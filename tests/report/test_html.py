@@ -138,7 +138,7 @@ def test_a_graph_links_its_model_explorer_view_only_where_the_file_exists(tree):
 def test_a_tree_without_run_json_reports_from_its_manifests():
     from pathlib import Path
 
-    from aotpipe.htmlreport import build_html
+    from aotpipe.pipeline.htmlreport import build_html
 
     for version in ("format_v1", "format_v2"):
         html = build_html(Path(__file__).parent.parent / "data" / version)
@@ -149,7 +149,7 @@ def test_a_tree_without_run_json_reports_from_its_manifests():
 def test_without_matplotlib_the_page_says_so_and_is_still_written(tree, monkeypatch):
     import sys
 
-    from aotpipe.htmlreport import build_html
+    from aotpipe.pipeline.htmlreport import build_html
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     html = build_html(tree)
@@ -168,7 +168,8 @@ def test_report_writes_nothing_into_a_model_folder_unless_told_where(tree, tmp_p
 
 def test_the_page_reads_op_counts_and_keeps_no_graph_nodes(tree, monkeypatch):
     # A zoo's nodes, all held at once while the page was gathered, took 7 GB.
-    from aotpipe import htmlreport, tree as tree_mod
+    from aotpipe.pipeline import htmlreport
+    from aotpipe.pipeline import tree as tree_mod
 
     kept = tree_mod.read_tree(tree)
     read = []
@@ -218,7 +219,7 @@ def test_a_model_folder_named_like_a_url_links_as_a_relative_path_to_itself(tree
 
 
 def test_a_link_that_is_not_a_path_inside_the_report_folder_is_dropped(tree, tmp_path):
-    from aotpipe.htmlreport import relative_link
+    from aotpipe.pipeline.htmlreport import relative_link
 
     (tree / "mlp" / "views").mkdir()
     inside = tree / "mlp" / "views" / "joint.model-explorer.json"

@@ -56,7 +56,7 @@ def test_the_hash_filters_and_sorts_the_table_in_the_browser(quickstart_run, tmp
     run = json.loads((tree / "run.json").read_text())
     run["models"][2].update(status="failed", stage="capture", error="planted")
     (tree / "run.json").write_text(json.dumps(run))
-    from aotpipe.htmlreport import write_html
+    from aotpipe.pipeline.htmlreport import write_html
 
     page = write_html(tree)
     assert _shown_rows(_dom(tmp_path, page, "#status=failed")) == ["tiny_transformer"]
@@ -73,7 +73,7 @@ def test_a_hostile_model_name_runs_no_script_in_the_browser(quickstart_run, tmp_
     run = json.loads((tree / "run.json").read_text())
     run["models"][0]["name"] = "<img src=x onerror=\"document.body.setAttribute('data-pwned','1')\">"
     (tree / "run.json").write_text(json.dumps(run))
-    from aotpipe.htmlreport import write_html
+    from aotpipe.pipeline.htmlreport import write_html
 
     dom = _dom(tmp_path, write_html(tree))
     body = re.search(r"<body[^>]*>", dom).group(0)
@@ -87,7 +87,7 @@ def test_a_script_the_page_does_not_own_is_refused_by_its_csp_and_its_own_still_
     root, _ = quickstart_run
     tree = tmp_path / "quickstart"
     shutil.copytree(root, tree)
-    from aotpipe.htmlreport import write_html
+    from aotpipe.pipeline.htmlreport import write_html
 
     page = write_html(tree)
     planted = "<script>document.body.setAttribute('data-pwned','1')</script>"
@@ -114,7 +114,7 @@ def test_a_model_folder_named_javascript_links_to_its_own_file_and_runs_nothing(
     run = json.loads((tree / "run.json").read_text())
     run["models"][1]["name"] = "\"><script>document.title='pwned'</script>"
     (tree / "run.json").write_text(json.dumps(run))
-    from aotpipe.htmlreport import write_html
+    from aotpipe.pipeline.htmlreport import write_html
 
     page = write_html(tree)
     dom = _dom(tmp_path, page)

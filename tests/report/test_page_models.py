@@ -8,7 +8,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-import aotpipe.htmlreport as page
+import aotpipe.pipeline.htmlreport as page
 from aotpipe.cli import main
 from tests.report.tiny import copy_tree, drawn, entry, write_run  # noqa: F401 (drawn: a fixture)
 

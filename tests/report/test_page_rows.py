@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import aotpipe.htmlreport as page
+import aotpipe.pipeline.htmlreport as page
 from aotpipe.artifact.fsio import OutputError
 from aotpipe.errors import AotpipeError
 from tests.report.tiny import EARLIER, STAMP, copy_tree, drawn, edit_json, entry, write_run  # noqa: F401
@@ -175,7 +175,7 @@ def test_a_graph_that_calls_no_op_lists_none_and_one_never_replayed_has_no_verdi
 
 
 def test_a_row_made_without_a_run_record_says_nothing_of_kept_and_a_view_without_a_manifest_is_unreadable(root):
-    from aotpipe.tree import ModelView
+    from aotpipe.pipeline.tree import ModelView
 
     row = page._model_row(0, entry("mlp", measured_in=EARLIER), None, root)
     assert (row.status, row.kept) == ("ok", None)  # which run is "this" one is run.json's to say
@@ -269,7 +269,7 @@ def test_the_summary_counts_models_by_status_graphs_bytes_checks_and_kept(tmp_pa
 
 def test_the_page_walks_the_tree_once_and_holds_op_counts_not_nodes(root, monkeypatch):
     """A zoo's nodes held at once took 7 GB: the page keeps each graph's op counts only."""
-    import aotpipe.artifact.verify as verify
+    import aotpipe.trust.verify as verify
 
     walks, views = [], []
     find = verify.find_artifacts

@@ -1,4 +1,4 @@
-"""report.md and run.json's summary (aotpipe/report.py), from run entries a test chooses:
+"""report.md and run.json's summary (aotpipe/pipeline/report.py), from run entries a test chooses:
 each cell and section as a person reads it, every count as a machine reads it. No model is
 captured (tests/report/tiny.py)."""
 
@@ -11,12 +11,38 @@ from pathlib import Path
 import pytest
 
 from aotpipe.artifact.fsio import OutputError
-from aotpipe.format.records import (CheckSummary, DroppedModel, DuplicatedModel, EagerCell, GraphSummary, MergedShard,
-                                      MergeRecord, PassChainRun, RecycledWorker, RunRecord, ShardRecord,
-                                      TimedPassRecord, VerificationSummary)
-from aotpipe.report import (REPORT_MD, RUN_JSON, _checks_cell, _replay_cell, _worst_ratio, dump_run, human_size,
-                            kept_lines, report_markdown, run_record, seconds_cell, settled_text, settled_totals,
-                            status_text, write_reports)
+from aotpipe.format.records import (
+    CheckSummary,
+    DroppedModel,
+    DuplicatedModel,
+    EagerCell,
+    GraphSummary,
+    MergedShard,
+    MergeRecord,
+    PassChainRun,
+    RecycledWorker,
+    RunRecord,
+    ShardRecord,
+    TimedPassRecord,
+    VerificationSummary,
+)
+from aotpipe.pipeline.report import (
+    REPORT_MD,
+    RUN_JSON,
+    _checks_cell,
+    _replay_cell,
+    _worst_ratio,
+    dump_run,
+    human_size,
+    kept_lines,
+    report_markdown,
+    run_record,
+    seconds_cell,
+    settled_text,
+    settled_totals,
+    status_text,
+    write_reports,
+)
 from tests.report.tiny import EARLIER, PIPELINE, STAMP, entry, run_result
 
 

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from aotpipe.cli import main
-from aotpipe.htmlreport import build_html
-from aotpipe.views import view_path, write_explorer
+from aotpipe.pipeline.htmlreport import build_html
+from aotpipe.pipeline.views import view_path, write_explorer
 from tests.helpers.model_explorer_web import CHROMIUM, load_collection
 
 pytest.importorskip("model_explorer.graph_builder", reason="model-explorer (ai-edge-model-explorer) is not installed")

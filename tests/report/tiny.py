@@ -9,11 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import aotpipe.htmlreport as page
-
+import aotpipe.pipeline.htmlreport as page
 from aotpipe.format.records import ModelRun, RunStamp
-from aotpipe.report import RUN_JSON, dump_run, run_record
-from aotpipe.results import RunResult
+from aotpipe.pipeline.report import RUN_JSON, dump_run, run_record
+from aotpipe.pipeline.results import RunResult
 
 FIXTURE = Path(__file__).resolve().parent.parent / "data" / "format_v2"
 MODELS = ("mlp", "running_norm")

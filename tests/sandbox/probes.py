@@ -56,7 +56,7 @@ def replay_with_crashing_relu(args: dict[str, Any], worker: Any) -> Any:
     a kernel that crashes on what a graph gave it, at a node the test knows."""
     import torch
 
-    from aotpipe.sandbox.replay import replay_task
+    from aotpipe.trust.sandbox.replay import replay_task
 
     lib = torch.library.Library("aten", "IMPL")
 

@@ -18,11 +18,11 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from aotpipe.artifact import keyring
-from aotpipe.artifact.signing import load_key, manifest_bytes, signature_record
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError
-from aotpipe.sandbox.decide import SandboxDecision, decide_sandbox, model_folder, trust_problems
+from aotpipe.trust import keyring
+from aotpipe.trust.sandbox.decide import SandboxDecision, decide_sandbox, model_folder, trust_problems
+from aotpipe.trust.signing import load_key, manifest_bytes, signature_record
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "format_v2" / "mlp"
 SIDES = ["both", "only A", "only B", "none"]
@@ -98,10 +98,10 @@ def where(monkeypatch):
 
     monkeypatch.setattr("aotpipe.cli.replay_outcome", stand_in("in process"))
     monkeypatch.setattr("aotpipe.cli.replay_sandboxed", stand_in("sandbox"))
-    monkeypatch.setattr("aotpipe.diff.values.compare_values", stand_in("in process"))
-    monkeypatch.setattr("aotpipe.diff.values.compare_values_sandboxed", stand_in("sandbox"))
-    monkeypatch.setattr("aotpipe.bench.run.plan", stand_in("in process"))
-    monkeypatch.setattr("aotpipe.pt2_program.export_pt2", stand_in("in process"))
+    monkeypatch.setattr("aotpipe.corpus.diff.values.compare_values", stand_in("in process"))
+    monkeypatch.setattr("aotpipe.corpus.diff.values.compare_values_sandboxed", stand_in("sandbox"))
+    monkeypatch.setattr("aotpipe.corpus.bench.run.plan", stand_in("in process"))
+    monkeypatch.setattr("aotpipe.corpus.pt2_program.export_pt2", stand_in("in process"))
     return ran
 
 

@@ -8,9 +8,9 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from aotpipe.artifact.verify import sign_artifact
 from aotpipe.cli import main
-from aotpipe.diff import values
+from aotpipe.corpus.diff import values
+from aotpipe.trust.verify import sign_artifact
 from tests.helpers.diff_trees import tiny_tree
 from tests.sandbox.test_sandbox import _hostile, needs_bwrap
 
@@ -23,7 +23,7 @@ def sandboxed(monkeypatch):
 @needs_bwrap
 def test_values_of_untrusted_artefacts_are_compared_in_the_sandbox(quickstart_run, tmp_path, monkeypatch):
     root, _ = quickstart_run
-    from aotpipe.diff import values
+    from aotpipe.corpus.diff import values
 
     monkeypatch.setattr(values, "compare_values", lambda *a, **k: pytest.fail("ran in this process"))
     b = tmp_path / "mlp"

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from aotpipe.cli import main
 from aotpipe.errors import SandboxError, SandboxUnavailable
-from aotpipe.sandbox.launch import SandboxLimits, run_task
+from aotpipe.trust.sandbox.launch import SandboxLimits, run_task
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
                                  reason="bubblewrap is not installed (.ci/run installs it)")
@@ -210,7 +210,7 @@ def test_progress_marks_name_each_node_and_leave_the_results_alone(tmp_path):
     import torch
     import torch.fx
 
-    from aotpipe.sandbox.progress import Progress, instrument, read
+    from aotpipe.trust.sandbox.progress import Progress, instrument, read
 
     class M(torch.nn.Module):
         def forward(self, x):
@@ -232,7 +232,7 @@ def test_progress_marks_name_each_node_and_leave_the_results_alone(tmp_path):
 
 def _scratch(tmp_path: Path, result: object = None, progress: str = "") -> Path:
     """A scratch folder as a worker leaves it: result.json (if any) and the progress file."""
-    from aotpipe.sandbox.progress import Progress
+    from aotpipe.trust.sandbox.progress import Progress
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     if result is not None:
@@ -244,7 +244,7 @@ def _scratch(tmp_path: Path, result: object = None, progress: str = "") -> Path:
 
 def test_what_the_worker_says_is_stripped_of_control_characters(tmp_path):
     from aotpipe.errors import AotpipeError
-    from aotpipe.sandbox.launch import _verdict
+    from aotpipe.trust.sandbox.launch import _verdict
 
     limits = SandboxLimits.for_bytes(1 << 30)
     hostile = {"protocol": 1, "status": "user_error", "lines": ["bad \x1b[2J\x1b[1;1Hverified\x07 name"],
@@ -260,7 +260,7 @@ def test_what_the_worker_says_is_stripped_of_control_characters(tmp_path):
 
 
 def test_a_result_that_is_not_the_protocol_is_no_result(tmp_path):
-    from aotpipe.sandbox.launch import _verdict
+    from aotpipe.trust.sandbox.launch import _verdict
 
     limits = SandboxLimits.for_bytes(1 << 30)
     for i, bad in enumerate(["not json", json.dumps([1, 2]), json.dumps({"status": "ok", "value": 1}),
@@ -272,7 +272,7 @@ def test_a_result_that_is_not_the_protocol_is_no_result(tmp_path):
 
 
 def test_a_malformed_replay_result_is_a_sandbox_error():
-    from aotpipe.sandbox.replay import ReplayOutcome
+    from aotpipe.trust.sandbox.replay import ReplayOutcome
 
     with pytest.raises(SandboxError) as e:
         ReplayOutcome.from_json({"artifact": "m", "graphs": [{"kind": "inference", "status": ["x"]}]},
@@ -297,7 +297,7 @@ def test_a_sandbox_that_cannot_start_is_one_line(monkeypatch, tmp_path):
 
 
 def test_a_crash_line_carries_what_the_c_library_said(tmp_path):
-    from aotpipe.sandbox.launch import _verdict
+    from aotpipe.trust.sandbox.launch import _verdict
 
     scratch = _scratch(tmp_path, None, "in node mm (aten.mm.default) of graph forward")
     (scratch / "worker.log").write_text("some warning\nfree(): invalid pointer\n")
@@ -322,7 +322,7 @@ def test_cache_folders_named_by_the_callers_environment_move_into_the_scratch_fo
 def test_an_answer_the_protocol_does_not_describe_is_no_answer(tmp_path):
     """result.json is read as a SandboxResult (sandbox/protocol.py): a key it does not name, a
     field of the wrong type or a status it does not know make it no result at all."""
-    from aotpipe.sandbox.launch import _verdict
+    from aotpipe.trust.sandbox.launch import _verdict
 
     limits = SandboxLimits.for_bytes(1 << 30)
     good = {"protocol": 1, "status": "ok", "value": {"graphs": [1]}, "canaries": "intact"}

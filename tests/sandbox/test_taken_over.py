@@ -17,8 +17,8 @@ import pytest
 
 import aotpipe
 from aotpipe.errors import SandboxError
-from aotpipe.sandbox import launch
-from aotpipe.sandbox.launch import NOBODY, SandboxLimits, run_task
+from aotpipe.trust.sandbox import launch
+from aotpipe.trust.sandbox.launch import NOBODY, SandboxLimits, run_task
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
                                  reason="bubblewrap is not installed (.ci/run installs it)")
@@ -46,7 +46,7 @@ def taken_over(tmp_path_factory):
     abstract = socket.socket(socket.AF_UNIX)
     abstract.bind("\0aotpipe-test-abstract-socket")
     abstract.listen(1)
-    from aotpipe.artifact.keyring import own_key
+    from aotpipe.trust.keyring import own_key
 
     signing_key = str(own_key())  # the user's own key: never in a sandbox
     saved = {k: os.environ.get(k) for k in SECRET_VARIABLES}
@@ -171,7 +171,7 @@ def test_the_command_line_builds_an_empty_root_and_drops_root(tmp_path):
 
 @needs_bwrap
 def test_the_sandbox_is_bounded_as_a_whole_where_a_cgroup_can_be_made():
-    from aotpipe.sandbox.confine import make_cgroup
+    from aotpipe.trust.sandbox.confine import make_cgroup
 
     cg = make_cgroup(1 << 30, 64)
     try:
@@ -194,7 +194,7 @@ def test_the_sandbox_is_bounded_as_a_whole_where_a_cgroup_can_be_made():
 def test_the_caller_follows_no_link_the_worker_leaves_in_its_scratch_folder(tmp_path, name):
     """The worker owns its scratch folder: a file there replaced by a symlink to one of the
     caller's (its signing key, say) must not be read into a result or an error line."""
-    from aotpipe.sandbox.launch import _verdict
+    from aotpipe.trust.sandbox.launch import _verdict
 
     secret = tmp_path / "signing-key.pem"
     secret.write_text('{"protocol": 1, "status": "user_error", "lines": ["PLANTED-SECRET"], "canaries": "intact"}\n'

@@ -1,0 +1,127 @@
+"""What `aotpipe bench` does once its arguments are parsed: bench, print, write, gate."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from aotpipe.corpus.bench import baseline as baselines
+from aotpipe.corpus.bench.backends import parse_backend
+from aotpipe.corpus.bench.locate import locate_failures
+from aotpipe.corpus.bench.output import table, write_csv
+from aotpipe.corpus.bench.run import bench, parse_kinds
+from aotpipe.errors import AotpipeError
+from aotpipe.format.graph_keys import parse_graph_key
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    paths: tuple[str, ...]
+    backend: str
+    graphs: Optional[str] = None
+    baseline: Optional[str] = None
+    write_baseline: Optional[str] = None
+    locate: bool = False
+    as_json: bool = False
+    csv: Optional[str] = None
+    inputs: str = "saved"
+    seed: int = 0
+    timeout_s: float = 600.0
+    rounds: int = 10
+    key: Optional[str] = None
+    trusted: bool = False
+    trust_ops: tuple[str, ...] = ()
+    progress: bool = True
+    locate_dir: Optional[str] = None
+    threads: Optional[int] = 1
+    clock: str = "auto"
+    removed: tuple[str, ...] = ()  # --removed MODEL[/GRAPH]: baseline graphs no longer benched on purpose
+
+
+def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., None]) -> int:
+    """Bench, print the table (or JSON), write the files asked for; the exit status.
+
+    `say` prints a line that may hold names from artefacts (escaped); `emit` prints JSON as
+    it is (json.dumps escapes every control character itself).
+
+    0: every graph passed, or (with --baseline) no graph that passed in the baseline fails
+    now, or (with --write-baseline) the baseline was written; 1 otherwise."""
+    from tqdm import tqdm
+
+    kinds = parse_kinds(o.graphs)
+    expected = baselines.read_baseline(Path(o.baseline)) if o.baseline else None  # a bad file fails first
+    if o.removed and expected is None:
+        raise AotpipeError(f"--removed {o.removed[0]}: names a graph of a baseline; give the baseline with --baseline")
+    if expected is not None:
+        baselines.check_removed(expected, o.removed, o.baseline)
+    bar: list[tqdm] = []
+
+    def on_plan(n: int) -> None:
+        bar.append(tqdm(total=n, unit="graph", disable=None if o.progress and not o.as_json else True,
+                        dynamic_ncols=True))
+
+    def on_result(r: object) -> None:
+        if bar:
+            bar[0].update(1)
+
+    result = bench([Path(p) for p in o.paths], o.backend, kinds=kinds, inputs=o.inputs, seed=o.seed,
+                   timeout_s=o.timeout_s, rounds=o.rounds, key=o.key, trusted=o.trusted, trust_ops=o.trust_ops,
+                   threads=o.threads, clock=o.clock, on_result=on_result, on_plan=on_plan)
+    if bar:
+        bar[0].close()
+    located = []
+    if o.locate:
+        located = locate_failures(result, Path(o.locate_dir or "bench-repros"), timeout_s=o.timeout_s,
+                                  trust_ops=o.trust_ops, threads=o.threads)
+    comparison = None
+    if expected is not None:
+        inference_only = parse_backend(o.backend).inference_only
+
+        def benched(graph: str) -> bool:  # a graph of this key is one this bench would have run
+            parsed = parse_graph_key(graph)
+            kind = parsed.kind if parsed is not None else graph
+            return (kinds is None or kind in kinds) and (not inference_only or kind == "inference")
+
+        comparison = baselines.compare(result.results, expected, benched_kinds=benched,
+                                       removed=o.removed)
+    if o.csv:
+        write_csv(Path(o.csv), result)
+    if o.write_baseline:
+        baselines.write_baseline(Path(o.write_baseline), result.results)
+    if o.as_json:
+        out = result.to_json()
+        out["located"] = [loc.to_json() for loc in located]
+        if comparison is not None:
+            out["baseline"] = comparison.__dict__
+        emit(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        for line in table(result):
+            say(line)
+        for note in result.notes:
+            say(f"note: {note}")
+        for loc in located:
+            for line in loc.lines():
+                say(line)
+        if comparison is not None:
+            for title, items in (("regressions (passed in the baseline, fail now)", comparison.regressions),
+                                 ("regressions (passed in the baseline, gone now)", comparison.vanished),
+                                 ("improvements", comparison.improvements),
+                                 ("removed on purpose (--removed)", comparison.removed),
+                                 ("changed failures", comparison.changed),
+                                 ("not in the baseline", comparison.new),
+                                 ("in the baseline, not benched", comparison.missing)):
+                if items:
+                    say(f"{title}: {len(items)}")
+                    for item in items:
+                        say(f"    {item}")
+            if comparison.ok:
+                say(f"baseline {o.baseline}: no regressions")
+        if o.write_baseline:
+            say(f"wrote baseline {o.write_baseline} ({len(result.results)} graphs)")
+    if comparison is not None:
+        return 0 if comparison.ok else 1
+    if o.write_baseline:
+        return 0
+    return 0 if all(r.status == "pass" for r in result.results) else 1

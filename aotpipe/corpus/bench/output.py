@@ -1,0 +1,101 @@
+"""A bench as people read it (a table, the scores) and as files (CSV)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Optional
+
+from aotpipe.corpus.bench.graph import BAND, CONFIDENCE, GraphResult
+from aotpipe.corpus.bench.run import Bench
+from aotpipe.corpus.bench.scores import Score
+from aotpipe.errors import AotpipeError
+
+CSV_COLUMNS = ("artifact", "graph", "status", "kind", "reason", "compile_s", "eager_ms", "backend_ms", "speedup",
+               "speedup_low", "speedup_high", "verdict", "eager_iqr_ms", "backend_iqr_ms", "noisy", "worst_ratio",
+               "graphnet_t", "nodes")
+
+
+def _ms(x: Optional[float]) -> str:
+    return "" if x is None else f"{x * 1e3:.4g}"
+
+
+def _num(x: Optional[float], fmt: str = ".3g") -> str:
+    return "" if x is None else format(x, fmt)
+
+
+def row(r: GraphResult) -> list[str]:
+    return [r.artifact, r.graph, r.status, r.kind, r.reason, _num(r.compile_s, ".3f"), _ms(r.eager_s),
+            _ms(r.backend_s), _num(r.speedup), _num(r.speedup_low), _num(r.speedup_high), r.verdict, _ms(r.eager_iqr), _ms(r.backend_iqr), "yes" if r.noisy else "",
+            _num(r.worst_ratio), "" if r.graphnet_t is None else str(r.graphnet_t), str(r.nodes)]
+
+
+def write_csv(path: Path, bench: Bench) -> None:
+    """One row per graph (its first three columns make it a baseline too)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for r in sorted(bench.results, key=lambda r: (r.artifact, r.graph)):
+        w.writerow(row(r))
+    try:
+        Path(path).write_text(buf.getvalue())
+    except OSError as e:
+        raise AotpipeError(f"--csv {path}: cannot write it ({e.strerror or e})") from None
+
+
+def speedup_text(r: GraphResult) -> str:
+    """A graph's speedup as people read it: the median ratio and its interval, or "within noise"
+    and the interval where that holds 1.0x (no figure it cannot support)."""
+    if r.speedup is None:
+        return ""
+    if r.speedup_low is None or r.speedup_high is None:
+        return f"{r.speedup:.2f}x"
+    span = f"{r.speedup_low:.2f}-{r.speedup_high:.2f}x"
+    if r.verdict == "within noise":
+        return f"within noise ({span})"
+    return f"{r.speedup:.2f}x ({span})"
+
+
+def verdict_counts(s: Score) -> str:
+    """faster/within noise/slower counts of a score's passing graphs, as "2/5/1"."""
+    return "/".join(str(s.verdicts.get(v, 0)) for v in ("faster", "within noise", "slower"))
+
+
+def result_line(r: GraphResult, width: int) -> str:
+    """One graph's line of the terminal table."""
+    timing = ""
+    if r.speedup is not None:
+        timing = (f"{speedup_text(r):<26}  eager {_ms(r.eager_s)} ms  {_ms(r.backend_s)} ms"
+                  f"{'  (noisy)' if r.noisy else ''}")
+    compile_s = f"compile {r.compile_s:.2f} s" if r.compile_s is not None else ""
+    name = f"{r.artifact} {r.graph}"
+    return f"{name:<{width}} {r.status:<13} {compile_s:<15} {timing}".rstrip()
+
+
+def table(bench: Bench, *, t_levels: tuple[int, ...] = (-5, -3, -1, 0, 1, 3)) -> list[str]:
+    """The table (one line per graph, a reason under each that did not pass or passed only by
+    the second noise sample), then the scores."""
+    rs = sorted(bench.results, key=lambda r: (r.artifact, r.graph))
+    width = max([20] + [len(f"{r.artifact} {r.graph}") for r in rs])
+    lines = [f"{'graph':<{width}} {'status':<13} {'compile':<15} speedup (eager / {bench.backend}: median of the "
+             f"rounds' ratios, {CONFIDENCE:.0%} interval widened by {BAND:.0%}), median per call"]
+    for r in rs:
+        lines.append(result_line(r, width))
+        if r.status != "pass" or r.rescaled:
+            lines.append(f"    {r.reason}")
+    lines.append("")
+    lines.append(f"{'scores':<10} {'graphs':>6} {'pass':>6} {'rate':>6} {'geomean':>8} {'faster/noise/slower':>19} "
+                 f"{'compile s':>10}  " + "  ".join(f"S({t})/ES({t})" for t in t_levels))
+    for kind, s in bench.scores.items():
+        rate = "" if s.pass_rate is None else f"{s.pass_rate:.0%}"
+        gm = "" if s.geomean_speedup is None else f"{s.geomean_speedup:.2f}x"
+        st = "  ".join(f"{_num(s.s_t.get(t), '.2f')}/{_num(s.es_t.get(t), '.2f')}".center(len(f"S({t})/ES({t})"))
+                       for t in t_levels)
+        lines.append(f"{kind:<10} {s.graphs:>6} {s.passed:>6} {rate:>6} {gm:>8} {verdict_counts(s):>19} "
+                     f"{s.compile_s:>10.1f}  {st}")
+    share = bench.overhead_share
+    if share is not None:
+        lines.append(f"bench's own time (outside {bench.backend}'s compile and run): {share:.0%} of the workers' "
+                     f"{sum(r.wall_s for r in bench.results):.1f} s; wall {bench.wall_s:.1f} s")
+    return lines

@@ -1,0 +1,177 @@
+"""Run a backend over every graph of every artefact under some folders.
+
+Each graph is one task of the process executor (aotpipe/pipeline/executors/process.py): a worker
+process loads the artefact, compiles the graph, checks and times it; a backend that
+segfaults costs only its graph (status crashed), one that hangs is killed at the per-graph
+time limit (status timeout), and a fresh worker takes the next graph.
+
+Trust: a bench runs the graphs in worker processes of this user, not in the replay sandbox.
+It runs only artefacts signed by a key the user trusts (their own, which ``aotpipe run`` signs
+with, or one added with ``aotpipe trust add``) or by the key given, and unchanged since; or any
+when the user says they are trusted (``--no-sandbox``, ``AOTPIPE_NO_SANDBOX=1``): the rule of
+``aotpipe replay`` without its sandbox fallback.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from aotpipe.artifact.load import load
+from aotpipe.corpus.bench.backends import parse_backend
+from aotpipe.corpus.bench.graph import GraphResult, GraphTask, artefact_label, result_from_failure
+from aotpipe.corpus.bench.scores import Score, scores
+from aotpipe.errors import AotpipeError, ArtifactError
+from aotpipe.pipeline.executors.base import Failure, Resources, Task
+from aotpipe.pipeline.executors.process import ProcessExecutor
+from aotpipe.trust.sandbox.decide import decide_sandbox
+from aotpipe.trust.verify import find_artifacts
+
+KINDS = ("inference", "forward", "backward", "joint")
+DEFAULT_TIMEOUT_S = 600.0
+# The worker's intra-op threads unless told: one, so that a timing does not depend on how
+# busy the machine's other cores are (with several, every parallel region waits for its
+# slowest thread, and a descheduled one stalls it); with one thread the CPU-time clock
+# (graph.CLOCKS) times it as an idle machine would run it.
+DEFAULT_THREADS = 1
+
+
+@dataclass
+class Bench:
+    """A finished bench: per-graph results, scores, notes and the wall time."""
+
+    backend: str
+    results: list[GraphResult]
+    scores: dict[str, Score]
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def overhead_share(self) -> Optional[float]:
+        """The share of the workers' task time spent outside the backend's compile and run."""
+        total = sum(r.wall_s for r in self.results)
+        inside = sum(r.in_backend_s for r in self.results)
+        return (total - inside) / total if total > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "wall_s": self.wall_s, "overhead_share": self.overhead_share,
+                "notes": self.notes, "graphs": [r.to_json() for r in self.results],
+                "scores": {k: s.to_json() for k, s in self.scores.items()}}
+
+
+def parse_kinds(text: Optional[str]) -> Optional[set[str]]:
+    """--graphs: comma-separated kinds; None for all."""
+    if not text:
+        return None
+    kinds = {k.strip() for k in text.split(",") if k.strip()}
+    bad = sorted(kinds - set(KINDS))
+    if bad:
+        raise AotpipeError(f"--graphs {text!r}: {', '.join(bad)} is not a graph kind; use {', '.join(KINDS)}")
+    return kinds
+
+
+def find_models(paths: Sequence[Path]) -> list[tuple[Path, str]]:
+    """(model folder, label) of every artefact under `paths`; none is the user's error.
+
+    A label is the model folder relative to its PATH (the pipeline's output folder when PATH is
+    a model folder); if two PATHs give the same label, every label is prefixed with its PATH's
+    folder name."""
+    per_root: list[tuple[str, list[tuple[Path, str]]]] = []
+    for p in paths:
+        if not Path(p).exists():
+            raise AotpipeError(f"{p}: no such file or folder")
+        root = Path(p)
+        if (root / "graph.json").exists() and not (root / "manifest.json").exists():
+            root = root.parent
+        models, _ = find_artifacts(root)
+        if not models:
+            raise AotpipeError(f"{p}: no artefact under it (no manifest.json); capture one with aotpipe run")
+        base = root if not (root / "manifest.json").exists() else root.parent
+        per_root.append((base.name, [(m, artefact_label(m, base)) for m in models]))
+    labels = [label for _, found in per_root for _, label in found]
+    if len(set(labels)) < len(labels):
+        # Two PATHs hold artefacts of the same name: each is named by its PATH's folder too.
+        return [(m, f"{name}/{label}") for name, found in per_root for m, label in found]
+    return [entry for _, found in per_root for entry in found]
+
+
+def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted: bool) -> None:
+    """Refuse (a user error) artefacts that are neither trusted by the user (signed by their
+    own key or one they added) nor signed by `key`: a bench runs graphs in worker processes,
+    not the sandbox."""
+    decision = decide_sandbox([m for m, _ in models], key=key, no_sandbox=trusted)
+    if not decision.in_process:
+        labels = dict(models)
+        bad = [f"{labels[m]}: {why}" for m, why in decision.untrusted]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        who = key if key is not None else "a key you trust"
+        raise AotpipeError(f"not signed by {who}, so not benched (a bench runs graphs in worker processes, not the "
+                           f"sandbox): {bad[0]}{more}; aotpipe trust add its maker's key, or pass --no-sandbox "
+                           "if you otherwise trust them")
+
+
+def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[str]], inputs: str, seed: int,
+         rounds: int, trust_ops: tuple[str, ...], clock: str = "auto", threads: Optional[int] = 1
+         ) -> tuple[list[GraphTask], list[str], list[str]]:
+    """(one task per graph, each graph's kind, notes about graphs left out)."""
+    b = parse_backend(backend)
+    tasks, task_kinds, notes = [], [], []
+    skipped_kinds: dict[str, int] = {}
+    for folder, label in models:
+        try:
+            art = load(folder, trust_ops=trust_ops)
+        except ArtifactError as e:
+            raise AotpipeError(f"{label}: {e}") from None
+        for key, ga in art.graphs.items():
+            if kinds is not None and ga.kind not in kinds:
+                continue
+            if b.inference_only and ga.kind != "inference":
+                skipped_kinds[ga.kind] = skipped_kinds.get(ga.kind, 0) + 1
+                continue
+            mode = inputs if ga.has_saved_values else "random"
+            tasks.append(GraphTask(str(folder), label, key, backend, mode, seed, rounds, trust_ops, clock,
+                                   threads))
+            task_kinds.append(ga.kind)
+    if skipped_kinds:
+        notes.append(f"{backend} takes inference graphs only; left out: " +
+                     ", ".join(f"{n} {k}" for k, n in sorted(skipped_kinds.items())))
+    return tasks, task_kinds, notes
+
+
+def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = None, inputs: str = "saved",
+          seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, rounds: int = 10, key: Optional[str] = None,
+          trusted: bool = False, trust_ops: tuple[str, ...] = (), threads: Optional[int] = DEFAULT_THREADS, clock: str = "auto",
+          on_result: Optional[Callable[[GraphResult], None]] = None,
+          on_plan: Optional[Callable[[int], None]] = None) -> Bench:
+    """Bench `backend` over every graph (of `kinds`) of every artefact under `paths`.
+
+    `threads`: the worker's intra-op threads (None: torch's default); `clock`: graph.CLOCKS,
+    or "auto" (cpu with one thread, wall with more)."""
+    b = parse_backend(backend)
+    b.resolve()  # a user backend that does not import is the user's error, now, once
+    models = find_models(paths)
+    check_trust(models, key, trusted)
+    tasks, task_kinds, notes = plan(models, backend, kinds, inputs, seed, rounds, trust_ops, clock, threads)
+    if on_plan is not None:
+        on_plan(len(tasks))
+    results: list[Optional[GraphResult]] = [None] * len(tasks)
+
+    def done(i: int, outcome: Any) -> None:
+        if isinstance(outcome, Failure):
+            r = result_from_failure(tasks[i], task_kinds[i], outcome.reason, outcome.detail)
+            if outcome.reason.startswith("the task raised"):
+                r.status = "runtime_error"
+        else:
+            r = outcome
+        results[i] = r
+        if on_result is not None:
+            on_result(r)
+
+    start = time.perf_counter()
+    ex = ProcessExecutor(workers=1, timeout_s=timeout_s, threads=threads, cwd=Path.cwd())
+    ex.run([Task(f"{t.label} {t.graph}", t, Resources(timeout_s=timeout_s)) for t in tasks],
+           on_start=lambda i: None, on_done=done)
+    final = [r for r in results if r is not None]
+    return Bench(backend, final, scores(final), time.perf_counter() - start, notes)

@@ -1,0 +1,253 @@
+"""The pipeline spec types: what a validated pipeline is, as the rest of aotpipe sees it.
+
+A leaf: pydantic only. :mod:`aotpipe.pipeline.config` parses the YAML into these; capture, the job,
+the runner and the fingerprint read them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+GraphKind = Literal["inference", "forward", "backward", "joint"]
+Mode = Literal["export", "dynamo", "meta", "auto"]
+Loss = Literal["weighted", "sum", "mean"]  # modes.LOSSES
+GRAPH_KINDS: tuple[str, ...] = get_args(GraphKind)
+
+# Names accepted for `dtype:`; values are torch dtype attribute names.
+DTYPES: dict[str, str] = {
+    "float32": "float32",
+    "float": "float32",
+    "float64": "float64",
+    "double": "float64",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "int64": "int64",
+    "long": "int64",
+    "int32": "int32",
+    "int": "int32",
+    "int16": "int16",
+    "int8": "int8",
+    "uint8": "uint8",
+    "bool": "bool",
+}
+
+
+_INPUT_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*((\.[A-Za-z_][A-Za-z0-9_]*)|(\[[0-9]+\]))*")
+_PATH_PART = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]")
+
+
+def path_problem(name: str) -> Optional[str]:
+    """Why `name` is not an input path (``x``, ``batch.ids``, ``past[0][1]``); None when it is."""
+    if _INPUT_PATH.fullmatch(name):
+        return None
+    return (f"name {name!r} is not an argument name or a path into one; write e.g. x, batch.input_ids or "
+            "past[0][1]")
+
+
+def parse_path(name: str) -> list[Union[str, int]]:
+    """The parts of an input path: keys as str, tuple positions as int."""
+    return [key if key else int(index) for key, index in _PATH_PART.findall(name)]
+
+
+# `source: aotpipe.zoo:<name>`: a model of the builtin zoo (aotpipe/models/zoo.py), looked up by
+# name in its table. The scheme is what users write; it does not name the zoo module's path.
+ZOO_PREFIX = "aotpipe.zoo:"
+
+DATA_SUFFIXES = (".pt", ".safetensors", ".npy")  # the files an input's data: may name
+
+
+def is_callable_data(data: str) -> bool:
+    """Whether an input's `data:` names a ``module:function`` (code) rather than a file."""
+    return ":" in data and not data.lower().endswith(DATA_SUFFIXES) and not re.match(r"^[A-Za-z]:[\\/]", data)
+
+
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
+def device_problem(device: str) -> Optional[str]:
+    """Why `device:` is not one aotpipe captures on (cpu, cuda, cuda:N); None when it is."""
+    if _DEVICE.fullmatch(device):
+        return None
+    return f"device {device!r} is not one capture runs on; use cpu, cuda or cuda:N"
+
+
+class Strict(BaseModel):
+    """Strict, frozen, no unknown fields: every spec type and the YAML's own shape."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class InputSpec(Strict):
+    """One example input of a model: a tensor made from a seeded generator."""
+
+    name: Optional[str] = Field(None, description="keyword argument name; positional when absent")
+    shape: list[int] = Field(description="tensor shape, e.g. [8, 3, 32, 32]")
+    dtype: str = Field("float32", description="one of: " + ", ".join(DTYPES))
+    low: Optional[Union[int, float]] = Field(
+        None, description="lowest value (inclusive); integers default to 0, floats are N(0, 1) when unset"
+    )
+    high: Optional[Union[int, float]] = Field(
+        None, description="highest value (exclusive); integers default to 2"
+    )
+    requires_grad: bool = Field(
+        False, description="a floating-point input that needs its gradient: the backward and joint graphs then "
+        "give it, and the checks compare it against eager's")
+    data: Optional[str] = Field(
+        None, description="load the tensor instead of drawing it: a .pt, .safetensors or .npy file (relative to the "
+        "pipeline file; a .pt is read with weights_only) or a module:function returning it; its shape and dtype "
+        "must be the ones declared here")
+    key: Optional[str] = Field(None, description="with data: the name of the tensor in a file or returned mapping "
+                               "that holds several")
+
+    @field_validator("name")
+    @classmethod
+    def _input_path(cls, v: Optional[str]) -> Optional[str]:
+        problem = path_problem(v) if v is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str) -> str:
+        if v not in DTYPES:
+            raise ValueError(f"unknown dtype {v!r}; use one of: {', '.join(DTYPES)}")
+        return DTYPES[v]
+
+    @field_validator("shape")
+    @classmethod
+    def _non_negative(cls, v: list[int]) -> list[int]:
+        if any(d < 0 for d in v):
+            raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> "InputSpec":
+        if self.dtype == "bool" or (self.low is None and self.high is None):
+            return self
+        integer = self.is_integer
+        low = self.low if self.low is not None else 0
+        high = self.high if self.high is not None else (2 if integer else 1.0)
+        said = lambda name, v, given: f"{name} {v!r}" if given else f"{name} {v!r} (the default)"  # noqa: E731
+        lo, hi = said("low", low, self.low is not None), said("high", high, self.high is not None)
+        if integer and not low < high:
+            raise ValueError(f"{lo} is not below {hi}: an integer input draws from [low, high), high exclusive; "
+                             "set low below high")
+        if not integer and low > high:
+            raise ValueError(f"{lo} is above {hi}: a {self.dtype} input draws from [low, high); set low at most high")
+        return self
+
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype in ("int64", "int32", "int16", "int8", "uint8")
+
+
+class ResourceSpec(Strict):
+    """What one model asks of the worker it runs in (process and ray executors)."""
+
+    num_cpus: Optional[float] = Field(None, gt=0, description="CPUs to reserve (ray); default 1")
+    num_gpus: Optional[float] = Field(None, ge=0, description="GPUs to reserve (ray); default 0")
+    memory_gb: Optional[float] = Field(
+        None, gt=0, description="memory: the worker's limit (process: killed above it) and reservation (ray)")
+    timeout_s: Optional[float] = Field(None, gt=0, description="time limit for this model (process, ray)")
+
+
+class ExecutorSpec(Strict):
+    """How models are scheduled, and the limits each model runs under."""
+
+    kind: Literal["local", "process", "ray"] = Field(
+        "process", description="process: each model in a worker process, isolated (default); local: in this "
+        "process, one after another; ray: Ray tasks on a cluster (the ray extra)")
+    workers: int = Field(1, ge=1, description="models run at once (process)")
+    timeout_s: Optional[float] = Field(
+        None, gt=0, description="per-model time limit in seconds; a model past it is killed and reported "
+        "(process, ray)")
+    memory_gb: Optional[float] = Field(
+        None, gt=0, description="per-model memory limit: a worker whose resident memory passes it is killed and "
+        "the model reported (process); the memory reserved per task (ray)")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per model (ray)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per model (ray)")
+    address: Optional[str] = Field(
+        None, description="Ray cluster address (ray); default $RAY_ADDRESS, else a local Ray instance")
+    max_models_per_worker: Optional[int] = Field(
+        None, ge=1, description="replace a worker after it has run this many models (process; Ray: its max_calls); default: never, "
+        "a worker lives for the whole run")
+    recycle_memory_gb: Optional[float] = Field(
+        None, gt=0, description="replace a worker, after the model it ran, when its resident memory has grown by "
+        "more than this many GiB since it started (process), so that one model's leak does not push later ones "
+        "over memory_gb; default: none, but with memory_gb set a worker whose resident memory is over half of it "
+        "after a model is replaced")
+
+
+@dataclass(frozen=True)
+class PassStep:
+    """One step of a pass chain: a registered pass and its options, complete and typed (a
+    dataclass of aotpipe/passes/options.py). The chain's one form from the YAML, where the
+    config parses it once, to the pass manager; written as {"name", "options"} (the
+    fingerprint; each step as it ran is the manifest's PassRecord, in the entry of the graph it made)."""
+
+    name: str
+    options: Any
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        return tuple(self.options.graphs)
+
+
+class ModelSpec(Strict):
+    """One model with every default resolved: what capture and the fingerprint see."""
+
+    name: str
+    source: str
+    args: dict[str, Any]
+    config: Optional[dict[str, Any]]
+    inputs: list[InputSpec]
+    mode: Mode
+    graphs: list[GraphKind]
+    passes: list[PassStep]
+    save_inputs: bool
+    save_values: str = "minimal"
+    verify: bool
+    loss: Loss
+    seed: int
+    trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
+    # Non-tensor keyword arguments of forward, by name or path (baked into the graphs).
+    forward_args: dict[str, Any] = {}
+    device: Optional[str] = None  # where capture runs: cuda or cuda:N; None: the CPU
+    # Where and with what it runs; not part of what it produces (nor of its fingerprint).
+    resources: Optional[ResourceSpec] = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact.
+        No trusted_ops entry when there are none (as before the field existed)."""
+        exclude: dict[str, Any] = {"resources": True} if self.trusted_ops else {"resources": True, "trusted_ops": True}
+        # requires_grad as before the field existed, unless set: fingerprints stay
+        unset = {i: {f for f in ("requires_grad", "data", "key") if not getattr(inp, f)}
+                 for i, inp in enumerate(self.inputs)}
+        unset = {i: fields for i, fields in unset.items() if fields}
+        if not self.forward_args:
+            exclude["forward_args"] = True
+        if self.device is None:
+            exclude["device"] = True
+        if unset:
+            exclude["inputs"] = unset
+        return json.loads(self.model_dump_json(exclude=exclude))
+
+
+class Pipeline(Strict):
+    """A validated pipeline: what `aotpipe run` executes."""
+
+    name: str
+    path: str
+    output: str
+    seed: int
+    executor: ExecutorSpec
+    models: list[ModelSpec]
+    # Per model: its index in `models:` and the line of its source (for errors found later).
+    source_lines: dict[str, tuple[int, Optional[int]]] = {}

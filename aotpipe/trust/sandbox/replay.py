@@ -1,0 +1,151 @@
+"""``aotpipe replay`` as one computation: in this process (trusted) or in the sandbox.
+
+- :func:`replay_outcome` loads the artefact and replays it here: for artefacts you trust
+  (signed by a key you trust, or made by you). :func:`aotpipe.replay.replay` is the same
+  kind of call, graph by graph.
+- :func:`replay_sandboxed` does the same in a sandboxed worker (:mod:`aotpipe.trust.sandbox`)
+  and rebuilds the results from the JSON it sends back; a crash or corruption there is a
+  :class:`~aotpipe.errors.SandboxError`.
+- Which of the two runs an artefact's graphs: :mod:`aotpipe.trust.sandbox.decide`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from aotpipe.errors import AotpipeError, SandboxError
+from aotpipe.format.records import RawJson
+from aotpipe.trust.sandbox.launch import run_task
+
+if TYPE_CHECKING:
+    from aotpipe.replay.run import ChainReplay, GraphReplay
+    from aotpipe.trust.sandbox.launch import SandboxLimits
+    from aotpipe.trust.sandbox.worker import Worker
+
+
+@dataclass
+class ReplayOutcome:
+    """What ``aotpipe replay`` reports: each graph's replay, the chain's, and why there is
+    no eager comparison (if there is none)."""
+
+    artifact: str
+    graphs: list["GraphReplay"]
+    chain: Optional["ChainReplay"] = None
+    no_eager: Optional[str] = None
+    sandboxed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.graphs) and (self.chain is None or self.chain.status == "match")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"artifact": self.artifact, "ok": self.ok, "sandboxed": self.sandboxed,
+                               "graphs": [r.to_json() for r in self.graphs]}
+        if self.chain is not None:
+            out["chain"] = self.chain.to_json()
+        if self.no_eager:
+            out["no_eager_comparison"] = self.no_eager
+        return out
+
+    @classmethod
+    def from_json(cls, data: RawJson, *, sandboxed: bool) -> "ReplayOutcome":
+        """Rebuilt from :meth:`to_json`'s data, validated (it comes from the worker)."""
+        import pydantic
+
+        from aotpipe.replay.run import ChainReplay, GraphReplay  # torch: kept off the torch-free path
+
+        try:
+            if not isinstance(data, dict):
+                raise ValueError(f"a {type(data).__name__}, not an object")
+            graphs = pydantic.TypeAdapter(list[GraphReplay]).validate_python(data.get("graphs"))
+            chain = data.get("chain")
+            chain = None if chain is None else pydantic.TypeAdapter(ChainReplay).validate_python(chain)
+            no_eager = data.get("no_eager_comparison")
+            return cls(str(data.get("artifact", "")), graphs, chain,
+                       str(no_eager) if no_eager is not None else None, sandboxed)
+        except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+
+            first = " ".join(str(e).split())[:200]
+            raise SandboxError(f"the sandboxed worker sent back a malformed result ({first})", "malformed") from None
+
+
+def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str = "saved", seed: int = 0,
+                   device: Optional[str] = None, bench: int = 0, chain: bool = False,
+                   threads: Optional[int] = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
+                   worker: Optional["Worker"] = None) -> ReplayOutcome:
+    """Load the artefact at `path` and replay it in this process (see ``aotpipe replay``).
+
+    Runs the graphs here: only for artefacts you trust. `worker`: the sandboxed worker
+    this runs in, which instruments the graphs and keeps the progress."""
+    from aotpipe.artifact.load import load  # torch: kept off the torch-free path
+    from aotpipe.replay import eager_bench, replay_chain  # torch: kept off the torch-free path
+    from aotpipe.replay import replay as replay_graphs  # torch: kept off the torch-free path
+
+    p = Path(path)
+    if worker is not None:
+        worker.mark("while loading the artefact")
+    art = load(p, trust_code=trust_code, trust_ops=trust_ops)
+    if worker is not None:
+        worker.watch(art)
+        worker.mark("while making the inputs")
+    kinds = list(graphs)
+    if not kinds and (p / "graph.json").exists():
+        kinds = [k for k, g in art.graphs.items() if g.folder.resolve() == p.resolve()]
+    results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench,
+                            threads=threads)
+    if bench:
+        for r in results:
+            if worker is not None:
+                worker.mark(f"while timing the eager model for graph {r.kind}")
+            r.eager_bench_seconds = eager_bench(art, r.kind.split(".")[0], bench, trust_code=trust_code)
+    if chain and worker is not None:
+        worker.mark("while making the chain's inputs")
+    chained = replay_chain(art, trust_code=trust_code, threads=threads) if chain else None
+    no_eager = None
+    if bench or chain:
+        from aotpipe.models.sources import check_source, rebuild_refusal  # torch: kept off the torch-free path
+
+        source = art.manifest.model.source
+        no_eager = rebuild_refusal(source, trust_code)
+        if no_eager is None and isinstance(source, str):
+            why = check_source(source)  # trusted, but it must import here too
+            if why:
+                no_eager = (f"the model's source does not import from {Path.cwd()}: {why} (run replay from the "
+                            "folder the pipeline ran in, or put the module on PYTHONPATH)")
+    return ReplayOutcome(art.name, results, chained, no_eager, sandboxed=worker is not None)
+
+
+def replay_task(args: dict[str, Any], worker: "Worker") -> dict[str, Any]:
+    """The worker's "replay" task: :func:`replay_outcome` as JSON."""
+    return replay_outcome(worker=worker, **args).to_json()
+
+
+def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: str = "saved", seed: int = 0,
+                     device: Optional[str] = None, bench: int = 0, chain: bool = False,
+                     threads: Optional[int] = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
+                     limits: Optional["SandboxLimits"] = None) -> ReplayOutcome:
+    """:func:`replay_outcome` in a sandboxed worker: the way to replay an artefact you do
+    not trust. Needs bubblewrap (bwrap); a crash, a memory corruption or a limit overrun
+    in the worker is a one-line SandboxError, and this process is untouched."""
+    if device is not None and device.split(":")[0] not in ("cpu", "meta"):
+        raise AotpipeError(f"--device {device}: the sandbox runs graphs on the CPU only; for an artefact you "
+                           "trust, sign it and pass --key KEY, or pass --no-sandbox")
+    where = os.path.abspath(path)
+    args = {"path": where, "graphs": list(graphs), "inputs": inputs, "seed": seed, "device": device,
+            "bench": bench, "chain": chain, "threads": threads, "trust_code": trust_code,
+            "trust_ops": list(trust_ops)}
+    # The results are rebuilt as aotpipe.replay's types, which import torch: import it here
+    # while the worker starts (its own import of torch is most of the sandbox's overhead).
+    importing = threading.Thread(target=importlib.import_module, args=("aotpipe.replay.run",), daemon=True)
+    importing.start()
+    try:
+        value = run_task("replay", args, limits=limits, read_paths=[where])
+    finally:
+        importing.join()
+    return ReplayOutcome.from_json(value, sandboxed=True)
