@@ -11,14 +11,15 @@ from typing import Any, Callable
 
 import click
 
-from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 from aotpipe.corpus import opcov
 from aotpipe.corpus.diff import diff_paths
 from aotpipe.corpus.inspect import describe_lines, list_artifacts
 from aotpipe.errors import AotpipeError, LimitError, printable
 from aotpipe.format import records
+from aotpipe.format.folders import is_graph_folder, is_model_folder, model_folder
 from aotpipe.format.limits import Breach, override, parse_bytes
 from aotpipe.format.records import json_schema as artifact_schema
+from aotpipe.format.vocabulary import ModelStatus
 from aotpipe.pipeline import views
 from aotpipe.pipeline.config import json_schema, load_pipeline
 from aotpipe.pipeline.htmlreport import REPORT_HTML, not_ok_lines, write_page
@@ -202,8 +203,8 @@ def run(pipeline: str, output: str | None, only: tuple[str, ...], executor: str 
         click.echo((result.output / RUN_JSON).read_text())
     else:
         _model_lines(result.models)
-        n_ok = sum(m.status == "ok" for m in result.models)
-        n_partial = sum(m.status == "partial" for m in result.models)
+        n_ok = sum(m.status == ModelStatus.OK for m in result.models)
+        n_partial = sum(m.status == ModelStatus.PARTIAL for m in result.models)
         of = f" (shard {which} of {len(result.shard.selection)} models)" if which and result.shard else ""
         partial = "" if not n_partial else f", {n_partial} partial" + (
             " (allowed)" if allow_partial else " (exit 1; --allow-partial accepts them)")
@@ -217,8 +218,8 @@ def _interrupted(e: RunInterrupted, as_json: bool) -> None:
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         _model_lines(e.done)
         counts = ", ".join(f"{n} {what}" for what, n in (
-            ("ok", sum(m.status == "ok" for m in e.done)), ("partial", sum(m.status == "partial" for m in e.done)),
-            ("failed", sum(m.status == "failed" for m in e.done))) if n)
+            ("ok", sum(m.status == ModelStatus.OK for m in e.done)), ("partial", sum(m.status == ModelStatus.PARTIAL for m in e.done)),
+            ("failed", sum(m.status == ModelStatus.FAILED for m in e.done))) if n)
         left = "".join(f"; {what}: {', '.join(names)}" for what, names in (
             ("stopped part way", e.stopped), ("not run", e.not_run)) if names)
         _say(f"interrupted: {len(e.done)}/{len(e.done) + len(e.stopped) + len(e.not_run)} models finished"
@@ -230,7 +231,7 @@ def _interrupted(e: RunInterrupted, as_json: bool) -> None:
 def _model_lines(models: list[Any]) -> None:
     """One line per model result of a run: ok, kept, PARTIAL or FAILED."""
     for m in models:
-        if m.status == "ok":
+        if m.status == ModelStatus.OK:
             kinds = ", ".join(f"{g.kind}({g.nodes})" for g in m.graphs)
             c = m.checks
             checks = f"{c.passed if c else 0}/{c.run if c else 0} checks" + (
@@ -246,7 +247,7 @@ def _model_lines(models: list[Any]) -> None:
                            + (f"{sp.graph}.{sp.chain}" if sp.chain else "no pass"))
             if m.traceback and click.get_current_context().find_root().params.get("verbose"):
                 click.echo(m.traceback, err=True)
-        elif m.status == "partial":
+        elif m.status == ModelStatus.PARTIAL:
             when = "up to date" if m.skipped else f"{m.total_seconds:6.2f}s"
             click.echo(f"PARTIAL {m.name:<24} {when}  part of the model ran outside its graphs: "
                        + "; ".join(m.outside_graphs or ["see its manifest's capture.outside_graphs"]))
@@ -286,15 +287,15 @@ def merge(folders: tuple[str, ...], output: str | None, as_json: bool) -> None:
         for s in info.shards:
             _say(f"shard {s.shard or '-':<7} {s.models:4d} model(s)  {s.folder}")
         for m in result.models:
-            if m.status == "partial":
+            if m.status == ModelStatus.PARTIAL:
                 _say(f"PARTIAL {m.name:<24} " + "; ".join(m.outside_graphs or ["part of it ran outside its graphs"]))
-            elif m.status != "ok":
+            elif m.status != ModelStatus.OK:
                 _say(f"FAILED  {m.name:<24} {m.stage}: {m.error}")
         if info.missing:
             _say(f"MISSING {len(info.missing)} model(s) in no shard: {', '.join(info.missing)}")
         for d in info.duplicated:
             _say(f"DUPLICATED {d.name}: in {', '.join(d.folders)} (kept the first)")
-        n_ok = sum(m.status == "ok" for m in result.models)
+        n_ok = sum(m.status == ModelStatus.OK for m in result.models)
         total = len(result.models) + len(info.missing)
         where = f" -> {result.output}/ (see {REPORT_MD})" if output is not None else " (nothing written: no --output)"
         _say(f"{n_ok}/{total} models ok across {len(info.shards)} shard(s){where}")
@@ -383,7 +384,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
 
     p = Path(path)
     _artefact_folder(p)
-    failed = _failed_at_capture(p if (p / "manifest.json").exists() else p.parent)
+    failed = _failed_at_capture(model_folder(p))
     opts = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
                 threads=threads, trust_code=trust_code, trust_ops=trust_ops)
     decision = decide_sandbox([p], key=key, no_sandbox=no_sandbox)
@@ -446,7 +447,7 @@ def _artefact_folder(p: Any) -> None:
     """Refuse, in one line, a folder that holds artefacts rather than being one (a pipeline's output)."""
     from aotpipe.trust.verify import find_artifacts  # cryptography: only when used
 
-    if not p.is_dir() or (p / "manifest.json").exists() or (p / "graph.json").exists():
+    if not p.is_dir() or is_model_folder(p) or is_graph_folder(p):
         return
     models, _ = find_artifacts(p)
     if models:

@@ -10,9 +10,9 @@ from typing import get_args
 import pytest
 
 from aotpipe.errors import CaptureError, ConfigError, SourceError
+from aotpipe.format.vocabulary import STAGES as RESULT_STAGES
 from aotpipe.pipeline.config import parse_pipeline
 from aotpipe.pipeline.job import STAGES, run_model
-from aotpipe.pipeline.results import STAGES as RESULT_STAGES
 from aotpipe.spec import Mode, modes
 
 ONE_MODEL = textwrap.dedent("""

@@ -15,9 +15,10 @@ from click.testing import CliRunner
 
 from aotpipe.cli import main
 from aotpipe.errors import ConfigError, Problem
+from aotpipe.format.vocabulary import GRAPH_KINDS
 from aotpipe.passes.options import FreezeOptions, ReinplaceOptions, RemoveNoopsOptions
 from aotpipe.pipeline.config import load_pipeline, parse_pipeline
-from aotpipe.spec import DTYPES, GRAPH_KINDS, ModelSpec, PassStep, Pipeline
+from aotpipe.spec import DTYPES, ModelSpec, PassStep, Pipeline
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 

@@ -29,9 +29,10 @@ from typing import Optional
 
 import torch
 
+from aotpipe.format.vocabulary import GRAPH_KINDS
 from aotpipe.models import torch_corpus
 from aotpipe.pipeline.config import is_name
-from aotpipe.spec import GRAPH_KINDS, ModelSpec
+from aotpipe.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 0

@@ -27,6 +27,7 @@ from aotpipe.artifact.ops import OWN_CAPTURE
 from aotpipe.artifact.prepack import PACKABLE_TARGETS, prepack
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.format import records
+from aotpipe.format.folders import model_folder
 from aotpipe.format.graph_keys import graph_key, parse_graph_key
 from aotpipe.format.limits import (
     NodeBudget,
@@ -38,7 +39,6 @@ from aotpipe.format.limits import (
 )
 from aotpipe.format.records import (  # noqa: F401 (check_version: the loader's callers)
     GRAPH_JSON,
-    GRAPH_KINDS,
     INPUTS_JSON,
     MANIFEST,
     MODULE_PY,
@@ -50,6 +50,7 @@ from aotpipe.format.records import (  # noqa: F401 (check_version: the loader's 
     TraceRecord,
     check_version,
 )
+from aotpipe.format.vocabulary import GRAPH_KINDS
 from aotpipe.runtime.devices import is_packed
 from aotpipe.runtime.execution import run_graph
 from aotpipe.runtime.tensors import ones, tangent, view_of
@@ -582,8 +583,7 @@ def load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = ()
 def _load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = (), own_capture: bool = False
           ) -> Artifact:
     p = Path(path)
-    if (p / GRAPH_JSON).exists() and not (p / MANIFEST).exists():
-        p = p.parent  # a graph folder: load its model
+    p = model_folder(p)  # a graph folder: load its model
     if not p.is_dir():
         raise ArtifactError(f"{path}: no such artefact folder")
     _, manifest = records.read(Manifest, p / MANIFEST, p)

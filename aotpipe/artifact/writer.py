@@ -28,6 +28,7 @@ from aotpipe.format import records as fmt
 from aotpipe.format.graph_keys import graph_folder_name, parse_graph_key
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput
 from aotpipe.format.records import FORMAT_VERSION, GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MANIFEST, MODULE_PY, TRACE
+from aotpipe.format.vocabulary import GraphKind
 from aotpipe.runtime.determinism import RNG_SEED, environment, intra_op_threads
 from aotpipe.runtime.tensors import storage_base, storage_groups
 
@@ -138,9 +139,9 @@ def inputs_record(
             **(_layout_fields(go.meta.layout()) if go.meta is not None else {}),
             same_as=same_as, same_as_input=same_as_input, blob=None, digest=None, summary=None, spread=None))
     has_values = (values is not None and blobs is not None) if saved is None else saved
-    more = {"partition": contract} if contract is not None and g.kind in ("forward", "backward") else {}
+    more = {"partition": contract} if contract is not None and g.kind in (GraphKind.FORWARD, GraphKind.BACKWARD) else {}
     return fmt.InputsRecord(
-        format_version=FORMAT_VERSION, kind=g.kind, groups=list(g.input_groups) if g.input_groups else None,
+        format_version=FORMAT_VERSION, kind=GraphKind(g.kind), groups=list(g.input_groups) if g.input_groups else None,
         rng_seed=RNG_SEED, values=save_values if has_values else "none", storages=storages, inputs=inputs,
         outputs=outputs, **more)
 
@@ -406,8 +407,7 @@ def join_parts(parts: list[Path], out_dir: Path, name: str, *,
                 (tmp / BLOB_DIR).mkdir(exist_ok=True)
                 for blob in (p / BLOB_DIR).iterdir():  # content-addressed: a name in both parts is one blob
                     os.replace(blob, tmp / BLOB_DIR / blob.name)
-        capture = first.capture.model_copy(update={"notes": joined_notes,
-                                                   **({"trusted_ops": trusted} if trusted else {})})
+        capture = fmt.updated(first.capture, notes=joined_notes, **({"trusted_ops": trusted} if trusted else {}))
         _seal(tmp, written, **{f: getattr(first, f) for f in _SHARED_FIELDS}, capture=capture, graphs=graphs,
               partition=partition, pass_failures=[f for m in manifests for f in m.pass_failures],
               verification=verification or None, **({"checks": checks} if checks is not None else {}))

@@ -71,6 +71,7 @@ from aotpipe.format.graph_keys import graph_key, key_order
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, Subgraph
 from aotpipe.format.records import GraphBreakRecord, OutsideGraphs, Partition
 from aotpipe.format.source_files import relative_file
+from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import EagerReference, SubgraphReference
 from aotpipe.runtime.determinism import run_reproducibly
 from aotpipe.runtime.tensors import tangent
@@ -79,8 +80,6 @@ from aotpipe.spec.modes import DEFAULT_LOSS, DYNAMO_OPTIONS
 MODE = "dynamo"
 # How this mode captures; recorded in the manifest and part of the fingerprint.
 OPTIONS = DYNAMO_OPTIONS
-
-TRAINING_KINDS = ("forward", "backward", "joint")
 
 # The note a whole capture gets once _check_together passed: the stored subgraphs alone, no eager code between them.
 _TOGETHER = ("checked: the {n} subgraph(s) alone, each fed the outputs of those before it as recorded (no code "
@@ -279,7 +278,7 @@ def _capture(
         model=name,
         mode=MODE,
         graphs=ordered,
-        contract=first if {"forward", "backward"} & set(ordered) else None,
+        contract=first if {GraphKind.FORWARD, GraphKind.BACKWARD} & set(ordered) else None,
         seconds=time.perf_counter() - start,
         options=dict(OPTIONS),
         notes=notes,

@@ -58,6 +58,7 @@ from aotpipe.format.ir import (
     TensorMeta,
 )
 from aotpipe.format.source_files import relative_file
+from aotpipe.format.vocabulary import GRAPH_KINDS, TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import NoLossError, model_loss
 from aotpipe.runtime.determinism import derived_seed, op_draws_random
 from aotpipe.runtime.tensors import ones, value_range
@@ -307,12 +308,12 @@ def _capture(
     if kept:
         notes.append(f"{', '.join(kept)} (an ordered effect in torch: a check with no output) captured as a plain "
                      "node, without effect tokens; it raises on invalid input as eager does")
-    ordered = {k: captured[k] for k in ("inference", "forward", "backward", "joint") if k in captured}
+    ordered: dict[str, CapturedGraph] = {k: captured[k] for k in GRAPH_KINDS if k in captured}
     return CapturedGraphs(
         model=name,
         mode="export",
         graphs=ordered,
-        contract=contract if {"forward", "backward"} & set(ordered) else None,
+        contract=contract if {GraphKind.FORWARD, GraphKind.BACKWARD} & set(ordered) else None,
         seconds=time.perf_counter() - start,
         options={**OPTIONS, "loss": loss},
         notes=notes,
@@ -340,7 +341,7 @@ def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: l
         constants.update({k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)})
         captured["inference"] = _inference_graph(ep, user_names, int_ranges, state, user_values)
 
-    if {"forward", "backward", "joint"} & set(graphs):
+    if set(TRAINING_KINDS) & set(graphs):
         model.train()
         with cumulative_factors_specialised(model, notes):  # BatchNorm(momentum=None): capture/cumulative_bn.py
             exported = _export(model, args, kwargs, "training", notes)

@@ -42,6 +42,7 @@ from aotpipe.format import limits
 from aotpipe.format.graph_keys import graph_key, key_order, parse_graph_key
 from aotpipe.format.ir import TensorMeta
 from aotpipe.format.records import CheckTotals, GraphChecks, InputsRecord, Summary, TupleSummary, VerificationEntry
+from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import EagerReference, EagerRun, SubgraphReference
 from aotpipe.replay.run import chain_key, chain_problems, expand_outputs
 from aotpipe.runtime import accuracy, evidence
@@ -51,7 +52,7 @@ from aotpipe.runtime.execution import run_graph, run_with_summaries
 from aotpipe.runtime.tensors import value_range
 from aotpipe.spec.modes import LOSSES
 
-TRAINING = ("forward", "backward", "joint")
+TRAINING = TRAINING_KINDS
 # What graphs are checked against: the eager model, or a dynamo subgraph's own graph run
 # eagerly (eager.SubgraphReference); both give EagerRuns by mode.
 Reference = Union[EagerReference, SubgraphReference]
@@ -173,7 +174,7 @@ class _Checker:
             gc.skipped += [why] * len(recs)
             return gc
         user = [(i, o) for i, (o, r) in enumerate(zip(outs, recs)) if r.role == "user"]
-        if ga.kind in ("forward", "joint") and self.has_loss:
+        if ga.kind in (GraphKind.FORWARD, GraphKind.JOINT) and self.has_loss:
             self._compare(gc, mode, user[0][1] if user else None, run.loss, lambda r: r.loss, "loss",
                           user[0][0] if user else -1)
         elif ga.kind != "backward":
@@ -197,7 +198,7 @@ class _Checker:
                 else:
                     self._compare(gc, mode, o, run.state[target], lambda rr, t=target: rr.state.get(t),
                                   f"new value of {target}", index)
-            elif r.role in ("grad", "none") and ga.kind in ("backward", "joint"):
+            elif r.role in ("grad", "none") and ga.kind in (GraphKind.BACKWARD, GraphKind.JOINT):
                 if target in run.grads:
                     self._compare(gc, mode, o, run.grads[target], lambda rr, t=target: rr.grads.get(t),
                                   f"gradient of {target}", index)
@@ -350,7 +351,7 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         # A joint checked through the chain has its forward's and backward's measured errors.
         measured = measured_by_sub.setdefault(sub, {})
         keys = _output_keys(ga.record)
-        if ga.kind in ("forward", "backward") and (parsed is None or parsed.chain is None):
+        if ga.kind in (GraphKind.FORWARD, GraphKind.BACKWARD) and (parsed is None or parsed.chain is None):
             measured.update({keys[i]: e for i, e in gc.eager_errors.items() if 0 <= i < len(keys)})
         errors = {i: measured[k] for i, k in enumerate(keys) if k in measured} if ga.kind == "joint" else {}
         errors.update({i: e for i, e in gc.eager_errors.items() if i >= 0})
@@ -370,10 +371,10 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
         elif failed:
             result.problems.append(f"{key} graph differs from the eager model: {len(failed)} check(s) failed, e.g. "
                                    + "; ".join(c.line() for c in failed[:2]))
-    for sub, keys in art.subgraph_keys().items():
-        if not all(keys.get(k) in outs_by_key for k in TRAINING):
+    for sub, by_kind in art.subgraph_keys().items():
+        if not all(by_kind.get(k) in outs_by_key for k in TRAINING):
             continue
-        fw, bw, joint = (keys[k] for k in TRAINING)
+        fw, bw, joint = (by_kind[k] for k in TRAINING)
         contract = art.graphs[fw].record.partition
         if contract is None:
             raise ArtifactError(f"{art.graphs[fw].folder}: the forward graph has no partition contract")

@@ -14,17 +14,17 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-GRAPH_KINDS = ("inference", "forward", "backward", "joint")
+from aotpipe.format.vocabulary import GRAPH_KINDS, GraphKind, words
 
 # A base graph's key: a kind, then "_<index>" for a subgraph other than the first.
-BASE_KEY_PATTERN = r"^(inference|forward|backward|joint)(_[1-9][0-9]{0,5})?$"
-_KEY = re.compile(r"^(inference|forward|backward|joint)(?:_([1-9][0-9]{0,5}))?(?:\.(.+))?$")
+BASE_KEY_PATTERN = rf"^({words(GraphKind)})(_[1-9][0-9]{{0,5}})?$"
+_KEY = re.compile(rf"^({words(GraphKind)})(?:_([1-9][0-9]{{0,5}}))?(?:\.(.+))?$")
 
 
 class GraphKey(NamedTuple):
     """A graph key taken apart: kind, subgraph index, and the pass chain of a derived graph."""
 
-    kind: str
+    kind: GraphKind
     subgraph: int
     chain: str | None
 
@@ -44,7 +44,7 @@ def parse_graph_key(key: str) -> GraphKey | None:
     m = _KEY.match(key)
     if m is None:
         return None
-    return GraphKey(m.group(1), int(m.group(2) or 0), m.group(3))
+    return GraphKey(GraphKind(m.group(1)), int(m.group(2) or 0), m.group(3))
 
 
 def graph_folder_name(model: str, key: str) -> str:

@@ -22,6 +22,7 @@ from aotpipe.format.records import (
     Partition,
     PassRecord,
     TrustedNamespace,
+    updated,
 )
 from aotpipe.format.source_files import name_files_in
 
@@ -189,7 +190,7 @@ class CapturedGraphs:
         more: dict[str, Any] = {}
         if self.subgraphs:
             more.update(subgraphs=len(self.subgraphs),
-                        graph_breaks=[b.model_copy(update={"reason": name_files_in(b.reason)}) for b in self.graph_breaks])
+                        graph_breaks=[updated(b, reason=name_files_in(b.reason)) for b in self.graph_breaks])
         if self.fallback is not None:
             more.update(fallback=name_files_in(self.fallback))
         if self.trusted_ops:

@@ -46,8 +46,8 @@ from typing_extensions import TypeAliasType
 
 from aotpipe.errors import ArtifactError
 from aotpipe.format.graph_keys import BASE_KEY_PATTERN
-from aotpipe.format.graph_keys import GRAPH_KINDS as GRAPH_KINDS  # re-exported: aotpipe/artifact/load.py reads it here
 from aotpipe.format.limits import check_graphs, read_json
+from aotpipe.format.vocabulary import KindField, StatusField
 
 # ---------------------------------------------------------------------------------------
 # Constants
@@ -106,8 +106,6 @@ Count = Annotated[int, Field(ge=0)]
 Shape = Annotated[list[Count], Field(max_length=MAX_DIMS)]
 Stride = Annotated[list[Count], Field(max_length=MAX_DIMS)]
 Range = Annotated[list[int], Field(min_length=2, max_length=2)]
-# graph_keys.GRAPH_KINDS, spelled out for the type checker (tests/artifact/test_records.py checks they agree).
-GraphKind = Literal["inference", "forward", "backward", "joint"]
 # A captured graph's key: its kind, then "_<i>" for subgraph i > 0 of a dynamo capture.
 BaseGraphKey = Annotated[str, StringConstraints(pattern=BASE_KEY_PATTERN)]
 # A graph folder's name: no path separator, not hidden.
@@ -270,7 +268,7 @@ class InputsRecord(Record):
     """inputs.json: what a graph takes and gives, and where replay gets the values."""
 
     format_version: ReadableVersion
-    kind: GraphKind
+    kind: KindField
     groups: list[Count] | None = None  # input group sizes (params, buffers, user inputs...)
     rng_seed: int | None = None  # the seed random ops draw from (version 2)
     values: ValuesMode | None = None  # what is stored (version 2)
@@ -448,7 +446,7 @@ class GraphRecord(Record):
     """graph.json: an FX graph as data."""
 
     format_version: Literal[1, 2]
-    kind: GraphKind | None = None
+    kind: KindField | None = None
     input_groups: list[Count] | None = None
     nodes: Annotated[list[NodeRecord], FailFast]
 
@@ -760,8 +758,8 @@ class ModelRun(Record):
 
     name: str
     # partial (version 2): written and checked, but part of the model ran outside its graphs
-    status: Literal["ok", "partial", "failed"]
-    stage: str | None = None  # where it failed: results.STAGES
+    status: StatusField
+    stage: str | None = None  # where it failed: vocabulary.Stage (a word of an older run is kept)
     error: str | None = None
     # The exception's class when the failure was not an aotpipe error (the model's code, torch).
     exception: str | None = None
@@ -950,6 +948,7 @@ def check_version(data: RawJson, where: Any) -> None:
 
 
 _R = TypeVar("_R", bound=Record)
+_B = TypeVar("_B", bound=BaseModel)
 
 
 def parse(cls: type[_R], data: RawJson, where: Any) -> _R:
@@ -963,6 +962,12 @@ def parse(cls: type[_R], data: RawJson, where: Any) -> _R:
         return cls.model_validate(data)
     except ValidationError as e:
         raise ArtifactError(f"{where}: {describe(e)}") from None
+
+
+def updated(record: _B, **changes: Any) -> _B:
+    """A copy of `record` with `changes`, validated as its class validates a new one (pydantic's
+    model_copy(update=...) checks nothing: a wrong type or an unknown field would be written)."""
+    return type(record).model_validate({**dict(record), **changes})
 
 
 def read(cls: type[_R], path: Any, root: Any = None) -> tuple[RawJson, _R]:

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+from aotpipe.format.vocabulary import GRAPH_KINDS, GraphKind
 from aotpipe.passes.options import (
     ChannelsLastOptions,
     FoldConvBnOptions,
@@ -31,8 +32,8 @@ from aotpipe.passes.options import (
 from aotpipe.spec import PassStep
 from aotpipe.spec.registry import by_name, resolve
 
-ALL_KINDS = frozenset({"inference", "forward", "backward", "joint"})
-INFERENCE = frozenset({"inference"})
+ALL_KINDS = frozenset(GRAPH_KINDS)
+INFERENCE = frozenset({GraphKind.INFERENCE})
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import torch.fx
 
 from aotpipe.errors import exception_line
 from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
-from aotpipe.format.records import PassChainRun, PassRecord, SkippedPass, Summary, TimedPassRecord
+from aotpipe.format.records import PassChainRun, PassRecord, SkippedPass, Summary, TimedPassRecord, updated
 from aotpipe.passes import PASSES, chain_order_problems, options_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe.runtime import accuracy
@@ -198,7 +198,7 @@ def run_chain_leaving_out(graph: GraphUnderPass, steps: list[PassStep], key: str
         ran.append(step)
         current = result.graph
     chain = chain_name(ran) or None
-    out = [LeftOut(r.model_copy(update={"left_out": list(dropped[r.name]), "chain": chain}), tb) for r, tb in left]
+    out = [LeftOut(updated(r, left_out=list(dropped[r.name]), chain=chain), tb) for r, tb in left]
     return current, records, ran, out
 
 

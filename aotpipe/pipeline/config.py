@@ -18,14 +18,13 @@ from pydantic_core import ErrorDetails
 from aotpipe.errors import ConfigError, LimitError, Problem, SourceError
 from aotpipe.format.limits import current, read_bounded
 from aotpipe.format.records import RawYaml, library_namespace_problem
+from aotpipe.format.vocabulary import GRAPH_KINDS, KindField
 from aotpipe.models.pt2 import pt2_problem
 from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
 from aotpipe.spec import (  # noqa: F401 (inputs_data's checks, beside)
     DTYPES,
-    GRAPH_KINDS,
     ZOO_PREFIX,
     ExecutorSpec,
-    GraphKind,
     InputSpec,
     Loss,
     Mode,
@@ -57,7 +56,7 @@ class Defaults(Strict):
                        "it captures the most models); export (torch.export + AOTAutograd); dynamo "
                        "(torch.compile with a capturing backend: graphs per subgraph, graph breaks recorded); "
                        "meta (export of the model built on the meta device: shapes only, no values, no memory)")
-    graphs: list[GraphKind] = Field(list(GRAPH_KINDS), description="graph kinds to save")
+    graphs: list[KindField] = Field(list(GRAPH_KINDS), description="graph kinds to save")
     passes: Union[str, list[Union[str, dict[str, Any]]]] = Field(
         [], description="pass chain: names (freeze) or {name: {options}}; each applies to `graphs:` "
         "(default [inference]); or a named chain: cpu-fast")
@@ -102,7 +101,7 @@ class ModelEntry(Strict):
             raise ValueError(problem)
         return v
     mode: Optional[Mode] = None
-    graphs: Optional[list[GraphKind]] = None
+    graphs: Optional[list[KindField]] = None
     passes: Optional[Union[str, list[Union[str, dict[str, Any]]]]] = None
     save_inputs: Optional[bool] = None
     save_values: Optional[Literal["minimal", "full"]] = None

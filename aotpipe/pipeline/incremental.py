@@ -21,6 +21,7 @@ from typing import Iterator, Optional
 from aotpipe.artifact.manifest import file_sha256, fingerprint
 from aotpipe.errors import AotpipeError
 from aotpipe.format.records import FORMAT_VERSION, Manifest
+from aotpipe.format.vocabulary import ModelStatus
 from aotpipe.models.pt2 import pt2_path
 from aotpipe.pipeline.results import (
     ModelResult,
@@ -126,7 +127,7 @@ def up_to_date(folder: Path, fp: str, key: Path | None = None) -> Optional[Manif
 
 
 def skipped_result(spec: ModelSpec, folder: Path, manifest: Manifest, start: float) -> ModelResult:
-    r = ModelResult(name=spec.name, status="ok", skipped=True)
+    r = ModelResult(name=spec.name, status=ModelStatus.OK, skipped=True)
     r.graphs = graph_results(manifest)
     r.eager = eager_cells(manifest)
     r.checks = checks_summary(manifest)
@@ -137,7 +138,7 @@ def skipped_result(spec: ModelSpec, folder: Path, manifest: Manifest, start: flo
     if manifest.verification:
         r.verification = verification_summary(manifest)
     if is_partial(manifest):
-        r.status, r.outside_graphs = "partial", outside_graphs_lines(manifest)
+        r.status, r.outside_graphs = ModelStatus.PARTIAL, outside_graphs_lines(manifest)
     r.total_seconds = time.perf_counter() - start
     return r
 

@@ -26,8 +26,9 @@ from aotpipe.artifact.fsio import TMP_PREFIX
 from aotpipe.errors import AotpipeError, CaptureError, SourceError, exception_line
 from aotpipe.format.records import MANIFEST
 from aotpipe.format.source_files import name_files_in
+from aotpipe.format.vocabulary import STAGES as VOCABULARY_STAGES
+from aotpipe.format.vocabulary import GraphKind, ModelStatus, Stage
 from aotpipe.pipeline.incremental import model_fingerprint, skipped_result, up_to_date
-from aotpipe.pipeline.results import STAGES as RESULT_STAGES
 from aotpipe.pipeline.results import (
     GraphSummary,
     ModelResult,
@@ -52,7 +53,7 @@ class _Job:
     base_dir: Path | None
     key: Path | None
     result: ModelResult
-    stage: str = "source"  # the stage it is at: where it stopped if it fails
+    stage: Stage = Stage.SOURCE  # the stage it is at: where it stopped if it fails
     fingerprint: str = ""
     model: Any = None
     args: tuple = ()
@@ -65,9 +66,9 @@ class _Job:
     diagnose: dict[str, Callable[[], str]] = field(default_factory=dict)  # by derived key: the pass at fault
     eager: Any = None  # what the checks compare against: the eager model, or dynamo's subgraphs
     checks: Any = None  # the check stage's ModelChecks
-    kinds: Optional[list[str]] = None  # the graph kinds this process captures (None: the spec's)
+    kinds: Optional[list[GraphKind]] = None  # the graph kinds this process captures (None: the spec's)
 
-    def at(self, stage: str) -> None:
+    def at(self, stage: Stage) -> None:
         """Enter `stage` (and tell the runner's progress bar)."""
         self.stage = _stage(self.spec, stage)
 
@@ -169,11 +170,11 @@ def _write(job: _Job) -> None:
     result.notes = [name_files_in(n) for n in captured.notes]  # with the checks' notes on eager's branches
     problems = mc.problems + result.verification.problems
     if problems:
-        result.status, result.stage = "failed", "verify"
+        result.status, result.stage = ModelStatus.FAILED, Stage.VERIFY
         result.error = "; ".join(problems[:3])
     elif job.pass_problems:
         # The raw graphs were written and checked; the failing chain's graph was not kept.
-        result.status, result.stage = "failed", "passes"
+        result.status, result.stage = ModelStatus.FAILED, Stage.PASSES
         result.error = "; ".join(job.pass_problems[:3])
     if job.pass_tracebacks:  # shown under -v, whether the model failed for them or not
         result.traceback = "\n".join(job.pass_tracebacks)
@@ -188,9 +189,9 @@ def _written_result(job: _Job, written: Any) -> None:
                      for g in written.graphs]
     result.bytes = written.bytes
     result.files = written.files
-    result.status = "ok"
+    result.status = ModelStatus.OK
     if is_partial(manifest):  # written and checked, but part of the model is in no graph
-        result.status, result.outside_graphs = "partial", outside_graphs_lines(manifest)
+        result.status, result.outside_graphs = ModelStatus.PARTIAL, outside_graphs_lines(manifest)
     result.verification = verification_summary(manifest)
     result.checks = checks_summary(manifest)
     result.skipped_passes = list(manifest.skipped_passes)
@@ -201,9 +202,9 @@ def _written_result(job: _Job, written: Any) -> None:
 def _check(job: _Job, folder: Path) -> Any:
     """The written folder's checks (write_model's `check`, before the rename): its outcome.
     While they run the job is at stage verify; write resumes after them (signing, renaming)."""
-    job.at("verify")
+    job.at(Stage.VERIFY)
     outcome = _check_values(job, folder) if job.mode.values else _check_shapes(job, folder)
-    job.at("write")
+    job.at(Stage.WRITE)
     return outcome
 
 
@@ -261,13 +262,13 @@ def _check_values(job: _Job, folder: Path) -> Any:
 
 
 # A model's stages in order: (name, the stage, whether the job needs it). The name is what the
-# progress bar shows and, if the stage fails, the result's `stage` (results.STAGES); the
+# progress bar shows and, if the stage fails, the result's `stage` (vocabulary.Stage); the
 # checks run inside write, before the folder is renamed into place, as stage verify.
-STAGES: tuple[tuple[str, Callable[[_Job], None], Callable[[_Job], bool]], ...] = (
-    ("source", _source, lambda job: job.model is None),  # built already where the job decided on its size
-    ("capture", _capture, lambda job: True),
-    ("passes", _passes, lambda job: bool(job.spec.passes)),
-    ("write", _write, lambda job: True),
+STAGES: tuple[tuple[Stage, Callable[[_Job], None], Callable[[_Job], bool]], ...] = (
+    (Stage.SOURCE, _source, lambda job: job.model is None),  # built already where the job decided on its size
+    (Stage.CAPTURE, _capture, lambda job: True),
+    (Stage.PASSES, _passes, lambda job: bool(job.spec.passes)),
+    (Stage.WRITE, _write, lambda job: True),
 )
 
 
@@ -284,9 +285,9 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
     Never raises for a model's own failure: the result says what failed and where.
     """
     start = time.perf_counter()
-    result = ModelResult(name=spec.name, status="failed")
+    result = ModelResult(name=spec.name, status=ModelStatus.FAILED)
     job = _Job(spec, capture_mode(spec.mode), out_dir, base_dir, key, result)
-    job.at("source")
+    job.at(Stage.SOURCE)
     try:
         job.fingerprint = model_fingerprint(spec, base_dir)
         if not force:
@@ -335,7 +336,7 @@ def _failed(job: _Job, e: Exception) -> None:
 # graphs; each writes and checks its graphs as a whole artefact would be, and the two
 # folders are joined into one (writer.join_parts), the same files as one process writes.
 # A Llama-3-70B-size config takes about 70% of one process's time (docs/capture-speed.md).
-BESIDE_KINDS = ("inference",)
+BESIDE_KINDS = (GraphKind.INFERENCE,)
 
 # Starting the second interpreter (torch and the model's library imported again) costs a few
 # seconds, repaid only where the inference capture takes longer: by the model's module count,
@@ -345,7 +346,7 @@ BESIDE_KINDS = ("inference",)
 BESIDE_MIN_MODULES = 100
 
 
-def beside_kinds(spec: ModelSpec, beside: Optional[bool] = None) -> Optional[tuple[list[str], list[str]]]:
+def beside_kinds(spec: ModelSpec, beside: Optional[bool] = None) -> Optional[tuple[list[GraphKind], list[GraphKind]]]:
     """(the kinds a second process captures, the kinds this one does) when the job may split
     so, else None: mode meta, no pass chain, both an inference and a training graph asked
     for, and `beside` true, or None and the job has two cores or more (it then splits if the
@@ -362,10 +363,10 @@ def beside_kinds(spec: ModelSpec, beside: Optional[bool] = None) -> Optional[tup
     return first, rest
 
 
-def _run_beside_if_worth_it(job: _Job, kinds: tuple[list[str], list[str]], always: bool = False) -> None:
+def _run_beside_if_worth_it(job: _Job, kinds: tuple[list[GraphKind], list[GraphKind]], always: bool = False) -> None:
     """The model built; then the job in two processes if it has :data:`BESIDE_MIN_MODULES`
     modules or more (or `always`), else in this one."""
-    job.at("source")
+    job.at(Stage.SOURCE)
     _source(job)
     if always or sum(1 for _ in job.model.modules()) >= BESIDE_MIN_MODULES:
         _run_beside(job, kinds)
@@ -373,7 +374,7 @@ def _run_beside_if_worth_it(job: _Job, kinds: tuple[list[str], list[str]], alway
         _run(job)
 
 
-def _run_beside(job: _Job, kinds: tuple[list[str], list[str]]) -> None:
+def _run_beside(job: _Job, kinds: tuple[list[GraphKind], list[GraphKind]]) -> None:
     """The job's stages in two processes, each capturing some of the graph kinds into a
     folder of its own under a temporary one; the two folders joined into the artefact."""
     import torch  # only in the process that runs the job
@@ -384,12 +385,12 @@ def _run_beside(job: _Job, kinds: tuple[list[str], list[str]]) -> None:
 
     spec, result = job.spec, job.result
     parts = job.out_dir / f"{TMP_PREFIX}{spec.name}.parts-{os.getpid()}"  # removed by clean_stale if killed
-    job.at("capture")
+    job.at(Stage.CAPTURE)
     child = send = receive = None
     try:
         child, send, receive = _start_half()
         send.send((spec, parts / "0", job.base_dir, kinds[0], job.fingerprint, torch.get_num_threads()))
-        mine = _Job(spec, job.mode, parts / "1", job.base_dir, None, ModelResult(name=spec.name, status="failed"),
+        mine = _Job(spec, job.mode, parts / "1", job.base_dir, None, ModelResult(name=spec.name, status=ModelStatus.FAILED),
                     fingerprint=job.fingerprint, model=job.model, args=job.args, kwargs=job.kwargs, kinds=kinds[1])
         _attempt(mine)
         try:
@@ -401,7 +402,7 @@ def _run_beside(job: _Job, kinds: tuple[list[str], list[str]]) -> None:
         halves = [theirs, mine.result]
         folders = [parts / "0" / spec.name, parts / "1" / spec.name]
         if all((f / MANIFEST).is_file() for f in folders):  # both written, checked (perhaps failing)
-            job.at("write")
+            job.at(Stage.WRITE)
             written = join_parts(folders, job.out_dir, spec.name, notes=join_notes,
                                  sign=signer(job.key) if job.key is not None else None)
             _written_result(job, written)
@@ -423,15 +424,15 @@ def _failed_as_one(result: ModelResult, halves: list[ModelResult]) -> None:
     """`result` failed as one process would have failed, if a half failed: at the earliest
     stage a half failed at (one process captures every kind before it writes any), with that
     half's error, or both halves' problems where both failed their checks."""
-    failed = [r for r in halves if r.status != "ok"]
+    failed = [r for r in halves if r.status != ModelStatus.OK]
     if not failed:
         return
-    first = min(failed, key=lambda r: RESULT_STAGES.index(r.stage) if r.stage in RESULT_STAGES else 0)
-    result.status = "failed"
+    first = min(failed, key=lambda r: VOCABULARY_STAGES.index(r.stage) if r.stage in VOCABULARY_STAGES else 0)
+    result.status = ModelStatus.FAILED
     for f in ("stage", "exception", "traceback"):
         setattr(result, f, getattr(first, f))
     same = [r.error or "" for r in failed if r.stage == first.stage]
-    result.error = "; ".join(same) if first.stage == "verify" else first.error
+    result.error = "; ".join(same) if first.stage == Stage.VERIFY else first.error
 
 
 def _ended(child: Any, timeout: float = 30.0) -> int:
@@ -502,7 +503,7 @@ def _half_main(receive: Any, send: Any) -> None:
     spec, out_dir, base_dir, kinds, fingerprint, threads = receive.recv()
     torch.set_num_threads(threads)  # as the first process: the manifests' environment is one
     os.environ.pop(PROGRESS_DIR_ENV, None)  # the progress bar shows the first process's stage
-    job = _Job(spec, capture_mode(spec.mode), out_dir, base_dir, None, ModelResult(name=spec.name, status="failed"),
+    job = _Job(spec, capture_mode(spec.mode), out_dir, base_dir, None, ModelResult(name=spec.name, status=ModelStatus.FAILED),
                fingerprint=fingerprint, kinds=kinds)
     _attempt(job)
     send.send(job.result)
@@ -519,7 +520,7 @@ def _run(job: _Job) -> None:
         job.inputs, job.pass_problems, job.diagnose, job.eager, job.checks = None, [], {}, None, None
         job.skipped_passes, job.pass_tracebacks = [], []
         job.model = None  # built afresh, as dynamo's mode builds it
-        result.status, result.stage, result.error = "failed", None, None
+        result.status, result.stage, result.error = ModelStatus.FAILED, None, None
         try:
             _run_stages(job, fallback=why)
         except Exception as e:  # both reasons, as auto's export-failure fallback keeps them
@@ -583,7 +584,7 @@ def _run_stages(job: _Job, fallback: Optional[str] = None) -> None:
         if needed(job):
             job.at(name)
             run(job)
-            if name == "capture" and fallback is not None:  # said as auto's export-failure fallback is
+            if name == Stage.CAPTURE and fallback is not None:  # said as auto's export-failure fallback is
                 job.captured.fallback = fallback
                 job.captured.notes.insert(0, f"export's training graphs failed their gradient checks ({fallback}); "
                                              "captured with dynamo, which keeps it")
@@ -593,11 +594,11 @@ def _run_stages(job: _Job, fallback: Optional[str] = None) -> None:
 def _lost_custom_backwards(job: _Job) -> list[str]:
     """The custom autograd.Functions an export capture's training graphs failed their checks
     for: a backward or joint check failed, and the eager gradient ran their own backwards."""
-    if job.result.status != "failed" or job.result.stage != "verify" or job.captured is None \
+    if job.result.status != ModelStatus.FAILED or job.result.stage != Stage.VERIFY or job.captured is None \
             or job.captured.mode != "export" or job.checks is None:
         return []
     failed = [key for key, gc in job.checks.graphs.items()
-              if key.split(".")[0] in ("backward", "joint") and any(not c.passed for c in gc.checks)]
+              if key.split(".")[0] in (GraphKind.BACKWARD, GraphKind.JOINT) and any(not c.passed for c in gc.checks)]
     run = job.eager.run("training") if failed and hasattr(job.eager, "run") else None
     return list(run.custom_backwards) if run is not None else []
 
@@ -607,7 +608,7 @@ def _lost_custom_backwards(job: _Job) -> list[str]:
 PROGRESS_DIR_ENV = "AOTPIPE_PROGRESS_DIR"
 
 
-def _stage(spec: ModelSpec, stage: str) -> str:
+def _stage(spec: ModelSpec, stage: Stage) -> Stage:
     """`stage`, after telling the runner's progress bar (if there is one) that the model is at it."""
     folder = os.environ.get(PROGRESS_DIR_ENV)
     if folder:
@@ -620,7 +621,7 @@ def _stage(spec: ModelSpec, stage: str) -> str:
 
 def _said_what_next(spec: ModelSpec, stage: str, error: str, e: BaseException) -> str:
     """A capture failure's line with what to try next (capture/hints.py); other stages' as they are."""
-    if stage != "capture":
+    if stage != Stage.CAPTURE:
         return error
     from aotpipe.capture.hints import chain_text, with_hint  # torch (the capture package)
 

@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 from aotpipe.artifact.fsio import OutputError, describe_os_error
 from aotpipe.errors import AotpipeError
-from aotpipe.format.records import DuplicatedModel, MergedShard, MergeRecord, ModelRun, RunRecord
+from aotpipe.format.records import DuplicatedModel, MergedShard, MergeRecord, ModelRun, RunRecord, updated
 from aotpipe.pipeline.config import is_name
 from aotpipe.pipeline.htmlreport import REPORT_HTML, write_html
 from aotpipe.pipeline.report import REPORT_MD, RUN_JSON, write_reports
@@ -142,7 +142,7 @@ def merge_runs(folders: list[Path], output: Optional[Path] = None) -> RunResult:
     duplicated = [DuplicatedModel(name=n, folders=[str(f) for f, _ in found[n]]) for n in order
                   if len(found.get(n, [])) > 1]
     kinds = sorted({r.executor.kind for _, r in runs})
-    recycled = [x.model_copy(update={"shard": str(f)}) for f, r in runs for x in r.executor.recycled or []]
+    recycled = [updated(x, shard=str(f)) for f, r in runs for x in r.executor.recycled or []]
     merge = MergeRecord(
         shards=[MergedShard(folder=str(f), shard=f"{r.shard.index}/{r.shard.count}" if r.shard else None,
                             models=len(r.models), seconds=r.seconds, **({"run": r.run} if r.run else {}))

@@ -21,6 +21,7 @@ from aotpipe.format.records import (
     SettledTotals,
     load_run,
 )
+from aotpipe.format.vocabulary import ModelStatus
 
 if TYPE_CHECKING:
     from aotpipe.pipeline.results import RunResult
@@ -48,10 +49,10 @@ def run_record(run: "RunResult", pipeline: "Pipeline") -> RunRecord:
         **({"dropped": list(run.dropped)} if run.dropped else {}),
         summary=RunSummary(
             models=len(models),
-            ok=sum(m.status == "ok" for m in models),
+            ok=sum(m.status == ModelStatus.OK for m in models),
             up_to_date=sum(m.skipped for m in models),
-            failed=sum(m.status == "failed" for m in models),
-            partial=sum(m.status == "partial" for m in models),
+            failed=sum(m.status == ModelStatus.FAILED for m in models),
+            partial=sum(m.status == ModelStatus.PARTIAL for m in models),
             graphs=sum(len(m.graphs) for m in models),
             bytes=sum(m.bytes for m in models),
             checks=settled_totals(models),  # how the checks were settled, over every model
@@ -131,10 +132,10 @@ def status_text(m: ModelRun, kept: bool = False) -> str:
     (`kept`) not found up to date by the run that wrote it (--only left it as it was); says so
     when some checks were skipped."""
     also = ", kept" if kept and not m.skipped else ""
-    if m.status == "failed":
+    if m.status == ModelStatus.FAILED:
         return f"**{m.status}** ({m.stage}){also}"
     text = "up to date" if m.skipped else f"ok{also}"
-    if m.status == "partial":
+    if m.status == ModelStatus.PARTIAL:
         text = "**partial**" + (" (up to date)" if m.skipped else also)
     skipped = m.checks.skipped if m.checks is not None else 0
     return f"{text}, {skipped} checks skipped" if skipped else text
@@ -197,12 +198,12 @@ def report_markdown(run: "RunResult", pipeline: "Pipeline") -> str:
     if rec.dropped or run.previous:
         lines += ["", "## No longer listed", ""] + [f"- {d.name}: {d.reason}" for d in rec.dropped or []] + (
             [f"- {run.previous}"] if run.previous else [])
-    failed = [m for m in rec.models if m.status == "failed"]
+    failed = [m for m in rec.models if m.status == ModelStatus.FAILED]
     if failed:
         lines += ["", "## Failures", ""]
         for m in failed:
             lines.append(f"- **{m.name}** ({m.stage}): {m.error}")
-    partial = [m for m in rec.models if m.status == "partial"]
+    partial = [m for m in rec.models if m.status == ModelStatus.PARTIAL]
     if partial:
         lines += ["", "## Partial captures", "",
                   "Part of these models ran outside their graphs (dynamo's graph breaks): the graphs are written and "

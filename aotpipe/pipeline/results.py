@@ -31,11 +31,7 @@ from aotpipe.format.records import (
     ShardRecord,
     VerificationSummary,
 )
-
-# Where a model's run stopped: its own stages, or the worker it ran in (crash, timeout,
-# out of memory: reported by the executor, not by the model's code).
-STAGES = ("source", "capture", "passes", "write", "verify", "worker")
-
+from aotpipe.format.vocabulary import ModelStatus
 
 # One graph a model's run wrote: run.json's record (kept by this name for its callers).
 GraphResult = GraphSummary
@@ -86,7 +82,7 @@ class RunResult:
 
     def _ok(self, models: list[ModelRun] | list[ModelResult]) -> bool:
         gaps = self.merge is not None and bool(self.merge.missing or self.merge.duplicated)
-        good = ("ok", "partial") if self.allow_partial else ("ok",)
+        good = (ModelStatus.OK, ModelStatus.PARTIAL) if self.allow_partial else (ModelStatus.OK,)
         return all(m.status in good for m in models) and not gaps
 
     @property

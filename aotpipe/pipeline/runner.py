@@ -37,6 +37,7 @@ from aotpipe.format.records import (
     ShardRecord,
     load_run,
 )
+from aotpipe.format.vocabulary import ModelStatus, Stage
 from aotpipe.pipeline import incremental
 from aotpipe.pipeline.config import check_sources
 from aotpipe.pipeline.executors import Failure, Outcome, Resources, Task, make_executor
@@ -170,7 +171,7 @@ def kept_result(checked: ModelResult, last: Optional[ModelRun], folder: Path) ->
     marked skipped; else `checked` with no measurement (the run that wrote the artefact did
     not finish, or timed another artefact of the model)."""
     sha = manifest_sha256(folder)
-    if last is not None and sha is not None and last.manifest_sha256 == sha and last.status in ("ok", "partial"):
+    if last is not None and sha is not None and last.manifest_sha256 == sha and last.status in (ModelStatus.OK, ModelStatus.PARTIAL):
         return ModelResult.model_validate(last.model_dump(exclude_unset=True) | {"skipped": True})
     for name in ("capture_seconds", "passes_seconds", "checks_seconds", "write_seconds", "total_seconds"):
         setattr(checked, name, 0.0)  # the time the check took is no measurement of the model
@@ -195,7 +196,7 @@ def keep_entries(names: list[str], results: list[ModelResult], last: Optional[Ru
         entry = before.get(name)
         if entry is None:
             continue
-        if entry.status in ("ok", "partial"):
+        if entry.status in (ModelStatus.OK, ModelStatus.PARTIAL):
             sha = manifest_sha256(out_root / name)
             if sha is None:
                 dropped.append(DroppedModel(name=name, reason=f"its artefact ({name}/) is gone; run it to make it"))
@@ -234,7 +235,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
 
     def measured(r: ModelResult) -> ModelResult:
         r.measured_in = stamp
-        if r.status in ("ok", "partial"):  # a failed model's folder, if any, is an earlier artefact
+        if r.status in (ModelStatus.OK, ModelStatus.PARTIAL):  # a failed model's folder, if any, is an earlier artefact
             r.manifest_sha256 = manifest_sha256(out_root / r.name)
         return r
 
@@ -243,7 +244,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
             r.fresh_worker = True
         results[i] = r
         bar.set_postfix_str(f"{r.name}: {'up to date' if r.skipped else r.status}")
-        if r.status == "failed" and progress:
+        if r.status == ModelStatus.FAILED and progress:
             bar.write(f"FAILED {r.name} ({r.stage}): {r.error}")
         bar.update(1)
 
@@ -278,7 +279,7 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
             if name in running:
                 running.remove(name)
             if isinstance(outcome, Failure):
-                r = ModelResult(name=name, status="failed", stage="worker", error=outcome.reason,
+                r = ModelResult(name=name, status=ModelStatus.FAILED, stage=Stage.WORKER, error=outcome.reason,
                                 traceback=outcome.detail)
             else:
                 r = outcome
@@ -379,7 +380,7 @@ def ran_out_of_memory_last_run(out_root: Path) -> set[str]:
     names = {r.after for r in last.executor.recycled or []
              if r.out_of_memory or (r.out_of_memory is None and retried_out_of_memory(r.reason))}
     names |= {m.name for m in last.models if m.fresh_worker or (
-        m.status != "ok" and m.stage == "worker" and m.error and ran_out_of_memory(m.error))}
+        m.status != ModelStatus.OK and m.stage == Stage.WORKER and m.error and ran_out_of_memory(m.error))}
     return names
 
 

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from aotpipe.errors import AotpipeError
 from aotpipe.format import records
+from aotpipe.format.folders import is_model_folder, model_folder
 from aotpipe.format.records import CheckItem, GraphRecord, InputsRecord, Manifest, NodeRecord
 
 VIEWS_DIR = "views"
@@ -191,10 +192,9 @@ def _read(model: Path) -> Manifest:
     return records.read(Manifest, model / records.MANIFEST, model)[1]
 
 
-def model_folder(path: Path) -> Path:
-    if (path / records.GRAPH_JSON).exists() and not (path / records.MANIFEST).exists():
-        return path.parent
-    if not (path / records.MANIFEST).exists():
+def _model_folder(path: Path) -> Path:
+    path = model_folder(path)
+    if not is_model_folder(path):
         raise AotpipeError(f"{path}: not an artefact (no manifest.json); pass a model folder")
     return path
 
@@ -211,7 +211,7 @@ def graph_keys(manifest: Manifest, graph: Optional[str]) -> list[str]:
 def explorer_json(model: Path, graph: Optional[str] = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model-explorer's graphs JSON, its node-data JSON) of an artefact's graphs (one with
     `graph`): the graphs' ids are their keys."""
-    model = model_folder(model)
+    model = _model_folder(model)
     manifest = _read(model)
     graphs, data = [], {}
     for key in graph_keys(manifest, graph):
@@ -294,7 +294,7 @@ def view_candidates(tree: Path, model_folder: Path, key: str) -> list[Path]:
 def views_tree(root: Path) -> Path:
     """The tree whose views/ folder gets the views of `root` (a tree, or one artefact: its parent)."""
     root = Path(root)
-    return root.parent if (root / records.MANIFEST).exists() else root
+    return root.parent if is_model_folder(root) else root
 
 
 def write_tree_views(root: Path) -> dict[str, dict[str, Path]]:

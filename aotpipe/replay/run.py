@@ -29,6 +29,7 @@ from aotpipe.artifact.load import Artifact, Expected, GraphArtifact, load
 from aotpipe.artifact.precheck import data_dependent_outputs
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.format.records import InputsRecord, OutputRecord, Partition, Summary, TupleSummary
+from aotpipe.format.vocabulary import TRAINING_KINDS
 from aotpipe.models.eager import EagerReference
 from aotpipe.replay.eager import artifact_loss, median_seconds, rebuild_model
 from aotpipe.replay.inputs import _flatten_meta, get_inputs
@@ -549,12 +550,12 @@ def replay_chain(path: str | Path | Artifact, *, rebuild_source: bool = True, tr
 
 
 def _replay_chain(art: Artifact, rebuild_source: bool, trust_code: bool) -> ChainReplay:
-    chains = {i: keys for i, keys in art.subgraph_keys().items() if {"forward", "backward", "joint"} <= set(keys)}
+    chains = {i: keys for i, keys in art.subgraph_keys().items() if set(TRAINING_KINDS) <= set(keys)}
     if not chains:
         # name what the most complete subgraph lacks (subgraph 0 first among equals)
         subgraphs = art.subgraph_keys() or {0: {}}
-        i, have = max(subgraphs.items(), key=lambda kv: (len({"forward", "backward", "joint"} & set(kv[1])), -kv[0]))
-        missing = ", ".join(k for k in ("forward", "backward", "joint") if k not in have)
+        i, have = max(subgraphs.items(), key=lambda kv: (len(set(TRAINING_KINDS) & set(kv[1])), -kv[0]))
+        missing = ", ".join(k for k in TRAINING_KINDS if k not in have)
         where = f" (subgraph {i})" if i else ""
         raise ArtifactError(f"{art.path}: the chain needs forward, backward and joint graphs; "
                             f"{missing} {'is' if ',' not in missing else 'are'} missing{where}")

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union, get_args
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-GraphKind = Literal["inference", "forward", "backward", "joint"]
+from aotpipe.format.vocabulary import KindField
+
 Mode = Literal["export", "dynamo", "meta", "auto"]
 Loss = Literal["weighted", "sum", "mean"]  # modes.LOSSES
-GRAPH_KINDS: tuple[str, ...] = get_args(GraphKind)
 
 # Names accepted for `dtype:`; values are torch dtype attribute names.
 DTYPES: dict[str, str] = {
@@ -209,7 +209,7 @@ class ModelSpec(Strict):
     config: Optional[dict[str, Any]]
     inputs: list[InputSpec]
     mode: Mode
-    graphs: list[GraphKind]
+    graphs: list[KindField]
     passes: list[PassStep]
     save_inputs: bool
     save_values: str = "minimal"

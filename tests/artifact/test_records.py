@@ -266,10 +266,36 @@ def test_every_dtype_the_format_names_is_a_torch_dtype_and_reading_a_manifest_ne
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
-def test_the_graph_kinds_a_record_may_name_are_graph_keys_kinds():
-    from typing import get_args
+def test_the_graph_kinds_a_record_may_name_are_the_vocabularys():
+    from aotpipe.format.records import InputsRecord
+    from aotpipe.format.vocabulary import GRAPH_KINDS, GraphKind
 
-    from aotpipe.format.graph_keys import GRAPH_KINDS
-    from aotpipe.format.records import GraphKind
+    kind = InputsRecord.model_json_schema()["properties"]["kind"]
+    assert kind == {"enum": ["inference", "forward", "backward", "joint"], "type": "string"}
+    assert list(GRAPH_KINDS) == kind["enum"] and list(GraphKind) == kind["enum"]
 
-    assert get_args(GraphKind) == GRAPH_KINDS
+
+def test_an_updated_record_is_validated_as_a_new_one():
+    import pytest
+    from pydantic import ValidationError
+
+    from aotpipe.format.records import ModelRun, updated
+
+    run = ModelRun(name="m", status="ok")
+    changed = updated(run, status="failed", stage="capture")
+    assert (changed.status, changed.stage, run.status) == ("failed", "capture", "ok")
+    with pytest.raises(ValidationError, match="status"):
+        updated(run, status="done")  # model_copy(update=...) would have kept it
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        updated(run, stauts="failed")
+    with pytest.raises(ValidationError):
+        updated(run, capture_seconds="1.5")  # strict: no coercion either
+
+
+def test_no_module_copies_a_record_with_unvalidated_changes():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "aotpipe"
+    found = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
+             if "model_copy(update=" in p.read_text(encoding="utf-8").replace("model_copy(update=...)", "")]
+    assert found == [], "use records.updated, which validates the changes"

@@ -20,8 +20,9 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from aotpipe.cli import main
 from aotpipe.errors import AotpipeError
+from aotpipe.format.folders import model_folder
 from aotpipe.trust import keyring
-from aotpipe.trust.sandbox.decide import SandboxDecision, decide_sandbox, model_folder, trust_problems
+from aotpipe.trust.sandbox.decide import SandboxDecision, decide_sandbox, trust_problems
 from aotpipe.trust.signing import load_key, manifest_bytes, signature_record
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "format_v2" / "mlp"

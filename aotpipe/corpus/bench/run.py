@@ -24,12 +24,14 @@ from aotpipe.corpus.bench.backends import parse_backend
 from aotpipe.corpus.bench.graph import GraphResult, GraphTask, artefact_label, result_from_failure
 from aotpipe.corpus.bench.scores import Score, scores
 from aotpipe.errors import AotpipeError, ArtifactError
+from aotpipe.format.folders import is_model_folder, model_folder
+from aotpipe.format.vocabulary import GRAPH_KINDS
 from aotpipe.pipeline.executors.base import Failure, Resources, Task
 from aotpipe.pipeline.executors.process import ProcessExecutor
 from aotpipe.trust.sandbox.decide import decide_sandbox
 from aotpipe.trust.verify import find_artifacts
 
-KINDS = ("inference", "forward", "backward", "joint")
+KINDS = GRAPH_KINDS
 DEFAULT_TIMEOUT_S = 600.0
 # The worker's intra-op threads unless told: one, so that a timing does not depend on how
 # busy the machine's other cores are (with several, every parallel region waits for its
@@ -83,12 +85,11 @@ def find_models(paths: Sequence[Path]) -> list[tuple[Path, str]]:
         if not Path(p).exists():
             raise AotpipeError(f"{p}: no such file or folder")
         root = Path(p)
-        if (root / "graph.json").exists() and not (root / "manifest.json").exists():
-            root = root.parent
+        root = model_folder(root)
         models, _ = find_artifacts(root)
         if not models:
             raise AotpipeError(f"{p}: no artefact under it (no manifest.json); capture one with aotpipe run")
-        base = root if not (root / "manifest.json").exists() else root.parent
+        base = root.parent if is_model_folder(root) else root
         per_root.append((base.name, [(m, artefact_label(m, base)) for m in models]))
     labels = [label for _, found in per_root for _, label in found]
     if len(set(labels)) < len(labels):

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
 from aotpipe.corpus.bench.graph import GRAPHNET_T, GraphResult
+from aotpipe.format.vocabulary import GRAPH_KINDS
 
 P = 0.0
 B = 0.1
@@ -109,8 +110,7 @@ def score(results: Sequence[GraphResult]) -> Score:
 
 def scores(results: Sequence[GraphResult]) -> dict[str, Score]:
     """Scores per graph kind (inference, forward, backward, joint) and "all"."""
-    kinds = sorted({r.kind for r in results}, key=lambda k: ("inference", "forward", "backward", "joint").index(k)
-                   if k in ("inference", "forward", "backward", "joint") else 9)
+    kinds = sorted({r.kind for r in results}, key=lambda k: GRAPH_KINDS.index(k) if k in GRAPH_KINDS else 9)
     out = {k: score([r for r in results if r.kind == k]) for k in kinds}
     out["all"] = score(results)
     return out

@@ -9,7 +9,7 @@ from aotpipe.corpus.diff.artifacts import compare_artifacts, describe_node, read
 from aotpipe.corpus.diff.model import Diff
 from aotpipe.corpus.diff.trees import RUN_JSON, compare_trees
 from aotpipe.errors import AotpipeError, SandboxUnavailable
-from aotpipe.format import records
+from aotpipe.format.folders import is_model_folder, model_folder
 from aotpipe.trust.sandbox.decide import decide_sandbox
 
 _WHAT = ("pass two artefact folders (each holding manifest.json) or two output trees "
@@ -22,9 +22,8 @@ def _kind(label: str, path: Path) -> tuple[str, Path]:
         raise AotpipeError(f"{label} {path}: no such file or folder; {_WHAT}")
     if not path.is_dir():
         raise AotpipeError(f"{label} {path}: a file, not a folder; {_WHAT}")
-    if (path / records.GRAPH_JSON).exists() and not (path / records.MANIFEST).exists():
-        path = path.parent  # a graph folder: its model
-    if (path / records.MANIFEST).exists():
+    path = model_folder(path)  # a graph folder: its model
+    if is_model_folder(path):
         return "artifact", path
     if (path / RUN_JSON).exists():
         return "tree", path

@@ -17,6 +17,7 @@ from aotpipe.corpus.diff.artifacts import compare_artifacts, compare_fields, rea
 from aotpipe.corpus.diff.model import Diff, Finding
 from aotpipe.errors import AotpipeError
 from aotpipe.format import records
+from aotpipe.format.vocabulary import ModelStatus
 
 RUN_JSON = "run.json"
 # A time change counts when it is beyond the threshold and at least this many seconds:
@@ -90,7 +91,7 @@ def compare_trees(a: Path, b: Path, diff: Diff, threshold: float) -> list[tuple[
     for name in [n for n in ma if n in mb]:
         x, y = ma[name], mb[name]
         if x.status != y.status:
-            why = _first_line(y.error) if y.status != "ok" else ""
+            why = _first_line(y.error) if y.status != ModelStatus.OK else ""
             diff.add("status", name, f"{x.status} -> {y.status}" + (f": {why}" if why else ""), model=name,
                      a=x.status, b=y.status)
         for key in ("run", "passed", "failed", "skipped"):

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from aotpipe.artifact.load import load
 from aotpipe.corpus.diff.model import ValuesComparison
 from aotpipe.errors import SandboxError, exception_line
-from aotpipe.format.records import RawJson
+from aotpipe.format.records import RawJson, updated
 from aotpipe.runtime import accuracy
 from aotpipe.runtime.execution import run_with_summaries
 from aotpipe.trust.sandbox.launch import run_task
@@ -109,8 +109,7 @@ def compare_values(a_path: str, b_path: str, aligned: dict[str, dict[str, str]],
             result.compared = (result.compared or 0) + 1
             why = _departs(sums_a[node.name], sums_b[b_name], rtol)
             if why:
-                result = result.model_copy(update={"status": "diverged", "a_node": node.name, "b_node": b_name,
-                                                   "why": why})
+                result = updated(result, status="diverged", a_node=node.name, b_node=b_name, why=why)
                 break
         out[key] = result
     return out

@@ -25,6 +25,7 @@ from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format.limits import read_json
 from aotpipe.format.records import MANIFEST, ModelRun, RunRecord, describe
+from aotpipe.format.vocabulary import GRAPH_KINDS, ModelStatus
 from aotpipe.pipeline.htmlreport import plots
 from aotpipe.pipeline.report import human_size
 from aotpipe.pipeline.results import is_partial, outside_graphs_lines, why_failed
@@ -33,7 +34,7 @@ from aotpipe.pipeline.views import view_candidates
 
 REPORT_HTML = "report.html"
 BENCH_JSON = "bench.json"
-BASE_KINDS = ("inference", "forward", "backward", "joint")
+BASE_KINDS = GRAPH_KINDS
 TOP_OPS = 25  # ops shown per graph in the histogram (the rest summed)
 
 
@@ -215,7 +216,7 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
         return row
     if run is None:
         failed = why_failed(m)
-        row.status = "failed" if failed else "ok"
+        row.status = ModelStatus.FAILED if failed else ModelStatus.OK
         if failed:
             row.errors.append(failed)
         row.notes = list(m.capture.notes)
@@ -226,8 +227,8 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
     if m.capture.fallback:
         row.notes.append(f"export failed, dynamo used: {m.capture.fallback}")
     row.outside = outside_graphs_lines(m)
-    if is_partial(m) and row.status == "ok":  # the manifest says so, whatever run.json said
-        row.status = "partial"
+    if is_partial(m) and row.status == ModelStatus.OK:  # the manifest says so, whatever run.json said
+        row.status = ModelStatus.PARTIAL
     if m.checks is not None:
         c = m.checks
         row.checks_run, row.checks_passed, row.checks_failed, row.checks_skipped = c.run, c.passed, c.failed, c.skipped
@@ -319,7 +320,7 @@ def gather(root: Path) -> Report:
         v = by_name.get(rm.name)
         if v is not None:
             seen.add(id(v))
-        elif rm.status != "failed":  # run.json lists an artefact (a failed model may have none): it is gone
+        elif rm.status != ModelStatus.FAILED:  # run.json lists an artefact (a failed model may have none): it is gone
             v = missing_model(root, rm)
         rows.append(_model_row(i, rm, v, root, run))
     for v in views:
@@ -348,9 +349,9 @@ def gather(root: Path) -> Report:
     on_disk = sum(r.bytes or 0 for r in rows)
     summary = {
         "models": len(rows),
-        "ok": sum(r.status == "ok" for r in rows),
-        "partial": sum(r.status == "partial" for r in rows),
-        "failed": sum(r.status not in ("ok", "partial") for r in rows),
+        "ok": sum(r.status == ModelStatus.OK for r in rows),
+        "partial": sum(r.status == ModelStatus.PARTIAL for r in rows),
+        "failed": sum(r.status not in (ModelStatus.OK, ModelStatus.PARTIAL) for r in rows),
         "kept": sum(r.kept is not None for r in rows),
         "graphs": sum(len(r.graphs) for r in rows),
         "bytes": on_disk,
@@ -415,7 +416,7 @@ def not_ok_lines(report: Report) -> list[str]:
     """The terminal's account of the models the page shows not ok (failed, unreadable): a count,
     then one line each with its first error (the file and what is wrong with it); none when
     every model is ok or partial."""
-    bad = [r for r in report.rows if r.status not in ("ok", "partial")]
+    bad = [r for r in report.rows if r.status not in (ModelStatus.OK, ModelStatus.PARTIAL)]
     if not bad:
         return []
     return [f"{len(bad)} of {len(report.rows)} models not ok:"] + [

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from aotpipe.format.folders import model_folder
+
 
 @dataclass(frozen=True)
 class SandboxDecision:
@@ -42,12 +44,6 @@ def decide_sandbox(paths: Sequence[str | Path], *, key: Optional[str], no_sandbo
         if problems:
             untrusted.append((Path(path), problems[0]))
     return SandboxDecision(not untrusted, tuple(untrusted))
-
-
-def model_folder(path: str | Path) -> Path:
-    """The model folder (the one with manifest.json) of `path`, a model or a graph folder."""
-    p = Path(path)
-    return p.parent if (p / "graph.json").exists() and not (p / "manifest.json").exists() else p
 
 
 def trust_problems(path: str | Path, key: Optional[str] = None) -> list[str]:

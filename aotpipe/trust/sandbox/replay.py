@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from aotpipe.errors import AotpipeError, SandboxError
+from aotpipe.format.folders import is_graph_folder
 from aotpipe.format.records import RawJson
 from aotpipe.trust.sandbox.launch import run_task
 
@@ -95,7 +96,7 @@ def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str 
         worker.watch(art)
         worker.mark("while making the inputs")
     kinds = list(graphs)
-    if not kinds and (p / "graph.json").exists():
+    if not kinds and is_graph_folder(p):
         kinds = [k for k, g in art.graphs.items() if g.folder.resolve() == p.resolve()]
     results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench,
                             threads=threads)
