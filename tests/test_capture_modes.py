@@ -155,3 +155,22 @@ def test_every_command_runs_with_the_collector_paced_and_gives_the_callers_pacin
         gc.set_threshold(*was)
     assert (r.exit_code, r.output.strip()) == (2, "error: planted: stop here")
     assert seen == [job.JOB_GC_THRESHOLDS]
+
+
+def _record_call(model, args, kwargs, **keywords):
+    return {"model": model, "args": args, "kwargs": kwargs, **keywords}
+
+
+def test_a_capture_request_reaches_the_modes_function_with_what_the_mode_takes():
+    from aotpipe.spec.modes import CaptureMode, CaptureRequest
+
+    request = CaptureRequest("M", (1,), {"k": 2}, name="m", graphs=("forward", "backward"), input_names=("x",),
+                             int_ranges={"x": (0, 5)}, loss="mean")
+    takes = CaptureMode("t", f"{__name__}:_record_call", dict, "takes loss")
+    call = takes.capture_graphs(request)
+    assert call == {"model": "M", "args": (1,), "kwargs": {"k": 2}, "name": "m", "graphs": ["forward", "backward"],
+                    "input_names": ["x"], "int_ranges": {"x": (0, 5)}, "loss": "mean"}
+    assert "loss" not in CaptureMode("n", f"{__name__}:_record_call", dict, "no loss", takes_loss=False
+                                     ).capture_graphs(request)
+    first = CaptureMode("a", f"{__name__}:_record_call", dict, "tries export first", tries_first="export")
+    assert first.capture_graphs(request)["export"] is modes.CAPTURE_MODES["export"].function()

@@ -26,7 +26,7 @@ from aotpipe.errors import ArtifactError
 from aotpipe.pipeline import job as job_module
 from aotpipe.pipeline.executors.process import rss_bytes
 from aotpipe.pipeline.incremental import model_fingerprint
-from aotpipe.pipeline.job import _attempt, _Job, beside_kinds, run_model
+from aotpipe.pipeline.job import ModelJob, _attempt, beside_kinds, run_model
 from aotpipe.pipeline.results import ModelResult
 from aotpipe.spec import ModelSpec
 from aotpipe.spec.modes import capture_mode
@@ -158,7 +158,7 @@ def parts(tmp_path, env):
     """Two parts of one artefact: rec with the inference graph, and with the training graphs."""
     spec, made = _spec(), []
     for i, kinds in enumerate((["inference"], ["forward", "backward", "joint"])):  # as job._run_beside makes them
-        job = _Job(spec, capture_mode("meta"), tmp_path / f"p{i}", None, None, ModelResult(name="rec", status="failed"),
+        job = ModelJob(spec, capture_mode("meta"), tmp_path / f"p{i}", None, None, ModelResult(name="rec", status="failed"),
                    fingerprint=model_fingerprint(spec, None), kinds=kinds)
         _attempt(job)
         assert job.result.status == "ok", job.result.error

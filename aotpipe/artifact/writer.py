@@ -290,8 +290,62 @@ def write_model(
     the written folder before it is renamed into place: it runs the written graphs and
     returns their reference outputs and check results, which go into inputs.json, trace.json
     and the manifest. `sign`, if given, is called on the finished folder before it is
-    renamed into place (signature.json goes in with the rest, atomically).
+    renamed into place (signature.json goes in with the rest, atomically). A caller that
+    does its own work between the steps uses :func:`staged_model`, as the job does.
     """
+    with staged_model(out_dir, captured, model_record=model_record, fingerprint=fingerprint, inputs=inputs,
+                      save_values=save_values, skipped_passes=skipped_passes) as staged:
+        outcome = staged.check(check) if check is not None else CheckOutcome()
+        written = staged.finish(outcome, pass_failures=pass_failures, sign=sign)
+    return written
+
+
+@dataclass
+class StagedModel:
+    """A model folder written but not yet in place: :meth:`check` runs a check on it (at the
+    thread count the manifest records), :meth:`finish` seals its manifest and signs it, and
+    the :func:`staged_model` block renames it into place when it ends."""
+
+    folder: Path
+    captured: CapturedGraphs
+    header: dict[str, Any]
+    written: WrittenArtifact
+    graphs_record: dict[str, fmt.GraphEntry]
+    records: dict[str, _Written]
+    threads: int
+    finished: bool = False
+
+    def check(self, check: Callable[[Path], CheckOutcome]) -> CheckOutcome:
+        """`check` on the staged folder: the graphs' reference outputs and check results."""
+        with intra_op_threads(self.threads):
+            return check(self.folder)
+
+    def finish(self, outcome: Optional[CheckOutcome] = None, *, pass_failures: Optional[list[str]] = None,
+               sign: Optional[Callable[[Path], None]] = None) -> WrittenArtifact:
+        """The manifest sealed with the check's `outcome`, and the folder signed if `sign`;
+        what was written (its path is the final one once the block has ended)."""
+        _finish(self.folder, self.captured, self.written, self.graphs_record, self.records,
+                outcome if outcome is not None else CheckOutcome(), self.header, pass_failures or [])
+        if sign is not None:
+            sign(self.folder)
+        self.finished = True
+        return self.written
+
+
+@contextlib.contextmanager
+def staged_model(
+    out_dir: Path,
+    captured: CapturedGraphs,
+    *,
+    model_record: dict[str, Any],
+    fingerprint: str,
+    inputs: Optional[dict[str, list[Any]]] = None,
+    save_values: str = "minimal",
+    skipped_passes: Optional[list[fmt.SkippedPass]] = None,
+) -> Iterator[StagedModel]:
+    """`<out_dir>/<model>/`'s graphs written in a folder beside it; the block checks and
+    finishes it (:class:`StagedModel`), and it is renamed into place when the block ends
+    (removed if the block raises, or ends without finishing it)."""
     final = Path(out_dir) / captured.model
     with _staged(final) as tmp:
         header = dict(
@@ -303,19 +357,17 @@ def write_model(
             model=fmt.ModelRecord.model_validate({k: v for k, v in model_record.items() if k != "passes"}),
             capture=captured.capture_record(),
             save_values=save_values if inputs is not None else "none",
-            # The reference outputs are recorded by `check`, in this process, at this thread count.
+            # The reference outputs are recorded by the check, in this process, at this thread count.
             environment=(env := environment()),
             # optional passes that failed and were left out (none: the field is not written)
             **({"skipped_passes": list(skipped_passes)} if skipped_passes else {}),
         )
         written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
-        with intra_op_threads(env.threads):
-            outcome = check(tmp) if check is not None else CheckOutcome()
-        _finish(tmp, captured, written, graphs_record, records, outcome, header, pass_failures or [])
-        if sign is not None:
-            sign(tmp)
+        staged = StagedModel(tmp, captured, header, written, graphs_record, records, env.threads)
+        yield staged
+        if not staged.finished:
+            raise RuntimeError(f"{final}: the staged model was never finished; nothing was put in place")
     written.path = final
-    return written
 
 
 @contextlib.contextmanager

@@ -966,8 +966,9 @@ def parse(cls: type[_R], data: RawJson, where: Any) -> _R:
 
 def updated(record: _B, **changes: Any) -> _B:
     """A copy of `record` with `changes`, validated as its class validates a new one (pydantic's
-    model_copy(update=...) checks nothing: a wrong type or an unknown field would be written)."""
-    return type(record).model_validate({**dict(record), **changes})
+    model_copy(update=...) checks nothing: a wrong type or an unknown field would be written).
+    The fields set in `record` stay set, and no other (a default left out of a file stays out)."""
+    return type(record).model_validate({**{k: getattr(record, k) for k in record.model_fields_set}, **changes})
 
 
 def read(cls: type[_R], path: Any, root: Any = None) -> tuple[RawJson, _R]:

@@ -20,7 +20,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from aotpipe.artifact.fsio import TMP_PREFIX
 from aotpipe.errors import AotpipeError, CaptureError, SourceError, exception_line
@@ -40,12 +40,22 @@ from aotpipe.pipeline.results import (
     written_manifest,
 )
 from aotpipe.spec import ModelSpec
-from aotpipe.spec.modes import CaptureMode, capture_mode
+from aotpipe.spec.modes import CaptureMode, CaptureRequest, capture_mode
+
+if TYPE_CHECKING:  # torch and the modules that import it: the runner's parent process imports this one
+    import torch
+
+    from aotpipe.checks.written import ModelChecks
+    from aotpipe.format.ir import CapturedGraphs
+    from aotpipe.format.records import SkippedPass
+    from aotpipe.models.eager import EagerReference, SubgraphReference
 
 
 @dataclass
-class _Job:
-    """One model's job as it goes through the stages: what each stage leaves for the next."""
+class ModelJob:
+    """One model's job as it goes through the stages: what each stage leaves for the next.
+    A field a stage fills is None (or empty) until that stage has run; the stage that needs
+    it takes it through the accessor that says so (:meth:`capture_result`)."""
 
     spec: ModelSpec
     mode: CaptureMode
@@ -55,25 +65,44 @@ class _Job:
     result: ModelResult
     stage: Stage = Stage.SOURCE  # the stage it is at: where it stopped if it fails
     fingerprint: str = ""
-    model: Any = None
-    args: tuple = ()
+    model: torch.nn.Module | None = None  # source: the model as the capture mode builds it
+    args: tuple[Any, ...] = ()  # source: its example inputs
     kwargs: dict[str, Any] = field(default_factory=dict)
-    captured: Any = None  # CapturedGraphs
-    inputs: Optional[dict[str, list[Any]]] = None  # each graph's real inputs (None: a mode without values)
+    captured: CapturedGraphs | None = None  # capture (passes add their derived graphs)
+    inputs: dict[str, list[Any]] | None = None  # capture: each graph's real inputs (None: a mode without values)
     pass_problems: list[str] = field(default_factory=list)
-    skipped_passes: list[Any] = field(default_factory=list)  # optional passes left out (records.SkippedPass)
+    skipped_passes: list[SkippedPass] = field(default_factory=list)  # optional passes left out
     pass_tracebacks: list[str] = field(default_factory=list)  # of the passes that failed, for -v
     diagnose: dict[str, Callable[[], str]] = field(default_factory=dict)  # by derived key: the pass at fault
-    eager: Any = None  # what the checks compare against: the eager model, or dynamo's subgraphs
-    checks: Any = None  # the check stage's ModelChecks
-    kinds: Optional[list[GraphKind]] = None  # the graph kinds this process captures (None: the spec's)
+    # write: what the checks compare against: the eager model, or dynamo's subgraphs by index
+    eager: EagerReference | dict[int, EagerReference | SubgraphReference] | None = None
+    checks: ModelChecks | None = None  # write (at stage verify): what the checks found
+    kinds: list[GraphKind] | None = None  # the graph kinds this process captures (None: the spec's)
+
+    def built_model(self) -> torch.nn.Module:
+        """The model, for a stage after source."""
+        if self.model is None:
+            raise RuntimeError(f"{self.spec.name}: stage {self.stage} needs the model, and source has not run")
+        return self.model
+
+    def capture_result(self) -> CapturedGraphs:
+        """The captured graphs, for a stage after capture."""
+        if self.captured is None:
+            raise RuntimeError(f"{self.spec.name}: stage {self.stage} needs the captured graphs, and capture has not run")
+        return self.captured
+
+    def check_result(self) -> ModelChecks:
+        """What the checks found, once they have run (in write, at stage verify)."""
+        if self.checks is None:
+            raise RuntimeError(f"{self.spec.name}: stage {self.stage} needs the checks' results, and they have not run")
+        return self.checks
 
     def at(self, stage: Stage) -> None:
         """Enter `stage` (and tell the runner's progress bar)."""
         self.stage = _stage(self.spec, stage)
 
 
-def _source(job: _Job) -> None:
+def _source(job: ModelJob) -> None:
     """The model and its example inputs, built as the capture mode builds them."""
     job.model = job.mode.function("build")(job.spec, job.base_dir)
     job.args, job.kwargs = job.mode.function("example_inputs")(job.spec, job.base_dir)
@@ -91,7 +120,7 @@ def _source(job: _Job) -> None:
             raise SourceError(problem)
 
 
-def _capture(job: _Job) -> None:
+def _capture(job: ModelJob) -> None:
     """The graphs, by the capture mode; then (for a mode with values) each graph's real inputs."""
     import torch.utils._pytree as pytree  # torch: only in the process that runs the job
 
@@ -107,13 +136,9 @@ def _capture(job: _Job) -> None:
         for i, inp in enumerate(spec.inputs)
         if inp.is_integer
     }
-    extra: dict[str, Any] = {"loss": spec.loss} if mode.takes_loss else {}
-    if mode.tries_first:  # auto: the capture it tries first is the one that mode uses
-        extra[mode.tries_first] = capture_mode(mode.tries_first).function()
-    captured = job.captured = mode.function()(
-        job.model, job.args, job.kwargs, name=spec.name, graphs=list(job.kinds or spec.graphs), input_names=names,
-        int_ranges=ranges, **extra,
-    )
+    request = CaptureRequest(job.built_model(), job.args, job.kwargs, name=spec.name, graphs=tuple(job.kinds or spec.graphs),
+                             input_names=tuple(names), int_ranges=ranges, loss=spec.loss)
+    captured = job.captured = mode.capture_graphs(request)
     job.result.capture_seconds = captured.seconds
     if inputs_data.is_structured(spec):  # the manifest says what the graphs hold fixed
         captured.notes.append(inputs_data.structure_note(spec))
@@ -121,12 +146,12 @@ def _capture(job: _Job) -> None:
     # Library ops left after decomposition: refused unless the pipeline trusts their namespace.
     captured.trusted_ops = custom_ops.trust([g.gm for g in captured.graphs.values()], spec.trusted_ops)
     if mode.values:
-        state = model_state(job.model, captured.constants)
+        state = model_state(job.built_model(), captured.constants)
         user = dict(zip(captured.user_inputs, pytree.tree_leaves((job.args, job.kwargs))))
         job.inputs = graph_inputs(captured, state, user, with_backward=spec.save_values == "full")
 
 
-def _passes(job: _Job) -> None:
+def _passes(job: ModelJob) -> None:
     """The pass chain applied to the graph kinds it selects (the derived graphs join the capture)."""
     from aotpipe.passes.manager import apply_passes  # torch
 
@@ -138,32 +163,29 @@ def _passes(job: _Job) -> None:
     job.result.passes_seconds = time.perf_counter() - t0
 
 
-def _write(job: _Job) -> None:
+def _write(job: ModelJob) -> None:
     """The artefact written, checked by :func:`_check` before it is renamed into place, and signed."""
-    from aotpipe.artifact.writer import write_model  # torch
+    from aotpipe.artifact.writer import staged_model  # torch
     from aotpipe.capture import subgraph_references  # torch
     from aotpipe.models.eager import EagerReference  # torch
     from aotpipe.trust.signing import signer  # cryptography
 
-    spec, result, captured = job.spec, job.result, job.captured
+    spec, result, captured = job.spec, job.result, job.capture_result()
     t0 = time.perf_counter()
     if spec.verify and job.mode.values:
         # A dynamo capture's graphs are checked against their own subgraph, run eagerly.
         job.eager = subgraph_references(captured) if captured.subgraphs else \
-            EagerReference(job.model, job.args, job.kwargs, captured.constants, captured.user_inputs, loss=spec.loss)
-    written = write_model(
-        job.out_dir,
-        captured,
-        model_record=spec.to_json(),
-        fingerprint=job.fingerprint,
-        inputs=job.inputs if spec.save_inputs else None,
-        save_values=spec.save_values,
-        check=functools.partial(_check, job),
-        pass_failures=job.pass_problems,
-        skipped_passes=job.skipped_passes,
-        sign=signer(job.key) if job.key is not None else None,
-    )
-    mc = job.checks
+            EagerReference(job.built_model(), job.args, job.kwargs, captured.constants, captured.user_inputs, loss=spec.loss)
+    with staged_model(job.out_dir, captured, model_record=spec.to_json(), fingerprint=job.fingerprint,
+                      inputs=job.inputs if spec.save_inputs else None, save_values=spec.save_values,
+                      skipped_passes=job.skipped_passes) as staged:
+        # The checks run on the written folder before it is renamed into place: stage verify.
+        job.at(Stage.VERIFY)
+        outcome = staged.check(functools.partial(_check, job))
+        job.at(Stage.WRITE)  # signing and the rename
+        written = staged.finish(outcome, pass_failures=job.pass_problems,
+                                sign=signer(job.key) if job.key is not None else None)
+    mc = job.check_result()
     result.checks_seconds = mc.seconds
     result.write_seconds = time.perf_counter() - t0 - mc.seconds
     _written_result(job, written)
@@ -180,7 +202,7 @@ def _write(job: _Job) -> None:
         result.traceback = "\n".join(job.pass_tracebacks)
 
 
-def _written_result(job: _Job, written: Any) -> None:
+def _written_result(job: ModelJob, written: Any) -> None:
     """The job's result as its written artefact says: graphs, sizes, notes, checks; ok."""
     result = job.result
     manifest = written_manifest(written.path)
@@ -199,33 +221,29 @@ def _written_result(job: _Job, written: Any) -> None:
         result.eager = eager_cells(manifest)
 
 
-def _check(job: _Job, folder: Path) -> Any:
-    """The written folder's checks (write_model's `check`, before the rename): its outcome.
-    While they run the job is at stage verify; write resumes after them (signing, renaming)."""
-    job.at(Stage.VERIFY)
-    outcome = _check_values(job, folder) if job.mode.values else _check_shapes(job, folder)
-    job.at(Stage.WRITE)
-    return outcome
+def _check(job: ModelJob, folder: Path) -> Any:
+    """The written folder's checks (run by _write, before the rename): their outcome."""
+    return _check_values(job, folder) if job.mode.values else _check_shapes(job, folder)
 
 
-def _codes(job: _Job) -> dict[str, list[str]]:
+def _codes(job: ModelJob) -> dict[str, list[str]]:
     """Each captured graph's structure, which graph.json must rebuild exactly."""
     from aotpipe.artifact.writer import graph_entries  # torch
     from aotpipe.checks.written import graph_structure  # torch
 
-    return {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(job.captured)}
+    return {key: graph_structure(g.gm) for key, _, _, g, _ in graph_entries(job.capture_result())}
 
 
-def _check_shapes(job: _Job, folder: Path) -> Any:
+def _check_shapes(job: ModelJob, folder: Path) -> Any:
     """A mode without values (meta): each graph run on fake tensors, for shapes only."""
     from aotpipe.checks.meta import check_meta_written  # torch
 
-    job.checks = check_meta_written(folder, codes=_codes(job), trust_ops=job.spec.trusted_ops, own_capture=True)
+    mc = job.checks = check_meta_written(folder, codes=_codes(job), trust_ops=job.spec.trusted_ops, own_capture=True)
     _note_ops_refused_elsewhere(job)
-    return job.checks.outcome
+    return mc.outcome
 
 
-def _note_ops_refused_elsewhere(job: _Job) -> None:
+def _note_ops_refused_elsewhere(job: ModelJob) -> None:
     """Our own capture is never refused for its ops (checked with ops.OWN_CAPTURE); an op the
     list for artefacts from elsewhere lacks is said in the manifest's notes, since another
     loader refuses it until the list's rule covers it (tools/allowed_ops.py)."""
@@ -233,7 +251,8 @@ def _note_ops_refused_elsewhere(job: _Job) -> None:
     from aotpipe.artifact.ops import refused_elsewhere  # torch
     from aotpipe.artifact.writer import graph_entries  # torch
 
-    names = {target_name(n.target) for _, _, _, g, _ in graph_entries(job.captured)
+    captured = job.capture_result()
+    names = {target_name(n.target) for _, _, _, g, _ in graph_entries(captured)
              for n in g.gm.graph.nodes if n.op == "call_function"}
     trusted = {ns for ns in job.spec.trusted_ops}
     outside = [n for n in refused_elsewhere(names) if n.partition(".")[0] not in trusted]
@@ -241,15 +260,15 @@ def _note_ops_refused_elsewhere(job: _Job) -> None:
         note = (f"holds {len(outside)} op(s) the loader refuses in artefacts from elsewhere ({', '.join(outside[:5])}"
                 f"{', ...' if len(outside) > 5 else ''}): checked here, where aotpipe captured it; "
                 "another machine loads it once tools/allowed_ops.py's rule covers them")
-        if note not in job.captured.notes:
-            job.captured.notes.append(note)
+        if note not in captured.notes:
+            captured.notes.append(note)
 
 
-def _check_values(job: _Job, folder: Path) -> Any:
+def _check_values(job: ModelJob, folder: Path) -> Any:
     """Each graph run from its files against the eager model and the chain."""
     from aotpipe.checks.written import check_written  # torch
 
-    spec, captured, diagnose = job.spec, job.captured, job.diagnose
+    spec, captured, diagnose = job.spec, job.capture_result(), job.diagnose
     mc = job.checks = check_written(folder, memory_inputs=job.inputs, codes=_codes(job), eager=job.eager,
                                     verify=spec.verify,
                                     diagnose=lambda key, lines: diagnose[key]() if key in diagnose else "",
@@ -264,7 +283,7 @@ def _check_values(job: _Job, folder: Path) -> Any:
 # A model's stages in order: (name, the stage, whether the job needs it). The name is what the
 # progress bar shows and, if the stage fails, the result's `stage` (vocabulary.Stage); the
 # checks run inside write, before the folder is renamed into place, as stage verify.
-STAGES: tuple[tuple[Stage, Callable[[_Job], None], Callable[[_Job], bool]], ...] = (
+STAGES: tuple[tuple[Stage, Callable[[ModelJob], None], Callable[[ModelJob], bool]], ...] = (
     (Stage.SOURCE, _source, lambda job: job.model is None),  # built already where the job decided on its size
     (Stage.CAPTURE, _capture, lambda job: True),
     (Stage.PASSES, _passes, lambda job: bool(job.spec.passes)),
@@ -286,7 +305,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
     """
     start = time.perf_counter()
     result = ModelResult(name=spec.name, status=ModelStatus.FAILED)
-    job = _Job(spec, capture_mode(spec.mode), out_dir, base_dir, key, result)
+    job = ModelJob(spec, capture_mode(spec.mode), out_dir, base_dir, key, result)
     job.at(Stage.SOURCE)
     try:
         job.fingerprint = model_fingerprint(spec, base_dir)
@@ -306,7 +325,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
     return result
 
 
-def _attempt(job: _Job, run: Optional[Callable[[_Job], None]] = None) -> None:
+def _attempt(job: ModelJob, run: Optional[Callable[[ModelJob], None]] = None) -> None:
     """`run` (default: the job's stages) with the job's settings; a model's own failure is
     recorded in its result, never raised."""
     try:
@@ -316,7 +335,7 @@ def _attempt(job: _Job, run: Optional[Callable[[_Job], None]] = None) -> None:
         _failed(job, e)
 
 
-def _failed(job: _Job, e: Exception) -> None:
+def _failed(job: ModelJob, e: Exception) -> None:
     """The job's result says that `e` stopped it, at the stage it was at."""
     spec, result = job.spec, job.result
     if isinstance(e, AotpipeError):
@@ -363,18 +382,18 @@ def beside_kinds(spec: ModelSpec, beside: Optional[bool] = None) -> Optional[tup
     return first, rest
 
 
-def _run_beside_if_worth_it(job: _Job, kinds: tuple[list[GraphKind], list[GraphKind]], always: bool = False) -> None:
+def _run_beside_if_worth_it(job: ModelJob, kinds: tuple[list[GraphKind], list[GraphKind]], always: bool = False) -> None:
     """The model built; then the job in two processes if it has :data:`BESIDE_MIN_MODULES`
     modules or more (or `always`), else in this one."""
     job.at(Stage.SOURCE)
     _source(job)
-    if always or sum(1 for _ in job.model.modules()) >= BESIDE_MIN_MODULES:
+    if always or sum(1 for _ in job.built_model().modules()) >= BESIDE_MIN_MODULES:
         _run_beside(job, kinds)
     else:
         _run(job)
 
 
-def _run_beside(job: _Job, kinds: tuple[list[GraphKind], list[GraphKind]]) -> None:
+def _run_beside(job: ModelJob, kinds: tuple[list[GraphKind], list[GraphKind]]) -> None:
     """The job's stages in two processes, each capturing some of the graph kinds into a
     folder of its own under a temporary one; the two folders joined into the artefact."""
     import torch  # only in the process that runs the job
@@ -390,7 +409,7 @@ def _run_beside(job: _Job, kinds: tuple[list[GraphKind], list[GraphKind]]) -> No
     try:
         child, send, receive = _start_half()
         send.send((spec, parts / "0", job.base_dir, kinds[0], job.fingerprint, torch.get_num_threads()))
-        mine = _Job(spec, job.mode, parts / "1", job.base_dir, None, ModelResult(name=spec.name, status=ModelStatus.FAILED),
+        mine = ModelJob(spec, job.mode, parts / "1", job.base_dir, None, ModelResult(name=spec.name, status=ModelStatus.FAILED),
                     fingerprint=job.fingerprint, model=job.model, args=job.args, kwargs=job.kwargs, kinds=kinds[1])
         _attempt(mine)
         try:
@@ -503,13 +522,13 @@ def _half_main(receive: Any, send: Any) -> None:
     spec, out_dir, base_dir, kinds, fingerprint, threads = receive.recv()
     torch.set_num_threads(threads)  # as the first process: the manifests' environment is one
     os.environ.pop(PROGRESS_DIR_ENV, None)  # the progress bar shows the first process's stage
-    job = _Job(spec, capture_mode(spec.mode), out_dir, base_dir, None, ModelResult(name=spec.name, status=ModelStatus.FAILED),
+    job = ModelJob(spec, capture_mode(spec.mode), out_dir, base_dir, None, ModelResult(name=spec.name, status=ModelStatus.FAILED),
                fingerprint=fingerprint, kinds=kinds)
     _attempt(job)
     send.send(job.result)
 
 
-def _run(job: _Job) -> None:
+def _run(job: ModelJob) -> None:
     """The stages; for mode auto, again with dynamo where export lost a custom backward."""
     result = job.result
     _run_stages(job)
@@ -579,19 +598,20 @@ _LOST_BACKWARD = ("the model's torch.autograd.Function(s) {names} have a backwar
                   "does not keep (it traces their forward, and AOTAutograd differentiates that instead)")
 
 
-def _run_stages(job: _Job, fallback: Optional[str] = None) -> None:
+def _run_stages(job: ModelJob, fallback: Optional[str] = None) -> None:
     for name, run, needed in STAGES:
         if needed(job):
             job.at(name)
             run(job)
             if name == Stage.CAPTURE and fallback is not None:  # said as auto's export-failure fallback is
-                job.captured.fallback = fallback
-                job.captured.notes.insert(0, f"export's training graphs failed their gradient checks ({fallback}); "
-                                             "captured with dynamo, which keeps it")
-                job.result.notes = [name_files_in(n) for n in job.captured.notes]
+                captured = job.capture_result()
+                captured.fallback = fallback
+                captured.notes.insert(0, f"export's training graphs failed their gradient checks ({fallback}); "
+                                         "captured with dynamo, which keeps it")
+                job.result.notes = [name_files_in(n) for n in captured.notes]
 
 
-def _lost_custom_backwards(job: _Job) -> list[str]:
+def _lost_custom_backwards(job: ModelJob) -> list[str]:
     """The custom autograd.Functions an export capture's training graphs failed their checks
     for: a backward or joint check failed, and the eager gradient ran their own backwards."""
     if job.result.status != ModelStatus.FAILED or job.result.stage != Stage.VERIFY or job.captured is None \
@@ -599,7 +619,8 @@ def _lost_custom_backwards(job: _Job) -> list[str]:
         return []
     failed = [key for key, gc in job.checks.graphs.items()
               if key.split(".")[0] in (GraphKind.BACKWARD, GraphKind.JOINT) and any(not c.passed for c in gc.checks)]
-    run = job.eager.run("training") if failed and hasattr(job.eager, "run") else None
+    eager = job.eager  # the eager model (an EagerReference), or dynamo's subgraphs by index
+    run = eager.run("training") if failed and eager is not None and not isinstance(eager, dict) else None
     return list(run.custom_backwards) if run is not None else []
 
 

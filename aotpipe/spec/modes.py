@@ -7,9 +7,13 @@ capture, to see that nothing changed. The capture modules take their options fro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from aotpipe.spec.registry import by_name, resolve
+
+if TYPE_CHECKING:
+    from aotpipe.format.ir import CapturedGraphs
+    from aotpipe.format.vocabulary import GraphKind
 
 # The `loss:` setting: what the training graphs differentiate (eager.model_loss). "weighted",
 # the default, weighs every element by a fixed non-uniform weight, so no gradient is zero
@@ -63,6 +67,33 @@ class CaptureMode:
     def function(self, which: str = "capture") -> Callable[..., Any]:
         """The mode's `capture`, `build` or `example_inputs` function (imports it, and torch)."""
         return resolve(getattr(self, which))
+
+    def capture_graphs(self, request: CaptureRequest) -> CapturedGraphs:
+        """The graphs `request` asks for, by this mode's capture function: given the training
+        loss if it takes one, and (auto) the capture of the mode it tries first."""
+        extra: dict[str, Any] = {"loss": request.loss} if self.takes_loss else {}
+        if self.tries_first:
+            extra[self.tries_first] = capture_mode(self.tries_first).function()
+        captured: CapturedGraphs = self.function()(
+            request.model, request.args, request.kwargs, name=request.name, graphs=list(request.graphs),
+            input_names=list(request.input_names), int_ranges=dict(request.int_ranges), **extra)
+        return captured
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    """What a capture is asked for: the model (a torch.nn.Module) and its example inputs, the
+    graph kinds to capture, each user input's name, the [low, high) range of each integer
+    input, and the `loss:` setting (used by the modes that take one)."""
+
+    model: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    name: str
+    graphs: tuple[GraphKind, ...]
+    input_names: tuple[str, ...]
+    int_ranges: dict[str, tuple[int, int]]
+    loss: str = DEFAULT_LOSS
 
 
 # The one table of capture modes (spec.Mode lists the same names for the YAML's schema).

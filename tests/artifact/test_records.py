@@ -299,3 +299,11 @@ def test_no_module_copies_a_record_with_unvalidated_changes():
     found = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
              if "model_copy(update=" in p.read_text(encoding="utf-8").replace("model_copy(update=...)", "")]
     assert found == [], "use records.updated, which validates the changes"
+
+
+def test_an_updated_record_sets_only_the_fields_set_before_and_the_changes():
+    from aotpipe.format.records import ModelRun, updated
+
+    changed = updated(ModelRun(name="m", status="ok"), error="boom")
+    assert changed.model_fields_set == {"name", "status", "error"}
+    assert changed.model_dump(exclude_unset=True) == {"name": "m", "status": "ok", "error": "boom"}

@@ -18,7 +18,7 @@ from aotpipe.passes import PASSES, parse_pass_entry
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe.passes.manager import run_chain
 from aotpipe.pipeline.config import load_pipeline, parse_pipeline
-from aotpipe.pipeline.job import _capture, _Job, _source
+from aotpipe.pipeline.job import ModelJob, _capture, _source
 from aotpipe.pipeline.results import ModelResult
 from aotpipe.spec.modes import capture_mode
 from tests.test_first_hour import EMBEDDING_MODEL
@@ -74,7 +74,7 @@ def _graphs(spec, tmp_path):
         base = tmp_path / "src"
         base.mkdir(parents=True)
         (base / "embmodel.py").write_text(EMBEDDING_MODEL)
-    job = _Job(spec, capture_mode(spec.mode), tmp_path, base, None, ModelResult(name=spec.name, status="failed"))
+    job = ModelJob(spec, capture_mode(spec.mode), tmp_path, base, None, ModelResult(name=spec.name, status="failed"))
     _source(job)
     _capture(job)
     return {key: GraphUnderPass(g.gm, g.kind, list(g.inputs), list(g.outputs), list(job.inputs[key]))
