@@ -206,3 +206,13 @@ def test_a_keyword_argument_is_keyed_by_the_layout_of_the_node_it_refers_to_not_
     other = graph(y, call("r", kwargs={"out": {"node": "x"}}))  # float32[2], not y's float32[3]
     assert artifacts.node_keys(a)[1] == artifacts.node_keys(renamed)[1]
     assert artifacts.node_keys(a)[1] != artifacts.node_keys(other)[1]
+
+
+def test_the_op_histogram_counts_call_function_nodes_only():
+    # A placeholder and an output that carry a target are not ops: counted, a graph whose
+    # input was renamed would show an op difference.
+    g = GraphRecord.model_validate({"format_version": 2, "nodes": [
+        {"name": "x", "op": "placeholder", "target": "x", "val": F2},
+        call("r"), call("s", arg="r"),
+        {"name": "output", "op": "output", "target": "output", "args": [[{"node": "s"}]]}]})
+    assert artifacts.op_histogram(g) == {"aten.relu.default": 2}
