@@ -248,7 +248,7 @@ def test_a_source_file_is_named_by_its_import_name_from_any_folder(monkeypatch, 
     for cwd in (tmp_path, REPO, loose, pkg / "vision"):
         monkeypatch.chdir(cwd)
         named[cwd] = (relative_file(str(pkg / "vision" / "net.py")), relative_file(str(pkg / "vision" / "__init__.py")),
-                      relative_file(str(loose / "probe_loose_relfile.py")), relative_file(str(REPO / "aotpipe" / "zoo.py")))
+                      relative_file(str(loose / "probe_loose_relfile.py")), relative_file(str(REPO / "aotpipe" / "models" / "zoo.py")))
     assert set(named.values()) == {("probe_pkg_relfile/vision/net.py", "probe_pkg_relfile/vision/__init__.py", "probe_loose_relfile.py",
                                     "aotpipe/models/zoo.py")}
     # a file no module was imported from: named from its outermost package, or alone

@@ -17,7 +17,7 @@ from aotpipe.artifact import provenance as prov
 from aotpipe.format.records import NodeOrigin
 
 TORCH_FILE = os.path.join(os.path.dirname(torch.__file__), "nn", "modules", "linear.py")
-ZOO_FILE = os.path.join(os.path.dirname(aotpipe.__file__), "zoo.py")
+ZOO_FILE = os.path.join(os.path.dirname(aotpipe.__file__), "models", "zoo.py")
 
 
 def _frame(file: str, line: int, fn: str = "forward") -> str:
