@@ -74,7 +74,7 @@ def test_artefacts_hold_no_absolute_paths_hostnames_or_times(quickstart_run):
 
 def test_torch_messages_quoting_the_model_file_keep_no_absolute_path(tmp_path):
     """sign_branch falls back from export to dynamo; torch's message and the graph break
-    quote the model's file ("... at /abs/checkout/aotpipe/zoo.py:199"). Manifest, run.json
+    quote the model's file ("... at /abs/checkout/aotpipe/models/zoo.py:199"). Manifest, run.json
     and report.md name it by import name, so two checkouts write the same manifest."""
     p = tmp_path / "p.yaml"
     p.write_text(textwrap.dedent("""
@@ -96,7 +96,7 @@ def test_torch_messages_quoting_the_model_file_keep_no_absolute_path(tmp_path):
 def test_absolute_py_paths_in_messages_are_named_by_import_name():
     from aotpipe.format.source_files import name_files_in
 
-    text = f"guard Eq(u0, 1) at {REPO}/aotpipe/zoo.py:199 (`if x.sum() > 0:`); see /nowhere/x/y/net.py, line 3"
+    text = f"guard Eq(u0, 1) at {REPO}/aotpipe/models/zoo.py:199 (`if x.sum() > 0:`); see /nowhere/x/y/net.py, line 3"
     assert name_files_in(text) == "guard Eq(u0, 1) at aotpipe/models/zoo.py:199 (`if x.sum() > 0:`); see net.py, line 3"
     assert name_files_in("aotpipe/models/zoo.py:1 and a/b.pyc and u0/2") == "aotpipe/models/zoo.py:1 and a/b.pyc and u0/2"
 

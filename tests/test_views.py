@@ -217,7 +217,7 @@ def test_source_lines_are_relative_to_the_import_root():
     import torch
 
     torch_dir = os.path.dirname(torch.__file__)
-    trace = (f'File "{REPO}/aotpipe/zoo.py", line 94, in forward\n    x = self.tok(ids)\n'
+    trace = (f'File "{REPO}/aotpipe/models/zoo.py", line 94, in forward\n    x = self.tok(ids)\n'
              f'  File "{torch_dir}/nn/modules/sparse.py", line 189, in forward\n')
     assert source_line(trace) == "aotpipe/models/zoo.py:94"
     assert relative_file("/nowhere/on/the/path/model.py") == "model.py"
