@@ -26,7 +26,7 @@ from aotpipe.artifact.manifest import dump_json, file_sha256, seal, versions
 from aotpipe.errors import ArtifactError
 from aotpipe.format import records as fmt
 from aotpipe.format.graph_keys import graph_folder_name, parse_graph_key
-from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput
+from aotpipe.format.ir import CapturedGraph, CapturedGraphs, DerivedGraph, GraphInput
 from aotpipe.format.records import FORMAT_VERSION, GRAPH_JSON, INPUT_SUFFIX, INPUTS_JSON, MANIFEST, MODULE_PY, TRACE
 from aotpipe.format.vocabulary import GraphKind
 from aotpipe.runtime.determinism import RNG_SEED, environment, intra_op_threads
@@ -141,7 +141,7 @@ def inputs_record(
     has_values = (values is not None and blobs is not None) if saved is None else saved
     more = {"partition": contract} if contract is not None and g.kind in (GraphKind.FORWARD, GraphKind.BACKWARD) else {}
     return fmt.InputsRecord(
-        format_version=FORMAT_VERSION, kind=GraphKind(g.kind), groups=list(g.input_groups) if g.input_groups else None,
+        format_version=FORMAT_VERSION, kind=g.kind, groups=list(g.input_groups) if g.input_groups else None,
         rng_seed=RNG_SEED, values=save_values if has_values else "none", storages=storages, inputs=inputs,
         outputs=outputs, **more)
 
@@ -490,12 +490,13 @@ def _into_place(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
 
 
-def graph_entries(captured: CapturedGraphs) -> list[tuple[str, str, str, CapturedGraph, Any]]:
+def graph_entries(captured: CapturedGraphs) -> list[tuple[str, GraphKind, str, CapturedGraph, DerivedGraph | None]]:
     """(key, kind, folder, graph, derived or None) of every graph to write, raw graphs first.
 
     Folders are graph_dumper_aot's <model>_<kind>_<subgraph>, then .<chain> for a derived graph.
     """
-    entries = [(key, g.kind, graph_folder_name(captured.model, key), g, None) for key, g in captured.graphs.items()]
+    entries: list[tuple[str, GraphKind, str, CapturedGraph, DerivedGraph | None]] = [
+        (key, g.kind, graph_folder_name(captured.model, key), g, None) for key, g in captured.graphs.items()]
     entries += [(dg.key, dg.graph.kind, graph_folder_name(captured.model, dg.key), dg.graph, dg)
                 for dg in captured.derived.values()]
     return entries
@@ -564,10 +565,10 @@ def _write_graphs(
             _set(record, passes=[s.name for s in derived.steps])
         _write(d / INPUTS_JSON, dump_json(dump(record), compact=True))  # complete enough to load; outputs filled in later
         records[key] = _Written(record, graph)
+        chain: dict[str, Any] = {"base": derived.base, "passes": list(derived.steps)} if derived is not None else {}
         graphs_record[key] = fmt.GraphEntry(
             folder=folder, nodes=g.num_nodes, inputs=len(g.inputs), outputs=len(g.outputs),
-            ops=sum(1 for n in g.gm.graph.nodes if n.op == "call_function"),
-            **({"base": derived.base, "passes": list(derived.steps)} if derived is not None else {}))
+            ops=sum(1 for n in g.gm.graph.nodes if n.op == "call_function"), **chain)
         written.graphs.append(WrittenGraph(key, folder, g.num_nodes, len(g.inputs), len(g.outputs)))
     # Enough of a manifest for the loader (no file list yet), so the check can run the written
     # graphs; the final one replaces it (a killed run leaves only a .tmp- folder, which is removed).

@@ -725,7 +725,7 @@ def _inference_graph(
             outputs.append(GraphOutput(i, "mutation", spec.target, meta))
         else:
             outputs.append(GraphOutput(i, spec.kind.name.lower(), spec.target, meta))
-    return CapturedGraph("inference", gm, inputs, outputs)
+    return CapturedGraph(GraphKind.INFERENCE, gm, inputs, outputs)
 
 
 def _lift_constants_to_buffers(gm: torch.fx.GraphModule) -> set[str]:
@@ -1094,9 +1094,9 @@ def training_graphs(
         mutated_inputs=list(mutated),
         grad_of=grad_of,
     )
-    joint = CapturedGraph("joint", joint_gm, primals + tangents, joint_outputs, (len(primals), len(tangents)))
-    fw = CapturedGraph("forward", fw_gm, fw_inputs, fw_outputs)
-    bw = CapturedGraph("backward", bw_gm, bw_inputs, bw_outputs)
+    joint = CapturedGraph(GraphKind.JOINT, joint_gm, primals + tangents, joint_outputs, (len(primals), len(tangents)))
+    fw = CapturedGraph(GraphKind.FORWARD, fw_gm, fw_inputs, fw_outputs)
+    bw = CapturedGraph(GraphKind.BACKWARD, bw_gm, bw_inputs, bw_outputs)
     return joint, fw, bw, contract, no_grad
 
 

@@ -25,6 +25,7 @@ from aotpipe.format.records import (
     updated,
 )
 from aotpipe.format.source_files import name_files_in
+from aotpipe.format.vocabulary import GraphKind
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class GraphOutput:
 class CapturedGraph:
     """One graph of one kind, with flat placeholders and described inputs/outputs."""
 
-    kind: str  # inference | forward | backward | joint
+    kind: GraphKind
     gm: torch.fx.GraphModule
     inputs: list[GraphInput]
     outputs: list[GraphOutput]

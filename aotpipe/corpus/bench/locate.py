@@ -47,6 +47,7 @@ from aotpipe.corpus.bench.graph import (
 from aotpipe.corpus.bench.noise import sequential_run, sequential_twin
 from aotpipe.errors import exception_line
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
+from aotpipe.format.vocabulary import GraphKind
 from aotpipe.pipeline.executors.base import Failure, Resources, Task
 from aotpipe.pipeline.executors.process import ProcessExecutor
 from aotpipe.runtime import accuracy
@@ -440,7 +441,7 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
                  for i, o in enumerate(outs)]
     name = _safe(f"{task.label}-{task.graph}-{culprit.name}")
     captured = CapturedGraphs(model=name, mode="export",
-                              graphs={"inference": CapturedGraph("inference", pm, g_inputs, g_outputs)},
+                              graphs={"inference": CapturedGraph(GraphKind.INFERENCE, pm, g_inputs, g_outputs)},
                               contract=None, seconds=0.0,
                               notes=[f"aotpipe bench --locate: the prefix of {task.label} {task.graph} up to node "
                                      f"{culprit.name} ({op_name(culprit)}), which {task.backend} computes "
