@@ -156,7 +156,7 @@ def _passes(job: ModelJob) -> None:
     from aotpipe.passes.manager import apply_passes  # torch
 
     t0 = time.perf_counter()
-    applied = apply_passes(job.spec, job.captured, job.inputs)
+    applied = apply_passes(job.spec, job.capture_result(), job.inputs)
     job.pass_problems, job.result.passes, job.diagnose = applied.problems, applied.runs, applied.diagnose
     job.skipped_passes = applied.skipped
     job.pass_tracebacks = applied.tracebacks + [lo.traceback for lo in applied.left_out]
