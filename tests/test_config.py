@@ -869,3 +869,27 @@ def test_worker_recycling_fields_reach_the_pipeline():
     p = parse_pipeline(RECYCLING.format(fields=", memory_gb: 4, recycle_memory_gb: 1.5, max_models_per_worker: 20"),
                        "r.yaml", check_sources=False)
     assert (p.executor.max_models_per_worker, p.executor.recycle_memory_gb) == (20, 1.5)
+
+
+def test_the_source_check_finds_a_module_where_the_job_imports_it_from(tmp_path, monkeypatch):
+    # Beside the pipeline file or in the working folder (spec.source_import_path), as building
+    # the model does: the check once searched beside the pipeline only, and refused a model the
+    # job would have built.
+    import sys
+
+    from aotpipe.pipeline.config import check_sources
+
+    (tmp_path / "pipe").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "work" / "workmod_check_sources.py").write_text("def build():\n    return None\n")
+    path = tmp_path / "pipe" / "p.yaml"
+    path.write_text(GOOD.replace("aotpipe.zoo:mlp", "workmod_check_sources:build"))
+    pipeline = load_pipeline(str(path), check_sources=False)
+    before = list(sys.path)
+    monkeypatch.chdir(tmp_path / "work")
+    check_sources(pipeline, pipeline.models)  # found in the working folder
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="cannot import module 'workmod_check_sources'"):
+        check_sources(pipeline, pipeline.models)
+    assert sys.path == before

@@ -451,7 +451,7 @@ def test_force_redoes_an_up_to_date_artefact(stale):
 
 def test_a_module_in_the_working_folder_is_fingerprinted_as_it_is_built(tmp_path, monkeypatch):
     """Building imports a source from beside the pipeline or from the working folder
-    (sources._import_path): the fingerprint finds the same file, so editing it redoes the model
+    (spec.source_import_path): the fingerprint finds the same file, so editing it redoes the model
     (it was None there: the stale artefact was kept, whatever the file said)."""
     name, path = module_file(tmp_path / "work")
     spec, _ = spec_in(tmp_path / "pipe", f"{name}:build")

@@ -20,14 +20,12 @@ caller trusts the artefact.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import importlib
 import inspect
-import sys
 import typing
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from pydantic_core import ErrorDetails
@@ -41,20 +39,7 @@ from aotpipe.models.pt2_source import load_pt2_module
 from aotpipe.models.zoo import ZOO
 from aotpipe.runtime.determinism import derived_seed  # noqa: F401 (re-exported: the seed of a model's weights and inputs)
 from aotpipe.runtime.global_state import preserved
-from aotpipe.spec import ZOO_PREFIX, InputSpec, ModelSpec
-
-
-@contextlib.contextmanager
-def _import_path(base_dir: Path | None) -> Iterator[None]:
-    """Let `module:callable` sources import modules that sit beside the pipeline file."""
-    extra = [str(p) for p in (base_dir, Path.cwd()) if p is not None and str(p) not in sys.path]
-    sys.path[:0] = extra
-    try:
-        yield
-    finally:
-        for p in extra:
-            if p in sys.path:
-                sys.path.remove(p)
+from aotpipe.spec import ZOO_PREFIX, InputSpec, ModelSpec, source_import_path
 
 
 def _resolve_builtin(source: str) -> Any:
@@ -77,7 +62,7 @@ def _resolve_callable(source: str, base_dir: Path | None) -> Any:
     if source.startswith(ZOO_PREFIX):
         return _resolve_builtin(source)
     module_name, _, attr = source.partition(":")
-    with _import_path(base_dir):
+    with source_import_path(base_dir):
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:

@@ -35,6 +35,7 @@ from aotpipe.spec import (  # noqa: F401 (inputs_data's checks, beside)
     Strict,
     device_problem,
     path_problem,
+    source_import_path,
 )
 from aotpipe.spec.modes import CAPTURE_MODES
 
@@ -688,7 +689,6 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
     only importing shows (an attribute the module lacks) is the model's failure, stage
     source; `aotpipe validate` imports every source."""
     import importlib.util
-    import sys
 
     base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
     problems = []
@@ -715,14 +715,11 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
             continue  # the builtin zoo: a table the job looks the name up in (it names the models it has)
         else:
             module = s.source.partition(":")[0]
-            sys_path = [str(base_dir)] if base_dir is not None else []
-            sys.path[:0] = sys_path
-            try:
-                found = importlib.util.find_spec(module)
-            except Exception:  # a parent package that does not import: the job says why
-                found = True
-            finally:
-                del sys.path[:len(sys_path)]
+            with source_import_path(base_dir):  # where the job finds it: beside the pipeline, or the working folder
+                try:
+                    found = importlib.util.find_spec(module)
+                except Exception:  # a parent package that does not import: the job says why
+                    found = True
             if found is None:
                 msg = f"cannot import module {module!r} (no module named {module!r}); check the module path, or install it"
         if msg:

@@ -9,14 +9,12 @@ transformers version.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
 import importlib.util
-import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 from aotpipe.artifact.manifest import file_sha256, fingerprint
 from aotpipe.errors import AotpipeError
@@ -34,7 +32,7 @@ from aotpipe.pipeline.results import (
     verification_summary,
     written_manifest,
 )
-from aotpipe.spec import ZOO_PREFIX, ModelSpec, is_callable_data
+from aotpipe.spec import ZOO_PREFIX, ModelSpec, is_callable_data, source_import_path
 from aotpipe.spec.modes import capture_options
 
 
@@ -70,21 +68,6 @@ def _transformers_code() -> Optional[str]:
         return None
 
 
-@contextlib.contextmanager
-def _on_path(base_dir: Path | None) -> Iterator[None]:
-    """The path building the model imports its source on (sources._import_path): the pipeline's
-    folder, then the working folder. Finding the module anywhere else would fingerprint
-    another file, or none: a stale artefact kept however its module changed."""
-    extra = [str(p) for p in (base_dir, Path.cwd()) if p is not None and str(p) not in sys.path]
-    sys.path[:0] = extra
-    try:
-        yield
-    finally:
-        for p in extra:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(p)
-
-
 def source_file(spec: ModelSpec, base_dir: Path | None = None) -> Optional[Path]:
     """The file of the module a `module:callable` source names, without importing that
     module (a dotted name imports its parent packages, as Python's finder does), or a pt2:
@@ -94,7 +77,7 @@ def source_file(spec: ModelSpec, base_dir: Path | None = None) -> Optional[Path]
     if spec.source.startswith("pt2:"):
         return pt2_path(spec.source, base_dir)  # the archive: another file, another fingerprint
     module = "aotpipe.models.zoo" if spec.source.startswith(ZOO_PREFIX) else spec.source.partition(":")[0]
-    with _on_path(base_dir):
+    with source_import_path(base_dir):
         try:
             found = importlib.util.find_spec(module)
         except (ImportError, ValueError):

@@ -6,9 +6,13 @@ the runner and the fingerprint read them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -58,6 +62,21 @@ def parse_path(name: str) -> list[Union[str, int]]:
 # `source: aotpipe.zoo:<name>`: a model of the builtin zoo (aotpipe/models/zoo.py), looked up by
 # name in its table. The scheme is what users write; it does not name the zoo module's path.
 ZOO_PREFIX = "aotpipe.zoo:"
+
+
+@contextlib.contextmanager
+def source_import_path(base_dir: Path | None) -> Iterator[None]:
+    """Where a `module:callable` source's module is found, the same for building the model,
+    fingerprinting its file and checking the pipeline: the pipeline's folder, then the working
+    folder, then sys.path as it was (restored after)."""
+    extra = [str(p) for p in (base_dir, Path.cwd()) if p is not None and str(p) not in sys.path]
+    sys.path[:0] = extra
+    try:
+        yield
+    finally:
+        for p in extra:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(p)
 
 DATA_SUFFIXES = (".pt", ".safetensors", ".npy")  # the files an input's data: may name
 
