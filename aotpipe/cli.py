@@ -241,6 +241,8 @@ def _model_lines(models: list[Any]) -> None:
                 click.echo(f"kept    {m.name:<24} up to date  {checks}  {kinds}")
             else:
                 click.echo(f"ok      {m.name:<24} {m.total_seconds:6.2f}s  {checks}  {kinds}")
+            if m.sizes:
+                click.echo(f"        {m.name:<24} sizes: {m.sizes}")
             for sp in m.skipped_passes:  # optional passes that failed: the chain went on without them
                 also = f" (and {', '.join(sp.left_out)}, which need it)" if sp.left_out else ""
                 click.echo(f"        {m.name:<24} {sp.error}; left out{also}: the {sp.graph} graph got "

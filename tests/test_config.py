@@ -22,7 +22,7 @@ from aotpipe.spec import DTYPES, ModelSpec, PassStep, Pipeline
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
-MODEL_KEYS = "name, source, args, config, inputs, forward_args, device, mode, graphs, passes, save_inputs, save_values, verify, loss, resources"
+MODEL_KEYS = "name, source, args, config, inputs, forward_args, device, mode, graphs, passes, save_inputs, save_values, verify, loss, dims, resources"
 TOP_KEYS = "version, name, output, seed, executor, trusted_ops, defaults, models"
 INPUT_KEYS = "name, shape, dtype, low, high, requires_grad, data, key"
 
@@ -178,7 +178,7 @@ def test_unknown_key_in_input():
 @pytest.mark.parametrize(
     "section, key, valid",
     [
-        ("defaults", "colour", "mode, graphs, passes, save_inputs, save_values, verify, loss"),
+        ("defaults", "colour", "mode, graphs, passes, save_inputs, save_values, verify, loss, dims"),
         ("executor", "kinds", "kind, workers, timeout_s, memory_gb, num_cpus, num_gpus, address, max_models_per_worker, "
                               "recycle_memory_gb"),
     ],
@@ -231,8 +231,9 @@ def test_wrong_type_shape_of_names():
         (8, "models[0].inputs[0].shape[0]"),
         (8, "models[0].inputs[0].shape[1]"),
     ]
-    assert ps[0].message == "Input should be a valid integer (got 'a')"
-    assert ps[1].message == "Input should be a valid integer (got 'b')"
+    # a name in a shape is a dimension's (dims:): one not declared is said so, per position
+    assert ps[0].message.startswith("names dimension 'a', which dims: does not declare; declare it")
+    assert ps[1].message.startswith("names dimension 'b', which dims: does not declare")
 
 
 def test_wrong_type_shape_not_a_list():

@@ -90,7 +90,7 @@ def test_a_removed_field_is_refused_naming_the_versions_still_read(committed):
     (committed / tool.LOCK).write_text(json.dumps(lock))
     (problem,) = tool.write(committed)
     assert problem.startswith("manifest.json: graphs{}.colour was removed, but the manifest.json files this "
-                              "aotpipe reads (versions 1, 2, 3) may hold it")
+                              "aotpipe reads (versions 1, 2, 3, 4) may hold it")
 
 
 def test_a_hand_edited_schema_file_is_stale(committed):

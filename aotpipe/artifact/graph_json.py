@@ -25,8 +25,9 @@ from pydantic import TypeAdapter, ValidationError
 from aotpipe.format import limits, records
 from aotpipe.artifact.provenance import ORIGIN_KEY, node_origin
 from aotpipe.artifact.ops import check_kwargs, check_string_args, check_unsafe_flags, op_name, resolve_op
-from aotpipe.format.records import GRAPH_FORMAT_VERSION
+from aotpipe.format.records import GRAPH_FORMAT_VERSION, READABLE_GRAPH_VERSIONS
 from aotpipe.errors import ArtifactError
+from aotpipe.format.ir import size_expr
 from aotpipe.format.limits import extent
 
 
@@ -160,21 +161,22 @@ def decode_dtype(name: Any) -> torch.dtype:
 
 def _encode_val(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
+        # a symbolic size as its expression (size_expr: no guard on the graph's shape environment)
         return {
-            "shape": [int(s) for s in v.shape],
-            "stride": [int(s) for s in v.stride()],
+            "shape": [size_expr(s) for s in v.shape],
+            "stride": [size_expr(s) for s in v.stride()],
             "dtype": str(v.dtype).removeprefix("torch."),
             "device": str(v.device),
-            "storage_offset": int(v.storage_offset()),
+            "storage_offset": size_expr(v.storage_offset()),
         } if v.device.type != "meta" else {  # a layout a pass recorded: no device to tell
-            "shape": [int(s) for s in v.shape],
-            "stride": [int(s) for s in v.stride()],
+            "shape": [size_expr(s) for s in v.shape],
+            "stride": [size_expr(s) for s in v.stride()],
             "dtype": str(v.dtype).removeprefix("torch."),
         }
     if isinstance(v, (list, tuple)):
         return [_encode_val(x) for x in v]
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return {"symbolic": str(v)}
+        return {"symbolic": str(v.node.expr)}
     if isinstance(v, (bool, int, float)) or v is None:
         return encode_arg(v)
     return None
@@ -242,10 +244,9 @@ def _graph_record(data: records.RawJson, where: str) -> records.GraphRecord:
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise ArtifactError(f"{where}: not a graph (no 'nodes' list)")
     version = data.get("format_version")
-    if version not in (1, GRAPH_FORMAT_VERSION):
-        raise ArtifactError(
-            f"{where}: graph format version {repr(version)[:40]}; this aotpipe reads versions 1, {GRAPH_FORMAT_VERSION}"
-        )
+    if version not in READABLE_GRAPH_VERSIONS:
+        raise ArtifactError(f"{where}: graph format version {repr(version)[:40]}; this aotpipe reads versions "
+                            f"{', '.join(map(str, READABLE_GRAPH_VERSIONS))}")
     limits.check_nodes(len(data["nodes"]), where)
     return records.parse(records.GraphRecord, data, where)
 

@@ -60,7 +60,7 @@ ALLOWED_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn")
 # u2 > 0``; VITS's ``sym_ite``), by the name graph.json gives them: (the function capture emits,
 # the kind of each argument: "int" a size, "bool" a condition). A loaded graph calls
 # :func:`checked_size_arithmetic`'s form of it instead.
-_I, _B = "int", "bool"
+_I, _B, _N = "int", "bool", "number"
 SIZE_ARITHMETIC: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "operator.add": (operator.add, (_I, _I)), "operator.sub": (operator.sub, (_I, _I)),
     "operator.mul": (operator.mul, (_I, _I)), "operator.floordiv": (operator.floordiv, (_I, _I)),
@@ -71,6 +71,8 @@ SIZE_ARITHMETIC: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "operator.gt": (operator.gt, (_I, _I)), "operator.ge": (operator.ge, (_I, _I)),
     "operator.and_": (operator.and_, (_B, _B)), "operator.or_": (operator.or_, (_B, _B)),
     "torch.sym_not": (torch.sym_not, (_B,)), "torch.sym_ite": (torch.sym_ite, (_B, _I, _I)),
+    # a shape-polymorphic backward's scale factors (batch norm's 1 / (N*H*W)): sizes as numbers
+    "operator.truediv": (operator.truediv, (_N, _N)),
 }
 
 # The largest magnitude size arithmetic may give: an int64, what any size or index holds.
@@ -80,6 +82,8 @@ _INT64 = 2 ** 63 - 1
 def _of_kind(a: Any, kind: str) -> bool:
     if kind == _B:
         return isinstance(a, (bool, torch.SymBool))
+    if kind == _N:
+        return isinstance(a, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(a, bool)
     return isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool)
 
 
@@ -95,6 +99,8 @@ def checked_size_arithmetic(name: str) -> Callable[..., Any]:
             got = ", ".join(type(a).__name__ for a in args)
             raise ArtifactError(f"{name} takes ({', '.join(kinds)}) (sizes and conditions), got ({got}); "
                                 "not computed")
+        if fn is operator.truediv and not isinstance(args[1], torch.SymFloat | torch.SymInt) and args[1] == 0:
+            raise ArtifactError(f"{name}: division of sizes by zero; not computed")
         out = fn(*args)
         if isinstance(out, int) and abs(out) > _INT64:
             raise ArtifactError(f"{name} of sizes gave {str(out)[:30]}..., beyond an int64")

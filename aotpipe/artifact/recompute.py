@@ -51,7 +51,8 @@ def graph_under_pass(module: torch.fx.GraphModule, record: Any, values: list[Any
         if r.shape is None or r.dtype is None or r.stride is None:
             return None
         return TensorMeta(tuple(r.shape), tuple(r.stride), decode_dtype(r.dtype), torch.device(r.device or "cpu"),
-                          r.storage_offset or 0, bool(r.requires_grad))
+                          r.storage_offset or 0, bool(r.requires_grad),
+                          tuple(r.sym_shape) if r.sym_shape else None, tuple(r.sym_stride) if r.sym_stride else None)
 
     scalar = {"int": int, "float": float, "bool": bool}
     inputs = [GraphInput(r.name, r.role, r.target, meta(r) if r.type == "tensor" else None, scalar.get(r.type),

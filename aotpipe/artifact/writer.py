@@ -112,6 +112,8 @@ def inputs_record(
             more["type"] = getattr(gi.scalar_type, "__name__", "int")
             if values is not None:
                 more["value"] = values[i]
+            if gi.sym_expr is not None:
+                more["sym_value"] = gi.sym_expr
         else:
             more["type"] = "tensor"
             more.update(_layout_fields(gi.meta.layout()))
@@ -268,6 +270,7 @@ class CheckOutcome:
     drop: list[str] = field(default_factory=list)  # derived graphs whose checks failed: not kept
     verification: dict[str, fmt.VerificationEntry] = field(default_factory=dict)  # extra entries (the chain)
     checks: Optional[fmt.CheckTotals] = None  # the manifest's totals
+    dims: Optional[fmt.DimsRecord] = None  # a shape-polymorphic capture's dimensions and size checks
 
 
 def write_model(
@@ -538,8 +541,11 @@ def _write_graphs(
         recompute = _worth_recomputing(computed, blobs)
         for target, (digest, flat) in computed.items():
             constants[target] = digest if target in recompute else blobs.put(flat)
+        symbolic = {"symbols": {k: dump(r) for k, r in g.symbols.items()}, "guards": g.guards or None} \
+            if g.symbols else {}
         graph = fmt.parse(fmt.GraphRecord, {**graph_json.graph_to_json(g.gm, constants), "kind": kind,
-                                            "input_groups": list(g.input_groups) if g.input_groups else None},
+                                            "input_groups": list(g.input_groups) if g.input_groups else None,
+                                            **symbolic},
                           d / GRAPH_JSON)
         for node in graph.nodes:
             if node.op == "get_attr" and node.target in recompute:
@@ -645,7 +651,8 @@ def _finish(
     verification.update(outcome.verification)
     _remove_unused_blobs(root, records)
     _seal(root, written, **header, graphs=graphs_record, partition=captured.contract, pass_failures=pass_failures,
-          verification=verification or None, **({"checks": outcome.checks} if outcome.checks is not None else {}))
+          verification=verification or None, **({"checks": outcome.checks} if outcome.checks is not None else {}),
+          **({"dims": outcome.dims} if outcome.dims is not None else {}))
 
 
 def _seal(root: Path, written: WrittenArtifact, **fields: Any) -> None:

@@ -75,7 +75,7 @@ from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import EagerReference, SubgraphReference
 from aotpipe.runtime.determinism import run_reproducibly
 from aotpipe.runtime.tensors import tangent
-from aotpipe.spec.modes import DEFAULT_LOSS, DYNAMO_OPTIONS
+from aotpipe.spec.modes import DEFAULT_LOSS, DYNAMO_OPTIONS, DynamicDims
 
 MODE = "dynamo"
 # How this mode captures; recorded in the manifest and part of the fingerprint.
@@ -914,6 +914,7 @@ def capture_auto(
     int_ranges: dict[str, tuple[int, int]] | None = None,
     loss: str = DEFAULT_LOSS,
     export: Optional[Callable[..., CapturedGraphs]] = None,
+    dynamic: Optional[DynamicDims] = None,
 ) -> CapturedGraphs:
     """capture_export (differentiating `loss`), or where its tracing fails, capture_dynamo (which
     has no loss: a tangent per output); where the model itself raises on its inputs, or a config
@@ -924,7 +925,7 @@ def capture_auto(
     try:
         with _torch_logs_quiet():  # export's failure is expected here: its own logs are noise
             return export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
-                                          int_ranges=int_ranges, loss=loss)
+                          int_ranges=int_ranges, loss=loss, **({"dynamic": dynamic} if dynamic is not None else {}))
     except Exception as e:  # export's failure: dynamo may still capture the model, if tracing failed
         why = str(e) if isinstance(e, CaptureError) else exception_line(e)
         where = where_in_model(chain_text(e))
@@ -940,5 +941,6 @@ def capture_auto(
     except CaptureError as e:  # both reasons: export's is often the one to act on
         raise CaptureError(f"export failed: {why}; dynamo failed: {e}") from e
     cap.fallback = why
-    cap.notes.insert(0, f"export failed ({why}); captured with dynamo")
+    cap.notes.insert(0, f"export failed ({why}); captured with dynamo"
+                     + (" at the example sizes: every dimension static" if dynamic is not None else ""))
     return cap

@@ -43,6 +43,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aotpipe.capture import custom_ops, unbacked
+from aotpipe.capture import dynamic as dynamic_capture
 from aotpipe.capture.ctc import ctc_loss_formulated
 from aotpipe.capture.cumulative_bn import cumulative_factors_specialised
 from aotpipe.capture.layouts import pin_batch_norm_layouts, pin_group_norm_layouts
@@ -56,13 +57,15 @@ from aotpipe.format.ir import (
     GraphOutput,
     Partition,
     TensorMeta,
+    size_expr,
+    size_hint,
 )
 from aotpipe.format.source_files import relative_file
 from aotpipe.format.vocabulary import GRAPH_KINDS, TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import NoLossError, model_loss
 from aotpipe.runtime.determinism import derived_seed, op_draws_random
 from aotpipe.runtime.tensors import ones, value_range
-from aotpipe.spec.modes import DEFAULT_LOSS, EXPORT_OPTIONS
+from aotpipe.spec.modes import DEFAULT_LOSS, EXPORT_OPTIONS, DynamicDims
 
 # How this mode captures; recorded in the manifest and part of the fingerprint.
 OPTIONS = EXPORT_OPTIONS
@@ -283,9 +286,11 @@ def _capture(
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
     loss: str = DEFAULT_LOSS,
+    dynamic: Optional[DynamicDims] = None,
 ) -> CapturedGraphs:
     """Trace `model` on the example inputs into the requested graph kinds; the training
-    graphs differentiate `loss` (eager.model_loss) of its outputs."""
+    graphs differentiate `loss` (eager.model_loss) of its outputs. With `dynamic`, the sizes it
+    names stay symbolic in every graph (capture/dynamic.py)."""
     start = time.perf_counter()
     int_ranges = dict(int_ranges or {})
     user_names = _user_input_names(args, kwargs, input_names)
@@ -296,10 +301,18 @@ def _capture(
             if r is not None:
                 int_ranges[n] = r
     notes: list[str] = []
+    shapes = dynamic_capture.export_shapes(model, args, kwargs, user_names, dynamic) if dynamic is not None else None
     # static_library_branches: torch's own branches on tensor values, static (capture/torch_branches.py)
-    with model_reseeds() as reseeds, static_library_branches(notes):
+    origins_on = dynamic_capture.guard_origins() if dynamic is not None else contextlib.nullcontext(None)
+    with model_reseeds() as reseeds, static_library_branches(notes), origins_on as origins:
         captured, contract, constants = _capture_graphs(model, args, kwargs, graphs, user_names, user_values,
-                                                        int_ranges, notes, loss)
+                                                        int_ranges, notes, loss, shapes, dynamic, origins)
+    dims_report: list[str] = []
+    if dynamic is not None:
+        dynamic_capture.record_symbols(list(captured.values()), dynamic)
+        dynamic_capture.freeze(list(captured.values()))
+        if dynamic.auto:
+            dims_report = dynamic_capture.auto_report(list(captured.values()), user_names, user_values, origins)
     _refuse_reseeded_draws(reseeds, captured)
     _share_embedding_ranges(captured)
     checks = set(effectful_checks())
@@ -319,12 +332,15 @@ def _capture(
         notes=notes,
         constants=constants,
         user_inputs=user_names,
+        dims_report=dims_report,
     )
 
 
 def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: list[str], user_names: list[str],
                     user_values: list[Any], int_ranges: dict[str, tuple[int, int]], notes: list[str],
-                    loss: str) -> tuple[dict[str, CapturedGraph], Optional[Partition], dict[str, torch.Tensor]]:
+                    loss: str, shapes: Any = None, dynamic: Optional[DynamicDims] = None,
+                    origins: Optional[dynamic_capture.GuardOrigins] = None,
+                    ) -> tuple[dict[str, CapturedGraph], Optional[Partition], dict[str, torch.Tensor]]:
     """The graphs `_capture` asks for, the partition contract (None without training graphs)
     and the constants the graphs lift."""
     materialised = materialise_lazy_modules(model, args, kwargs)
@@ -337,14 +353,15 @@ def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: l
 
     if "inference" in graphs:
         model.eval()
-        ep = _views_to_reshapes(_library_ops_to_aten(_export(model, args, kwargs, "inference", notes), notes))
+        ep = _views_to_reshapes(_library_ops_to_aten(
+            _export(model, args, kwargs, "inference", notes, shapes, dynamic, origins), notes))
         constants.update({k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)})
         captured["inference"] = _inference_graph(ep, user_names, int_ranges, state, user_values)
 
     if set(TRAINING_KINDS) & set(graphs):
         model.train()
         with cumulative_factors_specialised(model, notes):  # BatchNorm(momentum=None): capture/cumulative_bn.py
-            exported = _export(model, args, kwargs, "training", notes)
+            exported = _export(model, args, kwargs, "training", notes, shapes, dynamic, origins)
         ep_train = _views_to_reshapes(_library_ops_to_aten(exported, notes, training=True))
         joint, fw, bw, contract, no_grad = _training_graphs(
             ep_train, args, kwargs, user_names, int_ranges, state, constants, loss, notes)
@@ -483,7 +500,8 @@ def _no_fake_state_left(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
-            notes: Optional[list[str]] = None) -> torch.export.ExportedProgram:
+            notes: Optional[list[str]] = None, shapes: Any = None, dynamic: Optional[DynamicDims] = None,
+            origins: Optional[dynamic_capture.GuardOrigins] = None) -> torch.export.ExportedProgram:
     # On failure torch.export prints the partial graph to stderr; the error is one line here.
     # What it prints on success is passed on.
     printed = io.StringIO()
@@ -491,11 +509,11 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
         with contextlib.redirect_stderr(printed), _no_fake_state_left(model):
             decided = False
             try:
-                ep = torch.export.export(model, args, kwargs, strict=False)
+                ep = torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=shapes)
             except GuardOnDataDependentSymNode as e:
                 # A guard on a size computed from the model's own integer buffers (Mimi's padded
                 # length compared in SDPA) stops the export before those sizes can be folded.
-                ep = _export_deciding_guards(model, args, kwargs)
+                ep = _export_deciding_guards(model, args, kwargs, shapes=shapes)
                 if ep is None:
                     raise
                 decided, refused = True, e
@@ -507,13 +525,17 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
             if folded is None and decided:
                 raise refused  # a guard on the input's values (or a parameter's): not a constant size
             if folded is not None:  # sizes that only looked data-dependent: export them static
-                ep = torch.export.export(folded[0], args, kwargs, strict=False)
+                ep = torch.export.export(folded[0], args, kwargs, strict=False, dynamic_shapes=shapes)
                 note = (f"data-dependent sizes computed from the model's own integer buffers "
                         f"({', '.join(folded[1][:6])}{' ...' if len(folded[1]) > 6 else ''}) captured static"
                         + (", after a guard on them stopped torch.export" if decided else ""))
                 if notes is not None and note not in notes:
                     notes.append(note)
     except Exception as e:
+        refused = dynamic_capture.specialisation_error(e, dynamic, origins or dynamic_capture.GuardOrigins(), what) \
+            if dynamic is not None else None
+        if refused is not None:
+            raise refused from e
         raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
     sys.stderr.write(printed.getvalue())
     return ep
@@ -583,7 +605,8 @@ def _restore_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> 
 
 
 def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict,
-                            max_guards: int = MAX_DECIDED_GUARDS) -> Optional[torch.export.ExportedProgram]:
+                            max_guards: int = MAX_DECIDED_GUARDS, shapes: Any = None
+                            ) -> Optional[torch.export.ExportedProgram]:
     """torch.export with real-tensor propagation (what ``torch.export.draft_export`` uses, at a
     tenth of its time): each data-dependent guard is decided on the example's values and left in
     the graph as a run-time assertion, for unbacked.fold_constant_sizes to accept only where it
@@ -597,7 +620,7 @@ def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict,
     try:
         with torch.random.fork_rng(devices=[]), _at_most_decided_guards(max_guards), \
                 torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True):
-            return torch.export.export(model, args, kwargs, strict=False)
+            return torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=shapes)
     except Exception:  # noqa: BLE001 - the caller raises the first export's error
         return None
     finally:
@@ -804,7 +827,9 @@ def _fake_user_inputs(ep: torch.export.ExportedProgram, args: tuple, kwargs: dic
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             fake = next(fakes, None)
-            swapped.append(fake if isinstance(fake, torch.Tensor) and fake.shape == leaf.shape else leaf)
+            # compared by example value (size_hint): == on a symbolic size would fix it to the example
+            same = isinstance(fake, torch.Tensor) and tuple(size_hint(s) for s in fake.shape) == tuple(leaf.shape)
+            swapped.append(fake if same else leaf)
         else:
             swapped.append(leaf)
     return pytree.tree_unflatten(swapped, spec)
@@ -1015,7 +1040,7 @@ def training_graphs(
             rng = int_ranges.get(target) if role == "user" else (
                 _observed_range(state[target]) if target in state else None)
         if meta is not None and (role == "param" or (role == "user" and _requires_grad(user_values, node))):
-            meta = TensorMeta(meta.shape, meta.stride, meta.dtype, meta.device, meta.storage_offset, True)
+            meta = dataclasses.replace(meta, requires_grad=True)
         gi = GraphInput(node.name, role, target, meta, _scalar_type(node) if meta is None else None, rng)
         ph_info[node.name] = gi
         (tangents if role == "tangent" else primals).append(gi)
@@ -1068,9 +1093,12 @@ def training_graphs(
             bw_inputs.append(ph_info[node.name])
         else:
             meta = _meta_of(node)
+            val = node.meta.get("val")
+            sym = size_expr(val) if isinstance(val, torch.SymInt) else None
             bw_inputs.append(GraphInput(node.name, "saved" if meta is not None else "symint",
                                         f"forward_output[{nfo + k}]", meta,
-                                        _scalar_type(node) if meta is None else None))
+                                        _scalar_type(node) if meta is None else None,
+                                        sym_expr=sym if isinstance(sym, str) else None))
     bw_out_node = next(n for n in bw_gm.graph.nodes if n.op == "output")
     bw_out_args = list(bw_out_node.args[0])
     bw_outputs = []

@@ -21,11 +21,34 @@ from aotpipe.format.records import (
     OutsideGraphs,
     Partition,
     PassRecord,
+    SymbolRecord,
     TrustedNamespace,
     updated,
 )
 from aotpipe.format.source_files import name_files_in
 from aotpipe.format.vocabulary import GraphKind
+
+
+def size_hint(s: Any) -> int:
+    """A size as an int: a symbolic one's value at the example sizes, read without a guard
+    (``int()`` of a SymInt would specialise the graph's shape environment to it)."""
+    if isinstance(s, torch.SymInt):
+        hint = s.node.hint
+        return int(hint) if hint is not None else int(s)  # unbacked: capture made it concrete already
+    return int(s)
+
+
+def size_expr(s: Any) -> int | str:
+    """A size as the format stores it in a symbolic layout: an int, or its expression in the
+    graph's symbols as torch prints it (``4*s0``)."""
+    if isinstance(s, torch.SymInt):
+        expr = s.node.expr
+        return int(expr) if getattr(expr, "is_number", False) else str(expr)
+    return int(s)
+
+
+def _symbolic(sizes: tuple[int | str, ...]) -> tuple[int | str, ...] | None:
+    return sizes if any(isinstance(x, str) for x in sizes) else None
 
 
 @dataclass(frozen=True)
@@ -39,24 +62,33 @@ class TensorMeta:
     device: torch.device
     storage_offset: int = 0
     requires_grad: bool = False
+    # A shape-polymorphic graph's value: shape and stride in its symbols (None: all static).
+    sym_shape: tuple[int | str, ...] | None = None
+    sym_stride: tuple[int | str, ...] | None = None
 
     @classmethod
     def of(cls, t: torch.Tensor) -> TensorMeta:
+        shape, stride = tuple(t.shape), tuple(t.stride())
         return cls(
-            shape=tuple(int(s) for s in t.shape),
-            stride=tuple(int(s) for s in t.stride()),
+            shape=tuple(size_hint(s) for s in shape),
+            stride=tuple(size_hint(s) for s in stride),
             dtype=t.dtype,
             device=t.device,
-            storage_offset=int(t.storage_offset()),
+            storage_offset=size_hint(t.storage_offset()),
             requires_grad=bool(t.requires_grad),
+            sym_shape=_symbolic(tuple(size_expr(s) for s in shape)),
+            sym_stride=_symbolic(tuple(size_expr(s) for s in stride)),
         )
 
     def layout(self) -> Layout:
         """The record of this layout (inputs.json's and the manifest's)."""
         # torch's name of the dtype; Layout refuses one outside records.DTYPES as it validates
         dtype = cast(DType, str(self.dtype).removeprefix("torch."))
+        sym = {} if self.sym_shape is None and self.sym_stride is None else {
+            "sym_shape": list(self.sym_shape or self.shape), "sym_stride": list(self.sym_stride or self.stride)}
         return Layout(shape=list(self.shape), stride=list(self.stride), dtype=dtype,
-                      device=str(self.device), storage_offset=self.storage_offset, requires_grad=self.requires_grad)
+                      device=str(self.device), storage_offset=self.storage_offset, requires_grad=self.requires_grad,
+                      **sym)
 
 
 @dataclass(frozen=True)
@@ -74,6 +106,7 @@ class GraphInput:
     meta: TensorMeta | None  # None for int/float scalars
     scalar_type: type | None = None  # int or float, for scalar inputs
     int_range: tuple[int, int] | None = None  # [low, high) for integer tensors
+    sym_expr: str | None = None  # a size input (role symint) of a shape-polymorphic graph: its expression
 
 
 @dataclass(frozen=True)
@@ -96,6 +129,9 @@ class CapturedGraph:
     outputs: list[GraphOutput]
     # The joint graph takes [primals, tangents]: the sizes of those groups. None: one flat list.
     input_groups: tuple[int, ...] | None = None
+    # A shape-polymorphic graph's symbols (graph.json's) and the guards torch derived on them.
+    symbols: dict[str, SymbolRecord] = field(default_factory=dict)
+    guards: list[str] = field(default_factory=list)
 
     @property
     def num_nodes(self) -> int:
@@ -168,6 +204,8 @@ class CapturedGraphs:
     trusted_ops: dict[str, TrustedNamespace] = field(default_factory=dict)
     # Dynamo: what each compile ran outside its graphs; non-empty: the capture is partial.
     outside_graphs: list[OutsideGraphs] = field(default_factory=list)
+    # dims: auto: per input, whether its leading dimension stayed dynamic or what specialised it.
+    dims_report: list[str] = field(default_factory=list)
 
     @property
     def partial(self) -> bool:

@@ -55,12 +55,15 @@ from aotpipe.format.vocabulary import KindField, StatusField
 # Each set of values a field may take is a Literal, and its tuple is read from it: a type
 # checker reads the Literal, pydantic validates by it, and the code tests membership in the tuple.
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Version 3 records the capture's environment and the evidence replay judges other machines by.
-ReadableVersion = Literal[1, 2, 3]
+# Version 4: shape-polymorphic graphs (symbolic sizes beside the example's, the manifest's dims).
+ReadableVersion = Literal[1, 2, 3, 4]
 READABLE_VERSIONS: tuple[int, ...] = get_args(ReadableVersion)
-# graph.json's own version: 2 lets a get_attr be "recompute" (its blob is not stored).
-GRAPH_FORMAT_VERSION = 2
+# graph.json's own version: 2 lets a get_attr be "recompute" (its blob is not stored); 3 records
+# the symbols of a shape-polymorphic graph (their ranges, sources and guards).
+GRAPH_FORMAT_VERSION = 3
+READABLE_GRAPH_VERSIONS = (1, 2, 3)
 
 MANIFEST = "manifest.json"
 SIGNATURE = "signature.json"
@@ -106,6 +109,11 @@ Count = Annotated[int, Field(ge=0)]
 Shape = Annotated[list[Count], Field(max_length=MAX_DIMS)]
 Stride = Annotated[list[Count], Field(max_length=MAX_DIMS)]
 Range = Annotated[list[int], Field(min_length=2, max_length=2)]
+# A size in terms of a graph's symbols, as torch prints it (``s0``, ``4*s0*s1``, ``s1 + 1``,
+# ``Max(1, s0)``): read by format/symbolic.py's own parser, never by eval or sympy's.
+SymExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_+\-*/%(), ]+$", max_length=512)]
+SymShape = Annotated[list[Count | SymExpr], Field(max_length=MAX_DIMS)]
+SymbolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=64)]
 # A captured graph's key: its kind, then "_<i>" for subgraph i > 0 of a dynamo capture.
 BaseGraphKey = Annotated[str, StringConstraints(pattern=BASE_KEY_PATTERN)]
 # A graph folder's name: no path separator, not hidden.
@@ -197,11 +205,18 @@ class Layout(Record):
     dtype: DType | None = None
     device: Device | None = None
     requires_grad: bool | None = None
+    # A shape-polymorphic graph's (version 4): the shape and stride in its symbols; shape and
+    # stride above are their values at the example sizes.
+    sym_shape: SymShape | None = None
+    sym_stride: SymShape | None = None
 
     @model_validator(mode="after")
     def _stride_per_dimension(self) -> Layout:
         if self.shape is not None and self.stride is not None and len(self.shape) != len(self.stride):
             raise ValueError(f"shape {self.shape} and stride {self.stride} differ in length")
+        for name, sym, plain in (("sym_shape", self.sym_shape, self.shape), ("sym_stride", self.sym_stride, self.stride)):
+            if sym is not None and (plain is None or len(sym) != len(plain)):
+                raise ValueError(f"{name} {sym} does not match {name.removeprefix('sym_')} {plain} in length")
         return self
 
 
@@ -218,6 +233,7 @@ class InputRecord(Layout):
     range: Range | None = None
     storage: Count | None = None  # index into storages
     forward_output: Count | None = None  # source "forward": which forward output it is
+    sym_value: SymExpr | None = None  # a size input of a shape-polymorphic graph: its value in the symbols
 
 
 class Evidence(Record):
@@ -442,13 +458,46 @@ class NodeRecord(Record):
     origin: NodeOrigin | None = None  # module path, class and source line (provenance)
 
 
+class SymbolRecord(Record):
+    """One symbol of a shape-polymorphic graph (graph.json, version 3): the sizes it may take
+    (torch's range: `max` None when unbounded), its value at the example sizes, the named
+    dimension it stands for (None: torch's own, e.g. `dims: auto`'s), and the input dimensions it
+    was read from (``input_ids.size(0)``)."""
+
+    dim: str | None = None
+    min: Count
+    max: Count | None = None
+    example: Count
+    sources: list[Annotated[str, StringConstraints(max_length=256)]] = []
+
+
+class NodeValue(BaseModel):
+    """A tensor node's `val` as graph.json writes it (informational, so read leniently: None
+    where it is not one): its shape, in the graph's symbols where they are symbolic."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    shape: list[int | SymExpr]
+    dtype: DType = "float32"
+
+    @classmethod
+    def of(cls, val: JsonValue) -> NodeValue | None:
+        try:
+            return cls.model_validate(val)
+        except ValidationError:
+            return None
+
+
 class GraphRecord(Record):
     """graph.json: an FX graph as data."""
 
-    format_version: Literal[1, 2]
+    format_version: Literal[1, 2, 3]
     kind: KindField | None = None
     input_groups: list[Count] | None = None
     nodes: Annotated[list[NodeRecord], FailFast]
+    symbols: dict[SymbolName, SymbolRecord] | None = None  # version 3: a shape-polymorphic graph's
+    # version 3: the guards torch derived on the symbols while tracing, as it prints them
+    guards: list[Annotated[str, StringConstraints(max_length=1024)]] | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -658,6 +707,49 @@ class ModelRecord(BaseModel):
     source: str
 
 
+SizePoint = Literal["min", "example", "max", "random"]
+SIZE_POINTS: tuple[str, ...] = get_args(SizePoint)
+
+
+class DimRecord(Record):
+    """One dimension a shape-polymorphic capture was asked to keep dynamic (manifest `dims`,
+    version 4): a named dimension (`dims:`), or with `dims: auto` an input's leading one."""
+
+    min: Count
+    max: Count | None = None  # None: unbounded (dims: auto)
+    example: Count
+    status: Literal["dynamic", "specialised"]
+    symbol: SymbolName | None = None  # the graphs' symbol for it (status dynamic)
+    sources: list[Annotated[str, StringConstraints(max_length=256)]] = []  # input dimensions (x.size(0))
+    reason: str | None = None  # status specialised: what fixed it, and where
+
+
+class SizeCheckRecord(Record):
+    """The checks of every graph at one point of the dimensions' ranges (manifest `dims.checked`):
+    the inputs drawn as the example's were (the model's seed) at `sizes`, every graph run from its
+    files and compared with the eager model; each output's digest and summary, which a replay at
+    these sizes compares with."""
+
+    point: SizePoint
+    sizes: dict[str, Count]  # dimension (name or symbol) -> size
+    note: str | None = None  # e.g. the max over the memory budget: the largest size that fits
+    checks: CheckTotals | None = None
+    problems: list[str] = []
+    digests: dict[str, list[Sha256 | None]] = {}  # graph key -> per output
+    summaries: dict[str, list[Summary | None]] = {}
+    values: dict[str, list[bool | int | float | None]] = {}  # graph key -> scalar outputs (sizes)
+
+
+class DimsRecord(Record):
+    """manifest.json `dims` (version 4): the dimensions a capture kept symbolic, or could not,
+    and the checks at min, example, max and a random size in range."""
+
+    auto_dims: bool = False  # dims: auto (each input's leading dimension, as torch found it could be)
+    dims: dict[str, DimRecord]
+    checked: list[SizeCheckRecord] = []
+    budget_bytes: Count | None = None  # the memory the size checks' graph values may take
+
+
 class Manifest(Record):
     """manifest.json: what a model folder holds, how it was made, and every file's sha256."""
 
@@ -678,6 +770,7 @@ class Manifest(Record):
     verification: Annotated[dict[str, VerificationEntry], FailFast] | None = None
     checks: CheckTotals | None = None  # version 2
     environment: Environment | None = None  # version 3
+    dims: DimsRecord | None = None  # version 4: a shape-polymorphic capture's dimensions and size checks
     files: Annotated[dict[str, Sha256], FailFast]
 
     def pass_chains(self) -> dict[str, list[PassRecord]]:

@@ -24,7 +24,9 @@ from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, pa
 from aotpipe.spec import (  # noqa: F401 (inputs_data's checks, beside)
     DTYPES,
     ZOO_PREFIX,
+    DimSpec,
     ExecutorSpec,
+    InputEntry,
     InputSpec,
     Loss,
     Mode,
@@ -72,6 +74,11 @@ class Defaults(Strict):
         "non-uniform weight (1 + sum over dimensions d of ((3 i_d + d) mod 7) / 8), so no gradient is zero merely "
         "because the loss is constant; sum, of their elements' sum; or mean, of their mean (gradients seeded with "
         "1/numel, as a mean-reduced training loss)")
+    dims: Optional[Union[Literal["auto"], dict[str, DimSpec]]] = Field(
+        None, description="named dynamic dimensions, each {min, max, example}: an input's shape names them "
+        "([batch, seq]) and every graph is captured with that size symbolic, checked at min, example and max; or "
+        "auto: every input's leading dimension dynamic, reported as dynamic or specialised (a model's dims add to "
+        "and override the defaults')")
 
 
 class ModelEntry(Strict):
@@ -84,7 +91,7 @@ class ModelEntry(Strict):
                                     "picks its sample, which supplies the inputs)")
     args: dict[str, Any] = Field({}, description="keyword arguments for a module:callable source")
     config: Optional[dict[str, Any]] = Field(None, description="transformers config fields for an hf: source")
-    inputs: Optional[list[InputSpec]] = Field(
+    inputs: Optional[list[InputEntry]] = Field(
         None, description="example inputs (required, except for torch-op and torch-module sources, whose sample "
         "supplies them)")
     forward_args: Optional[dict[str, Any]] = Field(
@@ -108,6 +115,11 @@ class ModelEntry(Strict):
     save_values: Optional[Literal["minimal", "full"]] = None
     verify: Optional[bool] = None
     loss: Optional[Loss] = None
+    dims: Optional[Union[Literal["auto"], dict[str, DimSpec]]] = Field(
+        None, description="named dynamic dimensions, each {min, max, example}: an input's shape names them "
+        "([batch, seq]) and every graph is captured with that size symbolic, checked at min, example and max; or "
+        "auto: every input's leading dimension dynamic, reported as dynamic or specialised (a model's dims add to "
+        "and override the defaults')")
     resources: Optional[ResourceSpec] = Field(
         None, description="this model's own CPUs, GPUs, memory and time limit (override the executor's)")
 
@@ -439,6 +451,7 @@ def parse_pipeline(
             if isinstance(m, dict) and isinstance(m.get("source"), str)], base_dir))
 
     problems.extend(_check_field_combinations(path, lines, data))
+    problems.extend(_dims_problems(path, lines, data))
     chain_problems, chains = _pass_chains(path, lines, data)
     problems.extend(chain_problems)
     resolved = None
@@ -630,6 +643,64 @@ def _check_field_combinations(path: str, lines: dict[tuple, int], data: RawYaml)
     return problems
 
 
+def _declared_dims(defaults: RawYaml, model: RawYaml) -> tuple[bool, dict[str, Any]]:
+    """(auto, the named dimensions) a model's `dims:` gives, over the defaults' (raw YAML or
+    parsed: a model's own names add to and override the defaults'; its `auto` replaces them)."""
+    own, inherited = model.get("dims"), defaults.get("dims")
+    if own == "auto" or (own is None and inherited == "auto"):
+        return True, {}
+    merged = dict(inherited) if isinstance(inherited, dict) else {}
+    merged.update(own if isinstance(own, dict) else {})
+    return False, merged
+
+
+def _dims_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Problem]:
+    """Named dimensions used as declared: every name in a shape declared under dims:, none on a
+    loaded input (data:), none with dims: auto or a mode that captures static sizes, and every
+    dimension a model declares itself used by one of its inputs."""
+    problems = []
+    models = data.get("models") if isinstance(data.get("models"), list) else []
+    defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
+    for i, m in enumerate(models):
+        if not isinstance(m, dict):
+            continue
+        auto, declared = _declared_dims(defaults, m)
+        mode = m.get("mode", defaults.get("mode", "auto"))
+        if (auto or declared) and mode == "dynamo":
+            where = ("models", i, "dims") if "dims" in m else ("defaults", "dims")
+            problems.append(Problem(path, _line_for(lines, where), f"models[{i}].dims",
+                                    "mode dynamo captures static sizes; use mode export, meta or auto for dims, "
+                                    "or remove dims for this model"))
+        used: set[str] = set()
+        inputs = m.get("inputs") if isinstance(m.get("inputs"), list) else []
+        for j, inp in enumerate(inputs):
+            shape = inp.get("shape") if isinstance(inp, dict) else None
+            names = [(k, d) for k, d in enumerate(shape) if isinstance(d, str)] if isinstance(shape, list) else []
+            for k, name in names:
+                where = ("models", i, "inputs", j, "shape", k)
+                if auto:
+                    problems.append(Problem(path, _line_for(lines, where), f"models[{i}].inputs[{j}].shape[{k}]",
+                                            f"names dimension {name!r}, but dims: auto picks the dynamic dimensions "
+                                            "itself; write the size as a number, or declare the dimension by name "
+                                            "under dims:"))
+                elif name not in declared:
+                    problems.append(Problem(path, _line_for(lines, where), f"models[{i}].inputs[{j}].shape[{k}]",
+                                            f"names dimension {name!r}, which dims: does not declare; declare it "
+                                            f"({name}: {{min: 1, max: 64, example: 4}} under dims:) or write a number"))
+                elif inp.get("data") is not None:
+                    problems.append(Problem(path, _line_for(lines, where), f"models[{i}].inputs[{j}].shape[{k}]",
+                                            f"names dimension {name!r}, but the input is loaded from data: (one fixed "
+                                            "size); write its sizes as numbers, or draw it (remove data)"))
+                used.add(name)
+        own = m.get("dims") if isinstance(m.get("dims"), dict) else {}
+        for name in own:
+            if name not in used and inputs:
+                problems.append(Problem(path, _line_for(lines, ("models", i, "dims", name)), f"models[{i}].dims.{name}",
+                                        f"dimension {name!r} is declared but no input's shape names it; name it in a "
+                                        "shape ([batch, 16]) or remove it"))
+    return problems
+
+
 def _pass_chains(path: str, lines: dict[tuple, int], data: RawYaml) -> tuple[list[Problem], dict[tuple, list[PassStep]]]:
     """Every `passes:` of the YAML (the defaults' and each model's) parsed once, into its one
     form, a list of typed steps: the problems, and the chains that have none, by location."""
@@ -734,13 +805,18 @@ def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
     models = []
     for i, m in enumerate(f.models):
         pick = lambda name: getattr(m, name) if getattr(m, name) is not None else getattr(d, name)  # noqa: E731
+        auto, declared = _declared_dims({"dims": d.dims}, {"dims": m.dims})
+        inputs = [_resolved_input(inp, declared) for inp in m.inputs or []]
+        used = {name for inp in inputs for name in inp.dims if name is not None}
         models.append(
             ModelSpec(
                 name=m.name,
                 source=m.source,
                 args=m.args,
                 config=m.config,
-                inputs=m.inputs or [],
+                inputs=inputs,
+                dims={name: declared[name] for name in sorted(used)},
+                auto_dims=auto,
                 mode=pick("mode"),
                 graphs=pick("graphs"),
                 passes=chains.get(("models", i, "passes") if m.passes is not None else ("defaults", "passes"), []),
@@ -757,6 +833,14 @@ def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
         )
     return Pipeline(name=f.name, path=path, output=f.output, seed=f.seed, executor=f.executor, models=models,
                     source_lines=source_lines)
+
+
+def _resolved_input(entry: InputEntry, declared: dict[str, DimSpec]) -> InputSpec:
+    """An input as the spec holds it: its shape at the example sizes, its named dimensions in `dims`."""
+    fields = {f: getattr(entry, f) for f in type(entry).model_fields if f != "shape"}
+    names = [d if isinstance(d, str) else None for d in entry.shape]
+    shape = [declared[d].size if isinstance(d, str) else d for d in entry.shape]
+    return InputSpec(**fields, shape=shape, dims=names if any(names) else [])
 
 
 def json_schema() -> dict[str, Any]:

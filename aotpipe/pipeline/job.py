@@ -33,6 +33,7 @@ from aotpipe.pipeline.results import (
     GraphSummary,
     ModelResult,
     checks_summary,
+    sizes_text,
     eager_cells,
     is_partial,
     outside_graphs_lines,
@@ -40,7 +41,7 @@ from aotpipe.pipeline.results import (
     written_manifest,
 )
 from aotpipe.spec import ModelSpec
-from aotpipe.spec.modes import CaptureMode, CaptureRequest, capture_mode
+from aotpipe.spec.modes import CaptureMode, CaptureRequest, DynamicDims, capture_mode
 
 if TYPE_CHECKING:  # torch and the modules that import it: the runner's parent process imports this one
     import torch
@@ -136,8 +137,11 @@ def _capture(job: ModelJob) -> None:
         for i, inp in enumerate(spec.inputs)
         if inp.is_integer
     }
+    dynamic = DynamicDims(ranges={n: (d.min, d.max) for n, d in spec.dims.items()},
+                          inputs={n: tuple(inp.dims) for n, inp in zip(names, spec.inputs) if inp.dims},
+                          auto=spec.auto_dims) if spec.dynamic else None
     request = CaptureRequest(job.built_model(), job.args, job.kwargs, name=spec.name, graphs=tuple(job.kinds or spec.graphs),
-                             input_names=tuple(names), int_ranges=ranges, loss=spec.loss)
+                             input_names=tuple(names), int_ranges=ranges, loss=spec.loss, dynamic=dynamic)
     captured = job.captured = mode.capture_graphs(request)
     job.result.capture_seconds = captured.seconds
     if inputs_data.is_structured(spec):  # the manifest says what the graphs hold fixed
@@ -216,6 +220,8 @@ def _written_result(job: ModelJob, written: Any) -> None:
         result.status, result.outside_graphs = ModelStatus.PARTIAL, outside_graphs_lines(manifest)
     result.verification = verification_summary(manifest)
     result.checks = checks_summary(manifest)
+    if manifest.dims is not None:
+        result.sizes = sizes_text(manifest.dims)
     result.skipped_passes = list(manifest.skipped_passes)
     if job.mode.values:
         result.eager = eager_cells(manifest)
@@ -277,7 +283,27 @@ def _check_values(job: ModelJob, folder: Path) -> Any:
     job.pass_problems.extend(mc.pass_failures)
     # Where eager took the traced branch (eager.traced_branches): into the manifest's notes.
     captured.notes.extend(n for n in getattr(job.eager, "notes", []) if n not in captured.notes)
+    if spec.dynamic and not captured.subgraphs:
+        _check_sizes(job, folder, mc)
     return mc.outcome
+
+
+def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
+    """A shape-polymorphic capture's graphs checked at min, max and a random size too
+    (checks/sizes.py): the manifest's `dims`; a failure at any size fails the model."""
+    from aotpipe.checks.sizes import check_sizes  # torch
+
+    spec, captured = job.spec, job.capture_result()
+    make = job.mode.function("example_inputs")
+    memory = spec.resources.memory_gb if spec.resources is not None and spec.resources.memory_gb else None
+    dims = check_sizes(folder, spec, job.built_model(), lambda s: make(s, job.base_dir), captured.constants,
+                       captured.user_inputs, captured.dims_report,
+                       budget=int(memory * 2**30 / 2) if memory else None, trust_ops=spec.trusted_ops,
+                       own_capture=True)
+    mc.outcome.dims = dims
+    for c in dims.checked:
+        at = ", ".join(f"{k}={v}" for k, v in c.sizes.items())
+        mc.problems += [f"at {c.point} ({at}): {p}" for p in c.problems[:2]]
 
 
 # A model's stages in order: (name, the stage, whether the job needs it). The name is what the

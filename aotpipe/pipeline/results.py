@@ -19,6 +19,7 @@ from aotpipe.format import records
 from aotpipe.format.graph_keys import key_order, parse_graph_key
 from aotpipe.format.records import (
     CheckSummary,
+    DimsRecord,
     DroppedModel,
     EagerCell,
     GraphChecks,
@@ -45,6 +46,7 @@ class ModelResult(ModelRun):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
     traceback: Optional[str] = Field(default=None, exclude=True)
+    sizes: Optional[str] = Field(default=None, exclude=True)  # a shape-polymorphic capture's dims, briefly (sizes_text)
 
     def to_record(self) -> ModelRun:
         """run.json's record of this model (without the traceback)."""
@@ -115,6 +117,23 @@ def eager_cell(checks: Optional[GraphChecks]) -> Optional[EagerCell]:
 def eager_cells(manifest: Manifest) -> dict[str, EagerCell]:
     """Every checked graph's checks in brief, by key."""
     return {k: cell for k, g in manifest.graphs.items() if (cell := eager_cell(g.checks)) is not None}
+
+
+def sizes_text(dims: DimsRecord) -> str:
+    """A shape-polymorphic capture's dimensions and size checks in brief: "batch 1..16, seq 8..64
+    dynamic; checked at min, max, random: 93/93"."""
+    dynamic = [f"{k} {d.min}..{d.max if d.max is not None else 'inf'}" for k, d in dims.dims.items()
+               if d.status == "dynamic"]
+    fixed = [f"{k} specialised ({d.reason})" for k, d in dims.dims.items() if d.status != "dynamic"]
+    text = ", ".join(dynamic) + (" dynamic" if dynamic else "")
+    text += ("; " if text and fixed else "") + "; ".join(fixed)
+    if dims.checked:
+        run = sum(c.checks.run for c in dims.checked if c.checks is not None)
+        passed = sum(c.checks.passed for c in dims.checked if c.checks is not None)
+        problems = sum(len(c.problems) for c in dims.checked)
+        text += (f"; checked at {', '.join(c.point for c in dims.checked)}: {passed}/{run}"
+                 + (f", {problems} PROBLEM(S)" if problems else ""))
+    return text
 
 
 def checks_summary(manifest: Manifest) -> Optional[CheckSummary]:

@@ -9,6 +9,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from aotpipe.format.limits import extent
+from aotpipe.format.ir import size_hint
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ def storage_groups(values: list[Any]) -> tuple[list[StorageGroup], list[Optional
             member.append(None)
             continue
         key = (StorageWeakRef(v.untyped_storage()), v.dtype)
-        need = int(v.storage_offset()) + extent(tuple(v.shape), tuple(v.stride()))
+        # a symbolic size by its example value (size_hint: int() would make it a constant)
+        need = size_hint(v.storage_offset()) + extent(tuple(size_hint(s) for s in v.shape),
+                                                     tuple(size_hint(s) for s in v.stride()))
         if key in index:
             k = index[key]
             g = groups[k]

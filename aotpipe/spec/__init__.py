@@ -102,11 +102,12 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class InputSpec(Strict):
-    """One example input of a model: a tensor made from a seeded generator."""
+class _InputFields(Strict):
+    """What an example input is, but its shape: the YAML's input entry and the resolved spec share it."""
 
     name: Optional[str] = Field(None, description="keyword argument name; positional when absent")
-    shape: list[int] = Field(description="tensor shape, e.g. [8, 3, 32, 32]")
+    shape: list[Union[int, str]] = Field(description="tensor shape, e.g. [8, 3, 32, 32]; a size may name a "
+                                         "dimension of dims: ([batch, seq])")
     dtype: str = Field("float32", description="one of: " + ", ".join(DTYPES))
     low: Optional[Union[int, float]] = Field(
         None, description="lowest value (inclusive); integers default to 0, floats are N(0, 1) when unset"
@@ -139,15 +140,8 @@ class InputSpec(Strict):
             raise ValueError(f"unknown dtype {v!r}; use one of: {', '.join(DTYPES)}")
         return DTYPES[v]
 
-    @field_validator("shape")
-    @classmethod
-    def _non_negative(cls, v: list[int]) -> list[int]:
-        if any(d < 0 for d in v):
-            raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
-        return v
-
     @model_validator(mode="after")
-    def _low_below_high(self) -> "InputSpec":
+    def _low_below_high(self) -> "_InputFields":
         if self.dtype == "bool" or (self.low is None and self.high is None):
             return self
         integer = self.is_integer
@@ -165,6 +159,78 @@ class InputSpec(Strict):
     @property
     def is_integer(self) -> bool:
         return self.dtype in ("int64", "int32", "int16", "int8", "uint8")
+
+
+class InputSpec(_InputFields):
+    """One example input of a model: a tensor made from a seeded generator, at its example
+    sizes; `dims` names the dimensions that are dynamic (a named dimension of the model's)."""
+
+    shape: list[int] = Field(  # type: ignore[assignment]  # the resolved form: numbers only, in its place
+        description="tensor shape at the example sizes, e.g. [8, 3, 32, 32]")
+    dims: list[Optional[str]] = Field([], description="per dimension: the named dimension it is (dynamic), or "
+                                      "null (static); empty: every dimension static")
+
+    @field_validator("shape")
+    @classmethod
+    def _non_negative(cls, v: list[int]) -> list[int]:
+        if any(d < 0 for d in v):
+            raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
+        return v
+
+    def at(self, sizes: dict[str, int]) -> "InputSpec":
+        """This input with its named dimensions at `sizes` (those not given keep the example's)."""
+        shape = [sizes.get(d, s) if d is not None else s for s, d in zip(self.shape, self.dims or [None] * len(self.shape))]
+        return InputSpec(**{**{f: getattr(self, f) for f in type(self).model_fields}, "shape": shape})
+
+
+class InputEntry(_InputFields):
+    """One input as the YAML writes it: its shape's sizes are numbers or the names of the
+    model's dimensions (`dims:`)."""
+
+    @field_validator("shape")
+    @classmethod
+    def _sizes_or_names(cls, v: list[Union[int, str]]) -> list[Union[int, str]]:
+        if any(isinstance(d, int) and d < 0 for d in v):
+            raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
+        bad = [d for d in v if isinstance(d, str) and not d.isidentifier()]
+        if bad:
+            raise ValueError(f"shape {v}: {bad[0]!r} is neither a size nor a dimension name; write a number or a "
+                             "name declared in dims: (letters, digits, _)")
+        return v
+
+
+# torch specialises sizes 0 and 1 while it traces: an example below this would be captured static.
+MIN_DIM_EXAMPLE = 2
+
+
+class DimSpec(Strict):
+    """A named dimension: the range of sizes the graphs must run at, and the example size
+    the inputs are drawn at (captured, saved, checked)."""
+
+    min: int = Field(ge=1, description="smallest size (checked at capture)")
+    max: int = Field(ge=1, description="largest size (checked at capture, within the memory limit)")
+    example: Optional[int] = Field(
+        None, description=f"the size the example inputs have; at least {MIN_DIM_EXAMPLE} (torch specialises sizes "
+        f"0 and 1 while tracing); default: the smallest size in range that is at least {MIN_DIM_EXAMPLE}")
+
+    @model_validator(mode="after")
+    def _in_range(self) -> "DimSpec":
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}; set min at most max")
+        if self.example is not None and not self.min <= self.example <= self.max:
+            raise ValueError(f"example {self.example} is outside [{self.min}, {self.max}]; pick an example in range")
+        if self.example is not None and self.example < MIN_DIM_EXAMPLE:
+            raise ValueError(f"example {self.example} is below {MIN_DIM_EXAMPLE}: torch specialises sizes 0 and 1 "
+                             f"while tracing; use an example of {MIN_DIM_EXAMPLE} or more (min may stay lower)")
+        if self.example is None and self.max < MIN_DIM_EXAMPLE:
+            raise ValueError(f"max {self.max} leaves no example size of {MIN_DIM_EXAMPLE} or more (torch specialises "
+                             "sizes 0 and 1 while tracing); raise max, or make the dimension static")
+        return self
+
+    @property
+    def size(self) -> int:
+        """The example size."""
+        return self.example if self.example is not None else max(self.min, MIN_DIM_EXAMPLE)
 
 
 class ResourceSpec(Strict):
@@ -239,6 +305,9 @@ class ModelSpec(Strict):
     # Non-tensor keyword arguments of forward, by name or path (baked into the graphs).
     forward_args: dict[str, Any] = {}
     device: Optional[str] = None  # where capture runs: cuda or cuda:N; None: the CPU
+    # Named dynamic dimensions the inputs use (InputSpec.dims); auto_dims: every input's leading one.
+    dims: dict[str, DimSpec] = {}
+    auto_dims: bool = False
     # Where and with what it runs; not part of what it produces (nor of its fingerprint).
     resources: Optional[ResourceSpec] = None
 
@@ -247,16 +316,30 @@ class ModelSpec(Strict):
         No trusted_ops entry when there are none (as before the field existed)."""
         exclude: dict[str, Any] = {"resources": True} if self.trusted_ops else {"resources": True, "trusted_ops": True}
         # requires_grad as before the field existed, unless set: fingerprints stay
-        unset = {i: {f for f in ("requires_grad", "data", "key") if not getattr(inp, f)}
+        unset = {i: {f for f in ("requires_grad", "data", "key", "dims") if not getattr(inp, f)}
                  for i, inp in enumerate(self.inputs)}
         unset = {i: fields for i, fields in unset.items() if fields}
         if not self.forward_args:
             exclude["forward_args"] = True
         if self.device is None:
             exclude["device"] = True
+        if not self.dims:
+            exclude["dims"] = True
+        if not self.auto_dims:
+            exclude["auto_dims"] = True
         if unset:
             exclude["inputs"] = unset
         return json.loads(self.model_dump_json(exclude=exclude))
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the graphs are captured with dynamic sizes (named dims, or dims: auto)."""
+        return bool(self.dims) or self.auto_dims
+
+    def at(self, sizes: dict[str, int]) -> "ModelSpec":
+        """This spec with its inputs at `sizes` (named dimension -> size)."""
+        return ModelSpec(**{**{f: getattr(self, f) for f in type(self).model_fields},
+                            "inputs": [inp.at(sizes) for inp in self.inputs]})
 
 
 class Pipeline(Strict):

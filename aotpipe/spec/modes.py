@@ -72,12 +72,25 @@ class CaptureMode:
         """The graphs `request` asks for, by this mode's capture function: given the training
         loss if it takes one, and (auto) the capture of the mode it tries first."""
         extra: dict[str, Any] = {"loss": request.loss} if self.takes_loss else {}
+        if request.dynamic is not None:
+            extra["dynamic"] = request.dynamic
         if self.tries_first:
             extra[self.tries_first] = capture_mode(self.tries_first).function()
         captured: CapturedGraphs = self.function()(
             request.model, request.args, request.kwargs, name=request.name, graphs=list(request.graphs),
             input_names=list(request.input_names), int_ranges=dict(request.int_ranges), **extra)
         return captured
+
+
+@dataclass(frozen=True)
+class DynamicDims:
+    """The sizes a capture keeps symbolic: each named dimension's [min, max], and per user
+    input (by name) the named dimension of each of its dimensions (None: static); or `auto`:
+    every input's leading dimension, as torch finds it can be (no names, no ranges)."""
+
+    ranges: dict[str, tuple[int, int]]
+    inputs: dict[str, tuple[Optional[str], ...]]
+    auto: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,7 @@ class CaptureRequest:
     input_names: tuple[str, ...]
     int_ranges: dict[str, tuple[int, int]]
     loss: str = DEFAULT_LOSS
+    dynamic: Optional[DynamicDims] = None  # None: every size static
 
 
 # The one table of capture modes (spec.Mode lists the same names for the YAML's schema).

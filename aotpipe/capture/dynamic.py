@@ -1,0 +1,308 @@
+"""Shape-polymorphic capture: the sizes torch.export keeps symbolic, what it could not, and why.
+
+A pipeline names dynamic dimensions (`dims:`) with a range; :func:`export_shapes` turns them
+into torch.export's ``dynamic_shapes`` (one ``Dim`` per name, shared by every input dimension
+that names it). AOTAutograd then traces the training graphs from export's fake inputs, in
+export's shape environment, so forward, backward and joint take the same symbols.
+
+Where the model forces a size (a view with a literal size, a branch on the size), torch
+refuses the range. :class:`GuardOrigins` records, for every guard torch adds, the line of the
+model that made it; :func:`specialisation_error` turns torch's refusal into one line naming
+the dimension, torch's reason, that line and the fix. With ``dims: auto`` nothing is refused:
+:func:`auto_report` says per input which leading dimension stayed dynamic and which torch
+specialised, and where.
+
+After capture, :func:`graph_symbols` records each graph's symbols (range, example, the input
+dimensions they came from, the named dimension) and the guards torch derived; the graphs'
+shape environment is then frozen (:func:`frozen_shapes`), so nothing later (a layout read, a
+pass) turns a symbol into a constant by asking for its value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sysconfig
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.export import Dim, ShapesCollection
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+import aotpipe
+from aotpipe.errors import CaptureError
+from aotpipe.format.ir import CapturedGraph
+from aotpipe.format.records import SymbolRecord
+from aotpipe.format.source_files import relative_file
+from aotpipe.spec.modes import DynamicDims
+
+_SKIPPED_DIRS = tuple(os.path.dirname(p) + os.sep for p in (torch.__file__, aotpipe.__file__)) + (
+    sysconfig.get_paths()["stdlib"] + os.sep,)
+MAX_GUARDS = 64  # guards recorded per graph (the rest are counted)
+
+
+def export_shapes(model: torch.nn.Module, args: tuple, kwargs: dict, user_names: list[str],
+                  dynamic: DynamicDims) -> Any:
+    """torch.export's ``dynamic_shapes`` for `dynamic`: each named dimension one ``Dim`` with its
+    range; with `auto`, ``Dim.AUTO`` for every tensor input's leading dimension."""
+    dims = {name: Dim(name, min=lo, max=hi) for name, (lo, hi) in dynamic.ranges.items()}
+    shapes = ShapesCollection()
+    for name, value in zip(user_names, pytree.tree_leaves((args, kwargs))):
+        if not isinstance(value, torch.Tensor):
+            continue
+        if dynamic.auto:
+            if value.dim() >= 1:
+                shapes[value] = {0: Dim.AUTO}
+            continue
+        named = dynamic.inputs.get(name, ())
+        spec = {d: dims[n] for d, n in enumerate(named) if n is not None and d < value.dim()}
+        if spec:
+            shapes[value] = spec
+    return shapes.dynamic_shapes(model, args, kwargs)
+
+
+@dataclass
+class GuardOrigin:
+    """A guard torch added while tracing, and the model's line that made it."""
+
+    expr: str
+    symbols: frozenset[str]
+    where: Optional[str]  # file:line (`code`), the innermost frame of the model's own code
+
+
+@dataclass
+class GuardOrigins:
+    """Every guard added while :func:`guard_origins` was on, and the symbols each input
+    dimension got (torch's ``L['x'].size()[0]`` source -> symbol name)."""
+
+    guards: list[GuardOrigin] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def first_on(self, symbol: str) -> Optional[GuardOrigin]:
+        """The first guard on `symbol` that names a line of the model (else the first at all)."""
+        on = [g for g in self.guards if symbol in g.symbols]
+        return next((g for g in on if g.where), on[0] if on else None)
+
+
+def _model_frame() -> Optional[str]:
+    """'file:line (`code`)' of the innermost frame of the stack outside torch, aotpipe and the
+    standard library: the model's line that is being traced."""
+    for frame in reversed(traceback.extract_stack()):
+        name = frame.filename
+        if name.startswith(_SKIPPED_DIRS) or name.startswith("<") or not name.endswith(".py"):
+            continue
+        return f"{relative_file(name)}:{frame.lineno} (`{(frame.line or '').strip()[:120]}`)"
+    return None
+
+
+@contextlib.contextmanager
+def guard_origins() -> Iterator[GuardOrigins]:
+    """Record, while on, every guard torch's shape environment adds and the model line that
+    added it, and each symbol's input source."""
+    found = GuardOrigins()
+    log_guard = ShapeEnv._log_guard
+    create = ShapeEnv.create_symbol
+
+    def logged(self: Any, prefix: str, g: Any, forcing_spec: bool) -> None:
+        found.guards.append(GuardOrigin(str(g), frozenset(str(s) for s in g.free_symbols), _model_frame()))
+        log_guard(self, prefix, g, forcing_spec)
+
+    def created(self: Any, val: Any, source: Any, *a: Any, **k: Any) -> Any:
+        sym = create(self, val, source, *a, **k)
+        with contextlib.suppress(Exception):  # a source torch cannot name: left out of the messages
+            found.sources[source.name()] = str(sym)
+        return sym
+
+    ShapeEnv._log_guard = logged  # type: ignore[method-assign]
+    ShapeEnv.create_symbol = created  # type: ignore[method-assign]
+    try:
+        yield found
+    finally:
+        ShapeEnv._log_guard = log_guard  # type: ignore[method-assign]
+        ShapeEnv.create_symbol = create  # type: ignore[method-assign]
+
+
+_VIOLATED = re.compile(r"Constraints violated \(([^)]*)\)")
+_REASON = re.compile(r"^\s*- (.*)$", re.MULTILINE)
+_FIXES = re.compile(r"Suggested fixes:\s*\n((?:\s+.+\n?)+)")
+_CONSTANT = re.compile(r"specialized it to be a constant \((\d+)\)")
+_GUARD = re.compile(r"satisfy the generated guard (.*)$")
+
+
+def _source_name(dim: str, dynamic: DynamicDims) -> str:
+    places = [f"{name}.size({d})" for name, named in dynamic.inputs.items() for d, n in enumerate(named) if n == dim]
+    return ", ".join(places[:3]) or dim
+
+
+def specialisation_error(e: BaseException, dynamic: DynamicDims, origins: GuardOrigins,
+                         what: str) -> Optional[CaptureError]:
+    """One line for torch.export's refusal of a named dimension's range (None when `e` is
+    another error): the dimension and where it is read, torch's reason, the model line that
+    made the guard, and what to change."""
+    text = str(e)
+    m = _VIOLATED.search(text)
+    if m is None:
+        return None
+    names = [n.strip() for n in m.group(1).split(",") if n.strip()]
+    reasons = [r.strip() for r in _REASON.findall(text)]
+    fixes = _FIXES.search(text)
+    dim = names[0] if names else "?"
+    reason = next((r for r in reasons if dim in r), reasons[0] if reasons else text.splitlines()[0])
+    lo, hi = dynamic.ranges.get(dim, (None, None))
+    constant = _CONSTANT.search(reason)
+    guard = _GUARD.search(reason)
+    if constant:
+        why = f"the model fixes it to {constant.group(1)}"
+        fix = (f"make {dim} static (write {constant.group(1)} in the shape), or change the model so it reads the "
+               "size from the input")
+    elif guard:
+        why = f"the model only runs for {guard.group(1).strip()}"
+        suggested = fixes.group(1).strip().splitlines()[0].strip() if fixes else None
+        fix = f"narrow the range ({suggested})" if suggested else "narrow the range"
+        fix += f", or make {dim} static"
+    else:
+        why = reason.rstrip(".")
+        fix = f"narrow the range of {dim}, or make it static"
+    symbol = next((s for src, s in origins.sources.items() if _names_input(src, dynamic, dim)), None)
+    origin = origins.first_on(symbol) if symbol else None
+    at = f" at {origin.where}" if origin is not None and origin.where else ""
+    rng = f" in [{lo}, {hi}]" if lo is not None else ""
+    return CaptureError(f"dims: {dim} ({_source_name(dim, dynamic)}) cannot be dynamic{rng} ({what}): {why}{at}; "
+                        f"{fix}")
+
+
+def _names_input(source: str, dynamic: DynamicDims, dim: str) -> bool:
+    """Whether torch's input source (``L['x'].size()[0]``, ``L['kwargs']['ids'].size()[1]``) is
+    an input dimension that names `dim`."""
+    m = re.search(r"\['(\w+)'\]\.size\(\)\[(\d+)\]$", source)
+    if m is None:
+        return False
+    named = dynamic.inputs.get(m.group(1), ())
+    d = int(m.group(2))
+    return d < len(named) and named[d] == dim
+
+
+def _symbol_sources(g: CapturedGraph) -> dict[str, list[tuple[str, int]]]:
+    """symbol -> the (user input, dimension) pairs whose size it is, in the graph's inputs."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for gi in g.inputs:
+        if gi.role != "user" or gi.meta is None or gi.meta.sym_shape is None or gi.target is None:
+            continue
+        for d, s in enumerate(gi.meta.sym_shape):
+            if isinstance(s, str) and s.isidentifier():
+                out.setdefault(s, []).append((gi.target, d))
+    return out
+
+
+def shape_env_of(g: CapturedGraph) -> Optional[ShapeEnv]:
+    """The shape environment of the graph's symbolic values, if it has any."""
+    for node in g.gm.graph.nodes:
+        val = node.meta.get("val")
+        for v in pytree.tree_leaves(val):
+            sizes = list(v.shape) if isinstance(v, torch.Tensor) else [v]
+            for s in sizes:
+                if isinstance(s, torch.SymInt):
+                    return s.node.shape_env
+    return None
+
+
+def _used_symbols(g: CapturedGraph) -> set[str]:
+    """The names in the graph's input layouts and size inputs (symbols, and size functions)."""
+    used: set[str] = set()
+    for gi in g.inputs:
+        exprs = [*(gi.meta.sym_shape or ()), *(gi.meta.sym_stride or ())] if gi.meta is not None else []
+        exprs += [gi.sym_expr] if gi.sym_expr is not None else []
+        for e in exprs:
+            if isinstance(e, str):
+                used.update(re.findall(r"[A-Za-z_]\w*", e))
+    return used
+
+
+def record_symbols(graphs: list[CapturedGraph], dynamic: Optional[DynamicDims]) -> None:
+    """Fill each graph's `symbols` and `guards`: every symbol its inputs' sizes use, with its
+    range, its value at the example, the user input dimensions it is read from (in any graph of
+    the capture: a backward reads none itself) and the named dimension they are; and the guards
+    torch derived on them. A named dimension's range is the user's (torch.export kept it); a
+    symbol of torch's own (dims: auto) has torch's."""
+    sources: dict[str, list[tuple[str, int]]] = {}
+    for g in graphs:
+        for name, pairs in _symbol_sources(g).items():
+            sources.setdefault(name, [])
+            sources[name] += [p for p in pairs if p not in sources[name]]
+    for g in graphs:
+        env = shape_env_of(g)
+        if env is None:
+            continue
+        by_name = {str(s): s for s in env.var_to_range}
+        symbols = {}
+        for name in sorted(_used_symbols(g)):
+            sym = by_name.get(name)
+            if sym is None:
+                continue  # a size function's name (Max, FloorDiv), not a symbol
+            vr, hint = env.var_to_range[sym], env.backed_var_to_val.get(sym)
+            dims = {dynamic.inputs.get(inp, ())[d] for inp, d in sources.get(name, [])
+                    if dynamic is not None and d < len(dynamic.inputs.get(inp, ()))} - {None}
+            dim = sorted(d for d in dims if d is not None)[0] if len(dims) == 1 else None
+            if dynamic is not None and dim in dynamic.ranges:
+                lo, hi = dynamic.ranges[dim]
+            else:
+                lo, hi = max(int(vr.lower), 0), (int(vr.upper) if vr.upper.is_finite else None)
+            symbols[name] = SymbolRecord(dim=dim, min=lo, max=hi, example=int(hint) if hint is not None else 0,
+                                         sources=[f"{inp}.size({d})" for inp, d in sources.get(name, [])])
+        g.symbols = symbols
+        names = set(symbols)
+        guards = [str(gd.expr) for gd in env.guards if {str(s) for s in gd.expr.free_symbols} & names]
+        g.guards = list(dict.fromkeys(guards))[:MAX_GUARDS]
+
+
+@contextlib.contextmanager
+def quiet_frozen_guards() -> Iterator[None]:
+    """A frozen shape environment warns for each guard it ignores; those reads are of the
+    example's values after capture (layouts, records), not decisions: not the user's concern."""
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def freeze(graphs: list[CapturedGraph]) -> None:
+    """Freeze the graphs' shape environments: a later ``int()`` of a symbolic size gives its
+    example value without making the symbol a constant."""
+    for g in graphs:
+        env = shape_env_of(g)
+        if env is not None:
+            env.freeze()
+
+
+def auto_report(graphs: list[CapturedGraph], user_names: list[str], values: list[Any],
+                origins: GuardOrigins) -> list[str]:
+    """`dims: auto`: per tensor input, whether its leading dimension stayed dynamic (its symbol)
+    or torch specialised it (its size, and the model line of the first guard that fixed it)."""
+    dynamic: dict[tuple[str, int], str] = {}
+    for g in graphs:
+        for name, pairs in _symbol_sources(g).items():
+            for pair in pairs:
+                dynamic.setdefault(pair, name)
+    lines = []
+    for name, value in zip(user_names, values):
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        if (name, 0) in dynamic:
+            lines.append(f"{name}.size(0): dynamic ({dynamic[(name, 0)]})")
+            continue
+        symbol = next((s for src, s in origins.sources.items() if re.search(rf"\['{re.escape(name)}'\]\.size\(\)\[0\]$", src)),
+                      None)
+        origin = origins.first_on(symbol) if symbol else None
+        at = f" by {origin.expr} at {origin.where}" if origin is not None and origin.where else (
+            f" by {origin.expr}" if origin is not None else "")
+        lines.append(f"{name}.size(0): specialised to {value.shape[0]}{at}")
+    return lines

@@ -1,0 +1,113 @@
+"""Sizes in a shape-polymorphic graph's symbols: parsed and evaluated without eval.
+
+A record stores a symbolic size as torch prints it (``s0``, ``4*s0*s1``, ``s1 + 1``,
+``Max(1, s0)``, ``FloorDiv(s0, 2)``). An artefact may come from anyone, so the text is
+parsed by :mod:`ast` and only integer arithmetic on named symbols is evaluated: no attribute,
+no subscript, no call but the few size functions torch prints. sympy's ``sympify`` would
+``eval`` the text, which is why this small evaluator exists rather than a library call.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from typing import Callable, Mapping
+
+from aotpipe.errors import ArtifactError
+
+# Larger than any size a tensor can have: an expression past it is refused, not computed.
+_LIMIT = 1 << 62
+_MAX_EXPONENT = 64
+
+
+def _floordiv(a: int, b: int) -> int:
+    if b == 0:
+        raise ZeroDivisionError("division by zero")
+    return a // b
+
+
+def _mod(a: int, b: int) -> int:
+    if b == 0:
+        raise ZeroDivisionError("modulo by zero")
+    return a % b
+
+
+def _ceildiv(a: int, b: int) -> int:
+    return -_floordiv(-a, b)
+
+
+def _clean_div(a: int, b: int) -> int:
+    if b == 0 or a % b:
+        raise ValueError(f"{a} is not a multiple of {b}")
+    return a // b
+
+
+def _pow(a: int, b: int) -> int:
+    if b < 0 or b > _MAX_EXPONENT:
+        raise ValueError(f"exponent {b} out of range")
+    return int(a ** b)
+
+
+# The functions torch's size expressions print as calls.
+_CALLS: dict[str, Callable[..., int]] = {
+    "Max": max, "Min": min, "FloorDiv": _floordiv, "Mod": _mod, "PythonMod": _mod,
+    "CleanDiv": _clean_div, "CeilDiv": _ceildiv, "IntTrueDiv": _clean_div,
+}
+_BINARY: dict[type, Callable[[int, int], int]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.FloorDiv: _floordiv, ast.Mod: _mod, ast.Pow: _pow, ast.Div: _clean_div,
+}
+
+
+def _eval(node: ast.AST, sizes: Mapping[str, int]) -> int:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body, sizes)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in sizes:
+            raise KeyError(node.id)
+        return sizes[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _eval(node.operand, sizes)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        v = _BINARY[type(node.op)](_eval(node.left, sizes), _eval(node.right, sizes))
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS \
+            and not node.keywords and node.args:
+        v = _CALLS[node.func.id](*(_eval(a, sizes) for a in node.args))
+    else:
+        raise ValueError(f"{type(node).__name__} is not size arithmetic")
+    if abs(v) > _LIMIT:
+        raise ValueError("the value is larger than any size")
+    return v
+
+
+def _parse(expr: str) -> ast.Expression:
+    if len(expr) > 512:
+        raise ValueError("longer than 512 characters")
+    return ast.parse(expr, mode="eval")
+
+
+def evaluate(expr: int | str, sizes: Mapping[str, int], where: str = "size") -> int:
+    """The integer `expr` (a number, or a size in symbols) takes at `sizes` (symbol -> size).
+    An ArtifactError naming `where` when it is not size arithmetic or names a symbol not given."""
+    if isinstance(expr, int):
+        return expr
+    try:
+        return _eval(_parse(expr), sizes)
+    except KeyError as e:
+        raise ArtifactError(f"{where}: {expr!r} names symbol {e.args[0]}, which the graph does not define") from None
+    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError, TypeError, OverflowError) as e:
+        raise ArtifactError(f"{where}: {expr[:80]!r} is not a size this aotpipe computes ({e})") from None
+
+
+def symbols_in(expr: int | str) -> set[str]:
+    """The symbol names `expr` uses (none for a number)."""
+    if isinstance(expr, int):
+        return set()
+    try:
+        tree = _parse(expr)
+    except (ValueError, SyntaxError, RecursionError):
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in _CALLS}
