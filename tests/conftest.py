@@ -60,6 +60,21 @@ def quickstart_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def dynamic_run(tmp_path_factory):
+    """pipelines/quickstart-dynamic.yaml (a dynamic batch, and sequence for the transformer), run
+    once per test session through the real CLI, in this process (executor local), unsigned."""
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    out = tmp_path_factory.mktemp("qsd")
+    result = CliRunner().invoke(main, ["run", str(PIPELINES / "quickstart-dynamic.yaml"), "--output", str(out),
+                                       "--no-progress", "--no-sign", "--executor", "local"])
+    assert result.exit_code == 0, result.output
+    return out / "quickstart-dynamic", result
+
+
+@pytest.fixture(scope="session")
 def zoo_run(tmp_path_factory):
     """pipelines/zoo-hf.yaml, run once per test session through the real CLI (process executor)."""
     from click.testing import CliRunner

@@ -11,9 +11,10 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any
 
 import torch
 import torch.fx
@@ -73,11 +74,11 @@ def _source(gi: GraphInput, save_values: str) -> str:
 
 def inputs_record(
     g: CapturedGraph,
-    contract: Optional[fmt.Partition],
-    values: Optional[list[Any]] = None,
-    blobs: Optional[BlobStore] = None,
+    contract: fmt.Partition | None,
+    values: list[Any] | None = None,
+    blobs: BlobStore | None = None,
     save_values: str = "minimal",
-    saved: Optional[bool] = None,
+    saved: bool | None = None,
 ) -> fmt.InputsRecord:
     """inputs.json: per input its role, name, layout, range, storage and source; per output its role.
 
@@ -164,15 +165,15 @@ def dump(record: fmt.Record) -> dict[str, Any]:
     return record.model_dump(mode="json", exclude_unset=True)
 
 
-def _forward_index(target: Optional[str]) -> int:
+def _forward_index(target: str | None) -> int:
     """k of a saved input's target "forward_output[k]"."""
     if target and target.startswith("forward_output[") and target.endswith("]"):
         return int(target[len("forward_output["):-1])
     raise ValueError(f"a saved input names {target!r}, not forward_output[k]")
 
 
-def set_outputs(record: fmt.InputsRecord, outputs: list["OutputReference"], blobs: Optional[BlobStore],
-                values: Optional[list[Any]]) -> None:
+def set_outputs(record: fmt.InputsRecord, outputs: list[OutputReference], blobs: BlobStore | None,
+                values: list[Any] | None) -> None:
     """Put reference digests, summaries and spreads (and with `values`, blobs) into an inputs record."""
     for rec, o in zip(record.outputs, outputs):
         if o.layout is not None:
@@ -239,14 +240,14 @@ _fsync_dir = fsync_dir
 class OutputReference:
     """What running a written graph recorded of one output (nothing, when it was not recorded)."""
 
-    layout: Optional[fmt.Layout] = None  # the layout the written graph gives
-    digest: Optional[str] = None
-    summary: Optional[fmt.Summary] = None
-    spread: Optional[float] = None  # run-to-run spread of a nondeterministic op
-    value: Optional[Union[bool, int, float]] = None  # a Python scalar output
-    range: Optional[list[int]] = None  # an integer tensor's [low, high)
-    evidence: Optional[dict[str, Any]] = None  # records.Evidence's fields but its blob (aotpipe.runtime.evidence.record)
-    evidence_values: Optional[torch.Tensor] = None  # the sampled values the evidence blob holds
+    layout: fmt.Layout | None = None  # the layout the written graph gives
+    digest: str | None = None
+    summary: fmt.Summary | None = None
+    spread: float | None = None  # run-to-run spread of a nondeterministic op
+    value: bool | int | float | None = None  # a Python scalar output
+    range: list[int] | None = None  # an integer tensor's [low, high)
+    evidence: dict[str, Any] | None = None  # records.Evidence's fields but its blob (aotpipe.runtime.evidence.record)
+    evidence_values: torch.Tensor | None = None  # the sampled values the evidence blob holds
 
 
 @dataclass
@@ -254,12 +255,12 @@ class GraphOutcome:
     """What running one written graph gave: reference records and check results."""
 
     outputs: list[OutputReference]
-    values: Optional[list[Any]] = None  # the output values (stored as blobs with save_values: full)
+    values: list[Any] | None = None  # the output values (stored as blobs with save_values: full)
     # per node: a sampled summary of its value (checks.written.trace_nodes)
-    trace: Optional[dict[str, Union[fmt.Summary, fmt.TupleSummary]]] = None
-    checks: Optional[fmt.GraphChecks] = None  # into manifest graphs.<key>
-    nondeterministic: Optional[list[str]] = None  # ops without a deterministic kernel (graphs.<key>)
-    verification: Optional[fmt.VerificationEntry] = None  # manifest verification.<key>
+    trace: dict[str, fmt.Summary | fmt.TupleSummary] | None = None
+    checks: fmt.GraphChecks | None = None  # into manifest graphs.<key>
+    nondeterministic: list[str] | None = None  # ops without a deterministic kernel (graphs.<key>)
+    verification: fmt.VerificationEntry | None = None  # manifest verification.<key>
 
 
 @dataclass
@@ -269,8 +270,8 @@ class CheckOutcome:
     graphs: dict[str, GraphOutcome] = field(default_factory=dict)
     drop: list[str] = field(default_factory=list)  # derived graphs whose checks failed: not kept
     verification: dict[str, fmt.VerificationEntry] = field(default_factory=dict)  # extra entries (the chain)
-    checks: Optional[fmt.CheckTotals] = None  # the manifest's totals
-    dims: Optional[fmt.DimsRecord] = None  # a shape-polymorphic capture's dimensions and size checks
+    checks: fmt.CheckTotals | None = None  # the manifest's totals
+    dims: fmt.DimsRecord | None = None  # a shape-polymorphic capture's dimensions and size checks
 
 
 def write_model(
@@ -279,12 +280,12 @@ def write_model(
     *,
     model_record: dict[str, Any],
     fingerprint: str,
-    inputs: Optional[dict[str, list[Any]]] = None,
+    inputs: dict[str, list[Any]] | None = None,
     save_values: str = "minimal",
-    check: Optional[Callable[[Path], CheckOutcome]] = None,
-    pass_failures: Optional[list[str]] = None,
-    skipped_passes: Optional[list[fmt.SkippedPass]] = None,
-    sign: Optional[Callable[[Path], None]] = None,
+    check: Callable[[Path], CheckOutcome] | None = None,
+    pass_failures: list[str] | None = None,
+    skipped_passes: list[fmt.SkippedPass] | None = None,
+    sign: Callable[[Path], None] | None = None,
 ) -> WrittenArtifact:
     """Write `<out_dir>/<model>/` from captured graphs; returns what was written.
 
@@ -323,8 +324,8 @@ class StagedModel:
         with intra_op_threads(self.threads):
             return check(self.folder)
 
-    def finish(self, outcome: Optional[CheckOutcome] = None, *, pass_failures: Optional[list[str]] = None,
-               sign: Optional[Callable[[Path], None]] = None) -> WrittenArtifact:
+    def finish(self, outcome: CheckOutcome | None = None, *, pass_failures: list[str] | None = None,
+               sign: Callable[[Path], None] | None = None) -> WrittenArtifact:
         """The manifest sealed with the check's `outcome`, and the folder signed if `sign`;
         what was written (its path is the final one once the block has ended)."""
         _finish(self.folder, self.captured, self.written, self.graphs_record, self.records,
@@ -342,9 +343,9 @@ def staged_model(
     *,
     model_record: dict[str, Any],
     fingerprint: str,
-    inputs: Optional[dict[str, list[Any]]] = None,
+    inputs: dict[str, list[Any]] | None = None,
     save_values: str = "minimal",
-    skipped_passes: Optional[list[fmt.SkippedPass]] = None,
+    skipped_passes: list[fmt.SkippedPass] | None = None,
 ) -> Iterator[StagedModel]:
     """`<out_dir>/<model>/`'s graphs written in a folder beside it; the block checks and
     finishes it (:class:`StagedModel`), and it is renamed into place when the block ends
@@ -401,8 +402,8 @@ _SHARED_FIELDS = ("format_version", "fingerprint", "versions", "model", "save_va
 
 
 def join_parts(parts: list[Path], out_dir: Path, name: str, *,
-               notes: Optional[Callable[[list[list[str]]], list[str]]] = None,
-               sign: Optional[Callable[[Path], None]] = None) -> WrittenArtifact:
+               notes: Callable[[list[list[str]]], list[str]] | None = None,
+               sign: Callable[[Path], None] | None = None) -> WrittenArtifact:
     """`<out_dir>/<name>/` from folders that each hold some of its graphs; returns what was written.
 
     Each part is a model folder write_model wrote from a capture of the same model (same
@@ -508,10 +509,10 @@ def graph_entries(captured: CapturedGraphs) -> list[tuple[str, GraphKind, str, C
 def _write_graphs(
     root: Path,
     captured: CapturedGraphs,
-    inputs: Optional[dict[str, list[Any]]],
+    inputs: dict[str, list[Any]] | None,
     save_values: str,
     header: dict[str, Any],
-) -> tuple[WrittenArtifact, dict[str, fmt.GraphEntry], dict[str, "_Written"]]:
+) -> tuple[WrittenArtifact, dict[str, fmt.GraphEntry], dict[str, _Written]]:
     blobs = BlobStore(root)
     v = versions()
     written = WrittenArtifact(path=root)

@@ -21,13 +21,15 @@ pass) turns a symbol into a constant by asking for its value.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import re
 import sysconfig
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 import torch.fx
@@ -53,7 +55,7 @@ def export_shapes(model: torch.nn.Module, args: tuple, kwargs: dict, user_names:
     range; with `auto`, ``Dim.AUTO`` for every tensor input's leading dimension."""
     dims = {name: Dim(name, min=lo, max=hi) for name, (lo, hi) in dynamic.ranges.items()}
     shapes = ShapesCollection()
-    for name, value in zip(user_names, pytree.tree_leaves((args, kwargs))):
+    for name, value in zip(user_names, pytree.tree_leaves((args, kwargs)), strict=False):
         if not isinstance(value, torch.Tensor):
             continue
         if dynamic.auto:
@@ -67,30 +69,48 @@ def export_shapes(model: torch.nn.Module, args: tuple, kwargs: dict, user_names:
     return shapes.dynamic_shapes(model, args, kwargs)
 
 
+def positional_names(model: torch.nn.Module, count: int, user_names: list[str]) -> dict[str, str]:
+    """forward's parameter name -> the user's name of each of the first `count` (positional)
+    inputs: torch names an input by the parameter it binds to (``L['x']``)."""
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: n for p, n in zip(params[:count], user_names, strict=False) if p.name != n}
+
+
 @dataclass
 class GuardOrigin:
     """A guard torch added while tracing, and the model's line that made it."""
 
     expr: str
     symbols: frozenset[str]
-    where: Optional[str]  # file:line (`code`), the innermost frame of the model's own code
+    where: str | None  # file:line (`code`), the innermost frame of the model's own code
 
 
 @dataclass
 class GuardOrigins:
     """Every guard added while :func:`guard_origins` was on, and the symbols each input
-    dimension got (torch's ``L['x'].size()[0]`` source -> symbol name)."""
+    dimension got (``x.size(0)``, by the user input's name -> symbol name)."""
 
     guards: list[GuardOrigin] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
+    # torch names a positional input by forward's parameter (L['x']); the user's name for it (arg0)
+    aliases: dict[str, str] = field(default_factory=dict)
 
-    def first_on(self, symbol: str) -> Optional[GuardOrigin]:
+    def source(self, torch_source: str) -> str:
+        """torch's source of an input dimension (``L['x'].size()[0]``, ``L['kwargs']['ids'].size()[1]``)
+        as aotpipe names it (``arg0.size(0)``, ``ids.size(1)``); other sources as torch has them."""
+        return _SOURCE.sub(lambda m: f"{self.aliases.get(m.group(1), m.group(1))}.size({m.group(2)})", torch_source)
+
+    def first_on(self, symbol: str) -> GuardOrigin | None:
         """The first guard on `symbol` that names a line of the model (else the first at all)."""
         on = [g for g in self.guards if symbol in g.symbols]
         return next((g for g in on if g.where), on[0] if on else None)
 
 
-def _model_frame() -> Optional[str]:
+def _model_frame() -> str | None:
     """'file:line (`code`)' of the innermost frame of the stack outside torch, aotpipe and the
     standard library: the model's line that is being traced."""
     for frame in reversed(traceback.extract_stack()):
@@ -107,27 +127,21 @@ def guard_origins() -> Iterator[GuardOrigins]:
     added it, and each symbol's input source."""
     found = GuardOrigins()
     log_guard = ShapeEnv._log_guard
-    create = ShapeEnv.create_symbol
 
     def logged(self: Any, prefix: str, g: Any, forcing_spec: bool) -> None:
         found.guards.append(GuardOrigin(str(g), frozenset(str(s) for s in g.free_symbols), _model_frame()))
+        for source, sym in list(self.source_to_var.items()):  # the input dimensions' symbols so far
+            found.sources.setdefault(found.source(str(source)), str(sym))
         log_guard(self, prefix, g, forcing_spec)
 
-    def created(self: Any, val: Any, source: Any, *a: Any, **k: Any) -> Any:
-        sym = create(self, val, source, *a, **k)
-        with contextlib.suppress(Exception):  # a source torch cannot name: left out of the messages
-            found.sources[source.name()] = str(sym)
-        return sym
-
     ShapeEnv._log_guard = logged  # type: ignore[method-assign]
-    ShapeEnv.create_symbol = created  # type: ignore[method-assign]
     try:
         yield found
     finally:
         ShapeEnv._log_guard = log_guard  # type: ignore[method-assign]
-        ShapeEnv.create_symbol = create  # type: ignore[method-assign]
 
 
+_SOURCE = re.compile(r"L(?:\['\w+'\])*\['(\w+)'\]\.size\(\)\[(\d+)\]")
 _VIOLATED = re.compile(r"Constraints violated \(([^)]*)\)")
 _REASON = re.compile(r"^\s*- (.*)$", re.MULTILINE)
 _FIXES = re.compile(r"Suggested fixes:\s*\n((?:\s+.+\n?)+)")
@@ -141,7 +155,7 @@ def _source_name(dim: str, dynamic: DynamicDims) -> str:
 
 
 def specialisation_error(e: BaseException, dynamic: DynamicDims, origins: GuardOrigins,
-                         what: str) -> Optional[CaptureError]:
+                         what: str) -> CaptureError | None:
     """One line for torch.export's refusal of a named dimension's range (None when `e` is
     another error): the dimension and where it is read, torch's reason, the model line that
     made the guard, and what to change."""
@@ -164,28 +178,30 @@ def specialisation_error(e: BaseException, dynamic: DynamicDims, origins: GuardO
     elif guard:
         why = f"the model only runs for {guard.group(1).strip()}"
         suggested = fixes.group(1).strip().splitlines()[0].strip() if fixes else None
-        fix = f"narrow the range ({suggested})" if suggested else "narrow the range"
+        fix = f"narrow the range ({_yaml_fix(suggested)})" if suggested else "narrow the range"
         fix += f", or make {dim} static"
     else:
         why = reason.rstrip(".")
         fix = f"narrow the range of {dim}, or make it static"
-    symbol = next((s for src, s in origins.sources.items() if _names_input(src, dynamic, dim)), None)
+    places = {f"{name}.size({d})" for name, named in dynamic.inputs.items() for d, n in enumerate(named) if n == dim}
+    symbol = next((s for src, s in origins.sources.items() if src in places), None)
     origin = origins.first_on(symbol) if symbol else None
     at = f" at {origin.where}" if origin is not None and origin.where else ""
     rng = f" in [{lo}, {hi}]" if lo is not None else ""
-    return CaptureError(f"dims: {dim} ({_source_name(dim, dynamic)}) cannot be dynamic{rng} ({what}): {why}{at}; "
-                        f"{fix}")
+    return CaptureError(f"dims: {dim} ({_source_name(dim, dynamic)}) cannot be dynamic{rng} ({what}): "
+                        f"{origins.source(why)}{at}; {fix}")
 
 
-def _names_input(source: str, dynamic: DynamicDims, dim: str) -> bool:
-    """Whether torch's input source (``L['x'].size()[0]``, ``L['kwargs']['ids'].size()[1]``) is
-    an input dimension that names `dim`."""
-    m = re.search(r"\['(\w+)'\]\.size\(\)\[(\d+)\]$", source)
+_DIM_FIX = re.compile(r"(\w+) = Dim\('\w+'(?:, min=(\d+))?(?:, max=(\d+))?\)")
+
+
+def _yaml_fix(suggested: str) -> str:
+    """torch's suggested fix (``batch = Dim('batch', max=8)``) as the YAML says it."""
+    m = _DIM_FIX.search(suggested)
     if m is None:
-        return False
-    named = dynamic.inputs.get(m.group(1), ())
-    d = int(m.group(2))
-    return d < len(named) and named[d] == dim
+        return suggested
+    parts = [f"{k}: {v}" for k, v in (("min", m.group(2)), ("max", m.group(3))) if v]
+    return f"{m.group(1)}: {{{', '.join(parts)}}} under dims:"
 
 
 def _symbol_sources(g: CapturedGraph) -> dict[str, list[tuple[str, int]]]:
@@ -200,7 +216,7 @@ def _symbol_sources(g: CapturedGraph) -> dict[str, list[tuple[str, int]]]:
     return out
 
 
-def shape_env_of(g: CapturedGraph) -> Optional[ShapeEnv]:
+def shape_env_of(g: CapturedGraph) -> ShapeEnv | None:
     """The shape environment of the graph's symbolic values, if it has any."""
     for node in g.gm.graph.nodes:
         val = node.meta.get("val")
@@ -224,7 +240,15 @@ def _used_symbols(g: CapturedGraph) -> set[str]:
     return used
 
 
-def record_symbols(graphs: list[CapturedGraph], dynamic: Optional[DynamicDims]) -> None:
+def _bound(v: Any, default: int | None) -> int | None:
+    """A range bound as an int; `default` for an infinite one (torch's int_oo, sympy's oo)."""
+    try:
+        return max(int(v), 0) if bool(v.is_number) and bool(v.is_finite) else default
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return default
+
+
+def record_symbols(graphs: list[CapturedGraph], dynamic: DynamicDims | None) -> None:
     """Fill each graph's `symbols` and `guards`: every symbol its inputs' sizes use, with its
     range, its value at the example, the user input dimensions it is read from (in any graph of
     the capture: a backward reads none itself) and the named dimension they are; and the guards
@@ -249,10 +273,11 @@ def record_symbols(graphs: list[CapturedGraph], dynamic: Optional[DynamicDims]) 
             dims = {dynamic.inputs.get(inp, ())[d] for inp, d in sources.get(name, [])
                     if dynamic is not None and d < len(dynamic.inputs.get(inp, ()))} - {None}
             dim = sorted(d for d in dims if d is not None)[0] if len(dims) == 1 else None
+            hi: int | None
             if dynamic is not None and dim in dynamic.ranges:
                 lo, hi = dynamic.ranges[dim]
             else:
-                lo, hi = max(int(vr.lower), 0), (int(vr.upper) if vr.upper.is_finite else None)
+                lo, hi = _bound(vr.lower, 0) or 0, _bound(vr.upper, None)
             symbols[name] = SymbolRecord(dim=dim, min=lo, max=hi, example=int(hint) if hint is not None else 0,
                                          sources=[f"{inp}.size({d})" for inp, d in sources.get(name, [])])
         g.symbols = symbols
@@ -293,14 +318,13 @@ def auto_report(graphs: list[CapturedGraph], user_names: list[str], values: list
             for pair in pairs:
                 dynamic.setdefault(pair, name)
     lines = []
-    for name, value in zip(user_names, values):
+    for name, value in zip(user_names, values, strict=False):
         if not isinstance(value, torch.Tensor) or value.dim() == 0:
             continue
         if (name, 0) in dynamic:
             lines.append(f"{name}.size(0): dynamic ({dynamic[(name, 0)]})")
             continue
-        symbol = next((s for src, s in origins.sources.items() if re.search(rf"\['{re.escape(name)}'\]\.size\(\)\[0\]$", src)),
-                      None)
+        symbol = origins.sources.get(f"{name}.size(0)")
         origin = origins.first_on(symbol) if symbol else None
         at = f" by {origin.expr} at {origin.where}" if origin is not None and origin.where else (
             f" by {origin.expr}" if origin is not None else "")

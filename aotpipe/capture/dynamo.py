@@ -52,8 +52,9 @@ import logging
 import re
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import torch
 import torch.fx
@@ -113,10 +114,10 @@ class _Traced:
 
     gm: torch.fx.GraphModule
     reason: Any  # torch._dynamo's GraphCompileReason
-    state_names: list[Optional[str]]  # per placeholder: the model's parameter or buffer it is
-    sources: list[Optional[str]]  # per placeholder: where dynamo read it ("L['h']")
-    values: Optional[list[Any]] = None  # per placeholder: the value of the first call
-    model_inputs: list[Optional[str]] = field(default_factory=list)  # per placeholder: the model input it is
+    state_names: list[str | None]  # per placeholder: the model's parameter or buffer it is
+    sources: list[str | None]  # per placeholder: where dynamo read it ("L['h']")
+    values: list[Any] | None = None  # per placeholder: the value of the first call
+    model_inputs: list[str | None] = field(default_factory=list)  # per placeholder: the model input it is
 
 
 @dataclass
@@ -306,7 +307,7 @@ def _fresh_dynamo() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _state_kept(model: Optional[torch.nn.Module], inputs: list[Any]) -> Iterator[None]:
+def _state_kept(model: torch.nn.Module | None, inputs: list[Any]) -> Iterator[None]:
     """The model's parameters and buffers (if a model is given), and the example inputs, as they
     were after a run that may change them (batch norm's running statistics): capture leaves them
     as it found them."""
@@ -334,7 +335,7 @@ class _Call:
 @dataclass
 class _Compiled:
     traced: list[_Traced]
-    outside: Optional[OutsideGraphs]  # None: every tensor the model computed came from a graph
+    outside: OutsideGraphs | None  # None: every tensor the model computed came from a graph
     value_reads: list[str]  # value-reading ops run outside the graphs ("aten._local_scalar_dense.default x1")
 
 
@@ -436,8 +437,8 @@ def _provenance(value: Any, state: bool, made: dict[int, tuple[int, int]], input
     return ("glue",)
 
 
-def outside_graphs(eager_ops: "collections.Counter[str]", graph_ops: "collections.Counter[str]", calls: list[_Call],
-                   results: list[tuple[Any, ...]], compile: str) -> Optional[OutsideGraphs]:
+def outside_graphs(eager_ops: collections.Counter[str], graph_ops: collections.Counter[str], calls: list[_Call],
+                   results: list[tuple[Any, ...]], compile: str) -> OutsideGraphs | None:
     """What the model computed outside its subgraphs (None: nothing), from one run of each:
 
     - ops: the ATen ops the eager model ran, less those the subgraphs ran (counted by op),
@@ -464,7 +465,7 @@ def _break_text(breaks: list[GraphBreakRecord]) -> str:
     return f" after subgraph {b.subgraph}'s graph break ({b.reason}" + (f" at {b.where}" if b.where else "") + ")" + more
 
 
-def _eager_run(model: torch.nn.Module, args: tuple, kwargs: dict, grad: bool) -> tuple[Any, "collections.Counter[str]"]:
+def _eager_run(model: torch.nn.Module, args: tuple, kwargs: dict, grad: bool) -> tuple[Any, collections.Counter[str]]:
     """The eager model's outputs, and the ATen ops it ran (by name), from one run."""
     count = _OpCount()
     with _state_kept(model, pytree.tree_leaves((args, kwargs))), torch.set_grad_enabled(grad):
@@ -583,7 +584,7 @@ def _breaks(traced: list[_Traced]) -> list[GraphBreakRecord]:
 # parameters back in place
 
 
-def _source_name(node: torch.fx.Node) -> Optional[str]:
+def _source_name(node: torch.fx.Node) -> str | None:
     source = getattr(node.meta.get("grapharg"), "source", None)
     name = getattr(source, "name", None)
     name = name() if callable(name) else name
@@ -629,7 +630,7 @@ def _lift(t: _Traced, index: int) -> _Lifted:
     return _Lifted(gm, user_names, user_values)
 
 
-def _user_name(source: Optional[str], fallback: str, taken: list[str]) -> str:
+def _user_name(source: str | None, fallback: str, taken: list[str]) -> str:
     """A subgraph user input's name: the local variable dynamo read it from ("h" for L['h'])."""
     m = _LAST_NAME.search(source or "")
     name = (m.group(1) or m.group(2)) if m else fallback
@@ -879,7 +880,7 @@ def subgraph_references(captured: CapturedGraphs) -> dict[int, Any]:
     return out
 
 
-def tangent_outputs(captured: CapturedGraphs, sg: Subgraph) -> Optional[frozenset[int]]:
+def tangent_outputs(captured: CapturedGraphs, sg: Subgraph) -> frozenset[int] | None:
     """The outputs of subgraph `sg` its joint (or backward) takes a tangent for, by index;
     None if it has neither graph."""
     g = captured.graphs.get(sg.keys.get("joint", "")) or captured.graphs.get(sg.keys.get("backward", ""))
@@ -888,7 +889,7 @@ def tangent_outputs(captured: CapturedGraphs, sg: Subgraph) -> Optional[frozense
     return frozenset(_output_index(gi.target) for gi in g.inputs if gi.role == "tangent")
 
 
-def _output_index(target: Optional[str]) -> int:
+def _output_index(target: str | None) -> int:
     m = re.fullmatch(r"output\[(\d+)\]", target or "")
     if m is None:
         raise CaptureError(f"a tangent names {target!r}, not an output of the subgraph")
@@ -913,8 +914,8 @@ def capture_auto(
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
     loss: str = DEFAULT_LOSS,
-    export: Optional[Callable[..., CapturedGraphs]] = None,
-    dynamic: Optional[DynamicDims] = None,
+    export: Callable[..., CapturedGraphs] | None = None,
+    dynamic: DynamicDims | None = None,
 ) -> CapturedGraphs:
     """capture_export (differentiating `loss`), or where its tracing fails, capture_dynamo (which
     has no loss: a tangent per output); where the model itself raises on its inputs, or a config

@@ -24,7 +24,8 @@ import re
 import sys
 import time
 import warnings
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch._functorch._aot_autograd.graph_compile as graph_compile
@@ -93,12 +94,12 @@ class _Loss(torch.nn.Module):
             raise CaptureError(str(e)) from None
 
 
-def _meta_of(node: torch.fx.Node) -> Optional[TensorMeta]:
+def _meta_of(node: torch.fx.Node) -> TensorMeta | None:
     val = node.meta.get("val")
     return TensorMeta.of(val) if isinstance(val, torch.Tensor) else None
 
 
-def _scalar_type(node: torch.fx.Node) -> Optional[type]:
+def _scalar_type(node: torch.fx.Node) -> type | None:
     val = node.meta.get("val")
     if isinstance(val, (bool, torch.SymBool)):
         return bool
@@ -126,7 +127,7 @@ def _flat_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
-def _observed_range(t: torch.Tensor) -> Optional[tuple[int, int]]:
+def _observed_range(t: torch.Tensor) -> tuple[int, int] | None:
     """[min, max + 1) of an integer tensor, None for other dtypes, empty tensors, and tensors
     without values (meta or fake: mode meta)."""
     return value_range(t)
@@ -217,7 +218,7 @@ def checks_without_effect_tokens() -> Iterator[None]:
             _register_effectful_op(op, effect)
 
 
-def materialise_lazy_modules(model: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[str]:
+def materialise_lazy_modules(model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
     """Give `model`'s lazy modules (nn.LazyLinear, LazyConv*, LazyBatchNorm*, ...) their
     parameters by one eager call on the example inputs, as every user of them does before
     anything else; a note naming them, or None where there were none.
@@ -286,7 +287,7 @@ def _capture(
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
     loss: str = DEFAULT_LOSS,
-    dynamic: Optional[DynamicDims] = None,
+    dynamic: DynamicDims | None = None,
 ) -> CapturedGraphs:
     """Trace `model` on the example inputs into the requested graph kinds; the training
     graphs differentiate `loss` (eager.model_loss) of its outputs. With `dynamic`, the sizes it
@@ -305,6 +306,8 @@ def _capture(
     # static_library_branches: torch's own branches on tensor values, static (capture/torch_branches.py)
     origins_on = dynamic_capture.guard_origins() if dynamic is not None else contextlib.nullcontext(None)
     with model_reseeds() as reseeds, static_library_branches(notes), origins_on as origins:
+        if origins is not None:
+            origins.aliases = dynamic_capture.positional_names(model, len(args), user_names)
         captured, contract, constants = _capture_graphs(model, args, kwargs, graphs, user_names, user_values,
                                                         int_ranges, notes, loss, shapes, dynamic, origins)
     dims_report: list[str] = []
@@ -312,7 +315,8 @@ def _capture(
         dynamic_capture.record_symbols(list(captured.values()), dynamic)
         dynamic_capture.freeze(list(captured.values()))
         if dynamic.auto:
-            dims_report = dynamic_capture.auto_report(list(captured.values()), user_names, user_values, origins)
+            dims_report = dynamic_capture.auto_report(list(captured.values()), user_names, user_values,
+                                                      origins or dynamic_capture.GuardOrigins())
     _refuse_reseeded_draws(reseeds, captured)
     _share_embedding_ranges(captured)
     checks = set(effectful_checks())
@@ -338,9 +342,9 @@ def _capture(
 
 def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: list[str], user_names: list[str],
                     user_values: list[Any], int_ranges: dict[str, tuple[int, int]], notes: list[str],
-                    loss: str, shapes: Any = None, dynamic: Optional[DynamicDims] = None,
-                    origins: Optional[dynamic_capture.GuardOrigins] = None,
-                    ) -> tuple[dict[str, CapturedGraph], Optional[Partition], dict[str, torch.Tensor]]:
+                    loss: str, shapes: Any = None, dynamic: DynamicDims | None = None,
+                    origins: dynamic_capture.GuardOrigins | None = None,
+                    ) -> tuple[dict[str, CapturedGraph], Partition | None, dict[str, torch.Tensor]]:
     """The graphs `_capture` asks for, the partition contract (None without training graphs)
     and the constants the graphs lift."""
     materialised = materialise_lazy_modules(model, args, kwargs)
@@ -389,7 +393,7 @@ def _share_embedding_ranges(captured: dict[str, CapturedGraph]) -> None:
     calls aten.embedding on a placeholder, and applied to the same user input (or
     buffer) in every graph, so random inputs for any of them stay in bounds.
     """
-    by_target: dict[tuple[str, Optional[str]], tuple[int, int]] = {}
+    by_target: dict[tuple[str, str | None], tuple[int, int]] = {}
     for g in captured.values():
         emb = _embedding_ranges(g.gm)
         for gi in g.inputs:
@@ -500,8 +504,8 @@ def _no_fake_state_left(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
-            notes: Optional[list[str]] = None, shapes: Any = None, dynamic: Optional[DynamicDims] = None,
-            origins: Optional[dynamic_capture.GuardOrigins] = None) -> torch.export.ExportedProgram:
+            notes: list[str] | None = None, shapes: Any = None, dynamic: DynamicDims | None = None,
+            origins: dynamic_capture.GuardOrigins | None = None) -> torch.export.ExportedProgram:
     # On failure torch.export prints the partial graph to stderr; the error is one line here.
     # What it prints on success is passed on.
     printed = io.StringIO()
@@ -532,10 +536,10 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
                 if notes is not None and note not in notes:
                     notes.append(note)
     except Exception as e:
-        refused = dynamic_capture.specialisation_error(e, dynamic, origins or dynamic_capture.GuardOrigins(), what) \
-            if dynamic is not None else None
-        if refused is not None:
-            raise refused from e
+        dims_refusal = dynamic_capture.specialisation_error(
+            e, dynamic, origins or dynamic_capture.GuardOrigins(), what) if dynamic is not None else None
+        if dims_refusal is not None:
+            raise dims_refusal from e
         raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
     sys.stderr.write(printed.getvalue())
     return ep
@@ -606,7 +610,7 @@ def _restore_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> 
 
 def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict,
                             max_guards: int = MAX_DECIDED_GUARDS, shapes: Any = None
-                            ) -> Optional[torch.export.ExportedProgram]:
+                            ) -> torch.export.ExportedProgram | None:
     """torch.export with real-tensor propagation (what ``torch.export.draft_export`` uses, at a
     tenth of its time): each data-dependent guard is decided on the example's values and left in
     the graph as a run-time assertion, for unbacked.fold_constant_sizes to accept only where it
@@ -695,7 +699,7 @@ def _inference_graph(
     user_names: list[str],
     int_ranges: dict[str, tuple[int, int]],
     state: dict[str, torch.Tensor],
-    user_values: Optional[list[Any]] = None,
+    user_values: list[Any] | None = None,
 ) -> CapturedGraph:
     """The inference graph, decomposed to core ATen; `user_values` (the example inputs) give
     data-dependent sizes their example sizes (capture/unbacked.py)."""
@@ -771,7 +775,7 @@ def _lift_constants_to_buffers(gm: torch.fx.GraphModule) -> set[str]:
     return lifted
 
 
-def _desc_target(desc: Any) -> tuple[str, Optional[str]]:
+def _desc_target(desc: Any) -> tuple[str, str | None]:
     """(role, target) of an AOTAutograd input descriptor."""
     cls = type(desc).__name__
     if cls == "ParamAOTInput":
@@ -788,7 +792,7 @@ def _desc_target(desc: Any) -> tuple[str, Optional[str]]:
 _WRAPPER_PREFIX = "model."
 
 
-def _strip(target: Optional[str]) -> Optional[str]:
+def _strip(target: str | None) -> str | None:
     return target[len(_WRAPPER_PREFIX):] if target and target.startswith(_WRAPPER_PREFIX) else target
 
 
@@ -801,7 +805,7 @@ def _training_graphs(
     state: dict[str, torch.Tensor],
     constants_out: dict[str, torch.Tensor],
     loss: str = DEFAULT_LOSS,
-    notes: Optional[list[str]] = None,
+    notes: list[str] | None = None,
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, Partition, list[str]]:
     fake_args, fake_kwargs = _fake_user_inputs(ep, args, kwargs)
     return training_graphs(ep.module(), fake_args, fake_kwargs, user_names, int_ranges, state, constants_out,
@@ -870,7 +874,7 @@ def _hold_unused_multi_outputs(joint: torch.fx.GraphModule) -> list[torch.fx.Nod
 
 
 def restore_dropped_draws(joint: torch.fx.GraphModule, fw: torch.fx.GraphModule,
-                          bw: torch.fx.GraphModule) -> Optional[str]:
+                          bw: torch.fx.GraphModule) -> str | None:
     """Put back into `fw` the random draws of the joint that neither partition kept; a note
     saying so, or None when there were none.
 
@@ -910,7 +914,7 @@ def restore_dropped_draws(joint: torch.fx.GraphModule, fw: torch.fx.GraphModule,
         fw_nodes[node.name] = new
         return new
 
-    previous: Optional[torch.fx.Node] = None  # the forward's copy of the last draw seen
+    previous: torch.fx.Node | None = None  # the forward's copy of the last draw seen
     for node in draws:
         if node.name in fw_nodes:
             previous = fw_nodes[node.name]
@@ -975,8 +979,8 @@ def training_graphs(
     state: dict[str, torch.Tensor],
     constants_out: dict[str, torch.Tensor],
     wrap: Callable[[torch.nn.Module], torch.nn.Module],
-    notes: Optional[list[str]] = None,
-    real_user_values: Optional[list[Any]] = None,
+    notes: list[str] | None = None,
+    real_user_values: list[Any] | None = None,
 ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, Partition, list[str]]:
     """Joint, forward and backward graphs of `module` (a GraphModule: plain tensor attributes
     become buffers) wrapped in `wrap`, which holds it as ``.model`` and says what the joint
@@ -1102,7 +1106,7 @@ def training_graphs(
     bw_out_node = next(n for n in bw_gm.graph.nodes if n.op == "output")
     bw_out_args = list(bw_out_node.args[0])
     bw_outputs = []
-    grad_of: list[Optional[str]] = []
+    grad_of: list[str | None] = []
     for i, arg in enumerate(bw_out_args):
         j = joint_outputs[nfo + i] if nfo + i < len(joint_outputs) else None
         target = j.target if j is not None and j.role == "grad" else None
@@ -1218,7 +1222,7 @@ def _output_from_desc(i: int, arg: Any, desc: Any, user_names: list[str]) -> Gra
     return GraphOutput(i, "none" if arg is None else "other", None, meta)
 
 
-def _user_named(desc_target: tuple[str, Optional[str]], user_names: list[str]) -> Optional[str]:
+def _user_named(desc_target: tuple[str, str | None], user_names: list[str]) -> str | None:
     """The target of a (role, target) descriptor pair, a user input's index replaced by its name."""
     role, target = desc_target
     if role == "user" and target is not None and target.isdigit() and int(target) < len(user_names):

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from aotpipe.artifact.load import Artifact, GraphArtifact, load
 from aotpipe.checks.written import _Checker, settled_counts
+from aotpipe.errors import ArtifactError
 from aotpipe.format import limits
 from aotpipe.format.graph_keys import graph_key, key_order, parse_graph_key
-from aotpipe.errors import ArtifactError
 from aotpipe.format.records import CheckTotals, DimRecord, DimsRecord, NodeValue, SizeCheckRecord, SymbolRecord
 from aotpipe.format.symbolic import evaluate
 from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
@@ -85,8 +85,17 @@ def dimensions(spec: ModelSpec, symbols: dict[str, SymbolRecord], auto_report: l
                                   sources=symbols[sym].sources or sources)
         else:
             out[name] = DimRecord(min=d.min, max=d.max, example=d.size, status="specialised", sources=sources,
-                                  reason="no graph keeps it symbolic (captured at the example size)")
+                                  reason=f"specialised to {d.size}: no graph keeps it symbolic")
     return out
+
+
+def static_dims(spec: ModelSpec, reason: str) -> DimsRecord:
+    """The manifest's `dims` of a capture that kept every size at the example's (`reason`: why)."""
+    dims = {name: DimRecord(min=d.min, max=d.max, example=d.size, status="specialised", reason=reason,
+                            sources=[f"{inp.name or f'arg{i}'}.size({k})" for i, inp in enumerate(spec.inputs)
+                                     for k, n in enumerate(inp.dims) if n == name])
+            for name, d in spec.dims.items()}
+    return DimsRecord(auto_dims=spec.auto_dims, dims=dims)
 
 
 def _graph_bytes(ga: GraphArtifact, sizes: dict[str, int]) -> int:
@@ -111,7 +120,7 @@ def _fits(art: Artifact, sizes: dict[str, int], budget: int) -> bool:
 
 
 def check_points(dims: dict[str, DimRecord], art: Artifact, seed: int, budget: int
-                 ) -> list[tuple[str, dict[str, int], Optional[str]]]:
+                 ) -> list[tuple[str, dict[str, int], str | None]]:
     """(point, sizes by dimension, note) to check: min, max (within the budget) and a random
     size in range; the example is held by the written checks."""
     dynamic = {k: d for k, d in dims.items() if d.status == "dynamic" and d.symbol is not None}
@@ -145,23 +154,23 @@ def check_points(dims: dict[str, DimRecord], art: Artifact, seed: int, budget: i
         if drawn not in (low, high, example):
             break
         drawn = {k: rng.randint(low[k], high[k]) for k in dynamic}
-    points: list[tuple[str, dict[str, int], Optional[str]]] = [("min", low, None), ("max", high, note)]
+    points: list[tuple[str, dict[str, int], str | None]] = [("min", low, None), ("max", high, note)]
     if drawn not in (low, high, example):
         points.append(("random", drawn, None))
     return points
 
 
 def _bind(ga: GraphArtifact, state: dict[str, Any], user: dict[str, Any], sizes: dict[str, int],
-          saved: Optional[list[Any]]) -> list[Any]:
+          saved: list[Any] | None) -> list[Any]:
     """A graph's inputs at `sizes`: model tensors by target, the user inputs drawn at those sizes
     by name, tangents and sizes computed from the symbols, a backward's saved values."""
     out: list[Any] = []
     for rec in ga.record.inputs:
         where = f"{ga.folder.name} input {rec.name}"
         if rec.role in ("param", "buffer", "constant"):
-            out.append(state[rec.target])
+            out.append(state[str(rec.target)])
         elif rec.role == "user":
-            out.append(user[rec.target])
+            out.append(user[str(rec.target)])
         elif rec.role == "tangent":
             shape = [evaluate(s, sizes, where) for s in (rec.sym_shape or rec.shape or [])]
             stride = [evaluate(s, sizes, where) for s in (rec.sym_stride or rec.stride or [])]
@@ -177,13 +186,13 @@ def _bind(ga: GraphArtifact, state: dict[str, Any], user: dict[str, Any], sizes:
 
 def check_at(art: Artifact, spec: ModelSpec, model: torch.nn.Module, example_inputs: Any, constants: dict[str, Any],
              user_names: list[str], dims: dict[str, DimRecord], point: str, sizes: dict[str, int],
-             note: Optional[str]) -> SizeCheckRecord:
+             note: str | None) -> SizeCheckRecord:
     """Every graph of `art` run at `sizes` (by dimension) and checked against eager there."""
     by_name = {k: v for k, v in sizes.items() if not spec.auto_dims}
     at_spec = spec.at(by_name) if not spec.auto_dims else _auto_spec(spec, dims, sizes)
     args, kwargs = example_inputs(at_spec)
-    user = dict(zip(user_names, pytree.tree_leaves((args, kwargs))))
-    symbols = {dims[k].symbol: v for k, v in sizes.items() if dims[k].symbol is not None}
+    user = dict(zip(user_names, pytree.tree_leaves((args, kwargs)), strict=False))
+    symbols = {str(dims[k].symbol): v for k, v in sizes.items() if dims[k].symbol is not None}
     state = model_state(model, constants)
     eager = EagerReference(model, args, kwargs, constants, user_names, loss=spec.loss)
     has_loss = art.manifest.capture.options.get("loss", "sum") in LOSSES
@@ -202,12 +211,11 @@ def check_at(art: Artifact, spec: ModelSpec, model: torch.nn.Module, example_inp
         try:
             saved = None
             if ga.kind == GraphKind.BACKWARD:
-                fw = outs.get(graph_key("forward", sub))
-                if fw is None:
+                saved = outs.get(graph_key("forward", sub))
+                if saved is None:
                     raise ValueError("the forward graph did not run")
-                saved = fw
             values = expand_outputs(ga.record, run_graph(ga.module, _bind(ga, state, user, symbols, saved)))
-        except Exception as e:  # noqa: BLE001 - the graph does not run at these sizes: a problem, said
+        except Exception as e:  # the graph does not run at these sizes: a problem, said
             problems.append(f"{key} graph does not run: {accuracy_line(e)}")
             continue
         outs[key] = values
@@ -250,7 +258,7 @@ def _auto_spec(spec: ModelSpec, dims: dict[str, DimRecord], sizes: dict[str, int
 
 def check_sizes(folder: Any, spec: ModelSpec, model: torch.nn.Module, example_inputs: Any,
                 constants: dict[str, Any], user_names: list[str], auto_report: list[str], *,
-                budget: Optional[int] = None, trust_ops: Any = (), own_capture: bool = False) -> DimsRecord:
+                budget: int | None = None, trust_ops: Any = (), own_capture: bool = False) -> DimsRecord:
     """The manifest's `dims` for the written `folder`: each dimension's status, and every graph
     checked at min, max and a random size (see the module's doc)."""
     budget = budget if budget is not None else DEFAULT_BUDGET_BYTES

@@ -28,7 +28,7 @@ marked "version 1" below.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias, TypeVar, get_args
 
 from pydantic import (
     BaseModel,
@@ -55,7 +55,7 @@ from aotpipe.format.vocabulary import KindField, StatusField
 # Each set of values a field may take is a Literal, and its tuple is read from it: a type
 # checker reads the Literal, pydantic validates by it, and the code tests membership in the tuple.
 
-FORMAT_VERSION = 4
+FORMAT_VERSION: Final = 4
 # Version 3 records the capture's environment and the evidence replay judges other machines by.
 # Version 4: shape-polymorphic graphs (symbolic sizes beside the example's, the manifest's dims).
 ReadableVersion = Literal[1, 2, 3, 4]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from aotpipe.errors import ArtifactError
 

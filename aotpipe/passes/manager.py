@@ -268,7 +268,10 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> Appl
             val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
             meta = TensorMeta.of(val) if isinstance(val, torch.Tensor) and val.device.type != "meta" else go.meta
             outputs.append(GraphOutput(go.index, go.role, go.target, meta))
-        derived = DerivedGraph(key, chain_name(ran), CapturedGraph(kind, final.gm, final.inputs, outputs),
+        # A shape-polymorphic graph's symbols carry over: the size checks run the derived graph at
+        # other sizes too, so a pass that fixed a size shows there, named by the chain.
+        derived = DerivedGraph(key, chain_name(ran), CapturedGraph(kind, final.gm, final.inputs, outputs,
+                                                                   symbols=dict(g.symbols), guards=list(g.guards)),
                                [untimed(r) for r in records])
         captured.derived[derived.key] = derived
         inputs[derived.key] = final.values

@@ -8,6 +8,7 @@ resolved into each model, dtypes are checked, sources are checked to import.
 from __future__ import annotations
 
 import re
+import types
 from pathlib import Path
 from typing import Any, Literal, Optional, Union, get_args, get_origin
 
@@ -24,6 +25,7 @@ from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, pa
 from aotpipe.spec import (  # noqa: F401 (inputs_data's checks, beside)
     DTYPES,
     ZOO_PREFIX,
+    DimsField,
     DimSpec,
     ExecutorSpec,
     InputEntry,
@@ -60,7 +62,7 @@ class Defaults(Strict):
                        "(torch.compile with a capturing backend: graphs per subgraph, graph breaks recorded); "
                        "meta (export of the model built on the meta device: shapes only, no values, no memory)")
     graphs: list[KindField] = Field(list(GRAPH_KINDS), description="graph kinds to save")
-    passes: Union[str, list[Union[str, dict[str, Any]]]] = Field(
+    passes: str | list[str | dict[str, Any]] = Field(
         [], description="pass chain: names (freeze) or {name: {options}}; each applies to `graphs:` "
         "(default [inference]); or a named chain: cpu-fast")
     save_inputs: bool = Field(True, description="save example inputs and reference outputs")
@@ -74,8 +76,8 @@ class Defaults(Strict):
         "non-uniform weight (1 + sum over dimensions d of ((3 i_d + d) mod 7) / 8), so no gradient is zero merely "
         "because the loss is constant; sum, of their elements' sum; or mean, of their mean (gradients seeded with "
         "1/numel, as a mean-reduced training loss)")
-    dims: Optional[Union[Literal["auto"], dict[str, DimSpec]]] = Field(
-        None, description="named dynamic dimensions, each {min, max, example}: an input's shape names them "
+    dims: DimsField | None = Field(
+        default=None, description="named dynamic dimensions, each {min, max, example}: an input's shape names them "
         "([batch, seq]) and every graph is captured with that size symbolic, checked at min, example and max; or "
         "auto: every input's leading dimension dynamic, reported as dynamic or specialised (a model's dims add to "
         "and override the defaults')")
@@ -90,37 +92,37 @@ class ModelEntry(Strict):
                                     "'torch-module:<name>' (an entry of torch's op_db / module_db: args {sample: K} "
                                     "picks its sample, which supplies the inputs)")
     args: dict[str, Any] = Field({}, description="keyword arguments for a module:callable source")
-    config: Optional[dict[str, Any]] = Field(None, description="transformers config fields for an hf: source")
-    inputs: Optional[list[InputEntry]] = Field(
+    config: dict[str, Any] | None = Field(None, description="transformers config fields for an hf: source")
+    inputs: list[InputEntry] | None = Field(
         None, description="example inputs (required, except for torch-op and torch-module sources, whose sample "
         "supplies them)")
-    forward_args: Optional[dict[str, Any]] = Field(
+    forward_args: dict[str, Any] | None = Field(
         None, description="keyword arguments of forward that are not tensors (flags, numbers, strings, lists of "
         "them), by name or path (batch.train): constants of the captured graphs")
-    device: Optional[str] = Field(
+    device: str | None = Field(
         None, description="where the model and its inputs are captured: cpu (the default), cuda or cuda:N (a GPU "
         "this machine has)")
 
     @field_validator("device")
     @classmethod
-    def _device_form(cls, v: Optional[str]) -> Optional[str]:
+    def _device_form(cls, v: str | None) -> str | None:
         problem = device_problem(v) if v is not None else None
         if problem is not None:
             raise ValueError(problem)
         return v
-    mode: Optional[Mode] = None
-    graphs: Optional[list[KindField]] = None
-    passes: Optional[Union[str, list[Union[str, dict[str, Any]]]]] = None
-    save_inputs: Optional[bool] = None
-    save_values: Optional[Literal["minimal", "full"]] = None
-    verify: Optional[bool] = None
-    loss: Optional[Loss] = None
-    dims: Optional[Union[Literal["auto"], dict[str, DimSpec]]] = Field(
-        None, description="named dynamic dimensions, each {min, max, example}: an input's shape names them "
+    mode: Mode | None = None
+    graphs: list[KindField] | None = None
+    passes: str | list[str | dict[str, Any]] | None = None
+    save_inputs: bool | None = None
+    save_values: Literal["minimal", "full"] | None = None
+    verify: bool | None = None
+    loss: Loss | None = None
+    dims: DimsField | None = Field(
+        default=None, description="named dynamic dimensions, each {min, max, example}: an input's shape names them "
         "([batch, seq]) and every graph is captured with that size symbolic, checked at min, example and max; or "
         "auto: every input's leading dimension dynamic, reported as dynamic or specialised (a model's dims add to "
         "and override the defaults')")
-    resources: Optional[ResourceSpec] = Field(
+    resources: ResourceSpec | None = Field(
         None, description="this model's own CPUs, GPUs, memory and time limit (override the executor's)")
 
     @field_validator("name")
@@ -274,7 +276,7 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     """The field names accepted at `loc` (a pydantic error location), for hints."""
     t: Any = model
     for part in loc:
-        while get_origin(t) in (Union, Optional) or str(get_origin(t)) == "types.UnionType":
+        while get_origin(t) in (Union, types.UnionType):
             args = [a for a in get_args(t) if a is not type(None)]
             t = args[0]
         if isinstance(part, int):
@@ -284,7 +286,7 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
             t = t.model_fields[part].annotation
         else:
             return []
-    while get_origin(t) in (Union, Optional) or str(get_origin(t)) == "types.UnionType":
+    while get_origin(t) in (Union, types.UnionType):
         t = [a for a in get_args(t) if a is not type(None)][0]
     if isinstance(t, type) and issubclass(t, BaseModel):
         return list(t.model_fields)
@@ -482,13 +484,13 @@ def output_problem(output: str | Path) -> str | None:
     return None
 
 
-def _output_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline") -> list[Problem]:
+def _output_problems(path: str, lines: dict[tuple, int], pipeline: Pipeline) -> list[Problem]:
     """`output:` (relative to the working directory, as run reads it) naming a file."""
     msg = output_problem(pipeline.output) or output_problem(Path(pipeline.output) / pipeline.name)
     return [Problem(path, lines.get(("output",)), "output", msg)] if msg else []
 
 
-def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
+def _model_problems(path: str, lines: dict[tuple, int], pipeline: Pipeline, base_dir: Path | None) -> list[Problem]:
     """What importing and building each model shows: `args` its callable does not take (or of
     another type than it annotates), `config:` keys its transformers config class does not
     take, a build that fails (heads that do not divide the hidden size), and integer input
@@ -533,7 +535,7 @@ def _model_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", ba
     return problems
 
 
-def _input_problems(path: str, lines: dict[tuple, int], pipeline: "Pipeline", base_dir: Path | None) -> list[Problem]:
+def _input_problems(path: str, lines: dict[tuple, int], pipeline: Pipeline, base_dir: Path | None) -> list[Problem]:
     """Inputs beyond random tensors (aotpipe/models/inputs_data.py): input paths that clash, `key`
     without `data`, and data that cannot be read or is not the declared tensor."""
     from aotpipe.models.inputs_data import call_template, device_unavailable, is_structured, load_input_tensor  # torch
@@ -659,20 +661,21 @@ def _dims_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Pr
     loaded input (data:), none with dims: auto or a mode that captures static sizes, and every
     dimension a model declares itself used by one of its inputs."""
     problems = []
-    models = data.get("models") if isinstance(data.get("models"), list) else []
-    defaults = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
+    models: list[RawYaml] = data.get("models") if isinstance(data.get("models"), list) else []
+    defaults: dict[str, RawYaml] = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
     for i, m in enumerate(models):
         if not isinstance(m, dict):
             continue
         auto, declared = _declared_dims(defaults, m)
         mode = m.get("mode", defaults.get("mode", "auto"))
-        if (auto or declared) and mode == "dynamo":
-            where = ("models", i, "dims") if "dims" in m else ("defaults", "dims")
-            problems.append(Problem(path, _line_for(lines, where), f"models[{i}].dims",
-                                    "mode dynamo captures static sizes; use mode export, meta or auto for dims, "
+        if (auto or declared) and mode in ("dynamo", "meta"):
+            dims_at = ("models", i, "dims") if "dims" in m else ("defaults", "dims")
+            problems.append(Problem(path, _line_for(lines, dims_at), f"models[{i}].dims",
+                                    f"mode {mode} captures static sizes; use mode export or auto for dims, "
                                     "or remove dims for this model"))
         used: set[str] = set()
-        inputs = m.get("inputs") if isinstance(m.get("inputs"), list) else []
+        raw_inputs = m.get("inputs")
+        inputs: list[RawYaml] = raw_inputs if isinstance(raw_inputs, list) else []
         for j, inp in enumerate(inputs):
             shape = inp.get("shape") if isinstance(inp, dict) else None
             names = [(k, d) for k, d in enumerate(shape) if isinstance(d, str)] if isinstance(shape, list) else []
@@ -692,7 +695,8 @@ def _dims_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Pr
                                             f"names dimension {name!r}, but the input is loaded from data: (one fixed "
                                             "size); write its sizes as numbers, or draw it (remove data)"))
                 used.add(name)
-        own = m.get("dims") if isinstance(m.get("dims"), dict) else {}
+        raw_dims = m.get("dims")
+        own: dict[str, RawYaml] = raw_dims if isinstance(raw_dims, dict) else {}
         for name in own:
             if name not in used and inputs:
                 problems.append(Problem(path, _line_for(lines, ("models", i, "dims", name)), f"models[{i}].dims.{name}",
@@ -715,7 +719,7 @@ def _pass_chains(path: str, lines: dict[tuple, int], data: RawYaml) -> tuple[lis
             problems.append(Problem(path, _line_for(lines, loc), _field_path(loc), chain_problem(passes)))
         elif isinstance(passes, (str, list)):
             found, entries = len(problems), expand_chain(passes)
-            steps: list[tuple[int, Optional[PassStep]]] = []
+            steps: list[tuple[int, PassStep | None]] = []
             for j, entry in enumerate(entries):
                 if not isinstance(entry, (str, dict)):
                     continue  # pydantic already reports the wrong type
@@ -733,7 +737,7 @@ def _pass_chains(path: str, lines: dict[tuple, int], data: RawYaml) -> tuple[lis
     return problems, chains
 
 
-def _source_problems(path: str, sources: list[tuple[int, Optional[int], str]],
+def _source_problems(path: str, sources: list[tuple[int, int | None, str]],
                      base_dir: Path | None) -> list[Problem]:
     """Problems of (index, line, source) entries whose source does not resolve (imports them)."""
     from aotpipe.models.sources import check_source  # torch: kept off the torch-free path
@@ -750,7 +754,7 @@ def _source_problems(path: str, sources: list[tuple[int, Optional[int], str]],
     return problems
 
 
-def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
+def check_sources(pipeline: Pipeline, specs: list[ModelSpec]) -> None:
     """Raise ConfigError (file:line) if the source of any of `specs` cannot be found.
 
     `aotpipe run` loads a pipeline without importing its sources, and checks those of the
@@ -763,7 +767,7 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
 
     base_dir = Path(pipeline.path).resolve().parent if Path(pipeline.path).exists() else None
     problems = []
-    hf_classes: Optional[set[str]] = None
+    hf_classes: set[str] | None = None
     for s in specs:
         i, line = pipeline.source_lines.get(s.name, (0, None))
         msg = None
@@ -800,7 +804,7 @@ def check_sources(pipeline: "Pipeline", specs: list["ModelSpec"]) -> None:
 
 
 def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
-             source_lines: dict[str, tuple[int, Optional[int]]]) -> Pipeline:
+             source_lines: dict[str, tuple[int, int | None]]) -> Pipeline:
     d = f.defaults
     models = []
     for i, m in enumerate(f.models):

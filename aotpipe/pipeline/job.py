@@ -18,9 +18,10 @@ import shutil
 import signal
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any
 
 from aotpipe.artifact.fsio import TMP_PREFIX
 from aotpipe.errors import AotpipeError, CaptureError, SourceError, exception_line
@@ -33,10 +34,10 @@ from aotpipe.pipeline.results import (
     GraphSummary,
     ModelResult,
     checks_summary,
-    sizes_text,
     eager_cells,
     is_partial,
     outside_graphs_lines,
+    sizes_text,
     verification_summary,
     written_manifest,
 )
@@ -138,7 +139,7 @@ def _capture(job: ModelJob) -> None:
         if inp.is_integer
     }
     dynamic = DynamicDims(ranges={n: (d.min, d.max) for n, d in spec.dims.items()},
-                          inputs={n: tuple(inp.dims) for n, inp in zip(names, spec.inputs) if inp.dims},
+                          inputs={n: tuple(inp.dims) for n, inp in zip(names, spec.inputs, strict=True) if inp.dims},
                           auto=spec.auto_dims) if spec.dynamic else None
     request = CaptureRequest(job.built_model(), job.args, job.kwargs, name=spec.name, graphs=tuple(job.kinds or spec.graphs),
                              input_names=tuple(names), int_ranges=ranges, loss=spec.loss, dynamic=dynamic)
@@ -283,8 +284,13 @@ def _check_values(job: ModelJob, folder: Path) -> Any:
     job.pass_problems.extend(mc.pass_failures)
     # Where eager took the traced branch (eager.traced_branches): into the manifest's notes.
     captured.notes.extend(n for n in getattr(job.eager, "notes", []) if n not in captured.notes)
-    if spec.dynamic and not captured.subgraphs:
+    if spec.dynamic and captured.mode == "export":
         _check_sizes(job, folder, mc)
+    elif spec.dynamic:  # auto fell back to dynamo, which captures the example's sizes
+        from aotpipe.checks.sizes import static_dims  # torch
+
+        mc.outcome.dims = static_dims(spec, f"specialised: captured by {captured.mode} at the example sizes "
+                                            "(export failed)")
     return mc.outcome
 
 
@@ -301,6 +307,9 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
                        budget=int(memory * 2**30 / 2) if memory else None, trust_ops=spec.trusted_ops,
                        own_capture=True)
     mc.outcome.dims = dims
+    if not spec.auto_dims:  # a named dimension is a promise: one no graph keeps symbolic fails the model
+        mc.problems += [f"dims: {name} is static in every graph ({d.reason})" for name, d in dims.dims.items()
+                        if d.status != "dynamic"]
     for c in dims.checked:
         at = ", ".join(f"{k}={v}" for k, v in c.sizes.items())
         mc.problems += [f"at {c.point} ({at}): {p}" for p in c.problems[:2]]
@@ -318,7 +327,7 @@ STAGES: tuple[tuple[Stage, Callable[[ModelJob], None], Callable[[ModelJob], bool
 
 
 def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False,
-              key: Path | None = None, beside: Optional[bool] = None) -> ModelResult:
+              key: Path | None = None, beside: bool | None = None) -> ModelResult:
     """Build, capture, write and check one model, unless its artefact is up to date.
 
     With a signing `key`, the artefact is signed as it is written, and one on disk counts
@@ -351,7 +360,7 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
     return result
 
 
-def _attempt(job: ModelJob, run: Optional[Callable[[ModelJob], None]] = None) -> None:
+def _attempt(job: ModelJob, run: Callable[[ModelJob], None] | None = None) -> None:
     """`run` (default: the job's stages) with the job's settings; a model's own failure is
     recorded in its result, never raised."""
     try:
@@ -391,7 +400,7 @@ BESIDE_KINDS = (GraphKind.INFERENCE,)
 BESIDE_MIN_MODULES = 100
 
 
-def beside_kinds(spec: ModelSpec, beside: Optional[bool] = None) -> Optional[tuple[list[GraphKind], list[GraphKind]]]:
+def beside_kinds(spec: ModelSpec, beside: bool | None = None) -> tuple[list[GraphKind], list[GraphKind]] | None:
     """(the kinds a second process captures, the kinds this one does) when the job may split
     so, else None: mode meta, no pass chain, both an inference and a training graph asked
     for, and `beside` true, or None and the job has two cores or more (it then splits if the
@@ -624,7 +633,7 @@ _LOST_BACKWARD = ("the model's torch.autograd.Function(s) {names} have a backwar
                   "does not keep (it traces their forward, and AOTAutograd differentiates that instead)")
 
 
-def _run_stages(job: ModelJob, fallback: Optional[str] = None) -> None:
+def _run_stages(job: ModelJob, fallback: str | None = None) -> None:
     for name, run, needed in STAGES:
         if needed(job):
             job.at(name)
@@ -668,7 +677,7 @@ def _stage(spec: ModelSpec, stage: Stage) -> Stage:
 
 def _said_what_next(spec: ModelSpec, stage: str, error: str, e: BaseException) -> str:
     """A capture failure's line with what to try next (capture/hints.py); other stages' as they are."""
-    if stage != Stage.CAPTURE:
+    if stage != Stage.CAPTURE or error.startswith("dims: "):  # a dimension's refusal says its own fix
         return error
     from aotpipe.capture.hints import chain_text, with_hint  # torch (the capture package)
 

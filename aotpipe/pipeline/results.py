@@ -11,7 +11,6 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
 
 from pydantic import ConfigDict, Field
 
@@ -45,8 +44,8 @@ class ModelResult(ModelRun):
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
-    traceback: Optional[str] = Field(default=None, exclude=True)
-    sizes: Optional[str] = Field(default=None, exclude=True)  # a shape-polymorphic capture's dims, briefly (sizes_text)
+    traceback: str | None = Field(default=None, exclude=True)
+    sizes: str | None = Field(default=None, exclude=True)  # a shape-polymorphic capture's dims, briefly (sizes_text)
 
     def to_record(self) -> ModelRun:
         """run.json's record of this model (without the traceback)."""
@@ -73,14 +72,14 @@ class RunResult:
     cleaned: list[str] = field(default_factory=list)
     executor: str = "local"
     workers: int = 1
-    shard: Optional[ShardRecord] = None  # with --shard
+    shard: ShardRecord | None = None  # with --shard
     recycled: list[RecycledWorker] = field(default_factory=list)  # workers the process executor replaced
-    merge: Optional[MergeRecord] = None  # written by `aotpipe merge`
+    merge: MergeRecord | None = None  # written by `aotpipe merge`
     allow_partial: bool = False  # `run --allow-partial`: a partial model does not make the run fail
     stamp: RunStamp = field(default_factory=new_stamp)  # this run (run.json's "run")
-    listed: Optional[list[ModelRun]] = None  # every entry run.json lists, in pipeline order
+    listed: list[ModelRun] | None = None  # every entry run.json lists, in pipeline order
     dropped: list[DroppedModel] = field(default_factory=list)  # entries of the run.json before, not listed now
-    previous: Optional[str] = None  # why the run.json before could not be read (nothing was kept from it)
+    previous: str | None = None  # why the run.json before could not be read (nothing was kept from it)
 
     def _ok(self, models: list[ModelRun] | list[ModelResult]) -> bool:
         gaps = self.merge is not None and bool(self.merge.missing or self.merge.duplicated)
@@ -103,7 +102,7 @@ class RunResult:
         return self._ok(self.entries())
 
 
-def eager_cell(checks: Optional[GraphChecks]) -> Optional[EagerCell]:
+def eager_cell(checks: GraphChecks | None) -> EagerCell | None:
     """A graph's checks in brief: counts, the worst error as a multiple of eager's own."""
     if checks is None:
         return None
@@ -124,7 +123,7 @@ def sizes_text(dims: DimsRecord) -> str:
     dynamic; checked at min, max, random: 93/93"."""
     dynamic = [f"{k} {d.min}..{d.max if d.max is not None else 'inf'}" for k, d in dims.dims.items()
                if d.status == "dynamic"]
-    fixed = [f"{k} specialised ({d.reason})" for k, d in dims.dims.items() if d.status != "dynamic"]
+    fixed = [f"{k} {d.reason}" for k, d in dims.dims.items() if d.status != "dynamic"]
     text = ", ".join(dynamic) + (" dynamic" if dynamic else "")
     text += ("; " if text and fixed else "") + "; ".join(fixed)
     if dims.checked:
@@ -136,7 +135,7 @@ def sizes_text(dims: DimsRecord) -> str:
     return text
 
 
-def checks_summary(manifest: Manifest) -> Optional[CheckSummary]:
+def checks_summary(manifest: Manifest) -> CheckSummary | None:
     """The model's checks in brief: counts, and the reasons for every skipped one (None: the
     manifest records no checks)."""
     if manifest.checks is None:
@@ -176,7 +175,7 @@ def failed_last_time(manifest: Manifest) -> bool:
                 or manifest.pass_failures)
 
 
-def why_failed(manifest: Manifest) -> Optional[str]:
+def why_failed(manifest: Manifest) -> str | None:
     """One line saying why the run that wrote an artefact failed it (see failed_last_time), or None."""
     problems = sorted(verification_summary(manifest).problems, key=lambda p: key_order(p.split(" ", 1)[0]))
     if problems:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from aotpipe.format.limits import extent
 from aotpipe.format.ir import size_hint
+from aotpipe.format.limits import extent
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class StorageGroup:
     numel: int
 
 
-def storage_groups(values: list[Any]) -> tuple[list[StorageGroup], list[Optional[int]]]:
+def storage_groups(values: list[Any]) -> tuple[list[StorageGroup], list[int | None]]:
     """Group tensors that share a storage (and dtype); returns groups and each value's group.
 
     Works for real and fake tensors alike. Tensors of different dtypes over one storage are
@@ -29,7 +29,7 @@ def storage_groups(values: list[Any]) -> tuple[list[StorageGroup], list[Optional
     """
     groups: list[StorageGroup] = []
     index: dict[tuple, int] = {}
-    member: list[Optional[int]] = []
+    member: list[int | None] = []
     for v in values:
         if not isinstance(v, torch.Tensor):
             member.append(None)
@@ -50,9 +50,9 @@ def storage_groups(values: list[Any]) -> tuple[list[StorageGroup], list[Optional
     return groups, member
 
 
-def storage_base(values: list[Any], member: list[Optional[int]], groups: list[StorageGroup]) -> list[torch.Tensor]:
+def storage_base(values: list[Any], member: list[int | None], groups: list[StorageGroup]) -> list[torch.Tensor]:
     """Per group, a 1-D tensor of the group's storage elements [0, numel), from its members."""
-    bases: list[Optional[torch.Tensor]] = [None] * len(groups)
+    bases: list[torch.Tensor | None] = [None] * len(groups)
     for v, k in zip(values, member):
         if k is not None and bases[k] is None:
             bases[k] = v.detach().as_strided((groups[k].numel,), (1,), 0)
@@ -65,7 +65,7 @@ def view_of(base: torch.Tensor, shape: list[int], stride: list[int], offset: int
 
 
 def random_storage(
-    group: StorageGroup, generator: torch.Generator, int_range: Optional[tuple[int, int]] = None
+    group: StorageGroup, generator: torch.Generator, int_range: tuple[int, int] | None = None
 ) -> torch.Tensor:
     """Random contents for a storage: N(0,1) floats, integers in `int_range`, random bools."""
     n = group.numel
@@ -114,7 +114,7 @@ def tangent(shape: Any, stride: Any, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype).copy_(loss_weights(tuple(shape), dtype))
 
 
-def value_range(t: torch.Tensor) -> Optional[tuple[int, int]]:
+def value_range(t: torch.Tensor) -> tuple[int, int] | None:
     """[min, max + 1) of an integer tensor's values; None for floats, complex, bools, empty
     tensors and tensors without values (meta, fake). The wide unsigned dtypes (uint16, uint32,
     uint64: ``aten.hash_tensor``'s output), which torch's min and max do not take, are read

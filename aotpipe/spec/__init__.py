@@ -13,9 +13,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from aotpipe.format.vocabulary import KindField
 
@@ -46,7 +46,7 @@ _INPUT_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*((\.[A-Za-z_][A-Za-z0-9_]*)|(\[
 _PATH_PART = re.compile(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]")
 
 
-def path_problem(name: str) -> Optional[str]:
+def path_problem(name: str) -> str | None:
     """Why `name` is not an input path (``x``, ``batch.ids``, ``past[0][1]``); None when it is."""
     if _INPUT_PATH.fullmatch(name):
         return None
@@ -54,7 +54,7 @@ def path_problem(name: str) -> Optional[str]:
             "past[0][1]")
 
 
-def parse_path(name: str) -> list[Union[str, int]]:
+def parse_path(name: str) -> list[str | int]:
     """The parts of an input path: keys as str, tuple positions as int."""
     return [key if key else int(index) for key, index in _PATH_PART.findall(name)]
 
@@ -89,7 +89,7 @@ def is_callable_data(data: str) -> bool:
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 
-def device_problem(device: str) -> Optional[str]:
+def device_problem(device: str) -> str | None:
     """Why `device:` is not one aotpipe captures on (cpu, cuda, cuda:N); None when it is."""
     if _DEVICE.fullmatch(device):
         return None
@@ -105,29 +105,29 @@ class Strict(BaseModel):
 class _InputFields(Strict):
     """What an example input is, but its shape: the YAML's input entry and the resolved spec share it."""
 
-    name: Optional[str] = Field(None, description="keyword argument name; positional when absent")
-    shape: list[Union[int, str]] = Field(description="tensor shape, e.g. [8, 3, 32, 32]; a size may name a "
+    name: str | None = Field(None, description="keyword argument name; positional when absent")
+    shape: list[int | str] = Field(description="tensor shape, e.g. [8, 3, 32, 32]; a size may name a "
                                          "dimension of dims: ([batch, seq])")
     dtype: str = Field("float32", description="one of: " + ", ".join(DTYPES))
-    low: Optional[Union[int, float]] = Field(
+    low: int | float | None = Field(
         None, description="lowest value (inclusive); integers default to 0, floats are N(0, 1) when unset"
     )
-    high: Optional[Union[int, float]] = Field(
+    high: int | float | None = Field(
         None, description="highest value (exclusive); integers default to 2"
     )
     requires_grad: bool = Field(
         False, description="a floating-point input that needs its gradient: the backward and joint graphs then "
         "give it, and the checks compare it against eager's")
-    data: Optional[str] = Field(
+    data: str | None = Field(
         None, description="load the tensor instead of drawing it: a .pt, .safetensors or .npy file (relative to the "
         "pipeline file; a .pt is read with weights_only) or a module:function returning it; its shape and dtype "
         "must be the ones declared here")
-    key: Optional[str] = Field(None, description="with data: the name of the tensor in a file or returned mapping "
+    key: str | None = Field(None, description="with data: the name of the tensor in a file or returned mapping "
                                "that holds several")
 
     @field_validator("name")
     @classmethod
-    def _input_path(cls, v: Optional[str]) -> Optional[str]:
+    def _input_path(cls, v: str | None) -> str | None:
         problem = path_problem(v) if v is not None else None
         if problem is not None:
             raise ValueError(problem)
@@ -141,7 +141,7 @@ class _InputFields(Strict):
         return DTYPES[v]
 
     @model_validator(mode="after")
-    def _low_below_high(self) -> "_InputFields":
+    def _low_below_high(self) -> _InputFields:
         if self.dtype == "bool" or (self.low is None and self.high is None):
             return self
         integer = self.is_integer
@@ -167,7 +167,7 @@ class InputSpec(_InputFields):
 
     shape: list[int] = Field(  # type: ignore[assignment]  # the resolved form: numbers only, in its place
         description="tensor shape at the example sizes, e.g. [8, 3, 32, 32]")
-    dims: list[Optional[str]] = Field([], description="per dimension: the named dimension it is (dynamic), or "
+    dims: list[str | None] = Field([], description="per dimension: the named dimension it is (dynamic), or "
                                       "null (static); empty: every dimension static")
 
     @field_validator("shape")
@@ -177,9 +177,10 @@ class InputSpec(_InputFields):
             raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
         return v
 
-    def at(self, sizes: dict[str, int]) -> "InputSpec":
+    def at(self, sizes: dict[str, int]) -> InputSpec:
         """This input with its named dimensions at `sizes` (those not given keep the example's)."""
-        shape = [sizes.get(d, s) if d is not None else s for s, d in zip(self.shape, self.dims or [None] * len(self.shape))]
+        named = self.dims or [None] * len(self.shape)
+        shape = [sizes.get(d, s) if d is not None else s for s, d in zip(self.shape, named, strict=True)]
         return InputSpec(**{**{f: getattr(self, f) for f in type(self).model_fields}, "shape": shape})
 
 
@@ -189,7 +190,7 @@ class InputEntry(_InputFields):
 
     @field_validator("shape")
     @classmethod
-    def _sizes_or_names(cls, v: list[Union[int, str]]) -> list[Union[int, str]]:
+    def _sizes_or_names(cls, v: list[int | str]) -> list[int | str]:
         if any(isinstance(d, int) and d < 0 for d in v):
             raise ValueError(f"shape {v} has a negative size; sizes must be >= 0")
         bad = [d for d in v if isinstance(d, str) and not d.isidentifier()]
@@ -209,12 +210,12 @@ class DimSpec(Strict):
 
     min: int = Field(ge=1, description="smallest size (checked at capture)")
     max: int = Field(ge=1, description="largest size (checked at capture, within the memory limit)")
-    example: Optional[int] = Field(
+    example: int | None = Field(
         None, description=f"the size the example inputs have; at least {MIN_DIM_EXAMPLE} (torch specialises sizes "
         f"0 and 1 while tracing); default: the smallest size in range that is at least {MIN_DIM_EXAMPLE}")
 
     @model_validator(mode="after")
-    def _in_range(self) -> "DimSpec":
+    def _in_range(self) -> DimSpec:
         if self.min > self.max:
             raise ValueError(f"min {self.min} is above max {self.max}; set min at most max")
         if self.example is not None and not self.min <= self.example <= self.max:
@@ -233,14 +234,25 @@ class DimSpec(Strict):
         return self.example if self.example is not None else max(self.min, MIN_DIM_EXAMPLE)
 
 
+def _dims_branch(v: Any) -> str:
+    return "auto" if isinstance(v, str) else "named"
+
+
+# The YAML's `dims:`: named dimensions, or auto. Discriminated, so a mistake in a dimension is
+# reported once, as that dimension's, not also as "should be 'auto'".
+DimsField = Annotated[
+    Annotated[Literal["auto"], Tag("auto")] | Annotated[dict[str, DimSpec], Tag("named")],
+    Discriminator(_dims_branch)]
+
+
 class ResourceSpec(Strict):
     """What one model asks of the worker it runs in (process and ray executors)."""
 
-    num_cpus: Optional[float] = Field(None, gt=0, description="CPUs to reserve (ray); default 1")
-    num_gpus: Optional[float] = Field(None, ge=0, description="GPUs to reserve (ray); default 0")
-    memory_gb: Optional[float] = Field(
+    num_cpus: float | None = Field(None, gt=0, description="CPUs to reserve (ray); default 1")
+    num_gpus: float | None = Field(None, ge=0, description="GPUs to reserve (ray); default 0")
+    memory_gb: float | None = Field(
         None, gt=0, description="memory: the worker's limit (process: killed above it) and reservation (ray)")
-    timeout_s: Optional[float] = Field(None, gt=0, description="time limit for this model (process, ray)")
+    timeout_s: float | None = Field(None, gt=0, description="time limit for this model (process, ray)")
 
 
 class ExecutorSpec(Strict):
@@ -250,20 +262,20 @@ class ExecutorSpec(Strict):
         "process", description="process: each model in a worker process, isolated (default); local: in this "
         "process, one after another; ray: Ray tasks on a cluster (the ray extra)")
     workers: int = Field(1, ge=1, description="models run at once (process)")
-    timeout_s: Optional[float] = Field(
+    timeout_s: float | None = Field(
         None, gt=0, description="per-model time limit in seconds; a model past it is killed and reported "
         "(process, ray)")
-    memory_gb: Optional[float] = Field(
+    memory_gb: float | None = Field(
         None, gt=0, description="per-model memory limit: a worker whose resident memory passes it is killed and "
         "the model reported (process); the memory reserved per task (ray)")
     num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per model (ray)")
     num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per model (ray)")
-    address: Optional[str] = Field(
+    address: str | None = Field(
         None, description="Ray cluster address (ray); default $RAY_ADDRESS, else a local Ray instance")
-    max_models_per_worker: Optional[int] = Field(
+    max_models_per_worker: int | None = Field(
         None, ge=1, description="replace a worker after it has run this many models (process; Ray: its max_calls); default: never, "
         "a worker lives for the whole run")
-    recycle_memory_gb: Optional[float] = Field(
+    recycle_memory_gb: float | None = Field(
         None, gt=0, description="replace a worker, after the model it ran, when its resident memory has grown by "
         "more than this many GiB since it started (process), so that one model's leak does not push later ones "
         "over memory_gb; default: none, but with memory_gb set a worker whose resident memory is over half of it "
@@ -291,7 +303,7 @@ class ModelSpec(Strict):
     name: str
     source: str
     args: dict[str, Any]
-    config: Optional[dict[str, Any]]
+    config: dict[str, Any] | None
     inputs: list[InputSpec]
     mode: Mode
     graphs: list[KindField]
@@ -304,12 +316,12 @@ class ModelSpec(Strict):
     trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
     # Non-tensor keyword arguments of forward, by name or path (baked into the graphs).
     forward_args: dict[str, Any] = {}
-    device: Optional[str] = None  # where capture runs: cuda or cuda:N; None: the CPU
+    device: str | None = None  # where capture runs: cuda or cuda:N; None: the CPU
     # Named dynamic dimensions the inputs use (InputSpec.dims); auto_dims: every input's leading one.
     dims: dict[str, DimSpec] = {}
     auto_dims: bool = False
     # Where and with what it runs; not part of what it produces (nor of its fingerprint).
-    resources: Optional[ResourceSpec] = None
+    resources: ResourceSpec | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact.
@@ -336,7 +348,7 @@ class ModelSpec(Strict):
         """Whether the graphs are captured with dynamic sizes (named dims, or dims: auto)."""
         return bool(self.dims) or self.auto_dims
 
-    def at(self, sizes: dict[str, int]) -> "ModelSpec":
+    def at(self, sizes: dict[str, int]) -> ModelSpec:
         """This spec with its inputs at `sizes` (named dimension -> size)."""
         return ModelSpec(**{**{f: getattr(self, f) for f in type(self).model_fields},
                             "inputs": [inp.at(sizes) for inp in self.inputs]})
@@ -352,4 +364,4 @@ class Pipeline(Strict):
     executor: ExecutorSpec
     models: list[ModelSpec]
     # Per model: its index in `models:` and the line of its source (for errors found later).
-    source_lines: dict[str, tuple[int, Optional[int]]] = {}
+    source_lines: dict[str, tuple[int, int | None]] = {}

@@ -6,8 +6,9 @@ capture, to see that nothing changed. The capture modules take their options fro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from aotpipe.spec.registry import by_name, resolve
 
@@ -62,7 +63,7 @@ class CaptureMode:
     takes_loss: bool = True  # its training graphs differentiate `loss:` (dynamo's joint takes a tangent per output)
     values: bool = True  # False: shapes only: no weights nor inputs stored, no passes, checked on fake tensors
     via_export: bool = True  # it traces with torch.export (what a capture failure's hint says)
-    tries_first: Optional[str] = None  # a mode whose capture it tries first, passed as the keyword of that name
+    tries_first: str | None = None  # a mode whose capture it tries first, passed as the keyword of that name
 
     def function(self, which: str = "capture") -> Callable[..., Any]:
         """The mode's `capture`, `build` or `example_inputs` function (imports it, and torch)."""
@@ -89,7 +90,7 @@ class DynamicDims:
     every input's leading dimension, as torch finds it can be (no names, no ranges)."""
 
     ranges: dict[str, tuple[int, int]]
-    inputs: dict[str, tuple[Optional[str], ...]]
+    inputs: dict[str, tuple[str | None, ...]]
     auto: bool = False
 
 
@@ -107,7 +108,7 @@ class CaptureRequest:
     input_names: tuple[str, ...]
     int_ranges: dict[str, tuple[int, int]]
     loss: str = DEFAULT_LOSS
-    dynamic: Optional[DynamicDims] = None  # None: every size static
+    dynamic: DynamicDims | None = None  # None: every size static
 
 
 # The one table of capture modes (spec.Mode lists the same names for the YAML's schema).

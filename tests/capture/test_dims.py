@@ -1,0 +1,337 @@
+"""Shape-polymorphic capture (`dims:`): every graph kind keeps the named sizes symbolic, is
+checked at the min, the max and a random size, and a model that cannot be dynamic in a
+dimension is refused in one line naming the dimension, torch's reason and the model's line."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from aotpipe.cli import main
+from aotpipe.errors import ConfigError
+from aotpipe.format import records
+from aotpipe.pipeline.config import parse_pipeline
+
+MODELS = ("mlp", "small_cnn", "tiny_transformer")
+KINDS = ("inference", "forward", "backward", "joint")
+
+
+def _manifest(root: Path, model: str) -> records.Manifest:
+    return records.read(records.Manifest, root / model / records.MANIFEST, root / model)[1]
+
+
+def _graph(root: Path, model: str, kind: str) -> tuple[dict, dict]:
+    folder = next((root / model).glob(f"{model}_{kind}_0"))
+    return json.loads((folder / "graph.json").read_text()), json.loads((folder / "inputs.json").read_text())
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_kind_is_written_with_symbolic_sizes(dynamic_run, model):
+    root, _ = dynamic_run
+    manifest = _manifest(root, model)
+    assert manifest.format_version == records.FORMAT_VERSION == 4
+    dims = manifest.dims
+    assert dims is not None and all(d.status == "dynamic" for d in dims.dims.values())
+    wanted = {"batch", "seq"} if model == "tiny_transformer" else {"batch"}
+    assert set(dims.dims) == wanted
+    for kind in KINDS:
+        graph, inputs = _graph(root, model, kind)
+        assert graph["format_version"] == 3
+        named = {s["dim"] for s in graph["symbols"].values()}
+        assert wanted <= named, (kind, graph["symbols"])
+        batch = dims.dims["batch"]
+        rec = graph["symbols"][batch.symbol]
+        assert (rec["min"], rec["max"], rec["example"]) == (batch.min, batch.max, batch.example)
+        # a layout in the symbols beside the example's; the .input file keeps the example sizes
+        sym = [i for i in inputs["inputs"] if i.get("sym_shape")]
+        assert sym and all(len(i["sym_shape"]) == len(i["shape"]) for i in sym)
+        assert any(batch.symbol in str(i["sym_shape"]) for i in sym)
+    user = next(i for i in _graph(root, model, "inference")[1]["inputs"] if i["role"] == "user")
+    assert user["sym_shape"][0] == dims.dims["batch"].symbol and user["shape"][0] == dims.dims["batch"].example
+
+
+def test_the_backward_takes_its_sizes_as_symbolic_ints(dynamic_run):
+    root, _ = dynamic_run
+    _, inputs = _graph(root, "tiny_transformer", "backward")
+    sizes = [i for i in inputs["inputs"] if i["role"] == "symint"]
+    assert sizes and all(i["sym_value"] for i in sizes)
+    assert any("*" in i["sym_value"] for i in sizes)  # e.g. batch * seq, computed at replay
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_graph_passes_its_checks_at_min_max_and_a_random_size(dynamic_run, model):
+    root, result = dynamic_run
+    dims = _manifest(root, model).dims
+    points = {c.point: c for c in dims.checked}
+    assert {"min", "max"} <= set(points)
+    for name, d in dims.dims.items():
+        assert points["min"].sizes[name] == d.min and points["max"].sizes[name] == d.max
+    for c in dims.checked:
+        assert not c.problems, c.problems
+        assert c.checks.run > 0 and c.checks.passed == c.checks.run
+        # every graph ran there, the pass chain's too, and left digests for replay to compare with
+        keys = set(_manifest(root, model).graphs)
+        assert set(c.digests) == keys
+    assert f"{model}" in result.output and "checked at min, max" in result.output
+
+
+def test_a_static_pipeline_keeps_its_fingerprint_and_has_no_dims(quickstart_run):
+    root, _ = quickstart_run
+    manifest = _manifest(root, "mlp")
+    assert manifest.dims is None
+    assert "dims" not in manifest.model.model_dump() and "auto_dims" not in manifest.model.model_dump()
+    _, inputs = _graph(root, "mlp", "inference")
+    assert not any("sym_shape" in i for i in inputs["inputs"])
+
+
+# ---------------------------------------------------------------------------------------
+# models that cannot be dynamic: one line, naming the dimension, torch's reason and the line
+
+MODEL_CODE = '''
+import torch
+
+class LiteralView(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc(x).view(4, -1)
+
+class SizeBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        if x.shape[0] > 8:
+            return self.fc(x) * 2
+        return self.fc(x)
+
+def literal_view():
+    return LiteralView()
+
+def size_branch():
+    return SizeBranch()
+'''
+
+
+def _run(tmp_path: Path, models: str, defaults: str = "dims: {batch: {min: 1, max: 64, example: 4}}"):
+    (tmp_path / "shapes_models.py").write_text(MODEL_CODE)
+    (tmp_path / "p.yaml").write_text(textwrap.dedent(f"""\
+        version: 1
+        name: p
+        output: {tmp_path / 'out'}
+        executor: {{kind: local}}
+        defaults:
+          mode: export
+          {defaults}
+        models:
+        """) + textwrap.indent(textwrap.dedent(models), "  "))
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "--no-progress", "--no-sign"])
+    runs = json.loads((tmp_path / "out" / "p" / "run.json").read_text())["models"]
+    return result, {m["name"]: m for m in runs}
+
+
+def test_a_literal_size_view_is_refused_naming_the_dimension_and_the_line(tmp_path):
+    result, runs = _run(tmp_path, """\
+        - name: lit
+          source: shapes_models:literal_view
+          inputs: [{shape: [batch, 32]}]
+        """)
+    assert result.exit_code != 0
+    error = runs["lit"]["error"]
+    assert "\n" not in error
+    assert error.startswith("dims: batch (arg0.size(0)) cannot be dynamic in [1, 64]")
+    assert "the model fixes it to 4" in error
+    assert "shapes_models.py:10 (`return self.fc(x).view(4, -1)`)" in error
+    assert "make batch static (write 4 in the shape)" in error
+    assert "mode: auto" not in error  # its own fix, not capture's generic hint
+    assert not (tmp_path / "out" / "p" / "lit").exists()
+
+
+def test_a_branch_on_the_size_is_refused_with_the_range_that_works(tmp_path):
+    _, runs = _run(tmp_path, """\
+        - name: branch
+          source: shapes_models:size_branch
+          inputs: [{shape: [batch, 32]}]
+        """)
+    error = runs["branch"]["error"]
+    assert "the model only runs for 2 <= arg0.size(0) and arg0.size(0) <= 8" in error
+    assert "shapes_models.py:18 (`if x.shape[0] > 8:`)" in error
+    assert "narrow the range (batch: {max: 8} under dims:)" in error
+
+
+def test_the_branch_model_captures_once_the_range_is_narrowed(tmp_path):
+    # just inside the bound torch derived: dynamic, checked at 1 and 8
+    _, runs = _run(tmp_path, """\
+        - name: branch
+          source: shapes_models:size_branch
+          inputs: [{shape: [batch, 32]}]
+        """, defaults="dims: {batch: {min: 1, max: 8, example: 4}}")
+    assert runs["branch"]["status"] == "ok", runs["branch"].get("error")
+    dims = _manifest(tmp_path / "out" / "p", "branch").dims
+    assert {c.point: c.sizes["batch"] for c in dims.checked if c.point != "random"} == {"min": 1, "max": 8}
+
+
+def test_dims_auto_reports_what_stayed_dynamic_and_what_was_specialised(tmp_path):
+    result, runs = _run(tmp_path, """\
+        - name: lit
+          source: shapes_models:literal_view
+          inputs: [{shape: [4, 32]}]
+        - name: mlp
+          source: aotpipe.zoo:mlp
+          inputs: [{shape: [4, 32]}]
+        """, defaults="dims: auto")
+    assert result.exit_code == 0, result.output
+    lit = _manifest(tmp_path / "out" / "p", "lit").dims
+    assert lit.auto_dims and lit.dims["arg0.size(0)"].status == "specialised"
+    assert "specialised to 4 by Eq(" in lit.dims["arg0.size(0)"].reason
+    assert "shapes_models.py:10" in lit.dims["arg0.size(0)"].reason
+    assert not lit.checked  # nothing dynamic: nothing to check at other sizes
+    mlp = _manifest(tmp_path / "out" / "p", "mlp").dims
+    d = mlp.dims["arg0.size(0)"]
+    assert d.status == "dynamic" and d.max is None  # torch's own range: unbounded
+    assert {c.point for c in mlp.checked} >= {"min", "max"} and all(not c.problems for c in mlp.checked)
+    assert "arg0.size(0) 2..inf dynamic" in result.output
+
+
+def test_a_graph_that_is_not_polymorphic_fails_the_size_checks(tmp_path, monkeypatch):
+    """The checks at other sizes are what hold the claim: an inference graph quietly captured at
+    the example's sizes (torch.export given no dynamic shapes for it) fails at the min."""
+    from aotpipe.capture import export
+
+    real = export._export
+
+    def inference_static(model, args, kwargs, what, notes=None, shapes=None, *rest):
+        return real(model, args, kwargs, what, notes, None if what == "inference" else shapes, *rest)
+
+    monkeypatch.setattr(export, "_export", inference_static)
+    _, runs = _run(tmp_path, """\
+        - name: tt
+          source: aotpipe.zoo:tiny_transformer
+          dims: {seq: {min: 4, max: 32, example: 16}}
+          inputs:
+            - {name: input_ids, shape: [batch, seq], dtype: int64, high: 1000}
+        """)
+    assert runs["tt"]["status"] == "failed"
+    assert runs["tt"]["stage"] == "verify"
+    assert runs["tt"]["error"].startswith("at min (batch=1, seq=4): inference graph does not run")
+
+
+def test_a_named_dimension_no_graph_keeps_is_a_failure(tmp_path, monkeypatch):
+    """torch accepted the range but every graph came out static: the dims were not honoured."""
+    from aotpipe.capture import dynamic
+
+    monkeypatch.setattr(dynamic, "export_shapes", lambda *a, **k: None)
+    _, runs = _run(tmp_path, """\
+        - name: mlp
+          source: aotpipe.zoo:mlp
+          inputs: [{shape: [batch, 32]}]
+        """)
+    assert runs["mlp"]["status"] == "failed"
+    assert "dims: batch is static in every graph" in runs["mlp"]["error"]
+
+
+# ---------------------------------------------------------------------------------------
+# the YAML: each mistake one line with its place and fix
+
+BASE = """\
+version: 1
+name: t
+defaults:
+  mode: export
+  dims: {batch: {min: 1, max: 16, example: 4}}
+models:
+  - name: m
+    source: aotpipe.zoo:mlp
+"""
+
+
+def _problems(text: str) -> list:
+    with pytest.raises(ConfigError) as e:
+        parse_pipeline(text, "p.yaml", check_sources=False)
+    return e.value.problems
+
+
+@pytest.mark.parametrize("dims, message", [
+    ("{min: 5, max: 4, example: 4}", "min 5 is above max 4; set min at most max"),
+    ("{min: 1, max: 16, example: 17}", "example 17 is outside [1, 16]; pick an example in range"),
+    ("{min: 1, max: 16, example: 0}", "example 0 is outside [1, 16]"),
+    ("{min: 1, max: 16, example: 1}", "example 1 is below 2: torch specialises sizes 0 and 1 while tracing"),
+    ("{min: 1, max: 1}", "max 1 leaves no example size of 2 or more"),
+    ("{min: 0, max: 16, example: 4}", "greater than or equal to 1"),
+])
+def test_a_bad_range_is_one_line_with_its_place(dims, message):
+    text = BASE.replace("dims: {batch: {min: 1, max: 16, example: 4}}", f"dims: {{batch: {dims}}}") + \
+        "    inputs: [{shape: [batch, 32]}]\n"
+    (p,) = _problems(text)
+    assert p.line == 5 and p.field.startswith("defaults.dims")
+    assert message in p.message
+
+
+def test_the_boundaries_of_a_range_are_accepted():
+    for dims, example in (("{min: 2, max: 2}", 2), ("{min: 1, max: 16, example: 16}", 16), ("{min: 1, max: 16}", 2)):
+        text = BASE.replace("{batch: {min: 1, max: 16, example: 4}}", f"{{batch: {dims}}}") + \
+            "    inputs: [{shape: [batch, 32]}]\n"
+        (m,) = parse_pipeline(text, "p.yaml", check_sources=False).models
+        assert m.inputs[0].shape == [example, 32] and m.inputs[0].dims == ["batch", None]
+
+
+def test_an_undeclared_dimension_is_named_with_its_line():
+    (p,) = _problems(BASE + "    inputs: [{shape: [batch, seq]}]\n")
+    assert (p.line, p.field) == (9, "models[0].inputs[0].shape[1]")
+    assert p.message.startswith("names dimension 'seq', which dims: does not declare; declare it")
+
+
+def test_a_dimension_on_loaded_data_is_refused():
+    (p,) = _problems(BASE + "    inputs: [{shape: [batch, 32], data: x.pt}]\n")
+    assert "loaded from data:" in p.message
+
+
+@pytest.mark.parametrize("mode", ["dynamo", "meta"])
+def test_a_mode_that_captures_static_sizes_is_refused(mode):
+    (p,) = _problems(BASE.replace("mode: export", f"mode: {mode}") + "    inputs: [{shape: [batch, 32]}]\n")
+    assert p.message.startswith(f"mode {mode} captures static sizes")
+
+
+def test_a_model_dimension_no_input_names_is_refused():
+    (p,) = _problems(BASE + "    dims: {seq: {min: 1, max: 8}}\n    inputs: [{shape: [batch, 32]}]\n")
+    assert p.field == "models[0].dims.seq" and "no input's shape names it" in p.message
+
+
+def test_auto_with_a_named_size_is_refused():
+    (p,) = _problems(BASE + "    dims: auto\n    inputs: [{shape: [batch, 32]}]\n")
+    assert "dims: auto picks the dynamic dimensions itself" in p.message
+
+
+def test_model_dims_add_to_and_override_the_defaults():
+    text = BASE + "    dims: {batch: {min: 2, max: 8}, seq: {min: 4, max: 64, example: 8}}\n" \
+                  "    inputs: [{shape: [batch, seq]}]\n"
+    (m,) = parse_pipeline(text, "p.yaml", check_sources=False).models
+    assert {k: (d.min, d.max, d.size) for k, d in m.dims.items()} == {"batch": (2, 8, 2), "seq": (4, 64, 8)}
+    assert m.inputs[0].shape == [2, 8]
+    assert m.to_json()["dims"] == {"batch": {"min": 2, "max": 8, "example": None},
+                                   "seq": {"min": 4, "max": 64, "example": 8}}
+    assert m.at({"batch": 5}).inputs[0].shape == [5, 8]
+
+
+def test_a_torch_symbolic_size_is_read_without_specialising():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from aotpipe.format.ir import TensorMeta, size_expr, size_hint
+
+    env = ShapeEnv()
+    mode = torch._subclasses.fake_tensor.FakeTensorMode(shape_env=env)
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    t = mode.from_tensor(torch.empty(4, 3), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]), source=ConstantSource("x"))
+    meta = TensorMeta.of(t)
+    assert meta.shape == (4, 3) and meta.sym_shape is not None and isinstance(meta.sym_shape[0], str)
+    assert size_hint(t.shape[0]) == 4 and isinstance(size_expr(t.shape[0]), str)
+    assert not env.guards  # reading the layout added no guard
