@@ -365,12 +365,16 @@ def schema(artifact: bool) -> None:
               help="Replay in this process without the sandbox: only for artefacts you made yourself or "
                    "otherwise trust (a hostile graph can crash or corrupt this process). Default: "
                    "$AOTPIPE_NO_SANDBOX.")
+@click.option("--sizes", default=None, metavar="DIM=N[,DIM=N]", callback=lambda ctx, param, v: _parse_sizes(v),
+              help="Replay a shape-polymorphic artefact at these sizes (named dimensions, e.g. batch=7,seq=33; "
+                   "the others at the example's): compared with the capture's size check at those sizes, if "
+                   "it made one; else the graphs run and their output shapes are checked.")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @_user_errors
 @_byte_limit
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
            chain: bool, threads: int | None, trust_code: bool, trust_ops: tuple[str, ...], key: str | None,
-           no_sandbox: bool, as_json: bool) -> None:
+           no_sandbox: bool, sizes: dict[str, int] | None, as_json: bool) -> None:
     """Replay the graphs of the artefact at PATH and compare with what was recorded.
 
     The graphs run in a sandboxed worker (bubblewrap: no network, a read-only filesystem,
@@ -381,14 +385,18 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
       aotpipe replay artifacts/quickstart/mlp
       aotpipe replay artifacts/quickstart/mlp --graph forward --chain
       aotpipe replay artifacts/quickstart/mlp --threads 1
+      aotpipe replay out/dyn/mlp --sizes batch=7
     """
     from pathlib import Path
 
+    if sizes is not None and (bench or chain):
+        raise click.UsageError("--sizes replays the graphs alone: --bench and --chain run at the example sizes; "
+                               "drop one or the other")
     p = Path(path)
     _artefact_folder(p)
     failed = _failed_at_capture(model_folder(p))
-    opts = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
-                threads=threads, trust_code=trust_code, trust_ops=trust_ops)
+    opts: dict[str, Any] = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
+                                threads=threads, trust_code=trust_code, trust_ops=trust_ops, sizes=sizes)
     decision = decide_sandbox([p], key=key, no_sandbox=no_sandbox)
     in_process = decision.in_process
     if decision.why and key is not None:  # without --key, the sandbox is simply the default
@@ -411,6 +419,8 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
     if as_json:
         click.echo(json.dumps(outcome.to_json(), indent=2, sort_keys=True))
     else:
+        for n in outcome.notes:
+            _say(f"note: {n}")
         width = max([10] + [len(r.kind) for r in results])
         for r in results:
             line = f"{r.kind:<{width}} {r.verdict:<9} ({r.inputs} inputs)"
@@ -421,6 +431,8 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
                 line += "  bit-identical"
             elif r.max_abs_error is not None:  # element-wise, over the elements compared (see the lines below)
                 line += f"  max abs error {r.max_abs_error:.3g}"
+            if r.status == "ran" and r.shapes:
+                line += f"  {_output_shapes(r.shapes)}"
             line += f"  {r.seconds * 1e3:.2f} ms"
             if r.bench_seconds is not None:
                 line += f"  median of {bench}: {r.bench_seconds * 1e3:.3f} ms"
@@ -443,6 +455,28 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
         if no_eager:
             _say(f"note: no eager comparison: {no_eager}", err=True)
     sys.exit(0 if ok else 1)
+
+
+def _parse_sizes(value: str | None) -> dict[str, int] | None:
+    """--sizes `name=N[,name=N]` as {name: N}; a usage error naming the fix otherwise."""
+    if value is None:
+        return None
+    out: dict[str, int] = {}
+    for part in value.split(","):
+        name, eq, size = part.strip().partition("=")
+        if not eq or not name.strip() or not size.strip().isdigit():
+            raise click.BadParameter(f"{part.strip()!r} is not DIM=N; write e.g. --sizes batch=7,seq=33")
+        if name.strip() in out:
+            raise click.BadParameter(f"{name.strip()} is given twice; give each dimension once")
+        out[name.strip()] = int(size)
+    return out
+
+
+def _output_shapes(shapes: list[list[int] | None]) -> str:
+    """The first outputs' shapes, for a replay at other sizes: "outputs [7, 10], [7, 64], ... (9)"."""
+    tensors = [s for s in shapes if s is not None]
+    shown = ", ".join(str(s) for s in tensors[:3])
+    return f"outputs {shown}{f', ... ({len(tensors)})' if len(tensors) > 3 else ''}"
 
 
 def _artefact_folder(p: Any) -> None:

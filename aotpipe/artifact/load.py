@@ -145,8 +145,24 @@ class GraphArtifact:
         except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
             raise ArtifactError(f"{self.folder / INPUTS_JSON}: malformed ({exception_line(e)})") from None
 
-    def _saved_inputs(self, forward_outputs: Optional[list[Any]]) -> list[Any]:
-        bases: list[Optional[torch.Tensor]] = []
+    def model_tensors(self) -> dict[str, Any]:
+        """Its parameters, buffers and lifted constants as stored, by target: what binds a
+        graph at other sizes (the user inputs change with the sizes; these do not)."""
+        if not self.has_saved_values:
+            raise ArtifactError(f"{self.folder}: no saved inputs (the model ran with save_inputs: false)")
+        model = [r for r in self.record.inputs if r.role in ("param", "buffer", "constant")]
+        check_record_bytes(self.record.storages, model, self.folder / INPUTS_JSON)
+        try:
+            values = build_inputs(model, self._bases())
+            return {r.target or r.name: v for r, v in zip(model, values, strict=True)}
+        except ArtifactError:
+            raise
+        except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as e:
+            raise ArtifactError(f"{self.folder / INPUTS_JSON}: malformed ({exception_line(e)})") from None
+
+    def _bases(self) -> list[torch.Tensor | None]:
+        """Each storage's stored elements (None where it has none)."""
+        bases: list[torch.Tensor | None] = []
         for s in self.record.storages:
             if not s.blob:
                 bases.append(None)
@@ -155,6 +171,10 @@ class GraphArtifact:
             if t.dtype != decode_dtype(s.dtype) or t.numel() != s.numel:
                 raise ArtifactError(f"{self.folder}: blob {s.blob[:12]} does not match its storage record")
             bases.append(t)
+        return bases
+
+    def _saved_inputs(self, forward_outputs: Optional[list[Any]]) -> list[Any]:
+        bases = self._bases()
         if forward_outputs is None and any(r.source == "forward" for r in self.record.inputs):
             if self.upstream is None:
                 raise ArtifactError(f"{self.folder}: its saved activations come from the forward graph, "

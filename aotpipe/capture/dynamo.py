@@ -74,6 +74,7 @@ from aotpipe.format.records import GraphBreakRecord, OutsideGraphs, Partition
 from aotpipe.format.source_files import relative_file
 from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import EagerReference, SubgraphReference
+from aotpipe.models.sources import user_input_names
 from aotpipe.runtime.determinism import run_reproducibly
 from aotpipe.runtime.tensors import tangent
 from aotpipe.spec.modes import DEFAULT_LOSS, DYNAMO_OPTIONS, DynamicDims
@@ -165,7 +166,7 @@ def _capture(
     dynamo fails or compiles no graph.
     """
     start = time.perf_counter()
-    model_names = _export._user_input_names(args, kwargs, input_names)
+    model_names = user_input_names(args, kwargs, input_names)
     model_values = pytree.tree_leaves((args, kwargs))
     ranges = dict(int_ranges or {})
     for n, v in zip(model_names, model_values):

@@ -64,6 +64,7 @@ from aotpipe.format.ir import (
 from aotpipe.format.source_files import relative_file
 from aotpipe.format.vocabulary import GRAPH_KINDS, TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import NoLossError, model_loss
+from aotpipe.models.sources import user_input_names
 from aotpipe.runtime.determinism import derived_seed, op_draws_random
 from aotpipe.runtime.tensors import ones, value_range
 from aotpipe.spec.modes import DEFAULT_LOSS, EXPORT_OPTIONS, DynamicDims
@@ -143,17 +144,6 @@ def _embedding_ranges(gm: torch.fx.GraphModule) -> dict[str, tuple[int, int]]:
                 rows = weight.meta["val"].shape[0]
                 out[indices.name] = (0, int(rows))
     return out
-
-
-def _user_input_names(args: tuple, kwargs: dict, names: list[str]) -> list[str]:
-    """Names of the flattened (args, kwargs) leaves, in pytree order."""
-    by_id = {}
-    leaves_args = list(args)
-    for i, t in enumerate(leaves_args):
-        by_id[id(t)] = names[i] if i < len(names) else f"arg{i}"
-    for k, t in kwargs.items():
-        by_id[id(t)] = k
-    return [by_id.get(id(t), f"input{i}") for i, t in enumerate(pytree.tree_leaves((args, kwargs)))]
 
 
 def capture_export(*args: Any, **kwargs: Any) -> CapturedGraphs:
@@ -294,7 +284,7 @@ def _capture(
     names stay symbolic in every graph (capture/dynamic.py)."""
     start = time.perf_counter()
     int_ranges = dict(int_ranges or {})
-    user_names = _user_input_names(args, kwargs, input_names)
+    user_names = user_input_names(args, kwargs, input_names)
     user_values = pytree.tree_leaves((args, kwargs))
     for n, v in zip(user_names, user_values):
         if n not in int_ranges and isinstance(v, torch.Tensor):

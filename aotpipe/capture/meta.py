@@ -39,7 +39,7 @@ from aotpipe.capture import export as _export_mod
 from aotpipe.errors import CaptureError, SourceError, exception_line
 from aotpipe.format.ir import CapturedGraphs
 from aotpipe.models.inputs_data import is_structured
-from aotpipe.models.sources import build_model
+from aotpipe.models.sources import build_model, user_input_names
 from aotpipe.runtime.global_state import preserved
 from aotpipe.spec.modes import DEFAULT_LOSS, META_OPTIONS
 
@@ -198,7 +198,7 @@ def capture_meta(
     """
     device = torch.device(device)
     int_ranges = dict(int_ranges or {})
-    user_names = _export_mod._user_input_names(args, kwargs, input_names)
+    user_names = user_input_names(args, kwargs, input_names)
     for n, v in zip(user_names, pytree.tree_leaves((args, kwargs))):
         if isinstance(v, torch.Tensor) and not v.is_meta and not isinstance(v, FakeTensor) and n not in int_ranges:
             r = _export_mod._observed_range(v)

@@ -35,10 +35,10 @@ from aotpipe.format.symbolic import evaluate
 from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import EagerReference, model_state
 from aotpipe.replay.run import chain_problems, expand_outputs
+from aotpipe.replay.sizes import bind_at_sizes, capture_symbols, draw_user_inputs
 from aotpipe.runtime import accuracy
 from aotpipe.runtime.determinism import derived_seed
 from aotpipe.runtime.execution import run_graph
-from aotpipe.runtime.tensors import tangent
 from aotpipe.spec import ModelSpec
 from aotpipe.spec.modes import LOSSES
 
@@ -46,17 +46,6 @@ from aotpipe.spec.modes import LOSSES
 DEFAULT_BUDGET_BYTES = 4 << 30
 _ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2,
              "float32": 4, "float64": 8, "complex64": 8, "complex128": 16}
-
-
-def capture_symbols(art: Artifact) -> dict[str, SymbolRecord]:
-    """Every symbol any graph of the artefact records, by name (graph.json, version 3)."""
-    out: dict[str, SymbolRecord] = {}
-    for ga in art.graphs.values():
-        if ga.graph is not None and ga.graph.symbols:
-            for name, rec in ga.graph.symbols.items():
-                if name not in out or (rec.sources and not out[name].sources):
-                    out[name] = rec
-    return out
 
 
 def dimensions(spec: ModelSpec, symbols: dict[str, SymbolRecord], auto_report: list[str]) -> dict[str, DimRecord]:
@@ -160,39 +149,13 @@ def check_points(dims: dict[str, DimRecord], art: Artifact, seed: int, budget: i
     return points
 
 
-def _bind(ga: GraphArtifact, state: dict[str, Any], user: dict[str, Any], sizes: dict[str, int],
-          saved: list[Any] | None) -> list[Any]:
-    """A graph's inputs at `sizes`: model tensors by target, the user inputs drawn at those sizes
-    by name, tangents and sizes computed from the symbols, a backward's saved values."""
-    out: list[Any] = []
-    for rec in ga.record.inputs:
-        where = f"{ga.folder.name} input {rec.name}"
-        if rec.role in ("param", "buffer", "constant"):
-            out.append(state[str(rec.target)])
-        elif rec.role == "user":
-            out.append(user[str(rec.target)])
-        elif rec.role == "tangent":
-            shape = [evaluate(s, sizes, where) for s in (rec.sym_shape or rec.shape or [])]
-            stride = [evaluate(s, sizes, where) for s in (rec.sym_stride or rec.stride or [])]
-            out.append(tangent(shape, stride, getattr(torch, rec.dtype or "float32")))
-        elif rec.source == "forward" and saved is not None and rec.forward_output is not None:
-            out.append(saved[rec.forward_output])
-        elif rec.role == "symint" and rec.sym_value is not None:
-            out.append(evaluate(rec.sym_value, sizes, where))
-        else:
-            raise ValueError(f"{where}: cannot bind a {rec.role} input at other sizes")
-    return out
-
-
 def check_at(art: Artifact, spec: ModelSpec, model: torch.nn.Module, example_inputs: Any, constants: dict[str, Any],
              user_names: list[str], dims: dict[str, DimRecord], point: str, sizes: dict[str, int],
              note: str | None) -> SizeCheckRecord:
     """Every graph of `art` run at `sizes` (by dimension) and checked against eager there."""
-    by_name = {k: v for k, v in sizes.items() if not spec.auto_dims}
-    at_spec = spec.at(by_name) if not spec.auto_dims else _auto_spec(spec, dims, sizes)
-    args, kwargs = example_inputs(at_spec)
+    args, kwargs = draw_user_inputs(spec, dims, sizes, example_inputs)
     user = dict(zip(user_names, pytree.tree_leaves((args, kwargs)), strict=False))
-    symbols = {str(dims[k].symbol): v for k, v in sizes.items() if dims[k].symbol is not None}
+    symbols = {s: v for k, v in sizes.items() if (s := dims[k].symbol) is not None}
     state = model_state(model, constants)
     eager = EagerReference(model, args, kwargs, constants, user_names, loss=spec.loss)
     has_loss = art.manifest.capture.options.get("loss", "sum") in LOSSES
@@ -214,7 +177,7 @@ def check_at(art: Artifact, spec: ModelSpec, model: torch.nn.Module, example_inp
                 saved = outs.get(graph_key("forward", sub))
                 if saved is None:
                     raise ValueError("the forward graph did not run")
-            values = expand_outputs(ga.record, run_graph(ga.module, _bind(ga, state, user, symbols, saved)))
+            values = expand_outputs(ga.record, run_graph(ga.module, bind_at_sizes(ga, state, user, symbols, saved)))
         except Exception as e:  # the graph does not run at these sizes: a problem, said
             problems.append(f"{key} graph does not run: {accuracy_line(e)}")
             continue
@@ -242,18 +205,6 @@ def check_at(art: Artifact, spec: ModelSpec, model: torch.nn.Module, example_inp
 def accuracy_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
-
-
-def _auto_spec(spec: ModelSpec, dims: dict[str, DimRecord], sizes: dict[str, int]) -> ModelSpec:
-    """dims: auto: the spec with each input's leading dimension at the size of its dimension
-    (keyed by the input dimension, ``x.size(0)``; one symbol may stand for several)."""
-    by_source = {src: sizes[k] for k, d in dims.items() if k in sizes for src in d.sources}
-    inputs = []
-    for i, inp in enumerate(spec.inputs):
-        name = inp.name or f"arg{i}"
-        shape = [by_source.get(f"{name}.size({d})", s) for d, s in enumerate(inp.shape)]
-        inputs.append(type(inp)(**{**{f: getattr(inp, f) for f in type(inp).model_fields}, "shape": shape}))
-    return ModelSpec(**{**{f: getattr(spec, f) for f in type(spec).model_fields}, "inputs": inputs})
 
 
 def check_sizes(folder: Any, spec: ModelSpec, model: torch.nn.Module, example_inputs: Any,

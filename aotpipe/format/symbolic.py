@@ -12,8 +12,11 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from aotpipe.errors import ArtifactError
+from aotpipe.format.limits import extent
+from aotpipe.format.records import InputRecord, Layout, StorageRecord, SymbolRecord
 
 # Larger than any size a tensor can have: an expression past it is refused, not computed.
 _LIMIT = 1 << 62
@@ -111,3 +114,76 @@ def symbols_in(expr: int | str) -> set[str]:
     except (ValueError, SyntaxError, RecursionError):
         return set()
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in _CALLS}
+
+
+def symbol_sizes(symbols: Mapping[str, SymbolRecord], sizes: Mapping[str, int], where: str) -> dict[str, int]:
+    """Every symbol's size: those `sizes` names (by named dimension, symbol, or input dimension
+    such as ``x.size(0)``), the rest at their example. A one-line ArtifactError, naming `where`,
+    for a static graph, a name the graph does not have, or a size outside the recorded range."""
+    if not symbols:
+        raise ArtifactError(f"{where}: the artefact is static (captured without dims:, no symbolic sizes); "
+                            "sizes apply only to a shape-polymorphic capture")
+    by_name: dict[str, str] = {}
+    for sym, rec in symbols.items():
+        names = [sym, *rec.sources] if rec.dim is None else [sym, rec.dim, *rec.sources]
+        for name in names:
+            by_name.setdefault(name, sym)
+    out = {sym: rec.example for sym, rec in symbols.items()}
+    given: dict[str, tuple[str, int]] = {}
+    for name, size in sizes.items():
+        found = by_name.get(name)
+        if found is None:
+            raise ArtifactError(f"{where}: no dimension {name!r}; its dims are {_known(symbols)}")
+        if found in given and given[found][1] != size:
+            raise ArtifactError(f"{where}: {given[found][0]}={given[found][1]} and {name}={size} are the same "
+                                f"dimension ({found}); give it once")
+        rec = symbols[found]
+        if size < rec.min or (rec.max is not None and size > rec.max):
+            top = rec.max if rec.max is not None else "no max"
+            raise ArtifactError(f"{where}: {name}={size} is outside the recorded range [{rec.min}, {top}]; "
+                                "pick a size in range")
+        given[found] = (name, size)
+        out[found] = size
+    return out
+
+
+def _known(symbols: Mapping[str, SymbolRecord]) -> str:
+    """The names a graph's symbols go by, for an error: "batch (s43), seq (s53)"."""
+    return ", ".join(f"{rec.dim} ({sym})" if rec.dim else f"{sym} ({', '.join(rec.sources[:1]) or 'unnamed'})"
+                     for sym, rec in sorted(symbols.items(), key=lambda kv: (kv[1].dim or "~", kv[0])))
+
+
+_L = TypeVar("_L", bound=Layout)
+
+
+def layout_at(rec: _L, sizes: Mapping[str, int], where: str) -> _L:
+    """`rec` with its shape and stride (and a size input's value) at `sizes` (symbol -> size),
+    from its symbolic ones; a record without them is returned as it is."""
+    update: dict[str, object] = {}
+    if rec.sym_shape is not None:
+        update["shape"] = [evaluate(s, sizes, where) for s in rec.sym_shape]
+    if rec.sym_stride is not None:
+        update["stride"] = [evaluate(s, sizes, where) for s in rec.sym_stride]
+    if isinstance(rec, InputRecord) and rec.sym_value is not None:
+        update["value"] = evaluate(rec.sym_value, sizes, where)
+    return rec.model_copy(update=update) if update else rec
+
+
+def storages_at(storages: list[StorageRecord], inputs: list[InputRecord]) -> list[StorageRecord]:
+    """The storages with each element count recomputed from its views (inputs at other sizes):
+    the furthest element any of them reaches. A storage no view reaches keeps its count."""
+    reach: dict[int, int] = {}
+    for rec in inputs:
+        if rec.type == "tensor" and rec.storage is not None and rec.shape is not None and rec.stride is not None:
+            end = (rec.storage_offset or 0) + extent(rec.shape, rec.stride)
+            reach[rec.storage] = max(reach.get(rec.storage, 0), end)
+    return [s.model_copy(update={"numel": reach[k]}) if k in reach else s for k, s in enumerate(storages)]
+
+
+def records_at(storages: list[StorageRecord], inputs: list[InputRecord], sizes: Mapping[str, int] | None,
+               where: str) -> tuple[list[StorageRecord], list[InputRecord]]:
+    """A graph's storage and input records at `sizes` (symbol -> size; None: as recorded)."""
+    if sizes is None:
+        return storages, inputs
+    at = [layout_at(rec, sizes, f"{where} input {rec.name}") for rec in inputs]
+    return storages_at(storages, at), at

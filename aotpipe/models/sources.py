@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+import torch.utils._pytree as pytree
 from pydantic_core import ErrorDetails
 
 from aotpipe.errors import AotpipeError, LimitError, SourceError, exception_line
@@ -236,6 +237,19 @@ def make_example_inputs(spec: ModelSpec, base_dir: Path | None = None
         else:
             kwargs[inp.name] = t
     return tuple(args), kwargs
+
+
+def user_input_names(args: tuple, kwargs: dict, names: list[str]) -> list[str]:
+    """Names of the flattened (args, kwargs) leaves, in pytree order: positional ones by `names`
+    (the spec's input names, ``arg{i}`` for an unnamed one), keyword ones by their key. What
+    a graph's user inputs are called (inputs.json `target`), at capture and at replay."""
+    by_id = {}
+    leaves_args = list(args)
+    for i, t in enumerate(leaves_args):
+        by_id[id(t)] = names[i] if i < len(names) else f"arg{i}"
+    for k, t in kwargs.items():
+        by_id[id(t)] = k
+    return [by_id.get(id(t), f"input{i}") for i, t in enumerate(pytree.tree_leaves((args, kwargs)))]
 
 
 # ---------------------------------------------------------------------------------------

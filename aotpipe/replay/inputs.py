@@ -13,7 +13,8 @@ from aotpipe.artifact.load import build_inputs
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.format import records
 from aotpipe.format.limits import check_record_bytes, extent
-from aotpipe.format.records import InputRecord, InputsRecord, StorageRecord
+from aotpipe.format.records import GraphRecord, InputRecord, InputsRecord, StorageRecord
+from aotpipe.format.symbolic import records_at, symbol_sizes
 from aotpipe.runtime.tensors import StorageGroup, random_storage
 
 
@@ -88,8 +89,23 @@ def _draw_in_forward_ranges(values: list[Any], inputs: list[InputRecord], forwar
         v.copy_(torch.randint(rng[0], rng[1], tuple(v.shape), generator=g, dtype=v.dtype))
 
 
+def graph_symbols(folder: Path) -> dict[str, Any]:
+    """The symbols of the graph in `folder` (graph.json, version 3), by name; {} for a static one."""
+    path = folder / records.GRAPH_JSON
+    if not path.exists():
+        return {}
+    _, graph = records.read(GraphRecord, path)
+    return dict(graph.symbols or {})
+
+
+def sizes_by_symbol(folder: Path, sizes: dict[str, int]) -> dict[str, int]:
+    """`sizes` (by named dimension, symbol or input dimension) as every symbol of the graph in
+    `folder` at a size, checked against the ranges its graph.json records."""
+    return symbol_sizes(graph_symbols(folder), sizes, str(folder / records.GRAPH_JSON))
+
+
 def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | None = None,
-               forward: Optional[InputsRecord] = None) -> list[Any]:
+               forward: Optional[InputsRecord] = None, sizes: dict[str, int] | None = None) -> list[Any]:
     """Random inputs for a saved graph, from its `.input` file and inputs.json beside it.
 
     Same shapes, dtypes, strides and storage offsets as at capture, and the same aliasing
@@ -104,6 +120,12 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
     random inputs cannot be used for that graph. The joint graph's come nested as
     [[primals...], [tangents...]]. Works on `.input` files torch's graph_dumper_aot wrote.
     `path` may be the `.input` file or its graph folder.
+
+    `sizes`: for a shape-polymorphic graph, inputs at other sizes, by named dimension
+    ("batch"), symbol ("s43") or input dimension ("x.size(0)"); dimensions not given keep
+    the example's. Each input's shape and stride (and a size input's value) are its recorded
+    symbolic ones evaluated there, so the graph runs at those sizes; a size outside the range
+    graph.json records, or a name it does not know, is an ArtifactError.
     """
     p = Path(path)
     if p.is_dir():
@@ -120,8 +142,13 @@ def get_inputs(path: str | Path, seed: int = 0, device: str | torch.device | Non
         if len(flat) != len(record.inputs):
             raise ArtifactError(f"{p}: {len(flat)} entries but inputs.json lists {len(record.inputs)} inputs")
         storages, inputs, groups = record.storages, record.inputs, record.groups or groups
+    elif sizes is not None:
+        raise ArtifactError(f"{p}: no inputs.json beside it, which records the symbolic sizes; "
+                            "inputs at other sizes need the whole graph folder")
     else:
         storages, inputs = _records_from_input_file(meta, str(p))
+    if sizes is not None:
+        storages, inputs = records_at(storages, inputs, sizes_by_symbol(p.parent, sizes), str(record_path))
     check_record_bytes(storages, inputs, record_path if record_path.exists() else p)
     try:
         values = _random_inputs(storages, inputs, seed, dev, forward)

@@ -138,7 +138,7 @@ class GraphReplay:
     # only sums of sampled elements, which can refute closeness, not prove it); not ok.
     # mismatch | ran (nothing to compare with: random inputs) | error.
     status: str
-    inputs: str  # saved | random
+    inputs: str  # saved | random | drawn (at other sizes: from the model spec, replay/sizes.py)
     max_abs_error: Optional[float] = None  # element-wise, the largest of `errors`
     mismatches: list[str] = field(default_factory=list)
     first_divergence: Optional[str] = None
@@ -150,6 +150,7 @@ class GraphReplay:
     environment: list[str] = field(default_factory=list)  # why bits cannot match here; empty: they must
     errors: list[OutputError] = field(default_factory=list)  # per output that differs: element-wise figures
     bit_identical: Optional[bool] = None  # every output's digest matched
+    shapes: list[list[int] | None] = field(default_factory=list)  # at other sizes: each output's (None: no tensor)
 
     @property
     def ok(self) -> bool:
@@ -197,12 +198,20 @@ def _numel(rec: OutputRecord, a: Any) -> int:
     return a.numel() if isinstance(a, torch.Tensor) else 1
 
 
+# Why an output whose bits differ is judged by its sampled sums alone (compare_recorded).
+_FORMAT_2 = "all format version 2 records of it: replay it on the machine that made it, or capture it again"
+
+
 def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expected],
-                     elsewhere: bool = False,
-                     unjudged: Optional[list[str]] = None) -> tuple[list[str], list[OutputError], bool]:
+                     elsewhere: bool = False, unjudged: list[str] | None = None,
+                     outputs: list[OutputRecord] | None = None,
+                     records_only: str = _FORMAT_2) -> tuple[list[str], list[OutputError], bool]:
     """(problems, element-wise errors of the outputs that differ, whether every digest matched)
     of `actual` against the recorded outputs. Outputs whose bits differ and that the artefact
     records too little to judge (format 2 elsewhere, sums not refuting) go to `unjudged`.
+    `outputs`: the output records with their layouts where `actual` was run (other sizes:
+    replay_at_sizes); by default inputs.json's. `records_only`: why sums are all there is to
+    judge an output by, and what to do (an unjudged output's line ends with it).
 
     Where it was made (`elsewhere` false), bit for bit: a digest that differs is a problem,
     and its error is measured over the evidence's sampled elements (format version 3) or,
@@ -214,7 +223,7 @@ def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expect
     identical = True
     if len(actual) != len(expected):
         return [f"{len(actual)} outputs, recorded {len(expected)}"], [], False
-    for i, (a, e, rec) in enumerate(zip(actual, expected, record.outputs)):
+    for i, (a, e, rec) in enumerate(zip(actual, expected, outputs if outputs is not None else record.outputs)):
         what = _label(i, rec)
         if isinstance(a, torch.Tensor) and rec.stride is not None and a.numel() > 1:
             if any(st != rs and sz > 1 for st, rs, sz in zip(a.stride(), rec.stride, a.shape)):
@@ -279,8 +288,7 @@ def compare_recorded(ga: GraphArtifact, actual: list[Any], expected: list[Expect
                     problems.append(f"{what}: {why}")
                 elif unjudged is not None:
                     unjudged.append(f"{what}: not bit-identical; its sampled sums are within float noise of the "
-                                    "recorded ones, all format version 2 records of it: replay it on the machine "
-                                    "that made it, or capture it again")
+                                    f"recorded ones, {records_only}")
                 else:
                     problems.append(f"{what}: not bit-identical, and the artefact records too little to judge it")
             elif elsewhere:
@@ -412,14 +420,8 @@ def replay_graph(
             result.mismatches = [c.line() for c in checks if not c.passed]
             result.status = "mismatch" if result.mismatches else "close"
         else:
-            # Nothing recorded to compare values with: check the outputs' shapes and dtypes,
-            # except the sizes that depend on tensor values (other inputs give other sizes).
-            varies = data_dependent_outputs(ga.module)
-            for i, (o, rec) in enumerate(zip(outs, ga.record.outputs)):
-                if isinstance(o, torch.Tensor) and (not _same_shape(o, rec.shape, varies.get(i, []))
-                                                    or str(o.dtype).removeprefix("torch.") != rec.dtype):
-                    result.mismatches.append(f"output {i}: {o.dtype}{list(o.shape)} != recorded "
-                                             f"{rec.dtype}{rec.shape}")
+            # Nothing recorded to compare values with: check the outputs' shapes and dtypes.
+            result.mismatches = layout_mismatches(ga, outs)
             result.status = "mismatch" if result.mismatches else "ran"
     except ArtifactError:
         raise
@@ -431,6 +433,19 @@ def replay_graph(
         result.status = "error"
         result.error = f"{exception_line(e)}"
     return result
+
+
+def layout_mismatches(ga: GraphArtifact, outs: list[Any], outputs: list[OutputRecord] | None = None) -> list[str]:
+    """Each output whose shape or dtype is not the recorded one (`outputs`: the records at the
+    sizes it ran at; by default inputs.json's), except the sizes that depend on tensor values
+    (other inputs give other sizes)."""
+    varies = data_dependent_outputs(ga.module)
+    out = []
+    for i, (o, rec) in enumerate(zip(outs, outputs if outputs is not None else ga.record.outputs)):
+        if isinstance(o, torch.Tensor) and (not _same_shape(o, rec.shape, varies.get(i, []))
+                                            or str(o.dtype).removeprefix("torch.") != rec.dtype):
+            out.append(f"output {i}: {o.dtype}{list(o.shape)} != recorded {rec.dtype}{rec.shape}")
+    return out
 
 
 def _same_shape(o: torch.Tensor, recorded: Optional[list[int]], free: list[int]) -> bool:
@@ -469,24 +484,37 @@ def replay(
     (CPU model or features, torch, threads, device), outputs are judged by their evidence;
     where the artefact does not record its CPU, those whose bits differ are."""
     art = path if isinstance(path, Artifact) else load(path, trust_code=trust_code)
+    kinds = selected_graphs(art, graphs, threads)
+    if inputs == "saved" and not all(art.graphs[k].has_saved_values for k in kinds):
+        inputs = "random"  # captured with save_inputs: false
+    with intra_op_threads(threads if threads is not None else recorded_threads(art)):
+        differs, why_judged = replay_environment(art, device)
+        return [replay_graph(art.graphs[k], inputs=inputs, seed=seed, device=device, bench=bench,
+                             environment=differs, unrecorded=why_judged) for k in kinds]
+
+
+def selected_graphs(art: Artifact, graphs: list[str] | None, threads: int | None = None) -> list[str]:
+    """The keys of the graphs to replay (all, or those named), a one-line error for a name the
+    artefact does not have or a thread count below 1."""
     kinds = graphs or list(art.graphs)
     unknown = [k for k in kinds if k not in art.graphs]
     if unknown:
         raise ArtifactError(f"{art.path}: no {', '.join(unknown)} graph; it has {', '.join(art.graphs)}")
     if threads is not None and threads < 1:
         raise ArtifactError(f"--threads must be at least 1, got {threads}")
-    if inputs == "saved" and not all(art.graphs[k].has_saved_values for k in kinds):
-        inputs = "random"  # captured with save_inputs: false
+    return kinds
+
+
+def replay_environment(art: Artifact, device: str | None) -> tuple[list[str], str | None]:
+    """(why bits cannot match here, why it cannot be told whether they must): this machine,
+    torch, thread count and `device` against the artefact's recorded environment (see
+    replay_graph's `environment` and `unrecorded`). Call it at the thread count replayed at."""
+    try:
+        dev = "cpu" if device is None else parse_device(device).type
+    except ValueError as e:
+        raise ArtifactError(f"--device: {e}") from None
     recorded = art.manifest.environment
-    with intra_op_threads(threads if threads is not None else recorded_threads(art)):
-        try:
-            dev = "cpu" if device is None else parse_device(device).type
-        except ValueError as e:
-            raise ArtifactError(f"--device: {e}") from None
-        differs = environment_differences(recorded, current_environment(dev))
-        why_judged = unrecorded_cpu(recorded)
-        return [replay_graph(art.graphs[k], inputs=inputs, seed=seed, device=device, bench=bench,
-                             environment=differs, unrecorded=why_judged) for k in kinds]
+    return environment_differences(recorded, current_environment(dev)), unrecorded_cpu(recorded)
 
 
 @dataclass

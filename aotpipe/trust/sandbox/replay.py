@@ -40,6 +40,7 @@ class ReplayOutcome:
     no_eager: Optional[str] = None
     sandboxed: bool = False
     notes: list[str] = field(default_factory=list)
+    sizes: dict[str, int] | None = None  # replayed at these sizes (every dimension), not the example's
 
     @property
     def ok(self) -> bool:
@@ -52,6 +53,10 @@ class ReplayOutcome:
             out["chain"] = self.chain.to_json()
         if self.no_eager:
             out["no_eager_comparison"] = self.no_eager
+        if self.sizes is not None:
+            out["sizes"] = self.sizes
+        if self.notes:
+            out["notes"] = self.notes
         return out
 
     @classmethod
@@ -68,8 +73,10 @@ class ReplayOutcome:
             chain = data.get("chain")
             chain = None if chain is None else pydantic.TypeAdapter(ChainReplay).validate_python(chain)
             no_eager = data.get("no_eager_comparison")
+            notes = pydantic.TypeAdapter(list[str]).validate_python(data.get("notes", []))
+            sizes = pydantic.TypeAdapter(dict[str, int] | None).validate_python(data.get("sizes"))
             return cls(str(data.get("artifact", "")), graphs, chain,
-                       str(no_eager) if no_eager is not None else None, sandboxed)
+                       str(no_eager) if no_eager is not None else None, sandboxed, notes, sizes)
         except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
 
             first = " ".join(str(e).split())[:200]
@@ -79,15 +86,20 @@ class ReplayOutcome:
 def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str = "saved", seed: int = 0,
                    device: Optional[str] = None, bench: int = 0, chain: bool = False,
                    threads: Optional[int] = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
-                   worker: Optional["Worker"] = None) -> ReplayOutcome:
+                   sizes: dict[str, int] | None = None, worker: Optional["Worker"] = None) -> ReplayOutcome:
     """Load the artefact at `path` and replay it in this process (see ``aotpipe replay``).
 
-    Runs the graphs here: only for artefacts you trust. `worker`: the sandboxed worker
-    this runs in, which instruments the graphs and keeps the progress."""
+    Runs the graphs here: only for artefacts you trust. `sizes`: replay a shape-polymorphic
+    artefact at these sizes (aotpipe.replay.replay_at_sizes; not with `bench` or `chain`, which
+    run at the example's). `worker`: the sandboxed worker this runs in, which instruments the
+    graphs and keeps the progress."""
     from aotpipe.artifact.load import load  # torch: kept off the torch-free path
-    from aotpipe.replay import eager_bench, replay_chain  # torch: kept off the torch-free path
+    from aotpipe.replay import eager_bench, replay_at_sizes, replay_chain  # torch: kept off the torch-free path
     from aotpipe.replay import replay as replay_graphs  # torch: kept off the torch-free path
 
+    if sizes is not None and (bench or chain):
+        raise AotpipeError("--sizes replays the graphs alone: --bench and --chain run at the example sizes; "
+                           "drop one or the other")
     p = Path(path)
     if worker is not None:
         worker.mark("while loading the artefact")
@@ -98,6 +110,10 @@ def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str 
     kinds = list(graphs)
     if not kinds and is_graph_folder(p):
         kinds = [k for k, g in art.graphs.items() if g.folder.resolve() == p.resolve()]
+    if sizes is not None:
+        at = replay_at_sizes(art, sizes, graphs=kinds or None, inputs=inputs, seed=seed, device=device,
+                             threads=threads)
+        return ReplayOutcome(art.name, at.graphs, sandboxed=worker is not None, notes=at.notes, sizes=at.sizes)
     results = replay_graphs(art, graphs=kinds or None, inputs=inputs, seed=seed, device=device, bench=bench,
                             threads=threads)
     if bench:
@@ -130,7 +146,8 @@ def replay_task(args: dict[str, Any], worker: "Worker") -> dict[str, Any]:
 def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: str = "saved", seed: int = 0,
                      device: Optional[str] = None, bench: int = 0, chain: bool = False,
                      threads: Optional[int] = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
-                     limits: Optional["SandboxLimits"] = None) -> ReplayOutcome:
+                     sizes: dict[str, int] | None = None, limits: Optional["SandboxLimits"] = None
+                     ) -> ReplayOutcome:
     """:func:`replay_outcome` in a sandboxed worker: the way to replay an artefact you do
     not trust. Needs bubblewrap (bwrap); a crash, a memory corruption or a limit overrun
     in the worker is a one-line SandboxError, and this process is untouched."""
@@ -140,7 +157,7 @@ def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: st
     where = os.path.abspath(path)
     args = {"path": where, "graphs": list(graphs), "inputs": inputs, "seed": seed, "device": device,
             "bench": bench, "chain": chain, "threads": threads, "trust_code": trust_code,
-            "trust_ops": list(trust_ops)}
+            "trust_ops": list(trust_ops), "sizes": sizes}
     # The results are rebuilt as aotpipe.replay's types, which import torch: import it here
     # while the worker starts (its own import of torch is most of the sandbox's overhead).
     importing = threading.Thread(target=importlib.import_module, args=("aotpipe.replay.run",), daemon=True)
