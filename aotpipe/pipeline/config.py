@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import types
 from pathlib import Path
-from typing import Any, Literal, Optional, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
