@@ -692,6 +692,9 @@ def trust_remove(name: str) -> None:
 @click.option("--inputs", type=click.Choice(["saved", "random"]), default="saved", show_default=True,
               help="Saved inputs, or random ones like them (used anyway where none were saved).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --inputs random.")
+@click.option("--sizes", "sizes", multiple=True, metavar="DIM=N,N,...",
+              help="Bench each graph at these sizes of a dynamic dimension (random inputs), compiled once with "
+                   "dynamic shapes; repeat for more dimensions (their lists are zipped).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0,
               show_default=True, help="Per-graph time limit in seconds (compile, check and timing).")
 @click.option("--rounds", type=click.IntRange(min=2), default=10, show_default=True, help="Timed rounds per graph.")
@@ -709,7 +712,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
           write_baseline: str | None, locate: bool, locate_dir: str | None, as_json: bool, csv_path: str | None,
           inputs: str, seed: int, timeout_s: float, rounds: int, key: str | None, no_sandbox: bool,
           trust_ops: tuple[str, ...], no_progress: bool, threads: int | None,
-          clock: str, removed: tuple[str, ...]) -> None:
+          clock: str, removed: tuple[str, ...], sizes: tuple[str, ...]) -> None:
     """Run BACKEND over every graph of every artefact under PATHS: status, speedup, scores.
 
     \b
@@ -717,12 +720,15 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
       aotpipe bench artifacts/quickstart --backend inductor
       aotpipe bench artifacts/quickstart --backend inductor --baseline benchmarks/baselines/quickstart-inductor.csv
       aotpipe bench artifacts/quickstart --backend tests.bench.backends:gelu_as_relu --locate
+      aotpipe bench artifacts/dyn --backend inductor --sizes batch=2,7,16
 
     \b
     Run from a clone's root after `aotpipe run pipelines/quickstart.yaml` (which signs
     artifacts/ with your own key); the last, a planted faulty backend, exits 1 naming the node.
     One intra-op thread, timed by CPU time: a speedup is the median of interleaved rounds'
     ratios with its interval, or "within noise" where that interval holds 1.0x.
+    --sizes, on an artefact captured with dims: (artifacts/dyn above), gives a row per
+    graph and size, and says whether the backend recompiled there.
     """
     # torch: kept off the torch-free path (every command imports cli)
     from aotpipe.corpus.bench.command import BenchOptions, run_bench
@@ -731,7 +737,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
 
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
                                     inputs, seed, timeout_s, rounds, key, no_sandbox, trust_ops, not no_progress,
-                                    locate_dir, threads, clock, removed), _say, click.echo))
+                                    locate_dir, threads, clock, removed, sizes), _say, click.echo))
 
 
 @main.command(name="ls", short_help='List artefacts and their status.')

@@ -159,3 +159,14 @@ def fewer_outputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
 def first_relu_doubled(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
     """Doubles the result of the graph's first relu."""
     return _first_scaled(gm, aten.relu.default, 2.0)
+
+
+def specialises_sizes(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Reads every size of its inputs as a number, as a backend that compiles only static shapes
+    does: each symbolic size is then guarded to its value, so dynamo recompiles at every new one."""
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            [int(s) for s in x.shape]
+        elif isinstance(x, torch.SymInt):
+            int(x)
+    return gm.forward

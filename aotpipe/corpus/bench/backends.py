@@ -119,12 +119,15 @@ def _freezing() -> Iterator[None]:
 
 
 def compile_graph(backend: Backend, gm: torch.nn.Module, inputs: list[Any], roles: list[str],
-                  user: Optional[Callable[..., Any]] = None) -> tuple[Callable[[list[Any]], Any], list[int]]:
+                  user: Optional[Callable[..., Any]] = None, dynamic: bool = False
+                  ) -> tuple[Callable[[list[Any]], Any], list[int]]:
     """(a function of the flat inputs that runs the compiled graph, the inputs it still takes).
 
     torch.compile compiles on the first call: callers time that call as the compile.
     `roles` are the inputs' roles (inputs.json); inductor-freezing binds the parameters,
-    buffers and constants among them."""
+    buffers and constants among them. `dynamic` is torch.compile's: False (a bench at the
+    captured sizes) compiles every size static; bench --sizes (sizes.py) passes True, and
+    marks the dimensions static in the artefact static on the inputs it calls with."""
     if backend.name == "eager":
         fwd = gm.forward if isinstance(gm, torch.fx.GraphModule) else gm
         return _no_grad(fwd), list(range(len(inputs)))
@@ -136,7 +139,7 @@ def compile_graph(backend: Backend, gm: torch.nn.Module, inputs: list[Any], role
     if backend.name == "inductor-freezing":
         bound = [i for i, r in enumerate(roles) if r in FROZEN_ROLES and isinstance(inputs[i], torch.Tensor)]
         module = _Frozen(gm, inputs, bound)
-        compiled = torch.compile(module, backend="inductor", dynamic=False)
+        compiled = torch.compile(module, backend="inductor", dynamic=dynamic)
 
         def run_frozen(args: list[Any]) -> Any:
             with _freezing(), torch.no_grad():
@@ -144,7 +147,7 @@ def compile_graph(backend: Backend, gm: torch.nn.Module, inputs: list[Any], role
 
         return run_frozen, module.free
     target = user if user is not None else backend.name
-    compiled = torch.compile(gm, backend=target, dynamic=False)
+    compiled = torch.compile(gm, backend=target, dynamic=dynamic)
     return _no_grad(compiled), list(range(len(inputs)))
 
 

@@ -12,6 +12,7 @@ from aotpipe.corpus.bench.backends import parse_backend
 from aotpipe.corpus.bench.locate import locate_failures
 from aotpipe.corpus.bench.output import table, write_csv
 from aotpipe.corpus.bench.run import bench, parse_kinds
+from aotpipe.corpus.bench.sizes import parse_sizes
 from aotpipe.errors import AotpipeError
 from aotpipe.format.graph_keys import parse_graph_key
 
@@ -38,6 +39,7 @@ class BenchOptions:
     threads: Optional[int] = 1
     clock: str = "auto"
     removed: tuple[str, ...] = ()  # --removed MODEL[/GRAPH]: baseline graphs no longer benched on purpose
+    sizes: tuple[str, ...] = ()  # --sizes NAME=v1,v2,...: bench each graph at these sizes (sizes.py)
 
 
 def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., None]) -> int:
@@ -51,6 +53,13 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
     from tqdm import tqdm
 
     kinds = parse_kinds(o.graphs)
+    points = parse_sizes(o.sizes)
+    if points:
+        # A baseline has one row per graph, and --locate bisects at the captured sizes.
+        for given, name in ((o.baseline, "--baseline"), (o.write_baseline, "--write-baseline"), (o.locate, "--locate")):
+            if given:
+                raise AotpipeError(f"{name} does not go with --sizes (a baseline holds one status per graph, and "
+                                   f"--locate bisects at the captured sizes); run it in a bench without --sizes")
     expected = baselines.read_baseline(Path(o.baseline)) if o.baseline else None  # a bad file fails first
     if o.removed and expected is None:
         raise AotpipeError(f"--removed {o.removed[0]}: names a graph of a baseline; give the baseline with --baseline")
@@ -68,7 +77,7 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
 
     result = bench([Path(p) for p in o.paths], o.backend, kinds=kinds, inputs=o.inputs, seed=o.seed,
                    timeout_s=o.timeout_s, rounds=o.rounds, key=o.key, trusted=o.trusted, trust_ops=o.trust_ops,
-                   threads=o.threads, clock=o.clock, on_result=on_result, on_plan=on_plan)
+                   threads=o.threads, clock=o.clock, on_result=on_result, on_plan=on_plan, sizes=points)
     if bar:
         bar[0].close()
     located = []

@@ -104,9 +104,27 @@ class GraphResult:
     path: str = ""  # the model folder
     inputs: str = "saved"  # saved | random
     seed: int = 0
+    # bench --sizes (sizes.py): the point this row is of (dimension -> size; None: the graph's
+    # inputs as captured), its place in the order given (the graph is compiled at point 0), and
+    # how many graphs dynamo compiled on the point's first call (None for eager, which does not
+    # compile). compile_s is then that first call's time.
+    sizes: dict[str, int] | None = None
+    point: int | None = None
+    compiles: int | None = None
+
+    @property
+    def recompiled(self) -> bool | None:
+        """Whether the backend compiled again at this point: a --sizes row after the first whose
+        first call compiled (None for the first point, eager, and a bench without --sizes)."""
+        if self.compiles is None or not self.point:
+            return None
+        return self.compiles > 0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.sizes is not None:
+            d["recompiled"] = self.recompiled
+        return d
 
 
 @dataclass(frozen=True)
@@ -456,6 +474,40 @@ def bench_graph(task: GraphTask) -> GraphResult:
         res.wall_s = time.perf_counter() - start
         return res
 
+    roles = [r.role for r in ga.record.inputs]
+    args = copy_inputs(saved)
+    t0 = time.perf_counter()
+    try:
+        fn, free = compile_graph(backend, module, args, roles, user)
+        first = fn([args[i] for i in free])
+    except Exception as e:
+        res.compile_s = time.perf_counter() - t0
+        res.in_backend_s = res.compile_s
+        res.status = compile_failure(backend, e)
+        res.reason = failure_line(e)
+        res.wall_s = time.perf_counter() - start
+        return res
+    res.compile_s = time.perf_counter() - t0
+    res.in_backend_s = res.compile_s
+    if check_first(res, ga, module, fn, free, args, saved, expected, first):
+        del expected, first
+        time_graph(res, task, module, fn, free, args, saved)
+    res.wall_s = time.perf_counter() - start
+    return res
+
+
+def compile_failure(backend: Backend, e: BaseException) -> str:
+    """The status of an exception on a compiled graph's first call: compile_error where it is
+    the compiler's, else runtime_error."""
+    return "compile_error" if is_compile_error(e) or backend.name != "eager" and _in_compile(e) else "runtime_error"
+
+
+def check_first(res: GraphResult, ga: Any, module: torch.fx.GraphModule, fn: Callable[[list[Any]], Any],
+                free: list[int], args: list[Any], saved: list[Any], expected: list[Any], first: Any) -> bool:
+    """Judge the compiled graph's first outputs (`first`, on `args`) against the loaded graph's
+    (`expected`, on `saved`) into `res`: its status, reason and error figures; whether it ran
+    (so that it is timed next: a graph that fails the check is timed too)."""
+
     def widened() -> Optional[list[Any]]:
         out = reference64(module, copy_inputs(saved))
         return None if out is None else expand_outputs(ga.record, out)
@@ -472,22 +524,6 @@ def bench_graph(task: GraphTask) -> GraphResult:
 
     ref, seq = Lazy(widened), Lazy(sequential)
     samples = [Lazy(nudged_sample(k)) for k in range(1, accuracy.NOISE_SAMPLES)]
-    roles = [r.role for r in ga.record.inputs]
-    args = copy_inputs(saved)
-    t0 = time.perf_counter()
-    try:
-        fn, free = compile_graph(backend, module, args, roles, user)
-        first = fn([args[i] for i in free])
-    except Exception as e:
-        res.compile_s = time.perf_counter() - t0
-        res.in_backend_s = res.compile_s
-        res.status = "compile_error" if is_compile_error(e) or backend.name != "eager" and _in_compile(e) \
-            else "runtime_error"
-        res.reason = failure_line(e)
-        res.wall_s = time.perf_counter() - start
-        return res
-    res.compile_s = time.perf_counter() - t0
-    res.in_backend_s = res.compile_s
     if draws_random(module):
         # Checked on a run seeded as the loaded graph's runs are (execution.run_graph).
         try:
@@ -496,13 +532,11 @@ def bench_graph(task: GraphTask) -> GraphResult:
             res.in_backend_s += time.perf_counter() - t0
         except Exception as e:
             res.status, res.reason = "runtime_error", failure_line(e)
-            res.wall_s = time.perf_counter() - start
-            return res
+            return False
     actual = expand_outputs(ga.record, as_list(first))
     if len(actual) != len(expected):
         res.status, res.reason = "fail_accuracy", f"{len(actual)} outputs, the loaded graph gives {len(expected)}"
-        res.wall_s = time.perf_counter() - start
-        return res
+        return False
     checks, res.rescaled = check_outputs(actual, expected, ref, _labels(ga.record), seq, samples)
     failed = [c for c in checks if not c.passed]
     ratios = [c.error / c.bound for c in checks if c.error is not None and c.bound]
@@ -519,7 +553,13 @@ def bench_graph(task: GraphTask) -> GraphResult:
             first_rescaled = next(c for c in checks if c.what == res.rescaled[0])
             res.reason += (f"; {len(res.rescaled)} of them only with float32 summed sequentially as the scale, "
                            f"{first_rescaled.what}: {first_rescaled.detail}")
-    del ref, seq, samples, actual, expected, first
+    return True
+
+
+def time_graph(res: GraphResult, task: GraphTask, module: torch.fx.GraphModule, fn: Callable[[list[Any]], Any],
+               free: list[int], args: list[Any], saved: list[Any]) -> None:
+    """Time the compiled graph (on `args`) against the loaded graph run eagerly (on a copy of
+    `saved`) into `res`; a call that fails makes it a runtime_error."""
     eager_args = copy_inputs(saved)
     backend_args = [args[i] for i in free]
     fwd = module.forward
@@ -540,8 +580,6 @@ def bench_graph(task: GraphTask) -> GraphResult:
         res.in_backend_s += t.in_backend_s
     except Exception as e:
         res.status, res.reason = "runtime_error", f"a later call failed: {failure_line(e)}"
-    res.wall_s = time.perf_counter() - start
-    return res
 
 
 def seeded_call(fn: Callable[[], Any]) -> Any:

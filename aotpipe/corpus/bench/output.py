@@ -15,6 +15,8 @@ from aotpipe.errors import AotpipeError
 CSV_COLUMNS = ("artifact", "graph", "status", "kind", "reason", "compile_s", "eager_ms", "backend_ms", "speedup",
                "speedup_low", "speedup_high", "verdict", "eager_iqr_ms", "backend_iqr_ms", "noisy", "worst_ratio",
                "graphnet_t", "nodes")
+# Appended with --sizes: the point, graphs compiled on its first call, and whether that was a recompile.
+SIZES_COLUMNS = ("sizes", "compiles", "recompiled")
 
 
 def _ms(x: Optional[float]) -> str:
@@ -25,19 +27,37 @@ def _num(x: Optional[float], fmt: str = ".3g") -> str:
     return "" if x is None else format(x, fmt)
 
 
-def row(r: GraphResult) -> list[str]:
+def row(r: GraphResult, sized: bool = False) -> list[str]:
+    """A result's CSV row (with `sized`, SIZES_COLUMNS too)."""
     return [r.artifact, r.graph, r.status, r.kind, r.reason, _num(r.compile_s, ".3f"), _ms(r.eager_s),
             _ms(r.backend_s), _num(r.speedup), _num(r.speedup_low), _num(r.speedup_high), r.verdict, _ms(r.eager_iqr), _ms(r.backend_iqr), "yes" if r.noisy else "",
-            _num(r.worst_ratio), "" if r.graphnet_t is None else str(r.graphnet_t), str(r.nodes)]
+            _num(r.worst_ratio), "" if r.graphnet_t is None else str(r.graphnet_t), str(r.nodes)] + (
+        [sizes_text(r), "" if r.compiles is None else str(r.compiles), _yes_no(r.recompiled)] if sized else [])
+
+
+def _yes_no(x: bool | None) -> str:
+    return "" if x is None else "yes" if x else "no"
+
+
+def sizes_text(r: GraphResult) -> str:
+    """A --sizes row's point as people read it, "batch=7 seq=33" ("" without --sizes)."""
+    return " ".join(f"{k}={v}" for k, v in (r.sizes or {}).items())
+
+
+def _order(r: GraphResult) -> tuple[str, str, int]:
+    """Rows by artefact and graph, a graph's size points in the order given."""
+    return r.artifact, r.graph, r.point or 0
 
 
 def write_csv(path: Path, bench: Bench) -> None:
-    """One row per graph (its first three columns make it a baseline too)."""
+    """One row per graph (its first three columns make it a baseline too); with --sizes, one
+    per graph and point, SIZES_COLUMNS appended."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
-    for r in sorted(bench.results, key=lambda r: (r.artifact, r.graph)):
-        w.writerow(row(r))
+    sized = bench.sizes is not None
+    w.writerow(CSV_COLUMNS + (SIZES_COLUMNS if sized else ()))
+    for r in sorted(bench.results, key=_order):
+        w.writerow(row(r, sized))
     try:
         Path(path).write_text(buf.getvalue())
     except OSError as e:
@@ -62,24 +82,39 @@ def verdict_counts(s: Score) -> str:
     return "/".join(str(s.verdicts.get(v, 0)) for v in ("faster", "within noise", "slower"))
 
 
+def compile_text(r: GraphResult) -> str:
+    """The compile column: the first call's seconds; at a --sizes point after the first, whether
+    the backend compiled again there (and how long that call took) or not."""
+    if r.compile_s is None:
+        return ""
+    if r.recompiled is None:
+        return f"compile {r.compile_s:.2f} s"
+    return f"recompiled {r.compile_s:.2f} s" if r.recompiled else "no recompile"
+
+
+def row_name(r: GraphResult) -> str:
+    """A row's name: the artefact and graph, and a --sizes row's point."""
+    return f"{r.artifact} {r.graph}" + (f" {sizes_text(r)}" if r.sizes else "")
+
+
 def result_line(r: GraphResult, width: int) -> str:
-    """One graph's line of the terminal table."""
+    """One graph's line of the terminal table (one graph at one point, with --sizes)."""
     timing = ""
     if r.speedup is not None:
         timing = (f"{speedup_text(r):<26}  eager {_ms(r.eager_s)} ms  {_ms(r.backend_s)} ms"
                   f"{'  (noisy)' if r.noisy else ''}")
-    compile_s = f"compile {r.compile_s:.2f} s" if r.compile_s is not None else ""
-    name = f"{r.artifact} {r.graph}"
-    return f"{name:<{width}} {r.status:<13} {compile_s:<15} {timing}".rstrip()
+    compile_s = compile_text(r)
+    return f"{row_name(r):<{width}} {r.status:<13} {compile_s:<{17 if r.sizes else 15}} {timing}".rstrip()
 
 
 def table(bench: Bench, *, t_levels: tuple[int, ...] = (-5, -3, -1, 0, 1, 3)) -> list[str]:
     """The table (one line per graph, a reason under each that did not pass or passed only by
     the second noise sample), then the scores."""
-    rs = sorted(bench.results, key=lambda r: (r.artifact, r.graph))
-    width = max([20] + [len(f"{r.artifact} {r.graph}") for r in rs])
-    lines = [f"{'graph':<{width}} {'status':<13} {'compile':<15} speedup (eager / {bench.backend}: median of the "
-             f"rounds' ratios, {CONFIDENCE:.0%} interval widened by {BAND:.0%}), median per call"]
+    rs = sorted(bench.results, key=_order)
+    width = max([20] + [len(row_name(r)) for r in rs])
+    lines = [f"{'graph':<{width}} {'status':<13} {'compile':<{17 if bench.sizes else 15}} speedup (eager / "
+             f"{bench.backend}: median of the rounds' ratios, {CONFIDENCE:.0%} interval widened by {BAND:.0%}), "
+             "median per call"]
     for r in rs:
         lines.append(result_line(r, width))
         if r.status != "pass" or r.rescaled:

@@ -23,6 +23,7 @@ from aotpipe.artifact.load import load
 from aotpipe.corpus.bench.backends import parse_backend
 from aotpipe.corpus.bench.graph import GraphResult, GraphTask, artefact_label, result_from_failure
 from aotpipe.corpus.bench.scores import Score, scores
+from aotpipe.corpus.bench.sizes import Point, SizedGraphTask, artefact_points, is_symbolic, symbol_sizes
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format.folders import is_model_folder, model_folder
 from aotpipe.format.vocabulary import GRAPH_KINDS
@@ -49,6 +50,7 @@ class Bench:
     scores: dict[str, Score]
     wall_s: float
     notes: list[str] = field(default_factory=list)
+    sizes: list[Point] | None = None  # --sizes: the points asked for (one result per graph and point)
 
     @property
     def overhead_share(self) -> Optional[float]:
@@ -60,7 +62,7 @@ class Bench:
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "wall_s": self.wall_s, "overhead_share": self.overhead_share,
                 "notes": self.notes, "graphs": [r.to_json() for r in self.results],
-                "scores": {k: s.to_json() for k, s in self.scores.items()}}
+                "scores": {k: s.to_json() for k, s in self.scores.items()}, "sizes": self.sizes}
 
 
 def parse_kinds(text: Optional[str]) -> Optional[set[str]]:
@@ -113,31 +115,69 @@ def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted:
                            "if you otherwise trust them")
 
 
+BenchTask = GraphTask | SizedGraphTask
+
+
 def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[str]], inputs: str, seed: int,
-         rounds: int, trust_ops: tuple[str, ...], clock: str = "auto", threads: Optional[int] = 1
-         ) -> tuple[list[GraphTask], list[str], list[str]]:
-    """(one task per graph, each graph's kind, notes about graphs left out)."""
+         rounds: int, trust_ops: tuple[str, ...], clock: str = "auto", threads: Optional[int] = 1,
+         sizes: Sequence[Point] = ()) -> tuple[list[BenchTask], list[str], list[str]]:
+    """(one task per graph, each graph's kind, notes about graphs left out).
+
+    With `sizes` (--sizes' points), each task benches its graph at every point, on random
+    inputs; an artefact without a dynamic dimension, or a point outside one's range, is the
+    user's error (sizes.artefact_points), and a graph sized in no symbol is left out, noted."""
     b = parse_backend(backend)
-    tasks, task_kinds, notes = [], [], []
+    tasks: list[BenchTask] = []
+    task_kinds: list[str] = []
+    notes: list[str] = []
     skipped_kinds: dict[str, int] = {}
+    static: list[str] = []
+    lacking: list[tuple[str, list[str], list[str]]] = []  # (artefact, --sizes names it has not, its dims)
     for folder, label in models:
         try:
             art = load(folder, trust_ops=trust_ops)
         except ArtifactError as e:
             raise AotpipeError(f"{label}: {e}") from None
+        points, missing = artefact_points(art.manifest, label, sizes) if sizes else ([], [])
+        if missing:
+            has = sorted(art.manifest.dims.dims) if art.manifest.dims is not None else []
+            lacking.append((label, missing, has))
         for key, ga in art.graphs.items():
             if kinds is not None and ga.kind not in kinds:
                 continue
             if b.inference_only and ga.kind != "inference":
                 skipped_kinds[ga.kind] = skipped_kinds.get(ga.kind, 0) + 1
                 continue
-            mode = inputs if ga.has_saved_values else "random"
-            tasks.append(GraphTask(str(folder), label, key, backend, mode, seed, rounds, trust_ops, clock,
-                                   threads))
+            if points:
+                if not is_symbolic(ga.record):
+                    static.append(f"{label} {key}")
+                    continue
+                task = GraphTask(str(folder), label, key, backend, "random", seed, rounds, trust_ops, clock, threads)
+                tasks.append(SizedGraphTask(task, tuple(tuple(p.items()) for p in points),
+                                            tuple(tuple(symbol_sizes(art.manifest, p).items()) for p in points)))
+            else:
+                mode = inputs if ga.has_saved_values else "random"
+                tasks.append(GraphTask(str(folder), label, key, backend, mode, seed, rounds, trust_ops, clock,
+                                       threads))
             task_kinds.append(ga.kind)
     if skipped_kinds:
         notes.append(f"{backend} takes inference graphs only; left out: " +
                      ", ".join(f"{n} {k}" for k, n in sorted(skipped_kinds.items())))
+    named = {name for p in sizes for name in p}
+    for name in sorted(named):
+        if models and sum(name in miss for _, miss, _ in lacking) == len(models):
+            label, _, has = next(x for x in lacking if name in x[1])
+            more = " (nor has any other artefact benched)" if len(models) > 1 else ""
+            raise AotpipeError(f"--sizes {name}: {label} has no dimension {name!r}{more}; its dimensions are "
+                               f"{', '.join(has) or 'none'}")
+    for label, miss, _ in lacking:
+        notes.append(f"--sizes: {label} has no dimension {', '.join(miss)}: benched at the sizes of the others")
+    if sizes:
+        notes.append("--sizes: each graph compiled once, at its first point, then run at the others in the order "
+                     "given, on random inputs (--seed); the scores count a graph once per point")
+    if static:
+        notes.append(f"--sizes: left out {len(static)} graph(s) sized in no symbol (they run at one size only): "
+                     + ", ".join(static))
     return tasks, task_kinds, notes
 
 
@@ -145,34 +185,46 @@ def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = No
           seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, rounds: int = 10, key: Optional[str] = None,
           trusted: bool = False, trust_ops: tuple[str, ...] = (), threads: Optional[int] = DEFAULT_THREADS, clock: str = "auto",
           on_result: Optional[Callable[[GraphResult], None]] = None,
-          on_plan: Optional[Callable[[int], None]] = None) -> Bench:
+          on_plan: Optional[Callable[[int], None]] = None, sizes: Sequence[Point] = ()) -> Bench:
     """Bench `backend` over every graph (of `kinds`) of every artefact under `paths`.
 
     `threads`: the worker's intra-op threads (None: torch's default); `clock`: graph.CLOCKS,
-    or "auto" (cpu with one thread, wall with more)."""
+    or "auto" (cpu with one thread, wall with more); `sizes`: --sizes' points (sizes.py), each
+    graph benched at every one of them, compiled once. `on_result` is called once per graph
+    (with its first point's result under --sizes)."""
     b = parse_backend(backend)
     b.resolve()  # a user backend that does not import is the user's error, now, once
     models = find_models(paths)
     check_trust(models, key, trusted)
-    tasks, task_kinds, notes = plan(models, backend, kinds, inputs, seed, rounds, trust_ops, clock, threads)
+    tasks, task_kinds, notes = plan(models, backend, kinds, inputs, seed, rounds, trust_ops, clock, threads, sizes)
     if on_plan is not None:
         on_plan(len(tasks))
-    results: list[Optional[GraphResult]] = [None] * len(tasks)
+    results: list[list[GraphResult]] = [[] for _ in tasks]
 
     def done(i: int, outcome: Any) -> None:
+        task = tasks[i]
         if isinstance(outcome, Failure):
-            r = result_from_failure(tasks[i], task_kinds[i], outcome.reason, outcome.detail)
+            rs = (task.failed(task_kinds[i], outcome.reason, outcome.detail) if isinstance(task, SizedGraphTask)
+                  else [result_from_failure(task, task_kinds[i], outcome.reason, outcome.detail)])
             if outcome.reason.startswith("the task raised"):
-                r.status = "runtime_error"
+                for r in rs:
+                    r.status = "runtime_error"
         else:
-            r = outcome
-        results[i] = r
-        if on_result is not None:
-            on_result(r)
+            rs = outcome if isinstance(outcome, list) else [outcome]
+        results[i] = rs
+        if on_result is not None and rs:
+            on_result(rs[0])
 
     start = time.perf_counter()
     ex = ProcessExecutor(workers=1, timeout_s=timeout_s, threads=threads, cwd=Path.cwd())
-    ex.run([Task(f"{t.label} {t.graph}", t, Resources(timeout_s=timeout_s)) for t in tasks],
+    ex.run([Task(task_name(t), t, Resources(timeout_s=timeout_s)) for t in tasks],
            on_start=lambda i: None, on_done=done)
-    final = [r for r in results if r is not None]
-    return Bench(backend, final, scores(final), time.perf_counter() - start, notes)
+    final = [r for rs in results for r in rs]
+    return Bench(backend, final, scores(final), time.perf_counter() - start, notes,
+                 [dict(p) for p in sizes] if sizes else None)
+
+
+def task_name(t: BenchTask) -> str:
+    """How the executor names a task: the artefact and graph."""
+    g = t.task if isinstance(t, SizedGraphTask) else t
+    return f"{g.label} {g.graph}"
