@@ -32,7 +32,7 @@ def test_manifest_lists_every_file_with_its_sha256(quickstart_run):
     root, _ = quickstart_run
     for m in MODELS:
         manifest = json.loads((root / m / "manifest.json").read_text())
-        assert manifest["format_version"] == 3
+        assert manifest["format_version"] == 4
         assert manifest["versions"]["torch"] == torch.__version__
         assert manifest["model"]["name"] == m and manifest["model"]["source"] == f"aotpipe.zoo:{m}"
         on_disk = {p.relative_to(root / m).as_posix() for p in (root / m).rglob("*") if p.is_file()}

@@ -130,7 +130,7 @@ def _raw_manifest(folder, old, new):
 
 def test_a_5000_digit_integer_is_one_line(quickstart_run, tmp_path):
     folder = _copy(quickstart_run, tmp_path / "lib" / "mlp")
-    _raw_manifest(folder, '"format_version": 3', '"format_version": ' + "9" * 5000)
+    _raw_manifest(folder, '"format_version": 4', '"format_version": ' + "9" * 5000)
     needle = "manifest.json: not valid JSON (Exceeds the limit (4300 digits) for integer string conversion"
     for command in (["show", folder], ["replay", folder], ["ls", folder.parent]):
         _one_line(cli(*command), 2, needle)

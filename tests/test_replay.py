@@ -296,9 +296,9 @@ def test_changed_blob_is_refused(copy_of):
 def test_newer_manifest_version_is_refused(copy_of):
     folder = copy_of("mlp")
     m = json.loads((folder / "manifest.json").read_text())
-    m["format_version"] = 4
+    m["format_version"] = 5
     (folder / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ArtifactError, match="format version 4; this aotpipe reads versions 1, 2, 3; upgrade"):
+    with pytest.raises(ArtifactError, match="format version 5; this aotpipe reads versions 1, 2, 3, 4; upgrade"):
         aotpipe.load(folder)
 
 

@@ -75,10 +75,12 @@ def spec_in(folder: Path, source: str, inputs: str = "[{shape: [2, 8]}]"):
 
 def plant(folder: Path, fp: str, change=None) -> Path:
     """The artefact at `folder`, carrying fingerprint `fp`, its manifest changed by `change`
-    (a function of the manifest's JSON) and resealed."""
+    (a function of the manifest's JSON) and resealed. It is labelled with the current format
+    version (version 4 only adds optional fields to the version 3 it was written as)."""
     shutil.copytree(ARTEFACT, folder)
     m = json.loads((folder / "manifest.json").read_text())
     m["fingerprint"] = fp
+    m["format_version"] = FORMAT_VERSION
     if change is not None:
         change(m)
     (folder / "manifest.json").write_bytes(seal(m))
@@ -102,9 +104,13 @@ def one_byte_changed(path: Path) -> None:
 
 FP = "ab" * 32
 # tests/test_rerun_decisions.py::test_the_fingerprints_recipe_is_kept_so_earlier_artefacts_stay_up_to_date
-GOLDEN = {"data": "9701b6cb7c333bf104c3272a9cc81d15aa81eb8e698837260461e4f88ae49072",
-          "plain": "386f87f098f8a85d4ffb795631194cf246faaf5a475ef6f920be414d754fe52c",
-          "sum": "184ecb0fa6d7048568e419c562264398d001b13f33a1bd2d7a4c99121af4b618"}
+# As the fingerprints were with format version 3 (the recipe, less the version) and are now.
+GOLDEN_V3 = {"data": "9701b6cb7c333bf104c3272a9cc81d15aa81eb8e698837260461e4f88ae49072",
+             "plain": "386f87f098f8a85d4ffb795631194cf246faaf5a475ef6f920be414d754fe52c",
+             "sum": "184ecb0fa6d7048568e419c562264398d001b13f33a1bd2d7a4c99121af4b618"}
+GOLDEN = {"data": "8e5a88fe0ddba4ce9f2681f5b9800a7116b86aca7dee5963acac2133b53547f1",
+          "plain": "e802a635bca0e6acfdd1b3d95f4690c921c1bf56fbaf552ece1985efeca15502",
+          "sum": "fb7118809135b9ee5ac8e26810665ff38d70f0d5ecaee4645d203268306af48e"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -275,9 +281,11 @@ def test_a_fingerprint_that_differs_in_its_last_character_is_not_up_to_date(tmp_
     assert up_to_date(folder, FP[:-1] + "c") is None
 
 
-def test_an_artefact_of_an_older_format_is_redone(tmp_path):
-    assert FORMAT_VERSION == 3
-    folder = plant(tmp_path / "m", FP, lambda m: m.update(format_version=2))
+@pytest.mark.parametrize("older", [2, 3])
+def test_an_artefact_of_an_older_format_is_redone(tmp_path, older):
+    assert FORMAT_VERSION == 4
+    assert up_to_date(plant(tmp_path / "m", FP), FP) is not None  # the same artefact at the current version is kept
+    folder = plant(tmp_path / "o", FP, lambda m: m.update(format_version=older))
     assert up_to_date(folder, FP) is None
 
 
@@ -530,6 +538,12 @@ def test_the_fingerprints_recipe_is_kept_so_earlier_artefacts_stay_up_to_date(tm
     got["plain"] = model_fingerprint(spec, tmp_path)
     got["sum"] = model_fingerprint(spec.model_copy(update={"loss": "sum"}), tmp_path)
     assert got == GOLDEN
+    # the format version is all that changed since version 3: a static spec's part is as it was
+    monkeypatch.setattr(manifest_module, "FORMAT_VERSION", 3)
+    assert {k: model_fingerprint(s, tmp_path) for k, s in (
+        ("data", spec_in(tmp_path, "golden_model:build",
+                         "[{shape: [2, 8], data: x.npy}, {name: y, shape: [2], data: gone.npy}]")[0]),
+        ("plain", spec), ("sum", spec.model_copy(update={"loss": "sum"})))} == GOLDEN_V3
 
 
 def test_the_module_is_what_comes_before_the_first_colon_as_building_reads_it(tmp_path):

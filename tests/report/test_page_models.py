@@ -45,7 +45,7 @@ def _wrong_version(path):
 DAMAGE = {
     "corrupt JSON": (lambda p: p.write_text("{ not json"), "manifest.json: not valid JSON (line 1:"),
     "truncated": (_truncate, "manifest.json: not valid JSON (line "),
-    "wrong version": (_wrong_version, "manifest.json: format version 99; this aotpipe reads versions 1, 2, 3; "
+    "wrong version": (_wrong_version, "manifest.json: format version 99; this aotpipe reads versions 1, 2, 3, 4; "
                                       "upgrade aotpipe to read it"),
     "missing": (lambda p: p.unlink(), "manifest.json: missing (an incomplete artefact: run the pipeline again)"),
 }
