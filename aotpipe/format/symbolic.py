@@ -125,8 +125,7 @@ def symbol_sizes(symbols: Mapping[str, SymbolRecord], sizes: Mapping[str, int], 
                             "sizes apply only to a shape-polymorphic capture")
     by_name: dict[str, str] = {}
     for sym, rec in symbols.items():
-        names = [sym, *rec.sources] if rec.dim is None else [sym, rec.dim, *rec.sources]
-        for name in names:
+        for name in [sym, *([rec.dim] if rec.dim else []), *rec.sources]:
             by_name.setdefault(name, sym)
     out = {sym: rec.example for sym, rec in symbols.items()}
     given: dict[str, tuple[str, int]] = {}
@@ -149,7 +148,7 @@ def symbol_sizes(symbols: Mapping[str, SymbolRecord], sizes: Mapping[str, int], 
 
 def _known(symbols: Mapping[str, SymbolRecord]) -> str:
     """The names a graph's symbols go by, for an error: "batch (s43), seq (s53)"."""
-    return ", ".join(f"{rec.dim} ({sym})" if rec.dim else f"{sym} ({', '.join(rec.sources[:1]) or 'unnamed'})"
+    return ", ".join(f"{rec.dim} ({sym})" if rec.dim else f"{sym} ({rec.sources[0] if rec.sources else 'unnamed'})"
                      for sym, rec in sorted(symbols.items(), key=lambda kv: (kv[1].dim or "~", kv[0])))
 
 
