@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import linecache
 import logging
 import os
 import re
+import sys
 import sysconfig
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,12 +113,16 @@ class GuardOrigins:
 
 def _model_frame() -> str | None:
     """'file:line (`code`)' of the innermost frame of the stack outside torch, aotpipe and the
-    standard library: the model's line that is being traced."""
-    for frame in reversed(traceback.extract_stack()):
-        name = frame.filename
-        if name.startswith(_SKIPPED_DIRS) or name.startswith("<") or not name.endswith(".py"):
-            continue
-        return f"{relative_file(name)}:{frame.lineno} (`{(frame.line or '').strip()[:120]}`)"
+    standard library: the model's line that is being traced. Walks the frames themselves (a
+    guard is added hundreds of times in a large model; extracting the whole stack each time
+    reads every frame's source line)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(_SKIPPED_DIRS) or name.startswith("<") or not name.endswith(".py")):
+            line = linecache.getline(name, frame.f_lineno).strip()
+            return f"{relative_file(name)}:{frame.f_lineno} (`{line[:120]}`)"
+        frame = frame.f_back  # type: ignore[assignment]
     return None
 
 

@@ -299,6 +299,7 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
     (checks/sizes.py): the manifest's `dims`; a failure at any size fails the model."""
     from aotpipe.checks.sizes import check_sizes  # torch
 
+    start = time.perf_counter()
     spec, captured = job.spec, job.capture_result()
     make = job.mode.function("example_inputs")
     memory = spec.resources.memory_gb if spec.resources is not None and spec.resources.memory_gb else None
@@ -313,6 +314,7 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
     for c in dims.checked:
         at = ", ".join(f"{k}={v}" for k, v in c.sizes.items())
         mc.problems += [f"at {c.point} ({at}): {p}" for p in c.problems[:2]]
+    mc.seconds += time.perf_counter() - start  # the checks' time: at the example and at these sizes
 
 
 # A model's stages in order: (name, the stage, whether the job needs it). The name is what the
