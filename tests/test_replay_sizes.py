@@ -134,6 +134,20 @@ def test_replay_at_a_checked_size_matches_the_recorded_outputs_bit_for_bit(sizes
     assert out["graphs"][0]["shapes"] == [[at["batch"], at["seq"]]]
 
 
+def test_replay_at_the_example_sizes_draws_the_saved_inputs_and_matches_the_graphs_own_records(sizes_run):
+    # the spec drawn at the example's sizes gives the inputs the capture saved: every output bit for bit
+    r, out = replay_json(sizes_run / "scaled", "--no-sandbox", "--sizes", "batch=4,seq=3")
+    assert r.exit_code == 0, r.output
+    assert "(the example's sizes)" in out["notes"][0]
+    assert {g["kind"]: g["status"] for g in out["graphs"]} == dict.fromkeys(("inference", "forward", "backward",
+                                                                           "joint"), "match")
+    assert all(g["bit_identical"] for g in out["graphs"])
+    # one size off the example in one dimension: no reference any more
+    assert {"batch": 4, "seq": 2} not in checked(sizes_run / "scaled").values()
+    r, out = replay_json(sizes_run / "scaled", "--no-sandbox", "--sizes", "batch=4,seq=2")
+    assert {g["status"] for g in out["graphs"]} == {"ran"} and "no reference" in out["notes"][0]
+
+
 def test_replay_at_an_unchecked_size_runs_and_says_there_is_no_reference(sizes_run):
     assert {"batch": 5, "seq": 4} not in checked(sizes_run / "scaled").values()
     r = CliRunner().invoke(main, ["replay", str(sizes_run / "scaled"), "--no-sandbox", "--sizes", "batch=5,seq=4"])

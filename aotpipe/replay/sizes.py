@@ -141,8 +141,13 @@ def replay_at_sizes(art: Artifact, sizes: dict[str, int], *, graphs: list[str] |
                                                 "and their outputs' shapes are checked"])
         meta = device is not None and parse_device(device).type == "meta"  # no values: shapes only
         checked = None if meta or record is None else next((c for c in record.checked if c.sizes == by_dim), None)
-        results = _replay_drawn(art, kinds, dims, by_dim, by_symbol, checked, device, (differs, why_judged))
-    if checked is not None:
+        # at the example's sizes the drawn inputs are the saved ones: the graphs' own records compare
+        example = not meta and bool(dims) and by_dim == {n: d.example for n, d in dims.items() if d.symbol in by_symbol}
+        reference: SizeCheckRecord | str | None = "example" if example and checked is None else checked
+        results = _replay_drawn(art, kinds, dims, by_dim, by_symbol, reference, device, (differs, why_judged))
+    if reference == "example":
+        note = f"compared with the outputs the capture recorded at {at} (the example's sizes)"
+    elif checked is not None:
         note = f"compared with the outputs the capture recorded at {at} (its {checked.point} size check)"
     else:
         why = "on the meta device (no values)" if meta else \
@@ -216,10 +221,11 @@ def _model_spec(art: Artifact) -> ModelSpec:
 
 
 def _replay_drawn(art: Artifact, kinds: list[str], dims: dict[str, DimRecord], by_dim: dict[str, int],
-                  by_symbol: dict[str, int], checked: SizeCheckRecord | None, device: str | None,
+                  by_symbol: dict[str, int], checked: SizeCheckRecord | str | None, device: str | None,
                   environment: tuple[list[str], str | None]) -> list[GraphReplay]:
     """The graphs `kinds` on inputs bound as the size checks bind them (see the module), each
-    compared with `checked`'s outputs where there is one. A backward's forward runs too."""
+    compared with `checked`'s outputs where there is one ("example": the graph's own recorded
+    outputs). A backward's forward runs too."""
     spec = _model_spec(art)
     make = capture_mode(spec.mode).function("example_inputs")
     args, kwargs = draw_user_inputs(spec, dims, by_dim, make)
@@ -257,12 +263,13 @@ def _replay_drawn(art: Artifact, kinds: list[str], dims: dict[str, DimRecord], b
 
 
 def _judge(result: GraphReplay, ga: GraphArtifact, outs: list[Any], outputs: list[OutputRecord],
-           checked: SizeCheckRecord | None, differs: list[str], unrecorded: str | None) -> None:
+           checked: SizeCheckRecord | str | None, differs: list[str], unrecorded: str | None) -> None:
     """`result`'s status: against the outputs the capture recorded at these sizes (`checked`),
     else its outputs' layouts against the recorded symbolic ones. `differs` and `unrecorded`:
     why bits cannot match here, and why it cannot be told (replay_graph's environment rules)."""
     result.shapes = _shapes(outs)
-    expected = _checked_outputs(checked, ga.name) if checked is not None else None
+    expected = ga.expected_outputs() if checked == "example" else \
+        _checked_outputs(checked, ga.name) if isinstance(checked, SizeCheckRecord) else None
     if expected is None:
         result.mismatches = layout_mismatches(ga, outs, outputs)
         result.status = "mismatch" if result.mismatches else "ran"
