@@ -200,3 +200,37 @@ def test_without_a_place_an_error_says_size():
     with pytest.raises(ArtifactError) as e:
         evaluate("s9", {})
     assert str(e.value) == "size: 's9' names symbol s9, which the graph does not define"
+
+
+from aotpipe.format.symbolic import dense_strides  # noqa: E402
+
+
+@pytest.mark.parametrize("sym_shape, stride, want", [
+    (["s0", 3, 4], [12, 4, 1], [12, 4, 1]),  # contiguous: the batch's stride is static
+    ([3, "s0", 4], [4, 12, 1], [4, 12, 1]),  # batch in the middle, contiguous
+    (["s0", "s1", 4], [16, 4, 1], ["4*s1", 4, 1]),
+    (["s0", 3, 4, 5], [60, 1, 15, 3], [60, 1, 15, 3]),  # channels-last with a static image
+    (["s0", 3, "s1", 5], [3 * 4 * 5, 1, 15, 3], ["15*s1", 1, 15, 3]),  # channels-last, symbolic height
+    (["s0 + 1", 4], [4, 1], [4, 1]),
+    ([4, "s0 + 1"], [6, 1], ["s0 + 1", 1]),
+    ([2, "s0", "s1 + 1"], [25, 5, 1], ["(s1 + 1)*s0", "s1 + 1", 1]),
+    (["s0", 1, 4], [4, 99, 1], [4, 99, 1]),  # a static size-1 dimension keeps its stride
+])
+def test_the_strides_of_a_dense_layout_in_symbols(sym_shape, stride, want):
+    example = {"s0": 5, "s1": 4}
+    got = dense_strides(sym_shape, stride, example)
+    assert got == want
+    assert [evaluate(g, example) for g in got] == stride
+
+
+@pytest.mark.parametrize("sym_shape, stride", [
+    (["s0", 4], [8, 1]),  # a gap between rows
+    (["s0", 4], [0, 1]),  # a broadcast
+    (["s0", 4], [2, 1]),  # rows overlap
+])
+def test_a_layout_with_gaps_overlap_or_broadcast_has_none(sym_shape, stride):
+    assert dense_strides(sym_shape, stride, {"s0": 5}) is None
+
+
+def test_a_transpose_is_dense_with_the_symbol_in_its_stride():
+    assert dense_strides(["s0", 4], [1, 5], {"s0": 5}) == [1, "s0"]

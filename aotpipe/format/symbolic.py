@@ -186,3 +186,33 @@ def records_at(storages: list[StorageRecord], inputs: list[InputRecord], sizes: 
         return storages, inputs
     at = [layout_at(rec, sizes, f"{where} input {rec.name}") for rec in inputs]
     return storages_at(storages, at), at
+
+
+def _product(a: int | str, b: int | str) -> int | str:
+    """a * b as a size expression (numbers multiplied, 1 left out, sums parenthesised)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    wrap = lambda e: f"({e})" if isinstance(e, str) and any(c in e for c in "+- ") else str(e)  # noqa: E731
+    return f"{wrap(a)}*{wrap(b)}"
+
+
+def dense_strides(sym_shape: list[int | str], stride: list[int], example: Mapping[str, int]) -> list[int | str] | None:
+    """The strides, in symbols, of a dense layout of `sym_shape` whose strides at the example
+    sizes are `stride` (any order of dimensions: contiguous, channels-last, a transpose); None
+    when that layout is not dense (a view with gaps, overlap, a broadcast), or `stride` does not
+    say. A static size-1 dimension keeps its example stride (it never steps)."""
+    shape = [evaluate(s, example, "shape") for s in sym_shape]
+    out: list[int | str] = list(stride)
+    run: int | str = 1
+    for d in sorted(range(len(shape)), key=lambda d: (stride[d], shape[d])):
+        if sym_shape[d] == 1:
+            continue
+        if evaluate(run, example, "stride") != stride[d]:
+            return None
+        out[d] = run
+        run = _product(run, sym_shape[d])
+    return out

@@ -20,10 +20,12 @@ are written either way.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
+from collections.abc import Callable
 
 import torch
 import torch.fx
@@ -31,6 +33,7 @@ import torch.fx
 from aotpipe.errors import exception_line
 from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMeta
 from aotpipe.format.records import PassChainRun, PassRecord, SkippedPass, Summary, TimedPassRecord, updated
+from aotpipe.format.symbolic import dense_strides
 from aotpipe.passes import PASSES, chain_order_problems, options_to_json
 from aotpipe.passes.base import GraphUnderPass, PassError
 from aotpipe.runtime import accuracy
@@ -39,7 +42,7 @@ from aotpipe.spec import PassStep
 
 
 def _step(step: PassStep, nodes_before: int, nodes_after: int, modified: bool, seconds: float,
-          max_abs_error: Optional[float], stats: dict[str, Any]) -> TimedPassRecord:
+          max_abs_error: float | None, stats: dict[str, Any]) -> TimedPassRecord:
     """What one pass did (run.json's record; the manifest's is the same less the time).
     max_abs_error: against the graph before it; None when not run (checked at the end)."""
     return TimedPassRecord(name=step.name, options=options_to_json(step.options), nodes_before=nodes_before,
@@ -52,7 +55,7 @@ def untimed(step: TimedPassRecord) -> PassRecord:
     return PassRecord(**{k: v for k, v in step if k != "seconds"})
 
 
-def first_diverging_node(before: GraphUnderPass, after: GraphUnderPass) -> Optional[str]:
+def first_diverging_node(before: GraphUnderPass, after: GraphUnderPass) -> str | None:
     """The first node of `after` that also exists in `before` and whose value differs."""
     _, old = run_with_summaries(before.gm, before.values, accuracy.summary)
     _, new = run_with_summaries(after.gm, after.values, accuracy.summary)
@@ -232,6 +235,20 @@ class AppliedPasses:
         return [lo.record for lo in self.left_out]
 
 
+def _kept_symbolic(meta: TensorMeta | None, base: TensorMeta | None, symbols: dict[str, Any]) -> TensorMeta | None:
+    """An output layout a pass recorded at the example's sizes, given back the symbolic shape of
+    the base graph's output (the same sizes at the example) and the strides of that dense layout;
+    left static where the pass's layout is not dense."""
+    if meta is None or base is None or base.sym_shape is None or meta.sym_shape is not None \
+            or meta.shape != base.shape:
+        return meta
+    example = {name: rec.example for name, rec in symbols.items()}
+    strides = dense_strides(list(base.sym_shape), list(meta.stride), example)
+    if strides is None:
+        return meta
+    return dataclasses.replace(meta, sym_shape=base.sym_shape, sym_stride=tuple(strides))
+
+
 def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> AppliedPasses:
     """Apply the model's pass chain to each graph kind it selects; add the results to `captured`.
 
@@ -267,7 +284,7 @@ def apply_passes(spec: Any, captured: Any, inputs: dict[str, list[Any]]) -> Appl
         for go, arg in zip(final.outputs, out_args):
             val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
             meta = TensorMeta.of(val) if isinstance(val, torch.Tensor) and val.device.type != "meta" else go.meta
-            outputs.append(GraphOutput(go.index, go.role, go.target, meta))
+            outputs.append(GraphOutput(go.index, go.role, go.target, _kept_symbolic(meta, go.meta, g.symbols)))
         # A shape-polymorphic graph's symbols carry over: the size checks run the derived graph at
         # other sizes too, so a pass that fixed a size shows there, named by the chain.
         derived = DerivedGraph(key, chain_name(ran), CapturedGraph(kind, final.gm, final.inputs, outputs,
