@@ -23,9 +23,9 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Optional
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
