@@ -196,8 +196,12 @@ def _product(a: int | str, b: int | str) -> int | str:
         return b
     if b == 1:
         return a
-    wrap = lambda e: f"({e})" if isinstance(e, str) and any(c in e for c in "+- ") else str(e)  # noqa: E731
-    return f"{wrap(a)}*{wrap(b)}"
+    return f"{_factor(a)}*{_factor(b)}"
+
+
+def _factor(e: int | str) -> str:
+    """A size expression as a factor of a product: a sum parenthesised."""
+    return f"({e})" if isinstance(e, str) and any(c in e for c in "+- ") else str(e)
 
 
 def dense_strides(sym_shape: list[int | str], stride: list[int], example: Mapping[str, int]) -> list[int | str] | None:
