@@ -215,6 +215,9 @@ from aotpipe.format.symbolic import dense_strides  # noqa: E402
     ([4, "s0 + 1"], [6, 1], ["s0 + 1", 1]),
     ([2, "s0", "s1 + 1"], [25, 5, 1], ["(s1 + 1)*s0", "s1 + 1", 1]),
     (["s0", 1, 4], [4, 99, 1], [4, 99, 1]),  # a static size-1 dimension keeps its stride
+    (["s0", 1, "s1"], [4, 4, 1], ["s1", 4, 1]),  # ... and the dimensions after it go on
+    (["s0", "2*s1", 3], [24, 3, 1], ["3*2*s1", 3, 1]),  # a product needs no parentheses
+    (["s0", "Max(1, s1)", 3], [12, 3, 1], ["3*(Max(1, s1))", 3, 1]),  # a call does
 ])
 def test_the_strides_of_a_dense_layout_in_symbols(sym_shape, stride, want):
     example = {"s0": 5, "s1": 4}
@@ -230,6 +233,10 @@ def test_the_strides_of_a_dense_layout_in_symbols(sym_shape, stride, want):
 ])
 def test_a_layout_with_gaps_overlap_or_broadcast_has_none(sym_shape, stride):
     assert dense_strides(sym_shape, stride, {"s0": 5}) is None
+
+
+def test_a_shape_that_does_not_compute_at_the_example_has_none():
+    assert dense_strides(["s9", 4], [4, 1], {"s0": 5}) is None
 
 
 def test_a_transpose_is_dense_with_the_symbol_in_its_stride():

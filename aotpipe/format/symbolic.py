@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import re
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -189,34 +190,38 @@ def records_at(storages: list[StorageRecord], inputs: list[InputRecord], sizes: 
 
 
 def _product(a: int | str, b: int | str) -> int | str:
-    """a * b as a size expression (numbers multiplied, 1 left out, sums parenthesised)."""
+    """a * b as a size expression (numbers multiplied, a factor of 1 left out, sums parenthesised)."""
     if isinstance(a, int) and isinstance(b, int):
         return a * b
     if a == 1:
         return b
-    if b == 1:
-        return a
     return f"{_factor(a)}*{_factor(b)}"
 
 
 def _factor(e: int | str) -> str:
-    """A size expression as a factor of a product: a sum parenthesised."""
-    return f"({e})" if isinstance(e, str) and any(c in e for c in "+- ") else str(e)
+    """A size expression as a factor of a product: anything but a product of names and numbers
+    parenthesised."""
+    return str(e) if isinstance(e, int) or re.fullmatch(r"[\w*]+", e) else f"({e})"
 
 
 def dense_strides(sym_shape: list[int | str], stride: list[int], example: Mapping[str, int]) -> list[int | str] | None:
     """The strides, in symbols, of a dense layout of `sym_shape` whose strides at the example
     sizes are `stride` (any order of dimensions: contiguous, channels-last, a transpose); None
-    when that layout is not dense (a view with gaps, overlap, a broadcast), or `stride` does not
-    say. A static size-1 dimension keeps its example stride (it never steps)."""
-    shape = [evaluate(s, example, "shape") for s in sym_shape]
+    when that layout is not dense (a view with gaps, overlap, a broadcast), `stride` does not
+    say, or the shape does not compute at the example. A static size-1 dimension keeps its
+    example stride (it never steps)."""
+    try:
+        shape = [evaluate(s, example) for s in sym_shape]
+    except ArtifactError:
+        return None
     out: list[int | str] = list(stride)
     run: int | str = 1
+    value = 1  # run at the example
     for d in sorted(range(len(shape)), key=lambda d: (stride[d], shape[d])):
         if sym_shape[d] == 1:
             continue
-        if evaluate(run, example, "stride") != stride[d]:
+        if value != stride[d]:
             return None
         out[d] = run
-        run = _product(run, sym_shape[d])
+        run, value = _product(run, sym_shape[d]), value * shape[d]
     return out
