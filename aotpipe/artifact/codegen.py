@@ -8,13 +8,19 @@ graph has any, are read from the model's blobs by relative path.
 from __future__ import annotations
 
 import ast
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
 import torch.fx
-from aotpipe.format import limits
 
+from aotpipe.artifact.ops import SIZE_ARITHMETIC
+from aotpipe.format import limits
 from aotpipe.format.records import GraphRecord
+
+# The Python functions a graph's size arithmetic calls (operator.mul, torch.sym_max, ...).
+_SIZE_OPERATORS = tuple(fn for fn, _ in SIZE_ARITHMETIC.values())
 
 _HEADER = '''\
 # {title}
@@ -195,6 +201,22 @@ def _first_difference(shown: list[ast.stmt], want: list[ast.stmt], end: int
     return None
 
 
+@contextlib.contextmanager
+def _plain_size_arithmetic(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """While on, `gm`'s size arithmetic calls the operator it stands for (``a * b``), as the
+    captured graph module.py was printed from did, not the checked form graph.json's graph is
+    rebuilt with (ops.checked_size_arithmetic): the same computation, printed differently."""
+    swapped = [(n, n.target) for n in gm.graph.nodes
+               if n.op == "call_function" and getattr(n.target, "checked_op", None) in _SIZE_OPERATORS]
+    for node, target in swapped:
+        node.target = target.checked_op  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        for node, target in swapped:
+            node.target = target
+
+
 def code_mismatch(module_py: Path, gm: torch.fx.GraphModule, constants: Optional[dict[str, tuple]] = None
                   ) -> Optional[str]:
     """None if module.py is the file this codegen writes for `gm` (graph.json's graph as
@@ -225,8 +247,9 @@ def code_mismatch(module_py: Path, gm: torch.fx.GraphModule, constants: Optional
         diff = sorted(str(k) for k in set(got) | set(want) if got.get(k) != want.get(k))[:3]
         return (f"{module_py}: constants {', '.join(diff)} differ from graph.json's "
                 "(module.py does not match graph.json)")
-    expected = ast.parse(module_source(gm, title="", input_lines=[], constants=constants, version="",
-                                       torch_version=""))
+    with _plain_size_arithmetic(gm):
+        expected = ast.parse(module_source(gm, title="", input_lines=[], constants=constants, version="",
+                                           torch_version=""))
     try:
         found = _first_difference(_normal_form(tree).body, _normal_form(expected).body, len(data.splitlines()))
     except RecursionError:

@@ -14,6 +14,7 @@ from aotpipe.cli import main
 from aotpipe.errors import ConfigError
 from aotpipe.format import records
 from aotpipe.pipeline.config import parse_pipeline
+from tests.helpers.forge import reseal
 
 MODELS = ("mlp", "small_cnn", "tiny_transformer")
 KINDS = ("inference", "forward", "backward", "joint")
@@ -335,3 +336,21 @@ def test_a_torch_symbolic_size_is_read_without_specialising():
     assert meta.shape == (4, 3) and meta.sym_shape is not None and isinstance(meta.sym_shape[0], str)
     assert size_hint(t.shape[0]) == 4 and isinstance(size_expr(t.shape[0]), str)
     assert not env.guards  # reading the layout added no guard
+
+
+def test_verify_reads_size_arithmetic_in_module_py_as_graph_json_makes_it(dynamic_run, tmp_path):
+    import shutil
+
+    root, _ = dynamic_run
+    r = CliRunner().invoke(main, ["verify", str(root)])
+    assert r.exit_code == 0 and "3/3 artefacts ok" in r.output, r.output
+    # and a size computed differently in module.py is still a mismatch
+    copy = tmp_path / "lib" / "tiny_transformer"
+    shutil.copytree(root / "tiny_transformer", copy)
+    module = next(copy.glob("*_forward_0")) / "module.py"
+    text = module.read_text()
+    assert "sym_size_int * sym_size_int_1" in text
+    module.write_text(text.replace("sym_size_int * sym_size_int_1", "sym_size_int + sym_size_int_1", 1))
+    reseal(copy)  # the manifest's hashes follow: only module.py's code is left to tell
+    r = CliRunner().invoke(main, ["verify", str(copy.parent)])
+    assert r.exit_code == 1 and "shows `mul_23 = sym_size_int + sym_size_int_1`" in r.output, r.output
