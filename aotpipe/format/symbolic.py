@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from aotpipe.errors import ArtifactError
 from aotpipe.format.limits import extent
-from aotpipe.format.records import InputRecord, Layout, StorageRecord, SymbolRecord
+from aotpipe.format.records import InputRecord, Layout, StorageRecord, SymbolRecord, updated
 
 # Larger than any size a tensor can have: an expression past it is refused, not computed.
 _LIMIT = 1 << 62
@@ -166,7 +166,7 @@ def layout_at(rec: _L, sizes: Mapping[str, int], where: str) -> _L:
         update["stride"] = [evaluate(s, sizes, where) for s in rec.sym_stride]
     if isinstance(rec, InputRecord) and rec.sym_value is not None:
         update["value"] = evaluate(rec.sym_value, sizes, where)
-    return rec.model_copy(update=update) if update else rec
+    return updated(rec, **update) if update else rec
 
 
 def storages_at(storages: list[StorageRecord], inputs: list[InputRecord]) -> list[StorageRecord]:
@@ -177,7 +177,7 @@ def storages_at(storages: list[StorageRecord], inputs: list[InputRecord]) -> lis
         if rec.type == "tensor" and rec.storage is not None and rec.shape is not None and rec.stride is not None:
             end = (rec.storage_offset or 0) + extent(rec.shape, rec.stride)
             reach[rec.storage] = max(reach.get(rec.storage, 0), end)
-    return [s.model_copy(update={"numel": reach[k]}) if k in reach else s for k, s in enumerate(storages)]
+    return [updated(s, numel=reach[k]) if k in reach else s for k, s in enumerate(storages)]
 
 
 def records_at(storages: list[StorageRecord], inputs: list[InputRecord], sizes: Mapping[str, int] | None,

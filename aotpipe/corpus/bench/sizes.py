@@ -45,9 +45,9 @@ from aotpipe.corpus.bench.graph import (
     time_graph,
 )
 from aotpipe.errors import AotpipeError, ArtifactError, exception_line
-from aotpipe.format.limits import check_record_bytes, extent
-from aotpipe.format.records import DimRecord, InputRecord, InputsRecord, Manifest, StorageRecord
-from aotpipe.format.symbolic import evaluate, symbols_in
+from aotpipe.format.limits import check_record_bytes
+from aotpipe.format.records import DimRecord, InputsRecord, Manifest
+from aotpipe.format.symbolic import records_at, symbols_in
 from aotpipe.replay.inputs import _random_inputs
 from aotpipe.replay.run import expand_outputs
 from aotpipe.runtime.execution import run_graph
@@ -142,39 +142,14 @@ def is_symbolic(record: InputsRecord) -> bool:
                for r in record.inputs)
 
 
-def _input_at(rec: InputRecord, sizes: dict[str, int], where: str) -> InputRecord:
-    """One input record with its layout (or a size input's value) evaluated at `sizes`."""
-    update: dict[str, Any] = {}
-    if rec.sym_shape is not None:
-        update["shape"] = [evaluate(s, sizes, where) for s in rec.sym_shape]
-    if rec.sym_stride is not None:
-        update["stride"] = [evaluate(s, sizes, where) for s in rec.sym_stride]
-    if rec.sym_value is not None:
-        update["value"] = evaluate(rec.sym_value, sizes, where)
-    return rec.model_copy(update=update) if update else rec
-
-
-def records_at(record: InputsRecord, sizes: dict[str, int], where: str) -> tuple[list[StorageRecord], list[InputRecord]]:
-    """A graph's storage and input records at `sizes` (symbol -> size): each input's layout
-    evaluated from sym_shape/sym_stride, a size input's value from sym_value, and each
-    storage as large as the furthest of its views reaches."""
-    inputs = [_input_at(r, sizes, f"{where} input {r.name}") for r in record.inputs]
-    reach = [0] * len(record.storages)
-    for r in inputs:
-        if r.type == "tensor" and r.storage is not None and r.storage < len(reach):
-            n = extent(tuple(r.shape or []), tuple(r.stride or []))
-            reach[r.storage] = max(reach[r.storage], (r.storage_offset or 0) + n if n else 0)
-    storages = [s.model_copy(update={"numel": n}) for s, n in zip(record.storages, reach, strict=True)]
-    return storages, inputs
-
-
 def inputs_at(ga: Any, sizes: dict[str, int], seed: int) -> list[Any]:
     """Random inputs of a loaded graph at `sizes` (symbol -> size), drawn as --inputs random
     draws them at the example (replay.inputs: the same generator, ranges and aliasing), flat.
 
-    Bench's own until replay.inputs.get_inputs takes sizes; then this is that call."""
+    The records at the sizes are format.symbolic's, as get_inputs(sizes=) takes them; the
+    graph's loaded record is used rather than its files read again."""
     where = str(ga.folder.name)
-    storages, inputs = records_at(ga.record, sizes, where)
+    storages, inputs = records_at(ga.record.storages, ga.record.inputs, sizes, where)
     check_record_bytes(storages, inputs, ga.folder / "inputs.json")
     forward = ga.upstream.record if ga.upstream is not None else None
     try:
@@ -188,11 +163,15 @@ def symbolic_dims(record: InputsRecord) -> list[list[int]]:
     return [[d for d, s in enumerate(r.sym_shape or []) if symbols_in(s)] for r in record.inputs]
 
 
+# dynamo's counter group (torch._dynamo.utils.counters, a dict of Counters: not a record)
+_DYNAMO_STATS = "stats"
+
+
 def compiled_graphs() -> int:
     """How many graphs dynamo has handed to a backend in this process so far: its counter
     ``counters["stats"]["unique_graphs"]`` (one per compile: the first, and each recompile after
     a guard failed). A point's compiles are the counter's rise over its first call."""
-    return int(counters["stats"]["unique_graphs"])
+    return int(counters[_DYNAMO_STATS]["unique_graphs"])
 
 
 @dataclass(frozen=True)
