@@ -14,6 +14,9 @@ Each page is made from the code or data it describes, never typed by hand:
   environment variable (aotpipe/format/limits.py);
 - hf-zoo.md: the transformers zoo table, rendered by tools/zoo_table.py from the rows of
   a zoo run kept in docs/data/hf-zoo.json;
+- hf-zoo-dynamic.md: the zoo with dynamic sizes (pipelines/hf-zoo-dynamic.yaml), its rows
+  kept in docs/data/hf-zoo-dynamic.json, beside the static zoo's (a page that says how to make
+  them while none are kept);
 - mutation.md: the mutation score of the modules users trust, from the runs of
   tools/mutation.py kept in docs/mutation/*.json.
 
@@ -33,7 +36,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 GENERATED = Path("docs") / "generated"
@@ -195,18 +198,54 @@ def limits_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def hf_zoo_page() -> str:
-    """The transformers zoo table from docs/data/hf-zoo.json."""
-    spec = importlib.util.spec_from_file_location("zoo_table", REPO / "tools" / "zoo_table.py")
+def _zoo_table() -> Any:
+    """tools/zoo_table.py, which renders the zoo pages (a tool beside this one, not a package module)."""
+    spec = importlib.util.spec_from_file_location("zoo_table", Path(__file__).resolve().parent / "zoo_table.py")
     zoo_table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(zoo_table)
+    return zoo_table
+
+
+def hf_zoo_page() -> str:
+    """The transformers zoo table from docs/data/hf-zoo.json."""
     data = json.loads((REPO / "docs" / "data" / "hf-zoo.json").read_text(encoding="utf-8"))
     return "\n".join([
         _header("docs/data/hf-zoo.json (written by `python tools/zoo_table.py artifacts/hf-zoo --save "
                 "docs/data/hf-zoo.json` after a zoo run)"),
         "# The transformers zoo: every architecture (generated)", "",
         data.get("note", ""), "", "See [zoo.md](../zoo.md) for what the failures are.", "",
-        zoo_table.render(data)])
+        _zoo_table().render(data)])
+
+
+DYNAMIC_ZOO_COMMANDS = """```
+python tools/hf_zoo.py --dims                    # pipelines/hf-zoo-dynamic.yaml (ranges fitted in eager, cached)
+aotpipe run pipelines/hf-zoo-dynamic.yaml            # -> artifacts/hf-zoo-dynamic
+python tools/zoo_table.py artifacts/hf-zoo-dynamic --save docs/data/hf-zoo-dynamic.json
+python tools/gen_docs.py
+```"""
+
+
+def hf_zoo_dynamic_page() -> str:
+    """The zoo with dynamic sizes from docs/data/hf-zoo-dynamic.json, beside docs/data/hf-zoo.json's
+    static run; while no dynamic run is kept, the page says so and how to make one."""
+    data_path = REPO / "docs" / "data" / "hf-zoo-dynamic.json"
+    static_path = REPO / "docs" / "data" / "hf-zoo.json"
+    lines = [_header("docs/data/hf-zoo-dynamic.json and docs/data/hf-zoo.json (written by `python "
+                     "tools/zoo_table.py OUTPUT --save ...` after each zoo run)"),
+             "# The transformers zoo with dynamic sizes (generated)", "",
+             "pipelines/hf-zoo-dynamic.yaml holds the zoo's models (pipelines/hf-zoo.yaml: the same configs and "
+             "example inputs) with a dynamic batch, and a dynamic sequence where the inputs have one (token ids, "
+             "masks, a decoder's tokens, raw audio, spectrogram frames where no count is fixed); its header says "
+             "how the ranges were chosen. A model is *dynamic ok* when it is ok with every named dimension "
+             "symbolic and its graphs pass their checks at the min, the max and a random size. See "
+             "[zoo.md](../zoo.md) and [hf-zoo.md](hf-zoo.md) for the static zoo.", ""]
+    if not data_path.is_file():
+        return "\n".join(lines + [
+            "**No run of the dynamic zoo is recorded yet**: docs/data/hf-zoo-dynamic.json does not exist. "
+            "To make one:", "", DYNAMIC_ZOO_COMMANDS, ""])
+    data = json.loads(data_path.read_text(encoding="utf-8"))
+    static = json.loads(static_path.read_text(encoding="utf-8")) if static_path.is_file() else None
+    return "\n".join(lines + [data.get("note", ""), "", _zoo_table().render_dynamic(data, static)])
 
 
 def mutation_page() -> str:
@@ -224,6 +263,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "layers.md": layers_page,
     "cli.md": cli_page,
     "hf-zoo.md": hf_zoo_page,
+    "hf-zoo-dynamic.md": hf_zoo_dynamic_page,
     "limits.md": limits_page,
     "mutation.md": mutation_page,
 }

@@ -19,6 +19,12 @@ For each architecture transformers lists (one model class per ``model_type``), t
    the transformers/torch versions, so a re-run only checks what changed), and writes a
    pipeline of the architectures that passed.
 
+With ``--dims`` it writes the dynamic zoo instead (``pipelines/hf-zoo-dynamic.yaml``): the models
+of ``pipelines/hf-zoo.yaml`` (the same configs and example inputs; the static checks are not
+redone) with their batch and sequence sizes named dimensions (:func:`named_dims`), each range
+narrowed to the model's position limits and then to what it runs in eager at its min and max
+(:func:`fit_ranges`; cached in ``tools/hf_zoo_dims_eager.json``).
+
 Examples::
 
     .venv/bin/python tools/hf_zoo.py                       # check all (cached), write pipelines/hf-zoo.yaml
@@ -26,6 +32,7 @@ Examples::
     .venv/bin/python tools/hf_zoo.py --limit 20 -o /tmp/first20.yaml
     .venv/bin/python tools/hf_zoo.py --shard 1/4 -o pipelines/hf-zoo-1.yaml
     .venv/bin/python tools/hf_zoo.py --report              # counts and failures grouped by cause
+    .venv/bin/python tools/hf_zoo.py --dims                # pipelines/hf-zoo-dynamic.yaml (ranges checked, cached)
 """
 
 from __future__ import annotations
@@ -44,11 +51,13 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = REPO / "tools" / "hf_zoo_eager.json"
 DEFAULT_OUTPUT = REPO / "pipelines" / "hf-zoo.yaml"
+DEFAULT_DIMS_CACHE = REPO / "tools" / "hf_zoo_dims_eager.json"
+DEFAULT_DIMS_OUTPUT = REPO / "pipelines" / "hf-zoo-dynamic.yaml"
 
 # ---------------------------------------------------------------------------------------
 # sizes the generic shrinking aims for
@@ -202,7 +211,7 @@ def _jsonable(v: Any) -> Any:
 class _Shrinker:
     """Computes the overrides that shrink one config tree; all ids remapped consistently."""
 
-    def __init__(self, mrope_default: Optional[list[int]] = None) -> None:
+    def __init__(self, mrope_default: list[int] | None = None) -> None:
         self.mrope_default = mrope_default  # rope_parameters["mrope_section"] the model's code falls back to
         self.widths: set[int] = set()  # widths and feed-forward sizes of every config of the tree
         self.ffns: set[int] = set()
@@ -413,7 +422,7 @@ def _sub_config_dict(default_sub: Any, overrides: dict[str, Any]) -> dict[str, A
     return _jsonable(out)
 
 
-def shrunk_config(config_cls: type, model_type: str, mrope_default: Optional[list[int]] = None) -> dict[str, Any]:
+def shrunk_config(config_cls: type, model_type: str, mrope_default: list[int] | None = None) -> dict[str, Any]:
     """The `config:` mapping of a pipeline entry: the fields to pass to `config_cls(**...)`."""
     default = config_cls()
     shrinker = _Shrinker(mrope_default)
@@ -562,6 +571,138 @@ def candidate_inputs(model_cls: type, cfg: Any) -> list[list[dict[str, Any]]]:
 
 
 # ---------------------------------------------------------------------------------------
+# dynamic sizes (--dims)
+
+# The dynamic zoo's named dimensions: name -> (min, max, example). The example is the size the
+# static zoo's eager check ran at, so a model's example inputs are the static zoo's; min and max
+# are sizes every shrunk model should take (a short sentence, a few clips, a batch of one), then
+# narrowed per model by its config's position limits (max_position_embeddings, ...) and by the
+# eager check of the range (:func:`fit_ranges`).
+DIM_RANGES: dict[str, tuple[int, int, int]] = {
+    "batch": (1, 4, BATCH),
+    "seq": (4, 64, SEQ),                        # text tokens
+    "decoder_seq": (2, 32, DECODER_SEQ),        # decoder tokens of an encoder-decoder
+    "samples": (2000, 8000, AUDIO_SAMPLES),     # raw waveform samples
+    "frames": (32, 128, AUDIO_FRAMES),          # spectrogram frames, where no fixed count is configured
+}
+TOKEN_INPUTS = {"input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "inputs"}
+DECODER_INPUTS = {"decoder_input_ids", "decoder_attention_mask"}
+# Config fields that bound a text sequence (position tables), and those of a decoder's.
+TEXT_LIMIT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_seq_length",
+                   "max_sequence_length", "max_text_len")
+DECODER_LIMIT_KEYS = ("max_target_positions",) + TEXT_LIMIT_KEYS
+# Sub-configs whose position limits are not the text's (an audio encoder's source positions, ...).
+NOT_TEXT = ("vision", "audio", "image", "speech", "visual", "depth", "codec", "vq", "video", "speaker")
+
+
+def _text_limit(cfg: Any, keys: tuple[str, ...]) -> int | None:
+    """The smallest of `keys` on the config and its text sub-configs (not vision, audio, ...)."""
+    found = [v for k, v in _public(cfg).items() if k in keys and isinstance(v, int) and not isinstance(v, bool)
+             and v > 0]
+    for k, v in _public(cfg).items():
+        if _is_config(v) and not any(w in k for w in NOT_TEXT):
+            sub = _text_limit(v, keys)
+            if sub is not None:
+                found.append(sub)
+    return min(found) if found else None
+
+
+def named_dims(inputs: list[dict[str, Any]], cfg: Any) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """The inputs with their batch and sequence sizes named (`shape: [batch, seq]`), and each
+    named dimension's [min, max, example]: a batch for every input; token ids, masks and
+    positions a sequence; a decoder's its own; raw audio its samples; spectrogram features their
+    frames where the config fixes no count (whisper-style encoders take exactly
+    2 * max_source_positions); images, video and time series keep their other sizes (a vision
+    transformer's position table is sized for one image size)."""
+    ranges = {k: list(v) for k, v in DIM_RANGES.items()}
+    limits = {"seq": _text_limit(cfg, TEXT_LIMIT_KEYS), "decoder_seq": _text_limit(cfg, DECODER_LIMIT_KEYS)}
+    for k, limit in limits.items():
+        if limit is not None:
+            ranges[k][1] = max(ranges[k][2], min(ranges[k][1], limit))
+    out, used = [], set()
+    for inp in inputs:
+        shape: list[Any] = list(inp["shape"])
+        name = inp.get("name", "")
+        names: dict[int, str] = {}
+        if shape and shape[0] == BATCH:
+            names[0] = "batch"
+        if name in TOKEN_INPUTS and len(shape) >= 2 and shape[1] == SEQ:
+            names[1] = "seq"
+        elif name in DECODER_INPUTS and len(shape) == 2 and shape[1] == DECODER_SEQ:
+            names[1] = "decoder_seq"
+        elif name == "input_values" and len(shape) == 2 and shape[1] == AUDIO_SAMPLES:
+            names[1] = "samples"
+        elif name == "input_features" and _find(cfg, "max_source_positions") is None:
+            axes = [d for d in range(1, len(shape)) if shape[d] == AUDIO_FRAMES]
+            if len(axes) == 1:  # the frames' axis, where the features' is another size
+                names[axes[0]] = "frames"
+        for d, dim in names.items():
+            shape[d] = dim
+            used.add(dim)
+        out.append({**inp, "shape": shape})
+    return out, {k: ranges[k] for k in DIM_RANGES if k in used}
+
+
+def _halfway(v: int, example: int) -> int:
+    """The next bound to try from `v` toward the example: half a max, twice a min."""
+    return max(example, v // 2) if v > example else min(example, v * 2)
+
+
+def fit_ranges(dims: dict[str, list[int]], fails: Any) -> tuple[dict[str, list[int]], list[str]]:
+    """The ranges narrowed to what the model runs at in eager, and one line per narrowing.
+
+    `fails(sizes)` runs the model with each named dimension at `sizes`' size (the others at
+    their example) and says why it does not run ('' when it does). Both corners of the ranges
+    (every dimension at its min; every one at its max) are tried first; where one fails, each
+    dimension's max is halved and its min doubled toward its example until the model runs with
+    the others at their examples, and then the corners are narrowed together until they run. A
+    dimension left at its example alone is static (min = max = example)."""
+    lo = {k: d[0] for k, d in dims.items()}
+    hi = {k: d[1] for k, d in dims.items()}
+    ex = {k: d[2] for k, d in dims.items()}
+    notes: list[str] = []
+    if not fails(lo) and not fails(hi):
+        return {k: list(d) for k, d in dims.items()}, notes
+    for k in dims:
+        for bound, ends in (("max", hi), ("min", lo)):
+            v = ends[k]
+            while v != ex[k]:
+                why = fails({**ex, k: v})
+                if not why:
+                    break
+                notes.append(f"{k} {bound} {v}: {why}")
+                v = _halfway(v, ex[k])
+            ends[k] = v
+    for ends, name in ((lo, "min"), (hi, "max")):
+        while any(ends[k] != ex[k] for k in dims):
+            why = fails(ends)
+            if not why:
+                break
+            notes.append(f"{name} together ({', '.join(f'{k}={v}' for k, v in ends.items())}): {why}")
+            for k in dims:
+                ends[k] = _halfway(ends[k], ex[k])
+    return {k: [lo[k], hi[k], ex[k]] for k in dims}, notes
+
+
+def dims_inputs(inputs: list[dict[str, Any]], dims: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """The inputs with a static dimension (min = max) written as its size again."""
+    static = {k: d[2] for k, d in dims.items() if d[0] == d[1]}
+    return [{**inp, "shape": [static.get(s, s) if isinstance(s, str) else s for s in inp["shape"]]} for inp in inputs]
+
+
+def dims_entry(name: str, source: str, config: dict[str, Any], inputs: list[dict[str, Any]],
+               dims: dict[str, list[int]]) -> dict[str, Any]:
+    """A dynamic zoo model: its inputs' named sizes, and `dims:` for each range that is not the
+    defaults' (the defaults declare every name of DIM_RANGES)."""
+    entry = _entry(name, source, config, dims_inputs(inputs, dims))
+    own = {k: {"min": d[0], "max": d[1], "example": d[2]} for k, d in dims.items()
+           if d[0] != d[1] and tuple(d) != DIM_RANGES[k]}
+    if own:
+        entry["dims"] = own
+    return entry
+
+
+# ---------------------------------------------------------------------------------------
 # plans and the eager check
 
 
@@ -585,9 +726,9 @@ class Result:
     key: str                       # digest of what was checked; a changed plan is re-checked
     status: str                    # ok | skip | plan | build | eager | timeout | crash
     reason: str = ""               # one line; empty when ok
-    config: Optional[dict[str, Any]] = None
-    inputs: Optional[list[dict[str, Any]]] = None  # the candidate that passed
-    params: Optional[int] = None
+    config: dict[str, Any] | None = None
+    inputs: list[dict[str, Any]] | None = None  # the candidate that passed
+    params: int | None = None
     seconds: float = 0.0
     tried: list[str] = field(default_factory=list)  # one line per failed candidate
 
@@ -597,7 +738,7 @@ def _line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"[:300]
 
 
-def _mrope_default(model_cls: type) -> Optional[list[int]]:
+def _mrope_default(model_cls: type) -> list[int] | None:
     """The mrope_section the model's code falls back to when the config has none (read from
     its module and the transformers modules it imports from), or None."""
     mod = sys.modules.get(model_cls.__module__)
@@ -615,10 +756,10 @@ def _mrope_default(model_cls: type) -> Optional[list[int]]:
     return None
 
 
-_MROPE_CACHE: dict[str, Optional[list[int]]] = {}
+_MROPE_CACHE: dict[str, list[int] | None] = {}
 
 
-def _mrope_for_type(model_type: str) -> Optional[list[int]]:
+def _mrope_for_type(model_type: str) -> list[int] | None:
     """The mrope_section fallback of the model class that a model_type maps to, if any."""
     if model_type not in _MROPE_CACHE:
         import transformers
@@ -652,12 +793,16 @@ def make_plan(arch: Arch) -> tuple[Plan, Any]:
     return Plan(arch.model_type, safe_name(arch.model_type), f"hf:{arch.class_name}", config, cands), cfg_obj
 
 
-def _pipeline_yaml(name: str, entries: list[dict[str, Any]], header: str = "") -> str:
+def _pipeline_yaml(name: str, entries: list[dict[str, Any]], header: str = "",
+                   dims: dict[str, list[int]] | None = None) -> str:
     import yaml
 
+    defaults: dict[str, Any] = {"mode": "auto", "graphs": ["inference", "forward", "backward", "joint"]}
+    if dims:
+        defaults["dims"] = {k: {"min": d[0], "max": d[1], "example": d[2]} for k, d in dims.items()}
     doc = {"version": 1, "name": name, "output": "artifacts", "seed": 0, "executor": {"kind": "process", "workers": 2, "timeout_s": 600, "memory_gb": 8},
            # auto: torch.export, and where it refuses a model (data-dependent control flow), dynamo
-           "defaults": {"mode": "auto", "graphs": ["inference", "forward", "backward", "joint"]}}
+           "defaults": defaults}
     text = header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
     body = yaml.safe_dump({"models": entries}, sort_keys=False, default_flow_style=None, width=120)
     return text + body
@@ -667,24 +812,28 @@ def _entry(name: str, source: str, config: dict[str, Any], inputs: list[dict[str
     return {"name": name, "source": source, "config": config, "inputs": inputs}
 
 
-def _check_candidate(plan: Plan, inputs: list[dict[str, Any]], tmp: Path) -> tuple[str, str, Optional[int]]:
-    """(status, reason, parameter count) of one candidate, built exactly as aotpipe builds it."""
+def _build(path: Path) -> tuple[Any, Any]:
+    """(the spec, the model) of the one-model pipeline at `path`, as aotpipe builds them."""
+    from aotpipe.models.sources import build_model
+    from aotpipe.pipeline.config import load_pipeline
+
+    spec = load_pipeline(path).models[0]
+    return spec, build_model(spec)
+
+
+def _eager_problem(spec: Any, model: Any) -> str:
+    """Why the model does not run an eval forward and a training forward + backward on the
+    spec's example inputs ('' when it does)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from aotpipe.models.eager import sum_loss
-    from aotpipe.models.sources import build_model, make_example_inputs
-    from aotpipe.pipeline.config import load_pipeline
+    from aotpipe.models.sources import make_example_inputs
 
-    path = tmp / f"{plan.name}.yaml"
-    path.write_text(_pipeline_yaml("hf-zoo-check", [_entry(plan.name, plan.source, plan.config, inputs)]))
     try:
-        spec = load_pipeline(path).models[0]
-        model = build_model(spec)
         args, kwargs = make_example_inputs(spec)
     except Exception as e:
-        return "build", _line(e), None
-    n_params = sum(p.numel() for p in model.parameters())
+        return f"inputs: {_line(e)}"
     try:
         model.eval()
         with torch.no_grad():
@@ -694,8 +843,26 @@ def _check_candidate(plan: Plan, inputs: list[dict[str, Any]], tmp: Path) -> tup
             out = model(*args, **kwargs)
             sum_loss(out).backward()
     except Exception as e:
-        return "eager", _line(e), n_params
-    return "ok", "", n_params
+        return _line(e)
+    finally:
+        model.zero_grad(set_to_none=True)
+    return ""
+
+
+def _check_candidate(plan: Plan, inputs: list[dict[str, Any]], tmp: Path) -> tuple[str, str, int | None]:
+    """(status, reason, parameter count) of one candidate, built exactly as aotpipe builds it."""
+    path = tmp / f"{plan.name}.yaml"
+    path.write_text(_pipeline_yaml("hf-zoo-check", [_entry(plan.name, plan.source, plan.config, inputs)]))
+    try:
+        spec, model = _build(path)
+        from aotpipe.models.sources import make_example_inputs
+
+        make_example_inputs(spec)
+    except Exception as e:
+        return "build", _line(e), None
+    n_params = sum(p.numel() for p in model.parameters())
+    problem = _eager_problem(spec, model)
+    return ("eager", problem, n_params) if problem else ("ok", "", n_params)
 
 
 def _child(plan: Plan, conn: Any, mem_bytes: int) -> None:
@@ -729,7 +896,7 @@ def _child(plan: Plan, conn: Any, mem_bytes: int) -> None:
         os._exit(0)
 
 
-def plan_key(arch: Arch, plan: Optional[Plan]) -> str:
+def plan_key(arch: Arch, plan: Plan | None) -> str:
     """Digest of everything that decides a check's outcome: the class, the plan (config and
     candidate inputs) and the library versions. A cached result with the same key is reused."""
     import torch
@@ -740,16 +907,16 @@ def plan_key(arch: Arch, plan: Optional[Plan]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def check(arch: Arch, plan: Plan, timeout: float, mem_gb: float) -> Result:
-    """Check one architecture's plan in a forked subprocess with a time and memory limit."""
-    key = plan_key(arch, plan)
+def _in_subprocess(target: Any, args: tuple, timeout: float, mem_gb: float) -> tuple[dict[str, Any] | None, str, float]:
+    """Run `target(*args, conn, mem_bytes)` in a forked subprocess with a time and memory limit:
+    (the message it sent or None, why none came: '' | 'timeout' | 'crash', seconds)."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     start = time.perf_counter()
-    p = ctx.Process(target=_child, args=(plan, child, int(mem_gb * (1 << 30))))
+    p = ctx.Process(target=target, args=(*args, child, int(mem_gb * (1 << 30))))
     p.start()
     child.close()
-    msg: Optional[dict[str, Any]] = None
+    msg: dict[str, Any] | None = None
     if parent.poll(timeout):
         try:
             msg = parent.recv()
@@ -759,20 +926,104 @@ def check(arch: Arch, plan: Plan, timeout: float, mem_gb: float) -> Result:
     if p.is_alive() and msg is None:
         p.kill()
         p.join()
-        return Result(arch.model_type, arch.class_name, key, "timeout", f"over {timeout:.0f} s", plan.config,
-                      plan.candidates[0] if plan.candidates else None, seconds=seconds)
+        return None, f"over {timeout:.0f} s", seconds
     p.join(10)
     if p.is_alive():
         p.kill()
         p.join()
+    return msg, "" if msg is not None else f"subprocess died with exit code {p.exitcode}", seconds
+
+
+def check(arch: Arch, plan: Plan, timeout: float, mem_gb: float) -> Result:
+    """Check one architecture's plan in a forked subprocess with a time and memory limit."""
+    key = plan_key(arch, plan)
+    msg, died, seconds = _in_subprocess(_child, (plan,), timeout, mem_gb)
+    if msg is None and died.startswith("over"):
+        return Result(arch.model_type, arch.class_name, key, "timeout", died, plan.config,
+                      plan.candidates[0] if plan.candidates else None, seconds=seconds)
     if msg is None:
-        msg = {"status": "crash", "reason": f"subprocess died with exit code {p.exitcode}"}
+        msg = {"status": "crash", "reason": died}
     return Result(arch.model_type, arch.class_name, key, msg["status"], msg.get("reason", ""), plan.config,
                   msg.get("inputs") or (plan.candidates[0] if plan.candidates else None), msg.get("params"),
                   seconds, msg.get("tried", []))
 
 
-def plan_or_result(arch: Arch) -> tuple[Optional[Plan], Optional[Result]]:
+@dataclass
+class RangeResult:
+    """The eager check of one model's dynamic sizes (one entry of the --dims cache)."""
+
+    name: str                      # the model's name in the static zoo (its model_type, made safe)
+    key: str                       # digest of the entry, the named inputs, the ranges and the versions
+    status: str                    # ok | build | timeout | crash | unchecked
+    reason: str = ""               # one line; empty when ok
+    inputs: list[dict[str, Any]] | None = None  # with the dynamic sizes named
+    dims: dict[str, list[int]] = field(default_factory=dict)  # name -> [min, max, example], as fitted
+    narrowed: list[str] = field(default_factory=list)  # one line per bound the eager check moved
+    seconds: float = 0.0
+
+
+def dims_plan(entry: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """The named inputs and the ranges to check of a static zoo entry (pipelines/hf-zoo.yaml)."""
+    import transformers
+
+    model_cls = getattr(transformers, entry["source"].removeprefix("hf:"))
+    return named_dims(entry.get("inputs") or [], model_cls.config_class(**(entry.get("config") or {})))
+
+
+def _range_child(entry: dict[str, Any], inputs: list[dict[str, Any]], dims: dict[str, list[int]], conn: Any,
+                 mem_bytes: int) -> None:
+    """Runs in the forked subprocess: build the model once, fit its ranges in eager."""
+    try:
+        if mem_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{entry['name']}.yaml"
+            path.write_text(_pipeline_yaml("hf-zoo-dims-check", [{**entry, "inputs": inputs}], dims=dims))
+            try:
+                spec, model = _build(path)
+            except Exception as e:
+                conn.send({"status": "build", "reason": _line(e)})
+                return
+        fitted, notes = fit_ranges(dims, lambda sizes: _eager_problem(spec.at(sizes), model))
+        conn.send({"status": "ok", "dims": fitted, "narrowed": notes})
+    except BaseException as e:  # MemoryError, anything: report, never hang the parent
+        try:
+            conn.send({"status": "crash", "reason": _line(e)})
+        except Exception:
+            pass
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def range_key(entry: dict[str, Any], inputs: list[dict[str, Any]], dims: dict[str, list[int]]) -> str:
+    """Digest of what decides a range check: the static entry (class, config, inputs), the named
+    inputs, the ranges to fit and the library versions. A cached result with the same key is reused."""
+    import torch
+    import transformers
+
+    blob = json.dumps([entry, inputs, dims, transformers.__version__, torch.__version__], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def check_ranges(entry: dict[str, Any], inputs: list[dict[str, Any]], dims: dict[str, list[int]], timeout: float,
+                 mem_gb: float) -> RangeResult:
+    """A static zoo model's dynamic sizes, their ranges fitted in eager in a forked subprocess."""
+    key = range_key(entry, inputs, dims)
+    if not dims:
+        return RangeResult(entry["name"], key, "ok", inputs=inputs)
+    msg, died, seconds = _in_subprocess(_range_child, (entry, inputs, dims), timeout, mem_gb)
+    if msg is None:
+        return RangeResult(entry["name"], key, "timeout" if died.startswith("over") else "crash", died, inputs,
+                           dims, seconds=seconds)
+    return RangeResult(entry["name"], key, msg["status"], msg.get("reason", ""), inputs, msg.get("dims", dims),
+                       msg.get("narrowed", []), seconds)
+
+
+def plan_or_result(arch: Arch) -> tuple[Plan | None, Result | None]:
     """The plan of an architecture, or the Result saying why none could be made."""
     skip = OVERRIDES.get(arch.model_type, {}).get("skip")
     if skip:
@@ -787,14 +1038,15 @@ def plan_or_result(arch: Arch) -> tuple[Optional[Plan], Optional[Result]]:
 # cache, selection, output
 
 
-def load_cache(path: Path) -> dict[str, Result]:
+def load_cache(path: Path, kind: type = Result) -> dict[str, Any]:
+    """The cached results at `path` (Result, or RangeResult for --dims), by model_type."""
     if not path.exists():
         return {}
     data = json.loads(path.read_text())
-    return {k: Result(**v) for k, v in data.get("results", {}).items()}
+    return {k: kind(**v) for k, v in data.get("results", {}).items()}
 
 
-def save_cache(path: Path, cache: dict[str, Result]) -> None:
+def save_cache(path: Path, cache: dict[str, Any]) -> None:
     import torch
     import transformers
 
@@ -805,7 +1057,7 @@ def save_cache(path: Path, cache: dict[str, Result]) -> None:
     tmp.replace(path)
 
 
-def select(archs: list[Arch], only: list[str], shard: Optional[str], limit: Optional[int]) -> list[Arch]:
+def select(archs: list[Arch], only: list[str], shard: str | None, limit: int | None) -> list[Arch]:
     if only:
         known = {a.model_type for a in archs}
         missing = [t for t in only if t not in known]
@@ -856,14 +1108,119 @@ def write_pipeline(path: Path, results: list[Result], name: str) -> int:
     return len(entries)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def dims_header(ranges: list[RangeResult]) -> str:
+    """The dynamic zoo's YAML header: what is dynamic, how the ranges were chosen, what the eager
+    check changed (counted from `ranges`)."""
+    import textwrap
+
+    defaults = ", ".join(f"{k} {lo}..{hi} (example {ex})" for k, (lo, hi, ex) in DIM_RANGES.items())
+    narrowed = sum(1 for r in ranges if r.narrowed)
+    static = sum(1 for r in ranges if any(d[0] == d[1] for d in r.dims.values()))
+    unchecked = [r.name for r in ranges if r.status != "ok"]
+    paragraphs = [
+        "Generated by tools/hf_zoo.py --dims: the models of pipelines/hf-zoo.yaml (the same configs and "
+        "example inputs) with their batch and sequence sizes dynamic. Do not edit by hand:",
+        "  .venv/bin/python tools/hf_zoo.py --dims     (re-checks only what changed)",
+        "  aotpipe run pipelines/hf-zoo-dynamic.yaml",
+        "Dynamic sizes, by input: token ids, masks and positions [batch, seq]; a decoder's tokens "
+        "[batch, decoder_seq]; raw audio [batch, samples]; spectrogram features their frames too where the "
+        "config fixes no frame count (whisper-style encoders take exactly 2 * max_source_positions); images, "
+        "video and time series their batch only (a position table is sized for one image size).",
+        f"Ranges: the defaults below, {defaults}; each example is the size the static zoo ran at. A model's "
+        "own dims: narrow them: a sequence's max to its config's position limit (max_position_embeddings, "
+        "n_positions, ... of the text configs), then each bound to what the model runs in eager (an eval "
+        "forward and a training forward + backward with every dimension at its min, and at its max; where "
+        "one fails, each failing bound is halved (max) or doubled (min) toward the example, one dimension "
+        "at a time, until it runs).",
+        f"The eager check narrowed {narrowed} of {len(ranges)} models' ranges, {static} to a static size.",
+    ]
+    if unchecked:
+        paragraphs.append(f"Not checked in eager (their ranges as derived): {', '.join(unchecked)}.")
+    lines = [line for para in paragraphs
+             for line in (textwrap.wrap(para, 96) if not para.startswith("  ") else [para])]
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def write_dims_pipeline(path: Path, entries: list[dict[str, Any]], ranges: dict[str, RangeResult], name: str) -> int:
+    """The dynamic zoo: each static zoo entry with its named sizes and fitted ranges."""
+    used = [ranges[e["name"]] for e in entries]
+    out = [dims_entry(e["name"], e["source"], e.get("config") or {}, r.inputs or [], r.dims) for e, r in zip(entries, used, strict=True)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_pipeline_yaml(name, out, dims_header(used), dims={k: list(v) for k, v in DIM_RANGES.items()}))
+    return len(out)
+
+
+def dims_report(ranges: list[RangeResult]) -> str:
+    """Each model whose ranges the eager check narrowed or could not check, and why."""
+    lines = [f"ranges: {len(ranges)} models, {sum(1 for r in ranges if r.narrowed)} narrowed, "
+             f"{sum(1 for r in ranges if r.status != 'ok')} not checked"]
+    for r in ranges:
+        if r.status != "ok":
+            lines.append(f"  {r.name}: {r.status}: {r.reason[:140]}")
+        elif r.narrowed:
+            fitted = ", ".join(f"{k} {d[0]}..{d[1]}" for k, d in r.dims.items())
+            lines.append(f"  {r.name}: {fitted}; {r.narrowed[0][:140]}")
+    return "\n".join(lines)
+
+
+def select_entries(entries: list[dict[str, Any]], only: list[str], shard: str | None,
+                   limit: int | None) -> list[dict[str, Any]]:
+    """The static zoo's entries --only, --shard and --limit pick (by model_type, as for the static zoo)."""
+    if only:
+        names = {safe_name(t): t for t in only}
+        missing = [t for n, t in names.items() if n not in {e["name"] for e in entries}]
+        if missing:
+            sys.exit(f"not in the static zoo: {', '.join(missing)}; run tools/hf_zoo.py --only {' '.join(missing)} "
+                     "first, or check the spelling")
+        entries = [e for e in entries if e["name"] in names]
+    if shard:
+        i, n = (int(x) for x in shard.split("/"))
+        if not 1 <= i <= n:
+            sys.exit("--shard is I/N with 1 <= I <= N")
+        entries = entries[i - 1::n]
+    return entries[:limit] if limit is not None else entries
+
+
+def dims_main(a: argparse.Namespace, output: Path) -> int:
+    """--dims: the static zoo's entries with named sizes, their ranges fitted in eager (cached)."""
+    import yaml
+
+    start = time.perf_counter()
+    entries = select_entries(yaml.safe_load(a.static.read_text())["models"], a.only, a.shard, a.limit)
+    cache: dict[str, RangeResult] = load_cache(a.dims_cache, RangeResult)
+    ranges: dict[str, RangeResult] = {}
+    for i, entry in enumerate(entries):
+        name = entry["name"]
+        inputs, dims = dims_plan(entry)
+        cached = cache.get(name)
+        fresh = not a.recheck and not (a.recheck_failed and cached is not None and cached.status != "ok")
+        if cached is not None and cached.key == range_key(entry, inputs, dims) and fresh:
+            ranges[name] = cached
+            continue
+        if a.no_check:
+            ranges[name] = RangeResult(name, "", "unchecked", "--no-check", inputs, dims)
+            continue
+        r = ranges[name] = cache[name] = check_ranges(entry, inputs, dims, a.timeout, a.mem_gb)
+        save_cache(a.dims_cache, cache)
+        fitted = ", ".join(f"{k} {d[0]}..{d[1]}" for k, d in r.dims.items())
+        print(f"[{i + 1}/{len(entries)}] {r.status:8s} {r.seconds:6.1f}s {name:32s} {fitted}"
+              f"{'; ' + r.narrowed[0][:100] if r.narrowed else r.reason[:100]}", flush=True)
+    n = write_dims_pipeline(output, entries, ranges, a.name or safe_name(output.stem))
+    print(f"{n} models -> {output} ({time.perf_counter() - start:.0f} s)")
+    if a.report:
+        print(dims_report(list(ranges.values())))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("Examples::")[1])
     ap.add_argument("--only", nargs="+", default=[], metavar="TYPE", help="only these model_types")
     ap.add_argument("--limit", type=int, help="only the first N model_types (alphabetical)")
     ap.add_argument("--shard", metavar="I/N", help="every N-th model_type starting at the I-th (1-based)")
-    ap.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT, help="pipeline YAML to write")
+    ap.add_argument("-o", "--output", type=Path, help="pipeline YAML to write (default pipelines/hf-zoo.yaml; "
+                    "with --dims pipelines/hf-zoo-dynamic.yaml)")
     ap.add_argument("--name", help="pipeline name (default: the output file's stem)")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="eager results cache (JSON)")
     ap.add_argument("--recheck", action="store_true", help="ignore cached results for the selection")
@@ -873,7 +1230,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--mem-gb", type=float, default=8.0, help="address-space cap per check in GiB (default 8)")
     ap.add_argument("--report", action="store_true", help="print counts and failures grouped by cause")
     ap.add_argument("--list", action="store_true", help="print model_type, class and mapping, then exit")
+    ap.add_argument("--dims", action="store_true", help="write the dynamic zoo: the static zoo's models (--static) "
+                    "with batch and sequence sizes named, their ranges fitted in eager (see DIM_RANGES)")
+    ap.add_argument("--static", type=Path, default=DEFAULT_OUTPUT, help="--dims: the static zoo whose models it "
+                    "makes dynamic (default pipelines/hf-zoo.yaml)")
+    ap.add_argument("--dims-cache", type=Path, default=DEFAULT_DIMS_CACHE, help="--dims: eager range results cache")
     a = ap.parse_args(argv)
+    output = a.output or (DEFAULT_DIMS_OUTPUT if a.dims else DEFAULT_OUTPUT)
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -882,6 +1245,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     torch.set_num_threads(1)
     import transformers  # noqa: F401  (imported once here, inherited by every forked check)
 
+    if a.dims:
+        return dims_main(a, output)
     all_archs = enumerate_architectures()
     archs = select(all_archs, a.only, a.shard, a.limit)
     if a.list:
@@ -911,8 +1276,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         save_cache(a.cache, cache)
         print(f"[{i + 1}/{len(archs)}] {r.status:8s} {r.seconds:6.1f}s {arch.model_type:32s} {r.reason[:140]}",
               flush=True)
-    n = write_pipeline(a.output, results, a.name or safe_name(a.output.stem))
-    print(f"{n} architectures -> {a.output} ({time.perf_counter() - start:.0f} s)")
+    n = write_pipeline(output, results, a.name or safe_name(output.stem))
+    print(f"{n} architectures -> {output} ({time.perf_counter() - start:.0f} s)")
     if a.report:
         print(report(results, len(all_archs)))
     return 0

@@ -1,0 +1,167 @@
+"""tools/zoo_table.py's dynamic zoo rows: the specialisation classes, the rows, the page (with and without data)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+zoo_table = _tool("zoo_table")
+gen_docs = _tool("gen_docs")
+
+# Messages as the zoo's sample run wrote them (auto's fallback reasons and the models' errors).
+CANINE = ("dims: seq (input_ids.size(1), attention_mask.size(1)) cannot be dynamic in [4, 64] (inference): the model "
+          "fixes it to 16 at transformers/models/canine/modeling_canine.py:449 (`for chunk_start in range(from_start, "
+          "from_seq_length, self.attend_from_chunk_stride):`); make seq static (write 16 in the shape), or change the "
+          "model so it reads the size from the input")
+XLNET = ("dims: seq (input_ids.size(1), attention_mask.size(1)) cannot be dynamic in [4, 64] (inference): the model "
+         "only runs for (((-1) + 2*input_ids.size(1)) % input_ids.size(1)) != 0. at "
+         "transformers/models/xlnet/modeling_xlnet.py:1109 (`non_tgt_mask = ((attn_mask + non_tgt_mask[:, :, None, "
+         "None]) > 0).to(attn_mask)`); narrow the range, or make seq static")
+MOONSHINE = ("dims: samples (input_values.size(1)) cannot be dynamic in [2000, 8000] (inference): the model only runs "
+             "for ((-1) + (((-127) + input_values.size(1)) // 384))*((-1) + (((-127) + input_values.size(1)) // 384)) "
+             "> 1. at transformers/masking_utils.py:554 (`attention_mask = attention_mask.expand(batch_size, -1, "
+             "q_length, kv_length)`); narrow the range (_samples: {min: 6, max: 21} under dims:), or make samples static")
+BRANCH = ("dims: batch (arg0.size(0)) cannot be dynamic in [1, 64] (inference): the model only runs for 2 <= "
+          "arg0.size(0) and arg0.size(0) <= 8 at shapes_models.py:18 (`if x.shape[0] > 8:`); narrow the range "
+          "(batch: {max: 8} under dims:), or make batch static")
+
+
+@pytest.mark.parametrize("message, fell_back, cls", [
+    (CANINE, True, zoo_table.FIXED),
+    ("export failed: " + CANINE.replace("canine", "rwkv") + "; dynamo failed: a tangent names 'output[?]'", False,
+     zoo_table.FIXED),
+    (XLNET, True, zoo_table.UNPROVEN),
+    (MOONSHINE, True, zoo_table.UNPROVEN),
+    (BRANCH, True, zoo_table.NARROWED),
+    ("dims: seq (x.size(1)) cannot be dynamic in [4, 64] (training): Could not guard on data-dependent expression "
+     "u0 < 3; narrow the range of seq, or make it static", True, zoo_table.REFUSED),
+    ("dims: seq is static in every graph (specialised to 16: no graph keeps it symbolic)", False, zoo_table.STATIC),
+    ("at min (batch=1, seq=4): inference graph does not run: RuntimeError: shape '[2, 4]' is invalid", False,
+     zoo_table.DOES_NOT_RUN),
+    ("at max (batch=4, seq=64): joint graph differs from the eager model: output 0 off by 0.3", False,
+     zoo_table.DIFFERS),
+    ("torch.export (training) failed: RandomBranch: the model branches on a random number it draws", True,
+     zoo_table.FELL_BACK),
+    ("inference: outside the graphs ran aten.all.default x1", False, zoo_table.PARTIAL),
+    ("capture: AOTAutograd joint capture failed: RuntimeError: one of the variables", False, zoo_table.OTHER),
+], ids=["loop-over-the-sequence", "refused-then-dynamo-failed", "xlnet-mod", "moonshine-floordiv",
+        "branch-on-the-batch", "refused-otherwise", "static-everywhere", "does-not-run-at-min", "differs-at-max",
+        "export-failed-otherwise", "partial", "other"])
+def test_each_message_falls_in_its_specialisation_class(message, fell_back, cls):
+    assert zoo_table.specialisation_class(message, fell_back=fell_back) == cls
+
+
+def test_a_guard_is_walked_over_the_whole_range():
+    sources = ["input_ids.size(1)", "attention_mask.size(1)"]
+    assert zoo_table.guard_holds_on_range("((2*input_ids.size(1)) - 1) % input_ids.size(1) != 0", sources, 4, 64)
+    assert zoo_table.guard_holds_on_range("Ne(Mod(attention_mask.size(1), 4), 3)", sources, 4, 64) is False
+    assert zoo_table.guard_holds_on_range("input_ids.size(1) <= 64", sources, 4, 64) is True
+    assert zoo_table.guard_holds_on_range("input_ids.size(1) <= 63", sources, 4, 64) is False
+
+
+def test_a_guard_the_table_cannot_decide_is_not_called_unproven():
+    sources = ["input_ids.size(1)"]
+    assert zoo_table.guard_holds_on_range("input_ids.size(1) < pixel_values.size(0)", sources, 4, 64) is None
+    assert zoo_table.guard_holds_on_range("input_ids.size(1).bit_length() > 1", sources, 4, 64) is None
+    assert zoo_table.guard_holds_on_range("input_ids.size(1) > 1", sources, 1, 10**9) is None
+    message = XLNET.replace("!= 0.", "!= pixel_values.size(0).")
+    assert zoo_table.specialisation_class(message, fell_back=True) == zoo_table.NARROWED
+
+
+def _dims(**status):
+    return {"dims": {k: {"min": 1, "max": 4, "example": 2, "status": v, "sources": []} for k, v in status.items()},
+            "checked": [{"point": "min", "sizes": {}, "checks": {"passed": 10, "run": 10}},
+                        {"point": "max", "sizes": {}, "checks": {"passed": 9, "run": 10}}]}
+
+
+def _dynamic_run(root: Path) -> Path:
+    """A dynamic zoo's output folder: one model dynamic, one fallen back to dynamo, one failed at min."""
+    folder = root / "hf-zoo-dynamic"
+    for name, manifest in {
+        "bert": {"capture": {"mode": "export"}, "dims": _dims(batch="dynamic", seq="dynamic")},
+        "xlnet": {"capture": {"mode": "dynamo", "fallback": XLNET},
+                  "dims": {"dims": _dims(batch="specialised", seq="specialised")["dims"]}},
+    }.items():
+        (folder / name).mkdir(parents=True)
+        (folder / name / "manifest.json").write_text(json.dumps(manifest))
+    ok = {"status": "ok", "stage": None, "error": None, "graphs": ["a"] * 4, "checks": {"passed": 7, "skipped": 0}}
+    (folder / "run.json").write_text(json.dumps({"seconds": 30.2, "executor": {"kind": "process"}, "models": [
+        {"name": "bert", **ok}, {"name": "xlnet", **ok},
+        {"name": "tt", "status": "failed", "stage": "verify", "graphs": [], "checks": {},
+         "error": "at min (batch=1, seq=4): inference graph does not run: RuntimeError: boom"}]}))
+    return folder
+
+
+STATIC = {"models": [{"name": n, "mode": "export", "status": "ok"} for n in ("bert", "xlnet", "tt")]}
+
+
+def test_a_dynamic_run_rows_say_each_dimension_and_why_a_model_is_not_dynamic(tmp_path):
+    data = zoo_table.rows_from_run(_dynamic_run(tmp_path))
+    assert json.loads(zoo_table.dump(data)) == data
+    rows = {m["name"]: m for m in data["models"]}
+    assert rows["bert"]["dynamic"] and rows["bert"]["class"] == "" and rows["bert"]["sized"] == [19, 20]
+    assert rows["xlnet"]["dims"] == {"batch": "specialised", "seq": "specialised"}
+    assert not rows["xlnet"]["dynamic"] and rows["xlnet"]["class"] == zoo_table.UNPROVEN
+    assert rows["xlnet"]["why"].startswith("dims: seq (input_ids.size(1)")
+    assert rows["tt"]["class"] == zoo_table.DOES_NOT_RUN and rows["tt"]["dims"] == {}
+    assert "docs/data/hf-zoo-dynamic.json" in data["note"]
+
+
+def test_a_static_run_rows_stay_as_they_were(tmp_path):
+    root = tmp_path / "hf-zoo"
+    (root / "bert").mkdir(parents=True)
+    (root / "bert" / "manifest.json").write_text(json.dumps({"capture": {"mode": "export"}}))
+    (root / "run.json").write_text(json.dumps({"seconds": 1, "models": [
+        {"name": "bert", "status": "ok", "stage": None, "error": None, "graphs": [], "checks": {}}]}))
+    (row,) = zoo_table.rows_from_run(root)["models"]
+    assert set(row) == {"name", "mode", "status", "graphs", "passed", "skipped", "reason"}
+
+
+def test_the_dynamic_page_sets_the_rate_beside_the_static_zoo_and_counts_the_classes(tmp_path):
+    text = zoo_table.render_dynamic(zoo_table.rows_from_run(_dynamic_run(tmp_path)), STATIC)
+    assert text.startswith("**1/3 (33.3%) dynamic ok**")
+    assert "**dynamic ok / static ok: 1/3 = 33.3%** (target: 90% or more; not met)." in text
+    assert f"| {zoo_table.UNPROVEN} | 1 | xlnet | xlnet: dims: seq (input_ids.size(1)" in text
+    assert f"| {zoo_table.DOES_NOT_RUN} | 1 | tt | tt: at min (batch=1, seq=4)" in text
+    assert "| bert | ok (export) | dynamic ok | export | batch, seq dynamic | 19 / 20 |  |  |" in text
+    assert "| xlnet | ok (export) | ok | dynamo | batch, seq static | - | " in text
+
+
+def test_without_a_static_run_the_page_says_there_is_nothing_to_compare(tmp_path):
+    text = zoo_table.render_dynamic(zoo_table.rows_from_run(_dynamic_run(tmp_path)), None)
+    assert "No static zoo run of these architectures is recorded" in text
+    assert "dynamic ok / static ok" not in text
+
+
+def test_the_generated_page_says_how_to_make_the_data_while_there_is_none(tmp_path, monkeypatch):
+    (tmp_path / "docs" / "data").mkdir(parents=True)
+    monkeypatch.setattr(gen_docs, "REPO", tmp_path)
+    text = gen_docs.hf_zoo_dynamic_page()
+    assert "**No run of the dynamic zoo is recorded yet**: docs/data/hf-zoo-dynamic.json does not exist." in text
+    assert "python tools/zoo_table.py artifacts/hf-zoo-dynamic --save docs/data/hf-zoo-dynamic.json" in text
+
+
+def test_the_generated_page_renders_the_data_once_there_is_some(tmp_path, monkeypatch):
+    data = tmp_path / "docs" / "data"
+    data.mkdir(parents=True)
+    (data / "hf-zoo-dynamic.json").write_text(zoo_table.dump(zoo_table.rows_from_run(_dynamic_run(tmp_path))))
+    (data / "hf-zoo.json").write_text(json.dumps(STATIC))
+    monkeypatch.setattr(gen_docs, "REPO", tmp_path)
+    text = gen_docs.hf_zoo_dynamic_page()
+    assert "No run of the dynamic zoo" not in text
+    assert "**dynamic ok / static ok: 1/3 = 33.3%**" in text
