@@ -43,6 +43,7 @@ Changing this file widens what a hostile artefact can make aotpipe run: review i
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import re
 from pathlib import Path
@@ -73,10 +74,16 @@ SIZE_ARITHMETIC: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "torch.sym_not": (torch.sym_not, (_B,)), "torch.sym_ite": (torch.sym_ite, (_B, _I, _I)),
     # a shape-polymorphic backward's scale factors (batch norm's 1 / (N*H*W)): sizes as numbers
     "operator.truediv": (operator.truediv, (_N, _N)),
+    # a run-time assertion on a size torch could not prove for the whole range (2**k, a float's power)
+    "operator.pow": (operator.pow, (_N, _N)),
+    # sizes as floats and back, in such an assertion (a rounded length: floor(n / 4.0))
+    "torch.sym_float": (torch.sym_float, (_N,)), "torch.sym_int": (torch.sym_int, (_N,)),
+    "math.floor": (math.floor, (_N,)), "math.ceil": (math.ceil, (_N,)),
 }
 
 # The largest magnitude size arithmetic may give: an int64, what any size or index holds.
 _INT64 = 2 ** 63 - 1
+_MAX_POWER = 64  # an exponent beyond it would pass any int64 (or take long to compute)
 
 
 def _of_kind(a: Any, kind: str) -> bool:
@@ -101,6 +108,8 @@ def checked_size_arithmetic(name: str) -> Callable[..., Any]:
                                 "not computed")
         if fn is operator.truediv and not isinstance(args[1], torch.SymFloat | torch.SymInt) and args[1] == 0:
             raise ArtifactError(f"{name}: division of sizes by zero; not computed")
+        if fn is operator.pow and not isinstance(args[1], torch.SymFloat | torch.SymInt) and abs(args[1]) > _MAX_POWER:
+            raise ArtifactError(f"{name}: an exponent of {args[1]!r} on a size; not computed")
         out = fn(*args)
         if isinstance(out, int) and abs(out) > _INT64:
             raise ArtifactError(f"{name} of sizes gave {str(out)[:30]}..., beyond an int64")

@@ -929,6 +929,8 @@ def capture_auto(
             return export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
                           int_ranges=int_ranges, loss=loss, **({"dynamic": dynamic} if dynamic is not None else {}))
     except Exception as e:  # export's failure: dynamo may still capture the model, if tracing failed
+        if isinstance(e, CaptureError) and str(e).startswith("dims: "):
+            raise  # a range the model cannot take: its one line says what to change (dynamo's capture is static)
         why = str(e) if isinstance(e, CaptureError) else exception_line(e)
         where = where_in_model(chain_text(e))
         if where and where not in why:

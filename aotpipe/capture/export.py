@@ -493,44 +493,80 @@ def _no_fake_state_left(model: torch.nn.Module) -> Iterator[None]:
                         delattr(m, name)
 
 
+def _dynamic_options(shapes: Any, deferred: bool = False) -> dict[str, Any]:
+    """torch.export's keywords for dynamic `shapes` (none for a static capture); `deferred`: a
+    guard torch cannot prove over the whole range is kept in the graph as a run-time assertion
+    instead of refusing the range (see _export)."""
+    if shapes is None:
+        return {}
+    return {"dynamic_shapes": shapes, **({"prefer_deferred_runtime_asserts_over_guards": True} if deferred else {})}
+
+
+# The note that says a capture kept a guard as a run-time assertion; the job's size checks
+# name it where the assertion fails (pipeline/job.py).
+DEFERRED_GUARD = "dims: kept as a run-time assertion, checked at min, max and a random size: "
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
             notes: list[str] | None = None, shapes: Any = None, dynamic: DynamicDims | None = None,
             origins: dynamic_capture.GuardOrigins | None = None) -> torch.export.ExportedProgram:
-    # On failure torch.export prints the partial graph to stderr; the error is one line here.
-    # What it prints on success is passed on.
-    printed = io.StringIO()
+    """torch.export of `model`, its failure one line. With dynamic `shapes`, a range torch
+    refuses because a guard on a size would narrow it (not because the model fixes the size) is
+    tried once more with the guard kept as a run-time assertion: a guard torch cannot prove
+    though it holds (a floor division of the size: a conformer's subsampling) then costs
+    nothing, and one that does not hold fails the size checks; the note says which."""
     try:
-        with contextlib.redirect_stderr(printed), _no_fake_state_left(model):
-            decided = False
-            try:
-                ep = torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=shapes)
-            except GuardOnDataDependentSymNode as e:
-                # A guard on a size computed from the model's own integer buffers (Mimi's padded
-                # length compared in SDPA) stops the export before those sizes can be folded.
-                ep = _export_deciding_guards(model, args, kwargs, shapes=shapes)
-                if ep is None:
-                    raise
-                decided, refused = True, e
-                printed.seek(0)
-                printed.truncate()  # the failed export's partial graph: not the user's concern now
-            folded = unbacked.fold_constant_sizes(ep, guards_decided=decided)
-            if folded is None and decided and unbacked.branches_on_random_draw(ep):
-                raise RandomBranch(f"{RANDOM_BRANCH}: {_first_line(refused)}") from refused
-            if folded is None and decided:
-                raise refused  # a guard on the input's values (or a parameter's): not a constant size
-            if folded is not None:  # sizes that only looked data-dependent: export them static
-                ep = torch.export.export(folded[0], args, kwargs, strict=False, dynamic_shapes=shapes)
-                note = (f"data-dependent sizes computed from the model's own integer buffers "
-                        f"({', '.join(folded[1][:6])}{' ...' if len(folded[1]) > 6 else ''}) captured static"
-                        + (", after a guard on them stopped torch.export" if decided else ""))
-                if notes is not None and note not in notes:
-                    notes.append(note)
+        try:
+            return _export_once(model, args, kwargs, notes, shapes)
+        except Exception as e:
+            refusal = dynamic_capture.specialisation_error(
+                e, dynamic, origins or dynamic_capture.GuardOrigins(), what) if dynamic is not None else None
+            if refusal is None or "the model fixes it to" in str(refusal):
+                raise
+            ep = _export_once(model, args, kwargs, notes, shapes, deferred=True)
+            note = DEFERRED_GUARD + str(refusal).split(": ", 1)[1]
+            if notes is not None and note not in notes:
+                notes.append(note)
+            return ep
     except Exception as e:
         dims_refusal = dynamic_capture.specialisation_error(
             e, dynamic, origins or dynamic_capture.GuardOrigins(), what) if dynamic is not None else None
         if dims_refusal is not None:
             raise dims_refusal from e
         raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
+
+
+def _export_once(model: torch.nn.Module, args: tuple, kwargs: dict, notes: list[str] | None, shapes: Any,
+                 deferred: bool = False) -> torch.export.ExportedProgram:
+    # On failure torch.export prints the partial graph to stderr; the error is one line here.
+    # What it prints on success is passed on.
+    printed = io.StringIO()
+    options = _dynamic_options(shapes, deferred)
+    with contextlib.redirect_stderr(printed), _no_fake_state_left(model):
+        decided = False
+        try:
+            ep = torch.export.export(model, args, kwargs, strict=False, **options)
+        except GuardOnDataDependentSymNode as e:
+            # A guard on a size computed from the model's own integer buffers (Mimi's padded
+            # length compared in SDPA) stops the export before those sizes can be folded.
+            ep = _export_deciding_guards(model, args, kwargs, options=options)
+            if ep is None:
+                raise
+            decided, refused = True, e
+            printed.seek(0)
+            printed.truncate()  # the failed export's partial graph: not the user's concern now
+        folded = unbacked.fold_constant_sizes(ep, guards_decided=decided)
+        if folded is None and decided and unbacked.branches_on_random_draw(ep):
+            raise RandomBranch(f"{RANDOM_BRANCH}: {_first_line(refused)}") from refused
+        if folded is None and decided:
+            raise refused  # a guard on the input's values (or a parameter's): not a constant size
+        if folded is not None:  # sizes that only looked data-dependent: export them static
+            ep = torch.export.export(folded[0], args, kwargs, strict=False, **options)
+            note = (f"data-dependent sizes computed from the model's own integer buffers "
+                    f"({', '.join(folded[1][:6])}{' ...' if len(folded[1]) > 6 else ''}) captured static"
+                    + (", after a guard on them stopped torch.export" if decided else ""))
+            if notes is not None and note not in notes:
+                notes.append(note)
     sys.stderr.write(printed.getvalue())
     return ep
 
@@ -550,6 +586,8 @@ def is_tracing_failure(e: BaseException) -> bool:
     builtin type (exactly RuntimeError, ValueError, ...) whose message names none of tracing's
     machinery is the model's own; anything else, and any failure after torch.export returned
     (decomposition, AOTAutograd, checks of the captured graphs), is tracing's."""
+    if isinstance(e, CaptureError) and str(e).startswith("dims: "):
+        return False  # the model cannot take a range the pipeline names: dynamo's static capture is not that
     if not (isinstance(e, CaptureError) and str(e).startswith("torch.export (")):
         return True  # a later stage of export's capture failed: the model itself traced
     raised = e.__cause__
@@ -599,7 +637,7 @@ def _restore_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> 
 
 
 def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict,
-                            max_guards: int = MAX_DECIDED_GUARDS, shapes: Any = None
+                            max_guards: int = MAX_DECIDED_GUARDS, options: dict[str, Any] | None = None
                             ) -> torch.export.ExportedProgram | None:
     """torch.export with real-tensor propagation (what ``torch.export.draft_export`` uses, at a
     tenth of its time): each data-dependent guard is decided on the example's values and left in
@@ -614,7 +652,7 @@ def _export_deciding_guards(model: torch.nn.Module, args: tuple, kwargs: dict,
     try:
         with torch.random.fork_rng(devices=[]), _at_most_decided_guards(max_guards), \
                 torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True):
-            return torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=shapes)
+            return torch.export.export(model, args, kwargs, strict=False, **(options or {}))
     except Exception:  # noqa: BLE001 - the caller raises the first export's error
         return None
     finally:

@@ -297,6 +297,7 @@ def _check_values(job: ModelJob, folder: Path) -> Any:
 def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
     """A shape-polymorphic capture's graphs checked at min, max and a random size too
     (checks/sizes.py): the manifest's `dims`; a failure at any size fails the model."""
+    from aotpipe.capture.export import DEFERRED_GUARD  # torch
     from aotpipe.checks.sizes import check_sizes  # torch
 
     start = time.perf_counter()
@@ -311,8 +312,14 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
     if not spec.auto_dims:  # a named dimension is a promise: one no graph keeps symbolic fails the model
         mc.problems += [f"dims: {name} is static in every graph ({d.reason})" for name, d in dims.dims.items()
                         if d.status != "dynamic"]
+    deferred = [n.removeprefix(DEFERRED_GUARD) for n in captured.notes if n.startswith(DEFERRED_GUARD)]
     for c in dims.checked:
         at = ", ".join(f"{k}={v}" for k, v in c.sizes.items())
+        if deferred and any("_assert_scalar" in p for p in c.problems):
+            # a guard torch could not prove, kept as an assertion, fails here: torch's refusal says why
+            mc.problems.append(f"dims: at {c.point} ({at}) a run-time assertion the capture kept fails: "
+                               f"{deferred[0]}")
+            continue
         mc.problems += [f"at {c.point} ({at}): {p}" for p in c.problems[:2]]
     mc.seconds += time.perf_counter() - start  # the checks' time: at the example and at these sizes
 

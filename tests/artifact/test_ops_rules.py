@@ -207,6 +207,10 @@ def test_only_a_name_ending_in_one_underscore_is_taken_for_an_in_place_form(monk
     ("operator.ne", (2, 2), False), ("operator.lt", (2, 3), True), ("operator.le", (3, 3), True),
     ("operator.gt", (3, 3), False), ("operator.ge", (3, 3), True), ("operator.and_", (True, False), False),
     ("operator.or_", (True, False), True), ("torch.sym_not", (True,), False), ("torch.sym_ite", (True, 4, 5), 4),
+    # a shape-polymorphic graph's scale factors and run-time assertions: sizes as numbers
+    ("operator.truediv", (1.0, 4), 0.25), ("operator.truediv", (6, 4), 1.5), ("operator.pow", (2, 10), 1024),
+    ("operator.pow", (2.0, 0.5), 2.0 ** 0.5), ("torch.sym_float", (3,), 3.0), ("torch.sym_int", (3.7,), 3),
+    ("math.floor", (2.5,), 2), ("math.ceil", (2.5,), 3),
 ])
 def test_size_arithmetic_computes_what_python_computes(name, args, want):
     assert resolve_op(name) is ops.PYTHON_CALLABLES[name]
@@ -232,6 +236,20 @@ def test_size_arithmetic_on_anything_but_sizes_and_conditions_is_refused_uncompu
     assert str(e.value) == f"{name} takes ({kinds}) (sizes and conditions), got ({got}); not computed"
 
 
+def test_a_division_by_zero_or_an_exponent_past_64_is_refused_uncomputed():
+    div, power = ops.checked_size_arithmetic("operator.truediv"), ops.checked_size_arithmetic("operator.pow")
+    with pytest.raises(ArtifactError, match=r"^operator.truediv: division of sizes by zero; not computed$"):
+        div(4, 0)
+    assert power(2, 62) == 2 ** 62 and power(1, -64) == 1.0  # |exponent| 64: just inside
+    for exponent in (65, -65, 10 ** 9):
+        with pytest.raises(ArtifactError, match=rf"^operator.pow: an exponent of {exponent} on a size; not computed$"):
+            power(2, exponent)
+    with pytest.raises(ArtifactError, match="beyond an int64"):
+        power(2, 64)
+    with pytest.raises(ArtifactError, match=r"math.floor takes \(number\) \(sizes and conditions\), got \(bool\)"):
+        ops.checked_size_arithmetic("math.floor")(True)
+
+
 def test_size_arithmetic_up_to_the_int64_bound_is_allowed_and_past_it_refused():
     add, sub = ops.checked_size_arithmetic("operator.add"), ops.checked_size_arithmetic("operator.sub")
     assert add(2 ** 63 - 2, 1) == 2 ** 63 - 1
@@ -251,7 +269,7 @@ def test_op_name_names_ops_callables_and_checked_forms():
     assert op_name(operator.getitem) == "operator.getitem"
     assert op_name(operator.floordiv) == "operator.floordiv" and op_name(torch.sym_ite) == "torch.sym_ite"
     assert op_name(operator.truediv) == "operator.truediv"  # a shape-polymorphic backward's scale factors
-    assert op_name(operator.pow) is None and op_name("aten.add.Tensor") is None
+    assert op_name(operator.lshift) is None and op_name("aten.add.Tensor") is None
 
     class Checked:
         checked_op = aten.mm.default

@@ -354,3 +354,71 @@ def test_verify_reads_size_arithmetic_in_module_py_as_graph_json_makes_it(dynami
     reseal(copy)  # the manifest's hashes follow: only module.py's code is left to tell
     r = CliRunner().invoke(main, ["verify", str(copy.parent)])
     assert r.exit_code == 1 and "shows `mul_23 = sym_size_int + sym_size_int_1`" in r.output, r.output
+
+
+def test_mode_auto_does_not_fall_back_to_dynamos_static_capture_on_a_refused_range(tmp_path):
+    _, runs = _run(tmp_path, """\
+        - name: lit
+          source: shapes_models:literal_view
+          mode: auto
+          inputs: [{shape: [batch, 32]}]
+        """)
+    assert runs["lit"]["status"] == "failed"
+    assert runs["lit"]["error"].startswith("dims: batch (arg0.size(0)) cannot be dynamic")
+
+
+def test_a_guard_kept_as_a_runtime_assertion_that_fails_at_a_checked_size_says_torchs_reason(tmp_path):
+    """torch refuses the range for a guard it cannot prove ((seq + 3) // 4 != 1); the capture
+    keeps it as a run-time assertion and the size checks find it false at the min: the model
+    fails, in one line with torch's reason and the model's line."""
+    (tmp_path / "padded.py").write_text(textwrap.dedent('''
+        import torch
+        import torch.nn.functional as F
+
+        class Padded(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(32, 8)
+
+            def forward(self, x):
+                b, s, c = x.shape
+                m = (s + 3) // 4
+                x = F.pad(x, (0, 0, 0, m * 4 - s))
+                return self.fc(x.reshape(b, m, 4 * c)).sum(1)
+
+        def padded():
+            return Padded()
+        '''))
+    _, runs = _run(tmp_path, """\
+        - name: padded
+          source: padded:padded
+          dims: {seq: {min: 4, max: 64, example: 16}}
+          inputs: [{shape: [batch, seq, 8]}]
+        """)
+    assert runs["padded"]["status"] == "failed" and runs["padded"]["stage"] == "verify"
+    error = runs["padded"]["error"]
+    assert error.startswith("dims: at min (batch=1, seq=4) a run-time assertion the capture kept fails: seq "
+                            "(arg0.size(1)) cannot be dynamic in [4, 64]"), error
+    assert "((3 + arg0.size(1)) // 4) != 1" in error and "padded.py:14" in error
+
+
+@pytest.mark.slow
+def test_a_guard_torch_cannot_prove_but_that_holds_keeps_the_range_dynamic(tmp_path):
+    """XLNet's relative attention takes floor divisions of the sequence length: torch.export
+    refuses seq 4..64 on a guard it cannot prove, though it holds at every size. Kept as a
+    run-time assertion, every graph is dynamic and passes at min, max and a random size."""
+    pytest.importorskip("transformers")
+    _, runs = _run(tmp_path, """\
+        - name: xlnet
+          source: hf:XLNetModel
+          config: {n_layer: 2, n_head: 4, d_model: 64, vocab_size: 1024}
+          dims: {seq: {min: 4, max: 64, example: 16}}
+          inputs:
+            - {name: input_ids, shape: [batch, seq], dtype: int64, high: 1024}
+            - {name: attention_mask, shape: [batch, seq], dtype: int64, low: 1, high: 2}
+        """, defaults="dims: {batch: {min: 1, max: 4, example: 2}}")
+    assert runs["xlnet"]["status"] == "ok", runs["xlnet"].get("error")
+    manifest = _manifest(tmp_path / "out" / "p", "xlnet")
+    assert any(n.startswith("dims: kept as a run-time assertion") for n in manifest.capture.notes)
+    assert all(d.status == "dynamic" for d in manifest.dims.dims.values())
+    assert {c.point for c in manifest.dims.checked} >= {"min", "max"} and not any(c.problems for c in manifest.dims.checked)
