@@ -233,14 +233,14 @@ def test_a_supported_file_covers_exact_overloads_packets_and_namespaces_and_pyth
     plant(mlp, "mlp", "mlp_inference_0", "permute_1", "operator.getitem")
     plant(mlp, "mlp", "mlp_inference_0", "permute_2", "torch.sym_max")
     plant(mlp, "mlp", "mlp_inference_0", "relu_1", "prims.convert_element_type.default")
-    plant(mlp, "mlp", "mlp_inference_0", "addmm_2", "torch.sym_float")
+    plant(mlp, "mlp", "mlp_inference_0", "addmm_2", "torch.sym_sqrt")
     path = supported_file(tmp_path, "# my backend", "", "aten.addmm.default  # exact", "aten.relu", "prims.*",
                           "aten.permute.default")
     how = {r.op: r.how for r in opcov.op_table(mlp, opcov.supported_from_file(path), "file").ops}
     assert how == {"aten.addmm.default": "listed", "aten.relu.default": "listed (every overload)",
                    "aten.relu_.default": None, "aten.permute.default": "listed",
                    "prims.convert_element_type.default": "listed (namespace)", "operator.getitem": "python",
-                   "torch.sym_max": "python", "torch.sym_float": None}
+                   "torch.sym_max": "python", "torch.sym_sqrt": None}
 
 
 @pytest.mark.parametrize("line", ["aten", "aten.a.b.c", "aten.add-x.default", "aten.*.default", "*.add", "aten.add.*",

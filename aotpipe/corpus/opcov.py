@@ -23,8 +23,8 @@ MAX_SIGNATURES = 8  # distinct input signatures kept per op
 MAX_COUNTED = 4096  # distinct ones counted beyond those (memory stays bounded on a hostile tree)
 # Python-level call targets (operator.getitem, int arithmetic on sizes): every backend handles
 # them itself.
-PYTHON_NAMESPACES = ("operator",)
-PYTHON_OPS = ("torch.sym_max", "torch.sym_min", "torch.sym_not", "torch.sym_ite")  # as ops.SIZE_ARITHMETIC
+PYTHON_NAMESPACES = ("operator", "math")
+PYTHON_OPS = ("torch.sym_max", "torch.sym_min", "torch.sym_not", "torch.sym_ite", "torch.sym_float", "torch.sym_int")  # as ops.SIZE_ARITHMETIC
 # Namespaces whose op names are looked up in torch.ops for --backend (built into torch: a
 # lookup imports nothing); a library's ops (trusted_ops) count as not covered.
 TORCH_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn", "mkl", "onednn")
