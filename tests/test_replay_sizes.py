@@ -3,7 +3,7 @@ artefact (dims: batch and seq), against the digests the capture's size checks re
 
 import json
 import shutil
-import textwrap
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -15,18 +15,8 @@ from aotpipe.replay import get_inputs
 from aotpipe.replay.inputs import _flatten_meta
 from tests.sandbox.test_sandbox import needs_bwrap
 
-MODULE = '''
-import torch
-
-
-class Scaled(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 8))
-
-    def forward(self, x):
-        return torch.tanh(x * self.w).sum(-1)
-'''
+# the committed artefact's model (tests/data/dynamic_tiny), captured afresh here
+MODEL = Path(__file__).resolve().parent / "data" / "dynamic_tiny" / "scaled_model.py"
 
 PIPELINE = '''
 version: 1
@@ -50,7 +40,7 @@ def sizes_run(tmp_path_factory):
     """A tiny shape-polymorphic model (batch 2..6, seq 2..5) and a static one, captured once,
     unsigned (replayed with --no-sandbox, or in the sandbox)."""
     root = tmp_path_factory.mktemp("sizes")
-    (root / "tinymods.py").write_text(textwrap.dedent(MODULE))
+    shutil.copy(MODEL, root / "tinymods.py")
     (root / "p.yaml").write_text(PIPELINE.format(out=root / "out"))
     r = CliRunner().invoke(main, ["run", str(root / "p.yaml"), "--no-progress", "--no-sign"])
     assert r.exit_code == 0, r.output

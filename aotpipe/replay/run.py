@@ -373,15 +373,7 @@ def replay_graph(
         else:
             raise ArtifactError(f"--inputs must be saved or random, got {inputs!r}")
         cpu_values = list(values)
-        module = ga.module
-        if device is not None:
-            values = move_inputs(values, dev)
-            if isinstance(module, torch.fx.GraphModule):
-                module = to_device(module, dev)
-        t0 = time.perf_counter()
-        outs = run_graph(module, values)
-        result.seconds = time.perf_counter() - t0
-        outs = expand_outputs(ga.record, outs)
+        outs, values, module = run_on_device(ga, values, device, result)
         result.mutated = copy_mutations_back(ga.record, values, outs)
         if bench:
             # The graph is functional: rerunning on inputs updated by copy-back is as fast.
@@ -446,6 +438,22 @@ def layout_mismatches(ga: GraphArtifact, outs: list[Any], outputs: list[OutputRe
                                             or str(o.dtype).removeprefix("torch.") != rec.dtype):
             out.append(f"output {i}: {o.dtype}{list(o.shape)} != recorded {rec.dtype}{rec.shape}")
     return out
+
+
+def run_on_device(ga: GraphArtifact, values: list[Any], device: str | None, result: GraphReplay
+                  ) -> tuple[list[Any], list[Any], torch.nn.Module]:
+    """(outputs, de-duplicated ones re-expanded; the inputs and the graph as run) of `ga` on
+    `values`, moved with its graph to `device` if given; the seconds it ran into `result`."""
+    module = ga.module
+    if device is not None:
+        dev = parse_device(device)
+        values = move_inputs(values, dev)
+        if isinstance(module, torch.fx.GraphModule):
+            module = to_device(module, dev)
+    t0 = time.perf_counter()
+    outs = run_graph(module, values)
+    result.seconds = time.perf_counter() - t0
+    return expand_outputs(ga.record, outs), values, module
 
 
 def _same_shape(o: torch.Tensor, recorded: Optional[list[int]], free: list[int]) -> bool:

@@ -14,7 +14,6 @@ and dtypes are checked against the recorded symbolic ones.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,15 +33,14 @@ from aotpipe.replay.run import (
     GraphReplay,
     _cpu,
     compare_recorded,
-    expand_outputs,
     layout_mismatches,
     recorded_threads,
     replay_environment,
+    run_on_device,
     selected_graphs,
 )
 from aotpipe.runtime.determinism import intra_op_threads
-from aotpipe.runtime.devices import move_inputs, parse_device, to_device
-from aotpipe.runtime.execution import run_graph
+from aotpipe.runtime.devices import parse_device
 from aotpipe.runtime.tensors import tangent
 from aotpipe.spec import ModelSpec
 from aotpipe.spec.modes import capture_mode
@@ -170,21 +168,6 @@ def _shapes(outs: list[Any]) -> list[list[int] | None]:
     return [list(o.shape) if isinstance(o, torch.Tensor) else None for o in outs]
 
 
-def _run(ga: GraphArtifact, values: list[Any], device: str | None, result: GraphReplay) -> list[Any]:
-    """The graph's outputs on `values` (on `device`, if given), de-duplicated ones re-expanded;
-    the seconds it ran into `result`."""
-    module = ga.module
-    if device is not None:
-        dev = parse_device(device)
-        values = move_inputs(values, dev)
-        if isinstance(module, torch.fx.GraphModule):
-            module = to_device(module, dev)
-    t0 = time.perf_counter()
-    outs = run_graph(module, values)
-    result.seconds = time.perf_counter() - t0
-    return expand_outputs(ga.record, outs)
-
-
 def _replay_random(ga: GraphArtifact, sizes: dict[str, int], seed: int, device: str | None) -> GraphReplay:
     """One graph on get_inputs at `sizes` (symbol -> size): ran, and its outputs' layouts checked."""
     result = GraphReplay(ga.name, "error", "random")
@@ -192,7 +175,7 @@ def _replay_random(ga: GraphArtifact, sizes: dict[str, int], seed: int, device: 
     forward = ga.upstream.record if ga.upstream is not None else None
     values, _ = _flatten_meta(get_inputs(ga.input_file, seed=seed, forward=forward, sizes=mine or None))
     try:
-        outs = _run(ga, values, device, result)
+        outs = run_on_device(ga, values, device, result)[0]
     except ArtifactError:
         raise
     except Exception as e:  # the graph does not run at these sizes: its result, said
@@ -251,7 +234,7 @@ def _replay_drawn(art: Artifact, kinds: list[str], dims: dict[str, DimRecord], b
                 saved = outs.get(graph_key("forward", parsed.subgraph if parsed is not None else 0))
                 if saved is None:
                     raise ValueError("the forward graph did not run")
-            outs[k] = _run(ga, bind_at_sizes(ga, state, user, by_symbol, saved), device, result)
+            outs[k] = run_on_device(ga, bind_at_sizes(ga, state, user, by_symbol, saved), device, result)[0]
         except ArtifactError:
             raise
         except Exception as e:  # the graph does not run at these sizes: its result, said
