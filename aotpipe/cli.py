@@ -385,7 +385,7 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
       aotpipe replay artifacts/quickstart/mlp
       aotpipe replay artifacts/quickstart/mlp --graph forward --chain
       aotpipe replay artifacts/quickstart/mlp --threads 1
-      aotpipe replay out/dyn/mlp --sizes batch=7
+      aotpipe replay artifacts/quickstart-dynamic/mlp --sizes batch=7
     """
     from pathlib import Path
 
@@ -720,15 +720,16 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
       aotpipe bench artifacts/quickstart --backend inductor
       aotpipe bench artifacts/quickstart --backend inductor --baseline benchmarks/baselines/quickstart-inductor.csv
       aotpipe bench artifacts/quickstart --backend tests.bench.backends:gelu_as_relu --locate
-      aotpipe bench artifacts/dyn --backend inductor --sizes batch=2,7,16
+      aotpipe bench artifacts/quickstart-dynamic --backend inductor --sizes batch=2,5,8
 
     \b
     Run from a clone's root after `aotpipe run pipelines/quickstart.yaml` (which signs
     artifacts/ with your own key); the last, a planted faulty backend, exits 1 naming the node.
     One intra-op thread, timed by CPU time: a speedup is the median of interleaved rounds'
     ratios with its interval, or "within noise" where that interval holds 1.0x.
-    --sizes, on an artefact captured with dims: (artifacts/dyn above), gives a row per
-    graph and size, and says whether the backend recompiled there.
+    --sizes, on an artefact captured with dims: (the last, after `aotpipe run
+    pipelines/quickstart-dynamic.yaml`), gives a row per graph and size, and says whether
+    the backend recompiled there.
     """
     # torch: kept off the torch-free path (every command imports cli)
     from aotpipe.corpus.bench.command import BenchOptions, run_bench

@@ -66,10 +66,13 @@ def test_the_bench_examples_run_as_written(tmp_path):
         return subprocess.run(_aotpipe() + args[1:] + ["--no-progress"], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=1500)
 
-    run = sh("aotpipe run pipelines/quickstart.yaml")
-    assert run.returncode == 0, run.stdout + run.stderr
+    examples = help_examples() + doc_examples()
+    for pipeline in ("quickstart", "quickstart-dynamic"):
+        if pipeline == "quickstart" or any(f"artifacts/{pipeline}" in cmd for cmd in examples):
+            run = sh(f"aotpipe run pipelines/{pipeline}.yaml")
+            assert run.returncode == 0, run.stdout + run.stderr
     seen = set()
-    for cmd in help_examples() + doc_examples():
+    for cmd in examples:
         if cmd in seen:
             continue
         seen.add(cmd)
