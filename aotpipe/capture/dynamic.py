@@ -51,10 +51,13 @@ MAX_GUARDS = 64  # guards recorded per graph (the rest are counted)
 
 
 def export_shapes(model: torch.nn.Module, args: tuple, kwargs: dict, user_names: list[str],
-                  dynamic: DynamicDims) -> Any:
+                  dynamic: DynamicDims, hints: bool = False) -> Any:
     """torch.export's ``dynamic_shapes`` for `dynamic`: each named dimension one ``Dim`` with its
-    range; with `auto`, ``Dim.AUTO`` for every tensor input's leading dimension."""
-    dims = {name: Dim(name, min=lo, max=hi) for name, (lo, hi) in dynamic.ranges.items()}
+    range; with `auto`, ``Dim.AUTO`` for every tensor input's leading dimension. `hints`: each
+    named dimension ``Dim.DYNAMIC`` over its range instead, which torch.export does not refuse
+    when its guard solver concludes a size is constant (see export._export)."""
+    dims: dict[str, Any] = {name: Dim.DYNAMIC(min=lo, max=hi) if hints else Dim(name, min=lo, max=hi)
+                            for name, (lo, hi) in dynamic.ranges.items()}
     shapes = ShapesCollection()
     for name, value in zip(user_names, pytree.tree_leaves((args, kwargs)), strict=False):
         if not isinstance(value, torch.Tensor):
@@ -105,9 +108,12 @@ class GuardOrigins:
         as aotpipe names it (``arg0.size(0)``, ``ids.size(1)``); other sources as torch has them."""
         return _SOURCE.sub(lambda m: f"{self.aliases.get(m.group(1), m.group(1))}.size({m.group(2)})", torch_source)
 
-    def first_on(self, symbol: str) -> GuardOrigin | None:
-        """The first guard on `symbol` that names a line of the model (else the first at all)."""
+    def first_on(self, symbol: str, like: re.Pattern[str] | None = None) -> GuardOrigin | None:
+        """The first guard on `symbol` that names a line of the model (else the first at all);
+        with `like`, the first such guard whose expression matches it, where one does."""
         on = [g for g in self.guards if symbol in g.symbols]
+        if like is not None:
+            on = [g for g in on if like.search(g.expr)] or on
         return next((g for g in on if g.where), on[0] if on else None)
 
 
@@ -147,11 +153,40 @@ def guard_origins() -> Iterator[GuardOrigins]:
 
 
 _SOURCE = re.compile(r"L(?:\['\w+'\])*\['(\w+)'\]\.size\(\)\[(\d+)\]")
-_VIOLATED = re.compile(r"Constraints violated \(([^)]*)\)")
+_VIOLATED = re.compile(r"(?:Constraints violated|Specializations unexpectedly required) \(([^)]*)\)")
 _REASON = re.compile(r"^\s*- (.*)$", re.MULTILINE)
 _FIXES = re.compile(r"Suggested fixes:\s*\n((?:\s+.+\n?)+)")
-_CONSTANT = re.compile(r"specialized it to be a constant \((\d+)\)")
+_CONSTANT = re.compile(r"specialized it to be a constant \((\d+)\)|resulted in a specialized value of (\d+)")
 _GUARD = re.compile(r"satisfy the generated guard (.*)$")
+
+
+_SOLVED = re.compile(r"solving the guards generated for (\w+) = .* resulted in a specialized value of (\d+)")
+
+
+def solver_specialised(e: BaseException) -> list[str]:
+    """The named dimensions torch.export refused because its guard solver concluded each is a
+    constant ("solving the guards generated for seq ... resulted in a specialized value of 16"):
+    a conclusion from guards it cannot simplify (a padding to a multiple, ``s + (256 - s % 256) %
+    256``), which the shape environment itself may not share. Empty for any other error."""
+    if "Specializations unexpectedly required" not in str(e):
+        return []
+    return [m.group(1) for m in _SOLVED.finditer(str(e))]
+
+
+def specialised_dims(ep: torch.export.ExportedProgram, user_names: list[str], dynamic: DynamicDims) -> list[str]:
+    """The named dimensions some user input of `ep` has as a plain integer: torch specialised them."""
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    users = [n.meta.get("val") for n, spec in zip(placeholders, ep.graph_signature.input_specs, strict=True)
+             if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    found = []
+    for name, value in zip(user_names, users, strict=False):
+        if not isinstance(value, torch.Tensor):
+            continue
+        for d, dim in enumerate(dynamic.inputs.get(name, ())):
+            if dim is not None and d < value.dim() and not isinstance(value.shape[d], torch.SymInt) \
+                    and dim not in found:
+                found.append(dim)
+    return found
 
 
 def _source_name(dim: str, dynamic: DynamicDims) -> str:
@@ -176,10 +211,10 @@ def specialisation_error(e: BaseException, dynamic: DynamicDims, origins: GuardO
     lo, hi = dynamic.ranges.get(dim, (None, None))
     constant = _CONSTANT.search(reason)
     guard = _GUARD.search(reason)
+    value = (constant.group(1) or constant.group(2)) if constant else None
     if constant:
-        why = f"the model fixes it to {constant.group(1)}"
-        fix = (f"make {dim} static (write {constant.group(1)} in the shape), or change the model so it reads the "
-               "size from the input")
+        why = f"the model fixes it to {value}"
+        fix = f"make {dim} static (write {value} in the shape), or change the model so it reads the size from the input"
     elif guard:
         why = f"the model only runs for {guard.group(1).strip()}"
         suggested = fixes.group(1).strip().splitlines()[0].strip() if fixes else None
@@ -190,7 +225,11 @@ def specialisation_error(e: BaseException, dynamic: DynamicDims, origins: GuardO
         fix = f"narrow the range of {dim}, or make it static"
     places = {f"{name}.size({d})" for name, named in dynamic.inputs.items() for d, n in enumerate(named) if n == dim}
     symbol = next((s for src, s in origins.sources.items() if src in places), None)
-    origin = origins.first_on(symbol) if symbol else None
+    # the guard that made it: one that fixes the symbol to the constant, or one torch cannot
+    # decide over a range (a bound, a division, a remainder); not an equality of two inputs' sizes
+    like = re.compile(rf"Eq\({symbol}, {value}\)|Eq\({value}, {symbol}\)" if constant else r"Mod|//|Max|Min|<|>") \
+        if symbol else None
+    origin = origins.first_on(symbol, like) if symbol else None
     at = f" at {origin.where}" if origin is not None and origin.where else ""
     rng = f" in [{lo}, {hi}]" if lo is not None else ""
     return CaptureError(f"dims: {dim} ({_source_name(dim, dynamic)}) cannot be dynamic{rng} ({what}): "

@@ -337,6 +337,11 @@ def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: l
                     ) -> tuple[dict[str, CapturedGraph], Partition | None, dict[str, torch.Tensor]]:
     """The graphs `_capture` asks for, the partition contract (None without training graphs)
     and the constants the graphs lift."""
+
+    def hinted() -> tuple[Any, list[str]]:
+        assert dynamic is not None
+        return dynamic_capture.export_shapes(model, args, kwargs, user_names, dynamic, hints=True), user_names
+
     materialised = materialise_lazy_modules(model, args, kwargs)
     if materialised:
         notes.append(materialised)
@@ -348,14 +353,14 @@ def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: l
     if "inference" in graphs:
         model.eval()
         ep = _views_to_reshapes(_library_ops_to_aten(
-            _export(model, args, kwargs, "inference", notes, shapes, dynamic, origins), notes))
+            _export(model, args, kwargs, "inference", notes, shapes, dynamic, origins, hinted), notes))
         constants.update({k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)})
         captured["inference"] = _inference_graph(ep, user_names, int_ranges, state, user_values)
 
     if set(TRAINING_KINDS) & set(graphs):
         model.train()
         with cumulative_factors_specialised(model, notes):  # BatchNorm(momentum=None): capture/cumulative_bn.py
-            exported = _export(model, args, kwargs, "training", notes, shapes, dynamic, origins)
+            exported = _export(model, args, kwargs, "training", notes, shapes, dynamic, origins, hinted)
         ep_train = _views_to_reshapes(_library_ops_to_aten(exported, notes, training=True))
         joint, fw, bw, contract, no_grad = _training_graphs(
             ep_train, args, kwargs, user_names, int_ranges, state, constants, loss, notes)
@@ -509,22 +514,35 @@ DEFERRED_GUARD = "dims: kept as a run-time assertion, checked at min, max and a 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
             notes: list[str] | None = None, shapes: Any = None, dynamic: DynamicDims | None = None,
-            origins: dynamic_capture.GuardOrigins | None = None) -> torch.export.ExportedProgram:
+            origins: dynamic_capture.GuardOrigins | None = None,
+            hinted: Callable[[], tuple[Any, list[str]]] | None = None) -> torch.export.ExportedProgram:
     """torch.export of `model`, its failure one line. With dynamic `shapes`, a range torch
     refuses because a guard on a size would narrow it (not because the model fixes the size) is
     tried once more with the guard kept as a run-time assertion: a guard torch cannot prove
     though it holds (a floor division of the size: a conformer's subsampling) then costs
-    nothing, and one that does not hold fails the size checks; the note says which."""
+    nothing, and one that does not hold fails the size checks; the note says which. Where torch's
+    guard solver then concludes a named size is a constant the shape environment never made it
+    (guards it cannot simplify: a padding to a multiple of 256 in Mamba's chunked scan), the
+    export is tried once more with `hinted` shapes (``Dim.DYNAMIC`` over the same ranges) and
+    kept only if every named dimension stayed symbolic (_export_solver_overruled); `hinted` makes
+    those shapes and gives the user inputs' names."""
     try:
         try:
             return _export_once(model, args, kwargs, notes, shapes)
         except Exception as e:
             refusal = dynamic_capture.specialisation_error(
                 e, dynamic, origins or dynamic_capture.GuardOrigins(), what) if dynamic is not None else None
-            if refusal is None or "the model fixes it to" in str(refusal):
+            solved = dynamic_capture.solver_specialised(e)
+            if refusal is None or ("the model fixes it to" in str(refusal) and not solved):
                 raise
-            ep = _export_once(model, args, kwargs, notes, shapes, deferred=True)
-            note = DEFERRED_GUARD + str(refusal).split(": ", 1)[1]
+            try:
+                ep = _export_once(model, args, kwargs, notes, shapes, deferred=True)
+            except Exception as again:
+                solved = dynamic_capture.solver_specialised(again)
+                if not solved or hinted is None or dynamic is None:
+                    raise
+                ep = _export_solver_overruled(model, args, kwargs, notes, hinted(), dynamic, solved, again)
+            note = DEFERRED_GUARD + str(refusal).split(": ", 1)[1].rsplit("; ", 1)[0]  # without its fix
             if notes is not None and note not in notes:
                 notes.append(note)
             return ep
@@ -534,6 +552,26 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict, what: str,
         if dims_refusal is not None:
             raise dims_refusal from e
         raise CaptureError(f"torch.export ({what}) failed: {e.__class__.__name__}: {_first_line(e)}") from e
+
+
+def _export_solver_overruled(model: torch.nn.Module, args: tuple, kwargs: dict, notes: list[str] | None,
+                             hinted: tuple[Any, list[str]], dynamic: DynamicDims, solved: list[str],
+                             refused: BaseException) -> torch.export.ExportedProgram:
+    """The export with guards deferred and each named dimension ``Dim.DYNAMIC`` over its range,
+    where the named export was refused only because torch's solver concluded the `solved`
+    dimensions are constants. Kept only if the graph keeps every named dimension symbolic (then
+    the solver's conclusion was not the shape environment's, and the size checks at min, max
+    and a random size test the graphs); else `refused` is raised again."""
+    shapes, user_names = hinted
+    ep = _export_once(model, args, kwargs, notes, shapes, deferred=True)
+    if dynamic_capture.specialised_dims(ep, user_names, dynamic):
+        raise refused
+    note = (f"dims: torch's guard solver concluded {', '.join(solved)} must be a constant, though the traced "
+            "graph keeps it symbolic (guards it cannot simplify, kept as run-time assertions): exported with "
+            "each dimension Dim.DYNAMIC over its range; checked at min, max and a random size")
+    if notes is not None and note not in notes:
+        notes.append(note)
+    return ep
 
 
 def _export_once(model: torch.nn.Module, args: tuple, kwargs: dict, notes: list[str] | None, shapes: Any,

@@ -318,7 +318,7 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
         if deferred and any("_assert_scalar" in p for p in c.problems):
             # a guard torch could not prove, kept as an assertion, fails here: torch's refusal says why
             mc.problems.append(f"dims: at {c.point} ({at}) a run-time assertion the capture kept fails: "
-                               f"{deferred[0]}")
+                               f"{deferred[0]}; narrow the range to where it holds, or make the dimension static")
             continue
         mc.problems += [f"at {c.point} ({at}): {p}" for p in c.problems[:2]]
     mc.seconds += time.perf_counter() - start  # the checks' time: at the example and at these sizes

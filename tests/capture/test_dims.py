@@ -400,6 +400,7 @@ def test_a_guard_kept_as_a_runtime_assertion_that_fails_at_a_checked_size_says_t
     assert error.startswith("dims: at min (batch=1, seq=4) a run-time assertion the capture kept fails: seq "
                             "(arg0.size(1)) cannot be dynamic in [4, 64]"), error
     assert "((3 + arg0.size(1)) // 4) != 1" in error and "padded.py:14" in error
+    assert error.endswith("; narrow the range to where it holds, or make the dimension static"), error
 
 
 @pytest.mark.slow
@@ -422,3 +423,80 @@ def test_a_guard_torch_cannot_prove_but_that_holds_keeps_the_range_dynamic(tmp_p
     assert any(n.startswith("dims: kept as a run-time assertion") for n in manifest.capture.notes)
     assert all(d.status == "dynamic" for d in manifest.dims.dims.values())
     assert {c.point for c in manifest.dims.checked} >= {"min", "max"} and not any(c.problems for c in manifest.dims.checked)
+
+
+CHUNKED = '''
+import torch
+import torch.nn.functional as F
+
+
+class Chunked(torch.nn.Module):
+    """Mamba's chunked scan in small: the sequence padded to a multiple of 32, cut into chunks."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        b, s, c = x.shape
+        pad = (32 - s % 32) % 32
+        h = F.pad(self.fc(x), (0, 0, 0, pad)).reshape(b, -1, 32, c)
+        return torch.cumsum(h, dim=2).reshape(b, -1, c)[:, :s]
+
+
+def chunked():
+    return Chunked()
+'''
+
+
+@pytest.mark.parametrize("seq_max,ok", [(24, True), (40, False)])
+def test_a_size_torchs_guard_solver_calls_constant_stays_dynamic_where_the_graph_keeps_it(tmp_path, seq_max, ok):
+    """Padding to a multiple of 32 makes guards torch cannot simplify (s + (32 - s % 32) % 32);
+    its solver concludes seq is the example's 16, though the graph keeps it symbolic (Mamba2,
+    the hybrid MoE models). Exported again with Dim.DYNAMIC, the range holds where the guards
+    do (max 24: every size one chunk) and fails the size checks where they do not (max 40)."""
+    (tmp_path / "chunked.py").write_text(CHUNKED)
+    _, runs = _run(tmp_path, f"""\
+        - name: chunked
+          source: chunked:chunked
+          graphs: [inference, forward, backward, joint]
+          dims: {{seq: {{min: 4, max: {seq_max}, example: 16}}}}
+          inputs: [{{shape: [batch, seq, 8]}}]
+        """, defaults="dims: {batch: {min: 1, max: 4, example: 2}}")
+    run = runs["chunked"]
+    if not ok:
+        assert run["status"] == "failed" and run["stage"] == "verify", run
+        assert "a run-time assertion the capture kept fails" in run["error"] and "chunked.py" in run["error"]
+        return
+    assert run["status"] == "ok", run.get("error")
+    manifest = _manifest(tmp_path / "out" / "p", "chunked")
+    assert any(n.startswith("dims: torch's guard solver concluded seq must be a constant")
+               for n in manifest.capture.notes), manifest.capture.notes
+    assert {name: d.status for name, d in manifest.dims.dims.items()} == {"batch": "dynamic", "seq": "dynamic"}
+    assert {c.point for c in manifest.dims.checked} >= {"min", "max"}
+    assert not any(c.problems for c in manifest.dims.checked)
+
+
+def test_the_solver_is_overruled_only_where_the_graph_keeps_every_named_size_symbolic():
+    """Where the export with Dim.DYNAMIC specialises a named size after all, torch's refusal is
+    raised again: the graph would not be the dynamic one the pipeline asked for."""
+    import importlib.util
+    import sys
+
+    from aotpipe.capture import dynamic as dynamic_capture
+    from aotpipe.capture.export import _export_solver_overruled
+    from aotpipe.spec.modes import DynamicDims
+
+    spec = importlib.util.spec_from_loader("chunked_model", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    exec(CHUNKED, module.__dict__)
+    sys.modules.pop("chunked_model", None)
+    model, x = module.chunked(), torch.randn(2, 16, 8)
+    dyn = DynamicDims(ranges={"seq": (4, 24)}, inputs={"x": (None, "seq", None)})
+    refused = RuntimeError("torch refused seq")
+    notes: list[str] = []
+    hinted = dynamic_capture.export_shapes(model, (x,), {}, ["x"], dyn, hints=True)
+    ep = _export_solver_overruled(model, (x,), {}, notes, (hinted, ["x"]), dyn, ["seq"], refused)
+    assert dynamic_capture.specialised_dims(ep, ["x"], dyn) == [] and notes
+    with pytest.raises(RuntimeError, match="torch refused seq"):  # the static export: seq specialised
+        _export_solver_overruled(model, (x,), {}, [], (None, ["x"]), dyn, ["seq"], refused)
