@@ -153,7 +153,11 @@ def guard_origins() -> Iterator[GuardOrigins]:
 
 
 _SOURCE = re.compile(r"L(?:\['\w+'\])*\['(\w+)'\]\.size\(\)\[(\d+)\]")
-_VIOLATED = re.compile(r"(?:Constraints violated|Specializations unexpectedly required) \(([^)]*)\)")
+_VIOLATED = re.compile(r"(?:Constraints violated|Specializations unexpectedly required) \((.*)\)!")
+_READ = re.compile(r"(\w+)\.size\((\d+)\)")
+# dynamo's refusal carries the model's stack where it specialised (its frames are interpreted,
+# not on Python's stack for guard_origins to walk): the innermost entry is the line
+_USER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in \w+\n\s+(.+)')
 _REASON = re.compile(r"^\s*- (.*)$", re.MULTILINE)
 _FIXES = re.compile(r"Suggested fixes:\s*\n((?:\s+.+\n?)+)")
 _CONSTANT = re.compile(r"specialized it to be a constant \((\d+)\)|resulted in a specialized value of (\d+)")
@@ -203,10 +207,17 @@ def specialisation_error(e: BaseException, dynamic: DynamicDims, origins: GuardO
     m = _VIOLATED.search(text)
     if m is None:
         return None
-    names = [n.strip() for n in m.group(1).split(",") if n.strip()]
+    names = [n.strip() for n in re.split(r",\s*(?![^\[]*\])", m.group(1)) if n.strip()]
     reasons = [r.strip() for r in _REASON.findall(text)]
     fixes = _FIXES.search(text)
     dim = names[0] if names else "?"
+    if dim not in dynamic.ranges:  # dynamo names the marked size by its source: L['x'].size()[0]
+        torch_source = dim
+        read = _READ.fullmatch(origins.source(dim))
+        named = dynamic.inputs.get(read.group(1), ()) if read else ()
+        if read and int(read.group(2)) < len(named) and named[int(read.group(2))] is not None:
+            dim = named[int(read.group(2))]  # type: ignore[assignment]
+            reasons = [r.replace(torch_source, dim) for r in reasons]
     reason = next((r for r in reasons if dim in r), reasons[0] if reasons else text.splitlines()[0])
     lo, hi = dynamic.ranges.get(dim, (None, None))
     constant = _CONSTANT.search(reason)
@@ -231,6 +242,10 @@ def specialisation_error(e: BaseException, dynamic: DynamicDims, origins: GuardO
         if symbol else None
     origin = origins.first_on(symbol, like) if symbol else None
     at = f" at {origin.where}" if origin is not None and origin.where else ""
+    frames = _USER_FRAME.findall(text.split("User stack:", 1)[1]) if "User stack:" in text else []
+    if frames:
+        file, line, code = frames[-1]
+        at = f" at {relative_file(file)}:{line} (`{code.strip()[:120]}`)"
     rng = f" in [{lo}, {hi}]" if lo is not None else ""
     return CaptureError(f"dims: {dim} ({_source_name(dim, dynamic)}) cannot be dynamic{rng} ({what}): "
                         f"{origins.source(why)}{at}; {fix}")

@@ -61,6 +61,7 @@ import torch.fx
 import torch.utils._python_dispatch
 import torch.utils._pytree as pytree
 
+from aotpipe.capture import dynamic as dynamic_capture
 from aotpipe.capture import export as _export
 from aotpipe.capture.ctc import ctc_loss_formulated
 from aotpipe.capture.custom_ops import replace_calls
@@ -94,6 +95,9 @@ _PARTIAL = ("partial ({mode}): part of the model ran outside the graphs{where}: 
 _BOOKKEEPING = frozenset({"aten.detach.default"})
 # Ops that read a tensor's value into Python (a branch's condition, a size, a constant): not
 # tensor computation outside the graphs, but the graphs are those of the example's path.
+# An op eager runs that dynamo traces as others (each at least once in the graph in its place):
+# unpacking a tensor (`q, k, v = t`) runs unbind in eager, and t[0], t[1], ... in dynamo's graph.
+_REWRITTEN = {"aten.unbind.int": "aten.select.int"}
 _VALUE_READS = frozenset({"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default"})
 
 
@@ -158,13 +162,23 @@ def _capture(
     graphs: list[str],
     input_names: list[str],
     int_ranges: dict[str, tuple[int, int]] | None = None,
+    dynamic: DynamicDims | None = None,
 ) -> CapturedGraphs:
     """The requested graph kinds of every subgraph torch.compile makes of `model`.
 
     Subgraph i's graphs are keyed by kind for i = 0 and "<kind>_<i>" after; each forward's
     partition contract pairs it with its backward. Raises CaptureError (one line) when
     dynamo fails or compiles no graph.
+
+    With `dynamic` (named dimensions), each is marked dynamic on the model's inputs over its
+    range, so dynamo's graph keeps it symbolic; the one graph is then exported with the same
+    dimensions (its sizes read from the inputs) and its graphs written as export's are. A
+    model dynamo splits into several graphs is refused: the graphs after a break take values
+    whose sizes no input names.
     """
+    if dynamic is not None and dynamic.auto:
+        raise CaptureError("dims: auto: mode dynamo takes named dimensions only; use mode export or auto for "
+                           "dims: auto")
     start = time.perf_counter()
     model_names = user_input_names(args, kwargs, input_names)
     model_values = pytree.tree_leaves((args, kwargs))
@@ -192,7 +206,12 @@ def _capture(
     outside: list[OutsideGraphs] = []
 
     def compiled(grad: bool) -> list[_Traced]:
-        c = _compile(model, args, kwargs, input_name_of, grad=grad)
+        c = _compile(model, args, kwargs, input_name_of, grad=grad, dynamic=dynamic, user_names=model_names)
+        if dynamic is not None and len(c.traced) != 1:
+            raise CaptureError(f"dims: dynamo split the model into {len(c.traced)} graphs "
+                               f"({_break_text(_breaks(c.traced)).strip(' ()') or 'graph breaks'}); sizes stay "
+                               "symbolic only in a one-graph capture: remove the graph break, or remove dims for "
+                               "this model")
         mode = "training" if grad else "inference"
         found = _breaks(c.traced)
         if c.outside is not None:
@@ -213,7 +232,7 @@ def _capture(
         for i, t in enumerate(traced):
             lifted = _lift(t, i)
             key = graph_key("inference", i)
-            g, values = _inference_graph(lifted, ranges, key)
+            g, values = _inference_graph(lifted, ranges, key, dynamic, notes)
             captured[key], inputs[key] = g, values
             sg = subgraph(i)
             sg.keys["inference"] = key
@@ -252,7 +271,7 @@ def _capture(
                 notes.append(f"subgraph {i}: no output requires grad; it has no forward, backward or joint graph")
                 continue
             try:
-                joint, fw, bw, contract = _training_graphs(lifted, ranges, i, notes)
+                joint, fw, bw, contract = _training_graphs(lifted, ranges, i, notes, dynamic)
             except _export.NothingToDifferentiate as e:
                 notes.append(f"subgraph {i}: {e}; it has no forward, backward or joint graph")
                 continue
@@ -276,6 +295,9 @@ def _capture(
     for sg in sgs:  # within a subgraph: another's user input of the same name may be another value
         _export._share_embedding_ranges({k: ordered[k] for k in sg.keys.values()})
     first = sgs[0].contract if sgs else None
+    if dynamic is not None:
+        dynamic_capture.record_symbols(list(ordered.values()), dynamic)
+        dynamic_capture.freeze(list(ordered.values()))
     return CapturedGraphs(
         model=name,
         mode=MODE,
@@ -352,8 +374,33 @@ class _OpCount(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@contextlib.contextmanager
+def _marked_dynamic(names: list[str], values: list[Any], dynamic: DynamicDims | None) -> Iterator[None]:
+    """Each named dimension marked dynamic over its range on the model's input tensors while
+    dynamo compiles (it refuses, naming the line, where the model fixes the size); unmarked after."""
+    marked = []
+    for name, value in zip(names, values, strict=False):
+        dims = dynamic.inputs.get(name, ()) if dynamic is not None else ()
+        for d, dim in enumerate(dims):
+            if dim is not None and isinstance(value, torch.Tensor) and d < value.dim():
+                lo, hi = dynamic.ranges[dim]  # type: ignore[union-attr]
+                torch._dynamo.mark_dynamic(value, d, min=lo, max=hi)
+                marked.append(value)
+    try:
+        yield
+    finally:
+        for value in marked:
+            for attr in _DYNAMO_MARKS:
+                value.__dict__.pop(attr, None)
+
+
+# what torch._dynamo.mark_dynamic sets on a tensor
+_DYNAMO_MARKS = ("_dynamo_dynamic_indices", "_dynamo_dynamic_range", "_dynamo_hint_overrides", "_specialize_on",
+                 "_has_dynamo_dim_marking")
+
+
 def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: dict[int, str], *,
-             grad: bool) -> _Compiled:
+             grad: bool, dynamic: DynamicDims | None = None, user_names: list[str] | None = None) -> _Compiled:
     """Every subgraph dynamo compiles while the model runs once, in order of first call, and
     what the model computed outside them (see outside_graphs).
 
@@ -400,14 +447,22 @@ def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: d
         return run
 
     compiled = torch.compile(model, backend=backend, dynamic=False)
+    what = "training" if grad else "inference"
+    leaves = pytree.tree_leaves((args, kwargs))
+    origins_on = dynamic_capture.guard_origins() if dynamic is not None else contextlib.nullcontext(None)
     try:
-        with _fresh_dynamo(), _state_kept(model, pytree.tree_leaves((args, kwargs))), _torch_logs_quiet(), \
-                torch.set_grad_enabled(grad):
+        with _fresh_dynamo(), _state_kept(model, leaves), _torch_logs_quiet(), torch.set_grad_enabled(grad), \
+                _marked_dynamic(user_names or [], leaves, dynamic), origins_on as origins:
+            if origins is not None:
+                origins.aliases = dynamic_capture.positional_names(model, len(args), user_names or [])
             together = run_reproducibly(lambda: compiled(*args, **kwargs))
     except CaptureError:
         raise
     except Exception as e:
-        raise CaptureError(f"torch.compile ({'training' if grad else 'inference'}) failed: {_cause_line(e)}") from None
+        refusal = _dims_refusal(e, dynamic, origins, what)
+        if refusal is not None:
+            raise refusal from None
+        raise CaptureError(f"torch.compile ({what}) failed: {_cause_line(e)}") from None
     if not traced:
         raise CaptureError("torch.compile captured no graph: the model runs no tensor operation dynamo can trace")
     for i, t in enumerate(traced):
@@ -420,6 +475,21 @@ def _compile(model: torch.nn.Module, args: tuple, kwargs: dict, input_name_of: d
     if outside is None:
         _check_together(expected, _composed(traced, calls, results, args, kwargs, grad), len(traced), grad)
     return _Compiled(traced, outside, [f"{op} x{(eager_ops - in_graphs.ops)[op]}" for op in reads])
+
+
+def _dims_refusal(e: BaseException, dynamic: DynamicDims | None, origins: Any, what: str) -> CaptureError | None:
+    """Dynamo's refusal of a dimension marked dynamic, as export's (`dims: NAME (...) cannot be
+    dynamic ...`); None for another error."""
+    if dynamic is None:
+        return None
+    cause: BaseException | None = e
+    while cause is not None:
+        refusal = dynamic_capture.specialisation_error(cause, dynamic, origins or dynamic_capture.GuardOrigins(),
+                                                       f"dynamo, {what}")
+        if refusal is not None:
+            return refusal
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _provenance(value: Any, state: bool, made: dict[int, tuple[int, int]], inputs_at: dict[int, int]
@@ -449,8 +519,11 @@ def outside_graphs(eager_ops: collections.Counter[str], graph_ops: collections.C
       input, a parameter or buffer, nor an output of a subgraph run before.
 
     Either makes the capture partial: its outputs depend on code no stored graph holds."""
-    ops = {op: n for op, n in sorted((eager_ops - graph_ops).items())
-           if op not in _BOOKKEEPING and op not in _VALUE_READS}
+    surplus, extra = eager_ops - graph_ops, graph_ops - eager_ops
+    for op, instead in _REWRITTEN.items():  # dynamo traced the same computation as other ops
+        if surplus[op] and extra[instead] >= surplus[op]:
+            del surplus[op]
+    ops = {op: n for op, n in sorted(surplus.items()) if op not in _BOOKKEEPING and op not in _VALUE_READS}
     values = [f"subgraph {c.traced} input {k}" for c in calls for k, src in enumerate(c.sources) if src == ("glue",)]
     values += [f"model output {k}" for k, src in enumerate(results) if src == ("glue",)]
     if not ops and not values:
@@ -608,9 +681,17 @@ def _lift(t: _Traced, index: int) -> _Lifted:
                            f"{len(t.state_names)} example inputs")
     assert t.values is not None
     first_body = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    sizes = _size_reads(placeholders)
     user_names, user_values = [], []
     for node, source, state_name, value, model_input in zip(placeholders, t.sources, t.state_names, t.values,
                                                             t.model_inputs):
+        if node in sizes:  # a symbolic size dynamo passes as an input: read from the tensor that has it
+            with graph.inserting_before(first_body):
+                read = graph.call_function(torch.ops.aten.sym_size.int, sizes[node])
+            read.meta = dict(node.meta)
+            node.replace_all_uses_with(read)
+            graph.erase_node(node)
+            continue
         if state_name is None:
             user_names.append(model_input if model_input is not None and model_input not in user_names
                               else _user_name(source, node.name, user_names))
@@ -629,6 +710,25 @@ def _lift(t: _Traced, index: int) -> _Lifted:
     graph.lint()
     gm.recompile()
     return _Lifted(gm, user_names, user_values)
+
+
+def _size_reads(placeholders: list[torch.fx.Node]) -> dict[torch.fx.Node, tuple[torch.fx.Node, int]]:
+    """Each placeholder dynamo added for a symbolic size (a dimension marked dynamic), and the
+    (tensor placeholder, dimension) whose size it is: the graph reads it there instead, so it
+    takes tensors only and export's dimensions on them name it."""
+    out: dict[torch.fx.Node, tuple[torch.fx.Node, int]] = {}
+    tensors = [n for n in placeholders if isinstance(n.meta.get("example_value"), torch.Tensor)]
+    for node in placeholders:
+        value = node.meta.get("example_value")
+        if not isinstance(value, torch.SymInt):
+            continue
+        expr = value.node.expr
+        found = next(((t, d) for t in tensors for d, size in enumerate(t.meta["example_value"].shape)
+                      if isinstance(size, torch.SymInt) and size.node.expr == expr), None)
+        if found is None:
+            raise CaptureError(f"dims: dynamo's graph takes the size {expr} as an input that no input tensor has")
+        out[node] = found
+    return out
 
 
 def _user_name(source: str | None, fallback: str, taken: list[str]) -> str:
@@ -664,11 +764,29 @@ def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
-def _inference_graph(lifted: _Lifted, ranges: dict[str, tuple[int, int]], key: str) -> tuple[CapturedGraph, list[Any]]:
+def _exported(lifted: _Lifted, values: tuple, what: str, dynamic: DynamicDims | None,
+              notes: list[str] | None) -> torch.export.ExportedProgram:
+    """torch.export of the lifted subgraph; with `dynamic`, its inputs' named dimensions as the
+    model's (the one graph's user inputs are the model's, by name)."""
+    if dynamic is None:
+        return _export._export(lifted.module, values, {}, what)
+    names = lifted.user_names
+
+    def hinted() -> tuple[Any, list[str]]:
+        return dynamic_capture.export_shapes(lifted.module, values, {}, names, dynamic, hints=True), names
+
+    shapes = dynamic_capture.export_shapes(lifted.module, values, {}, names, dynamic)
+    with dynamic_capture.guard_origins() as origins:
+        return _export._export(lifted.module, values, {}, what, notes, shapes, dynamic, origins, hinted)
+
+
+def _inference_graph(lifted: _Lifted, ranges: dict[str, tuple[int, int]], key: str,
+                     dynamic: DynamicDims | None = None, notes: list[str] | None = None
+                     ) -> tuple[CapturedGraph, list[Any]]:
     """The subgraph's inference graph (export, core ATen) and its real inputs."""
     values = tuple(_detached(v) for v in lifted.user_values)
     with torch.no_grad():
-        ep = _export._export(lifted.module, values, {}, f"inference of {key}")
+        ep = _exported(lifted, values, f"inference of {key}" if key != "inference" else "inference", dynamic, notes)
     g = _export._inference_graph(ep, lifted.user_names, _ranges(lifted, ranges), _state(lifted.module))
     by_name = dict(zip(lifted.user_names, values))
     state = _state(lifted.module)
@@ -817,12 +935,19 @@ def _copy_aliasing_outputs(lifted: _Lifted, outs: list[Any]) -> list[int]:
 
 
 def _training_graphs(lifted: _Lifted, ranges: dict[str, tuple[int, int]], index: int,
-                     notes: list[str]) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, Partition]:
+                     notes: list[str], dynamic: DynamicDims | None = None
+                     ) -> tuple[CapturedGraph, CapturedGraph, CapturedGraph, Partition]:
+    """The subgraph's joint, forward and backward graphs (a tangent per output); with `dynamic`,
+    traced from the fake inputs of its export with those dimensions, so they keep them symbolic."""
     constants: dict[str, torch.Tensor] = {}
     state = _state(lifted.module)
+    module, values = lifted.module, tuple(lifted.user_values)
+    if dynamic is not None:
+        ep = _exported(lifted, values, f"training of subgraph {index}", dynamic, notes)
+        module, values = ep.module(), _export._fake_user_inputs(ep, values, {})[0]
     joint, fw, bw, contract, no_grad = _export.training_graphs(
-        lifted.module, tuple(lifted.user_values), {}, lifted.user_names, _ranges(lifted, ranges), state,
-        constants, _Outputs, notes)
+        module, values, {}, lifted.user_names, _ranges(lifted, ranges), state,
+        constants, _Outputs, notes, real_user_values=list(lifted.user_values) if dynamic is not None else None)
     if no_grad:
         notes.append(f"subgraph {index}: {len(no_grad)} parameter(s) get no gradient: {', '.join(no_grad[:8])}"
                      + (" ..." if len(no_grad) > 8 else ""))
@@ -941,10 +1066,12 @@ def capture_auto(
             raise CaptureError(f"export failed: {why}") from e
     try:
         cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
-                             int_ranges=int_ranges)
+                             int_ranges=int_ranges,
+                             **({"dynamic": dynamic} if dynamic is not None and not dynamic.auto else {}))
     except CaptureError as e:  # both reasons: export's is often the one to act on
         raise CaptureError(f"export failed: {why}; dynamo failed: {e}") from e
     cap.fallback = why
     cap.notes.insert(0, f"export failed ({why}); captured with dynamo"
-                     + (" at the example sizes: every dimension static" if dynamic is not None else ""))
+                     + ("" if dynamic is None else " at the example sizes: every dimension static" if dynamic.auto
+                        else ", its one graph exported with the same dimensions"))
     return cap

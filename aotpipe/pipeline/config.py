@@ -668,10 +668,12 @@ def _dims_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Pr
             continue
         auto, declared = _declared_dims(defaults, m)
         mode = m.get("mode", defaults.get("mode", "auto"))
-        if (auto or declared) and mode in ("dynamo", "meta"):
+        if (auto and mode == "dynamo") or ((auto or declared) and mode == "meta"):
             dims_at = ("models", i, "dims") if "dims" in m else ("defaults", "dims")
             problems.append(Problem(path, _line_for(lines, dims_at), f"models[{i}].dims",
-                                    f"mode {mode} captures static sizes; use mode export or auto for dims, "
+                                    f"mode {mode} takes no dims: auto; name the dimensions (dims: {{batch: ...}}), "
+                                    "or use mode export or auto" if mode == "dynamo" else
+                                    "mode meta captures static sizes; use mode export or auto for dims, "
                                     "or remove dims for this model"))
         used: set[str] = set()
         raw_inputs = m.get("inputs")

@@ -284,9 +284,9 @@ def _check_values(job: ModelJob, folder: Path) -> Any:
     job.pass_problems.extend(mc.pass_failures)
     # Where eager took the traced branch (eager.traced_branches): into the manifest's notes.
     captured.notes.extend(n for n in getattr(job.eager, "notes", []) if n not in captured.notes)
-    if spec.dynamic and captured.mode == "export":
-        _check_sizes(job, folder, mc)
-    elif spec.dynamic:  # auto fell back to dynamo, which captures the example's sizes
+    if spec.dynamic and (captured.mode == "export" or not spec.auto_dims):
+        _check_sizes(job, folder, mc)  # dynamo marks named dimensions dynamic too
+    elif spec.dynamic:  # dims: auto, and auto fell back to dynamo, which captures the example's sizes
         from aotpipe.checks.sizes import static_dims  # torch
 
         mc.outcome.dims = static_dims(spec, f"specialised: captured by {captured.mode} at the example sizes "

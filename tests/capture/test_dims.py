@@ -293,10 +293,20 @@ def test_a_dimension_on_loaded_data_is_refused():
     assert "loaded from data:" in p.message
 
 
-@pytest.mark.parametrize("mode", ["dynamo", "meta"])
-def test_a_mode_that_captures_static_sizes_is_refused(mode):
-    (p,) = _problems(BASE.replace("mode: export", f"mode: {mode}") + "    inputs: [{shape: [batch, 32]}]\n")
-    assert p.message.startswith(f"mode {mode} captures static sizes")
+def test_mode_meta_captures_static_sizes_and_is_refused_dims():
+    (p,) = _problems(BASE.replace("mode: export", "mode: meta") + "    inputs: [{shape: [batch, 32]}]\n")
+    assert p.message.startswith("mode meta captures static sizes")
+
+
+def test_mode_dynamo_takes_named_dimensions_but_not_dims_auto():
+    spec = parse_pipeline(BASE.replace("mode: export", "mode: dynamo") + "    inputs: [{shape: [batch, 32]}]\n",
+                          "p.yaml", check_sources=False)
+    assert spec.models[0].dynamic
+    auto = BASE.replace("mode: export", "mode: dynamo").replace("dims: {batch: {min: 1, max: 16, example: 4}}",
+                                                                "dims: auto")
+    assert auto != BASE.replace("mode: export", "mode: dynamo")
+    (p,) = _problems(auto + "    inputs: [{shape: [4, 32]}]\n")
+    assert p.message.startswith("mode dynamo takes no dims: auto; name the dimensions")
 
 
 def test_a_model_dimension_no_input_names_is_refused():
@@ -500,3 +510,93 @@ def test_the_solver_is_overruled_only_where_the_graph_keeps_every_named_size_sym
     assert dynamic_capture.specialised_dims(ep, ["x"], dyn) == [] and notes
     with pytest.raises(RuntimeError, match="torch refused seq"):  # the static export: seq specialised
         _export_solver_overruled(model, (x,), {}, [], (None, ["x"]), dyn, ["seq"], refused)
+
+
+# ---------------------------------------------------------------------------------------
+# mode dynamo: the named dimensions marked dynamic, dynamo's one graph exported with them
+
+BROKEN = '''
+import torch
+
+class Broken(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        print("a graph break")
+        return h * 2
+
+def broken():
+    return Broken()
+'''
+
+
+def test_mode_dynamo_keeps_named_dimensions_symbolic_and_checks_them(tmp_path):
+    """The tiny transformer unpacks q, k, v from one tensor (unbind in eager, indexing in
+    dynamo's graph: not code outside the graphs) and reads batch and seq from its input."""
+    _, runs = _run(tmp_path, """\
+        - name: mlp
+          source: aotpipe.zoo:mlp
+          mode: dynamo
+          args: {in_features: 32, hidden: 64, depth: 2}
+          inputs: [{shape: [batch, 32]}]
+        - name: tiny_transformer
+          source: aotpipe.zoo:tiny_transformer
+          mode: dynamo
+          args: {vocab: 1000, dim: 64, heads: 4, layers: 2}
+          dims: {batch: {min: 1, max: 8, example: 2}, seq: {min: 4, max: 128, example: 16}}
+          inputs:
+            - {name: input_ids, shape: [batch, seq], dtype: int64, high: 1000}
+            - {name: attention_mask, shape: [batch, seq], dtype: int64, low: 1, high: 2}
+        """)
+    for model, wanted in (("mlp", {"batch"}), ("tiny_transformer", {"batch", "seq"})):
+        assert runs[model]["status"] == "ok", runs[model].get("error")
+        manifest = _manifest(tmp_path / "out" / "p", model)
+        assert manifest.capture.mode == "dynamo"
+        assert {n: d.status for n, d in manifest.dims.dims.items()} == dict.fromkeys(wanted, "dynamic")
+        assert {c.point for c in manifest.dims.checked} >= {"min", "max"}
+        assert not any(c.problems for c in manifest.dims.checked)
+        for kind in KINDS:
+            graph, _ = _graph(tmp_path / "out" / "p", model, kind)
+            assert wanted <= {s["dim"] for s in graph["symbols"].values()}, (model, kind)
+
+
+def test_mode_dynamo_refuses_a_literal_size_naming_the_dimension_and_the_line(tmp_path):
+    _, runs = _run(tmp_path, """\
+        - name: lit
+          source: shapes_models:literal_view
+          mode: dynamo
+          inputs: [{shape: [batch, 32]}]
+        """)
+    error = runs["lit"]["error"]
+    assert error.startswith("dims: batch (arg0.size(0)) cannot be dynamic in [1, 64] (dynamo, inference): "
+                            "the model fixes it to 4"), error
+    assert "shapes_models.py:10" in error and "\n" not in error
+
+
+def test_mode_dynamo_refuses_dims_on_a_model_it_splits_into_several_graphs(tmp_path):
+    (tmp_path / "broken.py").write_text(BROKEN)
+    _, runs = _run(tmp_path, """\
+        - name: broken
+          source: broken:broken
+          mode: dynamo
+          inputs: [{shape: [batch, 32]}]
+        """)
+    assert runs["broken"]["status"] == "failed"
+    assert runs["broken"]["error"].startswith("dims: dynamo split the model into 2 graphs"), runs["broken"]["error"]
+    assert "remove the graph break, or remove dims for this model" in runs["broken"]["error"]
+
+
+def test_an_op_dynamo_traces_as_others_is_not_code_outside_the_graphs():
+    import collections
+
+    from aotpipe.capture.dynamo import outside_graphs
+
+    eager = collections.Counter({"aten.unbind.int": 2, "aten.mm.default": 4})
+    assert outside_graphs(eager, collections.Counter({"aten.select.int": 6, "aten.mm.default": 4}), [], [],
+                          "inference") is None
+    missing = outside_graphs(eager, collections.Counter({"aten.select.int": 1, "aten.mm.default": 4}), [], [],
+                             "inference")
+    assert missing is not None and missing.ops == {"aten.unbind.int": 2}
