@@ -142,6 +142,15 @@ def test_the_dynamic_page_sets_the_rate_beside_the_static_zoo_and_counts_the_cla
     assert "| xlnet | ok (export) | ok | dynamo | batch, seq static | - | " in text
 
 
+def test_a_run_of_fewer_architectures_than_the_static_zoo_is_called_a_sample(tmp_path):
+    data = zoo_table.rows_from_run(_dynamic_run(tmp_path))
+    assert "**A sample**" not in zoo_table.render_dynamic(data, STATIC)  # the same 3 architectures
+    bigger = {"models": STATIC["models"] + [{"name": "gpt2", "mode": "export", "status": "ok"}]}
+    text = zoo_table.render_dynamic(data, bigger)
+    assert "**A sample**: this run holds 3 of the static zoo's 4 architectures" in text
+    assert "on the 3 architectures both ran" in text
+
+
 def test_without_a_static_run_the_page_says_there_is_nothing_to_compare(tmp_path):
     text = zoo_table.render_dynamic(zoo_table.rows_from_run(_dynamic_run(tmp_path)), None)
     assert "No static zoo run of these architectures is recorded" in text

@@ -246,9 +246,13 @@ def render_dynamic(data: dict[str, Any], static: dict[str, Any] | None) -> str:
     lines = [
         f"**{_rate(len(dynamic_ok), len(models))} dynamic ok**: ok with every named dimension symbolic in every "
         f"graph, and every graph checked at the min, the max and a random size. Of the others, "
-        f"{len(ok) - len(dynamic_ok)} ok with a dimension static (auto fell back to dynamo, which captures the "
-        f"example's sizes), {len(partial)} partial, {len(failed)} failed. The run took {data['seconds']:,} s.", ""]
+        f"{len(ok) - len(dynamic_ok)} ok with a dimension static, {len(partial)} partial, {len(failed)} failed. "
+        f"The run took {data['seconds']:,} s.", ""]
     by_name = {m["name"]: m for m in (static or {}).get("models", [])}
+    if static is not None and len(models) < len(by_name):
+        lines += [f"**A sample**: this run holds {len(models)} of the static zoo's {len(by_name)} architectures "
+                  "(its pipeline: a share of pipelines/hf-zoo-dynamic.yaml's models); the rates below are the "
+                  "sample's.", ""]
     both = [m for m in models if m["name"] in by_name]
     if static is None or not both:
         lines += ["No static zoo run of these architectures is recorded (docs/data/hf-zoo.json), so there is "
