@@ -238,8 +238,9 @@ def specialisation_error(e: BaseException, dynamic: DynamicDims, origins: GuardO
     symbol = next((s for src, s in origins.sources.items() if src in places), None)
     # the guard that made it: one that fixes the symbol to the constant, or one torch cannot
     # decide over a range (a bound, a division, a remainder); not an equality of two inputs' sizes
-    like = re.compile(rf"Eq\({symbol}, {value}\)|Eq\({value}, {symbol}\)" if constant else r"Mod|//|Max|Min|<|>") \
-        if symbol else None
+    # (the solver's constant comes from guards it cannot simplify: one of those)
+    like = re.compile(rf"Eq\({symbol}, {value}\)|Eq\({value}, {symbol}\)" if constant and constant.group(1)
+                      else r"Mod|//|Max|Min|<|>") if symbol else None
     origin = origins.first_on(symbol, like) if symbol else None
     at = f" at {origin.where}" if origin is not None and origin.where else ""
     frames = _USER_FRAME.findall(text.split("User stack:", 1)[1]) if "User stack:" in text else []
