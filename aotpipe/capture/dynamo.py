@@ -95,6 +95,8 @@ _PARTIAL = ("partial ({mode}): part of the model ran outside the graphs{where}: 
 _BOOKKEEPING = frozenset({"aten.detach.default"})
 # Ops that read a tensor's value into Python (a branch's condition, a size, a constant): not
 # tensor computation outside the graphs, but the graphs are those of the example's path.
+_SPLIT = "dims: dynamo split the model into"
+
 # An op eager runs that dynamo traces as others (each at least once in the graph in its place):
 # unpacking a tensor (`q, k, v = t`) runs unbind in eager, and t[0], t[1], ... in dynamo's graph.
 _REWRITTEN = {"aten.unbind.int": "aten.select.int"}
@@ -208,7 +210,7 @@ def _capture(
     def compiled(grad: bool) -> list[_Traced]:
         c = _compile(model, args, kwargs, input_name_of, grad=grad, dynamic=dynamic, user_names=model_names)
         if dynamic is not None and len(c.traced) != 1:
-            raise CaptureError(f"dims: dynamo split the model into {len(c.traced)} graphs "
+            raise CaptureError(f"{_SPLIT} {len(c.traced)} graphs "
                                f"({_break_text(_breaks(c.traced)).strip(' ()') or 'graph breaks'}); sizes stay "
                                "symbolic only in a one-graph capture: remove the graph break, or remove dims for "
                                "this model")
@@ -1064,14 +1066,25 @@ def capture_auto(
             # the model raises on its inputs, or a setting of its config is what to change:
             # dynamo would fail again, and its error would only bury export's
             raise CaptureError(f"export failed: {why}") from e
+    named = dynamic if dynamic is not None and not dynamic.auto else None
+    static = "dims: auto" if dynamic is not None and dynamic.auto else None
     try:
-        cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
-                             int_ranges=int_ranges,
-                             **({"dynamic": dynamic} if dynamic is not None and not dynamic.auto else {}))
+        try:
+            cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
+                                 int_ranges=int_ranges, **({"dynamic": named} if named is not None else {}))
+        except CaptureError as e:
+            if named is None or not str(e).startswith(_SPLIT):
+                raise
+            # dynamo splits the model: its graphs at the example's sizes, said so (the model is
+            # not dynamic ok, but auto's promise is to capture it)
+            static = str(e).removeprefix("dims: ").split("; ", 1)[0]
+            cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
+                                 int_ranges=int_ranges)
     except CaptureError as e:  # both reasons: export's is often the one to act on
         raise CaptureError(f"export failed: {why}; dynamo failed: {e}") from e
     cap.fallback = why
+    cap.static_sizes = static
     cap.notes.insert(0, f"export failed ({why}); captured with dynamo"
-                     + ("" if dynamic is None else " at the example sizes: every dimension static" if dynamic.auto
-                        else ", its one graph exported with the same dimensions"))
+                     + ("" if dynamic is None else f" at the example sizes ({static}): every dimension static"
+                        if static else ", its one graph exported with the same dimensions"))
     return cap

@@ -202,6 +202,22 @@ def check_at(art: Artifact, spec: ModelSpec, model: torch.nn.Module, example_inp
                            problems=problems, digests=digests, summaries=summaries, values=scalars)
 
 
+def size_one_hint(failed: SizeCheckRecord, checked: list[SizeCheckRecord]) -> str:
+    """What to change when the graphs fail only where a dimension is 1: torch traces a size as if
+    it were 2 or more (it specialises 0 and 1 while tracing, and a symbol from an example of 2 or
+    more is taken to be neither), so a broadcast or a kernel choice that differs at 1 is not in the
+    graphs. Empty unless `failed` has a dimension at 1 and every point without one passed."""
+    ones = sorted(k for k, v in failed.sizes.items() if v == 1)
+    if not ones or not failed.problems:
+        return ""
+    others = [c for c in checked if 1 not in c.sizes.values()]
+    if not others or any(c.problems for c in others):
+        return ""
+    return (f"; it holds at every other size checked: torch traced {', '.join(ones)} as 2 or more (sizes 0 and "
+            f"1 are specialised while tracing), so the graphs may not hold at 1: set min: 2 for "
+            f"{', '.join(ones)}")
+
+
 def accuracy_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"

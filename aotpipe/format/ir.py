@@ -206,6 +206,9 @@ class CapturedGraphs:
     outside_graphs: list[OutsideGraphs] = field(default_factory=list)
     # dims: auto: per input, whether its leading dimension stayed dynamic or what specialised it.
     dims_report: list[str] = field(default_factory=list)
+    # Named dims asked for, captured at the example's sizes instead, and why (mode auto: dynamo
+    # split the model after export failed); None: every named dimension was asked of torch.
+    static_sizes: str | None = None
 
     @property
     def partial(self) -> bool:

@@ -284,13 +284,13 @@ def _check_values(job: ModelJob, folder: Path) -> Any:
     job.pass_problems.extend(mc.pass_failures)
     # Where eager took the traced branch (eager.traced_branches): into the manifest's notes.
     captured.notes.extend(n for n in getattr(job.eager, "notes", []) if n not in captured.notes)
-    if spec.dynamic and (captured.mode == "export" or not spec.auto_dims):
+    if spec.dynamic and (captured.mode == "export" or not spec.auto_dims) and not captured.static_sizes:
         _check_sizes(job, folder, mc)  # dynamo marks named dimensions dynamic too
-    elif spec.dynamic:  # dims: auto, and auto fell back to dynamo, which captures the example's sizes
+    elif spec.dynamic:  # auto fell back to dynamo, which captured the example's sizes (dims: auto, or a split)
         from aotpipe.checks.sizes import static_dims  # torch
 
         mc.outcome.dims = static_dims(spec, f"specialised: captured by {captured.mode} at the example sizes "
-                                            "(export failed)")
+                                            f"(export failed; {captured.static_sizes or 'dims: auto'})")
     return mc.outcome
 
 
@@ -298,7 +298,7 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
     """A shape-polymorphic capture's graphs checked at min, max and a random size too
     (checks/sizes.py): the manifest's `dims`; a failure at any size fails the model."""
     from aotpipe.capture.export import DEFERRED_GUARD  # torch
-    from aotpipe.checks.sizes import check_sizes  # torch
+    from aotpipe.checks.sizes import check_sizes, size_one_hint  # torch
 
     start = time.perf_counter()
     spec, captured = job.spec, job.capture_result()
@@ -321,6 +321,8 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
                                f"{deferred[0]}; narrow the range to where it holds, or make the dimension static")
             continue
         mc.problems += [f"at {c.point} ({at}): {p}" for p in c.problems[:2]]
+        if c.problems:
+            mc.problems[-1] += size_one_hint(c, dims.checked)
     mc.seconds += time.perf_counter() - start  # the checks' time: at the example and at these sizes
 
 

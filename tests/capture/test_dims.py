@@ -600,3 +600,41 @@ def test_an_op_dynamo_traces_as_others_is_not_code_outside_the_graphs():
     missing = outside_graphs(eager, collections.Counter({"aten.select.int": 1, "aten.mm.default": 4}), [], [],
                              "inference")
     assert missing is not None and missing.ops == {"aten.unbind.int": 2}
+
+
+BRANCHY = '''
+import torch
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.sum() > 0:  # on the values: export cannot trace it, dynamo breaks the graph here
+            return h * 2
+        return h - 1
+
+def branchy():
+    return Branchy()
+'''
+
+
+def test_mode_auto_captures_a_model_dynamo_splits_at_the_example_sizes_and_says_why(tmp_path):
+    """Export fails (a branch on values), dynamo splits the model, so no graph can keep the named
+    dimension: auto still captures the model (its promise), every dimension recorded as static
+    with the reason, and the model is not dynamic ok."""
+    (tmp_path / "branchy.py").write_text(BRANCHY)
+    _, runs = _run(tmp_path, """\
+        - name: branchy
+          source: branchy:branchy
+          mode: auto
+          inputs: [{shape: [batch, 32]}]
+        """)
+    assert runs["branchy"]["status"] in ("ok", "partial"), runs["branchy"].get("error")
+    manifest = _manifest(tmp_path / "out" / "p", "branchy")
+    assert manifest.capture.mode == "dynamo"
+    (dim,) = manifest.dims.dims.values()
+    assert dim.status == "specialised" and "dynamo split the model into" in dim.reason, dim
+    assert any("at the example sizes (dynamo split the model into" in n for n in manifest.capture.notes)

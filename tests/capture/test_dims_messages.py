@@ -88,3 +88,21 @@ def test_torchs_suggested_dim_is_said_as_yaml():
     assert dynamic_capture._yaml_fix("batch = Dim('batch', min=2, max=8)") == "batch: {min: 2, max: 8} under dims:"
     assert dynamic_capture._yaml_fix("batch = Dim('batch', max=8)") == "batch: {max: 8} under dims:"
     assert dynamic_capture._yaml_fix("seq = 16") == "seq = 16"
+
+
+def test_a_failure_only_where_a_dimension_is_1_says_torch_traced_it_as_2_or_more():
+    from aotpipe.checks.sizes import size_one_hint
+    from aotpipe.format.records import SizeCheckRecord
+
+    at_1 = SizeCheckRecord(point="min", sizes={"batch": 1, "seq": 4}, problems=["backward graph differs"])
+    fine = [SizeCheckRecord(point="max", sizes={"batch": 4, "seq": 64}),
+            SizeCheckRecord(point="random", sizes={"batch": 3, "seq": 9})]
+    hint = size_one_hint(at_1, [at_1, *fine])
+    assert hint == ("; it holds at every other size checked: torch traced batch as 2 or more (sizes 0 and 1 are "
+                    "specialised while tracing), so the graphs may not hold at 1: set min: 2 for batch")
+    # it fails elsewhere too, or nowhere else was checked, or nothing is at 1, or it passed: no hint
+    bad_max = [SizeCheckRecord(point="max", sizes={"batch": 4, "seq": 64}, problems=["differs"]), fine[1]]
+    assert size_one_hint(at_1, [at_1, *bad_max]) == ""
+    assert size_one_hint(at_1, [at_1]) == ""
+    assert size_one_hint(bad_max[0], [at_1, *bad_max]) == ""
+    assert size_one_hint(SizeCheckRecord(point="min", sizes={"batch": 1}), [*fine]) == ""
