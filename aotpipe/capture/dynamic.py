@@ -162,8 +162,6 @@ _REASON = re.compile(r"^\s*- (.*)$", re.MULTILINE)
 _FIXES = re.compile(r"Suggested fixes:\s*\n((?:\s+.+\n?)+)")
 _CONSTANT = re.compile(r"specialized it to be a constant \((\d+)\)|resulted in a specialized value of (\d+)")
 _GUARD = re.compile(r"satisfy the generated guard (.*)$")
-
-
 _SOLVED = re.compile(r"solving the guards generated for (\w+) = .* resulted in a specialized value of (\d+)")
 
 

@@ -93,13 +93,13 @@ _PARTIAL = ("partial ({mode}): part of the model ran outside the graphs{where}: 
 # ATen ops the eager run makes that a dynamo graph does not, without computing anything:
 # autograd's bookkeeping.
 _BOOKKEEPING = frozenset({"aten.detach.default"})
-# Ops that read a tensor's value into Python (a branch's condition, a size, a constant): not
-# tensor computation outside the graphs, but the graphs are those of the example's path.
+# The start of the refusal of named dims for a model dynamo splits (auto then captures it static).
 _SPLIT = "dims: dynamo split the model into"
-
 # An op eager runs that dynamo traces as others (each at least once in the graph in its place):
 # unpacking a tensor (`q, k, v = t`) runs unbind in eager, and t[0], t[1], ... in dynamo's graph.
 _REWRITTEN = {"aten.unbind.int": "aten.select.int"}
+# Ops that read a tensor's value into Python (a branch's condition, a size, a constant): not
+# tensor computation outside the graphs, but the graphs are those of the example's path.
 _VALUE_READS = frozenset({"aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default"})
 
 
