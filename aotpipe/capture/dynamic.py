@@ -306,6 +306,72 @@ def _bound(v: Any, default: int | None) -> int | None:
         return default
 
 
+_FAILED_ASSERTION = re.compile(r"^(\w+) graph does not run: .*\(aten\._assert_scalar")
+_ASSERTED = re.compile(r"expression (.*) on node")
+MAX_WALK = 4096  # sizes of one dimension the assertions are evaluated at, at most
+
+
+def assertion_holds(problems: list[str], graphs: dict[str, CapturedGraph]) -> str:
+    """Where a capture's kept run-time assertions hold, when one of `problems` is such an
+    assertion failing: "it holds for seq in [4, 31]; set seq: {max: 31}". Each named dimension
+    the assertions name is walked over its range with the others at their example, and the
+    stretch around the example where every assertion of every graph holds is kept. Empty where
+    no problem is a failed assertion, no dimension fails alone, or a range is too long to walk."""
+    if not any(_FAILED_ASSERTION.match(p) for p in problems):
+        return ""
+    checks = _assertions(graphs)
+    records = {name: rec for g in graphs.values() for name, rec in g.symbols.items()}
+    if not checks or not records:
+        return ""
+    names = sorted(records)
+    example = [records[n].example for n in names]
+    lines = []
+    for i, name in enumerate(names):
+        rec = records[name]
+        if rec.dim is None or rec.max is None or rec.max - rec.min > MAX_WALK:
+            continue
+
+        def holds(v: int, i: int = i) -> bool:
+            values = [*example[:i], v, *example[i + 1:]]
+            try:
+                return all(bool(check(*values)) for check in checks)
+            except (ArithmeticError, TypeError, ValueError):  # a division by a size of 0: outside
+                return False
+
+        if not holds(rec.example):
+            continue
+        lo = hi = rec.example
+        while lo > rec.min and holds(lo - 1):
+            lo -= 1
+        while hi < rec.max and holds(hi + 1):
+            hi += 1
+        if (lo, hi) != (rec.min, rec.max):
+            bounds = ", ".join(f"{k}: {v}" for k, v in (("min", lo), ("max", hi)) if v != getattr(rec, k))
+            lines.append(f"it holds for {rec.dim} in [{lo}, {hi}]; set {rec.dim}: {{{bounds}}}")
+    return "; ".join(lines)
+
+
+def _assertions(graphs: dict[str, CapturedGraph]) -> list[Any]:
+    """Every run-time assertion the graphs keep (aten._assert_scalar's message, which torch
+    printed in this process from its own expression), as a function of the graphs' symbols in
+    sorted order; those sympy cannot read are left out."""
+    import sympy
+
+    names = sorted({name for g in graphs.values() for name in g.symbols})
+    syms = [sympy.Symbol(name, integer=True, positive=True) for name in names]
+    texts = {m.group(1) for g in graphs.values() for n in g.gm.graph.nodes
+             if n.target is torch.ops.aten._assert_scalar.default and len(n.args) > 1 and isinstance(n.args[1], str)
+             and (m := _ASSERTED.search(n.args[1]))}
+    out = []
+    for text in sorted(texts):
+        try:
+            expr = sympy.sympify(text, locals=dict(zip(names, syms, strict=True)))
+            out.append(sympy.lambdify(syms, expr, modules="math"))
+        except (sympy.SympifyError, TypeError, SyntaxError, NameError):
+            continue
+    return out
+
+
 def record_symbols(graphs: list[CapturedGraph], dynamic: DynamicDims | None) -> None:
     """Fill each graph's `symbols` and `guards`: every symbol its inputs' sizes use, with its
     range, its value at the example, the user input dimensions it is read from (in any graph of

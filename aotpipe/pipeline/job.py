@@ -297,6 +297,7 @@ def _check_values(job: ModelJob, folder: Path) -> Any:
 def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
     """A shape-polymorphic capture's graphs checked at min, max and a random size too
     (checks/sizes.py): the manifest's `dims`; a failure at any size fails the model."""
+    from aotpipe.capture.dynamic import assertion_holds  # torch
     from aotpipe.capture.export import DEFERRED_GUARD  # torch
     from aotpipe.checks.sizes import check_sizes, size_one_hint  # torch
 
@@ -317,8 +318,11 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
         at = ", ".join(f"{k}={v}" for k, v in c.sizes.items())
         if deferred and any("_assert_scalar" in p for p in c.problems):
             # a guard torch could not prove, kept as an assertion, fails here: torch's refusal says why
+            where = assertion_holds(c.problems, captured.graphs)
             mc.problems.append(f"dims: at {c.point} ({at}) a run-time assertion the capture kept fails: "
-                               f"{deferred[0]}; narrow the range to where it holds, or make the dimension static")
+                               f"{deferred[0]}; " + (f"{where}, or make the dimension static" if where else
+                                                     "narrow the range to where it holds, or make the dimension "
+                                                     "static"))
             continue
         mc.problems += [f"at {c.point} ({at}): {p}" for p in c.problems[:2]]
         if c.problems:

@@ -410,7 +410,8 @@ def test_a_guard_kept_as_a_runtime_assertion_that_fails_at_a_checked_size_says_t
     assert error.startswith("dims: at min (batch=1, seq=4) a run-time assertion the capture kept fails: seq "
                             "(arg0.size(1)) cannot be dynamic in [4, 64]"), error
     assert "((3 + arg0.size(1)) // 4) != 1" in error and "padded.py:14" in error
-    assert error.endswith("; narrow the range to where it holds, or make the dimension static"), error
+    # where the failing assertion holds, walked over the range: the fix in YAML
+    assert error.endswith("; it holds for seq in [5, 64]; set seq: {min: 5}, or make the dimension static"), error
 
 
 @pytest.mark.slow
@@ -459,12 +460,13 @@ def chunked():
 '''
 
 
-@pytest.mark.parametrize("seq_max,ok", [(24, True), (40, False)])
+@pytest.mark.parametrize("seq_max,ok", [(31, True), (40, False)])
 def test_a_size_torchs_guard_solver_calls_constant_stays_dynamic_where_the_graph_keeps_it(tmp_path, seq_max, ok):
     """Padding to a multiple of 32 makes guards torch cannot simplify (s + (32 - s % 32) % 32);
     its solver concludes seq is the example's 16, though the graph keeps it symbolic (Mamba2,
     the hybrid MoE models). Exported again with Dim.DYNAMIC, the range holds where the guards
-    do (max 24: every size one chunk) and fails the size checks where they do not (max 40)."""
+    do (max 31: every size one chunk shorter than the padded length) and fails the size checks
+    where they do not (max 40), naming the range where they hold."""
     (tmp_path / "chunked.py").write_text(CHUNKED)
     _, runs = _run(tmp_path, f"""\
         - name: chunked
@@ -477,6 +479,9 @@ def test_a_size_torchs_guard_solver_calls_constant_stays_dynamic_where_the_graph
     if not ok:
         assert run["status"] == "failed" and run["stage"] == "verify", run
         assert "a run-time assertion the capture kept fails" in run["error"] and "chunked.py" in run["error"]
+        # where every kept assertion holds, walked over the range: the fix, which the case above takes
+        assert run["error"].endswith("; it holds for seq in [4, 31]; set seq: {max: 31}, or make the dimension "
+                                     "static"), run["error"]
         return
     assert run["status"] == "ok", run.get("error")
     manifest = _manifest(tmp_path / "out" / "p", "chunked")

@@ -106,3 +106,41 @@ def test_a_failure_only_where_a_dimension_is_1_says_torch_traced_it_as_2_or_more
     assert size_one_hint(at_1, [at_1]) == ""
     assert size_one_hint(bad_max[0], [at_1, *bad_max]) == ""
     assert size_one_hint(SizeCheckRecord(point="min", sizes={"batch": 1}), [*fine]) == ""
+
+
+def _asserting(*expressions: str):
+    import torch
+
+    from aotpipe.format.ir import CapturedGraph
+    from aotpipe.format.records import SymbolRecord
+    from aotpipe.format.vocabulary import GraphKind
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    for i, e in enumerate(expressions):
+        graph.call_function(torch.ops.aten._assert_scalar.default,
+                            (True, f"Runtime assertion failed for expression {e} on node 'n{i}'"))
+    graph.output(x)
+    symbols = {"s0": SymbolRecord(dim="batch", min=1, max=8, example=2),
+               "s1": SymbolRecord(dim="seq", min=4, max=64, example=16)}
+    return {"inference": CapturedGraph(GraphKind.INFERENCE, torch.fx.GraphModule({}, graph), [], [], symbols=symbols)}
+
+
+FAILED = ("inference graph does not run: GraphWillNotRun: g.json: node '_assert_scalar_3' (aten._assert_scalar.default) "
+          "does not run on these inputs: RuntimeError")
+
+
+def test_where_every_kept_assertion_holds_is_walked_over_each_range_around_the_example():
+    from aotpipe.capture.dynamic import assertion_holds
+
+    # one chunk of 32 padded: fails from 32 up; another bound: only from 5
+    graphs = _asserting("Eq((s1 + Mod(32 - Mod(s1, 32), 32))//32, 1)", "Ne(s1 + Mod(32 - Mod(s1, 32), 32), s1)",
+                        "s1 >= 5", "s0 >= 1")
+    assert assertion_holds([FAILED], graphs) == "it holds for seq in [5, 31]; set seq: {min: 5, max: 31}"
+    # a bound on both: each walked with the other at its example
+    assert assertion_holds([FAILED], _asserting("s0*s1 <= 64")) == (
+        "it holds for batch in [1, 4]; set batch: {max: 4}; it holds for seq in [4, 32]; set seq: {max: 32}")
+    # holding over every range, another problem, or an expression sympy cannot read: nothing to say
+    assert assertion_holds([FAILED], _asserting("s1 >= 1")) == ""
+    assert assertion_holds(["inference graph differs from the eager model: ..."], graphs) == ""
+    assert assertion_holds([FAILED], _asserting("this is not ( an expression")) == ""
