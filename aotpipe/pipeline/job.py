@@ -80,6 +80,7 @@ class ModelJob:
     eager: EagerReference | dict[int, EagerReference | SubgraphReference] | None = None
     checks: ModelChecks | None = None  # write (at stage verify): what the checks found
     kinds: list[GraphKind] | None = None  # the graph kinds this process captures (None: the spec's)
+    memory_gb: float | None = None  # the worker's memory limit (the model's resources', else the executor's)
 
     def built_model(self) -> torch.nn.Module:
         """The model, for a stage after source."""
@@ -304,7 +305,7 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
     start = time.perf_counter()
     spec, captured = job.spec, job.capture_result()
     make = job.mode.function("example_inputs")
-    memory = spec.resources.memory_gb if spec.resources is not None and spec.resources.memory_gb else None
+    memory = spec.resources.memory_gb if spec.resources is not None and spec.resources.memory_gb else job.memory_gb
     dims = check_sizes(folder, spec, job.built_model(), lambda s: make(s, job.base_dir), captured.constants,
                        captured.user_inputs, captured.dims_report,
                        budget=int(memory * 2**30 / 2) if memory else None, trust_ops=spec.trusted_ops,
@@ -342,20 +343,21 @@ STAGES: tuple[tuple[Stage, Callable[[ModelJob], None], Callable[[ModelJob], bool
 
 
 def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, force: bool = False,
-              key: Path | None = None, beside: bool | None = None) -> ModelResult:
+              key: Path | None = None, beside: bool | None = None, memory_gb: float | None = None) -> ModelResult:
     """Build, capture, write and check one model, unless its artefact is up to date.
 
     With a signing `key`, the artefact is signed as it is written, and one on disk counts
     as up to date only if its signature checks under that key.
 
     `beside`: capture mode meta's inference graph in a second process, beside the training
-    graphs (see :func:`beside_kinds`); None decides by the cores the job has.
+    graphs (see :func:`beside_kinds`); None decides by the cores the job has. `memory_gb`: the
+    worker's memory limit, which bounds the size checks' largest point (half of it).
 
     Never raises for a model's own failure: the result says what failed and where.
     """
     start = time.perf_counter()
     result = ModelResult(name=spec.name, status=ModelStatus.FAILED)
-    job = ModelJob(spec, capture_mode(spec.mode), out_dir, base_dir, key, result)
+    job = ModelJob(spec, capture_mode(spec.mode), out_dir, base_dir, key, result, memory_gb=memory_gb)
     job.at(Stage.SOURCE)
     try:
         job.fingerprint = model_fingerprint(spec, base_dir)

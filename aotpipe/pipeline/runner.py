@@ -267,8 +267,10 @@ def _run_models(specs: list[ModelSpec], out_root: Path, base_dir: Optional[Path]
                                  recycle_memory_gb=ex.recycle_memory_gb)
         # Absolute paths: a worker (a Ray worker above all) may start in another folder.
         root = out_root.resolve()
-        tasks = [Task(specs[i].name, functools.partial(run_model, specs[i], root, base_dir, force=True, key=key),
-                      _resources(specs[i], pipeline), fresh=specs[i].name in fresh) for i in todo]
+        resources = {i: _resources(specs[i], pipeline) for i in todo}
+        tasks = [Task(specs[i].name, functools.partial(run_model, specs[i], root, base_dir, force=True, key=key,
+                                                       memory_gb=resources[i].memory_gb),
+                      resources[i], fresh=specs[i].name in fresh) for i in todo]
 
         def on_start(t: int) -> None:
             running.append(tasks[t].name)

@@ -643,3 +643,30 @@ def test_mode_auto_captures_a_model_dynamo_splits_at_the_example_sizes_and_says_
     (dim,) = manifest.dims.dims.values()
     assert dim.status == "specialised" and "dynamo split the model into" in dim.reason, dim
     assert any("at the example sizes (dynamo split the model into" in n for n in manifest.capture.notes)
+
+
+@pytest.mark.parametrize("executor, resources, budget", [
+    ("{kind: local}", "", 4 * 2**30),                           # neither: the default
+    ("{kind: local, memory_gb: 2}", "", 2**30),                 # the executor's limit: half of it
+    ("{kind: local, memory_gb: 2}", "resources: {memory_gb: 6}", 3 * 2**30),  # the model's own, first
+])
+def test_the_size_checks_budget_is_half_the_workers_memory_limit(tmp_path, executor, resources, budget):
+    (tmp_path / "p.yaml").write_text(textwrap.dedent(f"""\
+        version: 1
+        name: p
+        output: {tmp_path / 'out'}
+        executor: {executor}
+        defaults:
+          mode: export
+          graphs: [inference]
+          dims: {{batch: {{min: 1, max: 8, example: 2}}}}
+        models:
+          - name: mlp
+            source: aotpipe.zoo:mlp
+            args: {{in_features: 8, hidden: 8, depth: 1}}
+            inputs: [{{shape: [batch, 8]}}]
+            {resources}
+        """))
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "--no-progress", "--no-sign"])
+    assert result.exit_code == 0, result.output
+    assert _manifest(tmp_path / "out" / "p", "mlp").dims.budget_bytes == budget
