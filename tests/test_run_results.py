@@ -272,3 +272,33 @@ def test_a_stamp_is_utc_whatever_the_machines_time_zone(monkeypatch):
         time.tzset()
     started = datetime.strptime(stamp.started, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     assert before <= started <= after
+
+
+# a dims: capture: its size checks fail it too (tests/data/dynamic_tiny: batch dynamic, checked at min, max, random)
+
+DYNAMIC = Path(__file__).resolve().parent / "data" / "dynamic_tiny" / "scaled"
+
+
+def test_a_size_check_that_failed_fails_the_artefact_and_says_where():
+    m = written_manifest(DYNAMIC)
+    assert m.dims is not None and m.dims.checked and not failed_last_time(m) and why_failed(m) is None
+    points = list(m.dims.checked)
+    points[1] = points[1].model_copy(update={"problems": ["forward graph differs from the eager model: grad of w",
+                                                          "joint graph differs"]})
+    bad = changed(m, dims=m.dims.model_copy(update={"checked": points}))
+    assert failed_last_time(bad)
+    c = points[1]
+    at = ", ".join(f"{k}={v}" for k, v in c.sizes.items())
+    assert why_failed(bad) == f"at {c.point} ({at}): forward graph differs from the eager model: grad of w"
+
+
+@pytest.mark.parametrize("auto, checked, fails", [(False, True, True), (True, True, False), (False, False, False)])
+def test_a_named_dimension_left_static_fails_only_where_the_sizes_were_checked(auto, checked, fails):
+    """After size checks, a named dimension no graph kept symbolic failed the model; dims: auto
+    records it, and auto's fallback to a capture at the example sizes checks no point."""
+    m = written_manifest(DYNAMIC)
+    dims = {k: d.model_copy(update={"status": "specialised"}) for k, d in m.dims.dims.items()}
+    static = changed(m, dims=m.dims.model_copy(update={"dims": dims, "auto_dims": auto,
+                                                       "checked": m.dims.checked if checked else []}))
+    assert failed_last_time(static) is fails
+    assert (why_failed(static) or "").startswith("dims: ") is fails

@@ -170,9 +170,25 @@ def verification_summary(manifest: Manifest) -> VerificationSummary:
 
 def failed_last_time(manifest: Manifest) -> bool:
     """Whether the run that wrote an artefact found a problem: a graph that did not run as
-    recorded, a failed check, or a failed pass chain (such a model is redone, and ls says FAILED)."""
+    recorded, a failed check, a failed pass chain, or a size check of a shape-polymorphic
+    capture (such a model is redone, and ls says FAILED)."""
     return bool(verification_summary(manifest).problems or (manifest.checks is not None and manifest.checks.failed)
-                or manifest.pass_failures)
+                or manifest.pass_failures or dims_problems(manifest))
+
+
+def dims_problems(manifest: Manifest) -> list[str]:
+    """What failed the size checks of a `dims:` capture (pipeline/job._check_sizes): a point
+    where a graph did not run or differed, or (named dimensions, checked at other sizes) a
+    dimension no graph kept symbolic. A capture at the example sizes by auto's fallback (no
+    point checked) fails nothing here."""
+    dims = manifest.dims
+    if dims is None:
+        return []
+    out = [f"at {c.point} ({', '.join(f'{k}={v}' for k, v in c.sizes.items())}): {p}"
+           for c in dims.checked for p in c.problems[:1]]
+    if dims.checked and not dims.auto_dims:
+        out += [f"dims: {name} is static in every graph" for name, d in dims.dims.items() if d.status != "dynamic"]
+    return out
 
 
 def why_failed(manifest: Manifest) -> str | None:
@@ -185,6 +201,9 @@ def why_failed(manifest: Manifest) -> str | None:
         return f"{manifest.checks.failed} check(s) failed"
     if manifest.pass_failures:
         return f"pass chain failed: {str(manifest.pass_failures[0])[:300]}"
+    sized = dims_problems(manifest)
+    if sized:
+        return sized[0][:300] + (f" (and {len(sized) - 1} more)" if len(sized) > 1 else "")
     return None
 
 
