@@ -366,9 +366,11 @@ def _assertions(graphs: dict[str, CapturedGraph]) -> list[Any]:
     for text in sorted(texts):
         try:
             expr = sympy.sympify(text, locals=dict(zip(names, syms, strict=True)))
-            out.append(sympy.lambdify(syms, expr, modules="math"))
         except (sympy.SympifyError, TypeError, SyntaxError, NameError):
             continue
+        if not expr.free_symbols <= set(syms):  # a symbol torch replaced by another, or an unbacked one
+            continue
+        out.append(sympy.lambdify(syms, expr, modules="math"))
     return out
 
 

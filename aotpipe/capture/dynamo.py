@@ -93,8 +93,6 @@ _PARTIAL = ("partial ({mode}): part of the model ran outside the graphs{where}: 
 # ATen ops the eager run makes that a dynamo graph does not, without computing anything:
 # autograd's bookkeeping.
 _BOOKKEEPING = frozenset({"aten.detach.default"})
-# The start of the refusal of named dims for a model dynamo splits (auto then captures it static).
-_SPLIT = "dims: dynamo split the model into"
 # An op eager runs that dynamo traces as others (each at least once in the graph in its place):
 # unpacking a tensor (`q, k, v = t`) runs unbind in eager, and t[0], t[1], ... in dynamo's graph.
 _REWRITTEN = {"aten.unbind.int": "aten.select.int"}
@@ -210,7 +208,7 @@ def _capture(
     def compiled(grad: bool) -> list[_Traced]:
         c = _compile(model, args, kwargs, input_name_of, grad=grad, dynamic=dynamic, user_names=model_names)
         if dynamic is not None and len(c.traced) != 1:
-            raise CaptureError(f"{_SPLIT} {len(c.traced)} graphs "
+            raise CaptureError(f"dims: dynamo split the model into {len(c.traced)} graphs "
                                f"({_break_text(_breaks(c.traced)).strip(' ()') or 'graph breaks'}); sizes stay "
                                "symbolic only in a one-graph capture: remove the graph break, or remove dims for "
                                "this model")
@@ -1073,10 +1071,11 @@ def capture_auto(
             cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
                                  int_ranges=int_ranges, **({"dynamic": named} if named is not None else {}))
         except CaptureError as e:
-            if named is None or not str(e).startswith(_SPLIT):
+            if named is None or not str(e).startswith("dims: "):
                 raise
-            # dynamo splits the model: its graphs at the example's sizes, said so (the model is
-            # not dynamic ok, but auto's promise is to capture it)
+            # dynamo splits the model, or refuses a range (in a frame after a graph break, say):
+            # its graphs at the example's sizes, said so (the model is not dynamic ok, but auto's
+            # promise is to capture it)
             static = str(e).removeprefix("dims: ").split("; ", 1)[0]
             cap = capture_dynamo(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
                                  int_ranges=int_ranges)

@@ -670,3 +670,34 @@ def test_the_size_checks_budget_is_half_the_workers_memory_limit(tmp_path, execu
     result = CliRunner().invoke(main, ["run", str(tmp_path / "p.yaml"), "--no-progress", "--no-sign"])
     assert result.exit_code == 0, result.output
     assert _manifest(tmp_path / "out" / "p", "mlp").dims.budget_bytes == budget
+
+
+LATE_LITERAL = '''
+import torch
+
+class LateLiteral(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = x * 2 if x.sum() > 0 else x - 1  # on the values: export cannot trace it, dynamo breaks here
+        return self.fc(h).view(4, -1)        # after the break: dynamo refuses the batch it was marked
+
+def late_literal():
+    return LateLiteral()
+'''
+
+
+def test_mode_auto_captures_a_model_dynamo_refuses_a_range_of_after_a_break_at_the_example_sizes(tmp_path):
+    (tmp_path / "late.py").write_text(LATE_LITERAL)
+    _, runs = _run(tmp_path, """\
+        - name: late
+          source: late:late_literal
+          mode: auto
+          inputs: [{shape: [batch, 32]}]
+        """)
+    assert runs["late"]["status"] in ("ok", "partial"), runs["late"].get("error")
+    manifest = _manifest(tmp_path / "out" / "p", "late")
+    (dim,) = manifest.dims.dims.values()
+    assert dim.status == "specialised" and "cannot be dynamic" in dim.reason and "fixes it to 4" in dim.reason, dim
