@@ -174,3 +174,17 @@ def test_the_generated_page_renders_the_data_once_there_is_some(tmp_path, monkey
     text = gen_docs.hf_zoo_dynamic_page()
     assert "No run of the dynamic zoo" not in text
     assert "**dynamic ok / static ok: 1/3 = 33.3%**" in text
+
+
+def test_an_assertion_the_capture_kept_failing_at_a_size_is_its_own_class():
+    message = ("dims: at max (batch=4, seq=64) a run-time assertion the capture kept fails: seq (input_ids.size(1)) "
+               "cannot be dynamic in [4, 64] (inference): the model only runs for (input_ids.size(1) % 64) != 0. "
+               "at m.py:3 (`x`); it holds for seq in [4, 63]; set seq: {max: 63}, or make the dimension static")
+    assert zoo_table.specialisation_class(message) == zoo_table.ASSERTED
+
+
+def test_a_run_that_kept_models_from_an_earlier_one_says_its_time_is_not_theirs(tmp_path):
+    data = zoo_table.rows_from_run(_dynamic_run(tmp_path))
+    assert "kept from an earlier run" not in zoo_table.render_dynamic(data, STATIC)
+    text = zoo_table.render_dynamic({**data, "kept": 2}, STATIC)
+    assert f"s (2 of its {len(data['models'])} models kept from an earlier run: their time is not in it)." in text

@@ -44,13 +44,14 @@ NARROWED = "range narrowed by a branch"
 REFUSED = "refused otherwise by torch.export"
 STATIC = "static in every graph"
 DOES_NOT_RUN = "fails at a size: does not run"
+ASSERTED = "fails at a size: a run-time assertion the capture kept"
 DIFFERS = "fails at a size: differs from eager"
 FELL_BACK = "export failed otherwise: fell back to dynamo (static)"
 PARTIAL = "part of the model ran outside its graphs"
 OTHER = "capture failed otherwise"
 # In the order a message is tested against them: a dims refusal is the root cause even where
 # what came after it (dynamo) failed too.
-CLASSES = (FIXED, UNPROVEN, NARROWED, REFUSED, STATIC, DOES_NOT_RUN, DIFFERS, FELL_BACK, PARTIAL, OTHER)
+CLASSES = (ASSERTED, FIXED, UNPROVEN, NARROWED, REFUSED, STATIC, DOES_NOT_RUN, DIFFERS, FELL_BACK, PARTIAL, OTHER)
 
 _REFUSAL = re.compile(r"dims: (\w+) \(((?:[^()]|\([^()]*\))*)\) cannot be dynamic(?: in \[(\d+), (\d+)\])?")
 _ONLY_RUNS_FOR = re.compile(r"the model only runs for (.*?)(?: at \S+:\d+ \(`|; narrow|$)")
@@ -99,6 +100,8 @@ def specialisation_class(message: str, fell_back: bool = False) -> str:
     """The class of why a model of a dynamic run did not end dynamic ok, from its message (the
     dims refusal auto fell back to dynamo for, or the model's error); `fell_back`: the model was
     captured by dynamo, at the example sizes."""
+    if "a run-time assertion the capture kept fails" in message:  # job._check_sizes: a deferred guard, false there
+        return ASSERTED
     refusal = _REFUSAL.search(message)
     if refusal is not None:
         if "the model fixes it to" in message:
@@ -177,6 +180,7 @@ def rows_from_run(root: Path) -> dict[str, Any]:
         rows.append(row)
     save = "docs/data/hf-zoo-dynamic.json" if dynamic else "docs/data/hf-zoo.json"
     return {"pipeline": root.name, "seconds": round(run["seconds"]), "executor": run.get("executor", {}),
+            "kept": sum(1 for m in run["models"] if m.get("skipped")),
             "note": f"aotpipe run of pipeline {root.name}, executor {json.dumps(run.get('executor', {}))}; rows "
                     f"saved by: python tools/zoo_table.py {root.as_posix()} --save {save}",
             "models": rows}
@@ -187,6 +191,13 @@ def dump(data: dict[str, Any]) -> str:
     head = {k: v for k, v in data.items() if k != "models"}
     rows = ",\n".join("  " + json.dumps(m, ensure_ascii=False) for m in data["models"])
     return json.dumps(head, indent=1, ensure_ascii=False)[:-2] + ',\n "models": [\n' + rows + "\n ]\n}\n"
+
+
+def _kept(data: dict[str, Any]) -> str:
+    """How many of the run's models were kept from an earlier run (incremental: their time is not the run's)."""
+    kept = data.get("kept") or 0
+    return f" ({kept} of its {len(data['models'])} models kept from an earlier run: their time is not in it)" \
+        if kept else ""
 
 
 def _escape(text: str) -> str:
@@ -204,7 +215,7 @@ def render(data: dict[str, Any], failures_only: bool = False) -> str:
         f"**{len(ok)}/{len(models)} ok ({len(ok) / max(1, len(models)):.1%})**; of the ok ones "
         + ", ".join(f"{n} captured with {mode}" for mode, n in sorted(modes.items(), key=lambda kv: -kv[1]))
         + f". Checks of the ok models: {passed:,} passed, {skipped:,} skipped. "
-        f"The run took {data['seconds']:,} s.",
+        f"The run took {data['seconds']:,} s{_kept(data)}.",
         "",
         "Failures by class (numbers, shapes and names taken out):",
         "",
@@ -247,7 +258,7 @@ def render_dynamic(data: dict[str, Any], static: dict[str, Any] | None) -> str:
         f"**{_rate(len(dynamic_ok), len(models))} dynamic ok**: ok with every named dimension symbolic in every "
         f"graph, and every graph checked at the min, the max and a random size. Of the others, "
         f"{len(ok) - len(dynamic_ok)} ok with a dimension static, {len(partial)} partial, {len(failed)} failed. "
-        f"The run took {data['seconds']:,} s.", ""]
+        f"The run took {data['seconds']:,} s{_kept(data)}.", ""]
     by_name = {m["name"]: m for m in (static or {}).get("models", [])}
     if static is not None and len(models) < len(by_name):
         lines += [f"**A sample**: this run holds {len(models)} of the static zoo's {len(by_name)} architectures "
