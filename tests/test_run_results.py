@@ -294,11 +294,14 @@ def test_a_size_check_that_failed_fails_the_artefact_and_says_where():
 
 @pytest.mark.parametrize("auto, checked, fails", [(False, True, True), (True, True, False), (False, False, False)])
 def test_a_named_dimension_left_static_fails_only_where_the_sizes_were_checked(auto, checked, fails):
-    """After size checks, a named dimension no graph kept symbolic failed the model; dims: auto
-    records it, and auto's fallback to a capture at the example sizes checks no point."""
+    """After size checks, a named dimension no graph kept symbolic failed the model (even with no
+    point left to check: export specialised every one); dims: auto records it, and auto's
+    fallback to a capture at the example sizes checks nothing (no budget)."""
     m = written_manifest(DYNAMIC)
-    dims = {k: d.model_copy(update={"status": "specialised"}) for k, d in m.dims.dims.items()}
-    static = changed(m, dims=m.dims.model_copy(update={"dims": dims, "auto_dims": auto,
-                                                       "checked": m.dims.checked if checked else []}))
+    dims = {k: d.model_copy(update={"status": "specialised", "reason": "specialised to 4"})
+            for k, d in m.dims.dims.items()}
+    static = changed(m, dims=m.dims.model_copy(update={"dims": dims, "auto_dims": auto, "checked": [],
+                                                       "budget_bytes": m.dims.budget_bytes if checked else None}))
     assert failed_last_time(static) is fails
-    assert (why_failed(static) or "").startswith("dims: ") is fails
+    assert why_failed(static) == ("dims: batch is static in every graph (specialised to 4) (and 1 more)" if fails
+                                  else None)

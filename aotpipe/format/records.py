@@ -747,7 +747,9 @@ class DimsRecord(Record):
     auto_dims: bool = False  # dims: auto (each input's leading dimension, as torch found it could be)
     dims: dict[str, DimRecord]
     checked: list[SizeCheckRecord] = []
-    budget_bytes: Count | None = None  # the memory the size checks' graph values may take
+    # the memory the size checks' graph values may take; None: the sizes were not checked (a
+    # capture at the example sizes: auto's fallback to dynamo)
+    budget_bytes: Count | None = None
 
 
 class Manifest(Record):

@@ -38,6 +38,7 @@ from aotpipe.pipeline.results import (
     is_partial,
     outside_graphs_lines,
     sizes_text,
+    static_named_dims,
     verification_summary,
     written_manifest,
 )
@@ -311,9 +312,7 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
                        budget=int(memory * 2**30 / 2) if memory else None, trust_ops=spec.trusted_ops,
                        own_capture=True)
     mc.outcome.dims = dims
-    if not spec.auto_dims:  # a named dimension is a promise: one no graph keeps symbolic fails the model
-        mc.problems += [f"dims: {name} is static in every graph ({d.reason})" for name, d in dims.dims.items()
-                        if d.status != "dynamic"]
+    mc.problems += static_named_dims(dims)
     deferred = [n.removeprefix(DEFERRED_GUARD) for n in captured.notes if n.startswith(DEFERRED_GUARD)]
     for c in dims.checked:
         at = ", ".join(f"{k}={v}" for k, v in c.sizes.items())

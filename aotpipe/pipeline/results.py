@@ -178,17 +178,22 @@ def failed_last_time(manifest: Manifest) -> bool:
 
 def dims_problems(manifest: Manifest) -> list[str]:
     """What failed the size checks of a `dims:` capture (pipeline/job._check_sizes): a point
-    where a graph did not run or differed, or (named dimensions, checked at other sizes) a
-    dimension no graph kept symbolic. A capture at the example sizes by auto's fallback (no
-    point checked) fails nothing here."""
+    where a graph did not run or differed, or a named dimension no graph kept symbolic."""
     dims = manifest.dims
     if dims is None:
         return []
-    out = [f"at {c.point} ({', '.join(f'{k}={v}' for k, v in c.sizes.items())}): {p}"
-           for c in dims.checked for p in c.problems[:1]]
-    if dims.checked and not dims.auto_dims:
-        out += [f"dims: {name} is static in every graph" for name, d in dims.dims.items() if d.status != "dynamic"]
-    return out
+    return [f"at {c.point} ({', '.join(f'{k}={v}' for k, v in c.sizes.items())}): {p}"
+            for c in dims.checked for p in c.problems[:1]] + static_named_dims(dims)
+
+
+def static_named_dims(dims: DimsRecord) -> list[str]:
+    """A named dimension is a promise: one no graph keeps symbolic fails the model, once the
+    sizes were checked. dims: auto records what specialised instead, and a capture at the example
+    sizes (auto's fallback to dynamo: `budget_bytes` None, no size checked) says why in each reason."""
+    if dims.auto_dims or dims.budget_bytes is None:
+        return []
+    return [f"dims: {name} is static in every graph" + (f" ({d.reason})" if d.reason else "")
+            for name, d in dims.dims.items() if d.status != "dynamic"]
 
 
 def why_failed(manifest: Manifest) -> str | None:

@@ -117,6 +117,66 @@ def literal_view():
 
 def size_branch():
     return SizeBranch()
+
+
+# (below: models the later tests take; added after, so the lines above stay where tests name them)
+
+class Chunked(torch.nn.Module):
+    """Mamba's chunked scan in small: the sequence padded to a multiple of 32, cut into chunks."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        b, s, c = x.shape
+        pad = (32 - s % 32) % 32
+        h = torch.nn.functional.pad(self.fc(x), (0, 0, 0, pad)).reshape(b, -1, 32, c)
+        return torch.cumsum(h, dim=2).reshape(b, -1, c)[:, :s]
+
+
+def chunked():
+    return Chunked()
+
+
+class Broken(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        print("a graph break")
+        return h * 2
+
+def broken():
+    return Broken()
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.sum() > 0:  # on the values: export cannot trace it, dynamo breaks the graph here
+            return h * 2
+        return h - 1
+
+def branchy():
+    return Branchy()
+
+class LateLiteral(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = x * 2 if x.sum() > 0 else x - 1  # on the values: export cannot trace it, dynamo breaks here
+        return self.fc(h).view(4, -1)        # after the break: dynamo refuses the batch it was marked
+
+def late_literal():
+    return LateLiteral()
 '''
 
 
@@ -436,29 +496,6 @@ def test_a_guard_torch_cannot_prove_but_that_holds_keeps_the_range_dynamic(tmp_p
     assert {c.point for c in manifest.dims.checked} >= {"min", "max"} and not any(c.problems for c in manifest.dims.checked)
 
 
-CHUNKED = '''
-import torch
-import torch.nn.functional as F
-
-
-class Chunked(torch.nn.Module):
-    """Mamba's chunked scan in small: the sequence padded to a multiple of 32, cut into chunks."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(8, 8)
-
-    def forward(self, x):
-        b, s, c = x.shape
-        pad = (32 - s % 32) % 32
-        h = F.pad(self.fc(x), (0, 0, 0, pad)).reshape(b, -1, 32, c)
-        return torch.cumsum(h, dim=2).reshape(b, -1, c)[:, :s]
-
-
-def chunked():
-    return Chunked()
-'''
-
 
 @pytest.mark.parametrize("seq_max,ok", [(31, True), (40, False)])
 def test_a_size_torchs_guard_solver_calls_constant_stays_dynamic_where_the_graph_keeps_it(tmp_path, seq_max, ok):
@@ -467,10 +504,9 @@ def test_a_size_torchs_guard_solver_calls_constant_stays_dynamic_where_the_graph
     the hybrid MoE models). Exported again with Dim.DYNAMIC, the range holds where the guards
     do (max 31: every size one chunk shorter than the padded length) and fails the size checks
     where they do not (max 40), naming the range where they hold."""
-    (tmp_path / "chunked.py").write_text(CHUNKED)
     _, runs = _run(tmp_path, f"""\
         - name: chunked
-          source: chunked:chunked
+          source: shapes_models:chunked
           graphs: [inference, forward, backward, joint]
           dims: {{seq: {{min: 4, max: {seq_max}, example: 16}}}}
           inputs: [{{shape: [batch, seq, 8]}}]
@@ -478,7 +514,7 @@ def test_a_size_torchs_guard_solver_calls_constant_stays_dynamic_where_the_graph
     run = runs["chunked"]
     if not ok:
         assert run["status"] == "failed" and run["stage"] == "verify", run
-        assert "a run-time assertion the capture kept fails" in run["error"] and "chunked.py" in run["error"]
+        assert "a run-time assertion the capture kept fails" in run["error"] and "shapes_models.py" in run["error"]
         # where every kept assertion holds, walked over the range: the fix, which the case above takes
         assert run["error"].endswith("; it holds for seq in [4, 31]; set seq: {max: 31}, or make the dimension "
                                      "static"), run["error"]
@@ -495,18 +531,13 @@ def test_a_size_torchs_guard_solver_calls_constant_stays_dynamic_where_the_graph
 def test_the_solver_is_overruled_only_where_the_graph_keeps_every_named_size_symbolic():
     """Where the export with Dim.DYNAMIC specialises a named size after all, torch's refusal is
     raised again: the graph would not be the dynamic one the pipeline asked for."""
-    import importlib.util
-    import sys
-
     from aotpipe.capture import dynamic as dynamic_capture
     from aotpipe.capture.export import _export_solver_overruled
     from aotpipe.spec.modes import DynamicDims
 
-    spec = importlib.util.spec_from_loader("chunked_model", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    exec(CHUNKED, module.__dict__)
-    sys.modules.pop("chunked_model", None)
-    model, x = module.chunked(), torch.randn(2, 16, 8)
+    models: dict = {}
+    exec(MODEL_CODE, models)
+    model, x = models["chunked"](), torch.randn(2, 16, 8)
     dyn = DynamicDims(ranges={"seq": (4, 24)}, inputs={"x": (None, "seq", None)})
     refused = RuntimeError("torch refused seq")
     notes: list[str] = []
@@ -519,23 +550,6 @@ def test_the_solver_is_overruled_only_where_the_graph_keeps_every_named_size_sym
 
 # ---------------------------------------------------------------------------------------
 # mode dynamo: the named dimensions marked dynamic, dynamo's one graph exported with them
-
-BROKEN = '''
-import torch
-
-class Broken(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(32, 8)
-
-    def forward(self, x):
-        h = self.fc(x)
-        print("a graph break")
-        return h * 2
-
-def broken():
-    return Broken()
-'''
 
 
 def test_mode_dynamo_keeps_named_dimensions_symbolic_and_checks_them(tmp_path):
@@ -582,10 +596,9 @@ def test_mode_dynamo_refuses_a_literal_size_naming_the_dimension_and_the_line(tm
 
 
 def test_mode_dynamo_refuses_dims_on_a_model_it_splits_into_several_graphs(tmp_path):
-    (tmp_path / "broken.py").write_text(BROKEN)
     _, runs = _run(tmp_path, """\
         - name: broken
-          source: broken:broken
+          source: shapes_models:broken
           mode: dynamo
           inputs: [{shape: [batch, 32]}]
         """)
@@ -607,33 +620,14 @@ def test_an_op_dynamo_traces_as_others_is_not_code_outside_the_graphs():
     assert missing is not None and missing.ops == {"aten.unbind.int": 2}
 
 
-BRANCHY = '''
-import torch
-
-class Branchy(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(32, 8)
-
-    def forward(self, x):
-        h = self.fc(x)
-        if h.sum() > 0:  # on the values: export cannot trace it, dynamo breaks the graph here
-            return h * 2
-        return h - 1
-
-def branchy():
-    return Branchy()
-'''
-
 
 def test_mode_auto_captures_a_model_dynamo_splits_at_the_example_sizes_and_says_why(tmp_path):
     """Export fails (a branch on values), dynamo splits the model, so no graph can keep the named
     dimension: auto still captures the model (its promise), every dimension recorded as static
     with the reason, and the model is not dynamic ok."""
-    (tmp_path / "branchy.py").write_text(BRANCHY)
     _, runs = _run(tmp_path, """\
         - name: branchy
-          source: branchy:branchy
+          source: shapes_models:branchy
           mode: auto
           inputs: [{shape: [batch, 32]}]
         """)
@@ -672,28 +666,11 @@ def test_the_size_checks_budget_is_half_the_workers_memory_limit(tmp_path, execu
     assert _manifest(tmp_path / "out" / "p", "mlp").dims.budget_bytes == budget
 
 
-LATE_LITERAL = '''
-import torch
-
-class LateLiteral(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(32, 8)
-
-    def forward(self, x):
-        h = x * 2 if x.sum() > 0 else x - 1  # on the values: export cannot trace it, dynamo breaks here
-        return self.fc(h).view(4, -1)        # after the break: dynamo refuses the batch it was marked
-
-def late_literal():
-    return LateLiteral()
-'''
-
 
 def test_mode_auto_captures_a_model_dynamo_refuses_a_range_of_after_a_break_at_the_example_sizes(tmp_path):
-    (tmp_path / "late.py").write_text(LATE_LITERAL)
     _, runs = _run(tmp_path, """\
         - name: late
-          source: late:late_literal
+          source: shapes_models:late_literal
           mode: auto
           inputs: [{shape: [batch, 32]}]
         """)
