@@ -347,6 +347,10 @@ def schema(artifact: bool) -> None:
 @click.option("--device", default=None, help="Run on this device (cuda, meta, ...): inputs and factory ops move.")
 @click.option("--bench", type=click.IntRange(min=0), default=0, help="Also time N runs (median), beside eager's.")
 @click.option("--chain", is_flag=True, help="Also run forward then backward and check gradients vs joint and eager.")
+@click.option("--steps", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Also run the train_step graph N times in a row, each step fed the parameters, buffers and "
+                   "optimizer state the last one gave; with --steps 3 and saved inputs, compared bit for bit "
+                   "with the capture's own three chained steps.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Intra-op threads to run at; default: the count the artefact was recorded at (its manifest's "
                    "environment). At another count, outputs are judged by their evidence, not their digests.")
@@ -373,8 +377,8 @@ def schema(artifact: bool) -> None:
 @_user_errors
 @_byte_limit
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
-           chain: bool, threads: int | None, trust_code: bool, trust_ops: tuple[str, ...], key: str | None,
-           no_sandbox: bool, sizes: dict[str, int] | None, as_json: bool) -> None:
+           chain: bool, steps: int, threads: int | None, trust_code: bool, trust_ops: tuple[str, ...],
+           key: str | None, no_sandbox: bool, sizes: dict[str, int] | None, as_json: bool) -> None:
     """Replay the graphs of the artefact at PATH and compare with what was recorded.
 
     The graphs run in a sandboxed worker (bubblewrap: no network, a read-only filesystem,
@@ -386,17 +390,18 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
       aotpipe replay artifacts/quickstart/mlp --graph forward --chain
       aotpipe replay artifacts/quickstart/mlp --threads 1
       aotpipe replay artifacts/quickstart-dynamic/mlp --sizes batch=7
+      aotpipe replay artifacts/quickstart-train/mlp --graph train_step --steps 3
     """
     from pathlib import Path
 
-    if sizes is not None and (bench or chain):
-        raise click.UsageError("--sizes replays the graphs alone: --bench and --chain run at the example sizes; "
-                               "drop one or the other")
+    if sizes is not None and (bench or chain or steps):
+        raise click.UsageError("--sizes replays the graphs alone: --bench, --chain and --steps run at the example "
+                               "sizes; drop one or the other")
     p = Path(path)
     _artefact_folder(p)
     failed = _failed_at_capture(model_folder(p))
     opts: dict[str, Any] = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
-                                threads=threads, trust_code=trust_code, trust_ops=trust_ops, sizes=sizes)
+                                threads=threads, trust_code=trust_code, trust_ops=trust_ops, sizes=sizes, steps=steps)
     decision = decide_sandbox([p], key=key, no_sandbox=no_sandbox)
     in_process = decision.in_process
     if decision.why and key is not None:  # without --key, the sandbox is simply the default
@@ -452,6 +457,13 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
                        f"vs joint max abs error {chained.max_abs_error_vs_joint:.3g}{eager}")
             for m in chained.problems:
                 _say(f"    {m}")
+        if outcome.steps is not None:
+            st = outcome.steps
+            said = {"match": f"the outputs after step {st.steps} equal the capture's bit for bit ({st.compared})",
+                    "mismatch": f"{len(st.differing)} of {st.compared} outputs differ from the capture's after "
+                                f"step {st.steps}: {', '.join(st.differing[:5])}"}.get(st.status, st.why or "")
+            losses = ", ".join(f"{x:.6g}" for x in st.losses)
+            _say(f"{'steps':<{width}} {st.status:<9} {st.steps} chained, loss per step: {losses}; {said}")
         if no_eager:
             _say(f"note: no eager comparison: {no_eager}", err=True)
     sys.exit(0 if ok else 1)

@@ -75,6 +75,21 @@ def dynamic_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def train_run(tmp_path_factory):
+    """pipelines/quickstart-train.yaml (the quickstart's models' train_step, AdamW and SGD), run
+    once per test session through the real CLI, in this process (executor local), unsigned."""
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    out = tmp_path_factory.mktemp("qst")
+    result = CliRunner().invoke(main, ["run", str(PIPELINES / "quickstart-train.yaml"), "--output", str(out),
+                                       "--no-progress", "--no-sign", "--executor", "local"])
+    assert result.exit_code == 0, result.output
+    return out / "quickstart-train", result
+
+
+@pytest.fixture(scope="session")
 def zoo_run(tmp_path_factory):
     """pipelines/zoo-hf.yaml, run once per test session through the real CLI (process executor)."""
     from click.testing import CliRunner

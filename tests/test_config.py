@@ -15,14 +15,14 @@ from click.testing import CliRunner
 
 from aotpipe.cli import main
 from aotpipe.errors import ConfigError, Problem
-from aotpipe.format.vocabulary import GRAPH_KINDS
+from aotpipe.format.vocabulary import DEFAULT_KINDS, GRAPH_KINDS
 from aotpipe.passes.options import FreezeOptions, ReinplaceOptions, RemoveNoopsOptions
 from aotpipe.pipeline.config import load_pipeline, parse_pipeline
 from aotpipe.spec import DTYPES, ModelSpec, PassStep, Pipeline
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
-MODEL_KEYS = "name, source, args, config, inputs, forward_args, device, mode, graphs, passes, save_inputs, save_values, verify, loss, dims, resources"
+MODEL_KEYS = "name, source, args, config, inputs, forward_args, device, mode, graphs, passes, save_inputs, save_values, verify, loss, dims, optimizer, resources"
 TOP_KEYS = "version, name, output, seed, executor, trusted_ops, defaults, models"
 INPUT_KEYS = "name, shape, dtype, low, high, requires_grad, data, key"
 
@@ -178,7 +178,7 @@ def test_unknown_key_in_input():
 @pytest.mark.parametrize(
     "section, key, valid",
     [
-        ("defaults", "colour", "mode, graphs, passes, save_inputs, save_values, verify, loss, dims"),
+        ("defaults", "colour", "mode, graphs, passes, save_inputs, save_values, verify, loss, dims, optimizer"),
         ("executor", "kinds", "kind, workers, timeout_s, memory_gb, num_cpus, num_gpus, address, max_models_per_worker, "
                               "recycle_memory_gb"),
     ],
@@ -662,7 +662,7 @@ def test_override_with_false_is_kept():
 
 def test_builtin_defaults_when_no_defaults_section():
     m = parse_pipeline(GOOD).models[0]
-    assert m.graphs == list(GRAPH_KINDS)
+    assert m.graphs == list(DEFAULT_KINDS)
     assert m.passes == []
     assert m.save_inputs is True
     assert m.verify is True
@@ -674,7 +674,7 @@ def test_model_spec_to_json_has_resolved_fields():
     text = GOOD.replace("name: t\n", "name: t\nseed: 7\n")
     js = parse_pipeline(text).models[0].to_json()
     assert js["seed"] == 7
-    assert js["graphs"] == list(GRAPH_KINDS)
+    assert js["graphs"] == list(DEFAULT_KINDS)
     assert js["inputs"] == [{"name": None, "shape": [8, 32], "dtype": "float32", "low": None, "high": None}]
 
 

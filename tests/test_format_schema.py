@@ -121,3 +121,26 @@ def test_a_new_kind_of_node_argument_is_compatible(monkeypatch, committed):
     new["nodes[].args[].node_kind"] = {"type": {"type": "string"}, "required": True, "record": "NodeRef"}
     ok, bad = tool.changes(old, new)
     assert bad == ["nodes[].args[].node_kind was added as a required field"]
+
+
+def _typed(t):
+    return {"f": {"type": t, "required": True, "record": "R"}}
+
+
+@pytest.mark.parametrize("old,new,compatible", [
+    # a word added to an enum (a graph kind, a role): every file written before still reads
+    ({"enum": ["a", "b"], "type": "string"}, {"enum": ["a", "b", "c"], "type": "string"}, True),
+    # a word taken away: a file that holds it no longer reads
+    ({"enum": ["a", "b"], "type": "string"}, {"enum": ["a"], "type": "string"}, False),
+    ({"anyOf": [{"enum": ["a"], "type": "string"}, {"type": "null"}]},
+     {"anyOf": [{"enum": ["a", "b"], "type": "string"}, {"type": "null"}]}, True),
+    ({"enum": ["a"], "type": "string"}, {"enum": ["a"], "type": "integer"}, False),
+    # the leading alternatives of a pattern widened, the rest as it was
+    ({"pattern": "^(a|b)(_[1-9])?$", "type": "string"}, {"pattern": "^(a|b|c_d)(_[1-9])?$", "type": "string"}, True),
+    ({"pattern": "^(a|b)(_[1-9])?$", "type": "string"}, {"pattern": "^(a)(_[1-9])?$", "type": "string"}, False),
+    ({"pattern": "^(a|b)(_[1-9])?$", "type": "string"}, {"pattern": "^(a|b|c)(_[0-9])?$", "type": "string"}, False),
+    ({"pattern": "^[a-z]+$", "type": "string"}, {"pattern": "^[a-z0-9]+$", "type": "string"}, False),
+])
+def test_a_type_that_takes_more_words_is_compatible_and_one_that_takes_fewer_is_not(old, new, compatible):
+    ok, bad = tool.changes(_typed(old), _typed(new))
+    assert (bad == [] and len(ok) == 1) if compatible else (ok == [] and len(bad) == 1)

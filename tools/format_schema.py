@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,8 @@ def changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> t
         elif f not in old:
             (bad if new[f]["required"] else ok).append(
                 f"{f} was added" + (" as a required field" if new[f]["required"] else " (optional)"))
+        elif old[f]["type"] != new[f]["type"] and widened(old[f]["type"], new[f]["type"]):
+            ok.append(f"{f} takes more values: {_short(new[f]['type'])}")
         elif old[f]["type"] != new[f]["type"]:
             bad.append(f"{f} changed type from {_short(old[f]['type'])} to {_short(new[f]['type'])}")
         elif new[f]["required"] and not old[f]["required"]:
@@ -128,6 +131,34 @@ def changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> t
         elif old[f]["required"] and not new[f]["required"]:
             ok.append(f"{f} became optional")
     return ok, bad
+
+
+# A pattern that begins with one group of alternatives: ^(inference|forward|...)(rest)
+_ALTERNATIVES = re.compile(r"^\^\(([A-Za-z0-9_|]+)\)(.*)$")
+
+
+def widened(old: Any, new: Any) -> bool:
+    """Whether the type `new` accepts every value `old` does, being `old` with more words: an
+    enum with more members, a pattern whose leading group of alternatives has more (a graph
+    kind, a role added). Files written under `old` still read."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        if set(old) != set(new):
+            return False
+        for key in old:
+            if key == "enum":
+                if not (isinstance(old[key], list) and isinstance(new[key], list) and set(old[key]) <= set(new[key])):
+                    return False
+            elif key == "pattern" and old[key] != new[key]:
+                a, b = _ALTERNATIVES.match(str(old[key])), _ALTERNATIVES.match(str(new[key]))
+                if a is None or b is None or a.group(2) != b.group(2) \
+                        or not set(a.group(1).split("|")) <= set(b.group(1).split("|")):
+                    return False
+            elif not widened(old[key], new[key]):
+                return False
+        return True
+    if isinstance(old, list) and isinstance(new, list):
+        return len(old) == len(new) and all(widened(a, b) for a, b in zip(old, new, strict=False))
+    return bool(old == new)
 
 
 def _short(t: Any) -> str:

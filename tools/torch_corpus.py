@@ -29,14 +29,14 @@ from typing import Optional
 
 import torch
 
-from aotpipe.format.vocabulary import GRAPH_KINDS
+from aotpipe.format.vocabulary import DEFAULT_KINDS
 from aotpipe.models import torch_corpus
 from aotpipe.pipeline.config import is_name
 from aotpipe.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 0
-TRAINING = list(GRAPH_KINDS)
+TRAINING = list(DEFAULT_KINDS)
 INFERENCE = ["inference"]
 
 HEADER = """\

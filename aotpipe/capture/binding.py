@@ -2,7 +2,8 @@
 
 Export capture describes inputs (parameter names, user input names): their values come from
 the model's state and its example inputs. Dynamo capture records them itself
-(CapturedGraphs.inputs): a later subgraph's user inputs are activations the model computed.
+(CapturedGraphs.inputs): a later subgraph's user inputs are activations the model computed;
+so does a train_step's (its parameters and optimizer state are the warm start's).
 A backward graph's inputs are its forward's saved outputs, then ones for the tangents.
 """
 
@@ -24,10 +25,10 @@ def graph_inputs(captured: CapturedGraphs, state: dict[str, Any], user: dict[str
     `state` holds the model's parameters, buffers and lifted constants by name
     (eager.model_state), `user` its example inputs by name; a dynamo capture needs neither.
     """
-    if captured.inputs:
-        inputs = {key: list(values) for key, values in captured.inputs.items()}
-    else:
-        inputs = {key: bind_inputs(g, state, user) for key, g in captured.graphs.items() if g.kind != "backward"}
+    # Recorded by capture where it saw them (dynamo's subgraphs, a train_step's warm start); the rest bound.
+    inputs = {key: list(values) for key, values in captured.inputs.items()}
+    inputs.update({key: bind_inputs(g, state, user) for key, g in captured.graphs.items()
+                   if g.kind != "backward" and key not in inputs})
     if with_backward:
         for key, g in captured.graphs.items():
             parsed = parse_graph_key(key)

@@ -18,7 +18,8 @@ from aotpipe.format.records import VerificationEntry
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
 from aotpipe.capture.meta import fake_like
 from aotpipe.format.ir import TensorMeta
-from aotpipe.checks.written import CheckedGraph, ModelChecks, graph_did_not_run, graph_structure
+from aotpipe.checks.checked import CheckedGraph
+from aotpipe.checks.written import ModelChecks, graph_did_not_run, graph_structure
 from aotpipe.replay.run import expand_outputs
 
 

@@ -26,7 +26,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from aotpipe.artifact.load import Artifact, GraphArtifact, load
-from aotpipe.checks.written import _Checker, settled_counts
+from aotpipe.checks.checked import settled_counts
+from aotpipe.checks.written import _Checker
 from aotpipe.errors import ArtifactError
 from aotpipe.format import limits
 from aotpipe.format.graph_keys import graph_key, key_order, parse_graph_key

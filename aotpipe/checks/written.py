@@ -26,9 +26,10 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Union
 
 import torch
 import torch.fx
@@ -37,14 +38,18 @@ from aotpipe.artifact.graph_json import target_name
 from aotpipe.artifact.load import GraphArtifact, build_inputs, load
 from aotpipe.artifact.prepack import stored_graph
 from aotpipe.artifact.writer import CheckOutcome, GraphOutcome, OutputReference
+from aotpipe.checks.checked import CheckedGraph
+from aotpipe.checks.train_step import check_train_step
 from aotpipe.errors import ArtifactError, exception_line
 from aotpipe.format import limits
 from aotpipe.format.graph_keys import graph_key, key_order, parse_graph_key
 from aotpipe.format.ir import TensorMeta
-from aotpipe.format.records import CheckTotals, GraphChecks, InputsRecord, Summary, TupleSummary, VerificationEntry
+from aotpipe.format.records import CheckTotals, InputsRecord, Summary, TupleSummary, VerificationEntry
 from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import EagerReference, EagerRun, SubgraphReference
+from aotpipe.models.train_step import StepReference
 from aotpipe.replay.run import chain_key, chain_problems, expand_outputs
+from aotpipe.replay.steps import STEPS_KEY
 from aotpipe.runtime import accuracy, evidence
 from aotpipe.runtime.accuracy import Check
 from aotpipe.runtime.determinism import RunLog
@@ -59,43 +64,6 @@ Reference = Union[EagerReference, SubgraphReference]
 
 
 @dataclass
-class CheckedGraph:
-    """The checks of one graph and what could not be checked (its record: records.GraphChecks)."""
-
-    checks: list[Check] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # one reason per skipped check
-    indirect: int = 0  # outputs checked through another graph (saved activations, the joint's)
-    # Per output index: eager float32's RMS error against float64 where a check measured it
-    # (the bound of the output's replay evidence; aotpipe.runtime.evidence).
-    eager_errors: dict[int, float] = field(default_factory=dict)
-
-    def record(self) -> GraphChecks:
-        """The manifest's record of these checks (graphs.<key>.checks)."""
-        reasons: dict[str, int] = {}
-        for r in self.skipped:
-            reasons[r] = reasons.get(r, 0) + 1
-        return GraphChecks(
-            run=len(self.checks),
-            passed=sum(c.passed for c in self.checks),
-            failed=sum(not c.passed for c in self.checks),
-            skipped=len(self.skipped),
-            **settled_counts(self.checks),
-            skipped_reasons=[f"{n} x {r}" if n > 1 else r for r, n in reasons.items()],
-            indirect=self.indirect,
-            items=[c.item() for c in self.checks],
-        )
-
-
-def settled_counts(checks: Sequence[Check]) -> dict[str, int]:
-    """How many `checks` were settled exactly, by the floor, by the float64 rule, and of the
-    last how many within eager's own noise (records.CheckTotals)."""
-    methods = [c.method for c in checks]
-    return {"exact": sum(m in ("exact", "none") for m in methods), "floor": methods.count("floor"),
-            "fp64": methods.count("fp64"),
-            "within_noise": sum(accuracy.within_noise(c) for c in checks)}
-
-
-@dataclass
 class ModelChecks:
     """Everything the checks found for one model, for the run's result."""
 
@@ -105,7 +73,7 @@ class ModelChecks:
     pass_failures: list[str] = field(default_factory=list)  # derived graphs dropped
     seconds: float = 0.0
 
-    def finish(self, start: float) -> "ModelChecks":
+    def finish(self, start: float) -> ModelChecks:
         """Totals of every graph's checks into the manifest's `checks`, and the time taken."""
         records = [gc.record() for gc in self.graphs.values()]
         self.outcome.checks = CheckTotals(**{k: sum(getattr(r, k) or 0 for r in records) for k in CheckTotals.model_fields})
@@ -118,14 +86,14 @@ def _mode(kind: str) -> str:
 
 
 class _Checker:
-    def __init__(self, eager: Optional[Reference], verify: bool, has_loss: bool = True):
+    def __init__(self, eager: Reference | None, verify: bool, has_loss: bool = True):
         self.eager = eager
         self.verify = verify
         # Export's training graphs differentiate a loss (modes.LOSSES: their forward's user output);
         # dynamo's differentiate every output of a subgraph (one tangent each).
         self.has_loss = has_loss
 
-    def _run(self, mode: str) -> tuple[Optional[EagerRun], Optional[str]]:
+    def _run(self, mode: str) -> tuple[EagerRun | None, str | None]:
         run = self.eager.run(mode) if self.eager is not None else None
         why = None if run is not None else (
             "no eager model" if self.eager is None else f"the eager model failed: {self.eager.errors.get((mode, False))}")
@@ -173,7 +141,7 @@ class _Checker:
         if run is None:
             gc.skipped += [why] * len(recs)
             return gc
-        user = [(i, o) for i, (o, r) in enumerate(zip(outs, recs)) if r.role == "user"]
+        user = [(i, o) for i, (o, r) in enumerate(zip(outs, recs, strict=False)) if r.role == "user"]
         if ga.kind in (GraphKind.FORWARD, GraphKind.JOINT) and self.has_loss:
             self._compare(gc, mode, user[0][1] if user else None, run.loss, lambda r: r.loss, "loss",
                           user[0][0] if user else -1)
@@ -182,12 +150,12 @@ class _Checker:
             if len(tensors) != len(run.outputs):
                 gc.checks.append(Check("user outputs", False, "exact", detail=(
                     f"the graph has {len(tensors)} tensor outputs, the eager model {len(run.outputs)}")))
-            for j, ((i, o), e) in enumerate(zip(tensors, run.outputs)):
+            for j, ((i, o), e) in enumerate(zip(tensors, run.outputs, strict=False)):
                 self._compare(gc, mode, o, e, lambda r, j=j: r.outputs[j], f"output {j}", i)
         returned = set()
         # A user input's mutation names its placeholder; eager knows the input by its name.
         placeholder_user = {i.name: i.target for i in ga.record.inputs if i.role == "user"}
-        for index, (o, r) in enumerate(zip(outs, recs)):
+        for index, (o, r) in enumerate(zip(outs, recs, strict=False)):
             target = r.target
             if r.role == "mutation":
                 target = target if target in run.state else placeholder_user.get(target, target)
@@ -213,10 +181,10 @@ class _Checker:
         return gc
 
 
-def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[list[Optional[float]]],
+def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: list[float | None] | None,
                      recorded: bool, eager_errors: dict[int, float]) -> list[OutputReference]:
     out = []
-    for i, (o, rec) in enumerate(zip(outs, record.outputs)):
+    for i, (o, rec) in enumerate(zip(outs, record.outputs, strict=False)):
         if rec.same_as is None and recorded and _scalar(o):
             out.append(OutputReference(value=o))  # a size or flag the graph computed: compared exactly at replay
         elif rec.same_as is not None or not isinstance(o, torch.Tensor):
@@ -232,7 +200,7 @@ def _outcome_outputs(outs: list[Any], record: InputsRecord, spread: Optional[lis
     return out
 
 
-def _int_range(t: torch.Tensor) -> Optional[list[int]]:
+def _int_range(t: torch.Tensor) -> list[int] | None:
     """[low, high) of an integer tensor's values (None for floats, bools, empty tensors)."""
     r = value_range(t)
     return None if r is None else list(r)
@@ -256,7 +224,7 @@ def _output_keys(record: InputsRecord) -> list[tuple[str, Any]]:
     return keys
 
 
-def graph_did_not_run(result: "ModelChecks", key: str, ga: Any, what: str, e: BaseException) -> None:
+def graph_did_not_run(result: ModelChecks, key: str, ga: Any, what: str, e: BaseException) -> None:
     """Record that graph `key` could not be run back (`what`: how it was run): a problem line
     and an error verification with no output references."""
     msg = exception_line(e)
@@ -270,11 +238,12 @@ def check_written(
     *,
     memory_inputs: dict[str, list[Any]],
     codes: dict[str, list[str]],
-    eager: Optional[Reference] | dict[int, Reference],
+    eager: Reference | None | dict[int, Reference],
     verify: bool = True,
-    diagnose: Optional[Callable[[str, list[str]], str]] = None,
+    diagnose: Callable[[str, list[str]], str] | None = None,
     trust_ops: Sequence[str] = (),
     own_capture: bool = False,
+    steps: StepReference | None = None,
 ) -> ModelChecks:
     """Run every graph of the written `folder` once; its reference records and check results.
 
@@ -287,19 +256,20 @@ def check_written(
     Each subgraph's forward, backward and joint are checked as a chain. `trust_ops`: the
     pipeline's trusted library op namespaces (their ops are loaded back too). `own_capture`:
     this process's capture wrote the folder, so no graph is refused for its ops (ops.OWN_CAPTURE).
+    `steps`: a train_step graph's eager reference (its checks: checks/train_step.py).
     """
     # The byte limits guard a loader against hostile artefacts. This one was just written
     # from the model, which ran with these tensors already. A replay of it later may need
     # --max-bytes.
     with limits.unbounded_bytes():
         return _check_written(folder, memory_inputs=memory_inputs, codes=codes, eager=eager, verify=verify,
-                              diagnose=diagnose, trust_ops=trust_ops, own_capture=own_capture)
+                              diagnose=diagnose, trust_ops=trust_ops, own_capture=own_capture, steps=steps)
 
 
 def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: dict[str, list[str]],
-                   eager: Optional[Reference] | dict[int, Reference], verify: bool,
-                   diagnose: Optional[Callable[[str, list[str]], str]], trust_ops: Sequence[str],
-                   own_capture: bool) -> ModelChecks:
+                   eager: Reference | None | dict[int, Reference], verify: bool,
+                   diagnose: Callable[[str, list[str]], str] | None, trust_ops: Sequence[str],
+                   own_capture: bool, steps: StepReference | None = None) -> ModelChecks:
     start = time.perf_counter()
     # recompute=True: a graph whose constants cannot be recomputed fails here, not later
     art = load(folder, trust_ops=trust_ops, own_capture=own_capture).build_all(recompute=True)
@@ -338,13 +308,22 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
             if log.nondeterministic:  # measure the run-to-run spread, and keep these values
                 again = expand_outputs(ga.record, run_graph(ga.module, inputs))
                 spread = [accuracy.max_abs_error(a, b) if isinstance(a, torch.Tensor) else None
-                          for a, b in zip(outs, again)]
+                          for a, b in zip(outs, again, strict=False)]
         except Exception as e:
             graph_did_not_run(result, key, ga, "the written graph does not run", e)
             continue
         outs_by_key[key] = outs
         checker = checkers.setdefault(sub, _Checker(per_subgraph.get(sub), verify, has_loss))
-        gc = checker.check_outputs(ga, outs, chained=set(TRAINING) <= kinds_of.get(sub, set()))
+        if ga.kind == GraphKind.TRAIN_STEP:
+            try:
+                gc, result.outcome.verification[STEPS_KEY] = check_train_step(
+                    ga, inputs, outs, steps, (art.graphs.get(graph_key(GraphKind.FORWARD, sub)),
+                                              art.graphs.get(graph_key(GraphKind.BACKWARD, sub))), verify)
+            except Exception as e:
+                graph_did_not_run(result, key, ga, f"{STEPS_KEY} chained from the written graph failed", e)
+                continue
+        else:
+            gc = checker.check_outputs(ga, outs, chained=set(TRAINING) <= kinds_of.get(sub, set()))
         result.graphs[key] = gc
         failed = [c for c in gc.checks if not c.passed]
         status = "recorded" if saved else "shapes only"
@@ -387,7 +366,7 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
     return result.finish(start)
 
 
-def _backward_inputs(ga: GraphArtifact, fw_out: Optional[list[Any]], memory: Optional[list[Any]]) -> list[Any]:
+def _backward_inputs(ga: GraphArtifact, fw_out: list[Any] | None, memory: list[Any] | None) -> list[Any]:
     if fw_out is None:
         raise RuntimeError("the backward graph needs the forward graph's outputs")
     return build_inputs(ga.record.inputs, [None] * len(ga.record.storages), fw_out) if all(
@@ -411,7 +390,7 @@ def graph_structure(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def _first_difference(expected: list[str], actual: list[str]) -> str:
-    for a, b in zip(expected, actual):
+    for a, b in zip(expected, actual, strict=False):
         if a != b:
             return f"node {b!r}, captured {a!r}"
     return f"{len(actual)} nodes, captured {len(expected)}"

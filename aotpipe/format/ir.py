@@ -101,11 +101,11 @@ class GraphInput:
     """
 
     name: str
-    role: str  # param | buffer | constant | user | tangent | saved | symint
+    role: str  # param | buffer | constant | user | tangent | saved | symint | state (a train_step's optimizer state)
     target: str | None
     meta: TensorMeta | None  # None for int/float scalars
     scalar_type: type | None = None  # int or float, for scalar inputs
-    int_range: tuple[int, int] | None = None  # [low, high) for integer tensors
+    int_range: tuple[int, int] | None = None  # [low, high) for integer tensors; random floats drawn uniform there
     sym_expr: str | None = None  # a size input (role symint) of a shape-polymorphic graph: its expression
 
 
@@ -114,7 +114,7 @@ class GraphOutput:
     """One output of a graph and what it stands for (see GraphInput.target)."""
 
     index: int
-    role: str  # user | mutation | saved | grad | none
+    role: str  # user | mutation | saved | grad | none | param, state (a train_step's new values)
     target: str | None
     meta: TensorMeta | None
 
@@ -209,6 +209,8 @@ class CapturedGraphs:
     # Named dims asked for, captured at the example's sizes instead, and why (mode auto: dynamo
     # split the model after export failed); None: every named dimension was asked of torch.
     static_sizes: str | None = None
+    # A train_step's warm start (models.train_step.StepStart): what its checks run eager steps from.
+    step_start: Any = None
 
     @property
     def partial(self) -> bool:

@@ -75,9 +75,11 @@ MODULE_PY = "module.py"
 BLOB_DIR = "blobs"
 INPUT_SUFFIX = ".input"
 
-InputRole = Literal["param", "buffer", "constant", "user", "tangent", "saved", "symint"]
+# "state": a train_step's optimizer state (its target "<parameter>:<key>", e.g. "fc.weight:exp_avg")
+InputRole = Literal["param", "buffer", "constant", "user", "tangent", "saved", "symint", "state"]
 INPUT_ROLES: tuple[str, ...] = get_args(InputRole)
-OutputRole = Literal["user", "mutation", "saved", "grad", "none"]
+# A train_step's: "param", a parameter's new value; "state", an optimizer state's (targets as its inputs')
+OutputRole = Literal["user", "mutation", "saved", "grad", "none", "param", "state"]
 OUTPUT_ROLES: tuple[str, ...] = get_args(OutputRole)
 # Where a replay takes an input's value from: a stored blob, ones (a tangent), the loss
 # weights of its shape (a tangent, tensors.loss_weights; version 3), or the forward graph's
@@ -580,7 +582,8 @@ class GraphEntry(Record):
 
 
 class VerificationEntry(Record):
-    """How a graph (or the forward-backward-joint chain, key "chain") checked at write time."""
+    """How a graph (or the forward-backward-joint chain, key "chain"; a train_step's chained
+    steps, key "steps") checked at write time."""
 
     status: str
     inputs: str | None = None
@@ -589,6 +592,8 @@ class VerificationEntry(Record):
     mismatches: list[JsonValue] | None = None
     compared: Count | None = None
     problems: list[JsonValue] | None = None
+    # "steps" (a train_step's chained steps, `compared` of them): each output's digest after the last
+    digests: list[Sha256 | None] | None = None
 
 
 class Environment(Record):

@@ -37,6 +37,8 @@ class GraphKind(Word):
     FORWARD = "forward"
     BACKWARD = "backward"
     JOINT = "joint"
+    # forward, loss, backward and the optimizer's update in one functional graph (capture/train_step.py)
+    TRAIN_STEP = "train_step"
 
 
 class ModelStatus(Word):
@@ -61,6 +63,8 @@ class Stage(Word):
 
 GRAPH_KINDS: tuple[GraphKind, ...] = tuple(GraphKind)
 TRAINING_KINDS: tuple[GraphKind, ...] = (GraphKind.FORWARD, GraphKind.BACKWARD, GraphKind.JOINT)
+# What `graphs:` holds when a pipeline does not say: a train_step needs an optimizer, so it is asked for by name.
+DEFAULT_KINDS: tuple[GraphKind, ...] = (GraphKind.INFERENCE, *TRAINING_KINDS)
 STAGES: tuple[Stage, ...] = tuple(Stage)
 
 

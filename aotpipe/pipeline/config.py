@@ -19,7 +19,7 @@ from pydantic_core import ErrorDetails
 from aotpipe.errors import ConfigError, LimitError, Problem, SourceError
 from aotpipe.format.limits import current, read_bounded
 from aotpipe.format.records import RawYaml, library_namespace_problem
-from aotpipe.format.vocabulary import GRAPH_KINDS, KindField
+from aotpipe.format.vocabulary import DEFAULT_KINDS, KindField
 from aotpipe.models.pt2 import pt2_problem
 from aotpipe.passes import chain_order_problems, chain_problem, expand_chain, parse_pass_entry
 from aotpipe.spec import (  # noqa: F401 (inputs_data's checks, beside)
@@ -42,6 +42,7 @@ from aotpipe.spec import (  # noqa: F401 (inputs_data's checks, beside)
     source_import_path,
 )
 from aotpipe.spec.modes import CAPTURE_MODES
+from aotpipe.spec.optim import OptimizerSpec
 
 SCHEMA_VERSION = 1
 
@@ -61,7 +62,7 @@ class Defaults(Strict):
                        "it captures the most models); export (torch.export + AOTAutograd); dynamo "
                        "(torch.compile with a capturing backend: graphs per subgraph, graph breaks recorded); "
                        "meta (export of the model built on the meta device: shapes only, no values, no memory)")
-    graphs: list[KindField] = Field(list(GRAPH_KINDS), description="graph kinds to save")
+    graphs: list[KindField] = Field(list(DEFAULT_KINDS), description="graph kinds to save: inference, forward, backward, joint (the default: all four), and train_step (with optimizer:)")
     passes: str | list[str | dict[str, Any]] = Field(
         [], description="pass chain: names (freeze) or {name: {options}}; each applies to `graphs:` "
         "(default [inference]); or a named chain: cpu-fast")
@@ -81,6 +82,11 @@ class Defaults(Strict):
         "([batch, seq]) and every graph is captured with that size symbolic, checked at min, example and max; or "
         "auto: every input's leading dimension dynamic, reported as dynamic or specialised (a model's dims add to "
         "and override the defaults')")
+    optimizer: OptimizerSpec | None = Field(
+        default=None, description="the optimizer a train_step graph updates the parameters with: {name: adamw, lr: "
+        "1e-3, weight_decay: 0.01, ...}, name one of sgd, adam, adamw, adagrad, rmsprop and the rest the torch class's "
+        "arguments (foreach too); with clip_grad_norm (clip the gradients' norm first) and warmup_steps (eager steps "
+        "before capture, default 1)")
 
 
 class ModelEntry(Strict):
@@ -122,6 +128,11 @@ class ModelEntry(Strict):
         "([batch, seq]) and every graph is captured with that size symbolic, checked at min, example and max; or "
         "auto: every input's leading dimension dynamic, reported as dynamic or specialised (a model's dims add to "
         "and override the defaults')")
+    optimizer: OptimizerSpec | None = Field(
+        default=None, description="the optimizer a train_step graph updates the parameters with: {name: adamw, lr: "
+        "1e-3, weight_decay: 0.01, ...}, name one of sgd, adam, adamw, adagrad, rmsprop and the rest the torch class's "
+        "arguments (foreach too); with clip_grad_norm (clip the gradients' norm first) and warmup_steps (eager steps "
+        "before capture, default 1)")
     resources: ResourceSpec | None = Field(
         None, description="this model's own CPUs, GPUs, memory and time limit (override the executor's)")
 
@@ -454,6 +465,7 @@ def parse_pipeline(
 
     problems.extend(_check_field_combinations(path, lines, data))
     problems.extend(_dims_problems(path, lines, data))
+    problems.extend(_train_step_problems(path, lines, data))
     chain_problems, chains = _pass_chains(path, lines, data)
     problems.extend(chain_problems)
     resolved = None
@@ -707,6 +719,34 @@ def _dims_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Pr
     return problems
 
 
+def _train_step_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Problem]:
+    """A model whose graphs list train_step has an optimizer, a mode that captures export's
+    joint (export or auto) and static sizes (the step is traced at the example's)."""
+    problems = []
+    models: list[RawYaml] = data.get("models") if isinstance(data.get("models"), list) else []
+    defaults: dict[str, RawYaml] = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
+    for i, m in enumerate(models):
+        if not isinstance(m, dict):
+            continue
+        graphs = m.get("graphs", defaults.get("graphs"))
+        if not isinstance(graphs, list) or "train_step" not in graphs:
+            continue
+        at = ("models", i, "graphs") if "graphs" in m else ("defaults", "graphs")
+        where, line = f"models[{i}].graphs", _line_for(lines, at)
+        mode = m.get("mode", defaults.get("mode", "auto"))
+        auto, declared = _declared_dims(defaults, m)
+        if m.get("optimizer", defaults.get("optimizer")) is None:
+            problems.append(Problem(path, line, where, "graphs lists train_step, which needs an optimizer; add "
+                                    "optimizer: {name: adamw, lr: 1e-3} (to the model or to defaults)"))
+        if mode in ("dynamo", "meta"):
+            problems.append(Problem(path, line, where, f"train_step is made from export's joint graph, and mode "
+                                    f"{mode} does not capture one; use mode export or auto, or leave train_step out"))
+        if auto or declared:
+            problems.append(Problem(path, line, where, "train_step is traced at the example sizes only; remove dims "
+                                    "for this model, or leave train_step out"))
+    return problems
+
+
 def _pass_chains(path: str, lines: dict[tuple, int], data: RawYaml) -> tuple[list[Problem], dict[tuple, list[PassStep]]]:
     """Every `passes:` of the YAML (the defaults' and each model's) parsed once, into its one
     form, a list of typed steps: the problems, and the chains that have none, by location."""
@@ -830,6 +870,7 @@ def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
                 save_values=pick("save_values"),
                 verify=pick("verify"),
                 loss=pick("loss"),
+                optimizer=pick("optimizer"),
                 seed=f.seed,
                 trusted_ops=f.trusted_ops,
                 resources=m.resources,

@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # torch and the modules that import it: the runner's parent p
     from aotpipe.format.ir import CapturedGraphs
     from aotpipe.format.records import SkippedPass
     from aotpipe.models.eager import EagerReference, SubgraphReference
+    from aotpipe.models.train_step import StepReference
 
 
 @dataclass
@@ -79,6 +80,7 @@ class ModelJob:
     diagnose: dict[str, Callable[[], str]] = field(default_factory=dict)  # by derived key: the pass at fault
     # write: what the checks compare against: the eager model, or dynamo's subgraphs by index
     eager: EagerReference | dict[int, EagerReference | SubgraphReference] | None = None
+    steps: StepReference | None = None  # write: a train_step's eager steps (models/train_step.py)
     checks: ModelChecks | None = None  # write (at stage verify): what the checks found
     kinds: list[GraphKind] | None = None  # the graph kinds this process captures (None: the spec's)
     memory_gb: float | None = None  # the worker's memory limit (the model's resources', else the executor's)
@@ -143,9 +145,18 @@ def _capture(job: ModelJob) -> None:
     dynamic = DynamicDims(ranges={n: (d.min, d.max) for n, d in spec.dims.items()},
                           inputs={n: tuple(inp.dims) for n, inp in zip(names, spec.inputs, strict=True) if inp.dims},
                           auto=spec.auto_dims) if spec.dynamic else None
-    request = CaptureRequest(job.built_model(), job.args, job.kwargs, name=spec.name, graphs=tuple(job.kinds or spec.graphs),
+    kinds = list(job.kinds or spec.graphs)
+    step = GraphKind.TRAIN_STEP in kinds  # made from the joint, after the mode's capture (capture/train_step.py)
+    asked = [k for k in kinds if k != GraphKind.TRAIN_STEP] + ([GraphKind.JOINT] if step and GraphKind.JOINT not in kinds else [])
+    request = CaptureRequest(job.built_model(), job.args, job.kwargs, name=spec.name, graphs=tuple(asked),
                              input_names=tuple(names), int_ranges=ranges, loss=spec.loss, dynamic=dynamic)
     captured = job.captured = mode.capture_graphs(request)
+    user = dict(zip(captured.user_inputs, pytree.tree_leaves((job.args, job.kwargs))))
+    if step and spec.optimizer is not None:
+        from aotpipe.capture.train_step import add_train_step  # torch
+
+        add_train_step(captured, job.built_model(), job.args, job.kwargs, spec.loss, spec.optimizer, user,
+                       keep_joint=GraphKind.JOINT in kinds)
     job.result.capture_seconds = captured.seconds
     if inputs_data.is_structured(spec):  # the manifest says what the graphs hold fixed
         captured.notes.append(inputs_data.structure_note(spec))
@@ -154,7 +165,6 @@ def _capture(job: ModelJob) -> None:
     captured.trusted_ops = custom_ops.trust([g.gm for g in captured.graphs.values()], spec.trusted_ops)
     if mode.values:
         state = model_state(job.built_model(), captured.constants)
-        user = dict(zip(captured.user_inputs, pytree.tree_leaves((job.args, job.kwargs))))
         job.inputs = graph_inputs(captured, state, user, with_backward=spec.save_values == "full")
 
 
@@ -183,6 +193,10 @@ def _write(job: ModelJob) -> None:
         # A dynamo capture's graphs are checked against their own subgraph, run eagerly.
         job.eager = subgraph_references(captured) if captured.subgraphs else \
             EagerReference(job.built_model(), job.args, job.kwargs, captured.constants, captured.user_inputs, loss=spec.loss)
+        if captured.step_start is not None and spec.optimizer is not None:
+            from aotpipe.models.train_step import StepReference  # torch
+
+            job.steps = StepReference(captured.step_start, job.args, job.kwargs, spec.loss, spec.optimizer)
     with staged_model(job.out_dir, captured, model_record=spec.to_json(), fingerprint=job.fingerprint,
                       inputs=job.inputs if spec.save_inputs else None, save_values=spec.save_values,
                       skipped_passes=job.skipped_passes) as staged:
@@ -281,7 +295,7 @@ def _check_values(job: ModelJob, folder: Path) -> Any:
     mc = job.checks = check_written(folder, memory_inputs=job.inputs, codes=_codes(job), eager=job.eager,
                                     verify=spec.verify,
                                     diagnose=lambda key, lines: diagnose[key]() if key in diagnose else "",
-                                    trust_ops=spec.trusted_ops, own_capture=True)
+                                    trust_ops=spec.trusted_ops, own_capture=True, steps=job.steps)
     _note_ops_refused_elsewhere(job)
     job.pass_problems.extend(mc.pass_failures)
     # Where eager took the traced branch (eager.traced_branches): into the manifest's notes.

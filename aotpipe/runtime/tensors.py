@@ -67,11 +67,16 @@ def view_of(base: torch.Tensor, shape: list[int], stride: list[int], offset: int
 def random_storage(
     group: StorageGroup, generator: torch.Generator, int_range: tuple[int, int] | None = None
 ) -> torch.Tensor:
-    """Random contents for a storage: N(0,1) floats, integers in `int_range`, random bools."""
+    """Random contents for a storage: N(0,1) floats, integers in `int_range`, random bools.
+    Floats with a range (a train_step's optimizer state: step counts from 1, second moments
+    never negative) are drawn uniform in [low, high)."""
     n = group.numel
     dt = group.dtype
     if dt == torch.bool:
         return torch.randint(0, 2, (n,), generator=generator).bool()
+    if dt.is_floating_point and int_range is not None:
+        low, high = int_range
+        return (torch.rand((n,), generator=generator, dtype=torch.float32) * (high - low) + low).to(dt)
     if dt.is_floating_point:
         return torch.randn((n,), generator=generator, dtype=torch.float32).to(dt)
     if dt.is_complex:

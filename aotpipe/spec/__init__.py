@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from aotpipe.format.vocabulary import KindField
+from aotpipe.spec.optim import OptimizerSpec
 
 Mode = Literal["export", "dynamo", "meta", "auto"]
 Loss = Literal["weighted", "sum", "mean"]  # modes.LOSSES
@@ -313,6 +314,7 @@ class ModelSpec(Strict):
     verify: bool
     loss: Loss
     seed: int
+    optimizer: OptimizerSpec | None = None  # what a train_step graph's update runs (spec/optim.py)
     trusted_ops: list[str] = []  # the pipeline's: library op namespaces the graphs may call
     # Non-tensor keyword arguments of forward, by name or path (baked into the graphs).
     forward_args: dict[str, Any] = {}
@@ -339,6 +341,8 @@ class ModelSpec(Strict):
             exclude["dims"] = True
         if not self.auto_dims:
             exclude["auto_dims"] = True
+        if self.optimizer is None:
+            exclude["optimizer"] = True
         if unset:
             exclude["inputs"] = unset
         return json.loads(self.model_dump_json(exclude=exclude))

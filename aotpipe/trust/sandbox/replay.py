@@ -14,9 +14,10 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from aotpipe.errors import AotpipeError, SandboxError
 from aotpipe.format.folders import is_graph_folder
@@ -25,6 +26,7 @@ from aotpipe.trust.sandbox.launch import run_task
 
 if TYPE_CHECKING:
     from aotpipe.replay.run import ChainReplay, GraphReplay
+    from aotpipe.replay.steps import StepsReplay
     from aotpipe.trust.sandbox.launch import SandboxLimits
     from aotpipe.trust.sandbox.worker import Worker
 
@@ -35,16 +37,18 @@ class ReplayOutcome:
     no eager comparison (if there is none)."""
 
     artifact: str
-    graphs: list["GraphReplay"]
-    chain: Optional["ChainReplay"] = None
-    no_eager: Optional[str] = None
+    graphs: list[GraphReplay]
+    chain: ChainReplay | None = None
+    no_eager: str | None = None
     sandboxed: bool = False
     notes: list[str] = field(default_factory=list)
     sizes: dict[str, int] | None = None  # replayed at these sizes (every dimension), not the example's
+    steps: StepsReplay | None = None  # --steps N: a train_step graph's chained steps
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.graphs) and (self.chain is None or self.chain.status == "match")
+        return all(r.ok for r in self.graphs) and (self.chain is None or self.chain.status == "match") \
+            and (self.steps is None or self.steps.ok)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"artifact": self.artifact, "ok": self.ok, "sandboxed": self.sandboxed,
@@ -57,14 +61,17 @@ class ReplayOutcome:
             out["sizes"] = self.sizes
         if self.notes:
             out["notes"] = self.notes
+        if self.steps is not None:
+            out["steps"] = self.steps.to_json()
         return out
 
     @classmethod
-    def from_json(cls, data: RawJson, *, sandboxed: bool) -> "ReplayOutcome":
+    def from_json(cls, data: RawJson, *, sandboxed: bool) -> ReplayOutcome:
         """Rebuilt from :meth:`to_json`'s data, validated (it comes from the worker)."""
         import pydantic
 
         from aotpipe.replay.run import ChainReplay, GraphReplay  # torch: kept off the torch-free path
+        from aotpipe.replay.steps import StepsReplay  # torch: kept off the torch-free path
 
         try:
             if not isinstance(data, dict):
@@ -75,8 +82,10 @@ class ReplayOutcome:
             no_eager = data.get("no_eager_comparison")
             notes = pydantic.TypeAdapter(list[str]).validate_python(data.get("notes", []))
             sizes = pydantic.TypeAdapter(dict[str, int] | None).validate_python(data.get("sizes"))
+            steps = data.get("steps")
+            steps = None if steps is None else pydantic.TypeAdapter(StepsReplay).validate_python(steps)
             return cls(str(data.get("artifact", "")), graphs, chain,
-                       str(no_eager) if no_eager is not None else None, sandboxed, notes, sizes)
+                       str(no_eager) if no_eager is not None else None, sandboxed, notes, sizes, steps)
         except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
 
             first = " ".join(str(e).split())[:200]
@@ -84,22 +93,24 @@ class ReplayOutcome:
 
 
 def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str = "saved", seed: int = 0,
-                   device: Optional[str] = None, bench: int = 0, chain: bool = False,
-                   threads: Optional[int] = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
-                   sizes: dict[str, int] | None = None, worker: Optional["Worker"] = None) -> ReplayOutcome:
+                   device: str | None = None, bench: int = 0, chain: bool = False,
+                   threads: int | None = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
+                   sizes: dict[str, int] | None = None, steps: int = 0,
+                   worker: Worker | None = None) -> ReplayOutcome:
     """Load the artefact at `path` and replay it in this process (see ``aotpipe replay``).
 
     Runs the graphs here: only for artefacts you trust. `sizes`: replay a shape-polymorphic
     artefact at these sizes (aotpipe.replay.replay_at_sizes; not with `bench` or `chain`, which
     run at the example's). `worker`: the sandboxed worker this runs in, which instruments the
-    graphs and keeps the progress."""
+    graphs and keeps the progress. `steps` N > 0: also N chained runs of the train_step graph
+    (aotpipe.replay.steps)."""
     from aotpipe.artifact.load import load  # torch: kept off the torch-free path
     from aotpipe.replay import eager_bench, replay_at_sizes, replay_chain  # torch: kept off the torch-free path
     from aotpipe.replay import replay as replay_graphs  # torch: kept off the torch-free path
 
-    if sizes is not None and (bench or chain):
-        raise AotpipeError("--sizes replays the graphs alone: --bench and --chain run at the example sizes; "
-                           "drop one or the other")
+    if sizes is not None and (bench or chain or steps):
+        raise AotpipeError("--sizes replays the graphs alone: --bench, --chain and --steps run at the example "
+                           "sizes; drop one or the other")
     p = Path(path)
     if worker is not None:
         worker.mark("while loading the artefact")
@@ -124,6 +135,13 @@ def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str 
     if chain and worker is not None:
         worker.mark("while making the chain's inputs")
     chained = replay_chain(art, trust_code=trust_code, threads=threads) if chain else None
+    stepped = None
+    if steps:
+        from aotpipe.replay.steps import replay_steps  # torch: kept off the torch-free path
+
+        if worker is not None:
+            worker.mark(f"while running {steps} chained steps")
+        stepped = replay_steps(art, steps, inputs=inputs, seed=seed, threads=threads)
     no_eager = None
     if bench or chain:
         from aotpipe.models.sources import check_source, rebuild_refusal  # torch: kept off the torch-free path
@@ -135,19 +153,19 @@ def replay_outcome(path: str | Path, *, graphs: Sequence[str] = (), inputs: str 
             if why:
                 no_eager = (f"the model's source does not import from {Path.cwd()}: {why} (run replay from the "
                             "folder the pipeline ran in, or put the module on PYTHONPATH)")
-    return ReplayOutcome(art.name, results, chained, no_eager, sandboxed=worker is not None)
+    return ReplayOutcome(art.name, results, chained, no_eager, sandboxed=worker is not None, steps=stepped)
 
 
-def replay_task(args: dict[str, Any], worker: "Worker") -> dict[str, Any]:
+def replay_task(args: dict[str, Any], worker: Worker) -> dict[str, Any]:
     """The worker's "replay" task: :func:`replay_outcome` as JSON."""
     return replay_outcome(worker=worker, **args).to_json()
 
 
 def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: str = "saved", seed: int = 0,
-                     device: Optional[str] = None, bench: int = 0, chain: bool = False,
-                     threads: Optional[int] = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
-                     sizes: dict[str, int] | None = None, limits: Optional["SandboxLimits"] = None
-                     ) -> ReplayOutcome:
+                     device: str | None = None, bench: int = 0, chain: bool = False,
+                     threads: int | None = None, trust_code: bool = False, trust_ops: Sequence[str] = (),
+                     sizes: dict[str, int] | None = None, steps: int = 0,
+                     limits: SandboxLimits | None = None) -> ReplayOutcome:
     """:func:`replay_outcome` in a sandboxed worker: the way to replay an artefact you do
     not trust. Needs bubblewrap (bwrap); a crash, a memory corruption or a limit overrun
     in the worker is a one-line SandboxError, and this process is untouched."""
@@ -157,7 +175,7 @@ def replay_sandboxed(path: str | Path, *, graphs: Sequence[str] = (), inputs: st
     where = os.path.abspath(path)
     args = {"path": where, "graphs": list(graphs), "inputs": inputs, "seed": seed, "device": device,
             "bench": bench, "chain": chain, "threads": threads, "trust_code": trust_code,
-            "trust_ops": list(trust_ops), "sizes": sizes}
+            "trust_ops": list(trust_ops), "sizes": sizes, "steps": steps}
     # The results are rebuilt as aotpipe.replay's types, which import torch: import it here
     # while the worker starts (its own import of torch is most of the sandbox's overhead).
     importing = threading.Thread(target=importlib.import_module, args=("aotpipe.replay.run",), daemon=True)

@@ -1,0 +1,185 @@
+"""A training step run eagerly: what a ``train_step`` graph starts from and is checked against.
+
+The eager step is what a user writes: ``zero_grad``; the loss of the model's outputs
+(:func:`aotpipe.models.eager.model_loss`, the loss the training graphs differentiate);
+``backward``; ``clip_grad_norm_`` when asked; the torch optimizer's own ``step()``. Each
+step runs seeded (:func:`aotpipe.runtime.determinism.run_reproducibly`), as each run of a
+graph is, so a model that draws dropout masks draws the same ones in the graph's steps
+and in eager's, one step after another.
+
+:func:`warm_start` takes ``warmup_steps`` such steps on a copy of the model: the state a
+captured step starts from is a real one (Adam's moments not zero, SGD's momentum buffers
+made). :class:`StepReference` runs one or more further steps from there, in float32 and,
+for the float64 rule, in float64: the model, its inputs and the optimizer's state in
+float64, the same optimizer class and arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from aotpipe.errors import exception_line
+from aotpipe.models.eager import Float32Draws, _model_to64, _to64, model_loss, nudge, traced_branches
+from aotpipe.runtime.determinism import run_reproducibly
+from aotpipe.runtime.global_state import preserved
+from aotpipe.spec.optim import OptimizerSpec
+
+# A parameter's optimizer state entry, as a train_step graph's input and output name it.
+STATE_SEPARATOR = ":"
+
+
+def state_target(param: str, key: str) -> str:
+    """The target of a state input or output: ``fc.weight:exp_avg``."""
+    return f"{param}{STATE_SEPARATOR}{key}"
+
+
+def split_state_target(target: str) -> tuple[str, str]:
+    """``fc.weight:exp_avg`` -> ("fc.weight", "exp_avg")."""
+    param, _, key = target.rpartition(STATE_SEPARATOR)
+    return param, key
+
+
+def make_optimizer(params: list[torch.Tensor], spec: OptimizerSpec) -> torch.optim.Optimizer:
+    """The torch optimizer `spec` names, over `params`, with its arguments."""
+    cls = getattr(torch.optim, spec.info.cls)
+    return cls(params, **spec.kwargs())
+
+
+def eager_step(model: torch.nn.Module, opt: torch.optim.Optimizer, args: tuple, kwargs: dict, loss: str,
+               spec: OptimizerSpec, grads: dict[str, torch.Tensor | None] | None = None) -> torch.Tensor:
+    """One training step, as a user writes it; the loss (detached). Attention through its
+    math composite, as training capture routes it (so dropout in attention draws alike).
+    `grads`, if given, gets each parameter's gradient as backward left it (by every name)."""
+    opt.zero_grad(set_to_none=True)
+    with traced_branches([]), sdpa_kernel([SDPBackend.MATH]):
+        value = model_loss(model(*args, **kwargs), loss)
+    value.backward()
+    if grads is not None:
+        grads.update({n: (p.grad.detach().clone() if p.grad is not None else None)
+                      for n, p in model.named_parameters(remove_duplicate=False)})
+    if spec.clip_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], spec.clip_grad_norm)
+    opt.step()
+    return value.detach()
+
+
+@dataclass
+class StepStart:
+    """Where a captured step starts: the model after the warm-up steps and its optimizer's state.
+
+    `state` maps each parameter name (every name of a tied one) to its state entries that
+    are tensors, by key; `params` and `buffers` hold every name too."""
+
+    model: torch.nn.Module
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    state: dict[str, dict[str, torch.Tensor]]
+    losses: list[float] = field(default_factory=list)  # the warm-up steps' losses
+
+
+def optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, dict[str, torch.Tensor]]:
+    """The optimizer's per-parameter tensor state by parameter name (every name of a tied one)."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        entries = opt.state.get(p, {})
+        tensors = {k: v.detach().clone() for k, v in sorted(entries.items()) if isinstance(v, torch.Tensor)}
+        if tensors:
+            out[name] = tensors
+    return out
+
+
+def load_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, dict[str, torch.Tensor]],
+               dtype: torch.dtype | None = None) -> None:
+    """Put `state` (optimizer_state's form) into `opt` for `model`'s parameters, as copies
+    (floating ones in `dtype` if given)."""
+    for name, p in model.named_parameters():
+        if name in state:
+            opt.state[p] = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).clone()
+                            for k, v in state[name].items()}
+
+
+def warm_start(model: torch.nn.Module, args: tuple, kwargs: dict, loss: str, spec: OptimizerSpec) -> StepStart:
+    """A copy of `model` after `spec.warmup_steps` eager steps on the example inputs, and its
+    optimizer's state then. The model itself is left as it was."""
+    with preserved():
+        m = copy.deepcopy(model)
+        m.train()
+        inputs = copy.deepcopy((args, kwargs))
+        opt = make_optimizer(list(m.parameters()), spec)
+        losses = [float(run_reproducibly(lambda: eager_step(m, opt, *inputs, loss, spec)))
+                  for _ in range(spec.warmup_steps)]
+    params = {n: p.detach().clone() for n, p in m.named_parameters(remove_duplicate=False)}
+    buffers = {n: b.detach().clone() for n, b in m.named_buffers(remove_duplicate=False)}
+    m.zero_grad(set_to_none=True)
+    return StepStart(m, params, buffers, optimizer_state(m, opt), losses)
+
+
+@dataclass
+class StepRun:
+    """What eager steps gave: each step's loss, then the parameters, buffers and optimizer
+    state after the last, and the gradients of the first step (before clipping)."""
+
+    losses: list[torch.Tensor]
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    state: dict[str, dict[str, torch.Tensor]]
+    grads: dict[str, torch.Tensor | None]
+
+
+class StepReference:
+    """Eager steps from a :class:`StepStart`, made once each and only when asked for."""
+
+    def __init__(self, start: StepStart, args: tuple, kwargs: dict, loss: str, spec: OptimizerSpec):
+        self.start, self.args, self.kwargs, self.loss, self.spec = start, args, kwargs, loss, spec
+        self._runs: dict[tuple[int, bool, int], StepRun | None] = {}
+        self.errors: dict[tuple[int, bool], str] = {}
+
+    def run(self, steps: int, fp64: bool = False, nudged: int = 0) -> StepRun | None:
+        """`steps` eager steps from the start, in float64 if `fp64`; None if they failed (errors
+        says why). `nudged` k > 0: in float32 from a start whose parameters, buffers, inputs and
+        state are each moved one ulp (eager.nudge, by a generator seeded with k): another
+        sample of eager's own rounding noise (accuracy.compare's samples)."""
+        key = (steps, fp64, nudged)
+        if key not in self._runs:
+            try:
+                with preserved():
+                    self._runs[key] = self._run(steps, fp64, nudged)
+            except Exception as e:  # a model that cannot run in float64, say: the check says so
+                self._runs[key] = None
+                self.errors[(steps, fp64)] = exception_line(e)
+        return self._runs[key]
+
+    def _run(self, steps: int, fp64: bool, nudged: int = 0) -> StepRun:
+        model = copy.deepcopy(self.start.model)
+        model.train()
+        args, kwargs = copy.deepcopy((self.args, self.kwargs))
+        if fp64:
+            model = _model_to64(model)
+            args, kwargs = pytree.tree_map(_to64, (args, kwargs))
+        opt = make_optimizer(list(model.parameters()), self.spec)
+        load_state(model, opt, self.start.state, torch.float64 if fp64 else None)
+        if nudged and not fp64:
+            gen = torch.Generator().manual_seed(nudged)
+            with torch.no_grad():
+                state = [t for entries in opt.state.values() for t in entries.values() if isinstance(t, torch.Tensor)]
+                for t in [*model.parameters(), *model.buffers(), *pytree.tree_leaves((args, kwargs)), *state]:
+                    if isinstance(t, torch.Tensor):
+                        t.data.copy_(nudge(t.data, gen))
+        losses: list[torch.Tensor] = []
+        grads: dict[str, torch.Tensor | None] = {}
+        for i in range(steps):
+            # the first step's gradients as backward left them, before clipping and the update
+            into = grads if i == 0 else None
+            with Float32Draws() if fp64 else contextlib.nullcontext():  # dropout draws as float32's
+                losses.append(run_reproducibly(functools.partial(eager_step, model, opt, args, kwargs, self.loss,
+                                                                 self.spec, grads=into)))
+        return StepRun(losses, {n: p.detach() for n, p in model.named_parameters(remove_duplicate=False)},
+                       {n: b.detach() for n, b in model.named_buffers(remove_duplicate=False)},
+                       optimizer_state(model, opt), grads)

@@ -1,0 +1,131 @@
+"""Chained training steps: a train_step graph run again on what its last run gave.
+
+A train_step graph takes parameters, buffers and optimizer state and gives their new
+values (inputs.json's roles: an input param/buffer/state is fed by the output of role
+param/mutation/state with the same target); the batch and constants stay as they are.
+Each run is seeded as every graph run is, as each eager step of the checks is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from aotpipe.artifact.load import Artifact
+from aotpipe.errors import ArtifactError
+from aotpipe.format.records import InputsRecord
+from aotpipe.replay.inputs import get_inputs
+from aotpipe.replay.run import expand_outputs, recorded_threads, replay_environment
+from aotpipe.runtime import accuracy
+from aotpipe.runtime.determinism import intra_op_threads
+from aotpipe.runtime.execution import run_graph
+
+# What the checks chain at capture, and what `replay --steps` compares bit for bit; the
+# manifest's verification entry that holds their outputs' digests.
+CHECKED_STEPS = 3
+STEPS_KEY = "steps"
+# An input fed by the output of this role, same target.
+_FED_BY = {"param": "param", "buffer": "mutation", "state": "state"}
+
+
+def next_step_inputs(record: InputsRecord, inputs: list[Any], outputs: list[Any]) -> list[Any]:
+    """The inputs of the step after one that took `inputs` and gave `outputs` (expanded:
+    replay.run.expand_outputs)."""
+    new: dict[tuple[str, str | None], Any] = {(r.role, r.target): o for r, o in zip(record.outputs, outputs, strict=False)
+                                              if r.role in _FED_BY.values()}
+    return [new.get((_FED_BY.get(r.role, ""), r.target), v) for r, v in zip(record.inputs, inputs, strict=False)]
+
+
+def fed_inputs(record: InputsRecord) -> int:
+    """How many of the step's inputs its outputs feed (the rest are the batch and constants)."""
+    outs = {(r.role, r.target) for r in record.outputs}
+    return sum((_FED_BY.get(r.role, ""), r.target) in outs for r in record.inputs)
+
+
+def run_steps(module: torch.nn.Module, record: InputsRecord, inputs: list[Any], steps: int,
+              each: Callable[[int, list[Any]], None] | None = None) -> list[Any]:
+    """`steps` chained runs of the step graph from `inputs`; the last run's outputs
+    (expanded). `each(i, outputs)` is told each step's outputs."""
+    if record.kind != "train_step":
+        raise ArtifactError(f"chained steps run a train_step graph, not a {record.kind} graph")
+    if steps < 1:
+        raise ArtifactError(f"--steps takes 1 or more, not {steps}")
+    outs: list[Any] = []
+    for i in range(steps):
+        outs = expand_outputs(record, run_graph(module, inputs))
+        if each is not None:
+            each(i, outs)
+        inputs = next_step_inputs(record, inputs, outs)
+    return outs
+
+
+@dataclass
+class StepsReplay:
+    """``aotpipe replay --steps N``: N chained steps of an artefact's train_step graph.
+
+    `status`: "match" (the outputs after the last step equal, bit for bit, those the capture
+    recorded after as many steps), "mismatch" (they differ where they must not), or "ran"
+    (nothing to compare with: another step count than the capture chained, random inputs, or
+    another machine, whose bits may differ; `why` says which)."""
+
+    status: str
+    steps: int
+    losses: list[float] = field(default_factory=list)  # each step's loss
+    compared: int = 0  # outputs compared with the recorded digests
+    differing: list[str] = field(default_factory=list)  # those that differ: role and target
+    why: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "mismatch" and all(math.isfinite(x) for x in self.losses)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "steps": self.steps, "losses": self.losses, "compared": self.compared,
+                "differing": self.differing, "why": self.why}
+
+
+def replay_steps(art: Artifact, steps: int, *, inputs: str = "saved", seed: int = 0,
+                 threads: int | None = None) -> StepsReplay:
+    """`steps` chained runs of `art`'s train_step graph from its saved (or random) inputs,
+    at the recorded thread count unless `threads`; compared with the capture's recorded
+    outputs after as many steps, where it chained as many (checks/train_step.py)."""
+    key = next((k for k, g in art.graphs.items() if g.kind == "train_step"), None)
+    if key is None:
+        raise ArtifactError(f"{art.path}: --steps runs a train_step graph, and this artefact has none (it has "
+                            f"{', '.join(art.graphs)}); capture one with graphs: [..., train_step] and optimizer:")
+    ga = art.graphs[key]
+    if inputs == "saved" and ga.has_saved_values:
+        values = ga.saved_inputs()
+    else:
+        values = list(get_inputs(ga.input_file, seed=seed))
+    recorded = next((v for k, v in (art.manifest.verification or {}).items() if k == STEPS_KEY), None)
+    losses: list[float] = []
+
+    def each(_: int, outs: list[Any]) -> None:
+        loss = outs[0] if outs else None
+        losses.append(float(loss) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else math.nan)
+
+    with intra_op_threads(threads if threads is not None else recorded_threads(art)):
+        differs, _ = replay_environment(art, None)
+        outs = run_steps(ga.module, ga.record, values, steps, each)
+    why = None
+    if recorded is None or recorded.digests is None:
+        why = "the capture recorded no chained steps"
+    elif recorded.compared != steps:
+        why = f"the capture chained {recorded.compared} steps, not {steps}"
+    elif inputs != "saved" or not ga.has_saved_values:
+        why = "random inputs: nothing recorded to compare with"
+    if why is not None or recorded is None or recorded.digests is None:
+        return StepsReplay("ran", steps, losses, why=why)
+    labels = [f"{r.role} {r.target}" for r in ga.record.outputs]
+    pairs = [(label, want, accuracy.digest(o) if isinstance(o, torch.Tensor) else None)
+             for label, want, o in zip(labels, recorded.digests, outs, strict=False) if want is not None]
+    differing = [label for label, want, got in pairs if want != got]
+    if differing and differs:
+        return StepsReplay("ran", steps, losses, len(pairs), differing,
+                           why=f"bits may differ here ({'; '.join(differs)}): the capture's are for its own machine")
+    return StepsReplay("mismatch" if differing else "match", steps, losses, len(pairs), differing)
