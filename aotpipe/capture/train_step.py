@@ -78,7 +78,16 @@ def capture_train_step(joint: CapturedGraph, start: StepStart, constants: dict[s
     if missing:
         raise CaptureError(f"train_step: the joint graph's parameter(s) {', '.join(map(str, missing[:3]))} are not "
                            "the model's")
-    grad_at = {o.target: o.index for o in joint.outputs if o.role == "grad"}
+    # A tied parameter is one input of the joint, its gradient output named by any of its names
+    # (export names the one it kept): found by the tensor's every name.
+    aliases: dict[int, list[str]] = {}
+    for n, p in start.model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(n)
+    names_of = {n: ns for ns in aliases.values() for n in ns}
+    grad_of = {o.target: o.index for o in joint.outputs if o.role == "grad"}
+    grad_at = {str(gi.target): next((grad_of[a] for a in names_of.get(str(gi.target), [gi.target]) if a in grad_of),
+                                    None) for gi in primals if gi.role == "param"}
+    grad_at = {n: i for n, i in grad_at.items() if i is not None}
     new_buffer_at = {o.target: o.index for o in joint.outputs if o.role == "mutation"}
     loss_at = next((o.index for o in joint.outputs if o.role == "user"), None)
     if loss_at is None:

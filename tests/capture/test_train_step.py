@@ -267,3 +267,46 @@ def test_a_tensor_scale_is_computed_from_its_parts_and_written_back_in_place():
     assert out is p
     torch.testing.assert_close(p, expected)
     torch.testing.assert_close(q, expected + 2 * a)
+
+
+TIED = '''
+import torch
+
+
+class Tied(torch.nn.Module):
+    """An embedding and an output layer sharing one weight (GPT-2's wte and lm_head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.mid = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mid(self.emb(ids))))
+
+
+def build():
+    return Tied()
+'''
+
+
+@pytest.mark.parametrize("optimizer", ["{name: adamw, lr: 1.0e-3}", "{name: sgd, lr: 0.1, momentum: 0.9}"])
+def test_a_tied_weight_is_updated_by_the_gradient_of_both_its_uses(tmp_path, optimizer):
+    (tmp_path / "tied_model.py").write_text(TIED)
+    text = _PIPELINE.replace("source: aotpipe.zoo:mlp", "source: tied_model:build").replace(
+        "args: {in_features: 32, hidden: 64, depth: 2}\n    inputs: [{shape: [8, 32]}]",
+        "inputs: [{name: ids, shape: [2, 8], dtype: int64, high: 50}]").replace(
+        "{name: adamw, lr: 1.0e-3, weight_decay: 0.01}", optimizer)
+    res, out = run_yaml(tmp_path, text)
+    assert res.exit_code == 0, res.output
+    manifest = records.read(records.Manifest, out / "p" / "mlp" / records.MANIFEST, out / "p" / "mlp")[1]
+    items = {i.what: i for i in manifest.graphs["train_step"].checks.items}
+    record = json.loads((out / "p" / "mlp" / "mlp_train_step_0" / "inputs.json").read_text())
+    tied = [i["target"] for i in record["inputs"] if i["role"] == "param" and i["target"] in ("emb.weight", "head.weight")]
+    assert tied  # export lifts the tensor under one name or both; each is updated by the whole gradient
+    for name in tied:  # its update and its gradient (the embedding's and the head's uses summed) checked
+        assert items[f"update of {name}"].passed and items[f"gradient of {name}"].passed
+        assert items[f"update of {name} after 3 steps"].passed
+    assert "is tied to" in " ".join(manifest.capture.notes)
