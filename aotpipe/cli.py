@@ -442,7 +442,9 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
             if r.bench_seconds is not None:
                 line += f"  median of {bench}: {r.bench_seconds * 1e3:.3f} ms"
                 if r.eager_bench_seconds is not None:
-                    line += f" (eager {'model' if r.kind.startswith('inference') else 'fwd+bwd'}: {r.eager_bench_seconds * 1e3:.3f} ms)"
+                    what = "model" if r.kind.startswith("inference") else \
+                        "training step" if r.kind.startswith("train_step") else "fwd+bwd"
+                    line += f" (eager {what}: {r.eager_bench_seconds * 1e3:.3f} ms)"
             _say(line)
             for m in r.mismatches:
                 _say(f"    {m}")

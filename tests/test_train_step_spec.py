@@ -33,6 +33,7 @@ def test_a_spec_passes_its_arguments_to_the_class_as_torch_takes_them():
     opt = getattr(torch.optim, spec.info.cls)([torch.nn.Parameter(torch.ones(2))], **spec.kwargs())
     assert opt.defaults["betas"] == (0.9, 0.95)
     assert spec.describe() == "AdamW(betas=[0.9, 0.95], foreach=True, lr=0.001), clip_grad_norm 1, after 2 eager step(s)"
+    assert OptimizerSpec.model_validate({"name": "sgd"}).describe() == "SGD(), after 1 eager step(s)"
 
 
 GOOD = textwrap.dedent("""\
@@ -61,6 +62,7 @@ def _problems(text: str):
     ("{name: adamw, beta2: 0.9}", "adamw (AdamW) has no argument 'beta2'; its arguments: amsgrad, betas, eps"),
     ("{name: sgd, momentum: high}", "sgd's momentum takes a number, not 'high'"),
     ("{name: adam, betas: [0.9]}", "adam's betas takes a pair of numbers"),
+    ("{name: adam, betas: [true, 0.9]}", "adam's betas takes a pair of numbers, not [True, 0.9]"),
     ("{name: sgd, nesterov: 1}", "sgd's nesterov takes true or false, not 1"),
     ("{name: adamw, fused: true}", "adamw takes no fused here: aotpipe's loader refuses the fused optimizer kernels"),
     ("{name: adam, capturable: true}", "adam takes no capturable here"),

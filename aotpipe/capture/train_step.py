@@ -33,6 +33,8 @@ backward gave it, before clipping (grad).
 from __future__ import annotations
 
 import dataclasses
+import keyword
+import re
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -85,9 +87,11 @@ def capture_train_step(joint: CapturedGraph, start: StepStart, constants: dict[s
         aliases.setdefault(id(p), []).append(n)
     names_of = {n: ns for ns in aliases.values() for n in ns}
     grad_of = {o.target: o.index for o in joint.outputs if o.role == "grad"}
-    grad_at = {str(gi.target): next((grad_of[a] for a in names_of.get(str(gi.target), [gi.target]) if a in grad_of),
-                                    None) for gi in primals if gi.role == "param"}
-    grad_at = {n: i for n, i in grad_at.items() if i is not None}
+    grad_at: dict[str, int] = {}
+    for gi in params:
+        found = [grad_of[a] for a in names_of.get(str(gi.target), [str(gi.target)]) if a in grad_of]
+        if found:
+            grad_at[str(gi.target)] = found[0]
     new_buffer_at = {o.target: o.index for o in joint.outputs if o.role == "mutation"}
     loss_at = next((o.index for o in joint.outputs if o.role == "user"), None)
     if loss_at is None:
@@ -133,17 +137,19 @@ def capture_train_step(joint: CapturedGraph, start: StepStart, constants: dict[s
         raise
     except Exception as e:
         raise CaptureError(f"train_step: tracing the step failed: {exception_line(e)}") from e
+    # flat placeholders, as every graph the writer takes (make_fx keeps the step's nested lists),
+    # in a plain GraphModule (make_fx names its class after the function traced)
+    gm.graph.set_codegen(torch.fx.graph.CodeGen())
+    gm = torch.fx.GraphModule(gm, gm.graph)
     _drop_profiler_marks(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     described = [gi for gi in primals if gi.role == "param"] + [gi for gi in primals if gi.role != "param"]
-    inputs: list[GraphInput] = []
-    for node, gi in zip(placeholders, described, strict=False):
-        inputs.append(dataclasses.replace(gi, name=node.name))
-    for node, (name, key) in zip(placeholders[len(described):], [(n, k) for n, ks in zip(names, keys, strict=False) for k in ks], strict=False):
-        inputs.append(GraphInput(node.name, "state", state_target(name, key), TensorMeta.of(start.state[name][key]),
-                                 int_range=STATE_RANGES.get(key)))
-    if len(inputs) != len(placeholders):
-        raise CaptureError(f"train_step: the traced step has {len(placeholders)} inputs, {len(inputs)} described")
+    described += [GraphInput("", "state", state_target(n, k), TensorMeta.of(start.state[n][k]),
+                             int_range=STATE_RANGES.get(k)) for n, ks in zip(names, keys, strict=True) for k in ks]
+    if len(described) != len(placeholders):
+        raise CaptureError(f"train_step: the traced step has {len(placeholders)} inputs, {len(described)} described")
+    _name_placeholders(gm, placeholders, described)
+    inputs = [dataclasses.replace(gi, name=node.name) for node, gi in zip(placeholders, described, strict=True)]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     roles = ([("user", "loss")] + [("param", n) for n in names] + [("mutation", t) for t in new_buffer_at]
              + [("state", state_target(n, k)) for n, ks in zip(names, keys, strict=False) for k in ks]
@@ -231,6 +237,26 @@ def _per_tensor(name: str, args: tuple, kwargs: OpKwargs) -> Any:
             args[0][i].copy_(value)
         out.append(value)
     return args[0] if in_place else out  # torch's in-place foreach calls return their first list
+
+
+_PREFIX = {"param": "p_", "buffer": "b_", "constant": "c_", "state": "s_", "user": ""}
+
+
+def _name_placeholders(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
+                       described: list[GraphInput]) -> None:
+    """Name each input after what it is (``p_layers_0_weight``, ``s_layers_0_weight_exp_avg``,
+    the user input's name), as torch.export names a program's, not make_fx's ``states_17``."""
+    taken = {n.name for n in gm.graph.nodes if n.op != "placeholder"}
+    for node, gi in zip(placeholders, described, strict=True):
+        base = re.sub(r"\W", "_", _PREFIX.get(gi.role, "") + str(gi.target)) or "arg"
+        base = base if base[0].isalpha() or base[0] == "_" else f"_{base}"
+        name, k = base, 1
+        while name in taken or keyword.iskeyword(name):
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        node.name = node.target = name
+    gm.recompile()
 
 
 def joint_outputs_value(joint: CapturedGraph, index: int) -> bool:

@@ -8,6 +8,7 @@ Each run is seeded as every graph run is, as each eager step of the checks is.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,16 +35,17 @@ _FED_BY = {"param": "param", "buffer": "mutation", "state": "state"}
 
 def next_step_inputs(record: InputsRecord, inputs: list[Any], outputs: list[Any]) -> list[Any]:
     """The inputs of the step after one that took `inputs` and gave `outputs` (expanded:
-    replay.run.expand_outputs)."""
-    new: dict[tuple[str, str | None], Any] = {(r.role, r.target): o for r, o in zip(record.outputs, outputs, strict=False)
+    replay.run.expand_outputs): one value per input and per output record, or a ValueError."""
+    new: dict[tuple[str, str | None], Any] = {(r.role, r.target): o for r, o in zip(record.outputs, outputs, strict=True)
                                               if r.role in _FED_BY.values()}
-    return [new.get((_FED_BY.get(r.role, ""), r.target), v) for r, v in zip(record.inputs, inputs, strict=False)]
+    return [new.get((_FED_BY[r.role], r.target), v) if r.role in _FED_BY else v
+            for r, v in zip(record.inputs, inputs, strict=True)]
 
 
 def fed_inputs(record: InputsRecord) -> int:
     """How many of the step's inputs its outputs feed (the rest are the batch and constants)."""
     outs = {(r.role, r.target) for r in record.outputs}
-    return sum((_FED_BY.get(r.role, ""), r.target) in outs for r in record.inputs)
+    return sum(r.role in _FED_BY and (_FED_BY[r.role], r.target) in outs for r in record.inputs)
 
 
 def run_steps(module: torch.nn.Module, record: InputsRecord, inputs: list[Any], steps: int,
@@ -84,8 +86,7 @@ class StepsReplay:
         return self.status != "mismatch" and all(math.isfinite(x) for x in self.losses)
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "steps": self.steps, "losses": self.losses, "compared": self.compared,
-                "differing": self.differing, "why": self.why}
+        return dataclasses.asdict(self)
 
 
 def replay_steps(art: Artifact, steps: int, *, inputs: str = "saved", seed: int = 0,
@@ -98,32 +99,30 @@ def replay_steps(art: Artifact, steps: int, *, inputs: str = "saved", seed: int 
         raise ArtifactError(f"{art.path}: --steps runs a train_step graph, and this artefact has none (it has "
                             f"{', '.join(art.graphs)}); capture one with graphs: [..., train_step] and optimizer:")
     ga = art.graphs[key]
-    if inputs == "saved" and ga.has_saved_values:
-        values = ga.saved_inputs()
-    else:
-        values = list(get_inputs(ga.input_file, seed=seed))
+    saved = inputs == "saved" and ga.has_saved_values
+    values = ga.saved_inputs() if saved else list(get_inputs(ga.input_file, seed=seed))
     recorded = next((v for k, v in (art.manifest.verification or {}).items() if k == STEPS_KEY), None)
     losses: list[float] = []
 
     def each(_: int, outs: list[Any]) -> None:
-        loss = outs[0] if outs else None
+        loss = outs[0]  # a train_step's first output is its loss (capture/train_step.py)
         losses.append(float(loss) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else math.nan)
 
     with intra_op_threads(threads if threads is not None else recorded_threads(art)):
         differs, _ = replay_environment(art, None)
         outs = run_steps(ga.module, ga.record, values, steps, each)
-    why = None
     if recorded is None or recorded.digests is None:
-        why = "the capture recorded no chained steps"
-    elif recorded.compared != steps:
-        why = f"the capture chained {recorded.compared} steps, not {steps}"
-    elif inputs != "saved" or not ga.has_saved_values:
-        why = "random inputs: nothing recorded to compare with"
-    if why is not None or recorded is None or recorded.digests is None:
-        return StepsReplay("ran", steps, losses, why=why)
+        return StepsReplay("ran", steps, losses, why="the capture recorded no chained steps")
+    if recorded.compared != steps:
+        return StepsReplay("ran", steps, losses, why=f"the capture chained {recorded.compared} steps, not {steps}")
+    if not saved:
+        return StepsReplay("ran", steps, losses, why="random inputs: nothing recorded to compare with")
+    if len(recorded.digests) != len(outs):
+        return StepsReplay("ran", steps, losses, why=f"the capture recorded {len(recorded.digests)} digests for "
+                                                     f"{len(outs)} outputs: nothing to pair them with")
     labels = [f"{r.role} {r.target}" for r in ga.record.outputs]
     pairs = [(label, want, accuracy.digest(o) if isinstance(o, torch.Tensor) else None)
-             for label, want, o in zip(labels, recorded.digests, outs, strict=False) if want is not None]
+             for label, want, o in zip(labels, recorded.digests, outs, strict=True) if want is not None]
     differing = [label for label, want, got in pairs if want != got]
     if differing and differs:
         return StepsReplay("ran", steps, losses, len(pairs), differing,
