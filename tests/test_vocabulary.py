@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from aotpipe.format.records import InputsRecord, ModelRun
-from aotpipe.format.vocabulary import GRAPH_KINDS, STAGES, TRAINING_KINDS, GraphKind, ModelStatus, Stage, words
+from aotpipe.format.vocabulary import DEFAULT_KINDS, GRAPH_KINDS, STAGES, TRAINING_KINDS, GraphKind, ModelStatus, Stage, words
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCABULARY = ROOT / "aotpipe/format/vocabulary.py"
@@ -28,11 +28,12 @@ def test_members_are_their_words_wherever_they_are_shown():
 
 
 def test_the_orders_are_the_documented_ones():
-    assert GRAPH_KINDS == ("inference", "forward", "backward", "joint")
+    assert GRAPH_KINDS == ("inference", "forward", "backward", "joint", "train_step")
     assert TRAINING_KINDS == ("forward", "backward", "joint")
+    assert DEFAULT_KINDS == ("inference", "forward", "backward", "joint")  # train_step needs an optimizer: asked for
     assert STAGES == ("source", "capture", "passes", "write", "verify", "worker")
     assert list(ModelStatus) == ["ok", "partial", "failed"]
-    assert words(GraphKind) == "inference|forward|backward|joint"
+    assert words(GraphKind) == "inference|forward|backward|joint|train_step"
 
 
 def test_a_strict_record_takes_the_word_holds_the_member_and_refuses_other_words():

@@ -271,7 +271,7 @@ def test_the_graph_kinds_a_record_may_name_are_the_vocabularys():
     from aotpipe.format.vocabulary import GRAPH_KINDS, GraphKind
 
     kind = InputsRecord.model_json_schema()["properties"]["kind"]
-    assert kind == {"enum": ["inference", "forward", "backward", "joint"], "type": "string"}
+    assert kind == {"enum": ["inference", "forward", "backward", "joint", "train_step"], "type": "string"}
     assert list(GRAPH_KINDS) == kind["enum"] and list(GraphKind) == kind["enum"]
 
 
