@@ -34,6 +34,7 @@ def _inputs(root: Path, model: str) -> dict:
     return json.loads((_step_folder(root, model) / "inputs.json").read_text())
 
 
+@pytest.mark.slow  # pipelines/quickstart-train.yaml, run once per session: about a minute
 @pytest.mark.parametrize("model", MODELS)
 def test_every_quickstart_model_steps_with_adamw_and_sgd_checked_against_eager(train_run, model):
     root, _ = train_run
@@ -62,6 +63,7 @@ def test_every_quickstart_model_steps_with_adamw_and_sgd_checked_against_eager(t
     assert steps.compared == 3 and len(steps.digests) == len(record["outputs"])
 
 
+@pytest.mark.slow  # pipelines/quickstart-train.yaml, run once per session: about a minute
 def test_the_step_is_functional_plain_aten_and_says_what_each_value_is(train_run):
     root, _ = train_run
     graph = json.loads((_step_folder(root, "small_cnn_adamw") / "graph.json").read_text())
@@ -84,6 +86,7 @@ def test_the_step_is_functional_plain_aten_and_says_what_each_value_is(train_run
             assert any((o_role, i["target"]) in outs for role, o_role in fed if role == i["role"]), i["target"]
 
 
+@pytest.mark.slow  # pipelines/quickstart-train.yaml, run once per session: about a minute
 def test_replay_chains_three_steps_bit_for_bit_and_says_when_it_has_nothing_to_compare(train_run):
     root, _ = train_run
     runner = CliRunner()
@@ -101,6 +104,7 @@ def test_replay_chains_three_steps_bit_for_bit_and_says_when_it_has_nothing_to_c
     assert r.exit_code == 0, r.output  # the train_step runs whatever --graph replays
 
 
+@pytest.mark.slow  # pipelines/quickstart-train.yaml, run once per session: about a minute
 def test_a_step_that_differs_from_the_recorded_chain_is_a_mismatch_naming_the_output(train_run):
     root, _ = train_run
     art = load(root / "small_cnn_sgd")
@@ -122,6 +126,7 @@ def test_replay_steps_refuses_an_artefact_without_a_train_step_in_one_line(tmp_p
     assert "Traceback" not in r.output
 
 
+@pytest.mark.slow  # pipelines/quickstart-train.yaml, run once per session: about a minute
 def test_random_inputs_draw_step_counts_from_one_and_second_moments_not_negative(train_run):
     root, _ = train_run
     record = _inputs(root, "mlp_adamw")
