@@ -178,7 +178,7 @@ def test_sizes_that_are_not_dim_equals_n_are_a_usage_error(sizes_run, value):
 
 def test_sizes_with_chain_is_a_usage_error(sizes_run):
     r = CliRunner().invoke(main, ["replay", str(sizes_run / "scaled"), "--no-sandbox", "--sizes", "batch=3", "--chain"])
-    assert r.exit_code == 2 and "--bench and --chain run at the example sizes" in r.output
+    assert r.exit_code == 2 and "--bench, --chain and --steps run at the example sizes" in r.output
 
 
 @needs_bwrap
