@@ -13,7 +13,16 @@ import pytest
 from pydantic import ValidationError
 
 from aotpipe.format.records import InputsRecord, ModelRun
-from aotpipe.format.vocabulary import DEFAULT_KINDS, GRAPH_KINDS, STAGES, TRAINING_KINDS, GraphKind, ModelStatus, Stage, words
+from aotpipe.format.vocabulary import (
+    DEFAULT_KINDS,
+    GRAPH_KINDS,
+    STAGES,
+    TRAINING_KINDS,
+    GraphKind,
+    ModelStatus,
+    Stage,
+    words,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCABULARY = ROOT / "aotpipe/format/vocabulary.py"
