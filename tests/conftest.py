@@ -59,34 +59,30 @@ def quickstart_run(tmp_path_factory):
     return out / "quickstart", result
 
 
-@pytest.fixture(scope="session")
-def dynamic_run(tmp_path_factory):
-    """pipelines/quickstart-dynamic.yaml (a dynamic batch, and sequence for the transformer), run
-    once per test session through the real CLI, in this process (executor local), unsigned."""
+def _run_shipped(tmp_path_factory, name: str, folder: str):
+    """pipelines/<name>.yaml run through the real CLI, in this process (executor local),
+    unsigned: (its output root, the CLI result)."""
     from click.testing import CliRunner
 
     from aotpipe.cli import main
 
-    out = tmp_path_factory.mktemp("qsd")
-    result = CliRunner().invoke(main, ["run", str(PIPELINES / "quickstart-dynamic.yaml"), "--output", str(out),
+    out = tmp_path_factory.mktemp(folder)
+    result = CliRunner().invoke(main, ["run", str(PIPELINES / f"{name}.yaml"), "--output", str(out),
                                        "--no-progress", "--no-sign", "--executor", "local"])
     assert result.exit_code == 0, result.output
-    return out / "quickstart-dynamic", result
+    return out / name, result
+
+
+@pytest.fixture(scope="session")
+def dynamic_run(tmp_path_factory):
+    """pipelines/quickstart-dynamic.yaml (a dynamic batch, and sequence for the transformer), once per session."""
+    return _run_shipped(tmp_path_factory, "quickstart-dynamic", "qsd")
 
 
 @pytest.fixture(scope="session")
 def train_run(tmp_path_factory):
-    """pipelines/quickstart-train.yaml (the quickstart's models' train_step, AdamW and SGD), run
-    once per test session through the real CLI, in this process (executor local), unsigned."""
-    from click.testing import CliRunner
-
-    from aotpipe.cli import main
-
-    out = tmp_path_factory.mktemp("qst")
-    result = CliRunner().invoke(main, ["run", str(PIPELINES / "quickstart-train.yaml"), "--output", str(out),
-                                       "--no-progress", "--no-sign", "--executor", "local"])
-    assert result.exit_code == 0, result.output
-    return out / "quickstart-train", result
+    """pipelines/quickstart-train.yaml (the quickstart's models' train_step, AdamW and SGD), once per session."""
+    return _run_shipped(tmp_path_factory, "quickstart-train", "qst")
 
 
 @pytest.fixture(scope="session")

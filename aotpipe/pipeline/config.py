@@ -668,16 +668,21 @@ def _declared_dims(defaults: RawYaml, model: RawYaml) -> tuple[bool, dict[str, A
     return False, merged
 
 
+def _raw_models(data: RawYaml) -> tuple[dict[str, RawYaml], list[tuple[int, dict[str, RawYaml]]]]:
+    """The raw YAML's defaults and its models that are mappings, with their index in `models:`
+    (for the checks made before the file validates: malformed parts are pydantic's to report)."""
+    models: list[RawYaml] = data.get("models") if isinstance(data.get("models"), list) else []
+    defaults: dict[str, RawYaml] = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
+    return defaults, [(i, m) for i, m in enumerate(models) if isinstance(m, dict)]
+
+
 def _dims_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Problem]:
     """Named dimensions used as declared: every name in a shape declared under dims:, none on a
     loaded input (data:), none with dims: auto or a mode that captures static sizes, and every
     dimension a model declares itself used by one of its inputs."""
     problems = []
-    models: list[RawYaml] = data.get("models") if isinstance(data.get("models"), list) else []
-    defaults: dict[str, RawYaml] = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
-    for i, m in enumerate(models):
-        if not isinstance(m, dict):
-            continue
+    defaults, models = _raw_models(data)
+    for i, m in models:
         auto, declared = _declared_dims(defaults, m)
         mode = m.get("mode", defaults.get("mode", "auto"))
         if (auto and mode == "dynamo") or ((auto or declared) and mode == "meta"):
@@ -723,11 +728,8 @@ def _train_step_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> l
     """A model whose graphs list train_step has an optimizer, a mode that captures export's
     joint (export or auto) and static sizes (the step is traced at the example's)."""
     problems = []
-    models: list[RawYaml] = data.get("models") if isinstance(data.get("models"), list) else []
-    defaults: dict[str, RawYaml] = data.get("defaults") if isinstance(data.get("defaults"), dict) else {}
-    for i, m in enumerate(models):
-        if not isinstance(m, dict):
-            continue
+    defaults, models = _raw_models(data)
+    for i, m in models:
         graphs = m.get("graphs", defaults.get("graphs"))
         if not isinstance(graphs, list) or "train_step" not in graphs:
             continue
