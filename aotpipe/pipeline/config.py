@@ -681,6 +681,8 @@ def _dims_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Pr
     loaded input (data:), none with dims: auto or a mode that captures static sizes, and every
     dimension a model declares itself used by one of its inputs."""
     problems = []
+    defaults: RawYaml
+    m: RawYaml
     defaults, models = _raw_models(data)
     for i, m in models:
         auto, declared = _declared_dims(defaults, m)
@@ -728,6 +730,8 @@ def _train_step_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> l
     """A model whose graphs list train_step has an optimizer, a mode that captures export's
     joint (export or auto) and static sizes (the step is traced at the example's)."""
     problems = []
+    defaults: RawYaml
+    m: RawYaml
     defaults, models = _raw_models(data)
     for i, m in models:
         graphs = m.get("graphs", defaults.get("graphs"))
