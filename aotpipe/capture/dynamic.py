@@ -73,6 +73,63 @@ def export_shapes(model: torch.nn.Module, args: tuple, kwargs: dict, user_names:
     return shapes.dynamic_shapes(model, args, kwargs)
 
 
+@contextlib.contextmanager
+def keywords_named(model: torch.nn.Module, kwargs: dict) -> Iterator[None]:
+    """`model.forward` seen, while inside, with each of `kwargs` that its ``**kwargs`` would take
+    as a keyword parameter of its own (the call goes to the real forward unchanged).
+
+    torch.export cannot take ``dynamic_shapes`` for a forward that binds inputs through
+    ``**kwargs`` (pytorch#150022, #164313: the signature check wants them under ``kwargs``, the
+    constraint solver then looks for them at the top level, "Must provide a tree_name when
+    there might be a mismatch"); transformers' vision towers take ``input_ids`` that way. A
+    forward with no ``**kwargs``, or none of `kwargs` bound through it, is left alone."""
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        yield
+        return
+    params = list(sig.parameters.values())
+    var_kw = next((p for p in params if p.kind is p.VAR_KEYWORD), None)
+    loose = [k for k in kwargs if k not in sig.parameters]
+    if var_kw is None or not loose or "forward" in vars(model):
+        yield
+        return
+    named = [p for p in params if p.kind is not p.VAR_KEYWORD] + \
+        [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in loose]
+    real = model.forward
+
+    def forward(*args: Any, **kw: Any) -> Any:
+        return real(*args, **kw)
+
+    forward.__signature__ = sig.replace(parameters=named)  # type: ignore[attr-defined]
+    model.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del model.forward
+
+
+class _NoneGeneratorDropped(torch.overrides.TorchFunctionMode):
+    """``torch.rand``/``randn``/``randint`` called with ``generator=None`` (the default generator,
+    spelled out: transformers' UnivNet does) as if without it: those calls pick the
+    ``.generator`` overloads, whose kernels take no symbolic sizes in torch 2.13 ("SymIntArrayRef
+    expected to contain only concrete integers"), where the overloads without take them. The
+    draw is the same: the default generator either way."""
+
+    FACTORIES = frozenset({torch.rand, torch.randn, torch.randint})
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in self.FACTORIES and "generator" in kwargs and kwargs["generator"] is None:
+            kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+        return func(*args, **kwargs)
+
+
+def none_generator_dropped() -> contextlib.AbstractContextManager[Any]:
+    """While inside, a random factory's ``generator=None`` is left out (see _NoneGeneratorDropped)."""
+    return _NoneGeneratorDropped()
+
+
 def positional_names(model: torch.nn.Module, count: int, user_names: list[str]) -> dict[str, str]:
     """forward's parameter name -> the user's name of each of the first `count` (positional)
     inputs: torch names an input by the parameter it binds to (``L['x']``)."""
@@ -362,16 +419,43 @@ def _assertions(graphs: dict[str, CapturedGraph]) -> list[Any]:
     texts = {m.group(1) for g in graphs.values() for n in g.gm.graph.nodes
              if n.target is torch.ops.aten._assert_scalar.default and len(n.args) > 1 and isinstance(n.args[1], str)
              and (m := _ASSERTED.search(n.args[1]))}
+    functions = _torch_sympy_functions()
     out = []
     for text in sorted(texts):
         try:
-            expr = sympy.sympify(text, locals=dict(zip(names, syms, strict=True)))
+            expr = sympy.sympify(text, locals={**functions, **dict(zip(names, syms, strict=True))})
         except (sympy.SympifyError, TypeError, SyntaxError, NameError):
             continue
         if not expr.free_symbols <= set(syms):  # a symbol torch replaced by another, or an unbacked one
             continue
-        out.append(sympy.lambdify(syms, expr, modules="math"))
+        unknown = {type(f).__name__ for f in expr.atoms(sympy.Function)} - set(functions) - _SYMPY_MATH
+        if unknown:  # a function of torch's this torch does not have: not evaluated
+            continue
+        out.append(sympy.lambdify(syms, expr, modules=[_evaluated(functions), "math"]))
     return out
+
+
+_SYMPY_MATH = {"Max", "Min", "floor", "ceiling", "Abs", "Mod"}  # sympy's own, which lambdify maps to math
+
+
+def _torch_sympy_functions() -> dict[str, Any]:
+    """torch's own sympy functions by name (PythonMod, FloorDiv, CleanDiv, ...): what its
+    guards and assertions print, which plain sympy would read as undefined functions."""
+    import sympy
+    from torch.utils._sympy import functions
+
+    return {name: f for name, f in vars(functions).items()
+            if isinstance(f, type) and issubclass(f, sympy.Function) and f.__module__ == functions.__name__}
+
+
+def _evaluated(functions: dict[str, Any]) -> dict[str, Any]:
+    """Each of torch's sympy functions as a Python callable over integers (sympy evaluates it)."""
+    import sympy
+
+    def call(f: Any) -> Any:
+        return lambda *a: f(*(sympy.sympify(x) for x in a))
+
+    return {name: call(f) for name, f in functions.items()}
 
 
 def record_symbols(graphs: list[CapturedGraph], dynamic: DynamicDims | None) -> None:

@@ -292,10 +292,15 @@ def _capture(
             if r is not None:
                 int_ranges[n] = r
     notes: list[str] = []
-    shapes = dynamic_capture.export_shapes(model, args, kwargs, user_names, dynamic) if dynamic is not None else None
+    # keywords_named: a forward's **kwargs spelled out, which torch.export's dynamic_shapes needs
+    named = dynamic_capture.keywords_named(model, kwargs) if dynamic is not None else contextlib.nullcontext()
+    # none_generator_dropped: rand/randn/randint(..., generator=None) at symbolic sizes
+    factories = dynamic_capture.none_generator_dropped() if dynamic is not None else contextlib.nullcontext()
     # static_library_branches: torch's own branches on tensor values, static (capture/torch_branches.py)
     origins_on = dynamic_capture.guard_origins() if dynamic is not None else contextlib.nullcontext(None)
-    with model_reseeds() as reseeds, static_library_branches(notes), origins_on as origins:
+    with named, factories, model_reseeds() as reseeds, static_library_branches(notes), origins_on as origins:
+        shapes = dynamic_capture.export_shapes(model, args, kwargs, user_names, dynamic) if dynamic is not None \
+            else None
         if origins is not None:
             origins.aliases = dynamic_capture.positional_names(model, len(args), user_names)
         captured, contract, constants = _capture_graphs(model, args, kwargs, graphs, user_names, user_values,

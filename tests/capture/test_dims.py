@@ -177,6 +177,32 @@ class LateLiteral(torch.nn.Module):
 
 def late_literal():
     return LateLiteral()
+
+class KeywordTower(torch.nn.Module):
+    """A transformers vision tower's signature: the text inputs arrive through **kwargs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, pixel_values, mask=None, **kwargs):
+        return self.fc(pixel_values) + kwargs["input_ids"].float().mean(dim=1, keepdim=True)
+
+def keyword_tower():
+    return KeywordTower()
+
+class NamedDefaultGenerator(torch.nn.Module):
+    """UnivNet's noise: torch.randn(..., generator=None), the default generator spelled out."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc(x + torch.randn(x.shape, generator=None) + torch.rand(x.shape, generator=None))
+
+def named_default_generator():
+    return NamedDefaultGenerator()
 '''
 
 
@@ -678,3 +704,29 @@ def test_mode_auto_captures_a_model_dynamo_refuses_a_range_of_after_a_break_at_t
     manifest = _manifest(tmp_path / "out" / "p", "late")
     (dim,) = manifest.dims.dims.values()
     assert dim.status == "specialised" and "cannot be dynamic" in dim.reason and "fixes it to 4" in dim.reason, dim
+
+
+def test_inputs_a_forward_takes_through_its_kwargs_are_dynamic(tmp_path):
+    # torch.export cannot take dynamic_shapes for **kwargs (pytorch#150022); the capture names them
+    _, runs = _run(tmp_path, """\
+        - name: tower
+          source: shapes_models:keyword_tower
+          inputs:
+          - {name: pixel_values, shape: [batch, 32]}
+          - {name: input_ids, shape: [batch, seq], dtype: int64, high: 100}
+        """, defaults="dims: {batch: {min: 1, max: 4, example: 2}, seq: {min: 2, max: 16, example: 8}}")
+    assert runs["tower"]["status"] == "ok", runs["tower"].get("error")
+    dims = _manifest(tmp_path / "out" / "p", "tower").dims
+    assert {n: d.status for n, d in dims.dims.items()} == {"batch": "dynamic", "seq": "dynamic"}
+    assert {c.point for c in dims.checked} >= {"min", "max"} and not any(c.problems for c in dims.checked)
+
+
+def test_a_draw_from_the_default_generator_named_none_stays_dynamic(tmp_path):
+    # rand/randn(..., generator=None) take no symbolic size in torch 2.13; the capture leaves the None out
+    _, runs = _run(tmp_path, """\
+        - name: noise
+          source: shapes_models:named_default_generator
+          inputs: [{shape: [batch, 32]}]
+        """, defaults="dims: {batch: {min: 1, max: 4, example: 2}}")
+    assert runs["noise"]["status"] == "ok", runs["noise"].get("error")
+    assert _manifest(tmp_path / "out" / "p", "noise").dims.dims["batch"].status == "dynamic"

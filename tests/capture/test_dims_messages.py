@@ -147,3 +147,9 @@ def test_where_every_kept_assertion_holds_is_walked_over_each_range_around_the_e
     assert assertion_holds([FAILED], _asserting("s1 >= 1")) == ""
     assert assertion_holds(["inference graph differs from the eager model: ..."], graphs) == ""
     assert assertion_holds([FAILED], _asserting("this is not ( an expression")) == ""
+    # torch's own sympy functions, as its assertions print them (PythonMod, FloorDiv)
+    assert assertion_holds([FAILED], _asserting("FloorDiv(s1, 32) <= 0", "PythonMod(s0, 8) >= 1")) == (
+        "it holds for batch in [1, 7]; set batch: {max: 7}; it holds for seq in [4, 31]; set seq: {max: 31}")
+    # a function sympy reads as undefined (not torch's, not math's): that assertion is left out
+    assert assertion_holds([FAILED], _asserting("NoSuchFn(s1) <= 0", "s1 <= 31")) == (
+        "it holds for seq in [4, 31]; set seq: {max: 31}")
