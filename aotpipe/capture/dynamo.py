@@ -296,6 +296,7 @@ def _capture(
         _export._share_embedding_ranges({k: ordered[k] for k in sg.keys.values()})
     first = sgs[0].contract if sgs else None
     if dynamic is not None:
+        _export._note_reshaped_views(ordered, notes)
         dynamic_capture.record_symbols(list(ordered.values()), dynamic)
         dynamic_capture.freeze(list(ordered.values()))
     return CapturedGraphs(

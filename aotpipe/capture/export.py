@@ -307,6 +307,7 @@ def _capture(
                                                         int_ranges, notes, loss, shapes, dynamic, origins)
     dims_report: list[str] = []
     if dynamic is not None:
+        _note_reshaped_views(captured, notes)
         dynamic_capture.record_symbols(list(captured.values()), dynamic)
         dynamic_capture.freeze(list(captured.values()))
         if dynamic.auto:
@@ -736,6 +737,39 @@ def _views_to_reshapes(ep: torch.export.ExportedProgram) -> torch.export.Exporte
     if changed:
         ep.graph_module.recompile()
     return ep
+
+
+def _note_reshaped_views(captured: dict[str, CapturedGraph], notes: list[str]) -> None:
+    """Each graph's views of computed values as reshapes (computed_views_to_reshapes), noted once."""
+    count = sum(computed_views_to_reshapes(g.gm) for g in captured.values())
+    note = ("with symbolic sizes, views of values a graph computes are written as aten.reshape (a view where "
+            "the run-time strides allow one, else a copy): torch's shape functions can give such a value other "
+            "strides than its kernel does")
+    if count and note not in notes:
+        notes.append(note)
+
+
+def computed_views_to_reshapes(gm: torch.fx.GraphModule) -> int:
+    """In a graph with symbolic sizes: `aten.view` of a value the graph computes -> `aten.reshape`
+    where nothing writes through the view; how many.
+
+    At symbolic sizes torch's shape functions can give a value other strides than its kernel
+    gives at run time: ``constant_pad_nd`` that only crops (LongT5's blocks, padded to a multiple
+    of 128 and cut back) is a fresh contiguous tensor while tracing and a strided clone when it
+    runs, and the view after it then fails ("Cannot view a tensor with shape ... and strides").
+    ``reshape`` is that view where one is possible and a copy where not. Views of the graph's
+    inputs are kept: their strides are the recorded ones."""
+    aten = torch.ops.aten
+    changed = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is aten.view.default and node.args \
+                and isinstance(node.args[0], torch.fx.Node) and node.args[0].op != "placeholder" \
+                and not _written_through(node):
+            node.target = aten.reshape.default
+            changed += 1
+    if changed:
+        gm.recompile()
+    return changed
 
 
 def _written_through(node: torch.fx.Node, depth: int = 0) -> bool:

@@ -203,6 +203,25 @@ class NamedDefaultGenerator(torch.nn.Module):
 
 def named_default_generator():
     return NamedDefaultGenerator()
+
+class CropThenView(torch.nn.Module):
+    """LongT5's blocks in small: heads padded to a multiple of 32 and permuted; in the backward
+    the pad's gradient crops a permuted gradient, then views it: at run time the crop keeps the
+    permuted strides, while torch's shape function at symbolic sizes says contiguous."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.w = torch.nn.Parameter(torch.randn(4, 4) / 2)
+
+    def forward(self, x):
+        b, s, c = x.shape
+        pad = (32 - s % 32) % 32
+        h = torch.nn.functional.pad(self.fc(x).view(b, s, 2, 4), (0, 0, 0, 0, 0, pad))
+        return h.permute(0, 2, 1, 3) @ self.w
+
+def crop_then_view():
+    return CropThenView()
 '''
 
 
@@ -730,3 +749,18 @@ def test_a_draw_from_the_default_generator_named_none_stays_dynamic(tmp_path):
         """, defaults="dims: {batch: {min: 1, max: 4, example: 2}}")
     assert runs["noise"]["status"] == "ok", runs["noise"].get("error")
     assert _manifest(tmp_path / "out" / "p", "noise").dims.dims["batch"].status == "dynamic"
+
+
+def test_a_view_of_a_value_whose_strides_torch_traced_otherwise_runs_at_every_size(tmp_path):
+    # torch's shape function says the crop is contiguous, its kernel keeps the permuted strides
+    _, runs = _run(tmp_path, """\
+        - name: crop
+          source: shapes_models:crop_then_view
+          inputs: [{shape: [batch, seq, 8]}]
+          graphs: [inference, forward, backward, joint]
+        """, defaults="dims: {batch: {min: 1, max: 4, example: 2}, seq: {min: 4, max: 31, example: 16}}")
+    assert runs["crop"]["status"] == "ok", runs["crop"].get("error")
+    manifest = _manifest(tmp_path / "out" / "p", "crop")
+    assert any("written as aten.reshape" in n for n in manifest.capture.notes)
+    graph, _ = _graph(tmp_path / "out" / "p", "crop", "joint")
+    assert any(n.get("target") == "aten.reshape.default" for n in graph["nodes"])
