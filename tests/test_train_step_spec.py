@@ -14,7 +14,7 @@ from aotpipe.cli import main
 from aotpipe.errors import ConfigError
 from aotpipe.format.vocabulary import DEFAULT_KINDS, GraphKind
 from aotpipe.pipeline.config import parse_pipeline
-from aotpipe.spec.optim import OPTIMIZERS, REFUSED_ARGS, OptimizerSpec
+from aotpipe.spec.optim import OPTIMIZERS, REFUSED_ARGS, SCHEDULERS, OptimizerSpec
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -23,6 +23,24 @@ def test_the_table_takes_every_argument_of_the_torch_class_but_those_it_refuses(
     torch_args = set(inspect.signature(getattr(torch.optim, info.cls).__init__).parameters) - {"self", "params"}
     assert set(info.args) <= torch_args, "an argument torch's class does not take"
     assert torch_args - set(info.args) <= set(REFUSED_ARGS), "an argument of torch's class neither taken nor refused"
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_the_scheduler_table_takes_arguments_of_the_torch_class(name):
+    info = SCHEDULERS[name]
+    params = inspect.signature(getattr(torch.optim.lr_scheduler, info.cls).__init__).parameters
+    torch_args = set(params) - {"self", "optimizer", "last_epoch", "verbose"}
+    assert set(info.args) == torch_args, "the table and torch's class disagree"
+
+
+def test_a_scheduler_is_made_by_torch_with_its_arguments_and_described():
+    spec = OptimizerSpec.model_validate({"name": "sgd", "lr": 0.1, "scheduler": {"name": "multistep",
+                                                                                 "milestones": [1, 3], "gamma": 0.1}})
+    assert spec.scheduler is not None and spec.scheduler.args == {"milestones": [1, 3], "gamma": 0.1}
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    getattr(torch.optim.lr_scheduler, spec.scheduler.info.cls)(opt, **spec.scheduler.args)
+    assert spec.describe() == "SGD(lr=0.1), learning rate by MultiStepLR(gamma=0.1, milestones=[1, 3]), " \
+                              "after 1 eager step(s)"
 
 
 def test_a_spec_passes_its_arguments_to_the_class_as_torch_takes_them():
@@ -68,6 +86,14 @@ def _problems(text: str):
     ("{name: adam, capturable: true}", "adam takes no capturable here"),
     ("{name: adamw, clip_grad_norm: 0}", "greater than 0"),
     ("{name: adamw, warmup_steps: 0}", "greater than or equal to 1"),
+    ("{name: sgd, scheduler: {name: onecycle}}", "unknown scheduler 'onecycle'; choose one of step, multistep"),
+    ("{name: sgd, scheduler: {gamma: 0.5}}", "names no scheduler; choose one of step"),
+    ("{name: sgd, scheduler: {name: step, step: 2}}", "scheduler step (StepLR) has no argument 'step'; its "
+                                                     "arguments: gamma, step_size"),
+    ("{name: sgd, scheduler: {name: step, step_size: 1.5}}", "scheduler step's step_size takes a whole number"),
+    ("{name: sgd, scheduler: {name: multistep, milestones: [1, 2.5]}}", "takes a list of whole numbers"),
+    ("{name: adamw, foreach: true, scheduler: {name: step, step_size: 2}}",
+     "adamw with foreach: true takes no scheduler here"),
 ])
 def test_a_bad_optimizer_is_one_line_naming_its_line_and_the_choices(optimizer, field_says):
     text = GOOD.replace("{name: adamw, lr: 1.0e-3}", optimizer)

@@ -37,6 +37,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.export import Dim, ShapesCollection
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._sympy import functions as sympy_functions
 
 import aotpipe
 from aotpipe.errors import CaptureError
@@ -442,10 +443,9 @@ def _torch_sympy_functions() -> dict[str, Any]:
     """torch's own sympy functions by name (PythonMod, FloorDiv, CleanDiv, ...): what its
     guards and assertions print, which plain sympy would read as undefined functions."""
     import sympy
-    from torch.utils._sympy import functions
 
-    return {name: f for name, f in vars(functions).items()
-            if isinstance(f, type) and issubclass(f, sympy.Function) and f.__module__ == functions.__name__}
+    return {name: f for name, f in vars(sympy_functions).items()
+            if isinstance(f, type) and issubclass(f, sympy.Function) and f.__module__ == sympy_functions.__name__}
 
 
 def _evaluated(functions: dict[str, Any]) -> dict[str, Any]:

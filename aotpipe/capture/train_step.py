@@ -48,10 +48,10 @@ from aotpipe.errors import CaptureError, exception_line
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
 from aotpipe.format.limits import OpKwargs
 from aotpipe.format.vocabulary import GraphKind
-from aotpipe.models.train_step import StepStart, make_optimizer, state_target, warm_start
+from aotpipe.models.train_step import LR_TARGET, StepStart, lr_schedule, make_optimizer, state_target, warm_start
 from aotpipe.runtime.global_state import preserved
 from aotpipe.runtime.tensors import tangent
-from aotpipe.spec.optim import STATE_RANGES, OptimizerSpec
+from aotpipe.spec.optim import LR_RANGE, STATE_RANGES, OptimizerSpec
 
 _PROFILER_MARKS = ("profiler._record_function_enter_new", "profiler._record_function_exit")
 
@@ -101,7 +101,7 @@ def capture_train_step(joint: CapturedGraph, start: StepStart, constants: dict[s
     joint_gm = joint.gm
 
     def step(param_values: list[torch.Tensor], rest: list[Any], states: list[list[torch.Tensor]],
-             ) -> tuple[list[Any], ...]:
+             lr: list[torch.Tensor]) -> tuple[list[Any], ...]:
         values = iter(param_values)
         others = iter(rest)
         flat = [next(values) if gi.role == "param" else next(others) for gi in primals]
@@ -109,6 +109,9 @@ def capture_train_step(joint: CapturedGraph, start: StepStart, constants: dict[s
         outs = joint_gm(*flat)
         new_params = [p.clone() for p in param_values]
         opt = make_optimizer(new_params, spec)
+        for group in opt.param_groups:  # a scheduled learning rate: the step's input (role lr)
+            if lr:
+                group["lr"] = lr[0]
         grads: list[Any] = []
         for p, name, k, st in zip(new_params, names, keys, states, strict=False):
             g = outs[grad_at[name]] if name in grad_at else None
@@ -129,10 +132,13 @@ def capture_train_step(joint: CapturedGraph, start: StepStart, constants: dict[s
     param_values = [start.params[n] for n in names]
     rest = [_value(gi, start, constants, user) for gi in primals if gi.role != "param"]
     states = [[start.state[n][key] for key in k] for n, k in zip(names, keys, strict=False)]
+    rates = lr_schedule(spec, spec.warmup_steps + 1)
+    # float64: the rate as the Python number eager's scheduler sets (the ops cast it as they cast that)
+    lr = [torch.tensor(rates[-1], dtype=torch.float64)] if rates is not None else []
     try:
         with preserved():
             gm = make_fx(functionalize(step, remove="mutations_and_views"), tracing_mode="real",
-                         decomposition_table=cast(Any, core_aten_decompositions()))(param_values, rest, states)
+                         decomposition_table=cast(Any, core_aten_decompositions()))(param_values, rest, states, lr)
     except CaptureError:
         raise
     except Exception as e:
@@ -146,6 +152,7 @@ def capture_train_step(joint: CapturedGraph, start: StepStart, constants: dict[s
     described = [gi for gi in primals if gi.role == "param"] + [gi for gi in primals if gi.role != "param"]
     described += [GraphInput("", "state", state_target(n, k), TensorMeta.of(start.state[n][k]),
                              int_range=STATE_RANGES.get(k)) for n, ks in zip(names, keys, strict=True) for k in ks]
+    described += [GraphInput("", "lr", LR_TARGET, TensorMeta.of(t), int_range=LR_RANGE) for t in lr]
     if len(described) != len(placeholders):
         raise CaptureError(f"train_step: the traced step has {len(placeholders)} inputs, {len(described)} described")
     _name_placeholders(gm, placeholders, described)
@@ -161,7 +168,7 @@ def capture_train_step(joint: CapturedGraph, start: StepStart, constants: dict[s
                            and isinstance(a.meta.get("val"), torch.Tensor) else None)
                for i, ((role, target), a) in enumerate(zip(roles, flat_out, strict=False))]
     graph = CapturedGraph(GraphKind.TRAIN_STEP, gm, inputs, outputs)
-    values = [*param_values, *rest, *[t for st in states for t in st]]
+    values = [*param_values, *rest, *[t for st in states for t in st], *lr]
     return TrainStep(graph, values)
 
 
@@ -239,7 +246,7 @@ def _per_tensor(name: str, args: tuple, kwargs: OpKwargs) -> Any:
     return args[0] if in_place else out  # torch's in-place foreach calls return their first list
 
 
-_PREFIX = {"param": "p_", "buffer": "b_", "constant": "c_", "state": "s_", "user": ""}
+_PREFIX = {"param": "p_", "buffer": "b_", "constant": "c_", "state": "s_", "user": "", "lr": ""}
 
 
 def _name_placeholders(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],

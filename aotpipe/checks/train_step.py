@@ -117,13 +117,14 @@ def backward_at_step(forward: GraphArtifact | None, backward: GraphArtifact | No
 
 def check_train_step(ga: GraphArtifact, inputs: list[Any], outs: list[Any], reference: StepReference | None,
                      training: tuple[GraphArtifact | None, GraphArtifact | None],
-                     verify: bool) -> tuple[CheckedGraph, VerificationEntry]:
+                     verify: bool, rates: list[float] | None = None) -> tuple[CheckedGraph, VerificationEntry]:
     """The checks of train_step graph `ga`, which gave `outs` on `inputs`; and the manifest's
     verification entry of its chained steps (their outputs' digests). `training`: the
-    artefact's forward and backward graphs (None where it has none)."""
+    artefact's forward and backward graphs (None where it has none). `rates`: each chained
+    step's learning rate, for a step that takes one (replay.steps.schedule_rates)."""
     gc = CheckedGraph()
     record = ga.record
-    chained = run_steps(ga.module, record, inputs, CHECKED_STEPS)
+    chained = run_steps(ga.module, record, inputs, CHECKED_STEPS, rates=rates)
     digests = [accuracy.digest(o) if isinstance(o, torch.Tensor) else None for o in chained]
     entry = VerificationEntry(status="recorded", compared=CHECKED_STEPS, digests=digests)
     if not verify:

@@ -49,7 +49,7 @@ from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import EagerReference, EagerRun, SubgraphReference
 from aotpipe.models.train_step import StepReference
 from aotpipe.replay.run import chain_key, chain_problems, expand_outputs
-from aotpipe.replay.steps import STEPS_KEY
+from aotpipe.replay.steps import CHECKED_STEPS, STEPS_KEY, schedule_rates
 from aotpipe.runtime import accuracy, evidence
 from aotpipe.runtime.accuracy import Check
 from aotpipe.runtime.determinism import RunLog
@@ -318,7 +318,8 @@ def _check_written(folder: Path, *, memory_inputs: dict[str, list[Any]], codes: 
             try:
                 gc, result.outcome.verification[STEPS_KEY] = check_train_step(
                     ga, inputs, outs, steps, (art.graphs.get(graph_key(GraphKind.FORWARD, sub)),
-                                              art.graphs.get(graph_key(GraphKind.BACKWARD, sub))), verify)
+                                              art.graphs.get(graph_key(GraphKind.BACKWARD, sub))), verify,
+                    rates=schedule_rates(art, ga.record, CHECKED_STEPS))
             except Exception as e:
                 graph_did_not_run(result, key, ga, f"{STEPS_KEY} chained from the written graph failed", e)
                 continue

@@ -76,7 +76,9 @@ BLOB_DIR = "blobs"
 INPUT_SUFFIX = ".input"
 
 # "state": a train_step's optimizer state (its target "<parameter>:<key>", e.g. "fc.weight:exp_avg")
-InputRole = Literal["param", "buffer", "constant", "user", "tangent", "saved", "symint", "state"]
+# "lr": a train_step's learning rate, a scheduler's value for the step (replay feeds each chained
+# step the schedule's: replay/steps.py)
+InputRole = Literal["param", "buffer", "constant", "user", "tangent", "saved", "symint", "state", "lr"]
 INPUT_ROLES: tuple[str, ...] = get_args(InputRole)
 # A train_step's: "param", a parameter's new value; "state", an optimizer state's (targets as its inputs')
 OutputRole = Literal["user", "mutation", "saved", "grad", "none", "param", "state"]

@@ -33,6 +33,8 @@ from aotpipe.spec.optim import OptimizerSpec
 
 # A parameter's optimizer state entry, as a train_step graph's input and output name it.
 STATE_SEPARATOR = ":"
+# The target of a train_step's learning-rate input (role lr: a scheduler's value for the step).
+LR_TARGET = "lr"
 
 
 def state_target(param: str, key: str) -> str:
@@ -50,6 +52,36 @@ def make_optimizer(params: list[torch.Tensor], spec: OptimizerSpec) -> torch.opt
     """The torch optimizer `spec` names, over `params`, with its arguments."""
     cls = getattr(torch.optim, spec.info.cls)
     return cls(params, **spec.kwargs())
+
+
+def lr_schedule(spec: OptimizerSpec, steps: int) -> list[float] | None:
+    """The learning rate of each of the first `steps` optimizer steps (the warm-up's first)
+    under `spec`'s scheduler, as torch's scheduler class sets it step by step; None without one.
+
+    The scheduler steps an optimizer of its own over one parameter that never has a gradient:
+    the rates depend only on the step count, and the steps of the model's optimizer then take
+    them (set on its param group before each step, as the scheduler would have)."""
+    if spec.scheduler is None:
+        return None
+    import warnings
+
+    opt = make_optimizer([torch.zeros(1, requires_grad=True)], spec)
+    scheduler = getattr(torch.optim.lr_scheduler, spec.scheduler.info.cls)(opt, **spec.scheduler.args)
+    rates = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": no gradient, no update
+        for _ in range(steps):
+            rates.append(float(opt.param_groups[0]["lr"]))
+            opt.step()
+            scheduler.step()
+    return rates
+
+
+def set_lr(opt: torch.optim.Optimizer, rates: list[float] | None, step: int) -> None:
+    """Before step `step` (counting the warm-up's): the schedule's learning rate, where there is one."""
+    if rates is not None:
+        for group in opt.param_groups:
+            group["lr"] = rates[step]
 
 
 def eager_step(model: torch.nn.Module, opt: torch.optim.Optimizer, args: tuple, kwargs: dict, loss: str,
@@ -113,8 +145,11 @@ def warm_start(model: torch.nn.Module, args: tuple, kwargs: dict, loss: str, spe
         m.train()
         inputs = copy.deepcopy((args, kwargs))
         opt = make_optimizer(list(m.parameters()), spec)
-        losses = [float(run_reproducibly(lambda: eager_step(m, opt, *inputs, loss, spec)))
-                  for _ in range(spec.warmup_steps)]
+        rates = lr_schedule(spec, spec.warmup_steps)
+        losses = []
+        for i in range(spec.warmup_steps):
+            set_lr(opt, rates, i)
+            losses.append(float(run_reproducibly(lambda: eager_step(m, opt, *inputs, loss, spec))))
     params = {n: p.detach().clone() for n, p in m.named_parameters(remove_duplicate=False)}
     buffers = {n: b.detach().clone() for n, b in m.named_buffers(remove_duplicate=False)}
     m.zero_grad(set_to_none=True)
@@ -174,7 +209,9 @@ class StepReference:
                         t.data.copy_(nudge(t.data, gen))
         losses: list[torch.Tensor] = []
         grads: dict[str, torch.Tensor | None] = {}
+        rates = lr_schedule(self.spec, self.spec.warmup_steps + steps)
         for i in range(steps):
+            set_lr(opt, rates, self.spec.warmup_steps + i)
             # the first step's gradients as backward left them, before clipping and the update
             into = grads if i == 0 else None
             with Float32Draws() if fp64 else contextlib.nullcontext():  # dropout draws as float32's

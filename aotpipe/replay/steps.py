@@ -2,7 +2,9 @@
 
 A train_step graph takes parameters, buffers and optimizer state and gives their new
 values (inputs.json's roles: an input param/buffer/state is fed by the output of role
-param/mutation/state with the same target); the batch and constants stay as they are.
+param/mutation/state with the same target); the batch and constants stay as they are. A
+scheduled step's learning rate (role lr) is fed the schedule's value for each step
+(models.train_step.lr_schedule, from the optimizer the manifest records).
 Each run is seeded as every graph run is, as each eager step of the checks is.
 """
 
@@ -19,6 +21,8 @@ import torch
 from aotpipe.artifact.load import Artifact
 from aotpipe.errors import ArtifactError
 from aotpipe.format.records import InputsRecord
+from aotpipe.models.train_step import lr_schedule
+from aotpipe.replay.eager import artifact_optimizer
 from aotpipe.replay.inputs import get_inputs
 from aotpipe.replay.run import expand_outputs, recorded_threads, replay_environment
 from aotpipe.runtime import accuracy
@@ -48,16 +52,50 @@ def fed_inputs(record: InputsRecord) -> int:
     return sum(r.role in _FED_BY and (_FED_BY[r.role], r.target) in outs for r in record.inputs)
 
 
+def with_lr(record: InputsRecord, inputs: list[Any], rate: float) -> list[Any]:
+    """`inputs` with each learning-rate input (role lr) set to `rate`, in its own dtype."""
+    return [torch.tensor(rate, dtype=v.dtype) if r.role == "lr" and isinstance(v, torch.Tensor) else v
+            for r, v in zip(record.inputs, inputs, strict=True)]
+
+
+def takes_lr(record: InputsRecord) -> bool:
+    """Whether the step takes its learning rate as an input (a scheduler's, per step)."""
+    return any(r.role == "lr" for r in record.inputs)
+
+
+def schedule_rates(art: Artifact, record: InputsRecord, steps: int) -> list[float] | None:
+    """The learning rate of each of `steps` chained steps of `art`'s train_step from its
+    captured state, where the step takes one (role lr): the schedule of the optimizer the
+    manifest records, from the step after its warm-up. None where the step takes none, or for
+    one step of an artefact that records no scheduler (its saved rate is the step's)."""
+    if not takes_lr(record):
+        return None
+    spec = artifact_optimizer(art)
+    if spec is None or spec.scheduler is None:
+        if steps == 1:
+            return None
+        raise ArtifactError(f"{art.path}: the train_step takes its learning rate per step (role lr), and the "
+                            "manifest records no scheduler to compute the next steps' from; run one step "
+                            "(--steps 1), or capture it again with optimizer: {..., scheduler: ...}")
+    rates = lr_schedule(spec, spec.warmup_steps + steps) or []
+    return rates[spec.warmup_steps:]
+
+
 def run_steps(module: torch.nn.Module, record: InputsRecord, inputs: list[Any], steps: int,
-              each: Callable[[int, list[Any]], None] | None = None) -> list[Any]:
+              each: Callable[[int, list[Any]], None] | None = None, rates: list[float] | None = None) -> list[Any]:
     """`steps` chained runs of the step graph from `inputs`; the last run's outputs
-    (expanded). `each(i, outputs)` is told each step's outputs."""
+    (expanded). `each(i, outputs)` is told each step's outputs. `rates`: the learning rate
+    of each step, fed to a step that takes one (None: the inputs' own, every step)."""
     if record.kind != "train_step":
         raise ArtifactError(f"chained steps run a train_step graph, not a {record.kind} graph")
     if steps < 1:
         raise ArtifactError(f"--steps takes 1 or more, not {steps}")
+    if rates is not None and len(rates) < steps:
+        raise ArtifactError(f"{steps} steps need {steps} learning rates, given {len(rates)}")
     outs: list[Any] = []
     for i in range(steps):
+        if rates is not None:
+            inputs = with_lr(record, inputs, rates[i])
         outs = expand_outputs(record, run_graph(module, inputs))
         if each is not None:
             each(i, outs)
@@ -110,7 +148,7 @@ def replay_steps(art: Artifact, steps: int, *, inputs: str = "saved", seed: int 
 
     with intra_op_threads(threads if threads is not None else recorded_threads(art)):
         differs, _ = replay_environment(art, None)
-        outs = run_steps(ga.module, ga.record, values, steps, each)
+        outs = run_steps(ga.module, ga.record, values, steps, each, rates=schedule_rates(art, ga.record, steps))
     if recorded is None or recorded.digests is None:
         return StepsReplay("ran", steps, losses, why="the capture recorded no chained steps")
     if recorded.compared != steps:

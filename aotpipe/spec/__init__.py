@@ -343,6 +343,8 @@ class ModelSpec(Strict):
             exclude["auto_dims"] = True
         if self.optimizer is None:
             exclude["optimizer"] = True
+        elif self.optimizer.scheduler is None:
+            exclude["optimizer"] = {"scheduler": True}  # fingerprints of steps without one stay
         if unset:
             exclude["inputs"] = unset
         return json.loads(self.model_dump_json(exclude=exclude))

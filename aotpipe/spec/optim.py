@@ -5,6 +5,11 @@ its constructor aotpipe passes through. Written out, not read from torch (a pipe
 validated in a process that never imports torch); tests/test_train_step_spec.py holds it
 to ``inspect.signature`` of the installed classes, so it cannot drift from them.
 
+A learning-rate scheduler (``scheduler:`` inside the block, :data:`SCHEDULERS`, held to
+torch's classes the same way) makes the learning rate an input of the graph (role ``lr``):
+the schedule is computed in Python between steps, as torch's schedulers do it, and each step
+is fed its value.
+
 ``capturable``, ``differentiable`` and ``fused`` are refused on purpose
 (:data:`REFUSED_ARGS` says why to the user): the step is traced the way torch.compile traces
 an optimizer (its step count a tensor, as ``capturable`` would make it); ``differentiable``
@@ -24,6 +29,8 @@ from aotpipe.format.records import RawYaml
 _NUMBER = "a number"
 _FLAG = "true or false"
 _PAIR = "a pair of numbers"
+_COUNT = "a whole number"
+_COUNTS = "a list of whole numbers"
 
 
 @dataclass(frozen=True)
@@ -60,8 +67,26 @@ STATE_RANGES: dict[str, tuple[int, int]] = {
     "exp_avg_sq": (0, 1), "max_exp_avg_sq": (0, 1), "square_avg": (0, 1), "sum": (0, 1),
 }
 # aotpipe's own keys of the block (the rest are the optimizer's arguments).
-STEP_KEYS = ("name", "clip_grad_norm", "warmup_steps")
+STEP_KEYS = ("name", "clip_grad_norm", "warmup_steps", "scheduler")
 MAX_WARMUP_STEPS = 100
+
+# The learning-rate schedulers a train_step takes: YAML name -> torch.optim.lr_scheduler class
+# and its arguments (besides the optimizer). Those that take a function (LambdaLR), a metric
+# (ReduceLROnPlateau), other schedulers (SequentialLR) or cycle the momentum too (OneCycleLR,
+# CyclicLR: the step would change more than the learning rate) are not among them.
+SCHEDULERS: dict[str, OptimizerInfo] = {
+    "step": OptimizerInfo("StepLR", {"step_size": _COUNT, "gamma": _NUMBER}),
+    "multistep": OptimizerInfo("MultiStepLR", {"milestones": _COUNTS, "gamma": _NUMBER}),
+    "exponential": OptimizerInfo("ExponentialLR", {"gamma": _NUMBER}),
+    "cosine": OptimizerInfo("CosineAnnealingLR", {"T_max": _COUNT, "eta_min": _NUMBER}),
+    "cosine_restarts": OptimizerInfo("CosineAnnealingWarmRestarts", {"T_0": _COUNT, "T_mult": _COUNT,
+                                                                     "eta_min": _NUMBER}),
+    "linear": OptimizerInfo("LinearLR", {"start_factor": _NUMBER, "end_factor": _NUMBER, "total_iters": _COUNT}),
+    "constant": OptimizerInfo("ConstantLR", {"factor": _NUMBER, "total_iters": _COUNT}),
+    "polynomial": OptimizerInfo("PolynomialLR", {"total_iters": _COUNT, "power": _NUMBER}),
+}
+# The range a random learning-rate input draws from (replay.inputs), as STATE_RANGES.
+LR_RANGE = (0, 1)
 
 
 def _kind_problem(value: Any, kind: str) -> bool:
@@ -69,8 +94,49 @@ def _kind_problem(value: Any, kind: str) -> bool:
         return not isinstance(value, bool)
     if kind == _NUMBER:
         return isinstance(value, bool) or not isinstance(value, (int, float))
+    if kind == _COUNT:
+        return isinstance(value, bool) or not isinstance(value, int)
+    if kind == _COUNTS:
+        return not (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
     return not (isinstance(value, (list, tuple)) and len(value) == 2
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+
+
+class SchedulerSpec(BaseModel):
+    """The block's ``scheduler:``: a torch.optim.lr_scheduler class by its YAML name, and its
+    arguments written beside the name (``{name: cosine, T_max: 100}``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: Literal["step", "multistep", "exponential", "cosine", "cosine_restarts", "linear", "constant",
+                  "polynomial"] = Field(description="the torch.optim.lr_scheduler class: " + ", ".join(SCHEDULERS))
+    args: dict[str, Any] = Field({}, description="the class's arguments, written beside name in the YAML")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: RawYaml) -> RawYaml:
+        if not isinstance(data, dict) or "args" in data:
+            return data
+        name = data.get("name")
+        if name not in SCHEDULERS:
+            said = "names no scheduler" if name is None else f"unknown scheduler {name!r}"
+            raise ValueError(f"{said}; choose one of {', '.join(SCHEDULERS)}")
+        info = SCHEDULERS[name]
+        args = {k: v for k, v in data.items() if k != "name"}
+        for k, v in args.items():
+            if k not in info.args:
+                raise ValueError(f"scheduler {name} ({info.cls}) has no argument {k!r}; its arguments: "
+                                 f"{', '.join(sorted(info.args))}")
+            if _kind_problem(v, info.args[k]):
+                raise ValueError(f"scheduler {name}'s {k} takes {info.args[k]}, not {v!r}")
+        return {"name": name, "args": args}
+
+    @property
+    def info(self) -> OptimizerInfo:
+        return SCHEDULERS[self.name]
+
+    def describe(self) -> str:
+        return f"{self.info.cls}({', '.join(f'{k}={v}' for k, v in sorted(self.args.items()))})"
 
 
 class OptimizerSpec(BaseModel):
@@ -90,6 +156,9 @@ class OptimizerSpec(BaseModel):
     warmup_steps: int = Field(
         1, ge=1, le=MAX_WARMUP_STEPS, description="eager steps taken before capture, so that the state the graph "
         "starts from is a real one (moments not zero, momentum buffers made)")
+    scheduler: SchedulerSpec | None = Field(
+        None, description="a learning-rate scheduler ({name: cosine, T_max: 100}): the graph takes the learning "
+        "rate as an input, and each step is fed the schedule's value for it")
 
     @model_validator(mode="before")
     @classmethod
@@ -113,6 +182,10 @@ class OptimizerSpec(BaseModel):
                                  f"{', '.join(sorted(info.args))} (and aotpipe's clip_grad_norm and warmup_steps)")
             if _kind_problem(v, info.args[k]):
                 raise ValueError(f"{name}'s {k} takes {info.args[k]}, not {v!r}")
+        if data.get("scheduler") is not None and name in ("adam", "adamw") and args.get("foreach") is True:
+            raise ValueError(f"{name} with foreach: true takes no scheduler here: torch's foreach Adam takes no "
+                             "tensor learning rate unless capturable, which a scheduled step needs; set foreach: "
+                             "false (the graph's ops are the same: foreach calls are traced per tensor)")
         return {**{k: v for k, v in data.items() if k in STEP_KEYS}, "args": args}
 
     def kwargs(self) -> dict[str, Any]:
@@ -127,5 +200,7 @@ class OptimizerSpec(BaseModel):
         """One line: ``AdamW(lr=0.001, weight_decay=0.01)``, clipping and warm-up."""
         args = ", ".join(f"{k}={v}" for k, v in sorted(self.args.items()))
         more = [f"clip_grad_norm {self.clip_grad_norm:g}"] if self.clip_grad_norm else []
+        if self.scheduler is not None:
+            more.append(f"learning rate by {self.scheduler.describe()}")
         more.append(f"after {self.warmup_steps} eager step(s)")
         return f"{self.info.cls}({args}), {', '.join(more)}"

@@ -19,7 +19,8 @@ from aotpipe.replay.inputs import get_inputs
 from aotpipe.replay.steps import replay_steps
 from tests.helpers.pipelines import run_yaml
 
-MODELS = [f"{m}_{o}" for m in ("mlp", "small_cnn", "tiny_transformer", "running_norm") for o in ("adamw", "sgd")]
+MODELS = [f"{m}_{o}" for m in ("mlp", "small_cnn", "tiny_transformer", "running_norm") for o in ("adamw", "sgd")] + \
+    ["mlp_sgd_steplr"]
 
 
 def _manifest(root: Path, model: str) -> records.Manifest:
