@@ -230,3 +230,61 @@ def test_outputs_or_inputs_that_do_not_match_the_record_are_refused():
         next_step_inputs(record, _values(), outs[:-1])
     with pytest.raises(ValueError):
         next_step_inputs(record, _values()[:-1], outs)
+
+
+class _ScaledStep(torch.nn.Module):
+    """w <- w - lr * x; loss = sum(w * x)."""
+
+    def forward(self, w, x, lr):
+        return ((w * x).sum(), w - lr * x)
+
+
+def _lr_record() -> records.InputsRecord:
+    lay = {"shape": [3], "stride": [1], "dtype": "float32", "device": "cpu", "storage_offset": 0}
+    scalar = {"shape": [], "stride": [], "dtype": "float64", "device": "cpu", "storage_offset": 0}
+    inputs = [{"index": 0, "name": "w", "role": "param", "target": "w", "type": "tensor", **lay},
+              {"index": 1, "name": "x", "role": "user", "target": "x", "type": "tensor", **lay},
+              {"index": 2, "name": "lr", "role": "lr", "target": "lr", "type": "tensor", **scalar}]
+    outputs = [{"index": 0, "role": "user", "target": "loss"}, {"index": 1, "role": "param", "target": "w", **lay}]
+    return records.parse(records.InputsRecord, {"format_version": 4, "kind": "train_step", "storages": [],
+                                                "inputs": inputs, "outputs": outputs}, "test")
+
+
+def test_each_chained_step_is_fed_its_rate_and_without_rates_keeps_the_inputs():
+    from aotpipe.replay.steps import takes_lr, with_lr
+
+    record = _lr_record()
+    assert takes_lr(record) and not takes_lr(_record())
+    w, x, lr = torch.zeros(3), torch.ones(3), torch.tensor(1.0, dtype=torch.float64)
+    fed = with_lr(record, [w, x, lr], 0.25)
+    assert fed[0] is w and fed[1] is x and fed[2].dtype == torch.float64 and float(fed[2]) == 0.25
+    seen: list[float] = []
+    out = run_steps(_ScaledStep(), record, [w, x, lr], 3, each=lambda i, o: seen.append(float(o[0])),
+                    rates=[0.5, 0.25, 0.125])
+    assert torch.equal(out[1], torch.full((3,), -0.875))  # 0.5 + 0.25 + 0.125 taken off
+    assert seen == [0.0, -1.5, -2.25]
+    kept = run_steps(_ScaledStep(), record, [w, x, lr], 3)  # the input's own rate every step
+    assert torch.equal(kept[1], torch.full((3,), -3.0))
+    with pytest.raises(ArtifactError, match="3 steps need 3 learning rates, given 2"):
+        run_steps(_ScaledStep(), record, [w, x, lr], 3, rates=[0.5, 0.25])
+
+
+def _art_with(optimizer: dict | None):
+    from types import SimpleNamespace
+
+    extra = {} if optimizer is None else {"optimizer": optimizer}
+    return SimpleNamespace(path=Path("a"), manifest=SimpleNamespace(model=SimpleNamespace(model_extra=extra)))
+
+
+def test_the_rates_of_chained_steps_are_the_schedules_after_the_warm_up():
+    from aotpipe.replay.steps import schedule_rates
+
+    stepped = {"name": "sgd", "args": {"lr": 0.1}, "clip_grad_norm": None, "warmup_steps": 2,
+               "scheduler": {"name": "step", "args": {"step_size": 1, "gamma": 0.5}}}
+    assert schedule_rates(_art_with(stepped), _lr_record(), 3) == pytest.approx([0.025, 0.0125, 0.00625])
+    assert schedule_rates(_art_with(stepped), _record(), 3) is None  # a step without a rate input
+    unscheduled = {**stepped, "scheduler": None}
+    for art in (_art_with(unscheduled), _art_with(None)):
+        assert schedule_rates(art, _lr_record(), 1) is None  # one step: its saved rate
+        with pytest.raises(ArtifactError, match=r"takes its learning rate per step \(role lr\)"):
+            schedule_rates(art, _lr_record(), 2)
