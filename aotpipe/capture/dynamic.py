@@ -369,6 +369,28 @@ _ASSERTED = re.compile(r"expression (.*) on node")
 MAX_WALK = 4096  # sizes of one dimension the assertions are evaluated at, at most
 
 
+_FAILED_NODE = re.compile(r"^(\w+) graph does not run: .*node '(\w+)' \(aten\._assert_scalar")
+
+
+def failed_assertion(problems: list[str], graphs: dict[str, CapturedGraph]) -> str:
+    """The expression of the first kept run-time assertion `problems` say failed, its symbols
+    named by their dimensions (``Eq((frames//8), 8)``); empty where none is found."""
+    for p in problems:
+        m = _FAILED_NODE.match(p)
+        g = graphs.get(m.group(1)) if m else None
+        node = next((n for n in g.gm.graph.nodes if n.name == m.group(2)), None) if g is not None and m else None
+        said = node.args[1] if node is not None and len(node.args) > 1 and isinstance(node.args[1], str) else ""
+        expr = _ASSERTED.search(said)
+        if expr is None or g is None:
+            continue
+        text = expr.group(1)
+        for sym, rec in g.symbols.items():
+            if rec.dim is not None:
+                text = re.sub(rf"\b{re.escape(sym)}\b", rec.dim, text)
+        return text
+    return ""
+
+
 def assertion_holds(problems: list[str], graphs: dict[str, CapturedGraph]) -> str:
     """Where a capture's kept run-time assertions hold, when one of `problems` is such an
     assertion failing: "it holds for seq in [4, 31]; set seq: {max: 31}". Each named dimension
@@ -421,22 +443,28 @@ def _assertions(graphs: dict[str, CapturedGraph]) -> list[Any]:
              if n.target is torch.ops.aten._assert_scalar.default and len(n.args) > 1 and isinstance(n.args[1], str)
              and (m := _ASSERTED.search(n.args[1]))}
     functions = _torch_sympy_functions()
+    # each of torch's functions read as an opaque one of aotpipe's name: lambdify prints those as
+    # calls (it prints a class named like sympy's own by sympy's rule: torch's Mod lost its
+    # parentheses, s6 % s6*x), and the call evaluates torch's function on the integers
+    opaque = {name: sympy.Function(_OPAQUE + name) for name in functions}
+    calls = {_OPAQUE + name: _integer_call(f) for name, f in functions.items()}
     out = []
     for text in sorted(texts):
         try:
-            expr = sympy.sympify(text, locals={**functions, **dict(zip(names, syms, strict=True))})
+            expr = sympy.sympify(text, locals={**opaque, **dict(zip(names, syms, strict=True))})
         except (sympy.SympifyError, TypeError, SyntaxError, NameError):
             continue
         if not expr.free_symbols <= set(syms):  # a symbol torch replaced by another, or an unbacked one
             continue
-        unknown = {type(f).__name__ for f in expr.atoms(sympy.Function)} - set(functions) - _SYMPY_MATH
-        if unknown:  # a function of torch's this torch does not have: not evaluated
+        unknown = {type(f).__name__ for f in expr.atoms(sympy.Function)} - set(calls) - _SYMPY_MATH
+        if unknown:  # a function neither sympy's nor this torch's: not evaluated
             continue
-        out.append(sympy.lambdify(syms, expr, modules=[_evaluated(functions), "math"]))
+        out.append(sympy.lambdify(syms, expr, modules=[calls, "math"]))
     return out
 
 
 _SYMPY_MATH = {"Max", "Min", "floor", "ceiling", "Abs", "Mod"}  # sympy's own, which lambdify maps to math
+_OPAQUE = "aotpipe_torch_"
 
 
 def _torch_sympy_functions() -> dict[str, Any]:
@@ -448,14 +476,11 @@ def _torch_sympy_functions() -> dict[str, Any]:
             if isinstance(f, type) and issubclass(f, sympy.Function) and f.__module__ == sympy_functions.__name__}
 
 
-def _evaluated(functions: dict[str, Any]) -> dict[str, Any]:
-    """Each of torch's sympy functions as a Python callable over integers (sympy evaluates it)."""
+def _integer_call(f: Any) -> Any:
+    """torch's sympy function `f` as a Python callable over integers (sympy evaluates it)."""
     import sympy
 
-    def call(f: Any) -> Any:
-        return lambda *a: f(*(sympy.sympify(x) for x in a))
-
-    return {name: call(f) for name, f in functions.items()}
+    return lambda *a: f(*(sympy.sympify(x) for x in a))
 
 
 def record_symbols(graphs: list[CapturedGraph], dynamic: DynamicDims | None) -> None:

@@ -313,7 +313,7 @@ def _check_values(job: ModelJob, folder: Path) -> Any:
 def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
     """A shape-polymorphic capture's graphs checked at min, max and a random size too
     (checks/sizes.py): the manifest's `dims`; a failure at any size fails the model."""
-    from aotpipe.capture.dynamic import assertion_holds  # torch
+    from aotpipe.capture.dynamic import assertion_holds, failed_assertion  # torch
     from aotpipe.capture.export import DEFERRED_GUARD  # torch
     from aotpipe.checks.sizes import check_sizes, size_one_hint  # torch
 
@@ -333,10 +333,13 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
         if deferred and any("_assert_scalar" in p for p in c.problems):
             # a guard torch could not prove, kept as an assertion, fails here: torch's refusal says why
             where = assertion_holds(c.problems, captured.graphs)
+            failing = failed_assertion(c.problems, captured.graphs)
+            # deferred[0] is the first guard torch could not prove; the one failing here may be another
+            named = f"; the one false here: {failing}" if failing else ""
             mc.problems.append(f"dims: at {c.point} ({at}) a run-time assertion the capture kept fails: "
-                               f"{deferred[0]}; " + (f"{where}, or make the dimension static" if where else
-                                                     "narrow the range to where it holds, or make the dimension "
-                                                     "static"))
+                               f"{deferred[0]}{named}; " + (f"{where}, or make the dimension static" if where else
+                                                            "narrow the range to where it holds, or make the "
+                                                            "dimension static"))
             continue
         mc.problems += [f"at {c.point} ({at}): {p}" for p in c.problems[:2]]
         if c.problems:

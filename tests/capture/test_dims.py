@@ -3,6 +3,7 @@ checked at the min, the max and a random size, and a model that cannot be dynami
 dimension is refused in one line naming the dimension, torch's reason and the model's line."""
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -515,6 +516,9 @@ def test_a_guard_kept_as_a_runtime_assertion_that_fails_at_a_checked_size_says_t
     assert error.startswith("dims: at min (batch=1, seq=4) a run-time assertion the capture kept fails: seq "
                             "(arg0.size(1)) cannot be dynamic in [4, 64]"), error
     assert "((3 + arg0.size(1)) // 4) != 1" in error and "padded.py:14" in error
+    # and the assertion that is false at this size, its symbols named by their dimensions
+    named = error.split("; the one false here: ")[1].split(";")[0]
+    assert "seq" in named and "//4" in named.replace(" ", "") and not re.search(r"\bs\d+\b", named), error
     # where the failing assertion holds, walked over the range: the fix in YAML
     assert error.endswith("; it holds for seq in [5, 64]; set seq: {min: 5}, or make the dimension static"), error
 

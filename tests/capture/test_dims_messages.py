@@ -150,6 +150,10 @@ def test_where_every_kept_assertion_holds_is_walked_over_each_range_around_the_e
     # torch's own sympy functions, as its assertions print them (PythonMod, FloorDiv)
     assert assertion_holds([FAILED], _asserting("FloorDiv(s1, 32) <= 0", "PythonMod(s0, 8) >= 1")) == (
         "it holds for batch in [1, 7]; set batch: {max: 7}; it holds for seq in [4, 31]; set seq: {max: 31}")
+    # torch's Mod is read as torch's, not printed by sympy's rule for its own Mod (which lost the
+    # parentheses: s0 % s0*x, false everywhere), as nemotron3_5_transcribe's assertions have it
+    assert assertion_holds([FAILED], _asserting("Ne(Mod(s0, s0*((s1//8))), 0)")) == (
+        "it holds for seq in [16, 64]; set seq: {min: 16}")
     # a function sympy reads as undefined (not torch's, not math's): that assertion is left out
     assert assertion_holds([FAILED], _asserting("NoSuchFn(s1) <= 0", "s1 <= 31")) == (
         "it holds for seq in [4, 31]; set seq: {max: 31}")
