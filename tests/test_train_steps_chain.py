@@ -267,6 +267,8 @@ def test_each_chained_step_is_fed_its_rate_and_without_rates_keeps_the_inputs():
     assert torch.equal(kept[1], torch.full((3,), -3.0))
     with pytest.raises(ArtifactError, match="3 steps need 3 learning rates, given 2"):
         run_steps(_ScaledStep(), record, [w, x, lr], 3, rates=[0.5, 0.25])
+    with pytest.raises(ValueError):  # inputs that do not match the record are not paired up silently
+        with_lr(record, [w, x], 0.25)
 
 
 def _art_with(optimizer: dict | None):
@@ -286,5 +288,26 @@ def test_the_rates_of_chained_steps_are_the_schedules_after_the_warm_up():
     unscheduled = {**stepped, "scheduler": None}
     for art in (_art_with(unscheduled), _art_with(None)):
         assert schedule_rates(art, _lr_record(), 1) is None  # one step: its saved rate
-        with pytest.raises(ArtifactError, match=r"takes its learning rate per step \(role lr\)"):
+        with pytest.raises(ArtifactError) as e:
             schedule_rates(art, _lr_record(), 2)
+        assert str(e.value) == ("a: the train_step takes its learning rate per step (role lr), and the manifest "
+                                "records no scheduler to compute the next steps' from; run one step (--steps 1), "
+                                "or capture it again with optimizer: {..., scheduler: ...}")
+
+
+def test_replay_feeds_a_scheduled_step_the_schedules_rates():
+    from types import SimpleNamespace
+
+    stepped = {"name": "sgd", "args": {"lr": 1.0}, "clip_grad_norm": None, "warmup_steps": 1,
+               "scheduler": {"name": "step", "args": {"step_size": 1, "gamma": 0.5}}}
+    w, x = torch.zeros(3), torch.ones(3)
+    ga = SimpleNamespace(kind="train_step", has_saved_values=True, input_file=Path("x.input"),
+                         saved_inputs=lambda: [w, x, torch.tensor(0.5, dtype=torch.float64)],
+                         module=torch.fx.symbolic_trace(_ScaledStep()), record=_lr_record())
+    from aotpipe.runtime.determinism import environment as current_environment
+
+    manifest = SimpleNamespace(verification={}, environment=current_environment("cpu"),
+                               model=SimpleNamespace(model_extra={"optimizer": stepped}))
+    out = replay_steps(SimpleNamespace(graphs={"train_step": ga}, path=Path("a"), manifest=manifest), 3)
+    # after the warm-up step the rates are 0.5, 0.25, 0.125: w goes 0 -> -0.5 -> -0.75, losses 0, -1.5, -2.25
+    assert out.losses == [0.0, -1.5, -2.25] and out.why == "the capture recorded no chained steps"
