@@ -305,3 +305,50 @@ def test_a_named_dimension_left_static_fails_only_where_the_sizes_were_checked(a
     assert failed_last_time(static) is fails
     assert why_failed(static) == ("dims: batch is static in every graph (specialised to 4) (and 1 more)" if fails
                                   else None)
+
+
+def test_sizes_text_says_each_dimension_and_the_size_checks_in_one_line():
+    from aotpipe.format.records import CheckTotals, DimRecord, DimsRecord, SizeCheckRecord
+    from aotpipe.pipeline.results import sizes_text
+
+    def point(name, run, passed, problems=()):
+        return SizeCheckRecord(point=name, sizes={"batch": 1},
+                               checks=CheckTotals(run=run, passed=passed, failed=run - passed, skipped=0),
+                               problems=list(problems))
+
+    dims = DimsRecord(dims={"batch": DimRecord(min=1, max=16, example=2, status="dynamic"),
+                            "seq": DimRecord(min=8, max=None, example=16, status="dynamic")},
+                      checked=[point("min", 10, 10), point("max", 7, 6, ["x graph differs"]),
+                               SizeCheckRecord(point="random", sizes={"batch": 3})])
+    assert sizes_text(dims) == "batch 1..16, seq 8..inf dynamic; checked at min, max, random: 16/17, 1 PROBLEM(S)"
+    fixed = DimsRecord(dims={"batch": DimRecord(min=1, max=4, example=2, status="specialised", reason="fixed at m.py:3"),
+                             "seq": DimRecord(min=4, max=64, example=16, status="specialised", reason="by dynamo")})
+    assert sizes_text(fixed) == "batch fixed at m.py:3; seq by dynamo"
+    both = DimsRecord(dims={"batch": DimRecord(min=1, max=4, example=2, status="dynamic"),
+                            "seq": DimRecord(min=4, max=64, example=16, status="specialised", reason="fixed")},
+                      checked=[point("min", 3, 3)])
+    assert sizes_text(both) == "batch 1..4 dynamic; seq fixed; checked at min: 3/3"
+
+
+def test_a_named_dimension_left_static_is_said_with_its_reason_where_it_has_one():
+    from aotpipe.format.records import DimRecord, DimsRecord
+    from aotpipe.pipeline.results import static_named_dims
+
+    dims = DimsRecord(budget_bytes=1, dims={
+        "batch": DimRecord(min=1, max=4, example=2, status="specialised"),
+        "seq": DimRecord(min=4, max=64, example=16, status="specialised", reason="fixed at m.py:3"),
+        "x": DimRecord(min=1, max=4, example=2, status="dynamic")})
+    assert static_named_dims(dims) == ["dims: batch is static in every graph",
+                                       "dims: seq is static in every graph (fixed at m.py:3)"]
+
+
+def test_a_size_check_problem_is_why_it_failed_cut_at_300_characters(manifest):
+    from aotpipe.format.records import DimRecord, DimsRecord, SizeCheckRecord
+
+    dims = DimsRecord(budget_bytes=1, dims={"batch": DimRecord(min=1, max=4, example=2, status="dynamic")},
+                      checked=[SizeCheckRecord(point="max", sizes={"batch": 4}, problems=["p" * 400]),
+                               SizeCheckRecord(point="min", sizes={"batch": 1}, problems=["q"])])
+    m = changed(manifest, dims=dims)
+    first = "at max (batch=4): " + "p" * 400
+    assert why_failed(m) == first[:300] + " (and 1 more)"
+    assert len(why_failed(m)) == 300 + len(" (and 1 more)")
