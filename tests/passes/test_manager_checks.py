@@ -663,3 +663,32 @@ def test_a_left_out_pass_s_traceback_is_of_the_error_it_raised(mlp, monkeypatch)
                         strict=True):
         assert lo.traceback.startswith("Traceback (most recent call last):\n  File ")
         assert lo.traceback.splitlines()[-1] == last and "direct cause" not in lo.traceback
+
+
+def test_a_pass_layout_gets_the_base_graphs_symbols_where_it_is_dense_and_stays_static_where_not():
+    from types import SimpleNamespace
+
+    from aotpipe.format.ir import TensorMeta
+    from aotpipe.passes.manager import _kept_symbolic
+
+    f32, cpu = torch.float32, torch.device("cpu")
+    base = TensorMeta((2, 3, 4), (12, 4, 1), f32, cpu, sym_shape=("s0", 3, "s1"), sym_stride=("3*s1", "s1", 1))
+    symbols = {"s0": SimpleNamespace(example=2), "s1": SimpleNamespace(example=4)}
+    # a pass's channels-last-like layout at the example: the base's symbolic shape, strides in symbols
+    last = TensorMeta((2, 3, 4), (12, 1, 3), f32, cpu)
+    kept = _kept_symbolic(last, base, symbols)
+    assert kept == dataclasses.replace(last, sym_shape=("s0", 3, "s1"), sym_stride=("3*s1", 1, 3))
+    contiguous = TensorMeta((2, 3, 4), (12, 4, 1), f32, cpu)
+    assert _kept_symbolic(contiguous, base, symbols).sym_stride == ("s1*3", "s1", 1)
+    # not dense (a gap): left static, as the pass recorded it
+    gap = TensorMeta((2, 3, 4), (24, 4, 1), f32, cpu)
+    assert _kept_symbolic(gap, base, symbols) is gap
+    # nothing to take the symbols from, or nothing to give them to
+    assert _kept_symbolic(None, base, symbols) is None
+    assert _kept_symbolic(last, None, symbols) is last
+    static_base = dataclasses.replace(base, sym_shape=None, sym_stride=None)
+    assert _kept_symbolic(last, static_base, symbols) is last
+    already = dataclasses.replace(last, sym_shape=("s9", 3, 4), sym_stride=(12, 1, 3))
+    assert _kept_symbolic(already, base, symbols) is already
+    other = TensorMeta((2, 3, 5), (15, 1, 3), f32, cpu)
+    assert _kept_symbolic(other, base, symbols) is other
