@@ -728,15 +728,22 @@ def _views_to_reshapes(ep: torch.export.ExportedProgram) -> torch.export.Exporte
     copy where it is not, which only differs if something writes into the result in place:
     those views are kept.
     """
-    aten = torch.ops.aten
-    changed = False
-    for node in ep.graph_module.graph.nodes:
-        if node.op == "call_function" and node.target is aten.view.default and not _written_through(node):
-            node.target = aten.reshape.default
-            changed = True
-    if changed:
-        ep.graph_module.recompile()
+    _reshape_views(ep.graph_module, lambda node: True)
     return ep
+
+
+def _reshape_views(gm: torch.fx.GraphModule, applies: Callable[[torch.fx.Node], bool]) -> int:
+    """Each `aten.view` node of `gm` that `applies` picks and nothing writes through made an
+    `aten.reshape`; how many."""
+    changed = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default and applies(node) \
+                and not _written_through(node):
+            node.target = torch.ops.aten.reshape.default
+            changed += 1
+    if changed:
+        gm.recompile()
+    return changed
 
 
 def _note_reshaped_views(captured: dict[str, CapturedGraph], notes: list[str]) -> None:
@@ -759,17 +766,8 @@ def computed_views_to_reshapes(gm: torch.fx.GraphModule) -> int:
     runs, and the view after it then fails ("Cannot view a tensor with shape ... and strides").
     ``reshape`` is that view where one is possible and a copy where not. Views of the graph's
     inputs are kept: their strides are the recorded ones."""
-    aten = torch.ops.aten
-    changed = 0
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is aten.view.default and node.args \
-                and isinstance(node.args[0], torch.fx.Node) and node.args[0].op != "placeholder" \
-                and not _written_through(node):
-            node.target = aten.reshape.default
-            changed += 1
-    if changed:
-        gm.recompile()
-    return changed
+    return _reshape_views(gm, lambda node: bool(node.args) and isinstance(node.args[0], torch.fx.Node)
+                          and node.args[0].op != "placeholder")
 
 
 def _written_through(node: torch.fx.Node, depth: int = 0) -> bool:

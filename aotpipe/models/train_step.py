@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -63,8 +64,6 @@ def lr_schedule(spec: OptimizerSpec, steps: int) -> list[float] | None:
     them (set on its param group before each step, as the scheduler would have)."""
     if spec.scheduler is None:
         return None
-    import warnings
-
     opt = make_optimizer([torch.zeros(1, requires_grad=True)], spec)
     scheduler = getattr(torch.optim.lr_scheduler, spec.scheduler.info.cls)(opt, **spec.scheduler.args)
     rates = []
