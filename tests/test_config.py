@@ -22,7 +22,7 @@ from aotpipe.spec import DTYPES, ModelSpec, PassStep, Pipeline
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
-MODEL_KEYS = "name, source, args, config, inputs, forward_args, device, mode, graphs, passes, save_inputs, save_values, verify, loss, dims, optimizer, resources"
+MODEL_KEYS = "name, source, args, config, inputs, forward_args, device, mode, graphs, passes, save_inputs, save_values, verify, loss, dims, optimizer, resources, distributed"
 TOP_KEYS = "version, name, output, seed, executor, trusted_ops, defaults, models"
 INPUT_KEYS = "name, shape, dtype, low, high, requires_grad, data, key"
 

@@ -692,11 +692,49 @@ def _grid_sampler(a: dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _group(name: Any, size: Any = None) -> str | None:
+    """A collective's process group: one this process set up (torch.distributed's registry),
+    of `size` ranks where the node gives one (an all-gather allocates `size` times its input)."""
+    import torch.distributed as dist  # only a graph with collectives needs it
+
+    if not dist.is_available() or not dist.is_initialized():
+        return (f"it calls process group {name!r} and this process has none: a distributed rank's graph runs with its "
+                "peer ranks (aotpipe replay ART --ranks)")
+    try:
+        group = dist.distributed_c10d._resolve_process_group(name)
+    except (RuntimeError, ValueError, KeyError):
+        return f"process group {name!r} is not one this process set up (the ranks' mesh differs from the capture's)"
+    if size is not None and size != group.size():
+        return f"group_size {size!r} where process group {name!r} has {group.size()} ranks"
+    return None
+
+
+def _all_gather(a: dict[str, Any]) -> str | None:
+    return _group(a.get("group_name"), a.get("group_size"))
+
+
+def _reduce_scatter(a: dict[str, Any]) -> str | None:
+    x, n = a.get("input"), a.get("group_size")
+    problem = _group(a.get("group_name"), n)
+    if problem is None and isinstance(x, torch.Tensor) and isinstance(n, int) and (x.dim() == 0 or x.shape[0] % n):
+        return f"input {_described(x)} does not split into {n} equal parts on its first dimension"
+    return problem
+
+
+def _all_reduce(a: dict[str, Any]) -> str | None:
+    return _group(a.get("group_name"))
+
+
+_collectives = torch.ops._c10d_functional
+
 # The op -> its check. Ops whose output size a value decides are here too: the precheck
 # bounds them by the limit these checks enforce (aotpipe/artifact/precheck.py).
 CHECKS: dict[Any, Callable[[dict[str, Any]], Optional[str]]] = {
     aten.max_pool2d_with_indices_backward.default: _pool_backward(2),
     aten.max_pool3d_with_indices_backward.default: _pool_backward(3),
+    _collectives.all_gather_into_tensor.default: _all_gather,
+    _collectives.reduce_scatter_tensor.default: _reduce_scatter,
+    _collectives.all_reduce.default: _all_reduce,
     aten.adaptive_max_pool2d_backward.default: _pool_backward(2),
     aten.adaptive_max_pool3d_backward.default: _pool_backward(3),
     aten.embedding_dense_backward.default: _embedding_dense_backward,

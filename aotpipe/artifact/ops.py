@@ -26,6 +26,11 @@ it. What is allowed is what aotpipe's own capture and passes emit:
   one, on dense tensors only (no op that builds or reorders into an mkldnn-layout tensor),
   each string argument held to the values listed in :data:`STRING_ARG_VALUES`;
 
+- the functional collectives of distributed ranks' graphs (:data:`COLLECTIVES`: all-gather,
+  reduce-scatter, all-reduce and their wait), in checked forms: the process group a node names
+  must be one the replaying process set up, of the size the node says, and the reduction one
+  of :data:`STRING_ARG_VALUES`' few;
+
 minus, whatever the rules above admit, every op that builds sparse, nested or mkldnn
 tensors, resizes a tensor, touches storages or files, or changes process-wide state
 (:data:`DENIED`), and every op with an argument that is a free string (a path, code) or a
@@ -54,7 +59,7 @@ import torch
 from aotpipe.format.records import library_namespace_problem
 from aotpipe.errors import ArtifactError
 
-ALLOWED_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn")
+ALLOWED_NAMESPACES = ("aten", "prims", "rngprims", "mkldnn", "_c10d_functional")
 
 # Python int arithmetic and comparisons export leaves on data-dependent sizes (``u0 + u1``: a
 # nonzero's count plus another, JetMoE's expert routing; SAM3's ``sym_max``; BLT's ``u0 == u1 or
@@ -137,6 +142,16 @@ PRIMS = frozenset({
 # into a blocked mkldnn tensor: that layout cannot be stored, nor checked.
 MKLDNN = frozenset({"mkldnn._convolution_pointwise.default", "mkldnn._convolution_pointwise.binary"})
 
+# The functional collectives of a distributed rank's graphs (capture/distributed.py): functional
+# (each returns a new tensor), run in checked forms (checked.py: the group must be one this
+# process set up, of the size the graph gives). reduce_op is held to listed values, group_name
+# (a process group's name: a registry key, not a path) to :data:`GROUP_NAME`.
+COLLECTIVES = frozenset({"_c10d_functional.all_gather_into_tensor.default",
+                         "_c10d_functional.reduce_scatter_tensor.default",
+                         "_c10d_functional.all_reduce.default", "_c10d_functional.wait_tensor.default"})
+GROUP_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max"})
+
 # Ops whose string arguments are checked value by value: {argument: allowed values}. The
 # oneDNN post-ops of torch's own mkldnn fusion; "sum" (which accumulates into the residual
 # in place) is left out.
@@ -148,6 +163,8 @@ STRING_ARG_VALUES: dict[str, dict[str, frozenset]] = {
         "binary_attr": frozenset({"add", "sub", "mul", "div"}),
         "unary_attr": _UNARY, "unary_algorithm": frozenset({"none", "tanh", ""}),
     },
+    "_c10d_functional.reduce_scatter_tensor.default": {"reduce_op": _REDUCE_OPS},
+    "_c10d_functional.all_reduce.default": {"reduce_op": _REDUCE_OPS},
 }
 
 # Categories refused whatever the rules above admit (core ATen includes resize_, for one),
@@ -229,6 +246,8 @@ def _admitted(ns: str, op: str, overload: str, target: torch._ops.OpOverload) ->
     """Whether the allow rules (before DENIED and the argument checks) admit the op."""
     if ns == "mkldnn":
         return f"{ns}.{op}.{overload}" in MKLDNN
+    if ns == "_c10d_functional":
+        return f"{ns}.{op}.{overload}" in COLLECTIVES
     if ns != "aten":
         return f"{ns}.{op}.{overload}" in PRIMS
     if not target._schema.is_mutable:
@@ -241,9 +260,10 @@ def _admitted(ns: str, op: str, overload: str, target: torch._ops.OpOverload) ->
 
 def _argument_problem(target: torch._ops.OpOverload) -> Optional[str]:
     checked = STRING_ARG_VALUES.get(op_name(target) or "", {})
+    collective = op_name(target) in COLLECTIVES
     for a in target._schema.arguments:
-        if a.name in checked:
-            continue  # a string held to listed values, node by node (check_string_args)
+        if a.name in checked or (collective and a.name == "group_name"):
+            continue  # a string held to listed values (or a group's name form), node by node (check_string_args)
         if a.is_out:  # core ATen tags one (atan2.out)
             return "it writes, and may resize, an out= tensor"
         t = str(a.type)
@@ -370,7 +390,16 @@ def allowed_ops() -> list[str]:
 def check_string_args(fn: Any, args: list, kwargs: dict, where: str) -> None:
     """An op whose string arguments are held to listed values (STRING_ARG_VALUES): each
     such argument, positional or keyword, must be one of them (or None where optional)."""
-    allowed = STRING_ARG_VALUES.get(op_name(fn) or "") if isinstance(fn, torch._ops.OpOverload) else None
+    name = op_name(fn) if isinstance(fn, torch._ops.OpOverload) else None
+    if name in COLLECTIVES:
+        names = [a.name for a in fn._schema.arguments]
+        if "group_name" in names:
+            i = names.index("group_name")
+            value = args[i] if i < len(args) else kwargs.get("group_name")
+            if not isinstance(value, str) or not GROUP_NAME.match(value):
+                raise ArtifactError(f"{where}: group_name={str(value)[:40]!r} is not a process group's name for "
+                                    f"{name} (letters, digits and _.:- only, at most 64)")
+    allowed = STRING_ARG_VALUES.get(name or "")
     if not allowed:
         return
     for i, a in enumerate(fn._schema.arguments):

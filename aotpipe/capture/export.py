@@ -858,12 +858,14 @@ def _inference_graph(
     return CapturedGraph(GraphKind.INFERENCE, gm, inputs, outputs)
 
 
-def _lift_constants_to_buffers(gm: torch.fx.GraphModule) -> set[str]:
+def _lift_constants_to_buffers(gm: torch.nn.Module) -> set[str]:
     """Register plain tensor attributes as non-persistent buffers; returns their names.
 
     AOTAutograd fakeifies parameters and buffers only; a plain tensor attribute (a lifted
     constant after torch.export) would meet fake tensors as a real one and fail.
     """
+    if not isinstance(gm, torch.fx.GraphModule):  # a module of its own (a distributed rank's): no get_attr nodes
+        return set()
     known = set(dict(gm.named_parameters())) | set(dict(gm.named_buffers()))
     lifted = set()
     for node in gm.graph.nodes:

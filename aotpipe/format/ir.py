@@ -211,6 +211,8 @@ class CapturedGraphs:
     static_sizes: str | None = None
     # A train_step's warm start (models.train_step.StepStart): what its checks run eager steps from.
     step_start: Any = None
+    # One rank of a parallel world (records.DistributedRecord): the manifest's `distributed`.
+    distributed: Any = None
 
     @property
     def partial(self) -> bool:

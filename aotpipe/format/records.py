@@ -759,6 +759,56 @@ class DimsRecord(Record):
     budget_bytes: Count | None = None
 
 
+class GroupRecord(Record):
+    """One process group a distributed rank's graphs call (manifest `distributed.groups`, by the
+    name the graphs' collectives give it): its mesh dimension and its ranks."""
+
+    dim: Identifier
+    ranks: list[Count]
+
+
+class ParamShardRecord(Record):
+    """One parameter's shard on a distributed rank: the whole parameter's shape, the rank's
+    local piece (shape and offset into the whole) and the placement on each mesh dimension
+    (Shard(0), Replicate(), StridedShard(0, split_factor=2): DTensor's words)."""
+
+    shape: list[Count]
+    local_shape: list[Count]
+    offset: list[Count]
+    placements: list[Annotated[str, StringConstraints(max_length=64)]]
+
+
+class CollectiveRecord(Record):
+    """One collective of a distributed rank's graph: where it is, its op, its group and the bytes
+    its output holds on this rank."""
+
+    graph: str
+    node: str
+    op: Identifier
+    group: Annotated[str, StringConstraints(max_length=64)]
+    dim: Identifier
+    bytes: Count
+
+
+class DistributedRecord(Record):
+    """manifest.json `distributed` (version 4): the model captured as one rank of a parallel
+    world (spec/distributed.py): the world, the mesh, this rank's place, its groups, its shards
+    and batch slice, and every collective its graphs hold. Each rank is an artefact of its own,
+    `<model>.rank<r>` beside the others."""
+
+    world_size: Annotated[int, Field(ge=2)]
+    strategy: Identifier | Literal["fsdp2+tp", "ddp+tp"]
+    mesh: list[Annotated[int, Field(ge=1)]]
+    mesh_dims: list[Identifier]
+    rank: Count
+    coords: dict[Identifier, Count]
+    groups: dict[Annotated[str, StringConstraints(max_length=64)], GroupRecord]
+    shards: dict[str, ParamShardRecord]
+    batch: list[Count] | None = None  # [offset, size, whole] of the rank's slice of the batch (data parallel)
+    tensor_parallel: list[str] = []  # the module paths tensor parallelism split
+    collectives: list[CollectiveRecord] = []
+
+
 class Manifest(Record):
     """manifest.json: what a model folder holds, how it was made, and every file's sha256."""
 
@@ -780,6 +830,7 @@ class Manifest(Record):
     checks: CheckTotals | None = None  # version 2
     environment: Environment | None = None  # version 3
     dims: DimsRecord | None = None  # version 4: a shape-polymorphic capture's dimensions and size checks
+    distributed: DistributedRecord | None = None  # version 4: one rank of a parallel world
     files: Annotated[dict[str, Sha256], FailFast]
 
     def pass_chains(self) -> dict[str, list[PassRecord]]:

@@ -41,6 +41,7 @@ from aotpipe.spec import (  # noqa: F401 (inputs_data's checks, beside)
     path_problem,
     source_import_path,
 )
+from aotpipe.spec.distributed import MESH_DIMS, DistributedSpec
 from aotpipe.spec.modes import CAPTURE_MODES
 from aotpipe.spec.optim import OptimizerSpec
 
@@ -135,6 +136,10 @@ class ModelEntry(Strict):
         "before capture, default 1)")
     resources: ResourceSpec | None = Field(
         None, description="this model's own CPUs, GPUs, memory and time limit (override the executor's)")
+    distributed: DistributedSpec | None = Field(
+        None, description="capture the model as every rank of a parallel world on one machine: {world_size: 4, "
+        "strategy: fsdp2} (ddp, fsdp2, tp, fsdp2+tp, ddp+tp; the 2-D ones with mesh: [dp, tp]; tp_plan: module "
+        "pattern -> colwise | rowwise): each rank's graphs with their collectives, checked together over gloo")
 
     @field_validator("name")
     @classmethod
@@ -466,6 +471,7 @@ def parse_pipeline(
     problems.extend(_check_field_combinations(path, lines, data))
     problems.extend(_dims_problems(path, lines, data))
     problems.extend(_train_step_problems(path, lines, data))
+    problems.extend(_distributed_problems(path, lines, data))
     chain_problems, chains = _pass_chains(path, lines, data)
     problems.extend(chain_problems)
     resolved = None
@@ -785,6 +791,50 @@ def _pass_chains(path: str, lines: dict[tuple, int], data: RawYaml) -> tuple[lis
     return problems, chains
 
 
+def _distributed_problems(path: str, lines: dict[tuple, int], data: RawYaml) -> list[Problem]:
+    """A distributed model is captured by AOTAutograd on the ranks' mesh (mode export or auto),
+    at static sizes, with no pass chain and no train_step yet, on the CPU; and a
+    data-parallel strategy's batch divides over the data-parallel ranks."""
+    problems = []
+    defaults: RawYaml
+    m: RawYaml
+    defaults, models = _raw_models(data)
+    for i, m in models:
+        d = m.get("distributed")
+        if not isinstance(d, dict):
+            continue
+        where, line = f"models[{i}].distributed", _line_for(lines, ("models", i, "distributed"))
+        mode = m.get("mode", defaults.get("mode", "auto"))
+        if mode in ("dynamo", "meta"):
+            problems.append(Problem(path, line, where, f"a distributed model's ranks are traced by AOTAutograd on "
+                                    f"their mesh, which mode {mode} does not do; use mode export or auto"))
+        auto, declared = _declared_dims(defaults, m)
+        if auto or declared:
+            problems.append(Problem(path, line, where, "a distributed model is captured at the example sizes "
+                                    "only; remove dims for this model"))
+        graphs = m.get("graphs", defaults.get("graphs"))
+        if isinstance(graphs, list) and "train_step" in graphs:
+            problems.append(Problem(path, line, where, "train_step is not captured for distributed models yet; "
+                                    "leave train_step out of graphs"))
+        if m.get("passes", defaults.get("passes")):
+            problems.append(Problem(path, line, where, "passes are not applied to distributed graphs yet (they "
+                                    "would reorder collectives unchecked); set passes: [] for this model"))
+        if m.get("device", "cpu") != "cpu":
+            problems.append(Problem(path, line, where, "distributed capture runs on the CPU (a fake process group, "
+                                    "checked over gloo); remove device"))
+        strategy, mesh, world = d.get("strategy"), d.get("mesh"), d.get("world_size")
+        if isinstance(strategy, str) and "dp" in MESH_DIMS.get(strategy, ()) and isinstance(world, int):
+            dp = mesh[0] if isinstance(mesh, list) and mesh and isinstance(mesh[0], int) else world
+            for j, inp in enumerate(m.get("inputs") or []):
+                shape = inp.get("shape") if isinstance(inp, dict) else None
+                if isinstance(shape, list) and shape and isinstance(shape[0], int) and dp > 0 and shape[0] % dp:
+                    problems.append(Problem(
+                        path, _line_for(lines, ("models", i, "inputs", j, "shape")), f"models[{i}].inputs[{j}].shape",
+                        f"strategy {strategy} splits the batch (the first dimension, {shape[0]}) over {dp} "
+                        f"data-parallel ranks, which does not divide it; make it a multiple of {dp}"))
+    return problems
+
+
 def _source_problems(path: str, sources: list[tuple[int, int | None, str]],
                      base_dir: Path | None) -> list[Problem]:
     """Problems of (index, line, source) entries whose source does not resolve (imports them)."""
@@ -882,6 +932,7 @@ def _resolve(f: PipelineFile, path: str, chains: dict[tuple, list[PassStep]],
                 resources=m.resources,
                 forward_args=m.forward_args or {},
                 device=m.device if m.device != "cpu" else None,
+                distributed=m.distributed,
             )
         )
     return Pipeline(name=f.name, path=path, output=f.output, seed=f.seed, executor=f.executor, models=models,

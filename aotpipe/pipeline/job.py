@@ -31,6 +31,7 @@ from aotpipe.format.vocabulary import STAGES as VOCABULARY_STAGES
 from aotpipe.format.vocabulary import GraphKind, ModelStatus, Stage
 from aotpipe.pipeline.incremental import model_fingerprint, skipped_result, up_to_date
 from aotpipe.pipeline.results import (
+    CheckSummary,
     GraphSummary,
     ModelResult,
     checks_summary,
@@ -599,6 +600,9 @@ def _half_main(receive: Any, send: Any) -> None:
 def _run(job: ModelJob) -> None:
     """The stages; for mode auto, again with dynamo where export lost a custom backward."""
     result = job.result
+    if job.spec.distributed is not None:
+        _run_distributed(job)
+        return
     _run_stages(job)
     lost = _lost_custom_backwards(job)
     if lost and job.spec.mode == "auto":  # what auto does when export's capture fails: dynamo
@@ -617,6 +621,75 @@ def _run(job: ModelJob) -> None:
     elif lost:
         result.error = f"{result.error}; why: {_LOST_BACKWARD.format(names=', '.join(lost))}: capture with " \
                        "mode: dynamo (or auto), which keeps it"
+
+
+def _run_distributed(job: ModelJob) -> None:
+    """A distributed model (spec/distributed.py): every rank captured in turn on torch's fake
+    process group (capture/distributed.py) and written as ``<name>.rank<r>``; then all ranks
+    run together over gloo and are held to the eager model (checks/distributed.py) before
+    any of them is put in place."""
+    import torch.utils._pytree as pytree  # torch: only in the process that runs the job
+
+    from aotpipe.artifact.writer import CheckOutcome, staged_model  # torch
+    from aotpipe.capture.binding import graph_inputs  # torch
+    from aotpipe.capture.distributed import capture_rank  # torch
+    from aotpipe.checks.distributed import check_ranks  # torch
+    from aotpipe.trust.signing import signer  # cryptography
+
+    spec, result = job.spec, job.result
+    world = spec.distributed
+    assert world is not None
+    job.at(Stage.SOURCE)
+    _source(job)
+    job.at(Stage.CAPTURE)
+    names = [inp.name or f"arg{i}" for i, inp in enumerate(spec.inputs)]
+    ranges = {n: (int(inp.low or 0), int(inp.high if inp.high is not None else 2))
+              for n, inp in zip(names, spec.inputs, strict=True) if inp.is_integer}
+    t0 = time.perf_counter()
+    ranks = [capture_rank(job.built_model(), job.args, job.kwargs, spec=world, rank=r, name=f"{spec.name}.rank{r}",
+                          graphs=tuple(spec.graphs), input_names=tuple(names), int_ranges=ranges, loss=spec.loss)
+             for r in range(world.world_size)]
+    result.capture_seconds = time.perf_counter() - t0
+    result.notes = [name_files_in(n) for n in ranks[0].captured.notes]
+    job.at(Stage.WRITE)
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        staged = {}
+        for rc in ranks:
+            user = dict(zip(rc.captured.user_inputs, pytree.tree_leaves((rc.args, rc.kwargs)), strict=False))
+            inputs = graph_inputs(rc.captured, rc.state, user, with_backward=spec.save_values == "full")
+            staged[rc.record.rank] = stack.enter_context(staged_model(
+                job.out_dir, rc.captured, model_record={**spec.to_json(), "name": rc.captured.model},
+                fingerprint=job.fingerprint, inputs=inputs, save_values=spec.save_values))
+        checked = None
+        if spec.verify:
+            job.at(Stage.VERIFY)
+            checked = check_ranks({r: st.folder for r, st in staged.items()}, {rc.record.rank: rc.record for rc in ranks},
+                                  job.built_model(), job.args, job.kwargs, spec.loss)
+            result.checks_seconds = checked.seconds
+            job.at(Stage.WRITE)
+        sign = signer(job.key) if job.key is not None else None
+        written = {r: st.finish(CheckOutcome(verification={"ranks": checked.entries[r]},
+                                             checks=checked.totals.get(r)) if checked else None, sign=sign)
+                   for r, st in staged.items()}
+    result.write_seconds = time.perf_counter() - t0 - result.checks_seconds
+    first = written[0]
+    result.graphs = [GraphSummary(kind=g.kind, folder=g.folder, nodes=g.nodes, inputs=g.num_inputs,
+                                  outputs=g.num_outputs) for g in first.graphs]
+    result.bytes = sum(w.bytes for w in written.values())
+    result.files = sum(w.files for w in written.values())
+    collectives = sum(len(rc.record.collectives) for rc in ranks)
+    result.notes.append(f"written as {world.world_size} artefacts, one per rank: {spec.name}.rank0 ... "
+                        f"{spec.name}.rank{world.world_size - 1} ({collectives} collectives in all; graphs listed here: "
+                        "rank 0's)")
+    result.status = ModelStatus.OK
+    if checked is not None:
+        totals = list(checked.totals.values())
+        result.checks = CheckSummary(run=sum(t.run for t in totals), passed=sum(t.passed for t in totals),
+                                     failed=sum(t.failed for t in totals), skipped=sum(t.skipped for t in totals))
+    if checked is not None and checked.problems:
+        result.status, result.stage = ModelStatus.FAILED, Stage.VERIFY
+        result.error = "; ".join(checked.problems[:3])
 
 
 # Python's cyclic garbage collector, as a job paces it (gc.set_threshold): a young collection

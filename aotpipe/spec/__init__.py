@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from aotpipe.format.vocabulary import KindField
+from aotpipe.spec.distributed import DistributedSpec
 from aotpipe.spec.optim import OptimizerSpec
 
 Mode = Literal["export", "dynamo", "meta", "auto"]
@@ -324,6 +325,8 @@ class ModelSpec(Strict):
     auto_dims: bool = False
     # Where and with what it runs; not part of what it produces (nor of its fingerprint).
     resources: ResourceSpec | None = None
+    # The parallel world the graphs are captured in, one artefact per rank (spec/distributed.py).
+    distributed: DistributedSpec | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The spec as plain JSON data (for manifests and the fingerprint): what decides the artefact.
@@ -341,6 +344,8 @@ class ModelSpec(Strict):
             exclude["dims"] = True
         if not self.auto_dims:
             exclude["auto_dims"] = True
+        if self.distributed is None:
+            exclude["distributed"] = True
         if self.optimizer is None:
             exclude["optimizer"] = True
         elif self.optimizer.scheduler is None:

@@ -473,3 +473,67 @@ def test_a_new_finding_of_the_precheck_makes_a_new_twin():
     gm.meta[checked.RUN_CHECKED_ALLOCS] = {"n0": 8}
     third = checked.checked_twin(gm, "m/graph.json")
     assert third is not second and checked.checked_twin(gm, "m/graph.json") is third
+
+
+# ---------------------------------------------------------------------------------------
+# collectives: the group must be one this process set up, of the size the node says
+
+
+C10D = torch.ops._c10d_functional
+
+
+def test_a_collective_in_a_process_without_a_process_group_says_it_needs_its_peers(reached):
+    import torch.distributed as dist  # the process-group state these tests set up and tear down
+
+    assert not dist.is_initialized()
+    why = refused(C10D.all_reduce.default, torch.ones(2), "sum", "0")
+    assert why == ("it calls process group '0' and this process has none: a distributed rank's graph runs with "
+                   "its peer ranks (aotpipe replay ART --ranks)")
+    assert reached == []
+
+
+@pytest.fixture()
+def world(monkeypatch):
+    """This process as rank 0 of a world of 2 on torch's fake process group (its group '0')."""
+    import torch.distributed as dist  # the process-group state these tests set up and tear down
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the fake backend
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        yield dist.group.WORLD.group_name
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_collective_on_a_group_of_the_size_it_says_reaches_the_kernel(world, reached):
+    x = torch.ones(4, 3)
+    assert run(C10D.all_reduce.default, x, "sum", world) == "ran"
+    assert run(C10D.all_gather_into_tensor.default, x, 2, world) == "ran"
+    assert run(C10D.reduce_scatter_tensor.default, x, "sum", 2, world) == "ran"
+    assert len(reached) == 3
+
+
+def test_a_collective_on_a_group_this_process_has_not_is_refused(world, reached):
+    why = refused(C10D.all_reduce.default, torch.ones(2), "sum", "99")
+    assert why == "process group '99' is not one this process set up (the ranks' mesh differs from the capture's)"
+    assert reached == []
+
+
+@pytest.mark.parametrize("size", [1, 3, 1 << 40])
+def test_a_group_size_other_than_the_groups_is_refused(world, reached, size):
+    for op, args in ((C10D.all_gather_into_tensor.default, (torch.ones(4, 3), size, world)),
+                     (C10D.reduce_scatter_tensor.default, (torch.ones(4, 3), "sum", size, world))):
+        assert refused(op, *args) == f"group_size {size} where process group {world!r} has 2 ranks"
+    assert reached == []
+
+
+@pytest.mark.parametrize("rows, ok", [(4, True), (2, True), (3, False), (0, True)])
+def test_a_reduce_scatter_input_must_split_into_the_groups_parts(world, reached, rows, ok):
+    x = torch.ones(rows, 3)
+    if ok:
+        assert run(C10D.reduce_scatter_tensor.default, x, "sum", 2, world) == "ran"
+    else:
+        assert refused(C10D.reduce_scatter_tensor.default, x, "sum", 2, world) == \
+            f"input torch.float32 [{rows}, 3] does not split into 2 equal parts on its first dimension"
+    zero_dim = refused(C10D.reduce_scatter_tensor.default, torch.tensor(1.0), "sum", 2, world)
+    assert zero_dim.endswith("does not split into 2 equal parts on its first dimension")

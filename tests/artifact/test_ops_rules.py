@@ -35,6 +35,8 @@ def refused(name, trusted=frozenset()):
     ("mkldnn._convolution_pointwise.default", torch.ops.mkldnn._convolution_pointwise.default),  # one of MKLDNN
     ("aten.div.Tensor_mode", aten.div.Tensor_mode),  # a string argument that names a choice
     ("aten._assert_async.msg", aten._assert_async.msg),
+    ("_c10d_functional.reduce_scatter_tensor.default", torch.ops._c10d_functional.reduce_scatter_tensor.default),
+    ("_c10d_functional.wait_tensor.default", torch.ops._c10d_functional.wait_tensor.default),  # one of COLLECTIVES
 ])
 def test_an_op_inside_a_rule_resolves_to_itself(name, op):
     assert resolve_op(name) is op
@@ -48,6 +50,8 @@ def test_an_op_inside_a_rule_resolves_to_itself(name, op):
     ("aten.relu_.default_x", None),  # no such overload
     ("prims.add.default", NOT_LISTED),  # a prim, not one of PRIMS
     ("mkldnn._convolution_transpose_pointwise.default", None),  # an mkldnn op, not one of MKLDNN
+    ("_c10d_functional.broadcast.default", None),  # a collective, not one of COLLECTIVES
+    ("_c10d_functional.all_reduce_.default", None),  # in place: not one of COLLECTIVES
     ("aten.resize_.default", "which is not allowed: it resizes a tensor in place"),
     ("aten.to_sparse.default", "which is not allowed: it builds or reads sparse, nested or mkldnn tensors"),
     ("aten._scaled_dot_product_flash_attention.quantized", "which is not allowed: it is specific to quantized "
@@ -79,7 +83,7 @@ def test_a_name_that_is_not_an_op_name_is_refused(name):
     msg = refused(name)
     assert msg in (f"graph.json names {name!r}, which is not a valid op name",
                    f"graph.json names {name!r}, which is not an op in an allowed namespace (aten, prims, rngprims, "
-                   f"mkldnn) nor one of {', '.join(ops.PYTHON_CALLABLES)}; refusing to load it"), msg
+                   f"mkldnn, _c10d_functional) nor one of {', '.join(ops.PYTHON_CALLABLES)}; refusing to load it"), msg
     if name.count(".") == 2:
         assert msg.endswith("which is not a valid op name")
 
@@ -87,7 +91,7 @@ def test_a_name_that_is_not_an_op_name_is_refused(name):
 def test_a_python_callable_outside_the_list_is_refused_naming_what_is_allowed():
     msg = refused("torch.manual_seed")
     assert msg.startswith("graph.json names 'torch.manual_seed', which is not an op in an allowed namespace (aten, "
-                          "prims, rngprims, mkldnn) nor one of operator.getitem, operator.add, ") and \
+                          "prims, rngprims, mkldnn, _c10d_functional) nor one of operator.getitem, operator.add, ") and \
         msg.endswith("; refusing to load it"), msg
 
 
@@ -339,3 +343,50 @@ def test_keyword_arguments_must_be_the_ops_own():
     with pytest.raises(ArtifactError) as e:
         ops.check_kwargs(aten.add.Tensor, [("alpha", 2)], "node 'a'")
     assert str(e.value) == "node 'a': kwargs must be an object"
+
+
+# ---------------------------------------------------------------------------------------
+# the collectives: their reduction held to listed values, their group to a group's name form
+
+C10D = torch.ops._c10d_functional
+
+
+def test_every_collective_the_list_names_resolves_and_takes_a_group_name():
+    for name in ops.COLLECTIVES:
+        op = resolve_op(name)
+        assert op_name(op) == name and ops._argument_problem(op) is None
+    # a group_name argument is Any-typed: outside the collectives it makes an op unsafe
+    assert "group_name" in [a.name for a in C10D.all_reduce.default._schema.arguments]
+
+
+@pytest.mark.parametrize("value, ok", [("0", True), ("12", True), ("a_b.c:d-e", True), ("x" * 64, True),
+                                       ("x" * 65, False), ("", False), ("../g", False), ("a b", False), (3, False),
+                                       (None, False)])
+def test_a_collectives_group_is_a_group_name_and_nothing_else(value, ok):
+    op = C10D.all_reduce.default
+    if ok:
+        ops.check_string_args(op, [None, "sum", value], {}, "g: node 'n'")
+    else:
+        with pytest.raises(ArtifactError, match=r"^g: node 'n': group_name=.* is not a process group's name for "
+                                                r"_c10d_functional.all_reduce.default"):
+            ops.check_string_args(op, [None, "sum", value], {}, "g: node 'n'")
+    # by keyword too
+    if not ok:
+        with pytest.raises(ArtifactError):
+            ops.check_string_args(C10D.all_gather_into_tensor.default, [None, 2], {"group_name": value}, "w")
+
+
+@pytest.mark.parametrize("reduce_op, ok", [("sum", True), ("avg", True), ("max", True), ("xor", False),
+                                           ("SUM", False)])
+def test_a_collectives_reduction_is_one_of_the_listed(reduce_op, ok):
+    for op, args in ((C10D.all_reduce.default, [None, reduce_op, "0"]),
+                     (C10D.reduce_scatter_tensor.default, [None, reduce_op, 2, "0"])):
+        if ok:
+            ops.check_string_args(op, args, {}, "w")
+        else:
+            with pytest.raises(ArtifactError, match=f"reduce_op='{reduce_op}' is not allowed"):
+                ops.check_string_args(op, args, {}, "w")
+
+
+def test_a_group_name_of_an_op_that_is_no_collective_is_not_checked_as_one():
+    ops.check_string_args(aten.div.Tensor_mode, [None, None, "floor"], {}, "w")  # no group_name: nothing raised

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from aotpipe.cli import main
 from tests.helpers.forge import reseal
+from tests.helpers.replays import replayed
 
 TINY = Path(__file__).resolve().parent.parent / "data" / "precheck_tiny" / "mlp"
 X = {"node": "x"}  # float32[2, 8]: a storage of 64 bytes
@@ -49,7 +50,7 @@ def one_line_refusal(r, folder):
 def test_replay_at_exactly_the_peak_of_inputs_weights_and_intermediates_runs(tiny):
     # weights 848 bytes + x 64, then addmm (128) and relu (128) alive together
     r = replay(tiny, "--max-bytes", 1168)
-    assert r.exit_code == 0 and "inference  match" in r.output, r.output
+    assert replayed(r), r.output
 
 
 def test_replay_one_byte_under_the_peak_is_refused_in_one_line_naming_the_fix(tiny):
@@ -62,7 +63,7 @@ def test_replay_one_byte_under_the_peak_is_refused_in_one_line_naming_the_fix(ti
 def test_replay_of_a_view_that_ends_at_its_storages_end_runs(tiny):
     add_nodes(tiny, [("far", "aten.as_strided.default", [X, [2, 8], [8, 1], 0], {})])
     r = replay(tiny)
-    assert r.exit_code == 0 and "inference  match" in r.output, r.output
+    assert replayed(r), r.output
 
 
 def test_replay_of_a_view_one_element_past_its_storage_by_its_offset_is_refused(tiny):
@@ -77,7 +78,7 @@ def test_replay_holds_one_tensor_to_the_per_tensor_limit_set_in_the_environment(
     add_nodes(tiny, [("z", "aten.arange.start_step", [0, n, 1], {"dtype": {"dtype": "float32"}})])
     r = replay(tiny, env={"AOTPIPE_MAX_TENSOR_BYTES": "600"})  # the largest weight: 512 bytes
     if not refused:
-        assert r.exit_code == 0 and "inference  match" in r.output, r.output
+        assert replayed(r), r.output
         return
     out = one_line_refusal(r, tiny)
     assert "node 'z' (aten.arange.start_step) makes a float32[151] tensor, which needs 604 bytes, over the limit " \

@@ -11,6 +11,8 @@ sums of sampled elements, "unverified" with that reason, its sums within float n
 
 from __future__ import annotations
 
+from typing import Any
+
 from aotpipe.runtime.determinism import unrecorded_cpu
 
 
@@ -30,3 +32,12 @@ def assert_match_or_close_for_want_of_a_recorded_cpu(results, recorded_environme
             assert r.environment == [why] and r.bit_identical is False and not r.ok, (r.kind, r.environment)
             assert r.mismatches and all("sampled sums are within float noise" in m for m in r.mismatches), \
                 r.mismatches
+
+
+def replayed(r: Any) -> bool:
+    """`aotpipe replay`'s CLI result `r` says the inference graph ran and gave its recorded
+    outputs: "match" on the CPU model that recorded the artefact (tests/data's fixtures were
+    recorded on one), "close (other CPU model: ...)" and bit-identical on another."""
+    first = r.output.splitlines()[0] if r.output else ""
+    return r.exit_code == 0 and (first.startswith("inference  match") or (
+        first.startswith("inference  close (other CPU model: ") and "bit-identical" in first))

@@ -120,3 +120,47 @@ def test_a_model_folder_left_empty_is_named_by_its_missing_manifest(tree):
     assert r.output.splitlines()[1:] == [
         "1 of 2 models not ok:",
         f"  mlp: unreadable: {tree / 'mlp' / 'manifest.json'}: missing (an incomplete artefact: run the pipeline again)"]
+
+
+def _as_rank(root, source, name, rank, world=2):
+    """A copy of the model folder `source` as rank `rank` of the distributed model `name`: its
+    manifest given a `distributed` record and sealed again (artifact/manifest.seal)."""
+    from aotpipe.artifact.manifest import seal
+
+    folder = root / f"{name}.rank{rank}"
+    shutil.copytree(root / source, folder)
+    data = json.loads((folder / "manifest.json").read_text())
+    data["distributed"] = {"world_size": world, "strategy": "fsdp2", "mesh": [world], "mesh_dims": ["dp"],
+                           "rank": rank, "coords": {"dp": rank}, "groups": {"0": {"dim": "dp", "ranks": [0, 1]}},
+                           "shards": {}}
+    data["model"]["name"] = folder.name  # as the distributed job writes it
+    (folder / "manifest.json").write_bytes(seal(data))
+    return folder
+
+
+def test_a_distributed_models_ranks_are_its_rows_not_a_missing_artefact(tmp_path):
+    from aotpipe.artifact.manifest import seal
+
+    root = copy_tree(tmp_path)
+    _as_rank(root, "mlp", "d", 0)
+    _as_rank(root, "mlp", "d", 1)
+    _as_rank(root, "mlp", "e", 1)  # no rank 0: not taken for e's ranks
+    write_run(root, [entry("mlp"), entry("running_norm"), entry("d"), entry("e")])
+    r = cli("report", root)
+    assert r.exit_code == 0, r.output
+    html = (root / "report.html").read_text()
+    names = [name for _, name, _ in rows(html)]
+    assert names.count("d.rank0") == 1 and names.count("d.rank1") == 1 and "d" not in names
+    assert "d: unreadable" not in r.output and "run.json lists d as ok, but its artefact is not there" not in html
+    # e's one folder is rank 1 alone: e is missing, and e.rank1 is a folder run.json does not list
+    assert "run.json lists e as ok, but its artefact is not there" in html
+    assert "e.rank1" in names
+    # a folder named like a rank whose manifest is no rank is not one
+    shutil.copytree(root / "mlp", root / "f.rank0")
+    data = json.loads((root / "f.rank0" / "manifest.json").read_text())
+    data["model"]["name"] = "f.rank0"
+    (root / "f.rank0" / "manifest.json").write_bytes(seal(data))
+    write_run(root, [entry("mlp"), entry("running_norm"), entry("d"), entry("f")])
+    assert cli("report", root).exit_code == 0
+    html = (root / "report.html").read_text()
+    assert "run.json lists f as ok, but its artefact is not there" in html

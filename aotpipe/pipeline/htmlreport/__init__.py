@@ -273,6 +273,16 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
     return row
 
 
+def _rank_views(name: str, by_name: dict[str, ModelView]) -> list[ModelView]:
+    """The rank artefacts of the distributed model `name` (`<name>.rank0`, `<name>.rank1`, ...),
+    in rank order: those whose manifest says they are a rank."""
+    out = []
+    while (v := by_name.get(f"{name}.rank{len(out)}")) is not None and v.manifest is not None \
+            and v.manifest.distributed is not None:
+        out.append(v)
+    return out
+
+
 def missing_model(root: Path, m: ModelRun) -> ModelView:
     """The view of a model run.json lists as written (ok or partial) that no model folder under
     `root` holds: its problem names the folder or manifest that is not there."""
@@ -318,6 +328,12 @@ def gather(root: Path) -> Report:
     seen: set[int] = set()
     for i, rm in enumerate(run.models if run is not None else []):
         v = by_name.get(rm.name)
+        ranks = [] if v is not None else _rank_views(rm.name, by_name)
+        if ranks:  # a distributed model: one artefact per rank, <name>.rank<r>, each a row as its manifest says
+            for rv in ranks:
+                seen.add(id(rv))
+                rows.append(_model_row(len(rows), None, rv, root))
+            continue
         if v is not None:
             seen.add(id(v))
         elif rm.status != ModelStatus.FAILED:  # run.json lists an artefact (a failed model may have none): it is gone

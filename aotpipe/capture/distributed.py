@@ -1,0 +1,446 @@
+"""A model captured as one rank of a parallel world, on one machine (spec/distributed.py
+says which strategies and what their graphs hold).
+
+One process plays rank r of a world of N: torch.distributed's ``fake`` process group (its
+collectives do nothing, and tracing needs no peer) and a device mesh over it. The model
+(built once, the same weights for every rank) is laid out as the strategy lays it:
+
+- tensor parallel: torch's own ``parallelize_module`` with ColwiseParallel / RowwiseParallel
+  on the plan's modules, over the mesh's ``tp`` dimension (each rank slices its shard from the
+  whole weight: ``src_data_rank=None``, no communication);
+- data parallel: every parameter a DTensor over the whole mesh, sharded on dimension 0 over
+  ``dp`` (fsdp2; stacked on the tensor-parallel shard as FSDP2 does, torch's ``_StridedShard``)
+  or replicated (ddp). Before use it is redistributed to whole over ``dp``, and its gradient
+  is declared partial over ``dp`` (``to_local(grad_placements=[Partial])``): the forward
+  all-gathers, the backward reduce-scatters (fsdp2) or all-reduces (ddp) each gradient. This
+  is how torchtitan's SimpleFSDP writes FSDP in a traceable form, with FSDP2's collectives
+  and shards; FSDP2's ``fully_shard`` hooks, prefetching and bucketing are not traced.
+
+The rank's graphs are traced by AOTAutograd from a module whose parameters are the rank's
+local shards, plain tensors (:class:`RankModule`: it wraps them into DTensors inside
+forward), so the graphs take and return plain tensors and carry the functional collectives
+(``_c10d_functional.all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_reduce``,
+``wait_tensor``) with their process group by name; :func:`rank_record` says which ranks and
+mesh dimension each name stands for, and each parameter's shard. A data-parallel rank takes
+its slice of the batch (dimension 0 of each input that has the batch's size), and its loss is
+its slice of the whole batch's loss (the weights of the "weighted" loss at the global
+positions), so the ranks' losses add up to the whole model's and the reassembled
+gradients are the whole model's: checks/distributed.py runs the ranks together over gloo
+and holds them to the single-process eager model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fnmatch
+import functools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch._decomp import core_aten_decompositions
+from torch._export.utils import _compiling_state_context
+from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from aotpipe.capture import export as _export
+from aotpipe.errors import CaptureError
+from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput
+from aotpipe.format.records import CollectiveRecord, DistributedRecord, GroupRecord, ParamShardRecord
+from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
+from aotpipe.models.eager import NoLossError
+from aotpipe.runtime.tensors import loss_weights
+from aotpipe.spec.distributed import DistributedSpec
+from aotpipe.spec.modes import DEFAULT_LOSS
+
+# The functional collectives a rank's graph may hold (what DTensor's redistributions trace to).
+COLLECTIVE_OPS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "all_to_all_single", "broadcast")
+COLLECTIVE_NAMESPACE = "_c10d_functional"
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, spec: DistributedSpec) -> Iterator[DeviceMesh]:
+    """This process as rank `rank` of `spec`'s world on torch's fake process group, and the
+    mesh over it; the process group is destroyed when the block ends."""
+    # torch's fake backend registers itself when its module is imported (torch.distributed has no
+    # public spelling of it); FakeStore is the store it takes
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise CaptureError("a process group is already set up in this process; a distributed capture sets up its "
+                           "own fake one (run it in a process of its own)")
+    dist.init_process_group("fake", rank=rank, world_size=spec.world_size, store=FakeStore())
+    try:
+        _forget_meshes()
+        yield init_device_mesh("cpu", spec.shape, mesh_dim_names=spec.dims)
+    finally:
+        dist.destroy_process_group()
+        _forget_meshes()
+
+
+def _forget_meshes() -> None:
+    """Clear DTensor's caches of sharding decisions and redistribution plans. They are keyed by
+    mesh, and a mesh of another world in this process compares equal (same shape, same rank
+    numbers) while its process groups are another rank's: a cached plan would call them.
+    (:func:`collectives` refuses a graph that calls a group outside its rank's mesh.)"""
+    from torch.distributed.tensor import _collective_utils, _redistribute  # the caches' owners
+
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's own (as torch's debug helpers clear it)
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
+
+
+def mesh_groups(mesh: DeviceMesh) -> dict[str, GroupRecord]:
+    """The process groups of this rank's mesh by the name a graph calls them: the mesh
+    dimension and the ranks of each."""
+    out = {}
+    for dim in mesh.mesh_dim_names or ():
+        sub = mesh[dim]
+        out[str(sub.get_group().group_name)] = GroupRecord(dim=dim,
+                                                           ranks=[int(r) for r in sub.mesh.flatten().tolist()])
+    return out
+
+
+def tp_plan(model: torch.nn.Module, spec: DistributedSpec) -> dict[str, str]:
+    """The tensor-parallel plan: the pipeline's, else the one a transformers model carries
+    (config.base_model_tp_plan, relative to its base model)."""
+    if spec.tp_plan is not None:
+        return dict(spec.tp_plan)
+    config = getattr(model, "config", None)
+    plan = getattr(config, "base_model_tp_plan", None) or {}
+    prefix = getattr(model, "base_model_prefix", "")
+    if prefix and hasattr(model, prefix):
+        plan = {f"{prefix}.{k}": v for k, v in plan.items()}
+    return {k: v for k, v in plan.items() if v in ("colwise", "rowwise")}
+
+
+_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+
+
+def _apply_tp(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -> list[str]:
+    """torch's tensor parallelism on the plan's modules; the module paths it applied to."""
+    plan = tp_plan(model, spec)
+    if not plan:
+        raise CaptureError(f"strategy {spec.strategy} needs a tensor-parallel plan and the model carries none "
+                           "(config.base_model_tp_plan): add tp_plan: {'layers.*.mlp.up_proj': colwise, ...} to "
+                           "distributed")
+    names = [n for n, _ in model.named_modules() if n]
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    looks = f"its nn.Linear layers: {', '.join(linear[:4])}" + (" ..." if len(linear) > 4 else "") if linear else \
+        "it has no nn.Linear layer"
+    matched = {n: style for pattern, style in plan.items() for n in names if fnmatch.fnmatchcase(n, pattern)}
+    unmatched = [p for p in plan if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    if not matched:
+        raise CaptureError(f"the tensor-parallel plan names no module of the model (patterns: "
+                           f"{', '.join(sorted(plan)[:3])}); {looks}")
+    not_linear = sorted(n for n in matched if not isinstance(model.get_submodule(n), torch.nn.Linear))
+    if not_linear:
+        raise CaptureError(f"the tensor-parallel plan names {not_linear[0]}, a "
+                           f"{type(model.get_submodule(not_linear[0])).__name__}: colwise and rowwise split "
+                           "nn.Linear layers; narrow the pattern")
+    if unmatched:
+        raise CaptureError(f"tp_plan pattern {unmatched[0]!r} matches no module of the model; {looks}")
+    parallelize_module(model, mesh["tp"], {n: _STYLES[s]() for n, s in matched.items()}, src_data_rank=None)
+    return sorted(matched)
+
+
+def _placement_text(p: Placement) -> str:
+    if isinstance(p, _StridedShard):
+        return f"StridedShard({p.dim}, split_factor={p.split_factor})"
+    return repr(p).replace("(dim=", "(")
+
+
+@dataclass
+class _Param:
+    """How one parameter lives on this rank: its whole value's shape, placements over the
+    whole mesh, and what the model computes with (tp_placement: its placement over tp)."""
+
+    name: str
+    whole: torch.Tensor
+    placements: list[Placement]
+    tp_placement: Placement | None  # None: not split by tensor parallelism
+
+
+class RankModule(torch.nn.Module):
+    """Rank r's model as AOTAutograd traces it: its parameters are the rank's local shards
+    (plain tensors, under the model's names); forward wraps each in a DTensor over the mesh,
+    redistributes it as the strategy computes with it, and calls the model with those."""
+
+    def __init__(self, model: torch.nn.Module, mesh: DeviceMesh, params: list[_Param], spec: DistributedSpec):
+        super().__init__()
+        # the laid-out model is called functionally, not registered: its DTensor parameters are
+        # not this module's inputs, the local shards are
+        self.laid_out: torch.nn.Module
+        object.__setattr__(self, "laid_out", model)
+        self.mesh, self.spec = mesh, spec
+        self.params = {p.name: p for p in params}
+        self.shards: dict[str, ParamShardRecord] = {}
+        self._names: dict[str, str] = {}
+        for p in params:
+            shape, offset = compute_local_shape_and_global_offset(p.whole.shape, mesh, p.placements)
+            local = p.whole[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))].detach().clone()
+            self._register(p.name, torch.nn.Parameter(local, requires_grad=p.whole.requires_grad))
+            self.shards[p.name] = ParamShardRecord(shape=list(p.whole.shape), local_shape=list(shape),
+                                                   offset=[int(o) for o in offset],
+                                                   placements=[_placement_text(x) for x in p.placements])
+        for name, b in model.named_buffers():
+            self._register(name, b, buffer=True)
+
+    def _register(self, name: str, value: torch.Tensor, buffer: bool = False) -> None:
+        """Register `value` under the model's own dotted name (as submodules, so AOTAutograd's
+        descriptors and the artefact's inputs carry the model's names)."""
+        owner: torch.nn.Module = self
+        *path, leaf = name.split(".")
+        for part in path:
+            if not hasattr(owner, part) or not isinstance(getattr(owner, part), torch.nn.Module):
+                owner.add_module(part, torch.nn.Module())
+            owner = getattr(owner, part)
+        if buffer:
+            owner.register_buffer(leaf, value)
+        else:
+            owner.register_parameter(leaf, value if isinstance(value, torch.nn.Parameter) else torch.nn.Parameter(value))
+
+    def _computed(self, name: str, local: torch.Tensor) -> torch.Tensor:
+        p = self.params[name]
+        mesh, dims = self.mesh, self.spec.dims
+        d = DTensor.from_local(local, mesh, p.placements, run_check=False, shape=p.whole.shape,
+                               stride=p.whole.stride())
+        if "dp" not in dims:  # tensor parallel alone: the model computes with d itself, or its whole value
+            if p.tp_placement is None:
+                return d.to_local()
+            return d
+        whole_dp = [Replicate() if dim == "dp" else pl for dim, pl in zip(dims, p.placements, strict=True)]
+        gathered = d.redistribute(mesh, whole_dp)
+        # its gradient is partial over dp (each rank's batch slice's part): summed into the shard
+        grads: list[Placement] = [Partial("sum") if dim == "dp" else (p.tp_placement or Replicate()) for dim in dims]
+        local_whole = gathered.to_local(grad_placements=grads)
+        if p.tp_placement is None:
+            return local_whole
+        return DTensor.from_local(local_whole, mesh["tp"], [p.tp_placement], run_check=False, shape=p.whole.shape,
+                                  stride=p.whole.stride())
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        own = dict(self.named_parameters())
+        values: dict[str, torch.Tensor] = {n: self._computed(n, own[n]) for n in self.params}
+        values.update(dict(self.named_buffers()))
+        return torch.func.functional_call(self.laid_out, values, args, kwargs, strict=False)
+
+
+def lay_out(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -> tuple[RankModule, list[str]]:
+    """`model` (a copy is made) laid out on `mesh` as `spec`'s strategy lays it out; the module
+    paths tensor parallelism split."""
+    model = copy.deepcopy(model)
+    whole = {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
+    split = _apply_tp(model, spec, mesh) if "tp" in spec.dims else []
+    tp = spec.size("tp")
+    params = []
+    for name, p in model.named_parameters():
+        tp_pl = p.placements[0] if isinstance(p, DTensor) else None
+        placements: list[Placement] = []
+        for dim in spec.dims:
+            if dim == "tp":
+                placements.append(tp_pl or Replicate())
+            elif not spec.sharded_params:
+                placements.append(Replicate())
+            elif isinstance(tp_pl, Shard) and tp_pl.dim == 0 and tp > 1:
+                # FSDP2 over a tensor-parallel shard split on the same dimension: dp shards tp's shard
+                placements.append(_StridedShard(0, split_factor=tp))
+            else:
+                placements.append(Shard(0))
+        params.append(_Param(name, whole[name], placements, tp_pl))
+    return RankModule(model, mesh, params, spec), split
+
+
+def batch_slice(spec: DistributedSpec, rank: int, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[int] | None]:
+    """The rank's inputs: with data parallelism, its slice of dimension 0 of every tensor input
+    whose dimension 0 is the batch's (the first tensor input's); [offset, size, whole] of the slice."""
+    dp = spec.size("dp")
+    leaves, tree = pytree.tree_flatten((args, kwargs))
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0]
+    if dp == 1 or not tensors:
+        return args, kwargs, None
+    whole = tensors[0].shape[0]
+    if whole % dp:
+        raise CaptureError(f"strategy {spec.strategy} splits the batch ({whole}) over {dp} data-parallel ranks, which "
+                           f"does not divide it; make the first dimension of the inputs a multiple of {dp}")
+    size = whole // dp
+    offset = spec.coords(rank)["dp"] * size
+    out = [t[offset:offset + size] if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == whole else t
+           for t in leaves]
+    a, k = pytree.tree_unflatten(out, tree)
+    return a, k, [offset, size, whole]
+
+
+class RankLoss(torch.nn.Module):
+    """The rank's part of the whole batch's loss (eager.model_loss): each output's weights are
+    the whole output's at the rank's batch positions, a mean divides by the whole batch's
+    count, so that the ranks' losses add up to the whole model's (one per data-parallel rank)."""
+
+    def __init__(self, model: torch.nn.Module, kind: str = DEFAULT_LOSS, batch: list[int] | None = None):
+        super().__init__()
+        self.model, self.kind, self.batch = model, kind, batch
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = self.model(*args, **kwargs)
+        leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if not leaves:
+            raise CaptureError(str(NoLossError("the model has no floating-point output to build a loss from")))
+        loss = self._part(leaves[0])
+        for t in leaves[1:]:
+            loss = loss + self._part(t)
+        return loss
+
+    def _part(self, t: torch.Tensor) -> torch.Tensor:
+        if self.batch is None:
+            offset, whole = 0, t.shape[0] if t.dim() else 1
+        else:
+            offset, size, whole = self.batch
+            if t.dim() == 0 or t.shape[0] != size:
+                raise CaptureError(f"an output of shape {list(t.shape)} does not have the rank's batch ({size}) "
+                                   "first: a data-parallel strategy needs every floating-point output batch-major")
+        if self.kind == "weighted":
+            shape = (whole, *t.shape[1:]) if t.dim() else ()
+            w = loss_weights(shape, t.dtype, t.device)
+            if t.dim():
+                w = w[offset:offset + t.shape[0]]
+            return (t * w).sum()
+        if self.kind == "sum":
+            return t.sum()
+        count = t.numel() * (whole // t.shape[0] if t.dim() and t.shape[0] else 1)
+        return t.sum() / count
+
+
+def _aot_inference(module: RankModule, args: tuple, kwargs: dict, user_names: list[str],
+                   int_ranges: dict[str, tuple[int, int]], state: dict[str, torch.Tensor]) -> CapturedGraph:
+    """The rank's inference graph, traced by AOTAutograd without gradients (torch.export does
+    not take the DTensors the forward makes: its pre-dispatch tracing refuses their spec)."""
+
+    class _Outputs(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *a: Any, **k: Any) -> tuple:
+            return tuple(t for t in pytree.tree_leaves(self.model(*a, **k)) if isinstance(t, torch.Tensor))
+
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        jd = aot_export_joint_with_descriptors(stack, _Outputs(module), args, kwargs,
+                                               decompositions=core_aten_decompositions())  # type: ignore[arg-type]
+        gm = _export._flat_graph(jd.graph_module)
+    inputs = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        role, target = _export._desc_target(node.meta.get("desc"))
+        if role == "other":
+            raise CaptureError(f"distributed inference capture: input {node.name} is {target}, which aotpipe's "
+                               "graphs have no role for")
+        if target is None:
+            raise CaptureError(f"distributed inference capture: input {node.name} has no name")
+        if role == "user":
+            target = user_names[int(target)] if int(target) < len(user_names) else target
+        else:
+            target = _export._strip(target) or target
+        meta = _export._meta_of(node)
+        rng = None
+        if meta is not None and not meta.dtype.is_floating_point and meta.dtype != torch.bool:
+            rng = int_ranges.get(target) if role == "user" else (
+                _export._observed_range(state[target]) if target in state else None)
+        inputs.append(GraphInput(node.name, role, target, meta, _export._scalar_type(node) if meta is None else None,
+                                 rng))
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = [GraphOutput(i, "user", None, _export._meta_of(a) if isinstance(a, torch.fx.Node) else None)
+               for i, a in enumerate(out.args[0])]
+    return CapturedGraph(GraphKind.INFERENCE, gm, inputs, outputs)
+
+
+def collectives(captured: CapturedGraphs, groups: dict[str, GroupRecord]) -> list[CollectiveRecord]:
+    """Every collective of every graph, in graph order: its graph, node, op, group and the bytes
+    it moves (its output's, for this rank)."""
+    out: list[CollectiveRecord] = []
+    for key, g in captured.graphs.items():
+        for node in g.gm.graph.nodes:
+            target = node.target
+            if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+                continue
+            if target.namespace != COLLECTIVE_NAMESPACE or target._schema.name.split("::")[1] not in COLLECTIVE_OPS:
+                continue
+            group = node.args[-1] if isinstance(node.args[-1], str) else str(node.kwargs.get("group_name"))
+            if group not in groups:
+                raise CaptureError(f"graph {key}: {node.name} calls group {group!r}, which is none of the mesh's "
+                                   f"({', '.join(sorted(groups))})")
+            val = node.meta.get("val")
+            nbytes = val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
+            out.append(CollectiveRecord(graph=key, node=node.name, op=target._schema.name.split("::")[1], group=group,
+                                        dim=groups[group].dim, bytes=int(nbytes)))
+    return out
+
+
+@dataclass
+class RankCapture:
+    """One rank's capture: its graphs, its record (manifest `distributed`), its inputs (the
+    rank's batch slice) and the state its graphs bind (its local shards)."""
+
+    captured: CapturedGraphs
+    record: DistributedRecord
+    args: tuple
+    kwargs: dict
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def capture_rank(model: torch.nn.Module, args: tuple, kwargs: dict, *, spec: DistributedSpec, rank: int, name: str,
+                 graphs: tuple[GraphKind, ...], input_names: tuple[str, ...],
+                 int_ranges: dict[str, tuple[int, int]], loss: str = DEFAULT_LOSS) -> RankCapture:
+    """Rank `rank`'s graphs of `model` under `spec`, traced on the fake process group."""
+    start = time.perf_counter()
+    # torch.export's own flags while tracing (torch.compiler.is_exporting() true): a model asks
+    # them to take its traceable path (transformers' masks skip a data-dependent shortcut)
+    with fake_world(rank, spec) as mesh, _compiling_state_context():
+        module, split = lay_out(model, spec, mesh)
+        groups = mesh_groups(mesh)
+        largs, lkwargs, batch = batch_slice(spec, rank, args, kwargs)
+        user_names = _export.user_input_names(largs, lkwargs, list(input_names))
+        state = {**{n: p.detach() for n, p in module.named_parameters()},
+                 **{n: b.detach() for n, b in module.named_buffers()}}
+        notes = [f"rank {rank} of {spec.world_size} ({spec.strategy}, mesh "
+                 f"{' x '.join(f'{d}={n}' for d, n in zip(spec.dims, spec.shape, strict=True))}), traced on torch's fake "
+                 "process group" + (f"; tensor parallel: {len(split)} layers" if split else "")]
+        out: dict[str, CapturedGraph] = {}
+        contract = None
+        constants: dict[str, torch.Tensor] = {}
+        if GraphKind.INFERENCE in graphs:
+            module.eval()
+            module.laid_out.eval()
+            out["inference"] = _aot_inference(module, largs, lkwargs, user_names, int_ranges, state)
+        if set(TRAINING_KINDS) & set(graphs):
+            module.train()
+            module.laid_out.train()
+            joint, fw, bw, contract, _ = _export.training_graphs(
+                module, largs, lkwargs, user_names, int_ranges, state, constants,
+                functools.partial(RankLoss, kind=loss, batch=batch), notes)
+            for kind, g in (("joint", joint), ("forward", fw), ("backward", bw)):
+                if kind in graphs:
+                    out[kind] = g
+            module.laid_out.eval()
+        captured = CapturedGraphs(model=name, mode="export", graphs={k: out[k] for k in ("inference", "forward",
+                                  "backward", "joint") if k in out},
+                                  contract=contract if {"forward", "backward"} & set(out) else None,
+                                  seconds=time.perf_counter() - start,
+                                  options={**_export.OPTIONS, "loss": loss, "distributed": spec.strategy},
+                                  notes=notes, constants=constants, user_inputs=user_names)
+        record = DistributedRecord(
+            world_size=spec.world_size, strategy=spec.strategy, mesh=list(spec.shape), mesh_dims=list(spec.dims),
+            rank=rank, coords=spec.coords(rank), groups=groups, shards=module.shards, batch=batch,
+            tensor_parallel=split, collectives=collectives(captured, groups))
+        captured.distributed = record
+    return RankCapture(captured, record, largs, lkwargs, state)

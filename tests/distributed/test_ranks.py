@@ -1,0 +1,202 @@
+"""Distributed models end to end (capture/distributed.py, checks/distributed.py): each strategy's
+ranks written with their collectives and checked together over gloo against the eager model;
+faults planted in a rank's graph (a reduce-scatter over the wrong group, one left out) are
+named by rank and parameter; a rank's graph replayed alone says what it needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from aotpipe.artifact.load import load
+from aotpipe.capture import distributed as capture_distributed
+from aotpipe.errors import ArtifactError
+from aotpipe.pipeline.job import run_model
+from aotpipe.replay import replay
+from aotpipe.spec import ModelSpec
+from tests.helpers.parallel_models import PLAN
+
+KINDS = ["inference", "forward", "backward", "joint"]
+C10D = "_c10d_functional."
+
+
+def _spec(strategy: str, world: int = 2, mesh: list[int] | None = None, batch: int = 4) -> ModelSpec:
+    return ModelSpec.model_validate(dict(
+        name="mlp", source="tests.helpers.parallel_models:stack", args={}, config=None, mode="export", graphs=KINDS,
+        passes=[], inputs=[{"name": "x", "shape": [batch, 3, 8]}], save_inputs=True, verify=True, loss="weighted",
+        seed=0, distributed=dict(world_size=world, strategy=strategy, mesh=mesh,
+                                 tp_plan=PLAN if "tp" in strategy else None)))
+
+
+def _manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def _ops(folder: Path, kind: str) -> list[str]:
+    graph = next(p for p in folder.iterdir() if p.is_dir() and p.name.endswith(f"_{kind}_0"))
+    nodes = json.loads((graph / "graph.json").read_text())["nodes"]
+    return [n["target"] for n in nodes if n.get("op") == "call_function"]
+
+
+def _collectives(folder: Path, kind: str) -> set[str]:
+    return {t.removeprefix(C10D).split(".")[0] for t in _ops(folder, kind) if t.startswith(C10D)} - {"wait_tensor"}
+
+
+def _ok(result) -> None:
+    assert result.status == "ok", (result.stage, result.error)
+    assert result.checks is not None and result.checks.run > 0 and result.checks.failed == 0
+
+
+def test_fsdp2_ranks_gather_in_the_forward_reduce_scatter_in_the_backward_and_match_eager(tmp_path):
+    result = run_model(_spec("fsdp2"), tmp_path)
+    _ok(result)
+    r0, r1 = tmp_path / "mlp.rank0", tmp_path / "mlp.rank1"
+    assert _collectives(r0, "forward") == {"all_gather_into_tensor"}
+    assert _collectives(r0, "backward") == {"reduce_scatter_tensor"}
+    assert _collectives(r0, "joint") == {"all_gather_into_tensor", "reduce_scatter_tensor"}
+    m0, m1 = _manifest(r0), _manifest(r1)
+    d0, d1 = m0["distributed"], m1["distributed"]
+    assert (d0["rank"], d1["rank"], d0["world_size"], d0["strategy"]) == (0, 1, 2, "fsdp2")
+    # each parameter split on its first dimension: the two shards tile it
+    up0, up1 = d0["shards"]["blocks.0.up.weight"], d1["shards"]["blocks.0.up.weight"]
+    assert up0["shape"] == [16, 8] and up0["local_shape"] == up1["local_shape"] == [8, 8]
+    assert (up0["offset"], up1["offset"]) == ([0, 0], [8, 0]) and up0["placements"] == ["Shard(0)"]
+    assert d0["batch"] == [0, 2, 4] and d1["batch"] == [2, 2, 4]
+    (group,) = d0["groups"].values()
+    assert group == {"dim": "dp", "ranks": [0, 1]}
+    assert {c["op"] for c in d0["collectives"]} == {"all_gather_into_tensor", "reduce_scatter_tensor"}
+    assert all(c["bytes"] > 0 and c["group"] in d0["groups"] for c in d0["collectives"])
+    assert m0["verification"]["ranks"]["status"] == "match"
+    assert m0["checks"]["failed"] == 0 and m0["checks"]["run"] == m0["verification"]["ranks"]["compared"] > 0
+
+
+def test_ddp_ranks_hold_whole_parameters_and_all_reduce_each_gradient(tmp_path):
+    _ok(run_model(_spec("ddp"), tmp_path))
+    r1 = tmp_path / "mlp.rank1"
+    assert _collectives(r1, "forward") == set()
+    assert _collectives(r1, "backward") == {"all_reduce"}
+    shard = _manifest(r1)["distributed"]["shards"]["blocks.0.up.weight"]
+    assert shard["local_shape"] == shard["shape"] and shard["placements"] == ["Replicate()"]
+
+
+def test_tp_ranks_split_the_planned_layers_and_keep_the_batch_whole(tmp_path):
+    _ok(run_model(_spec("tp", batch=3), tmp_path))
+    d1 = _manifest(tmp_path / "mlp.rank1")["distributed"]
+    assert d1["batch"] is None and sorted(d1["tensor_parallel"]) == ["blocks.0.down", "blocks.0.up", "blocks.1.down",
+                                                                      "blocks.1.up"]
+    assert d1["shards"]["blocks.0.up.weight"]["offset"] == [8, 0]  # colwise: output rows
+    assert d1["shards"]["blocks.0.down.weight"]["offset"] == [0, 8]  # rowwise: input columns
+    assert d1["shards"]["head.weight"]["local_shape"] == [4, 8]  # not in the plan: whole
+    assert "all_reduce" in _collectives(tmp_path / "mlp.rank1", "inference")
+
+
+def _plant(monkeypatch, fault) -> None:
+    """Rank 0's captured graphs changed by `fault(graph_module, record)` before they are written."""
+    real = capture_distributed.capture_rank
+
+    def planted(*args, **kwargs):
+        rc = real(*args, **kwargs)
+        if rc.record.rank == 0:
+            for key in ("backward", "joint"):
+                gm = rc.captured.graphs[key].gm
+                fault(gm, rc.record)
+                gm.recompile()
+        return rc
+
+    monkeypatch.setattr(capture_distributed, "capture_rank", planted)
+
+
+def _reduce_scatters(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.target is torch.ops._c10d_functional.reduce_scatter_tensor.default]
+
+
+def test_a_reduce_scatter_over_the_wrong_group_is_named_before_any_rank_runs(tmp_path, monkeypatch):
+    def wrong_group(gm, record):
+        tp = next(name for name, g in record.groups.items() if g.dim == "tp")
+        for n in _reduce_scatters(gm):
+            n.args = (*n.args[:-1], tp)  # the tensor-parallel group: same size, other ranks
+
+    _plant(monkeypatch, wrong_group)
+    result = run_model(_spec("fsdp2+tp", world=4, mesh=[2, 2]), tmp_path)
+    assert result.status == "failed" and result.stage == "verify", result.error
+    assert "backward: collective #1 on the dp group [0, 2]: rank 0 has none" in result.error, result.error
+    assert "rank 2's is reduce_scatter_tensor" in result.error and "would not meet" in result.error
+    m0 = _manifest(tmp_path / "mlp.rank0")
+    assert m0["verification"]["ranks"]["status"] == "error"
+
+
+def test_a_dropped_reduce_scatter_is_named(tmp_path, monkeypatch):
+    def dropped(gm, record):
+        for n in _reduce_scatters(gm):
+            x, _, size, _ = n.args
+            rows = x.meta["val"].shape[0] // size
+            with gm.graph.inserting_before(n):
+                local = gm.graph.call_function(torch.ops.aten.slice.Tensor, (x, 0, 0, rows))
+            local.meta["val"] = n.meta["val"]
+            wait = next(iter(n.users))
+            wait.replace_all_uses_with(local)
+            gm.graph.erase_node(wait)
+            gm.graph.erase_node(n)
+
+    _plant(monkeypatch, dropped)
+    result = run_model(_spec("fsdp2"), tmp_path)
+    assert result.status == "failed" and result.stage == "verify"
+    assert "collective #1 on the dp group [0, 1]: rank 0 has none (it calls 0) where rank 1's is " \
+           "reduce_scatter_tensor" in result.error, result.error
+
+
+def test_a_wrong_gradient_shard_is_named_by_rank_and_parameter(tmp_path, monkeypatch):
+    def scaled(gm, record):  # the collectives as they were; one gradient's shard off by 1%
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        for n in _reduce_scatters(gm)[-1:]:
+            wait = next(iter(n.users))
+            with gm.graph.inserting_after(wait):
+                off = gm.graph.call_function(torch.ops.aten.mul.Tensor, (wait, 1.01))
+            off.meta["val"] = wait.meta["val"]
+            out.replace_input_with(wait, off) if wait in out.all_input_nodes else None
+            for user in list(wait.users):
+                if user is not off:
+                    user.replace_input_with(wait, off)
+
+    _plant(monkeypatch, scaled)
+    result = run_model(_spec("fsdp2"), tmp_path)
+    assert result.status == "failed" and result.stage == "verify", result.error
+    # the last reduce-scatter of the backward is the first parameter's (blocks.0.norm.weight)
+    assert result.error.startswith("rank 0: joint: gradient of blocks.0.norm.weight (shard at [0]): RMS error"), \
+        result.error
+    assert "rank 0: backward: gradient of blocks.0.norm.weight" in result.error
+    problems = _manifest(tmp_path / "mlp.rank0")["verification"]["ranks"]["problems"]
+    assert problems and all(p.startswith("rank 0: ") for p in problems)
+    assert _manifest(tmp_path / "mlp.rank1")["verification"]["ranks"]["status"] == "match"
+
+
+def test_a_group_no_rank_set_up_is_refused_in_one_line(tmp_path, monkeypatch):
+    def unknown(gm, record):
+        for n in _reduce_scatters(gm):
+            n.args = (*n.args[:-1], "77")
+
+    _plant(monkeypatch, unknown)
+    result = run_model(_spec("fsdp2"), tmp_path)
+    assert result.status == "failed" and result.stage == "verify"
+    assert "rank 0: backward: reduce_scatter_tensor (reduce_scatter_tensor) calls group '77', which is none of its " \
+           "mesh's" in result.error, result.error
+
+
+def test_a_rank_process_that_fails_is_named(tmp_path):
+    _ok(run_model(_spec("fsdp2"), tmp_path))
+    from aotpipe.checks.distributed import run_ranks
+
+    record = load(tmp_path / "mlp.rank0").manifest.distributed
+    swapped = {0: tmp_path / "mlp.rank1", 1: tmp_path / "mlp.rank0"}
+    with pytest.raises(RuntimeError, match=r"^rank 0 failed: .*mlp.rank1: not rank 0 of a world of 2"):
+        run_ranks(swapped, record, timeout=120)
+
+
+def test_a_rank_replayed_alone_says_it_needs_its_peers(tmp_path):
+    _ok(run_model(_spec("fsdp2"), tmp_path))
+    art = load(tmp_path / "mlp.rank0")
+    with pytest.raises(ArtifactError, match=r"runs with its peer ranks"):
+        replay(art)

@@ -1,0 +1,38 @@
+"""Small models for the distributed tests (tests/distributed/): an MLP block stack whose Linear
+layers a tensor-parallel plan names (``blocks.*.up``: colwise, ``blocks.*.down``: rowwise)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, hidden)
+        self.down = torch.nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, width: int = 8, hidden: int = 16, depth: int = 2):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(width, hidden) for _ in range(depth))
+        self.head = torch.nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def stack(width: int = 8, hidden: int = 16, depth: int = 2) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return Stack(width, hidden, depth)
+
+
+# the plan a pipeline names for it
+PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
