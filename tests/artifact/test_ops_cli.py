@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from aotpipe.cli import main
 from tests.helpers.forge import reseal
-from tests.helpers.replays import replayed
 from tests.helpers.ops_cache import NOT_LISTED, decided_afresh  # noqa: F401  # decided_afresh: autouse
+from tests.helpers.replays import replayed
 
 TINY = Path(__file__).resolve().parent.parent / "data" / "precheck_tiny" / "mlp"
 X = {"node": "x"}

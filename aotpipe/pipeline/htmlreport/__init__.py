@@ -276,7 +276,7 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
 def _rank_views(name: str, by_name: dict[str, ModelView]) -> list[ModelView]:
     """The rank artefacts of the distributed model `name` (`<name>.rank0`, `<name>.rank1`, ...),
     in rank order: those whose manifest says they are a rank."""
-    out = []
+    out: list[ModelView] = []
     while (v := by_name.get(f"{name}.rank{len(out)}")) is not None and v.manifest is not None \
             and v.manifest.distributed is not None:
         out.append(v)
@@ -328,7 +328,7 @@ def gather(root: Path) -> Report:
     seen: set[int] = set()
     for i, rm in enumerate(run.models if run is not None else []):
         v = by_name.get(rm.name)
-        ranks = [] if v is not None else _rank_views(rm.name, by_name)
+        ranks: list[ModelView] = [] if v is not None else _rank_views(rm.name, by_name)
         if ranks:  # a distributed model: one artefact per rank, <name>.rank<r>, each a row as its manifest says
             for rv in ranks:
                 seen.add(id(rv))
