@@ -373,12 +373,16 @@ def schema(artifact: bool) -> None:
               help="Replay a shape-polymorphic artefact at these sizes (named dimensions, e.g. batch=7,seq=33; "
                    "the others at the example's): compared with the capture's size check at those sizes, if "
                    "it made one; else the graphs run and their output shapes are checked.")
+@click.option("--ranks", is_flag=True,
+              help="A distributed model's rank (<model>.rank<r>): replay every rank of its world together, one "
+                   "local process per rank over gloo, each graph compared with the outputs the capture's check "
+                   "recorded. Runs outside the sandbox: only artefacts you made or signed (--key).")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @_user_errors
 @_byte_limit
 def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: str | None, bench: int,
            chain: bool, steps: int, threads: int | None, trust_code: bool, trust_ops: tuple[str, ...],
-           key: str | None, no_sandbox: bool, sizes: dict[str, int] | None, as_json: bool) -> None:
+           key: str | None, no_sandbox: bool, sizes: dict[str, int] | None, ranks: bool, as_json: bool) -> None:
     """Replay the graphs of the artefact at PATH and compare with what was recorded.
 
     The graphs run in a sandboxed worker (bubblewrap: no network, a read-only filesystem,
@@ -399,6 +403,10 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
                                "sizes; drop one or the other")
     p = Path(path)
     _artefact_folder(p)
+    if ranks:
+        _replay_ranks(p, key=key, no_sandbox=no_sandbox, as_json=as_json,
+                      others=bool(graphs or inputs != "saved" or device or bench or chain or steps or threads or sizes))
+        return
     failed = _failed_at_capture(model_folder(p))
     opts: dict[str, Any] = dict(graphs=graphs, inputs=inputs, seed=seed, device=device, bench=bench, chain=chain,
                                 threads=threads, trust_code=trust_code, trust_ops=trust_ops, sizes=sizes, steps=steps)
@@ -469,6 +477,29 @@ def replay(path: str, graphs: tuple[str, ...], inputs: str, seed: int, device: s
         if no_eager:
             _say(f"note: no eager comparison: {no_eager}", err=True)
     sys.exit(0 if ok else 1)
+
+
+def _replay_ranks(p: Any, *, key: str | None, no_sandbox: bool, as_json: bool, others: bool) -> None:
+    """`replay --ranks`: every rank of a distributed model's world run together (checks/distributed.py)."""
+    from aotpipe.checks.distributed import replay_ranks, sibling_ranks  # torch
+
+    if others:
+        raise click.UsageError("--ranks replays every rank's graphs on their saved inputs as the capture's check ran "
+                               "them; drop --graph, --inputs, --device, --bench, --chain, --steps, --threads and --sizes")
+    folders, _ = sibling_ranks(model_folder(p))
+    decision = decide_sandbox(list(folders.values()), key=key, no_sandbox=no_sandbox)
+    if not decision.in_process:
+        raise AotpipeError(f"{p}: --ranks runs the ranks in local processes over gloo, outside the sandbox, and these "
+                           f"artefacts are not ones you made or signed ({decision.why}); replay one rank alone in "
+                           "the sandbox, or pass --key with the key that signed them")
+    results = replay_ranks(model_folder(p))
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(r) for r in results], indent=2, sort_keys=True))
+    else:
+        width = max(len(r.key) for r in results) if results else 9
+        for r in results:
+            _say(f"rank{r.rank:<3} {r.key:<{width}} {r.status:<9} {r.detail}")
+    sys.exit(1 if any(r.status == "mismatch" for r in results) else 0)
 
 
 def _parse_sizes(value: str | None) -> dict[str, int] | None:

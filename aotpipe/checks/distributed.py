@@ -38,13 +38,18 @@ import torch.utils._pytree as pytree
 from torch.distributed.device_mesh import init_device_mesh
 
 from aotpipe.artifact.load import load
+from aotpipe.errors import ArtifactError
+from aotpipe.format.graph_keys import key_order
 from aotpipe.format.records import CheckTotals, DistributedRecord, VerificationEntry
 from aotpipe.models.eager import model_loss
-from aotpipe.runtime.accuracy import compare
+from aotpipe.runtime.accuracy import compare, digest
 from aotpipe.runtime.execution import run_graph
 
 # How long the ranks may take together, per rank, before the check gives up on them.
 RANK_SECONDS = 300
+
+# The key of the check's entry in each rank's manifest `verification`.
+RANKS_KEY = "ranks"
 
 
 @dataclass
@@ -65,9 +70,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(folders: dict[int, Path], record: DistributedRecord,
-              timeout: float | None = None) -> dict[int, dict[str, GraphRun]]:
-    """Every rank's graphs run together (one process per rank over gloo): what each gave, by rank."""
+def rank_threads(world: int) -> int:
+    """The intra-op threads each rank process runs at: this machine's cores shared out."""
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def run_ranks(folders: dict[int, Path], record: DistributedRecord, timeout: float | None = None, *,
+              own_capture: bool = True) -> dict[int, dict[str, GraphRun]]:
+    """Every rank's graphs run together (one process per rank over gloo): what each gave, by rank.
+    `own_capture`: the folders are what this process's capture just wrote (ops.OWN_CAPTURE); else
+    each rank loads its artefact under the allow-list like any other."""
     world = record.world_size
     if sorted(folders) != list(range(world)):
         raise ValueError(f"the check runs every rank of the world ({world}); it was given ranks {sorted(folders)}")
@@ -75,12 +87,13 @@ def run_ranks(folders: dict[int, Path], record: DistributedRecord,
     timeout = timeout if timeout is not None else RANK_SECONDS * world
     with tempfile.TemporaryDirectory(prefix="aotpipe-ranks-") as tmp:
         procs = {}
-        threads = max(1, (os.cpu_count() or 1) // world)
+        threads = rank_threads(world)
         for r, folder in folders.items():
             env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
             out = Path(tmp) / f"rank{r}.pt"
             procs[r] = subprocess.Popen(
-                [sys.executable, "-m", "aotpipe.checks.distributed", str(folder), str(r), str(world), str(out)],
+                [sys.executable, "-m", "aotpipe.checks.distributed", str(folder), str(r), str(world), str(out),
+                 "own" if own_capture else "elsewhere"],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + timeout
         errors: dict[int, str] = {}
@@ -109,6 +122,7 @@ class GraphRun:
     loss: torch.Tensor | None = None
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     outputs: list[torch.Tensor] | None = None
+    digests: list[str | None] = field(default_factory=list)  # every output's (accuracy.digest), in order
 
 
 @dataclass
@@ -316,8 +330,10 @@ def check_ranks(folders: dict[int, Path], records: dict[int, DistributedRecord],
         problems, tally = per_rank[r], counted[r]
         outcome.entries[r] = VerificationEntry(
             status="mismatch" if problems else "match", compared=tally.run,
-            inputs=f"the saved inputs of all {record.world_size} ranks, run together over gloo",
-            problems=[p[:300] for p in problems[:20]] or None)
+            inputs=f"the saved inputs of all {record.world_size} ranks, run together over gloo "
+                   f"({rank_threads(record.world_size)} threads each)",
+            problems=[p[:300] for p in problems[:20]] or None,
+            graph_digests={key: ran.digests for key, ran in sorted(got[r].items())})
         unjudged = len(problems) - tally.failed  # a gradient missing, or one eager does not have
         outcome.totals[r] = CheckTotals(run=tally.run + unjudged, passed=tally.passed, failed=len(problems), skipped=0,
                                         exact=tally.exact, floor=tally.floor, fp64=tally.fp64)
@@ -325,6 +341,71 @@ def check_ranks(folders: dict[int, Path], records: dict[int, DistributedRecord],
         outcome.compared += tally.run
     outcome.seconds = time.perf_counter() - start
     return outcome
+
+
+# ---------------------------------------------------------------------------------------
+# Replay: every rank again, compared with the digests the check recorded
+
+
+@dataclass
+class RankReplay:
+    """One rank's graph replayed with its peers: match (every output bit for bit as the check at
+    capture gave it), mismatch (`detail` says which), or ran (nothing recorded to compare with)."""
+
+    rank: int
+    key: str
+    status: str
+    detail: str = ""
+
+
+def sibling_ranks(folder: Path) -> tuple[dict[int, Path], DistributedRecord]:
+    """Every rank of the world the rank artefact `folder` belongs to: `<name>.rank<r>` beside it."""
+    rec = load(folder).manifest.distributed
+    if rec is None:
+        raise ArtifactError(f"{folder}: not a rank of a distributed model (its manifest has no distributed "
+                            "record); --ranks replays those")
+    suffix = f".rank{rec.rank}"
+    if not folder.name.endswith(suffix):
+        raise ArtifactError(f"{folder}: rank {rec.rank}'s folder is named <model>{suffix}; --ranks finds the other "
+                            "ranks beside it by that name")
+    base = folder.name[: -len(suffix)]
+    folders = {r: folder.parent / f"{base}.rank{r}" for r in range(rec.world_size)}
+    for r, f in folders.items():
+        if not (f / "manifest.json").is_file():
+            raise ArtifactError(f"{f}: missing; --ranks runs all {rec.world_size} ranks of the world together, and "
+                                f"finds rank {r} beside {folder.name}")
+        other = load(f).manifest.distributed
+        if other is None or other.rank != r or (other.world_size, other.strategy, other.mesh) != \
+                (rec.world_size, rec.strategy, rec.mesh):
+            raise ArtifactError(f"{f}: not rank {r} of {folder.name}'s world ({rec.strategy}, {rec.world_size} ranks, "
+                                f"mesh {rec.mesh})")
+    return folders, rec
+
+
+def replay_ranks(folder: Path, timeout: float | None = None) -> list[RankReplay]:
+    """The world of the rank artefact `folder` replayed: every rank's graphs run together over gloo
+    on their saved inputs, each graph's outputs compared with the digests the check recorded."""
+    folders, rec = sibling_ranks(folder)
+    got = run_ranks(folders, rec, timeout, own_capture=False)
+    out = []
+    threads = rank_threads(rec.world_size)
+    for r, f in folders.items():
+        entry = (load(f).manifest.verification or {}).get(RANKS_KEY)
+        recorded = entry.graph_digests if entry is not None and entry.graph_digests is not None else {}
+        for key, ran in sorted(got[r].items(), key=lambda kv: key_order(kv[0])):
+            want = recorded.get(key)
+            if want is None:
+                out.append(RankReplay(r, key, "ran", "no digests recorded to compare with"))
+            elif want == ran.digests:
+                out.append(RankReplay(r, key, "match", f"{len(want)} outputs bit for bit"))
+            else:
+                differ = [i for i, (a, b) in enumerate(zip(want, ran.digests, strict=False)) if a != b]
+                differ += list(range(min(len(want), len(ran.digests)), max(len(want), len(ran.digests))))
+                out.append(RankReplay(r, key, "mismatch", f"{len(differ)} of {len(want)} outputs differ from the "
+                                      f"capture's run (outputs {', '.join(map(str, differ[:5]))}; at {threads} "
+                                      "threads each: on another machine or thread count, the float64 check the "
+                                      "capture made is what holds)"))
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -340,9 +421,9 @@ def _remap_groups(gm: torch.fx.GraphModule, recorded: dict[str, Any], live: dict
     gm.recompile()
 
 
-def _rank_main(folder: Path, rank: int, world: int, out: Path) -> None:
+def _rank_main(folder: Path, rank: int, world: int, out: Path, own_capture: bool = True) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    art = load(folder, own_capture=True)
+    art = load(folder, own_capture=own_capture)
     rec = art.manifest.distributed
     if rec is None or rec.rank != rank or rec.world_size != world:
         raise SystemExit(f"{folder}: not rank {rank} of a world of {world} (its manifest's distributed record)")
@@ -356,23 +437,28 @@ def _rank_main(folder: Path, rank: int, world: int, out: Path) -> None:
                 _remap_groups(ga.module, rec.groups, live)
         if "inference" in art.graphs:
             ga = art.graphs["inference"]
-            result["inference"] = {"outputs": [o for o in run_graph(ga.module, ga.saved_inputs())
-                                               if isinstance(o, torch.Tensor)]}
+            outs = run_graph(ga.module, ga.saved_inputs())
+            result["inference"] = {"outputs": [o for o in outs if isinstance(o, torch.Tensor)], "digests": _digests(outs)}
         if "joint" in art.graphs:
             ga = art.graphs["joint"]
             outs = run_graph(ga.module, ga.saved_inputs())
-            result["joint"] = _loss_and_grads(ga.record.outputs, outs)
+            result["joint"] = {**_loss_and_grads(ga.record.outputs, outs), "digests": _digests(outs)}
         if "forward" in art.graphs:
             fw = art.graphs["forward"]
             fw_out = run_graph(fw.module, fw.saved_inputs())
-            result["forward"] = {"loss": _loss(fw.record.outputs, fw_out)}
+            result["forward"] = {"loss": _loss(fw.record.outputs, fw_out), "digests": _digests(fw_out)}
             if "backward" in art.graphs:
                 bw = art.graphs["backward"]
-                result["backward"] = _loss_and_grads(bw.record.outputs, run_graph(bw.module, bw.saved_inputs(fw_out)))
+                outs = run_graph(bw.module, bw.saved_inputs(fw_out))
+                result["backward"] = {**_loss_and_grads(bw.record.outputs, outs), "digests": _digests(outs)}
         dist.barrier()
         torch.save(result, out)
     finally:
         dist.destroy_process_group()
+
+
+def _digests(outs: list[Any]) -> list[str | None]:
+    return [digest(o) if isinstance(o, torch.Tensor) else None for o in outs]
 
 
 def _loss(records: list[Any], outs: list[Any]) -> torch.Tensor:
@@ -387,8 +473,8 @@ def _loss_and_grads(records: list[Any], outs: list[Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    folder, rank, world, out = (argv if argv is not None else sys.argv[1:])
-    _rank_main(Path(folder), int(rank), int(world), Path(out))
+    folder, rank, world, out, loaded = (argv if argv is not None else sys.argv[1:])
+    _rank_main(Path(folder), int(rank), int(world), Path(out), own_capture=loaded == "own")
     return 0
 
 

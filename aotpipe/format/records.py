@@ -596,6 +596,9 @@ class VerificationEntry(Record):
     problems: list[JsonValue] | None = None
     # "steps" (a train_step's chained steps, `compared` of them): each output's digest after the last
     digests: list[Sha256 | None] | None = None
+    # "ranks" (a distributed rank, version 4): each graph's outputs' digests as the ranks' run together
+    # gave them, which `aotpipe replay --ranks` compares with
+    graph_digests: dict[str, list[Sha256 | None]] | None = None
 
 
 class Environment(Record):

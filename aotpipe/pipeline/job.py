@@ -633,7 +633,7 @@ def _run_distributed(job: ModelJob) -> None:
     from aotpipe.artifact.writer import CheckOutcome, staged_model  # torch
     from aotpipe.capture.binding import graph_inputs  # torch
     from aotpipe.capture.distributed import capture_rank  # torch
-    from aotpipe.checks.distributed import check_ranks  # torch
+    from aotpipe.checks.distributed import RANKS_KEY, check_ranks  # torch
     from aotpipe.trust.signing import signer  # cryptography
 
     spec, result = job.spec, job.result
@@ -669,7 +669,7 @@ def _run_distributed(job: ModelJob) -> None:
             result.checks_seconds = checked.seconds
             job.at(Stage.WRITE)
         sign = signer(job.key) if job.key is not None else None
-        written = {r: st.finish(CheckOutcome(verification={"ranks": checked.entries[r]},
+        written = {r: st.finish(CheckOutcome(verification={RANKS_KEY: checked.entries[r]},
                                              checks=checked.totals.get(r)) if checked else None, sign=sign)
                    for r, st in staged.items()}
     result.write_seconds = time.perf_counter() - t0 - result.checks_seconds

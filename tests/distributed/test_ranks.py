@@ -6,17 +6,22 @@ named by rank and parameter; a rank's graph replayed alone says what it needs.""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from aotpipe.artifact.load import load
 from aotpipe.capture import distributed as capture_distributed
+from aotpipe.checks.distributed import run_ranks
+from aotpipe.cli import main
 from aotpipe.errors import ArtifactError
 from aotpipe.pipeline.job import run_model
 from aotpipe.replay import replay
 from aotpipe.spec import ModelSpec
+from tests.helpers.forge import reseal
 from tests.helpers.parallel_models import PLAN
 
 KINDS = ["inference", "forward", "backward", "joint"]
@@ -185,18 +190,69 @@ def test_a_group_no_rank_set_up_is_refused_in_one_line(tmp_path, monkeypatch):
            "mesh's" in result.error, result.error
 
 
-def test_a_rank_process_that_fails_is_named(tmp_path):
-    _ok(run_model(_spec("fsdp2"), tmp_path))
-    from aotpipe.checks.distributed import run_ranks
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """An fsdp2 world of two ranks, written and checked (read only: copy it to change it)."""
+    root = tmp_path_factory.mktemp("world")
+    _ok(run_model(_spec("fsdp2"), root))
+    return root
 
-    record = load(tmp_path / "mlp.rank0").manifest.distributed
-    swapped = {0: tmp_path / "mlp.rank1", 1: tmp_path / "mlp.rank0"}
+
+def test_a_rank_process_that_fails_is_named(world):
+    record = load(world / "mlp.rank0").manifest.distributed
+    swapped = {0: world / "mlp.rank1", 1: world / "mlp.rank0"}
     with pytest.raises(RuntimeError, match=r"^rank 0 failed: .*mlp.rank1: not rank 0 of a world of 2"):
         run_ranks(swapped, record, timeout=120)
+    with pytest.raises(ValueError, match=r"every rank of the world \(2\); it was given ranks \[0\]"):
+        run_ranks({0: world / "mlp.rank0"}, record)
 
 
-def test_a_rank_replayed_alone_says_it_needs_its_peers(tmp_path):
-    _ok(run_model(_spec("fsdp2"), tmp_path))
-    art = load(tmp_path / "mlp.rank0")
+def test_a_rank_replayed_alone_says_it_needs_its_peers(world):
+    art = load(world / "mlp.rank0")
     with pytest.raises(ArtifactError, match=r"runs with its peer ranks"):
         replay(art)
+
+
+def _replay(*args):
+    return CliRunner().invoke(main, ["replay", *map(str, args)])
+
+
+def test_replay_ranks_runs_the_world_again_bit_for_bit(world):
+    r = _replay(world / "mlp.rank1", "--ranks")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert [ln.split()[:3] for ln in lines] == [[f"rank{k}", key, "match"] for k in (0, 1)
+                                                 for key in ("inference", "forward", "backward", "joint")]
+    assert all(ln.endswith("outputs bit for bit") for ln in lines)
+    assert "--graph" in _replay(world / "mlp.rank1", "--ranks", "--graph", "joint").output
+
+
+def test_replay_ranks_names_a_rank_whose_outputs_differ_from_the_capture(world, tmp_path, monkeypatch):
+    monkeypatch.delenv("AOTPIPE_NO_SANDBOX")  # the suite's default (conftest): this test decides it
+    for r in (0, 1):
+        shutil.copytree(world / f"mlp.rank{r}", tmp_path / f"mlp.rank{r}")
+    path = tmp_path / "mlp.rank0" / "manifest.json"
+    data = json.loads(path.read_text())
+    digests = data["verification"]["ranks"]["graph_digests"]["joint"]
+    digests[1] = "0" * 64  # the first gradient's, as if the capture's run had given another
+    path.write_text(json.dumps(data))
+    assert reseal(tmp_path / "mlp.rank0")
+    # not signed (run_model without a key), and changed: not replayed outside the sandbox unless the user says so
+    r = _replay(tmp_path / "mlp.rank1", "--ranks")
+    assert r.exit_code == 2 and "--ranks runs the ranks in local processes over gloo, outside the sandbox" in r.output
+    r = _replay(tmp_path / "mlp.rank1", "--ranks", "--no-sandbox")
+    assert r.exit_code == 1, r.output
+    bad = [ln for ln in r.output.splitlines() if "mismatch" in ln]
+    assert len(bad) == 1 and bad[0].startswith("rank0   joint     mismatch  1 of 16 outputs differ from the "
+                                               "capture's run (outputs 1; at "), bad
+    assert "rank0" in bad[0] and "joint" in bad[0] and "(outputs 1;" in bad[0], r.output
+
+
+def test_replay_ranks_needs_every_rank_beside_it_and_a_rank_to_start_from(world, tmp_path):
+    shutil.copytree(world / "mlp.rank0", tmp_path / "mlp.rank0")
+    r = _replay(tmp_path / "mlp.rank0", "--ranks")
+    assert r.exit_code == 2 and f"{tmp_path / 'mlp.rank1'}: missing; --ranks runs all 2 ranks of the world " \
+                                 "together, and finds rank 1 beside mlp.rank0" in r.output, r.output
+    shutil.copytree(world / "mlp.rank0", tmp_path / "renamed")
+    r = _replay(tmp_path / "renamed", "--ranks")
+    assert r.exit_code == 2 and "rank 0's folder is named <model>.rank0" in r.output, r.output
