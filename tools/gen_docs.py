@@ -17,6 +17,8 @@ Each page is made from the code or data it describes, never typed by hand:
 - hf-zoo-dynamic.md: the zoo with dynamic sizes (pipelines/hf-zoo-dynamic.yaml), its rows
   kept in docs/data/hf-zoo-dynamic.json, beside the static zoo's (a page that says how to make
   them while none are kept);
+- distributed.md: every rank of pipelines/distributed.yaml (graphs, collectives per step, bytes,
+  the ranks' check), rendered by tools/distributed_table.py from docs/data/distributed.json;
 - mutation.md: the mutation score of the modules users trust, from the runs of
   tools/mutation.py kept in docs/mutation/*.json.
 
@@ -248,6 +250,28 @@ def hf_zoo_dynamic_page() -> str:
     return "\n".join(lines + [data.get("note", ""), "", _zoo_table().render_dynamic(data, static)])
 
 
+def _distributed_table() -> Any:
+    """tools/distributed_table.py, which renders the distributed page (a tool beside this one)."""
+    spec = importlib.util.spec_from_file_location("distributed_table",
+                                                  Path(__file__).resolve().parent / "distributed_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    return table
+
+
+def distributed_page() -> str:
+    """pipelines/distributed.yaml's ranks from docs/data/distributed.json."""
+    data = json.loads((REPO / "docs" / "data" / "distributed.json").read_text(encoding="utf-8"))
+    return "\n".join([
+        _header("docs/data/distributed.json (written by `python tools/distributed_table.py artifacts/distributed "
+                "--save docs/data/distributed.json` after `aotpipe run pipelines/distributed.yaml`)"),
+        "# Distributed graphs: every rank of pipelines/distributed.yaml (generated)", "",
+        f"torch {data['torch']}, on one CPU machine: each model's ranks captured on torch's fake process group "
+        "and run together over gloo, one local process per rank, against the single-process eager model "
+        "([distributed.md](../distributed.md)).", "",
+        _distributed_table().render(data), ""])
+
+
 def mutation_page() -> str:
     """The mutation score of the listed modules, from docs/mutation/*.json (tools/mutation.py)."""
     spec = importlib.util.spec_from_file_location("mutation_tool", REPO / "tools" / "mutation.py")
@@ -264,6 +288,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "cli.md": cli_page,
     "hf-zoo.md": hf_zoo_page,
     "hf-zoo-dynamic.md": hf_zoo_dynamic_page,
+    "distributed.md": distributed_page,
     "limits.md": limits_page,
     "mutation.md": mutation_page,
 }

@@ -5,6 +5,7 @@ loss and gradients by the float64 rule."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -46,3 +47,23 @@ def test_llama_under_fsdp2_at_four_ranks_and_fsdp2_tp_on_a_2x2_mesh(tmp_path):
             assert manifest["verification"]["ranks"]["status"] == "match"
             checks = manifest["checks"]
             assert checks["failed"] == 0 and checks["run"] > 40
+    # the page's rows (tools/distributed_table.py): FSDP2 gathers and reduce-scatters each parameter once a step
+    table = _tool("distributed_table")
+    data = table.collect(out / "distributed")
+    by_name = {m["name"]: m for m in data["models"]}
+    fsdp = by_name["llama_fsdp2_w4"]
+    assert fsdp["strategy"] == "fsdp2" and fsdp["world"] == 4 and len(fsdp["ranks"]) == 4
+    params = len(json.loads((out / "distributed" / "llama_fsdp2_w4.rank0" / "manifest.json").read_text())
+                 ["distributed"]["shards"])
+    for r in fsdp["ranks"]:
+        assert r["step"] == {"all_gather_into_tensor": params, "reduce_scatter_tensor": params, "all_reduce": 0}
+        assert r["step_bytes"] > 0 and r["check"] == "match"
+    assert all(r["step"]["all_reduce"] > 0 for r in by_name["llama_fsdp2_tp_2x2"]["ranks"])
+    assert "| llama_fsdp2_w4 | 3 | dp=3 |" in table.render(data)
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -256,3 +256,17 @@ def test_replay_ranks_needs_every_rank_beside_it_and_a_rank_to_start_from(world,
     shutil.copytree(world / "mlp.rank0", tmp_path / "renamed")
     r = _replay(tmp_path / "renamed", "--ranks")
     assert r.exit_code == 2 and "rank 0's folder is named <model>.rank0" in r.output, r.output
+
+
+def test_get_inputs_regenerates_a_ranks_local_shards(world):
+    from aotpipe.replay import get_inputs
+
+    for r in (0, 1):
+        folder = world / f"mlp.rank{r}"
+        shards = _manifest(folder)["distributed"]["shards"]
+        graph = folder / f"mlp.rank{r}_forward_0"
+        inputs = get_inputs(graph / f"{graph.name}.input", seed=1)
+        record = json.loads((graph / "inputs.json").read_text())["inputs"]
+        params = {rec["target"]: t for rec, t in zip(record, inputs, strict=True) if rec["role"] == "param"}
+        assert params and {n: list(t.shape) for n, t in params.items()} == \
+            {n: s["local_shape"] for n, s in shards.items()}
