@@ -18,7 +18,7 @@ from typing import Optional
 
 from aotpipe.artifact.manifest import file_sha256, fingerprint
 from aotpipe.errors import AotpipeError
-from aotpipe.format.records import FORMAT_VERSION, Manifest
+from aotpipe.format.records import FORMAT_VERSION, CheckSummary, CheckTotals, Manifest
 from aotpipe.format.vocabulary import ModelStatus
 from aotpipe.models.pt2 import pt2_path
 from aotpipe.pipeline.results import (
@@ -126,8 +126,43 @@ def skipped_result(spec: ModelSpec, folder: Path, manifest: Manifest, start: flo
     return r
 
 
+def artefact_folders(spec: ModelSpec, out_root: Path) -> list[Path]:
+    """Where `spec`'s artefact lives under `out_root`: its folder, or for a distributed model one
+    per rank of its world (``<name>.rank<r>``, docs/distributed.md)."""
+    if spec.distributed is None:
+        return [out_root / spec.name]
+    return [out_root / f"{spec.name}.rank{r}" for r in range(spec.distributed.world_size)]
+
+
+def kept_result(spec: ModelSpec, out_root: Path, fp: str, key: Path | None, start: float) -> ModelResult | None:
+    """The result of keeping `spec`'s artefact (every rank's, for a distributed model) if all of
+    it is up to date with fingerprint `fp`, else None (run it)."""
+    folders = artefact_folders(spec, out_root)
+    manifests = []
+    for folder in folders:
+        manifest = up_to_date(folder, fp, key)
+        if manifest is None:
+            return None
+        manifests.append(manifest)
+    r = skipped_result(spec, folders[0], manifests[0], start)
+    if len(folders) > 1:  # the ranks' files and checks together; graphs as rank 0's (as a run says them)
+        files = [p for f in folders for p in f.rglob("*") if p.is_file()]
+        r.bytes, r.files = sum(p.stat().st_size for p in files), len(files)
+        r.checks = summed_checks([m.checks for m in manifests])
+    return r
+
+
+def summed_checks(totals: list[CheckTotals | None]) -> CheckSummary | None:
+    """A distributed model's checks: its ranks' counts added (None where no rank has any)."""
+    present = [t for t in totals if t is not None]
+    if not present:
+        return None
+    return CheckSummary.model_validate({f: (sum(getattr(t, f) or 0 for t in present)
+                                            if any(getattr(t, f) is not None for t in present) else None)
+                                        for f in CheckTotals.model_fields})
+
+
 def check(spec: ModelSpec, out_root: Path, base_dir: Path | None, key: Path | None = None) -> Optional[ModelResult]:
     """The result of keeping `spec`'s artefact if it is up to date, else None (run it)."""
     start = time.perf_counter()
-    manifest = up_to_date(out_root / spec.name, model_fingerprint(spec, base_dir), key)
-    return None if manifest is None else skipped_result(spec, out_root / spec.name, manifest, start)
+    return kept_result(spec, out_root, model_fingerprint(spec, base_dir), key, start)

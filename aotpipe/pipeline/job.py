@@ -29,9 +29,8 @@ from aotpipe.format.records import MANIFEST
 from aotpipe.format.source_files import name_files_in
 from aotpipe.format.vocabulary import STAGES as VOCABULARY_STAGES
 from aotpipe.format.vocabulary import GraphKind, ModelStatus, Stage
-from aotpipe.pipeline.incremental import model_fingerprint, skipped_result, up_to_date
+from aotpipe.pipeline.incremental import kept_result, model_fingerprint, summed_checks
 from aotpipe.pipeline.results import (
-    CheckSummary,
     GraphSummary,
     ModelResult,
     checks_summary,
@@ -379,9 +378,9 @@ def run_model(spec: ModelSpec, out_dir: Path, base_dir: Path | None = None, *, f
     try:
         job.fingerprint = model_fingerprint(spec, base_dir)
         if not force:
-            manifest = up_to_date(out_dir / spec.name, job.fingerprint, key)
-            if manifest is not None:
-                return skipped_result(spec, out_dir / spec.name, manifest, start)
+            kept = kept_result(spec, out_dir, job.fingerprint, key, start)
+            if kept is not None:
+                return kept
     except Exception as e:
         _failed(job, e)
     else:
@@ -684,9 +683,7 @@ def _run_distributed(job: ModelJob) -> None:
                         "rank 0's)")
     result.status = ModelStatus.OK
     if checked is not None:
-        totals = list(checked.totals.values())
-        result.checks = CheckSummary(run=sum(t.run for t in totals), passed=sum(t.passed for t in totals),
-                                     failed=sum(t.failed for t in totals), skipped=sum(t.skipped for t in totals))
+        result.checks = summed_checks(list(checked.totals.values()))
     if checked is not None and checked.problems:
         result.status, result.stage = ModelStatus.FAILED, Stage.VERIFY
         result.error = "; ".join(checked.problems[:3])

@@ -390,3 +390,21 @@ def test_a_collectives_reduction_is_one_of_the_listed(reduce_op, ok):
 
 def test_a_group_name_of_an_op_that_is_no_collective_is_not_checked_as_one():
     ops.check_string_args(aten.div.Tensor_mode, [None, None, "floor"], {}, "w")  # no group_name: nothing raised
+
+
+def test_a_valid_group_name_by_keyword_passes_and_a_refusal_quotes_the_name_cut_at_40():
+    ops.check_string_args(C10D.all_gather_into_tensor.default, [None, 2], {"group_name": "7"}, "w")
+    long = "a" * 39 + "/" + "b" * 30  # 70 characters, not a name: quoted up to its 40th
+    with pytest.raises(ArtifactError) as e:
+        ops.check_string_args(C10D.all_reduce.default, [None, "sum", long], {}, "w")
+    assert str(e.value) == (f"w: group_name={long[:40]!r} is not a process group's name for "
+                            "_c10d_functional.all_reduce.default (letters, digits and _.:- only, at most 64)")
+
+
+def test_the_collectives_exemption_covers_their_group_name_and_nothing_else(monkeypatch):
+    # an op the list would call a collective still may not take an out= tensor
+    monkeypatch.setattr(ops, "COLLECTIVES", ops.COLLECTIVES | {"aten.add.out"})
+    assert ops._argument_problem(aten.add.out) == "it writes, and may resize, an out= tensor"
+    # an argument held to listed values exempts that argument only: the out= after it is still found
+    monkeypatch.setattr(ops, "STRING_ARG_VALUES", {**ops.STRING_ARG_VALUES, "aten.add.out": {"self": frozenset()}})
+    assert ops._argument_problem(aten.add.out) == "it writes, and may resize, an out= tensor"

@@ -324,3 +324,19 @@ def test_a_nudged_sample_is_the_same_for_the_same_seed_and_another_for_another()
     gm = make_fx(lambda x: x * 1.0)(torch.ones(64))
     one, again, two = (nudged_run(gm, [torch.ones(64)], k, ["user"])[0] for k in (1, 1, 2))
     assert torch.equal(one, again) and not torch.equal(one, two)
+
+
+def test_a_rows_json_is_its_fields_and_says_whether_it_recompiled_only_at_a_size_point():
+    from dataclasses import asdict
+
+    from aotpipe.corpus.bench.graph import GraphResult
+
+    plain = GraphResult(artifact="a", graph="g", kind="inference", status="ok")
+    assert plain.to_json() == asdict(plain) and "recompiled" not in plain.to_json()
+    at_size = GraphResult(artifact="a", graph="g", kind="inference", status="ok", sizes={"batch": 7}, point=1,
+                          compiles=2)
+    d = at_size.to_json()
+    assert d == {**asdict(at_size), "recompiled": at_size.recompiled} and d["recompiled"] is True
+    first = GraphResult(artifact="a", graph="g", kind="inference", status="ok", sizes={"batch": 1}, point=0,
+                        compiles=1)
+    assert first.to_json()["recompiled"] is first.recompiled

@@ -164,3 +164,13 @@ def test_a_distributed_models_ranks_are_its_rows_not_a_missing_artefact(tmp_path
     assert cli("report", root).exit_code == 0
     html = (root / "report.html").read_text()
     assert "run.json lists f as ok, but its artefact is not there" in html
+
+
+def test_a_model_with_its_own_folder_is_that_folder_even_beside_rank_folders_of_its_name(tmp_path):
+    root = copy_tree(tmp_path)
+    _as_rank(root, "running_norm", "mlp", 0)  # a rank artefact named after the model "mlp"
+    write_run(root, [entry("mlp"), entry("running_norm")])
+    assert cli("report", root).exit_code == 0
+    html = (root / "report.html").read_text()
+    names = [name for _, name, _ in rows(html)]
+    assert names[:2] == ["mlp", "running_norm"] and "mlp.rank0" in names[2:]
