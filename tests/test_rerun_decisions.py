@@ -397,29 +397,31 @@ def test_a_kept_partial_capture_is_partial_and_says_what_ran_outside(tmp_path):
     assert r.outside_graphs == ["inference: outside the graphs ran aten.nonzero.default x1"]
 
 
-def test_a_distributed_model_is_kept_only_when_every_ranks_artefact_is_up_to_date(tmp_path):
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_distributed_model_is_kept_only_when_every_ranks_artefact_is_up_to_date(tmp_path, world):
     spec, path = spec_in(tmp_path / "pipe", "aotpipe.zoo:mlp",
-                         "[{shape: [3, 8]}], distributed: {world_size: 3, strategy: ddp}")
-    assert spec.distributed is not None and spec.distributed.world_size == 3
+                         f"[{{shape: [{world}, 8]}}], distributed: {{world_size: {world}, strategy: ddp}}")
+    assert spec.distributed is not None and spec.distributed.world_size == world
     out = tmp_path / "out"
     fp = model_fingerprint(spec, path.parent)
-    assert incremental.artefact_folders(spec, out) == [out / f"m.rank{r}" for r in range(3)]
-    plant(out / "m.rank0", fp)
-    plant(out / "m.rank1", fp)
-    assert check(spec, out, path.parent) is None  # rank 2 is missing
-    plant(out / "m.rank2", "cd" * 32)
-    assert check(spec, out, path.parent) is None  # rank 2 is another model's
-    shutil.rmtree(out / "m.rank2")
-    plant(out / "m.rank2", fp)
+    last = world - 1
+    assert incremental.artefact_folders(spec, out) == [out / f"m.rank{r}" for r in range(world)]
+    for r in range(last):
+        plant(out / f"m.rank{r}", fp)
+    assert check(spec, out, path.parent) is None  # the last rank is missing
+    plant(out / f"m.rank{last}", "cd" * 32)
+    assert check(spec, out, path.parent) is None  # the last rank is another model's
+    shutil.rmtree(out / f"m.rank{last}")
+    plant(out / f"m.rank{last}", fp)
     plant(out / "m", fp)  # a folder of the model's own name is no rank: not counted
     r = check(spec, out, path.parent)
     assert r is not None and (r.name, r.status, r.skipped) == ("m", "ok", True)
-    files = [p for k in range(3) for p in (out / f"m.rank{k}").rglob("*") if p.is_file()]
+    files = [p for k in range(world) for p in (out / f"m.rank{k}").rglob("*") if p.is_file()]
     assert (r.files, r.bytes) == (len(files), sum(p.stat().st_size for p in files))
     assert [g.kind for g in r.graphs] == ["inference", "forward", "inference.freeze+reinplace"]  # rank 0's
     one = json.loads((out / "m.rank0" / "manifest.json").read_text())["checks"]
-    assert r.checks.run == 3 * one["run"] and r.checks.failed == 3 * one["failed"]  # every rank's
-    assert r.checks.fp64 == (3 * one["fp64"] if one.get("fp64") is not None else None)
+    assert r.checks.run == world * one["run"] and r.checks.failed == world * one["failed"]  # every rank's
+    assert r.checks.fp64 == (world * one["fp64"] if one.get("fp64") is not None else None)
 
 
 def test_summed_checks_add_each_count_and_keep_none_where_no_rank_has_one():
@@ -431,6 +433,11 @@ def test_summed_checks_add_each_count_and_keep_none_where_no_rank_has_one():
     assert (s.run, s.passed, s.failed, s.skipped, s.exact, s.floor, s.fp64, s.within_noise) == (7, 6, 1, 1, 1, 5, 1,
                                                                                                 None)
     assert incremental.summed_checks([None, None]) is None
+    # skipped checks' reasons are every rank's
+    from aotpipe.format.records import CheckSummary
+
+    c = CheckSummary(run=1, passed=1, failed=0, skipped=1, skipped_reasons=["joint: why"])
+    assert incremental.summed_checks([c, a, c]).skipped_reasons == ["joint: why", "joint: why"]
 
 
 def test_a_model_with_no_artefact_is_run(tmp_path):

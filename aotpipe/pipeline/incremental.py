@@ -148,18 +148,20 @@ def kept_result(spec: ModelSpec, out_root: Path, fp: str, key: Path | None, star
     if len(folders) > 1:  # the ranks' files and checks together; graphs as rank 0's (as a run says them)
         files = [p for f in folders for p in f.rglob("*") if p.is_file()]
         r.bytes, r.files = sum(p.stat().st_size for p in files), len(files)
-        r.checks = summed_checks([m.checks for m in manifests])
+        r.checks = summed_checks([checks_summary(m) for m in manifests])
     return r
 
 
 def summed_checks(totals: list[CheckTotals | None]) -> CheckSummary | None:
-    """A distributed model's checks: its ranks' counts added (None where no rank has any)."""
+    """A distributed model's checks: its ranks' counts added, and their skipped checks' reasons
+    (None where no rank has any checks)."""
     present = [t for t in totals if t is not None]
     if not present:
         return None
-    return CheckSummary.model_validate({f: (sum(getattr(t, f) or 0 for t in present)
-                                            if any(getattr(t, f) is not None for t in present) else None)
-                                        for f in CheckTotals.model_fields})
+    counts = {f: (sum(getattr(t, f) or 0 for t in present) if any(getattr(t, f) is not None for t in present)
+                  else None) for f in CheckTotals.model_fields}
+    reasons = [why for t in present if isinstance(t, CheckSummary) for why in t.skipped_reasons]
+    return CheckSummary.model_validate({**counts, "skipped_reasons": reasons})
 
 
 def check(spec: ModelSpec, out_root: Path, base_dir: Path | None, key: Path | None = None) -> Optional[ModelResult]:
