@@ -56,7 +56,7 @@ from aotpipe.capture import export as _export
 from aotpipe.errors import CaptureError
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput
 from aotpipe.format.records import CollectiveRecord, DistributedRecord, GroupRecord, ParamShardRecord
-from aotpipe.format.vocabulary import TRAINING_KINDS, GraphKind
+from aotpipe.format.vocabulary import GRAPH_KINDS, TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import NoLossError
 from aotpipe.runtime.tensors import loss_weights
 from aotpipe.spec.distributed import DistributedSpec
@@ -432,9 +432,8 @@ def capture_rank(model: torch.nn.Module, args: tuple, kwargs: dict, *, spec: Dis
                 if kind in graphs:
                     out[kind] = g
             module.laid_out.eval()
-        captured = CapturedGraphs(model=name, mode="export", graphs={k: out[k] for k in ("inference", "forward",
-                                  "backward", "joint") if k in out},
-                                  contract=contract if {"forward", "backward"} & set(out) else None,
+        captured = CapturedGraphs(model=name, mode="export", graphs={k: out[k] for k in GRAPH_KINDS if k in out},
+                                  contract=contract if {GraphKind.FORWARD, GraphKind.BACKWARD} & set(out) else None,
                                   seconds=time.perf_counter() - start,
                                   options={**_export.OPTIONS, "loss": loss, "distributed": spec.strategy},
                                   notes=notes, constants=constants, user_inputs=user_names)

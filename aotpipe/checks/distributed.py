@@ -41,6 +41,7 @@ from aotpipe.artifact.load import load
 from aotpipe.errors import ArtifactError
 from aotpipe.format.graph_keys import key_order
 from aotpipe.format.records import CheckTotals, DistributedRecord, VerificationEntry
+from aotpipe.format.vocabulary import GraphKind
 from aotpipe.models.eager import model_loss
 from aotpipe.runtime.accuracy import compare, digest
 from aotpipe.runtime.execution import run_graph
@@ -290,7 +291,7 @@ def check_ranks(folders: dict[int, Path], records: dict[int, DistributedRecord],
             per_rank[r].append(f"rank {r}: {what}: {check.detail}")
 
     # the loss: one rank per data-parallel row (tensor-parallel ranks hold the same loss)
-    for key in ("joint", "forward"):
+    for key in (GraphKind.JOINT, GraphKind.FORWARD):
         rows = [r for r in folders if key in got[r] and records[r].coords.get("tp", 0) == 0]
         if rows:
             losses = [got[r][key].loss for r in rows]
@@ -299,7 +300,7 @@ def check_ranks(folders: dict[int, Path], records: dict[int, DistributedRecord],
             judge(rows[0], f"{key}: the ranks' losses added", total, e32.loss, e64.loss)
     for r in folders:
         rec = records[r]
-        for key in ("joint", "backward"):
+        for key in (GraphKind.JOINT, GraphKind.BACKWARD):
             ran = got[r].get(key)
             grads = ran.grads if ran is not None else {}
             for name, g in sorted(grads.items()):
