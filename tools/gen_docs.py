@@ -200,12 +200,17 @@ def limits_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tool(name: str) -> Any:
+    """tools/<name>.py, a tool beside this one (not a package module) that renders a page."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
 def _zoo_table() -> Any:
-    """tools/zoo_table.py, which renders the zoo pages (a tool beside this one, not a package module)."""
-    spec = importlib.util.spec_from_file_location("zoo_table", Path(__file__).resolve().parent / "zoo_table.py")
-    zoo_table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(zoo_table)
-    return zoo_table
+    """tools/zoo_table.py, which renders the zoo pages."""
+    return _tool("zoo_table")
 
 
 def hf_zoo_page() -> str:
@@ -250,15 +255,6 @@ def hf_zoo_dynamic_page() -> str:
     return "\n".join(lines + [data.get("note", ""), "", _zoo_table().render_dynamic(data, static)])
 
 
-def _distributed_table() -> Any:
-    """tools/distributed_table.py, which renders the distributed page (a tool beside this one)."""
-    spec = importlib.util.spec_from_file_location("distributed_table",
-                                                  Path(__file__).resolve().parent / "distributed_table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
-    return table
-
-
 def distributed_page() -> str:
     """pipelines/distributed.yaml's ranks from docs/data/distributed.json."""
     data = json.loads((REPO / "docs" / "data" / "distributed.json").read_text(encoding="utf-8"))
@@ -269,7 +265,7 @@ def distributed_page() -> str:
         f"torch {data['torch']}, on one CPU machine: each model's ranks captured on torch's fake process group "
         "and run together over gloo, one local process per rank, against the single-process eager model "
         "([distributed.md](../distributed.md)).", "",
-        _distributed_table().render(data), ""])
+        _tool("distributed_table").render(data), ""])
 
 
 def mutation_page() -> str:
