@@ -747,6 +747,9 @@ def trust_remove(name: str) -> None:
               help="Intra-op threads of the bench's worker (one: timings that a busy machine does not skew).")
 @click.option("--clock", type=click.Choice(["auto", "wall", "cpu"]), default="auto", show_default=True,
               help="Time samples by wall time or by the worker's CPU time; auto: CPU time with one thread, else wall.")
+@click.option("--collectives", type=click.Choice(["recorded", "gloo"]), default=None,
+              help="A distributed rank's collectives: replaced by the results a run of its world recorded (the "
+                   "default; not timed), or executed with its world's ranks in local processes over gloo.")
 @click.option("--key", "key", default=None, metavar="KEY", help="Bench artefacts signed with this key.")
 @click.option("--no-sandbox", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
               help="Bench artefacts without a signature check: only ones you made or otherwise trust.")
@@ -757,7 +760,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
           write_baseline: str | None, locate: bool, locate_dir: str | None, as_json: bool, csv_path: str | None,
           inputs: str, seed: int, timeout_s: float, rounds: int, key: str | None, no_sandbox: bool,
           trust_ops: tuple[str, ...], no_progress: bool, threads: int | None,
-          clock: str, removed: tuple[str, ...], sizes: tuple[str, ...]) -> None:
+          clock: str, removed: tuple[str, ...], sizes: tuple[str, ...], collectives: str | None) -> None:
     """Run BACKEND over every graph of every artefact under PATHS: status, speedup, scores.
 
     \b
@@ -766,6 +769,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
       aotpipe bench artifacts/quickstart --backend inductor --baseline benchmarks/baselines/quickstart-inductor.csv
       aotpipe bench artifacts/quickstart --backend tests.bench.backends:gelu_as_relu --locate
       aotpipe bench artifacts/quickstart-dynamic --backend inductor --sizes batch=2,5,8
+      aotpipe bench artifacts/distributed/llama_fsdp2_w4.rank0 --backend inductor
 
     \b
     Run from a clone's root after `aotpipe run pipelines/quickstart.yaml` (which signs
@@ -774,7 +778,8 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
     ratios with its interval, or "within noise" where that interval holds 1.0x.
     --sizes, on an artefact captured with dims: (the last, after `aotpipe run
     pipelines/quickstart-dynamic.yaml`), gives a row per graph and size, and says whether
-    the backend recompiled there.
+    the backend recompiled there. A distributed model's rank (after `aotpipe run
+    pipelines/distributed.yaml`) is benched with its collectives as --collectives says.
     """
     # torch: kept off the torch-free path (every command imports cli)
     from aotpipe.corpus.bench.command import BenchOptions, run_bench
@@ -783,7 +788,7 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
 
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
                                     inputs, seed, timeout_s, rounds, key, no_sandbox, trust_ops, not no_progress,
-                                    locate_dir, threads, clock, removed, sizes), _say, click.echo))
+                                    locate_dir, threads, clock, removed, sizes, collectives), _say, click.echo))
 
 
 @main.command(name="ls", short_help='List artefacts and their status.')

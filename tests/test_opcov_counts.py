@@ -476,3 +476,33 @@ def test_a_graph_key_no_parser_knows_is_its_own_kind_cut_to_its_column(mlp):
     assert {k for r in table.ops for k in r.kinds} == {key}
     line = next(l for l in opcov.text_lines(table) if l.startswith("aten.relu.default "))
     assert f"  {key[:33]} (float32[2])" in line and key[:34] not in line
+
+
+# A rank of a world of 4 (fsdp2): each collective's output bytes on the rank.
+RANK = dict(world_size=4, strategy="fsdp2", mesh=[4], mesh_dims=["dp"], rank=1, coords={"dp": 1},
+            groups={"0": {"dim": "dp", "ranks": [0, 1, 2, 3]}}, shards={},
+            collectives=[dict(graph=g, node=f"n{i}", op=op, group="0", dim="dp", bytes=b) for i, (g, op, b) in
+                         enumerate([("forward", "all_gather_into_tensor", 400), ("backward", "reduce_scatter_tensor", 100),
+                                    ("joint", "all_gather_into_tensor", 400), ("inference", "all_gather_into_tensor", 400)])])
+
+
+def test_a_distributed_ranks_collectives_are_listed_per_step_and_per_inference_call(tmp_path):
+    root = _tiny(tmp_path, ("mlp", "running_norm"))
+    assert "collectives" not in json.loads(cli("ops", root, "--json").output)
+    assert "Collectives per distributed rank" not in cli("ops", root).output
+    path = root / "mlp" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "distributed": RANK}))
+    r = cli("ops", root, "--json")
+    assert r.exit_code == 0, r.output
+    # 4 ranks: an all-gather sends 3/4 of its output, a reduce-scatter 3 times it; the joint not counted again
+    assert json.loads(r.output)["collectives"] == [{
+        "model": "mlp", "rank": 1, "world": 4, "strategy": "fsdp2",
+        "step": {"all_gather_into_tensor": {"calls": 1, "bytes": 400, "sent": 300},
+                 "reduce_scatter_tensor": {"calls": 1, "bytes": 100, "sent": 300}},
+        "inference": {"all_gather_into_tensor": {"calls": 1, "bytes": 400, "sent": 300}}}]
+    lines = cli("ops", root).output.splitlines()
+    head = lines.index(next(ln for ln in lines if ln.startswith("Collectives per distributed rank")))
+    assert lines[head + 2].split() == ["model", "world", "training", "step", "inference"]
+    assert lines[head + 3].split() == ["mlp", "4", "fsdp2", "all-gather", "1,", "reduce-scatter", "1;", "sends", "600",
+                                       "B", "all-gather", "1;", "sends", "300", "B"]
+    assert len(lines) == head + 4 or not lines[head + 4].startswith("running_norm")

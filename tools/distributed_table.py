@@ -8,18 +8,20 @@ training step by kind, the bytes they move, and how the ranks' check went.
 Reads run.json (each model's status, seconds) and each rank's manifest (its `distributed` record,
 its graphs' node counts, `verification.ranks`, `checks`). A training step is the forward then
 the backward graph: its collectives are theirs (the joint holds the same ones once more, the
-inference graph its own). `--save` keeps the rows as data (the artefacts are not committed).
+inference graph its own), counted as `aotpipe ops` counts them (DistributedRecord.per_step): by
+kind, the bytes their outputs hold on the rank, and the bytes it sends for them in a ring
+algorithm. `--save` keeps the rows as data (the artefacts are not committed).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 from pathlib import Path
 from typing import Any
 
-STEP = ("forward", "backward")
+from aotpipe.format.records import DistributedRecord
+
 OPS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
 SHORT = {"all_gather_into_tensor": "all-gather", "reduce_scatter_tensor": "reduce-scatter", "all_reduce": "all-reduce"}
 
@@ -30,18 +32,15 @@ def _rank_row(folder: Path) -> dict[str, Any] | None:
     d = manifest.get("distributed")
     if d is None:
         return None
-    step: collections.Counter[str] = collections.Counter()
-    step_bytes = 0
-    for c in d.get("collectives", []):
-        if c["graph"] in STEP:
-            step[c["op"]] += 1
-            step_bytes += c["bytes"]
+    totals = DistributedRecord.model_validate(d).per_step()
+    step = {op: t.calls for op, t in totals.items()}
     entry = (manifest.get("verification") or {}).get("ranks") or {}
     checks = manifest.get("checks") or {}
     return {
         "rank": d["rank"], "coords": d["coords"],
         "graphs": {k: g.get("nodes") for k, g in manifest["graphs"].items()},
-        "step": {op: step.get(op, 0) for op in OPS}, "step_bytes": step_bytes,
+        "step": {op: step.get(op, 0) for op in OPS}, "step_bytes": sum(t.bytes for t in totals.values()),
+        "step_sent": sum(t.sent for t in totals.values()),
         "check": entry.get("status", "none"), "checks_run": checks.get("run", 0), "checks_failed": checks.get("failed", 0),
     }
 
@@ -84,17 +83,18 @@ def render(data: dict[str, Any]) -> str:
         lines.append(f"| {m['name']} | `{m['source']}` | {m['strategy'] or '-'} | {m['world'] or '-'} | {mesh or '-'} | "
                      f"{status} | {run - failed}/{run} | {seconds} |")
     lines += ["", "Per rank: graph node counts, the collectives of one training step (forward then backward) by "
-              "kind, the bytes their outputs hold on the rank, and the ranks' check ([distributed.md]"
-              "(../distributed.md#the-check)).", "",
+              "kind, the bytes their outputs hold on the rank, the bytes the rank sends for them in a ring algorithm, "
+              "and the ranks' check ([distributed.md](../distributed.md#the-check)).", "",
               "| model | rank | coords | inference | forward | backward | joint | step: "
-              + " | ".join(SHORT[o] for o in OPS) + " | step bytes | check |",
-              "|---|---|---|---|---|---|---|" + "---|" * len(OPS) + "---|---|"]
+              + " | ".join(SHORT[o] for o in OPS) + " | step bytes | step sends | check |",
+              "|---|---|---|---|---|---|---|" + "---|" * len(OPS) + "---|---|---|"]
     for m in data["models"]:
         for r in m["ranks"]:
             coords = ", ".join(f"{k}={v}" for k, v in r["coords"].items())
             nodes = " | ".join(str(r["graphs"].get(k, "-")) for k in ("inference", "forward", "backward", "joint"))
             ops = " | ".join(str(r["step"][o]) for o in OPS)
             lines.append(f"| {m['name']} | {r['rank']} | {coords} | {nodes} | {ops} | {_mib(r['step_bytes'])} | "
+                         f"{_mib(r['step_sent'])} | "
                          f"{r['check']} ({r['checks_run'] - r['checks_failed']}/{r['checks_run']}) |")
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ One problem per failing value, naming the rank, the graph and the parameter or o
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import socket
@@ -28,7 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,88 @@ def rank_threads(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
+def spawn_world(module: str, argv: Callable[[int], list[str]], world: int, timeout: float, *,
+                threads: int | None = None) -> None:
+    """``python -m <module> *argv(r)`` for every rank r of a world of `world`, run together: one local
+    process per rank, with the address of a free local port for their process group and `threads`
+    intra-op threads each (default: this machine's cores shared out). Raises RuntimeError naming
+    the first rank that failed (its last line), or the one still running at `timeout` seconds.
+    A rank that fails leaves the others waiting on it: they are given FAILED_GRACE seconds, then
+    killed. The processes stay in the caller's process group, so a caller killed (a bench
+    worker over its time) takes them with it."""
+    port = _free_port()
+    threads = threads if threads is not None else rank_threads(world)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    with tempfile.TemporaryDirectory(prefix="aotpipe-world-") as tmp:
+        logs = {r: open(Path(tmp) / f"rank{r}.err", "w+") for r in range(world)}  # files: a pipe could fill
+        try:
+            procs = {r: subprocess.Popen([sys.executable, "-m", module, *argv(r)], env=env, stdout=subprocess.DEVNULL,
+                                         stderr=logs[r], text=True)
+                     for r in range(world)}
+            killed, late = _wait_world(procs, time.monotonic() + timeout)
+            errors, lost = {}, set()
+            for r, p in procs.items():
+                if p.returncode != 0 and r not in killed:
+                    logs[r].seek(0)
+                    text = logs[r].read()
+                    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(" ")]
+                    errors[r] = lines[-1] if lines else f"exit status {p.returncode}"
+                    if any(m in text for m in _PEER_LOST):
+                        lost.add(r)
+        finally:
+            for f in logs.values():
+                f.close()
+    if errors:
+        # The rank that failed of itself, first: the others' collectives then fail for want of it.
+        first = min(errors, key=lambda r: (r in lost, r))
+        raise RuntimeError(f"rank {first} failed: {errors[first]}" + (
+            f" (ranks {', '.join(map(str, sorted(errors)))} failed)" if len(errors) > 1 else ""))
+    if late:
+        raise RuntimeError(f"the ranks did not finish within {timeout:.0f} s (rank {min(killed)} still running)")
+
+
+# How long the other ranks of a world may go on once one has failed (they wait on it).
+FAILED_GRACE = 5.0
+# What gloo says in a rank whose peer went away: that rank failed for another's failure.
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+
+
+def _wait_world(procs: dict[int, subprocess.Popen[str]], deadline: float) -> tuple[set[int], bool]:
+    """Wait for every rank's process; kill those still running at `deadline`, or FAILED_GRACE
+    seconds after one failed. (The ranks killed, whether at the deadline.)"""
+    failed_at: float | None = None
+    while True:
+        running = [r for r, p in procs.items() if p.poll() is None]
+        if not running:
+            return set(), False
+        now = time.monotonic()
+        if failed_at is None and any(p.returncode not in (0, None) for p in procs.values()):
+            failed_at = now
+        if now >= deadline or (failed_at is not None and now - failed_at >= FAILED_GRACE):
+            for r in running:
+                procs[r].kill()
+                procs[r].wait()
+            return set(running), failed_at is None
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def joined(rec: DistributedRecord, rank: int) -> Iterator[dict[str, str]]:
+    """In a rank's process (started by :func:`spawn_world`): this process joined to its world over
+    gloo with the mesh the capture recorded; yields each mesh dimension's live group name."""
+    if rec.rank != rank:
+        raise SystemExit(f"not rank {rank} of a world of {rec.world_size} (its manifest's distributed record says "
+                         f"rank {rec.rank})")
+    # A peer that died or went another way leaves a collective waiting: it fails after
+    # RANK_SECONDS rather than gloo's half hour.
+    dist.init_process_group("gloo", rank=rank, world_size=rec.world_size, timeout=timedelta(seconds=RANK_SECONDS))
+    try:
+        mesh = init_device_mesh("cpu", tuple(rec.mesh), mesh_dim_names=tuple(rec.mesh_dims))
+        yield {d: str(mesh[d].get_group().group_name) for d in rec.mesh_dims}
+    finally:
+        dist.destroy_process_group()
+
+
 def run_ranks(folders: dict[int, Path], record: DistributedRecord, timeout: float | None = None, *,
               own_capture: bool = True) -> dict[int, dict[str, GraphRun]]:
     """Every rank's graphs run together (one process per rank over gloo): what each gave, by rank.
@@ -84,34 +169,11 @@ def run_ranks(folders: dict[int, Path], record: DistributedRecord, timeout: floa
     world = record.world_size
     if sorted(folders) != list(range(world)):
         raise ValueError(f"the check runs every rank of the world ({world}); it was given ranks {sorted(folders)}")
-    port = _free_port()
-    timeout = timeout if timeout is not None else RANK_SECONDS * world
     with tempfile.TemporaryDirectory(prefix="aotpipe-ranks-") as tmp:
-        procs = {}
-        threads = rank_threads(world)
-        for r, folder in folders.items():
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            out = Path(tmp) / f"rank{r}.pt"
-            procs[r] = subprocess.Popen(
-                [sys.executable, "-m", "aotpipe.checks.distributed", str(folder), str(r), str(world), str(out),
-                 "own" if own_capture else "elsewhere"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + timeout
-        errors: dict[int, str] = {}
-        for r, p in procs.items():
-            try:
-                _, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                for q in procs.values():
-                    q.kill()
-                raise RuntimeError(f"the ranks did not finish within {timeout:.0f} s (rank {r} still running)") from None
-            if p.returncode != 0:
-                lines = [ln for ln in (err or "").splitlines() if ln.strip() and not ln.startswith(" ")]
-                errors[r] = lines[-1] if lines else f"exit status {p.returncode}"
-        if errors:
-            first = min(errors)
-            raise RuntimeError(f"rank {first} failed: {errors[first]}" + (
-                f" (ranks {', '.join(map(str, sorted(errors)))} failed)" if len(errors) > 1 else ""))
+        spawn_world("aotpipe.checks.distributed",
+                    lambda r: [str(folders[r]), str(r), str(world), str(Path(tmp) / f"rank{r}.pt"),
+                               "own" if own_capture else "elsewhere"],
+                    world, timeout if timeout is not None else RANK_SECONDS * world)
         return {r: {key: GraphRun(**ran) for key, ran in torch.load(Path(tmp) / f"rank{r}.pt", weights_only=True).items()}
                 for r in folders}
 
@@ -359,21 +421,22 @@ class RankReplay:
     detail: str = ""
 
 
-def sibling_ranks(folder: Path) -> tuple[dict[int, Path], DistributedRecord]:
-    """Every rank of the world the rank artefact `folder` belongs to: `<name>.rank<r>` beside it."""
+def sibling_ranks(folder: Path, who: str = "--ranks") -> tuple[dict[int, Path], DistributedRecord]:
+    """Every rank of the world the rank artefact `folder` belongs to: `<name>.rank<r>` beside it.
+    `who` (what needs them) begins the errors' fixes."""
     rec = load(folder).manifest.distributed
     if rec is None:
         raise ArtifactError(f"{folder}: not a rank of a distributed model (its manifest has no distributed "
-                            "record); --ranks replays those")
+                            f"record); {who} runs those")
     suffix = f".rank{rec.rank}"
     if not folder.name.endswith(suffix):
-        raise ArtifactError(f"{folder}: rank {rec.rank}'s folder is named <model>{suffix}; --ranks finds the other "
+        raise ArtifactError(f"{folder}: rank {rec.rank}'s folder is named <model>{suffix}; {who} finds the other "
                             "ranks beside it by that name")
     base = folder.name[: -len(suffix)]
     folders = {r: folder.parent / f"{base}.rank{r}" for r in range(rec.world_size)}
     for r, f in folders.items():
         if not (f / "manifest.json").is_file():
-            raise ArtifactError(f"{f}: missing; --ranks runs all {rec.world_size} ranks of the world together, and "
+            raise ArtifactError(f"{f}: missing; {who} runs all {rec.world_size} ranks of the world together, and "
                                 f"finds rank {r} beside {folder.name}")
         other = load(f).manifest.distributed
         if other is None or other.rank != r or (other.world_size, other.strategy, other.mesh) != \
@@ -413,7 +476,7 @@ def replay_ranks(folder: Path, timeout: float | None = None) -> list[RankReplay]
 # One rank's process
 
 
-def _remap_groups(gm: torch.fx.GraphModule, recorded: dict[str, Any], live: dict[str, str]) -> None:
+def remap_groups(gm: torch.fx.GraphModule, recorded: dict[str, Any], live: dict[str, str]) -> None:
     """Point each collective at this process's group of the mesh dimension the capture's group
     name stood for (the names match when the mesh was set up in the same order)."""
     for node in gm.graph.nodes:
@@ -428,14 +491,11 @@ def _rank_main(folder: Path, rank: int, world: int, out: Path, own_capture: bool
     rec = art.manifest.distributed
     if rec is None or rec.rank != rank or rec.world_size != world:
         raise SystemExit(f"{folder}: not rank {rank} of a world of {world} (its manifest's distributed record)")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", tuple(rec.mesh), mesh_dim_names=tuple(rec.mesh_dims))
-        live = {d: str(mesh[d].get_group().group_name) for d in rec.mesh_dims}
+    with joined(rec, rank) as live:
         result: dict[str, Any] = {}
         for ga in art.graphs.values():
             if isinstance(ga.module, torch.fx.GraphModule):
-                _remap_groups(ga.module, rec.groups, live)
+                remap_groups(ga.module, rec.groups, live)
         if "inference" in art.graphs:
             ga = art.graphs["inference"]
             outs = run_graph(ga.module, ga.saved_inputs())
@@ -454,8 +514,6 @@ def _rank_main(folder: Path, rank: int, world: int, out: Path, own_capture: bool
                 result["backward"] = {**_loss_and_grads(bw.record.outputs, outs), "digests": _digests(outs)}
         dist.barrier()
         torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
 
 
 def _digests(outs: list[Any]) -> list[str | None]:

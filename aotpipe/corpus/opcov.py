@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from aotpipe.errors import AotpipeError, printable
 from aotpipe.format.graph_keys import parse_graph_key
+from aotpipe.format.records import CollectiveTotal, collectives_text
 from aotpipe.pipeline.tree import ModelView, all_model_folders, iter_tree, missing_manifest, node_signature
 
 MAX_SIGNATURES = 8  # distinct input signatures kept per op
@@ -64,12 +65,32 @@ class GraphCoverage:
 
 
 @dataclass
+class RankCollectives:
+    """A distributed rank's collectives (its manifest's `distributed` record): those of one
+    training step and of one inference call, by op."""
+
+    model: str
+    rank: int
+    world: int
+    strategy: str
+    step: dict[str, CollectiveTotal]
+    inference: dict[str, CollectiveTotal]
+
+    def to_json(self) -> dict[str, Any]:
+        def ops(d: dict[str, CollectiveTotal]) -> dict[str, Any]:
+            return {op: t._asdict() for op, t in sorted(d.items())}
+        return {"model": self.model, "rank": self.rank, "world": self.world, "strategy": self.strategy,
+                "step": ops(self.step), "inference": ops(self.inference)}
+
+
+@dataclass
 class OpsTable:
     ops: list[OpRow]
     graphs: list[GraphCoverage]
     models: int
     problems: list[str]
     supported_by: Optional[str] = None
+    collectives: list[RankCollectives] = field(default_factory=list)  # one per distributed rank
 
     def per_model(self) -> list["ModelCoverage"]:
         """Coverage per model: calls of supported ops over calls, and distinct ops."""
@@ -136,9 +157,15 @@ def op_table(root: Path, supported: Optional[Callable[[str], Optional[str]]] = N
             verdicts[op] = supported(op) if supported is not None else None
         return verdicts[op]
 
+    ranks: list[RankCollectives] = []
+
     def count(v: ModelView) -> None:
         if v.problem:
             problems.append(v.problem)
+        d = v.manifest.distributed if v.manifest is not None else None
+        if d is not None:
+            ranks.append(RankCollectives(v.folder.name, d.rank, d.world_size, d.strategy, d.per_step(),
+                                         d.per_inference()))
         for g in v.graphs:
             cov = GraphCoverage(v.name, g.key, 0, 0, problem=g.problem)
             graphs.append(cov)
@@ -172,7 +199,7 @@ def op_table(root: Path, supported: Optional[Callable[[str], Optional[str]]] = N
             row.how = how(op)
             row.supported = row.how is not None
     ordered = sorted(rows.values(), key=lambda r: (-r.count, r.op))
-    return OpsTable(ordered, graphs, len(folders), problems, supported_by)
+    return OpsTable(ordered, graphs, len(folders), problems, supported_by, ranks)
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,6 +347,8 @@ def to_json(t: OpsTable) -> dict[str, Any]:
                  "how": r.how} for r in t.ops],
         "problems": t.problems,
     }
+    if t.collectives:
+        out["collectives"] = [r.to_json() for r in t.collectives]
     if t.supported_by is not None:
         out["coverage"] = [m.to_json() for m in t.per_model()]
         out["graphs"] = [{"model": g.model, "graph": g.graph, "calls": g.ops, "supported_calls": g.supported,
@@ -343,6 +372,20 @@ def to_csv(t: OpsTable) -> str:
     return buf.getvalue()
 
 
+def collective_lines(ranks: list[RankCollectives]) -> list[str]:
+    """The distributed ranks' collectives, one line per rank (none: no lines)."""
+    if not ranks:
+        return []
+    width = max(24, *(len(r.model) for r in ranks))
+    lines = ["", "Collectives per distributed rank: a training step's (forward then backward) and an inference "
+             "call's, by kind; the bytes the rank sends for them in a ring algorithm (docs/distributed.md)", "",
+             f"{'model':<{width}} {'world':<14} {'training step':<58} inference"]
+    for r in ranks:
+        lines.append(f"{r.model:<{width}} {f'{r.world} {r.strategy}':<14} {collectives_text(r.step):<58} "
+                     f"{collectives_text(r.inference)}")
+    return lines
+
+
 def text_lines(t: OpsTable) -> list[str]:
     """The table as a person reads it (names as composed: the caller escapes each line)."""
     width = max([10] + [len(r.op) for r in t.ops[:500]])
@@ -357,6 +400,7 @@ def text_lines(t: OpsTable) -> list[str]:
         if t.supported_by:
             line += f" {(r.how or 'NO')[:16]:<16}"
         lines.append(line + " " + _sigs(r))
+    lines += collective_lines(t.collectives)
     if t.supported_by:
         lines += ["", f"Coverage per model ({t.supported_by}):", ""]
         lines.append(f"{'model':<24} {'calls covered':>20} {'distinct ops':>13} {'graphs covered':>15}")

@@ -28,7 +28,7 @@ marked "version 1" below.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias, TypeVar, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, NamedTuple, TypeAlias, TypeVar, get_args
 
 from pydantic import (
     BaseModel,
@@ -47,7 +47,7 @@ from typing_extensions import TypeAliasType
 from aotpipe.errors import ArtifactError
 from aotpipe.format.graph_keys import BASE_KEY_PATTERN
 from aotpipe.format.limits import check_graphs, read_json
-from aotpipe.format.vocabulary import KindField, StatusField
+from aotpipe.format.vocabulary import GraphKind, KindField, StatusField
 
 # ---------------------------------------------------------------------------------------
 # Constants
@@ -810,6 +810,60 @@ class DistributedRecord(Record):
     batch: list[Count] | None = None  # [offset, size, whole] of the rank's slice of the batch (data parallel)
     tensor_parallel: list[str] = []  # the module paths tensor parallelism split
     collectives: list[CollectiveRecord] = []
+
+    def per_step(self) -> dict[str, CollectiveTotal]:
+        """The collectives of one training step by op. A step is the forward then the backward
+        graph (the joint holds the same collectives once more); a rank captured with the joint
+        alone, its joint's."""
+        split = [c for c in self.collectives if c.graph in (GraphKind.FORWARD, GraphKind.BACKWARD)]
+        return self._by_op(split or [c for c in self.collectives if c.graph == GraphKind.JOINT])
+
+    def per_inference(self) -> dict[str, CollectiveTotal]:
+        """The inference graph's collectives by op, per call."""
+        return self._by_op([c for c in self.collectives if c.graph == GraphKind.INFERENCE])
+
+    def _by_op(self, calls: list[CollectiveRecord]) -> dict[str, CollectiveTotal]:
+        out: dict[str, CollectiveTotal] = {}
+        for c in calls:
+            group = self.groups.get(c.group)
+            n = len(group.ranks) if group is not None else 1
+            # What a ring algorithm has each rank send (nccl-tests' bus bytes), from the output's size.
+            share = {"all_gather_into_tensor": c.bytes * (n - 1) // n, "reduce_scatter_tensor": c.bytes * (n - 1),
+                     "all_reduce": 2 * c.bytes * (n - 1) // n}.get(c.op, 0)
+            t = out.get(c.op, CollectiveTotal(0, 0, 0))
+            out[c.op] = CollectiveTotal(t.calls + 1, t.bytes + c.bytes, t.sent + share)
+        return out
+
+
+class CollectiveTotal(NamedTuple):
+    """Collectives of one op added up: calls, the bytes their outputs hold on the rank, and the
+    bytes the rank sends for them in a ring algorithm (all-gather (n-1)/n of its output,
+    reduce-scatter n-1 times its output, all-reduce 2(n-1)/n of it, over a group of n)."""
+
+    calls: int
+    bytes: int
+    sent: int
+
+
+_COLLECTIVE_WORDS: Final = {"all_gather_into_tensor": "all-gather", "reduce_scatter_tensor": "reduce-scatter",
+                            "all_reduce": "all-reduce"}
+
+
+def bytes_text(n: int) -> str:
+    """Bytes as a person reads them."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def collectives_text(totals: dict[str, CollectiveTotal]) -> str:
+    """Collectives by op (DistributedRecord.per_step's) in one phrase: calls per kind, then the
+    bytes the rank sends for them."""
+    if not totals:
+        return "none"
+    kinds = ", ".join(f"{_COLLECTIVE_WORDS.get(op, op)} {t.calls}" for op, t in sorted(totals.items()))
+    return f"{kinds}; sends {bytes_text(sum(t.sent for t in totals.values()))}"
 
 
 class Manifest(Record):

@@ -104,7 +104,7 @@ class Clock:
 
 
 def _planted_timing(monkeypatch, calls):
-    def time_interleaved(eager, backend, rounds, clock):
+    def time_interleaved(eager, backend, rounds, clock, peers=None):
         calls.append((rounds, clock))
         return Timing((2e-3, 1e-4), (1e-3, 2e-4), 2.0, 1.5, 2.5, True, 7.0)
     monkeypatch.setattr(graph_mod, "time_interleaved", time_interleaved)

@@ -1,7 +1,8 @@
 """Issue 42's done-when, from the command line: a Llama-like zoo model under FSDP2 at world size 4
 and under FSDP2+TP on a 2x2 mesh (pipelines/distributed.yaml's entries) writes every rank's four
 graph kinds with their collectives, and the ranks run together over gloo match the eager model's
-loss and gradients by the float64 rule."""
+loss and gradients by the float64 rule, and bench with inductor runs rank 0's graphs (their
+collectives replaced by the results a run of the world recorded)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,14 @@ def test_llama_under_fsdp2_at_four_ranks_and_fsdp2_tp_on_a_2x2_mesh(tmp_path):
         assert r["step_bytes"] > 0 and r["check"] == "match"
     assert all(r["step"]["all_reduce"] > 0 for r in by_name["llama_fsdp2_tp_2x2"]["ranks"])
     assert "| llama_fsdp2_w4 | 3 | dp=3 |" in table.render(data)
+    ranks0 = [out / "distributed" / f"{name}.rank0" for name in ("llama_fsdp2_w4", "llama_fsdp2_tp_2x2")]
+    bench = subprocess.run([sys.executable, "-m", "aotpipe", "bench", *map(str, ranks0), "--backend", "inductor",
+                            "--json", "--no-progress", "--rounds", "3"], capture_output=True, text=True, timeout=1200)
+    assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
+    graphs = json.loads(bench.stdout)["graphs"]
+    assert sorted((g["artifact"], g["graph"]) for g in graphs) == sorted(
+        (f"{name}.rank0", kind) for name in ("llama_fsdp2_w4", "llama_fsdp2_tp_2x2") for kind in KINDS)
+    assert all(g["status"] == "pass" and g["collectives"] == "recorded" and g["speedup"] for g in graphs), graphs
 
 
 def _tool(name):

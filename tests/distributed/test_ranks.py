@@ -20,20 +20,11 @@ from aotpipe.cli import main
 from aotpipe.errors import ArtifactError
 from aotpipe.pipeline.job import run_model
 from aotpipe.replay import replay
-from aotpipe.spec import ModelSpec
 from tests.helpers.forge import reseal
-from tests.helpers.parallel_models import PLAN
+from tests.helpers.parallel_models import assert_ok, mlp_spec
 
 KINDS = ["inference", "forward", "backward", "joint"]
 C10D = "_c10d_functional."
-
-
-def _spec(strategy: str, world: int = 2, mesh: list[int] | None = None, batch: int = 4) -> ModelSpec:
-    return ModelSpec.model_validate(dict(
-        name="mlp", source="tests.helpers.parallel_models:stack", args={}, config=None, mode="export", graphs=KINDS,
-        passes=[], inputs=[{"name": "x", "shape": [batch, 3, 8]}], save_inputs=True, verify=True, loss="weighted",
-        seed=0, distributed=dict(world_size=world, strategy=strategy, mesh=mesh,
-                                 tp_plan=PLAN if "tp" in strategy else None)))
 
 
 def _manifest(folder: Path) -> dict:
@@ -50,14 +41,9 @@ def _collectives(folder: Path, kind: str) -> set[str]:
     return {t.removeprefix(C10D).split(".")[0] for t in _ops(folder, kind) if t.startswith(C10D)} - {"wait_tensor"}
 
 
-def _ok(result) -> None:
-    assert result.status == "ok", (result.stage, result.error)
-    assert result.checks is not None and result.checks.run > 0 and result.checks.failed == 0
-
-
 def test_fsdp2_ranks_gather_in_the_forward_reduce_scatter_in_the_backward_and_match_eager(tmp_path):
-    result = run_model(_spec("fsdp2"), tmp_path)
-    _ok(result)
+    result = run_model(mlp_spec("fsdp2"), tmp_path)
+    assert_ok(result)
     r0, r1 = tmp_path / "mlp.rank0", tmp_path / "mlp.rank1"
     assert _collectives(r0, "forward") == {"all_gather_into_tensor"}
     assert _collectives(r0, "backward") == {"reduce_scatter_tensor"}
@@ -79,7 +65,7 @@ def test_fsdp2_ranks_gather_in_the_forward_reduce_scatter_in_the_backward_and_ma
 
 
 def test_ddp_ranks_hold_whole_parameters_and_all_reduce_each_gradient(tmp_path):
-    _ok(run_model(_spec("ddp"), tmp_path))
+    assert_ok(run_model(mlp_spec("ddp"), tmp_path))
     r1 = tmp_path / "mlp.rank1"
     assert _collectives(r1, "forward") == set()
     assert _collectives(r1, "backward") == {"all_reduce"}
@@ -88,7 +74,7 @@ def test_ddp_ranks_hold_whole_parameters_and_all_reduce_each_gradient(tmp_path):
 
 
 def test_tp_ranks_split_the_planned_layers_and_keep_the_batch_whole(tmp_path):
-    _ok(run_model(_spec("tp", batch=3), tmp_path))
+    assert_ok(run_model(mlp_spec("tp", batch=3), tmp_path))
     d1 = _manifest(tmp_path / "mlp.rank1")["distributed"]
     assert d1["batch"] is None and sorted(d1["tensor_parallel"]) == ["blocks.0.down", "blocks.0.up", "blocks.1.down",
                                                                       "blocks.1.up"]
@@ -125,7 +111,7 @@ def test_a_reduce_scatter_over_the_wrong_group_is_named_before_any_rank_runs(tmp
             n.args = (*n.args[:-1], tp)  # the tensor-parallel group: same size, other ranks
 
     _plant(monkeypatch, wrong_group)
-    result = run_model(_spec("fsdp2+tp", world=4, mesh=[2, 2]), tmp_path)
+    result = run_model(mlp_spec("fsdp2+tp", world=4, mesh=[2, 2]), tmp_path)
     assert result.status == "failed" and result.stage == "verify", result.error
     assert "backward: collective #1 on the dp group [0, 2]: rank 0 has none" in result.error, result.error
     assert "rank 2's is reduce_scatter_tensor" in result.error and "would not meet" in result.error
@@ -147,7 +133,7 @@ def test_a_dropped_reduce_scatter_is_named(tmp_path, monkeypatch):
             gm.graph.erase_node(n)
 
     _plant(monkeypatch, dropped)
-    result = run_model(_spec("fsdp2"), tmp_path)
+    result = run_model(mlp_spec("fsdp2"), tmp_path)
     assert result.status == "failed" and result.stage == "verify"
     assert "collective #1 on the dp group [0, 1]: rank 0 has none (it calls 0) where rank 1's is " \
            "reduce_scatter_tensor" in result.error, result.error
@@ -167,7 +153,7 @@ def test_a_wrong_gradient_shard_is_named_by_rank_and_parameter(tmp_path, monkeyp
                     user.replace_input_with(wait, off)
 
     _plant(monkeypatch, scaled)
-    result = run_model(_spec("fsdp2"), tmp_path)
+    result = run_model(mlp_spec("fsdp2"), tmp_path)
     assert result.status == "failed" and result.stage == "verify", result.error
     # the last reduce-scatter of the backward is the first parameter's (blocks.0.norm.weight)
     assert result.error.startswith("rank 0: joint: gradient of blocks.0.norm.weight (shard at [0]): RMS error"), \
@@ -184,18 +170,10 @@ def test_a_group_no_rank_set_up_is_refused_in_one_line(tmp_path, monkeypatch):
             n.args = (*n.args[:-1], "77")
 
     _plant(monkeypatch, unknown)
-    result = run_model(_spec("fsdp2"), tmp_path)
+    result = run_model(mlp_spec("fsdp2"), tmp_path)
     assert result.status == "failed" and result.stage == "verify"
     assert "rank 0: backward: reduce_scatter_tensor (reduce_scatter_tensor) calls group '77', which is none of its " \
            "mesh's" in result.error, result.error
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """An fsdp2 world of two ranks, written and checked (read only: copy it to change it)."""
-    root = tmp_path_factory.mktemp("world")
-    _ok(run_model(_spec("fsdp2"), root))
-    return root
 
 
 def test_a_rank_process_that_fails_is_named(world):

@@ -3,7 +3,11 @@ layers a tensor-parallel plan names (``blocks.*.up``: colwise, ``blocks.*.down``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from aotpipe.spec import ModelSpec
 
 
 class Block(torch.nn.Module):
@@ -36,3 +40,18 @@ def stack(width: int = 8, hidden: int = 16, depth: int = 2) -> torch.nn.Module:
 
 # the plan a pipeline names for it
 PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
+
+
+def mlp_spec(strategy: str, world: int = 2, mesh: list[int] | None = None, batch: int = 4) -> ModelSpec:
+    """The stack as a pipeline entry under `strategy`: all four graph kinds, inputs saved."""
+    return ModelSpec.model_validate(dict(
+        name="mlp", source="tests.helpers.parallel_models:stack", args={}, config=None, mode="export",
+        graphs=["inference", "forward", "backward", "joint"], passes=[], inputs=[{"name": "x", "shape": [batch, 3, 8]}],
+        save_inputs=True, verify=True, loss="weighted", seed=0,
+        distributed=dict(world_size=world, strategy=strategy, mesh=mesh, tp_plan=PLAN if "tp" in strategy else None)))
+
+
+def assert_ok(result: Any) -> None:
+    """A model's result: written, every check run passed."""
+    assert result.status == "ok", (result.stage, result.error)
+    assert result.checks is not None and result.checks.run > 0 and result.checks.failed == 0

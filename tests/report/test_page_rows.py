@@ -480,3 +480,15 @@ def test_a_value_the_template_needs_and_the_report_lacks_fails_the_page_rather_t
     del report.summary["graphs"]
     with pytest.raises(jinja2.UndefinedError, match="graphs"):
         page.render(report)
+
+
+def test_a_distributed_ranks_row_says_its_collectives_per_step_and_per_inference_call(root):
+    assert not [n for n in rows(root)["mlp"].notes if "collectives" in n]
+    rank = dict(world_size=2, strategy="ddp", mesh=[2], mesh_dims=["dp"], rank=0, coords={"dp": 0},
+                groups={"0": {"dim": "dp", "ranks": [0, 1]}}, shards={},
+                collectives=[dict(graph="backward", node="n0", op="all_reduce", group="0", dim="dp", bytes=64)])
+    edit_json(manifest(root), lambda d: d.update(distributed=rank))
+    notes = [n for n in rows(root)["mlp"].notes if "collectives" in n]
+    # two ranks: an all-reduce sends 2 * 1/2 of its output
+    assert notes == ["rank 0 of a world of 2 (ddp): collectives of a training step (forward then backward): "
+                     "all-reduce 1; sends 64 B; of an inference call: none (bytes sent in a ring algorithm)"]

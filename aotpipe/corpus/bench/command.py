@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from aotpipe.corpus.bench import baseline as baselines
 from aotpipe.corpus.bench.backends import parse_backend
 from aotpipe.corpus.bench.locate import locate_failures
 from aotpipe.corpus.bench.output import table, write_csv
-from aotpipe.corpus.bench.run import bench, parse_kinds
+from aotpipe.corpus.bench.run import bench, parse_collectives, parse_kinds
 from aotpipe.corpus.bench.sizes import parse_sizes
 from aotpipe.errors import AotpipeError
 from aotpipe.format.graph_keys import parse_graph_key
@@ -21,25 +21,26 @@ from aotpipe.format.graph_keys import parse_graph_key
 class BenchOptions:
     paths: tuple[str, ...]
     backend: str
-    graphs: Optional[str] = None
-    baseline: Optional[str] = None
-    write_baseline: Optional[str] = None
+    graphs: str | None = None
+    baseline: str | None = None
+    write_baseline: str | None = None
     locate: bool = False
     as_json: bool = False
-    csv: Optional[str] = None
+    csv: str | None = None
     inputs: str = "saved"
     seed: int = 0
     timeout_s: float = 600.0
     rounds: int = 10
-    key: Optional[str] = None
+    key: str | None = None
     trusted: bool = False
     trust_ops: tuple[str, ...] = ()
     progress: bool = True
-    locate_dir: Optional[str] = None
-    threads: Optional[int] = 1
+    locate_dir: str | None = None
+    threads: int | None = 1
     clock: str = "auto"
     removed: tuple[str, ...] = ()  # --removed MODEL[/GRAPH]: baseline graphs no longer benched on purpose
     sizes: tuple[str, ...] = ()  # --sizes NAME=v1,v2,...: bench each graph at these sizes (sizes.py)
+    collectives: str | None = None  # --collectives: a distributed rank's (ranks.MODES; None: recorded)
 
 
 def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., None]) -> int:
@@ -77,7 +78,8 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
 
     result = bench([Path(p) for p in o.paths], o.backend, kinds=kinds, inputs=o.inputs, seed=o.seed,
                    timeout_s=o.timeout_s, rounds=o.rounds, key=o.key, trusted=o.trusted, trust_ops=o.trust_ops,
-                   threads=o.threads, clock=o.clock, on_result=on_result, on_plan=on_plan, sizes=points)
+                   threads=o.threads, clock=o.clock, on_result=on_result, on_plan=on_plan, sizes=points,
+                   collectives=parse_collectives(o.collectives))
     if bar:
         bar[0].close()
     located = []

@@ -19,9 +19,10 @@ import copy
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -76,31 +77,31 @@ class GraphResult:
     kind: str
     status: str
     reason: str = ""
-    compile_s: Optional[float] = None  # the first call of the compiled graph (torch.compile compiles then)
-    eager_s: Optional[float] = None  # median per call, the loaded graph run eagerly
-    backend_s: Optional[float] = None  # median per call, the compiled graph
-    eager_iqr: Optional[float] = None
-    backend_iqr: Optional[float] = None
-    speedup: Optional[float] = None  # the median per-round ratio eager / backend
+    compile_s: float | None = None  # the first call of the compiled graph (torch.compile compiles then)
+    eager_s: float | None = None  # median per call, the loaded graph run eagerly
+    backend_s: float | None = None  # median per call, the compiled graph
+    eager_iqr: float | None = None
+    backend_iqr: float | None = None
+    speedup: float | None = None  # the median per-round ratio eager / backend
     # The speedup's interval (CONFIDENCE, widened by BAND) and what it supports: "faster" (the
     # interval above 1.0), "slower" (below), or "within noise" (it holds 1.0).
-    speedup_low: Optional[float] = None
-    speedup_high: Optional[float] = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
     verdict: str = ""
     noisy: bool = False
     clock: str = ""  # how samples were timed: wall | cpu
-    threads: Optional[int] = None  # the worker's intra-op threads when it timed them
+    threads: int | None = None  # the worker's intra-op threads when it timed them
     failed_outputs: list[str] = field(default_factory=list)
-    worst_ratio: Optional[float] = None  # the worst output's error as a share of its bound
+    worst_ratio: float | None = None  # the worst output's error as a share of its bound
     # Outputs that pass only with the second sample (float32 summed sequentially) as the scale.
     rescaled: list[str] = field(default_factory=list)
     # GraphNet: the least tolerance level t at which every output is allclose to eager float32
     # at GraphNet's atol/rtol for t (None: not even at t = 4, or the graph did not run).
-    graphnet_t: Optional[int] = None
+    graphnet_t: int | None = None
     wall_s: float = 0.0  # the whole task in the worker
     in_backend_s: float = 0.0  # of which compiling and running the compiled graph
     nodes: int = 0
-    detail: Optional[str] = None  # e.g. the worker's last lines, for a crash
+    detail: str | None = None  # e.g. the worker's last lines, for a crash
     path: str = ""  # the model folder
     inputs: str = "saved"  # saved | random
     seed: int = 0
@@ -111,6 +112,10 @@ class GraphResult:
     sizes: dict[str, int] | None = None
     point: int | None = None
     compiles: int | None = None
+    # A distributed rank's graph (ranks.py): how its collectives ran: "recorded" (each replaced
+    # by the result a run of its world recorded; not timed) or "gloo" (executed with its world's
+    # ranks in local processes); None for a graph without them.
+    collectives: str | None = None
 
     @property
     def recompiled(self) -> bool | None:
@@ -139,10 +144,33 @@ class GraphTask:
     rounds: int = ROUNDS
     trust_ops: tuple[str, ...] = ()
     clock: str = "auto"  # auto | wall | cpu (the process's CPU time: see CLOCKS)
-    threads: Optional[int] = None  # the worker's intra-op threads (None: torch's default)
+    threads: int | None = None  # the worker's intra-op threads (None: torch's default)
 
     def __call__(self) -> GraphResult:
         return bench_graph(self)
+
+
+@dataclass
+class Prepared:
+    """A graph ready to bench: the module run eagerly and compiled, its inputs (copied for each
+    use), and each input's role (inputs.json's; the inputs of :func:`bench_graph`'s `prepare`
+    may add their own)."""
+    module: torch.fx.GraphModule
+    saved: list[Any]
+    roles: list[str]
+
+
+@dataclass
+class Peers:
+    """The other ranks of a world whose copies of a graph a bench runs in step with this one
+    (bench --collectives gloo: ranks.py). Every decision a rank takes from what it measured
+    (how many calls a timed sample makes, whether to time again, whether to go on after a
+    failure) is the world's, so that no rank calls a collective the others do not."""
+    most: Callable[[int], int]  # the largest of a value over the world's ranks
+
+    def any(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank."""
+        return self.most(int(flag)) > 0
 
 
 def graph_inputs(ga: Any, inputs: str, seed: int) -> list[Any]:
@@ -182,7 +210,7 @@ def to_float64(gm: torch.fx.GraphModule, inputs: list[Any]) -> tuple[torch.fx.Gr
     return g, widened
 
 
-def reference64(gm: torch.fx.GraphModule, inputs: list[Any]) -> Optional[list[Any]]:
+def reference64(gm: torch.fx.GraphModule, inputs: list[Any]) -> list[Any] | None:
     """The graph's outputs in float64 (None where the graph does not run so: the rule then
     falls back to the float-noise floor alone)."""
     try:
@@ -196,7 +224,7 @@ def reference64(gm: torch.fx.GraphModule, inputs: list[Any]) -> Optional[list[An
 class Lazy:
     """A value computed on first use, then kept (None stays None: it is not computed again)."""
     def __init__(self, make: Callable[[], Any]):
-        self._make: Optional[Callable[[], Any]] = make
+        self._make: Callable[[], Any] | None = make
         self._value: Any = None
 
     def __call__(self) -> Any:
@@ -206,7 +234,7 @@ class Lazy:
         return self._value
 
 
-def nth(values: Callable[[], Optional[list[Any]]], i: int) -> Callable[[], Any]:
+def nth(values: Callable[[], list[Any] | None], i: int) -> Callable[[], Any]:
     def get() -> Any:
         v = values()
         return None if v is None or i >= len(v) else v[i]
@@ -221,7 +249,7 @@ def nth(values: Callable[[], Optional[list[Any]]], i: int) -> Callable[[], Any]:
 NUDGED_ROLES = ("user", "param", "buffer", "constant", "tangent")
 
 
-def nudged_run(gm: Any, inputs: list[Any], k: int, roles: Sequence[str]) -> Optional[list[Any]]:
+def nudged_run(gm: Any, inputs: list[Any], k: int, roles: Sequence[str]) -> list[Any] | None:
     """A further sample of the loaded graph's float32 noise, as the capture's checks take one of
     the eager model's (EagerReference.run's `nudged`): the graph run with its inputs of
     NUDGED_ROLES (`roles`: each input's) each moved one ulp up or down, seeded by `k`; None
@@ -234,7 +262,7 @@ def nudged_run(gm: Any, inputs: list[Any], k: int, roles: Sequence[str]) -> Opti
         return None
 
 
-def judge(actual: Any, expected: Any, ref: accuracy.Reference, seq: Optional[Callable[[], Any]],
+def judge(actual: Any, expected: Any, ref: accuracy.Reference, seq: Callable[[], Any] | None,
           what: str, samples: Sequence[Callable[[], Any]] = ()) -> tuple[accuracy.Check, bool]:
     """(the check, whether it passed only by the second sample) of one output.
 
@@ -270,9 +298,9 @@ def judge(actual: Any, expected: Any, ref: accuracy.Reference, seq: Optional[Cal
     return c, False
 
 
-def check_outputs(actual: list[Any], expected: list[Any], ref: Optional[Callable[[], Optional[list[Any]]]],
-                  labels: list[str], seq: Optional[Callable[[], Optional[list[Any]]]] = None,
-                  samples: Sequence[Callable[[], Optional[list[Any]]]] = ()
+def check_outputs(actual: list[Any], expected: list[Any], ref: Callable[[], list[Any] | None] | None,
+                  labels: list[str], seq: Callable[[], list[Any] | None] | None = None,
+                  samples: Sequence[Callable[[], list[Any] | None]] = ()
                   ) -> tuple[list[accuracy.Check], list[str]]:
     """(each output of the backend judged against the loaded graph's, the labels of those that
     passed only by the second sample). `ref` and `seq` give every output's float64 reference
@@ -289,7 +317,7 @@ def check_outputs(actual: list[Any], expected: list[Any], ref: Optional[Callable
     return checks, rescaled
 
 
-def graphnet_tolerance(actual: list[Any], expected: list[Any]) -> Optional[int]:
+def graphnet_tolerance(actual: list[Any], expected: list[Any]) -> int | None:
     """The least GraphNet tolerance level t at which every output is allclose to eager's, at
     GraphNet's (rtol, atol) for t and the output's dtype (graph_net_bench/datatype_tolerance_config:
     float32 10**(t*5.886/5), 10**t; float16 10**(t*3/5), 10**t; bfloat16 10**(t*1.796/5),
@@ -359,14 +387,16 @@ class Timing:
 
 
 def time_interleaved(eager: Callable[[], Any], backend: Callable[[], Any], rounds: int,
-                     clock: Callable[[], float] = time.perf_counter) -> Timing:
+                     clock: Callable[[], float] = time.perf_counter, peers: Peers | None = None) -> Timing:
     """Eager against the backend, each warmed up (the backend WARMUP calls, eager EAGER_WARMUP:
     the caller has run it once already), then timed in `rounds` rounds, each timing one sample
     of each side by side (which goes first alternates), a sample being enough calls to last
     SAMPLE_S. The speedup is the median of the rounds' ratios, so that what slows a whole
     round (another process, a frequency change) cancels out of it; its interval is the
     median's CONFIDENCE interval widened by BAND. If the ratios' IQR / median is over NOISY,
-    the timing is taken again with twice the rounds; if it is still over, it is noisy."""
+    the timing is taken again with twice the rounds; if it is still over, it is noisy. With
+    `peers`, the calls per sample and whether to time again are the world's (the most calls,
+    again where any rank's timing was noisy), outside the timed samples."""
     in_backend = 0.0
     one = 0.0
     for k in range(max(WARMUP, EAGER_WARMUP)):
@@ -380,6 +410,8 @@ def time_interleaved(eager: Callable[[], Any], backend: Callable[[], Any], round
             in_backend += clock() - t0
     one = max(one, 1e-7)
     calls = max(1, min(MAX_CALLS, int(SAMPLE_S / one)))
+    if peers is not None:
+        calls = peers.most(calls)
 
     def sample(fn: Callable[[], Any]) -> float:
         t0 = clock()
@@ -387,7 +419,7 @@ def time_interleaved(eager: Callable[[], Any], backend: Callable[[], Any], round
             fn()
         return (clock() - t0) / calls
 
-    result: Optional[Timing] = None
+    result: Timing | None = None
     for attempt in (1, 2):
         es, bs = [], []
         for r in range(rounds * attempt):
@@ -405,14 +437,14 @@ def time_interleaved(eager: Callable[[], Any], backend: Callable[[], Any], round
         lo, hi = median_interval(ratios)
         result = Timing(_median_iqr(es), _median_iqr(bs), mid, lo / (1 + BAND), hi * (1 + BAND),
                         iqr > NOISY * mid, 0.0)
-        if not result.noisy:
+        if not (result.noisy if peers is None else peers.any(result.noisy)):
             break
     assert result is not None
     result.in_backend_s = in_backend
     return result
 
 
-def resolve_clock(clock: str, threads: Optional[int]) -> str:
+def resolve_clock(clock: str, threads: int | None) -> str:
     """The clock "auto" stands for: cpu with one intra-op thread, wall otherwise."""
     if clock != "auto":
         return clock
@@ -453,47 +485,66 @@ def copy_inputs(inputs: list[Any]) -> list[Any]:
     return copy.deepcopy(inputs)
 
 
-def bench_graph(task: GraphTask) -> GraphResult:
-    """Load one graph of an artefact and bench it (runs in a worker process)."""
+def bench_graph(task: GraphTask, prepare: Callable[[Any], Prepared] | None = None,
+                peers: Peers | None = None) -> GraphResult:
+    """Load one graph of an artefact and bench it (runs in a worker process).
+
+    `prepare`: what is benched of the loaded graph (default: its module on its inputs, saved or
+    random); `peers`: the ranks this one runs in step with (bench --collectives gloo)."""
     start = time.perf_counter()
     art = loaded(task.artifact, task.trust_ops)
     ga = art.graphs[task.graph]
     res = GraphResult(task.label, task.graph, ga.kind, "skipped", path=task.artifact, inputs=task.inputs,
                       seed=task.seed)
+    failed = False
     try:
         backend = Backend(task.backend)
         user = backend.resolve()
-        module = ga.module
+        prepared = prepare(ga) if prepare is not None else Prepared(
+            ga.module, graph_inputs(ga, task.inputs, task.seed), [r.role for r in ga.record.inputs])
+        module, saved = prepared.module, prepared.saved  # saved: read (a backward's: its forward run) once
         # Loaded without trust_code: every graph is a GraphModule rebuilt from graph.json.
         assert isinstance(module, torch.fx.GraphModule)
         res.nodes = len(module.graph.nodes)
-        saved = graph_inputs(ga, task.inputs, task.seed)  # read (a backward's: its forward run) once
         expected = expand_outputs(ga.record, run_graph(module, copy_inputs(saved)))
     except Exception as e:
         res.reason = f"the loaded graph does not run eagerly: {exception_line(e)}"
+        failed = True
+    if _stopped(peers, failed, res, "skipped", "the loaded graph does not run eagerly"):
         res.wall_s = time.perf_counter() - start
         return res
 
-    roles = [r.role for r in ga.record.inputs]
     args = copy_inputs(saved)
     t0 = time.perf_counter()
     try:
-        fn, free = compile_graph(backend, module, args, roles, user)
+        fn, free = compile_graph(backend, module, args, prepared.roles, user)
         first = fn([args[i] for i in free])
     except Exception as e:
-        res.compile_s = time.perf_counter() - t0
-        res.in_backend_s = res.compile_s
         res.status = compile_failure(backend, e)
         res.reason = failure_line(e)
-        res.wall_s = time.perf_counter() - start
-        return res
+        failed = True
     res.compile_s = time.perf_counter() - t0
     res.in_backend_s = res.compile_s
-    if check_first(res, ga, module, fn, free, args, saved, expected, first):
+    if _stopped(peers, failed, res, "runtime_error", "it does not compile and run"):
+        res.wall_s = time.perf_counter() - start
+        return res
+    ran = check_first(res, ga, module, fn, free, args, saved, expected, first, prepared.roles, peers)
+    if peers is not None:
+        ran = not peers.any(not ran)
+    if ran:
         del expected, first
-        time_graph(res, task, module, fn, free, args, saved)
+        time_graph(res, task, module, fn, free, args, saved, peers)
     res.wall_s = time.perf_counter() - start
     return res
+
+
+def _stopped(peers: Peers | None, failed: bool, res: GraphResult, status: str, what: str) -> bool:
+    """Whether the bench of a graph stops here: it `failed` (`res` says how), or (in step with
+    `peers`) another rank's copy did, which `res` then says with `status`."""
+    if peers is None or not peers.any(failed) or failed:
+        return failed
+    res.status, res.reason = status, f"another rank of its world stopped the bench: there, {what}"
+    return True
 
 
 def compile_failure(backend: Backend, e: BaseException) -> str:
@@ -503,27 +554,33 @@ def compile_failure(backend: Backend, e: BaseException) -> str:
 
 
 def check_first(res: GraphResult, ga: Any, module: torch.fx.GraphModule, fn: Callable[[list[Any]], Any],
-                free: list[int], args: list[Any], saved: list[Any], expected: list[Any], first: Any) -> bool:
+                free: list[int], args: list[Any], saved: list[Any], expected: list[Any], first: Any,
+                roles: Sequence[str], peers: Peers | None = None) -> bool:
     """Judge the compiled graph's first outputs (`first`, on `args`) against the loaded graph's
-    (`expected`, on `saved`) into `res`: its status, reason and error figures; whether it ran
-    (so that it is timed next: a graph that fails the check is timed too)."""
+    (`expected`, on `saved`; `roles`: each input's) into `res`: its status, reason and error
+    figures; whether it ran (so that it is timed next: a graph that fails the check is timed
+    too). With `peers`, every reference is run, in one order, whether an output needs it or
+    not: each run calls the graph's collectives, which every rank must call alike."""
 
-    def widened() -> Optional[list[Any]]:
+    def widened() -> list[Any] | None:
         out = reference64(module, copy_inputs(saved))
         return None if out is None else expand_outputs(ga.record, out)
 
-    def sequential() -> Optional[list[Any]]:
+    def sequential() -> list[Any] | None:
         out = sequential_run(module, copy_inputs(saved))
         return None if out is None else expand_outputs(ga.record, out)
 
-    def nudged_sample(k: int) -> Callable[[], Optional[list[Any]]]:
-        def run() -> Optional[list[Any]]:
-            out = nudged_run(module, saved, k, [r.role for r in ga.record.inputs])
+    def nudged_sample(k: int) -> Callable[[], list[Any] | None]:
+        def run() -> list[Any] | None:
+            out = nudged_run(module, saved, k, roles)
             return None if out is None else expand_outputs(ga.record, out)
         return run
 
     ref, seq = Lazy(widened), Lazy(sequential)
     samples = [Lazy(nudged_sample(k)) for k in range(1, accuracy.NOISE_SAMPLES)]
+    if peers is not None:
+        for lazy in (ref, seq, *samples):
+            lazy()
     if draws_random(module):
         # Checked on a run seeded as the loaded graph's runs are (execution.run_graph).
         try:
@@ -557,7 +614,7 @@ def check_first(res: GraphResult, ga: Any, module: torch.fx.GraphModule, fn: Cal
 
 
 def time_graph(res: GraphResult, task: GraphTask, module: torch.fx.GraphModule, fn: Callable[[list[Any]], Any],
-               free: list[int], args: list[Any], saved: list[Any]) -> None:
+               free: list[int], args: list[Any], saved: list[Any], peers: Peers | None = None) -> None:
     """Time the compiled graph (on `args`) against the loaded graph run eagerly (on a copy of
     `saved`) into `res`; a call that fails makes it a runtime_error."""
     eager_args = copy_inputs(saved)
@@ -573,7 +630,7 @@ def time_graph(res: GraphResult, task: GraphTask, module: torch.fx.GraphModule, 
 
     try:
         res.clock, res.threads = resolve_clock(task.clock, task.threads), torch.get_num_threads()
-        t = time_interleaved(run_eager, run_backend, task.rounds, clock=CLOCKS[res.clock])
+        t = time_interleaved(run_eager, run_backend, task.rounds, clock=CLOCKS[res.clock], peers=peers)
         (res.eager_s, res.eager_iqr), (res.backend_s, res.backend_iqr) = t.eager, t.backend
         res.speedup, res.speedup_low, res.speedup_high, res.verdict = t.speedup, t.low, t.high, t.verdict
         res.noisy = t.noisy
@@ -612,7 +669,7 @@ def _in_compile(e: BaseException) -> bool:
     return False
 
 
-def result_from_failure(task: GraphTask, kind: str, reason: str, detail: Optional[str]) -> GraphResult:
+def result_from_failure(task: GraphTask, kind: str, reason: str, detail: str | None) -> GraphResult:
     """The result of a graph whose worker did not return: timed out, or died."""
     status = "timeout" if reason.startswith("timed out") else "crashed"
     return GraphResult(task.label, task.graph, kind, status, reason, detail=detail, path=task.artifact,

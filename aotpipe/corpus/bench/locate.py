@@ -461,7 +461,11 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
 def locate_failures(bench: Any, out_dir: Path, *, timeout_s: float, trust_ops: Sequence[str] = (),
                     threads: Optional[int] = None) -> list[Located]:
     """Locate every fail_accuracy graph of a bench, each in a worker; repros under `out_dir`."""
-    failing = [r for r in bench.results if r.status == "fail_accuracy"]
+    failing = [r for r in bench.results if r.status == "fail_accuracy" and r.collectives is None]
+    # A distributed rank's graph runs with its world (ranks.py): not bisected here.
+    ranks = [Located(r.artifact, r.graph, False, "a distributed rank's graph: --locate does not bisect one yet (its "
+                     "collectives run with its world's ranks)")
+             for r in bench.results if r.status == "fail_accuracy" and r.collectives is not None]
     tasks = [LocateTask(r.path, r.artifact, r.graph, bench.backend, r.inputs, r.seed, str(out_dir.resolve()),
                         tuple(trust_ops)) for r in failing]
     out: list[Optional[Located]] = [None] * len(tasks)
@@ -474,4 +478,4 @@ def locate_failures(bench: Any, out_dir: Path, *, timeout_s: float, trust_ops: S
     ProcessExecutor(workers=1, timeout_s=timeout_s, threads=threads, cwd=Path.cwd()).run(
         [Task(f"locate {t.label} {t.graph}", t, Resources(timeout_s=timeout_s)) for t in tasks],
         on_start=lambda i: None, on_done=done)
-    return [x for x in out if x is not None]
+    return [x for x in out if x is not None] + ranks

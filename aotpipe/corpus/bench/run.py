@@ -14,14 +14,19 @@ when the user says they are trusted (``--no-sandbox``, ``AOTPIPE_NO_SANDBOX=1``)
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from aotpipe.artifact.load import load
+from aotpipe.checks.distributed import sibling_ranks
 from aotpipe.corpus.bench.backends import parse_backend
 from aotpipe.corpus.bench.graph import GraphResult, GraphTask, artefact_label, result_from_failure
+from aotpipe.corpus.bench.ranks import MODES, RECORDED, WHO, RankGraphTask, record_worlds
 from aotpipe.corpus.bench.scores import Score, scores
 from aotpipe.corpus.bench.sizes import Point, SizedGraphTask, artefact_points, is_symbolic, symbol_sizes
 from aotpipe.errors import AotpipeError, ArtifactError
@@ -53,7 +58,7 @@ class Bench:
     sizes: list[Point] | None = None  # --sizes: the points asked for (one result per graph and point)
 
     @property
-    def overhead_share(self) -> Optional[float]:
+    def overhead_share(self) -> float | None:
         """The share of the workers' task time spent outside the backend's compile and run."""
         total = sum(r.wall_s for r in self.results)
         inside = sum(r.in_backend_s for r in self.results)
@@ -65,7 +70,7 @@ class Bench:
                 "scores": {k: s.to_json() for k, s in self.scores.items()}, "sizes": self.sizes}
 
 
-def parse_kinds(text: Optional[str]) -> Optional[set[str]]:
+def parse_kinds(text: str | None) -> set[str] | None:
     """--graphs: comma-separated kinds; None for all."""
     if not text:
         return None
@@ -100,7 +105,7 @@ def find_models(paths: Sequence[Path]) -> list[tuple[Path, str]]:
     return [entry for _, found in per_root for entry in found]
 
 
-def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted: bool) -> None:
+def check_trust(models: Sequence[tuple[Path, str]], key: str | None, trusted: bool) -> None:
     """Refuse (a user error) artefacts that are neither trusted by the user (signed by their
     own key or one they added) nor signed by `key`: a bench runs graphs in worker processes,
     not the sandbox."""
@@ -115,13 +120,38 @@ def check_trust(models: Sequence[tuple[Path, str]], key: Optional[str], trusted:
                            "if you otherwise trust them")
 
 
-BenchTask = GraphTask | SizedGraphTask
+BenchTask = GraphTask | SizedGraphTask | RankGraphTask
 
 
-def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[str]], inputs: str, seed: int,
-         rounds: int, trust_ops: tuple[str, ...], clock: str = "auto", threads: Optional[int] = 1,
-         sizes: Sequence[Point] = ()) -> tuple[list[BenchTask], list[str], list[str]]:
+def parse_collectives(text: str | None) -> str | None:
+    """--collectives: how a distributed rank's collectives run (ranks.py); None: not given."""
+    if text is not None and text not in MODES:
+        raise AotpipeError(f"--collectives {text!r}: use {' or '.join(MODES)} (replaced by the results a run of the "
+                           "world recorded, or executed over gloo with the world's ranks)")
+    return text
+
+
+def _rank_note(label: str, rec: Any, mode: str, threads: int | None) -> str:
+    """What a bench of a rank's graphs does with its collectives, said once per artefact."""
+    count, graphs = len(rec.collectives), len({c.graph for c in rec.collectives})
+    world = f"a world of {rec.world_size} ranks ({rec.strategy})"
+    if mode == RECORDED:
+        return (f"{label}: a rank of {world}: its collectives ({count} in {graphs} graphs) replaced by the results a "
+                "run of the world over gloo recorded, so their time is not counted (--collectives gloo executes them)")
+    return (f"{label}: a rank of {world}: benched in step with the other ranks, one local process each over gloo "
+            f"({threads or 1} thread(s) each, on this machine's {os.cpu_count()} cores), timed by the wall clock: its "
+            f"collectives ({count} in {graphs} graphs) executed and their time counted")
+
+
+def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: set[str] | None, inputs: str, seed: int,
+         rounds: int, trust_ops: tuple[str, ...], clock: str = "auto", threads: int | None = 1,
+         sizes: Sequence[Point] = (), collectives: str | None = None
+         ) -> tuple[list[BenchTask], list[str], list[str]]:
     """(one task per graph, each graph's kind, notes about graphs left out).
+
+    A distributed rank's graph is benched with its collectives as `collectives` says
+    (ranks.MODES; default recorded); given for artefacts none of which is a rank, it is the
+    user's error.
 
     With `sizes` (--sizes' points), each task benches its graph at every point, on random
     inputs; an artefact without a dynamic dimension, or a point outside one's range, is the
@@ -139,6 +169,13 @@ def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[s
         except ArtifactError as e:
             raise AotpipeError(f"{label}: {e}") from None
         points, missing = artefact_points(art.manifest, label, sizes) if sizes else ([], [])
+        rank = art.manifest.distributed
+        if rank is not None:
+            try:
+                sibling_ranks(folder, WHO)  # its whole world is beside it, now, as the user's error
+            except ArtifactError as e:
+                raise AotpipeError(f"{label}: {e}") from None
+            notes.append(_rank_note(label, rank, collectives or RECORDED, threads))
         if missing:
             has = sorted(art.manifest.dims.dims) if art.manifest.dims is not None else []
             lacking.append((label, missing, has))
@@ -157,9 +194,12 @@ def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[s
                                             tuple(tuple(symbol_sizes(art.manifest, p).items()) for p in points)))
             else:
                 mode = inputs if ga.has_saved_values else "random"
-                tasks.append(GraphTask(str(folder), label, key, backend, mode, seed, rounds, trust_ops, clock,
-                                       threads))
+                task = GraphTask(str(folder), label, key, backend, mode, seed, rounds, trust_ops, clock, threads)
+                tasks.append(task if rank is None else RankGraphTask(task, collectives or RECORDED))
             task_kinds.append(ga.kind)
+    if collectives is not None and not any(isinstance(t, RankGraphTask) for t in tasks):
+        raise AotpipeError(f"--collectives {collectives}: none of the graphs benched is a distributed rank's (their "
+                           "artefacts have no distributed record); drop --collectives")
     if skipped_kinds:
         notes.append(f"{backend} takes inference graphs only; left out: " +
                      ", ".join(f"{n} {k}" for k, n in sorted(skipped_kinds.items())))
@@ -181,22 +221,39 @@ def plan(models: Sequence[tuple[Path, str]], backend: str, kinds: Optional[set[s
     return tasks, task_kinds, notes
 
 
-def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = None, inputs: str = "saved",
-          seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, rounds: int = 10, key: Optional[str] = None,
-          trusted: bool = False, trust_ops: tuple[str, ...] = (), threads: Optional[int] = DEFAULT_THREADS, clock: str = "auto",
-          on_result: Optional[Callable[[GraphResult], None]] = None,
-          on_plan: Optional[Callable[[int], None]] = None, sizes: Sequence[Point] = ()) -> Bench:
+def bench(paths: Sequence[Path], backend: str, *, kinds: set[str] | None = None, inputs: str = "saved",
+          seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, rounds: int = 10, key: str | None = None,
+          trusted: bool = False, trust_ops: tuple[str, ...] = (), threads: int | None = DEFAULT_THREADS, clock: str = "auto",
+          on_result: Callable[[GraphResult], None] | None = None,
+          on_plan: Callable[[int], None] | None = None, sizes: Sequence[Point] = (),
+          collectives: str | None = None) -> Bench:
     """Bench `backend` over every graph (of `kinds`) of every artefact under `paths`.
 
     `threads`: the worker's intra-op threads (None: torch's default); `clock`: graph.CLOCKS,
     or "auto" (cpu with one thread, wall with more); `sizes`: --sizes' points (sizes.py), each
-    graph benched at every one of them, compiled once. `on_result` is called once per graph
-    (with its first point's result under --sizes)."""
+    graph benched at every one of them, compiled once; `collectives`: how a distributed rank's
+    graphs run theirs (ranks.MODES). `on_result` is called once per graph (with its first
+    point's result under --sizes)."""
     b = parse_backend(backend)
     b.resolve()  # a user backend that does not import is the user's error, now, once
     models = find_models(paths)
     check_trust(models, key, trusted)
-    tasks, task_kinds, notes = plan(models, backend, kinds, inputs, seed, rounds, trust_ops, clock, threads, sizes)
+    tasks, task_kinds, notes = plan(models, backend, kinds, inputs, seed, rounds, trust_ops, clock, threads, sizes,
+                                    collectives)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="aotpipe-bench-") as tmp:
+        ranked = [i for i, t in enumerate(tasks) if isinstance(t, RankGraphTask)]
+        if ranked:
+            done_ranked = record_worlds([tasks[i] for i in ranked], Path(tmp), trust_ops)  # type: ignore[misc]
+            for i, t in zip(ranked, done_ranked, strict=True):
+                tasks[i] = t
+        return _run(tasks, task_kinds, notes, backend, timeout_s, threads, on_result, on_plan, sizes, start)
+
+
+def _run(tasks: list[BenchTask], task_kinds: list[str], notes: list[str], backend: str, timeout_s: float,
+         threads: int | None, on_result: Callable[[GraphResult], None] | None,
+         on_plan: Callable[[int], None] | None, sizes: Sequence[Point], start: float) -> Bench:
+    """Every task run in a worker, one after another; the finished bench (its wall time from `start`)."""
     if on_plan is not None:
         on_plan(len(tasks))
     results: list[list[GraphResult]] = [[] for _ in tasks]
@@ -204,8 +261,13 @@ def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = No
     def done(i: int, outcome: Any) -> None:
         task = tasks[i]
         if isinstance(outcome, Failure):
-            rs = (task.failed(task_kinds[i], outcome.reason, outcome.detail) if isinstance(task, SizedGraphTask)
-                  else [result_from_failure(task, task_kinds[i], outcome.reason, outcome.detail)])
+            if isinstance(task, SizedGraphTask):
+                rs = task.failed(task_kinds[i], outcome.reason, outcome.detail)
+            elif isinstance(task, RankGraphTask):
+                rs = [result_from_failure(task.task, task_kinds[i], outcome.reason, outcome.detail)]
+                rs[0].collectives = task.mode
+            else:
+                rs = [result_from_failure(task, task_kinds[i], outcome.reason, outcome.detail)]
             if outcome.reason.startswith("the task raised"):
                 for r in rs:
                     r.status = "runtime_error"
@@ -215,7 +277,6 @@ def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = No
         if on_result is not None and rs:
             on_result(rs[0])
 
-    start = time.perf_counter()
     ex = ProcessExecutor(workers=1, timeout_s=timeout_s, threads=threads, cwd=Path.cwd())
     ex.run([Task(task_name(t), t, Resources(timeout_s=timeout_s)) for t in tasks],
            on_start=lambda i: None, on_done=done)
@@ -226,5 +287,5 @@ def bench(paths: Sequence[Path], backend: str, *, kinds: Optional[set[str]] = No
 
 def task_name(t: BenchTask) -> str:
     """How the executor names a task: the artefact and graph."""
-    g = t.task if isinstance(t, SizedGraphTask) else t
+    g = t.task if isinstance(t, (SizedGraphTask, RankGraphTask)) else t
     return f"{g.label} {g.graph}"

@@ -260,7 +260,7 @@ def bench_graph_at_sizes(st: SizedGraphTask) -> list[GraphResult]:
         ran = True
         res.compile_s = res.in_backend_s = time.perf_counter() - t0
         res.compiles = compiled_graphs() - before if backend.name != "eager" else None
-        if check_first(res, ga, module, fn, free, args, drawn, expected, first):
+        if check_first(res, ga, module, fn, free, args, drawn, expected, first, roles):
             del expected, first
             time_graph(res, task, module, fn, free, args, drawn)
         res.wall_s = time.perf_counter() - t_point

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format.limits import read_json
-from aotpipe.format.records import MANIFEST, ModelRun, RunRecord, describe
+from aotpipe.format.records import MANIFEST, ModelRun, RunRecord, collectives_text, describe
 from aotpipe.format.vocabulary import GRAPH_KINDS, ModelStatus
 from aotpipe.pipeline.htmlreport import plots
 from aotpipe.pipeline.report import human_size
@@ -226,6 +226,11 @@ def _model_row(i: int, run: Optional[ModelRun], view: Optional[ModelView], root:
                   for b in m.capture.graph_breaks or []]
     if m.capture.fallback:
         row.notes.append(f"export failed, dynamo used: {m.capture.fallback}")
+    d = m.distributed
+    if d is not None:
+        row.notes.append(f"rank {d.rank} of a world of {d.world_size} ({d.strategy}): collectives of a training step "
+                         f"(forward then backward): {collectives_text(d.per_step())}; of an inference call: "
+                         f"{collectives_text(d.per_inference())} (bytes sent in a ring algorithm)")
     row.outside = outside_graphs_lines(m)
     if is_partial(m) and row.status == ModelStatus.OK:  # the manifest says so, whatever run.json said
         row.status = ModelStatus.PARTIAL
