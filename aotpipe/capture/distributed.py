@@ -49,7 +49,7 @@ from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from aotpipe.capture import export as _export
@@ -124,7 +124,20 @@ def tp_plan(model: torch.nn.Module, spec: DistributedSpec) -> dict[str, str]:
     return {k: v for k, v in plan.items() if v in ("colwise", "rowwise")}
 
 
-_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+def _style(module: torch.nn.Module, style: str) -> ParallelStyle:
+    """torch's parallel style for `module` split `style`-wise. An nn.Linear: ColwiseParallel (its
+    output split on the last dimension, for the rowwise layer after it) or RowwiseParallel (its
+    input so split, its output all-reduced whole). An nn.Embedding: its output made whole either
+    way (the layers after it take the whole hidden state): rowwise splits the vocabulary (ids in
+    whole, output all-reduced), colwise the embedding dimension (output all-gathered)."""
+    if isinstance(module, torch.nn.Embedding):
+        return RowwiseParallel(input_layouts=Replicate()) if style == "rowwise" else \
+            ColwiseParallel(output_layouts=Replicate())
+    return RowwiseParallel() if style == "rowwise" else ColwiseParallel()
+
+
+# What colwise and rowwise split.
+_SPLITS = (torch.nn.Linear, torch.nn.Embedding)
 
 
 def _apply_tp(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -> list[str]:
@@ -135,22 +148,23 @@ def _apply_tp(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -
                            "(config.base_model_tp_plan): add tp_plan: {'layers.*.mlp.up_proj': colwise, ...} to "
                            "distributed")
     names = [n for n, _ in model.named_modules() if n]
-    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    looks = f"its nn.Linear layers: {', '.join(linear[:4])}" + (" ..." if len(linear) > 4 else "") if linear else \
-        "it has no nn.Linear layer"
+    linear = [n for n, m in model.named_modules() if isinstance(m, _SPLITS)]
+    looks = f"its nn.Linear and nn.Embedding layers: {', '.join(linear[:4])}" + (" ..." if len(linear) > 4 else "") \
+        if linear else "it has no nn.Linear or nn.Embedding layer"
     matched = {n: style for pattern, style in plan.items() for n in names if fnmatch.fnmatchcase(n, pattern)}
     unmatched = [p for p in plan if not any(fnmatch.fnmatchcase(n, p) for n in names)]
     if not matched:
         raise CaptureError(f"the tensor-parallel plan names no module of the model (patterns: "
                            f"{', '.join(sorted(plan)[:3])}); {looks}")
-    not_linear = sorted(n for n in matched if not isinstance(model.get_submodule(n), torch.nn.Linear))
+    not_linear = sorted(n for n in matched if not isinstance(model.get_submodule(n), _SPLITS))
     if not_linear:
         raise CaptureError(f"the tensor-parallel plan names {not_linear[0]}, a "
                            f"{type(model.get_submodule(not_linear[0])).__name__}: colwise and rowwise split "
-                           "nn.Linear layers; narrow the pattern")
+                           "nn.Linear and nn.Embedding layers; narrow the pattern")
     if unmatched:
         raise CaptureError(f"tp_plan pattern {unmatched[0]!r} matches no module of the model; {looks}")
-    parallelize_module(model, mesh["tp"], {n: _STYLES[s]() for n, s in matched.items()}, src_data_rank=None)
+    parallelize_module(model, mesh["tp"], {n: _style(model.get_submodule(n), s) for n, s in matched.items()},
+                       src_data_rank=None)
     return sorted(matched)
 
 

@@ -20,8 +20,9 @@ from aotpipe.cli import main
 from aotpipe.errors import ArtifactError
 from aotpipe.pipeline.job import run_model
 from aotpipe.replay import replay
+from aotpipe.spec import ModelSpec
 from tests.helpers.forge import reseal
-from tests.helpers.parallel_models import assert_ok, mlp_spec
+from tests.helpers.parallel_models import PLAN, assert_ok, mlp_spec
 
 KINDS = ["inference", "forward", "backward", "joint"]
 C10D = "_c10d_functional."
@@ -248,3 +249,52 @@ def test_get_inputs_regenerates_a_ranks_local_shards(world):
         params = {rec["target"]: t for rec, t in zip(record, inputs, strict=True) if rec["role"] == "param"}
         assert params and {n: list(t.shape) for n, t in params.items()} == \
             {n: s["local_shape"] for n, s in shards.items()}
+
+
+EMBEDDED_PLAN = {"stack.blocks.*.up": "colwise", "stack.blocks.*.down": "rowwise"}
+
+
+def test_an_embedding_split_rowwise_splits_the_vocabulary_and_all_reduces_its_output(tmp_path):
+    result = run_model(mlp_spec("tp", plan={"embed": "rowwise", **EMBEDDED_PLAN}, embedded=True), tmp_path)
+    assert_ok(result)
+    d = _manifest(tmp_path / "mlp.rank1")["distributed"]
+    assert d["shards"]["embed.weight"] == {"shape": [16, 8], "local_shape": [8, 8], "offset": [8, 0],
+                                           "placements": ["Shard(0)"]}
+    assert "embed" in d["tensor_parallel"]
+    # the embedding's partial rows summed whole, then the block's rowwise down: two all-reduces
+    ops = _ops(tmp_path / "mlp.rank1", "inference")
+    assert ops.count(f"{C10D}all_reduce.default") == 2
+
+
+def test_an_embedding_split_colwise_under_fsdp2_tp_gathers_its_output_whole(tmp_path):
+    result = run_model(mlp_spec("fsdp2+tp", world=4, mesh=[2, 2], plan={"embed": "colwise", **EMBEDDED_PLAN},
+                                embedded=True), tmp_path)
+    assert_ok(result)
+    d = _manifest(tmp_path / "mlp.rank3")["distributed"]
+    # dp shards the vocabulary, tp the embedding dimension
+    assert d["shards"]["embed.weight"] == {"shape": [16, 8], "local_shape": [8, 4], "offset": [8, 4],
+                                           "placements": ["Shard(0)", "Shard(1)"]}
+
+
+@pytest.mark.parametrize("plan, error", [
+    ({"nothing.*": "colwise"}, "the tensor-parallel plan names no module of the model (patterns: nothing.*); its "
+                               "nn.Linear and nn.Embedding layers: blocks.0.up, blocks.0.down, blocks.1.up, "
+                               "blocks.1.down ..."),
+    ({"blocks.*.norm": "colwise"}, "the tensor-parallel plan names blocks.0.norm, a LayerNorm: colwise and rowwise "
+                                   "split nn.Linear and nn.Embedding layers; narrow the pattern"),
+    ({**PLAN, "blocks.*.gate": "colwise"}, "tp_plan pattern 'blocks.*.gate' matches no module of the model; its "
+                                           "nn.Linear and nn.Embedding layers"),
+])
+def test_a_plan_torch_cannot_apply_to_the_model_is_refused_in_one_line(tmp_path, plan, error):
+    result = run_model(mlp_spec("tp", plan=plan), tmp_path)
+    assert result.status == "failed" and result.stage == "capture", result.error
+    assert error in result.error and "\n" not in result.error, result.error
+
+
+def test_tensor_parallelism_without_a_plan_on_a_model_that_carries_none_is_told_to_add_one(tmp_path):
+    data = mlp_spec("tp").model_dump()
+    data["distributed"]["tp_plan"] = None
+    result = run_model(ModelSpec.model_validate(data), tmp_path)
+    assert result.status == "failed" and result.stage == "capture", result.error
+    assert "strategy tp needs a tensor-parallel plan and the model carries none (config.base_model_tp_plan): add " \
+           "tp_plan:" in result.error, result.error

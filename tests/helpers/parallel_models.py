@@ -38,17 +38,40 @@ def stack(width: int = 8, hidden: int = 16, depth: int = 2) -> torch.nn.Module:
     return Stack(width, hidden, depth)
 
 
+class Embedded(torch.nn.Module):
+    """Token ids in: an embedding, then the stack's blocks and head."""
+
+    def __init__(self, vocab: int = 16, width: int = 8, hidden: int = 16):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.stack = Stack(width, hidden, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.stack(self.embed(ids))
+
+
+def embedded(vocab: int = 16) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return Embedded(vocab)
+
+
 # the plan a pipeline names for it
 PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
 
 
-def mlp_spec(strategy: str, world: int = 2, mesh: list[int] | None = None, batch: int = 4) -> ModelSpec:
-    """The stack as a pipeline entry under `strategy`: all four graph kinds, inputs saved."""
+def mlp_spec(strategy: str, world: int = 2, mesh: list[int] | None = None, batch: int = 4,
+             plan: dict[str, str] | None = None, embedded: bool = False) -> ModelSpec:
+    """The stack as a pipeline entry under `strategy`: all four graph kinds, inputs saved; with
+    `embedded`, the stack behind an embedding, on token ids. `plan`: the tensor-parallel plan
+    (default :data:`PLAN`, for the stack alone)."""
+    source, inputs = ("embedded", [{"name": "ids", "shape": [batch, 3], "dtype": "int64", "high": 16}]) if embedded \
+        else ("stack", [{"name": "x", "shape": [batch, 3, 8]}])
     return ModelSpec.model_validate(dict(
-        name="mlp", source="tests.helpers.parallel_models:stack", args={}, config=None, mode="export",
-        graphs=["inference", "forward", "backward", "joint"], passes=[], inputs=[{"name": "x", "shape": [batch, 3, 8]}],
+        name="mlp", source=f"tests.helpers.parallel_models:{source}", args={}, config=None, mode="export",
+        graphs=["inference", "forward", "backward", "joint"], passes=[], inputs=inputs,
         save_inputs=True, verify=True, loss="weighted", seed=0,
-        distributed=dict(world_size=world, strategy=strategy, mesh=mesh, tp_plan=PLAN if "tp" in strategy else None)))
+        distributed=dict(world_size=world, strategy=strategy, mesh=mesh,
+                         tp_plan=(plan or PLAN) if "tp" in strategy else None)))
 
 
 def assert_ok(result: Any) -> None:
