@@ -12,9 +12,14 @@ collectives do nothing, and tracing needs no peer) and a device mesh over it. Th
   ``dp`` (fsdp2; stacked on the tensor-parallel shard as FSDP2 does, torch's ``_StridedShard``)
   or replicated (ddp). Before use it is redistributed to whole over ``dp``, and its gradient
   is declared partial over ``dp`` (``to_local(grad_placements=[Partial])``): the forward
-  all-gathers, the backward reduce-scatters (fsdp2) or all-reduces (ddp) each gradient. This
-  is how torchtitan's SimpleFSDP writes FSDP in a traceable form, with FSDP2's collectives
-  and shards; FSDP2's ``fully_shard`` hooks, prefetching and bucketing are not traced.
+  all-gathers, the backward reduce-scatters (fsdp2) or all-reduces (ddp). This is how
+  torchtitan's SimpleFSDP writes FSDP in a traceable form. fsdp2 does it unit by unit, as
+  ``fully_shard`` on each block groups parameters (:func:`fsdp_units`): a unit's shards laid
+  end to end, each padded to its even share, in one all-gather, its gradients in one
+  reduce-scatter; with ``reshard_after_forward`` (FSDP2's default) the unit's gather is tagged
+  for the partitioner to recompute in the backward, which so gathers it again. FSDP2's hooks,
+  prefetching and memory management are not what is traced; its collectives, units, shards
+  and math are. ddp all-reduces each gradient (its size-based buckets are not modelled).
 
 The rank's graphs are traced by AOTAutograd from a module whose parameters are the rank's
 local shards, plain tensors (:class:`RankModule`: it wraps them into DTensors inside
@@ -35,6 +40,7 @@ import contextlib
 import copy
 import fnmatch
 import functools
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,6 +48,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions
 from torch._export.utils import _compiling_state_context
@@ -51,6 +58,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.placement_types import _StridedShard
+from torch.utils.checkpoint import CheckpointPolicy
 
 from aotpipe.capture import export as _export
 from aotpipe.errors import CaptureError
@@ -190,7 +198,8 @@ class RankModule(torch.nn.Module):
     (plain tensors, under the model's names); forward wraps each in a DTensor over the mesh,
     redistributes it as the strategy computes with it, and calls the model with those."""
 
-    def __init__(self, model: torch.nn.Module, mesh: DeviceMesh, params: list[_Param], spec: DistributedSpec):
+    def __init__(self, model: torch.nn.Module, mesh: DeviceMesh, params: list[_Param], spec: DistributedSpec,
+                 units: list[list[str]] | None = None):
         super().__init__()
         # the laid-out model is called functionally, not registered: its DTensor parameters are
         # not this module's inputs, the local shards are
@@ -198,9 +207,15 @@ class RankModule(torch.nn.Module):
         object.__setattr__(self, "laid_out", model)
         self.mesh, self.spec = mesh, spec
         self.params = {p.name: p for p in params}
+        # fsdp2: the parameters gathered (and their gradients reduce-scattered) together, each
+        # unit in one collective, as fully_shard on a block does (fsdp_units)
+        self.units = units or []
         self.shards: dict[str, ParamShardRecord] = {}
         self._names: dict[str, str] = {}
+        self._whole_over_dp: dict[str, list[int]] = {}  # each parameter's shape once gathered over dp
         for p in params:
+            over_dp = [Replicate() if dim == "dp" else pl for dim, pl in zip(spec.dims, p.placements, strict=True)]
+            self._whole_over_dp[p.name] = list(compute_local_shape_and_global_offset(p.whole.shape, mesh, over_dp)[0])
             shape, offset = compute_local_shape_and_global_offset(p.whole.shape, mesh, p.placements)
             local = p.whole[tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))].detach().clone()
             self._register(p.name, torch.nn.Parameter(local, requires_grad=p.whole.requires_grad))
@@ -243,9 +258,48 @@ class RankModule(torch.nn.Module):
         return DTensor.from_local(local_whole, mesh["tp"], [p.tp_placement], run_check=False, shape=p.whole.shape,
                                   stride=p.whole.stride())
 
+    def _unit(self, names: list[str], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The parameters `names` (one fsdp2 unit) whole over dp, gathered in one all-gather of
+        their shards laid end to end (each padded to its dimension 0's even share, as FSDP2 pads
+        them), whose gradient is partial over dp: one reduce-scatter in the backward."""
+        mesh = self.mesh["dp"] if len(self.spec.dims) > 1 else self.mesh
+        n = mesh.size()
+        pieces, layout = [], []
+        for name in names:
+            shape = self._whole_over_dp[name]
+            rows = -(-shape[0] // n)
+            local = own[name]
+            padded = torch.nn.functional.pad(local, [0, 0] * (local.dim() - 1) + [0, rows - local.shape[0]])
+            pieces.append(padded.reshape(-1))
+            layout.append((name, shape, rows))
+        flat = torch.cat(pieces)
+        d = DTensor.from_local(flat, mesh, [Shard(0)], run_check=False, shape=torch.Size([n * flat.numel()]),
+                               stride=(1,))
+        whole = d.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial("sum")]).view(n, -1)
+        out, at = {}, 0
+        for name, shape, rows in layout:
+            size = rows * math.prod(shape[1:])
+            value = whole[:, at:at + size].reshape(n * rows, *shape[1:])[:shape[0]]
+            at += size
+            tp_pl = self.params[name].tp_placement
+            out[name] = value if tp_pl is None else DTensor.from_local(
+                value, self.mesh["tp"], [tp_pl], run_check=False, shape=self.params[name].whole.shape,
+                stride=self.params[name].whole.stride())
+        return out
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        own = dict(self.named_parameters())
-        values: dict[str, torch.Tensor] = {n: self._computed(n, own[n]) for n in self.params}
+        own: dict[str, torch.Tensor] = dict(self.named_parameters())
+        values: dict[str, torch.Tensor] = {}
+        for i, unit in enumerate(self.units):
+            if self.spec.reshards and self.training:
+                # FSDP2's default: the unit's whole parameters are freed after its forward and
+                # gathered again for its backward (torch's selective checkpointing: the partitioner
+                # recomputes the all-gather in the backward graph rather than saving its result)
+                with _recomputed(i + 1):
+                    values.update(self._unit(unit, own))
+            else:
+                values.update(self._unit(unit, own))
+        values.update({n: self._computed(n, own[n]) for n in self.params if n not in values})
         values.update(dict(self.named_buffers()))
         return torch.func.functional_call(self.laid_out, values, args, kwargs, strict=False)
 
@@ -272,7 +326,52 @@ def lay_out(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -> 
             else:
                 placements.append(Shard(0))
         params.append(_Param(name, whole[name], placements, tp_pl))
-    return RankModule(model, mesh, params, spec), split
+    units = fsdp_units(model, spec) if spec.sharded_params else None
+    return RankModule(model, mesh, params, spec, units), split
+
+
+@contextlib.contextmanager
+def _recomputed(region: int) -> Iterator[None]:
+    """The nodes traced inside tagged for the partitioner to recompute in the backward rather than
+    save (what torch's selective activation checkpointing tags under torch.compile, with
+    `region` as its checkpoint region's id; its own context gives no id outside dynamo)."""
+    meta = fx_traceback.current_meta
+    saved: dict[str, Any] = {k: meta[k] for k in ("recompute", "ac_graph_id") if k in meta}
+    meta["recompute"], meta["ac_graph_id"] = CheckpointPolicy.MUST_RECOMPUTE, region
+    try:
+        yield
+    finally:
+        for k in ("recompute", "ac_graph_id"):
+            meta.pop(k, None)
+        meta.update(saved)
+
+
+def fsdp_units(model: torch.nn.Module, spec: DistributedSpec) -> list[list[str]]:
+    """The parameters fsdp2 gathers together, as fully_shard applied to each block and then to the
+    model groups them: the root's (those in no block) first, as the root's forward gathers
+    them first, then each block's, in the model's order. The blocks: the modules of
+    `spec.block`'s class, else of the transformers model's `_no_split_modules` classes, else
+    the children of its ModuleLists. Parameters by name, each in the innermost block holding it."""
+    if spec.block is not None:
+        classes = {spec.block}
+    else:
+        classes = set(getattr(model, "_no_split_modules", None) or ())
+    modules = dict(model.named_modules())
+    blocks = [n for n, m in modules.items() if n and type(m).__name__ in classes]
+    if spec.block is not None and not blocks:
+        kinds = sorted({type(m).__name__ for m in modules.values()})
+        raise CaptureError(f"distributed.block {spec.block!r}: no module of the model is one, so fsdp2 has no block to "
+                           f"shard; its module classes: {', '.join(kinds[:12])}")
+    if not blocks:
+        blocks = [f"{n}.{c}" if n else c for n, m in modules.items() if isinstance(m, torch.nn.ModuleList)
+                  for c, _ in m.named_children()]
+    units: dict[str, list[str]] = {"": []}
+    for b in blocks:
+        units[b] = []
+    for name, _ in model.named_parameters():
+        owner = max((b for b in blocks if name.startswith(b + ".")), key=len, default="")
+        units[owner].append(name)
+    return [u for u in units.values() if u]
 
 
 def batch_slice(spec: DistributedSpec, rank: int, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[int] | None]:

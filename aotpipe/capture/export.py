@@ -42,6 +42,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx._pytree import tree_flatten_spec
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import CheckpointPolicy
 
 from aotpipe.capture import custom_ops, unbacked
 from aotpipe.capture import dynamic as dynamic_capture
@@ -1075,6 +1076,20 @@ def _node_by_node(module: torch.nn.Module) -> Any:
         del module.forward
 
 
+def _recompute_views(joint: torch.fx.GraphModule) -> None:
+    """Tag for recomputing, as its source is, every view of a value tagged to be recomputed in the
+    backward (node.meta "recompute": MUST_RECOMPUTE, capture/distributed.py's regathered fsdp2
+    parameters): a linear's transposed weight, taken by the model outside the tagged region,
+    would otherwise be saved and keep the whole value alive, which the tag is there to free."""
+    for node in joint.graph.nodes:  # in order: a view of a view is tagged after its source
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or \
+                not node.target.is_view or "recompute" in node.meta:
+            continue
+        src = node.args[0] if node.args else None
+        if isinstance(src, torch.fx.Node) and src.meta.get("recompute") == CheckpointPolicy.MUST_RECOMPUTE:
+            node.meta["recompute"], node.meta["ac_graph_id"] = CheckpointPolicy.MUST_RECOMPUTE, src.meta["ac_graph_id"]
+
+
 def training_graphs(
     module: torch.nn.Module,
     args: tuple,
@@ -1102,6 +1117,7 @@ def training_graphs(
 
     def partition(joint_module, joint_inputs, *, num_fwd_outputs, **kw):
         handles = _hold_unused_multi_outputs(joint_module)
+        _recompute_views(joint_module)
         try:
             fw, bw = default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
         finally:

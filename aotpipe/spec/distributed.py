@@ -6,8 +6,10 @@ mesh: [2, 2]}``. The strategies and what each rank's graphs hold:
 
 - ``ddp``: every parameter whole on every rank; each rank takes its slice of the batch, and the
   backward all-reduces each gradient (``_c10d_functional.all_reduce``, sum).
-- ``fsdp2``: every parameter sharded on its first dimension over the ranks; the forward
-  all-gathers each before use, the backward reduce-scatters each gradient
+- ``fsdp2``: every parameter sharded on its first dimension over the ranks, grouped in units
+  as ``fully_shard`` groups them (each block, ``block`` or the model's own, then the rest): the
+  forward all-gathers each unit in one collective before use, the backward gathers it again
+  (``reshard_after_forward``, FSDP2's default) and reduce-scatters its gradients in one
   (``all_gather_into_tensor``, ``reduce_scatter_tensor``): FSDP2's collectives.
 - ``tp``: the layers the tensor-parallel plan names split column- or row-wise (torch's
   ColwiseParallel and RowwiseParallel); the batch whole on every rank.
@@ -55,6 +57,13 @@ class DistributedSpec(BaseModel):
     tp_plan: dict[str, TpStyle] | None = Field(
         None, description="module path pattern (fnmatch: layers.*.mlp.up_proj) -> colwise or rowwise; default: "
         "the transformers model's own base_model_tp_plan")
+    reshard_after_forward: bool | None = Field(
+        None, description="fsdp2: free each unit's gathered parameters after its forward and gather them again for "
+        "its backward (true, FSDP2's default: the backward graph all-gathers too); false: the backward keeps them "
+        "from the forward")
+    block: str | None = Field(None, description="fsdp2: the class of the modules fully_shard makes units of (each "
+                              "block's parameters gathered in one all-gather); default: the transformers model's "
+                              "_no_split_modules, else the children of its ModuleLists")
 
     @model_validator(mode="after")
     def _fits(self) -> DistributedSpec:
@@ -74,6 +83,10 @@ class DistributedSpec(BaseModel):
             if math.prod(self.mesh) != self.world_size:
                 raise ValueError(f"mesh {self.mesh} holds {math.prod(self.mesh)} ranks and world_size is "
                                  f"{self.world_size}: the mesh's sizes multiply to the world size")
+        for key in ("block", "reshard_after_forward"):
+            if getattr(self, key) is not None and not self.sharded_params:
+                raise ValueError(f"{key} is for the fsdp2 strategies (fsdp2, fsdp2+tp), which shard parameters by "
+                                 f"block, not {self.strategy}: drop it or change the strategy")
         if self.tp_plan is not None and "tp" not in dims:
             raise ValueError(f"tp_plan is for the tensor-parallel strategies (tp, fsdp2+tp, ddp+tp), not "
                              f"{self.strategy}: drop it or change the strategy")
@@ -100,6 +113,11 @@ class DistributedSpec(BaseModel):
             out[dim] = rest % n
             rest //= n
         return {d: out[d] for d in self.dims}
+
+    @property
+    def reshards(self) -> bool:
+        """fsdp2: whether the backward gathers each unit's parameters again (FSDP2's default)."""
+        return self.reshard_after_forward is not False
 
     @property
     def sharded_params(self) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from aotpipe.corpus.bench import graph as graph_mod
 from aotpipe.corpus.bench.graph import GraphResult, GraphTask, Peers, Prepared, _stopped, bench_graph, time_interleaved
 from aotpipe.corpus.bench.locate import locate_failures
@@ -98,3 +100,19 @@ def test_locate_leaves_a_ranks_failing_graph_and_says_so(tmp_path):
     assert (located.artifact, located.graph, located.found) == ("m.rank0", "inference", False)
     assert located.reason.startswith("a distributed rank's graph: --locate does not bisect one yet")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("stage, status, there", [
+    (0, "skipped", "the loaded graph does not run eagerly"),
+    (1, "runtime_error", "it does not compile and run"),
+])
+def test_a_rank_whose_world_stopped_says_where_and_goes_no_further(monkeypatch, stage, status, there):
+    asked = []
+
+    def most(v):  # another rank failed at the `stage`-th decision
+        asked.append(v)
+        return 1 if len(asked) == stage + 1 else v
+
+    r = bench_graph(GraphTask(MLP, "mlp", "inference", "eager", rounds=2, threads=1), peers=Peers(most))
+    assert (r.status, r.reason) == (status, f"another rank of its world stopped the bench: there, {there}")
+    assert len(asked) == stage + 1 and r.eager_s is None and r.wall_s > 0

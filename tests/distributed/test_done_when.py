@@ -54,11 +54,13 @@ def test_llama_under_fsdp2_at_four_ranks_and_fsdp2_tp_on_a_2x2_mesh(tmp_path):
     by_name = {m["name"]: m for m in data["models"]}
     fsdp = by_name["llama_fsdp2_w4"]
     assert fsdp["strategy"] == "fsdp2" and fsdp["world"] == 4 and len(fsdp["ranks"]) == 4
-    params = len(json.loads((out / "distributed" / "llama_fsdp2_w4.rank0" / "manifest.json").read_text())
-                 ["distributed"]["shards"])
+    # fully_shard's units: each decoder layer (the model's _no_split_modules), then the root; each
+    # gathered for the forward and again for the backward, its gradients reduce-scattered once
+    entry = next(m for m in yaml.safe_load(PIPELINE.read_text())["models"] if m["name"] == "llama_fsdp2_w4")
+    units = entry["config"]["num_hidden_layers"] + 1
     for r in fsdp["ranks"]:
-        assert r["step"] == {"all_gather_into_tensor": params, "reduce_scatter_tensor": params, "all_reduce": 0}
-        assert r["step_bytes"] > 0 and r["check"] == "match"
+        assert r["step"] == {"all_gather_into_tensor": 2 * units, "reduce_scatter_tensor": units, "all_reduce": 0}
+        assert r["step_bytes"] > 0 and r["step_sent"] > 0 and r["check"] == "match"
     assert all(r["step"]["all_reduce"] > 0 for r in by_name["llama_fsdp2_tp_2x2"]["ranks"])
     assert "| llama_fsdp2_w4 | 3 | dp=3 |" in table.render(data)
     ranks0 = [out / "distributed" / f"{name}.rank0" for name in ("llama_fsdp2_w4", "llama_fsdp2_tp_2x2")]

@@ -42,15 +42,28 @@ def _collectives(folder: Path, kind: str) -> set[str]:
     return {t.removeprefix(C10D).split(".")[0] for t in _ops(folder, kind) if t.startswith(C10D)} - {"wait_tensor"}
 
 
-def test_fsdp2_ranks_gather_in_the_forward_reduce_scatter_in_the_backward_and_match_eager(tmp_path):
-    result = run_model(mlp_spec("fsdp2"), tmp_path)
-    assert_ok(result)
-    r0, r1 = tmp_path / "mlp.rank0", tmp_path / "mlp.rank1"
+def _gathers(folder: Path, kind: str) -> list[int]:
+    """The bytes of each all-gather of a rank's graph, in order."""
+    rec = _manifest(folder)["distributed"]["collectives"]
+    return [c["bytes"] for c in rec if c["graph"] == kind and c["op"] == "all_gather_into_tensor"]
+
+
+# The stack's fsdp2 units over two ranks, each gathered in one all-gather of float32 shards padded
+# to half their first dimension: the root's head (weight 4x8, bias 4: 18 floats a rank), then each
+# block (norm 8 + 8, up 16x8 + 16, down 8x16 + 8: 148 floats a rank).
+UNITS = [2 * 18 * 4, 2 * 148 * 4, 2 * 148 * 4]
+
+
+def test_fsdp2_gathers_each_block_in_one_collective_and_gathers_again_for_the_backward(world):
+    r0, r1 = world / "mlp.rank0", world / "mlp.rank1"
     assert _collectives(r0, "forward") == {"all_gather_into_tensor"}
-    assert _collectives(r0, "backward") == {"reduce_scatter_tensor"}
+    assert _collectives(r0, "backward") == {"all_gather_into_tensor", "reduce_scatter_tensor"}
     assert _collectives(r0, "joint") == {"all_gather_into_tensor", "reduce_scatter_tensor"}
+    assert _gathers(r0, "forward") == _gathers(r0, "backward") == _gathers(r0, "inference") == UNITS
     m0, m1 = _manifest(r0), _manifest(r1)
     d0, d1 = m0["distributed"], m1["distributed"]
+    scatters = [c["bytes"] for c in d0["collectives"] if c["graph"] == "backward" and c["op"] == "reduce_scatter_tensor"]
+    assert sorted(scatters) == sorted(b // 2 for b in UNITS)  # each unit's gradient shard
     assert (d0["rank"], d1["rank"], d0["world_size"], d0["strategy"]) == (0, 1, 2, "fsdp2")
     # each parameter split on its first dimension: the two shards tile it
     up0, up1 = d0["shards"]["blocks.0.up.weight"], d1["shards"]["blocks.0.up.weight"]
@@ -59,10 +72,29 @@ def test_fsdp2_ranks_gather_in_the_forward_reduce_scatter_in_the_backward_and_ma
     assert d0["batch"] == [0, 2, 4] and d1["batch"] == [2, 2, 4]
     (group,) = d0["groups"].values()
     assert group == {"dim": "dp", "ranks": [0, 1]}
-    assert {c["op"] for c in d0["collectives"]} == {"all_gather_into_tensor", "reduce_scatter_tensor"}
     assert all(c["bytes"] > 0 and c["group"] in d0["groups"] for c in d0["collectives"])
     assert m0["verification"]["ranks"]["status"] == "match"
     assert m0["checks"]["failed"] == 0 and m0["checks"]["run"] == m0["verification"]["ranks"]["compared"] > 0
+
+
+def test_fsdp2_without_resharding_keeps_the_gathered_parameters_for_the_backward(tmp_path):
+    assert_ok(run_model(mlp_spec("fsdp2", reshard_after_forward=False), tmp_path))
+    r1 = tmp_path / "mlp.rank1"
+    assert _gathers(r1, "forward") == UNITS and _gathers(r1, "backward") == []
+    assert _collectives(r1, "backward") == {"reduce_scatter_tensor"}
+
+
+def test_fsdp2_units_are_the_modules_of_the_block_class_named(tmp_path):
+    assert_ok(run_model(mlp_spec("fsdp2", block="LayerNorm"), tmp_path))
+    # the root keeps every Linear (head 18, up and down 140 a block); each norm is a unit (8 a rank)
+    assert _gathers(tmp_path / "mlp.rank0", "forward") == [2 * (18 + 2 * 140) * 4, 2 * 8 * 4, 2 * 8 * 4]
+
+
+def test_a_block_class_the_model_does_not_hold_is_refused_naming_its_classes(tmp_path):
+    result = run_model(mlp_spec("fsdp2", block="DecoderLayer"), tmp_path)
+    assert result.status == "failed" and result.stage == "capture"
+    assert "distributed.block 'DecoderLayer': no module of the model is one, so fsdp2 has no block to shard; its " \
+           "module classes: Block, LayerNorm, Linear, ModuleList, Stack" in result.error, result.error
 
 
 def test_ddp_ranks_hold_whole_parameters_and_all_reduce_each_gradient(tmp_path):
@@ -114,7 +146,8 @@ def test_a_reduce_scatter_over_the_wrong_group_is_named_before_any_rank_runs(tmp
     _plant(monkeypatch, wrong_group)
     result = run_model(mlp_spec("fsdp2+tp", world=4, mesh=[2, 2]), tmp_path)
     assert result.status == "failed" and result.stage == "verify", result.error
-    assert "backward: collective #1 on the dp group [0, 2]: rank 0 has none" in result.error, result.error
+    # the backward gathers the three units again first: its first reduce-scatter is its 4th collective
+    assert "backward: collective #4 on the dp group [0, 2]: rank 0 has none (it calls 3)" in result.error, result.error
     assert "rank 2's is reduce_scatter_tensor" in result.error and "would not meet" in result.error
     m0 = _manifest(tmp_path / "mlp.rank0")
     assert m0["verification"]["ranks"]["status"] == "error"
@@ -136,7 +169,7 @@ def test_a_dropped_reduce_scatter_is_named(tmp_path, monkeypatch):
     _plant(monkeypatch, dropped)
     result = run_model(mlp_spec("fsdp2"), tmp_path)
     assert result.status == "failed" and result.stage == "verify"
-    assert "collective #1 on the dp group [0, 1]: rank 0 has none (it calls 0) where rank 1's is " \
+    assert "backward: collective #4 on the dp group [0, 1]: rank 0 has none (it calls 3) where rank 1's is " \
            "reduce_scatter_tensor" in result.error, result.error
 
 
@@ -156,10 +189,10 @@ def test_a_wrong_gradient_shard_is_named_by_rank_and_parameter(tmp_path, monkeyp
     _plant(monkeypatch, scaled)
     result = run_model(mlp_spec("fsdp2"), tmp_path)
     assert result.status == "failed" and result.stage == "verify", result.error
-    # the last reduce-scatter of the backward is the first parameter's (blocks.0.norm.weight)
-    assert result.error.startswith("rank 0: joint: gradient of blocks.0.norm.weight (shard at [0]): RMS error"), \
-        result.error
-    assert "rank 0: backward: gradient of blocks.0.norm.weight" in result.error
+    # the last reduce-scatter of the backward is the first unit's: the root's (the head)
+    assert result.error.startswith("rank 0: joint: gradient of head.bias (shard at [0]): RMS error"), result.error
+    assert "rank 0: joint: gradient of head.weight (shard at [0, 0])" in result.error
+    assert "rank 0: backward: gradient of head.bias" in result.error
     problems = _manifest(tmp_path / "mlp.rank0")["verification"]["ranks"]["problems"]
     assert problems and all(p.startswith("rank 0: ") for p in problems)
     assert _manifest(tmp_path / "mlp.rank1")["verification"]["ranks"]["status"] == "match"

@@ -109,3 +109,15 @@ def test_what_a_distributed_model_does_not_take_yet_is_refused_at_its_block(extr
 def test_a_bad_block_is_one_line_naming_the_field():
     (line,) = _problems(_yaml("{world_size: 4, strategy: fsdp2+tp, mesh: [2, 3]}"))
     assert line.startswith("p.yaml:7: models[0].distributed") and "multiply to the world size" in line
+
+
+def test_block_and_resharding_only_with_fsdp2():
+    assert DistributedSpec(world_size=2, strategy="fsdp2").reshards
+    assert not DistributedSpec(world_size=2, strategy="fsdp2", reshard_after_forward=False).reshards
+    DistributedSpec(world_size=4, strategy="fsdp2+tp", mesh=[2, 2], block="Block", reshard_after_forward=True)
+    for key, value in (("block", "Block"), ("reshard_after_forward", False)):
+        with pytest.raises(ValidationError, match=f"{key} is for the fsdp2 strategies \\(fsdp2, fsdp2\\+tp\\), which "
+                                                  "shard parameters by block, not ddp: drop it"):
+            DistributedSpec(world_size=2, strategy="ddp", **{key: value})
+    (line,) = _problems(_yaml("{world_size: 2, strategy: tp, tp_plan: {a: colwise}, block: Layer}"))
+    assert line.startswith("p.yaml:7: models[0].distributed") and "block is for the fsdp2 strategies" in line

@@ -60,10 +60,10 @@ PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
 
 
 def mlp_spec(strategy: str, world: int = 2, mesh: list[int] | None = None, batch: int = 4,
-             plan: dict[str, str] | None = None, embedded: bool = False) -> ModelSpec:
+             plan: dict[str, str] | None = None, embedded: bool = False, **more: Any) -> ModelSpec:
     """The stack as a pipeline entry under `strategy`: all four graph kinds, inputs saved; with
     `embedded`, the stack behind an embedding, on token ids. `plan`: the tensor-parallel plan
-    (default :data:`PLAN`, for the stack alone)."""
+    (default :data:`PLAN`, for the stack alone); `more`: the distributed block's other keys."""
     source, inputs = ("embedded", [{"name": "ids", "shape": [batch, 3], "dtype": "int64", "high": 16}]) if embedded \
         else ("stack", [{"name": "x", "shape": [batch, 3, 8]}])
     return ModelSpec.model_validate(dict(
@@ -71,7 +71,7 @@ def mlp_spec(strategy: str, world: int = 2, mesh: list[int] | None = None, batch
         graphs=["inference", "forward", "backward", "joint"], passes=[], inputs=inputs,
         save_inputs=True, verify=True, loss="weighted", seed=0,
         distributed=dict(world_size=world, strategy=strategy, mesh=mesh,
-                         tp_plan=(plan or PLAN) if "tp" in strategy else None)))
+                         tp_plan=(plan or PLAN) if "tp" in strategy else None, **more)))
 
 
 def assert_ok(result: Any) -> None:

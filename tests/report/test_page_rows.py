@@ -486,9 +486,12 @@ def test_a_distributed_ranks_row_says_its_collectives_per_step_and_per_inference
     assert not [n for n in rows(root)["mlp"].notes if "collectives" in n]
     rank = dict(world_size=2, strategy="ddp", mesh=[2], mesh_dims=["dp"], rank=0, coords={"dp": 0},
                 groups={"0": {"dim": "dp", "ranks": [0, 1]}}, shards={},
-                collectives=[dict(graph="backward", node="n0", op="all_reduce", group="0", dim="dp", bytes=64)])
+                collectives=[dict(graph="backward", node="n0", op="all_reduce", group="0", dim="dp", bytes=64),
+                             dict(graph="inference", node="n1", op="all_gather_into_tensor", group="0", dim="dp",
+                                  bytes=32)])
     edit_json(manifest(root), lambda d: d.update(distributed=rank))
     notes = [n for n in rows(root)["mlp"].notes if "collectives" in n]
     # two ranks: an all-reduce sends 2 * 1/2 of its output
     assert notes == ["rank 0 of a world of 2 (ddp): collectives of a training step (forward then backward): "
-                     "all-reduce 1; sends 64 B; of an inference call: none (bytes sent in a ring algorithm)"]
+                     "all-reduce 1; sends 64 B; of an inference call: all-gather 1; sends 16 B (bytes sent in a ring "
+                     "algorithm)"]
