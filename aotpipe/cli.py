@@ -731,7 +731,11 @@ def trust_remove(name: str) -> None:
               help="With --baseline: this model (or graph), no longer benched, was removed on purpose; repeatable "
                    "(without it, a graph that passed there and is gone is a regression).")
 @click.option("--locate", is_flag=True, help="Bisect each failing graph to its first faulty node; write a repro.")
-@click.option("--locate-dir", metavar="DIR", default=None, help="Where --locate writes repros (default bench-repros).")
+@click.option("--minimize", is_flag=True,
+              help="As --locate, then cut each culprit down to the few nodes that still fail: a repro artefact and a "
+                   "standalone script.")
+@click.option("--locate-dir", metavar="DIR", default=None,
+              help="Where --locate and --minimize write repros (default bench-repros).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results and scores as JSON.")
 @click.option("--csv", "csv_path", metavar="FILE", default=None, help="Write one row per graph to FILE.")
 @click.option("--inputs", type=click.Choice(["saved", "random"]), default="saved", show_default=True,
@@ -760,7 +764,8 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
           write_baseline: str | None, locate: bool, locate_dir: str | None, as_json: bool, csv_path: str | None,
           inputs: str, seed: int, timeout_s: float, rounds: int, key: str | None, no_sandbox: bool,
           trust_ops: tuple[str, ...], no_progress: bool, threads: int | None,
-          clock: str, removed: tuple[str, ...], sizes: tuple[str, ...], collectives: str | None) -> None:
+          clock: str, removed: tuple[str, ...], sizes: tuple[str, ...], collectives: str | None,
+          minimize: bool) -> None:
     """Run BACKEND over every graph of every artefact under PATHS: status, speedup, scores.
 
     \b
@@ -788,7 +793,38 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
 
     sys.exit(run_bench(BenchOptions(paths, backend, graphs, baseline, write_baseline, locate, as_json, csv_path,
                                     inputs, seed, timeout_s, rounds, key, no_sandbox, trust_ops, not no_progress,
-                                    locate_dir, threads, clock, removed, sizes, collectives), _say, click.echo))
+                                    locate_dir, threads, clock, removed, sizes, collectives, minimize), _say,
+                           click.echo))
+
+
+@main.command(short_help="Group a bench's failing graphs into unique bugs.")
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the bugs as JSON.")
+@_user_errors
+def triage(results: str, as_json: bool) -> None:
+    """Group the failing graphs of RESULTS (what `aotpipe bench ... --json` printed) into unique
+    bugs: a value outside the bound by its culprit node's op and argument kinds (--locate or
+    --minimize traced it), any other failure by its status and reason with what varies between
+    graphs taken out. One row per bug: graphs and models it hits, first seen, smallest repro.
+    Nothing is run. Exit 0 with no bug, 1 with some.
+
+    \b
+    Examples:
+      aotpipe bench artifacts/quickstart --backend tests.bench.backends:gelu_as_relu --minimize --json > b.json
+      aotpipe triage b.json
+    """
+    from pathlib import Path
+
+    # why: the bench package imports torch, kept off the torch-free path (every command imports cli)
+    from aotpipe.corpus.bench import triage as triage_mod
+
+    bugs = triage_mod.triage(*triage_mod.read(Path(results)))
+    if as_json:
+        click.echo(json.dumps([b.to_json() for b in bugs], indent=2, sort_keys=True))
+    else:
+        for line in triage_mod.lines(bugs):
+            _say(line)
+    sys.exit(1 if bugs else 0)
 
 
 @main.command(name="ls", short_help='List artefacts and their status.')

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import functools
+import operator
 import time
 from typing import Any
 
@@ -169,4 +171,17 @@ def specialises_sizes(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> An
             [int(s) for s in x.shape]
         elif isinstance(x, torch.SymInt):
             int(x)
+    return gm.forward
+
+
+def relu_of_addmm_doubled(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Doubles a relu whose input an addmm of the same graph computes (a fault of a fused pair:
+    the relu alone, on any input, is right)."""
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and n.target is aten.relu.default and isinstance(n.args[0], torch.fx.Node) \
+                and n.args[0].target is aten.addmm.default:
+            with gm.graph.inserting_after(n):
+                off = gm.graph.call_function(aten.mul.Tensor, (n, 2.0))
+            n.replace_all_uses_with(off, delete_user_cb=functools.partial(operator.is_not, off))
+    gm.recompile()
     return gm.forward

@@ -34,6 +34,7 @@ from aotpipe.corpus.bench.locate import (
     own_scale,
     prefix,
 )
+from aotpipe.corpus.bench.minimize import Minimized
 
 PLANTED = "tests.bench.backends"
 
@@ -792,7 +793,11 @@ def test_a_locate_result_is_its_fields_as_json():
                   output_shape="float32[4]", module_path="l", position="1 of 2", prefixes_tried=2, repro="r")
     assert res.to_json() == {"artifact": "m", "graph": "forward", "found": True, "reason": "why", "node": "mul",
                              "op": "aten.mul.Tensor", "input_shapes": ["float32[4]"], "output_shape": "float32[4]",
-                             "module_path": "l", "position": "1 of 2", "prefixes_tried": 2, "repro": "r"}
+                             "module_path": "l", "position": "1 of 2", "prefixes_tried": 2, "repro": "r",
+                             "minimized": None}
+    res.minimized = Minimized(True, "off", op="aten.mul.Tensor", nodes=1, depth=0, tries=1, repro="m", script="m.py")
+    assert res.to_json()["minimized"] == {"found": True, "reason": "off", "op": "aten.mul.Tensor", "nodes": 1,
+                                          "depth": 0, "tries": 1, "repro": "m", "script": "m.py"}
 
 
 class _Executor:

@@ -13,6 +13,8 @@ from aotpipe.corpus.bench.locate import locate_failures
 from aotpipe.corpus.bench.output import table, write_csv
 from aotpipe.corpus.bench.run import bench, parse_collectives, parse_kinds
 from aotpipe.corpus.bench.sizes import parse_sizes
+from aotpipe.corpus.bench.triage import lines as triage_lines
+from aotpipe.corpus.bench.triage import triage
 from aotpipe.errors import AotpipeError
 from aotpipe.format.graph_keys import parse_graph_key
 
@@ -41,6 +43,7 @@ class BenchOptions:
     removed: tuple[str, ...] = ()  # --removed MODEL[/GRAPH]: baseline graphs no longer benched on purpose
     sizes: tuple[str, ...] = ()  # --sizes NAME=v1,v2,...: bench each graph at these sizes (sizes.py)
     collectives: str | None = None  # --collectives: a distributed rank's (ranks.MODES; None: recorded)
+    minimize: bool = False  # --minimize: --locate, then each culprit cut down to the few nodes that still fail
 
 
 def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., None]) -> int:
@@ -57,7 +60,8 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
     points = parse_sizes(o.sizes)
     if points:
         # A baseline has one row per graph, and --locate bisects at the captured sizes.
-        for given, name in ((o.baseline, "--baseline"), (o.write_baseline, "--write-baseline"), (o.locate, "--locate")):
+        for given, name in ((o.baseline, "--baseline"), (o.write_baseline, "--write-baseline"), (o.locate, "--locate"),
+                            (o.minimize, "--minimize")):
             if given:
                 raise AotpipeError(f"{name} does not go with --sizes (a baseline holds one status per graph, and "
                                    f"--locate bisects at the captured sizes); run it in a bench without --sizes")
@@ -83,9 +87,9 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
     if bar:
         bar[0].close()
     located = []
-    if o.locate:
+    if o.locate or o.minimize:
         located = locate_failures(result, Path(o.locate_dir or "bench-repros"), timeout_s=o.timeout_s,
-                                  trust_ops=o.trust_ops, threads=o.threads)
+                                  trust_ops=o.trust_ops, threads=o.threads, minimize=o.minimize)
     comparison = None
     if expected is not None:
         inference_only = parse_backend(o.backend).inference_only
@@ -101,9 +105,12 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
         write_csv(Path(o.csv), result)
     if o.write_baseline:
         baselines.write_baseline(Path(o.write_baseline), result.results)
+    out = result.to_json()
+    out["located"] = [loc.to_json() for loc in located]
+    bugs = triage(result.results, located) if o.minimize else None
     if o.as_json:
-        out = result.to_json()
-        out["located"] = [loc.to_json() for loc in located]
+        if bugs is not None:
+            out["bugs"] = [b.to_json() for b in bugs]
         if comparison is not None:
             out["baseline"] = comparison.__dict__
         emit(json.dumps(out, indent=2, sort_keys=True))
@@ -114,6 +121,9 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
             say(f"note: {note}")
         for loc in located:
             for line in loc.lines():
+                say(line)
+        if bugs:
+            for line in triage_lines(bugs):
                 say(line)
         if comparison is not None:
             for title, items in (("regressions (passed in the baseline, fail now)", comparison.regressions),

@@ -70,6 +70,7 @@ class Located:
     position: Optional[str] = None  # "k of n" tensor-valued nodes
     prefixes_tried: int = 0
     repro: Optional[str] = None
+    minimized: Any = None  # bench --minimize: minimize.Minimized
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +84,9 @@ class Located:
                 f"    inputs {', '.join(self.input_shapes) or 'none'} -> {self.output_shape}; "
                 f"module {self.module_path or 'unknown (the artefact records no module path)'}",
                 f"    {self.reason}",
-                f"    repro: {self.repro}" if self.repro else "    repro: not written"]
+                *(self.minimized.lines() if self.minimized is not None else []),
+                *([f"    repro: {self.repro}"] if self.repro else
+                  [] if self.minimized is not None and self.minimized.repro else ["    repro: not written"])]
 
 
 def _describe(v: Any) -> str:
@@ -338,6 +341,11 @@ class LocateTask:
     seed: int
     out_dir: str
     trust_ops: tuple[str, ...] = ()
+    minimize: bool = False  # bench --minimize: the culprit cut down to the few nodes that still fail
+
+    @property
+    def verb(self) -> str:
+        return "minimize" if self.minimize else "locate"
 
     def __call__(self) -> Located:
         return locate_graph(self)
@@ -358,6 +366,13 @@ def locate_graph(task: LocateTask) -> Located:
     if found is None:
         return res
     culprit, tensors = found
+    if task.minimize:
+        # why: minimize.py builds on this module's bisection and checks
+        from aotpipe.corpus.bench.minimize import minimized_repro
+
+        res.minimized = minimized_repro(gm, culprit, inputs, tensors, backend, task)
+        if res.minimized.repro is not None:
+            return res
     try:
         res.repro = str(write_repro(gm, culprit, tensors, ga, inputs, task))
     except Exception as e:
@@ -431,21 +446,29 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
         if n.name not in kept:
             continue
         role = rec.role if rec.role in ("param", "buffer", "constant", "user") else "user"
-        meta = TensorMeta.of(v) if isinstance(v, torch.Tensor) else None
-        scalar = None if isinstance(v, torch.Tensor) else type(v)
-        g_inputs.append(GraphInput(n.name, role, rec.target if role != "user" else n.name, meta, scalar))
+        g_inputs.append(_graph_input(n.name, role, rec.target if role != "user" else n.name, v))
         values.append(_fresh(v))
+    return write_graph(pm, g_inputs, values, f"{task.label}-{task.graph}-{culprit.name}", task,
+                       f"the prefix of {task.label} {task.graph} up to node {culprit.name} ({op_name(culprit)}), which "
+                       f"{task.backend} computes outside the bound")
 
+
+def _graph_input(name: str, role: str, target: str | None, v: Any) -> GraphInput:
+    meta = TensorMeta.of(v) if isinstance(v, torch.Tensor) else None
+    return GraphInput(name, role, target, meta, None if isinstance(v, torch.Tensor) else type(v))
+
+
+def write_graph(pm: torch.fx.GraphModule, g_inputs: list[GraphInput], values: list[Any], name: str, task: Any,
+                what: str) -> Path:
+    """Write `pm` on `values` (its inputs, as `g_inputs` records them) as an artefact of one
+    inference graph named `name` under `task.out_dir`, its outputs recorded; its folder."""
     outs = run_graph(pm, [_fresh(x) for x in values])
     g_outputs = [GraphOutput(i, "user", None, TensorMeta.of(o) if isinstance(o, torch.Tensor) else None)
                  for i, o in enumerate(outs)]
-    name = _safe(f"{task.label}-{task.graph}-{culprit.name}")
+    name = _safe(name)
     captured = CapturedGraphs(model=name, mode="export",
                               graphs={"inference": CapturedGraph(GraphKind.INFERENCE, pm, g_inputs, g_outputs)},
-                              contract=None, seconds=0.0,
-                              notes=[f"aotpipe bench --locate: the prefix of {task.label} {task.graph} up to node "
-                                     f"{culprit.name} ({op_name(culprit)}), which {task.backend} computes "
-                                     "outside the bound"])
+                              contract=None, seconds=0.0, notes=[f"aotpipe bench --{task.verb}: {what}"])
     memory = {"inference": [_fresh(x) for x in values]}
 
     def check(folder: Path) -> Any:
@@ -459,15 +482,16 @@ def write_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, tensors: set[s
 
 
 def locate_failures(bench: Any, out_dir: Path, *, timeout_s: float, trust_ops: Sequence[str] = (),
-                    threads: Optional[int] = None) -> list[Located]:
-    """Locate every fail_accuracy graph of a bench, each in a worker; repros under `out_dir`."""
+                    threads: Optional[int] = None, minimize: bool = False) -> list[Located]:
+    """Locate every fail_accuracy graph of a bench, each in a worker; repros under `out_dir`
+    (with `minimize`, each culprit cut down to the few nodes that still fail: minimize.py)."""
     failing = [r for r in bench.results if r.status == "fail_accuracy" and r.collectives is None]
     # A distributed rank's graph runs with its world (ranks.py): not bisected here.
     ranks = [Located(r.artifact, r.graph, False, "a distributed rank's graph: --locate does not bisect one yet (its "
                      "collectives run with its world's ranks)")
              for r in bench.results if r.status == "fail_accuracy" and r.collectives is not None]
     tasks = [LocateTask(r.path, r.artifact, r.graph, bench.backend, r.inputs, r.seed, str(out_dir.resolve()),
-                        tuple(trust_ops)) for r in failing]
+                        tuple(trust_ops), minimize) for r in failing]
     out: list[Optional[Located]] = [None] * len(tasks)
 
     def done(i: int, outcome: Any) -> None:
