@@ -18,8 +18,8 @@ from aotpipe.artifact.load import load
 from aotpipe.cli import main
 from aotpipe.corpus.bench import minimize as minimize_mod
 from aotpipe.corpus.bench.backends import Backend
-from aotpipe.corpus.bench.locate import Located, LocateTask, first_faulty_node, locate_graph
-from aotpipe.corpus.bench.minimize import MAX_DEPTH, cut
+from aotpipe.corpus.bench.locate import Located, first_faulty_node
+from aotpipe.corpus.bench.minimize import MAX_DEPTH, MinimizeTask, cut
 
 from .test_graph import MLP
 
@@ -27,11 +27,11 @@ PLANTED = "tests.bench.backends"
 
 
 def _task(tmp_path, backend, graph="inference"):
-    return LocateTask(MLP, "mlp", graph, f"{PLANTED}:{backend}", "saved", 0, str(tmp_path), (), minimize=True)
+    return MinimizeTask(MLP, "mlp", graph, f"{PLANTED}:{backend}", "saved", 0, str(tmp_path), ())
 
 
 def test_a_fault_of_one_op_is_cut_to_that_node_alone_and_runs_standalone(tmp_path):
-    res = locate_graph(_task(tmp_path, "first_relu_doubled"))
+    res = _task(tmp_path, "first_relu_doubled")()
     assert res.found and res.op == "aten.relu.default" and res.repro is None
     m = res.minimized
     assert m.found and (m.depth, m.nodes, m.tries) == (0, 1, 1), m
@@ -55,7 +55,7 @@ def test_a_fault_of_one_op_is_cut_to_that_node_alone_and_runs_standalone(tmp_pat
 
 
 def test_a_fault_of_a_pair_keeps_the_producer_it_needs(tmp_path):
-    res = locate_graph(_task(tmp_path, "relu_of_addmm_doubled"))
+    res = _task(tmp_path, "relu_of_addmm_doubled")()
     m = res.minimized
     assert m.found and (m.depth, m.nodes, m.tries) == (1, 2, 2), m
     ops = [n.target for n in load(m.repro).graphs["inference"].module.graph.nodes if n.op == "call_function"]
@@ -73,7 +73,7 @@ def test_a_repro_that_no_longer_fails_as_written_is_refused_and_not_kept(tmp_pat
         return real(pm, *args, **kwargs)
 
     monkeypatch.setattr(minimize_mod, "write_graph", healed)
-    res = locate_graph(_task(tmp_path, "first_relu_doubled"))
+    res = _task(tmp_path, "first_relu_doubled")()
     m = res.minimized
     assert not m.found and m.repro is None and m.reason.startswith(
         f"refused: the minimised repro, loaded back, no longer fails with {PLANTED}:first_relu_doubled"), m
@@ -83,7 +83,7 @@ def test_a_repro_that_no_longer_fails_as_written_is_refused_and_not_kept(tmp_pat
 
 def test_a_fault_that_needs_more_than_the_deepest_cut_keeps_the_prefix(tmp_path, monkeypatch):
     monkeypatch.setattr(minimize_mod, "MAX_DEPTH", 0)
-    res = locate_graph(_task(tmp_path, "relu_of_addmm_doubled"))
+    res = _task(tmp_path, "relu_of_addmm_doubled")()
     m = res.minimized
     assert not m.found and m.tries == 1 and "no cut of up to 0 producers around relu fails by itself" in m.reason
     assert res.repro is not None and Path(res.repro).is_dir()
@@ -134,6 +134,6 @@ def test_first_faulty_node_then_minimise_on_an_inline_graph(tmp_path):
     b = Backend(f"{PLANTED}:gelu_as_relu")
     res = Located("m", "inference", False, "")
     culprit, tensors = first_faulty_node(res, gm, [x], ["user"], b, b.resolve())
-    task = LocateTask("m", "m", "inference", f"{PLANTED}:gelu_as_relu", "saved", 0, str(tmp_path), (), True)
+    task = MinimizeTask("m", "m", "inference", f"{PLANTED}:gelu_as_relu", "saved", 0, str(tmp_path), ())
     m = minimize_mod.minimized_repro(gm, culprit, [x], tensors, b, task)
     assert m.found and m.nodes == 1 and m.op == "aten.gelu.default"

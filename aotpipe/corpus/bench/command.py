@@ -9,7 +9,8 @@ from pathlib import Path
 
 from aotpipe.corpus.bench import baseline as baselines
 from aotpipe.corpus.bench.backends import parse_backend
-from aotpipe.corpus.bench.locate import locate_failures
+from aotpipe.corpus.bench.locate import LocateTask, locate_failures
+from aotpipe.corpus.bench.minimize import MinimizeTask
 from aotpipe.corpus.bench.output import table, write_csv
 from aotpipe.corpus.bench.run import bench, parse_collectives, parse_kinds
 from aotpipe.corpus.bench.sizes import parse_sizes
@@ -89,7 +90,8 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
     located = []
     if o.locate or o.minimize:
         located = locate_failures(result, Path(o.locate_dir or "bench-repros"), timeout_s=o.timeout_s,
-                                  trust_ops=o.trust_ops, threads=o.threads, minimize=o.minimize)
+                                  trust_ops=o.trust_ops, threads=o.threads,
+                                  task=MinimizeTask if o.minimize else LocateTask)
     comparison = None
     if expected is not None:
         inference_only = parse_backend(o.backend).inference_only

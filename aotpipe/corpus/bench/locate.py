@@ -341,18 +341,16 @@ class LocateTask:
     seed: int
     out_dir: str
     trust_ops: tuple[str, ...] = ()
-    minimize: bool = False  # bench --minimize: the culprit cut down to the few nodes that still fail
-
-    @property
-    def verb(self) -> str:
-        return "minimize" if self.minimize else "locate"
+    verb: str = "locate"  # the bench option it serves, for the repro's note
 
     def __call__(self) -> Located:
         return locate_graph(self)
 
 
-def locate_graph(task: LocateTask) -> Located:
-    """Bisect one failing graph to its first faulty node and write the prefix as a repro."""
+def locate_graph(task: LocateTask, then: Callable[..., Any] | None = None) -> Located:
+    """Bisect one failing graph to its first faulty node and write the prefix as a repro; with
+    `then` (minimize.py's), first `then(gm, culprit, inputs, tensors, backend, task)`, whose result
+    is kept as the Located's `minimized`: the prefix is written only where it wrote no repro."""
     res = Located(task.label, task.graph, False, "")
     art = loaded(task.artifact, task.trust_ops)
     ga = art.graphs[task.graph]
@@ -366,11 +364,8 @@ def locate_graph(task: LocateTask) -> Located:
     if found is None:
         return res
     culprit, tensors = found
-    if task.minimize:
-        # why: minimize.py builds on this module's bisection and checks
-        from aotpipe.corpus.bench.minimize import minimized_repro
-
-        res.minimized = minimized_repro(gm, culprit, inputs, tensors, backend, task)
+    if then is not None:
+        res.minimized = then(gm, culprit, inputs, tensors, backend, task)
         if res.minimized.repro is not None:
             return res
     try:
@@ -482,16 +477,16 @@ def write_graph(pm: torch.fx.GraphModule, g_inputs: list[GraphInput], values: li
 
 
 def locate_failures(bench: Any, out_dir: Path, *, timeout_s: float, trust_ops: Sequence[str] = (),
-                    threads: Optional[int] = None, minimize: bool = False) -> list[Located]:
-    """Locate every fail_accuracy graph of a bench, each in a worker; repros under `out_dir`
-    (with `minimize`, each culprit cut down to the few nodes that still fail: minimize.py)."""
+                    threads: Optional[int] = None, task: type[LocateTask] = LocateTask) -> list[Located]:
+    """Locate every fail_accuracy graph of a bench, each in a worker; repros under `out_dir`.
+    `task`: what each worker does (minimize.MinimizeTask: then cut the culprit down)."""
     failing = [r for r in bench.results if r.status == "fail_accuracy" and r.collectives is None]
     # A distributed rank's graph runs with its world (ranks.py): not bisected here.
     ranks = [Located(r.artifact, r.graph, False, "a distributed rank's graph: --locate does not bisect one yet (its "
                      "collectives run with its world's ranks)")
              for r in bench.results if r.status == "fail_accuracy" and r.collectives is not None]
-    tasks = [LocateTask(r.path, r.artifact, r.graph, bench.backend, r.inputs, r.seed, str(out_dir.resolve()),
-                        tuple(trust_ops), minimize) for r in failing]
+    tasks = [task(r.path, r.artifact, r.graph, bench.backend, r.inputs, r.seed, str(out_dir.resolve()),
+                  tuple(trust_ops)) for r in failing]
     out: list[Optional[Located]] = [None] * len(tasks)
 
     def done(i: int, outcome: Any) -> None:

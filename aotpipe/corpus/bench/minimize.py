@@ -30,17 +30,29 @@ from aotpipe.artifact.load import load
 from aotpipe.corpus.bench.backends import Backend
 from aotpipe.corpus.bench.graph import copy_inputs
 from aotpipe.corpus.bench.locate import (
+    Located,
+    LocateTask,
     References,
     _check_prefix,
     _graph_input,
     _kept_values,
     _safe,
+    locate_graph,
     op_name,
     write_graph,
 )
 from aotpipe.errors import exception_line
 
 MAX_DEPTH = 3  # producers tried around the culprit before the prefix is kept
+
+
+@dataclass(frozen=True)
+class MinimizeTask(LocateTask):
+    """What a worker needs to locate one failing graph and cut its culprit down (picklable)."""
+    verb: str = "minimize"
+
+    def __call__(self) -> Located:
+        return locate_graph(self, then=minimized_repro)
 
 
 def cut(gm: torch.fx.GraphModule, culprit: torch.fx.Node, depth: int) -> tuple[torch.fx.GraphModule, list[str]]:
