@@ -185,3 +185,9 @@ def relu_of_addmm_doubled(gm: torch.fx.GraphModule, example_inputs: list[Any]) -
             n.replace_all_uses_with(off, delete_user_cb=functools.partial(operator.is_not, off))
     gm.recompile()
     return gm.forward
+
+
+def gelu_as_relu_and_segfault_on_relu_backward(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Two bugs at once: every gelu computed as relu, and a crash on a graph holding relu's backward."""
+    segfault_on_relu_backward(gm, example_inputs)
+    return gelu_as_relu(gm, example_inputs)

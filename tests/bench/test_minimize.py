@@ -6,10 +6,12 @@ committed mlp artefact and small inline graphs, with the planted backends."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -18,6 +20,7 @@ from aotpipe.artifact.load import load
 from aotpipe.cli import main
 from aotpipe.corpus.bench import minimize as minimize_mod
 from aotpipe.corpus.bench.backends import Backend
+from aotpipe.corpus.bench.crashes import CrashTask, try_graph
 from aotpipe.corpus.bench.locate import Located, first_faulty_node
 from aotpipe.corpus.bench.minimize import MAX_DEPTH, MinimizeTask, cut
 
@@ -137,3 +140,52 @@ def test_first_faulty_node_then_minimise_on_an_inline_graph(tmp_path):
     task = MinimizeTask("m", "m", "inference", f"{PLANTED}:gelu_as_relu", "saved", 0, str(tmp_path), ())
     m = minimize_mod.minimized_repro(gm, culprit, [x], tensors, b, task)
     assert m.found and m.nodes == 1 and m.op == "aten.gelu.default"
+
+
+@pytest.mark.slow  # each try a fresh process (about 4 s here): the bisection and the cuts take ~50 s
+def test_a_graph_that_crashes_the_backend_is_cut_to_the_node_it_crashes_on(tmp_path):
+    task = CrashTask(MLP, "mlp", "backward", f"{PLANTED}:segfault_on_relu_backward", "saved", 0, str(tmp_path), ())
+    res = task()
+    assert res.found and res.op == "aten.le.Scalar" and res.reason == "crashed: SIGSEGV, in the backend's compile or run", res
+    m = res.minimized
+    assert m.found and (m.depth, m.nodes) == (0, 1) and m.reason.startswith("crashed"), m
+    ops = [n.target for n in load(m.repro).graphs["inference"].module.graph.nodes if n.op == "call_function"]
+    assert ops == [torch.ops.aten.le.Scalar]
+    # the repro's own try crashes the same way; the whole graph with eager does not
+    ga = load(m.repro).graphs["inference"]
+    assert try_graph(ga.module, ga.saved_inputs(), f"{PLANTED}:segfault_on_relu_backward").status == "crashed"
+    assert try_graph(ga.module, ga.saved_inputs(), "eager").status == "pass"
+
+
+@pytest.mark.slow  # as above
+def test_a_graph_that_does_not_compile_is_cut_and_one_that_passes_alone_is_said_so(tmp_path):
+    res = CrashTask(MLP, "mlp", "inference", f"{PLANTED}:fails_to_compile", "saved", 0, str(tmp_path), ())()
+    assert res.found and res.minimized.found and res.minimized.nodes == 1
+    assert res.reason.startswith("compile_error: NotImplementedError: no lowering for this graph") or \
+        res.reason.startswith("compile_error: BackendCompilerFailed"), res.reason
+    res = CrashTask(MLP, "mlp", "inference", "eager", "saved", 0, str(tmp_path / "b"), ())()
+    assert not res.found and res.reason == "the graph does not fail by itself in a fresh process (pass)"
+
+
+@pytest.mark.slow  # the quickstart captured, benched, and each of its failing graphs cut down (~3 min)
+def test_quickstart_with_a_wrong_op_and_a_crash_is_two_bugs_each_cut_to_a_node(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "AOTPIPE_NO_SANDBOX": "1"}
+    run = subprocess.run([sys.executable, "-m", "aotpipe", "run", str(root / "pipelines" / "quickstart.yaml"), "--output",
+                          str(tmp_path / "out"), "--no-progress"], capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stdout[-2000:]
+    bench = subprocess.run([sys.executable, "-m", "aotpipe", "bench", str(tmp_path / "out" / "quickstart"), "--backend",
+                            f"{PLANTED}:gelu_as_relu_and_segfault_on_relu_backward", "--minimize", "--locate-dir",
+                            str(tmp_path / "repros"), "--rounds", "2", "--json", "--no-progress"],
+                           capture_output=True, text=True, timeout=1800, env=env, cwd=root)
+    assert bench.returncode == 1, bench.stderr[-2000:]
+    data = json.loads(bench.stdout)
+    failing = [g for g in data["graphs"] if g["status"] != "pass"]
+    assert failing and {g["status"] for g in failing} == {"fail_accuracy", "crashed"}
+    assert len(data["located"]) == len(failing)
+    for loc in data["located"]:
+        assert loc["minimized"]["found"] and loc["minimized"]["nodes"] <= 3, loc
+    bugs = data["bugs"]
+    assert sorted(b["signature"].split(":")[0] for b in bugs) == ["crashed", "fail_accuracy at aten.gelu.default(float32)"]
+    assert sum(len(b["graphs"]) for b in bugs) == len(failing)
+    assert all(b["repro_nodes"] == 1 for b in bugs)

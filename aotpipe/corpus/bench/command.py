@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aotpipe.corpus.bench import baseline as baselines
 from aotpipe.corpus.bench.backends import parse_backend
+from aotpipe.corpus.bench.crashes import CrashTask
 from aotpipe.corpus.bench.locate import LocateTask, locate_failures
 from aotpipe.corpus.bench.minimize import MinimizeTask
 from aotpipe.corpus.bench.output import table, write_csv
@@ -91,7 +92,8 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
     if o.locate or o.minimize:
         located = locate_failures(result, Path(o.locate_dir or "bench-repros"), timeout_s=o.timeout_s,
                                   trust_ops=o.trust_ops, threads=o.threads,
-                                  task=MinimizeTask if o.minimize else LocateTask)
+                                  task=MinimizeTask if o.minimize else LocateTask,
+                                  errors=CrashTask if o.minimize else None)
     comparison = None
     if expected is not None:
         inference_only = parse_backend(o.backend).inference_only

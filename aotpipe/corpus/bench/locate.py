@@ -477,16 +477,21 @@ def write_graph(pm: torch.fx.GraphModule, g_inputs: list[GraphInput], values: li
 
 
 def locate_failures(bench: Any, out_dir: Path, *, timeout_s: float, trust_ops: Sequence[str] = (),
-                    threads: Optional[int] = None, task: type[LocateTask] = LocateTask) -> list[Located]:
+                    threads: Optional[int] = None, task: type[LocateTask] = LocateTask,
+                    errors: type[LocateTask] | None = None) -> list[Located]:
     """Locate every fail_accuracy graph of a bench, each in a worker; repros under `out_dir`.
-    `task`: what each worker does (minimize.MinimizeTask: then cut the culprit down)."""
-    failing = [r for r in bench.results if r.status == "fail_accuracy" and r.collectives is None]
+    `task`: what each worker does (minimize.MinimizeTask: then cut the culprit down); `errors`:
+    what it does for a graph that crashed, did not compile or raised (crashes.CrashTask), if
+    anything."""
+    statuses = ("fail_accuracy",) + (("crashed", "compile_error", "runtime_error") if errors is not None else ())
+    failing = [r for r in bench.results if r.status in statuses and r.collectives is None]
     # A distributed rank's graph runs with its world (ranks.py): not bisected here.
     ranks = [Located(r.artifact, r.graph, False, "a distributed rank's graph: --locate does not bisect one yet (its "
                      "collectives run with its world's ranks)")
-             for r in bench.results if r.status == "fail_accuracy" and r.collectives is not None]
-    tasks = [task(r.path, r.artifact, r.graph, bench.backend, r.inputs, r.seed, str(out_dir.resolve()),
-                  tuple(trust_ops)) for r in failing]
+             for r in bench.results if r.status in statuses and r.collectives is not None]
+    tasks = [(task if r.status == "fail_accuracy" or errors is None else errors)(
+        r.path, r.artifact, r.graph, bench.backend, r.inputs, r.seed, str(out_dir.resolve()), tuple(trust_ops))
+        for r in failing]
     out: list[Optional[Located]] = [None] * len(tasks)
 
     def done(i: int, outcome: Any) -> None:

@@ -12,8 +12,8 @@ The repro is checked once more as written: loaded back from its files and compil
 backend, its culprit must still leave the bound; one that no longer fails is refused (nothing
 kept) rather than handed on. Beside the artefact's folder, ``<repro>.py`` runs it with torch
 alone (and the backend's module, for a backend of one's own): the graph's code as a module, its
-inputs from ``<repro>.inputs.pt``, eager against the backend. Accuracy failures only: a graph
-that crashes or does not compile is not yet cut down.
+inputs from ``<repro>.inputs.pt``, eager against the backend. A graph that crashes, does not
+compile or raises is cut down the same way, each try in a fresh process (crashes.py).
 """
 
 from __future__ import annotations
