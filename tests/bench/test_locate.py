@@ -8,6 +8,7 @@ import json
 import math
 import re
 import types
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -843,3 +844,44 @@ def test_locate_failures_makes_one_task_per_graph_that_failed_accuracy_each_in_a
     _Executor.ran = []
     assert locate_mod.locate_failures(Bench("eager", rs[1:2], {}, 1.0), Path("r"), timeout_s=5) == []
     assert _Executor.ran == []
+
+
+def test_with_a_task_for_errors_the_graphs_that_crashed_or_did_not_compile_or_run_are_taken_too(monkeypatch, tmp_path):
+    from aotpipe.corpus.bench.graph import GraphResult
+    from aotpipe.corpus.bench.run import Bench
+
+    class Cut(locate_mod.LocateTask):
+        pass
+
+    class Crash(locate_mod.LocateTask):
+        pass
+
+    monkeypatch.setattr(locate_mod, "ProcessExecutor", _Executor)
+    _Executor.made, _Executor.ran, _Executor.fail = [], [], set()
+    rs = [GraphResult(m, "forward", "forward", status, path=f"/p/{m}")
+          for m, status in (("a", "fail_accuracy"), ("b", "crashed"), ("c", "compile_error"), ("d", "runtime_error"),
+                            ("e", "timeout"), ("f", "pass"), ("g", "skipped"))]
+    out = locate_mod.locate_failures(Bench("mod:fn", rs, {}, 1.0), tmp_path, timeout_s=5, task=Cut, errors=Crash)
+    assert [(type(t.fn).__name__, t.fn.label) for t in _Executor.ran] == [("Cut", "a"), ("Crash", "b"), ("Crash", "c"),
+                                                                          ("Crash", "d")]
+    assert out == ["a located", "b located", "c located", "d located"]
+    _Executor.ran = []
+    locate_mod.locate_failures(Bench("mod:fn", rs, {}, 1.0), tmp_path, timeout_s=5, task=Cut)  # no task for errors
+    assert [(type(t.fn).__name__, t.fn.label) for t in _Executor.ran] == [("Cut", "a")]
+
+
+def test_locate_graph_hands_its_culprit_on_and_writes_the_prefix_only_where_then_wrote_none(tmp_path):
+    seen = []
+
+    def then(gm, culprit, inputs, tensors, backend, task):
+        seen.append((culprit.name, len(inputs), backend.name, task.graph))
+        return Minimized(bool(seen[1:]), "r", repro=str(tmp_path / "cut") if seen[1:] else None)
+
+    task = locate_mod.LocateTask(MLP, "mlp", "inference", f"{PLANTED}:first_relu_doubled", "saved", 0, str(tmp_path))
+    first = locate_mod.locate_graph(task, then=then)
+    assert len(seen) == 1 and seen[0][0] == first.node and seen[0][1] > 0
+    assert seen[0][2:] == (f"{PLANTED}:first_relu_doubled", "inference")
+    assert first.minimized.repro is None and first.repro is not None and Path(first.repro).is_dir()
+    second = locate_mod.locate_graph(replace(task, out_dir=str(tmp_path / "again")), then=then)
+    assert second.minimized.repro == str(tmp_path / "cut") and second.repro is None
+    assert not (tmp_path / "again").exists()
