@@ -874,6 +874,7 @@ def test_locate_graph_hands_its_culprit_on_and_writes_the_prefix_only_where_then
     seen = []
 
     def then(gm, culprit, inputs, tensors, backend, task):
+        assert isinstance(gm, torch.fx.GraphModule) and culprit in gm.graph.nodes and culprit.name in tensors
         seen.append((culprit.name, len(inputs), backend.name, task.graph))
         return Minimized(bool(seen[1:]), "r", repro=str(tmp_path / "cut") if seen[1:] else None)
 
@@ -885,3 +886,15 @@ def test_locate_graph_hands_its_culprit_on_and_writes_the_prefix_only_where_then
     second = locate_mod.locate_graph(replace(task, out_dir=str(tmp_path / "again")), then=then)
     assert second.minimized.repro == str(tmp_path / "cut") and second.repro is None
     assert not (tmp_path / "again").exists()
+
+
+def test_a_locate_result_says_what_minimising_found_and_where_its_repro_is():
+    found = Located("m", "forward", True, "why", node="mul", op="aten.mul.Tensor", input_shapes=["float32[4]"],
+                    output_shape="float32[4]", position="1 of 2", prefixes_tried=2)
+    found.minimized = Minimized(True, "r", op="aten.mul.Tensor", nodes=1, depth=0, tries=1, repro="cut", script="cut.py")
+    assert found.lines()[-2:] == ["    minimised: 1 node(s), node aten.mul.Tensor with 0 level(s) of producers, 1 "
+                                  "cut(s) tried: cut", "    standalone: python cut.py"]
+    found.minimized, found.repro = Minimized(False, "no cut fails"), "prefix"
+    assert found.lines()[-2:] == ["    minimised: no (no cut fails)", "    repro: prefix"]
+    found.minimized, found.repro = None, None
+    assert found.lines()[-1] == "    repro: not written"

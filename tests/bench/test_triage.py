@@ -124,3 +124,42 @@ def test_a_result_without_the_fields_a_bench_writes_is_refused(tmp_path):
     path.write_text(json.dumps({"graphs": [{"artifact": "m"}]}))
     r = CliRunner().invoke(main, ["triage", str(path)])
     assert r.exit_code == 2 and "a result lacks a field" in r.output
+
+
+def test_ranks_of_one_distributed_model_are_one_model_and_ties_keep_the_first_repro():
+    results = [GraphResult(a, "forward", "forward", "crashed", "boom") for a in
+               ("llama.rank0", "llama.rank1", "my.rank.model", "rank3")]
+    located = [Located(a, "forward", True, "x", minimized=Minimized(True, "", nodes=2, repro=f"r/{a}"))
+               for a in ("llama.rank0", "llama.rank1")]
+    (bug,) = triage(results, located)
+    assert bug.models == ["llama", "my.rank.model", "rank3"] and bug.status == "crashed"
+    assert (bug.repro, bug.repro_nodes) == ("r/llama.rank0", 2)  # the same size later does not replace it
+    # a located prefix (no minimised one) is the repro where nothing smaller is
+    (bug,) = triage(results[:1], [Located("llama.rank0", "forward", True, "x", repro="r/prefix")])
+    assert (bug.repro, bug.repro_nodes) == ("r/prefix", None)
+    assert lines([bug])[-1] == "    smallest repro: r/prefix"
+    (bug,) = triage(results[:1], [])
+    assert lines([bug])[-1] == ("    smallest repro: none written (bench --minimize writes one for a value outside the "
+                                "bound)")
+
+
+def test_a_scalar_argument_reads_as_a_scalar_whatever_its_spelling():
+    def kinds(*shapes):
+        loc = Located("m", "forward", True, "x", op="aten.add.Tensor", input_shapes=list(shapes))
+        return signature(GraphResult("m", "forward", "forward", "fail_accuracy"), loc)
+
+    assert kinds("float32[2]", "1", "-2.5", "1e-05", "True", "False", "inf", "-inf", "nan") == \
+        "fail_accuracy at aten.add.Tensor(float32, " + ", ".join(["scalar"] * 8) + ")"
+    assert kinds("float32[2]", "device") == "fail_accuracy at aten.add.Tensor(float32, device)"
+
+
+def test_a_file_that_is_not_json_is_refused_naming_it(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text("not json")
+    r = CliRunner().invoke(main, ["triage", str(path)])
+    assert r.exit_code == 2
+    assert f"{path}: not a bench's results (JSONDecodeError: " in r.output
+    assert r.output.rstrip().endswith("write one with aotpipe bench ... --json > FILE")
+    path.write_text(json.dumps({"graphs": [1]}))  # an entry that is no object: no field at all
+    r = CliRunner().invoke(main, ["triage", str(path)])
+    assert r.exit_code == 2 and "a result lacks a field" in r.output and r.output.rstrip().endswith("> FILE")
