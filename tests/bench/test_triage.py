@@ -128,11 +128,11 @@ def test_a_result_without_the_fields_a_bench_writes_is_refused(tmp_path):
 
 def test_ranks_of_one_distributed_model_are_one_model_and_ties_keep_the_first_repro():
     results = [GraphResult(a, "forward", "forward", "crashed", "boom") for a in
-               ("llama.rank0", "llama.rank1", "my.rank.model", "rank3")]
+               ("llama.rank0", "llama.rank1", "my.rank.model", "rank3", "x.rank2.rank0")]
     located = [Located(a, "forward", True, "x", minimized=Minimized(True, "", nodes=2, repro=f"r/{a}"))
                for a in ("llama.rank0", "llama.rank1")]
     (bug,) = triage(results, located)
-    assert bug.models == ["llama", "my.rank.model", "rank3"] and bug.status == "crashed"
+    assert bug.models == ["llama", "my.rank.model", "rank3", "x.rank2"] and bug.status == "crashed"
     assert (bug.repro, bug.repro_nodes) == ("r/llama.rank0", 2)  # the same size later does not replace it
     # a located prefix (no minimised one) is the repro where nothing smaller is
     (bug,) = triage(results[:1], [Located("llama.rank0", "forward", True, "x", repro="r/prefix")])
