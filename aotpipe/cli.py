@@ -806,12 +806,13 @@ def triage(results: str, as_json: bool) -> None:
     bugs: a value outside the bound by its culprit node's op and argument kinds (--locate or
     --minimize traced it), any other failure by its status and reason with what varies between
     graphs taken out. One row per bug: graphs and models it hits, first seen, smallest repro.
-    Nothing is run. Exit 0 with no bug, 1 with some.
+    Nothing is run. Exit 0 with no bug, 1 with some. Write RESULTS with
+    `aotpipe bench ... --minimize --json > bench.json` (bench --minimize prints the same table).
 
     \b
     Examples:
-      aotpipe bench artifacts/quickstart --backend tests.bench.backends:gelu_as_relu --minimize --json > b.json
-      aotpipe triage b.json
+      aotpipe triage bench.json
+      aotpipe triage bench.json --json
     """
     from pathlib import Path
 
