@@ -485,12 +485,19 @@ def remap_groups(gm: torch.fx.GraphModule, recorded: dict[str, Any], live: dict[
     gm.recompile()
 
 
-def _rank_main(folder: Path, rank: int, world: int, out: Path, own_capture: bool = True) -> None:
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    art = load(folder, own_capture=own_capture)
+def rank_record(art: Any, folder: Path, rank: int, world: int) -> DistributedRecord:
+    """In a rank's process: its loaded artefact's distributed record, which must say it is rank
+    `rank` of a world of `world` (else the process exits naming the folder)."""
     rec = art.manifest.distributed
     if rec is None or rec.rank != rank or rec.world_size != world:
         raise SystemExit(f"{folder}: not rank {rank} of a world of {world} (its manifest's distributed record)")
+    return rec
+
+
+def _rank_main(folder: Path, rank: int, world: int, out: Path, own_capture: bool = True) -> None:
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    art = load(folder, own_capture=own_capture)
+    rec = rank_record(art, folder, rank, world)
     with joined(rec, rank) as live:
         result: dict[str, Any] = {}
         for ga in art.graphs.values():

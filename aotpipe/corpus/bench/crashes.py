@@ -31,18 +31,8 @@ import torch.fx
 from aotpipe.artifact.load import load
 from aotpipe.corpus.bench.backends import Backend, compile_graph
 from aotpipe.corpus.bench.graph import as_list, compile_failure, copy_inputs, failure_line, graph_inputs, loaded
-from aotpipe.corpus.bench.locate import (
-    Located,
-    LocateTask,
-    _graph_input,
-    _kept_values,
-    _values,
-    op_name,
-    prefix,
-    write_graph,
-)
-from aotpipe.corpus.bench.minimize import MAX_DEPTH, Minimized, cut, drop, write_script
-from aotpipe.errors import exception_line
+from aotpipe.corpus.bench.locate import Located, LocateTask, _values, op_name, prefix
+from aotpipe.corpus.bench.minimize import Minimized, cut_down
 
 TRY_SECONDS = 120.0  # one try: a fresh process, the compile and one call
 FAILURES = ("crashed", "timeout", "compile_error", "runtime_error")
@@ -150,42 +140,18 @@ def minimize_crash(task: LocateTask) -> Located:
 
 def _cut_down(gm: torch.fx.GraphModule, culprit: torch.fx.Node, inputs: list[Any], whole: Outcome,
               task: LocateTask) -> Minimized:
-    kept = _kept_values(gm, copy_inputs(inputs), {n.name for n in gm.graph.nodes}, 1 << 31)
-    out = Minimized(False, "", op=op_name(culprit))
-    for depth in range(MAX_DEPTH + 1):
-        cm, names = cut(gm, culprit, depth)
-        if not all(n in kept for n in names):
-            continue  # a value the run did not keep: this cut cannot be fed
-        args = [kept[n] for n in names]
-        out.tries += 1
-        if not try_graph(cm, args, task.backend).same(whole):
-            continue
-        name = f"{task.label}-{task.graph}-{culprit.name}-min"
-        what = (f"node {culprit.name} ({out.op}) of {task.label} {task.graph} with {depth} level(s) of its producers, "
-                f"on which {task.backend} fails: {whole.status}: {whole.line}")
-        g_inputs = [_graph_input(n.name, "user", n.name, v)
-                    for n, v in zip([n for n in cm.graph.nodes if n.op == "placeholder"], args, strict=True)]
-        folder = None
-        try:
-            folder = write_graph(cm, g_inputs, args, name, task, what)
-            ga = load(folder).graphs["inference"]
-            assert isinstance(ga.module, torch.fx.GraphModule)  # loaded without trust_code: from graph.json
-            again = try_graph(ga.module, ga.saved_inputs(), task.backend)
-        except Exception as e:
-            drop(folder)
-            out.reason = f"the minimised repro could not be written and tried: {exception_line(e)}"
-            return out
-        if not again.same(whole):
-            drop(folder)
-            out.reason = (f"refused: the minimised repro, loaded back, no longer fails as the graph does with "
-                          f"{task.backend} ({again.status} {again.line}); no repro kept")
-            return out
-        out.found, out.depth, out.reason, out.repro = True, depth, f"{whole.status}: {whole.line}", str(folder)
-        out.nodes = sum(1 for n in cm.graph.nodes if n.op == "call_function")
-        out.script = str(write_script(folder, cm, args, what, task.backend))
-        return out
-    out.reason = f"no cut of up to {MAX_DEPTH} producers around {culprit.name} fails as the graph does"
-    return out
+    """minimize.cut_down, each cut and the written repro tried in a fresh process."""
+    def fails(cm: torch.fx.GraphModule, args: list[Any]) -> tuple[bool, str]:
+        o = try_graph(cm, args, task.backend)
+        return o.same(whole), f"{o.status}: {o.line}"
+
+    def still(folder: Path) -> tuple[bool, str]:
+        ga = load(folder).graphs["inference"]
+        assert isinstance(ga.module, torch.fx.GraphModule)  # loaded without trust_code: from graph.json
+        return fails(ga.module, ga.saved_inputs())
+
+    return cut_down(gm, culprit, inputs, task, fails, still,
+                    f"on which {task.backend} fails: {whole.status}: {whole.line}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ compile or raises is cut down the same way, each try in a fresh process (crashes
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -109,40 +110,55 @@ class Minimized:
                 f"{self.tries} cut(s) tried: {self.repro}", f"    standalone: python {self.script}"]
 
 
-def minimize(gm: torch.fx.GraphModule, culprit: torch.fx.Node, inputs: list[Any], tensors: set[str],
-             backend: Backend, user: Any) -> tuple[Minimized, torch.fx.GraphModule | None, list[Any]]:
-    """The smallest cut around `culprit` (in `gm`, run on `inputs`) that `backend` still
-    computes outside the bound: (what was found, the cut graph, its inputs' values) or no graph
-    where no cut up to MAX_DEPTH fails."""
+def cut_down(gm: torch.fx.GraphModule, culprit: torch.fx.Node, inputs: list[Any], task: Any,
+             fails: Callable[[torch.fx.GraphModule, list[Any]], tuple[bool, str]],
+             still: Callable[[Path], tuple[bool, str]], how: str) -> Minimized:
+    """The smallest cut around `culprit` (in `gm`, run on `inputs`) that `fails` (a cut and its
+    inputs: whether it fails as the graph does, and the line saying how), written as a repro
+    artefact under `task.out_dir` with its script beside it; refused (nothing kept) where
+    `still` (the written folder) finds it no longer fails. `how`: the failure, for the notes."""
     values = _kept_values(gm, copy_inputs(inputs), {n.name for n in gm.graph.nodes}, 1 << 31)
     placeholders = {n.name: v for n, v in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs,
                                               strict=True)}
     out = Minimized(False, "", op=op_name(culprit))
     for depth in range(MAX_DEPTH + 1):
         cm, names = cut(gm, culprit, depth)
-        args = []
-        for name in names:
-            if name in values:
-                args.append(values[name])
-            elif name in placeholders:
-                args.append(placeholders[name])
-            else:  # a value the run did not keep (not a tensor, or over the budget): this cut cannot be fed
-                break
-        else:
-            out.tries += 1
-            try:
-                ok, line = _check_prefix(cm, References(cm, args, {culprit.name}), backend, user,
-                                         ["user"] * len(args))
-            except Exception as e:  # the cut does not compile or run by itself: try a wider one
-                ok, line = True, exception_line(e)
-            if not ok:
-                out.found, out.reason, out.depth = True, line, depth
-                out.nodes = sum(1 for n in cm.graph.nodes if n.op == "call_function")
-                return out, cm, [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-            out.reason = line
-    out.reason = (f"no cut of up to {MAX_DEPTH} producers around {culprit.name} fails by itself: the fault needs more "
-                  "of the graph (the located prefix is the repro)")
-    return out, None, []
+        if not all(n in values or n in placeholders for n in names):
+            continue  # a value the run did not keep (not a tensor, or over the budget): this cut cannot be fed
+        args = [a.clone() if isinstance(a, torch.Tensor) else a
+                for a in (values[n] if n in values else placeholders[n] for n in names)]
+        out.tries += 1
+        failed, out.reason = fails(cm, args)
+        if failed:
+            out.nodes = sum(1 for n in cm.graph.nodes if n.op == "call_function")
+            return _written(cm, args, culprit, depth, out, task, still, how)
+    out.reason = (f"no cut of up to {MAX_DEPTH} producers around {culprit.name} fails as the graph does: the "
+                  "failure needs more of it (the located prefix is the repro)")
+    return out
+
+
+def _written(cm: torch.fx.GraphModule, args: list[Any], culprit: torch.fx.Node, depth: int, out: Minimized,
+             task: Any, still: Callable[[Path], tuple[bool, str]], how: str) -> Minimized:
+    what = (f"node {culprit.name} ({out.op}) of {task.label} {task.graph} with {depth} level(s) of its producers "
+            f"({out.nodes} nodes), {how}")
+    g_inputs = [_graph_input(n.name, "user", n.name, v) for n, v in
+                zip([n for n in cm.graph.nodes if n.op == "placeholder"], args, strict=True)]
+    folder = None
+    try:
+        folder = write_graph(cm, g_inputs, args, f"{task.label}-{task.graph}-{culprit.name}-min", task, what)
+        fails, line = still(folder)
+    except Exception as e:
+        drop(folder)
+        out.reason = f"the minimised repro could not be written and checked: {exception_line(e)}"
+        return out
+    if not fails:
+        drop(folder)
+        out.reason = (f"refused: the minimised repro, loaded back, no longer fails with {task.backend} "
+                      f"({line or 'every value within the bound'}); no repro kept")
+        return out
+    out.found, out.depth, out.repro = True, depth, str(folder)
+    out.script = str(write_script(folder, cm, args, what, task.backend))
+    return out
 
 
 def still_fails(folder: Path, backend: Backend, user: Any) -> tuple[bool, str]:
@@ -160,34 +176,19 @@ def still_fails(folder: Path, backend: Backend, user: Any) -> tuple[bool, str]:
 
 def minimized_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, inputs: list[Any], tensors: set[str],
                     backend: Backend, task: Any) -> Minimized:
-    """The smallest failing cut around `culprit` written as a repro artefact under `task.out_dir`,
-    with repro.py beside it; refused (nothing kept) where the written repro no longer fails."""
+    """The smallest cut around `culprit` whose culprit `backend` still computes outside the
+    bound (locate's rule), written as a repro (:func:`cut_down`)."""
     user = backend.resolve()
-    found, cm, args = minimize(gm, culprit, inputs, tensors, backend, user)
-    if cm is None:
-        return found
-    name = f"{task.label}-{task.graph}-{culprit.name}-min"
-    what = (f"node {culprit.name} ({found.op}) of {task.label} {task.graph} with {found.depth} level(s) of its "
-            f"producers ({found.nodes} nodes), which {task.backend} computes outside the bound")
-    g_inputs = [_graph_input(n.name, "user", n.name, v) for n, v in
-                zip([n for n in cm.graph.nodes if n.op == "placeholder"], args, strict=True)]
-    folder = None
-    try:
-        folder = write_graph(cm, g_inputs, args, name, task, what)
-        fails, line = still_fails(folder, backend, user)
-    except Exception as e:
-        drop(folder)
-        found.found, found.reason = False, f"the minimised repro could not be written and checked: {exception_line(e)}"
-        return found
-    if not fails:
-        drop(folder)
-        found.found = False
-        found.reason = (f"refused: the minimised repro, loaded back, no longer fails with {task.backend} "
-                        f"({line or 'every value within the bound'}); no repro kept")
-        return found
-    found.repro = str(folder)
-    found.script = str(write_script(folder, cm, args, what, task.backend))
-    return found
+
+    def fails(cm: torch.fx.GraphModule, args: list[Any]) -> tuple[bool, str]:
+        try:
+            ok, line = _check_prefix(cm, References(cm, args, {culprit.name}), backend, user, ["user"] * len(args))
+        except Exception as e:  # the cut does not compile or run by itself: a wider one may
+            return False, exception_line(e)
+        return not ok, line
+
+    return cut_down(gm, culprit, inputs, task, fails, lambda folder: still_fails(folder, backend, user),
+                    f"which {task.backend} computes outside the bound")
 
 
 SCRIPT = '''"""A repro aotpipe bench --minimize wrote: {what}.

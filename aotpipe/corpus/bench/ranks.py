@@ -38,7 +38,7 @@ import torch.fx
 from aotpipe.artifact.load import load
 from aotpipe.artifact.ops import COLLECTIVES, op_name
 from aotpipe.artifact.prepack import stored_graph
-from aotpipe.checks.distributed import RANK_SECONDS, joined, remap_groups, sibling_ranks, spawn_world
+from aotpipe.checks.distributed import RANK_SECONDS, joined, rank_record, remap_groups, sibling_ranks, spawn_world
 from aotpipe.corpus.bench.graph import (
     GraphResult,
     GraphTask,
@@ -191,7 +191,7 @@ def _record_main(folder: Path, rank: int, world: int, where: Path, spec: RecordS
     """A rank's process of a world's recording run: each graph asked for run on the inputs the
     bench will use; its inputs and its collectives' results written, in that order."""
     art = load(folder, trust_ops=tuple(spec.trust_ops))
-    rec = _record(art, folder, rank, world)
+    rec = rank_record(art, folder, rank, world)
     with joined(rec, rank) as live:
         for ga in art.graphs.values():
             if isinstance(ga.module, torch.fx.GraphModule):
@@ -204,13 +204,6 @@ def _record_main(folder: Path, rank: int, world: int, where: Path, spec: RecordS
             outs = run_graph(module, copy_inputs(args))
             torch.save([args, outs[len(outs) - n:]], _record_file(where, rank, key))
         dist.barrier()
-
-
-def _record(art: Any, folder: Path, rank: int, world: int) -> DistributedRecord:
-    rec = art.manifest.distributed
-    if rec is None or rec.rank != rank or rec.world_size != world:
-        raise SystemExit(f"{folder}: not rank {rank} of a world of {world} (its manifest's distributed record)")
-    return rec
 
 
 def _recorded(ga: Any, path: str) -> Prepared:
@@ -271,7 +264,7 @@ def _bench_world(rt: RankGraphTask) -> GraphResult:
 def _bench_main(folder: Path, rank: int, world: int, out: Path, task: GraphTask) -> None:
     """A rank's process of a bench run in step: its copy of the graph benched, its result written."""
     art = loaded(task.artifact, task.trust_ops)
-    rec = _record(art, folder, rank, world)
+    rec = rank_record(art, folder, rank, world)
     with joined(rec, rank) as live:
         agree = dist.new_group(backend="gloo")  # apart from the graph's own groups
 
