@@ -172,6 +172,7 @@ def _encode_val(v: Any) -> Any:
             "shape": [size_expr(s) for s in v.shape],
             "stride": [size_expr(s) for s in v.stride()],
             "dtype": str(v.dtype).removeprefix("torch."),
+            "storage_offset": size_expr(v.storage_offset()),
         }
     if isinstance(v, (list, tuple)):
         return [_encode_val(x) for x in v]

@@ -78,6 +78,42 @@ def add_constant(gm: torch.fx.GraphModule, value: torch.Tensor, hint: str, befor
     return node
 
 
+def _as_meta(v: Any) -> Any:
+    """A recorded value as a meta tensor of its layout (tuples and scalars as they are)."""
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "meta":
+            return v
+        extent = 1 + sum((d - 1) * s for d, s in zip(v.shape, v.stride(), strict=True)) if all(v.shape) else 0
+        base = torch.empty(v.storage_offset() + extent, dtype=v.dtype, device="meta")
+        return base.as_strided(v.shape, v.stride(), v.storage_offset())
+    if isinstance(v, (list, tuple)):
+        return type(v)(_as_meta(x) for x in v)
+    return v
+
+
+def fill_vals(gm: torch.fx.GraphModule) -> int:
+    """Record the layout (meta["val"], a meta tensor) of every call_function node a pass made
+    without one, from its inputs' recorded layouts: graph.json then describes every value of
+    the graph, as it does for a captured one (aotpipe ops --cases keys on them). A node whose
+    inputs are not all described, or whose op cannot run on meta tensors, is left as it is.
+    How many were filled."""
+    filled = 0
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or "val" in n.meta:
+            continue
+        ins = n.all_input_nodes
+        if any("val" not in a.meta for a in ins):
+            continue
+        try:
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: _as_meta(a.meta["val"]))
+            with torch.no_grad():
+                n.meta["val"] = n.target(*args, **kwargs)
+            filled += 1
+        except Exception:  # an op with no meta kernel, a value not a layout: the node stays undescribed
+            continue
+    return filled
+
+
 def is_constant(node: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "get_attr"
 

@@ -35,7 +35,7 @@ from aotpipe.format.ir import CapturedGraph, DerivedGraph, GraphOutput, TensorMe
 from aotpipe.format.records import PassChainRun, PassRecord, SkippedPass, Summary, TimedPassRecord, updated
 from aotpipe.format.symbolic import dense_strides
 from aotpipe.passes import PASSES, chain_order_problems, options_to_json
-from aotpipe.passes.base import GraphUnderPass, PassError
+from aotpipe.passes.base import GraphUnderPass, PassError, fill_vals
 from aotpipe.runtime import accuracy
 from aotpipe.runtime.execution import run_graph, run_with_summaries
 from aotpipe.spec import PassStep
@@ -144,6 +144,7 @@ def _apply(work: GraphUnderPass, step: PassStep, where: str) -> Any:
     try:
         result = info.function(work, step.options)
         result.graph.gm.graph.lint()
+        fill_vals(result.graph.gm)  # the nodes it made described in graph.json as captured ones are
         result.graph.gm.recompile()
     except PassError:
         raise
