@@ -973,6 +973,31 @@ def report(directory: str, output: str | None) -> None:
         _say(line)
 
 
+def _write_cases(directory: str, cases_dir: str, key: str | None, no_sandbox: bool, as_json: bool) -> int:
+    """ops --cases: mine the cases of the tree at `directory`, write them under `cases_dir`; the exit code."""
+    from pathlib import Path
+
+    # torch and cryptography: only --cases runs graphs and signs
+    from aotpipe.corpus import cases
+    from aotpipe.corpus.bench.run import check_trust, find_models  # torch: as above
+    from aotpipe.trust.keyring import own_key  # cryptography: as above
+    from aotpipe.trust.signing import absolute_key_spec, load_key  # cryptography: as above
+
+    root, out = Path(directory), Path(cases_dir)
+    mined = cases.mine(root)
+    check_trust(find_models([root]), None, no_sandbox, "run (ops --cases runs each model's graphs in worker processes, "
+                "not the sandbox)")
+    key = key or str(own_key())
+    load_key(key, for_signing=True)  # a bad key is the user's error before any work
+    cases.write_cases(mined, out, key=absolute_key_spec(key))
+    if as_json:
+        click.echo(json.dumps(cases.summary_json(mined, out), indent=2, sort_keys=True))
+    else:
+        for line in cases.summary_lines(mined, out):
+            _say(line)
+    return 2 if mined.problems else 1 if any(c.problem for c in mined.cases) else 0
+
+
 @main.command(short_help="List the ops of a tree's graphs, and their coverage.")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--supported", "supported", type=click.Path(dir_okay=False), default=None, metavar="FILE",
@@ -982,20 +1007,37 @@ def report(directory: str, output: str | None) -> None:
                    "(torch.Tag.core). Imports torch; see docs/ops.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the op table as CSV.")
+@click.option("--cases", "cases_dir", type=click.Path(file_okay=False), default=None, metavar="OUT",
+              help="Write one per-op case per distinct (op, argument layouts and values) to OUT, a new folder: "
+                   "each an artefact aotpipe bench runs, weighted by the calls it stands for, and every case in "
+                   "OUT/cases.jsonl. Runs each model's graphs once (signed ones, as bench).")
+@click.option("--key", "key", metavar="[ed25519:|hmac:]FILE", default=None, envvar="AOTPIPE_SIGNING_KEY",
+              help="With --cases: sign the cases with this key. Default: $AOTPIPE_SIGNING_KEY, else your own key.")
+@click.option("--no-sandbox", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
+              help="With --cases: run graphs without a signature check: only ones you made or otherwise trust.")
 @_user_errors
-def ops(directory: str, supported: str | None, backend: str | None, as_json: bool, as_csv: bool) -> None:
+def ops(directory: str, supported: str | None, backend: str | None, as_json: bool, as_csv: bool,
+        cases_dir: str | None, key: str | None, no_sandbox: bool) -> None:
     """List every op the graphs under DIRECTORY call: calls, models, graph kinds, input
     signatures (dtype[rank]); with --supported or --backend, the coverage per model and the
     first unsupported op of each graph. Reads graph.json only: nothing is run.
 
-    Exit 0: listed (and, with a supported set, every op covered); 1: some op not covered;
-    2: bad input (a record that cannot be read is named, the rest still listed).
+    With --cases OUT, mine per-op cases instead: every call of the tree falls in one case (its
+    op, each tensor argument's shape, stride, storage offset and dtype, every other argument),
+    and each case that can stand alone is written as an artefact on the values its first call
+    took; `aotpipe bench OUT --backend B` gives each op's status and speedup weighted by its
+    calls. See docs/ops.md.
+
+    Exit 0: listed (and, with a supported set, every op covered; with --cases, every case that
+    can stand alone written); 1: some op not covered, or some case not written; 2: bad input
+    (a record that cannot be read is named, the rest still listed).
 
     \b
     Examples:
       aotpipe ops artifacts/quickstart
       aotpipe ops artifacts/zoo-hf --backend inductor
       aotpipe ops artifacts/zoo-hf --supported my_backend_ops.txt --csv > ops.csv
+      aotpipe ops artifacts/quickstart --cases cases/quickstart
     """
     from pathlib import Path
 
@@ -1003,6 +1045,10 @@ def ops(directory: str, supported: str | None, backend: str | None, as_json: boo
         raise AotpipeError("give --supported FILE or --backend NAME, not both")
     if as_json and as_csv:
         raise AotpipeError("give --json or --csv, not both")
+    if cases_dir is not None:
+        if supported or backend or as_csv:
+            raise AotpipeError("--cases writes cases, not the op table: drop --supported, --backend and --csv")
+        sys.exit(_write_cases(directory, cases_dir, key, no_sandbox, as_json))
     check = by = None
     if supported:
         check, by = opcov.supported_from_file(Path(supported)), supported

@@ -367,6 +367,8 @@ def staged_model(
             **({"skipped_passes": list(skipped_passes)} if skipped_passes else {}),
             # one rank of a parallel world (its peers read it before the check: checks/distributed.py)
             **({"distributed": captured.distributed} if captured.distributed is not None else {}),
+            # a per-op case mined from a corpus (aotpipe ops --cases)
+            **({"case": captured.case} if captured.case is not None else {}),
         )
         written, graphs_record, records = _write_graphs(tmp, captured, inputs, save_values, header)
         staged = StagedModel(tmp, captured, header, written, graphs_record, records, env.threads)

@@ -213,6 +213,8 @@ class CapturedGraphs:
     step_start: Any = None
     # One rank of a parallel world (records.DistributedRecord): the manifest's `distributed`.
     distributed: Any = None
+    # A per-op case mined from a corpus (records.CaseRecord): the manifest's `case`.
+    case: Any = None
 
     @property
     def partial(self) -> bool:

@@ -793,6 +793,27 @@ class CollectiveRecord(Record):
     bytes: Count
 
 
+class ValueRange(Record):
+    """The finite values of one tensor when it was recorded (None: it held none) and how many
+    were not finite (nan, inf)."""
+
+    min: float | None = None
+    max: float | None = None
+    nonfinite: Count = 0
+
+
+class CaseRecord(Record):
+    """manifest.json `case` (version 4): the artefact is one per-op case `aotpipe ops --cases`
+    mined from a corpus: its op on one set of argument layouts, dtypes and non-tensor
+    arguments, the corpus nodes it stands for (`count`, the first few named as "<artefact>
+    <graph> <node>"), and the value range of each tensor input when the first of them ran."""
+
+    op: Annotated[str, StringConstraints(max_length=256)]
+    count: Annotated[int, Field(ge=1)]
+    nodes: list[Annotated[str, StringConstraints(max_length=1024)]]
+    ranges: list[ValueRange | None] = []  # per input of the case's graph (None: not a tensor)
+
+
 class DistributedRecord(Record):
     """manifest.json `distributed` (version 4): the model captured as one rank of a parallel
     world (spec/distributed.py): the world, the mesh, this rank's place, its groups, its shards
@@ -888,6 +909,7 @@ class Manifest(Record):
     environment: Environment | None = None  # version 3
     dims: DimsRecord | None = None  # version 4: a shape-polymorphic capture's dimensions and size checks
     distributed: DistributedRecord | None = None  # version 4: one rank of a parallel world
+    case: CaseRecord | None = None  # version 4: a per-op case mined by aotpipe ops --cases
     files: Annotated[dict[str, Sha256], FailFast]
 
     def pass_chains(self) -> dict[str, list[PassRecord]]:

@@ -89,7 +89,7 @@ def _child(given: Path, backend: str, out: Path) -> None:
 @dataclass(frozen=True)
 class CrashTask(LocateTask):
     """What a worker needs to cut down one graph that crashes or does not compile (picklable)."""
-    verb: str = "minimize"
+    verb: str = "bench --minimize"
 
     def __call__(self) -> Located:
         return minimize_crash(self)

@@ -116,6 +116,10 @@ class GraphResult:
     # by the result a run of its world recorded; not timed) or "gloo" (executed with its world's
     # ranks in local processes); None for a graph without them.
     collectives: str | None = None
+    # A per-op case (aotpipe ops --cases; its manifest's `case`): its op and the corpus calls it
+    # stands for, by which the per-op scores weigh it. None for any other graph.
+    case_op: str | None = None
+    case_calls: int | None = None
 
     @property
     def recompiled(self) -> bool | None:

@@ -341,7 +341,7 @@ class LocateTask:
     seed: int
     out_dir: str
     trust_ops: tuple[str, ...] = ()
-    verb: str = "locate"  # the bench option it serves, for the repro's note
+    verb: str = "bench --locate"  # the command that wrote the repro, for its note
 
     def __call__(self) -> Located:
         return locate_graph(self)
@@ -454,16 +454,19 @@ def _graph_input(name: str, role: str, target: str | None, v: Any) -> GraphInput
 
 
 def write_graph(pm: torch.fx.GraphModule, g_inputs: list[GraphInput], values: list[Any], name: str, task: Any,
-                what: str) -> Path:
+                what: str, *, source: str | None = None, case: Any = None,
+                sign: Callable[[Path], None] | None = None) -> Path:
     """Write `pm` on `values` (its inputs, as `g_inputs` records them) as an artefact of one
-    inference graph named `name` under `task.out_dir`, its outputs recorded; its folder."""
+    inference graph named `name` under `task.out_dir`, its outputs recorded; its folder.
+    `source`: the model record's (default: the graph it was cut from); `case`: the manifest's
+    records.CaseRecord (ops --cases); `sign`: signs the folder as it is written."""
     outs = run_graph(pm, [_fresh(x) for x in values])
     g_outputs = [GraphOutput(i, "user", None, TensorMeta.of(o) if isinstance(o, torch.Tensor) else None)
                  for i, o in enumerate(outs)]
     name = _safe(name)
     captured = CapturedGraphs(model=name, mode="export",
                               graphs={"inference": CapturedGraph(GraphKind.INFERENCE, pm, g_inputs, g_outputs)},
-                              contract=None, seconds=0.0, notes=[f"aotpipe bench --{task.verb}: {what}"])
+                              contract=None, seconds=0.0, notes=[f"aotpipe {task.verb}: {what}"], case=case)
     memory = {"inference": [_fresh(x) for x in values]}
 
     def check(folder: Path) -> Any:
@@ -471,8 +474,9 @@ def write_graph(pm: torch.fx.GraphModule, g_inputs: list[GraphInput], values: li
 
     fingerprint = hashlib.sha256(pm.code.encode()).hexdigest()
     written = write_model(Path(task.out_dir), captured,
-                          model_record={"name": name, "source": f"bench-repro:{task.label}:{task.graph}"},
-                          fingerprint=fingerprint, inputs={"inference": values}, save_values="full", check=check)
+                          model_record={"name": name, "source": source or f"bench-repro:{task.label}:{task.graph}"},
+                          fingerprint=fingerprint, inputs={"inference": values}, save_values="full", check=check,
+                          sign=sign)
     return written.path
 
 

@@ -50,7 +50,7 @@ MAX_DEPTH = 3  # producers tried around the culprit before the prefix is kept
 @dataclass(frozen=True)
 class MinimizeTask(LocateTask):
     """What a worker needs to locate one failing graph and cut its culprit down (picklable)."""
-    verb: str = "minimize"
+    verb: str = "bench --minimize"
 
     def __call__(self) -> Located:
         return locate_graph(self, then=minimized_repro)

@@ -129,8 +129,27 @@ def table(bench: Bench, *, t_levels: tuple[int, ...] = (-5, -3, -1, 0, 1, 3)) ->
                        for t in t_levels)
         lines.append(f"{kind:<10} {s.graphs:>6} {s.passed:>6} {rate:>6} {gm:>8} {verdict_counts(s):>19} "
                      f"{s.compile_s:>10.1f}  {st}")
+    lines += op_lines(bench)
     share = bench.overhead_share
     if share is not None:
         lines.append(f"bench's own time (outside {bench.backend}'s compile and run): {share:.0%} of the workers' "
                      f"{sum(r.wall_s for r in bench.results):.1f} s; wall {bench.wall_s:.1f} s")
+    return lines
+
+
+def op_lines(bench: Bench) -> list[str]:
+    """The per-op scores of a bench over per-op cases (aotpipe ops --cases): each op's cases,
+    the corpus calls they stand for, those that pass, the weighted speedup and the failing
+    calls by status; nothing for a bench of no case."""
+    ops = bench.op_scores
+    if not ops:
+        return []
+    width = max(20, *(len(o.op) for o in ops))
+    lines = ["", "per op (aotpipe ops --cases: each case weighed by the corpus calls it stands for)",
+             f"{'op':<{width}} {'cases':>6} {'calls':>7} {'calls passing':>15} {'geomean':>8}  failing calls"]
+    for o in ops:
+        share = f"{o.passed_calls} ({o.passed_calls / o.calls:.1%})" if o.calls else ""
+        gm = "" if o.weighted_speedup is None else f"{o.weighted_speedup:.2f}x"
+        failing = ", ".join(f"{status} {n}" for status, n in sorted(o.calls_by_status.items()) if status != "pass")
+        lines.append(f"{o.op:<{width}} {o.cases:>6} {o.calls:>7} {share:>15} {gm:>8}  {failing}".rstrip())
     return lines

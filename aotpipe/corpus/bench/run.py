@@ -27,9 +27,10 @@ from aotpipe.checks.distributed import sibling_ranks
 from aotpipe.corpus.bench.backends import parse_backend
 from aotpipe.corpus.bench.graph import GraphResult, GraphTask, artefact_label, result_from_failure
 from aotpipe.corpus.bench.ranks import MODES, RECORDED, WHO, RankGraphTask, record_worlds
-from aotpipe.corpus.bench.scores import Score, scores
+from aotpipe.corpus.bench.scores import OpScore, Score, op_scores, scores
 from aotpipe.corpus.bench.sizes import Point, SizedGraphTask, artefact_points, is_symbolic, symbol_sizes
 from aotpipe.errors import AotpipeError, ArtifactError
+from aotpipe.format import records
 from aotpipe.format.folders import is_model_folder, model_folder
 from aotpipe.format.vocabulary import GRAPH_KINDS
 from aotpipe.pipeline.executors.base import Failure, Resources, Task
@@ -64,10 +65,17 @@ class Bench:
         inside = sum(r.in_backend_s for r in self.results)
         return (total - inside) / total if total > 0 else None
 
+    @property
+    def op_scores(self) -> list[OpScore]:
+        """Per op, over the per-op cases benched (aotpipe ops --cases), weighted by their calls;
+        empty where none was."""
+        return op_scores(self.results)
+
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "wall_s": self.wall_s, "overhead_share": self.overhead_share,
                 "notes": self.notes, "graphs": [r.to_json() for r in self.results],
-                "scores": {k: s.to_json() for k, s in self.scores.items()}, "sizes": self.sizes}
+                "scores": {k: s.to_json() for k, s in self.scores.items()}, "sizes": self.sizes,
+                **({"ops": [o.to_json() for o in ops]} if (ops := self.op_scores) else {})}
 
 
 def parse_kinds(text: str | None) -> set[str] | None:
@@ -105,19 +113,21 @@ def find_models(paths: Sequence[Path]) -> list[tuple[Path, str]]:
     return [entry for _, found in per_root for entry in found]
 
 
-def check_trust(models: Sequence[tuple[Path, str]], key: str | None, trusted: bool) -> None:
+BENCHED = "benched (a bench runs graphs in worker processes, not the sandbox)"
+
+
+def check_trust(models: Sequence[tuple[Path, str]], key: str | None, trusted: bool, refused: str = BENCHED) -> None:
     """Refuse (a user error) artefacts that are neither trusted by the user (signed by their
     own key or one they added) nor signed by `key`: a bench runs graphs in worker processes,
-    not the sandbox."""
+    not the sandbox. `refused`: what is not done with them, and why, for the message."""
     decision = decide_sandbox([m for m, _ in models], key=key, no_sandbox=trusted)
     if not decision.in_process:
         labels = dict(models)
         bad = [f"{labels[m]}: {why}" for m, why in decision.untrusted]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         who = key if key is not None else "a key you trust"
-        raise AotpipeError(f"not signed by {who}, so not benched (a bench runs graphs in worker processes, not the "
-                           f"sandbox): {bad[0]}{more}; aotpipe trust add its maker's key, or pass --no-sandbox "
-                           "if you otherwise trust them")
+        raise AotpipeError(f"not signed by {who}, so not {refused}: {bad[0]}{more}; aotpipe trust add its maker's "
+                           "key, or pass --no-sandbox if you otherwise trust them")
 
 
 BenchTask = GraphTask | SizedGraphTask | RankGraphTask
@@ -247,7 +257,15 @@ def bench(paths: Sequence[Path], backend: str, *, kinds: set[str] | None = None,
             done_ranked = record_worlds([tasks[i] for i in ranked], Path(tmp), trust_ops)  # type: ignore[misc]
             for i, t in zip(ranked, done_ranked, strict=True):
                 tasks[i] = t
-        return _run(tasks, task_kinds, notes, backend, timeout_s, threads, on_result, on_plan, sizes, start)
+        cases = {folder: m.case for folder in {t.task.artifact if isinstance(t, (SizedGraphTask, RankGraphTask))
+                                               else t.artifact for t in tasks}
+                 if (m := records.read(records.Manifest, Path(folder) / records.MANIFEST)[1]).case is not None}
+        done = _run(tasks, task_kinds, notes, backend, timeout_s, threads, on_result, on_plan, sizes, start)
+    for r in done.results:
+        case = cases.get(r.path)
+        if case is not None:
+            r.case_op, r.case_calls = case.op, case.count
+    return done
 
 
 def _run(tasks: list[BenchTask], task_kinds: list[str], notes: list[str], backend: str, timeout_s: float,

@@ -114,3 +114,50 @@ def scores(results: Sequence[GraphResult]) -> dict[str, Score]:
     out = {k: score([r for r in results if r.kind == k]) for k in kinds}
     out["all"] = score(results)
     return out
+
+
+@dataclass
+class OpScore:
+    """One op's per-op cases (aotpipe ops --cases) benched: how many, the corpus calls they
+    stand for, those of them that pass, the calls by status, and the geometric-mean speedup of
+    the passing cases weighted by their calls."""
+
+    op: str
+    cases: int
+    calls: int
+    passed_cases: int
+    passed_calls: int
+    calls_by_status: dict[str, int]
+    weighted_speedup: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def weighted_geomean(pairs: Sequence[tuple[float, int]]) -> float | None:
+    """exp of the `w`-weighted mean of log(x) over (x, w), the unusable x left out."""
+    usable = [(x, w) for x, w in pairs if x is not None and x > 0 and math.isfinite(x) and w > 0]
+    total = sum(w for _, w in usable)
+    return math.exp(sum(w * math.log(x) for x, w in usable) / total) if total else None
+
+
+def op_scores(results: Sequence[GraphResult]) -> list[OpScore]:
+    """Per op, over the results that are per-op cases (skipped ones left out), most calls first;
+    then the whole ("all")."""
+    cases = [r for r in results if r.case_op is not None and r.case_calls is not None and r.status != "skipped"]
+    groups: dict[str, list[GraphResult]] = {}
+    for r in cases:
+        groups.setdefault(r.case_op or "", []).append(r)
+    if cases:
+        groups["all"] = cases
+    out = []
+    for op, rs in groups.items():
+        by_status: dict[str, int] = {}
+        for r in rs:
+            by_status[r.status] = by_status.get(r.status, 0) + (r.case_calls or 0)
+        passed = [r for r in rs if r.status == "pass"]
+        out.append(OpScore(op, len(rs), sum(r.case_calls or 0 for r in rs), len(passed),
+                           sum(r.case_calls or 0 for r in passed), by_status,
+                           weighted_geomean([(r.speedup, r.case_calls or 0) for r in passed
+                                             if r.speedup is not None])))
+    return sorted(out, key=lambda s: (s.op == "all", -s.calls, s.op))

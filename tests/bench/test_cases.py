@@ -1,0 +1,229 @@
+"""`aotpipe ops TREE --cases OUT` (aotpipe/corpus/cases.py, case_writer.py): every call of a tree
+falls in one case keyed on its op, each tensor argument's shape, stride, storage offset and dtype
+and every other argument; each case that can stand alone is an artefact on the values its first
+call took, which bench runs and weighs by its count; cases.jsonl lists them all."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from aotpipe.artifact.load import load
+from aotpipe.artifact.ops import op_name
+from aotpipe.cli import main
+from aotpipe.corpus import case_writer, cases
+from aotpipe.corpus.opcov import op_table
+
+PLANTED = "tests.bench.backends"
+
+
+def cli(*args):
+    return CliRunner().invoke(main, list(map(str, args)))
+
+
+@pytest.fixture()
+def tree(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    dst = tmp_path / "quickstart"
+    shutil.copytree(root, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def written(quickstart_run, tmp_path_factory):
+    """The quickstart's cases, written once for the module through the CLI."""
+    root, _ = quickstart_run
+    out = tmp_path_factory.mktemp("cases") / "out"
+    r = cli("ops", root, "--cases", out, "--json", "--no-sandbox")  # the suite's quickstart is unsigned
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in (out / cases.CASES_JSONL).read_text().splitlines()]
+    return root, out, json.loads(r.output), lines
+
+
+def _graph(tree, model, kind):
+    path = tree / model / f"{model}_{kind}_0" / "graph.json"
+    return path, json.loads(path.read_text())
+
+
+def test_every_call_is_in_exactly_one_case_and_the_counts_add_up_per_op(tree):
+    mined = cases.mine(tree)
+    table = op_table(tree)
+    assert sum(c.count for c in mined.cases) == mined.calls == sum(r.count for r in table.ops) > 1000
+    per_op: dict[str, int] = {}
+    for c in mined.cases:
+        per_op[c.op] = per_op.get(c.op, 0) + c.count
+    assert per_op == {r.op: r.count for r in table.ops}
+    assert len({c.name for c in mined.cases}) == len(mined.cases)  # one folder each
+
+
+@pytest.mark.parametrize("field,value", [("stride", None), ("storage_offset", 3), ("dtype", "float64"),
+                                         ("shape", None)])
+def test_a_call_that_differs_in_one_part_of_one_argument_is_a_case_of_its_own(tree, field, value):
+    path, g = _graph(tree, "mlp", "forward")
+    by_name = {n["name"]: n for n in g["nodes"]}
+    addmms = [n for n in g["nodes"] if n.get("target") == "aten.addmm.default"]
+    before = [c.count for c in cases.mine(tree).cases if c.op == "aten.addmm.default"]
+    # a placeholder of its own for the first addmm's matrix, one part of its layout changed
+    src = dict(by_name[addmms[0]["args"][1]["node"]])
+    val = dict(src["val"])
+    val[field] = value if value is not None else [x + 1 for x in val[field]]
+    planted = {**src, "name": "planted", "target": "planted", "val": val}
+    g["nodes"].insert(0, planted)
+    addmms[0]["args"][1] = {"node": "planted"}
+    path.write_text(json.dumps(g))
+    mined = cases.mine(tree)
+    mine = [c for c in mined.cases if c.op == "aten.addmm.default" and "mlp forward " + addmms[0]["name"] in c.nodes]
+    assert len(mine) == 1 and mine[0].count == 1, mine
+    assert mine[0].args[1]["tensor"][field] == val[field]
+    assert sum(c.count for c in mined.cases if c.op == "aten.addmm.default") == sum(before)
+
+
+def test_a_non_tensor_argument_is_part_of_the_key(tree):
+    path, g = _graph(tree, "mlp", "forward")
+    node = next(n for n in g["nodes"] if n.get("target") == "aten.addmm.default")
+    mined = cases.mine(tree)
+    (same,) = [c for c in mined.cases if f"mlp forward {node['name']}" in c.nodes]
+    node["kwargs"] = {"beta": 2}
+    path.write_text(json.dumps(g))
+    (now,) = [c for c in cases.mine(tree).cases if f"mlp forward {node['name']}" in c.nodes]
+    assert now.count == 1 and now.kwargs == {"beta": 2} and same.kwargs == {}
+
+
+def test_python_level_calls_and_collectives_are_counted_and_named_not_written(tree):
+    path, g = _graph(tree, "mlp", "forward")
+    node = next(n for n in g["nodes"] if n.get("target") == "aten.relu.default")
+    node["target"] = "_c10d_functional.all_reduce.default"
+    path.write_text(json.dumps(g))
+    mined = cases.mine(tree)
+    (coll,) = [c for c in mined.cases if c.op == "_c10d_functional.all_reduce.default"]
+    assert coll.why_not == cases.COLLECTIVE and coll.count == 1
+    getitems = [c for c in mined.cases if c.op == "operator.getitem"]
+    assert getitems and all(c.why_not == cases.PYTHON_LEVEL for c in getitems)
+    assert all(c.why_not is None for c in mined.cases if c.op.startswith("aten."))
+
+
+def test_each_case_is_an_artefact_of_its_op_on_the_first_calls_values(written):
+    root, out, summary, lines = written
+    mined = cases.mine(root)
+    assert len(lines) == len(mined.cases) == summary["cases"]
+    assert summary["covered_calls"] == summary["calls"] == sum(x["count"] for x in lines)
+    assert summary["failed"] == [] and summary["written"] == sum(1 for x in lines if x["artefact"])
+    assert {x["case"] for x in lines if not x["artefact"]} == {c.name for c in mined.cases if c.why_not}
+    checked = 0
+    for x in lines:
+        if not x["artefact"] or x["op"] not in ("aten.addmm.default", "aten.embedding.default", "aten.clone.default",
+                                                "aten.native_layer_norm.default", "aten.expand.default"):
+            continue
+        art = load(out / x["artefact"])
+        assert art.manifest.case.op == x["op"] and art.manifest.case.count == x["count"]
+        assert art.manifest.case.nodes == x["nodes"]
+        ga = art.graphs["inference"]
+        ops = [op_name(n.target) for n in ga.module.graph.nodes if n.op == "call_function"]
+        assert [o for o in ops if o != "operator.getitem"] == [x["op"]], (ops, x["op"])
+        tensors = [a["tensor"] for a in x["args"] if isinstance(a, dict) and "tensor" in a]
+        values = [v for v in ga.saved_inputs() if isinstance(v, torch.Tensor)]
+        for spec, v in zip(tensors, values, strict=True):  # each input as the first call took it: its layout kept
+            assert (list(v.shape), list(v.stride()), v.storage_offset(), str(v.dtype)) == (
+                spec["shape"], spec["stride"], spec["storage_offset"], "torch." + spec["dtype"]), (x["case"], spec)
+            r = spec["range"]
+            if v.numel():
+                assert r["min"] == pytest.approx(v.double().min().item()) and r["max"] == pytest.approx(
+                    v.double().max().item())
+        if x["op"] == "aten.embedding.default":  # indices: random inputs are drawn where the recorded ones lay
+            (ids,) = [i for i in ga.record.inputs if i.dtype == "int64"]
+            assert ids.range is not None and ids.range[0] >= 0
+        checked += 1
+    assert checked >= 10
+
+
+def test_bench_over_the_cases_fails_exactly_the_planted_op_and_weighs_by_count(written, tmp_path):
+    root, out, _, lines = written
+    keep = [x for x in lines if x["artefact"] and x["op"] in ("aten.gelu.default", "aten.relu.default",
+                                                              "aten.addmm.default", "aten.le.Scalar")]
+    sub = tmp_path / "some"
+    sub.mkdir()
+    for x in keep:
+        shutil.copytree(out / x["artefact"], sub / x["artefact"])
+    r = cli("bench", sub, "--backend", f"{PLANTED}:gelu_as_relu", "--rounds", "2", "--json", "--no-progress")
+    assert r.exit_code == 1, r.output
+    data = json.loads(r.output[r.output.index("{"):])
+    failing = {g["artifact"] for g in data["graphs"] if g["status"] != "pass"}
+    assert failing == {x["artefact"] for x in keep if x["op"] == "aten.gelu.default"} != set()
+    ops = {o["op"]: o for o in data["ops"]}
+    gelu_calls = sum(x["count"] for x in keep if x["op"] == "aten.gelu.default")
+    assert ops["aten.gelu.default"]["calls_by_status"] == {"fail_accuracy": gelu_calls}
+    assert ops["all"]["calls"] == sum(x["count"] for x in keep)
+    assert ops["all"]["passed_calls"] == ops["all"]["calls"] - gelu_calls
+    assert ops["aten.addmm.default"]["cases"] == sum(1 for x in keep if x["op"] == "aten.addmm.default")
+    text = cli("bench", sub, "--backend", "eager", "--rounds", "2", "--no-progress").output
+    assert "per op (aotpipe ops --cases" in text and "aten.gelu.default" in text.split("per op")[1]
+
+
+def test_a_weighted_speedup_is_weighted_by_calls():
+    from aotpipe.corpus.bench.graph import GraphResult
+    from aotpipe.corpus.bench.scores import op_scores
+
+    def res(op, calls, speedup, status="pass"):
+        return GraphResult("a", "inference", "inference", status, speedup=speedup, case_op=op, case_calls=calls)
+
+    (a, total) = op_scores([res("x", 3, 2.0), res("x", 1, 0.5), res("x", 5, None, "crashed")])
+    assert a.op == "x" and (a.cases, a.calls, a.passed_cases, a.passed_calls) == (3, 9, 2, 4)
+    assert a.weighted_speedup == pytest.approx((2.0 ** 3 * 0.5) ** (1 / 4))
+    assert a.calls_by_status == {"pass": 4, "crashed": 5} and total.op == "all"
+    assert op_scores([GraphResult("a", "inference", "inference", "pass", speedup=1.0)]) == []
+
+
+def test_cases_go_to_a_new_folder_and_nothing_there_is_replaced(quickstart_run, tmp_path):
+    root, _ = quickstart_run
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    r = cli("ops", root, "--cases", out)
+    assert r.exit_code == 2 and "not an empty folder" in r.output and str(out) in r.output
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    r = cli("ops", root, "--cases", tmp_path / "o2", "--csv")
+    assert r.exit_code == 2 and "--cases writes cases" in r.output and not (tmp_path / "o2").exists()
+
+
+def test_an_unsigned_tree_is_not_run_without_no_sandbox(quickstart_run, tmp_path, monkeypatch):
+    root, _ = quickstart_run  # the suite's quickstart is unsigned, as an artefact from elsewhere
+    monkeypatch.delenv("AOTPIPE_NO_SANDBOX")
+    monkeypatch.setenv("AOTPIPE_CONFIG_DIR", str(tmp_path / "config"))
+    r = cli("ops", root, "--cases", tmp_path / "out")
+    assert r.exit_code == 2 and "not signed" in r.output and "so not run (ops --cases" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_graph_that_does_not_run_costs_its_own_cases_named(quickstart_run, tmp_path, monkeypatch):
+    root, _ = quickstart_run
+    mined = cases.mine(root / "mlp")
+    specs = tuple(case_writer.CaseSpec(i, c.first[1], c.first[2], c.name, c.op, c.count, tuple(c.nodes))
+                  for i, c in enumerate(mined.cases) if c.why_not is None)
+    real = case_writer.taken_values
+
+    def fails_on_forward(gm, inputs, wanted):
+        if any(n.name.startswith("primals") for n in gm.graph.nodes):
+            raise RuntimeError("planted: this graph does not run")
+        return real(gm, inputs, wanted)
+
+    monkeypatch.setattr(case_writer, "taken_values", fails_on_forward)
+    done = case_writer.write_model_cases(case_writer.CaseTask(str(root / "mlp"), "mlp", specs, str(tmp_path), None))
+    bad = [w for w in done if w.problem]
+    good = [w for w in done if w.artefact]
+    assert bad and good and len(bad) + len(good) == len(specs)
+    assert all("did not run: RuntimeError: planted" in w.problem for w in bad)
+    assert all(specs[[s.index for s in specs].index(w.index)].graph in ("forward", "backward", "joint") for w in bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(w.artefact for w in good)
+
+
+def test_pass_made_nodes_are_described_in_graph_json(quickstart_run):
+    root, _ = quickstart_run
+    for path in root.glob("*/*.*/graph.json"):  # the graphs the pass chain made
+        g = json.loads(path.read_text())
+        bare = [n["name"] for n in g["nodes"] if n["op"] == "call_function" and n.get("val") is None
+                and not n["target"].startswith(("operator.", "aten._assert"))]
+        assert bare == [], (path, bare)
