@@ -797,6 +797,46 @@ def bench(paths: tuple[str, ...], backend: str, graphs: str | None, baseline: st
                            click.echo))
 
 
+@main.command(short_help="Cut each failing graph down to a small standalone repro.")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--backend", required=True, metavar="BACKEND",
+              help="eager, aot_eager, inductor, inductor-freezing (inference graphs) or module:callable.")
+@click.option("--graphs", metavar="KINDS", default=None, help="Only these kinds, comma-separated (default: all).")
+@click.option("-o", "--output", "locate_dir", metavar="DIR", default="bench-repros", show_default=True,
+              help="Where the repros go.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results, repros and bugs as JSON (as bench --json).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0,
+              show_default=True, help="Per-graph time limit in seconds (the check, and each cut's try).")
+@click.option("--key", "key", default=None, metavar="KEY", help="Run artefacts signed with this key.")
+@click.option("--no-sandbox", is_flag=True, envvar="AOTPIPE_NO_SANDBOX",
+              help="Run artefacts without a signature check: only ones you made or otherwise trust.")
+@click.option("--trust-ops", "trust_ops", multiple=True, metavar="NS[=MODULE]", help="As replay --trust-ops.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@_user_errors
+def minimize(paths: tuple[str, ...], backend: str, graphs: str | None, locate_dir: str, as_json: bool,
+             timeout_s: float, key: str | None, no_sandbox: bool, trust_ops: tuple[str, ...],
+             no_progress: bool) -> None:
+    """Run BACKEND over every graph under PATHS and cut each failing one down to the few nodes
+    that still fail the same way: a repro artefact (replayable, benchable) and a standalone
+    script beside it, then the failures grouped into bugs. `aotpipe bench --minimize` without
+    the timings: each graph is checked once and timed over two rounds only.
+
+    Exit 0: every graph passed (nothing to cut); 1: some failed (each cut down or said why not).
+
+    \b
+    Examples:
+      aotpipe minimize artifacts/quickstart --backend tests.bench.backends:gelu_as_relu
+      aotpipe minimize artifacts/quickstart/mlp --backend inductor -o repros/mlp
+    """
+    # torch: kept off the torch-free path (every command imports cli)
+    from aotpipe.corpus.bench.command import BenchOptions, run_bench
+
+    _warn_partial(paths, "its graphs are cut down, but they are not the whole model")
+    sys.exit(run_bench(BenchOptions(paths, backend, graphs, as_json=as_json, timeout_s=timeout_s, rounds=2, key=key,
+                                    trusted=no_sandbox, trust_ops=trust_ops, progress=not no_progress,
+                                    locate_dir=locate_dir, minimize=True, brief=True), _say, click.echo))
+
+
 @main.command(short_help="Group a bench's failing graphs into unique bugs.")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the bugs as JSON.")

@@ -227,3 +227,42 @@ def test_pass_made_nodes_are_described_in_graph_json(quickstart_run):
         bare = [n["name"] for n in g["nodes"] if n["op"] == "call_function" and n.get("val") is None
                 and not n["target"].startswith(("operator.", "aten._assert"))]
         assert bare == [], (path, bare)
+
+
+@pytest.mark.slow  # zoo-hf captured (shared with the other zoo tests), ~1300 cases written (~40 s) and benched
+# (~90 s), and zoo-hf's failing inference and backward graphs cut down (~2 min)
+def test_done_when_over_quickstart_and_zoo_hf(quickstart_run, zoo_run, tmp_path):
+    zoo, r = zoo_run
+    assert r.exit_code == 0, r.output
+    backend = f"{PLANTED}:gelu_as_relu_and_segfault_on_relu_backward"  # gelu computed as relu; a crash on le.Scalar
+    outs, lines = [], []
+    for root in (quickstart_run[0], zoo):
+        out = tmp_path / root.name
+        w = cli("ops", root, "--cases", out, "--json", "--no-sandbox")
+        assert w.exit_code == 0, w.output
+        summary = json.loads(w.output)
+        table = op_table(root)
+        assert summary["covered_calls"] == summary["calls"] == sum(row.count for row in table.ops)
+        mine = [json.loads(x) for x in (out / cases.CASES_JSONL).read_text().splitlines()]
+        assert {x["op"] for x in mine} == {row.op for row in table.ops}  # every op of the tree has its cases
+        outs.append(out)
+        lines += [(out, x) for x in mine]
+    b = cli("bench", *outs, "--backend", backend, "--rounds", "2", "--json", "--no-progress")
+    assert b.exit_code == 1, b.output[-3000:]
+    data = json.loads(b.output[b.output.index("{"):])
+    failing = {(g["case_op"], g["status"]) for g in data["graphs"] if g["status"] != "pass"}
+    assert failing == {("aten.gelu.default", "fail_accuracy"), ("aten.le.Scalar", "crashed")}
+    assert sum(g["status"] != "pass" for g in data["graphs"]) == sum(
+        1 for _, x in lines if x["artefact"] and x["op"] in ("aten.gelu.default", "aten.le.Scalar"))
+    m = cli("minimize", zoo, "--backend", backend, "--graphs", "inference,backward", "-o", tmp_path / "repros",
+            "--json", "--no-sandbox", "--no-progress")
+    assert m.exit_code == 1, m.output[-3000:]
+    data = json.loads(m.output[m.output.index("{"):])
+    failing = [g for g in data["graphs"] if g["status"] != "pass"]
+    assert {g["status"] for g in failing} == {"fail_accuracy", "crashed"}
+    assert len(data["located"]) == len(failing)
+    for loc in data["located"]:
+        assert loc["minimized"]["found"] and loc["minimized"]["nodes"] <= 3, loc
+    assert sorted(b["signature"].split(":")[0] for b in data["bugs"]) == [
+        "crashed", "fail_accuracy at aten.gelu.default(float32)"]
+    assert sum(len(b["graphs"]) for b in data["bugs"]) == len(failing)

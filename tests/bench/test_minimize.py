@@ -189,3 +189,19 @@ def test_quickstart_with_a_wrong_op_and_a_crash_is_two_bugs_each_cut_to_a_node(t
     assert sorted(b["signature"].split(":")[0] for b in bugs) == ["crashed", "fail_accuracy at aten.gelu.default(float32)"]
     assert sum(len(b["graphs"]) for b in bugs) == len(failing)
     assert all(b["repro_nodes"] == 1 for b in bugs)
+
+
+def test_aotpipe_minimize_is_bench_minimize_without_the_timing_table(tmp_path):
+    out = tmp_path / "repros"
+    r = CliRunner().invoke(main, ["minimize", MLP, "--backend", f"{PLANTED}:first_relu_doubled", "--graphs",
+                                  "inference", "-o", str(out), "--no-progress"])
+    assert r.exit_code == 1, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == f"1 of 2 graphs pass with {PLANTED}:first_relu_doubled; 1 fail:"  # the pass chain made its relu relu_
+    assert "scores" not in r.output and "speedup" not in r.output
+    assert "minimised: 1 node(s), node aten.relu.default" in r.output and "1 unique bug(s) among 1 failing" in r.output
+    assert (out / "mlp-inference-relu-min" / "manifest.json").is_file()
+    r = CliRunner().invoke(main, ["minimize", MLP, "--backend", "eager", "--graphs", "inference", "-o",
+                                  str(tmp_path / "none"), "--no-progress"])
+    assert r.exit_code == 0 and r.output.splitlines() == ["2 of 2 graphs pass with eager"], r.output
+    assert not (tmp_path / "none").exists()

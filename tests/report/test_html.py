@@ -118,6 +118,36 @@ def test_bench_json_adds_the_bench_plot_and_table(tree):
     assert "<h2>Bench: inductor</h2>" in html and "S(0) 1.25" in html and "fail_accuracy" in html
 
 
+def test_what_bench_json_prints_is_a_bench_json_the_page_reads(tree):
+    r = cli("bench", tree / "mlp", "--backend", "eager", "--graphs", "inference", "--rounds", "2", "--json",
+            "--no-progress")
+    assert r.exit_code == 0, r.output
+    (tree / "bench.json").write_text(r.output)
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    assert "not a bench result" not in html and "<h2>Bench: eager</h2>" in html
+    assert re.search(r"Scores: all: 2/2 pass, geomean [\d.]+x; inference: 2/2 pass", html)
+    assert re.search(r"<tr><td>mlp</td><td>inference</td><td>eager</td><td>pass</td>", html)
+    assert 'id="triage"' not in html  # a bench without --minimize groups nothing
+
+
+def test_the_bugs_of_bench_minimize_are_the_pages_triage_table(tree):
+    from aotpipe.corpus.bench.triage import Bug
+
+    bugs = [Bug("fail_accuracy at aten.gelu.default(float32)", "fail_accuracy",
+                ["bert inference", "vit inference", "vit forward"], ["bert", "vit"], "repros/bert-inference-gelu-min", 1),
+            Bug(HOSTILE_MODEL, "crashed", ["resnet backward"], ["resnet"], None, None)]
+    (tree / "bench.json").write_text(json.dumps({"backend": "b", "graphs": [], "scores": {},
+                                                 "bugs": [b.to_json() for b in bugs]}))
+    assert cli("report", tree).exit_code == 0
+    html = (tree / "report.html").read_text()
+    assert '<h3 id="triage">Triage: 2 unique bug(s) among 4 failing graph(s)</h3>' in html
+    assert ('<tr><td>fail_accuracy at aten.gelu.default(float32)</td><td class="n">3</td><td class="n" '
+            'title="bert, vit">2</td><td>bert inference</td><td>repros/bert-inference-gelu-min (1 node(s))</td></tr>'
+            in html)
+    assert HOSTILE_MODEL not in html and "&lt;script&gt;" in html
+
+
 def test_a_malformed_bench_json_is_named_and_the_page_still_written(tree):
     (tree / "bench.json").write_text(json.dumps({"results": "fast"}))
     assert cli("report", tree).exit_code == 0

@@ -12,7 +12,7 @@ from aotpipe.corpus.bench.backends import parse_backend
 from aotpipe.corpus.bench.crashes import CrashTask
 from aotpipe.corpus.bench.locate import LocateTask, locate_failures
 from aotpipe.corpus.bench.minimize import MinimizeTask
-from aotpipe.corpus.bench.output import table, write_csv
+from aotpipe.corpus.bench.output import failures, table, write_csv
 from aotpipe.corpus.bench.run import bench, parse_collectives, parse_kinds
 from aotpipe.corpus.bench.sizes import parse_sizes
 from aotpipe.corpus.bench.triage import lines as triage_lines
@@ -46,6 +46,7 @@ class BenchOptions:
     sizes: tuple[str, ...] = ()  # --sizes NAME=v1,v2,...: bench each graph at these sizes (sizes.py)
     collectives: str | None = None  # --collectives: a distributed rank's (ranks.MODES; None: recorded)
     minimize: bool = False  # --minimize: --locate, then each culprit cut down to the few nodes that still fail
+    brief: bool = False  # aotpipe minimize: the failing graphs only, not the timing table and scores
 
 
 def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., None]) -> int:
@@ -119,7 +120,7 @@ def run_bench(o: BenchOptions, say: Callable[..., None], emit: Callable[..., Non
             out["baseline"] = comparison.__dict__
         emit(json.dumps(out, indent=2, sort_keys=True))
     else:
-        for line in table(result):
+        for line in failures(result) if o.brief else table(result):
             say(line)
         for note in result.notes:
             say(f"note: {note}")

@@ -153,3 +153,16 @@ def op_lines(bench: Bench) -> list[str]:
         failing = ", ".join(f"{status} {n}" for status, n in sorted(o.calls_by_status.items()) if status != "pass")
         lines.append(f"{o.op:<{width}} {o.cases:>6} {o.calls:>7} {share:>15} {gm:>8}  {failing}".rstrip())
     return lines
+
+
+def failures(bench: Bench) -> list[str]:
+    """aotpipe minimize's table: how many graphs passed, then each failing one and its reason."""
+    rs = sorted(bench.results, key=_order)
+    bad = [r for r in rs if r.status != "pass"]
+    width = max([20] + [len(row_name(r)) for r in bad])
+    lines = [f"{len(rs) - len(bad)} of {len(rs)} graphs pass with {bench.backend}"
+             + (f"; {len(bad)} fail:" if bad else "")]
+    for r in bad:
+        lines.append(f"{row_name(r):<{width}} {r.status}")
+        lines.append(f"    {r.reason}")
+    return lines

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import quote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from aotpipe.artifact.fsio import OutputError, describe_os_error, write_atomic
 from aotpipe.errors import AotpipeError, ArtifactError
@@ -47,17 +47,52 @@ class _Loose(BaseModel):
 
 
 class BenchRow(_Loose):
-    model: str = "?"
+    # `aotpipe bench --json` names a graph's artefact "artifact"; a hand-written file "model"
+    model: str = Field("?", validation_alias=AliasChoices("model", "artifact"))
     graph: str = "?"
     backend: Optional[str] = None
     status: str = "?"
     speedup: Optional[float] = None
 
 
+class KindScore(_Loose):
+    """One of `aotpipe bench --json`'s scores (per graph kind, and "all")."""
+    graphs: int = 0
+    passed: int = 0
+    geomean_speedup: float | None = None
+
+
+class BugRow(_Loose):
+    """One unique bug of `aotpipe bench --minimize --json` (triage.py's Bug)."""
+    signature: str = "?"
+    status: str = "?"
+    graphs: list[str] = []
+    models: list[str] = []
+    repro: str | None = None
+    repro_nodes: int | None = None
+
+
 class BenchFile(_Loose):
-    backend: Optional[str] = None
-    results: list[BenchRow] = []
-    scores: dict[str, Optional[float]] = {}
+    backend: str | None = None
+    results: list[BenchRow] = Field([], validation_alias=AliasChoices("results", "graphs"))
+    # a number per score (a hand-written file), or bench --json's per kind
+    scores: dict[str, float | KindScore | None] = {}
+    bugs: list[BugRow] = []
+
+    def bug_graphs(self) -> int:
+        """The failing graphs the bugs group."""
+        return sum(len(b.graphs) for b in self.bugs)
+
+    def score_texts(self) -> list[str]:
+        """Each score as the page says it: "S(0) 1.25", or "all: 7/8 pass, geomean 1.3x"."""
+        out = []
+        for k, v in self.scores.items():
+            if isinstance(v, KindScore):
+                gm = "" if v.geomean_speedup is None else f", geomean {v.geomean_speedup:.3g}x"
+                out.append(f"{k}: {v.passed}/{v.graphs} pass{gm}")
+            else:
+                out.append(f"{k} {'-' if v is None else format(v, '.3g')}")
+        return out
 
 
 def read_bench(root: Path) -> Optional[BenchFile]:
