@@ -78,40 +78,69 @@ def add_constant(gm: torch.fx.GraphModule, value: torch.Tensor, hint: str, befor
     return node
 
 
-def _as_meta(v: Any) -> Any:
-    """A recorded value as a meta tensor of its layout (tuples and scalars as they are)."""
+def _symbolic(v: Any) -> bool:
     if isinstance(v, torch.Tensor):
-        if v.device.type == "meta":
-            return v
+        return any(isinstance(x, torch.SymInt) for x in (*v.shape, *v.stride()))
+    if isinstance(v, (list, tuple)):
+        return any(_symbolic(x) for x in v)
+    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _fake(v: Any) -> Any:
+    """A value as a fake tensor of its layout and device (inside the caller's FakeTensorMode);
+    tuples and scalars as they are."""
+    if isinstance(v, torch.Tensor):
         extent = 1 + sum((d - 1) * s for d, s in zip(v.shape, v.stride(), strict=True)) if all(v.shape) else 0
-        base = torch.empty(v.storage_offset() + extent, dtype=v.dtype, device="meta")
+        base = torch.empty(v.storage_offset() + extent, dtype=v.dtype, device=v.device)
         return base.as_strided(v.shape, v.stride(), v.storage_offset())
     if isinstance(v, (list, tuple)):
-        return type(v)(_as_meta(x) for x in v)
+        return type(v)(_fake(x) for x in v)
     return v
 
 
 def fill_vals(gm: torch.fx.GraphModule) -> int:
-    """Record the layout (meta["val"], a meta tensor) of every call_function node a pass made
-    without one, from its inputs' recorded layouts: graph.json then describes every value of
-    the graph, as it does for a captured one (aotpipe ops --cases keys on them). A node whose
-    inputs are not all described, or whose op cannot run on meta tensors, is left as it is.
-    How many were filled."""
-    filled = 0
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or "val" in n.meta:
-            continue
-        ins = n.all_input_nodes
-        if any("val" not in a.meta for a in ins):
-            continue
-        try:
-            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: _as_meta(a.meta["val"]))
-            with torch.no_grad():
-                n.meta["val"] = n.target(*args, **kwargs)
-            filled += 1
-        except Exception:  # an op with no meta kernel, a value not a layout: the node stays undescribed
-            continue
-    return filled
+    """Record, after a pass, the layout of every call_function node's value (meta["val"], a
+    fake tensor) from its inputs' layouts and the constants the graph now holds: a node the pass
+    made had none, and one whose inputs it changed (channels_last's weights make a convolution's
+    output channels-last) had a stale one. graph.json then describes each value of a pass-made
+    graph as it does a captured one's (aotpipe ops --cases keys on them). A node whose op cannot
+    run on fake tensors keeps what it had; a graph with symbolic sizes is left as it is. How many
+    nodes changed."""
+    # torch internals: fake tensors (no memory) of the graph's real layouts
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if any(_symbolic(n.meta.get("val")) for n in gm.graph.nodes):
+        return 0
+    changed = 0
+    env: dict[torch.fx.Node, Any] = {}
+    with FakeTensorMode():
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                env[n] = _fake(n.meta.get("val"))
+            elif n.op == "get_attr":
+                env[n] = _fake(constant_value(gm, n))
+            elif n.op == "call_function":
+                old = n.meta.get("val")
+                try:
+                    args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+                    with torch.no_grad():
+                        new = n.target(*args, **kwargs)
+                except Exception:  # an op with no fake kernel, an input not described: it keeps what it had
+                    env[n] = _fake(old)
+                    continue
+                env[n] = new
+                if _layouts(new) != _layouts(old):
+                    n.meta["val"] = new
+                    changed += 1
+    return changed
+
+
+def _layouts(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype, v.device.type
+    if isinstance(v, (list, tuple)):
+        return tuple(_layouts(x) for x in v)
+    return v if isinstance(v, (int, float, bool)) or v is None else type(v)
 
 
 def is_constant(node: Any) -> bool:

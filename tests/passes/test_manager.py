@@ -49,6 +49,27 @@ def test_chain_records_each_pass(tmp_path):
     assert records[1].stats["conv_bn_folded"] == 2
 
 
+def test_every_node_a_pass_makes_gets_the_layout_of_its_value(tmp_path):
+    g = graph_of(zoo.small_cnn(channels=4), torch.randn(2, 3, 8, 8))
+    final, _ = run_chain(g, _steps("freeze", "fold_conv_bn", "channels_last", "reinplace"))
+    made = [n for n in final.gm.graph.nodes if n.op == "call_function" and n.name.endswith("_default")]
+    assert made  # fold_conv_bn's new convolutions
+    values = {}
+
+    class Seen(torch.fx.Interpreter):
+        def run_node(self, n):
+            values[n.name] = v = super().run_node(n)
+            return v
+
+    Seen(final.gm).run(*final.values)
+    for n in final.gm.graph.nodes:
+        if n.op == "call_function" and isinstance(values[n.name], torch.Tensor):
+            val, real = n.meta.get("val"), values[n.name]
+            assert val is not None, n.name
+            assert (tuple(val.shape), val.stride(), val.storage_offset(), val.dtype) == (
+                tuple(real.shape), real.stride(), real.storage_offset(), real.dtype), n.name
+
+
 def test_pass_that_changes_results_is_named_with_first_diverging_node(monkeypatch):
     info = dataclasses.replace(passes.PASSES["fold_conv_bn"], fn=_corrupt_conv_weights)
     monkeypatch.setitem(passes.PASSES, "fold_conv_bn", info)

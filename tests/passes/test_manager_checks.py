@@ -438,6 +438,8 @@ def _retype_first_output(val):
 
 
 def test_a_derived_output_s_layout_is_its_node_s_value_unless_that_is_on_meta(two_graphs, monkeypatch):
+    # the planted values stand: after a real pass fill_vals would set the node's true layout (test_manager.py)
+    monkeypatch.setattr("aotpipe.passes.manager.fill_vals", lambda gm: 0)
     cap, inputs = _fresh(two_graphs)
     apply_passes(spec(register(monkeypatch, "f64", _retype_first_output(torch.zeros(2, 3, dtype=torch.float64)))),
                  cap, inputs)
