@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,11 +26,13 @@ def cli(*args):
     return CliRunner().invoke(main, list(map(str, args)))
 
 
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "format_v2"  # mlp and running_norm: no capture
+
+
 @pytest.fixture()
-def tree(quickstart_run, tmp_path):
-    root, _ = quickstart_run
-    dst = tmp_path / "quickstart"
-    shutil.copytree(root, dst)
+def tree(tmp_path):
+    dst = tmp_path / "tree"
+    shutil.copytree(FIXTURE, dst)
     return dst
 
 
@@ -52,7 +55,7 @@ def _graph(tree, model, kind):
 def test_every_call_is_in_exactly_one_case_and_the_counts_add_up_per_op(tree):
     mined = cases.mine(tree)
     table = op_table(tree)
-    assert sum(c.count for c in mined.cases) == mined.calls == sum(r.count for r in table.ops) > 1000
+    assert sum(c.count for c in mined.cases) == mined.calls == sum(r.count for r in table.ops) > 100
     per_op: dict[str, int] = {}
     for c in mined.cases:
         per_op[c.op] = per_op.get(c.op, 0) + c.count
@@ -97,6 +100,8 @@ def test_python_level_calls_and_collectives_are_counted_and_named_not_written(tr
     path, g = _graph(tree, "mlp", "forward")
     node = next(n for n in g["nodes"] if n.get("target") == "aten.relu.default")
     node["target"] = "_c10d_functional.all_reduce.default"
+    node = next(n for n in g["nodes"] if n.get("target") == "aten.alias.default")
+    node["target"] = "operator.getitem"
     path.write_text(json.dumps(g))
     mined = cases.mine(tree)
     (coll,) = [c for c in mined.cases if c.op == "_c10d_functional.all_reduce.default"]
@@ -198,8 +203,8 @@ def test_an_unsigned_tree_is_not_run_without_no_sandbox(quickstart_run, tmp_path
     assert not (tmp_path / "out").exists()
 
 
-def test_a_graph_that_does_not_run_costs_its_own_cases_named(quickstart_run, tmp_path, monkeypatch):
-    root, _ = quickstart_run
+def test_a_graph_that_does_not_run_costs_its_own_cases_named(tmp_path, monkeypatch):
+    root = FIXTURE
     mined = cases.mine(root / "mlp")
     specs = tuple(case_writer.CaseSpec(i, c.first[1], c.first[2], c.name, c.op, c.count, tuple(c.nodes))
                   for i, c in enumerate(mined.cases) if c.why_not is None)
@@ -218,6 +223,90 @@ def test_a_graph_that_does_not_run_costs_its_own_cases_named(quickstart_run, tmp
     assert all("did not run: RuntimeError: planted" in w.problem for w in bad)
     assert all(specs[[s.index for s in specs].index(w.index)].graph in ("forward", "backward", "joint") for w in bad)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(w.artefact for w in good)
+
+
+def _views_graph():
+    """x[4, 4] -> add(x.t()[0:2], x[1:3]) and embedding(w, ids): the add's two inputs are views of
+    one storage, one transposed, one at an offset."""
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    x, w, ids = g.placeholder("x"), g.placeholder("w"), g.placeholder("ids")
+    t = g.call_function(aten.t.default, (x,))
+    s1 = g.call_function(aten.slice.Tensor, (t, 0, 0, 2))
+    s2 = g.call_function(aten.slice.Tensor, (x, 0, 1, 3))
+    add = g.call_function(aten.add.Tensor, (s1, s2), name="add")
+    emb = g.call_function(aten.embedding.default, (w, ids), name="embedding")
+    g.output((add, emb))
+    return torch.fx.GraphModule(torch.nn.Module(), g), [torch.arange(16.0).reshape(4, 4), torch.randn(10, 3),
+                                                        torch.tensor([[2, 7], [5, 3]])]
+
+
+def test_a_case_keeps_its_inputs_layout_aliasing_and_range(tmp_path):
+    gm, inputs = _views_graph()
+    taken = case_writer.taken_values(gm, inputs, {"add", "embedding"})
+    (a, b), value = taken["add"]
+    assert (a.stride(), a.storage_offset(), b.stride(), b.storage_offset()) == ((1, 4), 0, (4, 1), 4)
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # still views of one storage
+    assert a.untyped_storage().data_ptr() != inputs[0].untyped_storage().data_ptr()  # a copy, not the graph's own
+    nodes = {n.name: n for n in gm.graph.nodes}
+    cm = case_writer.one_node(gm, nodes["add"], value)
+    assert [n.op for n in cm.graph.nodes] == ["placeholder", "placeholder", "call_function", "output"]
+    task = case_writer.CaseTask("src", "src", (), str(tmp_path), None)
+    for name, op in (("add", "aten.add.Tensor"), ("embedding", "aten.embedding.default")):
+        spec = case_writer.CaseSpec(0, "inference", name, f"{op}-1", op, 3, ("src inference " + name,))
+        w = case_writer._write(task, spec, gm, nodes[name], taken[name], None)
+        assert w.problem is None and w.artefact == f"{op}-1"
+        art = load(tmp_path / w.artefact)
+        assert art.manifest.case.op == op and art.manifest.case.count == 3
+        ga = art.graphs["inference"]
+        saved = ga.saved_inputs()
+        for got, want in zip(saved, taken[name][0], strict=True):
+            assert (got.shape, got.stride(), got.storage_offset(), got.dtype) == (
+                want.shape, want.stride(), want.storage_offset(), want.dtype)
+            assert torch.equal(got, want)
+        ranges = art.manifest.case.ranges
+        if name == "add":
+            assert saved[0].untyped_storage().data_ptr() == saved[1].untyped_storage().data_ptr()
+            assert [(r.min, r.max) for r in ranges] == [(0.0, 13.0), (4.0, 11.0)]
+        else:
+            assert ranges[1].model_dump() == {"min": 2.0, "max": 7.0, "nonfinite": 0}
+            assert [i.range for i in ga.record.inputs] == [None, [2, 8]]  # random ids drawn where these lay
+    assert case_writer.value_range(torch.tensor([1.0, float("inf"), -2.0, float("nan")])).model_dump() == {
+        "min": -2.0, "max": 1.0, "nonfinite": 2}
+    assert case_writer.value_range(torch.tensor([True, False])).model_dump() == {"min": 0.0, "max": 1.0,
+                                                                                 "nonfinite": 0}
+    assert case_writer.value_range(torch.tensor([])).model_dump() == {"min": None, "max": None, "nonfinite": 0}
+    assert case_writer.value_range(3) is None
+
+
+def test_a_model_whose_graphs_do_not_load_costs_its_own_cases_and_the_exit_says_so(tree, tmp_path):
+    for blob in (tree / "running_norm" / "blobs").iterdir():
+        blob.write_bytes(b"not a tensor")
+    mined = cases.mine(tree)
+    own = {c.name for c in mined.cases if c.first[0].endswith("running_norm")}
+    assert own and len(own) < len(mined.cases)
+    out = tmp_path / "out"
+    cases.write_cases(mined, out, key=None, workers=1)
+    lines = [json.loads(x) for x in (out / cases.CASES_JSONL).read_text().splitlines()]
+    assert [x["case"] for x in lines] == [c.name for c in mined.cases]
+    for x in lines:
+        if x["case"] in own:
+            assert x["artefact"] is None and x["why_not"].startswith("running_norm: its graphs did not run: "), x
+        else:
+            assert x["artefact"] == x["case"] and (out / x["case"] / "manifest.json").is_file() and x["why_not"] is None
+    assert sorted(p.name for p in out.iterdir()) == sorted([cases.CASES_JSONL] + [x["case"] for x in lines
+                                                                                    if x["artefact"]])
+    said = cases.summary_lines(mined, out)
+    ops = len({c.op for c in mined.cases})
+    assert said[0] == (f"{len(mined.cases)} cases of {ops} ops stand for {mined.calls} calls (the tree's: "
+                       f"{mined.calls}) in {mined.graphs} graphs of 2 models")
+    assert said[1].startswith(f"written: {len(mined.cases) - len(own)} case artefacts under {out} ")
+    assert sum(line.startswith("failed: ") for line in said) == min(len(own), 20)
+    summary = cases.summary_json(mined, out)
+    assert (summary["written"], len(summary["failed"]), summary["not_written"]) == (
+        len(mined.cases) - len(own), len(own), 0)
+    r = cli("ops", tree, "--cases", tmp_path / "again", "--no-sandbox")
+    assert r.exit_code == 1 and "failed: " in r.output, r.output
 
 
 def test_pass_made_nodes_are_described_in_graph_json(quickstart_run):

@@ -2,6 +2,7 @@
 and from the files (manifest, graph.json, inputs.json), and the summary over them. Fast:
 the format v2 fixture's two models (tests/report/tiny.py), edited per test; plots stubbed."""
 
+import json
 import re
 import sys
 
@@ -495,3 +496,32 @@ def test_a_distributed_ranks_row_says_its_collectives_per_step_and_per_inference
     assert notes == ["rank 0 of a world of 2 (ddp): collectives of a training step (forward then backward): "
                      "all-reduce 1; sends 64 B; of an inference call: all-gather 1; sends 16 B (bytes sent in a ring "
                      "algorithm)"]
+
+
+def test_bench_json_as_bench_prints_it_graphs_per_kind_scores_and_bugs(root):
+    (root / "bench.json").write_text(json.dumps({
+        "backend": "inductor",
+        "graphs": [{"artifact": "mlp", "graph": "inference", "status": "pass", "speedup": 1.5, "reason": "ok"},
+                   {"artifact": "mlp", "graph": "forward", "status": "crashed", "speedup": None}],
+        "scores": {"all": {"graphs": 2, "passed": 1, "geomean_speedup": 1.5, "pass_rate": 0.5},
+                   "forward": {"graphs": 1, "passed": 0, "geomean_speedup": None}},
+        "bugs": [{"signature": "crashed: SIGSEGV", "status": "crashed", "graphs": ["mlp forward", "x backward"],
+                  "models": ["mlp", "x"], "repro": "r/mlp-forward-le-min", "repro_nodes": 1, "first": "mlp forward"},
+                 {"signature": "fail_accuracy at aten.gelu.default(float32)", "status": "fail_accuracy",
+                  "graphs": ["y inference"], "models": ["y"]}]}))
+    report = page.gather(root)
+    b = report.bench
+    assert [(r.model, r.graph, r.status, r.speedup) for r in b.results] == [
+        ("mlp", "inference", "pass", 1.5), ("mlp", "forward", "crashed", None)]
+    assert b.score_texts() == ["all: 1/2 pass, geomean 1.5x", "forward: 0/1 pass"]
+    assert b.bug_graphs() == 3 and [x.repro_nodes for x in b.bugs] == [1, None]
+    html = page.build_html(root)
+    assert "Scores: all: 1/2 pass, geomean 1.5x; forward: 0/1 pass</p>" in html
+    assert '<h3 id="triage">Triage: 2 unique bug(s) among 3 failing graph(s)</h3>' in html
+    assert ('<tr><td>crashed: SIGSEGV</td><td class="n">2</td><td class="n" title="mlp, x">2</td><td>mlp forward</td>'
+            '<td>r/mlp-forward-le-min (1 node(s))</td></tr>') in html
+    assert ('<tr><td>fail_accuracy at aten.gelu.default(float32)</td><td class="n">1</td><td class="n" title="y">1'
+            '</td><td>y inference</td><td>-</td></tr>') in html
+    (root / "bench.json").write_text(json.dumps({"scores": {"S(0)": 1.25, "ES(0)": None}, "results": []}))
+    b = page.gather(root).bench
+    assert b.score_texts() == ["S(0) 1.25", "ES(0) -"] and b.bugs == [] and 'id="triage"' not in page.build_html(root)
