@@ -191,3 +191,15 @@ def gelu_as_relu_and_segfault_on_relu_backward(gm: torch.fx.GraphModule, example
     """Two bugs at once: every gelu computed as relu, and a crash on a graph holding relu's backward."""
     segfault_on_relu_backward(gm, example_inputs)
     return gelu_as_relu(gm, example_inputs)
+
+
+def off_from_1024_elements(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Adds 1 to every output when the graph's first input holds 1024 elements or more (a kernel
+    wrong only past a size: shrinking must stop just inside it)."""
+    first = example_inputs[0] if example_inputs else None
+    if not (isinstance(first, torch.Tensor) and first.numel() >= 1024):
+        return gm.forward
+
+    def run(*args: Any) -> Any:
+        return tuple(o + 1 if isinstance(o, torch.Tensor) else o for o in gm.forward(*args))
+    return run

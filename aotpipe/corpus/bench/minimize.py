@@ -6,7 +6,8 @@ as few of its producers as still fail: the cut at depth k is the culprit with it
 to k edges back, every value from outside the cut an input fed what the whole graph's eager run
 gave it (its layout kept). Depth 0, 1, 2, ... (up to MAX_DEPTH) are tried in turn; the first
 whose culprit the backend still computes outside the bound (locate.node_check, the same rule)
-is the repro. A fault that needs more than MAX_DEPTH producers around it keeps the prefix.
+is the repro, its sizes then shrunk while it still fails so (shrink.py). A fault that needs more
+than MAX_DEPTH producers around it keeps the prefix.
 
 The repro is checked once more as written: loaded back from its files and compiled with the
 backend, its culprit must still leave the bound; one that no longer fails is refused (nothing
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from aotpipe.corpus.bench.locate import (
     op_name,
     write_graph,
 )
+from aotpipe.corpus.bench.shrink import shrink_sizes
 from aotpipe.errors import exception_line
 
 MAX_DEPTH = 3  # producers tried around the culprit before the prefix is kept
@@ -99,6 +101,8 @@ class Minimized:
     tries: int = 0
     repro: str | None = None  # the artefact
     script: str | None = None  # repro.py beside it
+    shrunk: list[str] = field(default_factory=list)  # sizes shrunk, "3072 -> 1" (shrink.py)
+    shrink_tries: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,16 +111,19 @@ class Minimized:
         if not self.found:
             return [f"    minimised: no ({self.reason})"]
         return [f"    minimised: {self.nodes} node(s), node {self.op} with {self.depth} level(s) of producers, "
-                f"{self.tries} cut(s) tried: {self.repro}", f"    standalone: python {self.script}"]
+                f"{self.tries} cut(s) tried: {self.repro}",
+                *([f"    shrunk: {', '.join(self.shrunk)} ({self.shrink_tries} tries)"] if self.shrunk else []),
+                f"    standalone: python {self.script}"]
 
 
 def cut_down(gm: torch.fx.GraphModule, culprit: torch.fx.Node, inputs: list[Any], task: Any,
              fails: Callable[[torch.fx.GraphModule, list[Any]], tuple[bool, str]],
-             still: Callable[[Path], tuple[bool, str]], how: str) -> Minimized:
+             still: Callable[[Path], tuple[bool, str]], how: str, shrink: bool = False) -> Minimized:
     """The smallest cut around `culprit` (in `gm`, run on `inputs`) that `fails` (a cut and its
-    inputs: whether it fails as the graph does, and the line saying how), written as a repro
-    artefact under `task.out_dir` with its script beside it; refused (nothing kept) where
-    `still` (the written folder) finds it no longer fails. `how`: the failure, for the notes."""
+    inputs: whether it fails as the graph does, and the line saying how), with `shrink` its
+    sizes shrunk while it fails (shrink.py), written as a repro artefact under `task.out_dir`
+    with its script beside it; refused (nothing kept) where `still` (the written folder) finds
+    it no longer fails. `how`: the failure, for the notes."""
     values = _kept_values(gm, copy_inputs(inputs), {n.name for n in gm.graph.nodes}, 1 << 31)
     placeholders = {n.name: v for n, v in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs,
                                               strict=True)}
@@ -131,6 +138,9 @@ def cut_down(gm: torch.fx.GraphModule, culprit: torch.fx.Node, inputs: list[Any]
         failed, out.reason = fails(cm, args)
         if failed:
             out.nodes = sum(1 for n in cm.graph.nodes if n.op == "call_function")
+            if shrink:
+                smaller = shrink_sizes(cm, args, fails)
+                args, out.shrunk, out.shrink_tries = smaller.args, smaller.steps, smaller.tries
             return _written(cm, args, culprit, depth, out, task, still, how)
     out.reason = (f"no cut of up to {MAX_DEPTH} producers around {culprit.name} fails as the graph does: the "
                   "failure needs more of it (the located prefix is the repro)")
@@ -188,7 +198,7 @@ def minimized_repro(gm: torch.fx.GraphModule, culprit: torch.fx.Node, inputs: li
         return not ok, line
 
     return cut_down(gm, culprit, inputs, task, fails, lambda folder: still_fails(folder, backend, user),
-                    f"which {task.backend} computes outside the bound")
+                    f"which {task.backend} computes outside the bound", shrink=True)
 
 
 SCRIPT = '''"""A repro aotpipe bench --minimize wrote: {what}.
