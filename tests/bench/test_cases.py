@@ -6,6 +6,7 @@ call took, which bench runs and weighs by its count; cases.jsonl lists them all.
 from __future__ import annotations
 
 import json
+import operator
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from aotpipe.artifact.ops import op_name
 from aotpipe.cli import main
 from aotpipe.corpus import case_writer, cases
 from aotpipe.corpus.opcov import op_table
+from aotpipe.format import records
 
 PLANTED = "tests.bench.backends"
 
@@ -216,13 +218,155 @@ def test_a_graph_that_does_not_run_costs_its_own_cases_named(tmp_path, monkeypat
         return real(gm, inputs, wanted)
 
     monkeypatch.setattr(case_writer, "taken_values", fails_on_forward)
-    done = case_writer.write_model_cases(case_writer.CaseTask(str(root / "mlp"), "mlp", specs, str(tmp_path), None))
-    bad = [w for w in done if w.problem]
+    inference = [s for s in specs if s.graph == "inference"]
+    real_write = case_writer._write
+
+    def one_fails(task, s, *args):  # writing the first inference case raises
+        if s is inference[0]:
+            raise ValueError("planted: not written")
+        return real_write(task, s, *args)
+
+    monkeypatch.setattr(case_writer, "_write", one_fails)
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(bytes(range(64)))
+    out = tmp_path / "out"
+    done = case_writer.write_model_cases(case_writer.CaseTask(str(root / "mlp"), "mlp", specs, str(out),
+                                                              f"hmac:{secret}"))
+    assert sorted(w.index for w in done) == sorted(s.index for s in specs)
+    bad = {w.index: w for w in done if w.problem}
     good = [w for w in done if w.artefact]
-    assert bad and good and len(bad) + len(good) == len(specs)
-    assert all("did not run: RuntimeError: planted" in w.problem for w in bad)
-    assert all(specs[[s.index for s in specs].index(w.index)].graph in ("forward", "backward", "joint") for w in bad)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(w.artefact for w in good)
+    assert bad and good and len(bad) + len(good) == len(specs) and all(w.ranges is None for w in bad.values())
+    assert bad.pop(inference[0].index).problem == "ValueError: planted: not written"
+    for w in bad.values():
+        graph = next(s.graph for s in specs if s.index == w.index)
+        assert graph in ("forward", "backward", "joint")
+        assert w.problem == f"its graph {graph} did not run: RuntimeError: planted: this graph does not run"
+    assert sorted(p.name for p in out.iterdir()) == sorted(w.artefact for w in good)
+    assert all((out / w.artefact / "signature.json").is_file() for w in good)  # signed with the task's key
+
+
+def test_mining_names_each_case_by_op_and_rank_and_links_the_first_calls(tree, monkeypatch):
+    mined = cases.mine(tree)
+    assert (mined.models, mined.graphs, mined.problems) == (2, 10, [])
+    by_op: dict[str, list] = {}
+    for c in mined.cases:
+        by_op.setdefault(c.op, []).append(c)
+    assert list(by_op) == sorted(by_op)  # ops in order, each op's cases by count, most first
+    for op, cs in by_op.items():
+        assert [c.name for c in cs] == [f"{op}-{k}" for k in range(1, len(cs) + 1)]
+        assert [c.count for c in cs] == sorted((c.count for c in cs), reverse=True)
+    multi = next(c for c in mined.cases if c.count >= 3)
+    assert all(n.split(" ")[0] in ("mlp", "running_norm") for n in multi.nodes) and len(multi.nodes) == multi.count
+    assert multi.first[0] == str(tree / multi.nodes[0].split(" ")[0])
+    assert multi.first[1:] == tuple(multi.nodes[0].split(" ")[1:])
+    monkeypatch.setattr(cases, "MAX_LINKS", 2)
+    again = {c.name: c for c in cases.mine(tree).cases}
+    assert [len(c.nodes) for c in again.values()] == [min(c.count, 2) for c in again.values()]
+    one = cases.mine(tree / "mlp")  # a model folder: its own name leads each link
+    assert all(n.startswith("mlp ") for c in one.cases for n in c.nodes) and one.models == 1
+    assert cases._file_safe("my_ns::op.x/y") == "my_ns__op.x_y" and cases._file_safe("...") == "op"
+
+
+def test_a_case_is_first_taken_from_a_graph_that_runs_alone_not_a_ranks(tree, monkeypatch):
+    from types import SimpleNamespace
+
+    from aotpipe.pipeline.tree import iter_tree
+
+    shutil.copytree(tree / "mlp", tree / "twin")  # the same calls in a second model folder
+
+    def with_rank(rank_first):
+        def views(root, folders=None):
+            vs = list(iter_tree(root, folders=folders))
+            rank = next(v for v in vs if v.folder.name == "mlp")
+            rank.manifest = SimpleNamespace(distributed=object())  # as a rank's manifest says
+            return sorted(vs, key=lambda v: (v is not rank) == rank_first)
+        return views
+
+    for rank_first in (True, False):
+        monkeypatch.setattr(cases, "iter_tree", with_rank(rank_first))
+        mined = cases.mine(tree)
+        shared = [c for c in mined.cases if {n.split(" ")[0] for n in c.nodes} == {"mlp", "twin"}]
+        alone = [c for c in mined.cases if {n.split(" ")[0] for n in c.nodes} == {"running_norm"}]
+        assert shared and alone and len(shared) + len(alone) == len(mined.cases)
+        assert all(c.first[0].endswith("twin") and not c.first_rank for c in shared), rank_first
+        assert all(c.first[0].endswith("running_norm") and not c.first_rank for c in alone)
+    shutil.rmtree(tree / "twin")  # mlp's calls in a rank's graphs alone: taken from there, said so
+    mined = cases.mine(tree)
+    ranked = [c for c in mined.cases if c.first_rank]
+    assert ranked and all(c.first[0].endswith("mlp") for c in ranked) and len(ranked) == len(shared)
+
+
+def test_a_tree_that_cannot_be_mined_is_named(tree, tmp_path):
+    with pytest.raises(cases.AotpipeError, match="not a folder; pass a pipeline's output folder"):
+        cases.mine(tree / "mlp" / "manifest.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(cases.AotpipeError, match=r"empty: no artefacts found \(looked for manifest.json"):
+        cases.mine(tmp_path / "empty")
+    (tree / "running_norm" / "manifest.json").unlink()
+    (tree / "mlp" / "mlp_forward_0" / "graph.json").write_text("{")
+    mined = cases.mine(tree)
+    assert len(mined.problems) == 2 and "manifest.json: missing" in mined.problems[0]
+    assert "mlp_forward_0" in mined.problems[1] and mined.graphs == 4 and mined.models == 1
+
+
+def test_a_case_line_gives_each_tensor_its_range_by_the_node_it_was():
+    vr = records.ValueRange
+    t = {"tensor": {"shape": [2], "stride": [1], "storage_offset": 0, "dtype": "float32", "device": "cpu"}}
+    c = cases.Case("aten.x.default", [t, {"value": 3}, [t, {"undescribed": None}], 2.5], {"w": t}, count=4,
+                   nodes=["m g n"], name="aten.x.default-1", refs=["a", "s", "b", "u", "c"])
+    assert c.to_json() == {"case": "aten.x.default-1", "op": "aten.x.default", "args": c.args, "kwargs": {"w": t},
+                           "count": 4, "nodes": ["m g n"], "artefact": None, "why_not": None}
+    c.ranges, c.artefact = {"a": vr(min=0.0, max=1.0), "b": vr(min=-1.0, max=2.0, nonfinite=1), "c": None}, "dir"
+    line = c.to_json()
+    assert line["args"][0]["tensor"]["range"] == {"min": 0.0, "max": 1.0, "nonfinite": 0}
+    assert line["args"][1] == {"value": 3} and line["args"][2][1] == {"undescribed": None} and line["args"][3] == 2.5
+    assert line["args"][2][0]["tensor"]["range"] == {"min": -1.0, "max": 2.0, "nonfinite": 1}
+    assert line["kwargs"]["w"]["tensor"]["range"] is None and line["artefact"] == "dir"
+    assert "range" not in t["tensor"]  # the case's own spec is not changed
+    c.problem = "it broke"
+    assert c.to_json()["why_not"] == "it broke"
+    c.why_not = cases.PYTHON_LEVEL
+    assert c.to_json()["why_not"] == cases.PYTHON_LEVEL
+
+
+def test_the_summary_counts_what_was_written_what_not_and_names_the_failures(tmp_path):
+    def case(i, **kw):
+        return cases.Case(f"aten.op{i % 3}.default", [], {}, count=i + 1, nodes=[f"m g n{i}"], name=f"c{i}", **kw)
+
+    cs = ([case(i, artefact=f"c{i}") for i in range(3)] + [case(3, why_not=cases.PYTHON_LEVEL),
+          case(4, why_not=cases.COLLECTIVE), case(5, why_not=cases.PYTHON_LEVEL)]
+          + [case(6 + i, problem=f"boom {i}") for i in range(22)])
+    mined = cases.Mined(cs, 999, 2, 7, ["error one"])
+    lines = cases.summary_lines(mined, tmp_path)
+    assert lines[0] == f"28 cases of 3 ops stand for {sum(range(1, 29))} calls (the tree's: 999) in 7 graphs of 2 models"
+    assert lines[1] == (f"written: 3 case artefacts under {tmp_path} (aotpipe bench {tmp_path} --backend B benches "
+                        f"them, weighted by their counts); every case in {tmp_path / cases.CASES_JSONL}")
+    assert lines[2:4] == ["not written: 2 case(s), a Python-level call (every backend handles it itself)",
+                          "not written: 1 case(s), a collective"]
+    assert lines[4] == "failed: c6 (7 calls, first m g n6): boom 0" and lines[23] == "failed: c25 (26 calls, first m g n25): boom 19"
+    assert lines[24:] == ["failed: 2 more (each named in cases.jsonl)", "error: error one"]
+    assert cases.summary_lines(mined, None)[1].startswith("not written: 2 case(s), a Python-level call")
+    assert cases.summary_json(mined, tmp_path) == {
+        "cases": 28, "ops": 3, "calls": 999, "covered_calls": sum(range(1, 29)), "graphs": 7, "models": 2,
+        "written": 3, "failed": [{"case": f"c{6 + i}", "problem": f"boom {i}"} for i in range(22)],
+        "not_written": 3, "jsonl": str(tmp_path / cases.CASES_JSONL), "problems": ["error one"]}
+    assert cases.summary_json(mined, None)["jsonl"] is None
+
+
+def test_cases_are_signed_with_the_key_given_and_progress_is_told(tree, tmp_path):
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(bytes(range(64)))
+    (tree / "running_norm").rename(tmp_path / "elsewhere")  # one model: one task
+    mined = cases.mine(tree)
+    seen = []
+    cases.write_cases(mined, tmp_path / "out" / "deep", key=f"hmac:{secret}", workers=1,
+                      on_done=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 1)]
+    written = [c for c in mined.cases if c.artefact]
+    assert written and all((tmp_path / "out" / "deep" / c.artefact / "signature.json").is_file() for c in written)
+    for bad in (tmp_path / "out" / "deep", secret):
+        with pytest.raises(cases.AotpipeError, match=f"--cases {bad}: not an empty folder; give a new one"):
+            cases.write_cases(mined, bad, key=None)
 
 
 def _views_graph():
@@ -236,14 +380,17 @@ def _views_graph():
     s2 = g.call_function(aten.slice.Tensor, (x, 0, 1, 3))
     add = g.call_function(aten.add.Tensor, (s1, s2), name="add")
     emb = g.call_function(aten.embedding.default, (w, ids), name="embedding")
-    g.output((add, emb))
+    mx = g.call_function(aten.max.dim, (x, 1), name="maxdim")  # two outputs: values and indices
+    size = g.call_function(aten.sym_size.int, (x, 0), name="size")
+    scaled = g.call_function(aten.mul.Tensor, (w, size), name="scaled")  # a size as an argument
+    g.output((add, emb, g.call_function(operator.getitem, (mx, 0)), scaled))
     return torch.fx.GraphModule(torch.nn.Module(), g), [torch.arange(16.0).reshape(4, 4), torch.randn(10, 3),
                                                         torch.tensor([[2, 7], [5, 3]])]
 
 
 def test_a_case_keeps_its_inputs_layout_aliasing_and_range(tmp_path):
     gm, inputs = _views_graph()
-    taken = case_writer.taken_values(gm, inputs, {"add", "embedding"})
+    taken = case_writer.taken_values(gm, inputs, {"add", "embedding", "maxdim", "scaled"})
     (a, b), value = taken["add"]
     assert (a.stride(), a.storage_offset(), b.stride(), b.storage_offset()) == ((1, 4), 0, (4, 1), 4)
     assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # still views of one storage
@@ -252,20 +399,39 @@ def test_a_case_keeps_its_inputs_layout_aliasing_and_range(tmp_path):
     cm = case_writer.one_node(gm, nodes["add"], value)
     assert [n.op for n in cm.graph.nodes] == ["placeholder", "placeholder", "call_function", "output"]
     task = case_writer.CaseTask("src", "src", (), str(tmp_path), None)
-    for name, op in (("add", "aten.add.Tensor"), ("embedding", "aten.embedding.default")):
-        spec = case_writer.CaseSpec(0, "inference", name, f"{op}-1", op, 3, ("src inference " + name,))
-        w = case_writer._write(task, spec, gm, nodes[name], taken[name], None)
-        assert w.problem is None and w.artefact == f"{op}-1"
+    signed = []
+    for name, op in (("add", "aten.add.Tensor"), ("embedding", "aten.embedding.default"), ("maxdim", "aten.max.dim"),
+                     ("scaled", "aten.mul.Tensor")):
+        spec = case_writer.CaseSpec(7, "inference", name, f"{op}-1", op, 3, ("src inference " + name,))
+        w = case_writer._write(task, spec, gm, nodes[name], taken[name], signed.append)
+        assert (w.index, w.problem, w.artefact) == (7, None, f"{op}-1")
+        assert set(w.ranges) == {a.name for a in nodes[name].all_input_nodes}
+        assert f"{op}-1" in signed[-1].name  # signed as it is written (in its staging folder)
         art = load(tmp_path / w.artefact)
         assert art.manifest.case.op == op and art.manifest.case.count == 3
+        assert art.manifest.model.source == f"ops-case:src:inference:{name}"
+        assert art.manifest.capture.notes == [f"aotpipe ops --cases: {op} on the arguments of src inference {name} "
+                                              "(a case of 3 call(s))"]
         ga = art.graphs["inference"]
         saved = ga.saved_inputs()
         for got, want in zip(saved, taken[name][0], strict=True):
+            if not isinstance(want, torch.Tensor):  # a size: a scalar input of its own type
+                assert got == want and type(got) is type(want)
+                continue
             assert (got.shape, got.stride(), got.storage_offset(), got.dtype) == (
                 want.shape, want.stride(), want.storage_offset(), want.dtype)
             assert torch.equal(got, want)
+        expected = taken[name][1]
+        outs = ga.module(*saved)
+        expected = [v for v in expected if isinstance(v, torch.Tensor)] if isinstance(expected, tuple) else [expected]
+        assert len(outs) == len(expected) and all(torch.equal(o, e) for o, e in zip(outs, expected, strict=True))
         ranges = art.manifest.case.ranges
-        if name == "add":
+        if name == "scaled":
+            assert [i.role for i in ga.record.inputs] == ["user", "user"] and ga.record.inputs[1].type == "int"
+            assert ranges[1] is None
+        elif name == "maxdim":
+            assert len(outs) == 2 and outs[1].dtype == torch.int64
+        elif name == "add":
             assert saved[0].untyped_storage().data_ptr() == saved[1].untyped_storage().data_ptr()
             assert [(r.min, r.max) for r in ranges] == [(0.0, 13.0), (4.0, 11.0)]
         else:

@@ -796,9 +796,11 @@ def test_a_locate_result_is_its_fields_as_json():
                              "op": "aten.mul.Tensor", "input_shapes": ["float32[4]"], "output_shape": "float32[4]",
                              "module_path": "l", "position": "1 of 2", "prefixes_tried": 2, "repro": "r",
                              "minimized": None}
-    res.minimized = Minimized(True, "off", op="aten.mul.Tensor", nodes=1, depth=0, tries=1, repro="m", script="m.py")
+    res.minimized = Minimized(True, "off", op="aten.mul.Tensor", nodes=1, depth=0, tries=1, repro="m", script="m.py",
+                              shrunk=["8 -> 1"], shrink_tries=3)
     assert res.to_json()["minimized"] == {"found": True, "reason": "off", "op": "aten.mul.Tensor", "nodes": 1,
-                                          "depth": 0, "tries": 1, "repro": "m", "script": "m.py"}
+                                          "depth": 0, "tries": 1, "repro": "m", "script": "m.py",
+                                          "shrunk": ["8 -> 1"], "shrink_tries": 3}
 
 
 class _Executor:
