@@ -522,6 +522,7 @@ def test_bench_json_as_bench_prints_it_graphs_per_kind_scores_and_bugs(root):
             '<td>r/mlp-forward-le-min (1 node(s))</td></tr>') in html
     assert ('<tr><td>fail_accuracy at aten.gelu.default(float32)</td><td class="n">1</td><td class="n" title="y">1'
             '</td><td>y inference</td><td>-</td></tr>') in html
-    (root / "bench.json").write_text(json.dumps({"scores": {"S(0)": 1.25, "ES(0)": None}, "results": []}))
+    (root / "bench.json").write_text(json.dumps({"scores": {"S(0)": 1.25, "ES(0)": None, "S(4)": 1.23456e-05},
+                                                 "results": []}))
     b = page.gather(root).bench
-    assert b.score_texts() == ["S(0) 1.25", "ES(0) -"] and b.bugs == [] and 'id="triage"' not in page.build_html(root)
+    assert b.score_texts() == ["S(0) 1.25", "ES(0) -", "S(4) 1.23e-05"] and b.bugs == [] and 'id="triage"' not in page.build_html(root)
