@@ -203,3 +203,11 @@ def off_from_1024_elements(gm: torch.fx.GraphModule, example_inputs: list[Any]) 
     def run(*args: Any) -> Any:
         return tuple(o + 1 if isinstance(o, torch.Tensor) else o for o in gm.forward(*args))
     return run
+
+
+def segfault_on_erf(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Dereferences a null pointer when the graph holds an erf (gelu's backward, decomposed, in a
+    transformer's joint graph)."""
+    if aten.erf.default in _ops(gm):
+        ctypes.string_at(0)
+    return gm.forward
