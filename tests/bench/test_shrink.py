@@ -31,8 +31,11 @@ def test_a_fault_at_any_size_is_shrunk_to_one_element(tmp_path):
     x = 0.1 + 0.02 * torch.rand(64, 32, generator=torch.Generator().manual_seed(0))
     m = _minimized(tmp_path, lambda x: torch.nn.functional.gelu(x * 3) + 1, x, "gelu_as_relu")
     assert m.found and m.op == "aten.gelu.default" and m.shrunk == ["64 -> 1", "32 -> 1"], m
-    (inp,) = load(m.repro).graphs["inference"].saved_inputs()
-    assert inp.shape == (1, 1)
+    ga = load(m.repro).graphs["inference"]
+    (inp,) = ga.saved_inputs()
+    assert inp.shape == (1, 1) and torch.equal(inp, (x * 3)[:1, :1])  # the leading part of the recorded values
+    placeholder = next(n for n in ga.module.graph.nodes if n.op == "placeholder")
+    assert placeholder.meta["saved_val"]["shape"] == [1, 1]  # graph.json records the size the repro runs at
     assert "    shrunk: 64 -> 1, 32 -> 1" in "\n".join(m.lines())
 
 

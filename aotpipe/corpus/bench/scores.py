@@ -144,20 +144,20 @@ def weighted_geomean(pairs: Sequence[tuple[float, int]]) -> float | None:
 def op_scores(results: Sequence[GraphResult]) -> list[OpScore]:
     """Per op, over the results that are per-op cases (skipped ones left out), most calls first;
     then the whole ("all")."""
-    cases = [r for r in results if r.case_op is not None and r.case_calls is not None and r.status != "skipped"]
-    groups: dict[str, list[GraphResult]] = {}
-    for r in cases:
-        groups.setdefault(r.case_op or "", []).append(r)
+    cases = [(r.case_op, r.case_calls, r) for r in results
+             if r.case_op is not None and r.case_calls is not None and r.status != "skipped"]
+    groups: dict[str, list[tuple[int, GraphResult]]] = {}
+    for op, calls, r in cases:
+        groups.setdefault(op, []).append((calls, r))
     if cases:
-        groups["all"] = cases
+        groups["all"] = [(calls, r) for _, calls, r in cases]
     out = []
     for op, rs in groups.items():
         by_status: dict[str, int] = {}
-        for r in rs:
-            by_status[r.status] = by_status.get(r.status, 0) + (r.case_calls or 0)
-        passed = [r for r in rs if r.status == "pass"]
-        out.append(OpScore(op, len(rs), sum(r.case_calls or 0 for r in rs), len(passed),
-                           sum(r.case_calls or 0 for r in passed), by_status,
-                           weighted_geomean([(r.speedup, r.case_calls or 0) for r in passed
-                                             if r.speedup is not None])))
+        for calls, r in rs:
+            by_status[r.status] = by_status.get(r.status, 0) + calls
+        passed = [(calls, r) for calls, r in rs if r.status == "pass"]
+        out.append(OpScore(op, len(rs), sum(calls for calls, _ in rs), len(passed), sum(calls for calls, _ in passed),
+                           by_status, weighted_geomean([(r.speedup, calls) for calls, r in passed
+                                                        if r.speedup is not None])))
     return sorted(out, key=lambda s: (s.op == "all", -s.calls, s.op))
