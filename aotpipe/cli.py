@@ -1020,16 +1020,13 @@ def _write_cases(directory: str, cases_dir: str, key: str | None, no_sandbox: bo
     # torch and cryptography: only --cases runs graphs and signs
     from aotpipe.corpus import cases
     from aotpipe.corpus.bench.run import check_trust, find_models  # torch: as above
-    from aotpipe.trust.keyring import own_key  # cryptography: as above
-    from aotpipe.trust.signing import absolute_key_spec, load_key  # cryptography: as above
+    from aotpipe.trust.keyring import signing_key_spec  # cryptography: as above
 
     root, out = Path(directory), Path(cases_dir)
     mined = cases.mine(root)
     check_trust(find_models([root]), None, no_sandbox, "run (ops --cases runs each model's graphs in worker processes, "
                 "not the sandbox)")
-    key = key or str(own_key())
-    load_key(key, for_signing=True)  # a bad key is the user's error before any work
-    cases.write_cases(mined, out, key=absolute_key_spec(key))
+    cases.write_cases(mined, out, key=signing_key_spec(key))
     if as_json:
         click.echo(json.dumps(cases.summary_json(mined, out), indent=2, sort_keys=True))
     else:

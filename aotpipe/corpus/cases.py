@@ -33,7 +33,7 @@ from aotpipe.errors import AotpipeError, printable
 from aotpipe.format import records
 from aotpipe.pipeline.executors.base import Failure, Resources, Task
 from aotpipe.pipeline.executors.process import ProcessExecutor
-from aotpipe.pipeline.tree import ModelView, all_model_folders, iter_tree, missing_manifest
+from aotpipe.pipeline.tree import ModelView, iter_tree, missing_manifest, tree_model_folders
 
 CASES_JSONL = "cases.jsonl"
 MAX_LINKS = 16  # corpus nodes named per case (the count covers them all)
@@ -140,12 +140,7 @@ def _canonical(a: Any, by_name: dict[str, records.NodeRecord], refs: list[str], 
 def mine(root: Path) -> Mined:
     """Every case of the graphs under `root`, most-called op first, read from records only."""
     root = Path(root)
-    if not root.is_dir():
-        raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder or a model folder")
-    folders, incomplete = all_model_folders(root)
-    if not folders and not incomplete:
-        raise AotpipeError(f"{root}: no artefacts found (looked for manifest.json in it and every folder below); "
-                           "pass a pipeline's output folder, e.g. artifacts/quickstart")
+    folders, incomplete = tree_model_folders(root)
     problems = [missing_manifest(f) for f in incomplete]
     cases: dict[str, Case] = {}
     calls = graphs = 0

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from aotpipe.errors import AotpipeError, printable
 from aotpipe.format.graph_keys import parse_graph_key
 from aotpipe.format.records import CollectiveTotal, collectives_text
-from aotpipe.pipeline.tree import ModelView, all_model_folders, iter_tree, missing_manifest, node_signature
+from aotpipe.pipeline.tree import ModelView, iter_tree, missing_manifest, node_signature, tree_model_folders
 
 MAX_SIGNATURES = 8  # distinct input signatures kept per op
 MAX_COUNTED = 4096  # distinct ones counted beyond those (memory stays bounded on a hostile tree)
@@ -140,12 +140,7 @@ def op_table(root: Path, supported: Optional[Callable[[str], Optional[str]]] = N
     """The ops of every graph under `root`; `supported(op)` gives how an op is covered, or
     None where it is not (no supported set: coverage is not computed)."""
     root = Path(root)
-    if not root.is_dir():
-        raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder or a model folder")
-    folders, incomplete = all_model_folders(root)
-    if not folders and not incomplete:
-        raise AotpipeError(f"{root}: no artefacts found (looked for manifest.json in it and every folder below); "
-                           "pass a pipeline's output folder, e.g. artifacts/quickstart")
+    folders, incomplete = tree_model_folders(root)
     rows: dict[str, OpRow] = {}
     graphs: list[GraphCoverage] = []
     # a model folder without its manifest: named (ops exits 2), as verify fails it; its graphs are not listed

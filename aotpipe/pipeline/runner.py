@@ -101,15 +101,10 @@ def run_pipeline(
     """
     start = time.perf_counter()
     stamp = new_stamp()
-    if key is None and sign:  # the user's own key, made on first use: what they make, they trust
-        from aotpipe.trust.keyring import own_key  # cryptography: only when used
+    if key is not None or sign:  # the key given, else the user's own
+        from aotpipe.trust.keyring import signing_key_spec  # cryptography: only when used
 
-        key = own_key()
-    if key is not None:
-        from aotpipe.trust.signing import absolute_key_spec, load_key  # cryptography: only when used
-
-        load_key(key, for_signing=True)  # a bad key is a user error before any work
-        key = absolute_key_spec(key)  # workers may run elsewhere
+        key = signing_key_spec(key)
     specs = select_models(pipeline, only)
     shard_record = None
     if shard is not None:

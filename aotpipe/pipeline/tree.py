@@ -135,6 +135,19 @@ def all_model_folders(root: Path) -> tuple[list[Path], list[Path]]:
     return find_artifacts(Path(root))
 
 
+def tree_model_folders(root: Path) -> tuple[list[Path], list[Path]]:
+    """all_model_folders of the tree `root` that a command was given; an AotpipeError naming it
+    where it is not a folder or holds no artefact at all."""
+    root = Path(root)
+    if not root.is_dir():
+        raise AotpipeError(f"{root}: not a folder; pass a pipeline's output folder or a model folder")
+    folders, incomplete = all_model_folders(root)
+    if not folders and not incomplete:
+        raise AotpipeError(f"{root}: no artefacts found (looked for manifest.json in it and every folder below); "
+                           "pass a pipeline's output folder, e.g. artifacts/quickstart")
+    return folders, incomplete
+
+
 def missing_manifest(folder: Path) -> str:
     """The problem of a model folder without its manifest.json, in verify's words."""
     return f"{folder / records.MANIFEST}: missing (an incomplete artefact: run the pipeline again)"

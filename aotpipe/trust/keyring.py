@@ -25,7 +25,7 @@ from typing import Optional
 from aotpipe.errors import AotpipeError, ArtifactError
 from aotpipe.format import limits, records
 from aotpipe.format.records import SIGNATURE
-from aotpipe.trust.signing import SigningKey, check_signature, load_key, split_key_spec
+from aotpipe.trust.signing import SigningKey, absolute_key_spec, check_signature, load_key, split_key_spec
 from aotpipe.trust.verify import verify_artifact
 
 OWN_KEY = "signing-key.pem"
@@ -177,3 +177,12 @@ def provenance_problems(folder: Path) -> list[str]:
                 "aotpipe trust add KEY to trust it)"]
     problems = check_signature(folder, f"ed25519:{keys[0]}")
     return problems or verify_artifact(folder, load_graphs=False)
+
+
+def signing_key_spec(key: str | Path | None = None) -> str:
+    """The key to sign with: `key`, else the user's own (made on first use: what they make, they
+    trust); checked usable for signing, a user error before any work; as an absolute spec
+    (workers may run from another folder)."""
+    spec = str(key) if key is not None else str(own_key())
+    load_key(spec, for_signing=True)
+    return absolute_key_spec(spec)
