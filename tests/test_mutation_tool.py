@@ -371,3 +371,48 @@ def test_the_results_file_keeps_a_diff_only_for_a_survivor_and_reads_back_whole(
     assert json.loads(text) == data
     lines = text.splitlines()
     assert [json.loads(line.strip().rstrip(",")) for line in lines[-2 - len(kept):-2]] == kept  # one per line
+
+
+def test_planted_verdicts_hold_until_a_source_a_test_or_an_entry_changes(tmp_path):
+    (tmp_path / "aotpipe").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "aotpipe" / "m.py").write_text("x = 1\n")
+    (tmp_path / "tests" / "test_m.py").write_text("def test(): pass\n")
+    entry = {"file": "aotpipe/m.py", "old": "x = 1", "new": "x = 2", "why": "w"}
+    group = {"sources": ["aotpipe/m.py"], "tests": ["tests/test_m.py"], "planted": [entry]}
+    results = tmp_path / "results"
+    mutation.record_planted("g", group, results, tmp_path)
+    record = mutation.load_planted_record(results)
+    assert record == {"g": {"files_sha256": mutation.planted_fingerprint(group, tmp_path), "caught": 1}}
+    edited = {**group, "planted": [{**entry, "new": "x = 3"}]}
+    assert mutation.planted_fingerprint(edited, tmp_path) != record["g"]["files_sha256"]
+    (tmp_path / "tests" / "test_m.py").write_text("def test(): assert True\n")
+    assert mutation.planted_fingerprint(group, tmp_path) != record["g"]["files_sha256"]
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_planted_changed_skips_a_group_as_recorded_and_runs_one_that_is_not(tmp_path, monkeypatch, capsys, same):
+    group = {"name": "g", "sources": ["a.py"], "tests": ["tests/t.py"],
+             "planted": [{"file": "a.py", "old": "x", "new": "y", "why": "w"}]}
+    now = {"a.py": "1", "[[planted]]": "2"}
+    monkeypatch.setattr(mutation, "RESULTS", tmp_path)
+    monkeypatch.setattr(mutation, "group_names", lambda: ["g"])
+    monkeypatch.setattr(mutation, "load_group", lambda name: group)
+    monkeypatch.setattr(mutation, "planted_fingerprint", lambda g, root=None: now)
+    (tmp_path / mutation.PLANTED_RECORD).write_text(json.dumps(
+        {"g": {"files_sha256": now if same else {**now, "a.py": "0"}, "caught": 1}}))
+
+    class Ran(Exception):
+        pass
+
+    def prepare(g):
+        raise Ran
+
+    monkeypatch.setattr(mutation, "prepare", prepare)
+    args = mutation.argparse.Namespace(groups=[], changed=True)
+    if same:
+        assert mutation.cmd_planted(args) == 0
+        assert "g: its sources, tests and planted entries are as when all 1 were caught" in capsys.readouterr().out
+    else:
+        with pytest.raises(Ran):
+            mutation.cmd_planted(args)

@@ -8,6 +8,7 @@
     python tools/mutation.py check                   # the ratchet: rerun, fail on a lower score
     python tools/mutation.py check --changed --sample 4   # CI's: groups whose files changed
     python tools/mutation.py planted                 # each group's planted regressions are caught
+    python tools/mutation.py planted --changed       # CI's: only groups changed since last caught
 
 The page docs/generated/mutation.md is rendered from docs/mutation/*.json by
 `python tools/gen_docs.py` (tests/test_docs.py fails while it is stale).
@@ -479,10 +480,38 @@ def apply_planted(where: Path, entry: dict[str, str]) -> None:
     path.write_text(text.replace(entry["old"], entry["new"]))
 
 
+PLANTED_RECORD = "planted.json"  # in RESULTS: per group, the files and entries of its last all-caught run
+
+
+def planted_fingerprint(group: dict[str, Any], root: Path = ROOT) -> dict[str, str]:
+    """What a group's planted verdicts depend on: its sources, its test files (as
+    :func:`fingerprint`) and its planted entries themselves."""
+    entries = json.dumps(group.get("planted", []), sort_keys=True).encode()
+    return {**fingerprint(group, root), "[[planted]]": hashlib.sha256(entries).hexdigest()}
+
+
+def load_planted_record(results: Path | None = None) -> dict[str, Any]:
+    path = (results or RESULTS) / PLANTED_RECORD
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def record_planted(name: str, group: dict[str, Any], results: Path | None = None, root: Path = ROOT) -> None:
+    """Note that every planted regression of `name` was caught with the files as they are now."""
+    folder = results or RESULTS
+    data = load_planted_record(folder)
+    data[name] = {"files_sha256": planted_fingerprint(group, root), "caught": len(group.get("planted", []))}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PLANTED_RECORD).write_text(json.dumps(dict(sorted(data.items())), indent=1) + "\n")
+
+
 def cmd_planted(args: argparse.Namespace) -> int:
-    """Each group's planted regressions, one at a time in a scratch copy: the group's tests must fail."""
+    """Each group's planted regressions, one at a time in a scratch copy: the group's tests must
+    fail. With --changed, only the groups whose sources, test files or planted entries differ
+    from the last run that caught all of them (docs/mutation/planted.json): the same code under
+    the same tests gives the same verdicts."""
     missed: list[str] = []
     env = scratch_env()
+    record = load_planted_record()
 
     def pytest(where: Path, tests: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
@@ -492,6 +521,10 @@ def cmd_planted(args: argparse.Namespace) -> int:
         group = load_group(name)
         if not group.get("planted"):
             continue
+        if args.changed and record.get(name, {}).get("files_sha256") == planted_fingerprint(group):
+            print(f"{name}: its sources, tests and planted entries are as when all {len(group['planted'])} were "
+                  "caught: they still are")
+            continue
         # the control: in a clean scratch copy the group's first test file passes, so a
         # failure below is the planted regression's doing, not the copy's
         control = pytest(prepare(group), [group["tests"][0].split("::")[0]])
@@ -499,6 +532,7 @@ def cmd_planted(args: argparse.Namespace) -> int:
             missed.append(f"{name}: {group['tests'][0]} fails in a clean scratch copy (pytest exit "
                           f"{control.returncode}): no planted regression can be judged\n{control.stdout[-1500:]}")
             continue
+        before = len(missed)
         for entry in group.get("planted", []):
             where = prepare(group)
             try:
@@ -511,6 +545,8 @@ def cmd_planted(args: argparse.Namespace) -> int:
             print(f"{name}: {'caught' if caught else 'MISSED'}: {entry['file']}: {entry['why']}", flush=True)
             if not caught:
                 missed.append(f"{name}: {entry['file']}: {entry['why']} (pytest exit {proc.returncode})")
+        if len(missed) == before:
+            record_planted(name, group)
     for m in missed:
         print(f"FAIL: {m}")
     return 1 if missed else 0
@@ -641,6 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     chk.set_defaults(func=cmd_check)
     pl = sub.add_parser("planted", help="apply each planted regression in a scratch copy; its tests must fail")
     pl.add_argument("groups", nargs="*")
+    pl.add_argument("--changed", action="store_true",
+                    help="only the groups whose sources, test files or planted entries changed since all their "
+                         "planted regressions were last caught (docs/mutation/planted.json)")
     pl.set_defaults(func=cmd_planted)
     lst = sub.add_parser("list", help="the groups")
     lst.set_defaults(func=cmd_list)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import operator
+import os
+import sys
 import time
 from typing import Any
 
@@ -43,6 +45,16 @@ def segfault_on_relu_backward(gm: torch.fx.GraphModule, example_inputs: list[Any
     """Dereferences a null pointer when the graph holds relu's backward (aten.le.Scalar)."""
     if aten.le.Scalar in _ops(gm):
         ctypes.string_at(0)
+    return gm.forward
+
+
+def exits_on_relu_backward(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """Says why on stderr and ends its process with status 3, as a backend that calls exit() does,
+    when the graph holds relu's backward (aten.le.Scalar)."""
+    if aten.le.Scalar in _ops(gm):
+        sys.stderr.write("backend: cannot go on\n")
+        sys.stderr.flush()
+        os._exit(3)
     return gm.forward
 
 

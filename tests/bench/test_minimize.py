@@ -20,7 +20,7 @@ from aotpipe.artifact.load import load
 from aotpipe.cli import main
 from aotpipe.corpus.bench import minimize as minimize_mod
 from aotpipe.corpus.bench.backends import Backend
-from aotpipe.corpus.bench.crashes import CrashTask, try_graph
+from aotpipe.corpus.bench.crashes import CrashTask, Outcome, try_graph
 from aotpipe.corpus.bench.locate import Located, first_faulty_node
 from aotpipe.corpus.bench.minimize import MAX_DEPTH, MinimizeTask, cut
 
@@ -142,7 +142,7 @@ def test_first_faulty_node_then_minimise_on_an_inline_graph(tmp_path):
     assert m.found and m.nodes == 1 and m.op == "aten.gelu.default"
 
 
-@pytest.mark.slow  # each try a fresh process (about 4 s here): the bisection and the cuts take ~50 s
+# each try a process forked from the fork server (torch imported once): the bisection and the cuts take ~7 s
 def test_a_graph_that_crashes_the_backend_is_cut_to_the_node_it_crashes_on(tmp_path):
     task = CrashTask(MLP, "mlp", "backward", f"{PLANTED}:segfault_on_relu_backward", "saved", 0, str(tmp_path), ())
     res = task()
@@ -157,7 +157,16 @@ def test_a_graph_that_crashes_the_backend_is_cut_to_the_node_it_crashes_on(tmp_p
     assert try_graph(ga.module, ga.saved_inputs(), "eager").status == "pass"
 
 
-@pytest.mark.slow  # as above
+def test_a_try_that_exits_names_its_last_line_and_one_that_hangs_is_stopped_at_its_bound():
+    ga = load(MLP).graphs["backward"]
+    exits = try_graph(ga.module, ga.saved_inputs(), f"{PLANTED}:exits_on_relu_backward")
+    assert exits == Outcome("crashed", "", "backend: cannot go on"), exits
+    hangs = try_graph(ga.module, ga.saved_inputs(), f"{PLANTED}:hang_on_relu_backward", timeout=3)
+    assert hangs == Outcome("timeout", "", "did not return within 3 s"), hangs
+    # the graph itself, the inputs and the backend are sound: the same try with eager passes
+    assert try_graph(ga.module, ga.saved_inputs(), "eager") == Outcome("pass")
+
+
 def test_a_graph_that_does_not_compile_is_cut_and_one_that_passes_alone_is_said_so(tmp_path):
     res = CrashTask(MLP, "mlp", "inference", f"{PLANTED}:fails_to_compile", "saved", 0, str(tmp_path), ())()
     assert res.found and res.minimized.found and res.minimized.nodes == 1

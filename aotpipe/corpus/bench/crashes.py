@@ -2,10 +2,13 @@
 that still do: bench --minimize for failures that are not values outside the bound.
 
 Such a failure can take the process with it (a segfault in a backend's compiler), so every try
-runs in a fresh subprocess (:func:`try_graph`: the graph and its inputs handed over in a private
+runs in a process of its own (:func:`try_graph`: the graph and its inputs handed over in a private
 temporary file, at most TRY_SECONDS): its status is what the bench would say (crashed with its
 signal, timeout, compile_error or runtime_error with the exception's type). A try fails "the
-same way" as the whole graph when its status and exception type are the same.
+same way" as the whole graph when its status and exception type are the same. The processes are
+forked from multiprocessing's fork server, which imported torch and this module once, before
+any op ran (no thread pool to inherit): a try costs its compile and call, not torch's import
+(about 3 s of each try's 4 to 7 s when each was a fresh interpreter).
 
 First the culprit: the prefixes of the graph (locate.prefix) bisected to the first that fails
 the same way; its last node is it. Then the cut around it (minimize.cut, depth 0 to
@@ -17,9 +20,9 @@ writes them, and tried once more as written (loaded back): one that no longer fa
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import signal
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,27 +52,48 @@ class Outcome:
         return (self.status, self.error) == (other.status, other.error)
 
 
+def _context() -> Any:
+    """multiprocessing's fork server, preloading torch and this module (once per process).
+    A server some other code started before without them still works, only slower."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 def try_graph(gm: torch.fx.GraphModule, args: list[Any], backend: str, timeout: float = TRY_SECONDS) -> Outcome:
-    """`gm` compiled with `backend` and called once on `args`, in a fresh subprocess."""
+    """`gm` compiled with `backend` and called once on `args`, in a process of its own."""
     fresh = torch.fx.GraphModule(gm, gm.graph)  # its own code and constants, none of the loader's run guards
     with tempfile.TemporaryDirectory(prefix="aotpipe-try-") as tmp:
-        given, out = Path(tmp) / "graph.pt", Path(tmp) / "outcome.json"
+        given, out, err = Path(tmp) / "graph.pt", Path(tmp) / "outcome.json", Path(tmp) / "stderr.txt"
         torch.save((fresh, copy_inputs(args)), given)
-        try:
-            run = subprocess.run([sys.executable, "-m", __name__, str(given), backend, str(out)], capture_output=True,
-                                 text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
+        proc = _context().Process(target=_forked, args=(str(given), backend, str(out), str(err)), daemon=True)
+        proc.start()
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
             return Outcome("timeout", "", f"did not return within {timeout:g} s")
-        if run.returncode < 0:
+        code = proc.exitcode if proc.exitcode is not None else 1
+        if code < 0:
             try:
-                name = signal.Signals(-run.returncode).name
+                name = signal.Signals(-code).name
             except ValueError:
-                name = f"signal {-run.returncode}"
+                name = f"signal {-code}"
             return Outcome("crashed", "", f"{name}, in the backend's compile or run")
         if not out.is_file():
-            lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
-            return Outcome("crashed", "", lines[-1] if lines else f"exit status {run.returncode}")
+            text = err.read_text(errors="replace") if err.is_file() else ""
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            return Outcome("crashed", "", lines[-1] if lines else f"exit status {code}")
         return Outcome(**json.loads(out.read_text()))
+
+
+def _forked(given: str, backend: str, out: str, err: str) -> None:
+    """A try's process, forked from the server: what it prints to stderr goes to `err` (the
+    last line names an exit that wrote no outcome), then :func:`_child`."""
+    fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    _child(Path(given), backend, Path(out))
 
 
 def _child(given: Path, backend: str, out: Path) -> None:
@@ -96,7 +120,7 @@ class CrashTask(LocateTask):
 
 
 def minimize_crash(task: LocateTask) -> Located:
-    """The culprit of a failing graph, bisected in subprocess tries, and its cut as a repro."""
+    """The culprit of a failing graph, bisected in tries of their own processes, and its cut as a repro."""
     res = Located(task.label, task.graph, False, "")
     ga = loaded(task.artifact, task.trust_ops).graphs[task.graph]
     gm = ga.module
@@ -152,13 +176,3 @@ def _cut_down(gm: torch.fx.GraphModule, culprit: torch.fx.Node, inputs: list[Any
 
     return cut_down(gm, culprit, inputs, task, fails, still,
                     f"on which {task.backend} fails: {whole.status}: {whole.line}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    given, backend, out = argv if argv is not None else sys.argv[1:]
-    _child(Path(given), backend, Path(out))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
