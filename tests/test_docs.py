@@ -153,7 +153,7 @@ def test_the_two_setup_commands_name_what_the_repository_has():
     one = ("python3 -m venv .venv && .venv/bin/pip install -e . -c constraints.txt && "
            ".venv/bin/aotpipe run pipelines/quickstart.yaml")
     two = ("python3 -m venv .venv && .venv/bin/pip install -e '.[test]' -c constraints.txt && "
-           ".venv/bin/python -m pytest -m \"not slow\"")
+           ".venv/bin/python -m pytest -m \"not slow\" -n 2")
     assert one in text and two in text
     assert "torch==" in (REPO / "constraints.txt").read_text()
     assert (REPO / "pipelines" / "quickstart.yaml").is_file()

@@ -37,7 +37,7 @@ from aotpipe.corpus.bench.graph import as_list, compile_failure, copy_inputs, fa
 from aotpipe.corpus.bench.locate import Located, LocateTask, _values, op_name, prefix
 from aotpipe.corpus.bench.minimize import Minimized, cut_down
 
-TRY_SECONDS = 120.0  # one try: a fresh process, the compile and one call
+TRY_SECONDS = 120.0  # one try: its process, the compile and one call
 FAILURES = ("crashed", "timeout", "compile_error", "runtime_error")
 
 
@@ -164,7 +164,7 @@ def minimize_crash(task: LocateTask) -> Located:
 
 def _cut_down(gm: torch.fx.GraphModule, culprit: torch.fx.Node, inputs: list[Any], whole: Outcome,
               task: LocateTask) -> Minimized:
-    """minimize.cut_down, each cut and the written repro tried in a fresh process."""
+    """minimize.cut_down, each cut and the written repro tried in a process of its own."""
     def fails(cm: torch.fx.GraphModule, args: list[Any]) -> tuple[bool, str]:
         o = try_graph(cm, args, task.backend)
         return o.same(whole), f"{o.status}: {o.line}"
