@@ -132,9 +132,10 @@ def _mutmut_section(group: dict[str, Any]) -> str:
     )
 
 
-def prepare(group: dict[str, Any]) -> Path:
-    """A fresh scratch copy for the group: aotpipe/, tests/ and the files tests read."""
-    where = SCRATCH / group["name"]
+def prepare(group: dict[str, Any], purpose: str = "") -> Path:
+    """A fresh scratch copy for the group: aotpipe/, tests/ and the files tests read. `purpose`
+    names a copy of its own ("planted"), so that `planted` never wipes a `run` in progress."""
+    where = SCRATCH / (f"{group['name']}.{purpose}" if purpose else group["name"])
     if where.exists():
         shutil.rmtree(where)
     where.mkdir(parents=True)
@@ -527,14 +528,14 @@ def cmd_planted(args: argparse.Namespace) -> int:
             continue
         # the control: in a clean scratch copy the group's first test file passes, so a
         # failure below is the planted regression's doing, not the copy's
-        control = pytest(prepare(group), [group["tests"][0].split("::")[0]])
+        control = pytest(prepare(group, "planted"), [group["tests"][0].split("::")[0]])
         if control.returncode != 0:
             missed.append(f"{name}: {group['tests'][0]} fails in a clean scratch copy (pytest exit "
                           f"{control.returncode}): no planted regression can be judged\n{control.stdout[-1500:]}")
             continue
         before = len(missed)
         for entry in group.get("planted", []):
-            where = prepare(group)
+            where = prepare(group, "planted")
             try:
                 apply_planted(where, entry)
             except ValueError as e:
