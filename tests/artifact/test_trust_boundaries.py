@@ -749,3 +749,19 @@ def test_a_manifest_over_the_record_limit_is_a_signature_problem_naming_the_limi
     with limits.override(max_record_bytes=2000):  # signature.json fits, manifest.json does not
         (problem,) = check_signature(art, keys["hmac"])
     assert problem.startswith(f"{art / 'manifest.json'}: ") and "AOTPIPE_MAX_RECORD_BYTES" in problem, problem
+
+
+def test_the_key_to_sign_with_is_the_one_given_else_the_users_own_absolute_and_never_a_public_key(tmp_path,
+                                                                                                  monkeypatch):
+    monkeypatch.setenv("AOTPIPE_CONFIG_DIR", str(tmp_path / "config"))
+    own = keyring.signing_key_spec()  # made on first use, as an absolute spec
+    assert own == str((tmp_path / "config" / keyring.OWN_KEY).resolve())
+    other = ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "other.pem").write_bytes(other.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
+                                                             ser.NoEncryption()))
+    monkeypatch.chdir(tmp_path)  # a relative file given: made absolute (workers run from other folders)
+    assert keyring.signing_key_spec("other.pem") == str((tmp_path / "other.pem").resolve())
+    (tmp_path / "public.pem").write_bytes(other.public_key().public_bytes(ser.Encoding.PEM,
+                                                                          ser.PublicFormat.SubjectPublicKeyInfo))
+    with pytest.raises(AotpipeError, match="public"):
+        keyring.signing_key_spec("public.pem")
