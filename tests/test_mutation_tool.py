@@ -417,3 +417,24 @@ def test_planted_changed_skips_a_group_as_recorded_and_runs_one_that_is_not(tmp_
     else:
         with pytest.raises(Ran):
             mutation.cmd_planted(args)
+
+
+@pytest.mark.parametrize("verdicts, recorded", [([0, 1, 1], True), ([0, 1, 0], False), ([1], False)],
+                         ids=["all caught", "one missed", "control fails"])
+def test_planted_records_a_group_only_when_its_control_passes_and_every_regression_is_caught(
+        tmp_path, monkeypatch, verdicts, recorded):
+    group = {"name": "g", "sources": ["a.py"], "tests": ["tests/t.py"],
+             "planted": [{"file": "a.py", "old": "x", "new": "y", "why": "w1"},
+                         {"file": "a.py", "old": "x", "new": "z", "why": "w2"}]}
+    monkeypatch.setattr(mutation, "RESULTS", tmp_path)
+    monkeypatch.setattr(mutation, "group_names", lambda: ["g"])
+    monkeypatch.setattr(mutation, "load_group", lambda name: group)
+    monkeypatch.setattr(mutation, "planted_fingerprint", lambda g, root=None: {"a.py": "1"})
+    monkeypatch.setattr(mutation, "prepare", lambda g, purpose="": tmp_path)
+    monkeypatch.setattr(mutation, "apply_planted", lambda where, entry: None)
+    codes = iter(verdicts)  # pytest's exit: the control's, then one per planted regression (1: caught)
+    monkeypatch.setattr(mutation.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, next(codes), stdout="", stderr=""))
+    rc = mutation.cmd_planted(mutation.argparse.Namespace(groups=[], changed=False))
+    assert rc == (0 if recorded else 1)
+    assert ("g" in mutation.load_planted_record(tmp_path)) is recorded

@@ -73,7 +73,8 @@ def try_graph(gm: torch.fx.GraphModule, args: list[Any], backend: str, timeout: 
             proc.kill()
             proc.join()
             return Outcome("timeout", "", f"did not return within {timeout:g} s")
-        code = proc.exitcode if proc.exitcode is not None else 1
+        code = proc.exitcode
+        assert code is not None  # joined and not alive: it has exited
         if code < 0:
             try:
                 name = signal.Signals(-code).name
