@@ -8,7 +8,7 @@ script wraps a few functions with CPU timers (``time.process_time``) and runs
 built before the clock starts; a first model run before any is timed, so that torch's lazy
 imports are not charged to the first), in this process:
 
-    python benchmarks/job_parts.py [--pipeline pipelines/hf-zoo.yaml] [--sample 6] [--warm bert]
+    python benchmarks/job_parts.py [--pipeline pipelines/hf-zoo.yaml] [--sample 6 | --only MODEL ...] [--warm bert]
                                    [--meta-layers N] [--markdown [FILE]]
 
 Parts (CPU seconds; nested parts are inside their parents, so the shares do not add up to
@@ -97,7 +97,7 @@ def _zoo_jobs(pipeline: Path, names: list[str], warm: str) -> list[dict[str, Any
 
     specs = {s.name: s for s in load_pipeline(pipeline, check_sources=False).models}
     rows = []
-    for name in [warm] + names:
+    for i, name in enumerate([warm] + names):
         spec = specs[name]
         out = Path(tempfile.mkdtemp(prefix="job_parts-"))
         try:
@@ -109,7 +109,7 @@ def _zoo_jobs(pipeline: Path, names: list[str], warm: str) -> list[dict[str, Any
             cpu = time.process_time() - cpu
         finally:
             shutil.rmtree(out, ignore_errors=True)
-        if name == warm:
+        if i == 0:  # the untimed warm-up run
             continue
         rows.append({"name": name, "status": r.status, "cpu_s": cpu, "parts": dict(CPU),
                      "stages": {k: getattr(r, f"{k}_seconds") or 0.0 for k in ("capture", "write", "checks")}})
@@ -150,6 +150,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pipeline", type=Path, default=REPO / "pipelines" / "hf-zoo.yaml")
     p.add_argument("--sample", type=int, default=6, help="models evenly spaced over the pipeline (default 6)")
+    p.add_argument("--only", nargs="+", metavar="MODEL", help="these models of the pipeline instead of a sample")
     p.add_argument("--warm", default=None, help="the model run first, untimed (default: the pipeline's first)")
     p.add_argument("--meta-layers", type=int, help="time mode meta's 70B-size config at this many layers instead")
     add_markdown_option(p, "job_parts")
@@ -161,9 +162,12 @@ def main() -> int:
     else:
         from zoo_speed_bench import sample_names  # the same evenly spaced sample as the zoo's speed page
 
-        sample, _ = sample_names(a.pipeline.resolve(), a.sample)
         names, _ = sample_names(a.pipeline.resolve(), None)
-        warm = a.warm or next(x for x in names if x not in sample)
+        sample = a.only or sample_names(a.pipeline.resolve(), a.sample)[0]
+        unknown = sorted(set(sample) - set(names))
+        if unknown:
+            p.error(f"--only: {', '.join(unknown)} not in {a.pipeline} (its models: {', '.join(names)})")
+        warm = a.warm or next((x for x in names if x not in sample), names[0])  # every model sampled: the first twice
         rows = _zoo_jobs(a.pipeline.resolve(), sample, warm)
     with tee_page(a.markdown, "job_parts", preformatted=True):
         print(report(rows))

@@ -135,6 +135,34 @@ def test_the_digest_is_sha256_of_dtype_shape_and_row_major_bytes():
     assert accuracy.digest(torch.ones(0, 3)) == _sha("float32[0, 3]")
 
 
+def test_the_digest_hashes_a_view_where_the_layout_allows_and_a_copy_elsewhere():
+    """The bytes hashed are the row-major elements whatever the layout: a view of a dense tensor
+    (no copy), a copy of a one-element tensor torch calls contiguous with an odd stride, of a
+    tensor with a conjugate or negative bit, of a transposed or stepped one."""
+    base = torch.arange(12, dtype=torch.float32)
+    want = accuracy.digest(base.clone())
+    odd = torch.arange(3, dtype=torch.float32).reshape(3, 1, 1).as_strided((1, 1, 1), (7, 9, 11), 2)
+    assert odd.is_contiguous() and odd.reshape(-1).stride() == (11,)  # the case a plain view misses
+    assert accuracy.digest(odd) == _sha("float32[1, 1, 1]", struct.pack("<f", 2.0))
+    assert accuracy.digest(torch.arange(24, dtype=torch.float32)[::2]) == _sha(
+        "float32[12]", struct.pack("<12f", *range(0, 24, 2)))
+    assert accuracy.digest(base.reshape(3, 4).t().contiguous().t().contiguous().reshape(-1)) == want
+    assert accuracy.digest(torch.arange(13, dtype=torch.float32)[1:] - 1) == want  # a view at an offset
+    c = torch.tensor([1 + 2j, 3 - 4j])
+    assert c.conj().is_conj() and accuracy.digest(c.conj()) == accuracy.digest(c.conj().resolve_conj())
+    neg = torch._neg_view(base)
+    assert neg.is_neg() and accuracy.digest(neg) == accuracy.digest(-base)
+
+
+def test_a_dense_tensor_is_hashed_in_place_and_only_the_others_are_copied():
+    dense = torch.arange(12, dtype=torch.float32).reshape(3, 4)[1:]
+    assert accuracy._dense_flat(dense).data_ptr() == dense.data_ptr()  # a view: no copy of a large output
+    odd = torch.arange(3, dtype=torch.float32).reshape(3, 1, 1).as_strided((1, 1, 1), (7, 9, 11), 2)
+    for t in (odd, dense.t(), torch._neg_view(dense), torch.tensor([1 + 2j]).conj()):
+        flat = accuracy._dense_flat(t)
+        assert flat.data_ptr() != t.data_ptr() and flat.stride() == (1,) and not (flat.is_conj() or flat.is_neg())
+
+
 def test_equal_bytes_of_another_dtype_have_another_digest():
     assert accuracy.digest(torch.zeros(2)) != accuracy.digest(torch.zeros(2, dtype=torch.int32))
 

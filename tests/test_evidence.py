@@ -43,8 +43,8 @@ def test_bound_uses_eagers_float64_error_where_measured_else_the_floor():
 
 
 def test_bound_and_rms_are_bit_for_bit_those_of_the_floor_and_norm_computed_apart():
-    # bound() takes one isfinite pass and one norm pass and hands its RMS to accuracy.floor;
-    # the artefact's bytes must be those of computing each apart (finite or not, real or complex).
+    # bound() takes one norm pass (and an isfinite pass only where the norm is not finite) and hands its RMS to accuracy.floor; the artefact's bytes must be those of
+    # computing each apart (finite or not, real or complex, float64 whose squares overflow).
     g = torch.Generator().manual_seed(0)
     cases = [torch.randn(257, 31, generator=g) * 3.7, torch.randn(5, generator=g, dtype=torch.float64),
              torch.randn(40, 40, generator=g).t(), torch.randn(64, generator=g, dtype=torch.complex64),
@@ -53,6 +53,8 @@ def test_bound_and_rms_are_bit_for_bit_those_of_the_floor_and_norm_computed_apar
     odd[[3, 500]] = float("inf")
     odd[7] = float("nan")
     cases.append(odd)
+    cases.append(torch.tensor([1e200, -3.0, 1e200], dtype=torch.float64))  # finite, its squares' sum is not
+    cases.append(torch.tensor([1.0, float("inf"), 2.0], dtype=torch.float64))
     for t in cases:
         r = torch.view_as_real(t) if t.is_complex() else t
         finite = r[torch.isfinite(r)]
@@ -61,6 +63,18 @@ def test_bound_and_rms_are_bit_for_bit_those_of_the_floor_and_norm_computed_apar
         m = accuracy.multiplier(r.dtype, r.numel())
         b, source, got_rms = evidence.bound(t, None)
         assert (b, source, got_rms) == (evidence.TAIL * 2 * (m * fl + fl), "floor", rms), t.dtype
+
+
+def test_the_isfinite_pass_is_made_only_where_the_norm_is_not_finite(monkeypatch):
+    calls = []
+    isfinite = torch.isfinite
+    monkeypatch.setattr(torch, "isfinite", lambda t: calls.append(t.shape) or isfinite(t))
+    evidence.bound(torch.randn(100, 10), None)
+    assert calls == []  # a finite norm: every element is finite, no bool tensor as large as the output
+    odd = torch.randn(100, 10)
+    odd[3, 4] = float("nan")
+    _, _, rms = evidence.bound(odd, None)
+    assert calls[:1] == [torch.Size([100, 10])] and math.isfinite(rms)  # (then floor's own pass over it)
 
 
 def test_an_element_beyond_the_bound_fails_with_its_elementwise_error():

@@ -188,3 +188,23 @@ def test_a_run_that_kept_models_from_an_earlier_one_says_its_time_is_not_theirs(
     assert "kept from an earlier run" not in zoo_table.render_dynamic(data, STATIC)
     text = zoo_table.render_dynamic({**data, "kept": 2}, STATIC)
     assert f"s (2 of its {len(data['models'])} models kept from an earlier run: their time is not in it)." in text
+
+
+def test_a_rerun_of_some_models_replaces_their_rows_and_counts_the_others_as_kept(tmp_path):
+    earlier = zoo_table.rows_from_run(_dynamic_run(tmp_path / "a"))
+    root = tmp_path / "b" / "hf-zoo-dynamic"
+    (root / "tt").mkdir(parents=True)
+    (root / "tt" / "manifest.json").write_text(json.dumps({"capture": {"mode": "export"},
+                                                           "dims": _dims(batch="dynamic", seq="dynamic")}))
+    (root / "run.json").write_text(json.dumps({"seconds": 5, "models": [
+        {"name": "tt", "status": "ok", "stage": None, "error": None, "graphs": ["a"], "checks": {"passed": 1}}]}))
+    data = zoo_table.merged(earlier, zoo_table.rows_from_run(root))
+    assert [m["name"] for m in data["models"]] == ["bert", "xlnet", "tt"]  # the earlier order
+    rows = {m["name"]: m for m in data["models"]}
+    assert rows["tt"]["dynamic"] and rows["bert"] == earlier["models"][0]  # rerun, kept
+    assert data["kept"] == 2 and data["seconds"] == 5 and "1 of its 3 rows from this run" in data["note"]
+    assert "(2 of its 3 models kept from an earlier run" in zoo_table.render_dynamic(data, STATIC)
+    # a rerun adds no model
+    other = {**zoo_table.rows_from_run(root), "models": [{**rows["tt"], "name": "gpt9"}]}
+    with pytest.raises(SystemExit, match="gpt9: not in the earlier data"):
+        zoo_table.merged(earlier, other)

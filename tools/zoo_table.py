@@ -3,6 +3,7 @@
     python tools/zoo_table.py artifacts/hf-zoo [--failures-only]       # print the table
     python tools/zoo_table.py artifacts/hf-zoo --save docs/data/hf-zoo.json
     python tools/zoo_table.py artifacts/hf-zoo-dynamic --save docs/data/hf-zoo-dynamic.json
+    python tools/zoo_table.py out/rerun --rerun-of docs/data/hf-zoo-dynamic.json --save docs/data/hf-zoo-dynamic.json
     python tools/gen_docs.py                    # docs/generated/hf-zoo.md, hf-zoo-dynamic.md
 
 Reads run.json and each model's manifest (the capture mode it used: auto falls back to
@@ -186,6 +187,23 @@ def rows_from_run(root: Path) -> dict[str, Any]:
             "models": rows}
 
 
+def merged(earlier: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
+    """`rerun`'s rows (a run of some of a zoo's models: `aotpipe run --only ...`) in place of the
+    same models' rows of the `earlier` saved data, in the earlier order; the rows it did not rerun
+    are kept and counted as such (`kept`: their time is not the run's, nor their code its commit).
+    A model the earlier data does not hold is an error: a rerun refreshes rows, it adds none."""
+    new = {m["name"]: m for m in rerun["models"]}
+    unknown = sorted(set(new) - {m["name"] for m in earlier["models"]})
+    if unknown:
+        raise SystemExit(f"zoo_table: {', '.join(unknown)}: not in the earlier data (--rerun-of); "
+                         "a rerun refreshes rows of the earlier run, it adds none")
+    rows = [new.get(m["name"], m) for m in earlier["models"]]
+    kept = len(rows) - len(new)
+    note = (f"{rerun['note']}; {len(new)} of its {len(rows)} rows from this run, the other {kept} kept from "
+            f"the earlier data ({earlier.get('note', '')[:300]})")
+    return {**rerun, "kept": kept + (rerun.get("kept") or 0), "note": note, "models": rows}
+
+
 def dump(data: dict[str, Any]) -> str:
     """The rows as JSON, one model per line (so a re-run's diff shows which models changed)."""
     head = {k: v for k, v in data.items() if k != "models"}
@@ -307,8 +325,13 @@ def main() -> None:
     ap.add_argument("--failures-only", action="store_true")
     ap.add_argument("--save", type=Path, help="write the rows as JSON here (docs/data/hf-zoo.json, or "
                     "docs/data/hf-zoo-dynamic.json for a run of the dynamic zoo)")
+    ap.add_argument("--rerun-of", type=Path, metavar="SAVED_JSON",
+                    help="the run in ROOT reran some of the models of this saved data (aotpipe run --only ...): "
+                         "its rows replace theirs, the others are kept and counted as kept")
     a = ap.parse_args()
     data = rows_from_run(a.root)
+    if a.rerun_of:
+        data = merged(json.loads(a.rerun_of.read_text()), data)
     if a.save:
         a.save.write_text(dump(data), encoding="utf-8")
     if any("dims" in m for m in data["models"]):

@@ -334,12 +334,13 @@ def _check_sizes(job: ModelJob, folder: Path, mc: Any) -> None:
             # a guard torch could not prove, kept as an assertion, fails here: torch's refusal says why
             where = assertion_holds(c.problems, captured.graphs)
             failing = failed_assertion(c.problems, captured.graphs)
-            # deferred[0] is the first guard torch could not prove; the one failing here may be another
-            named = f"; the one false here: {failing}" if failing else ""
-            mc.problems.append(f"dims: at {c.point} ({at}) a run-time assertion the capture kept fails: "
-                               f"{deferred[0]}{named}; " + (f"{where}, or make the dimension static" if where else
-                                                            "narrow the range to where it holds, or make the "
-                                                            "dimension static"))
+            # deferred[0] is the first guard torch could not prove, which may hold everywhere (a
+            # remainder of a padded length): the one false here leads where it is known
+            said = (f"{failing} is false here (the graphs run only where it holds; the first guard torch could "
+                    f"not prove at capture: {deferred[0]})" if failing else deferred[0])
+            mc.problems.append(f"dims: at {c.point} ({at}) a run-time assertion the capture kept fails: {said}; "
+                               + (f"{where}, or make the dimension static" if where else
+                                  "narrow the range to where it holds, or make the dimension static"))
             continue
         mc.problems += [f"at {c.point} ({at}): {p}" for p in c.problems[:2]]
         if c.problems:

@@ -71,12 +71,22 @@ def digest(t: torch.Tensor) -> str:
     d = t.detach().to("cpu")
     h = hashlib.sha256(f"{str(d.dtype).removeprefix('torch.')}{list(d.shape)}".encode())
     if d.numel():
-        # A fresh dense copy, not .contiguous(): torch calls a tensor contiguous when only its
-        # size-1 dimensions have odd strides (x[:, -1:] of a batch of 1, a one-element slice
-        # with a step), returns it as it is, and a byte view of it then fails on the stride.
-        flat = torch.empty(d.numel(), dtype=d.dtype).copy_(d.reshape(-1))
-        h.update(flat.view(torch.uint8).numpy().data)
+        h.update(_dense_flat(d).view(torch.uint8).numpy().data)
     return h.hexdigest()
+
+
+def _dense_flat(d: torch.Tensor) -> torch.Tensor:
+    """The elements of CPU tensor `d` in row-major order as a 1-D tensor of stride 1: a view
+    where `d` is laid out so (most outputs: hashing them is then a pass over their memory, not
+    a copy and a pass), else a fresh dense copy. Not .contiguous() alone: torch calls a tensor
+    contiguous when only its size-1 dimensions have odd strides (x[:, -1:] of a batch of 1, a
+    one-element slice with a step) and returns it as it is, so the flattened view's stride is
+    checked too; a conjugate or negative bit is resolved by the copy."""
+    if d.is_contiguous() and not (d.is_conj() or d.is_neg()):
+        flat = d.reshape(-1)
+        if flat.stride() == (1,):
+            return flat
+    return torch.empty(d.numel(), dtype=d.dtype).copy_(d.reshape(-1))
 
 
 def _f64(t: torch.Tensor) -> torch.Tensor:

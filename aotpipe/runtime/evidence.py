@@ -103,12 +103,21 @@ def bound(t: torch.Tensor, eager_error: Optional[float]) -> tuple[Optional[float
         return None, None, None
     if r.numel() == 0:
         return 0.0, "floor", 0.0
-    # One isfinite and one norm pass over the output (it may be a large gradient): for a
-    # finite output its RMS is the one accuracy.floor would compute again.
-    finite = torch.isfinite(r)
-    all_finite = bool(finite.all())
-    v = r if all_finite else r[finite]
-    rms = float(torch.linalg.vector_norm(v, dtype=torch.float64)) / math.sqrt(v.numel()) if v.numel() else 0.0
+    # One norm pass over the output (it may be a large gradient): a finite sum of squares means
+    # every element is finite, so the isfinite pass (a bool tensor as large as the output,
+    # slower than the norm) is made only where the norm is not finite (a NaN or inf, or a
+    # float64 output whose squares overflow). For a finite output its RMS is the one
+    # accuracy.floor would compute again.
+    norm = float(torch.linalg.vector_norm(r, dtype=torch.float64))
+    if math.isfinite(norm):
+        all_finite, count = True, r.numel()
+    else:
+        finite = torch.isfinite(r)
+        all_finite = bool(finite.all())
+        count = r.numel() if all_finite else int(finite.sum())
+        if not all_finite:
+            norm = float(torch.linalg.vector_norm(r[finite], dtype=torch.float64)) if count else 0.0
+    rms = norm / math.sqrt(count) if count else 0.0
     fl = accuracy.floor(r, rms=rms if all_finite else None)
     noise, source = (eager_error, "fp64") if eager_error is not None and math.isfinite(eager_error) else (fl, "floor")
     m = accuracy.multiplier(r.dtype, r.numel())

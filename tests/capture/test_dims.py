@@ -513,12 +513,15 @@ def test_a_guard_kept_as_a_runtime_assertion_that_fails_at_a_checked_size_says_t
         """)
     assert runs["padded"]["status"] == "failed" and runs["padded"]["stage"] == "verify"
     error = runs["padded"]["error"]
-    assert error.startswith("dims: at min (batch=1, seq=4) a run-time assertion the capture kept fails: seq "
-                            "(arg0.size(1)) cannot be dynamic in [4, 64]"), error
-    assert "((3 + arg0.size(1)) // 4) != 1" in error and "padded.py:14" in error
-    # and the assertion that is false at this size, its symbols named by their dimensions
-    named = error.split("; the one false here: ")[1].split(";")[0]
+    # the assertion that is false at this size leads, its symbols named by their dimensions
+    lead = "dims: at min (batch=1, seq=4) a run-time assertion the capture kept fails: "
+    assert error.startswith(lead), error
+    named = error.removeprefix(lead).split(" is false here (")[0]
     assert "seq" in named and "//4" in named.replace(" ", "") and not re.search(r"\bs\d+\b", named), error
+    # then torch's first refusal, with the model's line
+    assert ("the first guard torch could not prove at capture: seq (arg0.size(1)) cannot be dynamic in [4, 64]"
+            in error), error
+    assert "((3 + arg0.size(1)) // 4) != 1" in error and "padded.py:14" in error
     # where the failing assertion holds, walked over the range: the fix in YAML
     assert error.endswith("; it holds for seq in [5, 64]; set seq: {min: 5}, or make the dimension static"), error
 
