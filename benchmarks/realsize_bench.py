@@ -123,6 +123,50 @@ def _folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
+# The kinds an artefact's bytes are split into (bytes_by_kind), in the order the table lists them.
+BYTE_KINDS = ("weights", "inputs", "outputs", "evidence", "graph.json", "module.py", "trace.json", "inputs.json",
+              ".input", "manifest", "other")
+_WEIGHT_ROLES = {"param", "buffer", "constant"}
+
+
+def bytes_by_kind(folder: Path) -> dict[str, int]:
+    """A model folder's bytes by what they hold: blobs by their first use (a graph input of role
+    param, buffer or constant: `weights`; another input: `inputs`; a recorded output: `outputs`;
+    an output's evidence sample: `evidence`), each blob counted once, then each graph folder's
+    files by name, manifest.json and signature.json as `manifest`, the rest `other`."""
+    rank = {k: i for i, k in enumerate(BYTE_KINDS)}
+    blob_kind: dict[str, str] = {}
+
+    def use(blob: Any, kind: str) -> None:
+        if isinstance(blob, str) and rank[kind] < rank[blob_kind.get(blob, "other")]:
+            blob_kind[blob] = kind
+
+    for rec_path in folder.glob("*/inputs.json"):
+        rec = json.loads(rec_path.read_text())
+        storages = rec.get("storages") or []
+        for i in rec.get("inputs") or []:
+            st = i.get("storage")
+            if i.get("source") == "blob" and isinstance(st, int) and st < len(storages):
+                use(storages[st].get("blob"), "weights" if i.get("role") in _WEIGHT_ROLES else "inputs")
+        for o in rec.get("outputs") or []:
+            use(o.get("blob"), "outputs")
+            use((o.get("evidence") or {}).get("blob"), "evidence")
+    out = dict.fromkeys(BYTE_KINDS, 0)
+    for f in folder.rglob("*"):
+        if not f.is_file():
+            continue
+        size = f.stat().st_size
+        if f.parent.name == "blobs":
+            out[blob_kind.get(f.name.split(".")[0], "other")] += size
+        elif f.parent == folder:
+            out["manifest" if f.name in ("manifest.json", "signature.json") else "other"] += size
+        elif f.name in out:
+            out[f.name] += size
+        else:
+            out[".input" if f.suffix == ".input" else "other"] += size
+    return out
+
+
 def _median(fn: Callable[[], Any], n: int = REPEAT, setup: Optional[Callable[[], Any]] = None) -> float:
     """Median seconds of n calls after one warm-up call; `setup` runs untimed before each."""
     times = []
@@ -312,6 +356,7 @@ def bench_aotpipe(spec: Any, out_dir: Path, base_dir: Optional[Path]) -> dict:
            "passes_s": passes_s, "write_s": g("write_seconds"), "total_s": g("total_seconds"),
            "bytes": _folder_bytes(folder) if written else None,
            "blob_bytes": _folder_bytes(folder / "blobs") if written and (folder / "blobs").is_dir() else None,
+           "bytes_by_kind": bytes_by_kind(folder) if written else None,
            "graphs": [getattr(x, "kind", str(x)) for x in (g("graphs") or [])],
            "written": written}
     if g("traceback"):
@@ -521,6 +566,19 @@ def tables(result: dict) -> str:
               "outputs, vs torch.export.load + ep.module() on the inputs the .pt2 holds. Peak RSS: the process's "
               "VmHWM during each tool. CPU share: CPU seconds per wall second per torch thread; well under 1 "
               "means the tool waited for a core (other work on the machine) and its seconds are inflated."]
+    split = [r for r in rows if isinstance((r.get("aotpipe") or {}).get("bytes_by_kind"), dict)]
+    if split:
+        lines += ["", "aotpipe's bytes by what they hold (MB; blobs by their first use: weights are parameters, "
+                  "buffers and constants, inputs the other saved inputs, outputs the recorded outputs, evidence "
+                  "the outputs' sampled values), beside the .pt2's:", "",
+                  "| model | " + " | ".join(BYTE_KINDS) + " | aotpipe MB | .pt2 MB (inputs) |",
+                  "|---|" + "---:|" * (len(BYTE_KINDS) + 2)]
+        for row in split:
+            kinds, x = row["aotpipe"]["bytes_by_kind"], row.get("export")
+            pt2 = _mb(x, "pt2_bytes") + (f" ({x['pt2_input_bytes'] / 2**20:.1f})"
+                                         if x and not _err(x) and x.get("pt2_holds_inputs") else "")
+            lines.append(f"| {row['model']} | " + " | ".join(f"{kinds[k] / 2**20:.2f}" for k in BYTE_KINDS)
+                         + f" | {sum(kinds.values()) / 2**20:.1f} | {pt2} |")
     notes = []
     for row in rows:
         for tool in ("eager", "export", "dynamo", "aotpipe", "replay"):

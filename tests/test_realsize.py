@@ -19,7 +19,7 @@ KINDS = ["inference", "forward", "backward", "joint"]
 PASSES = ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
 MODELS = {
     "mid-size": ["resnet_bottleneck", "bert_4l"],
-    "real-size": ["resnet50", "bert_base", "gpt2", "vit_b16", "llama_200m"],
+    "real-size": ["resnet18", "resnet50", "bert_base", "gpt2", "vit_b16", "llama_200m"],
 }
 
 
@@ -44,6 +44,8 @@ def test_pipeline_captures_every_kind_with_the_default_passes(name):
 
 def test_real_size_shapes():
     models = {m.name: m for m in load_pipeline(PIPELINES / "real-size.yaml").models}
+    assert models["resnet18"].config["depths"] == [2, 2, 2, 2]
+    assert models["resnet18"].config["layer_type"] == "basic"
     assert models["resnet50"].config["depths"] == [3, 4, 6, 3]
     assert models["resnet50"].config["layer_type"] == "bottleneck"
     assert [i.shape for i in models["resnet50"].inputs] == [[8, 3, 224, 224]]
@@ -62,3 +64,33 @@ def test_mid_size_models_run_ok_with_no_check_skipped(tmp_path):
     assert all(s == "ok" for s, _, _ in statuses.values()), statuses
     for m in run["models"]:
         assert m["checks"]["skipped"] == 0 and m["checks"]["failed"] == 0 and m["checks"]["run"] > 50, m["checks"]
+
+
+def test_the_bench_splits_an_artefacts_bytes_by_what_they_hold(quickstart_run):
+    """benchmarks/realsize_bench.py's split of a model folder's bytes: every byte in one kind,
+    the weights those of the parameters and buffers (the mlp: its float32 parameters)."""
+    import importlib.util
+    import sys
+
+    path = PIPELINES.parent / "benchmarks" / "realsize_bench.py"
+    spec = importlib.util.spec_from_file_location("realsize_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(path.parent))
+    folder = quickstart_run[0] / "mlp"
+    kinds = bench.bytes_by_kind(folder)
+    assert sum(kinds.values()) == sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    assert kinds["other"] == 0 and all(kinds[k] > 0 for k in ("weights", "inputs", "evidence", "graph.json",
+                                                              "module.py", "trace.json", "inputs.json", ".input",
+                                                              "manifest")), kinds
+    from aotpipe.models.sources import build_model
+    from aotpipe.pipeline.config import load_pipeline as load
+
+    spec_mlp = next(m for m in load(PIPELINES / "quickstart.yaml").models if m.name == "mlp")
+    model = build_model(spec_mlp, PIPELINES)
+    tensors = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    # a blob is a safetensors file: the tensor's bytes and a small header each
+    assert tensors <= kinds["weights"] <= tensors + 1024 * (len(list(model.parameters())) + 1), (kinds, tensors)
