@@ -85,6 +85,81 @@ def test_the_eager_try_leaves_model_inputs_and_rng_as_they_were():
     assert model.training and not model.fc.training
 
 
+class _Rescaling(nn.Module):
+    """RWKV's rescaling in small: an eval forward divides a weight in place (undone by a
+    factor on the hidden state) and sets a flag; a training forward multiplies it back."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 2)
+        self.rescaled = False
+
+    def forward(self, x):
+        if self.rescaled != (not self.training):
+            with torch.no_grad():
+                if self.training:
+                    self.out.weight.mul_(2)
+                else:
+                    self.out.weight.div_(2)
+            self.rescaled = not self.training
+        h = torch.relu(self.fc(x))
+        return self.out(h if self.training else h * 2)
+
+
+def test_the_eager_try_leaves_weights_changed_in_place_and_attributes_as_they_were():
+    torch.manual_seed(0)
+    model = _Rescaling().train()
+    weight, before = model.out.weight, model.out.weight.detach().clone()
+    model.cache = "kept"
+    assert input_problem(model, (torch.ones(3, 4),), {}, ["x"]) is None
+    assert model.out.weight is weight and torch.equal(weight, before)
+    assert model.rescaled is False and model.training and model.cache == "kept"
+    assert not hasattr(model, "added")
+    # an attribute the forward adds is taken away again
+    model.forward = lambda x: setattr(model, "added", 1) or x
+    assert input_problem(model, (torch.ones(3, 4),), {}, ["x"]) is None and not hasattr(model, "added")
+
+
+def test_a_model_that_rescales_its_weights_in_eval_captures_as_eager_runs(tmp_path):
+    """The eager try before capture once left RWKV's weights rescaled and its flag set: the
+    training graphs then differed from eager (gradients of the rescaled weights off by 1.8 RMS)."""
+    (tmp_path / "rescaling.py").write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        class Rescaling(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+                self.out = nn.Linear(4, 2)
+                self.rescaled = False
+
+            def forward(self, x):
+                if self.rescaled != (not self.training):
+                    with torch.no_grad():
+                        if self.training:
+                            self.out.weight.mul_(2)
+                        else:
+                            self.out.weight.div_(2)
+                    self.rescaled = not self.training
+                h = torch.relu(self.fc(x))
+                return self.out(h if self.training else h * 2)
+
+        def rescaling():
+            torch.manual_seed(0)
+            return Rescaling()
+        '''))
+    result, out = run_yaml(tmp_path, textwrap.dedent("""\
+        version: 1
+        name: p
+        defaults: {graphs: [inference, forward, backward, joint]}
+        models:
+          - {name: rescaling, source: "rescaling:rescaling", inputs: [{shape: [3, 4]}]}
+        """))
+    assert result.exit_code == 0, result.output
+
+
 def test_a_model_failing_for_its_own_reasons_is_not_blamed_on_an_input():
     class Broken(nn.Module):
         def forward(self, x):

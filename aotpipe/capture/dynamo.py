@@ -65,7 +65,7 @@ from aotpipe.capture import dynamic as dynamic_capture
 from aotpipe.capture import export as _export
 from aotpipe.capture.ctc import ctc_loss_formulated
 from aotpipe.capture.custom_ops import replace_calls
-from aotpipe.capture.hints import chain_text, config_hint, where_in_model
+from aotpipe.capture.hints import chain_text, config_hint_applies, where_in_model
 from aotpipe.capture.rnn import recurrent_decompositions
 from aotpipe.capture.torch_branches import static_library_branches
 from aotpipe.errors import CaptureError, exception_line
@@ -1061,7 +1061,7 @@ def capture_auto(
         where = where_in_model(chain_text(e))
         if where and where not in why:
             why += f" at {where}"
-        if not _export.is_tracing_failure(e) or config_hint(chain_text(e)):
+        if not _export.is_tracing_failure(e) or config_hint_applies(chain_text(e), model):
             # the model raises on its inputs, or a setting of its config is what to change:
             # dynamo would fail again, and its error would only bury export's
             raise CaptureError(f"export failed: {why}") from e

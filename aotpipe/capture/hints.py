@@ -8,7 +8,7 @@ that caused it and a setting that may work. No torch import: these read messages
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Any, Optional
 
 from aotpipe.spec.modes import CAPTURE_MODES
 
@@ -56,6 +56,13 @@ def config_hint(text: str) -> Optional[str]:
         if pattern.search(text):
             return hint
     return None
+
+
+def config_hint_applies(text: str, model: Any) -> bool:
+    """Whether :func:`config_hint`'s setting is one `model`'s config can take: its top-level
+    `use_cache` is on. T5Gemma returns its cache whatever its stacks' use_cache says and its
+    own config has none: the hint cannot be followed, and dynamo captures it."""
+    return config_hint(text) is not None and bool(getattr(getattr(model, "config", None), "use_cache", False))
 
 
 def capture_hint(mode: str, error: str, detail: str = "") -> str:

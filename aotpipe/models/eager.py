@@ -530,14 +530,22 @@ def _reaches(call_args: tuple[tuple, dict], leaves: list[Any], i: int) -> bool:
     return False
 
 
+_MISSING = object()
+
+
 def _try_run(model: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[tuple[str, Optional[tuple], Optional[tuple]]]:
     """None if the model runs on (args, kwargs) in eval mode without grad; else (the error in one
     line, the failing torch call if one was seen, the innermost module running when it raised
     as (name, module, its positional args)). The model is left as it was: each module's
-    train/eval mode, its buffers (changed in place or replaced), the RNG."""
-    modes = [(m, m.training) for m in model.modules()]
-    buffers = {}
-    for name, b in model.named_buffers(remove_duplicate=False):
+    train/eval mode and other attributes (a flag set, a cache added), its parameters and
+    buffers (changed in place or replaced), the RNG. A model may change its own weights in an
+    eval forward (RWKV rescales two weights per block and sets `layers_are_rescaled`): left
+    so, capture would trace another model than the one eager checks it against. The
+    parameters are copied for that (the float64 reference costs a float64 copy of them
+    later)."""
+    attrs = [(m, dict(vars(m))) for m in model.modules()]  # `training` among them
+    buffers: dict[str, tuple[torch.nn.Module, str, torch.Tensor, int, torch.Tensor | None]] = {}
+    for name, b in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
         owner, _, leaf = name.rpartition(".")
         buffers[name] = (model.get_submodule(owner), leaf, b, b._version, None if b.is_meta else b.detach().clone())
     recorder = _FailingCall()
@@ -574,11 +582,17 @@ def _try_run(model: torch.nn.Module, args: tuple, kwargs: dict) -> Optional[tupl
     finally:
         for h in hooks:
             h.remove()
-        for m, training in modes:
-            m.training = training
+        for m, before in attrs:  # the same objects back (the _parameters and _buffers dicts among them)
+            for key in [k for k in vars(m) if k not in before]:
+                delattr(m, key)
+            for key, value in before.items():
+                if vars(m).get(key, _MISSING) is not value:
+                    vars(m)[key] = value
         with torch.no_grad():
-            for owner, leaf, b, version, saved in buffers.values():
-                if owner._buffers.get(leaf) is not b:
-                    owner._buffers[leaf] = b
+            for module, leaf, b, version, saved in buffers.values():
+                where = module._parameters if isinstance(b, torch.nn.Parameter) and leaf in module._parameters \
+                    else module._buffers
+                if where.get(leaf) is not b:
+                    where[leaf] = b
                 if b._version != version and saved is not None:
                     b.copy_(saved)

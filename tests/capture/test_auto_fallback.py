@@ -4,6 +4,7 @@ inputs, or a config setting a hint names, gets export's error alone, once."""
 from __future__ import annotations
 
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -63,6 +64,12 @@ def test_a_tracing_failure_still_falls_back_to_dynamo(monkeypatch):
     assert cap.mode == "dynamo" and "GuardOnDataDependentSymNode" in cap.fallback
 
 
+def _with_config(**config):
+    model = zoo.mlp(in_features=8)
+    model.config = SimpleNamespace(**config)  # as a transformers model carries its config
+    return model
+
+
 def test_a_cache_object_in_the_output_is_export_s_error_with_the_use_cache_hint(monkeypatch):
     tried = []
     monkeypatch.setattr(capture_dynamo_module, "capture_dynamo", lambda *a, **k: tried.append(1))
@@ -71,7 +78,7 @@ def test_a_cache_object_in_the_output_is_export_s_error_with_the_use_cache_hint(
         raise _export_error(RuntimeError(CACHE_ERROR))
 
     with pytest.raises(CaptureError) as info:
-        capture_auto(zoo.mlp(in_features=8), (torch.randn(2, 8),), {}, name="m", graphs=["inference"],
+        capture_auto(_with_config(use_cache=True), (torch.randn(2, 8),), {}, name="m", graphs=["inference"],
                      input_names=["x"], export=export)
     assert tried == [] and "dynamo" not in str(info.value)
     hint = capture_hint("auto", str(info.value))
@@ -79,6 +86,28 @@ def test_a_cache_object_in_the_output_is_export_s_error_with_the_use_cache_hint(
                     "cannot flatten: set use_cache: false under config")
     assert "use_cache" not in capture_hint("auto", "export failed: torch.export (inference) failed: RuntimeError: "
                                                    "Found <class 'mymodel.Thing'> in output")
+
+
+@pytest.mark.parametrize("model", [_with_config(use_cache=False), _with_config(), zoo.mlp(in_features=8)],
+                         ids=["use_cache off", "no use_cache", "no config"])
+def test_a_cache_object_whose_config_has_no_use_cache_on_falls_back_to_dynamo(monkeypatch, model):
+    """T5Gemma returns its cache though its stacks' use_cache is off and its own config has
+    none: the hint cannot be followed, so auto tries dynamo (which captured it)."""
+    tried = []
+
+    def dynamo(*a, **k):
+        tried.append(1)
+        raise CaptureError("dynamo's own failure")
+
+    monkeypatch.setattr(capture_dynamo_module, "capture_dynamo", dynamo)
+
+    def export(*a, **k):
+        raise _export_error(RuntimeError(CACHE_ERROR))
+
+    with pytest.raises(CaptureError, match="dynamo failed: dynamo's own failure"):
+        capture_auto(model, (torch.randn(2, 8),), {}, name="m", graphs=["inference"], input_names=["x"],
+                     export=export)
+    assert tried == [1]
 
 
 @pytest.mark.slow
