@@ -190,7 +190,7 @@ def test_a_run_that_kept_models_from_an_earlier_one_says_its_time_is_not_theirs(
     assert f"s (2 of its {len(data['models'])} models kept from an earlier run: their time is not in it)." in text
 
 
-def test_a_rerun_of_some_models_replaces_their_rows_and_counts_the_others_as_kept(tmp_path):
+def test_a_rerun_of_some_models_replaces_their_rows_and_the_pages_list_it(tmp_path):
     earlier = zoo_table.rows_from_run(_dynamic_run(tmp_path / "a"))
     root = tmp_path / "b" / "hf-zoo-dynamic"
     (root / "tt").mkdir(parents=True)
@@ -202,8 +202,14 @@ def test_a_rerun_of_some_models_replaces_their_rows_and_counts_the_others_as_kep
     assert [m["name"] for m in data["models"]] == ["bert", "xlnet", "tt"]  # the earlier order
     rows = {m["name"]: m for m in data["models"]}
     assert rows["tt"]["dynamic"] and rows["bert"] == earlier["models"][0]  # rerun, kept
-    assert data["kept"] == 2 and data["seconds"] == 5 and "1 of its 3 rows from this run" in data["note"]
-    assert "(2 of its 3 models kept from an earlier run" in zoo_table.render_dynamic(data, STATIC)
+    assert data["seconds"] == earlier["seconds"] and data["kept"] == earlier["kept"]  # the whole run's
+    assert data["reruns"] == [{"models": ["tt"], "seconds": 5, "note": data["reruns"][0]["note"]}]
+    assert json.loads(zoo_table.dump(data)) == data
+    said = "Then 1 of its models were run again and their rows replaced (5 s): tt."
+    assert said in zoo_table.render_dynamic(data, STATIC) and said in zoo_table.render(data)
+    assert "run again" not in zoo_table.render(earlier)
+    # a second rerun is listed after the first
+    assert len(zoo_table.merged(data, zoo_table.rows_from_run(root))["reruns"]) == 2
     # a rerun adds no model
     other = {**zoo_table.rows_from_run(root), "models": [{**rows["tt"], "name": "gpt9"}]}
     with pytest.raises(SystemExit, match="gpt9: not in the earlier data"):

@@ -188,20 +188,29 @@ def rows_from_run(root: Path) -> dict[str, Any]:
 
 
 def merged(earlier: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
-    """`rerun`'s rows (a run of some of a zoo's models: `aotpipe run --only ...`) in place of the
-    same models' rows of the `earlier` saved data, in the earlier order; the rows it did not rerun
-    are kept and counted as such (`kept`: their time is not the run's, nor their code its commit).
-    A model the earlier data does not hold is an error: a rerun refreshes rows, it adds none."""
+    """`rerun`'s rows (a run of some of a zoo's models: `aotpipe run --only ...`, after a fix
+    say) in place of the same models' rows of the `earlier` saved data, in the earlier order.
+    The earlier run's totals stay (its time is the whole zoo's); the rerun is listed under
+    `reruns` (its models, seconds and note), which the pages print after the run's time. A
+    model the earlier data does not hold is an error: a rerun refreshes rows, it adds none."""
     new = {m["name"]: m for m in rerun["models"]}
     unknown = sorted(set(new) - {m["name"] for m in earlier["models"]})
     if unknown:
         raise SystemExit(f"zoo_table: {', '.join(unknown)}: not in the earlier data (--rerun-of); "
                          "a rerun refreshes rows of the earlier run, it adds none")
     rows = [new.get(m["name"], m) for m in earlier["models"]]
-    kept = len(rows) - len(new)
-    note = (f"{rerun['note']}; {len(new)} of its {len(rows)} rows from this run, the other {kept} kept from "
-            f"the earlier data ({earlier.get('note', '')[:300]})")
-    return {**rerun, "kept": kept + (rerun.get("kept") or 0), "note": note, "models": rows}
+    again = {"models": [m["name"] for m in rerun["models"]], "seconds": rerun["seconds"], "note": rerun["note"]}
+    return {**earlier, "reruns": [*earlier.get("reruns", []), again], "models": rows}
+
+
+def _reruns(data: dict[str, Any]) -> str:
+    """The reruns merged into a run's rows (merged), as the pages say them after its time."""
+    out = ""
+    for r in data.get("reruns", []):
+        names = ", ".join(r["models"][:12]) + (f", ... ({len(r['models']) - 12} more)" if len(r["models"]) > 12 else "")
+        out += (f" Then {len(r['models'])} of its models were run again and their rows replaced ({r['seconds']:,} s): "
+                f"{names}.")
+    return out
 
 
 def dump(data: dict[str, Any]) -> str:
@@ -233,7 +242,7 @@ def render(data: dict[str, Any], failures_only: bool = False) -> str:
         f"**{len(ok)}/{len(models)} ok ({len(ok) / max(1, len(models)):.1%})**; of the ok ones "
         + ", ".join(f"{n} captured with {mode}" for mode, n in sorted(modes.items(), key=lambda kv: -kv[1]))
         + f". Checks of the ok models: {passed:,} passed, {skipped:,} skipped. "
-        f"The run took {data['seconds']:,} s{_kept(data)}.",
+        f"The run took {data['seconds']:,} s{_kept(data)}.{_reruns(data)}",
         "",
         "Failures by class (numbers, shapes and names taken out):",
         "",
@@ -276,7 +285,7 @@ def render_dynamic(data: dict[str, Any], static: dict[str, Any] | None) -> str:
         f"**{_rate(len(dynamic_ok), len(models))} dynamic ok**: ok with every named dimension symbolic in every "
         f"graph, and every graph checked at the min, the max and a random size. Of the others, "
         f"{len(ok) - len(dynamic_ok)} ok with a dimension static, {len(partial)} partial, {len(failed)} failed. "
-        f"The run took {data['seconds']:,} s{_kept(data)}.", ""]
+        f"The run took {data['seconds']:,} s{_kept(data)}.{_reruns(data)}", ""]
     by_name = {m["name"]: m for m in (static or {}).get("models", [])}
     if static is not None and len(models) < len(by_name):
         lines += [f"**A sample**: this run holds {len(models)} of the static zoo's {len(by_name)} architectures "
@@ -327,7 +336,7 @@ def main() -> None:
                     "docs/data/hf-zoo-dynamic.json for a run of the dynamic zoo)")
     ap.add_argument("--rerun-of", type=Path, metavar="SAVED_JSON",
                     help="the run in ROOT reran some of the models of this saved data (aotpipe run --only ...): "
-                         "its rows replace theirs, the others are kept and counted as kept")
+                         "its rows replace theirs, and the pages list the rerun after the run's time")
     a = ap.parse_args()
     data = rows_from_run(a.root)
     if a.rerun_of:
