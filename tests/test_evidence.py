@@ -65,6 +65,12 @@ def test_bound_and_rms_are_bit_for_bit_those_of_the_floor_and_norm_computed_apar
         assert (b, source, got_rms) == (evidence.TAIL * 2 * (m * fl + fl), "floor", rms), t.dtype
 
 
+def test_an_output_with_no_finite_element_has_rms_zero():
+    b, source, rms = evidence.bound(torch.tensor([float("nan"), float("inf"), -float("inf")]), None)
+    fl = accuracy.ABS_FLOOR  # no finite element: the floor is the absolute one
+    assert (rms, source) == (0.0, "floor") and b == evidence.TAIL * 2 * (accuracy.multiplier(torch.float32, 3) * fl + fl)
+
+
 def test_the_isfinite_pass_is_made_only_where_the_norm_is_not_finite(monkeypatch):
     calls = []
     isfinite = torch.isfinite

@@ -108,17 +108,12 @@ def bound(t: torch.Tensor, eager_error: Optional[float]) -> tuple[Optional[float
     # slower than the norm) is made only where the norm is not finite (a NaN or inf, or a
     # float64 output whose squares overflow). For a finite output its RMS is the one
     # accuracy.floor would compute again.
-    norm = float(torch.linalg.vector_norm(r, dtype=torch.float64))
-    if math.isfinite(norm):
-        all_finite, count = True, r.numel()
-    else:
-        finite = torch.isfinite(r)
-        all_finite = bool(finite.all())
-        count = r.numel() if all_finite else int(finite.sum())
-        if not all_finite:
-            norm = float(torch.linalg.vector_norm(r[finite], dtype=torch.float64)) if count else 0.0
+    norm, count = float(torch.linalg.vector_norm(r, dtype=torch.float64)), r.numel()
+    if not math.isfinite(norm):
+        finite = r[torch.isfinite(r)]
+        norm, count = float(torch.linalg.vector_norm(finite, dtype=torch.float64)), finite.numel()
     rms = norm / math.sqrt(count) if count else 0.0
-    fl = accuracy.floor(r, rms=rms if all_finite else None)
+    fl = accuracy.floor(r, rms=rms if count == r.numel() else None)
     noise, source = (eager_error, "fp64") if eager_error is not None and math.isfinite(eager_error) else (fl, "floor")
     m = accuracy.multiplier(r.dtype, r.numel())
     return TAIL * 2 * (m * noise + fl), source, rms
