@@ -214,3 +214,15 @@ def test_a_rerun_of_some_models_replaces_their_rows_and_the_pages_list_it(tmp_pa
     other = {**zoo_table.rows_from_run(root), "models": [{**rows["tt"], "name": "gpt9"}]}
     with pytest.raises(SystemExit, match="gpt9: not in the earlier data"):
         zoo_table.merged(earlier, other)
+
+
+def test_a_partial_model_s_reason_is_what_ran_outside_its_graphs(tmp_path):
+    root = tmp_path / "hf-zoo"
+    (root / "m2m").mkdir(parents=True)
+    (root / "m2m" / "manifest.json").write_text(json.dumps({"capture": {"mode": "dynamo"}}))
+    (root / "run.json").write_text(json.dumps({"seconds": 1, "models": [
+        {"name": "m2m", "status": "partial", "stage": None, "error": None, "graphs": [], "checks": {},
+         "outside_graphs": ["training: outside the graphs ran aten.rand.default x4"]}]}))
+    (row,) = zoo_table.rows_from_run(root)["models"]
+    assert row["reason"] == ("partial: part of the model ran outside its graphs: training: outside the graphs ran "
+                             "aten.rand.default x4")

@@ -156,6 +156,14 @@ def read_run(root: Path) -> dict[str, Any]:
     return json.loads((root / "run.json").read_text())
 
 
+def _reason(m: dict[str, Any]) -> str:
+    """A model's row's reason: the stage and error it failed with; for a partial one (no stage,
+    no error: it passed), what ran outside its graphs."""
+    if m.get("error") is None and m.get("outside_graphs"):
+        return "partial: part of the model ran outside its graphs: " + "; ".join(m["outside_graphs"])[:110]
+    return f"{m['stage']}: {(m['error'] or '')[:140]}"
+
+
 def rows_from_run(root: Path) -> dict[str, Any]:
     """The zoo table's data: one row per model of the run in ROOT, and the run's totals (a run
     with dynamic dimensions: each row's dims fields too, see :func:`dims_row`)."""
@@ -174,7 +182,7 @@ def rows_from_run(root: Path) -> dict[str, Any]:
         row = {
             "name": m["name"], "mode": mode, "status": m["status"], "graphs": len(m["graphs"]),
             "passed": c.get("passed") if c else None, "skipped": c.get("skipped") if c else None,
-            "reason": "" if m["status"] == "ok" else f"{m['stage']}: {(m['error'] or '')[:140]}",
+            "reason": "" if m["status"] == "ok" else _reason(m),
         }
         if dynamic:
             row.update(dims_row(m, manifest))
