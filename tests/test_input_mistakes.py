@@ -107,9 +107,13 @@ class _Rescaling(nn.Module):
         return self.out(h if self.training else h * 2)
 
 
-def test_the_eager_try_leaves_weights_changed_in_place_and_attributes_as_they_were():
+def rescaling():
     torch.manual_seed(0)
-    model = _Rescaling().train()
+    return _Rescaling()
+
+
+def test_the_eager_try_leaves_weights_changed_in_place_and_attributes_as_they_were():
+    model = rescaling().train()
     weight, before = model.out.weight, model.out.weight.detach().clone()
     model.cache = "kept"
     assert input_problem(model, (torch.ones(3, 4),), {}, ["x"]) is None
@@ -124,38 +128,12 @@ def test_the_eager_try_leaves_weights_changed_in_place_and_attributes_as_they_we
 def test_a_model_that_rescales_its_weights_in_eval_captures_as_eager_runs(tmp_path):
     """The eager try before capture once left RWKV's weights rescaled and its flag set: the
     training graphs then differed from eager (gradients of the rescaled weights off by 1.8 RMS)."""
-    (tmp_path / "rescaling.py").write_text(textwrap.dedent('''
-        import torch
-        from torch import nn
-
-        class Rescaling(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.fc = nn.Linear(4, 4)
-                self.out = nn.Linear(4, 2)
-                self.rescaled = False
-
-            def forward(self, x):
-                if self.rescaled != (not self.training):
-                    with torch.no_grad():
-                        if self.training:
-                            self.out.weight.mul_(2)
-                        else:
-                            self.out.weight.div_(2)
-                    self.rescaled = not self.training
-                h = torch.relu(self.fc(x))
-                return self.out(h if self.training else h * 2)
-
-        def rescaling():
-            torch.manual_seed(0)
-            return Rescaling()
-        '''))
     result, out = run_yaml(tmp_path, textwrap.dedent("""\
         version: 1
         name: p
         defaults: {graphs: [inference, forward, backward, joint]}
         models:
-          - {name: rescaling, source: "rescaling:rescaling", inputs: [{shape: [3, 4]}]}
+          - {name: rescaling, source: "tests.test_input_mistakes:rescaling", inputs: [{shape: [3, 4]}]}
         """))
     assert result.exit_code == 0, result.output
 
