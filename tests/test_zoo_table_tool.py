@@ -226,3 +226,44 @@ def test_a_partial_model_s_reason_is_what_ran_outside_its_graphs(tmp_path):
     (row,) = zoo_table.rows_from_run(root)["models"]
     assert row["reason"] == ("partial: part of the model ran outside its graphs: training: outside the graphs ran "
                              "aten.rand.default x4")
+
+
+def test_an_earlier_run_under_another_definition_is_given_beside_this_one(tmp_path, monkeypatch):
+    earlier = zoo_table.rows_from_run(_dynamic_run(tmp_path / "a"))
+    now = zoo_table.rows_from_run(_dynamic_run(tmp_path / "b"))
+    data = zoo_table.with_before(now, earlier, "the zoo before the bounds (abc1234)")
+    ok = sum(1 for m in earlier["models"] if m["status"] == "ok")
+    assert data["before"] == {"label": "the zoo before the bounds (abc1234)", "seconds": earlier["seconds"],
+                              "models": len(earlier["models"]), "ok": ok}
+    said = f"Beside it, the zoo before the bounds (abc1234): {ok}/{len(earlier['models'])} ok in"
+    assert said in zoo_table.render(data) and "Beside it" not in zoo_table.render(now)
+    assert json.loads(zoo_table.dump(data)) == data
+    # from the command line: --before needs a label
+    saved = tmp_path / "earlier.json"
+    saved.write_text(zoo_table.dump(earlier))
+    monkeypatch.setattr(sys, "argv", ["zoo_table.py", str(tmp_path / "b" / "hf-zoo-dynamic"), "--before", str(saved)])
+    with pytest.raises(SystemExit):
+        zoo_table.main()
+
+
+def test_a_rerun_after_the_pipeline_changed_follows_its_members(tmp_path):
+    earlier = zoo_table.rows_from_run(_dynamic_run(tmp_path / "a"))  # bert, xlnet, tt
+    root = tmp_path / "b" / "hf-zoo-dynamic"
+    (root / "gpt9").mkdir(parents=True)
+    (root / "gpt9" / "manifest.json").write_text(json.dumps({"capture": {"mode": "export"},
+                                                             "dims": _dims(batch="dynamic", seq="dynamic")}))
+    (root / "run.json").write_text(json.dumps({"seconds": 3, "models": [
+        {"name": "gpt9", "status": "ok", "stage": None, "error": None, "graphs": ["a"], "checks": {"passed": 1}}]}))
+    rerun = zoo_table.rows_from_run(root)
+    data = zoo_table.merged(earlier, rerun, members=["gpt9", "bert", "tt"])
+    assert [m["name"] for m in data["models"]] == ["gpt9", "bert", "tt"]  # the pipeline's order
+    assert data["reruns"][-1]["added"] == ["gpt9"] and data["reruns"][-1]["dropped"] == ["xlnet"]
+    text = zoo_table.render(data)
+    assert "That run added gpt9, new in the pipeline." in text
+    assert "The pipeline no longer holds xlnet: their rows were dropped." in text
+    with pytest.raises(SystemExit, match="gpt9: not in the earlier data"):
+        zoo_table.merged(earlier, rerun)  # without the members, a rerun adds none
+    with pytest.raises(SystemExit, match=r"newbie: in the pipeline .* but in neither run"):
+        zoo_table.merged(earlier, rerun, members=["gpt9", "newbie"])
+    with pytest.raises(SystemExit, match="gpt9: not in the pipeline"):
+        zoo_table.merged(earlier, rerun, members=["bert"])

@@ -195,20 +195,52 @@ def rows_from_run(root: Path) -> dict[str, Any]:
             "models": rows}
 
 
-def merged(earlier: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
+def merged(earlier: dict[str, Any], rerun: dict[str, Any], members: list[str] | None = None) -> dict[str, Any]:
     """`rerun`'s rows (a run of some of a zoo's models: `aotpipe run --only ...`, after a fix
     say) in place of the same models' rows of the `earlier` saved data, in the earlier order.
     The earlier run's totals stay (its time is the whole zoo's); the rerun is listed under
     `reruns` (its models, seconds and note), which the pages print after the run's time. A
-    model the earlier data does not hold is an error: a rerun refreshes rows, it adds none."""
+    model the earlier data does not hold is an error: a rerun refreshes rows, it adds none.
+
+    With `members` (the names the zoo's pipeline holds now, after its definition changed),
+    the rows follow it instead: a model it gained comes from the rerun, a model it no longer
+    holds is dropped, and the rerun's entry lists both (`added`, `dropped`). A member with no
+    row in either is an error: run it too."""
     new = {m["name"]: m for m in rerun["models"]}
-    unknown = sorted(set(new) - {m["name"] for m in earlier["models"]})
+    old = {m["name"]: m for m in earlier["models"]}
+    if members is None:
+        order, where = [m["name"] for m in earlier["models"]], "not in the earlier data (--rerun-of)"
+    else:
+        order, where = members, "not in the pipeline (--members)"
+        missing = [n for n in members if n not in old and n not in new]
+        if missing:
+            raise SystemExit(f"zoo_table: {', '.join(missing)}: in the pipeline (--members) but in neither run; "
+                             "run them too (aotpipe run ... --only NAME)")
+    unknown = sorted(set(new) - set(order))
     if unknown:
-        raise SystemExit(f"zoo_table: {', '.join(unknown)}: not in the earlier data (--rerun-of); "
-                         "a rerun refreshes rows of the earlier run, it adds none")
-    rows = [new.get(m["name"], m) for m in earlier["models"]]
-    again = {"models": [m["name"] for m in rerun["models"]], "seconds": rerun["seconds"], "note": rerun["note"]}
+        raise SystemExit(f"zoo_table: {', '.join(unknown)}: {where}; a rerun refreshes rows of the earlier run"
+                         + (", it adds none" if members is None else ""))
+    rows = [new.get(n) or old[n] for n in order]
+    again: dict[str, Any] = {"models": [m["name"] for m in rerun["models"]], "seconds": rerun["seconds"],
+                             "note": rerun["note"]}
+    if members is not None:
+        again["added"] = [n for n in members if n not in old]
+        again["dropped"] = [n for n in old if n not in set(members)]
     return {**earlier, "reruns": [*earlier.get("reruns", []), again], "models": rows}
+
+
+def with_before(data: dict[str, Any], earlier: dict[str, Any], label: str) -> dict[str, Any]:
+    """`data` with an earlier run of the zoo under another definition summed up beside it
+    (`before`: its label, seconds, ok and model counts; the page prints it after the time)."""
+    before = {"label": label, "seconds": earlier["seconds"], "models": len(earlier["models"]),
+              "ok": sum(1 for m in earlier["models"] if m["status"] == "ok")}
+    return {**data, "before": before}
+
+
+def _before(data: dict[str, Any]) -> str:
+    b = data.get("before")
+    return (f" Beside it, {b['label']}: {b['ok']}/{b['models']} ok in {b['seconds']:,} s."
+            if b else "")
 
 
 def _reruns(data: dict[str, Any]) -> str:
@@ -218,6 +250,10 @@ def _reruns(data: dict[str, Any]) -> str:
         names = ", ".join(r["models"][:12]) + (f", ... ({len(r['models']) - 12} more)" if len(r["models"]) > 12 else "")
         out += (f" Then {len(r['models'])} of its models were run again and their rows replaced ({r['seconds']:,} s): "
                 f"{names}.")
+        if r.get("added"):
+            out += f" That run added {', '.join(r['added'])}, new in the pipeline."
+        if r.get("dropped"):
+            out += f" The pipeline no longer holds {', '.join(r['dropped'])}: their rows were dropped."
     return out
 
 
@@ -250,7 +286,7 @@ def render(data: dict[str, Any], failures_only: bool = False) -> str:
         f"**{len(ok)}/{len(models)} ok ({len(ok) / max(1, len(models)):.1%})**; of the ok ones "
         + ", ".join(f"{n} captured with {mode}" for mode, n in sorted(modes.items(), key=lambda kv: -kv[1]))
         + f". Checks of the ok models: {passed:,} passed, {skipped:,} skipped. "
-        f"The run took {data['seconds']:,} s{_kept(data)}.{_reruns(data)}",
+        f"The run took {data['seconds']:,} s{_kept(data)}.{_reruns(data)}{_before(data)}",
         "",
         "Failures by class (numbers, shapes and names taken out):",
         "",
@@ -342,13 +378,32 @@ def main() -> None:
     ap.add_argument("--failures-only", action="store_true")
     ap.add_argument("--save", type=Path, help="write the rows as JSON here (docs/data/hf-zoo.json, or "
                     "docs/data/hf-zoo-dynamic.json for a run of the dynamic zoo)")
+    ap.add_argument("--members", type=Path, metavar="PIPELINE_YAML",
+                    help="with --rerun-of, after the zoo's pipeline changed: the rows follow this pipeline's models "
+                         "(a model it gained comes from the rerun, one it dropped goes)")
+    ap.add_argument("--before", type=Path, metavar="SAVED_JSON",
+                    help="an earlier run of the zoo under another definition (saved rows): the page gives its "
+                         "time and ok count beside this run's (needs --before-label)")
+    ap.add_argument("--before-label", metavar="TEXT", help="what the --before run was, e.g. 'the zoo before "
+                    "the shrinker's bounds (commit 7934115)'")
     ap.add_argument("--rerun-of", type=Path, metavar="SAVED_JSON",
                     help="the run in ROOT reran some of the models of this saved data (aotpipe run --only ...): "
                          "its rows replace theirs, and the pages list the rerun after the run's time")
     a = ap.parse_args()
     data = rows_from_run(a.root)
+    if a.before and not a.before_label:
+        ap.error("--before needs --before-label: say what that run was")
+    if a.members and not a.rerun_of:
+        ap.error("--members goes with --rerun-of: it says which rows the merged data keeps")
     if a.rerun_of:
-        data = merged(json.loads(a.rerun_of.read_text()), data)
+        members = None
+        if a.members:
+            import yaml
+
+            members = [m["name"] for m in yaml.safe_load(a.members.read_text())["models"]]
+        data = merged(json.loads(a.rerun_of.read_text()), data, members)
+    if a.before:
+        data = with_before(data, json.loads(a.before.read_text()), a.before_label)
     if a.save:
         a.save.write_text(dump(data), encoding="utf-8")
     if any("dims" in m for m in data["models"]):
