@@ -51,9 +51,11 @@ KINDS = ["inference", "forward", "backward", "joint"]
 
 
 def llama70b_config(layers: int) -> dict[str, Any]:
+    # transformers 5 takes the rope base inside rope_parameters (a rope_theta key is refused
+    # as one LlamaConfig does not take)
     return dict(num_hidden_layers=layers, hidden_size=8192, num_attention_heads=64, num_key_value_heads=8,
-                intermediate_size=28672, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
-                use_cache=False)
+                intermediate_size=28672, vocab_size=128256, max_position_embeddings=8192,
+                rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, use_cache=False)
 
 
 def _spec(layers: int, tokens: int) -> Any:
