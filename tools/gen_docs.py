@@ -202,8 +202,13 @@ def limits_page() -> str:
 
 def _tool(name: str) -> Any:
     """tools/<name>.py, a tool beside this one (not a package module) that renders a page."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(getattr(loaded, "__file__", None) or "").resolve() == path:
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, path)
     tool = importlib.util.module_from_spec(spec)
+    sys.modules[name] = tool  # its dataclasses look their module up
     spec.loader.exec_module(tool)
     return tool
 
@@ -221,7 +226,22 @@ def hf_zoo_page() -> str:
                 "docs/data/hf-zoo.json` after a zoo run)"),
         "# The transformers zoo: every architecture (generated)", "",
         data.get("note", ""), "", "See [zoo.md](../zoo.md) for what the failures are.", "",
+        zoo_bounds(), "",
         _zoo_table().render(data)])
+
+
+def zoo_bounds() -> str:
+    """The shrinker's bounds and where the zoo's members stand, from tools/hf_zoo.py's eager
+    check cache (tools/hf_zoo_eager.json) and the pipeline it wrote."""
+    import yaml
+
+    hf_zoo = _tool("hf_zoo")
+    members = {m["name"] for m in yaml.safe_load((REPO / "pipelines" / "hf-zoo.yaml").read_text())["models"]}
+    results = [hf_zoo.enforce_bounds(r) for r in hf_zoo.load_cache(REPO / "tools" / "hf_zoo_eager.json").values()]
+    kept = [r for r in results if hf_zoo.safe_name(r.model_type) in members or r.status == "bound"]
+    summary = hf_zoo.bounds_summary(kept).replace("\n", "; ")
+    return (f"**The zoo's bounds** (tools/hf_zoo.py, from its eager check of pipelines/hf-zoo.yaml's "
+            f"{len(members)} members): {summary}.")
 
 
 DYNAMIC_ZOO_COMMANDS = """```

@@ -6,7 +6,11 @@ For each architecture transformers lists (one model class per ``model_type``), t
 1. builds the default config and *shrinks* it generically (layers -> 2, widths -> 64,
    feed-forward -> 128, vocabulary -> 1024, images -> 64x64, experts -> 4, recursively in
    sub-configs such as ``text_config`` / ``vision_config``), with model-specific
-   overrides only where no generic rule works (:data:`OVERRIDES`);
+   overrides only where no generic rule works (:data:`OVERRIDES`); then by what the model
+   built on the meta device shows (:func:`fit_bounds`: stacks of more than MAX_STACK blocks,
+   and what keeps it over PARAM_BOUND parameters) and by the lengths that size its inputs
+   (:func:`fit_input_lengths`); a model over PARAM_BOUND or the input bounds after that is
+   left out (status ``bound``);
 2. works out candidate example inputs from the model's main input name and ``forward``
    signature (``input_ids``, ``pixel_values``, ``input_features``, ``input_values``, ...);
 3. checks each candidate in eager, in a forked subprocess per architecture with a time
@@ -41,6 +45,7 @@ import argparse
 import hashlib
 import inspect
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -74,6 +79,20 @@ SEQ = 16            # text tokens
 DECODER_SEQ = 8     # decoder tokens of an encoder-decoder
 AUDIO_SAMPLES = 4000  # raw waveform samples (input_values)
 AUDIO_FRAMES = 64   # spectrogram frames (input_features)
+LENGTH = 64         # a config length that sizes an input (context, source positions, frames) over the bounds
+
+# Bounds every member of the zoo keeps; the tool enforces them (a model over one is not written
+# to the pipeline, and --report lists it with its figures). With every stack at LAYERS layers of
+# width WIDTH the members sit at 0.3M parameters (median); stage-based vision backbones and audio
+# codecs that keep their default channel widths at one block per stage reach 8M to 15M (resnet's
+# [256, 512, 1024, 2048], hgnet_v2, encodec). Past 16M a model kept a width, depth or vocabulary
+# the key rules did not know, and :func:`fit_bounds` finds it from the model itself.
+PARAM_BOUND = 16_000_000
+# The elements of one example input: a batch of two 64x64 RGB images is 24,576, of two 8-frame
+# clips of them 196,608; 2 x 12,000 x 80 spectrogram features (Speech2Text's full source length)
+# are not a shrunk input.
+INPUT_BOUND = 262_144
+INPUT_LENGTH_BOUND = 4_096  # any one dimension of an example input (4,000 raw audio samples fit)
 
 # Config attributes (names as stored on the config object) the rules act on.
 LAYER_KEYS = {
@@ -382,10 +401,19 @@ class _Shrinker:
             if "num_mel_bins" in attrs:
                 new["max_source_positions"] = AUDIO_FRAMES // 2
 
-        # nested sub-configs, recursively
+        # a network's depth multiplier (EfficientNet's depth_coefficient 3.1 makes ALIGN's vision
+        # tower 55 blocks; its width multiplier stays: the projection sizes are computed from it)
+        for k, v in attrs.items():
+            if isinstance(v, float) and v > 1.0 and "depth" in k and ("coefficient" in k or "multiplier" in k):
+                new[k] = 1.0
+
+        # nested sub-configs, recursively; a sub-config of a model_type with an override gets it
+        # too (nemotron_h's mamba sizes hold in Nemotron 3.5 Transcribe's text_config)
         for k, v in attrs.items():
             if _is_config(v):
                 sub = self.overrides(v)
+                sub.update({f: x for f, x in OVERRIDES.get(getattr(v, "model_type", ""), {}).get("config", {}).items()
+                            if "." not in f})
                 if sub:
                     new[k] = sub
         return new
@@ -442,6 +470,250 @@ def shrunk_config(config_cls: type, model_type: str, mrope_default: list[int] | 
 
     known = config_fields(config_cls)
     return out if known is None else {k: v for k, v in out.items() if k in known}
+
+
+# ---------------------------------------------------------------------------------------
+# bounds: what the key rules missed, found from the model itself
+
+# Fields the model-driven pass leaves alone: ids and indices (a value equal to a width by chance).
+NOT_A_SIZE = ("token_id", "token_index", "token_ids", "_id", "_idx", "index")
+# ... and, as a depth (a count of repeated blocks) or a base width that others are multiples of,
+# fields whose name says they are something else (RGB's 3 channels equal a 3-stage list's length).
+NOT_A_DEPTH = ("kernel", "patch", "channel", "head", "window", "stride", "size", "dim", "position", "length",
+               "rate", "ratio", "bins", "label", "group", "frames", "sample", "filter")
+# A base width: named like one, and not like the sizes above, a state, a chunk or a factor.
+BASE_WIDTH_WORDS = ("dim", "size", "channel", "filter", "width", "hidden", "embed")
+NOT_A_BASE_WIDTH = tuple(s for s in NOT_A_DEPTH if s not in ("size", "dim", "channel", "filter")) + (
+    "state", "chunk", "factor", "feature", "vocab")
+
+
+def _int_fields(cfg: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ...], int | None, int]]:
+    """(path, list index or None, value) of every int field of `cfg` and its sub-configs, and of
+    every int in a list field (per-stage widths and depths)."""
+    for k, v in _public(cfg).items():
+        if any(k.endswith(s) for s in NOT_A_SIZE):
+            continue
+        if isinstance(v, int) and not isinstance(v, bool):
+            yield (*path, k), None, v
+        elif isinstance(v, (list, tuple)) and v and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+            for i, x in enumerate(v):
+                yield (*path, k), i, x
+        elif _is_config(v):
+            yield from _int_fields(v, (*path, k))
+
+
+def _meta_model(model_cls: type, cfg: Any) -> Any:
+    """The model built on the meta device (no memory, no initialisation arithmetic)."""
+    import torch
+
+    with torch.device("meta"):
+        return model_cls(cfg)
+
+
+def _n_params(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _with_field(config: dict[str, Any], cfg: Any, path: tuple[str, ...], index: int | None,
+                value: Any) -> dict[str, Any]:
+    """A copy of the `config:` mapping with the field at `path` (element `index` of a list) set;
+    a sub-config the mapping does not hold yet is added as its differences from its defaults."""
+    import copy
+
+    out = copy.deepcopy(config)
+    cur, obj = out, cfg
+    for p in path[:-1]:
+        obj = getattr(obj, p)
+        if not isinstance(cur.get(p), dict):
+            cur[p] = _sub_config_dict(obj, {})
+        cur = cur[p]
+    leaf = path[-1]
+    if index is None:
+        cur[leaf] = value
+    else:
+        old = list(getattr(obj, leaf))
+        cur[leaf] = old[:index] + [value] + old[index + 1:]
+    return out
+
+
+def _target(name: str, value: int, depth: bool) -> int:
+    """What a field the pass changes becomes: a depth LAYERS, a vocabulary VOCAB, a feed-forward
+    size FFN, any other width WIDTH; a width or feed-forward size rounded up to keep the small
+    divisors the old value had (CvT's 384 wide stage has 6 heads: it becomes 96, not 64)."""
+    if depth:
+        return LAYERS
+    if "vocab" in name:
+        return VOCAB
+    target = FFN if any(s in name for s in ("inter", "ffn", "ff_", "mlp", "feedforward", "expansion")) else WIDTH
+    keep = math.gcd(value, 96)  # 96 = 2^5 * 3: head counts of 1, 2, 3, 4, 6, 8, 12, 16, 24, 32
+    return -(-target // keep) * keep
+
+
+def fit_bounds(model_cls: type, config_cls: type, config: dict[str, Any],
+               rounds: int = 12) -> tuple[dict[str, Any], list[str], int | None]:
+    """Shrink what the key rules missed: every repeated stack to LAYERS blocks, and the widths,
+    depths and vocabularies that hold the model over PARAM_BOUND parameters. Returns the config,
+    one note per change, and the parameter count (None when the model does not build on the meta
+    device; the eager check counts it then).
+
+    Built on the meta device, the model shows what is left large: a stack (an nn.ModuleList of
+    more than MAX_STACK blocks of one class: perceiver's 26 self-attention blocks, Nemotron
+    3.5's 52 layers named by a list of layer kinds) is cut in the fields that hold its length,
+    whatever the model's size; over the parameter bound, each dimension size over FFN and each
+    stack longer than LAYERS is weighed by the parameters it spans, and the heaviest one that
+    some field holds (a width or vocabulary under a key the rules do not know: XLM's emb_dim,
+    LUKE's entity_vocab_size; or a base width it is a power-of-two multiple of) is shrunk. Only
+    fields the key rules left at their defaults are changed. A change the model does not build
+    with, or that saves nothing, is undone and the next one tried."""
+    try:
+        n = _n_params(_meta_model(model_cls, config_cls(**config)))
+    except Exception:
+        return config, [], None
+    notes: list[str] = []
+    tried: set[tuple[str, int]] = set()
+    try:  # the fields as the class's defaults have them: the pass changes only those still there
+        default = {(p, i): x for p, i, x in _int_fields(config_cls())}
+        default_lists = {p: list(v) for p, v in _list_fields(config_cls())}
+    except Exception:
+        default, default_lists = {}, {}
+    for _ in range(rounds):
+        cfg = config_cls(**config)
+        model = _meta_model(model_cls, cfg)
+        weight = _weights(model, over=n > PARAM_BOUND)
+        if not weight:
+            break
+        fields = [(p, i, x) for p, i, x in _int_fields(cfg) if default.get((p, i), x) == x]
+        lists = [(p, v) for p, v in _list_fields(cfg) if default_lists.get(p, list(v)) == list(v)]
+        for (kind, v), _w in weight.most_common():
+            if (kind, v) in tried:
+                continue
+            tried.add((kind, v))
+            changes = _changes_for(kind, v, fields, lists)
+            if not changes:
+                continue
+            trial = config
+            for path, i, _old, new_value in changes:
+                trial = _with_field(trial, cfg, path, i, new_value)
+            try:
+                n_new = _n_params(_meta_model(model_cls, config_cls(**trial)))
+            except Exception:
+                continue
+            if n_new >= n:
+                continue
+            config, n = trial, n_new
+            notes.append(", ".join(f"{'.'.join(p)}{f'[{i}]' if i is not None else ''}: {_short(x)} -> {_short(y)}"
+                                   for p, i, x, y in changes)
+                         + f" ({'a depth' if kind == 'depth' else 'a width'} of {v})")
+            break
+        else:
+            break
+    return config, notes, n
+
+
+MAX_STACK = 8  # blocks of one class in one nn.ModuleList: past this, a depth the key rules missed
+
+
+def _weights(model: Any, over: bool) -> Counter:
+    """What to shrink, weighed by the parameters it spans: ("depth", L) for each stack of more
+    than MAX_STACK blocks of one class; and, when the model is `over` the parameter bound,
+    ("dim", d) for each dimension size over FFN and ("depth", L) for every stack over LAYERS."""
+    import torch
+
+    weight: Counter = Counter()
+    for m in model.modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) > LAYERS:
+            long = len(m) > MAX_STACK and len({type(c) for c in m}) == 1
+            if over or long:
+                weight[("depth", len(m))] += _n_params(m) + 1  # a stack without parameters still counts
+    if over:
+        for p in model.parameters():
+            for d in set(p.shape):
+                if d > FFN:
+                    weight[("dim", d)] += p.numel()
+    return weight
+
+
+def _short(v: Any) -> str:
+    """A value as a note shows it: a list by its length."""
+    return f"[{len(v)} entries]" if isinstance(v, list) and len(v) > 4 else str(v)
+
+
+def _list_fields(cfg: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ...], list[Any]]]:
+    """(path, value) of every non-empty list field of `cfg` and its sub-configs."""
+    for k, v in _public(cfg).items():
+        if isinstance(v, (list, tuple)) and v:
+            yield (*path, k), list(v)
+        elif _is_config(v):
+            yield from _list_fields(v, (*path, k))
+
+
+def _changes_for(kind: str, v: int, fields: list[tuple[tuple[str, ...], int | None, int]],
+                 lists: list[tuple[tuple[str, ...], list[Any]]]) -> list[tuple[tuple[str, ...], int | None, Any, Any]]:
+    """(path, index, old value, new value) of the fields (those the key rules left at their
+    defaults) that hold the size `v`. A depth: the ints equal to it named like a count, and the
+    lists of that length (one entry per layer, kept: the last LAYERS). A width: the fields equal
+    to it; where none is, those it is a power-of-two multiple of (a stage-doubling network's base
+    width: VibeVoice's tokenizer, 32 filters doubled six times), scaled by the factor that takes
+    `v` to WIDTH."""
+    if kind == "depth":
+        if v <= 4:  # a 3- or 4-stage network: its stage count is its shape, not a depth to cut
+            return []
+        counts = [(p, i, x, LAYERS) for p, i, x in fields if x == v and not any(s in p[-1] for s in NOT_A_DEPTH)]
+        per_layer = [(p, None, x, x[-LAYERS:]) for p, x in lists
+                     if len(x) == v and not any(s in p[-1] for s in NOT_A_DEPTH if s != "size")]
+        return counts + per_layer
+    equal = [(p, i, x, _target(p[-1], v, False)) for p, i, x in fields if x == v and _target(p[-1], v, False) < x]
+    if equal:
+        return equal
+    for k in range(1, 7):
+        base, new = v >> k, max(8, (v >> k) * WIDTH // v)
+        if v % (1 << k) or new >= base:
+            break
+        hits = [(p, i, x) for p, i, x in fields if x == base and any(s in p[-1] for s in BASE_WIDTH_WORDS)
+                and not any(s in p[-1] for s in NOT_A_BASE_WIDTH)]
+        if hits:
+            return [(p, i, x, new) for p, i, x in hits]
+    return []
+
+
+def _input_elements(inp: dict[str, Any]) -> int:
+    return math.prod(int(d) for d in inp["shape"])
+
+
+def input_over_bound(inputs: list[dict[str, Any]]) -> str:
+    """Why one of the example inputs is over the bounds ('' when none is)."""
+    for inp in inputs:
+        n = _input_elements(inp)
+        if n > INPUT_BOUND:
+            return f"{inp['name']}{list(inp['shape'])}: {n:,} elements (bound {INPUT_BOUND:,})"
+        if any(int(d) > INPUT_LENGTH_BOUND for d in inp["shape"][1:]):
+            return f"{inp['name']}{list(inp['shape'])}: a dimension over {INPUT_LENGTH_BOUND:,}"
+    return ""
+
+
+def fit_input_lengths(config: dict[str, Any], cfg: Any, inputs: list[dict[str, Any]]
+                      ) -> tuple[dict[str, Any], list[str]]:
+    """The config with each length that sizes an input over the bounds set to LENGTH: for the
+    input's dimensions, largest first, the fields equal to the dimension or to half of it (a
+    whisper-style encoder takes twice its source positions in frames). Timesfm 2.5's
+    context_length (16,384 steps), Speech2Text's max_source_positions (12,000 frames), the
+    audio spectrogram transformer's max_length (1,024 frames)."""
+    notes: list[str] = []
+    fields = list(_int_fields(cfg))
+    done: set[tuple[tuple[str, ...], int | None]] = set()
+    for inp in inputs:
+        if not input_over_bound([inp]):
+            continue
+        for d in sorted({int(x) for x in inp["shape"][1:]}, reverse=True):
+            hits = [(path, i, x) for path, i, x in fields if x > LENGTH and (x == d or 2 * x == d)]
+            if hits:
+                for path, i, x in hits:
+                    if (path, i) not in done:
+                        done.add((path, i))
+                        config = _with_field(config, cfg, path, i, LENGTH)
+                        notes.append(f"{'.'.join(path)}: {x} -> {LENGTH} (sizes {inp['name']}{list(inp['shape'])})")
+                break
+    return config, notes
 
 
 # ---------------------------------------------------------------------------------------
@@ -715,6 +987,7 @@ class Plan:
     source: str
     config: dict[str, Any]
     candidates: list[list[dict[str, Any]]]
+    notes: list[str] = field(default_factory=list)  # what fit_bounds / fit_input_lengths changed
 
 
 @dataclass
@@ -724,13 +997,34 @@ class Result:
     model_type: str
     class_name: str
     key: str                       # digest of what was checked; a changed plan is re-checked
-    status: str                    # ok | skip | plan | build | eager | timeout | crash
+    status: str                    # ok | bound | skip | plan | build | eager | timeout | crash
     reason: str = ""               # one line; empty when ok
     config: dict[str, Any] | None = None
     inputs: list[dict[str, Any]] | None = None  # the candidate that passed
     params: int | None = None
     seconds: float = 0.0
     tried: list[str] = field(default_factory=list)  # one line per failed candidate
+    notes: list[str] = field(default_factory=list)  # fields the bounds pass changed (Plan.notes)
+
+
+def bound_problem(params: int | None, inputs: list[dict[str, Any]] | None) -> str:
+    """Why a checked model is over the zoo's bounds ('' when it is within them)."""
+    if params is not None and params > PARAM_BOUND:
+        return f"{params:,} parameters (bound {PARAM_BOUND:,})"
+    over = input_over_bound(inputs or [])
+    return f"example input {over}" if over else ""
+
+
+def enforce_bounds(r: Result) -> Result:
+    """`r`, or where it passed eager over a bound, the same result with status 'bound' (not
+    written to the pipeline; --report lists it)."""
+    problem = bound_problem(r.params, r.inputs) if r.status == "ok" else ""
+    if not problem:
+        return r
+    return Result(**{**asdict(r), "status": "bound", "reason": OVER_BOUNDS + problem})
+
+
+OVER_BOUNDS = "over the zoo's bounds: "
 
 
 def _line(e: BaseException) -> str:
@@ -787,10 +1081,21 @@ def make_plan(arch: Arch) -> tuple[Plan, Any]:
     model_cls = getattr(transformers, arch.class_name)
     config_cls = CONFIG_MAPPING[arch.model_type]
     config = shrunk_config(config_cls, arch.model_type, _mrope_default(model_cls))
+    config, notes, _ = fit_bounds(model_cls, config_cls, config)
     cfg_obj = config_cls(**config)
     over = OVERRIDES.get(arch.model_type, {})
-    cands = [over["inputs"]] if "inputs" in over else candidate_inputs(model_cls, cfg_obj)
-    return Plan(arch.model_type, safe_name(arch.model_type), f"hf:{arch.class_name}", config, cands), cfg_obj
+    if "inputs" in over:
+        cands = [over["inputs"]]
+    else:
+        cands = candidate_inputs(model_cls, cfg_obj)
+        if any(input_over_bound(c) for c in cands):
+            config, more = fit_input_lengths(config, cfg_obj, [i for c in cands if input_over_bound(c) for i in c])
+            if more:
+                notes += more
+                cfg_obj = config_cls(**config)
+                cands = candidate_inputs(model_cls, cfg_obj)
+    plan = Plan(arch.model_type, safe_name(arch.model_type), f"hf:{arch.class_name}", config, cands, notes)
+    return plan, cfg_obj
 
 
 def _pipeline_yaml(name: str, entries: list[dict[str, Any]], header: str = "",
@@ -902,8 +1207,10 @@ def plan_key(arch: Arch, plan: Plan | None) -> str:
     import torch
     import transformers
 
-    blob = json.dumps([arch.model_type, arch.class_name, transformers.__version__, torch.__version__,
-                       asdict(plan) if plan else None], sort_keys=True, default=str)
+    # notes only say what the config (in the key) holds
+    what = {k: v for k, v in asdict(plan).items() if k != "notes"} if plan else None
+    blob = json.dumps([arch.model_type, arch.class_name, transformers.__version__, torch.__version__, what],
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -943,9 +1250,9 @@ def check(arch: Arch, plan: Plan, timeout: float, mem_gb: float) -> Result:
                       plan.candidates[0] if plan.candidates else None, seconds=seconds)
     if msg is None:
         msg = {"status": "crash", "reason": died}
-    return Result(arch.model_type, arch.class_name, key, msg["status"], msg.get("reason", ""), plan.config,
-                  msg.get("inputs") or (plan.candidates[0] if plan.candidates else None), msg.get("params"),
-                  seconds, msg.get("tried", []))
+    return enforce_bounds(Result(arch.model_type, arch.class_name, key, msg["status"], msg.get("reason", ""),
+                                 plan.config, msg.get("inputs") or (plan.candidates[0] if plan.candidates else None),
+                                 msg.get("params"), seconds, msg.get("tried", []), plan.notes))
 
 
 @dataclass
@@ -1090,7 +1397,27 @@ def report(results: list[Result], listed: int) -> str:
             groups[cause(r)].append(r.model_type)
     for c, types in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         lines.append(f"{len(types):4d}  {c}\n      e.g. {', '.join(types[:6])}")
-    return "\n".join(lines)
+    return "\n".join([lines[0], bounds_summary(results), *lines[1:]])
+
+
+def bounds_summary(results: list[Result]) -> str:
+    """The zoo's bounds and where its members stand: the largest member by parameters and by
+    example input, and the models left out for being over a bound."""
+    ok = [r for r in results if r.status == "ok"]
+    by_params = max(ok, key=lambda r: r.params or 0, default=None)
+    by_input = max(ok, key=lambda r: max((_input_elements(i) for i in r.inputs or []), default=0), default=None)
+    out = []
+    if by_params is not None and by_input is not None:
+        big = max(by_input.inputs or [], key=_input_elements)
+        out.append(f"largest member: {by_params.params or 0:,} parameters ({by_params.model_type}; bound "
+                   f"{PARAM_BOUND:,}); largest example input: {_input_elements(big):,} elements "
+                   f"({by_input.model_type} {big['name']}{list(big['shape'])}; bound {INPUT_BOUND:,}, and "
+                   f"{INPUT_LENGTH_BOUND:,} along any dimension but the batch)")
+    over = [r for r in results if r.status == "bound"]
+    if over:
+        out.append("over a bound, not in the zoo: " + "; ".join(
+            f"{r.model_type}: {r.reason.removeprefix(OVER_BOUNDS)}" for r in over))
+    return "\n".join(out)
 
 
 def write_pipeline(path: Path, results: list[Result], name: str) -> int:
@@ -1260,14 +1587,17 @@ def main(argv: list[str] | None = None) -> int:
         cached = cache.get(arch.model_type)
         if a.no_check:
             if cached:
-                results.append(cached)
+                results.append(enforce_bounds(cached))
             continue
         plan, r = plan_or_result(arch)
         if plan is not None:
             key = plan_key(arch, plan)
             fresh = not a.recheck and not (a.recheck_failed and cached and cached.status != "ok")
             if cached and fresh and cached.key == key:
-                results.append(cached)
+                if cached.notes != plan.notes:  # said otherwise since (the key holds the config only)
+                    cached.notes = plan.notes
+                    save_cache(a.cache, cache)
+                results.append(enforce_bounds(cached))
                 continue
             r = check(arch, plan, a.timeout, a.mem_gb)
         assert r is not None
