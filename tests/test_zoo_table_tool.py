@@ -190,14 +190,20 @@ def test_a_run_that_kept_models_from_an_earlier_one_says_its_time_is_not_theirs(
     assert f"s (2 of its {len(data['models'])} models kept from an earlier run: their time is not in it)." in text
 
 
+def _one_model_run(root: Path, name: str, seconds: int) -> Path:
+    """A dynamic zoo's output folder after `aotpipe run --only NAME`: the model dynamic ok."""
+    folder = root / "hf-zoo-dynamic"
+    (folder / name).mkdir(parents=True)
+    (folder / name / "manifest.json").write_text(json.dumps({"capture": {"mode": "export"},
+                                                             "dims": _dims(batch="dynamic", seq="dynamic")}))
+    (folder / "run.json").write_text(json.dumps({"seconds": seconds, "models": [
+        {"name": name, "status": "ok", "stage": None, "error": None, "graphs": ["a"], "checks": {"passed": 1}}]}))
+    return folder
+
+
 def test_a_rerun_of_some_models_replaces_their_rows_and_the_pages_list_it(tmp_path):
     earlier = zoo_table.rows_from_run(_dynamic_run(tmp_path / "a"))
-    root = tmp_path / "b" / "hf-zoo-dynamic"
-    (root / "tt").mkdir(parents=True)
-    (root / "tt" / "manifest.json").write_text(json.dumps({"capture": {"mode": "export"},
-                                                           "dims": _dims(batch="dynamic", seq="dynamic")}))
-    (root / "run.json").write_text(json.dumps({"seconds": 5, "models": [
-        {"name": "tt", "status": "ok", "stage": None, "error": None, "graphs": ["a"], "checks": {"passed": 1}}]}))
+    root = _one_model_run(tmp_path / "b", "tt", seconds=5)
     data = zoo_table.merged(earlier, zoo_table.rows_from_run(root))
     assert [m["name"] for m in data["models"]] == ["bert", "xlnet", "tt"]  # the earlier order
     rows = {m["name"]: m for m in data["models"]}
@@ -248,13 +254,7 @@ def test_an_earlier_run_under_another_definition_is_given_beside_this_one(tmp_pa
 
 def test_a_rerun_after_the_pipeline_changed_follows_its_members(tmp_path):
     earlier = zoo_table.rows_from_run(_dynamic_run(tmp_path / "a"))  # bert, xlnet, tt
-    root = tmp_path / "b" / "hf-zoo-dynamic"
-    (root / "gpt9").mkdir(parents=True)
-    (root / "gpt9" / "manifest.json").write_text(json.dumps({"capture": {"mode": "export"},
-                                                             "dims": _dims(batch="dynamic", seq="dynamic")}))
-    (root / "run.json").write_text(json.dumps({"seconds": 3, "models": [
-        {"name": "gpt9", "status": "ok", "stage": None, "error": None, "graphs": ["a"], "checks": {"passed": 1}}]}))
-    rerun = zoo_table.rows_from_run(root)
+    rerun = zoo_table.rows_from_run(_one_model_run(tmp_path / "b", "gpt9", seconds=3))
     data = zoo_table.merged(earlier, rerun, members=["gpt9", "bert", "tt"])
     assert [m["name"] for m in data["models"]] == ["gpt9", "bert", "tt"]  # the pipeline's order
     assert data["reruns"][-1]["added"] == ["gpt9"] and data["reruns"][-1]["dropped"] == ["xlnet"]
