@@ -2,7 +2,7 @@
 
 A profiler misleads here: cProfile's per-call overhead inflates torch's fake-tensor
 dispatch (deep Python call stacks per op) about five times more than the rest, so its
-shares put the checks' fake-tensor precheck at 12% of a job where timers measure 9%. This
+shares put the checks' fake-tensor precheck at 12% of a job where timers measured 9%. This
 script wraps a few functions with CPU timers (``time.process_time``) and runs
 ``run_model`` on each model, as a worker does (the model's module imported and the model
 built before the clock starts; a first model run before any is timed, so that torch's lazy
@@ -14,7 +14,7 @@ imports are not charged to the first), in this process:
 Parts (CPU seconds; nested parts are inside their parents, so the shares do not add up to
 100%): the two torch.export traces, the inference decomposition, AOTAutograd's joint and
 partition, the eager model's runs (float32, float64 and nudged noise samples), the written
-graphs' runs and, inside them, the fake-tensor precheck of each before it runs, rebuilding graphs
+graphs' runs and, inside them, the precheck of each before it runs (meta, then fake tensors), rebuilding graphs
 from graph.json, rendering and compiling graphs' Python code (anywhere, torch's own included),
 module.py's text. With ``--meta-layers N``: the same for mode meta's Llama-3-70B-size config
 at N layers (benchmarks/meta_bench.py's model) instead of the pipeline's models.
@@ -69,7 +69,7 @@ PARTS = [  # (module, attribute, label), in the order the table lists them
     ("aotpipe.capture.export", "_training_graphs", "training graphs (AOTAutograd joint, partition)"),
     ("aotpipe.models.eager.EagerReference", "_run", "checks: eager model runs (float32, float64, nudged)"),
     ("aotpipe.checks.written", "run_with_summaries", "checks: written graphs run (per-node summaries)"),
-    ("aotpipe.artifact.precheck", "check_graph", "checks: fake-tensor precheck of written graphs"),
+    ("aotpipe.artifact.precheck", "check_graph", "checks: precheck of written graphs (meta, fake)"),
     ("aotpipe.artifact.graph_json", "_graph_from_json", "checks: graphs rebuilt from graph.json"),
     ("aotpipe.artifact.codegen", "module_source", "writer: module.py text"),
     ("aotpipe.artifact.graph_json", "graph_to_json", "writer: graph.json records"),
