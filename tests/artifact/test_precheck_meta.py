@@ -35,6 +35,14 @@ class Graph:
         return torch.fx.GraphModule(torch.nn.Module(), self.g)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_device_args():
+    """Each test reads ops' schemas afresh, not what an earlier one left in the cache."""
+    precheck._DEVICE_ARGS.clear()
+    yield
+    precheck._DEVICE_ARGS.clear()
+
+
 def _passes(monkeypatch):
     """The passes check_graph runs, in order: "meta" or "fake"."""
     seen = []
@@ -113,6 +121,21 @@ def test_each_device_argument_is_made_meta_and_the_value_is_meta():
             assert env[node].device.type == "meta", node
         elif node.op == "placeholder":
             env[node] = torch.empty(3, device="meta")
+
+
+@pytest.mark.parametrize("op", [aten.lstm.data, aten.gru.data, aten.rnn_tanh.data, aten.bincount.default,
+                                aten.slice_inverse.default, aten._pack_padded_sequence.default, aten.nonzero.default])
+def test_the_meta_pass_does_not_take_an_op_whose_sizes_or_checks_are_the_fake_pass_s(op):
+    g = Graph("x")
+    assert not precheck._meta_takes(g.op(op, g.inputs[0]))
+    assert precheck._meta_takes(g.op(aten.index.Tensor, g.inputs[0], [g.inputs[0]]))  # a mask or not: at the node
+
+
+@pytest.mark.parametrize("op,names", [(aten.full.default, ("device",)), (aten.arange.start_step, ("device",)),
+                                      (aten._to_copy.default, ("device",)), (aten.add.Tensor, ()),
+                                      (torch.ops.rngprims.philox_rand.default, None)])
+def test_an_op_s_device_arguments_are_read_from_its_schema(op, names):
+    assert precheck._device_args(op) == names
 
 
 def test_an_op_that_may_take_its_device_by_position_is_left_to_fake_tensors():
@@ -311,16 +334,21 @@ def test_a_composite_decomposes_through_torch_s_python_decomposition_on_meta():
     (aten.convolution.default, (torch.empty(1, 3, 4), torch.empty(2, 3, 1), torch.empty(3), [1], [0], [1], False, [0], 1),
      "expected bias to be 1-dimensional with 2 elements"),
     (aten.convolution.default, (torch.empty(1, 3, 4), torch.empty(2, 3, 1), torch.empty(2), [1], [0], [1], False, [0], 1), None),
+    (aten.convolution.default, (torch.empty(1, 3, 4), torch.empty(2, 3, 1), torch.empty(2), [1], [0], [1], False, [0],
+                                {"groups": 1}), None),
     (aten.convolution_backward.default, (torch.empty(1, 2, 4), torch.empty(1, 3, 4), torch.empty(2, 3, 1), [2], [1],
                                          [0], [1], False, [0], 1, [True, True, True]), None),
-], ids=["transposed channels", "dtypes", "backward channels", "bias", "forward ok", "backward ok"])
+], ids=["transposed channels", "dtypes", "backward channels", "bias", "forward ok", "forward ok by keyword",
+      "backward ok"])
 def test_a_convolution_on_meta_runs_torch_s_argument_checks_first(op, args, error):
+    kwargs = args[-1] if isinstance(args[-1], dict) else {}
+    args = args[:-1] if kwargs else args
     g = Graph("x")
-    node = g.op(op, *args)
+    node = g.op(op, *args, **kwargs)
     meta_args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
     if error:
         with pytest.raises(RuntimeError, match=error):
-            precheck._call_on_meta(node, meta_args, {}, CPU)
+            precheck._call_on_meta(node, meta_args, kwargs, CPU)
     else:
-        out = precheck._call_on_meta(node, meta_args, {}, CPU)
+        out = precheck._call_on_meta(node, meta_args, kwargs, CPU)
         assert all(t.device.type == "meta" for t in precheck._tensors(out))
