@@ -408,6 +408,8 @@ def main() -> int:
             results.update(saved)
         results["commands"] = commands
         with tee_page(a.markdown, "zoo_speed_bench", preformatted=True):
+            print("results of runs made apart, merged (later ones win): each `measured by` line is one run, of its own "
+                  "commit and day; the header's are the merge's")
             print(report(results, zoo_size, results.get("before")))
         return 0
     if a.zoo_run:

@@ -59,7 +59,10 @@ def test_saved_results_make_the_page_without_measuring(tmp_path, capsys, monkeyp
     saved.write_text(json.dumps(_results(100.0, 80.0, 90.0, 1.5)))
     monkeypatch.setattr(sys, "argv", ["zoo_speed_bench.py", "--results", str(saved)])
     assert bench.main() == 0
-    assert "2 workers / 1 worker (measured)      x1.25" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 workers / 1 worker (measured)      x1.25" in out
+    # the page says its figures come from runs made apart, not from the header's commit and day
+    assert out.startswith("results of runs made apart, merged (later ones win): each `measured by` line is one run")
 
 
 def _zoo_run_json(folder, seconds, statuses, shards=None):
