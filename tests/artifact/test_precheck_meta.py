@@ -324,6 +324,7 @@ def test_a_composite_decomposes_through_torch_s_python_decomposition_on_meta():
                        cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0 and r.stdout.strip() == "raised IndexError", (r.returncode, r.stderr[-2000:])
 
+
 @pytest.mark.parametrize("op,args,error", [
     (aten.convolution.default, (torch.empty(1, 3, 4), torch.empty(1, 1, 1), None, [1], [0], [1], True, [0], 1),
      "expected input.1, 3, 4. to have 1 channels, but got 3"),
