@@ -9,7 +9,8 @@ the rounds' ratios, so a busy machine slows all three alike. Also the pass rate 
 (run.json) and each step graph's size.
 
     python benchmarks/train_step_bench.py [ARTIFACT_ROOT ...] [--markdown [FILE]]
-    # default: pipelines/quickstart-train.yaml and pipelines/zoo-hf-train.yaml, run first
+    # default: pipelines/quickstart-train.yaml, zoo-hf-train.yaml and zoo-hf-train-bf16.yaml (mixed
+    # precision: the eager step runs under the same autocast), run first
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def bench_model(folder: Path) -> dict | None:
         e, g, i = _seconds(eager), _seconds(graph), _seconds(inductor)
         rounds.append((e, g, i))
     return {
-        "model": art.name, "optimizer": spec.info.cls, "nodes": len(ga.module.graph.nodes),
+        "model": art.name, "optimizer": spec.info.cls + (f", autocast {spec.autocast}" if spec.autocast else ""),
+        "mixed": spec.autocast is not None, "nodes": len(ga.module.graph.nodes),
         "eager_ms": statistics.median(r[0] for r in rounds) * 1e3,
         "graph_ms": statistics.median(r[1] for r in rounds) * 1e3,
         "inductor_ms": statistics.median(r[2] for r in rounds) * 1e3,
@@ -121,11 +123,13 @@ def main(roots: list[Path]) -> None:
         print(f"| {r['model']} | {r['optimizer']} | {r['nodes']} | {r['eager_ms']:.2f} | {r['graph_ms']:.2f} "
               f"| {r['graph_vs_eager']:.2f}x | {r['inductor_ms']:.2f} | {r['inductor_vs_eager']:.2f}x "
               f"| {r['compile_s']:.1f} |")
-    if rows:
-        geo = lambda k: statistics.geometric_mean(r[k] for r in rows)  # noqa: E731
-        print(f"\ngeometric mean over {len(rows)} steps: eager / graph {geo('graph_vs_eager'):.2f}x, "
-              f"eager / inductor {geo('inductor_vs_eager'):.2f}x (CPU time, one thread, median of {ROUNDS} "
-              "interleaved rounds' ratios)")
+    for label, kept in (("float32", [r for r in rows if not r["mixed"]]),
+                        ("mixed-precision (autocast)", [r for r in rows if r["mixed"]])):
+        if kept:
+            geo = lambda k: statistics.geometric_mean(r[k] for r in kept)  # noqa: E731, B023
+            print(f"\ngeometric mean over {len(kept)} {label} steps: eager / graph {geo('graph_vs_eager'):.2f}x, "
+                  f"eager / inductor {geo('inductor_vs_eager'):.2f}x (CPU time, one thread, median of {ROUNDS} "
+                  "interleaved rounds' ratios)")
 
 
 if __name__ == "__main__":
@@ -138,6 +142,6 @@ if __name__ == "__main__":
             from aotpipe.pipeline.runner import run_pipeline
 
             with tempfile.TemporaryDirectory() as tmp:
-                for name in ("quickstart-train", "zoo-hf-train"):
+                for name in ("quickstart-train", "zoo-hf-train", "zoo-hf-train-bf16"):
                     run_pipeline(load_pipeline(REPO / "pipelines" / f"{name}.yaml"), output=tmp, progress=False)
                 main([Path(tmp)])

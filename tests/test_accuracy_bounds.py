@@ -402,3 +402,17 @@ def test_exact_equality_of_complex_values_takes_both_parts_nan_included():
     assert not accuracy.exact_equal(a, torch.tensor([complex(NAN, 2.0), 2 + 0j], dtype=torch.complex64))
     assert not accuracy.exact_equal(a, torch.tensor([complex(1.0, 1.0), 2 + 0j], dtype=torch.complex64))
     assert accuracy.exact_equal(a.conj(), a.conj().resolve_conj())
+
+
+def test_the_mixed_rule_takes_the_half_type_multiplier_and_keeps_float32_floor():
+    torch.manual_seed(0)
+    ref = torch.randn(10_000, dtype=torch.float64)
+    noise = torch.randn(10_000, dtype=torch.float64)
+    eager = (ref + 1e-3 * noise).float()  # eager's own error: 1e-3 RMS
+    graph = (ref + 2.5e-3 * torch.randn(10_000, dtype=torch.float64)).float()  # 2.5x eager's
+    plain = accuracy.compare(graph, eager, ref, what="v")
+    mixed = accuracy.compare(graph, eager, ref, what="v", computed_in=torch.bfloat16)
+    assert not plain.passed and mixed.passed  # 2x for float32 math; 3x for bfloat16 math
+    worse = (ref + 3.5e-3 * torch.randn(10_000, dtype=torch.float64)).float()
+    assert not accuracy.compare(worse, eager, ref, what="v", computed_in=torch.bfloat16).passed
+    assert mixed.bound == pytest.approx(3 * mixed.eager_error + accuracy.floor(eager), rel=1e-6)

@@ -82,7 +82,7 @@ def _problems(text: str):
     ("{name: adam, betas: [0.9]}", "adam's betas takes a pair of numbers"),
     ("{name: adam, betas: [true, 0.9]}", "adam's betas takes a pair of numbers, not [True, 0.9]"),
     ("{name: sgd, nesterov: 1}", "sgd's nesterov takes true or false, not 1"),
-    ("{name: adamw, fused: true}", "adamw takes no fused here: aotpipe's loader refuses the fused optimizer kernels"),
+    ("{name: adamw, fused: true}", "adamw takes no fused here: torch 2.13 cannot trace the fused kernels"),
     ("{name: adam, capturable: true}", "adam takes no capturable here"),
     ("{name: adamw, clip_grad_norm: 0}", "greater than 0"),
     ("{name: adamw, warmup_steps: 0}", "greater than or equal to 1"),
@@ -94,6 +94,11 @@ def _problems(text: str):
     ("{name: sgd, scheduler: {name: multistep, milestones: [1, 2.5]}}", "takes a list of whole numbers"),
     ("{name: adamw, foreach: true, scheduler: {name: step, step_size: 2}}",
      "adamw with foreach: true takes no scheduler here"),
+    ("{name: adamw, autocast: float16}", "autocast 'float16' is not taken: float16 training needs a gradient "
+                                         "scaler (torch.amp.GradScaler)"),
+    ("{name: adamw, autocast: bf16}", "autocast 'bf16' is not taken; choose one of bfloat16, or leave autocast out"),
+    ("{name: adamw, autocast: true}", "autocast True is not taken; choose one of bfloat16"),
+    ("{name: adamw, beta2: 0.9}", "(and aotpipe's clip_grad_norm, warmup_steps, scheduler, autocast)"),
 ])
 def test_a_bad_optimizer_is_one_line_naming_its_line_and_the_choices(optimizer, field_says):
     text = GOOD.replace("{name: adamw, lr: 1.0e-3}", optimizer)
@@ -128,6 +133,14 @@ def test_the_default_graphs_leave_train_step_out_and_the_optimizer_off_the_finge
     stepped = parse_pipeline(GOOD, check_sources=False).models[0]
     assert stepped.to_json()["optimizer"] == {"name": "adamw", "args": {"lr": 1e-3}, "clip_grad_norm": None,
                                                "warmup_steps": 1}
+
+
+def test_autocast_is_on_the_fingerprint_only_where_it_is_asked_and_described():
+    mixed = parse_pipeline(GOOD.replace("{name: adamw, lr: 1.0e-3}", "{name: adamw, lr: 1.0e-3, autocast: bfloat16}"),
+                           check_sources=False).models[0]
+    assert mixed.optimizer.autocast == "bfloat16" and mixed.to_json()["optimizer"]["autocast"] == "bfloat16"
+    assert "autocast" not in parse_pipeline(GOOD, check_sources=False).models[0].to_json()["optimizer"]
+    assert mixed.optimizer.describe() == "AdamW(lr=0.001), under autocast bfloat16, after 1 eager step(s)"
 
 
 def test_a_model_optimizer_replaces_the_defaults_whole():

@@ -1043,8 +1043,9 @@ def capture_auto(
     loss: str = DEFAULT_LOSS,
     export: Callable[..., CapturedGraphs] | None = None,
     dynamic: DynamicDims | None = None,
+    step_autocast: str | None = None,
 ) -> CapturedGraphs:
-    """capture_export (differentiating `loss`), or where its tracing fails, capture_dynamo (which
+    """capture_export (differentiating `loss`; `step_autocast` passed on: a train_step's joint), or where its tracing fails, capture_dynamo (which
     has no loss: a tangent per output); where the model itself raises on its inputs, or a config
     hint applies (capture/hints.py), export's error alone; the capture says why it fell back (CapturedGraphs.fallback,
     a note, the manifest's capture.fallback). `export`: the export capture to try first (the
@@ -1053,7 +1054,8 @@ def capture_auto(
     try:
         with _torch_logs_quiet():  # export's failure is expected here: its own logs are noise
             return export(model, args, kwargs, name=name, graphs=graphs, input_names=input_names,
-                          int_ranges=int_ranges, loss=loss, **({"dynamic": dynamic} if dynamic is not None else {}))
+                          int_ranges=int_ranges, loss=loss, **({"dynamic": dynamic} if dynamic is not None else {}),
+                          **({"step_autocast": step_autocast} if step_autocast is not None else {}))
     except Exception as e:  # export's failure: dynamo may still capture the model, if tracing failed
         if isinstance(e, CaptureError) and str(e).startswith("dims: "):
             raise  # a range the model cannot take: its one line says what to change (dynamo's capture is static)

@@ -66,6 +66,7 @@ from aotpipe.format.source_files import relative_file
 from aotpipe.format.vocabulary import GRAPH_KINDS, TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import NoLossError, model_loss
 from aotpipe.models.sources import user_input_names
+from aotpipe.models.train_step import autocast_device
 from aotpipe.runtime.determinism import derived_seed, op_draws_random
 from aotpipe.runtime.tensors import ones, value_range
 from aotpipe.spec.modes import DEFAULT_LOSS, EXPORT_OPTIONS, DynamicDims
@@ -279,10 +280,12 @@ def _capture(
     int_ranges: dict[str, tuple[int, int]] | None = None,
     loss: str = DEFAULT_LOSS,
     dynamic: DynamicDims | None = None,
+    step_autocast: str | None = None,
 ) -> CapturedGraphs:
     """Trace `model` on the example inputs into the requested graph kinds; the training
     graphs differentiate `loss` (eager.model_loss) of its outputs. With `dynamic`, the sizes it
-    names stay symbolic in every graph (capture/dynamic.py)."""
+    names stay symbolic in every graph (capture/dynamic.py). With `step_autocast` (a dtype's
+    name), also the joint a train_step is built from, traced under torch.autocast in it."""
     start = time.perf_counter()
     int_ranges = dict(int_ranges or {})
     user_names = user_input_names(args, kwargs, input_names)
@@ -305,7 +308,9 @@ def _capture(
         if origins is not None:
             origins.aliases = dynamic_capture.positional_names(model, len(args), user_names)
         captured, contract, constants = _capture_graphs(model, args, kwargs, graphs, user_names, user_values,
-                                                        int_ranges, notes, loss, shapes, dynamic, origins)
+                                                        int_ranges, notes, loss, shapes, dynamic, origins,
+                                                        step_autocast)
+    step_joint = captured.pop(STEP_JOINT, None)
     dims_report: list[str] = []
     if dynamic is not None:
         _note_reshaped_views(captured, notes)
@@ -334,16 +339,18 @@ def _capture(
         constants=constants,
         user_inputs=user_names,
         dims_report=dims_report,
+        step_joint=step_joint,
     )
 
 
 def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: list[str], user_names: list[str],
                     user_values: list[Any], int_ranges: dict[str, tuple[int, int]], notes: list[str],
                     loss: str, shapes: Any = None, dynamic: DynamicDims | None = None,
-                    origins: dynamic_capture.GuardOrigins | None = None,
+                    origins: dynamic_capture.GuardOrigins | None = None, step_autocast: str | None = None,
                     ) -> tuple[dict[str, CapturedGraph], Partition | None, dict[str, torch.Tensor]]:
-    """The graphs `_capture` asks for, the partition contract (None without training graphs)
-    and the constants the graphs lift."""
+    """The graphs `_capture` asks for (and under key STEP_JOINT, with `step_autocast`, the
+    joint under autocast), the partition contract (None without training graphs) and the
+    constants the graphs lift."""
 
     def hinted() -> tuple[Any, list[str]]:
         assert dynamic is not None
@@ -384,8 +391,27 @@ def _capture_graphs(model: torch.nn.Module, args: tuple, kwargs: dict, graphs: l
         for kind, g in (("joint", joint), ("forward", fw), ("backward", bw)):
             if kind in graphs:
                 captured[kind] = g
+        if step_autocast is not None:
+            captured[STEP_JOINT] = _autocast_joint(ep_train, args, kwargs, user_names, int_ranges, state, constants,
+                                                   loss, step_autocast)
         model.eval()
     return captured, contract, constants
+
+
+# _capture_graphs' key for a train_step's joint under autocast (CapturedGraphs.step_joint).
+STEP_JOINT = "step_joint"
+
+
+def _autocast_joint(ep: torch.export.ExportedProgram, args: tuple, kwargs: dict, user_names: list[str],
+                    int_ranges: dict[str, tuple[int, int]], state: dict[str, torch.Tensor],
+                    constants: dict[str, torch.Tensor], loss: str, dtype: str) -> CapturedGraph:
+    """The joint graph of the training program `ep` traced by AOTAutograd under torch.autocast in
+    `dtype`: autocast is a dispatch key below export's pre-dispatch program, so export's ops
+    (linear, conv2d, matmul) meet it as eager's do, and the joint holds its casts as explicit
+    ``_to_copy`` nodes, forward and backward (a cast's gradient cast back to the parameter's
+    dtype). The loss is float32 (eager.model_loss under autocast)."""
+    with torch.autocast(autocast_device((state, args, kwargs)), dtype=getattr(torch, dtype)):
+        return _training_graphs(ep, args, kwargs, user_names, int_ranges, state, constants, loss)[0]
 
 
 def _share_embedding_ranges(captured: dict[str, CapturedGraph]) -> None:

@@ -279,6 +279,18 @@ def _value(gi: GraphInput, start: StepStart, constants: dict[str, torch.Tensor],
     return user[str(gi.target)]
 
 
+def _lowered(gm: torch.fx.GraphModule, dtype: str) -> str:
+    """What autocast made of a step: how many of its ops compute in `dtype`, and which kinds."""
+    want = getattr(torch, dtype)
+    ops = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is not torch.ops.aten._to_copy.default]
+    low = [n for n in ops if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dtype == want]
+    kinds = sorted({getattr(n.target, "__name__", str(n.target)).split(".")[0] for n in low})
+    if not low:
+        return f"no op of the step computes in {dtype} (the model has none that autocast lowers)"
+    shown = ", ".join(kinds[:8]) + (" ..." if len(kinds) > 8 else "")
+    return f"{len(low)} of the step's {len(ops)} ops compute in {dtype} ({shown})"
+
+
 def _drop_profiler_marks(gm: torch.fx.GraphModule) -> None:
     """Take out the record_function markers torch's Optimizer.step puts around the update
     (profiler ops with effects: kept by dead-code elimination, and no backend's business)."""
@@ -299,11 +311,16 @@ def add_train_step(captured: CapturedGraphs, model: torch.nn.Module, args: tuple
         why = f" (export failed: {captured.fallback})" if captured.fallback else ""
         raise CaptureError(f"train_step: a train step is made from export's joint graph, and this model was captured "
                            f"by {captured.mode}{why}; use mode export, or leave train_step out of graphs")
-    joint = captured.graphs.get(GraphKind.JOINT)
+    joint = captured.graphs.get(GraphKind.JOINT) if spec.autocast is None else captured.step_joint
     if joint is None:
-        raise CaptureError("train_step: the capture made no joint graph to build the step from")
+        under = f" under autocast {spec.autocast}" if spec.autocast is not None else ""
+        raise CaptureError(f"train_step: the capture made no joint graph{under} to build the step from")
     start = warm_start(model, args, kwargs, loss, spec)
     made = capture_train_step(joint, start, captured.constants, user, spec)
+    if spec.autocast is not None:
+        captured.notes.append(f"train_step: autocast {spec.autocast}: {_lowered(made.graph.gm, spec.autocast)}; "
+                              "its gradients are checked against eager's under autocast, not against the float32 "
+                              "backward graph's")
     captured.graphs[GraphKind.TRAIN_STEP] = made.graph
     captured.inputs[GraphKind.TRAIN_STEP] = made.inputs
     if not keep_joint:

@@ -20,6 +20,7 @@ after 3 steps"). The three-step outputs' digests go into the manifest's verifica
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 from aotpipe.artifact.load import GraphArtifact, build_inputs
 from aotpipe.checks.checked import CheckedGraph
 from aotpipe.format.records import InputsRecord, VerificationEntry
-from aotpipe.models.train_step import StepReference, StepRun, StepStart, split_state_target
+from aotpipe.models.train_step import LoweredOps, StepReference, StepRun, StepStart, split_state_target
 from aotpipe.replay.run import expand_outputs
 from aotpipe.replay.steps import CHECKED_STEPS, run_steps
 from aotpipe.runtime import accuracy
@@ -92,7 +93,10 @@ class _Compare:
             self.gc.checks.append(accuracy.Check(what, False, "none", detail="eager has no such value"))
             return
         samples = [self._ref(steps, role, target, k) for k in range(1, accuracy.NOISE_SAMPLES)] if role else []
-        c = accuracy.compare(actual, expected, ref, what=what, samples=samples)
+        # mixed precision: its own rule, the multiplier of the dtype the forward computes in
+        amp = self.reference.spec.autocast
+        c = accuracy.compare(actual, expected, ref, what=what, samples=samples,
+                             computed_in=getattr(torch, amp) if amp is not None else None)
         if c.eager_error is not None and index >= 0:
             self.gc.eager_errors[index] = c.eager_error
         self.gc.checks.append(c)
@@ -113,6 +117,24 @@ def backward_at_step(forward: GraphArtifact | None, backward: GraphArtifact | No
     bw_out = expand_outputs(backward.record, run_graph(backward.module, bw_in))
     return {str(r.target): o for r, o in zip(backward.record.outputs, bw_out, strict=False)
             if r.role == "grad" and isinstance(o, torch.Tensor)}
+
+
+def _computes_in(ga: GraphArtifact, inputs: list[Any], reference: StepReference) -> accuracy.Check:
+    """Mixed precision's structural check: the step computes in the autocast dtype where eager's
+    forward under autocast does. The value checks cannot tell: a step that lost its casts is
+    float32 throughout, nearer the float64 reference than eager's, and would pass them."""
+    amp = str(reference.spec.autocast)
+    with LoweredOps(getattr(torch, amp)) as ops:
+        run_graph(ga.module, inputs)
+    eager = reference.lowered()
+
+    def said(seen: collections.Counter[str]) -> str:
+        return f"{sum(seen.values())} ({', '.join(sorted(seen)[:6])})" if seen else "none"
+
+    ok = bool(ops.seen) == bool(eager)
+    return accuracy.Check(f"computes in {amp} (autocast)", ok, "exact", detail=None if ok else
+                          f"ops computed in {amp}: the graph's {said(ops.seen)}, eager's forward under autocast "
+                          f"{said(eager)}")
 
 
 def check_train_step(ga: GraphArtifact, inputs: list[Any], outs: list[Any], reference: StepReference | None,
@@ -139,11 +161,16 @@ def check_train_step(ga: GraphArtifact, inputs: list[Any], outs: list[Any], refe
         gc.skipped += [f"the eager step failed: {reference.errors.get((1, False))}"] * len(record.outputs)
         return gc, entry
     compare.values(outs, record, 1, one)
-    backward_grads = backward_at_step(*training, record, inputs)
+    # Under autocast the step's gradients are mixed precision's, the backward graph's float32's:
+    # no comparison of the two (the capture's note says so); each is held to its own eager above.
+    mixed = reference.spec.autocast is not None
+    backward_grads = backward_at_step(*training, record, inputs) if not mixed else {}
     for o, r in zip(outs, record.outputs, strict=False):
         if r.role == "grad" and str(r.target) in backward_grads:
             compare.one(o, backward_grads[str(r.target)], compare._ref(1, "grad", r.target),
                         f"gradient of {r.target} against the backward graph's", -1)
+    if mixed:
+        gc.checks.append(_computes_in(ga, inputs, reference))
     three = reference.run(CHECKED_STEPS)
     if three is None:
         gc.skipped.append(f"{CHECKED_STEPS} eager steps failed: {reference.errors.get((CHECKED_STEPS, False))}")

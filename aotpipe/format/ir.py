@@ -211,6 +211,9 @@ class CapturedGraphs:
     static_sizes: str | None = None
     # A train_step's warm start (models.train_step.StepStart): what its checks run eager steps from.
     step_start: Any = None
+    # A train_step's joint traced under torch.autocast (optimizer autocast:), which the step is
+    # built from instead of the joint graph; None without mixed precision. Not saved itself.
+    step_joint: Any = None
     # One rank of a parallel world (records.DistributedRecord): the manifest's `distributed`.
     distributed: Any = None
     # A per-op case mined from a corpus (records.CaseRecord): the manifest's `case`.

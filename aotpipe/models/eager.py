@@ -50,7 +50,8 @@ def model_loss(out: Any, kind: str = DEFAULT_LOSS) -> torch.Tensor:
     real part of every complex one): the sum
     of its elements weighted by :func:`output_weights` ("weighted", the default), their sum
     ("sum"), or their mean ("mean": the seed of each gradient is 1/numel, as a mean-reduced
-    training loss has, and a big vocabulary's logits stay small)."""
+    training loss has, and a big vocabulary's logits stay small). Under torch.autocast a
+    half-precision output is reduced in float32."""
     if kind not in LOSSES:
         raise ValueError(f"unknown loss {kind!r}; one of {', '.join(LOSSES)}")
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and (t.is_floating_point()
@@ -59,6 +60,8 @@ def model_loss(out: Any, kind: str = DEFAULT_LOSS) -> torch.Tensor:
         raise NoLossError("the model has no floating-point output to build a loss from (nor a complex one)")
 
     def reduce(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype in (torch.bfloat16, torch.float16) and torch.is_autocast_enabled(t.device.type):
+            t = t.float()  # under autocast (a mixed-precision train_step), the loss in float32, as AMP's recipes
         if t.is_complex():
             # its real part (view_as_real's first component): the loss is real, and its gradient
             # with respect to the output is then the real weights, the tangent a dynamo joint

@@ -16,15 +16,19 @@ float64, the same optimizer class and arguments.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import functools
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from aotpipe.errors import exception_line
 from aotpipe.models.eager import Float32Draws, _model_to64, _to64, model_loss, nudge, traced_branches
@@ -83,13 +87,56 @@ def set_lr(opt: torch.optim.Optimizer, rates: list[float] | None, step: int) -> 
             group["lr"] = rates[step]
 
 
+def autocast_device(values: object) -> str:
+    """The device type torch.autocast is entered for: cuda where any of `values` (a pytree of a
+    model's tensors and inputs) is on it, else cpu."""
+    leaves = [v for v in pytree.tree_leaves(values) if isinstance(v, torch.Tensor)]
+    return "cuda" if any(t.device.type == "cuda" for t in leaves) else "cpu"
+
+
+def mixed_precision(spec: OptimizerSpec, values: object) -> contextlib.AbstractContextManager:
+    """torch.autocast as `spec` asks (its ``autocast:`` dtype), for the device of `values` (a
+    model's tensors and inputs); nothing without one."""
+    if spec.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(autocast_device(values), dtype=getattr(torch, spec.autocast))
+
+
+# Ops that only move a value into a dtype (autocast's casts): not computing in it.
+_CASTS = frozenset({"_to_copy", "to", "copy_", "copy", "clone", "_copy_from", "_copy_from_and_resize"})
+
+
+class LoweredOps(TorchDispatchMode):
+    """While active: the ops that compute a real (not fake, not meta) value in `dtype`, by
+    name (autocast's casts not counted). A TorchDispatchMode sees ops after autocast has
+    cast their inputs, so under autocast it sees what eager computes in low precision."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+        self.seen: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in _CASTS and any(isinstance(t, torch.Tensor) and t.dtype == self.dtype
+                                      and t.device.type != "meta" and not isinstance(t, FakeTensor)
+                                      for t in pytree.tree_leaves(out)):
+            self.seen[name] += 1
+        return out
+
+
 def eager_step(model: torch.nn.Module, opt: torch.optim.Optimizer, args: tuple, kwargs: dict, loss: str,
-               spec: OptimizerSpec, grads: dict[str, torch.Tensor | None] | None = None) -> torch.Tensor:
+               spec: OptimizerSpec, grads: dict[str, torch.Tensor | None] | None = None,
+               fp64: bool = False) -> torch.Tensor:
     """One training step, as a user writes it; the loss (detached). Attention through its
     math composite, as training capture routes it (so dropout in attention draws alike).
-    `grads`, if given, gets each parameter's gradient as backward left it (by every name)."""
+    `grads`, if given, gets each parameter's gradient as backward left it (by every name).
+    The forward and loss under torch.autocast where `spec` asks, unless `fp64` (the float64
+    reference: the exact step mixed precision approximates); backward and update outside it."""
     opt.zero_grad(set_to_none=True)
-    with traced_branches([]), sdpa_kernel([SDPBackend.MATH]):
+    amp = mixed_precision(spec, (list(model.parameters()), args, kwargs)) if not fp64 else contextlib.nullcontext()
+    with traced_branches([]), sdpa_kernel([SDPBackend.MATH]), amp:
         value = model_loss(model(*args, **kwargs), loss)
     value.backward()
     if grads is not None:
@@ -175,6 +222,19 @@ class StepReference:
         self._runs: dict[tuple[int, bool, int], StepRun | None] = {}
         self.errors: dict[tuple[int, bool], str] = {}
 
+    def lowered(self) -> collections.Counter[str]:
+        """The ops eager's forward and loss compute in the autocast dtype from the start (LoweredOps)."""
+        assert self.spec.autocast is not None
+        with preserved():
+            model = copy.deepcopy(self.start.model)
+            model.train()
+            args, kwargs = copy.deepcopy((self.args, self.kwargs))
+            with LoweredOps(getattr(torch, self.spec.autocast)) as ops, torch.no_grad(), \
+                    mixed_precision(self.spec, (list(model.parameters()), args, kwargs)), traced_branches([]), \
+                    sdpa_kernel([SDPBackend.MATH]):
+                run_reproducibly(lambda: model_loss(model(*args, **kwargs), self.loss))
+        return ops.seen
+
     def run(self, steps: int, fp64: bool = False, nudged: int = 0) -> StepRun | None:
         """`steps` eager steps from the start, in float64 if `fp64`; None if they failed (errors
         says why). `nudged` k > 0: in float32 from a start whose parameters, buffers, inputs and
@@ -215,7 +275,7 @@ class StepReference:
             into = grads if i == 0 else None
             with Float32Draws() if fp64 else contextlib.nullcontext():  # dropout draws as float32's
                 losses.append(run_reproducibly(functools.partial(eager_step, model, opt, args, kwargs, self.loss,
-                                                                 self.spec, grads=into)))
+                                                                 self.spec, grads=into, fp64=fp64)))
         return StepRun(losses, {n: p.detach() for n, p in model.named_parameters(remove_duplicate=False)},
                        {n: b.detach() for n, b in model.named_buffers(remove_duplicate=False)},
                        optimizer_state(model, opt), grads)

@@ -149,7 +149,8 @@ def _capture(job: ModelJob) -> None:
     step = GraphKind.TRAIN_STEP in kinds  # made from the joint, after the mode's capture (capture/train_step.py)
     asked = [k for k in kinds if k != GraphKind.TRAIN_STEP] + ([GraphKind.JOINT] if step and GraphKind.JOINT not in kinds else [])
     request = CaptureRequest(job.built_model(), job.args, job.kwargs, name=spec.name, graphs=tuple(asked),
-                             input_names=tuple(names), int_ranges=ranges, loss=spec.loss, dynamic=dynamic)
+                             input_names=tuple(names), int_ranges=ranges, loss=spec.loss, dynamic=dynamic,
+                             step_autocast=spec.optimizer.autocast if step and spec.optimizer is not None else None)
     captured = job.captured = mode.capture_graphs(request)
     user = dict(zip(captured.user_inputs, pytree.tree_leaves((job.args, job.kwargs))))
     if step and spec.optimizer is not None:

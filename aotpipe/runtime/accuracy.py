@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import torch
 
@@ -59,7 +59,7 @@ def multiplier(dtype: torch.dtype, numel: int) -> float:
     return base
 
 
-def floor(expected: torch.Tensor, rel_floor: Optional[float] = None, rms: Optional[float] = None) -> float:
+def floor(expected: torch.Tensor, rel_floor: float | None = None, rms: float | None = None) -> float:
     """Errors below this are float noise whatever the reference says. `rms`: the RMS of
     `expected` (:func:`_norm`) where the caller has it already: a pass over it saved."""
     rel = _RULES.get(expected.dtype, (2.0, 1e-5))[1] if rel_floor is None else rel_floor
@@ -174,13 +174,13 @@ class Check:
     what: str
     passed: bool
     method: str  # exact | floor | fp64 | none (None against None)
-    error: Optional[float] = None  # the graph's RMSE against the reference used
-    eager_error: Optional[float] = None  # eager float32's RMSE against the fp64 reference
-    bound: Optional[float] = None  # the largest error that passes
-    detail: Optional[str] = None  # why it failed or was skipped
+    error: float | None = None  # the graph's RMSE against the reference used
+    eager_error: float | None = None  # eager float32's RMSE against the fp64 reference
+    bound: float | None = None  # the largest error that passes
+    detail: str | None = None  # why it failed or was skipped
 
     @property
-    def ratio(self) -> Optional[float]:
+    def ratio(self) -> float | None:
         """The graph's error as a multiple of eager's own (fp64 checks only)."""
         if self.error is None or not self.eager_error:
             return None
@@ -188,7 +188,7 @@ class Check:
 
     def item(self) -> CheckItem:
         """The manifest's record of this check, its figures to 4 significant digits."""
-        def num(x: Optional[float]) -> Optional[float]:
+        def num(x: float | None) -> float | None:
             return None if x is None else float(f"{x:.4g}")  # inf and nan print and read back as themselves
 
         return CheckItem(what=self.what, passed=self.passed, method=self.method, error=num(self.error),
@@ -205,7 +205,7 @@ class Check:
         return f"{self.what}: {self.method}"
 
 
-Reference = Union[None, torch.Tensor, Callable[[], Optional[torch.Tensor]]]
+Reference = Union[None, torch.Tensor, Callable[[], torch.Tensor | None]]
 
 # The allowed multiple of eager's error where that error is all there is (the float64 value
 # is no larger): rounding noise of another operation order is another draw, measured here up
@@ -235,7 +235,7 @@ MORE_SAMPLES = ("eager float32's error is the largest of {n} samples: the others
                 "buffers nudged by one ulp")
 
 
-def eager_error(expected: torch.Tensor, reference: torch.Tensor, *samples: Optional[torch.Tensor]) -> float:
+def eager_error(expected: torch.Tensor, reference: torch.Tensor, *samples: torch.Tensor | None) -> float:
     """Eager float32's own error against the float64 `reference`: the largest RMSE of `expected`
     and of the other float32 `samples` of the same value (None and mismatched ones left out).
 
@@ -248,27 +248,31 @@ def eager_error(expected: torch.Tensor, reference: torch.Tensor, *samples: Optio
 
 
 def fp64_bound(expected: torch.Tensor, reference: torch.Tensor, error: float,
-               rel_floor: Optional[float] = None) -> tuple[float, float, bool]:
+               rel_floor: float | None = None, computed_in: torch.dtype | None = None
+               ) -> tuple[float, float, bool]:
     """(bound, multiplier, within_noise): the largest RMSE against the float64 `reference` a value
     of `expected`'s dtype and size may have, given eager float32's own `error` (eager_error).
     within_noise: the reference is no larger than eager's error (zero in exact arithmetic), so
-    the multiplier is at least NOISE_MULTIPLIER."""
+    the multiplier is at least NOISE_MULTIPLIER. `computed_in`: the dtype the value was computed
+    in where lower than its own (mixed precision: a float32 value from bfloat16 math), whose
+    multiplier applies (torch's runners: 3.0 for half types); the floor stays its own dtype's."""
     noise = _rms(reference) <= error  # eager has no correct digit: the value must lie within its noise
-    m = multiplier(expected.dtype, expected.numel())
+    m = multiplier(computed_in or expected.dtype, expected.numel())
     if noise:
         m = max(NOISE_MULTIPLIER, m)
     return m * error + floor(expected, rel_floor), m, noise
 
 
 def compare(actual: Any, expected: Any, reference: Reference = None, *, what: str = "value",
-            rel_floor: Optional[float] = None, samples: Sequence[Reference] = ()) -> Check:
+            rel_floor: float | None = None, samples: Sequence[Reference] = (),
+            computed_in: torch.dtype | None = None) -> Check:
     """Compare a graph's value with eager float32's (`expected`) under the rule above.
 
     `reference` is the fp64 value, or a callable giving it (called only when the floor does
     not settle the question), or None when there is none: then the floor alone decides.
     `samples`: other eager float32 values of the same quantity (or callables giving them), taken
     in order only while the float64 rule fails, at most NOISE_SAMPLES in all with `expected`;
-    eager's error is then the largest of those taken (eager_error).
+    eager's error is then the largest of those taken (eager_error). `computed_in`: fp64_bound's.
     """
     if actual is None or expected is None:
         if actual is None and expected is None:
@@ -293,7 +297,7 @@ def compare(actual: Any, expected: Any, reference: Reference = None, *, what: st
         # judged as its real view: the pairs (real, imaginary) under the rule of their real
         # dtype (complex64: float32's), against the complex128 reference's pairs
         return compare(_real_view(actual), _real_view(expected), _lazy(_real_view, reference), what=what,
-                       rel_floor=rel_floor, samples=[_lazy(_real_view, s) for s in samples])
+                       rel_floor=rel_floor, samples=[_lazy(_real_view, s) for s in samples], computed_in=computed_in)
     if _nonfinite_differs(actual, expected):
         return Check(what, False, "exact", detail="NaN or inf in other places than eager's")
     fl = floor(expected, rel_floor)
@@ -307,14 +311,14 @@ def compare(actual: Any, expected: Any, reference: Reference = None, *, what: st
                             f"(max abs error {max_abs_error(actual, expected):.3g})")
     e = eager_error(expected, ref)
     r = rmse(actual, ref)
-    bound, m, noise = fp64_bound(expected, ref, e, rel_floor)
+    bound, m, noise = fp64_bound(expected, ref, e, rel_floor, computed_in)
     taken = 1
     for sample in list(samples)[:NOISE_SAMPLES - 1]:
         if r <= bound:
             break
         taken += 1
         e = max(e, eager_error(expected, ref, sample() if callable(sample) else sample))
-        bound, m, noise = fp64_bound(expected, ref, e, rel_floor)
+        bound, m, noise = fp64_bound(expected, ref, e, rel_floor, computed_in)
     ok = r <= bound
     more = MORE_SAMPLES.format(n=taken) if taken > 1 else None
     why = "; ".join(x for x in (WITHIN_NOISE if noise else None, more) if x)
@@ -334,7 +338,7 @@ def _lazy(f: Callable[[Any], Any], value: Reference) -> Reference:
     return (lambda: f(value())) if callable(value) else f(value)
 
 
-def summary(t: Any) -> Optional[Summary]:
+def summary(t: Any) -> Summary | None:
     """A small fingerprint of a value: layout, float64 sum and absolute sum of finite elements."""
     if not isinstance(t, torch.Tensor):
         return None
@@ -357,7 +361,7 @@ def _summary(t: torch.Tensor, v: torch.Tensor) -> Summary:
 SAMPLE = 4096
 
 
-def sampled_summary(t: Any) -> Optional[Summary]:
+def sampled_summary(t: Any) -> Summary | None:
     """Like :func:`summary`, over at most about :data:`SAMPLE` elements: a strided view that
     keeps every k-th index of the largest dimensions, so nothing is copied but the sample;
     cheap enough to take at every node of a real-size graph."""
@@ -365,7 +369,7 @@ def sampled_summary(t: Any) -> Optional[Summary]:
     return None if sample is None else _summary(t, _f64(sample))
 
 
-def sampled(t: Any) -> Optional[torch.Tensor]:
+def sampled(t: Any) -> torch.Tensor | None:
     """The elements :func:`sampled_summary` sums: a strided view of `t` (None: not a tensor
     with values)."""
     if not isinstance(t, torch.Tensor) or t.device.type == "meta":
@@ -390,7 +394,7 @@ def _prod(xs: list[int]) -> int:
 
 
 def summary_departs(actual: Summary, recorded: Summary, rtol: float,
-                    layout: tuple[str, ...] = ("dtype", "shape", "stride")) -> Optional[str]:
+                    layout: tuple[str, ...] = ("dtype", "shape", "stride")) -> str | None:
     """How `actual` summary departs from a `recorded` one, or None if they agree within `rtol`
     (of the recorded absolute sum). The reason's first word is the field that departs.
     `layout`: the layout fields compared (a diff of two graphs leaves strides out)."""

@@ -348,8 +348,10 @@ class ModelSpec(Strict):
             exclude["distributed"] = True
         if self.optimizer is None:
             exclude["optimizer"] = True
-        elif self.optimizer.scheduler is None:
-            exclude["optimizer"] = {"scheduler": True}  # fingerprints of steps without one stay
+        else:  # fingerprints of steps without a scheduler or autocast stay as they were
+            left = {k: True for k in ("scheduler", "autocast") if getattr(self.optimizer, k) is None}
+            if left:
+                exclude["optimizer"] = left
         if unset:
             exclude["inputs"] = unset
         return json.loads(self.model_dump_json(exclude=exclude))

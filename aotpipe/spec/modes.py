@@ -75,6 +75,8 @@ class CaptureMode:
         extra: dict[str, Any] = {"loss": request.loss} if self.takes_loss else {}
         if request.dynamic is not None:
             extra["dynamic"] = request.dynamic
+        if request.step_autocast is not None:  # train_step: export and auto only (spec refuses the others)
+            extra["step_autocast"] = request.step_autocast
         if self.tries_first:
             extra[self.tries_first] = capture_mode(self.tries_first).function()
         captured: CapturedGraphs = self.function()(
@@ -109,6 +111,9 @@ class CaptureRequest:
     int_ranges: dict[str, tuple[int, int]]
     loss: str = DEFAULT_LOSS
     dynamic: DynamicDims | None = None  # None: every size static
+    # A train_step's mixed precision (spec.optim: "bfloat16"): the export capture also makes the
+    # joint the step is built from under torch.autocast in this dtype (CapturedGraphs.step_joint).
+    step_autocast: str | None = None
 
 
 # The one table of capture modes (spec.Mode lists the same names for the YAML's schema).

@@ -57,8 +57,9 @@ OPTIMIZERS: dict[str, OptimizerInfo] = {
 REFUSED_ARGS: dict[str, str] = {
     "capturable": "the step is traced as torch.compile traces it, its step count a tensor already",
     "differentiable": "it records the update itself for autograd, which a captured step has no use for",
-    "fused": "aotpipe's loader refuses the fused optimizer kernels (aten._fused_adamw and the like trust their "
-             "arguments' sizes: artifact/ops.py), so the graph could not be replayed; use foreach: true",
+    "fused": "torch 2.13 cannot trace the fused kernels into a functional graph (Adam's and AdamW's fail "
+             "functionalization, SGD's and Adagrad's have no meta kernel), and aotpipe's loader refuses them (they "
+             "trust their arguments' sizes: artifact/ops.py); use foreach: true",
 }
 # The optimizer state a random input must draw in a range (replay.inputs): counts from 1, and
 # the running averages of squares, which are never negative (a square root is taken of them).
@@ -67,7 +68,13 @@ STATE_RANGES: dict[str, tuple[int, int]] = {
     "exp_avg_sq": (0, 1), "max_exp_avg_sq": (0, 1), "square_avg": (0, 1), "sum": (0, 1),
 }
 # aotpipe's own keys of the block (the rest are the optimizer's arguments).
-STEP_KEYS = ("name", "clip_grad_norm", "warmup_steps", "scheduler")
+STEP_KEYS = ("name", "clip_grad_norm", "warmup_steps", "scheduler", "autocast")
+# The dtypes a step's forward may run in under torch.autocast (``autocast:``), and why the others are not.
+AUTOCAST_DTYPES = ("bfloat16",)
+AUTOCAST_REFUSED = {
+    "float16": "float16 training needs a gradient scaler (torch.amp.GradScaler), whose skipped steps on inf "
+               "gradients are control flow on values a graph cannot hold; use bfloat16",
+}
 MAX_WARMUP_STEPS = 100
 
 # The learning-rate schedulers a train_step takes: YAML name -> torch.optim.lr_scheduler class
@@ -159,6 +166,10 @@ class OptimizerSpec(BaseModel):
     scheduler: SchedulerSpec | None = Field(
         None, description="a learning-rate scheduler ({name: cosine, T_max: 100}): the graph takes the learning "
         "rate as an input, and each step is fed the schedule's value for it")
+    autocast: Literal["bfloat16"] | None = Field(
+        None, description="mixed precision: the forward and the loss run under torch.autocast in this dtype "
+        "(bfloat16), as a mixed-precision training loop runs them; the parameters, gradients and the update stay "
+        "float32")
 
     @model_validator(mode="before")
     @classmethod
@@ -179,13 +190,18 @@ class OptimizerSpec(BaseModel):
                 raise ValueError(f"{name} takes no {k} here: {REFUSED_ARGS[k]}; remove it")
             if k not in info.args:
                 raise ValueError(f"{name} ({info.cls}) has no argument {k!r}; its arguments: "
-                                 f"{', '.join(sorted(info.args))} (and aotpipe's clip_grad_norm and warmup_steps)")
+                                 f"{', '.join(sorted(info.args))} (and aotpipe's {', '.join(STEP_KEYS[1:])})")
             if _kind_problem(v, info.args[k]):
                 raise ValueError(f"{name}'s {k} takes {info.args[k]}, not {v!r}")
         if data.get("scheduler") is not None and name in ("adam", "adamw") and args.get("foreach") is True:
             raise ValueError(f"{name} with foreach: true takes no scheduler here: torch's foreach Adam takes no "
                              "tensor learning rate unless capturable, which a scheduled step needs; set foreach: "
                              "false (the graph's ops are the same: foreach calls are traced per tensor)")
+        amp = data.get("autocast")
+        if amp is not None and amp not in AUTOCAST_DTYPES:
+            why = AUTOCAST_REFUSED.get(amp) if isinstance(amp, str) else None
+            raise ValueError(f"autocast {amp!r} is not taken" + (f": {why}" if why else "")
+                             + f"; choose one of {', '.join(AUTOCAST_DTYPES)}, or leave autocast out")
         return {**{k: v for k, v in data.items() if k in STEP_KEYS}, "args": args}
 
     def kwargs(self) -> dict[str, Any]:
@@ -202,5 +218,7 @@ class OptimizerSpec(BaseModel):
         more = [f"clip_grad_norm {self.clip_grad_norm:g}"] if self.clip_grad_norm else []
         if self.scheduler is not None:
             more.append(f"learning rate by {self.scheduler.describe()}")
+        if self.autocast is not None:
+            more.append(f"under autocast {self.autocast}")
         more.append(f"after {self.warmup_steps} eager step(s)")
         return f"{self.info.cls}({args}), {', '.join(more)}"
