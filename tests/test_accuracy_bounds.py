@@ -416,3 +416,22 @@ def test_the_mixed_rule_takes_the_half_type_multiplier_and_keeps_float32_floor()
     worse = (ref + 3.5e-3 * torch.randn(10_000, dtype=torch.float64)).float()
     assert not accuracy.compare(worse, eager, ref, what="v", computed_in=torch.bfloat16).passed
     assert mixed.bound == pytest.approx(3 * mixed.eager_error + accuracy.floor(eager), rel=1e-6)
+
+
+def _noisy(ref: torch.Tensor, rms: float, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (ref + rms * torch.randn(ref.shape, dtype=ref.dtype, generator=g)).to(
+        torch.complex64 if ref.is_complex() else torch.float32)
+
+
+def test_the_mixed_multiplier_holds_for_complex_values_and_after_noise_samples():
+    ref = torch.randn(10_000, dtype=torch.complex128, generator=torch.Generator().manual_seed(1))
+    eager, graph = _noisy(ref, 1e-3, 2), _noisy(ref, 2.5e-3, 3)  # complex: judged as the real view's pairs
+    assert accuracy.compare(graph, eager, ref, what="c", computed_in=torch.bfloat16).passed
+    assert not accuracy.compare(graph, eager, ref, what="c").passed
+    real = ref.real.contiguous()
+    eager, graph, sample = _noisy(real, 1e-3, 4), _noisy(real, 4e-3, 5), _noisy(real, 1.5e-3, 6)
+    # 4x eager's first error fails 3x; the sample's 1.5x raises eager's error, and 3x of it holds
+    mixed = accuracy.compare(graph, eager, real, what="v", samples=[sample], computed_in=torch.bfloat16)
+    assert mixed.passed and mixed.bound == pytest.approx(3 * mixed.eager_error + accuracy.floor(eager), rel=1e-6)
+    assert not accuracy.compare(graph, eager, real, what="v", samples=[sample]).passed

@@ -1045,11 +1045,12 @@ def capture_auto(
     dynamic: DynamicDims | None = None,
     step_autocast: str | None = None,
 ) -> CapturedGraphs:
-    """capture_export (differentiating `loss`; `step_autocast` passed on: a train_step's joint), or where its tracing fails, capture_dynamo (which
-    has no loss: a tangent per output); where the model itself raises on its inputs, or a config
-    hint applies (capture/hints.py), export's error alone; the capture says why it fell back (CapturedGraphs.fallback,
-    a note, the manifest's capture.fallback). `export`: the export capture to try first (the
-    one the caller uses for mode export; capture_export by default)."""
+    """capture_export (differentiating `loss`; given `step_autocast`: a train_step's joint), or
+    where its tracing fails, capture_dynamo (which has no loss: a tangent per output); where the
+    model itself raises on its inputs, or a config hint applies (capture/hints.py), export's
+    error alone; the capture says why it fell back (CapturedGraphs.fallback, a note, the
+    manifest's capture.fallback). `export`: the export capture to try first (the one the caller
+    uses for mode export; capture_export by default)."""
     export = export or _export.capture_export
     try:
         with _torch_logs_quiet():  # export's failure is expected here: its own logs are noise
