@@ -61,7 +61,8 @@ def collect(root: Path) -> dict[str, Any]:
             if ranks else {}
         d = first.get("distributed", {})
         models.append({"name": m["name"], "status": m["status"], "error": m.get("error"),
-                       "seconds": m.get("total_seconds"), "strategy": d.get("strategy"),
+                       "seconds": m.get("total_seconds"),
+                       "strategy": d.get("strategy") and d["strategy"] + (" +sp" if d.get("sequence_parallel") else ""),
                        "world": d.get("world_size"), "mesh": d.get("mesh"), "mesh_dims": d.get("mesh_dims"),
                        "source": (first.get("model") or {}).get("source"), "ranks": ranks})
     return {"pipeline": run["pipeline"], "torch": run["versions"]["torch"], "models": models}

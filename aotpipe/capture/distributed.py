@@ -56,7 +56,13 @@ from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -148,8 +154,9 @@ def _style(module: torch.nn.Module, style: str) -> ParallelStyle:
 _SPLITS = (torch.nn.Linear, torch.nn.Embedding)
 
 
-def _apply_tp(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -> list[str]:
-    """torch's tensor parallelism on the plan's modules; the module paths it applied to."""
+def _apply_tp(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -> tuple[list[str], list[str]]:
+    """torch's tensor parallelism on the plan's modules; the module paths it split, and the
+    norms sequence parallelism runs on the rank's part of the sequence."""
     plan = tp_plan(model, spec)
     if not plan:
         raise CaptureError(f"strategy {spec.strategy} needs a tensor-parallel plan and the model carries none "
@@ -171,9 +178,108 @@ def _apply_tp(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -
                            "nn.Linear and nn.Embedding layers; narrow the pattern")
     if unmatched:
         raise CaptureError(f"tp_plan pattern {unmatched[0]!r} matches no module of the model; {looks}")
-    parallelize_module(model, mesh["tp"], {n: _style(model.get_submodule(n), s) for n, s in matched.items()},
-                       src_data_rank=None)
-    return sorted(matched)
+    styles = {n: _style(model.get_submodule(n), s) for n, s in matched.items()}
+    blocks: list[str] = []
+    if spec.sequence_parallel:
+        styles, blocks = _sequence_parallel(model, matched, styles)
+    parallelize_module(model, mesh["tp"], styles, src_data_rank=None)
+    for block in blocks:
+        _sequence_sharded(model.get_submodule(block), block, mesh["tp"])
+    return sorted(matched), sorted(n for n, style in styles.items() if isinstance(style, SequenceParallel))
+
+
+def _block_of(model: torch.nn.Module, name: str) -> str | None:
+    """The block module `name` is inside: its ancestor that is a child of an nn.ModuleList
+    (``layers.3`` for ``layers.3.mlp.up_proj``); None if it is in none."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        if isinstance(model.get_submodule(".".join(parts[:i - 1])) if i > 1 else model, torch.nn.ModuleList):
+            return ".".join(parts[:i])
+    return None
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    """A normalization over the last dimension (what sequence parallelism computes on a part of
+    the sequence): nn.LayerNorm, nn.RMSNorm, or a model's own (a leaf class named ...LayerNorm
+    or ...RMSNorm: transformers' LlamaRMSNorm, T5LayerNorm)."""
+    if isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
+        return True
+    name = type(module).__name__
+    return not list(module.children()) and (name.endswith("LayerNorm") or name.endswith("RMSNorm"))
+
+
+def _sequence_parallel(model: torch.nn.Module, matched: dict[str, str], styles: dict[str, ParallelStyle]
+                       ) -> tuple[dict[str, ParallelStyle], list[str]]:
+    """Megatron's sequence parallelism inside every block holding a layer of the plan: the
+    block's activations between its tensor-parallel layers are split on the sequence
+    (dimension 1): its norms computed on the rank's part (torch's SequenceParallel: their
+    weights replicated, their gradients all-reduced), its colwise layers gathering the
+    sequence first (ColwiseParallel(input_layouts=Shard(1))), its rowwise layers
+    reduce-scattering onto it (RowwiseParallel(output_layouts=Shard(1))), and the block's
+    input and output whole (:func:`_sequence_sharded`), so the layers outside the blocks are
+    as tensor parallelism alone leaves them. The styles, and the blocks."""
+    by_block: dict[str, list[str]] = {}
+    for n in matched:
+        block = _block_of(model, n)
+        if block is None:
+            continue
+        by_block.setdefault(block, []).append(n)
+    if not by_block:
+        raise CaptureError("sequence_parallel: no layer of the tensor-parallel plan is inside a block (a child of an "
+                           "nn.ModuleList), whose activations it would split; drop sequence_parallel")
+    out = dict(styles)
+    for block, names in by_block.items():
+        norms = [f"{block}.{n}" for n, m in model.get_submodule(block).named_modules() if n and _is_norm(m)]
+        if not norms:
+            raise CaptureError(f"sequence_parallel: block {block} has no norm layer (an nn.LayerNorm, nn.RMSNorm or "
+                               "a model's ...LayerNorm/...RMSNorm) to compute on a part of the sequence; drop "
+                               "sequence_parallel")
+        for n in names:
+            if isinstance(model.get_submodule(n), torch.nn.Linear):
+                out[n] = RowwiseParallel(output_layouts=Shard(1)) if matched[n] == "rowwise" else \
+                    ColwiseParallel(input_layouts=Shard(1))
+        out.update({n: SequenceParallel() for n in norms})
+    return out, sorted(by_block)
+
+
+def _sequence_sharded(block: torch.nn.Module, name: str, tp: DeviceMesh) -> None:
+    """Hooks on a sequence-parallel block: its hidden states (its first positional argument, or
+    ``hidden_states=``) come in whole and go on as the rank's part of the sequence (a slice,
+    no communication; the backward all-gathers its gradient), and its output (the first
+    tensor it returns) is gathered whole again (an all-gather)."""
+    n = tp.size()
+
+    def split(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2 or x.shape[1] % n:
+            raise CaptureError(f"sequence_parallel: block {name}'s hidden states are {list(x.shape)}; their sequence "
+                               f"(dimension 1) must split evenly over the {n} tensor-parallel ranks: make it a multiple of {n}, or "
+                               "drop sequence_parallel")
+        return DTensor.from_local(x, tp, [Replicate()], run_check=False).redistribute(tp, [Shard(1)]).to_local()
+
+    def gather(x: torch.Tensor) -> torch.Tensor:
+        whole = torch.Size([x.shape[0], x.shape[1] * n, *x.shape[2:]])
+        return DTensor.from_local(x, tp, [Shard(1)], run_check=False, shape=whole,
+                                  stride=torch.empty(whole, device="meta").stride()).redistribute(
+            tp, [Replicate()]).to_local()
+
+    def before(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args and isinstance(args[0], torch.Tensor):
+            return (split(args[0]), *args[1:]), kwargs
+        if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+            return args, {**kwargs, "hidden_states": split(kwargs["hidden_states"])}
+        raise CaptureError(f"sequence_parallel: block {name} takes its hidden states neither first nor as "
+                           "hidden_states=; drop sequence_parallel")
+
+    def after(module: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> Any:
+        if isinstance(out, torch.Tensor):
+            return gather(out)
+        if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+            return (gather(out[0]), *out[1:])
+        raise CaptureError(f"sequence_parallel: block {name} returns {type(out).__name__}, not its hidden states "
+                           "(a tensor, or a tuple of them first); drop sequence_parallel")
+
+    block.register_forward_pre_hook(before, with_kwargs=True)
+    block.register_forward_hook(after, with_kwargs=True)
 
 
 def _placement_text(p: Placement) -> str:
@@ -211,6 +317,7 @@ class RankModule(torch.nn.Module):
         # unit in one collective, as fully_shard on a block does (fsdp_units)
         self.units = units or []
         self.shards: dict[str, ParamShardRecord] = {}
+        self.sequence_norms: list[str] = []  # the norms sequence parallelism computes on part of the sequence
         self._names: dict[str, str] = {}
         self._whole_over_dp: dict[str, list[int]] = {}  # each parameter's shape once gathered over dp
         for p in params:
@@ -309,7 +416,7 @@ def lay_out(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -> 
     paths tensor parallelism split."""
     model = copy.deepcopy(model)
     whole = {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
-    split = _apply_tp(model, spec, mesh) if "tp" in spec.dims else []
+    split, norms = _apply_tp(model, spec, mesh) if "tp" in spec.dims else ([], [])
     tp = spec.size("tp")
     params = []
     for name, p in model.named_parameters():
@@ -327,7 +434,9 @@ def lay_out(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -> 
                 placements.append(Shard(0))
         params.append(_Param(name, whole[name], placements, tp_pl))
     units = fsdp_units(model, spec) if spec.sharded_params else None
-    return RankModule(model, mesh, params, spec, units), split
+    module = RankModule(model, mesh, params, spec, units)
+    module.sequence_norms = norms
+    return module, split
 
 
 @contextlib.contextmanager
@@ -527,7 +636,9 @@ def capture_rank(model: torch.nn.Module, args: tuple, kwargs: dict, *, spec: Dis
                  **{n: b.detach() for n, b in module.named_buffers()}}
         notes = [f"rank {rank} of {spec.world_size} ({spec.strategy}, mesh "
                  f"{' x '.join(f'{d}={n}' for d, n in zip(spec.dims, spec.shape, strict=True))}), traced on torch's fake "
-                 "process group" + (f"; tensor parallel: {len(split)} layers" if split else "")]
+                 "process group" + (f"; tensor parallel: {len(split)} layers" if split else "")
+                 + (f"; sequence parallel: {len(module.sequence_norms)} norms on the rank's part of the sequence"
+                    if spec.sequence_parallel else "")]
         out: dict[str, CapturedGraph] = {}
         contract = None
         constants: dict[str, torch.Tensor] = {}
@@ -553,6 +664,6 @@ def capture_rank(model: torch.nn.Module, args: tuple, kwargs: dict, *, spec: Dis
         record = DistributedRecord(
             world_size=spec.world_size, strategy=spec.strategy, mesh=list(spec.shape), mesh_dims=list(spec.dims),
             rank=rank, coords=spec.coords(rank), groups=groups, shards=module.shards, batch=batch,
-            tensor_parallel=split, collectives=collectives(captured, groups))
+            tensor_parallel=split, sequence_parallel=module.sequence_norms, collectives=collectives(captured, groups))
         captured.distributed = record
     return RankCapture(captured, record, largs, lkwargs, state)

@@ -830,6 +830,8 @@ class DistributedRecord(Record):
     shards: dict[str, ParamShardRecord]
     batch: list[Count] | None = None  # [offset, size, whole] of the rank's slice of the batch (data parallel)
     tensor_parallel: list[str] = []  # the module paths tensor parallelism split
+    # the norms sequence parallelism runs on the rank's part of the sequence (sequence_parallel: true)
+    sequence_parallel: list[str] = []
     collectives: list[CollectiveRecord] = []
 
     def per_step(self) -> dict[str, CollectiveTotal]:

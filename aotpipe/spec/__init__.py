@@ -346,6 +346,8 @@ class ModelSpec(Strict):
             exclude["auto_dims"] = True
         if self.distributed is None:
             exclude["distributed"] = True
+        elif not self.distributed.sequence_parallel:
+            exclude["distributed"] = {"sequence_parallel": True}  # fingerprints of worlds without it stay
         if self.optimizer is None:
             exclude["optimizer"] = True
         else:  # fingerprints of steps without a scheduler or autocast stay as they were

@@ -17,7 +17,9 @@ mesh: [2, 2]}``. The strategies and what each rank's graphs hold:
   the mesh, data parallel across them (FSDP2 shards the tensor-parallel shard again).
 
 The plan (``tp_plan``: module path pattern -> ``colwise`` | ``rowwise``) defaults to the one
-a transformers model carries (``config.base_model_tp_plan``). Torch-free: the pipeline is
+a transformers model carries (``config.base_model_tp_plan``). ``sequence_parallel: true``
+adds Megatron's sequence parallelism inside each block the plan's layers are in (their norms
+on the rank's part of the sequence). Torch-free: the pipeline is
 validated in a process that never imports torch; capture/distributed.py does the rest.
 """
 
@@ -57,6 +59,11 @@ class DistributedSpec(BaseModel):
     tp_plan: dict[str, TpStyle] | None = Field(
         None, description="module path pattern (fnmatch: layers.*.mlp.up_proj) -> colwise or rowwise; default: "
         "the transformers model's own base_model_tp_plan")
+    sequence_parallel: bool = Field(
+        False, description="tensor parallel: also shard each block's activations on the sequence dimension "
+        "(dimension 1) between its tensor-parallel layers: its norms computed on the rank's part of the sequence "
+        "(torch's SequenceParallel), its colwise layers gathering the sequence, its rowwise layers "
+        "reduce-scattering onto it (Megatron's sequence parallelism)")
     reshard_after_forward: bool | None = Field(
         None, description="fsdp2: free each unit's gathered parameters after its forward and gather them again for "
         "its backward (true, FSDP2's default: the backward graph all-gathers too); false: the backward keeps them "
@@ -87,6 +94,9 @@ class DistributedSpec(BaseModel):
             if getattr(self, key) is not None and not self.sharded_params:
                 raise ValueError(f"{key} is for the fsdp2 strategies (fsdp2, fsdp2+tp), which shard parameters by "
                                  f"block, not {self.strategy}: drop it or change the strategy")
+        if self.sequence_parallel and "tp" not in dims:
+            raise ValueError(f"sequence_parallel is for the tensor-parallel strategies (tp, fsdp2+tp, ddp+tp), not "
+                             f"{self.strategy}: drop it or change the strategy")
         if self.tp_plan is not None and "tp" not in dims:
             raise ValueError(f"tp_plan is for the tensor-parallel strategies (tp, fsdp2+tp, ddp+tp), not "
                              f"{self.strategy}: drop it or change the strategy")

@@ -64,6 +64,24 @@ def test_a_tp_plan_only_with_tensor_parallelism():
         DistributedSpec(world_size=2, strategy="tp", tp_plan={"a": "diagonal"})
 
 
+@pytest.mark.parametrize("strategy, ok", [("tp", True), ("fsdp2+tp", True), ("ddp+tp", True), ("ddp", False),
+                                          ("fsdp2", False)])
+def test_sequence_parallel_only_with_tensor_parallelism_and_off_the_fingerprint_unless_asked(strategy, ok):
+    mesh = [2, 2] if "+" in strategy else None
+    world = 4 if mesh else 2
+    if ok:
+        assert DistributedSpec(world_size=world, strategy=strategy, mesh=mesh, sequence_parallel=True).sequence_parallel
+    else:
+        with pytest.raises(ValidationError, match=f"sequence_parallel is for the tensor-parallel strategies .* not "
+                                                  f"{strategy}: drop it or change the strategy"):
+            DistributedSpec(world_size=world, strategy=strategy, sequence_parallel=True)
+    plain = parse_pipeline(_yaml("{world_size: 2, strategy: tp}"), "p.yaml", check_sources=False).models[0]
+    assert "sequence_parallel" not in plain.to_json()["distributed"]  # earlier worlds' fingerprints stay
+    sp = parse_pipeline(_yaml("{world_size: 2, strategy: tp, sequence_parallel: true}"), "p.yaml",
+                        check_sources=False).models[0]
+    assert sp.to_json()["distributed"]["sequence_parallel"] is True
+
+
 def test_coords_are_row_major_as_torch_lays_a_mesh():
     spec = DistributedSpec(world_size=4, strategy="fsdp2+tp", mesh=[2, 2])
     assert [spec.coords(r) for r in range(4)] == [{"dp": 0, "tp": 0}, {"dp": 0, "tp": 1}, {"dp": 1, "tp": 0},

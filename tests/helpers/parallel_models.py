@@ -60,12 +60,13 @@ PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
 
 
 def mlp_spec(strategy: str, world: int = 2, mesh: list[int] | None = None, batch: int = 4,
-             plan: dict[str, str] | None = None, embedded: bool = False, **more: Any) -> ModelSpec:
+             plan: dict[str, str] | None = None, embedded: bool = False, seq: int = 3, **more: Any) -> ModelSpec:
     """The stack as a pipeline entry under `strategy`: all four graph kinds, inputs saved; with
     `embedded`, the stack behind an embedding, on token ids. `plan`: the tensor-parallel plan
-    (default :data:`PLAN`, for the stack alone); `more`: the distributed block's other keys."""
-    source, inputs = ("embedded", [{"name": "ids", "shape": [batch, 3], "dtype": "int64", "high": 16}]) if embedded \
-        else ("stack", [{"name": "x", "shape": [batch, 3, 8]}])
+    (default :data:`PLAN`, for the stack alone); `seq`: the inputs' dimension 1; `more`: the
+    distributed block's other keys."""
+    source, inputs = ("embedded", [{"name": "ids", "shape": [batch, seq], "dtype": "int64", "high": 16}]) \
+        if embedded else ("stack", [{"name": "x", "shape": [batch, seq, 8]}])
     return ModelSpec.model_validate(dict(
         name="mlp", source=f"tests.helpers.parallel_models:{source}", args={}, config=None, mode="export",
         graphs=["inference", "forward", "backward", "joint"], passes=[], inputs=inputs,
