@@ -54,7 +54,7 @@ from torch._decomp import core_aten_decompositions
 from torch._export.utils import _compiling_state_context
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -138,20 +138,75 @@ def tp_plan(model: torch.nn.Module, spec: DistributedSpec) -> dict[str, str]:
     return {k: v for k, v in plan.items() if v in ("colwise", "rowwise")}
 
 
-def _style(module: torch.nn.Module, style: str) -> ParallelStyle:
-    """torch's parallel style for `module` split `style`-wise. An nn.Linear: ColwiseParallel (its
-    output split on the last dimension, for the rowwise layer after it) or RowwiseParallel (its
-    input so split, its output all-reduced whole). An nn.Embedding: its output made whole either
-    way (the layers after it take the whole hidden state): rowwise splits the vocabulary (ids in
-    whole, output all-reduced), colwise the embedding dimension (output all-gathered)."""
+def _style(module: torch.nn.Module, style: str, **layouts: Any) -> ParallelStyle:
+    """torch's parallel style for `module` split `style`-wise. An nn.Linear (or transformers'
+    Conv1D): ColwiseParallel (its output split on the last dimension, for the rowwise layer after
+    it) or RowwiseParallel (its input so split, its output all-reduced whole). An nn.Embedding:
+    its output made whole either way (the layers after it take the whole hidden state): rowwise
+    splits the vocabulary (ids in whole, output all-reduced), colwise the embedding dimension
+    (output all-gathered). `layouts`: the style's input or output layouts (sequence parallelism)."""
     if isinstance(module, torch.nn.Embedding):
         return RowwiseParallel(input_layouts=Replicate()) if style == "rowwise" else \
             ColwiseParallel(output_layouts=Replicate())
-    return RowwiseParallel() if style == "rowwise" else ColwiseParallel()
+    if is_conv1d(module):
+        return _Conv1DRowwise(**layouts) if style == "rowwise" else _Conv1DColwise(**layouts)
+    return RowwiseParallel(**layouts) if style == "rowwise" else ColwiseParallel(**layouts)
 
 
-# What colwise and rowwise split.
-_SPLITS = (torch.nn.Linear, torch.nn.Embedding)
+def is_conv1d(module: torch.nn.Module) -> bool:
+    """transformers' Conv1D (GPT-2's projections): ``x @ weight + bias``, its weight stored
+    [in, out] (nn.Linear's transposed), ``nf`` output features. Known by its form, not imported:
+    transformers is optional."""
+    w = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and isinstance(w, torch.Tensor) and w.dim() == 2 \
+        and getattr(module, "nf", None) == w.shape[1]
+
+
+def _distributed_params(module: torch.nn.Module, mesh: DeviceMesh, placements: dict[str, Placement],
+                        src_data_rank: int | None) -> None:
+    """`module`'s parameters made DTensors over `mesh`, each placed as `placements` says (by name)."""
+    for name, param in list(module.named_parameters(recurse=False)):
+        module.register_parameter(name, torch.nn.Parameter(
+            distribute_tensor(param, mesh, [placements[name]], src_data_rank=src_data_rank),
+            requires_grad=param.requires_grad))
+
+
+class _Conv1DColwise(ColwiseParallel):
+    """torch's ColwiseParallel for transformers' Conv1D, whose weight is nn.Linear's transposed:
+    the output features are its dimension 1 (and the bias's 0). torch's style is written for
+    nn.Linear and nn.Embedding only; the runtime (inputs whole, output split on the last
+    dimension) is the style's own."""
+
+    def _apply(self, module: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
+        if not is_conv1d(module):
+            return super()._apply(module, device_mesh)
+        return distribute_module(
+            module, device_mesh,
+            lambda name, m, mesh: _distributed_params(m, mesh, {"weight": Shard(1), "bias": Shard(0)},
+                                                      self.src_data_rank),
+            functools.partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            functools.partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+class _Conv1DRowwise(RowwiseParallel):
+    """torch's RowwiseParallel for transformers' Conv1D: the input features are its weight's
+    dimension 0; the bias is replicated, the output partial and reduced as the style reduces it."""
+
+    def _apply(self, module: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
+        if not is_conv1d(module):
+            return super()._apply(module, device_mesh)
+        self.desired_input_layouts = (Shard(-1),)
+        return distribute_module(
+            module, device_mesh,
+            lambda name, m, mesh: _distributed_params(m, mesh, {"weight": Shard(0), "bias": Replicate()},
+                                                      self.src_data_rank),
+            functools.partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            functools.partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+def _splits(module: torch.nn.Module) -> bool:
+    """What colwise and rowwise split: nn.Linear, nn.Embedding, transformers' Conv1D."""
+    return isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or is_conv1d(module)
 
 
 def _apply_tp(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -> tuple[list[str], list[str]]:
@@ -163,19 +218,19 @@ def _apply_tp(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -
                            "(config.base_model_tp_plan): add tp_plan: {'layers.*.mlp.up_proj': colwise, ...} to "
                            "distributed")
     names = [n for n, _ in model.named_modules() if n]
-    linear = [n for n, m in model.named_modules() if isinstance(m, _SPLITS)]
-    looks = f"its nn.Linear and nn.Embedding layers: {', '.join(linear[:4])}" + (" ..." if len(linear) > 4 else "") \
-        if linear else "it has no nn.Linear or nn.Embedding layer"
+    linear = [n for n, m in model.named_modules() if _splits(m)]
+    looks = f"its nn.Linear, nn.Embedding and Conv1D layers: {', '.join(linear[:4])}" + \
+        (" ..." if len(linear) > 4 else "") if linear else "it has no nn.Linear, nn.Embedding or Conv1D layer"
     matched = {n: style for pattern, style in plan.items() for n in names if fnmatch.fnmatchcase(n, pattern)}
     unmatched = [p for p in plan if not any(fnmatch.fnmatchcase(n, p) for n in names)]
     if not matched:
         raise CaptureError(f"the tensor-parallel plan names no module of the model (patterns: "
                            f"{', '.join(sorted(plan)[:3])}); {looks}")
-    not_linear = sorted(n for n in matched if not isinstance(model.get_submodule(n), _SPLITS))
+    not_linear = sorted(n for n in matched if not _splits(model.get_submodule(n)))
     if not_linear:
         raise CaptureError(f"the tensor-parallel plan names {not_linear[0]}, a "
                            f"{type(model.get_submodule(not_linear[0])).__name__}: colwise and rowwise split "
-                           "nn.Linear and nn.Embedding layers; narrow the pattern")
+                           "nn.Linear, nn.Embedding and transformers' Conv1D layers; narrow the pattern")
     if unmatched:
         raise CaptureError(f"tp_plan pattern {unmatched[0]!r} matches no module of the model; {looks}")
     styles = {n: _style(model.get_submodule(n), s) for n, s in matched.items()}
@@ -235,9 +290,10 @@ def _sequence_parallel(model: torch.nn.Module, matched: dict[str, str], styles: 
                                "a model's ...LayerNorm/...RMSNorm) to compute on a part of the sequence; drop "
                                "sequence_parallel")
         for n in names:
-            if isinstance(model.get_submodule(n), torch.nn.Linear):
-                out[n] = RowwiseParallel(output_layouts=Shard(1)) if matched[n] == "rowwise" else \
-                    ColwiseParallel(input_layouts=Shard(1))
+            module = model.get_submodule(n)
+            if isinstance(module, torch.nn.Linear) or is_conv1d(module):
+                out[n] = _style(module, matched[n], **({"output_layouts": Shard(1)} if matched[n] == "rowwise"
+                                                       else {"input_layouts": Shard(1)}))
         out.update({n: SequenceParallel() for n in norms})
     return out, sorted(by_block)
 
@@ -620,6 +676,23 @@ class RankCapture:
     state: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+@contextlib.contextmanager
+def _unplanned_consumer_named(spec: DistributedSpec) -> Iterator[None]:
+    """Under sequence parallelism a norm's output is split on the sequence (a DTensor): a layer
+    it feeds that the plan leaves whole (GPT-2's fused attention projection beside a plan of its
+    MLP) meets it with a plain weight, and torch says only "mixed torch.Tensor and DTensor". Said
+    as what to change."""
+    try:
+        yield
+    except Exception as e:
+        if not (spec.sequence_parallel and "mixed torch.Tensor and DTensor" in str(e)):
+            raise
+        raise CaptureError("sequence_parallel: a layer the tensor-parallel plan leaves whole takes a norm's output, "
+                           "which sequence parallelism splits on the sequence (torch: mixed torch.Tensor and "
+                           "DTensor); every layer a block's norms feed must be in the plan: add it, or drop "
+                           "sequence_parallel") from e
+
+
 def capture_rank(model: torch.nn.Module, args: tuple, kwargs: dict, *, spec: DistributedSpec, rank: int, name: str,
                  graphs: tuple[GraphKind, ...], input_names: tuple[str, ...],
                  int_ranges: dict[str, tuple[int, int]], loss: str = DEFAULT_LOSS) -> RankCapture:
@@ -627,7 +700,7 @@ def capture_rank(model: torch.nn.Module, args: tuple, kwargs: dict, *, spec: Dis
     start = time.perf_counter()
     # torch.export's own flags while tracing (torch.compiler.is_exporting() true): a model asks
     # them to take its traceable path (transformers' masks skip a data-dependent shortcut)
-    with fake_world(rank, spec) as mesh, _compiling_state_context():
+    with fake_world(rank, spec) as mesh, _compiling_state_context(), _unplanned_consumer_named(spec):
         module, split = lay_out(model, spec, mesh)
         groups = mesh_groups(mesh)
         largs, lkwargs, batch = batch_slice(spec, rank, args, kwargs)

@@ -311,12 +311,12 @@ def test_an_embedding_split_colwise_under_fsdp2_tp_gathers_its_output_whole(tmp_
 
 @pytest.mark.parametrize("plan, error", [
     ({"nothing.*": "colwise"}, "the tensor-parallel plan names no module of the model (patterns: nothing.*); its "
-                               "nn.Linear and nn.Embedding layers: blocks.0.up, blocks.0.down, blocks.1.up, "
+                               "nn.Linear, nn.Embedding and Conv1D layers: blocks.0.up, blocks.0.down, blocks.1.up, "
                                "blocks.1.down ..."),
     ({"blocks.*.norm": "colwise"}, "the tensor-parallel plan names blocks.0.norm, a LayerNorm: colwise and rowwise "
-                                   "split nn.Linear and nn.Embedding layers; narrow the pattern"),
+                                   "split nn.Linear, nn.Embedding and transformers' Conv1D layers; narrow the pattern"),
     ({**PLAN, "blocks.*.gate": "colwise"}, "tp_plan pattern 'blocks.*.gate' matches no module of the model; its "
-                                           "nn.Linear and nn.Embedding layers"),
+                                           "nn.Linear, nn.Embedding and Conv1D layers"),
 ])
 def test_a_plan_torch_cannot_apply_to_the_model_is_refused_in_one_line(tmp_path, plan, error):
     result = run_model(mlp_spec("tp", plan=plan), tmp_path)

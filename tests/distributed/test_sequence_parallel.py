@@ -49,6 +49,7 @@ def test_tp_with_sequence_parallel_reduce_scatters_where_tp_all_reduces_and_all_
     assert "sequence parallel: 2 norms on the rank's part of the sequence" in notes
 
 
+@pytest.mark.slow  # four rank processes over gloo: about a minute and a half
 def test_fsdp2_tp_with_sequence_parallel_passes_on_a_2x2_mesh(tmp_path):
     result = run_model(mlp_spec("fsdp2+tp", world=4, mesh=[2, 2], seq=4, sequence_parallel=True), tmp_path)
     assert_ok(result)
@@ -86,3 +87,23 @@ def test_a_block_without_a_norm_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(capture_distributed, "_is_norm", lambda module: False)
     result = run_model(mlp_spec("tp", seq=4, sequence_parallel=True), tmp_path)
     assert result.status == "failed" and "block blocks.0 has no norm layer" in result.error, result.error
+
+
+@pytest.mark.parametrize("strategy, world, mesh, sp", [
+    ("tp", 2, None, False),
+    pytest.param("fsdp2+tp", 4, [2, 2], True, marks=pytest.mark.slow),  # four rank processes: a minute and a half
+])
+def test_transformers_conv1d_layers_split_as_their_transposed_weights_ask(tmp_path, strategy, world, mesh, sp):
+    """GPT-2's Conv1D (x @ W + b, W stored [in, out]): colwise splits W's dimension 1 and b, rowwise
+    W's dimension 0 and keeps b whole; the ranks' gradients reassembled match the eager model's."""
+    pytest.importorskip("transformers")
+    spec = mlp_spec(strategy, world=world, mesh=mesh, seq=4, source="conv1d_stack", sequence_parallel=sp)
+    assert_ok(run_model(spec, tmp_path))
+    shards = _manifest(tmp_path / f"mlp.rank{world - 1}")["distributed"]["shards"]
+    tp = {name: shard["placements"][-1] for name, shard in shards.items()}  # the tp coordinate is the mesh's last
+    assert shards["blocks.0.up.weight"]["shape"] == [8, 16]  # Conv1D: [in, out]
+    assert (tp["blocks.0.up.weight"], tp["blocks.0.up.bias"]) == ("Shard(1)", "Shard(0)")
+    assert (tp["blocks.0.down.weight"], tp["blocks.0.down.bias"]) == ("Shard(0)", "Replicate()")
+    # the last rank: tp's second half of the output features; under fsdp2+tp also dp's second half of the rows
+    up = shards["blocks.0.up.weight"]
+    assert (up["local_shape"], up["offset"]) == (([8, 8], [0, 8]) if world == 2 else ([4, 8], [4, 8]))

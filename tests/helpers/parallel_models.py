@@ -55,6 +55,30 @@ def embedded(vocab: int = 16) -> torch.nn.Module:
     return Embedded(vocab)
 
 
+class Conv1DBlock(torch.nn.Module):
+    """The block with transformers' Conv1D projections (GPT-2's: weights stored [in, out])."""
+
+    def __init__(self, width: int, hidden: int):
+        from transformers.pytorch_utils import Conv1D
+
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = Conv1D(hidden, width)
+        self.down = Conv1D(width, hidden)
+        for conv in (self.up, self.down):  # Conv1D's bias starts at zero: a wrong bias shard would not show
+            torch.nn.init.normal_(conv.bias, std=0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def conv1d_stack(width: int = 8, hidden: int = 16, depth: int = 2) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = Stack(width, hidden, depth)
+    model.blocks = torch.nn.ModuleList(Conv1DBlock(width, hidden) for _ in range(depth))
+    return model
+
+
 # the plan a pipeline names for it
 PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
 
@@ -66,7 +90,7 @@ def mlp_spec(strategy: str, world: int = 2, mesh: list[int] | None = None, batch
     (default :data:`PLAN`, for the stack alone); `seq`: the inputs' dimension 1; `more`: the
     distributed block's other keys."""
     source, inputs = ("embedded", [{"name": "ids", "shape": [batch, seq], "dtype": "int64", "high": 16}]) \
-        if embedded else ("stack", [{"name": "x", "shape": [batch, seq, 8]}])
+        if embedded else (more.pop("source", "stack"), [{"name": "x", "shape": [batch, seq, 8]}])
     return ModelSpec.model_validate(dict(
         name="mlp", source=f"tests.helpers.parallel_models:{source}", args={}, config=None, mode="export",
         graphs=["inference", "forward", "backward", "joint"], passes=[], inputs=inputs,
