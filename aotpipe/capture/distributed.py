@@ -204,6 +204,12 @@ class _Conv1DRowwise(RowwiseParallel):
             functools.partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
 
 
+def _fused_qkv(module: torch.nn.Module) -> bool:
+    """A Conv1D projecting to three times its input features: q, k and v side by side."""
+    w = getattr(module, "weight", None)
+    return is_conv1d(module) and isinstance(w, torch.Tensor) and w.shape[1] == 3 * w.shape[0]
+
+
 def _splits(module: torch.nn.Module) -> bool:
     """What colwise and rowwise split: nn.Linear, nn.Embedding, transformers' Conv1D."""
     return isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or is_conv1d(module)
@@ -233,6 +239,12 @@ def _apply_tp(model: torch.nn.Module, spec: DistributedSpec, mesh: DeviceMesh) -
                            "nn.Linear, nn.Embedding and transformers' Conv1D layers; narrow the pattern")
     if unmatched:
         raise CaptureError(f"tp_plan pattern {unmatched[0]!r} matches no module of the model; {looks}")
+    fused = sorted(n for n, style in matched.items() if style == "colwise" and _fused_qkv(model.get_submodule(n)))
+    if fused:
+        raise CaptureError(f"the tensor-parallel plan splits {fused[0]} colwise, a Conv1D of three times its input "
+                           "features (q, k and v in one projection, GPT-2's c_attn): split so, each rank would get "
+                           "all of q and part of k, and no torch style splits a fused projection by heads; leave it "
+                           "whole (plan the MLP: mlp.c_fc colwise, mlp.c_proj rowwise)")
     styles = {n: _style(model.get_submodule(n), s) for n, s in matched.items()}
     blocks: list[str] = []
     if spec.sequence_parallel:

@@ -107,3 +107,11 @@ def test_transformers_conv1d_layers_split_as_their_transposed_weights_ask(tmp_pa
     # the last rank: tp's second half of the output features; under fsdp2+tp also dp's second half of the rows
     up = shards["blocks.0.up.weight"]
     assert (up["local_shape"], up["offset"]) == (([8, 8], [0, 8]) if world == 2 else ([4, 8], [4, 8]))
+
+
+def test_a_fused_q_k_v_conv1d_split_colwise_is_refused_naming_what_to_plan(tmp_path):
+    pytest.importorskip("transformers")
+    result = run_model(mlp_spec("tp", source="fused_conv1d_stack"), tmp_path)
+    assert result.status == "failed" and result.stage == "capture", result.error
+    assert "the tensor-parallel plan splits blocks.0.up colwise, a Conv1D of three times its input features" in \
+        result.error and "plan the MLP: mlp.c_fc colwise, mlp.c_proj rowwise" in result.error, result.error

@@ -103,3 +103,8 @@ def assert_ok(result: Any) -> None:
     """A model's result: written, every check run passed."""
     assert result.status == "ok", (result.stage, result.error)
     assert result.checks is not None and result.checks.run > 0 and result.checks.failed == 0
+
+
+def fused_conv1d_stack() -> torch.nn.Module:
+    """The Conv1D stack whose up projection has three times its input features (GPT-2's c_attn's form)."""
+    return conv1d_stack(hidden=24)
