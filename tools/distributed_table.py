@@ -83,6 +83,8 @@ def render(data: dict[str, Any]) -> str:
         seconds = f"{m['seconds']:.1f}" if m["seconds"] is not None else "-"
         lines.append(f"| {m['name']} | `{m['source']}` | {m['strategy'] or '-'} | {m['world'] or '-'} | {mesh or '-'} | "
                      f"{status} | {run - failed}/{run} | {seconds} |")
+    if any(" +sp" in (m["strategy"] or "") for m in data["models"]):
+        lines += ["", "+sp: with sequence parallelism ([distributed.md](../distributed.md#the-block))."]
     lines += ["", "Per rank: graph node counts, the collectives of one training step (forward then backward) by "
               "kind, the bytes their outputs hold on the rank, the bytes the rank sends for them in a ring algorithm, "
               "and the ranks' check ([distributed.md](../distributed.md#the-check)).", "",
