@@ -37,7 +37,10 @@ def assert_match_or_close_for_want_of_a_recorded_cpu(results, recorded_environme
 def replayed(r: Any) -> bool:
     """`aotpipe replay`'s CLI result `r` says the inference graph ran and gave its recorded
     outputs: "match" on the CPU model that recorded the artefact (tests/data's fixtures were
-    recorded on one), "close (other CPU model: ...)" and bit-identical on another."""
+    recorded on one); on another, "close (other CPU model: ...)", bit-identical (another model
+    of the same vendor, as a rule) or every output within its bound (another vendor's: MKL's
+    float32 GEMM takes another path on AMD than on Intel), which exit 0 says."""
     first = r.output.splitlines()[0] if r.output else ""
     return r.exit_code == 0 and (first.startswith("inference  match") or (
-        first.startswith("inference  close (other CPU model: ") and "bit-identical" in first))
+        first.startswith("inference  close (other CPU model: ")
+        and ("bit-identical" in first or ("max abs error" in first and "bound" in first))))
