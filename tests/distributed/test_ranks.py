@@ -331,3 +331,15 @@ def test_tensor_parallelism_without_a_plan_on_a_model_that_carries_none_is_told_
     assert result.status == "failed" and result.stage == "capture", result.error
     assert "strategy tp needs a tensor-parallel plan and the model carries none (config.base_model_tp_plan): add " \
            "tp_plan:" in result.error, result.error
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_rank_process_ends_with_its_status_and_its_output_flushed_without_teardown(code):
+    import subprocess
+    import sys
+
+    script = ("import atexit, sys; atexit.register(lambda: print('teardown ran', file=sys.stderr)); "
+              "from aotpipe.checks.distributed import exit_rank; print('saved', end=''); "
+              f"print('said', end='', file=sys.stderr); exit_rank({code})")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stdout, p.stderr) == (code, "saved", "said")  # atexit (teardown) never ran

@@ -38,7 +38,15 @@ import torch.fx
 from aotpipe.artifact.load import load
 from aotpipe.artifact.ops import COLLECTIVES, op_name
 from aotpipe.artifact.prepack import stored_graph
-from aotpipe.checks.distributed import RANK_SECONDS, joined, rank_record, remap_groups, sibling_ranks, spawn_world
+from aotpipe.checks.distributed import (
+    RANK_SECONDS,
+    exit_rank,
+    joined,
+    rank_record,
+    remap_groups,
+    sibling_ranks,
+    spawn_world,
+)
 from aotpipe.corpus.bench.graph import (
     GraphResult,
     GraphTask,
@@ -294,4 +302,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())
