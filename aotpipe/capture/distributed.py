@@ -320,8 +320,8 @@ def _sequence_sharded(block: torch.nn.Module, name: str, tp: DeviceMesh) -> None
     def split(x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or x.shape[1] % n:
             raise CaptureError(f"sequence_parallel: block {name}'s hidden states are {list(x.shape)}; their sequence "
-                               f"(dimension 1) must split evenly over the {n} tensor-parallel ranks: make it a multiple of {n}, or "
-                               "drop sequence_parallel")
+                               f"(dimension 1) must split evenly over the {n} tensor-parallel ranks: make it a "
+                               f"multiple of {n}, or drop sequence_parallel")
         return DTensor.from_local(x, tp, [Replicate()], run_check=False).redistribute(tp, [Shard(1)]).to_local()
 
     def gather(x: torch.Tensor) -> torch.Tensor:
