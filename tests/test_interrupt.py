@@ -67,7 +67,8 @@ def test_sigint_to_a_real_run_keeps_the_finished_model_and_exits_130(tmp_path):
         """))
     code = "import sys; from aotpipe.cli import main; sys.argv[0] = 'aotpipe'; main()"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                                       os.environ.get("PYTHONPATH", "")]))
+                                                       os.environ.get("PYTHONPATH", "")]),
+               PYTHONFAULTHANDLER="1")  # SIGABRT then prints every thread's stack: a hang says where
     proc = subprocess.Popen([sys.executable, "-c", code, "run", "p.yaml", "-o", "out", "--no-progress"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     start = time.monotonic()
@@ -77,7 +78,17 @@ def test_sigint_to_a_real_run_keeps_the_finished_model_and_exits_130(tmp_path):
         time.sleep(0.2)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # seen twice on a loaded machine: say where it hangs
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGABRT)
+            out, err = proc.communicate(timeout=30)
+            pytest.fail(f"no exit 120 s after SIGINT; the run's threads at SIGABRT:\n{err[-8000:]}\n"
+                        f"its output:\n{out[-2000:]}")
+        ps = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args"], capture_output=True, text=True).stdout
+        pytest.fail(f"the run exited ({proc.returncode}) 120 s after SIGINT, but its output pipes are still held "
+                    f"open, by one of:\n{ps[-6000:]}")
     assert proc.returncode == 130, (out, err)
     assert out.splitlines()[0].startswith("ok      first "), out
     assert out.splitlines()[-1].startswith("interrupted: 1/3 models finished (1 ok); stopped part way: slow; not "
