@@ -259,8 +259,8 @@ def _block_of(model: torch.nn.Module, name: str) -> str | None:
     """The block module `name` is inside: its ancestor that is a child of an nn.ModuleList
     (``layers.3`` for ``layers.3.mlp.up_proj``); None if it is in none."""
     parts = name.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        if isinstance(model.get_submodule(".".join(parts[:i - 1])) if i > 1 else model, torch.nn.ModuleList):
+    for i in range(len(parts) - 1, 0, -1):  # innermost first; get_submodule("") is the model itself
+        if isinstance(model.get_submodule(".".join(parts[:i - 1])), torch.nn.ModuleList):
             return ".".join(parts[:i])
     return None
 

@@ -66,7 +66,7 @@ from aotpipe.format.source_files import relative_file
 from aotpipe.format.vocabulary import GRAPH_KINDS, TRAINING_KINDS, GraphKind
 from aotpipe.models.eager import NoLossError, model_loss
 from aotpipe.models.sources import user_input_names
-from aotpipe.models.train_step import autocast_device
+from aotpipe.models.train_step import autocast_in
 from aotpipe.runtime.determinism import derived_seed, op_draws_random
 from aotpipe.runtime.tensors import ones, value_range
 from aotpipe.spec.modes import DEFAULT_LOSS, EXPORT_OPTIONS, DynamicDims
@@ -410,7 +410,7 @@ def _autocast_joint(ep: torch.export.ExportedProgram, args: tuple, kwargs: dict,
     (linear, conv2d, matmul) meet it as eager's do, and the joint holds its casts as explicit
     ``_to_copy`` nodes, forward and backward (a cast's gradient cast back to the parameter's
     dtype). The loss is float32 (eager.model_loss under autocast)."""
-    with torch.autocast(autocast_device((state, args, kwargs)), dtype=getattr(torch, dtype)):
+    with autocast_in(dtype, (state, args, kwargs)):
         return _training_graphs(ep, args, kwargs, user_names, int_ranges, state, constants, loss)[0]
 
 

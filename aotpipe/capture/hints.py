@@ -89,6 +89,8 @@ def capture_hint(mode: str, error: str, detail: str = "") -> str:
     if "captured no graph" in text:
         return ("dynamo ran the model eagerly (a graph break inside a loop skips the whole function; run with -v to "
                 "see it): try mode: export")
+    if error.startswith("train_step: "):  # a step is made from export's joint: dynamo's fallback cannot help
+        return "rerun with -v for torch's traceback"
     if mode == "dynamo" and ("Unsupported" in text or "torch.compile" in text):
         return "try mode: export (torch.export), or rerun with -v for the traceback"
     if via_export:

@@ -48,7 +48,7 @@ from aotpipe.errors import CaptureError, exception_line
 from aotpipe.format.ir import CapturedGraph, CapturedGraphs, GraphInput, GraphOutput, TensorMeta
 from aotpipe.format.limits import OpKwargs
 from aotpipe.format.vocabulary import GraphKind
-from aotpipe.models.train_step import LR_TARGET, StepStart, lr_schedule, make_optimizer, state_target, warm_start
+from aotpipe.models.train_step import CASTS, LR_TARGET, StepStart, lr_schedule, make_optimizer, state_target, warm_start
 from aotpipe.runtime.global_state import preserved
 from aotpipe.runtime.tensors import tangent
 from aotpipe.spec.optim import LR_RANGE, STATE_RANGES, OptimizerSpec
@@ -282,7 +282,8 @@ def _value(gi: GraphInput, start: StepStart, constants: dict[str, torch.Tensor],
 def _lowered(gm: torch.fx.GraphModule, dtype: str) -> str:
     """What autocast made of a step: how many of its ops compute in `dtype`, and which kinds."""
     want = getattr(torch, dtype)
-    ops = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is not torch.ops.aten._to_copy.default]
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"
+           and getattr(n.target, "__name__", "").split(".")[0] not in CASTS]  # as LoweredOps counts them
     low = [n for n in ops if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dtype == want]
     kinds = sorted({getattr(n.target, "__name__", str(n.target)).split(".")[0] for n in low})
     if not low:
@@ -311,6 +312,9 @@ def add_train_step(captured: CapturedGraphs, model: torch.nn.Module, args: tuple
         why = f" (export failed: {captured.fallback})" if captured.fallback else ""
         raise CaptureError(f"train_step: a train step is made from export's joint graph, and this model was captured "
                            f"by {captured.mode}{why}; use mode export, or leave train_step out of graphs")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise CaptureError(f"train_step: {type(model).__name__} has no parameter for the optimizer to update (torch: "
+                           "optimizer got an empty parameter list); leave train_step out of graphs")
     joint = captured.graphs.get(GraphKind.JOINT) if spec.autocast is None else captured.step_joint
     if joint is None:
         under = f" under autocast {spec.autocast}" if spec.autocast is not None else ""

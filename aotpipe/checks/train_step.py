@@ -21,6 +21,7 @@ after 3 steps"). The three-step outputs' digests go into the manifest's verifica
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -119,21 +120,20 @@ def backward_at_step(forward: GraphArtifact | None, backward: GraphArtifact | No
             if r.role == "grad" and isinstance(o, torch.Tensor)}
 
 
-def _computes_in(ga: GraphArtifact, inputs: list[Any], reference: StepReference) -> accuracy.Check:
+def _computes_in(graph: collections.Counter[str], reference: StepReference) -> accuracy.Check:
     """Mixed precision's structural check: the step computes in the autocast dtype where eager's
-    forward under autocast does. The value checks cannot tell: a step that lost its casts is
-    float32 throughout, nearer the float64 reference than eager's, and would pass them."""
+    forward under autocast does (`graph`: the step's ops that did, as its chained steps ran).
+    The value checks cannot tell: a step that lost its casts is float32 throughout, nearer the
+    float64 reference than eager's, and would pass them."""
     amp = str(reference.spec.autocast)
-    with LoweredOps(getattr(torch, amp)) as ops:
-        run_graph(ga.module, inputs)
     eager = reference.lowered()
 
     def said(seen: collections.Counter[str]) -> str:
         return f"{sum(seen.values())} ({', '.join(sorted(seen)[:6])})" if seen else "none"
 
-    ok = bool(ops.seen) == bool(eager)
+    ok = bool(graph) == bool(eager)
     return accuracy.Check(f"computes in {amp} (autocast)", ok, "exact", detail=None if ok else
-                          f"ops computed in {amp}: the graph's {said(ops.seen)}, eager's forward under autocast "
+                          f"ops computed in {amp}: the graph's {said(graph)}, eager's forward under autocast "
                           f"{said(eager)}")
 
 
@@ -146,7 +146,9 @@ def check_train_step(ga: GraphArtifact, inputs: list[Any], outs: list[Any], refe
     step's learning rate, for a step that takes one (replay.steps.schedule_rates)."""
     gc = CheckedGraph()
     record = ga.record
-    chained = run_steps(ga.module, record, inputs, CHECKED_STEPS, rates=rates)
+    amp = reference.spec.autocast if reference is not None else None
+    with LoweredOps(getattr(torch, amp)) if amp is not None else contextlib.nullcontext() as lowered:
+        chained = run_steps(ga.module, record, inputs, CHECKED_STEPS, rates=rates)
     digests = [accuracy.digest(o) if isinstance(o, torch.Tensor) else None for o in chained]
     entry = VerificationEntry(status="recorded", compared=CHECKED_STEPS, digests=digests)
     if not verify:
@@ -163,14 +165,14 @@ def check_train_step(ga: GraphArtifact, inputs: list[Any], outs: list[Any], refe
     compare.values(outs, record, 1, one)
     # Under autocast the step's gradients are mixed precision's, the backward graph's float32's:
     # no comparison of the two (the capture's note says so); each is held to its own eager above.
-    mixed = reference.spec.autocast is not None
+    mixed = amp is not None
     backward_grads = backward_at_step(*training, record, inputs) if not mixed else {}
     for o, r in zip(outs, record.outputs, strict=False):
         if r.role == "grad" and str(r.target) in backward_grads:
             compare.one(o, backward_grads[str(r.target)], compare._ref(1, "grad", r.target),
                         f"gradient of {r.target} against the backward graph's", -1)
-    if mixed:
-        gc.checks.append(_computes_in(ga, inputs, reference))
+    if lowered is not None:
+        gc.checks.append(_computes_in(lowered.seen, reference))
     three = reference.run(CHECKED_STEPS)
     if three is None:
         gc.skipped.append(f"{CHECKED_STEPS} eager steps failed: {reference.errors.get((CHECKED_STEPS, False))}")

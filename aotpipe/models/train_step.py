@@ -94,16 +94,21 @@ def autocast_device(values: object) -> str:
     return "cuda" if any(t.device.type == "cuda" for t in leaves) else "cpu"
 
 
-def mixed_precision(spec: OptimizerSpec, values: object) -> contextlib.AbstractContextManager:
-    """torch.autocast as `spec` asks (its ``autocast:`` dtype), for the device of `values` (a
-    model's tensors and inputs); nothing without one."""
-    if spec.autocast is None:
+def autocast_in(dtype: str | None, values: object) -> contextlib.AbstractContextManager:
+    """torch.autocast in `dtype` (a dtype's name: ``autocast:``'s) for the device of `values` (a
+    model's tensors and inputs); nothing for None. The capture's joint and eager's steps enter it alike."""
+    if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(autocast_device(values), dtype=getattr(torch, spec.autocast))
+    return torch.autocast(autocast_device(values), dtype=getattr(torch, dtype))
+
+
+def mixed_precision(spec: OptimizerSpec, values: object) -> contextlib.AbstractContextManager:
+    """torch.autocast as `spec` asks (its ``autocast:`` dtype); nothing without one."""
+    return autocast_in(spec.autocast, values)
 
 
 # Ops that only move a value into a dtype (autocast's casts): not computing in it.
-_CASTS = frozenset({"_to_copy", "to", "copy_", "copy", "clone", "_copy_from", "_copy_from_and_resize"})
+CASTS = frozenset({"_to_copy", "to", "copy_", "copy", "clone", "_copy_from", "_copy_from_and_resize"})
 
 
 class LoweredOps(TorchDispatchMode):
@@ -119,7 +124,7 @@ class LoweredOps(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if name not in _CASTS and any(isinstance(t, torch.Tensor) and t.dtype == self.dtype
+        if name not in CASTS and any(isinstance(t, torch.Tensor) and t.dtype == self.dtype
                                       and t.device.type != "meta" and not isinstance(t, FakeTensor)
                                       for t in pytree.tree_leaves(out)):
             self.seen[name] += 1

@@ -166,3 +166,14 @@ def test_lowered_ops_counts_real_low_precision_compute_not_casts_nor_fake_values
             a = mode.from_tensor(torch.randn(2, 2).bfloat16())
             (a @ a).sum()
     assert not faked.seen
+
+
+def test_a_model_without_parameters_is_refused_in_one_line_without_a_mode_hint(tmp_path):
+    res, out = run_yaml(tmp_path, _PIPELINE.replace("""    source: aotpipe.zoo:mlp
+    args: {in_features: 32, hidden: 64, depth: 2}
+    inputs: [{shape: [8, 32]}]""", """    source: 'torch-module:nn.ZeroPad1d'
+    args: {sample: 0}"""))
+    assert res.exit_code == 1, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("FAILED"))
+    assert "capture: train_step: ZeroPad1d has no parameter for the optimizer to update" in line, line
+    assert "leave train_step out of graphs; next: rerun with -v" in line and "mode: auto" not in line, line
