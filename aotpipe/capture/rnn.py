@@ -88,7 +88,10 @@ def _lstm_layer(x: Tensor, h: Tensor, c: Tensor, w: tuple, reverse: bool) -> tup
 
 
 def _gru_layer(x: Tensor, h: Tensor, w: tuple, reverse: bool) -> tuple[Tensor, Tensor]:
-    """r, z = gates; n = tanh(x_n + r * (W_hn h + b_hn)); h' = (1 - z) * n + z * h."""
+    """r, z = gates; n = tanh(x_n + r * (W_hn h + b_hn)); h' = (1 - z) * n + z * h, computed
+    as eager's CPU cell does, (h - n) * z + n: under autocast the gates are bfloat16 and h
+    float32, and (1 - z) * n would round twice in bfloat16 where eager's form rounds in
+    float32 (a GRU's training step under autocast drifted from eager's by that)."""
     w_ih, w_hh, b_ih, b_hh, _ = w
     x_gates = _linear(x, w_ih, b_ih)
     outputs: list[Optional[Tensor]] = [None] * x.shape[0]
@@ -98,7 +101,7 @@ def _gru_layer(x: Tensor, h: Tensor, w: tuple, reverse: bool) -> tuple[Tensor, T
         r = torch.sigmoid(x_r + h_r)
         z = torch.sigmoid(x_z + h_z)
         n = torch.tanh(x_n + r * h_n)
-        h = (1 - z) * n + z * h
+        h = (h - n) * z + n
         outputs[t] = h
     return torch.stack(outputs), h  # type: ignore[arg-type]
 

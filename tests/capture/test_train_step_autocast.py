@@ -177,3 +177,17 @@ def test_a_model_without_parameters_is_refused_in_one_line_without_a_mode_hint(t
     line = next(ln for ln in res.output.splitlines() if ln.startswith("FAILED"))
     assert "capture: train_step: ZeroPad1d has no parameter for the optimizer to update" in line, line
     assert "leave train_step out of graphs; next: rerun with -v" in line and "mode: auto" not in line, line
+
+
+def test_a_gru_step_under_autocast_rounds_its_hidden_update_as_eager_does(tmp_path):
+    """The recurrent decomposition computes the GRU update as eager's CPU cell does,
+    (h - n) * z + n with h float32: the textbook (1 - z) * n + z * h rounds twice in
+    bfloat16 under autocast, and these two module_db samples' steps then failed against
+    eager's (an update of weight_hh_l1; the loss after 3 steps)."""
+    pipeline = _PIPELINE.split("models:")[0] + "models:\n" + "".join(
+        f"  - {{name: gru{i}, source: 'torch-module:nn.GRU', args: {{sample: {i}}}}}\n" for i in (2, 4))
+    res, out = run_yaml(tmp_path, pipeline)
+    assert res.exit_code == 0, res.output
+    for model in ("gru2", "gru4"):
+        checks = _checks(out, model)
+        assert checks and all(checks.values()), checks
