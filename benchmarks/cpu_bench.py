@@ -16,8 +16,9 @@ pipeline's ResNet-50, BERT-base and ViT-B/16):
 
 Every tool runs once per round, rounds interleaved (so a slow patch of a shared machine
 hits them all); the table shows the median of the rounds. Headline: cpu-fast against the
-better of jit and inductor, target >= 1.1x; where it is not met, the gap and the op the
-cpu-fast graph spends most time in (torch.profiler, self CPU time).
+better of jit and inductor, target >= 1.0x on every model and >= 1.08x on the CNNs (the
+published graph-level win over jit there); met, or the gap, and the op the cpu-fast graph
+spends most time in (torch.profiler, self CPU time).
 
     python benchmarks/cpu_bench.py [--models resnet_bottleneck,bert_4l,resnet50,bert_base,vit_b16]
         [--rounds 10] [--markdown [FILE]] [--plot FILE.png] [--json FILE] [--threads N]
@@ -48,7 +49,9 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from _markdown import add_markdown_option, write_page  # noqa: E402
 
-TARGET = 1.1
+TARGET = 1.0  # cpu-fast against the better of jit and inductor, every model
+CNN_TARGET = 1.08  # and on the convolutional networks
+CNNS = {"resnet_bottleneck", "resnet50"}
 DEFAULT_CHAIN = ["freeze", "fold_conv_bn", "channels_last", "reinplace"]
 MODELS = {  # name: pipeline file it is taken from
     "resnet_bottleneck": "mid-size.yaml", "bert_4l": "mid-size.yaml",
@@ -170,17 +173,21 @@ def markdown(rows: list[dict[str, Any]], threads: int) -> str:
     lines = [f"CPU inference, torch {torch.__version__}, {threads} threads, median of interleaved rounds; "
              "ratios are speed-ups over eager (higher is faster).", "",
              "| model | " + " | ".join(TOOLS) + " | inductor compile s | cpu-fast passes s "
-             "| cpu-fast vs best of jit, inductor | target 1.1x | cpu-fast's costliest op |",
+             "| cpu-fast vs best of jit, inductor | target | cpu-fast's costliest op |",
              "|---|" + "---:|" * (len(TOOLS) + 4) + "---|"]
     for r in rows:
         cells = [f"{r['eager'] / r[t]:.2f}x" if t in r else "-" for t in TOOLS]
-        sp = r["speedup vs best"]
-        verdict = "met" if sp >= TARGET else f"gap {sp / TARGET:.2f}"
+        sp, target = r["speedup vs best"], target_of(r["model"])
+        verdict = f"{target:.2f}x met" if sp >= target else f"{target:.2f}x: gap {sp / target:.2f}"
         lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r.get('inductor compile s', float('nan')):.1f} "
                      f"| {r['passes s']:.2f} | {sp:.2f}x | {verdict} | {r['top op cpu-fast']} |")
     lines += ["", "Absolute medians (ms): " + "; ".join(
         f"{r['model']}: " + ", ".join(f"{t} {r[t]:.1f}" for t in TOOLS if t in r) for r in rows)]
     return "\n".join(lines)
+
+
+def target_of(model: str) -> float:
+    return CNN_TARGET if model in CNNS else TARGET
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -50,7 +50,7 @@ CONV_POINTWISE = torch.ops.mkldnn._convolution_pointwise.default
 CONV_BINARY = torch.ops.mkldnn._convolution_pointwise.binary
 
 # aten op -> (oneDNN unary attr, scalars from the node's args, algorithm)
-def _unary(node: torch.fx.Node) -> Optional[tuple[str, list[Any], Optional[str]]]:
+def unary_epilogue(node: torch.fx.Node) -> Optional[tuple[str, list[Any], Optional[str]]]:
     t, args, kwargs = node.target, node.args, node.kwargs
     if t is _aten.relu.default:
         return "relu", [], None
@@ -198,7 +198,7 @@ def mkldnn_fuse(g: GraphUnderPass, options: MkldnnFuseOptions) -> PassResult:
             geometry = (list(padding), list(stride), list(dilation), groups)
             user = single_user(conv)
             last, replaced = conv, [conv]
-            unary = _unary(user) if user is not None and options.epilogues else None
+            unary = unary_epilogue(user) if user is not None and options.epilogues else None
             other = _residual(user, conv, facts) if user is not None and unary is None and options.epilogues else None
             if unary is not None:
                 attr, scalars, algorithm = unary

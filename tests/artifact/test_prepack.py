@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from aotpipe.artifact.prepack import needs_prepack, packed_linear, prepack
+from aotpipe.artifact.prepack import add_into_residual, aten_epilogue, needs_prepack, packed_linear, prepack
 from tests.passes.helpers import apply, graph_of
 from tests.passes.test_mkldnn_fuse import _Block
 
@@ -64,17 +64,21 @@ def test_a_node_without_a_recorded_input_shape_stays_dense():
     g = _fused(_Mlp(), torch.randn(6, 16))
     for n in g.gm.graph.nodes:
         n.meta.pop("val", None)
-    assert prepack(g.gm) == {"conv": 0, "linear": 0}
+    assert prepack(g.gm) == {"conv": 0, "linear": 0, "epilogue": 0, "in_place": 0}
 
 
-def test_packed_linear_refuses_an_input_that_does_not_fit_the_packed_weight():
-    """mkl._mkl_linear reads the input as wide as the packed weight, unchecked: the wrapper
-    must check it, so a hostile graph cannot make it read out of bounds."""
+def _packed(w, rows):
+    return torch.ops.mkldnn._reorder_linear_weight(w, rows)
+
+
+def test_packed_linear_takes_linear_for_an_input_that_does_not_fit_the_packed_weight():
+    """The wrapper checks its input before the packed kernel: one that does not fit gets
+    linear's own shape check, in linear's words."""
     w, b = torch.randn(8, 32), torch.randn(8)
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 4)
+    packed = _packed(w, 4)
     ok = torch.randn(4, 32)
     torch.testing.assert_close(packed_linear(ok, packed, w, b, 4), torch.nn.functional.linear(ok, w, b))
-    with pytest.raises(RuntimeError):  # too narrow: linear's own shape check, not a read out of bounds
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):  # too narrow
         packed_linear(torch.randn(4, 8), packed, w, b, 4)
     with pytest.raises(RuntimeError):
         packed_linear(torch.randn(4, 4, 32), packed, w[:, :4], b, 4)
@@ -103,11 +107,9 @@ def test_a_bmm_with_a_broadcast_weight_becomes_one_linear():
 
 
 def test_packed_linear_refuses_a_bias_of_the_wrong_length():
-    """_mkl_linear copies one bias value per output: a shorter bias would be read past its end."""
     w = torch.randn(8, 32)
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 4)
     with pytest.raises(RuntimeError):
-        packed_linear(torch.randn(4, 32), packed, w, torch.randn(3), 4)
+        packed_linear(torch.randn(4, 32), _packed(w, 4), w, torch.randn(3), 4)
 
 
 @pytest.mark.parametrize("shape", [[2**31, 4, 8, 8], [2, 5, 8, 8], [0, 4, 8, 8], [2, 4, 8]])
@@ -143,3 +145,143 @@ def test_packed_linear_takes_linear_for_another_row_count():
     packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 4)
     x = torch.randn(5, 32)
     assert torch.equal(packed_linear(x, packed, w, b, 4), torch.nn.functional.linear(x, w, b))
+
+
+# What an inference graph keeps of each (capture decomposes silu to x * sigmoid(x), which fuses
+# as oneDNN's swish; hardswish to arithmetic, which does not).
+_ACTS = {"relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+         "silu": nn.functional.silu, "gelu": nn.functional.gelu,
+         "gelu_tanh": lambda y: nn.functional.gelu(y, approximate="tanh"),
+         "hardtanh": lambda y: nn.functional.hardtanh(y, -0.5, 0.5),
+         "leaky_relu": lambda y: nn.functional.leaky_relu(y, 0.2)}
+
+
+class _Act(nn.Module):
+    """act(linear(x)) on a 3-d input: the linear runs on x viewed 2-d, a view between it and act."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.fc, self.act = nn.Linear(16, 24), act
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+@pytest.mark.parametrize("act", sorted(_ACTS))
+def test_a_linear_epilogue_is_fused_into_the_gemm(act):
+    """Every unary the convolutions take fuses into the packed linear, through the view;
+    where the packed kernel does not apply, the wrapper computes exactly the dense graph."""
+    torch.manual_seed(0)
+    g = _fused(_Act(_ACTS[act]), torch.randn(2, 5, 16))
+    dense = copy.deepcopy(g.gm)
+    done = prepack(g.gm)
+    assert done["linear"] == 1 and done["epilogue"] == 1
+    calls = [n for n in g.gm.graph.nodes if n.op == "call_function"]
+    assert [n.target for n in calls if n.target is packed_linear] == [packed_linear]
+    assert not any(n.target in (torch.ops.aten.relu.default, torch.ops.aten.gelu.default, torch.ops.aten.silu.default,
+                                torch.ops.aten.sigmoid.default, torch.ops.aten.tanh.default,
+                                torch.ops.aten.hardtanh.default, torch.ops.aten.leaky_relu.default,
+                                torch.ops.aten.hardswish.default) for n in calls)
+    with torch.no_grad():
+        torch.testing.assert_close(g.gm(*g.values)[0], dense(*g.values)[0])
+        # Another row count than the one packed for: linear and act in ATen, as the dense graph.
+        node = next(n for n in calls if n.target is packed_linear)
+        args = [getattr(g.gm, a.target) if isinstance(a, torch.fx.Node) else a for a in node.args[1:]]
+        x, (w, b) = torch.randn(7, 16), args[1:3]
+        assert torch.equal(packed_linear(x, *args), _ACTS[act](nn.functional.linear(x, w, b)))
+
+
+def test_an_epilogue_whose_input_is_used_elsewhere_stays_in_the_graph():
+    class _Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 8)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return torch.relu(y), y
+
+    g = _fused(_Both(), torch.randn(6, 16))
+    dense = copy.deepcopy(g.gm)
+    assert prepack(g.gm)["epilogue"] == 0
+    assert any(n.target is torch.ops.aten.relu.default for n in g.gm.graph.nodes)
+    with torch.no_grad():
+        for a, b in zip(g.gm(*g.values), dense(*g.values), strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_aten_epilogue_names_what_it_does_not_know():
+    y = torch.randn(3)
+    assert torch.equal(aten_epilogue(y, "none", [], None), y)
+    with pytest.raises(ValueError, match="no epilogue 'mish'"):
+        aten_epilogue(y, "mish", [], None)
+
+
+class _Residuals(nn.Module):
+    """Two bottleneck-like residual blocks on a conv's result: the second block's residual
+    is the first's sum; `keep` reads the first residual after the blocks."""
+
+    def __init__(self, keep=None, c=4):
+        super().__init__()
+        self.s = nn.Conv2d(c, c, 1)
+        self.a, self.b, self.c, self.d = (nn.Conv2d(c, c, 3, padding=1) for _ in range(4))
+        self.keep = keep
+
+    def forward(self, x):
+        r = torch.relu(self.s(x))
+        if self.keep == "conv input":  # the residual is also what the convolution reads
+            return torch.relu(self.b(r) + r)
+        y = torch.relu(self.b(torch.relu(self.a(r))) + r)
+        z = torch.relu(self.d(torch.relu(self.c(y))) + y)
+        if self.keep == "output":
+            return z, r
+        if self.keep == "read after":
+            return z * r
+        return z
+
+
+@pytest.mark.parametrize("keep,in_place", [(None, 2), ("output", 1), ("read after", 1), ("conv input", 0)])
+def test_a_dead_residual_is_added_into_in_place(keep, in_place):
+    """In place only where nothing reads the residual after the convolution (an output, a
+    later op) nor the convolution itself as its input: the values stay bit for bit those
+    of the dense graph, and so do the inputs."""
+    torch.manual_seed(0)
+    g = _fused(_Residuals(keep), torch.randn(2, 4, 8, 8))
+    dense = copy.deepcopy(g.gm)
+    assert prepack(g.gm)["in_place"] == in_place
+    assert sum(n.target is add_into_residual for n in g.gm.graph.nodes) == in_place
+    inputs = [v.clone() for v in g.values]
+    with torch.no_grad():
+        for a, b in zip(g.gm(*g.values), dense(*g.values), strict=True):
+            assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, g.values, strict=True))
+
+
+def test_add_into_residual_takes_the_out_of_place_kernel_where_in_place_is_not_safe():
+    """Run-time guard: a residual in another layout, or sharing the input's memory, is
+    left untouched."""
+    torch.manual_seed(0)
+    w, b, cl = torch.randn(4, 4, 3, 3), torch.randn(4), torch.channels_last
+    x = torch.randn(2, 4, 8, 8).contiguous(memory_format=cl)
+    args = (w.contiguous(memory_format=cl), b, [1, 1], [1, 1], [1, 1], 1, "relu", [], None)
+    want = torch.relu(nn.functional.conv2d(x, w, b, padding=1) + x)
+    for other in (torch.randn(2, 4, 8, 8), x):  # NCHW; the input itself
+        kept = other.clone()
+        with torch.no_grad():
+            got = add_into_residual(other, x, *args)
+        torch.testing.assert_close(got, torch.relu(nn.functional.conv2d(x, w, b, padding=1) + kept))
+        assert torch.equal(other, kept)
+    other = x.clone()
+    with torch.no_grad():
+        got = add_into_residual(other, x, *args)
+    assert got.data_ptr() == other.data_ptr()  # in place
+    torch.testing.assert_close(got, want)
+
+
+def test_a_residual_that_is_a_graph_input_is_never_written():
+    g = _fused(_Block(), torch.randn(2, 4, 8, 8))  # relu(conv(y) + x): x is the graph's input
+    x = g.values[0].clone()
+    assert prepack(g.gm)["in_place"] == 0
+    with torch.no_grad():
+        g.gm(*g.values)
+    assert torch.equal(g.values[0], x)
