@@ -434,7 +434,25 @@ def _mkldnn_convolution(a: dict[str, Any]) -> Optional[str]:
     w = a["W"]
     if not isinstance(w, torch.Tensor) or w.dim() < 3:
         return "W is not a convolution's weight"
-    return _first(_numel(a["B"], w.shape[0], "B"), _dense(a["B"], "B"))
+    return _first(_numel(a["B"], w.shape[0], "B"), _dense(a["B"], "B"),
+                  _residual_shape(a) if "other" in a else None)
+
+
+def _residual_shape(a: dict[str, Any]) -> str | None:
+    """The binary kernel reads `other` as its output's shape, unchecked: hold it to that."""
+    x, w, other = a["X"], a["W"], a["other"]
+    if not (isinstance(x, torch.Tensor) and isinstance(other, torch.Tensor) and x.dim() == w.dim()):
+        return "X or other is not a tensor of the convolution's rank"
+    spatial = []
+    for i, size in enumerate(x.shape[2:]):
+        pad, stride, dil = (_at(a[k], i) for k in ("padding", "stride", "dilation"))
+        spatial.append((size + 2 * pad - dil * (w.shape[2 + i] - 1) - 1) // stride + 1)
+    want = [x.shape[0], w.shape[0], *spatial]
+    return None if list(other.shape) == want else f"other has shape {list(other.shape)} where the output has {want}"
+
+
+def _at(values: Any, i: int) -> int:
+    return int(values[i] if len(values) > 1 else values[0])
 
 
 def _group_norm_geometry(a: dict[str, Any]) -> Optional[str]:

@@ -525,6 +525,11 @@ def _call_on_fake(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, ar
                                     f"({exception_line(e, 120)}), which cannot be checked before it runs")
         assumed[node.name] = expected_outputs(value)
     except UnsupportedOperatorException:
+        if target is _CONV_BINARY:
+            value = _binary_convolution_on_fake(args, kwargs)
+            if isinstance(value, str):
+                raise refuse.node(node, value) from None
+            return value
         value = _recorded_outputs(node) if gm.meta.get(_OWN) else None
         if value is None:
             raise refuse.node(node, "has no fake-tensor kernel in this torch, so its arguments "
@@ -538,6 +543,27 @@ def _call_on_fake(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, ar
                                   f"these inputs: {exception_line(e)}") from None
         assumed[node.name] = expected_outputs(value)
     return value
+
+
+_CONV_BINARY = getattr(getattr(torch.ops.mkldnn, "_convolution_pointwise", None), "binary", None)
+
+
+def _binary_convolution_on_fake(args: tuple, kwargs: dict) -> torch.Tensor | str:
+    """oneDNN's residual convolution on fake tensors (torch has no fake kernel for it): the
+    plain convolution's output, with `other` held to its shape and dtype (the kernel reads
+    `other` as the output's shape without checking it); or why not."""
+    bound = None if _CONV_BINARY is None else torch.fx.operator_schemas.normalize_function(
+        _CONV_BINARY, tuple(args), dict(kwargs), normalize_to_only_use_kwargs=True)
+    if bound is None:
+        return "has arguments that do not fit its schema"
+    a = bound.kwargs
+    out = torch.ops.mkldnn._convolution_pointwise.default(a["X"], a["W"], a["B"], a["padding"], a["stride"],
+                                                          a["dilation"], a["groups"], "none", [], None)
+    other = a["other"]
+    if not isinstance(other, torch.Tensor) or other.shape != out.shape or other.dtype != out.dtype:
+        return (f"adds a residual of shape {list(getattr(other, 'shape', []))} to a convolution whose output "
+                f"has shape {list(out.shape)}: the kernel would read the residual out of bounds")
+    return out
 
 
 def data_dependent_outputs(module: Any) -> dict[int, list[int]]:

@@ -249,6 +249,11 @@ def add_into_residual(other: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     `other` (oneDNN's sum post-op) when both are channels-last float32 CPU tensors that share
     no memory; otherwise out of place. The graph guarantees nothing reads `other` after."""
     cl = torch.channels_last
+    spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1
+               for size, p, s, d, k in zip(x.shape[2:], padding, stride, dilation, weight.shape[2:], strict=False)]
+    if list(other.shape) != [x.shape[0], weight.shape[0], *spatial]:  # the kernel would not check it
+        raise RuntimeError(f"a residual of shape {list(other.shape)} for a convolution output of shape "
+                           f"{[x.shape[0], weight.shape[0], *spatial]}")
     if (other.layout == torch.strided and x.layout == torch.strided and other.dtype == x.dtype == torch.float32
             and other.device.type == x.device.type == "cpu" and other.dim() == x.dim() == 4
             and other.is_contiguous(memory_format=cl) and x.is_contiguous(memory_format=cl)

@@ -542,3 +542,17 @@ def test_an_allocation_at_run_shows_each_tensor_it_makes_to_eight_dimensions():
     with pytest.raises(ArtifactError) as e:
         _alloc(8, aten.neg.default)(torch.zeros([1] * 8 + [3]))
     assert "makes float32[1, 1, 1, 1, 1, 1, 1, 1] (12 bytes)" in str(e.value)
+
+
+@needs_conv
+@pytest.mark.parametrize("other,why", [
+    (_r(1, 4, 5, 5), "other has shape [1, 4, 5, 5] where the output has [1, 4, 6, 6]"),  # smaller: read past its end
+    (_r(1, 4, 6, 7), "other has shape [1, 4, 6, 7] where the output has [1, 4, 6, 6]"),
+    (_r(2, 4, 6, 6), "other has shape [2, 4, 6, 6] where the output has [1, 4, 6, 6]"),
+])
+def test_a_fused_residual_of_another_shape_than_the_output_is_refused(other, why):
+    """The binary kernel reads its residual as the output's shape and checks nothing (a
+    [1, 4, 4, 4] residual of an 8x8 output runs): the checked form holds it to that shape."""
+    binary = _conv_binary(_r(4, 3, 3, 3), _r(4))
+    binary[1] = other
+    assert refusal(CONV.binary, binary) == why

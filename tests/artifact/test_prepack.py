@@ -285,3 +285,14 @@ def test_a_residual_that_is_a_graph_input_is_never_written():
     with torch.no_grad():
         g.gm(*g.values)
     assert torch.equal(g.values[0], x)
+
+
+def test_add_into_residual_refuses_a_residual_of_another_shape_than_the_output():
+    """The in-place kernel writes the output's shape into the residual, unchecked."""
+    cl = torch.channels_last
+    x = torch.randn(1, 4, 8, 8).contiguous(memory_format=cl)
+    w = torch.randn(4, 4, 3, 3).contiguous(memory_format=cl)
+    small = torch.randn(1, 4, 4, 4).contiguous(memory_format=cl)
+    with pytest.raises(RuntimeError, match=r"a residual of shape \[1, 4, 4, 4\] for a convolution output of shape "
+                                           r"\[1, 4, 8, 8\]"):
+        add_into_residual(small, x, w, None, [1, 1], [1, 1], [1, 1], 1, None, [], None)
