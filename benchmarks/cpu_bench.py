@@ -11,6 +11,12 @@ pipeline's ResNet-50, BERT-base and ViT-B/16):
   compile time (the first call);
 - aotpipe raw: the captured inference graph; aotpipe default: the chain the pipelines use
   (freeze, fold_conv_bn, channels_last, reinplace); aotpipe cpu-fast: `passes: cpu-fast`.
+- blocked (probe), CNNs only: the cpu-fast graph rewritten here as jit's
+  optimize_for_inference runs a CNN, to measure what oneDNN's blocked activation layouts
+  would give a graph of ATen ops: activations as mkldnn tensors between convolutions
+  (`aten.mkldnn_convolution` on weights reordered for them, `relu_` and `add_` in place on
+  its result: no ATen op fuses an epilogue on mkldnn tensors), pools on them, converted
+  once from the input and back where a strided op reads. Not a product path: a measurement.
   Captured by `aotpipe run` (graphs: [inference]) into a temporary folder; "passes s" is
   the cpu-fast chain applied again here to the saved inference graph, timed alone.
 
@@ -57,7 +63,7 @@ MODELS = {  # name: pipeline file it is taken from
     "resnet_bottleneck": "mid-size.yaml", "bert_4l": "mid-size.yaml",
     "resnet50": "real-size.yaml", "bert_base": "real-size.yaml", "vit_b16": "real-size.yaml",
 }
-TOOLS = ["eager", "export", "jit", "inductor", "aotpipe raw", "aotpipe default", "aotpipe cpu-fast"]
+TOOLS = ["eager", "export", "jit", "inductor", "aotpipe raw", "aotpipe default", "aotpipe cpu-fast", "blocked (probe)"]
 
 
 def _entries(name: str) -> dict[str, Any]:
@@ -100,6 +106,78 @@ def pass_seconds(art: Any) -> float:
     t0 = time.perf_counter()
     run_chain(start, steps, check_each=False)
     return time.perf_counter() - t0
+
+
+def blocked(gm: Any) -> Any:
+    """The cpu-fast graph with its convolutions on oneDNN's blocked activations, as jit runs
+    a CNN (the module docstring's probe); None where it has no convolution or one this
+    rewrite does not cover."""
+    import copy
+
+    import torch.fx
+
+    from aotpipe.artifact.prepack import _recorded, stored_graph
+
+    aten, mkldnn = torch.ops.aten, torch.ops.mkldnn
+    convs = (mkldnn._convolution_pointwise.default, mkldnn._convolution_pointwise.binary)
+    graph = copy.deepcopy(stored_graph(gm))
+    out = torch.fx.GraphModule(gm, graph)
+    on_mkldnn: dict[Any, Any] = {}  # strided node -> its mkldnn form, and mkldnn nodes -> themselves
+    weights: dict[str, Any] = {}
+
+    def mkldnn_form(node: Any, before: Any) -> Any:
+        if node not in on_mkldnn:
+            source = node.args[0] if node.target is aten.clone.default else node  # not the channels-last copy
+            with graph.inserting_before(before):
+                on_mkldnn[node] = graph.call_function(aten.to_mkldnn.default, (source,))
+        return on_mkldnn[node]
+
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in convs:
+            i = 1 if node.target is convs[0] else 2
+            x, w, b = node.args[0], node.args[i], node.args[i + 1]
+            padding, stride, dilation, groups = node.args[i + 2:i + 6]
+            unary = node.args[7] if i == 1 else node.args[10]
+            recorded = _recorded(x)
+            if unary not in (None, "none", "relu") or recorded is None or (i == 2 and node.args[8] != "add"):
+                return None
+            if w.target not in weights:
+                dense = getattr(gm, w.target).contiguous().to_mkldnn()
+                out.register_buffer(w.target + "_blocked", aten.mkldnn_reorder_conv2d_weight(
+                    dense, padding, stride, dilation, groups, recorded[0]), persistent=False)
+                with graph.inserting_before(node):
+                    weights[w.target] = graph.get_attr(w.target + "_blocked")
+            with graph.inserting_before(node):
+                made = [graph.call_function(aten.mkldnn_convolution.default, (
+                    mkldnn_form(x, node), weights[w.target], b, padding, stride, dilation, groups))]
+                if i == 2:
+                    made.append(graph.call_function(aten.add_.Tensor, (made[-1], mkldnn_form(node.args[1], node))))
+                if unary == "relu":
+                    made.append(graph.call_function(aten.relu_.default, (made[-1],)))
+            made[-1].meta = dict(node.meta)
+            node.replace_all_uses_with(made[-1])
+            graph.erase_node(node)
+            on_mkldnn.update({m: m for m in made})
+        elif node.target is aten.max_pool2d.default and node.args[0] in on_mkldnn and on_mkldnn[node.args[0]] is node.args[0]:
+            on_mkldnn[node] = node
+    if not weights:
+        return None
+    blocked_values = {n for n, m in on_mkldnn.items() if n is m} | set(on_mkldnn.values())
+    dense_of: dict[Any, Any] = {}
+    for node in list(graph.nodes):
+        if node in blocked_values or node.op in ("get_attr", "placeholder") or node.target is aten.to_mkldnn.default:
+            continue
+        for value in [a for a in node.all_input_nodes if a in blocked_values]:
+            if value not in dense_of:
+                with graph.inserting_after(value):
+                    dense_of[value] = graph.call_function(aten.to_dense.default, (value,))
+            node.replace_input_with(value, dense_of[value])
+    graph.eliminate_dead_code()
+    graph.lint()
+    out.recompile()
+    return out
 
 
 def top_op(fn: Callable[[], Any]) -> str:
@@ -162,6 +240,12 @@ def measure(name: str, root: Path, rounds: int, inductor: bool) -> dict[str, Any
     fns["aotpipe raw"] = lambda: raw.module(*ins["raw"])
     fns["aotpipe default"] = lambda: default.module(*ins["default"])
     fns["aotpipe cpu-fast"] = lambda: fast.module(*ins["fast"])
+    probe = blocked(fast.module)
+    if probe is not None:
+        with torch.no_grad():  # the probe computes what cpu-fast does (other conv algorithms: float noise)
+            for got, want in zip(probe(*ins["fast"]), fast.module(*ins["fast"]), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max()))
+        fns["blocked (probe)"] = lambda: probe(*ins["fast"])
     row.update(interleaved(fns, rounds))
     best = min(row[t] for t in ("jit", "inductor") if t in row)
     row["speedup vs best"] = best / row["aotpipe cpu-fast"]
