@@ -546,6 +546,7 @@ def _call_on_fake(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, ar
 
 
 _CONV_BINARY = getattr(getattr(torch.ops.mkldnn, "_convolution_pointwise", None), "binary", None)
+_GEOMETRY = ("padding", "stride", "dilation", "groups")  # the convolution's, in the plain op's order
 
 
 def _binary_convolution_on_fake(args: tuple, kwargs: dict) -> torch.Tensor | str:
@@ -556,10 +557,8 @@ def _binary_convolution_on_fake(args: tuple, kwargs: dict) -> torch.Tensor | str
         _CONV_BINARY, tuple(args), dict(kwargs), normalize_to_only_use_kwargs=True)
     if bound is None:
         return "has arguments that do not fit its schema"
-    a = bound.kwargs
-    out = torch.ops.mkldnn._convolution_pointwise.default(a["X"], a["W"], a["B"], a["padding"], a["stride"],
-                                                          a["dilation"], a["groups"], "none", [], None)
-    other = a["other"]
+    x, other, w, b, *geometry = (bound.kwargs[k] for k in ("X", "other", "W", "B", *_GEOMETRY))
+    out = torch.ops.mkldnn._convolution_pointwise.default(x, w, b, *geometry, "none", [], None)
     if not isinstance(other, torch.Tensor) or other.shape != out.shape or other.dtype != out.dtype:
         return (f"adds a residual of shape {list(getattr(other, 'shape', []))} to a convolution whose output "
                 f"has shape {list(out.shape)}: the kernel would read the residual out of bounds")

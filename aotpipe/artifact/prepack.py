@@ -23,10 +23,10 @@ them when a graph is loaded, for this CPU:
   which calls oneDNN's ``mkldnn._linear_pointwise`` with W packed by
   ``mkldnn._reorder_linear_weight`` for the recorded row count, and with the linear's
   unary epilogue (GELU, ReLU, SiLU as ``v * sigmoid(v)``, ... as the convolutions take
-  them; through a view between them too) fused into the GEMM. oneDNN's GEMM, not MKL's: measured
-  side by side here (an AMD EPYC), MKL's packed GEMM is 8-19% slower on every transformer
-  shape, and the fused GELU saves a pass over the widest activation
-  (benchmarks/cpu_bench.py). :func:`packed_linear` checks its input before the kernel
+  them; through a view between them too) fused into the GEMM. oneDNN's GEMM, not MKL's:
+  measured side by side on this machine kind (an AMD EPYC), oneDNN's is faster on every
+  transformer shape of the CPU benchmark, and the fused GELU saves a pass over the widest
+  activation (benchmarks/gemm_bench.py, benchmarks/cpu_bench.py). :func:`packed_linear` checks its input before the kernel
   and computes ``linear`` and the epilogue in ATen for any input the packed weight does
   not fit.
 

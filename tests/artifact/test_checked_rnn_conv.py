@@ -556,3 +556,21 @@ def test_a_fused_residual_of_another_shape_than_the_output_is_refused(other, why
     binary = _conv_binary(_r(4, 3, 3, 3), _r(4))
     binary[1] = other
     assert refusal(CONV.binary, binary) == why
+
+
+@needs_conv
+@pytest.mark.parametrize("padding,stride,dilation,out", [
+    ([1, 1], [2, 2], [1, 1], [1, 4, 4, 4]),
+    ([1, 0], [1, 2], [2, 1], [1, 4, 6, 3]),  # each spatial dimension its own arguments
+])
+def test_a_fused_residual_is_held_to_the_output_shape_of_its_convolution_s_arguments(padding, stride, dilation, out):
+    def binary(other_shape):
+        args = _conv_binary(_r(4, 3, 3, 3), _r(4))
+        args[1], args[4:7] = _r(*other_shape), [padding, stride, dilation]
+        return args
+
+    runs_as_unchecked(CONV.binary, binary(out))
+    wrong = [out[0], out[1], out[2], out[3] + 1]
+    assert refusal(CONV.binary, binary(wrong)) == f"other has shape {wrong} where the output has {out}"
+    wrong = [out[0], out[1], out[2] + 1, out[3]]
+    assert refusal(CONV.binary, binary(wrong)) == f"other has shape {wrong} where the output has {out}"

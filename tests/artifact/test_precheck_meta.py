@@ -353,3 +353,35 @@ def test_a_convolution_on_meta_runs_torch_s_argument_checks_first(op, args, erro
     else:
         out = precheck._call_on_meta(node, meta_args, kwargs, CPU)
         assert all(t.device.type == "meta" for t in precheck._tensors(out))
+
+
+_BINARY = getattr(getattr(torch.ops.mkldnn, "_convolution_pointwise", None), "binary", None)
+
+
+@pytest.mark.skipif(_BINARY is None, reason="this torch has no oneDNN residual convolution")
+@pytest.mark.parametrize("padding,stride,dilation,out", [
+    ([1, 1], [1, 1], [1, 1], [1, 4, 8, 8]),
+    ([1, 0], [2, 1], [1, 2], [1, 4, 4, 4]),  # each spatial dimension its own arguments
+])
+def test_oneDNN_s_residual_convolution_is_checked_on_fake_tensors_by_its_own_form(padding, stride, dilation, out):
+    """torch has no fake kernel for it: the precheck's own gives the convolution's output and
+    holds the residual, which the kernel reads as that shape unchecked, to it."""
+    def graph(other_shape):
+        g = Graph("x", "other", "w", "b")
+        x, other, w, b = g.inputs
+        gm = g.module(g.op(_BINARY, x, other, w, b, padding, stride, dilation, 1, "add", None, "relu", [], None))
+        cl = torch.channels_last
+        return gm, [torch.randn(1, 3, 8, 8).contiguous(memory_format=cl), torch.randn(other_shape).contiguous(memory_format=cl),
+                    torch.randn(4, 3, 3, 3).contiguous(memory_format=cl), torch.randn(4)]
+
+    gm, inputs = graph(out)
+    precheck.check_graph(gm, inputs, WHERE)  # accepted
+    for wrong in ([out[0], out[1], out[2] - 1, out[3]], [out[0], out[1], out[2], out[3] + 1], [2, *out[1:]]):
+        gm, inputs = graph(wrong)
+        with pytest.raises(ArtifactError, match=rf"adds a residual of shape \[{', '.join(map(str, wrong))}\] to a "
+                                                 rf"convolution whose output has shape \[{', '.join(map(str, out))}\]"):
+            precheck.check_graph(gm, inputs, WHERE)
+    gm, inputs = graph(out)
+    inputs[1] = inputs[1].double()
+    with pytest.raises(ArtifactError, match="adds a residual"):
+        precheck.check_graph(gm, inputs, WHERE)
