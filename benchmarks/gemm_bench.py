@@ -24,13 +24,14 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from _markdown import add_markdown_option, write_page  # noqa: E402
+import torch
+from _markdown import add_markdown_option, write_page
 
 # (model, rows, in, out): batch 8 x 128 tokens (BERT), 8 x 197 (ViT-B/16)
 SHAPES = [
