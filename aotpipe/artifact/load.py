@@ -51,7 +51,7 @@ from aotpipe.format.records import (  # noqa: F401 (check_version: the loader's 
     check_version,
 )
 from aotpipe.format.vocabulary import GRAPH_KINDS
-from aotpipe.runtime.devices import is_packed
+from aotpipe.runtime.devices import LEGACY_PACKING, PACKING, is_packed
 from aotpipe.runtime.execution import run_graph
 from aotpipe.runtime.tensors import ones, tangent, view_of
 
@@ -345,11 +345,14 @@ def _import_module_py(path: Path) -> torch.nn.Module:
 
 def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
                recompute: Optional[Callable[[], dict[str, torch.Tensor]]] = None,
-               trusted: frozenset[str] = frozenset(), nodes: Optional[NodeBudget] = None) -> GraphArtifact:
+               trusted: frozenset[str] = frozenset(), nodes: Optional[NodeBudget] = None,
+               packing: str = PACKING) -> GraphArtifact:
     """Load one graph folder (`<model>_<kind>_<i>/`): every record validated against the
     format (format/records.py) before anything is built from it. Ops of the library
     namespaces in `trusted` (imported by :func:`grant_trust`) resolve too. `nodes`: the
-    artefact's node budget, charged before the graph is validated or built."""
+    artefact's node budget, charged before the graph is validated or built. `packing`: how
+    the recorded outputs packed a CPU graph's weights (the manifest's environment.packing),
+    which the loader packs it as."""
     folder = Path(folder)
     graph_data: records.RawJson = read_graph_json(folder / GRAPH_JSON, folder)  # its size charged before validating
     if nodes is not None and isinstance(graph_data, dict) and isinstance(graph_data.get("nodes"), list):
@@ -407,7 +410,7 @@ def load_graph(folder: Path, blobs: BlobStore, *, trust_code: bool = False,
             # aotpipe's run functions propagate it on fake tensors before any kernel runs, and
             # run its value-indexing ops in checked forms (artifact/precheck.py, checked.py).
             precheck.mark(gm, where, own_capture=OWN_CAPTURE in trusted)
-            return _packed_for_this_cpu(gm)
+            return _packed_for_this_cpu(gm, packing, where)
 
         # Recomputing constants runs the pass chain on the base graph: only when the graph
         # is run (replaying the inference graph alone need not pay for the optimised one,
@@ -442,10 +445,13 @@ def _packed_at_load(graph: records.GraphRecord) -> bool:
     return any(n.op == "call_function" and n.target in PACKABLE_TARGETS for n in graph.nodes)
 
 
-def _packed_for_this_cpu(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def _packed_for_this_cpu(gm: torch.fx.GraphModule, packing: str, where: str) -> torch.fx.GraphModule:
     """A graph of the cpu-fast chain with its convolution and linear weights packed for
-    this CPU, in memory (aotpipe/artifact/prepack.py); any other graph as it is."""
-    prepack(gm)
+    this CPU as `packing` says, in memory (aotpipe/artifact/prepack.py); any other graph as it is."""
+    try:
+        prepack(gm, packing)
+    except ArtifactError as e:
+        raise ArtifactError(f"{where}: {e}") from None
     return gm
 
 
@@ -614,6 +620,8 @@ def _load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = (
     check_graphs(len(graphs), p / MANIFEST)
     budget = NodeBudget()
     keys = {k: parse_graph_key(k) for k in graphs}
+    # The packing the recorded outputs were computed with: before it was recorded, MKL's.
+    packing = (manifest.environment.packing if manifest.environment is not None else None) or LEGACY_PACKING
     # Captured graphs by subgraph, then kind; then the graphs made from them by passes.
     kinds = sorted((k for k, parsed in keys.items() if parsed is not None and parsed.chain is None),
                    key=lambda k: (keys[k].subgraph, GRAPH_KINDS.index(keys[k].kind)))
@@ -624,7 +632,7 @@ def _load(path: str | Path, *, trust_code: bool = False, trust_ops: TrustOps = (
             raise ArtifactError(f"{p / rec.folder}: a link, not a folder of this artefact")
         art.graphs[kind] = load_graph(p / rec.folder, blobs, trust_code=trust_code,
                                       recompute=_recompute(art, kind, rec) if rec.base else None, trusted=trusted,
-                                      nodes=budget)
+                                      nodes=budget, packing=packing)
         art.graphs[kind].name = kind
     for key, ga in art.graphs.items():
         if ga.kind == "backward" and keys[key] is not None:

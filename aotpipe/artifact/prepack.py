@@ -46,9 +46,10 @@ from typing import Any
 import torch
 import torch.fx
 
+from aotpipe.errors import ArtifactError
 from aotpipe.format.records import RawJson
 from aotpipe.passes.mkldnn_fuse import unary_epilogue
-from aotpipe.runtime.devices import DENSE_GRAPH, is_packed
+from aotpipe.runtime.devices import DENSE_GRAPH, LEGACY_PACKING, PACKING, is_packed
 
 _mkldnn = torch.ops.mkldnn
 _CONVS = {_mkldnn._convolution_pointwise.default: 1, _mkldnn._convolution_pointwise.binary: 2}  # weight's index
@@ -72,6 +73,21 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, b
                                       or not bias.is_contiguous()))):
         return aten_epilogue(torch.nn.functional.linear(x, weight, bias), attr, scalars or [], algorithm)
     return _mkldnn._linear_pointwise(x, packed, bias, attr, scalars or [], algorithm)
+
+
+def mkl_packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      rows: int) -> torch.Tensor:
+    """``linear(x, weight, bias)`` through MKL's packed GEMM when x fits the packed weight:
+    how the loader packed linears before it recorded its packing (``"mkl"``)."""
+    # _mkl_linear trusts its operands' sizes: x's width, and a bias of one value per output
+    # (it copies that many per row). Anything else takes linear, which checks.
+    if (x.dim() != 2 or x.shape[1] != weight.shape[1] or x.dtype != torch.float32 or x.device.type != "cpu"
+            or not x.is_contiguous() or x.requires_grad
+            or x.shape[0] != rows
+            or (bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != torch.float32
+                                      or not bias.is_contiguous()))):
+        return torch.nn.functional.linear(x, weight, bias)
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
 
 def aten_epilogue(y: torch.Tensor, attr: str, scalars: list[Any], algorithm: str | None) -> torch.Tensor:
@@ -139,9 +155,17 @@ def unpacked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, copy.deepcopy(stored_graph(gm)))
 
 
-def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
-    """Pack `gm`'s convolution and linear weights for this CPU, in place; what it packed.
-    The graph before packing stays in gm.meta (:func:`stored_graph`)."""
+def prepack(gm: torch.fx.GraphModule, scheme: str = PACKING) -> dict[str, int]:
+    """Pack `gm`'s convolution and linear weights for this CPU, in place, as `scheme` says
+    (the artefact's recorded ``environment.packing``: its outputs were computed so); what it
+    packed. ``"onednn"``: the module's docstring. ``"mkl"``, an artefact's written before its
+    packing was recorded: convolutions as ``"onednn"``'s, linears through MKL's packed GEMM
+    (:func:`mkl_packed_linear`), no epilogue fused, no residual in place. The graph before
+    packing stays in gm.meta (:func:`stored_graph`)."""
+    if scheme not in (PACKING, LEGACY_PACKING):
+        raise ArtifactError(f"its outputs were recorded with the loader packing weights as {scheme!r}, which this "
+                            f"aotpipe does not know (it packs as {PACKING!r} or {LEGACY_PACKING!r}): replay it with "
+                            "the aotpipe that wrote it")
     done = {"conv": 0, "linear": 0, "epilogue": 0, "in_place": 0}
     if not torch.backends.mkldnn.is_available() or not needs_prepack(gm):
         return done
@@ -176,7 +200,8 @@ def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
             args[i] = packed[key]
             node.args = tuple(args)
             done["conv"] += 1
-        elif node.target is _LINEAR and len(node.args) == 3 and not node.kwargs:
+        elif node.target is _LINEAR and len(node.args) == 3 and not node.kwargs \
+                and (scheme == PACKING or torch._C.has_mkl):
             x, w, b = node.args
             weight = _dense_constant(gm, w, 2)
             shape = (_recorded(x) or (None,))[0]
@@ -187,12 +212,18 @@ def prepack(gm: torch.fx.GraphModule) -> dict[str, int]:
                 continue
             key = ("linear", w.target, shape[0])
             if key not in packed:
-                value = _mkldnn._reorder_linear_weight(weight, shape[0])
+                value = _mkldnn._reorder_linear_weight(weight, shape[0]) if scheme == PACKING \
+                    else torch.ops.mkl._mkl_reorder_linear_weight(weight, shape[0])
                 packed[key] = _attribute(gm, w.target + "_packed", value)
-            node.target = packed_linear
-            node.args = (x, packed[key], w, b, shape[0], *_fuse_epilogue(gm, node, done))
+            if scheme == PACKING:
+                node.target = packed_linear
+                node.args = (x, packed[key], w, b, shape[0], *_fuse_epilogue(gm, node, done))
+            else:
+                node.target = mkl_packed_linear
+                node.args = (x, packed[key], w, b, shape[0])
             done["linear"] += 1
-    done["in_place"] = _residuals_in_place(gm)
+    if scheme == PACKING:
+        done["in_place"] = _residuals_in_place(gm)
     if any(done.values()):
         gm.meta[DENSE_GRAPH] = dense
         gm.graph.eliminate_dead_code()

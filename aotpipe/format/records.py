@@ -621,6 +621,11 @@ class Environment(Record):
     # MKL and oneDNN pick kernels by, which cpu_capability does not tell apart (two AVX512 CPUs
     # can give other bits). Absent in artefacts written before it was recorded.
     cpu: str | None = None
+    # How the loader packs a CPU graph's weights when it builds it (artifact/prepack.py), so
+    # how the recorded outputs were computed: "onednn" (oneDNN's GEMM with its unary epilogue
+    # fused, residual convolutions in place). Absent (written before it was recorded): MKL's
+    # packed GEMM, nothing fused at load, which the loader still packs such artefacts with.
+    packing: str | None = None
 
 
 class Versions(Record):

@@ -22,6 +22,7 @@ import torch
 import torch.fx
 
 from aotpipe.format.records import Environment
+from aotpipe.runtime.devices import PACKING
 
 # Seed set before every seeded run (graph or eager), at capture and at replay.
 RNG_SEED = 0
@@ -132,6 +133,7 @@ def environment(device: str = "cpu") -> Environment:
         mkldnn=bool(torch.backends.mkldnn.is_available()),
         mkl=bool(torch.backends.mkl.is_available()),
         cpu=cpu_model(),
+        packing=PACKING,
     )
 
 

@@ -17,6 +17,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 DENSE_GRAPH = "dense_graph"
 
 
+# How the loader packs a graph's weights for this CPU now (artifact/prepack.py's schemes); the
+# manifest records it (environment.packing) and a graph is always loaded as it was recorded.
+PACKING = "onednn"
+# An artefact that records no packing: written before it was, when the loader packed so.
+LEGACY_PACKING = "mkl"
+
+
 def is_packed(gm: torch.fx.GraphModule) -> bool:
     """Whether the loader packed `gm`'s weights for this CPU."""
     return DENSE_GRAPH in gm.meta

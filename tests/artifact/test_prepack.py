@@ -6,7 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from aotpipe.artifact.prepack import add_into_residual, aten_epilogue, needs_prepack, packed_linear, prepack
+from aotpipe.artifact.prepack import (
+    add_into_residual,
+    aten_epilogue,
+    mkl_packed_linear,
+    needs_prepack,
+    packed_linear,
+    prepack,
+)
+from aotpipe.errors import ArtifactError
 from tests.passes.helpers import apply, graph_of
 from tests.passes.test_mkldnn_fuse import _Block
 
@@ -296,3 +304,38 @@ def test_add_into_residual_refuses_a_residual_of_another_shape_than_the_output()
     with pytest.raises(RuntimeError, match=r"a residual of shape \[1, 4, 4, 4\] for a convolution output of shape "
                                            r"\[1, 4, 8, 8\]"):
         add_into_residual(small, x, w, None, [1, 1], [1, 1], [1, 1], 1, None, [], None)
+
+
+
+@pytest.mark.skipif(not torch._C.has_mkl, reason="this torch has no MKL")
+def test_mkl_packed_linear_of_older_artefacts_refuses_an_input_that_does_not_fit_the_packed_weight():
+    """mkl._mkl_linear reads the input as wide as the packed weight and one bias value per
+    output, unchecked: the wrapper older artefacts load with checks both first, so a hostile
+    graph cannot make it read out of bounds."""
+    w, b = torch.randn(8, 32), torch.randn(8)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 4)
+    ok = torch.randn(4, 32)
+    torch.testing.assert_close(mkl_packed_linear(ok, packed, w, b, 4), nn.functional.linear(ok, w, b))
+    with pytest.raises(RuntimeError):  # too narrow: linear's own shape check
+        mkl_packed_linear(torch.randn(4, 8), packed, w, b, 4)
+    with pytest.raises(RuntimeError):
+        mkl_packed_linear(torch.randn(4, 32), packed, w, torch.randn(3), 4)
+
+
+@pytest.mark.skipif(not torch._C.has_mkl, reason="this torch has no MKL")
+def test_the_legacy_packing_packs_linears_for_mkl_and_fuses_nothing():
+    torch.manual_seed(0)
+    g = _fused(_Mlp(), torch.randn(6, 16))  # b(relu(a(x)))
+    dense = copy.deepcopy(g.gm)
+    done = prepack(g.gm, "mkl")
+    assert done == {"conv": 0, "linear": 2, "epilogue": 0, "in_place": 0}
+    targets = [n.target for n in g.gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(mkl_packed_linear) == 2 and torch.ops.aten.relu.default in targets
+    with torch.no_grad():
+        torch.testing.assert_close(g.gm(*g.values)[0], dense(*g.values)[0])
+
+
+def test_a_packing_scheme_prepack_does_not_know_is_refused():
+    g = _fused(_Mlp(), torch.randn(6, 16))
+    with pytest.raises(ArtifactError, match="'blocked-v9', which this aotpipe does not know"):
+        prepack(g.gm, "blocked-v9")

@@ -247,3 +247,72 @@ def test_a_cpu_fast_graph_is_refused_for_another_device():
     with pytest.raises(ValueError, match="runs on CPU only .*run its base graph on cuda"):
         to_device(g.graph.gm, "cuda")
     assert to_device(g.graph.gm, "cpu") is g.graph.gm
+
+
+def _gelu_mlp():
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+
+_MLP = """
+version: 1
+name: fast
+output: out
+seed: 0
+defaults: {graphs: [inference], passes: cpu-fast}
+models:
+  - name: mlp
+    source: tests.passes.test_cpu_fast:_gelu_mlp
+    inputs: [{shape: [4, 16]}]
+"""
+
+
+def _packed_targets(root):
+    import aotpipe
+
+    art = aotpipe.load(root / "mlp")
+    (graph,) = [g for k, g in art.graphs.items() if k.startswith("inference.")]
+    return art, {getattr(n.target, "__name__", str(n.target)) for n in graph.module.graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.parametrize("recorded", ["onednn", None])
+def test_a_graph_is_packed_as_its_recorded_outputs_were_and_replays_bit_for_bit(tmp_path, monkeypatch, recorded):
+    """environment.packing says how the loader packed the graph its outputs were recorded
+    from; an artefact written before it was recorded (None) was packed with MKL's GEMM and
+    nothing fused, and still is: both replay bit for bit on the machine that made them."""
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    from aotpipe.runtime import determinism
+
+    monkeypatch.setattr(determinism, "PACKING", recorded)  # None: a writer from before the field
+    result, out = run_yaml(tmp_path, _MLP)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "fast" / "mlp" / "manifest.json").read_text())
+    assert manifest["environment"].get("packing") == recorded
+    monkeypatch.undo()  # the reader of today
+    art, targets = _packed_targets(out / "fast")
+    if recorded:
+        assert "packed_linear" in targets and "mkl_packed_linear" not in targets
+        assert "gelu" not in targets  # fused into the GEMM
+    else:
+        assert "mkl_packed_linear" in targets and "packed_linear" not in targets
+        assert any("gelu" in t for t in targets)  # nothing fused at load then
+    from click.testing import CliRunner
+
+    from aotpipe.cli import main
+
+    replayed = CliRunner().invoke(main, ["replay", str(out / "fast" / "mlp")])
+    assert replayed.exit_code == 0 and "mismatch" not in replayed.output, replayed.output
+
+
+def test_a_packing_this_aotpipe_does_not_know_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    result, out = run_yaml(tmp_path, _MLP)
+    assert result.exit_code == 0, result.output
+    path = out / "fast" / "mlp" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["environment"]["packing"] = "amx-2027"
+    path.write_text(json.dumps(manifest))
+    import aotpipe
+    from aotpipe.errors import ArtifactError
+
+    with pytest.raises(ArtifactError, match="packing weights as 'amx-2027', which this aotpipe does not know"):
+        aotpipe.load(out / "fast" / "mlp", trust_code=False).build_all()
