@@ -552,15 +552,14 @@ _GEOMETRY = ("padding", "stride", "dilation", "groups")  # the convolution's, in
 def _binary_convolution_on_fake(args: tuple, kwargs: dict) -> torch.Tensor | str:
     """oneDNN's residual convolution on fake tensors (torch has no fake kernel for it): the
     plain convolution's output, with `other` held to its shape and dtype (the kernel reads
-    `other` as the output's shape without checking it); or why not."""
-    bound = None if _CONV_BINARY is None else torch.fx.operator_schemas.normalize_function(
-        _CONV_BINARY, tuple(args), dict(kwargs), normalize_to_only_use_kwargs=True)
-    if bound is None:
-        return "has arguments that do not fit its schema"
-    x, other, w, b, *geometry = (bound.kwargs[k] for k in ("X", "other", "W", "B", *_GEOMETRY))
+    `other` as the output's shape without checking it); or why not. The call bound its
+    arguments to the schema before its missing kernel was found, and none has a default."""
+    named = dict(zip((a.name for a in _CONV_BINARY._schema.arguments), args, strict=False))  # type: ignore[union-attr]
+    named.update(kwargs)
+    x, other, w, b, *geometry = (named[k] for k in ("X", "other", "W", "B", *_GEOMETRY))
     out = torch.ops.mkldnn._convolution_pointwise.default(x, w, b, *geometry, "none", [], None)
-    if not isinstance(other, torch.Tensor) or other.shape != out.shape or other.dtype != out.dtype:
-        return (f"adds a residual of shape {list(getattr(other, 'shape', []))} to a convolution whose output "
+    if other.shape != out.shape or other.dtype != out.dtype:  # a tensor: the call's binding saw to that
+        return (f"adds a residual of shape {list(other.shape)} to a convolution whose output "
                 f"has shape {list(out.shape)}: the kernel would read the residual out of bounds")
     return out
 

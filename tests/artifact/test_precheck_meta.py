@@ -385,3 +385,24 @@ def test_oneDNN_s_residual_convolution_is_checked_on_fake_tensors_by_its_own_for
     inputs[1] = inputs[1].double()
     with pytest.raises(ArtifactError, match="adds a residual"):
         precheck.check_graph(gm, inputs, WHERE)
+
+
+@pytest.mark.skipif(_BINARY is None, reason="this torch has no oneDNN residual convolution")
+def test_the_residual_convolution_s_fake_form_reads_keyword_arguments_and_what_fits_no_schema_never_reaches_it():
+    cl = torch.channels_last
+    inputs = [torch.randn(1, 3, 8, 8).contiguous(memory_format=cl), torch.randn(1, 4, 8, 8).contiguous(memory_format=cl),
+              torch.randn(4, 3, 3, 3).contiguous(memory_format=cl), torch.randn(4)]
+
+    def check(*args, **kwargs):
+        g = Graph("x", "other", "w", "b")
+        precheck.check_graph(g.module(g.op(_BINARY, *g.inputs, *args, **kwargs)), inputs, WHERE)
+
+    check([1, 1], [1, 1], [1, 1], groups=1, binary_attr="add", alpha=None, unary_attr="relu", unary_scalars=[],
+          unary_algorithm=None)  # accepted: keywords are arguments too
+    with pytest.raises(precheck.GraphWillNotRun, match="is missing value for argument 'dilation'"):
+        check([1, 1], [1, 1])  # no dilation, groups, ...: the call's own binding refuses it
+    g = Graph("x", "w", "b")
+    x, w, b = g.inputs
+    gm = g.module(g.op(_BINARY, x, 1.5, w, b, [1, 1], [1, 1], [1, 1], 1, "add", None, "relu", [], None))
+    with pytest.raises(precheck.GraphWillNotRun, match="Expected a value of type 'Tensor' for argument 'other'"):
+        precheck.check_graph(gm, [inputs[0], inputs[2], inputs[3]], WHERE)
