@@ -559,13 +559,15 @@ def test_a_fused_residual_of_another_shape_than_the_output_is_refused(other, why
 
 
 @needs_conv
-@pytest.mark.parametrize("padding,stride,dilation,out", [
-    ([1, 1], [2, 2], [1, 1], [1, 4, 4, 4]),
-    ([1, 0], [1, 2], [2, 1], [1, 4, 6, 3]),  # each spatial dimension its own arguments
+@pytest.mark.parametrize("padding,stride,dilation,kernel,out", [
+    ([1, 1], [2, 2], [1, 1], (3, 3), [1, 4, 4, 4]),
+    ([1, 0], [1, 2], [2, 1], (3, 3), [1, 4, 6, 3]),  # each spatial dimension its own arguments
+    ([1], [1], [1], (3, 5), [1, 4, 8, 6]),  # one value for both, as the kernel takes it; a 3x5 kernel
 ])
-def test_a_fused_residual_is_held_to_the_output_shape_of_its_convolution_s_arguments(padding, stride, dilation, out):
+def test_a_fused_residual_is_held_to_the_output_shape_of_its_convolution_s_arguments(padding, stride, dilation,
+                                                                                     kernel, out):
     def binary(other_shape):
-        args = _conv_binary(_r(4, 3, 3, 3), _r(4))
+        args = _conv_binary(_r(4, 3, *kernel), _r(4))
         args[1], args[4:7] = _r(*other_shape), [padding, stride, dilation]
         return args
 
@@ -574,3 +576,11 @@ def test_a_fused_residual_is_held_to_the_output_shape_of_its_convolution_s_argum
     assert refusal(CONV.binary, binary(wrong)) == f"other has shape {wrong} where the output has {out}"
     wrong = [out[0], out[1], out[2] + 1, out[3]]
     assert refusal(CONV.binary, binary(wrong)) == f"other has shape {wrong} where the output has {out}"
+
+
+@needs_conv
+@pytest.mark.parametrize("x,other", [(_r(3, 8, 8), _r(1, 4, 6, 6)), (_r(1, 3, 8, 8), None), (None, _r(1, 4, 6, 6))])
+def test_a_fused_residual_or_input_that_is_not_a_tensor_of_the_convolution_s_rank_is_refused(x, other):
+    args = _conv_binary(_r(4, 3, 3, 3), _r(4))
+    args[0], args[1] = x, other
+    assert refusal(CONV.binary, args) == "X or other is not a tensor of the convolution's rank"
