@@ -150,9 +150,8 @@ def test_a_recorded_linear_input_that_does_not_fit_leaves_it_dense(rows):
 
 def test_packed_linear_takes_linear_for_another_row_count():
     w, b = torch.randn(8, 32), torch.randn(8)
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 4)
     x = torch.randn(5, 32)
-    assert torch.equal(packed_linear(x, packed, w, b, 4), torch.nn.functional.linear(x, w, b))
+    assert torch.equal(packed_linear(x, _packed(w, 4), w, b, 4), torch.nn.functional.linear(x, w, b))
 
 
 # What an inference graph keeps of each (capture decomposes silu to x * sigmoid(x), which fuses
@@ -178,7 +177,7 @@ class _Act(nn.Module):
 @pytest.mark.parametrize("act", sorted(_ACTS))
 def test_a_linear_epilogue_is_fused_into_the_gemm(act):
     """Every unary the convolutions take fuses into the packed linear, through the view;
-    where the packed kernel does not apply, the wrapper computes exactly the dense graph."""
+    where the packed kernel does not apply, the wrapper computes linear and the act in ATen."""
     torch.manual_seed(0)
     g = _fused(_Act(_ACTS[act]), torch.randn(2, 5, 16))
     dense = copy.deepcopy(g.gm)
