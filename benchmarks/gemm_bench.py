@@ -21,9 +21,7 @@ where MKL is at home) to see whether the choice holds there.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from _markdown import add_markdown_option, write_page
+from cpu_bench import interleaved
 
 # (model, rows, in, out): batch 8 x 128 tokens (BERT), 8 x 197 (ViT-B/16)
 SHAPES = [
@@ -53,18 +52,10 @@ def measure(rows: int, k: int, n: int, rounds: int) -> dict[str, float]:
         "MKL + GELU": lambda: torch.nn.functional.gelu(torch.ops.mkl._mkl_linear(x, mkl, w, b, rows)),
         "oneDNN GELU fused": lambda: torch.ops.mkldnn._linear_pointwise(x, dnn, b, "gelu", [], "none"),
     }
-    times: dict[str, list[float]] = {name: [] for name in fns}
     with torch.no_grad():
         torch.testing.assert_close(fns["oneDNN packed"](), fns["aten"](), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(fns["oneDNN GELU fused"](), fns["MKL + GELU"](), rtol=1e-4, atol=1e-4)
-        for f in fns.values():
-            f()
-        for _ in range(rounds):
-            for name, f in fns.items():
-                t0 = time.perf_counter()
-                f()
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(v) * 1e3 for name, v in times.items()}
+    return interleaved(fns, rounds)  # cpu_bench's: every way once per round, median ms
 
 
 def main() -> None:
