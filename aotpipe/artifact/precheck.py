@@ -327,6 +327,11 @@ def _call_on_meta(node: torch.fx.Node, args: tuple, kwargs: dict, device: torch.
                 if given.type != device.type or None not in (given.index, device.index) and given.index != device.index:
                     raise _NotOnMeta(node.name)
             kwargs[name] = _META
+    if target is _CONV_BINARY:  # no meta kernel: as the fake pass computes it
+        value = binary_convolution_output(args, kwargs)
+        if isinstance(value, str):
+            raise _NotOnMeta(node.name)  # the fake pass refuses it, naming why
+        return value
     if target in _CONVOLUTIONS:
         _convolution_checks(target, args, kwargs)
     if torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
@@ -526,7 +531,11 @@ def _call_on_fake(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, ar
         assumed[node.name] = expected_outputs(value)
     except UnsupportedOperatorException:
         if target is _CONV_BINARY:
-            value = _binary_convolution_on_fake(args, kwargs)
+            try:
+                value = binary_convolution_output(args, kwargs)
+            except Exception as e:  # the plain convolution's checks: wrong channels, a one-element weight...
+                raise GraphWillNotRun(f"{where}: node {node.name!r} ({_op_label(node)}) does not run on "
+                                      f"these inputs: {exception_line(e)}") from None
             if isinstance(value, str):
                 raise refuse.node(node, value) from None
             return value
@@ -549,11 +558,12 @@ _CONV_BINARY = getattr(getattr(torch.ops.mkldnn, "_convolution_pointwise", None)
 _GEOMETRY = ("padding", "stride", "dilation", "groups")  # the convolution's, in the plain op's order
 
 
-def _binary_convolution_on_fake(args: tuple, kwargs: dict) -> torch.Tensor | str:
-    """oneDNN's residual convolution on fake tensors (torch has no fake kernel for it): the
-    plain convolution's output, with `other` held to its shape and dtype (the kernel reads
-    `other` as the output's shape without checking it); or why not. The call bound its
-    arguments to the schema before its missing kernel was found, and none has a default."""
+def binary_convolution_output(args: tuple, kwargs: dict) -> torch.Tensor | str:
+    """oneDNN's residual convolution on fake or meta tensors (torch has neither kernel for
+    it): the plain convolution's output, with `other` held to its shape and dtype (the kernel
+    reads `other` as the output's shape without checking it); or why not. Raises as the plain
+    convolution's checks do. (The call's arguments are bound to the schema: it has no
+    defaults.)"""
     named = dict(zip((a.name for a in _CONV_BINARY._schema.arguments), args, strict=False))  # type: ignore[union-attr]
     named.update(kwargs)
     x, other, w, b, *geometry = (named[k] for k in ("X", "other", "W", "B", *_GEOMETRY))

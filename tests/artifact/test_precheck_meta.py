@@ -376,15 +376,36 @@ def test_oneDNN_s_residual_convolution_is_checked_on_fake_tensors_by_its_own_for
 
     gm, inputs = graph(out)
     precheck.check_graph(gm, inputs, WHERE)  # accepted
+    precheck._propagate(gm, inputs, WHERE, on_meta=CPU)  # and by the meta pass (no slow fake pass for cpu-fast CNNs)
     for wrong in ([out[0], out[1], out[2] - 1, out[3]], [out[0], out[1], out[2], out[3] + 1], [2, *out[1:]]):
         gm, inputs = graph(wrong)
         with pytest.raises(ArtifactError, match=rf"adds a residual of shape \[{', '.join(map(str, wrong))}\] to a "
                                                  rf"convolution whose output has shape \[{', '.join(map(str, out))}\]"):
             precheck.check_graph(gm, inputs, WHERE)
+        with pytest.raises(precheck._NotOnMeta):  # the meta pass leaves it to the fake pass, which names why
+            precheck._propagate(gm, inputs, WHERE, on_meta=CPU)
     gm, inputs = graph(out)
     inputs[1] = inputs[1].double()
     with pytest.raises(ArtifactError, match="adds a residual"):
         precheck.check_graph(gm, inputs, WHERE)
+
+
+@pytest.mark.skipif(_BINARY is None, reason="this torch has no oneDNN residual convolution")
+@pytest.mark.parametrize("which", ["x", "w"])
+def test_a_residual_convolution_whose_plain_convolution_does_not_run_is_refused_in_one_line(which):
+    """The plain convolution's own checks (channels, a one-element input or weight: the hostile
+    sweep's) refuse it as a graph that does not run, on both passes; the kernel never runs."""
+    cl = torch.channels_last
+    inputs = {"x": torch.randn(1, 3, 8, 8), "other": torch.randn(1, 4, 8, 8), "w": torch.randn(4, 3, 3, 3),
+              "b": torch.randn(4)}
+    inputs[which] = torch.randn(1, 1, 1, 1)
+    g = Graph("x", "other", "w", "b")
+    gm = g.module(g.op(_BINARY, *g.inputs, [1, 1], [1, 1], [1, 1], 1, "add", None, "relu", [], None))
+    values = [t.contiguous(memory_format=cl) if t.dim() == 4 else t for t in inputs.values()]
+    with pytest.raises(precheck.GraphWillNotRun, match=r"does not run on these inputs: .*(channel|weight)"):
+        precheck.check_graph(gm, values, WHERE)
+    with pytest.raises(RuntimeError):  # the meta pass raises too: the fake pass decides
+        precheck._propagate(gm, values, WHERE, on_meta=CPU)
 
 
 @pytest.mark.skipif(_BINARY is None, reason="this torch has no oneDNN residual convolution")
