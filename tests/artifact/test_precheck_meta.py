@@ -382,8 +382,9 @@ def test_oneDNN_s_residual_convolution_is_checked_on_fake_tensors_by_its_own_for
         with pytest.raises(ArtifactError, match=rf"adds a residual of shape \[{', '.join(map(str, wrong))}\] to a "
                                                  rf"convolution whose output has shape \[{', '.join(map(str, out))}\]"):
             precheck.check_graph(gm, inputs, WHERE)
-        with pytest.raises(precheck._NotOnMeta):  # the meta pass leaves it to the fake pass, which names why
+        with pytest.raises(precheck._NotOnMeta) as left:  # the meta pass leaves it to the fake pass, which names why
             precheck._propagate(gm, inputs, WHERE, on_meta=CPU)
+        assert str(left.value) == next(n.name for n in gm.graph.nodes if n.target is _BINARY)
     gm, inputs = graph(out)
     inputs[1] = inputs[1].double()
     with pytest.raises(ArtifactError, match="adds a residual"):
