@@ -76,6 +76,7 @@ TARGETS = [
     ("capture_vs_dynamo", "capture (4 kinds) / dynamo dump (4 kinds)", 1.0),
     ("total_vs_dynamo", "aotpipe whole model / dynamo dump", 2.0),
     ("checks_vs_eager", "checks / eager fwd+bwd", 3.0),
+    ("floor_vs_eager", "checks' floor (eager float32 + each graph once) / eager fwd+bwd", None),
     ("replay_vs_export", "load + first replay / export load + run", None),
 ]
 
@@ -340,25 +341,95 @@ def bench_dynamo(model: torch.nn.Module, args: tuple, kwargs: dict, tmp: Path, n
     return out
 
 
+@contextlib.contextmanager
+def _timing(owner: Any, name: str, seconds: dict[str, float], key: Callable[..., str]) -> Any:
+    """While active, the wall seconds of owner.name's calls, added to seconds[key(*args)]."""
+    f = getattr(owner, name)
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            label = key(*a, **k)
+            seconds[label] = seconds.get(label, 0.0) + time.perf_counter() - t
+
+    setattr(owner, name, timed)
+    try:
+        yield
+    finally:
+        setattr(owner, name, f)
+
+
+def _eager_label(_self: Any, mode: str, fp64: bool, nudged: int = 0) -> str:
+    return "eager float64" if fp64 else "eager nudged" if nudged else "eager float32"
+
+
+def checks_split(seconds: dict[str, float], checks_s: float) -> dict[str, float]:
+    """The checks' seconds by what they spent them on: eager float32, float64 and nudged runs,
+    the written graphs' runs, and the rest (loading, the precheck, comparing, digests,
+    evidence). The float64 run happens inside a comparison, so "other" leaves it out."""
+    out = {k: seconds.get(k, 0.0) for k in ("eager float32", "eager float64", "eager nudged", "graph runs")}
+    out["other"] = max(0.0, checks_s - sum(out.values()))
+    return out
+
+
+def graph_runs(folder: Path) -> dict[str, float]:
+    """Seconds of one plain run of each written graph, as the loader builds it, on its saved
+    inputs (a backward on its forward's outputs): no per-node summaries, comparisons or
+    digests. With eager's float32 runs, the least a check that runs every graph once
+    against the eager model can cost."""
+    from aotpipe.artifact.load import load
+    from aotpipe.format import limits
+    from aotpipe.format.graph_keys import graph_key, key_order, parse_graph_key
+    from aotpipe.runtime.execution import runnable
+
+    out: dict[str, float] = {}
+    outs: dict[str, list] = {}
+    with limits.unbounded_bytes():
+        art = load(folder).build_all()
+        for key in sorted(art.graphs, key=key_order):
+            ga, parsed = art.graphs[key], parse_graph_key(key)
+            forward = graph_key("forward", parsed.subgraph) if parsed is not None else None
+            inputs = ga.saved_inputs(forward_outputs=outs.get(forward)) if parsed is not None \
+                and parsed.kind == "backward" else ga.saved_inputs()
+            module = runnable(ga.module, inputs)
+            with torch.no_grad():
+                t = time.perf_counter()
+                result = module(*inputs)
+                out[key] = time.perf_counter() - t
+            outs[key] = list(result) if isinstance(result, (tuple, list)) else [result]
+    return out
+
+
 def bench_aotpipe(spec: Any, out_dir: Path, base_dir: Optional[Path]) -> dict:
+    import aotpipe.checks.written as written
+    from aotpipe.models.eager import EagerReference
     from aotpipe.pipeline.job import run_model
 
-    r = run_model(spec, out_dir, base_dir, force=True)
+    seconds: dict[str, float] = {}
+    with _timing(EagerReference, "_run", seconds, _eager_label), \
+            _timing(written, "run_with_summaries", seconds, lambda *a, **k: "graph runs"):
+        r = run_model(spec, out_dir, base_dir, force=True)
     g = lambda name, default=None: getattr(r, name, default)  # noqa: E731
     checks = r.checks_seconds
     checks_from = "checks_seconds"
     passes = g("passes") or {}
     passes_s = sum(float(p.get("seconds", 0.0)) for p in passes.values() if isinstance(p, dict))
     folder = out_dir / spec.name
-    written = folder.is_dir() and (folder / "manifest.json").is_file()
+    folder_written = folder.is_dir() and (folder / "manifest.json").is_file()
     out = {"status": g("status"), "stage": g("stage"), "model_error": g("error"),
            "capture_s": g("capture_seconds"), "checks_s": checks, "checks_from": checks_from,
            "passes_s": passes_s, "write_s": g("write_seconds"), "total_s": g("total_seconds"),
-           "bytes": _folder_bytes(folder) if written else None,
-           "blob_bytes": _folder_bytes(folder / "blobs") if written and (folder / "blobs").is_dir() else None,
-           "bytes_by_kind": bytes_by_kind(folder) if written else None,
+           "bytes": _folder_bytes(folder) if folder_written else None,
+           "blob_bytes": _folder_bytes(folder / "blobs") if folder_written and (folder / "blobs").is_dir() else None,
+           "bytes_by_kind": bytes_by_kind(folder) if folder_written else None,
            "graphs": [getattr(x, "kind", str(x)) for x in (g("graphs") or [])],
-           "written": written}
+           "written": folder_written}
+    if isinstance(checks, (int, float)):
+        out["checks_split"] = checks_split(seconds, checks)
+    if folder_written:
+        out["graph_runs"] = graph_runs(folder)
     if g("traceback"):
         out["model_traceback"] = g("traceback")
     return out
@@ -431,6 +502,9 @@ def ratios(row: dict) -> dict[str, Optional[float]]:
             r["total_vs_dynamo"] = a["total_s"] / row["dynamo"]["total_s"]
     if _ok(row, "aotpipe", "checks_s") and _ok(row, "eager", "fwd_bwd_s"):
         r["checks_vs_eager"] = a["checks_s"] / row["eager"]["fwd_bwd_s"]
+    if isinstance(a.get("graph_runs"), dict) and a["graph_runs"] and _ok(row, "eager", "fwd_bwd_s", "fwd_s"):
+        e = row["eager"]
+        r["floor_vs_eager"] = (e["fwd_bwd_s"] + e["fwd_s"] + sum(a["graph_runs"].values())) / e["fwd_bwd_s"]
     if _ok(row, "replay", "load_replay_s") and _ok(row, "export", "load_run_s"):
         r["replay_vs_export"] = row["replay"]["load_replay_s"] / row["export"]["load_run_s"]
     return r
@@ -517,6 +591,18 @@ def _mb(cell: Any, key: str) -> str:
     return _s(cell, key, "{:.1f}", 1 / 2**20)
 
 
+def _split_cell(cell: Any) -> str:
+    split = cell.get("checks_split") if isinstance(cell, dict) and not _err(cell) else None
+    if not isinstance(split, dict):
+        return "-"
+    return "/".join(f"{split.get(k, 0.0):.1f}" for k in ("eager float32", "eager float64", "graph runs", "other"))
+
+
+def _runs_cell(cell: Any) -> str:
+    runs = cell.get("graph_runs") if isinstance(cell, dict) and not _err(cell) else None
+    return f"{sum(runs.values()):.2f}" if isinstance(runs, dict) and runs else "-"
+
+
 def tables(result: dict) -> str:
     rows = result["rows"]
     threads = torch.get_num_threads()
@@ -535,7 +621,8 @@ def tables(result: dict) -> str:
     lines += ["", "met: the ratio is within the target; gap Nx: the ratio is N times the target.", ""]
 
     head2 = ["model", "eager fwd ms", "eager fwd+bwd ms",
-             "aotpipe capture s", "checks s", "passes s", "write s", "aotpipe total s", "aotpipe MB (blobs)",
+             "aotpipe capture s", "checks s", "checks s: eager float32/float64/graph runs/other",
+             "each graph once s", "passes s", "write s", "aotpipe total s", "aotpipe MB (blobs)",
              "export s", "save s", ".pt2 MB (inputs)", "export load+run s",
              "dynamo fw+bw+joint s", "dynamo inference s", "dynamo MB",
              "aotpipe load s", "replay inference s", "peak RSS GB eager/export/dynamo/aotpipe",
@@ -552,13 +639,20 @@ def tables(result: dict) -> str:
         peaks = "/".join(f"{c['peak_rss_gb']:.1f}" if c and c.get("peak_rss_gb") else "-" for c in (e, x, d, a))
         shares = "/".join(f"{c['cpu_share']:.2f}" if c and c.get("cpu_share") else "-" for c in (e, x, d, a))
         cells = [row["model"], _s(e, "fwd_s", "{:.1f}", 1e3), _s(e, "fwd_bwd_s", "{:.1f}", 1e3),
-                 _s(a, "capture_s"), _s(a, "checks_s"), _s(a, "passes_s"), _s(a, "write_s"), _s(a, "total_s"),
+                 _s(a, "capture_s"), _s(a, "checks_s"), _split_cell(a), _runs_cell(a), _s(a, "passes_s"), _s(a, "write_s"), _s(a, "total_s"),
                  aot_mb, _s(x, "export_s"), _s(x, "save_s"), pt2_mb, _s(x, "load_run_s"),
                  _s(d, "train_s"), _s(d, "inference_s"), _mb(d, "bytes"),
                  _s(rp, "load_s"), _s(rp, "replay_s"), peaks, shares]
         lines.append("| " + " | ".join(cells) + " |")
     checks_from = {r["aotpipe"].get("checks_from") for r in rows if r.get("aotpipe") and not _err(r["aotpipe"])}
-    lines += ["", "checks: " + (", ".join(sorted(checks_from)) or "-") + " of aotpipe's ModelResult. "
+    lines += ["", "checks: " + (", ".join(sorted(checks_from)) or "-") + " of aotpipe's ModelResult, split by "
+              "timers: the eager model's float32 runs (inference and training), its float64 run (made only where "
+              "a graph's value is over the float32 noise floor against eager float32), the written graphs' runs "
+              "(per-node summaries), the rest (loading, the precheck, comparing, digests, evidence). Each graph "
+              "once: one plain run of every written graph as the loader builds it, on its saved inputs. The "
+              "checks' floor: eager fwd+bwd + eager fwd + each graph once, what a check that runs every graph "
+              "once against eager float32 cannot go below, whatever its overheads; a float64 reference adds "
+              "its run to that. "
               "Dynamo dump: graph_dumper_aot-style aot_autograd backend, train step (forward, backward, joint) "
               "plus inference, compilation and writing included; the target ratios use its sum. "
               ".pt2: torch.export.save of the eval-mode export; `(inputs)` is the part holding the example inputs. "

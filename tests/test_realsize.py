@@ -66,9 +66,8 @@ def test_mid_size_models_run_ok_with_no_check_skipped(tmp_path):
         assert m["checks"]["skipped"] == 0 and m["checks"]["failed"] == 0 and m["checks"]["run"] > 50, m["checks"]
 
 
-def test_the_bench_splits_an_artefacts_bytes_by_what_they_hold(quickstart_run):
-    """benchmarks/realsize_bench.py's split of a model folder's bytes: every byte in one kind,
-    the weights those of the parameters and buffers (the mlp: its float32 parameters)."""
+def _bench():
+    """benchmarks/realsize_bench.py as a module."""
     import importlib.util
     import sys
 
@@ -80,6 +79,13 @@ def test_the_bench_splits_an_artefacts_bytes_by_what_they_hold(quickstart_run):
         spec.loader.exec_module(bench)
     finally:
         sys.path.remove(str(path.parent))
+    return bench
+
+
+def test_the_bench_splits_an_artefacts_bytes_by_what_they_hold(quickstart_run):
+    """benchmarks/realsize_bench.py's split of a model folder's bytes: every byte in one kind,
+    the weights those of the parameters and buffers (the mlp: its float32 parameters)."""
+    bench = _bench()
     folder = quickstart_run[0] / "mlp"
     kinds = bench.bytes_by_kind(folder)
     assert sum(kinds.values()) == sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
@@ -94,3 +100,25 @@ def test_the_bench_splits_an_artefacts_bytes_by_what_they_hold(quickstart_run):
     tensors = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     # a blob is a safetensors file: the tensor's bytes and a small header each
     assert tensors <= kinds["weights"] <= tensors + 1024 * (len(list(model.parameters())) + 1), (kinds, tensors)
+
+
+def test_the_bench_splits_the_checks_time_and_gives_their_floor(quickstart_run):
+    """The checks' split by timers (eager float32/float64, graph runs, the rest), each graph
+    run once on its saved inputs (the backward on its forward's outputs), and the floor ratio
+    they make with eager's times."""
+    bench = _bench()
+    runs = bench.graph_runs(quickstart_run[0] / "mlp")
+    assert sorted(runs) == sorted(["inference", "forward", "backward", "joint",
+                                   *[k for k in runs if k.startswith("inference.")]]) and len(runs) >= 4, runs
+    assert all(t > 0 for t in runs.values()), runs
+    split = bench.checks_split({"eager float32": 1.0, "eager float64": 2.0, "graph runs": 3.0, "ignored": 9.0}, 10.0)
+    assert split == {"eager float32": 1.0, "eager float64": 2.0, "eager nudged": 0.0, "graph runs": 3.0, "other": 4.0}
+    assert bench._split_cell({"checks_split": split}) == "1.0/2.0/3.0/4.0"
+    row = {"eager": {"fwd_bwd_s": 2.0, "fwd_s": 0.5}, "aotpipe": {"graph_runs": {"a": 1.0, "b": 0.5}, "checks_s": 8.0}}
+    ratios = bench.ratios(row)
+    assert ratios["floor_vs_eager"] == pytest.approx((2.0 + 0.5 + 1.5) / 2.0) and ratios["checks_vs_eager"] == 4.0
+    assert bench.ratios({**row, "aotpipe": {"graph_runs": {}}})["floor_vs_eager"] is None  # nothing ran: no floor
+    seconds = {}
+    with bench._timing(bench.time, "sleep", seconds, lambda *a: "slept"):
+        bench.time.sleep(0.01)
+    assert seconds["slept"] >= 0.01 and bench.time.sleep.__name__ == "sleep"  # timed, then put back
