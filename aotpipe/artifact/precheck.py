@@ -327,8 +327,12 @@ def _call_on_meta(node: torch.fx.Node, args: tuple, kwargs: dict, device: torch.
                 if given.type != device.type or None not in (given.index, device.index) and given.index != device.index:
                     raise _NotOnMeta(node.name)
             kwargs[name] = _META
-    if target is _CONV_BINARY:  # no meta kernel: as the fake pass computes it
-        value = binary_convolution_output(args, kwargs)
+    if target is _CONV_BINARY:  # no meta kernel: as the fake pass computes it, on arguments its schema binds
+        bound = torch.fx.operator_schemas.normalize_function(target, tuple(args), dict(kwargs),
+                                                             normalize_to_only_use_kwargs=True)
+        if bound is None:  # too many, too few or unknown arguments: the fake pass's binding names which
+            raise _NotOnMeta(node.name)
+        value = binary_convolution_output((), bound.kwargs)
         if isinstance(value, str):
             raise _NotOnMeta(node.name)  # the fake pass refuses it, naming why
         return value

@@ -421,6 +421,22 @@ def test_the_residual_convolution_s_fake_form_reads_keyword_arguments_and_what_f
 
     check([1, 1], [1, 1], [1, 1], groups=1, binary_attr="add", alpha=None, unary_attr="relu", unary_scalars=[],
           unary_algorithm=None)  # accepted: keywords are arguments too
+    g = Graph("x", "other", "w", "b")
+    whole = g.op(_BINARY, *g.inputs, [1, 1], [1, 1], [1, 1], groups=1, binary_attr="add", alpha=None,
+                 unary_attr="relu", unary_scalars=[], unary_algorithm=None)
+    precheck._propagate(g.module(whole), inputs, WHERE, on_meta=CPU)  # and on meta
+    for extra in ({"bogus": 1}, {"unary_algorithm": None, "other_too": 2}):  # what no schema binds: not on meta
+        g = Graph("x", "other", "w", "b")
+        gm = g.module(g.op(_BINARY, *g.inputs, [1, 1], [1, 1], [1, 1], 1, "add", None, "relu", [],
+                           **({"unary_algorithm": None} | extra)))
+        with pytest.raises(precheck._NotOnMeta):
+            precheck._propagate(gm, inputs, WHERE, on_meta=CPU)
+        with pytest.raises(precheck.GraphWillNotRun):
+            precheck.check_graph(gm, inputs, WHERE)
+    g = Graph("x", "other", "w", "b")
+    gm = g.module(g.op(_BINARY, *g.inputs, [1, 1], [1, 1], [1, 1], 1, "add", None, "relu", [], None, 5))
+    with pytest.raises(precheck._NotOnMeta):  # one positional argument too many
+        precheck._propagate(gm, inputs, WHERE, on_meta=CPU)
     with pytest.raises(precheck.GraphWillNotRun, match="is missing value for argument 'dilation'"):
         check([1, 1], [1, 1])  # no dilation, groups, ...: the call's own binding refuses it
     g = Graph("x", "w", "b")
