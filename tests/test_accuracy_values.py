@@ -101,6 +101,48 @@ def test_rmse_of_finite_tensors_of_one_float_dtype_makes_no_float64_copy_of_eith
         accuracy.rmse(torch.tensor([1.0, INF]), torch.tensor([2.0, 5.0]))
 
 
+BIG64 = 1e200  # finite in float64; its square is not
+
+
+@pytest.mark.parametrize("a,b,err", [
+    (torch.tensor([3e38, 1.0]), torch.tensor([-3e38, 1.0]), 6e38 / math.sqrt(2)),  # the float32 difference overflows
+    (torch.tensor([BIG64, 0.0], dtype=torch.float64), torch.tensor([0.0, 0.0], dtype=torch.float64), math.inf),
+    (torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0]), 1.0),
+])
+def test_rmse_where_a_finite_difference_or_its_square_overflows_is_the_float64_form_s(a, b, err):
+    """A difference that is inf though both are finite, or a float64 sum of squares that
+    overflows: not the one-pass form's (None), the float64 form's answer."""
+    assert accuracy._same_dtype_rmse(a, b) == (None if not err == 1.0 else 1.0)
+    assert accuracy.rmse(a, b) == pytest.approx(err, rel=1e-7)  # (3e38 is not a float32: its nearest is)
+
+
+@pytest.mark.parametrize("t,rms", [
+    (torch.tensor([3.0, -4.0]), math.sqrt(12.5)),
+    (torch.tensor([3.0, NAN]), None), (torch.tensor([INF, 1.0]), None), (torch.tensor([-INF]), None),
+    (torch.tensor([BIG64, 1.0], dtype=torch.float64), None),         # finite, its square overflows
+    (torch.tensor([1e150, 1e150], dtype=torch.float64), 1e150),      # finite, and its square too
+])
+def test_the_one_pass_rms_is_of_finite_tensors_only(t, rms):
+    got = accuracy._finite_rms(t)
+    assert got == (None if rms is None else pytest.approx(rms, rel=1e-12))
+
+
+def test_compare_takes_two_passes_where_every_difference_is_finite_and_the_isfinite_ones_elsewhere(monkeypatch):
+    """Finite throughout: no isfinite pass over the values (their difference's norm says
+    so); a non-finite value: NaN and inf places compared as before."""
+    calls = []
+    real = accuracy._nonfinite_differs
+    monkeypatch.setattr(accuracy, "_nonfinite_differs", lambda a, b: calls.append(1) or real(a, b))
+    c = accuracy.compare(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 2 ** -22]))
+    assert c.passed and c.method == "floor" and c.error == pytest.approx(2 ** -22 / math.sqrt(2)) and not calls
+    c = accuracy.compare(torch.tensor([1.0, NAN]), torch.tensor([1.0, 2.0]))
+    assert not c.passed and c.detail == "NaN or inf in other places than eager's" and calls == [1]
+    c = accuracy.compare(torch.tensor([1.0, INF]), torch.tensor([1.0 + 2 ** -23, INF]))
+    assert c.passed and c.error == 2 ** -23 and calls == [1, 1]  # over the elements finite in both: one
+    c = accuracy.compare(torch.tensor([3e38, 0.0]), torch.tensor([-3e38, 0.0]))  # finite; the difference is not
+    assert not c.passed and c.method == "floor" and c.error == pytest.approx(6e38 / math.sqrt(2), rel=1e-7) and calls == [1, 1, 1]
+
+
 def test_rmse_of_complex_values_is_that_of_their_real_views():
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(50, dtype=torch.complex64, generator=g), torch.randn(50, dtype=torch.complex64, generator=g)

@@ -328,8 +328,8 @@ def _call_on_meta(node: torch.fx.Node, args: tuple, kwargs: dict, device: torch.
                     raise _NotOnMeta(node.name)
             kwargs[name] = _META
     if target is _CONV_BINARY:  # no meta kernel: as the fake pass computes it, on arguments its schema binds
-        bound = torch.fx.operator_schemas.normalize_function(target, tuple(args), dict(kwargs),
-                                                             normalize_to_only_use_kwargs=True)
+        bound = torch.fx.operator_schemas.normalize_function(  # (`is` narrowed target to _CONV_BINARY's Optional)
+            target, tuple(args), dict(kwargs), normalize_to_only_use_kwargs=True)  # type: ignore[arg-type]
         if bound is None:  # too many, too few or unknown arguments: the fake pass's binding names which
             raise _NotOnMeta(node.name)
         value = binary_convolution_output((), bound.kwargs)
