@@ -108,11 +108,12 @@ BIG64 = 1e200  # finite in float64; its square is not
     (torch.tensor([3e38, 1.0]), torch.tensor([-3e38, 1.0]), 6e38 / math.sqrt(2)),  # the float32 difference overflows
     (torch.tensor([BIG64, 0.0], dtype=torch.float64), torch.tensor([0.0, 0.0], dtype=torch.float64), math.inf),
     (torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0]), 1.0),
+    (torch.ones(0), torch.ones(0), 0.0),                                             # nothing to differ
 ])
 def test_rmse_where_a_finite_difference_or_its_square_overflows_is_the_float64_form_s(a, b, err):
     """A difference that is inf though both are finite, or a float64 sum of squares that
     overflows: not the one-pass form's (None), the float64 form's answer."""
-    assert accuracy._same_dtype_rmse(a, b) == (None if not err == 1.0 else 1.0)
+    assert accuracy._same_dtype_rmse(a, b) == (err if err in (0.0, 1.0) else None)
     assert accuracy.rmse(a, b) == pytest.approx(err, rel=1e-7)  # (3e38 is not a float32: its nearest is)
 
 

@@ -83,6 +83,21 @@ def test_the_isfinite_pass_is_made_only_where_the_norm_is_not_finite(monkeypatch
     assert calls[:1] == [torch.Size([100, 10])] and math.isfinite(rms)  # (then floor's own pass over it)
 
 
+def test_a_finite_output_s_bound_takes_one_norm_pass_and_the_floor_none(monkeypatch):
+    """bound() hands its RMS to accuracy.floor where every element is finite: one pass over a
+    (maybe large) output; with a NaN, the floor computes its own over the finite elements."""
+    calls = []
+    norm = torch.linalg.vector_norm
+    monkeypatch.setattr(torch.linalg, "vector_norm", lambda t, *a, **k: calls.append(t.shape) or norm(t, *a, **k))
+    evidence.bound(torch.randn(100, 10), None)
+    assert calls == [torch.Size([100, 10])]
+    odd = torch.randn(100, 10)
+    odd[3, 4] = float("nan")
+    calls.clear()
+    evidence.bound(odd, None)
+    assert calls == [torch.Size([100, 10]), torch.Size([999]), torch.Size([100, 10])]  # whole, finite, the floor's
+
+
 def test_an_element_beyond_the_bound_fails_with_its_elementwise_error():
     t = torch.randn(200, 100)
     values, f = fields(t)
