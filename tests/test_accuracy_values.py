@@ -206,6 +206,24 @@ def test_a_dense_tensor_is_hashed_in_place_and_only_the_others_are_copied():
         assert flat.data_ptr() != t.data_ptr() and flat.stride() == (1,) and not (flat.is_conj() or flat.is_neg())
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_digests_are_each_tensor_s_digest_in_order_on_as_many_threads_as_torch_has(monkeypatch, threads):
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(64, 33, generator=g), torch.randn(5, 7, generator=g).t(), torch.zeros(0),
+               torch.arange(10)[::3], torch.randn(3, generator=g).double()]
+    pools = []
+    real = accuracy.concurrent.futures.ThreadPoolExecutor
+    monkeypatch.setattr(accuracy.concurrent.futures, "ThreadPoolExecutor", lambda n: pools.append(n) or real(n))
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert accuracy.digests(tensors) == [accuracy.digest(t) for t in tensors]
+        assert accuracy.digests(tensors[:1]) == [accuracy.digest(tensors[0])] and accuracy.digests([]) == []
+    finally:
+        torch.set_num_threads(was)
+    assert pools == ([] if threads == 1 else [threads])  # one output, or one thread: no pool
+
+
 def test_equal_bytes_of_another_dtype_have_another_digest():
     assert accuracy.digest(torch.zeros(2)) != accuracy.digest(torch.zeros(2, dtype=torch.int32))
 

@@ -435,8 +435,9 @@ def test_the_residual_convolution_s_fake_form_reads_keyword_arguments_and_what_f
             precheck.check_graph(gm, inputs, WHERE)
     g = Graph("x", "other", "w", "b")
     gm = g.module(g.op(_BINARY, *g.inputs, [1, 1], [1, 1], [1, 1], 1, "add", None, "relu", [], None, 5))
-    with pytest.raises(precheck._NotOnMeta):  # one positional argument too many
+    with pytest.raises(precheck._NotOnMeta) as left:  # one positional argument too many
         precheck._propagate(gm, inputs, WHERE, on_meta=CPU)
+    assert str(left.value) == next(n.name for n in gm.graph.nodes if n.target is _BINARY)
     with pytest.raises(precheck.GraphWillNotRun, match="is missing value for argument 'dilation'"):
         check([1, 1], [1, 1])  # no dilation, groups, ...: the call's own binding refuses it
     g = Graph("x", "w", "b")
