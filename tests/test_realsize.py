@@ -114,6 +114,8 @@ def test_the_bench_splits_the_checks_time_and_gives_their_floor(quickstart_run):
     split = bench.checks_split({"eager float32": 1.0, "eager float64": 2.0, "graph runs": 3.0, "ignored": 9.0}, 10.0)
     assert split == {"eager float32": 1.0, "eager float64": 2.0, "eager nudged": 0.0, "graph runs": 3.0, "other": 4.0}
     assert bench._split_cell({"checks_split": split}) == "1.0/2.0/3.0/4.0"
+    assert bench._split_cell({"checks_split": {**split, "eager nudged": 0.5}}) == "1.0/2.0/3.0/4.0 (+0.5 nudged)"
+    assert bench._split_cell({"error": "x"}) == "-" and bench._runs_cell({"graph_runs": {"a": 1.0, "b": 0.25}}) == "1.25"
     row = {"eager": {"fwd_bwd_s": 2.0, "fwd_s": 0.5}, "aotpipe": {"graph_runs": {"a": 1.0, "b": 0.5}, "checks_s": 8.0}}
     ratios = bench.ratios(row)
     assert ratios["floor_vs_eager"] == pytest.approx((2.0 + 0.5 + 1.5) / 2.0) and ratios["checks_vs_eager"] == 4.0
