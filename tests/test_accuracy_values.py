@@ -124,7 +124,7 @@ def test_rmse_where_a_finite_difference_or_its_square_overflows_is_the_float64_f
     (torch.tensor([1e150, 1e150], dtype=torch.float64), 1e150),      # finite, and its square too
 ])
 def test_the_one_pass_rms_is_of_finite_tensors_only(t, rms):
-    got = accuracy._finite_rms(t)
+    got = accuracy.finite_rms(t)
     assert got == (None if rms is None else pytest.approx(rms, rel=1e-12))
 
 

@@ -332,7 +332,7 @@ def _call_on_meta(node: torch.fx.Node, args: tuple, kwargs: dict, device: torch.
             target, tuple(args), dict(kwargs), normalize_to_only_use_kwargs=True)  # type: ignore[arg-type]
         if bound is None:  # too many, too few or unknown arguments: the fake pass's binding names which
             raise _NotOnMeta(node.name)
-        value = binary_convolution_output((), bound.kwargs)
+        value = _binary_convolution_output((), bound.kwargs)
         if isinstance(value, str):
             raise _NotOnMeta(node.name)  # the fake pass refuses it, naming why
         return value
@@ -536,7 +536,7 @@ def _call_on_fake(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, ar
     except UnsupportedOperatorException:
         if target is _CONV_BINARY:
             try:
-                value = binary_convolution_output(args, kwargs)
+                value = _binary_convolution_output(args, kwargs)
             except Exception as e:  # the plain convolution's checks: wrong channels, a one-element weight...
                 raise GraphWillNotRun(f"{where}: node {node.name!r} ({_op_label(node)}) does not run on "
                                       f"these inputs: {exception_line(e)}") from None
@@ -562,7 +562,7 @@ _CONV_BINARY = getattr(getattr(torch.ops.mkldnn, "_convolution_pointwise", None)
 _GEOMETRY = ("padding", "stride", "dilation", "groups")  # the convolution's, in the plain op's order
 
 
-def binary_convolution_output(args: tuple, kwargs: dict) -> torch.Tensor | str:
+def _binary_convolution_output(args: tuple, kwargs: dict) -> torch.Tensor | str:
     """oneDNN's residual convolution on fake or meta tensors (torch has neither kernel for
     it): the plain convolution's output, with `other` held to its shape and dtype (the kernel
     reads `other` as the output's shape without checking it); or why not. Raises as the plain

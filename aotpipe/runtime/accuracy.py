@@ -113,7 +113,7 @@ def _norm(t: torch.Tensor) -> float:
         d = torch.view_as_real(d.resolve_conj())
     if not d.numel():
         return 0.0
-    rms = _finite_rms(d)
+    rms = finite_rms(d)
     if rms is not None:
         return rms
     v = d.double()
@@ -121,8 +121,8 @@ def _norm(t: torch.Tensor) -> float:
     return float(v.pow(2).mean().sqrt()) if v.numel() else 0.0
 
 
-def _finite_rms(d: torch.Tensor) -> float | None:
-    """RMS of real CPU tensor `d` (not empty) in one pass, where every element is finite;
+def finite_rms(d: torch.Tensor) -> float | None:
+    """RMS of real CPU tensor `d` (not empty) in one pass (accumulated in float64), where every element is finite;
     None where one is not, or the sum of squares overflows float64 (then an element is NaN
     or inf, or the values are float64 near its largest). A NaN or inf element makes the norm
     NaN or inf, so a finite norm is the norm of finite elements: no isfinite pass needed."""
@@ -137,8 +137,11 @@ def _rms(t: torch.Tensor) -> float:
 def rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     """Root-mean-square difference over the elements finite in both."""
     same = _same_dtype_rmse(a, b)
-    if same is not None:
-        return same
+    return same if same is not None else _f64_rmse(a, b)
+
+
+def _f64_rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    """rmse's float64 form: over the elements finite in both."""
     x, y = _f64(a), _f64(b)
     ok = torch.isfinite(x) & torch.isfinite(y)
     if not bool(ok.any()):
@@ -154,7 +157,7 @@ def _same_dtype_rmse(a: torch.Tensor, b: torch.Tensor) -> float | None:
     if not (a.dtype == b.dtype and a.is_floating_point()):
         return None
     d = a.detach().cpu() - b.detach().cpu()
-    return _finite_rms(d) if d.numel() else 0.0
+    return finite_rms(d) if d.numel() else 0.0
 
 
 def max_abs_error(a: Any, b: Any) -> float:
@@ -336,7 +339,7 @@ def compare(actual: Any, expected: Any, reference: Reference = None, *, what: st
     if d is None:
         if _nonfinite_differs(actual, expected):
             return Check(what, False, "exact", detail="NaN or inf in other places than eager's")
-        d = rmse(actual, expected)
+        d = _f64_rmse(actual, expected)
     fl = floor(expected, rel_floor)
     if d <= fl:
         return Check(what, True, "floor", error=d, bound=fl)

@@ -108,12 +108,13 @@ def bound(t: torch.Tensor, eager_error: Optional[float]) -> tuple[Optional[float
     # slower than the norm) is made only where the norm is not finite (a NaN or inf, or a
     # float64 output whose squares overflow). For a finite output its RMS is the one
     # accuracy.floor would compute again.
-    norm, count = float(torch.linalg.vector_norm(r, dtype=torch.float64)), r.numel()
-    if not math.isfinite(norm):
+    rms = accuracy.finite_rms(r)
+    whole = rms is not None
+    if rms is None:
         finite = r[torch.isfinite(r)]
-        norm, count = float(torch.linalg.vector_norm(finite, dtype=torch.float64)), finite.numel()
-    rms = norm / math.sqrt(count) if count else 0.0
-    fl = accuracy.floor(r, rms=rms if count == r.numel() else None)
+        rms = float(torch.linalg.vector_norm(finite, dtype=torch.float64)) / math.sqrt(finite.numel()) \
+            if finite.numel() else 0.0
+    fl = accuracy.floor(r, rms=rms if whole else None)
     noise, source = (eager_error, "fp64") if eager_error is not None and math.isfinite(eager_error) else (fl, "floor")
     m = accuracy.multiplier(r.dtype, r.numel())
     return TAIL * 2 * (m * noise + fl), source, rms
